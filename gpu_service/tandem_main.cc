@@ -6,12 +6,18 @@
 
 #include "common/tool_command.h"
 #include "common/gguf/inspect_command.h"
+#include "common/model/generate_command.h"
+#include "common/model_gen/gen_model_command.h"
 
 namespace {
 
 constexpr tandem::ToolCommand kCommands[] = {
     {"inspect", "print a GGUF file's metadata and tensor table (--json for scripts)",
      tandem::RunInspectCommand},
+    {"gen-model", "write a synthetic qwen3next / qwen4exp GGUF from a preset (--help for presets)",
+     tandem::RunGenModelCommand},
+    {"generate", "offline generation on the CPU reference engine",
+     tandem::RunGenerateCommand},
 };
 
 }  // namespace
