@@ -14,10 +14,11 @@ seconds=${1:-300}
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 case "$build" in /*) ;; *) build=$root/$build ;; esac
 
+mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DTANDEM_BUILD_FUZZERS=ON -DTANDEM_ENABLE_CUDA=OFF -DTANDEM_BUILD_TESTS=OFF >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
+  -DTANDEM_BUILD_FUZZERS=ON -DTANDEM_ENABLE_CUDA=OFF -DTANDEM_BUILD_TESTS=OFF >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
 ninja -C "$build" -j "${TANDEM_JOBS:-2}" gguf_reader_fuzz gguf_fuzz_seeds
 
 corpus=$build/fuzz-corpus/gguf_reader

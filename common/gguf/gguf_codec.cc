@@ -29,12 +29,6 @@ absl::Status GgufCursor::Need(std::string_view field, uint64_t n) const {
   return Error(field, pos_, absl::StrCat("needs ", n, " bytes but the file ends after ", remaining()));
 }
 
-absl::Status GgufCursor::ReadU8(std::string_view field, uint8_t* out) {
-  if (absl::Status s = Need(field, 1); !s.ok()) return s;
-  *out = data_[pos_++];
-  return absl::OkStatus();
-}
-
 absl::Status GgufCursor::ReadU32(std::string_view field, uint32_t* out) {
   if (absl::Status s = Need(field, 4); !s.ok()) return s;
   std::memcpy(out, data_ + pos_, 4);

@@ -31,7 +31,6 @@ class GgufCursor {
   // What is being read; prefixes every error message.
   void set_context(std::string context) { context_ = std::move(context); }
 
-  absl::Status ReadU8(std::string_view field, uint8_t* out);
   absl::Status ReadU32(std::string_view field, uint32_t* out);
   absl::Status ReadU64(std::string_view field, uint64_t* out);
   // Reads n bytes without copying; *out points into the range.

@@ -13,7 +13,8 @@
 // Finish); after that nothing more can be declared. Tensors are written in declaration order, each
 // receiving exactly its byte count (from the ggml type table), each padded with zeros to the
 // alignment. A writer destroyed without a successful Finish() deletes its temporary file, so a
-// failed run never leaves a truncated file under the final name. Not thread-safe.
+// failed run never leaves a truncated file under the final name (the file is not fsynced: a power
+// loss right after Finish() may still lose it). Not thread-safe.
 #ifndef TANDEM_COMMON_GGUF_GGUF_WRITER_H_
 #define TANDEM_COMMON_GGUF_GGUF_WRITER_H_
 

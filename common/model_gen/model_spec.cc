@@ -255,7 +255,7 @@ std::vector<uint64_t> EngramMultipliers(const GenModelSpec& s) {
   GenRandom rng(StreamSeed(s.seed, "engram.multipliers"));
   std::vector<uint64_t> out;
   for (size_t j = 0; j < s.engram_layers.size(); ++j) {
-    for (int64_t i = 0; i < s.engram_max_ngram; ++i) out.push_back(rng.Next() | 1u);
+    for (int64_t i = 0; i < s.engram_max_ngram; ++i) out.push_back((rng.Next() >> 1) | 1u);
   }
   return out;
 }

@@ -97,7 +97,8 @@ absl::Status CheckGenModelSpec(const GenModelSpec& spec);
 bool IsAttentionLayer(const GenModelSpec& spec, int64_t layer);  // MTP layers: always true
 int64_t GdnConvChannels(const GenModelSpec& spec);               // 2·nk·dk + nv·dv
 int64_t StreamWidth(const GenModelSpec& spec);                   // w = S·h
-// A.engram.multipliers: max_ngram odd u64 per Engram layer, from the seed.
+// A.engram.multipliers: max_ngram odd u64 per Engram layer, from the seed. They are below 2^63 so
+// that readers which take integer arrays through int64 accept them.
 std::vector<uint64_t> EngramMultipliers(const GenModelSpec& spec);
 // A.engram.table_sizes: (max_ngram−1)·heads distinct primes per Engram layer, the largest primes
 // below engram_table_rows (all distinct across layers too); independent of the seed.

@@ -73,8 +73,7 @@ void OffloadClient::ResetChannelForNewWorker() {
       .store(static_cast<uint32_t>(WorkerState::kEmpty), std::memory_order_release);
 }
 
-void OffloadClient::Disconnect(const std::string& why) {
-  (void)why;
+void OffloadClient::Disconnect() {
   connected_ = false;
   in_flight_sequence_ = 0;
   worker_pid_ = 0;
@@ -122,7 +121,7 @@ absl::Status OffloadClient::TryConnect() {
           absl::StrCat("worker refused channel ", channel_name(), ": ", reason));
     }
     case WorkerState::kExited:
-      Disconnect("worker exited");
+      Disconnect();
       return absl::UnavailableError(
           absl::StrCat("the worker of channel ", channel_name(), " stopped serving"));
     default:
@@ -207,8 +206,13 @@ absl::Status OffloadClient::Send(const OffloadRequest& request) {
                                                    " activation rows; the channel holds ",
                                                    caps.max_activation_rows));
   }
-  std::memcpy(view_.pairs(), request.pairs.data(), request.pairs.size_bytes());
-  std::memcpy(view_.activations(), request.activations.data(), request.activations.size_bytes());
+  if (!request.pairs.empty()) {  // memcpy's pointers must be non-null even for 0 bytes
+    std::memcpy(view_.pairs(), request.pairs.data(), request.pairs.size_bytes());
+  }
+  if (!request.activations.empty()) {
+    std::memcpy(view_.activations(), request.activations.data(),
+                request.activations.size_bytes());
+  }
   const uint64_t sequence = ++next_sequence_;
   RequestHeader& out = view_.request();
   out.protocol_version = kChannelProtocolVersion;
@@ -245,7 +249,7 @@ absl::StatusOr<OffloadReply> OffloadClient::Wait(absl::Time deadline) {
                                                     " by the deadline"));
   }
   if (result == DoorbellWait::kAborted) {
-    Disconnect(why);
+    Disconnect();
     return absl::UnavailableError(absl::StrCat(why, " while request #", sequence, " was pending"));
   }
   in_flight_sequence_ = 0;
@@ -291,7 +295,9 @@ absl::StatusOr<OffloadReply> OffloadClient::Call(const OffloadRequest& request,
   if (absl::Status s = Send(request); !s.ok()) return s;
   absl::StatusOr<OffloadReply> reply = Wait(deadline);
   if (!reply.ok()) return reply.status();
-  std::memcpy(outputs.data(), reply->outputs.data(), reply->outputs.size_bytes());
+  if (!reply->outputs.empty()) {
+    std::memcpy(outputs.data(), reply->outputs.data(), reply->outputs.size_bytes());
+  }
   reply->outputs = {};
   return reply;
 }

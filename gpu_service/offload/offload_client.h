@@ -114,7 +114,7 @@ class OffloadClient {
   absl::Status SpawnWorker();            // spawn mode: start a worker on a reset channel
   absl::Status TryConnect();             // non-blocking step of WaitUntilReady
   void ResetChannelForNewWorker();       // epoch++, state kEmpty
-  void Disconnect(const std::string& why);
+  void Disconnect();                     // forget the worker; reset for the next one
   bool WorkerDead(std::string* why);     // liveness check while waiting
 
   OffloadClientOptions options_;

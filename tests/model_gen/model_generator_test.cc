@@ -14,6 +14,7 @@
 
 #include "common/gguf/gguf_file.h"
 #include "common/model/model_config.h"
+#include "common/model/model_weights.h"
 #include "common/model_gen/model_plan.h"
 #include "common/model_gen/routing_skew.h"
 #include "common/model_gen/tensor_fill.h"
@@ -32,24 +33,41 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// A preset written once per test suite (writing tiny takes a moment on 2 cores).
+// The presets each written once per test binary (writing tiny takes a moment on 2 cores); the
+// files are deleted at exit.
 struct Written {
   std::string path;
   std::unique_ptr<GgufFile> file;
 };
 
+class WrittenPresets {
+ public:
+  ~WrittenPresets() {
+    for (auto& [preset, w] : written_) {
+      w.file.reset();
+      unlink(w.path.c_str());
+    }
+  }
+  Written& Get(const std::string& preset) {
+    auto it = written_.find(preset);
+    if (it != written_.end()) return it->second;
+    Written& w = written_[preset];
+    w.path = TempPath(preset + ".gguf");
+    absl::Status s = GenerateModel(*PresetSpec(preset), w.path);
+    EXPECT_TRUE(s.ok()) << s;
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(w.path);
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (f.ok()) w.file = *std::move(f);
+    return w;
+  }
+
+ private:
+  std::map<std::string, Written> written_;
+};
+
 Written& WrittenPreset(const std::string& preset) {
-  static std::map<std::string, Written>* cache = new std::map<std::string, Written>;
-  auto it = cache->find(preset);
-  if (it != cache->end()) return it->second;
-  Written& w = (*cache)[preset];
-  w.path = TempPath(preset + ".gguf");
-  absl::Status s = GenerateModel(*PresetSpec(preset), w.path);
-  EXPECT_TRUE(s.ok()) << s;
-  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(w.path);
-  EXPECT_TRUE(f.ok()) << f.status();
-  if (f.ok()) w.file = *std::move(f);
-  return w;
+  static WrittenPresets presets;
+  return presets.Get(preset);
 }
 
 std::vector<float> Dequantized(const GgufTensorInfo& t) {
@@ -96,6 +114,9 @@ TEST_P(PresetFileTest, WritesAFileThatReadsBackAsTheSpec) {
     EXPECT_EQ(c->layer_kinds[i] == LayerKind::kAttention, IsAttentionLayer(spec, i)) << i;
   }
   EXPECT_EQ(*f.GetU64("tandem.generator.seed"), spec.seed);
+  // Every tensor the engine needs binds with the right shape and type.
+  absl::StatusOr<ModelWeights> weights = BindModelWeights(f, *c);
+  EXPECT_TRUE(weights.ok()) << weights.status();
 
   // The file holds exactly the plan, in order.
   const std::vector<PlannedTensor> plan = *PlanTensors(spec);

@@ -161,7 +161,10 @@ TEST(DerivedTest, EngramTablesAreDistinctPrimesAndMultipliersOdd) {
   }
   const std::vector<uint64_t> mult = EngramMultipliers(s);
   ASSERT_EQ(mult.size(), s.engram_layers.size() * s.engram_max_ngram);
-  for (uint64_t m : mult) EXPECT_EQ(m & 1, 1u);
+  for (uint64_t m : mult) {
+    EXPECT_EQ(m & 1, 1u);
+    EXPECT_LT(m, uint64_t{1} << 63);
+  }
   GenModelSpec other = s;
   other.seed = 2;
   EXPECT_NE(EngramMultipliers(other), mult);

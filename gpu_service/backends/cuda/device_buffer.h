@@ -1,0 +1,154 @@
+// RAII owners of device and pinned host memory, and of streams and events. Device memory is taken
+// in a few large allocations at start (DeviceArena) and handed out without cudaMalloc in a step.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEVICE_BUFFER_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEVICE_BUFFER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+
+namespace tandem::cuda {
+
+// One cudaMalloc'd region, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) {
+    DeviceBuffer b;
+    if (bytes > 0) TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&b.ptr_, bytes));
+    b.bytes_ = bytes;
+    return b;
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);  // nothing useful to do with an error in a destructor
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory (cudaMallocHost), for staging copies.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static absl::StatusOr<PinnedBuffer> Allocate(size_t bytes) {
+    PinnedBuffer b;
+    if (bytes > 0) TANDEM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.ptr_, bytes));
+    b.bytes_ = bytes;
+    return b;
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A bump allocator over one DeviceBuffer: reserve everything at start, hand out aligned slices.
+class DeviceArena {
+ public:
+  static absl::StatusOr<DeviceArena> Create(size_t bytes) {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
+    if (!b.ok()) return b.status();
+    DeviceArena a;
+    a.buffer_ = *std::move(b);
+    return a;
+  }
+  // A 256-byte-aligned slice; ResourceExhausted when the arena is full.
+  absl::StatusOr<void*> Take(size_t bytes) {
+    const size_t start = (used_ + 255) / 256 * 256;
+    if (start + bytes > buffer_.bytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat("device arena: ", bytes, " bytes requested, ",
+                                                       buffer_.bytes() - start, " left"));
+    }
+    used_ = start + bytes;
+    return static_cast<char*>(buffer_.get()) + start;
+  }
+  size_t used() const { return used_; }
+  size_t capacity() const { return buffer_.bytes(); }
+
+ private:
+  DeviceBuffer buffer_;
+  size_t used_ = 0;
+};
+
+class Stream {
+ public:
+  static absl::StatusOr<Stream> Create() {
+    Stream s;
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking));
+    return s;
+  }
+  Stream() = default;
+  Stream(Stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept {
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  ~Stream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class Event {
+ public:
+  static absl::StatusOr<Event> Create(bool timing = true) {
+    Event e;
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e.event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  Event() = default;
+  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~Event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEVICE_BUFFER_H_

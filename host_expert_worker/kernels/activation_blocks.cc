@@ -1,0 +1,76 @@
+#include "host_expert_worker/kernels/activation_blocks.h"
+
+#include <cmath>
+
+namespace tandem {
+namespace {
+
+// Rounds to nearest, ties to even, for |v| <= 127.5 (the default FP rounding mode; written
+// without libm so the loops vectorize).
+inline int RoundToInt(float v) {
+  const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it leaves the rounded integer in the mantissa
+  return static_cast<int>((v + kMagic) - kMagic);
+}
+
+// Writes round(x[i] / d) for one block of `len` values; returns d.
+float QuantizeBlock(const float* x, int len, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < len; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (amax == 0.0f) {
+    for (int i = 0; i < len; ++i) q[i] = 0;
+    return 0.0f;
+  }
+  const float d = amax / 127.0f;
+  const float id = 127.0f / amax;
+  for (int i = 0; i < len; ++i) {
+    int v = RoundToInt(x[i] * id);
+    v = v > 127 ? 127 : (v < -127 ? -127 : v);
+    q[i] = static_cast<int8_t>(v);
+  }
+  return d;
+}
+
+}  // namespace
+
+ActivationFormat IntegerActivationFormat(WeightType type) {
+  switch (type) {
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K:
+      return ActivationFormat::kQ8K;
+    case WeightType::kQ4_0:
+    case WeightType::kQ8_0:
+      return ActivationFormat::kQ8x32;
+    default:
+      return ActivationFormat::kF32;
+  }
+}
+
+int64_t ActivationRowBytes(ActivationFormat format, int64_t n) {
+  switch (format) {
+    case ActivationFormat::kQ8K: return n / 256 * static_cast<int64_t>(sizeof(ActivationBlockQ8K));
+    case ActivationFormat::kQ8x32: return n / 32 * static_cast<int64_t>(sizeof(ActivationBlockQ8x32));
+    case ActivationFormat::kF32: break;
+  }
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+void QuantizeActivationsQ8K(const float* x, int64_t n, ActivationBlockQ8K* out) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    ActivationBlockQ8K& block = out[b];
+    block.d = QuantizeBlock(x + b * 256, 256, block.qs);
+    for (int i = 0; i < 16; ++i) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += block.qs[16 * i + j];
+      block.bsums[i] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+void QuantizeActivationsQ8x32(const float* x, int64_t n, ActivationBlockQ8x32* out) {
+  for (int64_t b = 0; b < n / 32; ++b) out[b].d = QuantizeBlock(x + b * 32, 32, out[b].qs);
+}
+
+}  // namespace tandem
