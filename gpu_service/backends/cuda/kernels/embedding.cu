@@ -1,0 +1,61 @@
+#include "gpu_service/backends/cuda/kernels/embedding.cuh"
+
+#include "gpu_service/backends/cuda/kernels/dequant.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+// One thread per (token, 32-element chunk); the chunk is written to all S streams.
+template <int kType>
+__global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, int64_t rows,
+                                      int64_t chunks, const int32_t* tokens, int64_t n, int64_t S,
+                                      float* H) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * chunks) return;
+  const int64_t t = i / chunks, c = i % chunks;
+  const int32_t token = tokens[t];
+  float v[32];
+  if (token < 0 || token >= rows) {
+#pragma unroll
+    for (int l = 0; l < 32; ++l) v[l] = __int_as_float(0x7FC00000);
+  } else {
+    DequantChunk<kType>(table + token * row_bytes, c, v);
+  }
+  const int64_t h = chunks * 32;
+  for (int64_t s = 0; s < S; ++s) {
+    float4* dst = reinterpret_cast<float4*>(H + (t * S + s) * h + c * 32);
+#pragma unroll
+    for (int l = 0; l < 8; ++l) dst[l] = make_float4(v[4 * l], v[4 * l + 1], v[4 * l + 2], v[4 * l + 3]);
+  }
+}
+
+template <int kType>
+cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int64_t S, float* H,
+                   cudaStream_t stream) {
+  const int64_t chunks = m.cols / 32;
+  const int64_t total = n * chunks;
+  const int threads = 128;
+  EmbeddingGatherKernel<kType><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(
+      static_cast<const uint8_t*>(m.data), m.row_bytes, m.rows, chunks, tokens, n, S, H);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
+                                  int64_t S, float* H, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!IsGpuWeightType(table.type) || table.cols % GpuBlockElems(table.type) != 0 || S <= 0) return cudaErrorInvalidValue;
+  switch (table.type) {
+    case kTypeF32: return Launch<kTypeF32>(table, tokens, n, S, H, stream);
+    case kTypeF16: return Launch<kTypeF16>(table, tokens, n, S, H, stream);
+    case kTypeBF16: return Launch<kTypeBF16>(table, tokens, n, S, H, stream);
+    case kTypeQ8_0: return Launch<kTypeQ8_0>(table, tokens, n, S, H, stream);
+    case kTypeQ4_K: return Launch<kTypeQ4_K>(table, tokens, n, S, H, stream);
+    case kTypeQ5_K: return Launch<kTypeQ5_K>(table, tokens, n, S, H, stream);
+    case kTypeQ6_K: return Launch<kTypeQ6_K>(table, tokens, n, S, H, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace tandem::cuda

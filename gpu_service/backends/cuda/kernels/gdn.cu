@@ -1,0 +1,180 @@
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+// One thread per channel walks the tokens in order, so the history update needs no other thread.
+__global__ void GdnConvKernel(const float* qkv, float* history, const float* taps, int64_t n,
+                              int c_dim, int kk, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= c_dim) return;
+  float win[kGdnMaxConvKernel];  // win[q] = input at token t − (kk−1−q)
+  float w[kGdnMaxConvKernel];
+#pragma unroll
+  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+    w[q] = q < kk ? taps[static_cast<int64_t>(c) * kk + q] : 0.0f;
+    win[q] = q < kk - 1 ? history[static_cast<int64_t>(q) * c_dim + c] : 0.0f;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float x = qkv[t * c_dim + c];
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+      if (q < kk - 1) sum = fmaf(w[q], win[q], sum);
+    }
+    sum = fmaf(w[kk - 1], x, sum);
+    out[t * c_dim + c] = SiluF(sum);
+    // Shift the window by one token.
+#pragma unroll
+    for (int q = 0; q + 1 < kGdnMaxConvKernel; ++q) {
+      if (q + 1 < kk - 1) win[q] = win[q + 1];
+    }
+    if (kk > 1) {
+#pragma unroll
+      for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+        if (q == kk - 2) win[q] = x;
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+    if (q < kk - 1) history[static_cast<int64_t>(q) * c_dim + c] = win[q];
+  }
+}
+
+// Block per (token, q or k head): L2 normalisation in place.
+__global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, float q_scale) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const int head = blockIdx.y;  // 0..nk−1: q heads, nk..2nk−1: k heads
+  float* x = conv_out + t * c_dim + static_cast<int64_t>(head) * dk;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += x[i] * x[i];
+  ss = BlockSum(ss, scratch);
+  float scale = rsqrtf(ss + 1e-6f);
+  if (head < nk) scale *= q_scale;
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) x[i] *= scale;
+}
+
+__global__ void GdnGatesKernel(const float* ba, const float* ssm_a, const float* dt_bias, int64_t n,
+                               int nk, int nv, float* g, float* beta) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * nv) return;
+  const int64_t t = i / nv;
+  const int vh = static_cast<int>(i % nv);
+  const int r = nv / nk, group = vh / r, j = vh % r;
+  const float* row = ba + t * 2 * nv + static_cast<int64_t>(group) * 2 * r;
+  beta[i] = SigmoidF(row[j]);
+  const float x = row[r + j] + dt_bias[vh];
+  const float sp = x > 20.0f ? x : log1pf(expf(x));
+  g[i] = ssm_a[vh] * sp;
+}
+
+// Grid (nv, dv / 32), 32 threads: thread j owns state column S[·][col] of its value head in
+// registers for all n tokens; q and k of the head's key group go through shared memory.
+template <int kDk>
+__global__ void __launch_bounds__(32)
+GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int64_t n, int c_dim,
+                   int nk, int nv, int dv, float* state, float* o) {
+  __shared__ float qs[kDk], ks[kDk];
+  const int vh = blockIdx.x;
+  const int col = blockIdx.y * 32 + threadIdx.x;
+  const int group = vh / (nv / nk);
+  float* S = state + static_cast<int64_t>(vh) * kDk * dv + col;
+  float s[kDk];
+#pragma unroll
+  for (int i = 0; i < kDk; ++i) s[i] = S[static_cast<int64_t>(i) * dv];
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = conv_out + t * c_dim;
+    __syncwarp();
+    for (int i = threadIdx.x; i < kDk; i += 32) {
+      qs[i] = row[group * kDk + i];
+      ks[i] = row[nk * kDk + group * kDk + i];
+    }
+    __syncwarp();
+    const float decay = expf(g[t * nv + vh]);
+    const float b = beta[t * nv + vh];
+    const float v = row[2 * nk * kDk + static_cast<int64_t>(vh) * dv + col];
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDk; ++i) {
+      s[i] *= decay;
+      kv = fmaf(ks[i], s[i], kv);
+    }
+    const float delta = b * (v - kv);
+    float out = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDk; ++i) {
+      s[i] = fmaf(ks[i], delta, s[i]);
+      out = fmaf(qs[i], s[i], out);
+    }
+    o[t * nv * dv + static_cast<int64_t>(vh) * dv + col] = out;
+  }
+#pragma unroll
+  for (int i = 0; i < kDk; ++i) S[static_cast<int64_t>(i) * dv] = s[i];
+}
+
+// Block per (token, value head).
+__global__ void GdnGatedNormKernel(const float* o, const float* z, const float* norm, float eps,
+                                   int dv, float* out) {
+  __shared__ float scratch[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;  // (t·nv + vh)·dv
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += o[base + i] * o[base + i];
+  ss = BlockSum(ss, scratch);
+  const float scale = rsqrtf(ss / static_cast<float>(dv) + eps);
+  for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+    out[base + i] = norm[i] * (o[base + i] * scale) * SiluF(z[base + i]);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, int64_t n,
+                          const GdnShape& d, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
+  const int c_dim = d.c_dim();
+  GdnConvKernel<<<(c_dim + 127) / 128, 128, 0, stream>>>(qkv, history, taps, n, c_dim, d.kk, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_a,
+                             const float* dt_bias, int64_t n, const GdnShape& d, float* g,
+                             float* beta, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk));
+  GdnNormQkKernel<<<grid, 128, 0, stream>>>(conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)));
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t total = n * d.nv;
+  GdnGatesKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(ba, ssm_a, dt_bias, n, d.nk,
+                                                                                  d.nv, g, beta);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGdnRecurrent(const float* conv_out, const float* g, const float* beta, int64_t n,
+                               const GdnShape& d, float* state, float* o, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d.dv % 32 != 0 || d.nk <= 0 || d.nv % d.nk != 0) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / 32));
+  if (d.dk == 128) {
+    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o);
+  } else if (d.dk == 64) {
+    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
+                               int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  GdnGatedNormKernel<<<static_cast<unsigned>(n * d.nv), 128, 0, stream>>>(o, z, norm, eps, d.dv, out);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,65 @@
+// Prefill products Y = X·Wᵀ on the GPU (X: n × cols f32 activations, W: a DeviceMatrix of any GPU
+// weight type, Y: n × rows f32): W is dequantized tile by tile into scratch and multiplied with
+// cuBLAS.
+//
+//   kFast:  bf16 weight tiles and bf16 activations, f32 accumulation (tensor cores).
+//   kExact: f32 tiles and activations, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
+//           precision anywhere): the exact mode of docs/MODEL.md §5.
+//
+// All device memory (the tile, the bf16 activations, cuBLAS's workspace) is taken once in Create
+// (the FlashInfer "plan"); Run allocates nothing, so it can be captured in a CUDA graph.
+// Not thread-safe: one DenseGemm per stream.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+
+namespace tandem::cuda {
+
+enum class GemmMode { kFast, kExact };
+
+struct DenseGemmOptions {
+  GemmMode mode = GemmMode::kFast;
+  int64_t max_n = 8192;                   // most activation rows in one Run
+  int64_t max_cols = 8192;                // widest input dimension
+  int64_t tile_bytes = 256ll << 20;       // scratch for one dequantized weight tile
+  int64_t workspace_bytes = 32ll << 20;   // cuBLAS workspace
+};
+
+class DenseGemm {
+ public:
+  static absl::StatusOr<std::unique_ptr<DenseGemm>> Create(const DenseGemmOptions& options);
+  ~DenseGemm();
+  DenseGemm(const DenseGemm&) = delete;
+  DenseGemm& operator=(const DenseGemm&) = delete;
+
+  // y (n × w.rows, row stride w.rows) = x (n × w.cols, row stride w.cols) · Wᵀ on `stream`.
+  // InvalidArgument when n or w.cols exceed the plan or w's type is not a GPU type.
+  absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream);
+
+  GemmMode mode() const { return options_.mode; }
+
+ private:
+  explicit DenseGemm(const DenseGemmOptions& options) : options_(options) {}
+  DenseGemmOptions options_;
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer tile_;
+  DeviceBuffer x_bf16_;
+  DeviceBuffer workspace_;
+};
+
+// Turns a cuBLAS status into absl::Status (InternalError naming the call).
+absl::Status CublasStatus(cublasStatus_t status, const char* what);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_

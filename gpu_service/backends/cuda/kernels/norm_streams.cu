@@ -1,0 +1,122 @@
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+
+// One block per (token, stream) row: optional inject, then the RMS norm. The second pass re-reads
+// the row the first pass wrote, from L1/L2 (a row is a few KiB).
+__global__ void __launch_bounds__(kNormThreads)
+InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
+                    const float* gamma, float eps, float* N) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;  // t·S + s
+  const int64_t t = row / S, s = row % S;
+  float4* hr = reinterpret_cast<float4*>(H + row * h);
+  const float4* yr = y ? reinterpret_cast<const float4*>(y + t * h) : nullptr;
+  const float as = (y && a) ? a[row] : 1.0f;
+  const int64_t h4 = h / 4;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < h4; i += blockDim.x) {
+    float4 v = hr[i];
+    if (yr) {
+      const float4 d = yr[i];
+      v.x += as * d.x;
+      v.y += as * d.y;
+      v.z += as * d.z;
+      v.w += as * d.w;
+      hr[i] = v;
+    }
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = BlockSum(ss, scratch);
+  const float scale = rsqrtf(ss / static_cast<float>(h) + eps);
+  const float4* g = reinterpret_cast<const float4*>(gamma + s * h);
+  float4* out = reinterpret_cast<float4*>(N + row * h);
+  for (int64_t i = threadIdx.x; i < h4; i += blockDim.x) {
+    const float4 v = hr[i];
+    const float4 gg = g[i];
+    out[i] = make_float4(gg.x * (v.x * scale), gg.y * (v.y * scale), gg.z * (v.z * scale),
+                         gg.w * (v.w * scale));
+  }
+}
+
+__global__ void StreamFoldKernel(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
+                                 float* x) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * h) return;
+  const int64_t t = i / h, j = i % h;
+  float sum = 0.0f;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t off = (t * S + s) * h + j;
+    sum += SigmoidF(m[off]) * N[off];
+  }
+  x[i] = (2.0f / static_cast<float>(S)) * sum;
+}
+
+__global__ void SiluKernel(float* v, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) v[i] = SiluF(v[i]);
+}
+
+__global__ void InjectWeightsKernel(const float* c, int64_t count, float* a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) a[i] = c ? 2.0f * SigmoidF(c[i]) : 1.0f;
+}
+
+__global__ void StreamInjectKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
+                                   int64_t total) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t row = i / h, j = i % h;  // row = t·S + s
+  H[i] += a[row] * y[(row / S) * h + j];
+}
+
+unsigned Blocks(int64_t count, int threads) {
+  return static_cast<unsigned>((count + threads - 1) / threads);
+}
+
+}  // namespace
+
+cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                                const float* y, const float* gamma, float eps, float* N,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (S <= 0 || h <= 0 || h % 4 != 0) return cudaErrorInvalidValue;
+  InjectRmsNormKernel<<<static_cast<unsigned>(n * S), kNormThreads, 0, stream>>>(H, S, h, a, y, gamma,
+                                                                              eps, N);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
+                             float* x, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (S <= 0) return cudaErrorInvalidValue;
+  StreamFoldKernel<<<Blocks(n * h, 256), 256, 0, stream>>>(N, m, n, S, h, x);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluInPlace(float* v, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  SiluKernel<<<Blocks(count, 256), 256, 0, stream>>>(v, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  InjectWeightsKernel<<<Blocks(count, 256), 256, 0, stream>>>(c, count, a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                               const float* y, cudaStream_t stream) {
+  const int64_t total = n * S * h;
+  if (total <= 0) return cudaSuccess;
+  StreamInjectKernel<<<Blocks(total, 256), 256, 0, stream>>>(H, S, h, a, y, total);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,42 @@
+// Hyper-connection streams on the GPU (docs/MODEL.md §4.1): per-stream RMS norm (optionally fused
+// with the pending inject of the previous block), the fold of the normed streams into the block
+// input, the inject weights, and the inject itself. The low-rank products z = D·vec(N),
+// m = U·SiLU(z) and c = J·vec(N) are dense products (dense_matvec.cuh / gemm_plan.h).
+//
+// Layouts as the CPU reference (common/reference/streams.h): H is n tokens × S streams × h, token
+// t's stream s at H + (t·S + s)·h; x and y are n × h; a (inject weights) and c are n × S.
+// h must be a multiple of 4 and every pointer 16-byte aligned.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_NORM_STREAMS_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_NORM_STREAMS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tandem::cuda {
+
+// If y is not nullptr, first H_s += a_s·y for every token and stream (a may be nullptr: a = 1);
+// then N_s = γ_s ⊙ ρ(H_s) with γ_s = gamma + s·h (gamma holds S·h values) for every token and
+// stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
+cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                                const float* y, const float* gamma, float eps, float* N,
+                                cudaStream_t stream);
+
+// x_j = (2/S)·Σ_s σ(m_{s,j})·N_{s,j} per token; m and N are n × S × h.
+cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
+                             float* x, cudaStream_t stream);
+
+// v ← SiLU(v) over count values.
+cudaError_t LaunchSiluInPlace(float* v, int64_t count, cudaStream_t stream);
+
+// a ← 2σ(c) over count values (a may alias c); with c = nullptr, a ← 1.
+cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStream_t stream);
+
+// H_s ← H_s + a_s·y for every token and stream (the unfused inject: after the last layer, or when
+// no norm follows).
+cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                               const float* y, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_NORM_STREAMS_CUH_

@@ -1,0 +1,86 @@
+// Type dispatch and argument checks of the matrix-vector launchers (matvec.cuh).
+#include "gpu_service/backends/cuda/moe/matvec.cuh"
+
+#include "gpu_service/backends/cuda/moe/matvec_impl.cuh"
+#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+
+namespace tandem::cuda {
+
+// Defined (explicitly instantiated) in matvec_plain.cu and matvec_kquant_*.cu.
+extern template cudaError_t LaunchMatVecTyped<kTypeF32>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeF16>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeBF16>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ4_0>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ8_0>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ2_K>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ3_K>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ4_K>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ5_K>(const MatVecArgs&);
+extern template cudaError_t LaunchMatVecTyped<kTypeQ6_K>(const MatVecArgs&);
+
+namespace {
+
+constexpr size_t kMaxSharedBytes = 200 * 1024;
+
+bool ShapeOk(uint32_t type, int cols, int rows_bucket) {
+  const int block = (type == kTypeF32 || type == kTypeF16 || type == kTypeBF16) ? 32
+                    : (type == kTypeQ4_0 || type == kTypeQ8_0)                  ? 32
+                                                                                : 256;
+  return cols > 0 && cols % block == 0 && MatVecSharedBytes(rows_bucket, cols) <= kMaxSharedBytes;
+}
+
+cudaError_t Dispatch(uint32_t type, const MatVecArgs& a) {
+  switch (type) {
+    case kTypeF32: return LaunchMatVecTyped<kTypeF32>(a);
+    case kTypeF16: return LaunchMatVecTyped<kTypeF16>(a);
+    case kTypeBF16: return LaunchMatVecTyped<kTypeBF16>(a);
+    case kTypeQ4_0: return LaunchMatVecTyped<kTypeQ4_0>(a);
+    case kTypeQ8_0: return LaunchMatVecTyped<kTypeQ8_0>(a);
+    case kTypeQ2_K: return LaunchMatVecTyped<kTypeQ2_K>(a);
+    case kTypeQ3_K: return LaunchMatVecTyped<kTypeQ3_K>(a);
+    case kTypeQ4_K: return LaunchMatVecTyped<kTypeQ4_K>(a);
+    case kTypeQ5_K: return LaunchMatVecTyped<kTypeQ5_K>(a);
+    case kTypeQ6_K: return LaunchMatVecTyped<kTypeQ6_K>(a);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool Aligned(const void* p, uint32_t type) {
+  const int align = MoeKernelsRowAlignment(type);
+  return align > 0 && reinterpret_cast<uintptr_t>(p) % align == 0;
+}
+
+}  // namespace
+
+cudaError_t LaunchDenseMatVec(uint32_t type, const void* w, int cols, int rows, const float* x, int n, float* y,
+                              cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  const int bucket = n <= 1 ? 1 : kMaxUnitRows;
+  if (!ShapeOk(type, cols, bucket) || !Aligned(w, type)) return cudaErrorInvalidValue;
+  MatVecArgs a{MatVecMode::kDense, w, nullptr, 0, n, cols, rows, x, y, stream};
+  return Dispatch(type, a);
+}
+
+cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int h, int inner,
+                               const float* x, float* act, cudaStream_t stream) {
+  if (num_units <= 0) return cudaSuccess;
+  if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, h, max_rows <= 1 ? 1 : kMaxUnitRows) ||
+      !MoeKernelsSupportType(type)) {
+    return cudaErrorInvalidValue;
+  }
+  MatVecArgs a{MatVecMode::kGateUp, nullptr, units, num_units, max_rows, h, inner, x, act, stream};
+  return Dispatch(type, a);
+}
+
+cudaError_t LaunchExpertDown(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int inner, int h,
+                             const float* act, float* partial, cudaStream_t stream) {
+  if (num_units <= 0) return cudaSuccess;
+  if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, inner, max_rows <= 1 ? 1 : kMaxUnitRows) ||
+      !MoeKernelsSupportType(type)) {
+    return cudaErrorInvalidValue;
+  }
+  MatVecArgs a{MatVecMode::kDown, nullptr, units, num_units, max_rows, inner, h, act, partial, stream};
+  return Dispatch(type, a);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,34 @@
+// Matrix-vector kernels that dequantize weights on the fly (decode path), f32 activations and f32
+// accumulation (the exact mode). Launchers return cudaError_t: cudaErrorInvalidValue for a type
+// the kernels cannot read, a shape they refuse (cols not a multiple of 32, or one activation row
+// too wide for shared memory) or a misaligned matrix; otherwise the launch error.
+//
+// Shapes follow ggml: a matrix {cols, rows} has `rows` output rows of `cols` inputs.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_MATVEC_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_MATVEC_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/moe/expert_unit.h"
+
+namespace tandem::cuda {
+
+// y (n × rows) = W·x for n rows of x (n × cols), W of ggml type `type` at device address w.
+cudaError_t LaunchDenseMatVec(uint32_t type, const void* w, int cols, int rows, const float* x,
+                              int n, float* y, cudaStream_t stream);
+
+// For every unit u (device array of num_units) and row r < u.rows:
+//   act[u.first_slot + r] (inner wide) = SiLU(gate_u·x[u.input_row[r]]) ⊙ up_u·x[u.input_row[r]]
+// gate and up share `type`; x is n × h (rows addressed by input_row). max_rows bounds u.rows.
+cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_units, int max_rows,
+                               int h, int inner, const float* x, float* act, cudaStream_t stream);
+
+// For every unit u and row r < u.rows: partial[u.first_slot + r] (h wide) = down_u·act[u.first_slot + r].
+cudaError_t LaunchExpertDown(uint32_t type, const ExpertUnit* units, int num_units, int max_rows,
+                             int inner, int h, const float* act, float* partial, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_MATVEC_CUH_

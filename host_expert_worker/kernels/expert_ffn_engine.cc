@@ -1,0 +1,299 @@
+#include "host_expert_worker/kernels/expert_ffn_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "host_expert_worker/kernels/exact_row_dot.h"
+
+namespace tandem {
+namespace {
+
+// A 64-byte aligned, zero-initialised byte buffer.
+class AlignedBytes {
+ public:
+  AlignedBytes() = default;
+  explicit AlignedBytes(size_t bytes)
+      : data_(static_cast<uint8_t*>(::operator new(std::max<size_t>(bytes, 64), std::align_val_t{64}))) {
+    std::fill(data_, data_ + std::max<size_t>(bytes, 64), 0);
+  }
+  ~AlignedBytes() {
+    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{64});
+  }
+  AlignedBytes(AlignedBytes&& o) noexcept : data_(o.data_) { o.data_ = nullptr; }
+  AlignedBytes& operator=(AlignedBytes&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  uint8_t* get() const { return data_; }
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data_); }
+
+ private:
+  uint8_t* data_ = nullptr;
+};
+
+inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+int64_t ChunkRows(int64_t total_rows, int threads, int64_t dim, int64_t minimum) {
+  int64_t chunk = (total_rows + 4 * threads - 1) / (4 * threads);
+  chunk = (chunk + 15) / 16 * 16;
+  return std::clamp<int64_t>(chunk, std::min(minimum, dim), dim);
+}
+
+bool IsFloatType(WeightType t) {
+  return t == WeightType::kF32 || t == WeightType::kF16 || t == WeightType::kBF16;
+}
+
+}  // namespace
+
+struct ExpertFfnEngine::Buffers {
+  int64_t q8k_h_bytes, q8x32_h_bytes, q8k_i_bytes, q8x32_i_bytes, scratch_floats;
+  AlignedBytes act_q8k, act_q8x32;      // per activation row
+  AlignedBytes gate_out, up_out;        // per sorted pair slot: I floats
+  AlignedBytes inter_q8k, inter_q8x32;  // per sorted pair slot
+  AlignedBytes order, tiles;
+  AlignedBytes thread_scratch;          // per thread: scratch_floats floats
+};
+
+ExpertFfnEngine::ExpertFfnEngine(const ExpertFfnEngineOptions& options, WorkerThreadPool* pool)
+    : options_(options), pool_(pool) {}
+ExpertFfnEngine::~ExpertFfnEngine() = default;
+
+absl::StatusOr<std::unique_ptr<ExpertFfnEngine>> ExpertFfnEngine::Create(
+    const ExpertFfnEngineOptions& o, WorkerThreadPool* pool) {
+  if (o.hidden <= 0 || o.inner <= 0 || o.hidden % 32 != 0 || o.inner % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("expert dims h = ", o.hidden, ", I = ", o.inner,
+                                                   " must be positive multiples of 32"));
+  }
+  if (o.max_pairs < 1 || o.max_activation_rows < 1) {
+    return absl::InvalidArgumentError("max_pairs and max_activation_rows must be >= 1");
+  }
+  if (!KernelIsaSupported(o.isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this CPU cannot run the ", std::string(KernelIsaName(o.isa)), " kernels"));
+  }
+  std::unique_ptr<ExpertFfnEngine> engine(new ExpertFfnEngine(o, pool));
+  auto b = std::make_unique<Buffers>();
+  b->q8k_h_bytes = ActivationRowBytes(ActivationFormat::kQ8K, o.hidden);
+  b->q8x32_h_bytes = ActivationRowBytes(ActivationFormat::kQ8x32, o.hidden);
+  b->q8k_i_bytes = ActivationRowBytes(ActivationFormat::kQ8K, o.inner);
+  b->q8x32_i_bytes = ActivationRowBytes(ActivationFormat::kQ8x32, o.inner);
+  b->scratch_floats = (std::max(o.hidden, o.inner) + 15) / 16 * 16;
+  const size_t rows = static_cast<size_t>(o.max_activation_rows);
+  const size_t pairs = static_cast<size_t>(o.max_pairs);
+  b->act_q8k = AlignedBytes(rows * b->q8k_h_bytes);
+  b->act_q8x32 = AlignedBytes(rows * b->q8x32_h_bytes);
+  b->gate_out = AlignedBytes(pairs * o.inner * sizeof(float));
+  b->up_out = AlignedBytes(pairs * o.inner * sizeof(float));
+  b->inter_q8k = AlignedBytes(pairs * b->q8k_i_bytes);
+  b->inter_q8x32 = AlignedBytes(pairs * b->q8x32_i_bytes);
+  b->order = AlignedBytes(pairs * sizeof(uint32_t));
+  b->tiles = AlignedBytes(pairs * sizeof(Tile));
+  b->thread_scratch = AlignedBytes(static_cast<size_t>(pool->size()) * b->scratch_floats * sizeof(float));
+  engine->buffers_ = std::move(b);
+  return engine;
+}
+
+KernelIsa ExpertFfnEngine::IsaFor(WeightType type) const {
+  KernelIsa used = KernelIsa::kScalar;
+  FindBestRowDotKernel(options_.isa, type, &used);
+  return used;
+}
+
+absl::Status ExpertFfnEngine::CheckLayer(const ExpertLayerView& layer) const {
+  const int64_t n = layer.gate.experts;
+  const int64_t h = options_.hidden, I = options_.inner;
+  if (absl::Status s = CheckExpertMatrix("ffn_gate_exps", layer.gate, h, I, n); !s.ok()) return s;
+  if (absl::Status s = CheckExpertMatrix("ffn_up_exps", layer.up, h, I, n); !s.ok()) return s;
+  if (absl::Status s = CheckExpertMatrix("ffn_down_exps", layer.down, I, h, n); !s.ok()) return s;
+  for (const auto& [name, m] : {std::pair{"ffn_gate_exps", &layer.gate}, std::pair{"ffn_up_exps", &layer.up},
+                                std::pair{"ffn_down_exps", &layer.down}}) {
+    if (!IsFloatType(m->type) && FindRowDotKernel(KernelIsa::kScalar, m->type) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": weight type ", std::string(GetWeightTypeInfo(m->type).name),
+          " has no expert kernel (supported: f32 f16 bf16 q8_0 q4_0 q2_K q3_K q4_K q5_K q6_K)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertFfnEngine::Compute(const ExpertLayerView& layer, std::span<const ExpertRowPair> pairs,
+                                      const float* activations, int64_t activation_rows, bool exact,
+                                      float* outputs) {
+  if (activation_rows > options_.max_activation_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "activation_row_count ", activation_rows, " exceeds the worker's capacity of ",
+        options_.max_activation_rows, " rows (raise --max-rows)"));
+  }
+  bool quantize = true;
+  for (size_t begin = 0; begin < pairs.size() || begin == 0; begin += options_.max_pairs) {
+    const size_t n = std::min<size_t>(pairs.size() - begin, options_.max_pairs);
+    if (n == 0) break;
+    if (absl::Status s = ComputePass(layer, pairs.subspan(begin, n), exact,
+                                     outputs + begin * options_.hidden, quantize, activations,
+                                     activation_rows);
+        !s.ok()) {
+      return s;
+    }
+    quantize = false;  // the quantized activations stay valid for the next pass
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertFfnEngine::ComputePass(const ExpertLayerView& layer, std::span<const ExpertRowPair> pairs,
+                                          bool exact, float* outputs, bool quantize_activations,
+                                          const float* activations, int64_t activation_rows) {
+  Buffers& b = *buffers_;
+  uint32_t* order = b.order.as<uint32_t>();
+  Tile* tiles = b.tiles.as<Tile>();
+  const uint32_t n = static_cast<uint32_t>(pairs.size());
+  for (uint32_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order, order + n, [&](uint32_t x, uint32_t y) {
+    return pairs[x].expert != pairs[y].expert ? pairs[x].expert < pairs[y].expert : x < y;
+  });
+  int64_t tile_count = 0;
+  for (uint32_t i = 0; i < n;) {
+    uint32_t j = i;
+    while (j < n && j - i < kMaxRowBlock && pairs[order[j]].expert == pairs[order[i]].expert) ++j;
+    tiles[tile_count++] = Tile{pairs[order[i]].expert - layer.first_expert, i, j - i};
+    i = j;
+  }
+  Pass& p = pass_;
+  p.layer = &layer;
+  p.pairs = pairs;
+  p.activations = activations;
+  p.activation_rows = activation_rows;
+  p.quantize_activations = quantize_activations;
+  p.exact = exact;
+  p.outputs = outputs;
+  p.tiles = tile_count;
+  const int threads = pool_->size();
+  p.up_chunk = ChunkRows(tile_count * options_.inner, threads, options_.inner, 16);
+  p.up_chunks_per_tile = (options_.inner + p.up_chunk - 1) / p.up_chunk;
+  p.down_chunk = ChunkRows(tile_count * options_.hidden, threads, options_.hidden, 32);
+  p.down_chunks_per_tile = (options_.hidden + p.down_chunk - 1) / p.down_chunk;
+  auto format = [exact](WeightType t) {
+    return exact ? ActivationFormat::kF32 : IntegerActivationFormat(t);
+  };
+  p.gate_format = format(layer.gate.type);
+  p.up_format = format(layer.up.type);
+  p.down_format = format(layer.down.type);
+  next_quant_.store(0, std::memory_order_relaxed);
+  next_up_.store(0, std::memory_order_relaxed);
+  next_inter_.store(0, std::memory_order_relaxed);
+  next_down_.store(0, std::memory_order_relaxed);
+  pool_->Run([this](int t) { RunThread(t); });
+  return absl::OkStatus();
+}
+
+void ExpertFfnEngine::RunThread(int t) {
+  const Pass& p = pass_;
+  Buffers& b = *buffers_;
+  const ExpertLayerView& layer = *p.layer;
+  const int64_t h = options_.hidden, I = options_.inner;
+  const uint32_t* order = b.order.as<uint32_t>();
+  const Tile* tiles = b.tiles.as<Tile>();
+  float* scratch = b.thread_scratch.as<float>() + t * b.scratch_floats;
+  float* gate_out = b.gate_out.as<float>();
+  float* up_out = b.up_out.as<float>();
+
+  // Phase 0: activation rows into the integer formats gate and up need.
+  const bool need_q8k = p.gate_format == ActivationFormat::kQ8K || p.up_format == ActivationFormat::kQ8K;
+  const bool need_q8x32 = p.gate_format == ActivationFormat::kQ8x32 || p.up_format == ActivationFormat::kQ8x32;
+  if (p.quantize_activations && (need_q8k || need_q8x32)) {
+    for (int64_t r; (r = next_quant_.fetch_add(1, std::memory_order_relaxed)) < p.activation_rows;) {
+      const float* x = p.activations + r * h;
+      if (need_q8k) QuantizeActivationsQ8K(x, h, reinterpret_cast<ActivationBlockQ8K*>(b.act_q8k.get() + r * b.q8k_h_bytes));
+      if (need_q8x32) QuantizeActivationsQ8x32(x, h, reinterpret_cast<ActivationBlockQ8x32*>(b.act_q8x32.get() + r * b.q8x32_h_bytes));
+    }
+    pool_->Barrier();
+  }
+
+  // The activation row of sorted slot s in `format`.
+  auto activation = [&](uint32_t s, ActivationFormat format) -> const void* {
+    const int64_t row = p.pairs[order[s]].row;
+    switch (format) {
+      case ActivationFormat::kQ8K: return b.act_q8k.get() + row * b.q8k_h_bytes;
+      case ActivationFormat::kQ8x32: return b.act_q8x32.get() + row * b.q8x32_h_bytes;
+      case ActivationFormat::kF32: break;
+    }
+    return p.activations + row * h;
+  };
+  // Rows [r0, r0 + rows) of local expert e of m against acts, into out.
+  auto dot = [&](const ExpertMatrixView& m, ActivationFormat format, uint32_t e, int64_t r0,
+                 int64_t rows, const void* const* acts, int count, float* const* out) {
+    const uint8_t* w = static_cast<const uint8_t*>(m.data) + (e * m.rows + r0) * m.row_bytes;
+    if (format == ActivationFormat::kF32) {
+      ExactRowDots(m.type, w, m.row_bytes, rows, m.cols, reinterpret_cast<const float* const*>(acts),
+                   count, out, scratch);
+    } else {
+      FindBestRowDotKernel(options_.isa, m.type)(w, m.row_bytes, rows, m.cols / GetWeightTypeInfo(m.type).block_elems,
+                                                 acts, count, out);
+    }
+  };
+
+  // Phase 1: gate and up, then SiLU(g) * u in place.
+  const void* acts[kMaxRowBlock];
+  float* outs[kMaxRowBlock];
+  const int64_t up_units = p.tiles * p.up_chunks_per_tile;
+  for (int64_t u; (u = next_up_.fetch_add(1, std::memory_order_relaxed)) < up_units;) {
+    const Tile& tile = tiles[u / p.up_chunks_per_tile];
+    const int64_t r0 = (u % p.up_chunks_per_tile) * p.up_chunk;
+    const int64_t rows = std::min(p.up_chunk, I - r0);
+    const int count = static_cast<int>(tile.count);
+    for (int k = 0; k < count; ++k) {
+      acts[k] = activation(tile.first + k, p.gate_format);
+      outs[k] = gate_out + (tile.first + k) * I + r0;
+    }
+    dot(layer.gate, p.gate_format, tile.expert, r0, rows, acts, count, outs);
+    for (int k = 0; k < count; ++k) {
+      acts[k] = activation(tile.first + k, p.up_format);
+      outs[k] = up_out + (tile.first + k) * I + r0;
+    }
+    dot(layer.up, p.up_format, tile.expert, r0, rows, acts, count, outs);
+    for (int k = 0; k < count; ++k) {
+      float* g = gate_out + (tile.first + k) * I + r0;
+      const float* up = up_out + (tile.first + k) * I + r0;
+      for (int64_t r = 0; r < rows; ++r) g[r] = Silu(g[r]) * up[r];
+    }
+  }
+  pool_->Barrier();
+
+  // Phase 2: intermediate rows into down's integer format.
+  if (p.down_format != ActivationFormat::kF32) {
+    for (int64_t s; (s = next_inter_.fetch_add(1, std::memory_order_relaxed)) < static_cast<int64_t>(p.pairs.size());) {
+      const float* x = gate_out + s * I;
+      if (p.down_format == ActivationFormat::kQ8K) {
+        QuantizeActivationsQ8K(x, I, reinterpret_cast<ActivationBlockQ8K*>(b.inter_q8k.get() + s * b.q8k_i_bytes));
+      } else {
+        QuantizeActivationsQ8x32(x, I, reinterpret_cast<ActivationBlockQ8x32*>(b.inter_q8x32.get() + s * b.q8x32_i_bytes));
+      }
+    }
+    pool_->Barrier();
+  }
+
+  // Phase 3: down, straight into each pair's output row.
+  const int64_t down_units = p.tiles * p.down_chunks_per_tile;
+  for (int64_t u; (u = next_down_.fetch_add(1, std::memory_order_relaxed)) < down_units;) {
+    const Tile& tile = tiles[u / p.down_chunks_per_tile];
+    const int64_t r0 = (u % p.down_chunks_per_tile) * p.down_chunk;
+    const int64_t rows = std::min(p.down_chunk, h - r0);
+    const int count = static_cast<int>(tile.count);
+    for (int k = 0; k < count; ++k) {
+      const uint32_t s = tile.first + k;
+      switch (p.down_format) {
+        case ActivationFormat::kQ8K: acts[k] = b.inter_q8k.get() + s * b.q8k_i_bytes; break;
+        case ActivationFormat::kQ8x32: acts[k] = b.inter_q8x32.get() + s * b.q8x32_i_bytes; break;
+        case ActivationFormat::kF32: acts[k] = gate_out + s * I; break;
+      }
+      outs[k] = p.outputs + static_cast<int64_t>(order[s]) * h + r0;
+    }
+    dot(layer.down, p.down_format, tile.expert, r0, rows, acts, count, outs);
+  }
+}
+
+}  // namespace tandem

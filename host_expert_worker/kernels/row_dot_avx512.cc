@@ -1,0 +1,262 @@
+// AVX-512 VNNI kernels (Ice Lake / Sapphire Rapids / Zen 4). K-quants: each 64-element quarter of
+// a super-block is decoded once into unsigned bytes, multiplied with the int8 activations by
+// vpmaddubsw (pairs into int16; at most 2 * 63 * 127, no saturation) and folded with the int16
+// sub-block scales by vpdpwssd into int32; the mins (or the centring offset) meet the activation
+// block sums. Q8_0 / Q4_0: vpdpbusd on |w| and sign-adjusted activations, 32 elements per block.
+// GCC 12 warns about the deliberately undefined upper halves inside its own intrinsics headers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/weights/block_layouts.h"
+#include "host_expert_worker/kernels/activation_blocks.h"
+#include "host_expert_worker/kernels/k_quant_unpack.h"
+#include "host_expert_worker/kernels/row_dot_kernels.h"
+
+#define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+namespace tandem::row_dot_internal {
+namespace {
+
+// One decoded super-block: q[j] holds elements 64 j .. 64 j + 63 as bytes; sc[j] the int16 scale
+// of each of the 32 vpmaddubsw lanes (lanes 8 i .. 8 i + 7 belong to sub-block 4 j + i); mn the 16
+// per-16 mins matching the activation bsums.
+struct DecodedK {
+  __m512i q[4];
+  __m512i sc[4];
+  __m256i mn;
+  float d;
+  float dmin;
+};
+
+TANDEM_AVX512 inline float HalfAt(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Spreads 16 int16 per-16-element scales (sub-block s in lane s) over the four quarters.
+TANDEM_AVX512 inline void SpreadScales16(__m256i sc16, __m512i* sc) {
+  const __m512i z = _mm512_castsi256_si512(sc16);
+  for (int j = 0; j < 4; ++j) {
+    // lane L of quarter j reads sub-block 4 j + L / 8
+    const __m512i idx = _mm512_add_epi16(
+        _mm512_set1_epi16(static_cast<int16_t>(4 * j)),
+        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+                                           17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                           1, 0),
+                          3));
+    sc[j] = _mm512_permutexvar_epi16(idx, z);
+  }
+}
+
+// Q4_K / Q5_K: eight 6-bit scales and mins -> per-quarter scale lanes and per-16 mins.
+TANDEM_AVX512 inline void Q4KScales(const uint8_t* scales, DecodedK* out) {
+  uint8_t sm[16];
+  UnpackQ4KScaleBytes(scales, sm, sm + 8);
+  const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
+  // scale lanes 0..7, min lanes 8..15; sub-block s of 16 uses scale s / 2 and min 8 + s / 2.
+  const __m256i lane = _mm256_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m256i sc16 = _mm256_permutexvar_epi16(_mm256_srli_epi16(lane, 1), sm16);
+  out->mn = _mm256_permutexvar_epi16(_mm256_add_epi16(_mm256_srli_epi16(lane, 1), _mm256_set1_epi16(8)), sm16);
+  SpreadScales16(sc16, out->sc);
+}
+
+// Per-byte right shift of a broadcast 32-byte field: the low 32 bytes by s0, the high by s1.
+TANDEM_AVX512 inline __m512i ShiftHalves(__m512i v, int s0, int s1) {
+  const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(s0)),
+                                            _mm256_set1_epi16(static_cast<int16_t>(s1)), 1);
+  return _mm512_srlv_epi16(v, shifts);
+}
+
+TANDEM_AVX512 inline __m512i Broadcast32(const uint8_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+TANDEM_AVX512 inline void Decode(const BlockQ4_K& b, DecodedK* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = Broadcast32(b.qs + 32 * j);
+    out->q[j] = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFFFF0000u, v, 4), low4);
+  }
+  Q4KScales(b.scales, out);
+  out->d = HalfAt(reinterpret_cast<const uint8_t*>(&b.d));
+  out->dmin = HalfAt(reinterpret_cast<const uint8_t*>(&b.dmin));
+}
+
+TANDEM_AVX512 inline void Decode(const BlockQ5_K& b, DecodedK* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i qh = Broadcast32(b.qh);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = Broadcast32(b.qs + 32 * j);
+    const __m512i low = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFFFF0000u, v, 4), low4);
+    const __m512i high = _mm512_and_si512(ShiftHalves(qh, 2 * j, 2 * j + 1), one);
+    out->q[j] = _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+  Q4KScales(b.scales, out);
+  out->d = HalfAt(reinterpret_cast<const uint8_t*>(&b.d));
+  out->dmin = HalfAt(reinterpret_cast<const uint8_t*>(&b.dmin));
+}
+
+TANDEM_AVX512 inline void Decode(const BlockQ2_K& b, DecodedK* out) {
+  const __m512i three = _mm512_set1_epi8(3);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = Broadcast32(b.qs + 32 * (j / 2));
+    out->q[j] = _mm512_and_si512(ShiftHalves(v, 4 * (j % 2), 4 * (j % 2) + 2), three);
+  }
+  const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  SpreadScales16(_mm256_cvtepu8_epi16(_mm_and_si128(s, low4)), out->sc);
+  out->mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), low4));
+  out->d = HalfAt(reinterpret_cast<const uint8_t*>(&b.d));
+  out->dmin = HalfAt(reinterpret_cast<const uint8_t*>(&b.dmin));
+}
+
+TANDEM_AVX512 inline void Decode(const BlockQ3_K& b, DecodedK* out) {
+  const __m512i three = _mm512_set1_epi8(3);
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i hmask = Broadcast32(b.hmask);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = Broadcast32(b.qs + 32 * (j / 2));
+    const __m512i low = _mm512_and_si512(ShiftHalves(v, 4 * (j % 2), 4 * (j % 2) + 2), three);
+    const __m512i high = _mm512_and_si512(ShiftHalves(hmask, 2 * j, 2 * j + 1), one);
+    out->q[j] = _mm512_or_si512(low, _mm512_slli_epi16(high, 2));
+  }
+  int8_t sc8[16];
+  for (int i = 0; i < 16; ++i) sc8[i] = static_cast<int8_t>(UnpackQ3KScale(i, b.scales));
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc8)));
+  SpreadScales16(sc16, out->sc);
+  out->mn = sc16;
+  out->d = HalfAt(reinterpret_cast<const uint8_t*>(&b.d));
+  out->dmin = 4.0f * out->d;
+}
+
+TANDEM_AVX512 inline void Decode(const BlockQ6_K& b, DecodedK* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i three = _mm512_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = _mm512_loadu_si512(b.ql + 64 * h);
+    const __m512i qh = Broadcast32(b.qh + 32 * h);
+    const __m512i low_a = _mm512_and_si512(ql, low4);                         // g = 0, 1
+    const __m512i low_b = _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);   // g = 2, 3
+    const __m512i high_a = _mm512_and_si512(ShiftHalves(qh, 0, 2), three);
+    const __m512i high_b = _mm512_and_si512(ShiftHalves(qh, 4, 6), three);
+    out->q[2 * h] = _mm512_or_si512(low_a, _mm512_slli_epi16(high_a, 4));
+    out->q[2 * h + 1] = _mm512_or_si512(low_b, _mm512_slli_epi16(high_b, 4));
+  }
+  const __m256i sc16 =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  SpreadScales16(sc16, out->sc);
+  out->mn = sc16;
+  out->d = HalfAt(reinterpret_cast<const uint8_t*>(&b.d));
+  out->dmin = 32.0f * out->d;
+}
+
+template <typename Block, int NR>
+TANDEM_AVX512 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
+                               int64_t blocks, const void* const* acts, float* const* out) {
+  const ActivationBlockQ8K* a[NR];
+  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8K*>(acts[k]);
+  for (int64_t r = 0; r < row_count; ++r) {
+    const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
+    __m512 acc[NR];
+    for (int k = 0; k < NR; ++k) acc[k] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      DecodedK dk;
+      Decode(row[b], &dk);
+      for (int k = 0; k < NR; ++k) {
+        const ActivationBlockQ8K& ab = a[k][b];
+        __m512i isum = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+          const __m512i x = _mm512_load_si512(ab.qs + 64 * j);
+          isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(dk.q[j], x), dk.sc[j]);
+        }
+        const __m256i corr = _mm256_madd_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums)), dk.mn);
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dk.d * ab.d), acc[k]);
+        acc[k] = _mm512_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(corr)),
+                                 _mm512_set1_ps(-dk.dmin * ab.d), acc[k]);
+      }
+    }
+    for (int k = 0; k < NR; ++k) out[k][r] = _mm512_reduce_add_ps(acc[k]);
+  }
+}
+
+// Q8_0 / Q4_0 block b of a row as 32 signed bytes.
+TANDEM_AVX512 inline __m256i LegacyValues(const BlockQ8_0& b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+}
+TANDEM_AVX512 inline __m256i LegacyValues(const BlockQ4_0& b) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+  return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+template <typename Block, int NR>
+TANDEM_AVX512 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
+                               int64_t blocks, const void* const* acts, float* const* out) {
+  const ActivationBlockQ8x32* a[NR];
+  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8x32*>(acts[k]);
+  for (int64_t r = 0; r < row_count; ++r) {
+    const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
+    __m256 acc[NR];
+    for (int k = 0; k < NR; ++k) acc[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m256i w = LegacyValues(row[b]);
+      const __m256i wabs = _mm256_abs_epi8(w);
+      const float d = HalfAt(reinterpret_cast<const uint8_t*>(&row[b].d));
+      for (int k = 0; k < NR; ++k) {
+        const ActivationBlockQ8x32& ab = a[k][b];
+        const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs)), w);
+        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, x);
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * ab.d), acc[k]);
+      }
+    }
+    for (int k = 0; k < NR; ++k) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[k]), _mm256_extractf128_ps(acc[k], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      out[k][r] = _mm_cvtss_f32(s);
+    }
+  }
+}
+
+// Runs the NR-specialised kernel for act_count = 1..kMaxRowBlock.
+#define TANDEM_ROW_COUNT_DISPATCH(NAME, FN)                                                        \
+  template <typename Block>                                                                        \
+  void NAME(const uint8_t* w, int64_t rb, int64_t rc, int64_t nb, const void* const* acts, int n,  \
+            float* const* out) {                                                                   \
+    switch (n) {                                                                                   \
+      case 1: return FN<Block, 1>(w, rb, rc, nb, acts, out);                                       \
+      case 2: return FN<Block, 2>(w, rb, rc, nb, acts, out);                                       \
+      case 3: return FN<Block, 3>(w, rb, rc, nb, acts, out);                                       \
+      case 4: return FN<Block, 4>(w, rb, rc, nb, acts, out);                                       \
+      case 5: return FN<Block, 5>(w, rb, rc, nb, acts, out);                                       \
+      case 6: return FN<Block, 6>(w, rb, rc, nb, acts, out);                                       \
+      case 7: return FN<Block, 7>(w, rb, rc, nb, acts, out);                                       \
+      default: return FN<Block, 8>(w, rb, rc, nb, acts, out);                                      \
+    }                                                                                              \
+  }
+
+TANDEM_ROW_COUNT_DISPATCH(KQuantRows, KQuantRowsN)
+TANDEM_ROW_COUNT_DISPATCH(LegacyRows, LegacyRowsN)
+
+}  // namespace
+
+RowDotKernel Avx512VnniKernel(WeightType type) {
+  switch (type) {
+    case WeightType::kQ2_K: return KQuantRows<BlockQ2_K>;
+    case WeightType::kQ3_K: return KQuantRows<BlockQ3_K>;
+    case WeightType::kQ4_K: return KQuantRows<BlockQ4_K>;
+    case WeightType::kQ5_K: return KQuantRows<BlockQ5_K>;
+    case WeightType::kQ6_K: return KQuantRows<BlockQ6_K>;
+    case WeightType::kQ8_0: return LegacyRows<BlockQ8_0>;
+    case WeightType::kQ4_0: return LegacyRows<BlockQ4_0>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace tandem::row_dot_internal
