@@ -14,10 +14,16 @@
 #include "host_expert_worker/kernels/k_quant_unpack.h"
 #include "host_expert_worker/kernels/row_dot_kernels.h"
 
+#ifndef TANDEM_PREFETCH_BYTES
+#define TANDEM_PREFETCH_BYTES 2048
+#endif
 #define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace tandem::row_dot_internal {
 namespace {
+
+// How far ahead of the block being decoded the weight stream is prefetched (docs/PERF.md).
+constexpr size_t kPrefetchBytes = TANDEM_PREFETCH_BYTES;
 
 // One decoded super-block: q[j] holds elements 64 j .. 64 j + 63 as bytes; sc[j] the int16 scale
 // of each of the 32 vpmaddubsw lanes (lanes 8 i .. 8 i + 7 belong to sub-block 4 j + i); mn the 16
@@ -164,6 +170,10 @@ TANDEM_AVX512 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_
     __m512 acc[NR];
     for (int k = 0; k < NR; ++k) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
+      // The hardware prefetchers alone leave too few misses in flight per core for a stream
+      // interleaved with this much arithmetic; ask for the lines kPrefetchBytes ahead.
+      const char* ahead = reinterpret_cast<const char*>(&row[b]) + kPrefetchBytes;
+      for (size_t line = 0; line < sizeof(Block); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
       DecodedK dk;
       Decode(row[b], &dk);
       for (int k = 0; k < NR; ++k) {

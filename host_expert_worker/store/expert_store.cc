@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const GgufFile& f
 
 absl::Status HostExpertComputer::Compute(const ExpertBatch& batch, float* outputs) {
   return engine_->Compute(store_->layer(batch.layer), batch.pairs, batch.activations,
-                          batch.activation_row_count, batch.exact, outputs);
+                          batch.activation_row_count, batch.exact || force_exact_, outputs);
 }
 
 }  // namespace tandem

@@ -70,14 +70,17 @@ class ExpertStore {
 // The ExpertRowComputer the channel server calls: the store's weights on the engine's kernels.
 class HostExpertComputer : public ExpertRowComputer {
  public:
-  // Both must outlive the computer.
-  HostExpertComputer(const ExpertStore* store, ExpertFfnEngine* engine) : store_(store), engine_(engine) {}
+  // Both must outlive the computer. force_exact: every request runs in the exact mode, whatever
+  // its flag says (validation runs).
+  HostExpertComputer(const ExpertStore* store, ExpertFfnEngine* engine, bool force_exact = false)
+      : store_(store), engine_(engine), force_exact_(force_exact) {}
   const ExpertModelShape& shape() const override { return store_->shape(); }
   absl::Status Compute(const ExpertBatch& batch, float* outputs) override;
 
  private:
   const ExpertStore* store_;
   ExpertFfnEngine* engine_;
+  bool force_exact_;
 };
 
 }  // namespace tandem

@@ -14,26 +14,29 @@
 
 namespace tandem::cuda {
 
-// One cudaMalloc'd region, freed on destruction.
-class DeviceBuffer {
+// One allocation made by `Allocator` and released by `Deleter` on destruction (cudaMalloc /
+// cudaFree for device memory, cudaMallocHost / cudaFreeHost for pinned host memory).
+template <cudaError_t (*Allocator)(void**, size_t), cudaError_t (*Deleter)(void*)>
+class CudaAllocation {
  public:
-  DeviceBuffer() = default;
-  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) {
-    DeviceBuffer b;
-    if (bytes > 0) TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&b.ptr_, bytes));
+  CudaAllocation() = default;
+  static absl::StatusOr<CudaAllocation> Allocate(size_t bytes) {
+    CudaAllocation b;
+    if (bytes > 0) TANDEM_CUDA_RETURN_IF_ERROR(Allocator(&b.ptr_, bytes));
     b.bytes_ = bytes;
     return b;
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaAllocation(CudaAllocation&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  CudaAllocation& operator=(CudaAllocation&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);  // nothing useful to do with an error in a destructor
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  ~CudaAllocation() {
+    if (ptr_ != nullptr) Deleter(ptr_);  // nothing useful to do with an error in a destructor
   }
   void* get() const { return ptr_; }
   template <typename T>
@@ -45,36 +48,17 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+namespace internal {
+inline cudaError_t DeviceMalloc(void** p, size_t n) { return cudaMalloc(p, n); }
+inline cudaError_t DeviceFree(void* p) { return cudaFree(p); }
+inline cudaError_t PinnedMalloc(void** p, size_t n) { return cudaMallocHost(p, n); }
+inline cudaError_t PinnedFree(void* p) { return cudaFreeHost(p); }
+}  // namespace internal
+
+// Device memory (cudaMalloc).
+using DeviceBuffer = CudaAllocation<internal::DeviceMalloc, internal::DeviceFree>;
 // Page-locked host memory (cudaMallocHost), for staging copies.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  static absl::StatusOr<PinnedBuffer> Allocate(size_t bytes) {
-    PinnedBuffer b;
-    if (bytes > 0) TANDEM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.ptr_, bytes));
-    b.bytes_ = bytes;
-    return b;
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  }
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using PinnedBuffer = CudaAllocation<internal::PinnedMalloc, internal::PinnedFree>;
 
 // A bump allocator over one DeviceBuffer: reserve everything at start, hand out aligned slices.
 class DeviceArena {

@@ -106,7 +106,9 @@ SelectKernel(const float* sorted_logits, const int32_t* sorted_ids, int vocab,
       if (i < keep && cum >= pr.top_p) atomicMin(&found_s, i + 1);
       carry += chunk;
       __syncthreads();
-      if (found_s < keep) break;  // uniform across the block after the barrier
+      const bool done = found_s < keep;
+      __syncthreads();  // every thread has read found_s before the next chunk may lower it
+      if (done) break;
     }
     __syncthreads();
   }
@@ -128,7 +130,9 @@ SelectKernel(const float* sorted_logits, const int32_t* sorted_ids, int vocab,
     if (i < keep && u < cum) atomicMin(&found_s, i);
     carry += chunk;
     __syncthreads();
-    if (found_s < keep - 1) break;
+    const bool done = found_s < keep - 1;
+    __syncthreads();
+    if (done) break;
   }
   __syncthreads();
   if (threadIdx.x == 0) tokens[blockIdx.x] = ids[found_s];

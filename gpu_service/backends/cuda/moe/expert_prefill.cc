@@ -123,7 +123,7 @@ absl::Status ExpertPrefillRunner::Run(std::span<const ExpertUnit> units, const f
     }
     TANDEM_CUDA_RETURN_IF_ERROR(
         LaunchGatherRowsBf16(x, h, index_.as<int32_t>() + g.first_slot, m, x_rows_.as<uint16_t>(), stream));
-    // gu (m × 2I, row-major) = X (m × h) · Wgu^T; column-major: gu^T (2I × m) = Wgu^T' ...
+    // Row-major gu (m × 2I) = X (m × h)·Wgu^T is column-major gu^T (2I × m) = op_T(Wgu as h × 2I)·X^T.
     if (absl::Status s = BlasStatus(
             cublasGemmEx(blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, m, h, &one, wgu, CUDA_R_16BF, h,
                          x_rows_.get(), CUDA_R_16BF, h, &zero, gu_.get(), CUDA_R_32F, 2 * I, CUBLAS_COMPUTE_32F,

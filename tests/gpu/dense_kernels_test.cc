@@ -1,0 +1,175 @@
+// Parity of the dense GPU kernels with the CPU reference: embedding gather, matvec, prefill GEMM,
+// stream read / inject. Fresh random inputs, outputs poisoned before every run.
+#include <cstring>
+#include <vector>
+
+#include "common/reference/matmul.h"
+#include "common/reference/streams.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/embedding.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+using gpu_testing::RandomMatrix;
+using gpu_testing::RelL2;
+using gpu_testing::Upload;
+
+class GpuDenseTest : public ::testing::TestWithParam<WeightType> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+std::string TypeName(const ::testing::TestParamInfo<WeightType>& info) {
+  return std::string(GetWeightTypeInfo(info.param).name);
+}
+
+TEST_P(GpuDenseTest, EmbeddingGatherMatchesDequantizedRows) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t h = 512, V = 61, S = 3;
+  const gpu_testing::TestMatrix table = RandomMatrix(rng, GetParam(), h, V);
+  const std::vector<int32_t> tokens = {5, 0, 60, 17, 5};
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  auto d_tokens = Upload(tokens);
+  auto d_H = Poisoned<float>(static_cast<size_t>(n * S * h));
+  TANDEM_ASSERT_CUDA(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), n, S, d_H.get(), nullptr));
+  const std::vector<float> got = Download(d_H);
+  std::vector<float> want(got.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t s = 0; s < S; ++s) DequantizeMatrixRow(table.view(), tokens[t], want.data() + (t * S + s) * h);
+  }
+  EXPECT_LE(gpu_testing::LogError("embedding", RelL2(got, want)), 1e-6);
+}
+
+TEST_P(GpuDenseTest, MatVecMatchesReferenceForOneToEightRows) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t cols = 1024, rows = 301;
+  const gpu_testing::TestMatrix w = RandomMatrix(rng, GetParam(), cols, rows, 0.05f);
+  for (int n : {1, 2, 3, 5, 8}) {
+    const std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
+    auto d_x = Upload(x);
+    auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+    TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(w.gpu(), d_x.get(), cols, n, d_y.get(), rows, nullptr));
+    std::vector<float> want(static_cast<size_t>(n * rows));
+    MatMul(w.view(), x.data(), n, want.data(), nullptr);
+    const double err = gpu_testing::LogError("matvec_n" + std::to_string(n), RelL2(Download(d_y), want));
+    EXPECT_LE(err, 1e-5) << "n=" << n;
+  }
+}
+
+TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t cols = 512, rows = 333, n = 45;
+  const gpu_testing::TestMatrix w = RandomMatrix(rng, GetParam(), cols, rows, 0.05f);
+  const std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
+  std::vector<float> want(static_cast<size_t>(n * rows));
+  MatMul(w.view(), x.data(), n, want.data(), nullptr);
+  auto d_x = Upload(x);
+  for (cuda::GemmMode mode : {cuda::GemmMode::kExact, cuda::GemmMode::kFast}) {
+    cuda::DenseGemmOptions options;
+    options.mode = mode;
+    options.max_n = 64;
+    options.max_cols = cols;
+    options.tile_bytes = 100 * cols * 4;  // forces several tiles
+    options.workspace_bytes = 4 << 20;
+    auto gemm = cuda::DenseGemm::Create(options);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+    ASSERT_TRUE((*gemm)->Run(w.gpu(), d_x.get(), n, d_y.get(), nullptr).ok());
+    const double err = gpu_testing::LogError(mode == cuda::GemmMode::kExact ? "gemm_exact" : "gemm_fast_bf16",
+                                             RelL2(Download(d_y), want));
+    EXPECT_LE(err, mode == cuda::GemmMode::kExact ? 1e-5 : 1e-2)
+        << (mode == cuda::GemmMode::kExact ? "exact" : "fast");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, GpuDenseTest, ::testing::ValuesIn(gpu_testing::GpuTypes()), TypeName);
+
+class GpuStreamsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+// The pending inject of the previous block fused into the next read's norm, then the whole §4.1
+// read (down, SiLU, up, fold, inject weights), against StreamInject + StreamRead.
+TEST_F(GpuStreamsTest, InjectThenReadMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t S = 4, h = 256, lr = 32, n = 3, width = S * h;
+  const float eps = 1e-6f;
+  std::vector<float> H = Random(rng, static_cast<size_t>(n * width), 1.5f);
+  const std::vector<float> y_prev = Random(rng, static_cast<size_t>(n * h));
+  std::vector<float> a_prev = Random(rng, static_cast<size_t>(n * S), 0.3f, 1.0f);
+  const std::vector<float> gamma = Random(rng, static_cast<size_t>(width), 0.2f, 1.0f);
+  const std::vector<float> down = Random(rng, static_cast<size_t>(width * lr), 0.05f);
+  const std::vector<float> up = Random(rng, static_cast<size_t>(lr * width), 0.3f);
+  const std::vector<float> inject = Random(rng, static_cast<size_t>(width * S), 0.05f);
+  const gpu_testing::TestMatrix D = gpu_testing::F32TestMatrix(down, width, lr);
+  const gpu_testing::TestMatrix U = gpu_testing::F32TestMatrix(up, lr, width);
+  const gpu_testing::TestMatrix J = gpu_testing::F32TestMatrix(inject, width, S);
+
+  auto d_H = Upload(H);
+  auto d_y = Upload(y_prev);
+  auto d_aprev = Upload(a_prev);
+  auto d_gamma = Upload(gamma);
+  auto d_N = Poisoned<float>(static_cast<size_t>(n * width));
+  auto d_z = Poisoned<float>(static_cast<size_t>(n * lr));
+  auto d_m = Poisoned<float>(static_cast<size_t>(n * width));
+  auto d_x = Poisoned<float>(static_cast<size_t>(n * h));
+  auto d_a = Poisoned<float>(static_cast<size_t>(n * S));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(d_H.get(), n, S, h, d_aprev.get(), d_y.get(), d_gamma.get(), eps,
+                                               d_N.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(D.gpu(), d_N.get(), width, n, d_z.get(), lr, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchSiluInPlace(d_z.get(), n * lr, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(U.gpu(), d_z.get(), lr, n, d_m.get(), width, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchStreamFold(d_N.get(), d_m.get(), n, S, h, d_x.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(J.gpu(), d_N.get(), width, n, d_a.get(), S, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectWeights(d_a.get(), n * S, d_a.get(), nullptr));
+
+  StreamInject(H.data(), n, S, h, a_prev.data(), y_prev.data());
+  HcWeights w;
+  w.norm = gamma;
+  w.down = D.view();
+  w.up = U.view();
+  w.inject = J.view();
+  ASSERT_TRUE(CheckHcWeights(w, S, h).ok());
+  std::vector<float> x(static_cast<size_t>(n * h)), a(static_cast<size_t>(n * S));
+  StreamRead(w, H.data(), n, S, h, eps, x.data(), a.data(), nullptr);
+  EXPECT_LE(gpu_testing::LogError("inject_H", RelL2(Download(d_H), H)), 1e-6);
+  EXPECT_LE(gpu_testing::LogError("stream_read_x", RelL2(Download(d_x), x)), 1e-5);
+  EXPECT_LE(gpu_testing::LogError("stream_read_a", RelL2(Download(d_a), a)), 1e-5);
+}
+
+TEST_F(GpuStreamsTest, PlainNormAndUnfusedInject) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t h = 2048, n = 5;
+  std::vector<float> H = Random(rng, static_cast<size_t>(n * h), 3.0f);
+  const std::vector<float> gamma = Random(rng, static_cast<size_t>(h), 0.2f, 1.0f);
+  const std::vector<float> y = Random(rng, static_cast<size_t>(n * h));
+  auto d_H = Upload(H);
+  auto d_gamma = Upload(gamma);
+  auto d_y = Upload(y);
+  auto d_a = Poisoned<float>(static_cast<size_t>(n));
+  auto d_x = Poisoned<float>(static_cast<size_t>(n * h));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(d_H.get(), n, 1, h, nullptr, nullptr, d_gamma.get(), 1e-6f,
+                                               d_x.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectWeights(nullptr, n, d_a.get(), nullptr));
+  HcWeights w;
+  w.norm = gamma;
+  std::vector<float> x(static_cast<size_t>(n * h)), a(static_cast<size_t>(n));
+  StreamRead(w, H.data(), n, 1, h, 1e-6f, x.data(), a.data(), nullptr);
+  EXPECT_LE(gpu_testing::LogError("plain_norm", RelL2(Download(d_x), x)), 1e-6);
+  EXPECT_EQ(Download(d_a), a);
+  TANDEM_ASSERT_CUDA(cuda::LaunchStreamInject(d_H.get(), n, 1, h, d_a.get(), d_y.get(), nullptr));
+  StreamInject(H.data(), n, 1, h, a.data(), y.data());
+  EXPECT_LE(RelL2(Download(d_H), H), 1e-7);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,337 @@
+// Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes: achieved bandwidth of the
+// decode matvec per weight type against a measured device copy, the prefill GEMM's rate, decode
+// and prefill attention, the GDN scan and sampling. Prints one line per case ("name: value unit,
+// detail") and, with --json=PATH, writes the same numbers as JSON. Timing: CUDA events around
+// `reps` launches after warm-up, median of 5 such rounds. Weights hold random bytes (never zeros).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/sampling_plan.h"
+
+namespace tandem::cuda {
+namespace {
+
+#define BENCH_CHECK(call)                                                                  \
+  do {                                                                                     \
+    const cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+std::vector<std::string> g_json;
+
+void Report(const std::string& name, double value, const char* unit, const std::string& detail) {
+  std::printf("%-44s %12.2f %-8s %s\n", name.c_str(), value, unit, detail.c_str());
+  std::fflush(stdout);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"value\":%.4f,\"unit\":\"%s\",\"detail\":\"%s\"}",
+                name.c_str(), value, unit, detail.c_str());
+  g_json.push_back(buf);
+}
+
+// Median milliseconds per call of fn.
+double TimeMs(const std::function<void()>& fn, int reps = 20) {
+  cudaEvent_t a, b;
+  BENCH_CHECK(cudaEventCreate(&a));
+  BENCH_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int round = 0; round < 5; ++round) {
+    BENCH_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < reps; ++i) fn();
+    BENCH_CHECK(cudaEventRecord(b));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t / reps);
+  }
+  BENCH_CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms[ms.size() / 2];
+}
+
+void* RandomDevice(size_t bytes, uint64_t seed) {
+  std::vector<uint64_t> host((bytes + 7) / 8);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (uint64_t& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = x;
+  }
+  void* d = nullptr;
+  BENCH_CHECK(cudaMalloc(&d, host.size() * 8));
+  BENCH_CHECK(cudaMemcpy(d, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Random f32 values in [-1, 1) (finite, so softmax and norms stay meaningful).
+float* RandomFloats(size_t count, uint64_t seed) {
+  std::vector<float> host(count);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (float& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / static_cast<float>(1ll << 23);
+  }
+  float* d = nullptr;
+  BENCH_CHECK(cudaMalloc(&d, count * 4));
+  BENCH_CHECK(cudaMemcpy(d, host.data(), count * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+double BenchCopy() {
+  const size_t bytes = 2ull << 30;
+  void *a, *b;
+  BENCH_CHECK(cudaMalloc(&a, bytes));
+  BENCH_CHECK(cudaMalloc(&b, bytes));
+  BENCH_CHECK(cudaMemset(a, 0x5A, bytes));
+  const double ms = TimeMs([&] { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 5);
+  const double gbs = 2.0 * bytes / (ms * 1e6);
+  Report("copy_d2d_2GiB", gbs, "GB/s", "read+write bytes / time: the HBM ceiling");
+  cudaFree(a);
+  cudaFree(b);
+  return gbs;
+}
+
+void BenchMatVec(double copy_gbs) {
+  struct T {
+    const char* name;
+    uint32_t type;
+    int64_t block_elems, block_bytes;
+  };
+  const T types[] = {{"f32", kTypeF32, 32, 128},   {"bf16", kTypeBF16, 32, 64}, {"q8_0", kTypeQ8_0, 32, 34},
+                     {"q6_K", kTypeQ6_K, 256, 210}, {"q5_K", kTypeQ5_K, 256, 176}, {"q4_K", kTypeQ4_K, 256, 144}};
+  const int64_t cols = 2048;
+  float* x = RandomFloats(8 * 8192, 3);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, 8 * 262144 * sizeof(float)));
+  for (const T& t : types) {
+    // About 512 MB of weights (well past the 50 MB L2); the LM-head shape for the quantized types.
+    const int64_t row_bytes = cols / t.block_elems * t.block_bytes;
+    const int64_t rows = std::min<int64_t>(262144, (512ll << 20) / row_bytes);
+    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), 11);
+    if (t.type == kTypeF32 || t.type == kTypeBF16) {  // keep float weights finite
+      BENCH_CHECK(cudaFree(w));
+      w = t.type == kTypeF32 ? static_cast<void*>(RandomFloats(static_cast<size_t>(rows * cols), 12))
+                             : RandomDevice(static_cast<size_t>(rows * row_bytes), 13);
+    }
+    const DeviceMatrix m{t.type, w, cols, rows, row_bytes};
+    for (int n : {1, 8}) {
+      const double ms = TimeMs([&] { BENCH_CHECK(LaunchDenseMatVec(m, x, cols, n, y, rows, nullptr)); });
+      const double gbs = static_cast<double>(rows * row_bytes) / (ms * 1e6);
+      char detail[200];
+      std::snprintf(detail, sizeof(detail), "%lld x %lld, %.0f MB, %.1f us, %.0f%% of copy", (long long)rows,
+                    (long long)cols, rows * row_bytes / 1e6, ms * 1e3, 100.0 * gbs / copy_gbs);
+      Report(std::string("matvec_") + t.name + "_n" + std::to_string(n), gbs, "GB/s", detail);
+    }
+    BENCH_CHECK(cudaFree(w));
+  }
+  cudaFree(x);
+  cudaFree(y);
+}
+
+void BenchGemm() {
+  const int64_t n = 4096, cols = 2048, rows = 8192;
+  const int64_t row_bytes = cols / 256 * 144;
+  void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), 21);
+  // Random bytes may hold f16 NaN/inf scales; zero the top exponent bits of d and dmin so that the
+  // tile holds finite values (the rate does not depend on them, but NaN paths might).
+  std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
+  BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
+  for (size_t b = 0; b < host.size(); b += 144) {
+    host[b + 1] &= 0x3B;
+    host[b + 3] &= 0x3B;
+  }
+  BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+  const DeviceMatrix m{kTypeQ4_K, w, cols, rows, row_bytes};
+  float* x = RandomFloats(static_cast<size_t>(n * cols), 22);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, n * rows * sizeof(float)));
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    DenseGemmOptions o;
+    o.mode = mode;
+    o.max_n = n;
+    o.max_cols = cols;
+    o.tile_bytes = rows * cols * 4;
+    auto g = DenseGemm::Create(o);
+    if (!g.ok()) {
+      std::fprintf(stderr, "gemm create: %s\n", g.status().ToString().c_str());
+      std::exit(1);
+    }
+    const double ms = TimeMs([&] {
+      absl::Status s = (*g)->Run(m, x, n, y, nullptr);
+      if (!s.ok()) {
+        std::fprintf(stderr, "gemm: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    }, 5);
+    const double tflops = 2.0 * n * cols * rows / (ms * 1e9);
+    char detail[200];
+    std::snprintf(detail, sizeof(detail), "q4_K %lldx%lld weights, %lld rows, %.2f ms incl. dequant", (long long)rows,
+                  (long long)cols, (long long)n, ms);
+    Report(mode == GemmMode::kFast ? "gemm_fast_bf16_q4K_n4096" : "gemm_exact_f32_q4K_n4096", tflops, "TFLOP/s",
+           detail);
+  }
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+}
+
+void BenchAttention(double copy_gbs) {
+  const AttnShape d{16, 2, 256, 64, 1e-6f};
+  const int kvw = d.kv_width();
+  const int ctx = 32768, pages = ctx / kKvPageSize;
+  float* kc = RandomFloats(static_cast<size_t>(pages) * kKvPageSize * kvw, 31);
+  float* vc = RandomFloats(static_cast<size_t>(pages) * kKvPageSize * kvw, 32);
+  std::vector<int32_t> table(pages);
+  for (int i = 0; i < pages; ++i) table[i] = (i * 7919) % pages;  // scattered pages
+  int32_t* d_table;
+  BENCH_CHECK(cudaMalloc(&d_table, pages * 4));
+  BENCH_CHECK(cudaMemcpy(d_table, table.data(), pages * 4, cudaMemcpyHostToDevice));
+  const PagedKv cache{kc, vc, d_table, pages};
+  const int n_max = 4096;
+  float* q = RandomFloats(static_cast<size_t>(n_max) * d.nh * d.hd, 33);
+  float* qg = RandomFloats(static_cast<size_t>(n_max) * d.nh * 2 * d.hd, 34);
+  float* o;
+  BENCH_CHECK(cudaMalloc(&o, static_cast<size_t>(n_max) * d.nh * d.hd * 4));
+  int32_t *d_seq, *d_pos, *d_items;
+  BENCH_CHECK(cudaMalloc(&d_seq, n_max * 4));
+  BENCH_CHECK(cudaMalloc(&d_pos, n_max * 4));
+  BENCH_CHECK(cudaMalloc(&d_items, 2 * n_max * 4));
+  auto run = [&](int n, int first_pos) {
+    std::vector<int32_t> seq(n, 0), pos(n);
+    for (int i = 0; i < n; ++i) pos[i] = first_pos + i;
+    const std::vector<int32_t> items = PlanAttentionItems(seq, d.nh / d.kvh);
+    BENCH_CHECK(cudaMemcpy(d_seq, seq.data(), n * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(d_pos, pos.data(), n * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(d_items, items.data(), items.size() * 4, cudaMemcpyHostToDevice));
+    const int num_items = static_cast<int>(items.size() / 2);
+    return TimeMs([&] {
+      BENCH_CHECK(LaunchAttention(q, qg, n, d, d_items, num_items, d_seq, d_pos, cache, o, nullptr));
+    }, n > 1 ? 3 : 20);
+  };
+  for (int c : {4096, 32768}) {
+    const double ms = run(1, c - 1);
+    const double bytes = 2.0 * c * kvw * 4;
+    char detail[160];
+    std::snprintf(detail, sizeof(detail), "nh16 kvh2 hd256 f32 cache, ctx %d: %.1f us, %.0f%% of copy", c, ms * 1e3,
+                  100.0 * bytes / (ms * 1e6) / copy_gbs);
+    Report("attn_decode_ctx" + std::to_string(c), bytes / (ms * 1e6), "GB/s", detail);
+  }
+  {
+    const int n = 4096;
+    const double ms = run(n, 0);
+    const double flops = 2.0 * 2.0 * d.nh * d.hd * (static_cast<double>(n) * (n + 1) / 2);
+    char detail[160];
+    std::snprintf(detail, sizeof(detail), "causal prefill of %d tokens, f32 CUDA cores: %.2f ms", n, ms);
+    Report("attn_prefill_n4096", flops / (ms * 1e9), "TFLOP/s", detail);
+  }
+  cudaFree(kc);
+  cudaFree(vc);
+  cudaFree(q);
+  cudaFree(qg);
+  cudaFree(o);
+  cudaFree(d_table);
+  cudaFree(d_seq);
+  cudaFree(d_pos);
+  cudaFree(d_items);
+}
+
+void BenchGdn() {
+  const GdnShape d{16, 32, 128, 128, 4};
+  const int n_max = 4096;
+  float* conv = RandomFloats(static_cast<size_t>(n_max) * d.c_dim(), 41);
+  float* g = RandomFloats(static_cast<size_t>(n_max) * d.nv, 42);
+  float* beta = RandomFloats(static_cast<size_t>(n_max) * d.nv, 43);
+  float* state = RandomFloats(static_cast<size_t>(d.nv) * d.dk * d.dv, 44);
+  float* o;
+  BENCH_CHECK(cudaMalloc(&o, static_cast<size_t>(n_max) * d.nv * d.dv * 4));
+  // Keep the decay bounded: g in [-1, 0), beta in [0, 1).
+  for (int n : {1, 4096}) {
+    const double ms = TimeMs([&] { BENCH_CHECK(LaunchGdnRecurrent(conv, g, beta, n, d, state, o, nullptr)); },
+                             n > 1 ? 3 : 50);
+    char detail[160];
+    std::snprintf(detail, sizeof(detail), "nv32 dk=dv=128, %d token(s): %.1f us (state 2 MiB read+written)", n,
+                  ms * 1e3);
+    Report("gdn_recurrent_n" + std::to_string(n), ms * 1e3, "us", detail);
+  }
+  cudaFree(conv);
+  cudaFree(g);
+  cudaFree(beta);
+  cudaFree(state);
+  cudaFree(o);
+}
+
+void BenchSampling() {
+  const int vocab = 151936;
+  for (int rows : {1, 32}) {
+    float* logits = RandomFloats(static_cast<size_t>(rows) * vocab, 51);
+    auto s = GpuSampler::Create(rows, vocab);
+    if (!s.ok()) std::exit(1);
+    std::vector<SamplingRowParams> params(rows, SamplingRowParams{0.8f, 40, 0.95f, 0.0f, 0.37});
+    SamplingRowParams* d_params;
+    int32_t* tokens;
+    BENCH_CHECK(cudaMalloc(&d_params, rows * sizeof(SamplingRowParams)));
+    BENCH_CHECK(cudaMalloc(&tokens, rows * 4));
+    BENCH_CHECK(cudaMemcpy(d_params, params.data(), rows * sizeof(SamplingRowParams), cudaMemcpyHostToDevice));
+    const double greedy = TimeMs([&] { (void)(*s)->Greedy(logits, rows, tokens, nullptr); });
+    const double sample = TimeMs([&] { (void)(*s)->Sample(logits, rows, d_params, tokens, nullptr); });
+    Report("sample_greedy_rows" + std::to_string(rows), greedy * 1e3, "us", "argmax over 151936");
+    Report("sample_topk_topp_rows" + std::to_string(rows), sample * 1e3, "us", "segmented radix sort + select");
+    cudaFree(logits);
+    cudaFree(d_params);
+    cudaFree(tokens);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+int main(int argc, char** argv) {
+  using namespace tandem::cuda;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  const double copy = BenchCopy();
+  BenchMatVec(copy);
+  BenchGemm();
+  BenchAttention(copy);
+  BenchGdn();
+  BenchSampling();
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "[\n");
+      for (size_t i = 0; i < g_json.size(); ++i) std::fprintf(f, "  %s%s\n", g_json[i].c_str(), i + 1 < g_json.size() ? "," : "");
+      std::fprintf(f, "]\n");
+      std::fclose(f);
+    }
+  }
+  return 0;
+}

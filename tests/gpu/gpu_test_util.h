@@ -1,0 +1,156 @@
+// Helpers of the GPU parity driver: device detection (tests skip without a GPU), device copies of
+// host vectors, poisoning, random quantized weights and error measures.
+#ifndef TANDEM_TESTS_GPU_GPU_TEST_UTIL_H_
+#define TANDEM_TESTS_GPU_GPU_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/reference/weight_view.h"
+#include "common/weights/weight_types.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+#include "gtest/gtest.h"
+
+namespace tandem::gpu_testing {
+
+// Empty when a CUDA device is usable, else the reason to skip.
+inline std::string NoGpuReason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device present";
+  return "";
+}
+
+#define TANDEM_SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                              \
+    if (std::string reason = ::tandem::gpu_testing::NoGpuReason(); !reason.empty()) \
+      GTEST_SKIP() << "GPU test skipped: " << reason;                               \
+  } while (0)
+
+#define TANDEM_ASSERT_CUDA(call)                                                  \
+  do {                                                                            \
+    const cudaError_t tandem_e_ = (call);                                         \
+    ASSERT_EQ(tandem_e_, cudaSuccess) << #call << ": " << cudaGetErrorString(tandem_e_); \
+  } while (0)
+
+// A device array with its size; Upload / Download copy synchronously.
+template <typename T>
+struct DeviceArray {
+  cuda::DeviceBuffer buffer;
+  size_t count = 0;
+  T* get() const { return buffer.as<T>(); }
+};
+
+template <typename T>
+DeviceArray<T> Alloc(size_t count) {
+  DeviceArray<T> a;
+  auto b = cuda::DeviceBuffer::Allocate(std::max<size_t>(count, 1) * sizeof(T));
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (b.ok()) a.buffer = *std::move(b);
+  a.count = count;
+  return a;
+}
+
+// Allocates count elements filled with 0xFF bytes (NaN for floats, -1 for ints).
+template <typename T>
+DeviceArray<T> Poisoned(size_t count) {
+  DeviceArray<T> a = Alloc<T>(count);
+  EXPECT_EQ(cudaMemset(a.get(), 0xFF, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+  return a;
+}
+
+template <typename T>
+DeviceArray<T> Upload(const std::vector<T>& v) {
+  DeviceArray<T> a = Alloc<T>(v.size());
+  EXPECT_EQ(cudaMemcpy(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return a;
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceArray<T>& a) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<T> v(a.count);
+  EXPECT_EQ(cudaMemcpy(v.data(), a.get(), a.count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+inline std::vector<float> Random(std::mt19937& rng, size_t n, float stddev = 1.0f, float mean = 0.0f) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// ‖a − b‖ / ‖b‖; infinity when a holds a NaN (an unwritten, poisoned element).
+inline double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return den == 0.0 ? (num == 0.0 ? 0.0 : INFINITY) : std::sqrt(num / den);
+}
+
+// Records a measured error in the test's XML properties and prints it (scientific notation), so
+// that device runs report the parity numbers, not only pass/fail; returns err for EXPECT_LE.
+inline double LogError(const std::string& what, double err) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3e", err);
+  ::testing::Test::RecordProperty(what, buf);
+  std::printf("[ parity   ] %s rel_l2=%s\n", what.c_str(), buf);
+  return err;
+}
+
+// A random {cols, rows} matrix quantized to `type` on the host, with its device copy.
+struct TestMatrix {
+  WeightType type;
+  int64_t cols, rows, row_bytes;
+  std::vector<uint8_t> bytes;
+  DeviceArray<uint8_t> device;
+
+  MatrixView view() const { return MatrixView{type, bytes.data(), cols, rows, row_bytes}; }
+  cuda::DeviceMatrix gpu() const {
+    return cuda::DeviceMatrix{static_cast<uint32_t>(type), device.get(), cols, rows, row_bytes};
+  }
+};
+
+inline TestMatrix RandomMatrix(std::mt19937& rng, WeightType type, int64_t cols, int64_t rows,
+                               float stddev = 1.0f) {
+  TestMatrix m{type, cols, rows, *RowBytes(type, cols), {}, {}};
+  m.bytes.resize(static_cast<size_t>(m.row_bytes * rows));
+  const std::vector<float> f = Random(rng, static_cast<size_t>(cols * rows), stddev);
+  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, f.data() + r * cols, m.bytes.data() + r * m.row_bytes, cols);
+  m.device = Upload(m.bytes);
+  return m;
+}
+
+inline TestMatrix F32TestMatrix(const std::vector<float>& f, int64_t cols, int64_t rows) {
+  TestMatrix m{WeightType::kF32, cols, rows, cols * 4, {}, {}};
+  m.bytes.resize(f.size() * 4);
+  std::memcpy(m.bytes.data(), f.data(), m.bytes.size());
+  m.device = Upload(m.bytes);
+  return m;
+}
+
+inline const std::vector<WeightType>& GpuTypes() {
+  static const std::vector<WeightType> types = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
+                                                WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ5_K,
+                                                WeightType::kQ6_K};
+  return types;
+}
+
+}  // namespace tandem::gpu_testing
+
+#endif  // TANDEM_TESTS_GPU_GPU_TEST_UTIL_H_

@@ -1,0 +1,285 @@
+// Timings of the MoE kernels on the Qwen3-Next-80B shapes (h 2048, I 512, E 512, K 10), every
+// expert resident: decode expert bandwidth against a measured device-to-device copy, the prefill
+// GEMM path, routing and the scatter-sum. Weights are random bytes (timing does not depend on
+// their values; never zeros). Prints one line per measurement. Not a test.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "gpu_service/backends/cuda/moe/expert_prefill.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/matvec.cuh"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "gpu_service/backends/cuda/moe/router.cuh"
+#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+
+namespace tandem::cuda {
+namespace {
+
+#define BENCH_CHECK(call)                                                                        \
+  do {                                                                                           \
+    if (cudaError_t e_ = (call); e_ != cudaSuccess) {                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+#define BENCH_OK(expr)                                                               \
+  do {                                                                               \
+    if (absl::Status s_ = (expr); !s_.ok()) {                                        \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+constexpr int64_t kH = 2048, kI = 512, kE = 512, kK = 10;
+
+// Random bytes with every f16 scale field finite: the generator only draws bytes below 0x78 in
+// odd positions, so no f16 read from the block has an all-ones exponent.
+void FillRandom(void* dst, size_t bytes, std::mt19937& rng) {
+  std::vector<uint8_t> host(std::min<size_t>(bytes, size_t{64} << 20));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(rng() % (i % 2 ? 0x78 : 0x100));
+  for (size_t off = 0; off < bytes; off += host.size()) {
+    BENCH_CHECK(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(host.size(), bytes - off),
+                           cudaMemcpyHostToDevice));
+  }
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    BENCH_CHECK(cudaEventCreate(&a));
+    BENCH_CHECK(cudaEventCreate(&b));
+  }
+  void Start() { BENCH_CHECK(cudaEventRecord(a)); }
+  float StopMs() {
+    BENCH_CHECK(cudaEventRecord(b));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Layer {
+  void* gate;
+  void* up;
+  void* down;
+  int64_t gate_row_bytes, down_row_bytes;
+  ExpertLocation Expert(int64_t e) const {
+    return {static_cast<uint8_t*>(gate) + e * kI * gate_row_bytes, static_cast<uint8_t*>(up) + e * kI * gate_row_bytes,
+            static_cast<uint8_t*>(down) + e * kH * down_row_bytes};
+  }
+};
+
+int64_t RowBytesOf(uint32_t type, int64_t cols) {
+  switch (type) {
+    case kTypeQ4_K: return cols / 256 * 144;
+    case kTypeQ2_K: return cols / 256 * 84;
+    case kTypeQ6_K: return cols / 256 * 210;
+    case kTypeQ8_0: return cols / 32 * 34;
+    default: return 0;
+  }
+}
+
+std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
+  std::vector<int32_t> picks, ids(kE);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int32_t e = 0; e < kE; ++e) ids[e] = e;
+    for (int64_t k = 0; k < kK; ++k) std::swap(ids[k], ids[k + rng() % (kE - k)]);
+    picks.insert(picks.end(), ids.begin(), ids.begin() + kK);
+  }
+  return picks;
+}
+
+// Decode: `iters` steps, each with fresh picks for n tokens (all units uploaded beforehand so that
+// the loop times the kernels only). Bandwidth counts the bytes of the distinct experts used.
+void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t n, std::mt19937& rng,
+                 const float* x, float* act, float* partial, double copy_gbs) {
+  const int iters = 200;
+  std::vector<std::vector<ExpertUnit>> plans;
+  double bytes = 0;
+  int max_rows = 1;
+  size_t max_units = 0;
+  for (int it = 0; it < iters; ++it) {
+    const std::vector<int32_t> picks = RandomPicks(rng, n);
+    absl::StatusOr<MoeStepPlan> plan =
+        PlanMoeStep(picks, n, kK, kE, [&](int32_t e) -> std::optional<ExpertLocation> { return layer.Expert(e); });
+    BENCH_OK(plan.status());
+    bytes += static_cast<double>(plan->units.size()) * (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
+    max_rows = std::max(max_rows, plan->max_unit_rows);
+    max_units = std::max(max_units, plan->units.size());
+    plans.push_back(plan->units);
+  }
+  ExpertUnit* dunits;
+  BENCH_CHECK(cudaMalloc(&dunits, iters * max_units * sizeof(ExpertUnit)));
+  for (int it = 0; it < iters; ++it) {
+    BENCH_CHECK(cudaMemcpy(dunits + it * max_units, plans[it].data(), plans[it].size() * sizeof(ExpertUnit),
+                           cudaMemcpyHostToDevice));
+  }
+  auto run = [&](int it, bool gate_up, bool down) {
+    const int count = static_cast<int>(plans[it].size());
+    if (gate_up) BENCH_CHECK(LaunchExpertGateUp(gu_type, dunits + it * max_units, count, max_rows, kH, kI, x, act, nullptr));
+    if (down) BENCH_CHECK(LaunchExpertDown(d_type, dunits + it * max_units, count, max_rows, kI, kH, act, partial, nullptr));
+  };
+  Timer timer;
+  for (int it = 0; it < 20; ++it) run(it, true, true);  // warm-up
+  const char* parts[3] = {"gate_up+down", "gate_up", "down"};
+  for (int part = 0; part < 3; ++part) {
+    std::vector<float> reps;
+    for (int rep = 0; rep < 5; ++rep) {
+      timer.Start();
+      for (int it = 0; it < iters; ++it) run(it, part != 2, part != 1);
+      reps.push_back(timer.StopMs());
+    }
+    const double ms = Median(reps) / iters;
+    double part_bytes = bytes / iters;
+    if (part == 1) part_bytes *= 2.0 * kI * layer.gate_row_bytes / (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
+    if (part == 2) part_bytes *= kH * layer.down_row_bytes / (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
+    const double gbs = part_bytes / (ms * 1e-3) / 1e9;
+    std::printf("decode %-22s n=%-3lld %-13s %8.2f us/step %8.1f GB/s (%4.0f%% of copy) %.1f MB/step\n", name,
+                static_cast<long long>(n), parts[part], ms * 1e3, gbs, 100.0 * gbs / copy_gbs, part_bytes / 1e6);
+  }
+  // The runner path (units staged through pinned memory each step).
+  absl::StatusOr<ExpertDecodeRunner> runner = ExpertDecodeRunner::Create(static_cast<int64_t>(max_units));
+  BENCH_OK(runner.status());
+  const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(gu_type), static_cast<WeightType>(d_type), kH, kI};
+  timer.Start();
+  for (int it = 0; it < iters; ++it) BENCH_OK(runner->Run(plans[it], shape, x, act, partial, nullptr));
+  const double ms = timer.StopMs() / iters;
+  std::printf("decode %-22s n=%-3lld %-13s %8.2f us/step (staging + 2 launches per step)\n", name,
+              static_cast<long long>(n), "runner", ms * 1e3);
+  BENCH_CHECK(cudaFree(dunits));
+}
+
+void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t n, std::mt19937& rng, const float* x,
+                  float* partial) {
+  const std::vector<int32_t> picks = RandomPicks(rng, n);
+  absl::StatusOr<MoeStepPlan> plan =
+      PlanMoeStep(picks, n, kK, kE, [&](int32_t e) -> std::optional<ExpertLocation> { return layer.Expert(e); });
+  BENCH_OK(plan.status());
+  absl::StatusOr<ExpertPrefillRunner> runner =
+      ExpertPrefillRunner::Create({static_cast<WeightType>(gu_type), static_cast<WeightType>(d_type), kH, kI}, n * kK);
+  BENCH_OK(runner.status());
+  BENCH_OK(runner->Run(plan->units, x, partial, nullptr));  // warm-up (cuBLAS handles, heuristics)
+  Timer timer;
+  std::vector<float> reps;
+  for (int rep = 0; rep < 3; ++rep) {
+    timer.Start();
+    BENCH_OK(runner->Run(plan->units, x, partial, nullptr));
+    reps.push_back(timer.StopMs());
+  }
+  const double ms = Median(reps);
+  const double flops = static_cast<double>(n * kK) * (2.0 * 2 * kH * kI + 2.0 * kI * kH);
+  std::printf("prefill experts n=%-5lld %8.2f ms %8.1f TFLOP/s  %8.0f tokens/s (experts only, per layer)\n",
+              static_cast<long long>(n), ms, flops / (ms * 1e-3) / 1e12, n / (ms * 1e-3));
+}
+
+int Main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA GPU: nothing to time\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::mt19937 rng(12345);
+
+  // Ceiling: device-to-device copy of 2 GiB (bytes read + written).
+  const size_t copy_bytes = size_t{1} << 31;
+  void *src, *dst;
+  BENCH_CHECK(cudaMalloc(&src, copy_bytes));
+  BENCH_CHECK(cudaMalloc(&dst, copy_bytes));
+  BENCH_CHECK(cudaMemset(src, 0x5A, copy_bytes));
+  BENCH_CHECK(cudaMemcpy(dst, src, copy_bytes, cudaMemcpyDeviceToDevice));
+  Timer timer;
+  std::vector<float> reps;
+  for (int rep = 0; rep < 5; ++rep) {
+    timer.Start();
+    BENCH_CHECK(cudaMemcpy(dst, src, copy_bytes, cudaMemcpyDeviceToDevice));
+    reps.push_back(timer.StopMs());
+  }
+  const double copy_gbs = 2.0 * copy_bytes / (Median(reps) * 1e-3) / 1e9;
+  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", copy_gbs);
+  BENCH_CHECK(cudaFree(src));
+  BENCH_CHECK(cudaFree(dst));
+
+  const int64_t max_n = 8192;
+  float *x, *act, *partial;
+  BENCH_CHECK(cudaMalloc(&x, max_n * kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&act, max_n * kK * kI * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&partial, max_n * kK * kH * sizeof(float)));
+  {
+    std::vector<float> hx(max_n * kH);
+    std::normal_distribution<float> nd;
+    for (float& v : hx) v = nd(rng);
+    BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+  struct Variant {
+    const char* name;
+    uint32_t gu, d;
+  } variants[] = {{"q4_K gate/up, q4_K down", kTypeQ4_K, kTypeQ4_K}, {"q2_K gate/up, q4_K down", kTypeQ2_K, kTypeQ4_K}};
+  for (const Variant& v : variants) {
+    Layer layer{};
+    layer.gate_row_bytes = RowBytesOf(v.gu, kH);
+    layer.down_row_bytes = RowBytesOf(v.d, kI);
+    const size_t gbytes = static_cast<size_t>(kE * kI * layer.gate_row_bytes);
+    const size_t dbytes = static_cast<size_t>(kE * kH * layer.down_row_bytes);
+    BENCH_CHECK(cudaMalloc(&layer.gate, gbytes));
+    BENCH_CHECK(cudaMalloc(&layer.up, gbytes));
+    BENCH_CHECK(cudaMalloc(&layer.down, dbytes));
+    FillRandom(layer.gate, gbytes, rng);
+    FillRandom(layer.up, gbytes, rng);
+    FillRandom(layer.down, dbytes, rng);
+    std::printf("layer: %s, %.0f MB of routed experts\n", v.name, (2.0 * gbytes + dbytes) / 1e6);
+    for (int64_t n : {1, 8, 32}) BenchDecode(v.name, layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+    if (v.gu == kTypeQ4_K) {
+      for (int64_t n : {512, 8192}) BenchPrefill(layer, v.gu, v.d, n, rng, x, partial);
+    }
+    BENCH_CHECK(cudaFree(layer.gate));
+    BENCH_CHECK(cudaFree(layer.up));
+    BENCH_CHECK(cudaFree(layer.down));
+  }
+
+  // Routing and the scatter-sum at decode sizes.
+  float *logits, *weights;
+  int32_t *experts, *slot;
+  BENCH_CHECK(cudaMalloc(&logits, 32 * kE * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&weights, 32 * kK * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&experts, 32 * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&slot, 32 * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMemcpy(logits, x, 32 * kE * sizeof(float), cudaMemcpyDeviceToDevice));
+  {
+    std::vector<int32_t> hs(32 * kK);
+    for (int i = 0; i < 32 * kK; ++i) hs[i] = i;
+    BENCH_CHECK(cudaMemcpy(slot, hs.data(), hs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+  for (int n : {1, 32}) {
+    BENCH_CHECK(LaunchRouteTopK(logits, n, kE, kK, experts, weights, nullptr));
+    timer.Start();
+    for (int i = 0; i < 100; ++i) BENCH_CHECK(LaunchRouteTopK(logits, n, kE, kK, experts, weights, nullptr));
+    const double route_us = timer.StopMs() * 10;
+    timer.Start();
+    for (int i = 0; i < 100; ++i) {
+      BENCH_CHECK(LaunchMoeScatterSum(partial, slot, weights, n, kK, kH, partial, logits, act, nullptr));
+    }
+    const double scatter_us = timer.StopMs() * 10;
+    std::printf("route E=512 K=10 n=%-3d %6.2f us; scatter-sum n=%-3d %6.2f us\n", n, route_us, n, scatter_us);
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+int main() { return tandem::cuda::Main(); }

@@ -1,0 +1,91 @@
+// Helpers of the GPU MoE kernel tests: GPU presence, device uploads and downloads, poisoning,
+// random quantized matrices.
+#ifndef TANDEM_TESTS_GPU_MOE_TEST_SUPPORT_H_
+#define TANDEM_TESTS_GPU_MOE_TEST_SUPPORT_H_
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/reference/weight_view.h"
+#include "common/weights/weight_types.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
+#include "tests/reference/test_util.h"
+
+namespace tandem::cuda::testing {
+
+using ::tandem::testing::RandomVector;
+using ::tandem::testing::RelativeL2;
+using ::tandem::testing::UniformVector;
+
+inline bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define TANDEM_SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                             \
+    if (!::tandem::cuda::testing::HaveGpu()) {                                                     \
+      GTEST_SKIP() << "no CUDA GPU on this machine: the GPU MoE kernel tests run on the GPU host"; \
+    }                                                                                              \
+  } while (0)
+
+#define TANDEM_ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+// A device buffer holding `bytes` of 0xFF (NaN in every float) so that unwritten outputs show.
+inline DeviceBuffer PoisonedBuffer(size_t bytes) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
+  if (!b.ok()) ADD_FAILURE() << b.status();
+  DeviceBuffer out = b.ok() ? *std::move(b) : DeviceBuffer();
+  if (out.get() != nullptr) {
+    EXPECT_EQ(cudaMemset(out.get(), 0xFF, bytes), cudaSuccess);
+  }
+  return out;
+}
+
+template <typename T>
+DeviceBuffer Upload(const std::vector<T>& v) {
+  DeviceBuffer b = PoisonedBuffer(v.size() * sizeof(T));
+  if (b.get() != nullptr) {
+    EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  return b;
+}
+
+template <typename T>
+std::vector<T> Download(const void* d, size_t count) {
+  std::vector<T> v(count);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(v.data(), d, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// rows × cols random values (normal, stddev `scale`) stored in `type`.
+inline std::vector<uint8_t> RandomMatrix(std::mt19937& rng, WeightType type, int64_t cols, int64_t rows, float scale) {
+  const int64_t row_bytes = *RowBytes(type, cols);
+  std::vector<uint8_t> out(static_cast<size_t>(row_bytes * rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> v = RandomVector(rng, cols, scale);
+    QuantizeRow(type, v.data(), out.data() + r * row_bytes, cols);
+  }
+  return out;
+}
+
+inline MatrixView HostMatrix(WeightType type, const std::vector<uint8_t>& bytes, int64_t cols, int64_t rows) {
+  return MatrixView{type, bytes.data(), cols, rows, *RowBytes(type, cols)};
+}
+
+inline bool AllFinite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+}  // namespace tandem::cuda::testing
+
+#endif  // TANDEM_TESTS_GPU_MOE_TEST_SUPPORT_H_

@@ -1,0 +1,108 @@
+// A Backend for engine tests: no model, deterministic logits that depend only on the sequence's
+// own tokens (so batching cannot change them), one "page" per live slot, and a record of every
+// step's batch.
+#ifndef TANDEM_TESTS_SERVICE_FAKE_BACKEND_H_
+#define TANDEM_TESTS_SERVICE_FAKE_BACKEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "common/tokenizer/small_tokenizer.h"
+#include "gpu_service/backend/backend.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+
+class FakeBackend : public Backend {
+ public:
+  explicit FakeBackend(int64_t context_length = 4096, int vocab = 1024) {
+    config_.arch = "fake";
+    config_.vocab = vocab;
+    config_.context_length = context_length;
+    absl::StatusOr<TokenizerSpec> spec = MakeSmallByteLevelTokenizer(vocab);
+    EXPECT_TRUE(spec.ok());
+    absl::StatusOr<Tokenizer> tok = Tokenizer::Create(*spec);
+    EXPECT_TRUE(tok.ok());
+    tokenizer_ = std::make_unique<Tokenizer>(*std::move(tok));
+  }
+
+  std::string name() const override { return "fake"; }
+  const ModelConfig& config() const override { return config_; }
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  uint64_t parameter_count() const override { return 0; }
+
+  absl::StatusOr<SequenceSlot> CreateSequence() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const SequenceSlot s = next_++;
+    slots_[s] = {};
+    return s;
+  }
+  void ReleaseSequence(SequenceSlot slot) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.erase(slot);
+  }
+  absl::Status Step(std::span<const StepInput> inputs) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int64_t> counts;
+    for (const StepInput& in : inputs) {
+      auto it = slots_.find(in.slot);
+      if (it == slots_.end()) return absl::InvalidArgumentError("unknown slot");
+      it->second.insert(it->second.end(), in.tokens.begin(), in.tokens.end());
+      counts.push_back(static_cast<int64_t>(in.tokens.size()));
+      if (in.logits != nullptr) Logits(it->second, in.logits);
+    }
+    batches_.push_back(counts);
+    return absl::OkStatus();
+  }
+  absl::Status KeepFirst(SequenceSlot, int64_t) override {
+    return absl::UnimplementedError("fake backend: no speculation");
+  }
+  StateUsage state_usage() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return StateUsage{static_cast<int64_t>(slots_.size()), 0};
+  }
+  ExpertPlacementTotals placement() const override { return {}; }
+
+  // Token counts of every step so far, per input.
+  std::vector<std::vector<int64_t>> batches() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return batches_;
+  }
+  // When > 0, EOS is the most likely token once a sequence holds this many tokens.
+  std::atomic<int64_t> eos_at_length{0};
+
+ private:
+  // Logits from a hash of the whole history; EOS far down unless eos_at_length says otherwise.
+  void Logits(const std::vector<int32_t>& history, float* out) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+    for (int64_t v = 0; v < config_.vocab; ++v) {
+      uint64_t x = (h + static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull);
+      x ^= x >> 29;
+      x *= 0xBF58476D1CE4E5B9ull;
+      x ^= x >> 32;
+      out[v] = static_cast<float>(x % 10000) / 1000.0f;  // 0 .. 10
+    }
+    const int32_t eos = *tokenizer_->eos_id();
+    const int64_t at = eos_at_length.load();
+    out[eos] = at > 0 && static_cast<int64_t>(history.size()) >= at ? 100.0f : -100.0f;
+    // Keep the other control tokens out of generations too.
+    for (int64_t v = 0; v < config_.vocab; ++v) {
+      if (v != eos && tokenizer_->IsControl(static_cast<int32_t>(v))) out[v] = -100.0f;
+    }
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  mutable std::mutex mu_;
+  std::map<SequenceSlot, std::vector<int32_t>> slots_;
+  SequenceSlot next_ = 1;
+  std::vector<std::vector<int64_t>> batches_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_TESTS_SERVICE_FAKE_BACKEND_H_
