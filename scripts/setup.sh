@@ -15,7 +15,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev libnuma-dev libgtest-dev libgmock-dev
-  python3 python3-grpcio
+  python3 python3-grpcio python3-protobuf
   clang libclang-rt-14-dev
 )
 missing=()

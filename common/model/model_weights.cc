@@ -96,6 +96,36 @@ class Binder {
     return v;
   }
 
+  // Rows [first, first + rows) of a bound matrix: a view into the same bytes (no copy).
+  static MatrixView Rows(const MatrixView& m, int64_t first, int64_t rows) {
+    if (!m.present()) return {};
+    MatrixView v = m;
+    v.data = m.row(first);
+    v.rows = rows;
+    return v;
+  }
+
+  // A matrix made of row ranges (first, count) of `m`, in order, copied into owned storage: for
+  // llama.cpp's fused forms whose parts are interleaved (ssm_in, ffn_gate_up_exps).
+  MatrixView Gather(const MatrixView& m, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+    if (!m.present()) return {};
+    int64_t rows = 0;
+    for (const auto& r : ranges) rows += r.second;
+    // Owned storage is a float deque; the bytes are rounded up to whole floats (the blocks of
+    // every type only need 2-byte alignment, which the allocation exceeds).
+    const size_t bytes = static_cast<size_t>(rows * m.row_bytes);
+    std::vector<float>& store = out_.owned.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(store.data());
+    for (const auto& [first, count] : ranges) {
+      std::memcpy(dst, m.row(first), count * m.row_bytes);
+      dst += count * m.row_bytes;
+    }
+    MatrixView v = m;
+    v.data = store.data();
+    v.rows = rows;
+    return v;
+  }
+
   void Problem(std::string message) { problems_.push_back(std::move(message)); }
 
   absl::Status Status() const {
@@ -148,9 +178,18 @@ HcWeights BindRead(Binder& b, const ModelConfig& c, const std::string& prefix,
 
 void BindAttention(Binder& b, const ModelConfig& c, const std::string& p, AttnWeights& w) {
   const AttnDims& d = c.attn;
-  w.q = b.Matrix(p + "attn_q.weight", c.h, d.nh * 2 * d.hd);
-  w.k = b.Matrix(p + "attn_k.weight", c.h, d.kvh * d.hd);
-  w.v = b.Matrix(p + "attn_v.weight", c.h, d.kvh * d.hd);
+  const int64_t nq = d.nh * 2 * d.hd, nkv = d.kvh * d.hd;
+  if (!b.Has(p + "attn_q.weight") && b.Has(p + "attn_qkv.weight")) {
+    // llama.cpp's fused form: rows [q with gates (nq) | k (nkv) | v (nkv)].
+    const MatrixView qkv = b.Matrix(p + "attn_qkv.weight", c.h, nq + 2 * nkv);
+    w.q = Binder::Rows(qkv, 0, nq);
+    w.k = Binder::Rows(qkv, nq, nkv);
+    w.v = Binder::Rows(qkv, nq + nkv, nkv);
+  } else {
+    w.q = b.Matrix(p + "attn_q.weight", c.h, nq);
+    w.k = b.Matrix(p + "attn_k.weight", c.h, nkv);
+    w.v = b.Matrix(p + "attn_v.weight", c.h, nkv);
+  }
   w.output = b.Matrix(p + "attn_output.weight", d.nh * d.hd, c.h);
   w.q_norm = b.Vector(p + "attn_q_norm.weight", d.hd);
   w.k_norm = b.Vector(p + "attn_k_norm.weight", d.hd);
@@ -164,13 +203,21 @@ void BindAttention(Binder& b, const ModelConfig& c, const std::string& p, AttnWe
 void BindGdn(Binder& b, const ModelConfig& c, const std::string& p, GdnWeights& w) {
   const GdnDims& d = c.gdn;
   if (!b.Has(p + "attn_qkv.weight") && b.Has(p + "ssm_in.weight")) {
-    // TODO(issue 4): split the older fused ssm_in into qkv and z rows.
-    b.Problem(absl::StrCat("tensor '", p, "ssm_in.weight' (the older fused GDN input) is not "
-                           "supported yet; convert the file with a current llama.cpp"));
-    return;
+    // The older fused form: rows grouped per key head g as [q (dk) | k (dk) | v (r·dv) | z (r·dv)];
+    // attn_qkv is all q, all k, all v, and attn_gate all z, so both are gathered copies.
+    const int64_t r = d.nv / d.nk, group = 2 * d.dk + 2 * r * d.dv;
+    const MatrixView in = b.Matrix(p + "ssm_in.weight", c.h, d.nk * group);
+    std::vector<std::pair<int64_t, int64_t>> qkv, z;
+    for (int64_t g = 0; g < d.nk; ++g) qkv.emplace_back(g * group, d.dk);
+    for (int64_t g = 0; g < d.nk; ++g) qkv.emplace_back(g * group + d.dk, d.dk);
+    for (int64_t g = 0; g < d.nk; ++g) qkv.emplace_back(g * group + 2 * d.dk, r * d.dv);
+    for (int64_t g = 0; g < d.nk; ++g) z.emplace_back(g * group + 2 * d.dk + r * d.dv, r * d.dv);
+    w.qkv = b.Gather(in, qkv);
+    w.gate = b.Gather(in, z);
+  } else {
+    w.qkv = b.Matrix(p + "attn_qkv.weight", c.h, d.c_dim());
+    w.gate = b.Matrix(p + "attn_gate.weight", c.h, d.nv * d.dv);
   }
-  w.qkv = b.Matrix(p + "attn_qkv.weight", c.h, d.c_dim());
-  w.gate = b.Matrix(p + "attn_gate.weight", c.h, d.nv * d.dv);
   w.ba = b.Matrix(p + "ssm_ba.weight", c.h, 2 * d.nv);
   w.conv1d = b.Vector(p + "ssm_conv1d.weight", d.kk * d.c_dim());
   w.a = b.Vector(p + "ssm_a", d.nv);
@@ -182,8 +229,25 @@ void BindGdn(Binder& b, const ModelConfig& c, const std::string& p, GdnWeights& 
 void BindMoe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights& w) {
   const int64_t E = c.moe.E, I = c.expert_ffn;
   w.router = b.Matrix(p + "ffn_gate_inp.weight", c.h, E);
-  w.gate = b.Experts(p + "ffn_gate_exps.weight", c.h, I, E);
-  w.up = b.Experts(p + "ffn_up_exps.weight", c.h, I, E);
+  if (!b.Has(p + "ffn_gate_exps.weight") && b.Has(p + "ffn_gate_up_exps.weight")) {
+    // llama.cpp's fused form {h, 2I, E}: per expert I gate rows then I up rows. Expert views have
+    // no stride, so the gate and up halves are gathered into two stacked copies.
+    const ExpertMatrixView gu = b.Experts(p + "ffn_gate_up_exps.weight", c.h, 2 * I, E);
+    if (gu.present()) {
+      MatrixView all{gu.type, gu.data, gu.cols, 2 * I * E, gu.row_bytes};
+      std::vector<std::pair<int64_t, int64_t>> gate, up;
+      for (int64_t e = 0; e < E; ++e) {
+        gate.emplace_back(e * 2 * I, I);
+        up.emplace_back(e * 2 * I + I, I);
+      }
+      const MatrixView g = b.Gather(all, gate), u = b.Gather(all, up);
+      w.gate = ExpertMatrixView{g.type, g.data, c.h, I, E, g.row_bytes};
+      w.up = ExpertMatrixView{u.type, u.data, c.h, I, E, u.row_bytes};
+    }
+  } else {
+    w.gate = b.Experts(p + "ffn_gate_exps.weight", c.h, I, E);
+    w.up = b.Experts(p + "ffn_up_exps.weight", c.h, I, E);
+  }
   w.down = b.Experts(p + "ffn_down_exps.weight", I, c.h, E);
   if (c.shared_ffn > 0) {
     w.shared_gate_inp = b.Matrix(p + "ffn_gate_inp_shexp.weight", c.h, 1, true);

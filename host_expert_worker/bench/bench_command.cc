@@ -1,5 +1,6 @@
 #include "host_expert_worker/bench/bench_command.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,11 +179,13 @@ absl::StatusOr<ChannelBenchResult> RunChannel(const BenchFlags& flags, int threa
   if (!file.ok()) return file.status();
   ChannelBenchOptions o;
   o.worker_path = flags.worker;
-  // Leave one core to the spinning client when the worker would otherwise take them all.
+  // The worker gets CPUs 1.., leaving CPU 0 to the spinning client, so the two spinning sides
+  // never share a core.
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int worker_threads = threads >= hw && hw > 1 ? hw - 1 : threads;
+  const int worker_threads = hw > 1 ? std::min(threads, hw - 1) : threads;
   o.worker_args = {absl::StrCat("--model=", path), absl::StrCat("--threads=", worker_threads),
                    absl::StrCat("--isa=", flags.isa)};
+  if (hw > 1) o.worker_args.push_back(absl::StrCat("--cpus=1-", hw - 1));
   absl::StatusOr<ModelConfig> config = ReadModelConfig(**file);
   if (!config.ok()) return config.status();
   o.layer_count = static_cast<uint32_t>(config->n_layers + config->nextn);
@@ -324,7 +327,14 @@ int RunBenchCommand(int argc, char** argv) {
 
   std::string channel_model;
   absl::StatusOr<ChannelBenchResult> channel = absl::UnavailableError("skipped (--no-channel)");
-  if (flags.channel) channel = RunChannel(flags, threads, &channel_model);
+  if (flags.channel) {
+    // Unpin this thread (the client) so that the spawned worker inherits every CPU.
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c : cpus) CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof(all), &all);
+    channel = RunChannel(flags, threads, &channel_model);
+  }
 
   const std::string isa_name(KernelIsaName(*isa));
   if (flags.json) {

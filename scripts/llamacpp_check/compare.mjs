@@ -3,6 +3,7 @@
 // at every position of the same token sequence (teacher-forced), as relative L2 error.
 //
 //   node compare.mjs --model F.gguf --tandem build/gpu_service/tandem [--steps 16] [--out report.json]
+//                    [--kv F32|F16]   (llama.cpp's KV cache type; its default is F16)
 //
 // Run through run.sh, which installs node-llama-cpp outside the repository. Exit status 0 only
 // when every prompt's greedy tokens agree for all steps.
@@ -13,7 +14,7 @@ import path from "node:path";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
 function parseArgs(argv) {
-    const args = {steps: 16, out: "", model: "", tandem: "", tolerance: 1e-4};
+    const args = {steps: 16, out: "", model: "", tandem: "", tolerance: 1e-4, kv: "F32"};
     for (let i = 2; i < argv.length; i += 2) {
         const key = argv[i].replace(/^--/, "");
         if (!(key in args)) throw new Error(`unknown flag ${argv[i]}`);
@@ -63,7 +64,7 @@ const args = parseArgs(process.argv);
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tandem-llamacpp-"));
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath: args.model, gpuLayers: 0});
-const report = {model: args.model, steps: args.steps, prompts: [], llama_cpp_release: null, ok: true};
+const report = {model: args.model, steps: args.steps, kv_cache_type: args.kv, prompts: [], llama_cpp_release: null, ok: true};
 try {
     const {createRequire} = await import("node:module");
     const require = createRequire(import.meta.url);
@@ -75,7 +76,8 @@ for (const ids of PROMPTS) {
     const V = t.vocab;
 
     // llama.cpp greedy continuation.
-    const ctx = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256});
+    const ctx = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256,
+        experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv});
     const seq = ctx.getSequence();
     const llamaGreedy = [];
     for await (const token of seq.evaluate(ids, {temperature: 0})) {
@@ -86,7 +88,8 @@ for (const ids of PROMPTS) {
 
     // llama.cpp logits at every position of ids + Tandem's greedy tokens (teacher-forced).
     const forced = ids.concat(t.greedy.slice(0, args.steps - 1));
-    const ctx2 = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256});
+    const ctx2 = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256,
+        experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv});
     const seq2 = ctx2.getSequence();
     const outputs = await seq2.controlledEvaluate(forced.map((tok) => [tok, {generateNext: {logits: true}}]));
     await ctx2.dispose();

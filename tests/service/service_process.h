@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,6 +63,7 @@ class ServiceProcess {
     const std::string log = (dir_ / "service.log").string();
     pid_ = fork();
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       FILE* f = std::freopen(log.c_str(), "w", stderr);
       (void)f;
       std::vector<char*> argv;
@@ -140,6 +142,42 @@ class ServiceProcess {
     // HealthCheckResponse{status = 1}: tag 0x08, varint value.
     if (wire.size() == 2 && wire[0] == 0x08) return wire[1];
     return wire.empty() ? 0 : -1;
+  }
+
+  // The bytes of grpc.reflection.v1alpha's answer to list_services (the names appear verbatim).
+  std::string ReflectionListServices() const {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::CompletionQueue cq;
+    auto call = stub.PrepareCall(
+        &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+    auto step = [&](int tag) {
+      void* got = nullptr;
+      bool ok = false;
+      return cq.Next(&got, &ok) && ok && got == reinterpret_cast<void*>(tag);
+    };
+    std::string out;
+    call->StartCall(reinterpret_cast<void*>(1));
+    if (!step(1)) return out;
+    const std::string request("\x3a\x01*", 3);  // ServerReflectionRequest{list_services: "*"}
+    grpc::Slice slice(request);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    if (!step(2)) return out;
+    call->WritesDone(reinterpret_cast<void*>(3));
+    if (!step(3)) return out;
+    grpc::ByteBuffer response;
+    call->Read(&response, reinterpret_cast<void*>(4));
+    if (step(4)) {
+      std::vector<grpc::Slice> slices;
+      (void)response.Dump(&slices);
+      for (const auto& sl : slices) out.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(5));
+    step(5);
+    return out;
   }
 
   // The /metrics text.

@@ -18,8 +18,8 @@ from q4x_check import rel_l2, tandem_logits
 DIMS = dict(vocab_size=3000, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-            shared_expert_intermediate_size=32, rms_norm_eps=1e-6, max_position_embeddings=512,
+            linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+            shared_expert_intermediate_size=48, rms_norm_eps=1e-6, max_position_embeddings=512,
             tie_word_embeddings=False, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
             full_attention_interval=4, hidden_act="silu", bos_token_id=2998, eos_token_id=2999)
 ROPE = dict(rope_theta=10000.0, partial_rotary_factor=0.25)

@@ -64,5 +64,17 @@ def run(tandem, workdir, tol, report):
         print(f"  q4x tiny, {len(ids)} tokens: logits max rel L2 {entry['max_rel_l2']:.2e}"
               + (f", MTP drafts {entry['drafts_tandem']} vs {entry['drafts_torch']}, rel L2 {entry['mtp_max_rel_l2']:.2e}"
                  if cfg.nextn else "") + (" OK" if entry["ok"] else " FAIL"), flush=True)
+    if cfg.ih:
+        # The same model with dense attention must differ past the first sparse position, or the
+        # check above did not exercise the selection.
+        ids = [int(t) for t in prompts[-1]]
+        t = tandem_logits(tandem, path, ids, workdir)
+        ih, cfg.ih = cfg.ih, 0
+        with torch.no_grad():
+            dense, _ = model.forward(ids)
+        cfg.ih = ih
+        section["indexer_effect"] = max(rel_l2(t["logits"][p], dense[p].numpy()) for p in range(first_sparse, len(ids)))
+        section["ok"] &= section["indexer_effect"] > 10 * tol
+        print(f"  dense attention instead of the indexer: rel L2 {section['indexer_effect']:.2e} (must be large)")
     report["qwen4exp_blocks"] = section
     return section["ok"]

@@ -1,0 +1,406 @@
+#include "gpu_service/backends/cuda/backend/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/backend/backend_impl.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/embedding.cuh"
+
+namespace tandem {
+
+using cuda::Stage;
+
+namespace {
+
+// Requests for slices of the state-and-scratch arena, made before its size is known.
+class ArenaPlan {
+ public:
+  template <typename T>
+  void Want(T** dst, int64_t count) {
+    wants_.push_back({reinterpret_cast<void**>(dst), static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)});
+  }
+  size_t bytes() const {
+    size_t total = 0;
+    for (const W& w : wants_) total += (w.bytes + 255) / 256 * 256;
+    return total;
+  }
+  absl::Status Carve(cuda::DeviceArena& arena) {
+    for (const W& w : wants_) {
+      absl::StatusOr<void*> p = arena.Take(w.bytes);
+      if (!p.ok()) return p.status();
+      *w.dst = *p;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct W {
+    void** dst;
+    size_t bytes;
+  };
+  std::vector<W> wants_;
+};
+
+int64_t MaxCols(const cuda::DeviceModel& m) {
+  int64_t cols = std::max(m.token_embd.cols, m.output.cols);
+  auto see = [&](const cuda::GpuMatrix& g) { cols = std::max(cols, g.cols); };
+  auto see_read = [&](const cuda::GpuHcRead& r) { see(r.down); see(r.up); see(r.inject); };
+  see_read(m.output_read);
+  for (const cuda::GpuLayer& l : m.layers) {
+    see_read(l.attn_read);
+    see_read(l.ffn_read);
+    for (const cuda::GpuMatrix* g : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) see(*g);
+  }
+  return cols;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Open(const std::string& model_path,
+                                                               const CudaBackendOptions& options) {
+  ReferenceModelOptions ro;
+  ro.threads = 1;  // the CPU engine is not used; only the file, config, views and tokenizer
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> model = ReferenceModel::Open(model_path, ro);
+  if (!model.ok()) return model.status();
+  return Create(*std::move(model), options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr<ReferenceModel> model,
+                                                                 const CudaBackendOptions& options) {
+  if (options.max_batch_tokens < 1 || options.max_sequences < 1 || options.max_context < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaBackendOptions: max_batch_tokens=", options.max_batch_tokens,
+                                                   " max_sequences=", options.max_sequences, " max_context=",
+                                                   options.max_context, " must all be >= 1"));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.model = std::move(model);
+  m.options = options;
+  m.c = &m.model->config();
+  const ModelConfig& c = *m.c;
+  const int64_t T = options.max_batch_tokens, S = c.n_streams, h = c.h, L = c.n_layers;
+
+  absl::StatusOr<std::unique_ptr<cuda::DeviceModel>> dm = cuda::UploadModel(c, m.model->weights());
+  if (!dm.ok()) return dm.status();
+  m.dm = *std::move(dm);
+  absl::StatusOr<cuda::Stream> stream = cuda::Stream::Create();
+  if (!stream.ok()) return stream.status();
+  m.stream = *std::move(stream);
+  cuda::DenseGemmOptions go;
+  go.mode = options.mode == CudaMode::kExact ? cuda::GemmMode::kExact : cuda::GemmMode::kFast;
+  go.max_n = T;
+  go.max_cols = std::max<int64_t>(MaxCols(*m.dm), 256);
+  go.tile_bytes = std::max<int64_t>(128ll << 20, go.max_cols * 4);
+  absl::StatusOr<std::unique_ptr<cuda::DenseGemm>> gemm = cuda::DenseGemm::Create(go);
+  if (!gemm.ok()) return gemm.status();
+  m.gemm = *std::move(gemm);
+  absl::StatusOr<std::unique_ptr<cuda::MoeStage>> moe =
+      cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast, T});
+  if (!moe.ok()) return moe.status();
+  m.moe = *std::move(moe);
+  m.experts = std::make_unique<cuda::ResidentExperts>(m.dm.get());
+  // Marks per step: a few per layer (engram, streams, mixer, route, experts, shared) plus the ends.
+  absl::StatusOr<cuda::StageTimer> timer = cuda::StageTimer::Create(options.profile, static_cast<int>(12 * L + 16));
+  if (!timer.ok()) return timer.status();
+  m.timer.emplace(*std::move(timer));
+
+  // State layout per sequence row.
+  const GdnDims& gd = c.gdn;
+  const AttnDims& ad = c.attn;
+  m.gdn_conv_off.assign(L, -1);
+  m.gdn_ssm_off.assign(L, -1);
+  m.engram_off.assign(L, -1);
+  m.attn_slot.assign(L, -1);
+  int64_t attn_layers = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (c.is_gdn(l)) {
+      m.gdn_conv_off[l] = m.recurrent_floats;
+      m.recurrent_floats += (gd.conv_state_floats() + 3) / 4 * 4;
+      m.gdn_ssm_off[l] = m.recurrent_floats;
+      m.recurrent_floats += gd.ssm_state_floats();
+    } else {
+      m.attn_slot[l] = attn_layers++;
+    }
+    if (c.engram_index(l) >= 0) {
+      m.engram_off[l] = m.recurrent_floats;
+      m.recurrent_floats += (c.engram[c.engram_index(l)].conv_history() * c.width() + 3) / 4 * 4;
+    }
+  }
+  m.recurrent_floats = std::max<int64_t>(m.recurrent_floats, 4);
+  m.max_pages = (options.max_context + cuda::kKvPageSize - 1) / cuda::kKvPageSize;
+  m.total_pages = options.kv_pages > 0 ? options.kv_pages : options.max_sequences * m.max_pages;
+  m.kv_width = ad.kv_width();
+  m.block_slots = ad.has_indexer() ? options.max_context / ad.cr + 1 : 1;
+
+  const int64_t Ts = T * S * h, cd = gd.c_dim(), vw = gd.nv * gd.dv;
+  int64_t lr = 1;
+  for (const cuda::GpuLayer& l : m.dm->layers) lr = std::max({lr, l.attn_read.down.rows, l.ffn_read.down.rows});
+  lr = std::max(lr, m.dm->output_read.down.rows);
+  ArenaPlan plan;
+  plan.Want(&m.recurrent, options.max_sequences * m.recurrent_floats);
+  plan.Want(&m.checkpoint, options.max_sequences * m.recurrent_floats);
+  m.k_pool.assign(attn_layers, nullptr);
+  m.v_pool.assign(attn_layers, nullptr);
+  m.index_keys.assign(attn_layers, nullptr);
+  m.block_keys.assign(attn_layers, nullptr);
+  for (int64_t i = 0; i < attn_layers; ++i) {
+    plan.Want(&m.k_pool[i], m.total_pages * cuda::kKvPageSize * m.kv_width);
+    plan.Want(&m.v_pool[i], m.total_pages * cuda::kKvPageSize * m.kv_width);
+    if (ad.has_indexer()) {
+      plan.Want(&m.index_keys[i], options.max_sequences * options.max_context * ad.di);
+      plan.Want(&m.block_keys[i], options.max_sequences * m.block_slots * ad.di);
+    }
+  }
+  plan.Want(&m.page_table, options.max_sequences * m.max_pages);
+  for (float** p : {&m.H, &m.N, &m.hm}) plan.Want(p, Ts);
+  for (float** p : {&m.x, &m.y, &m.xh}) plan.Want(p, T * h);
+  plan.Want(&m.a, T * S);
+  plan.Want(&m.hz, T * lr);
+  if (c.gdn.nk > 0) {
+    plan.Want(&m.qkv, T * cd);
+    plan.Want(&m.conv, T * cd);
+    plan.Want(&m.zg, T * vw);
+    plan.Want(&m.go, T * vw);
+    plan.Want(&m.ba, T * 2 * gd.nv);
+    plan.Want(&m.g, T * gd.nv);
+    plan.Want(&m.beta, T * gd.nv);
+  }
+  plan.Want(&m.qg, T * ad.nh * 2 * ad.hd);
+  plan.Want(&m.q, T * ad.nh * ad.hd);
+  plan.Want(&m.ao, T * ad.nh * ad.hd);
+  plan.Want(&m.kb, T * m.kv_width);
+  plan.Want(&m.vb, T * m.kv_width);
+  if (ad.has_indexer()) {
+    plan.Want(&m.iqk, T * (ad.ih * ad.di + ad.di));
+    plan.Want(&m.iq, T * ad.ih * ad.di);
+    plan.Want(&m.scores, T * m.block_slots);
+    plan.Want(&m.sel_blocks, T * (ad.keep + 1));
+    plan.Want(&m.sel_counts, T);
+  }
+  plan.Want(&m.logits, T * c.vocab);
+  plan.Want(&m.step_ints, 5 * T);
+  absl::StatusOr<cuda::DeviceArena> arena = cuda::DeviceArena::Create(plan.bytes());
+  if (!arena.ok()) return arena.status();
+  m.arena.emplace(*std::move(arena));
+  if (absl::Status s = plan.Carve(*m.arena); !s.ok()) return s;
+
+  absl::StatusOr<cuda::PinnedBuffer> pt = cuda::PinnedBuffer::Allocate(
+      static_cast<size_t>(options.max_sequences * m.max_pages) * sizeof(int32_t));
+  if (!pt.ok()) return pt.status();
+  m.host_page_table = *std::move(pt);
+  std::fill(m.host_page_table.as<int32_t>(), m.host_page_table.as<int32_t>() + options.max_sequences * m.max_pages, 0);
+  absl::StatusOr<cuda::PinnedBuffer> staging = cuda::PinnedBuffer::Allocate(static_cast<size_t>(5 * T) * sizeof(int32_t));
+  if (!staging.ok()) return staging.status();
+  m.staging = *std::move(staging);
+  absl::StatusOr<cuda::PinnedBuffer> hl = cuda::PinnedBuffer::Allocate(static_cast<size_t>(T * c.vocab) * sizeof(float));
+  if (!hl.ok()) return hl.status();
+  m.host_logits = *std::move(hl);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(m.page_table, 0, static_cast<size_t>(options.max_sequences * m.max_pages) * 4));
+
+  for (int64_t r = options.max_sequences - 1; r >= 0; --r) m.free_rows.push_back(static_cast<int32_t>(r));
+  for (int64_t p = m.total_pages - 1; p >= 0; --p) m.free_pages.push_back(static_cast<int32_t>(p));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+const ModelConfig& CudaBackend::config() const { return *impl_->c; }
+const Tokenizer& CudaBackend::tokenizer() const { return impl_->model->tokenizer(); }
+uint64_t CudaBackend::parameter_count() const {
+  uint64_t total = 0;
+  for (const GgufTensorInfo& t : impl_->model->file().tensors()) {
+    total += static_cast<uint64_t>(t.n_elements);
+  }
+  return total;
+}
+uint64_t CudaBackend::weight_bytes() const { return impl_->dm->bytes; }
+uint64_t CudaBackend::state_bytes() const { return impl_->arena->capacity(); }
+void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
+std::string CudaBackend::last_profile() const {
+  std::lock_guard<std::mutex> lock(impl_->profile_mu);
+  return impl_->profile_line;
+}
+
+absl::StatusOr<SequenceSlot> CudaBackend::CreateSequence() {
+  Impl& m = *impl_;
+  if (m.free_rows.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("all ", m.options.max_sequences, " sequence slots are in use"));
+  }
+  CudaSequence s;
+  s.row = m.free_rows.back();
+  m.free_rows.pop_back();
+  // A new sequence starts from zero recurrent state (GDN conv and S, Engram conv history).
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.state(s), 0, static_cast<size_t>(m.recurrent_floats) * sizeof(float),
+                                              m.stream.get()));
+  const SequenceSlot slot = m.next_slot++;
+  m.seqs.emplace(slot, std::move(s));
+  return slot;
+}
+
+void CudaBackend::ReleaseSequence(SequenceSlot slot) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(slot);
+  if (it == m.seqs.end()) return;
+  for (int32_t p : it->second.pages) m.free_pages.push_back(p);
+  m.pages_in_use -= static_cast<int64_t>(it->second.pages.size());
+  m.free_rows.push_back(it->second.row);
+  m.seqs.erase(it);
+}
+
+StateUsage CudaBackend::state_usage() const { return {impl_->pages_in_use.load(), impl_->total_pages}; }
+
+ExpertPlacementTotals CudaBackend::placement() const {
+  ExpertPlacementTotals t;
+  t.local_rows = impl_->local_rows.load();
+  return t;
+}
+
+absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
+  Impl& m = *impl_;
+  const ModelConfig& c = *m.c;
+  if (inputs.empty()) return absl::OkStatus();
+  const int64_t T_max = m.options.max_batch_tokens;
+  StepPlan plan;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    auto it = m.seqs.find(in.slot);
+    if (it == m.seqs.end()) return absl::NotFoundError(absl::StrCat("input ", i, ": unknown slot ", in.slot));
+    if (in.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("input ", i, ": no tokens"));
+    CudaSequence* s = &it->second;
+    if (std::find(plan.seqs.begin(), plan.seqs.end(), s) != plan.seqs.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", i, ": slot ", in.slot, " appears twice"));
+    }
+    for (size_t j = 0; j < in.tokens.size(); ++j) {
+      if (in.tokens[j] < 0 || in.tokens[j] >= c.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("input ", i, ": token ", j, " = ", in.tokens[j],
+                                                       " is outside [0, ", c.vocab, ")"));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    if (s->length + n > m.options.max_context) {
+      return absl::ResourceExhaustedError(absl::StrCat("input ", i, ": ", s->length, " + ", n,
+                                                       " positions exceed max_context = ", m.options.max_context));
+    }
+    plan.seqs.push_back(s);
+    plan.starts.push_back(s->length);
+    plan.counts.push_back(n);
+    plan.offsets.push_back(plan.tokens);
+    plan.tokens += n;
+  }
+  if (plan.tokens > T_max) {
+    return absl::InvalidArgumentError(absl::StrCat("the step has ", plan.tokens, " tokens; max_batch_tokens = ", T_max));
+  }
+  cudaStream_t st = m.stream.get();
+  m.timer->Begin();
+  m.timer->Mark(Stage::kIo, st);
+
+  // KV pages, checkpoints of the recurrent state (for KeepFirst), token histories.
+  int32_t* host_ints = m.staging.as<int32_t>();
+  std::vector<int32_t> token_seq(static_cast<size_t>(plan.tokens));
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    CudaSequence& s = *plan.seqs[i];
+    const int64_t start = plan.starts[i], n = plan.counts[i];
+    const int64_t need = (start + n + cuda::kKvPageSize - 1) / cuda::kKvPageSize;
+    const size_t had = s.pages.size();
+    while (static_cast<int64_t>(s.pages.size()) < need) {
+      if (m.free_pages.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat("out of KV pages (", m.total_pages, " of ",
+                                                         cuda::kKvPageSize, " positions)"));
+      }
+      s.pages.push_back(m.free_pages.back());
+      m.free_pages.pop_back();
+      ++m.pages_in_use;
+    }
+    if (s.pages.size() != had) {
+      int32_t* row = m.host_page_table.as<int32_t>() + s.row * m.max_pages;
+      std::copy(s.pages.begin(), s.pages.end(), row);
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.page_table + s.row * m.max_pages, row,
+                                                  s.pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.checkpoint + s.row * m.recurrent_floats, m.state(s),
+                                                static_cast<size_t>(m.recurrent_floats) * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, st));
+    s.last_chunk_start = start;
+    s.tokens.resize(static_cast<size_t>(start));
+    s.tokens.insert(s.tokens.end(), inputs[i].tokens.begin(), inputs[i].tokens.end());
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t r = plan.offsets[i] + t;
+      host_ints[r] = inputs[i].tokens[t];
+      host_ints[T_max + r] = s.row;
+      host_ints[2 * T_max + r] = static_cast<int32_t>(start + t);
+      token_seq[r] = s.row;
+    }
+  }
+  const std::vector<int32_t> items =
+      cuda::PlanAttentionItems(token_seq, static_cast<int>(c.attn.nh / std::max<int64_t>(c.attn.kvh, 1)));
+  plan.num_items = static_cast<int>(items.size() / 2);
+  std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.step_ints, host_ints, (3 * T_max + items.size()) * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, st));
+
+  // Embedding, layers, head.
+  m.timer->Mark(Stage::kStreams, st);
+  if (absl::Status s = cuda::CudaStatus(cuda::LaunchEmbeddingGather(cuda::DeviceMatrix{m.dm->token_embd.type,
+                                                                                        m.dm->token_embd.data,
+                                                                                        m.dm->token_embd.cols,
+                                                                                        m.dm->token_embd.rows,
+                                                                                        m.dm->token_embd.row_bytes},
+                                                                    m.tokens_dev(), plan.tokens, c.n_streams, m.H, st),
+                                        "embedding gather", __FILE__, __LINE__);
+      !s.ok()) {
+    return s;
+  }
+  if (m.routing_sink != nullptr) m.routing_sink->assign(static_cast<size_t>(c.n_layers), MoeRouting{});
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    if (absl::Status s = m.RunLayer(layer, plan); !s.ok()) return s;
+  }
+  if (absl::Status s = m.RunHead(plan, inputs); !s.ok()) return s;
+  if (absl::Status s = m.timer->Finish(st); !s.ok()) return s;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  for (size_t i = 0; i < plan.seqs.size(); ++i) plan.seqs[i]->length = plan.starts[i] + plan.counts[i];
+  if (m.timer->enabled()) {
+    std::string line = m.timer->Line(plan.tokens, static_cast<int64_t>(plan.seqs.size()));
+    if (m.options.print_profile) fprintf(stderr, "cuda step: %s\n", line.c_str());
+    std::lock_guard<std::mutex> lock(m.profile_mu);
+    m.profile_line = std::move(line);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::KeepFirst(SequenceSlot slot, int64_t keep) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(slot);
+  if (it == m.seqs.end()) return absl::NotFoundError(absl::StrCat("KeepFirst: unknown slot ", slot));
+  CudaSequence& s = it->second;
+  const int64_t start = s.last_chunk_start, n = s.length - start;
+  if (keep < 0 || keep > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KeepFirst: m = ", keep, " is outside [0, ", n, "] (the last chunk's size)"));
+  }
+  if (keep == n) return absl::OkStatus();
+  // Back to the state before the chunk (the checkpoint), then advance by its first m tokens
+  // again: the recurrent state is restored exactly and the KV positions are rewritten.
+  const std::vector<int32_t> kept(s.tokens.begin() + start, s.tokens.begin() + start + keep);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.state(s), m.checkpoint + s.row * m.recurrent_floats,
+                                              static_cast<size_t>(m.recurrent_floats) * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, m.stream.get()));
+  s.length = start;
+  s.tokens.resize(static_cast<size_t>(start));
+  const size_t need = static_cast<size_t>((start + cuda::kKvPageSize - 1) / cuda::kKvPageSize);
+  while (s.pages.size() > need) {
+    m.free_pages.push_back(s.pages.back());
+    s.pages.pop_back();
+    --m.pages_in_use;
+  }
+  if (keep == 0) return cuda::CudaStatus(cudaStreamSynchronize(m.stream.get()), "KeepFirst", __FILE__, __LINE__);
+  const StepInput again{slot, kept, nullptr, false};
+  return Step(std::span<const StepInput>(&again, 1));
+}
+
+}  // namespace tandem

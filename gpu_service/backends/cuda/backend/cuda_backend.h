@@ -1,0 +1,94 @@
+// The CUDA backend: the Backend interface (gpu_service/backend/backend.h) with every block of the
+// layer loop (docs/MODEL.md §4.2) on one GPU and every routed expert resident in device memory.
+//
+//   CudaBackendOptions o;
+//   o.mode = CudaMode::kExact;
+//   auto backend = CudaBackend::Open("tiny.gguf", o);
+//
+// Memory: the weights are uploaded once into one allocation; all scratch is sized at Open for
+// max_batch_tokens tokens per step, and all sequence state for max_sequences sequences of up to
+// max_context positions (GDN conv + S f32, Engram conv history, indexer keys, checkpoints for
+// KeepFirst), plus a pool of KV pages (64 positions each) handed to sequences as they grow. A step
+// allocates no device memory.
+//
+// Modes: kExact computes every product in f32 (dense matvec for up to 8 rows, f32 pedantic cuBLAS
+// for more: no TF32) with f32 caches; it is the validation mode (logits within 1e-4 of the CPU
+// reference). kFast runs prefill products and prefill experts as bf16 GEMMs with f32 accumulation.
+//
+// Each step waits once per MoE layer for the routing picks (the expert work list is planned on the
+// host), and once at the end for the logits. Profiling (options.profile) times the stages with CUDA
+// events and keeps one text line per step (last_profile()).
+//
+// Not yet: the MTP draft head (DraftGreedy has no Backend counterpart yet), host-worker experts,
+// CUDA-graph capture of the decode step.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_CUDA_BACKEND_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_CUDA_BACKEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/model/reference_model.h"
+#include "common/reference/moe.h"
+#include "gpu_service/backend/backend.h"
+
+namespace tandem {
+
+enum class CudaMode { kExact, kFast };
+
+struct CudaBackendOptions {
+  CudaMode mode = CudaMode::kExact;
+  int64_t max_batch_tokens = 256;  // tokens of one Step, all sequences together
+  int64_t max_sequences = 16;      // live sequences
+  int64_t max_context = 4096;      // positions per sequence
+  int64_t kv_pages = 0;            // KV pages of 64 positions; 0: max_sequences · max_context / 64
+  int device = 0;                  // CUDA device ordinal
+  bool profile = false;            // per-stage CUDA-event timing of every step
+  bool print_profile = false;      // also print each step's line to stderr
+};
+
+class CudaBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Open(const std::string& model_path,
+                                                           const CudaBackendOptions& options);
+  // Over an already open model (its file mapping, config, weight views and tokenizer are used;
+  // its own CPU state pool is not).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(std::unique_ptr<ReferenceModel> model,
+                                                             const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  const ModelConfig& config() const override;
+  const Tokenizer& tokenizer() const override;
+  uint64_t parameter_count() const override;
+
+  absl::StatusOr<SequenceSlot> CreateSequence() override;
+  void ReleaseSequence(SequenceSlot slot) override;
+  absl::Status Step(std::span<const StepInput> inputs) override;
+  absl::Status KeepFirst(SequenceSlot slot, int64_t m) override;
+  StateUsage state_usage() const override;
+  ExpertPlacementTotals placement() const override;
+
+  // When set (not null), the next Steps write each MoE layer's picks (n × K, step order) here:
+  // (*routing)[layer].experts. For parity tests against ReferenceModel's ForwardOptions::routing.
+  void set_routing_sink(std::vector<MoeRouting>* routing);
+  // The last step's stage line ("tokens=... total=... ms io=... head=..."), empty without profile.
+  std::string last_profile() const;
+  // Device bytes held for weights, and for state and scratch.
+  uint64_t weight_bytes() const;
+  uint64_t state_bytes() const;
+
+  class Impl;
+
+ private:
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_CUDA_BACKEND_H_

@@ -1,0 +1,160 @@
+#include "gpu_service/backends/cuda/backend/device_model.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+// The GPU kernels read these ggml types (dense products through the dense matvec / GEMM family;
+// experts through the MoE family, which reads a superset).
+bool DenseTypeOk(WeightType t) {
+  switch (t) {
+    case WeightType::kF32: case WeightType::kF16: case WeightType::kBF16: case WeightType::kQ8_0:
+    case WeightType::kQ4_K: case WeightType::kQ5_K: case WeightType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
+// (base == nullptr), then to copy and hand out device addresses.
+class Placer {
+ public:
+  explicit Placer(char* base) : base_(base) {}
+  const void* Put(const void* src, size_t bytes) {
+    const size_t off = (used_ + 255) / 256 * 256;
+    used_ = off + bytes;
+    if (base_ == nullptr || bytes == 0 || !status_.ok()) return nullptr;
+    status_ = CudaStatus(cudaMemcpy(base_ + off, src, bytes, cudaMemcpyHostToDevice), "upload",
+                         __FILE__, __LINE__);
+    return base_ + off;
+  }
+  const float* Vector(VectorView v) {
+    if (v.empty()) return nullptr;
+    return static_cast<const float*>(Put(v.data(), v.size() * sizeof(float)));
+  }
+  GpuMatrix Matrix(const char* name, const MatrixView& m, bool dense = true) {
+    GpuMatrix g;
+    if (!m.present()) return g;
+    if (dense && !DenseTypeOk(m.type) && problems_.empty()) {
+      problems_ = absl::StrCat(name, ": weight type ", static_cast<uint32_t>(m.type),
+                               " has no GPU dense kernel");
+    }
+    g.type = static_cast<uint32_t>(m.type);
+    g.cols = m.cols;
+    g.rows = m.rows;
+    g.row_bytes = m.row_bytes;
+    g.data = Put(m.data, static_cast<size_t>(m.rows * m.row_bytes));
+    return g;
+  }
+  GpuExperts Experts(const ExpertMatrixView& m) {
+    GpuExperts g;
+    g.type = static_cast<uint32_t>(m.type);
+    g.cols = m.cols;
+    g.rows = m.rows;
+    g.experts = m.experts;
+    g.row_bytes = m.row_bytes;
+    g.data = static_cast<const uint8_t*>(Put(m.data, static_cast<size_t>(m.experts * m.rows * m.row_bytes)));
+    return g;
+  }
+  GpuHcRead Read(const char* name, const HcWeights& w) {
+    GpuHcRead r;
+    r.norm = Vector(w.norm);
+    r.down = Matrix(name, w.down);
+    r.up = Matrix(name, w.up);
+    r.inject = Matrix(name, w.inject);
+    return r;
+  }
+  size_t used() const { return used_; }
+  const absl::Status& status() const { return status_; }
+  const std::string& problems() const { return problems_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+  absl::Status status_;
+  std::string problems_;
+};
+
+void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>& inv_freq, Placer& p,
+          DeviceModel& m) {
+  m.token_embd = p.Matrix("token_embd", w.token_embd);
+  m.output = p.Matrix("output", w.output);
+  m.output_read = p.Read("output read", w.output_read);
+  m.rope_inv_freq = static_cast<const double*>(p.Put(inv_freq.data(), inv_freq.size() * sizeof(double)));
+  m.layers.assign(static_cast<size_t>(c.n_layers), GpuLayer{});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const LayerWeights& lw = w.layers[i];
+    GpuLayer& g = m.layers[i];
+    g.kind = lw.kind;
+    g.attn_read = p.Read("attn read", lw.attn_read);
+    g.ffn_read = p.Read("ffn read", lw.ffn_read);
+    if (lw.kind == LayerKind::kGdn) {
+      g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv);
+      g.z = p.Matrix("attn_gate", lw.gdn.gate);
+      g.ba = p.Matrix("ssm_ba", lw.gdn.ba);
+      g.ssm_out = p.Matrix("ssm_out", lw.gdn.out);
+      g.conv1d = p.Vector(lw.gdn.conv1d);
+      g.ssm_a = p.Vector(lw.gdn.a);
+      g.dt_bias = p.Vector(lw.gdn.dt_bias);
+      g.ssm_norm = p.Vector(lw.gdn.norm);
+    } else {
+      g.q = p.Matrix("attn_q", lw.attn.q);
+      g.k = p.Matrix("attn_k", lw.attn.k);
+      g.v = p.Matrix("attn_v", lw.attn.v);
+      g.o = p.Matrix("attn_output", lw.attn.output);
+      g.q_norm = p.Vector(lw.attn.q_norm);
+      g.k_norm = p.Vector(lw.attn.k_norm);
+      g.idx_qk = p.Matrix("attn_idx_qk", lw.attn.idx_qk);
+      g.idx_q_norm = p.Vector(lw.attn.idx_q_norm);
+      g.idx_k_norm = p.Vector(lw.attn.idx_k_norm);
+    }
+    g.router = p.Matrix("ffn_gate_inp", lw.moe.router);
+    g.shared_gate_inp = p.Matrix("ffn_gate_inp_shexp", lw.moe.shared_gate_inp);
+    g.shared_gate = p.Matrix("ffn_gate_shexp", lw.moe.shared_gate, /*dense=*/false);
+    g.shared_up = p.Matrix("ffn_up_shexp", lw.moe.shared_up, false);
+    g.shared_down = p.Matrix("ffn_down_shexp", lw.moe.shared_down, false);
+    g.gate_exps = p.Experts(lw.moe.gate);
+    g.up_exps = p.Experts(lw.moe.up);
+    g.down_exps = p.Experts(lw.moe.down);
+    g.has_engram = lw.has_engram;
+    if (lw.has_engram) {
+      g.engram_key = p.Matrix("engram_key", lw.engram.key, false);
+      g.engram_value = p.Matrix("engram_value", lw.engram.value, false);
+      g.engram_key_norm = p.Vector(lw.engram.key_norm);
+      g.engram_query_norm = p.Vector(lw.engram.query_norm);
+      g.engram_conv_norm = p.Vector(lw.engram.conv_norm);
+      g.engram_conv = p.Vector(lw.engram.conv);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& config,
+                                                         const ModelWeights& weights) {
+  auto m = std::make_unique<DeviceModel>();
+  const std::vector<double> inv_freq =
+      RopeInvFrequencies(config.attn.theta, static_cast<int>(config.attn.rot));
+  Placer count(nullptr);
+  Bind(config, weights, inv_freq, count, *m);
+  if (!count.problems().empty()) return absl::InvalidArgumentError(count.problems());
+  absl::StatusOr<DeviceBuffer> storage = DeviceBuffer::Allocate(count.used());
+  if (!storage.ok()) return storage.status();
+  m->storage = *std::move(storage);
+  m->bytes = count.used();
+  Placer place(m->storage.as<char>());
+  Bind(config, weights, inv_freq, place, *m);
+  if (!place.status().ok()) return place.status();
+  return m;
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,88 @@
+// The model's weights in device memory: every tensor the layer loop reads, uploaded once at load
+// into one device allocation (Engram tables excepted: their rows are gathered on the host, since
+// their addresses depend only on token ids). Plain structs, free of the kernel families' headers,
+// so that the dense-kernel and MoE-kernel translation units can both include this one.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "common/model/model_weights.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
+
+namespace tandem::cuda {
+
+// A ggml matrix {cols, rows} in device memory; type is the ggml type id. data == nullptr: absent.
+struct GpuMatrix {
+  uint32_t type = 0;
+  const void* data = nullptr;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+  bool present() const { return data != nullptr; }
+};
+
+// A ggml expert tensor {cols, rows, experts}: expert e's matrix starts at data + e·rows·row_bytes.
+struct GpuExperts {
+  uint32_t type = 0;
+  const uint8_t* data = nullptr;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  int64_t experts = 0;
+  int64_t row_bytes = 0;
+  const void* expert(int64_t e) const { return data + e * rows * row_bytes; }
+};
+
+// A stream read (docs/MODEL.md §4.1): hc_* set, or only `norm` for the plain read.
+struct GpuHcRead {
+  const float* norm = nullptr;  // S·h
+  GpuMatrix down, up, inject;   // absent for the plain read; inject optional
+};
+
+struct GpuLayer {
+  LayerKind kind = LayerKind::kGdn;
+  GpuHcRead attn_read, ffn_read;
+  // Gated DeltaNet.
+  GpuMatrix qkv, z, ba, ssm_out;
+  const float* conv1d = nullptr;  // c_dim × kk
+  const float* ssm_a = nullptr;
+  const float* dt_bias = nullptr;
+  const float* ssm_norm = nullptr;
+  // Attention (+ indexer).
+  GpuMatrix q, k, v, o, idx_qk;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* idx_q_norm = nullptr;
+  const float* idx_k_norm = nullptr;
+  // MoE.
+  GpuMatrix router, shared_gate_inp, shared_gate, shared_up, shared_down;
+  GpuExperts gate_exps, up_exps, down_exps;
+  // Engram (the table engram_embd stays on the host).
+  bool has_engram = false;
+  GpuMatrix engram_key, engram_value;
+  const float* engram_key_norm = nullptr;
+  const float* engram_query_norm = nullptr;
+  const float* engram_conv_norm = nullptr;
+  const float* engram_conv = nullptr;
+};
+
+struct DeviceModel {
+  DeviceBuffer storage;           // every tensor, 256-byte aligned
+  GpuMatrix token_embd, output;
+  GpuHcRead output_read;
+  std::vector<GpuLayer> layers;   // the n_layers main layers (the MTP layer is not uploaded)
+  const double* rope_inv_freq = nullptr;  // rot/2 f64, as the CPU reference computes them
+  uint64_t bytes = 0;
+};
+
+// Uploads the main layers' tensors. InvalidArgument naming a tensor whose type has no GPU kernel.
+absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& config,
+                                                         const ModelWeights& weights);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_

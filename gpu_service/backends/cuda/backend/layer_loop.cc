@@ -1,0 +1,292 @@
+// The blocks of one layer (docs/MODEL.md §4.2) and the head on the GPU, for a whole step's batch:
+// products batched over every token of the step, per-sequence kernels (GDN recurrence, indexer,
+// Engram) looped over the step's sequences.
+#include <algorithm>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/reference/engram.h"
+#include "gpu_service/backends/cuda/backend/backend_impl.h"
+#include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gpu_service/backends/cuda/moe/indexer.cuh"
+
+namespace tandem {
+
+using cuda::Stage;
+
+namespace {
+
+cuda::DeviceMatrix ToDense(const cuda::GpuMatrix& m) {
+  return cuda::DeviceMatrix{m.type, m.data, m.cols, m.rows, m.row_bytes};
+}
+
+absl::Status Launch(cudaError_t err, const char* what) {
+  if (err == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape or type refused by the kernel"));
+  }
+  return cuda::CudaStatus(err, what, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Impl::Product(const cuda::GpuMatrix& w, const float* in, int64_t n, float* out) {
+  if (n <= cuda::kMatVecMaxRows) {
+    return Launch(cuda::LaunchDenseMatVec(ToDense(w), in, w.cols, static_cast<int>(n), out, w.rows, stream.get()),
+                  "dense matvec");
+  }
+  return gemm->Run(ToDense(w), in, n, out, stream.get());
+}
+
+absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject) {
+  const int64_t S = c->n_streams, h = c->h;
+  cudaStream_t st = stream.get();
+  if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
+    if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, nullptr, nullptr, r.norm, c->eps, out, st),
+                                "rms norm");
+        !s.ok()) {
+      return s;
+    }
+    if (inject == nullptr) return absl::OkStatus();
+    return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
+  }
+  const int64_t lr = r.down.rows;
+  if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, nullptr, nullptr, r.norm, c->eps, N, st),
+                              "stream norm");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Product(r.down, N, n, hz); !s.ok()) return s;
+  if (absl::Status s = Launch(cuda::LaunchSiluInPlace(hz, n * lr, st), "silu"); !s.ok()) return s;
+  if (absl::Status s = Product(r.up, hz, n, hm); !s.ok()) return s;
+  if (absl::Status s = Launch(cuda::LaunchStreamFold(N, hm, n, S, h, out, st), "stream fold"); !s.ok()) return s;
+  if (inject == nullptr) return absl::OkStatus();
+  if (!r.inject.present()) return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
+  if (absl::Status s = Product(r.inject, N, n, inject); !s.ok()) return s;
+  return Launch(cuda::LaunchInjectWeights(inject, n * S, inject, st), "inject weights");
+}
+
+absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
+  const cuda::GpuLayer& w = dm->layers[layer];
+  const GdnDims& d = c->gdn;
+  const cuda::GdnShape shape{static_cast<int>(d.nk), static_cast<int>(d.nv), static_cast<int>(d.dk),
+                             static_cast<int>(d.dv), static_cast<int>(d.kk)};
+  const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
+  cudaStream_t st = stream.get();
+  if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
+  if (absl::Status s = Product(w.z, x, T, zg); !s.ok()) return s;
+  if (absl::Status s = Product(w.ba, x, T, ba); !s.ok()) return s;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const int64_t off = plan.offsets[i], n = plan.counts[i];
+    float* base = state(*plan.seqs[i]);
+    if (absl::Status s = Launch(cuda::LaunchGdnConv(qkv + off * cd, base + gdn_conv_off[layer], w.conv1d, n, shape,
+                                                    conv + off * cd, st),
+                                "gdn conv");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv + off * cd, ba + off * 2 * nv, w.ssm_a, w.dt_bias, n, shape,
+                                                       g + off * nv, beta + off * nv, st),
+                                "gdn prepare");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Launch(cuda::LaunchGdnRecurrent(conv + off * cd, g + off * nv, beta + off * nv, n, shape,
+                                                         base + gdn_ssm_off[layer], go + off * vw, st),
+                                "gdn recurrent");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = Launch(cuda::LaunchGdnGatedNorm(go, zg, w.ssm_norm, d.eps, T, shape, go, st), "gdn gated norm");
+      !s.ok()) {
+    return s;
+  }
+  return Product(w.ssm_out, go, T, y);
+}
+
+absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
+  const cuda::GpuLayer& w = dm->layers[layer];
+  const AttnDims& d = c->attn;
+  const cuda::AttnShape shape{static_cast<int>(d.nh), static_cast<int>(d.kvh), static_cast<int>(d.hd),
+                              static_cast<int>(d.rot), d.eps};
+  const int64_t T = plan.tokens, slot = attn_slot[layer];
+  cudaStream_t st = stream.get();
+  if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+  if (absl::Status s = Product(w.k, x, T, kb); !s.ok()) return s;
+  if (absl::Status s = Product(w.v, x, T, vb); !s.ok()) return s;
+  if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
+                              "query norm rope");
+      !s.ok()) {
+    return s;
+  }
+  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
+  if (absl::Status s = Launch(cuda::LaunchKvAppend(kb, vb, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(), pos_dev(),
+                                                   cache, st),
+                              "kv append");
+      !s.ok()) {
+    return s;
+  }
+  if (!d.has_indexer()) {
+    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, items_dev(), plan.num_items, seq_dev(), pos_dev(),
+                                                      cache, ao, st),
+                                "attention");
+        !s.ok()) {
+      return s;
+    }
+    return Product(w.o, ao, T, y);
+  }
+
+  // Indexer: queries and raw keys, the block keys completed by this step, scores and selection,
+  // per sequence; then attention over the selected blocks for the whole batch.
+  const int ih = static_cast<int>(d.ih), di = static_cast<int>(d.di), cr = static_cast<int>(d.cr);
+  const int keep = static_cast<int>(d.keep), rot = static_cast<int>(d.rot);
+  const int64_t row_w = d.ih * d.di + d.di;
+  if (absl::Status s = Product(w.idx_qk, x, T, iqk); !s.ok()) return s;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const int64_t off = plan.offsets[i], n = plan.counts[i], start = plan.starts[i];
+    const int32_t row = plan.seqs[i]->row;
+    float* keys = index_keys[slot] + static_cast<int64_t>(row) * options.max_context * di;
+    float* bkeys = block_keys[slot] + static_cast<int64_t>(row) * block_slots * di;
+    if (absl::Status s = Launch(cuda::LaunchIndexerPrepare(iqk + off * row_w, w.idx_q_norm, static_cast<int>(n), ih, di,
+                                                           rot, d.theta, d.eps, start, iq + off * ih * di, keys, st),
+                                "indexer prepare");
+        !s.ok()) {
+      return s;
+    }
+    const int64_t first_block = start / cr, end_block = (start + n) / cr;
+    if (end_block > first_block) {
+      if (absl::Status s = Launch(cuda::LaunchIndexerBlockKeys(keys, w.idx_k_norm, first_block,
+                                                               static_cast<int>(end_block - first_block), cr, di, rot,
+                                                               d.theta, d.eps, bkeys, st),
+                                  "indexer block keys");
+          !s.ok()) {
+        return s;
+      }
+    }
+    if ((start + n - 1) / cr > 0) {
+      if (absl::Status s = Launch(cuda::LaunchIndexerScores(iq + off * ih * di, bkeys, static_cast<int>(n), ih, di, start,
+                                                            cr, scores + off * block_slots,
+                                                            static_cast<int>(block_slots), st),
+                                  "indexer scores");
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = Launch(cuda::LaunchIndexerSelect(scores + off * block_slots, static_cast<int>(block_slots),
+                                                          static_cast<int>(n), start, cr, keep,
+                                                          sel_blocks + off * (keep + 1), sel_counts + off, st),
+                                "indexer select");
+        !s.ok()) {
+      return s;
+    }
+  }
+  cuda::SparseAttnArgs args;
+  args.q = q;
+  args.qg = qg;
+  args.n = T;
+  args.nh = shape.nh;
+  args.kvh = shape.kvh;
+  args.hd = shape.hd;
+  args.token_seq = seq_dev();
+  args.token_pos = pos_dev();
+  args.k_cache = cache.k;
+  args.v_cache = cache.v;
+  args.page_table = page_table;
+  args.max_pages = static_cast<int>(max_pages);
+  args.blocks = sel_blocks;
+  args.counts = sel_counts;
+  args.max_selected = keep + 1;
+  args.cr = cr;
+  args.o = ao;
+  if (absl::Status s = Launch(cuda::LaunchSparseAttention(args, st), "sparse attention"); !s.ok()) return s;
+  return Product(w.o, ao, T, y);
+}
+
+absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
+  const cuda::GpuLayer& w = dm->layers[layer];
+  const int64_t T = plan.tokens, S = c->n_streams, h = c->h;
+  cudaStream_t st = stream.get();
+  cuda::StageTimer& t = *timer;
+  // 1. Engram, per sequence (its table rows depend on the sequence's token history).
+  if (w.has_engram) {
+    t.Mark(Stage::kEngram, st);
+    const EngramConfig& ec = c->engram[c->engram_index(layer)];
+    const LayerWeights& hw = model->weights().layers[layer];
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const int64_t n = plan.counts[i];
+      rows.assign(static_cast<size_t>(n * ec.rows_per_token()), 0);
+      EngramRows(ec, model->weights().engram_token_map, plan.seqs[i]->tokens, plan.starts[i], n, rows.data());
+      if (absl::Status s = moe->RunEngram(layer, hw.engram.embd, rows, H + plan.offsets[i] * S * h, n,
+                                          state(*plan.seqs[i]) + engram_off[layer], st);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  // 2. Mixer.
+  t.Mark(Stage::kStreams, st);
+  if (absl::Status s = Read(w.attn_read, T, x, a); !s.ok()) return s;
+  if (w.kind == LayerKind::kGdn) {
+    t.Mark(Stage::kGdn, st);
+    if (absl::Status s = RunGdn(layer, plan); !s.ok()) return s;
+  } else {
+    t.Mark(Stage::kAttention, st);
+    if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
+  }
+  t.Mark(Stage::kStreams, st);
+  if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, a, y, st), "stream inject"); !s.ok()) return s;
+  // 3. MoE.
+  if (absl::Status s = Read(w.ffn_read, T, x, a); !s.ok()) return s;
+  std::vector<int32_t>* picks = nullptr;
+  if (routing_sink != nullptr) picks = &(*routing_sink)[layer].experts;
+  uint64_t rows = 0;
+  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, t, picks, &rows); !s.ok()) return s;
+  local_rows += rows;
+  t.Mark(Stage::kStreams, st);
+  return Launch(cuda::LaunchStreamInject(H, T, S, h, a, y, st), "stream inject");
+}
+
+absl::Status CudaBackend::Impl::RunHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
+  const int64_t h = c->h, V = c->vocab;
+  cudaStream_t st = stream.get();
+  timer->Mark(Stage::kHead, st);
+  // Only the rows whose logits are wanted go through the output matrix.
+  std::vector<int64_t> first(inputs.size(), -1);
+  int64_t R = 0;
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) any |= inputs[i].logits != nullptr;
+  if (!any) return absl::OkStatus();
+  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr); !s.ok()) return s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].logits == nullptr) continue;
+    const int64_t n = plan.counts[i];
+    const int64_t from = inputs[i].all_positions ? 0 : n - 1;
+    first[i] = R;
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + R * h, x + (plan.offsets[i] + from) * h,
+                                                static_cast<size_t>((n - from) * h) * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, st));
+    R += n - from;
+  }
+  if (absl::Status s = Product(dm->output, xh, R, logits); !s.ok()) return s;
+  timer->Mark(Stage::kIo, st);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.get(), logits, static_cast<size_t>(R * V) * sizeof(float),
+                                              cudaMemcpyDeviceToHost, st));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (first[i] < 0) continue;
+    const int64_t n = plan.counts[i];
+    const int64_t rows = inputs[i].all_positions ? n : 1;
+    std::copy(host_logits.as<float>() + first[i] * V, host_logits.as<float>() + (first[i] + rows) * V,
+              inputs[i].logits);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,232 @@
+#include "gpu_service/backends/cuda/backend/moe_stage.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/moe/engram_host.h"
+#include "gpu_service/backends/cuda/moe/expert_prefill.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "gpu_service/backends/cuda/moe/router.h"
+
+namespace tandem::cuda {
+namespace {
+
+DeviceMatrix ToMoe(const GpuMatrix& m) {
+  return DeviceMatrix{static_cast<WeightType>(m.type), m.data, m.cols, m.rows};
+}
+
+// The dense matvec handles at most kMaxUnitRows rows per launch: longer inputs go in pieces.
+absl::Status MatVecRows(const char* what, const GpuMatrix& m, const float* x, int64_t n, float* y,
+                        cudaStream_t stream) {
+  for (int64_t t = 0; t < n; t += kMaxUnitRows) {
+    const int64_t rows = std::min<int64_t>(kMaxUnitRows, n - t);
+    if (absl::Status s = DenseMatVec(what, ToMoe(m), x + t * m.cols, rows, y + t * m.rows, stream); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
+  return DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T));
+}
+
+using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down type, inner
+
+}  // namespace
+
+std::optional<ExpertLocation> ResidentExperts::Locate(int64_t layer, int32_t expert) {
+  const GpuLayer& l = model_->layers[layer];
+  return ExpertLocation{l.gate_exps.expert(expert), l.up_exps.expert(expert), l.down_exps.expert(expert)};
+}
+
+struct MoeStage::Impl {
+  ModelConfig config;
+  const DeviceModel* model = nullptr;
+  MoeStageOptions options;
+  std::optional<GpuRouter> router;
+  std::optional<ExpertDecodeRunner> routed_runner, shared_runner;
+  std::map<ShapeKey, ExpertPrefillRunner> prefill;  // fast mode: per expert shape
+  DeviceBuffer logits, act, partial, shared, gate_logit, slot;
+  PinnedBuffer slot_staging;
+  std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
+};
+
+MoeStage::MoeStage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MoeStage::~MoeStage() = default;
+
+absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c, const DeviceModel& model,
+                                                           const MoeStageOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = c;
+  impl->model = &model;
+  impl->options = options;
+  const int64_t T = options.max_tokens, h = c.h, E = c.moe.E, K = c.moe.K;
+  const int64_t inner = std::max(c.expert_ffn, c.shared_ffn);
+  absl::StatusOr<GpuRouter> router = GpuRouter::Create(T, E, K);
+  if (!router.ok()) return router.status();
+  impl->router.emplace(*std::move(router));
+  // Every pair may be its own unit.
+  absl::StatusOr<ExpertDecodeRunner> rr = ExpertDecodeRunner::Create(T * K);
+  if (!rr.ok()) return rr.status();
+  impl->routed_runner.emplace(*std::move(rr));
+  absl::StatusOr<ExpertDecodeRunner> sr = ExpertDecodeRunner::Create((T + kMaxUnitRows - 1) / kMaxUnitRows);
+  if (!sr.ok()) return sr.status();
+  impl->shared_runner.emplace(*std::move(sr));
+
+  struct Buf { DeviceBuffer* buf; absl::StatusOr<DeviceBuffer> made; };
+  Buf bufs[] = {{&impl->logits, DeviceArray<float>(T * E)},
+                {&impl->act, DeviceArray<float>(T * std::max<int64_t>(K, 1) * inner)},
+                {&impl->partial, DeviceArray<float>(T * K * h)},
+                {&impl->shared, DeviceArray<float>(T * h)},
+                {&impl->gate_logit, DeviceArray<float>(T)},
+                {&impl->slot, DeviceArray<int32_t>(T * K)}};
+  for (Buf& b : bufs) {
+    if (!b.made.ok()) return b.made.status();
+    *b.buf = *std::move(b.made);
+  }
+  absl::StatusOr<PinnedBuffer> staging = PinnedBuffer::Allocate(static_cast<size_t>(T * K) * sizeof(int32_t));
+  if (!staging.ok()) return staging.status();
+  impl->slot_staging = *std::move(staging);
+
+  impl->engram.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    const GpuLayer& l = model.layers[layer];
+    if (l.has_engram) {
+      absl::StatusOr<GpuEngramLayer> e = GpuEngramLayer::Create(c.engram[c.engram_index(layer)], c.n_streams, h, T);
+      if (!e.ok()) return e.status();
+      impl->engram[layer].emplace(*std::move(e));
+    }
+    if (l.shared_gate.present() && l.shared_gate.type != l.shared_up.type) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ffn_gate_shexp and ffn_up_shexp have different types (",
+                                                     l.shared_gate.type, ", ", l.shared_up.type, ")"));
+    }
+    if (l.gate_exps.type != l.up_exps.type) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ffn_gate_exps and ffn_up_exps have different types"));
+    }
+    if (!options.fast) continue;
+    // The bf16 GEMM runners, one per distinct expert shape (made now: no allocation in a step).
+    const ShapeKey routed{l.gate_exps.type, l.down_exps.type, c.expert_ffn};
+    if (!impl->prefill.contains(routed)) {
+      absl::StatusOr<ExpertPrefillRunner> p = ExpertPrefillRunner::Create(
+          {static_cast<WeightType>(l.gate_exps.type), static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn}, T * K);
+      if (!p.ok()) return p.status();
+      impl->prefill.emplace(routed, *std::move(p));
+    }
+    if (l.shared_gate.present()) {
+      const ShapeKey shared{l.shared_gate.type, l.shared_down.type, c.shared_ffn};
+      if (!impl->prefill.contains(shared)) {
+        absl::StatusOr<ExpertPrefillRunner> p = ExpertPrefillRunner::Create(
+            {static_cast<WeightType>(l.shared_gate.type), static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn},
+            std::max<int64_t>(T, T * K));
+        if (!p.ok()) return p.status();
+        impl->prefill.emplace(shared, *std::move(p));
+      }
+    }
+  }
+  return std::unique_ptr<MoeStage>(new MoeStage(std::move(impl)));
+}
+
+absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
+                           cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
+                           uint64_t* local_rows) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const GpuLayer& l = m.model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  if (n < 1 || n > m.options.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE stage: ", n, " tokens, capacity ", m.options.max_tokens));
+  }
+  // 1. Routing on the GPU; the picks come back to the host once.
+  timer.Mark(Stage::kRoute, stream);
+  float* logits = m.logits.as<float>();
+  if (absl::Status s = MatVecRows("ffn_gate_inp", l.router, x, n, logits, stream); !s.ok()) return s;
+  if (absl::Status s = m.router->RouteLogits(logits, n, stream); !s.ok()) return s;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const std::span<const int32_t> experts(m.router->experts(), static_cast<size_t>(n * K));
+  if (picks != nullptr) picks->assign(experts.begin(), experts.end());
+
+  // 2. The step's expert work list: (device weight addresses, rows) per unit.
+  absl::StatusOr<MoeStepPlan> plan =
+      PlanMoeStep(experts, n, K, E, [&](int32_t e) { return source.Locate(layer, e); });
+  if (!plan.ok()) return plan.status();
+  if (!plan->offloaded.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("layer ", layer, ": ", plan->offloaded.size(),
+                                                      " routed pairs need experts that are not on the GPU, "
+                                                      "and no host expert worker is attached"));
+  }
+  std::memcpy(m.slot_staging.get(), plan->slot.data(), plan->slot.size() * sizeof(int32_t));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.slot.get(), m.slot_staging.get(), plan->slot.size() * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream));
+  timer.Mark(Stage::kExperts, stream);
+  const bool gemm = m.options.fast && n > kMaxUnitRows;
+  if (gemm) {
+    auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
+    if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the routed experts' shape");
+    if (absl::Status s = it->second.Run(plan->units, x, m.partial.as<float>(), stream); !s.ok()) return s;
+  } else {
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),
+                                          static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
+    if (absl::Status s = m.routed_runner->Run(plan->units, shape, x, m.act.as<float>(), m.partial.as<float>(), stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
+
+  // 3. The gated shared expert, then the scatter-sum in routing order.
+  timer.Mark(Stage::kShared, stream);
+  const float* shared = nullptr;
+  const float* gate_logit = nullptr;
+  if (l.shared_gate.present()) {
+    const std::vector<ExpertUnit> units =
+        DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
+    if (gemm) {
+      auto it = m.prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
+      if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
+      if (absl::Status s = it->second.Run(units, x, m.shared.as<float>(), stream); !s.ok()) return s;
+    } else {
+      const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                            static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+      if (absl::Status s = m.shared_runner->Run(units, shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
+          !s.ok()) {
+        return s;
+      }
+    }
+    shared = m.shared.as<float>();
+    if (l.shared_gate_inp.present()) {
+      if (absl::Status s = MatVecRows("ffn_gate_inp_shexp", l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream);
+          !s.ok()) {
+        return s;
+      }
+      gate_logit = m.gate_logit.as<float>();
+    }
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
+                                                  static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
+                                                  gate_logit, y, stream));
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::RunEngram(int64_t layer, const MatrixView& embd, std::span<const int64_t> rows, float* H,
+                                 int64_t n, float* conv_state, cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (layer < 0 || layer >= static_cast<int64_t>(m.engram.size()) || !m.engram[layer].has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no Engram"));
+  }
+  const GpuLayer& l = m.model->layers[layer];
+  const EngramDeviceWeights w{ToMoe(l.engram_key),     ToMoe(l.engram_value), l.engram_key_norm,
+                              l.engram_query_norm, l.engram_conv_norm,    l.engram_conv};
+  GpuEngramLayer& e = *m.engram[layer];
+  if (absl::Status s = e.Stage(embd, rows, n, stream); !s.ok()) return s;
+  return e.Forward(w, H, n, m.config.eps, conv_state, stream);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,82 @@
+// The MoE and Engram stages of the CUDA backend's layer loop, over the MoE kernel family
+// (router, expert work lists, scatter-sum, Engram). Kept behind this header, which names none of
+// that family's types, so the layer loop's translation unit can include the dense kernel family.
+//
+// Experts: every step routes on the GPU, copies the picks to the host once per layer, and plans
+// the step as a list of ExpertUnits, each naming one expert's device weight addresses and up to
+// kMaxUnitRows activation rows. The addresses come from an ExpertSource, so the expert arena (an
+// LRU of device slots fed by the host) can replace the resident weights without touching the
+// kernels; pairs whose expert the source cannot place are the host worker's (not wired yet:
+// FailedPrecondition).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "common/reference/engram.h"
+#include "gpu_service/backends/cuda/backend/device_model.h"
+#include "gpu_service/backends/cuda/backend/stage_timer.h"
+#include "gpu_service/backends/cuda/moe/expert_unit.h"
+
+namespace tandem::cuda {
+
+// Where routed experts' weights are on the device for this step.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  // nullopt: not on the device (to be computed by the host worker).
+  virtual std::optional<ExpertLocation> Locate(int64_t layer, int32_t expert) = 0;
+};
+
+// Every expert resident in the uploaded model.
+class ResidentExperts : public ExpertSource {
+ public:
+  explicit ResidentExperts(const DeviceModel* model) : model_(model) {}
+  std::optional<ExpertLocation> Locate(int64_t layer, int32_t expert) override;
+
+ private:
+  const DeviceModel* model_;
+};
+
+struct MoeStageOptions {
+  bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units)
+  int64_t max_tokens = 0;  // most tokens of one step
+};
+
+class MoeStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<MoeStage>> Create(const ModelConfig& config,
+                                                          const DeviceModel& model,
+                                                          const MoeStageOptions& options);
+  ~MoeStage();
+
+  // y (n × h) = MoE_layer(x) for the n rows of x (device). Enqueued on `stream`, with one wait for
+  // the routing picks. picks, when non-null, receives the n × K expert ids (routing order).
+  // Counts the rows computed on the device into *local_rows.
+  absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
+                   cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
+                   uint64_t* local_rows);
+
+  // Engram layer `layer` for one sequence's n new positions: gathers their table rows on the host
+  // (embd: the host table; rows from EngramRows), uploads them, and updates H (n × S·h, device)
+  // and the sequence's conv state (device).
+  absl::Status RunEngram(int64_t layer, const MatrixView& embd, std::span<const int64_t> rows,
+                         float* H, int64_t n, float* conv_state, cudaStream_t stream);
+
+ private:
+  struct Impl;
+  explicit MoeStage(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_

@@ -1,0 +1,86 @@
+// Helpers of the CUDA backend tests and profile: GPU detection, generated preset models (made once
+// per process, or reused from $TANDEM_GPU_BACKEND_MODELS), running the CPU reference, errors.
+#ifndef TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_UTIL_H_
+#define TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/model/reference_model.h"
+#include "common/model_gen/model_generator.h"
+#include "common/model_gen/model_spec.h"
+
+namespace tandem::gpu_backend_testing {
+
+// Empty when a CUDA device is usable, else why not.
+inline std::string NoGpuReason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device present";
+  return "";
+}
+
+// The path of preset `name`'s file, generated on first use. Directory: $TANDEM_GPU_BACKEND_MODELS
+// (an existing file there is reused) or a fresh temporary directory of this process.
+inline absl::StatusOr<std::string> PresetModel(const std::string& name) {
+  static std::map<std::string, std::string>* made = new std::map<std::string, std::string>();
+  if (auto it = made->find(name); it != made->end()) return it->second;
+  std::string dir;
+  if (const char* env = std::getenv("TANDEM_GPU_BACKEND_MODELS"); env != nullptr && *env != '\0') {
+    dir = env;
+  } else {
+    dir = (std::filesystem::temp_directory_path() / absl::StrCat("tandem-gpu-backend-", getpid())).string();
+  }
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name + ".gguf";
+  if (!std::filesystem::exists(path)) {
+    absl::StatusOr<GenModelSpec> spec = PresetSpec(name);
+    if (!spec.ok()) return spec.status();
+    if (absl::Status s = GenerateModel(*spec, path); !s.ok()) return s;
+  }
+  (*made)[name] = path;
+  return path;
+}
+
+inline std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& v : t) v = d(rng);
+  return t;
+}
+
+// ||a − b|| / ||b|| over n values.
+inline double RelativeL2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+inline int32_t Argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (v[i] > v[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+}  // namespace tandem::gpu_backend_testing
+
+#endif  // TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_UTIL_H_
