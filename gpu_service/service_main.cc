@@ -5,11 +5,23 @@
 //
 // Flags may be written with dashes (--max-running) or underscores (--max_running).
 //
+// Host expert workers (the routed experts outside --gpu-expert-budget):
+//   --worker=SPEC            repeatable; the service spawns tandem-host-worker with SPEC's binding
+//                            (gpu_service/backend/remote_experts_spec.h: share=K/N,numa=N,
+//                            cpus=LIST,threads=N,isa=NAME) and restarts it if it dies
+//   --connect-worker=SPEC    repeatable; the service creates the channel and waits for a worker
+//                            started by hand with the channel name it logs (and writes to
+//                            --worker-channel-file): tandem-host-worker --model=F --share=K/N
+//                            --channel=NAME [--exact]
+// Health is SERVING only once the model is loaded and every worker serves; NOT_SERVING while a
+// worker is lost (its in-flight requests end with UNAVAILABLE; see remote_experts.h).
+//
 // Start-up: load the model on the backend, start the engine, the gRPC server (health NOT_SERVING)
 // and the metrics endpoint, then mark health SERVING (and write --ready-file). On SIGTERM or
 // SIGINT: health NOT_SERVING, admit nothing new (UNAVAILABLE), let queued and running requests
 // finish within --drain-timeout, cancel what is left, shut the server down and exit 0.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,6 +41,8 @@
 #include "absl/time/time.h"
 #include "gpu_service/backend/cpu_backend.h"
 #include "gpu_service/backend/expert_placement.h"
+#include "gpu_service/backend/remote_experts.h"
+#include "gpu_service/backend/remote_experts_spec.h"
 #include "gpu_service/engine/engine.h"
 #include "gpu_service/metrics/metrics_http_server.h"
 #include "gpu_service/metrics/metrics_registry.h"
@@ -54,6 +68,30 @@ ABSL_FLAG(int64_t, max_state_pages, 0, "state pool page limit (0: unbounded)");
 ABSL_FLAG(std::string, gpu_expert_budget, "1.0",
           "routed experts computed by the service: bytes (8GiB) or a fraction of all routed "
           "expert bytes (0.5, 50%); the rest go to host workers");
+// --worker and --connect-worker may be given several times (Abseil keeps only the last value of a
+// flag), so main() takes every occurrence out of argv before Abseil parses the rest; these
+// definitions are for --help.
+ABSL_FLAG(std::string, worker, "",
+          "repeatable: spawn a host expert worker, SPEC = comma-separated key=value items: "
+          "share=K/N (required with several workers), numa=N, cpus=LIST (e.g. 0-3,8-11), "
+          "threads=N, isa=auto|scalar|avx2|avx512vnni; e.g. --worker=share=0/2,numa=0,cpus=0-7,"
+          "threads=8 --worker=share=1/2,numa=1,cpus=8-15,threads=8");
+ABSL_FLAG(std::string, connect_worker, "",
+          "repeatable: wait for a host worker started by hand; SPEC = share=K/N or empty (0/1). "
+          "The service creates the channel, logs {\"event\":\"worker_channel\",...} with its name "
+          "(and writes it to --worker-channel-file); start the worker with "
+          "tandem-host-worker --model=F.gguf --share=K/N --channel=NAME [--exact]");
+ABSL_FLAG(std::string, worker_binary, "",
+          "the tandem-host-worker to spawn (default: the one next to this binary, or in the build "
+          "tree's host_expert_worker/)");
+ABSL_FLAG(bool, worker_exact, false,
+          "workers compute in their exact mode (f32 activations; default: int8 activations)");
+ABSL_FLAG(std::string, worker_channel_file, "",
+          "write 'share=K/N channel=NAME' lines here for hand-started workers (--connect-worker)");
+ABSL_FLAG(absl::Duration, worker_ready_timeout, absl::Minutes(5),
+          "how long start-up waits for every worker to serve");
+ABSL_FLAG(absl::Duration, worker_call_timeout, absl::Seconds(30),
+          "how long one MoE layer waits for the workers' reply before its step fails");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC receive and send message size limit");
 ABSL_FLAG(std::string, ready_file, "",
           "once SERVING, write 'grpc_port=N' and 'metrics_port=M' lines to this file");
@@ -72,7 +110,73 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> OpenBackend() {
+// --worker / --connect-worker values, taken out of argv by main().
+std::vector<std::string>& SpawnWorkerSpecs() {
+  static std::vector<std::string> specs;
+  return specs;
+}
+std::vector<std::string>& ConnectWorkerSpecs() {
+  static std::vector<std::string> specs;
+  return specs;
+}
+
+// The default --worker-binary: next to this executable, else the build tree's layout
+// (build/gpu_service/tandem-gpu-service, build/host_expert_worker/tandem-host-worker).
+std::string DefaultWorkerBinary() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "tandem-host-worker";
+  const std::filesystem::path beside = self.parent_path() / "tandem-host-worker";
+  if (std::filesystem::exists(beside)) return beside.string();
+  const std::filesystem::path build_tree =
+      self.parent_path().parent_path() / "host_expert_worker" / "tandem-host-worker";
+  if (std::filesystem::exists(build_tree)) return build_tree.string();
+  return beside.string();
+}
+
+absl::StatusOr<std::vector<RemoteWorkerSpec>> WorkerSpecsFromFlags() {
+  std::vector<RemoteWorkerSpec> specs;
+  for (const std::string& text : SpawnWorkerSpecs()) {
+    absl::StatusOr<RemoteWorkerSpec> spec = ParseRemoteWorkerSpec(text, true, "--worker");
+    if (!spec.ok()) return spec.status();
+    specs.push_back(*spec);
+  }
+  for (const std::string& text : ConnectWorkerSpecs()) {
+    absl::StatusOr<RemoteWorkerSpec> spec =
+        ParseRemoteWorkerSpec(text, false, "--connect-worker");
+    if (!spec.ok()) return spec.status();
+    specs.push_back(*spec);
+  }
+  if (specs.empty()) return specs;
+  return OrderWorkerShares(std::move(specs));
+}
+
+absl::Status WriteWorkerChannelFile(const std::string& path,
+                                    const std::vector<HostExpertWorkers::WorkerStatus>& workers) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    for (const HostExpertWorkers::WorkerStatus& w : workers) {
+      if (!w.spawned) out << "share=" << w.share << " channel=" << w.channel << "\n";
+    }
+    if (!out) return absl::UnavailableError(absl::StrCat("--worker-channel-file: cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("--worker-channel-file: ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The backend and, when experts are offloaded, the host workers it uses (which must outlive it:
+// destroy the backend first).
+struct OpenedBackend {
+  std::unique_ptr<HostExpertWorkers> workers;
+  std::unique_ptr<Backend> backend;
+};
+
+absl::StatusOr<OpenedBackend> OpenBackend() {
   const std::string kind = absl::GetFlag(FLAGS_backend);
   if (kind != "cpu" && kind != "cuda" && kind != "auto") {
     return absl::InvalidArgumentError(
@@ -84,14 +188,59 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenBackend() {
   }
   absl::StatusOr<ExpertBudget> budget = ParseExpertBudget(absl::GetFlag(FLAGS_gpu_expert_budget));
   if (!budget.ok()) return budget.status();
+  absl::StatusOr<std::vector<RemoteWorkerSpec>> specs = WorkerSpecsFromFlags();
+  if (!specs.ok()) return specs.status();
   CpuBackendOptions options;
   options.model.threads = absl::GetFlag(FLAGS_threads);
   options.model.max_state_pages = absl::GetFlag(FLAGS_max_state_pages);
   options.expert_budget = *budget;
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> model =
+      ReferenceModel::Open(model_path, options.model);
+  if (!model.ok()) return model.status();
+
+  OpenedBackend opened;
+  if (!specs->empty()) {
+    HostExpertWorkersOptions w;
+    w.workers = *specs;
+    w.worker_binary = absl::GetFlag(FLAGS_worker_binary).empty() ? DefaultWorkerBinary()
+                                                                 : absl::GetFlag(FLAGS_worker_binary);
+    w.model_path = std::filesystem::absolute(model_path).string();
+    w.exact = absl::GetFlag(FLAGS_worker_exact);
+    w.call_timeout = absl::GetFlag(FLAGS_worker_call_timeout);
+    w.max_rows_per_request = static_cast<uint32_t>(
+        std::clamp<int64_t>(absl::GetFlag(FLAGS_step_token_budget), 1, 1024));
+    w.log = [](const std::string& event, const std::string& fields) { Log(event, fields); };
+    absl::StatusOr<std::unique_ptr<HostExpertWorkers>> workers = HostExpertWorkers::Start(
+        (*model)->file(), (*model)->config(),
+        static_cast<uint32_t>((*model)->weights().layers.size()), std::move(w));
+    if (!workers.ok()) return workers.status();
+    opened.workers = *std::move(workers);
+    options.remote = opened.workers.get();
+    for (const HostExpertWorkers::WorkerStatus& ws : opened.workers->worker_status()) {
+      Log("worker_channel", absl::StrCat("\"share\":\"", ws.share, "\",\"channel\":\"", ws.channel,
+                                         "\",\"spawned\":", ws.spawned ? "true" : "false"));
+    }
+    if (!absl::GetFlag(FLAGS_worker_channel_file).empty()) {
+      if (absl::Status s = WriteWorkerChannelFile(absl::GetFlag(FLAGS_worker_channel_file),
+                                                  opened.workers->worker_status());
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
   absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Open(absl::GetFlag(FLAGS_model), options);
+      CpuBackend::Create(*std::move(model), options);
   if (!backend.ok()) return backend.status();
-  return std::unique_ptr<Backend>(*std::move(backend));
+  if (opened.workers != nullptr) {
+    const StaticExpertPlacement& p = (*backend)->expert_placement();
+    Log("expert_placement",
+        absl::StrCat("\"local_experts\":", p.local_count(), ",\"worker_experts\":",
+                     p.remote_count(), ",\"local_bytes\":", p.local_bytes(),
+                     ",\"all_bytes\":", p.all_bytes()));
+  }
+  opened.backend = *std::move(backend);
+  return opened;
 }
 
 absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port) {
@@ -119,8 +268,10 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend = OpenBackend();
-  if (!backend.ok()) return Fail(backend.status());
+  absl::StatusOr<OpenedBackend> opened = OpenBackend();
+  if (!opened.ok()) return Fail(opened.status());
+  HostExpertWorkers* workers = opened->workers.get();
+  std::unique_ptr<Backend>* backend = &opened->backend;
 
   EngineOptions engine_options;
   engine_options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
@@ -168,13 +319,28 @@ int Run() {
     metrics_http = *std::move(m);
   }
 
-  // Health follows the backend (a lost worker) from now on.
+  // Health: SERVING once the model is loaded (it is, here) and every worker serves. With workers,
+  // it follows their availability, which covers the backend's only reason to report unhealthy
+  // (a lost worker) and also its recovery (the backend itself would only report healthy again
+  // after a successful step, which no load balancer would send while NOT_SERVING).
   GrpcServer* grpc_server = server->get();
   std::atomic<bool> draining{false};
-  (*backend)->SetHealthListener([grpc_server, &draining](bool serving) {
-    grpc_server->SetServing(serving && !draining.load());
-    Log("health", absl::StrCat("\"serving\":", serving ? "true" : "false"));
-  });
+  if (workers != nullptr) {
+    (*backend)->SetHealthListener([](bool serving) {
+      Log("backend_health", absl::StrCat("\"serving\":", serving ? "true" : "false"));
+    });
+    const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_worker_ready_timeout);
+    if (absl::Status s = workers->WaitUntilReady(deadline); !s.ok()) return Fail(s);
+    workers->SetAvailabilityListener([grpc_server, &draining](bool serving) {
+      grpc_server->SetServing(serving && !draining.load());
+      Log("health", absl::StrCat("\"serving\":", serving ? "true" : "false"));
+    });
+  } else {
+    (*backend)->SetHealthListener([grpc_server, &draining](bool serving) {
+      grpc_server->SetServing(serving && !draining.load());
+      Log("health", absl::StrCat("\"serving\":", serving ? "true" : "false"));
+    });
+  }
   const int metrics_port = metrics_http ? metrics_http->port() : 0;
   if (!absl::GetFlag(FLAGS_ready_file).empty()) {
     if (absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file), grpc_server->port(),
@@ -207,6 +373,7 @@ int Run() {
   // Calls whose last message is still being written get a moment to complete.
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*backend)->SetHealthListener(nullptr);
+  if (workers != nullptr) workers->SetAvailabilityListener(nullptr);
   Log("stopped", absl::StrCat("\"drained\":", drained ? "true" : "false"));
   return 0;
 }
@@ -230,9 +397,43 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
   return args;
 }
 
+// Removes every --worker / --connect-worker (as --flag=SPEC or --flag SPEC) from the arguments and
+// keeps their values in order (Abseil would keep only the last of a repeated flag).
+std::vector<std::string> TakeWorkerFlags(std::vector<std::string> args) {
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i > 0 && a == "--") {
+      rest.insert(rest.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    std::vector<std::string>* into = nullptr;
+    std::string name;
+    if (a == "--worker" || a.rfind("--worker=", 0) == 0) {
+      into = &tandem::SpawnWorkerSpecs();
+      name = "--worker";
+    } else if (a == "--connect_worker" || a.rfind("--connect_worker=", 0) == 0) {
+      into = &tandem::ConnectWorkerSpecs();
+      name = "--connect_worker";
+    }
+    if (i == 0 || into == nullptr) {
+      rest.push_back(a);
+      continue;
+    }
+    if (a.size() > name.size()) {
+      into->push_back(a.substr(name.size() + 1));
+    } else if (i + 1 < args.size()) {
+      into->push_back(args[++i]);
+    } else {
+      into->push_back("");
+    }
+  }
+  return rest;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("serves tandem.v1.Generation: tandem-gpu-service --model F.gguf");
-  std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  std::vector<std::string> args = TakeWorkerFlags(NormalizeFlagNames(argc, argv));
   std::vector<char*> pointers;
   for (std::string& a : args) pointers.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());

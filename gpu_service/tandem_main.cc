@@ -7,7 +7,10 @@
 #include "common/tool_command.h"
 #include "common/gguf/inspect_command.h"
 #include "common/model/generate_command.h"
+#include "common/convert/convert_command.h"
+#include "common/convert/logits_command.h"
 #include "common/model_gen/gen_model_command.h"
+#include "host_expert_worker/bench/bench_command.h"
 
 namespace {
 
@@ -18,6 +21,12 @@ constexpr tandem::ToolCommand kCommands[] = {
      tandem::RunGenModelCommand},
     {"generate", "offline generation on the CPU reference engine",
      tandem::RunGenerateCommand},
+    {"convert", "convert a Qwen3-Next Hugging Face checkpoint to a qwen3next GGUF",
+     tandem::RunConvertCommand},
+    {"logits", "dump the CPU reference's logits for token ids (for parity scripts)",
+     tandem::RunLogitsCommand},
+    {"bench", "benchmarks: `tandem bench worker` (expert kernels vs DRAM, channel round trips)",
+     tandem::RunBenchCommand},
 };
 
 }  // namespace

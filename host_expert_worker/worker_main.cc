@@ -164,6 +164,19 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "serves a share of a model's routed experts to the GPU service over shared memory");
+  // Flags may be spelled with dashes (--numa-node) or underscores (--numa_node): Abseil knows
+  // only the latter, so rewrite the name part of every --flag before parsing.
+  std::vector<std::string> normalized(argv, argv + argc);
+  std::vector<char*> args;
+  for (std::string& a : normalized) {
+    if (a.rfind("--", 0) == 0) {
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
+        if (a[i] == '-') a[i] = '_';
+      }
+    }
+    args.push_back(a.data());
+  }
+  argv = args.data();
   absl::ParseCommandLine(argc, argv);
   return tandem::Run();
 }

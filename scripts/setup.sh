@@ -14,7 +14,7 @@ build_type=${BUILD_TYPE:-RelWithDebInfo}
 packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libboost-dev libnuma-dev libgtest-dev libgmock-dev
+  libabsl-dev libboost-dev libnuma-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf
   clang libclang-rt-14-dev
 )

@@ -212,7 +212,9 @@ void Engine::RunStep(StepPlan& plan) {
   if (inputs.empty()) return;
   if (absl::Status s = backend_->Step(inputs); !s.ok()) {
     for (Request* r : batch) {
-      Finish(r, {}, FinishReason::kError, absl::StrCat("backend step failed: ", s.message()));
+      Finish(r, {}, FinishReason::kError, absl::StrCat("backend step failed: ", s.message()),
+             absl::IsUnavailable(s) ? absl::StatusCode::kUnavailable
+                                    : absl::StatusCode::kInternal);
     }
     return;
   }
@@ -268,7 +270,8 @@ void Engine::Advance(Request* r, std::span<const float> logits) {
   }
 }
 
-void Engine::Finish(Request* r, GenerationUpdate update, FinishReason reason, std::string detail) {
+void Engine::Finish(Request* r, GenerationUpdate update, FinishReason reason, std::string detail,
+                    absl::StatusCode error_code) {
   // State first, so that a client that sees the last message also sees the pool released.
   if (r->slot.has_value()) {
     backend_->ReleaseSequence(*r->slot);
@@ -279,7 +282,10 @@ void Engine::Finish(Request* r, GenerationUpdate update, FinishReason reason, st
   GenerationFinal f;
   f.reason = reason;
   if (reason == FinishReason::kStopSequence) f.stop_sequence = detail;
-  if (reason == FinishReason::kError) f.error = detail;
+  if (reason == FinishReason::kError) {
+    f.error = detail;
+    f.error_code = error_code;
+  }
   f.input_tokens = static_cast<int64_t>(r->spec.prompt.size());
   f.generated_tokens = r->generated;
   f.seed = r->seed;

@@ -67,7 +67,8 @@ class Engine {
   // Runs one planned step (outside the lock).
   void RunStep(StepPlan& plan);
   // Sends the final update and forgets the request (releasing its slot).
-  void Finish(Request* r, GenerationUpdate update, FinishReason reason, std::string detail);
+  void Finish(Request* r, GenerationUpdate update, FinishReason reason, std::string detail,
+              absl::StatusCode error_code = absl::StatusCode::kInternal);
   // Samples a token for a request whose chunk sampled; returns the update to send.
   void Advance(Request* r, std::span<const float> logits);
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gpu_service/scheduler/scheduler.h"
 
 namespace tandem {
@@ -68,6 +69,9 @@ struct GenerationFinal {
   FinishReason reason = FinishReason::kMaxTokens;
   std::string stop_sequence;  // kStopSequence: the one that matched
   std::string error;          // kError: what failed
+  // kError: the gRPC code the call ends with (UNAVAILABLE when a host worker was lost, so that
+  // clients and load balancers retry elsewhere; INTERNAL for other failures).
+  absl::StatusCode error_code = absl::StatusCode::kInternal;
   int64_t input_tokens = 0;
   int64_t generated_tokens = 0;
   uint64_t seed = 0;          // the seed used (drawn when the request had none)

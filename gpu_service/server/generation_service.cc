@@ -192,7 +192,7 @@ class GenerationService::GenerateCall : public grpc::ServerUnaryReactor {
       r->set_stop_sequence(f.stop_sequence);
       r->set_error_message(f.error);
       if (f.reason == FinishReason::kError && s.status.ok()) {
-        s.status = grpc::Status(grpc::StatusCode::INTERNAL, f.error);
+        s.status = grpc::Status(static_cast<grpc::StatusCode>(f.error_code), f.error);
       }
       if (f.reason == FinishReason::kCancelled && s.status.ok()) {
         s.status = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
@@ -369,7 +369,7 @@ class GenerationService::StreamCall : public grpc::ServerWriteReactor<grpc::Byte
         s.final_received = true;
         s.pending_is_last = true;
         if (f.reason == FinishReason::kError) {
-          s.final_status = grpc::Status(grpc::StatusCode::INTERNAL, f.error);
+          s.final_status = grpc::Status(static_cast<grpc::StatusCode>(f.error_code), f.error);
         } else if (f.reason == FinishReason::kCancelled) {
           s.final_status = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
         }

@@ -142,7 +142,9 @@ TEST(ExpertShare, ParsesAndRefuses) {
   for (const char* bad : {"4/4", "-1/2", "1", "a/b", "1/0", "1/2/3"}) {
     absl::StatusOr<ExpertShare> r = ParseExpertShare(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("--share"), std::string_view::npos);
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("--share"), std::string_view::npos);
+    }
   }
 }
 

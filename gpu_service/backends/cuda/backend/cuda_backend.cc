@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   if (!stream.ok()) return stream.status();
   m.stream = *std::move(stream);
   cuda::DenseGemmOptions go;
-  go.mode = options.mode == CudaMode::kExact ? cuda::GemmMode::kExact : cuda::GemmMode::kFast;
+  go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm ? cuda::GemmMode::kFast : cuda::GemmMode::kExact;
   go.max_n = T;
   go.max_cols = std::max<int64_t>(MaxCols(*m.dm), 256);
   go.tile_bytes = std::max<int64_t>(128ll << 20, go.max_cols * 4);
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   if (!gemm.ok()) return gemm.status();
   m.gemm = *std::move(gemm);
   absl::StatusOr<std::unique_ptr<cuda::MoeStage>> moe =
-      cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast, T});
+      cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast && options.fast_expert_gemm, T});
   if (!moe.ok()) return moe.status();
   m.moe = *std::move(moe);
   m.experts = std::make_unique<cuda::ResidentExperts>(m.dm.get());

@@ -47,6 +47,9 @@ struct CudaBackendOptions {
   int64_t max_context = 4096;      // positions per sequence
   int64_t kv_pages = 0;            // KV pages of 64 positions; 0: max_sequences · max_context / 64
   int device = 0;                  // CUDA device ordinal
+  // kFast only: which prefill products run as bf16 GEMMs (the others stay f32 exact).
+  bool fast_dense_gemm = true;     // projections, stream reads, head
+  bool fast_expert_gemm = true;    // routed and shared experts
   bool profile = false;            // per-stage CUDA-event timing of every step
   bool print_profile = false;      // also print each step's line to stderr
 };
