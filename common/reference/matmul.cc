@@ -1,61 +1,108 @@
 #include "common/reference/matmul.h"
 
 #include <algorithm>
-#include <vector>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/reference/matmul_kernels.h"
 
 namespace tandem {
 namespace {
 
-// Weight rows dequantized together, so that each activation row is read once per tile from cache.
-constexpr int64_t kRowTile = 8;
+using matmul_internal::kRowTile;
+using matmul_internal::MatMulJob;
+using RowsFn = void (*)(const MatMulJob&, int64_t, int64_t);
 
-// Four independent f64 partial sums keep the loop pipelined without reassociating a single chain.
-double DotF64(const float* a, const float* b, int64_t n) {
-  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += static_cast<double>(a[i]) * b[i];
-    s1 += static_cast<double>(a[i + 1]) * b[i + 1];
-    s2 += static_cast<double>(a[i + 2]) * b[i + 2];
-    s3 += static_cast<double>(a[i + 3]) * b[i + 3];
+// A parallel chunk should carry at least this many multiply-adds: below it, waking a worker
+// costs more than the work it takes over.
+constexpr int64_t kMinParallelWork = int64_t{1} << 17;
+
+[[noreturn]] void Die(const char* what, unsigned value) {
+  std::fprintf(stderr, "tandem: MatMul: %s %u\n", what, value);
+  std::abort();
+}
+
+RowsFn RowsFor(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kScalar: return matmul_internal::MatMulRowsScalar;
+#if defined(__x86_64__)
+    case MatMulIsa::kAvx2: return matmul_internal::MatMulRowsAvx2;
+    case MatMulIsa::kAvx512: return matmul_internal::MatMulRowsAvx512;
+#else
+    default: break;
+#endif
   }
-  for (; i < n; ++i) s0 += static_cast<double>(a[i]) * b[i];
-  return (s0 + s1) + (s2 + s3);
+  Die("no kernels for instruction set", static_cast<unsigned>(isa));
+}
+
+bool TypeSupported(WeightType type) {
+  switch (type) {
+    case WeightType::kF32:
+    case WeightType::kF16:
+    case WeightType::kBF16:
+    case WeightType::kQ4_0:
+    case WeightType::kQ8_0:
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K: return true;
+  }
+  return false;
 }
 
 }  // namespace
 
-void MatMul(const MatrixView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
-  const int64_t cols = w.cols;
+bool MatMulIsaSupported(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kScalar: return true;
+#if defined(__x86_64__)
+    case MatMulIsa::kAvx2:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case MatMulIsa::kAvx512: return MatMulIsaSupported(MatMulIsa::kAvx2) && __builtin_cpu_supports("avx512f");
+#else
+    case MatMulIsa::kAvx2:
+    case MatMulIsa::kAvx512: return false;
+#endif
+  }
+  return false;
+}
+
+MatMulIsa BestMatMulIsa() {
+  static const MatMulIsa best = MatMulIsaSupported(MatMulIsa::kAvx512) ? MatMulIsa::kAvx512
+                                : MatMulIsaSupported(MatMulIsa::kAvx2) ? MatMulIsa::kAvx2
+                                                                        : MatMulIsa::kScalar;
+  return best;
+}
+
+std::string_view MatMulIsaName(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kScalar: return "scalar";
+    case MatMulIsa::kAvx2: return "avx2";
+    case MatMulIsa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+void MatMulWithIsa(MatMulIsa isa, const MatrixView& w, const float* x, int64_t n, float* y,
+                   ThreadPool* pool) {
+  if (n <= 0 || w.rows <= 0) return;
+  if (!MatMulIsaSupported(isa)) Die("instruction set not supported by this CPU:", static_cast<unsigned>(isa));
+  if (!TypeSupported(w.type)) Die("unsupported weight type id", static_cast<unsigned>(w.type));
+  const RowsFn rows_fn = RowsFor(isa);
+  const MatMulJob job{w, x, n, y};
   const int64_t rows = w.rows;
-  if (n <= 0 || rows <= 0) return;
-  // Tiles of rows are the unit of work; small matrices stay on one thread.
+  // Tiles of kRowTile rows are the unit of work; small products stay on one thread.
   const int64_t tiles = (rows + kRowTile - 1) / kRowTile;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * kRowTile * n));
+  const int64_t grain = std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(1, w.cols * kRowTile * n));
   ParallelFor(pool, 0, tiles, grain, [&](int64_t tile_begin, int64_t tile_end) {
-    thread_local std::vector<float> scratch;
-    const bool in_place = w.type == WeightType::kF32;
-    if (!in_place) scratch.resize(static_cast<size_t>(kRowTile * cols));
-    const float* tile_rows[kRowTile];
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t r0 = tile * kRowTile;
-      const int64_t count = std::min(kRowTile, rows - r0);
-      for (int64_t j = 0; j < count; ++j) {
-        if (in_place) {
-          tile_rows[j] = reinterpret_cast<const float*>(w.row(r0 + j));
-        } else {
-          float* dst = scratch.data() + j * cols;
-          DequantizeRow(w.type, w.row(r0 + j), dst, cols);
-          tile_rows[j] = dst;
-        }
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        const float* xt = x + t * cols;
-        float* yt = y + t * rows + r0;
-        for (int64_t j = 0; j < count; ++j) yt[j] = static_cast<float>(DotF64(tile_rows[j], xt, cols));
-      }
-    }
+    rows_fn(job, tile_begin * kRowTile, std::min(rows, tile_end * kRowTile));
   });
+}
+
+void MatMul(const MatrixView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  MatMulWithIsa(BestMatMulIsa(), w, x, n, y, pool);
 }
 
 }  // namespace tandem

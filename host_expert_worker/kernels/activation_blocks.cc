@@ -60,17 +60,35 @@ int64_t ActivationRowBytes(ActivationFormat format, int64_t n) {
 void QuantizeActivationsQ8K(const float* x, int64_t n, ActivationBlockQ8K* out) {
   for (int64_t b = 0; b < n / 256; ++b) {
     ActivationBlockQ8K& block = out[b];
-    block.d = QuantizeBlock(x + b * 256, 256, block.qs);
-    for (int i = 0; i < 16; ++i) {
+    for (int g = 0; g < 8; ++g) block.d[g] = QuantizeBlock(x + b * 256 + 32 * g, 32, block.qs + 32 * g);
+    for (int j = 0; j < 4; ++j) {
+      for (int lane = 0; lane < 16; ++lane) block.lane_d[j][lane] = block.d[2 * j + lane / 8];
+    }
+    for (int s = 0; s < 16; ++s) {
       int sum = 0;
-      for (int j = 0; j < 16; ++j) sum += block.qs[16 * i + j];
-      block.bsums[i] = static_cast<int16_t>(sum);
+      for (int e = 16 * s; e < 16 * s + 16; ++e) sum += block.qs[e];
+      block.bsum_d[s] = block.d[s / 2] * static_cast<float>(sum);
     }
   }
 }
 
 void QuantizeActivationsQ8x32(const float* x, int64_t n, ActivationBlockQ8x32* out) {
   for (int64_t b = 0; b < n / 32; ++b) out[b].d = QuantizeBlock(x + b * 32, 32, out[b].qs);
+}
+
+void QuantizeActivationsTwoTerm(ActivationFormat format, const float* x, int64_t n, float* residual,
+                                void* hi, void* lo) {
+  if (format == ActivationFormat::kQ8K) {
+    auto* h = static_cast<ActivationBlockQ8K*>(hi);
+    QuantizeActivationsQ8K(x, n, h);
+    for (int64_t e = 0; e < n; ++e) residual[e] = x[e] - ActivationValue(h[e / 256], static_cast<int>(e % 256));
+    QuantizeActivationsQ8K(residual, n, static_cast<ActivationBlockQ8K*>(lo));
+  } else {
+    auto* h = static_cast<ActivationBlockQ8x32*>(hi);
+    QuantizeActivationsQ8x32(x, n, h);
+    for (int64_t e = 0; e < n; ++e) residual[e] = x[e] - ActivationValue(h[e / 32], static_cast<int>(e % 32));
+    QuantizeActivationsQ8x32(residual, n, static_cast<ActivationBlockQ8x32*>(lo));
+  }
 }
 
 }  // namespace tandem

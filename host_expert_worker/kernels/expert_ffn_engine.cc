@@ -54,7 +54,7 @@ struct ExpertFfnEngine::Buffers {
   int64_t q8k_h_bytes, q8x32_h_bytes, q8k_i_bytes, q8x32_i_bytes, scratch_floats;
   AlignedBytes act_q8k, act_q8x32;      // per activation row
   AlignedBytes gate_out, up_out;        // per sorted pair slot: I floats
-  AlignedBytes inter_q8k, inter_q8x32;  // per sorted pair slot
+  AlignedBytes inter_q8k, inter_q8x32;  // per sorted pair slot: two-term rows hi, lo
   AlignedBytes order, tiles;
   AlignedBytes thread_scratch;          // per thread: scratch_floats floats
 };
@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<ExpertFfnEngine>> ExpertFfnEngine::Create(
   b->act_q8x32 = AlignedBytes(rows * b->q8x32_h_bytes);
   b->gate_out = AlignedBytes(pairs * o.inner * sizeof(float));
   b->up_out = AlignedBytes(pairs * o.inner * sizeof(float));
-  b->inter_q8k = AlignedBytes(pairs * b->q8k_i_bytes);
-  b->inter_q8x32 = AlignedBytes(pairs * b->q8x32_i_bytes);
+  b->inter_q8k = AlignedBytes(2 * pairs * b->q8k_i_bytes);
+  b->inter_q8x32 = AlignedBytes(2 * pairs * b->q8x32_i_bytes);
   b->order = AlignedBytes(pairs * sizeof(uint32_t));
   b->tiles = AlignedBytes(pairs * sizeof(Tile));
   b->thread_scratch = AlignedBytes(static_cast<size_t>(pool->size()) * b->scratch_floats * sizeof(float));
@@ -223,21 +223,22 @@ void ExpertFfnEngine::RunThread(int t) {
     }
     return p.activations + row * h;
   };
-  // Rows [r0, r0 + rows) of local expert e of m against acts, into out.
+  // Rows [r0, r0 + rows) of local expert e of m against acts (count outputs of `terms` rows each;
+  // the exact path has one), into out.
   auto dot = [&](const ExpertMatrixView& m, ActivationFormat format, uint32_t e, int64_t r0,
-                 int64_t rows, const void* const* acts, int count, float* const* out) {
+                 int64_t rows, const void* const* acts, int count, int terms, float* const* out) {
     const uint8_t* w = static_cast<const uint8_t*>(m.data) + (e * m.rows + r0) * m.row_bytes;
     if (format == ActivationFormat::kF32) {
       ExactRowDots(m.type, w, m.row_bytes, rows, m.cols, reinterpret_cast<const float* const*>(acts),
                    count, out, scratch);
     } else {
       FindBestRowDotKernel(options_.isa, m.type)(w, m.row_bytes, rows, m.cols / GetWeightTypeInfo(m.type).block_elems,
-                                                 acts, count, out);
+                                                 acts, count, terms, out);
     }
   };
 
   // Phase 1: gate and up, then SiLU(g) * u in place.
-  const void* acts[kMaxRowBlock];
+  const void* acts[kMaxRowBlock * kMaxTerms];
   float* outs[kMaxRowBlock];
   const int64_t up_units = p.tiles * p.up_chunks_per_tile;
   for (int64_t u; (u = next_up_.fetch_add(1, std::memory_order_relaxed)) < up_units;) {
@@ -249,12 +250,12 @@ void ExpertFfnEngine::RunThread(int t) {
       acts[k] = activation(tile.first + k, p.gate_format);
       outs[k] = gate_out + (tile.first + k) * I + r0;
     }
-    dot(layer.gate, p.gate_format, tile.expert, r0, rows, acts, count, outs);
+    dot(layer.gate, p.gate_format, tile.expert, r0, rows, acts, count, 1, outs);
     for (int k = 0; k < count; ++k) {
       acts[k] = activation(tile.first + k, p.up_format);
       outs[k] = up_out + (tile.first + k) * I + r0;
     }
-    dot(layer.up, p.up_format, tile.expert, r0, rows, acts, count, outs);
+    dot(layer.up, p.up_format, tile.expert, r0, rows, acts, count, 1, outs);
     for (int k = 0; k < count; ++k) {
       float* g = gate_out + (tile.first + k) * I + r0;
       const float* up = up_out + (tile.first + k) * I + r0;
@@ -263,15 +264,16 @@ void ExpertFfnEngine::RunThread(int t) {
   }
   pool_->Barrier();
 
-  // Phase 2: intermediate rows into down's integer format.
+  // Phase 2: intermediate rows into down's integer format, as two-term rows: a single int8 row
+  // of SiLU(g)·u (heavy-tailed) would be the largest error term of the fast mode (docs/PERF.md).
+  // Sorted slot s has hi at inter + 2 s * inter_bytes, lo right after it.
+  const bool down_k = p.down_format == ActivationFormat::kQ8K;
+  const int64_t inter_bytes = down_k ? b.q8k_i_bytes : b.q8x32_i_bytes;
+  uint8_t* inter = down_k ? b.inter_q8k.get() : b.inter_q8x32.get();
   if (p.down_format != ActivationFormat::kF32) {
     for (int64_t s; (s = next_inter_.fetch_add(1, std::memory_order_relaxed)) < static_cast<int64_t>(p.pairs.size());) {
-      const float* x = gate_out + s * I;
-      if (p.down_format == ActivationFormat::kQ8K) {
-        QuantizeActivationsQ8K(x, I, reinterpret_cast<ActivationBlockQ8K*>(b.inter_q8k.get() + s * b.q8k_i_bytes));
-      } else {
-        QuantizeActivationsQ8x32(x, I, reinterpret_cast<ActivationBlockQ8x32*>(b.inter_q8x32.get() + s * b.q8x32_i_bytes));
-      }
+      uint8_t* hi = inter + 2 * s * inter_bytes;
+      QuantizeActivationsTwoTerm(p.down_format, gate_out + s * I, I, scratch, hi, hi + inter_bytes);
     }
     pool_->Barrier();
   }
@@ -283,16 +285,18 @@ void ExpertFfnEngine::RunThread(int t) {
     const int64_t r0 = (u % p.down_chunks_per_tile) * p.down_chunk;
     const int64_t rows = std::min(p.down_chunk, h - r0);
     const int count = static_cast<int>(tile.count);
+    const int terms = p.down_format == ActivationFormat::kF32 ? 1 : 2;
     for (int k = 0; k < count; ++k) {
       const uint32_t s = tile.first + k;
-      switch (p.down_format) {
-        case ActivationFormat::kQ8K: acts[k] = b.inter_q8k.get() + s * b.q8k_i_bytes; break;
-        case ActivationFormat::kQ8x32: acts[k] = b.inter_q8x32.get() + s * b.q8x32_i_bytes; break;
-        case ActivationFormat::kF32: acts[k] = gate_out + s * I; break;
+      if (terms == 1) {
+        acts[k] = gate_out + s * I;
+      } else {
+        acts[2 * k] = inter + 2 * s * inter_bytes;
+        acts[2 * k + 1] = inter + (2 * s + 1) * inter_bytes;
       }
       outs[k] = p.outputs + static_cast<int64_t>(order[s]) * h + r0;
     }
-    dot(layer.down, p.down_format, tile.expert, r0, rows, acts, count, outs);
+    dot(layer.down, p.down_format, tile.expert, r0, rows, acts, count, terms, outs);
   }
 }
 

@@ -6,7 +6,7 @@
 //   0. quantize the activation rows (int8 mode) in the formats the weights need;
 //   1. gate and up for every (expert tile, block of I rows): a tile is up to kMaxRowBlock pairs
 //      of one expert, so each weight block is read once for up to 8 tokens; writes SiLU(g)·u;
-//   2. quantize the intermediate rows for down;
+//   2. quantize the intermediate rows for down (int8 mode: two-term rows, activation_blocks.h);
 //   3. down for every (tile, block of h rows), written straight to the pair's output row.
 // Work items are claimed dynamically (an atomic counter per phase), sized so that each thread
 // gets several and each streams tens of KiB of contiguous weight rows.

@@ -1,7 +1,7 @@
 // AVX2 kernels (for x86-64 machines without AVX-512 VNNI). K-quants: each 32-element group of a
 // super-block is decoded once into unsigned bytes, vpmaddubsw with the int8 activations, vpmaddwd
-// with the two 16-element sub-block scales of the group; mins (or the centring offset) meet the
-// activation block sums. Q8_0 / Q4_0: |w| times sign-adjusted activations, as ggml does.
+// with the two 16-element sub-block scales of the group, then (in f32) times the group's
+// activation scale; mins (or the centring offset) meet the scaled activation sums per 16. Q8_0 / Q4_0: |w| times sign-adjusted activations, as ggml does.
 #include <immintrin.h>
 
 #include <cstring>
@@ -50,11 +50,19 @@ TANDEM_AVX2 inline __m256i Group(const BlockQ6_K& b, int g) {
   return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
 }
 
+TANDEM_AVX2 inline float HorizontalSum(__m256 acc) {
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
+// NR outputs, each the sum over `terms` activation rows (acts[k * terms + t]).
 template <typename Block, int NR>
 TANDEM_AVX2 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
-                             int64_t blocks, const void* const* acts, float* const* out) {
-  const ActivationBlockQ8K* a[NR];
-  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8K*>(acts[k]);
+                             int64_t blocks, const void* const* acts, int terms, float* const* out) {
+  const ActivationBlockQ8K* a[NR * kMaxTerms];
+  for (int k = 0; k < NR * terms; ++k) a[k] = static_cast<const ActivationBlockQ8K*>(acts[k]);
   for (int64_t r = 0; r < row_count; ++r) {
     const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
     __m256 acc[NR];
@@ -67,26 +75,29 @@ TANDEM_AVX2 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_t 
         q[g] = Group(row[b], g);
         sc[g] = _mm256_set_m128i(_mm_set1_epi16(s.sc[2 * g + 1]), _mm_set1_epi16(s.sc[2 * g]));
       }
-      const __m256i mn = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.mn));
-      for (int k = 0; k < NR; ++k) {
-        const ActivationBlockQ8K& ab = a[k][b];
-        __m256i isum = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-          const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * g));
-          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], x), sc[g]));
+      const __m256 d = _mm256_set1_ps(s.d);
+      // -dmin * mn per 16-element sub-block (0..7, 8..15), to meet the activations' scaled sums.
+      const __m256 neg_dmin = _mm256_set1_ps(-s.dmin);
+      const __m256 neg_mins_lo = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.mn)))), neg_dmin);
+      const __m256 neg_mins_hi = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.mn + 8)))), neg_dmin);
+      for (int t = 0; t < terms; ++t) {
+        for (int k = 0; k < NR; ++k) {
+          const ActivationBlockQ8K& ab = a[k * terms + t][b];
+          __m256 groups = _mm256_setzero_ps();
+          for (int g = 0; g < 8; ++g) {
+            const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * g));
+            const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], x), sc[g]);
+            groups = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(&ab.d[g]), groups);
+          }
+          acc[k] = _mm256_fmadd_ps(groups, d, acc[k]);
+          acc[k] = _mm256_fmadd_ps(neg_mins_lo, _mm256_load_ps(ab.bsum_d), acc[k]);
+          acc[k] = _mm256_fmadd_ps(neg_mins_hi, _mm256_load_ps(ab.bsum_d + 8), acc[k]);
         }
-        const __m256i corr = _mm256_madd_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums)), mn);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(s.d * ab.d), acc[k]);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(-s.dmin * ab.d), acc[k]);
       }
     }
-    for (int k = 0; k < NR; ++k) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[k]), _mm256_extractf128_ps(acc[k], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      out[k][r] = _mm_cvtss_f32(v);
-    }
+    for (int k = 0; k < NR; ++k) out[k][r] = HorizontalSum(acc[k]);
   }
 }
 
@@ -100,9 +111,9 @@ TANDEM_AVX2 inline __m256i LegacyValues(const BlockQ4_0& b) {
 
 template <typename Block, int NR>
 TANDEM_AVX2 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
-                             int64_t blocks, const void* const* acts, float* const* out) {
-  const ActivationBlockQ8x32* a[NR];
-  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8x32*>(acts[k]);
+                             int64_t blocks, const void* const* acts, int terms, float* const* out) {
+  const ActivationBlockQ8x32* a[NR * kMaxTerms];
+  for (int k = 0; k < NR * terms; ++k) a[k] = static_cast<const ActivationBlockQ8x32*>(acts[k]);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t r = 0; r < row_count; ++r) {
     const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
@@ -114,35 +125,33 @@ TANDEM_AVX2 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_t 
       uint16_t dh;
       std::memcpy(&dh, &row[b].d, 2);
       const float d = _cvtsh_ss(dh);
-      for (int k = 0; k < NR; ++k) {
-        const ActivationBlockQ8x32& ab = a[k][b];
-        const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs)), w);
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x), ones);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * ab.d), acc[k]);
+      for (int t = 0; t < terms; ++t) {
+        for (int k = 0; k < NR; ++k) {
+          const ActivationBlockQ8x32& ab = a[k * terms + t][b];
+          const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs)), w);
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x), ones);
+          acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * ab.d), acc[k]);
+        }
       }
     }
-    for (int k = 0; k < NR; ++k) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[k]), _mm256_extractf128_ps(acc[k], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      out[k][r] = _mm_cvtss_f32(v);
-    }
+    for (int k = 0; k < NR; ++k) out[k][r] = HorizontalSum(acc[k]);
   }
 }
 
+// Runs the NR-specialised kernel for out_count = 1..kMaxRowBlock.
 #define TANDEM_ROW_COUNT_DISPATCH(NAME, FN)                                                        \
   template <typename Block>                                                                        \
   void NAME(const uint8_t* w, int64_t rb, int64_t rc, int64_t nb, const void* const* acts, int n,  \
-            float* const* out) {                                                                   \
+            int terms, float* const* out) {                                                        \
     switch (n) {                                                                                   \
-      case 1: return FN<Block, 1>(w, rb, rc, nb, acts, out);                                       \
-      case 2: return FN<Block, 2>(w, rb, rc, nb, acts, out);                                       \
-      case 3: return FN<Block, 3>(w, rb, rc, nb, acts, out);                                       \
-      case 4: return FN<Block, 4>(w, rb, rc, nb, acts, out);                                       \
-      case 5: return FN<Block, 5>(w, rb, rc, nb, acts, out);                                       \
-      case 6: return FN<Block, 6>(w, rb, rc, nb, acts, out);                                       \
-      case 7: return FN<Block, 7>(w, rb, rc, nb, acts, out);                                       \
-      default: return FN<Block, 8>(w, rb, rc, nb, acts, out);                                      \
+      case 1: return FN<Block, 1>(w, rb, rc, nb, acts, terms, out);                                \
+      case 2: return FN<Block, 2>(w, rb, rc, nb, acts, terms, out);                                \
+      case 3: return FN<Block, 3>(w, rb, rc, nb, acts, terms, out);                                \
+      case 4: return FN<Block, 4>(w, rb, rc, nb, acts, terms, out);                                \
+      case 5: return FN<Block, 5>(w, rb, rc, nb, acts, terms, out);                                \
+      case 6: return FN<Block, 6>(w, rb, rc, nb, acts, terms, out);                                \
+      case 7: return FN<Block, 7>(w, rb, rc, nb, acts, terms, out);                                \
+      default: return FN<Block, 8>(w, rb, rc, nb, acts, terms, out);                               \
     }                                                                                              \
   }
 

@@ -1,8 +1,9 @@
 // AVX-512 VNNI kernels (Ice Lake / Sapphire Rapids / Zen 4). K-quants: each 64-element quarter of
 // a super-block is decoded once into unsigned bytes, multiplied with the int8 activations by
 // vpmaddubsw (pairs into int16; at most 2 * 63 * 127, no saturation) and folded with the int16
-// sub-block scales by vpdpwssd into int32; the mins (or the centring offset) meet the activation
-// block sums. Q8_0 / Q4_0: vpdpbusd on |w| and sign-adjusted activations, 32 elements per block.
+// sub-block scales by vpmaddwd into int32 lanes that each belong to one 32-element group, which
+// then meet the groups' activation scales in f32; the mins (or the centring offset) meet the
+// scaled activation sums per 16. Q8_0 / Q4_0: vpdpbusd on |w| and sign-adjusted activations, 32 elements per block.
 // GCC 12 warns about the deliberately undefined upper halves inside its own intrinsics headers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -27,7 +28,7 @@ constexpr size_t kPrefetchBytes = TANDEM_PREFETCH_BYTES;
 
 // One decoded super-block: q[j] holds elements 64 j .. 64 j + 63 as bytes; sc[j] the int16 scale
 // of each of the 32 vpmaddubsw lanes (lanes 8 i .. 8 i + 7 belong to sub-block 4 j + i); mn the 16
-// per-16 mins matching the activation bsums.
+// per-16 mins matching the activations' scaled sums (bsum_d).
 struct DecodedK {
   __m512i q[4];
   __m512i sc[4];
@@ -160,11 +161,12 @@ TANDEM_AVX512 inline void Decode(const BlockQ6_K& b, DecodedK* out) {
   out->dmin = 32.0f * out->d;
 }
 
+// NR outputs, each the sum over `terms` activation rows (acts[k * terms + t]).
 template <typename Block, int NR>
 TANDEM_AVX512 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
-                               int64_t blocks, const void* const* acts, float* const* out) {
-  const ActivationBlockQ8K* a[NR];
-  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8K*>(acts[k]);
+                               int64_t blocks, const void* const* acts, int terms, float* const* out) {
+  const ActivationBlockQ8K* a[NR * kMaxTerms];
+  for (int k = 0; k < NR * terms; ++k) a[k] = static_cast<const ActivationBlockQ8K*>(acts[k]);
   for (int64_t r = 0; r < row_count; ++r) {
     const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
     __m512 acc[NR];
@@ -176,18 +178,22 @@ TANDEM_AVX512 void KQuantRowsN(const uint8_t* weights, int64_t row_bytes, int64_
       for (size_t line = 0; line < sizeof(Block); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
       DecodedK dk;
       Decode(row[b], &dk);
-      for (int k = 0; k < NR; ++k) {
-        const ActivationBlockQ8K& ab = a[k][b];
-        __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 4; ++j) {
-          const __m512i x = _mm512_load_si512(ab.qs + 64 * j);
-          isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(dk.q[j], x), dk.sc[j]);
+      const __m512 d = _mm512_set1_ps(dk.d);
+      // -dmin * mn per 16-element sub-block, to meet the activations' scaled sums.
+      const __m512 neg_mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(dk.mn)),
+                                            _mm512_set1_ps(-dk.dmin));
+      for (int t = 0; t < terms; ++t) {
+        for (int k = 0; k < NR; ++k) {
+          const ActivationBlockQ8K& ab = a[k * terms + t][b];
+          __m512 groups = _mm512_setzero_ps();
+          for (int j = 0; j < 4; ++j) {
+            const __m512i x = _mm512_load_si512(ab.qs + 64 * j);
+            const __m512i isum = _mm512_madd_epi16(_mm512_maddubs_epi16(dk.q[j], x), dk.sc[j]);
+            groups = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(ab.lane_d[j]), groups);
+          }
+          acc[k] = _mm512_fmadd_ps(groups, d, acc[k]);
+          acc[k] = _mm512_fmadd_ps(neg_mins, _mm512_load_ps(ab.bsum_d), acc[k]);
         }
-        const __m256i corr = _mm256_madd_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums)), dk.mn);
-        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dk.d * ab.d), acc[k]);
-        acc[k] = _mm512_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(corr)),
-                                 _mm512_set1_ps(-dk.dmin * ab.d), acc[k]);
       }
     }
     for (int k = 0; k < NR; ++k) out[k][r] = _mm512_reduce_add_ps(acc[k]);
@@ -207,9 +213,9 @@ TANDEM_AVX512 inline __m256i LegacyValues(const BlockQ4_0& b) {
 
 template <typename Block, int NR>
 TANDEM_AVX512 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
-                               int64_t blocks, const void* const* acts, float* const* out) {
-  const ActivationBlockQ8x32* a[NR];
-  for (int k = 0; k < NR; ++k) a[k] = static_cast<const ActivationBlockQ8x32*>(acts[k]);
+                               int64_t blocks, const void* const* acts, int terms, float* const* out) {
+  const ActivationBlockQ8x32* a[NR * kMaxTerms];
+  for (int k = 0; k < NR * terms; ++k) a[k] = static_cast<const ActivationBlockQ8x32*>(acts[k]);
   for (int64_t r = 0; r < row_count; ++r) {
     const Block* row = reinterpret_cast<const Block*>(weights + r * row_bytes);
     __m256 acc[NR];
@@ -218,11 +224,13 @@ TANDEM_AVX512 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_
       const __m256i w = LegacyValues(row[b]);
       const __m256i wabs = _mm256_abs_epi8(w);
       const float d = HalfAt(reinterpret_cast<const uint8_t*>(&row[b].d));
-      for (int k = 0; k < NR; ++k) {
-        const ActivationBlockQ8x32& ab = a[k][b];
-        const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs)), w);
-        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, x);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * ab.d), acc[k]);
+      for (int t = 0; t < terms; ++t) {
+        for (int k = 0; k < NR; ++k) {
+          const ActivationBlockQ8x32& ab = a[k * terms + t][b];
+          const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs)), w);
+          const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, x);
+          acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * ab.d), acc[k]);
+        }
       }
     }
     for (int k = 0; k < NR; ++k) {
@@ -234,20 +242,20 @@ TANDEM_AVX512 void LegacyRowsN(const uint8_t* weights, int64_t row_bytes, int64_
   }
 }
 
-// Runs the NR-specialised kernel for act_count = 1..kMaxRowBlock.
+// Runs the NR-specialised kernel for out_count = 1..kMaxRowBlock.
 #define TANDEM_ROW_COUNT_DISPATCH(NAME, FN)                                                        \
   template <typename Block>                                                                        \
   void NAME(const uint8_t* w, int64_t rb, int64_t rc, int64_t nb, const void* const* acts, int n,  \
-            float* const* out) {                                                                   \
+            int terms, float* const* out) {                                                        \
     switch (n) {                                                                                   \
-      case 1: return FN<Block, 1>(w, rb, rc, nb, acts, out);                                       \
-      case 2: return FN<Block, 2>(w, rb, rc, nb, acts, out);                                       \
-      case 3: return FN<Block, 3>(w, rb, rc, nb, acts, out);                                       \
-      case 4: return FN<Block, 4>(w, rb, rc, nb, acts, out);                                       \
-      case 5: return FN<Block, 5>(w, rb, rc, nb, acts, out);                                       \
-      case 6: return FN<Block, 6>(w, rb, rc, nb, acts, out);                                       \
-      case 7: return FN<Block, 7>(w, rb, rc, nb, acts, out);                                       \
-      default: return FN<Block, 8>(w, rb, rc, nb, acts, out);                                      \
+      case 1: return FN<Block, 1>(w, rb, rc, nb, acts, terms, out);                                \
+      case 2: return FN<Block, 2>(w, rb, rc, nb, acts, terms, out);                                \
+      case 3: return FN<Block, 3>(w, rb, rc, nb, acts, terms, out);                                \
+      case 4: return FN<Block, 4>(w, rb, rc, nb, acts, terms, out);                                \
+      case 5: return FN<Block, 5>(w, rb, rc, nb, acts, terms, out);                                \
+      case 6: return FN<Block, 6>(w, rb, rc, nb, acts, terms, out);                                \
+      case 7: return FN<Block, 7>(w, rb, rc, nb, acts, terms, out);                                \
+      default: return FN<Block, 8>(w, rb, rc, nb, acts, terms, out);                               \
     }                                                                                              \
   }
 

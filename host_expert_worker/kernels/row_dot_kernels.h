@@ -1,14 +1,16 @@
 // Integer dot-product kernels: rows of a quantized weight matrix against up to kMaxRowBlock
-// quantized activation rows at once.
+// outputs' quantized activation rows at once.
 //
 // A RowDotKernel reads `row_count` weight rows (row r at weights + r * row_bytes, each
-// `blocks_per_row` blocks of the weight type) once and dots each with every activation row
-// acts[k], k < act_count (each blocks_per_row blocks of IntegerActivationFormat(type)), writing
-// out[k][r]. Each weight block is decoded once and used for all act_count rows (register-blocked),
-// so 8 tokens on one expert cost about one pass over its weights. No allocation, no locks.
+// `blocks_per_row` blocks of the weight type) once and writes, for every output k < out_count,
+//   out[k][r] = sum over t < terms of dot(row r, acts[k * terms + t]),
+// each activation row blocks_per_row blocks of IntegerActivationFormat(type). terms is 1 (plain
+// int8 rows) or 2 (two-term rows hi, lo: activation_blocks.h). Each weight block is decoded once
+// and used for all out_count * terms rows (register-blocked), so 8 tokens on one expert cost about
+// one pass over its weights. No allocation, no locks.
 //
 // Results equal the scalar kernel's up to f32 summation order: every ISA computes the same exact
-// integer sums per sub-block and only the float accumulation differs.
+// integer sum per 32-element group (per block for Q8_0 / Q4_0) and scales it by the same floats.
 #ifndef TANDEM_HOST_EXPERT_WORKER_KERNELS_ROW_DOT_KERNELS_H_
 #define TANDEM_HOST_EXPERT_WORKER_KERNELS_ROW_DOT_KERNELS_H_
 
@@ -19,11 +21,12 @@
 
 namespace tandem {
 
-inline constexpr int kMaxRowBlock = 8;
+inline constexpr int kMaxRowBlock = 8;  // outputs per call
+inline constexpr int kMaxTerms = 2;     // activation rows per output
 
 using RowDotKernel = void (*)(const uint8_t* weights, int64_t row_bytes, int64_t row_count,
-                              int64_t blocks_per_row, const void* const* acts, int act_count,
-                              float* const* out);
+                              int64_t blocks_per_row, const void* const* acts, int out_count,
+                              int terms, float* const* out);
 
 // The kernel for `type` on `isa`, or nullptr when that family has none for the type (then use a
 // narrower family: FindBestRowDotKernel does). Float weight types have no integer kernel.

@@ -9,7 +9,9 @@ cd "$root"
 export PATH=/usr/local/cuda/bin:$PATH
 build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=ON >/dev/null
-cmake --build "$build" -j "$(nproc)"
+# Only what the device run needs (a full build of every CPU test is not needed there).
+targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test}
+cmake --build "$build" -j "$(nproc)" --target $targets
 out=.device-bundle
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/tests"
@@ -18,15 +20,18 @@ for f in "$build"/gpu_service/tandem "$build"/gpu_service/tandem-gpu-service \
          "$build"/host_expert_worker/tandem-host-worker; do
   [ -x "$f" ] && cp "$f" "$out/bin/"
 done
-find "$build/tests" -type f -executable -name '*_test' -exec cp {} "$out/tests/" \;
-find "$build/tests" -type f -executable -name '*_main' -exec cp {} "$out/tests/" \; 2>/dev/null || true
+for t in $targets; do
+  case "$t" in *_test) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;; esac
+done
+git rev-parse --short HEAD >"$out/COMMIT"
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
-# Shared libraries: everything ldd finds except the C runtime, libstdc++/libgcc and CUDA's driver.
+# Shared libraries: everything ldd finds except the C runtime, libstdc++/libgcc and CUDA's own
+# libraries (the device machine has CUDA 13; cuBLAS alone would exceed the 64 MiB carry limit).
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*) ;;
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libcudart*|libcublas*|libnvrtc*|libcufft*|libcurand*|libcusparse*|libnvJitLink*) ;;  # the device has CUDA 13
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done

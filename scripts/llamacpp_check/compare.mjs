@@ -3,7 +3,7 @@
 // at every position of the same token sequence (teacher-forced), as relative L2 error.
 //
 //   node compare.mjs --model F.gguf --tandem build/gpu_service/tandem [--steps 16] [--out report.json]
-//                    [--kv F32|F16]   (llama.cpp's KV cache type; its default is F16)
+//                    [--kv F32|F16]   (llama.cpp's KV cache type; default: llama.cpp's, F16)
 //
 // Run through run.sh, which installs node-llama-cpp outside the repository. Exit status 0 only
 // when every prompt's greedy tokens agree for all steps.
@@ -14,7 +14,7 @@ import path from "node:path";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
 function parseArgs(argv) {
-    const args = {steps: 16, out: "", model: "", tandem: "", tolerance: 1e-4, kv: "F32"};
+    const args = {steps: 16, out: "", model: "", tandem: "", tolerance: 1e-4, kv: ""};
     for (let i = 2; i < argv.length; i += 2) {
         const key = argv[i].replace(/^--/, "");
         if (!(key in args)) throw new Error(`unknown flag ${argv[i]}`);
@@ -64,35 +64,33 @@ const args = parseArgs(process.argv);
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tandem-llamacpp-"));
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath: args.model, gpuLayers: 0});
-const report = {model: args.model, steps: args.steps, kv_cache_type: args.kv, prompts: [], llama_cpp_release: null, ok: true};
+const report = {model: args.model, steps: args.steps, kv_cache_type: args.kv || "default (F16)", prompts: [], llama_cpp_release: null, ok: true};
 try {
     const {createRequire} = await import("node:module");
     const require = createRequire(import.meta.url);
     report.llama_cpp_release = require("node-llama-cpp/llama/llama.cpp.info.json").tag;
 } catch { /* reported as null */ }
 
+const kvOptions = args.kv ? {experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv} : {};
+const context = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256, ...kvOptions});
+const seq = context.getSequence();
 for (const ids of PROMPTS) {
     const t = tandemRun(args.tandem, args.model, ids, args.steps, tmp);
     const V = t.vocab;
 
-    // llama.cpp greedy continuation.
-    const ctx = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256,
-        experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv});
-    const seq = ctx.getSequence();
+    // llama.cpp greedy continuation (one context for the whole run: creating and disposing one
+    // per prompt has been seen to hang node-llama-cpp).
+    await seq.clearHistory();
     const llamaGreedy = [];
     for await (const token of seq.evaluate(ids, {temperature: 0})) {
         llamaGreedy.push(token);
         if (llamaGreedy.length >= args.steps) break;
     }
-    await ctx.dispose();
 
     // llama.cpp logits at every position of ids + Tandem's greedy tokens (teacher-forced).
     const forced = ids.concat(t.greedy.slice(0, args.steps - 1));
-    const ctx2 = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256,
-        experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv});
-    const seq2 = ctx2.getSequence();
-    const outputs = await seq2.controlledEvaluate(forced.map((tok) => [tok, {generateNext: {logits: true}}]));
-    await ctx2.dispose();
+    await seq.clearHistory();
+    const outputs = await seq.controlledEvaluate(forced.map((tok) => [tok, {generateNext: {logits: true}}]));
     let worst = 0, worstPos = -1;
     const perPos = [];
     for (let p = 0; p < forced.length; ++p) {
@@ -127,6 +125,7 @@ for (const ids of PROMPTS) {
         ` (${args.steps} steps); logits max rel L2 ${worst.toExponential(2)} at position ${worstPos}` +
         `; min top-2 margin ${entry.min_top2_margin.toFixed(4)}`);
 }
+await context.dispose();
 await model.dispose();
 fs.rmSync(tmp, {recursive: true, force: true});
 if (args.out) fs.writeFileSync(args.out, JSON.stringify(report, null, 1));

@@ -14,7 +14,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 TANDEM=${TANDEM_BIN:-$BUILD_DIR/gpu_service/tandem}
 mkdir -p "$WORK"
 if [ ! -d "$WORK/node_modules/node-llama-cpp" ]; then
-  (cd "$WORK" && [ -f package.json ] || npm init -y >/dev/null; cd "$WORK" && npm install --no-audit --no-fund "node-llama-cpp@$VERSION" >/dev/null)
+  (
+    cd "$WORK"
+    [ -f package.json ] || npm init -y >/dev/null
+    npm install --no-audit --no-fund "node-llama-cpp@$VERSION" >/dev/null
+  )
 fi
 cp "$HERE/compare.mjs" "$WORK/compare.mjs"
 MODEL="$WORK/tiny-q3n-f32.gguf"

@@ -1,6 +1,8 @@
 // The expert kernels against the CPU reference FFN (FfnForward on the same stored weights) and
 // every SIMD family against the scalar one.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,11 +23,12 @@ namespace {
 constexpr int64_t kHidden = 512;
 constexpr int64_t kInner = 256;
 constexpr int64_t kExperts = 4;
-// int8 activations against the f32 reference on N(0, 1) data: quantizing x (per 256 or per 32) and
-// the heavy-tailed intermediate SiLU(g)·u costs 1.2-2.0 % relative L2 for every weight type here
-// (measured; ggml's test-backend-ops allows NMSE 5e-4, i.e. 2.2 % relative L2, for quantized
-// matmuls). Kernel correctness is pinned far tighter by Int8Reference below.
-constexpr double kInt8Tolerance = 2.5e-2;
+// int8 activations against the f32 reference on N(0, 1) data (the acceptance bound): with
+// one scale per 32 activations for gate / up and two-term int8 rows for down's input, the error is
+// that of quantizing x alone, 0.7-0.8 % relative L2 for every weight type here (measured; one int8
+// row per 256 for both, as ggml's Q8_K, cost 1.8 %). Kernel correctness is pinned far tighter by
+// Int8Reference below.
+constexpr double kInt8Tolerance = 1e-2;
 
 double RelativeL2(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
@@ -79,17 +82,41 @@ std::vector<float> Int8View(const float* x, int64_t n, WeightType weight_type) {
   if (format == ActivationFormat::kQ8K) {
     std::vector<ActivationBlockQ8K> q(n / 256);
     QuantizeActivationsQ8K(x, n, q.data());
-    for (int64_t e = 0; e < n; ++e) out[e] = q[e / 256].d * q[e / 256].qs[e % 256];
+    for (int64_t e = 0; e < n; ++e) out[e] = ActivationValue(q[e / 256], static_cast<int>(e % 256));
   } else if (format == ActivationFormat::kQ8x32) {
     std::vector<ActivationBlockQ8x32> q(n / 32);
     QuantizeActivationsQ8x32(x, n, q.data());
-    for (int64_t e = 0; e < n; ++e) out[e] = q[e / 32].d * q[e / 32].qs[e % 32];
+    for (int64_t e = 0; e < n; ++e) out[e] = ActivationValue(q[e / 32], static_cast<int>(e % 32));
   }
   return out;
 }
 
-// The reference FFN computed on int8-quantized activations and intermediates (each quantized as
-// the worker does): equal to the worker's int8 mode up to f32 rounding, which isolates kernel
+// x as a two-term int8 row (hi + lo) for weights of weight_type: what down's integer path sees.
+std::vector<float> TwoTermView(const float* x, int64_t n, WeightType weight_type) {
+  std::vector<float> out(x, x + n);
+  const ActivationFormat format = IntegerActivationFormat(weight_type);
+  if (format == ActivationFormat::kF32) return out;
+  std::vector<float> residual(n);
+  if (format == ActivationFormat::kQ8K) {
+    std::vector<ActivationBlockQ8K> hi(n / 256), lo(n / 256);
+    QuantizeActivationsTwoTerm(format, x, n, residual.data(), hi.data(), lo.data());
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = ActivationValue(hi[e / 256], static_cast<int>(e % 256)) +
+               ActivationValue(lo[e / 256], static_cast<int>(e % 256));
+    }
+  } else {
+    std::vector<ActivationBlockQ8x32> hi(n / 32), lo(n / 32);
+    QuantizeActivationsTwoTerm(format, x, n, residual.data(), hi.data(), lo.data());
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = ActivationValue(hi[e / 32], static_cast<int>(e % 32)) +
+               ActivationValue(lo[e / 32], static_cast<int>(e % 32));
+    }
+  }
+  return out;
+}
+
+// The reference FFN computed on int8-quantized activations and two-term intermediates (each
+// quantized as the worker does): equal to the worker's int8 mode up to f32 rounding, which isolates kernel
 // bugs from the (larger) error that int8 activations themselves bring.
 std::vector<float> Int8Reference(const Layer& layer, const std::vector<ExpertRowPair>& pairs,
                                  const std::vector<float>& x) {
@@ -103,7 +130,7 @@ std::vector<float> Int8Reference(const Layer& layer, const std::vector<ExpertRow
     MatMul(layer.gate.view.expert(e), xg.data(), 1, g.data(), nullptr);
     MatMul(layer.up.view.expert(e), xu.data(), 1, u.data(), nullptr);
     for (int64_t j = 0; j < kInner; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-    const std::vector<float> m = Int8View(g.data(), kInner, layer.down.view.type);
+    const std::vector<float> m = TwoTermView(g.data(), kInner, layer.down.view.type);
     MatMul(layer.down.view.expert(e), m.data(), 1, out.data() + i * kHidden, nullptr);
   }
   return out;
@@ -163,6 +190,7 @@ TEST_P(ExpertFfnTypes, MatchesReferenceOnEveryIsaAndRowCount) {
   const Layer layer = MakeLayer(GetParam().gate_up, GetParam().down, 11);
   const int activation_rows = 20;
   const std::vector<float> x = RandomActivations(activation_rows * kHidden, 5);
+  double worst_int8 = 0;
   for (int rows : {1, 3, 8, 17}) {
     SCOPED_TRACE(rows);
     const std::vector<ExpertRowPair> pairs = MakePairs({2, 0, 3}, rows, activation_rows);
@@ -172,18 +200,24 @@ TEST_P(ExpertFfnTypes, MatchesReferenceOnEveryIsaAndRowCount) {
     const std::vector<float> scalar_int8 = scalar.Run(layer, pairs, x, false);
     // A rare intermediate value may round to a neighbouring int8 step in one of the two.
     EXPECT_LE(RelativeL2(scalar_int8, want_int8), 1e-3);
-    EXPECT_LE(RelativeL2(scalar_int8, want), kInt8Tolerance);
+    const double int8_error = RelativeL2(scalar_int8, want);
+    worst_int8 = std::max(worst_int8, int8_error);
+    EXPECT_LE(int8_error, kInt8Tolerance);
     EXPECT_LE(RelativeL2(scalar.Run(layer, pairs, x, true), want), 1e-5);
     for (KernelIsa isa : SupportedIsas()) {
       SCOPED_TRACE(std::string(KernelIsaName(isa)));
       EngineHarness h(isa);
       const std::vector<float> int8 = h.Run(layer, pairs, x, false);
-      // Same integer sums, different f32 summation order.
-      EXPECT_LE(RelativeL2(int8, scalar_int8), 2e-6);
+      // Same integer sums per 32-element group, different f32 summation order of the group,
+      // mins and block terms (which cancel in part: Q3_K / Q6_K centre their values that way).
+      EXPECT_LE(RelativeL2(int8, scalar_int8), 2e-5);
       EXPECT_LE(RelativeL2(int8, want), kInt8Tolerance);
       EXPECT_LE(RelativeL2(h.Run(layer, pairs, x, true), want), 1e-5);
     }
   }
+  // The figure docs/PERF.md quotes.
+  std::printf("int8 mode vs reference, %s: worst relative L2 %.4f %%\n",
+              CaseName(testing::TestParamInfo<TypeCase>(GetParam(), 0)).c_str(), 100 * worst_int8);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -202,8 +236,8 @@ INSTANTIATE_TEST_SUITE_P(
                     TypeCase{WeightType::kBF16, WeightType::kBF16}),
     CaseName);
 
-// Every family's row kernel against the scalar one for each row-block size, on rows with
-// several super-blocks.
+// Every family's row kernel against the scalar one for each row-block size and term count, on
+// rows with several super-blocks.
 TEST(RowDotKernels, EveryIsaMatchesScalar) {
   for (WeightType type : {WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
                           WeightType::kQ6_K, WeightType::kQ8_0, WeightType::kQ4_0}) {
@@ -213,8 +247,11 @@ TEST(RowDotKernels, EveryIsaMatchesScalar) {
     const ActivationFormat format = IntegerActivationFormat(type);
     std::vector<std::vector<uint8_t>> act_bytes;
     std::vector<const void*> acts;
-    for (int k = 0; k < kMaxRowBlock; ++k) {
-      const std::vector<float> x = RandomActivations(cols, 100 + k);
+    for (int k = 0; k < kMaxRowBlock * kMaxTerms; ++k) {
+      std::vector<float> x = RandomActivations(cols, 100 + k);
+      // Some all-zero groups and one large outlier, so per-group scales differ widely.
+      std::fill(x.begin() + 32 * (k % 5), x.begin() + 32 * (k % 5) + 32, 0.0f);
+      x[(97 * k) % cols] = 40.0f;
       // 64 extra bytes to align the blocks.
       act_bytes.emplace_back(ActivationRowBytes(format, cols) + 64);
       uint8_t* p = act_bytes.back().data();
@@ -227,29 +264,152 @@ TEST(RowDotKernels, EveryIsaMatchesScalar) {
       acts.push_back(p);
     }
     const int64_t blocks = cols / GetWeightTypeInfo(type).block_elems;
-    for (int n = 1; n <= kMaxRowBlock; ++n) {
-      std::vector<std::vector<float>> want(n, std::vector<float>(rows));
-      std::vector<float*> want_ptr;
-      for (auto& v : want) want_ptr.push_back(v.data());
-      FindRowDotKernel(KernelIsa::kScalar, type)(static_cast<const uint8_t*>(w.view.data),
-                                                 w.view.row_bytes, rows, blocks, acts.data(), n,
-                                                 want_ptr.data());
-      for (KernelIsa isa : SupportedIsas()) {
-        RowDotKernel kernel = FindRowDotKernel(isa, type);
-        ASSERT_NE(kernel, nullptr) << KernelIsaName(isa);
-        std::vector<std::vector<float>> got(n, std::vector<float>(rows));
-        std::vector<float*> got_ptr;
-        for (auto& v : got) got_ptr.push_back(v.data());
-        kernel(static_cast<const uint8_t*>(w.view.data), w.view.row_bytes, rows, blocks,
-               acts.data(), n, got_ptr.data());
-        for (int k = 0; k < n; ++k) {
-          for (int64_t r = 0; r < rows; ++r) {
-            EXPECT_NEAR(got[k][r], want[k][r], 1e-5 * (1 + std::fabs(want[k][r])))
-                << KernelIsaName(isa) << " n=" << n << " k=" << k << " r=" << r;
+    // magnitude[a][r] = sum over e of |w_r[e] x_a[e]|: the f32 summation-order error of a result
+    // scales with it (the outliers above make results small next to their terms).
+    std::vector<std::vector<double>> magnitude(acts.size(), std::vector<double>(rows, 0.0));
+    {
+      std::vector<float> wrow(cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        DequantizeRow(type, static_cast<const uint8_t*>(w.view.data) + r * w.view.row_bytes, wrow.data(), cols);
+        for (size_t a = 0; a < acts.size(); ++a) {
+          for (int64_t e = 0; e < cols; ++e) {
+            const float xe = format == ActivationFormat::kQ8K
+                                 ? ActivationValue(static_cast<const ActivationBlockQ8K*>(acts[a])[e / 256], e % 256)
+                                 : ActivationValue(static_cast<const ActivationBlockQ8x32*>(acts[a])[e / 32], e % 32);
+            magnitude[a][r] += std::fabs(double{wrow[e]} * xe);
           }
         }
       }
     }
+    for (int terms = 1; terms <= kMaxTerms; ++terms) {
+      for (int n = 1; n <= kMaxRowBlock; ++n) {
+        std::vector<std::vector<float>> want(n, std::vector<float>(rows));
+        std::vector<float*> want_ptr;
+        for (auto& v : want) want_ptr.push_back(v.data());
+        FindRowDotKernel(KernelIsa::kScalar, type)(static_cast<const uint8_t*>(w.view.data),
+                                                   w.view.row_bytes, rows, blocks, acts.data(), n,
+                                                   terms, want_ptr.data());
+        if (terms == 2) {
+          // Two terms are the sum of the one-term results for the same rows.
+          std::vector<std::vector<float>> single(2 * n, std::vector<float>(rows));
+          std::vector<float*> single_ptr;
+          for (auto& v : single) single_ptr.push_back(v.data());
+          FindRowDotKernel(KernelIsa::kScalar, type)(static_cast<const uint8_t*>(w.view.data),
+                                                     w.view.row_bytes, rows, blocks, acts.data(),
+                                                     2 * n <= kMaxRowBlock ? 2 * n : kMaxRowBlock, 1,
+                                                     single_ptr.data());
+          for (int k = 0; 2 * k + 1 < std::min(2 * n, kMaxRowBlock); ++k) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float sum = single[2 * k][r] + single[2 * k + 1][r];
+              EXPECT_NEAR(want[k][r], sum, 1e-6 * (magnitude[2 * k][r] + magnitude[2 * k + 1][r]))
+                  << "n=" << n << " k=" << k;
+            }
+          }
+        }
+        for (KernelIsa isa : SupportedIsas()) {
+          RowDotKernel kernel = FindRowDotKernel(isa, type);
+          ASSERT_NE(kernel, nullptr) << KernelIsaName(isa);
+          std::vector<std::vector<float>> got(n, std::vector<float>(rows));
+          std::vector<float*> got_ptr;
+          for (auto& v : got) got_ptr.push_back(v.data());
+          kernel(static_cast<const uint8_t*>(w.view.data), w.view.row_bytes, rows, blocks,
+                 acts.data(), n, terms, got_ptr.data());
+          for (int k = 0; k < n; ++k) {
+            for (int64_t r = 0; r < rows; ++r) {
+              double scale = 0;
+              for (int t = 0; t < terms; ++t) scale += magnitude[k * terms + t][r];
+              EXPECT_NEAR(got[k][r], want[k][r], 1e-6 * scale)
+                  << KernelIsaName(isa) << " n=" << n << " terms=" << terms << " k=" << k
+                  << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The scalar kernel on plain rows equals the dequantized weights dotted with the dequantized
+// activations (the integer bookkeeping of per-32 scales and mins is right).
+TEST(RowDotKernels, ScalarEqualsDequantizedDot) {
+  for (WeightType type : {WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
+                          WeightType::kQ6_K, WeightType::kQ8_0, WeightType::kQ4_0}) {
+    SCOPED_TRACE(std::string(GetWeightTypeInfo(type).name));
+    const int64_t cols = 512, rows = 3;
+    const RandomExpertTensor w = MakeRandomExpertTensor(type, cols, rows, 1, 1.0f, 7);
+    std::vector<float> x = RandomActivations(cols, 8);
+    for (int64_t e = 0; e < cols; e += 37) x[e] *= 9.0f;  // uneven group scales
+    const std::vector<float> xq = Int8View(x.data(), cols, type);
+    const ActivationFormat format = IntegerActivationFormat(type);
+    std::vector<uint8_t> bytes(ActivationRowBytes(format, cols) + 64);
+    uint8_t* p = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+    if (format == ActivationFormat::kQ8K) {
+      QuantizeActivationsQ8K(x.data(), cols, reinterpret_cast<ActivationBlockQ8K*>(p));
+    } else {
+      QuantizeActivationsQ8x32(x.data(), cols, reinterpret_cast<ActivationBlockQ8x32*>(p));
+    }
+    const void* act = p;
+    std::vector<float> got(rows), want(rows), row(cols);
+    float* got_ptr = got.data();
+    FindRowDotKernel(KernelIsa::kScalar, type)(static_cast<const uint8_t*>(w.view.data), w.view.row_bytes,
+                                               rows, cols / GetWeightTypeInfo(type).block_elems, &act,
+                                               1, 1, &got_ptr);
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(type, static_cast<const uint8_t*>(w.view.data) + r * w.view.row_bytes, row.data(), cols);
+      double dot = 0, norm = 0;
+      for (int64_t e = 0; e < cols; ++e) {
+        dot += double{row[e]} * xq[e];
+        norm += std::fabs(double{row[e]} * xq[e]);
+      }
+      EXPECT_NEAR(got[r], dot, 1e-5 * norm) << "r=" << r;
+    }
+  }
+}
+
+// Per-32 scales: each group's scale is its own max|x| / 127 and every value is within half a step;
+// the AVX-512 lane scales and the scaled per-16 sums agree with them.
+TEST(ActivationBlocks, Q8KHasOneScalePer32) {
+  std::vector<float> x = RandomActivations(512, 4);
+  for (int e = 64; e < 96; ++e) x[e] = 0.0f;  // an all-zero group
+  x[300] = 50.0f;                             // an outlier that must not coarsen its neighbours
+  std::vector<ActivationBlockQ8K> q(2);
+  QuantizeActivationsQ8K(x.data(), 512, q.data());
+  for (int e = 0; e < 512; ++e) {
+    const ActivationBlockQ8K& b = q[e / 256];
+    const int g = (e % 256) / 32;
+    float amax = 0;
+    for (int i = e / 32 * 32; i < e / 32 * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    ASSERT_FLOAT_EQ(b.d[g], amax / 127.0f) << "e=" << e;
+    EXPECT_LE(std::fabs(ActivationValue(b, e % 256) - x[e]), b.d[g] / 2 * (1 + 1e-5f)) << "e=" << e;
+  }
+  for (const ActivationBlockQ8K& b : q) {
+    for (int j = 0; j < 4; ++j) {
+      for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(b.lane_d[j][lane], b.d[2 * j + lane / 8]);
+    }
+    for (int s = 0; s < 16; ++s) {
+      int sum = 0;
+      for (int e = 16 * s; e < 16 * s + 16; ++e) sum += b.qs[e];
+      EXPECT_EQ(b.bsum_d[s], b.d[s / 2] * static_cast<float>(sum));
+    }
+  }
+  EXPECT_EQ(q[0].d[2], 0.0f);
+}
+
+// Two-term rows leave at most half a step of the residual's own scale (about 1/254 of one row's).
+TEST(ActivationBlocks, TwoTermRowsKeepAboutFourteenBits) {
+  std::vector<float> x = RandomActivations(512, 6);
+  for (int e = 0; e < 512; e += 29) x[e] *= 8.0f;  // heavy tails, like SiLU(g)·u
+  std::vector<float> residual(512);
+  std::vector<ActivationBlockQ8K> hi(2), lo(2);
+  QuantizeActivationsTwoTerm(ActivationFormat::kQ8K, x.data(), 512, residual.data(), hi.data(), lo.data());
+  std::vector<ActivationBlockQ8x32> hi32(16), lo32(16);
+  QuantizeActivationsTwoTerm(ActivationFormat::kQ8x32, x.data(), 512, residual.data(), hi32.data(), lo32.data());
+  for (int e = 0; e < 512; ++e) {
+    const float step = hi[e / 256].d[(e % 256) / 32];
+    const float k = ActivationValue(hi[e / 256], e % 256) + ActivationValue(lo[e / 256], e % 256);
+    EXPECT_LE(std::fabs(k - x[e]), step / 254 * 1.01f + 1e-6f * std::fabs(x[e])) << "e=" << e;
+    const float k32 = ActivationValue(hi32[e / 32], e % 32) + ActivationValue(lo32[e / 32], e % 32);
+    EXPECT_LE(std::fabs(k32 - x[e]), hi32[e / 32].d / 254 * 1.01f + 1e-6f * std::fabs(x[e])) << "e=" << e;
   }
 }
 

@@ -1,0 +1,306 @@
+// The row loop of MatMul and the per-chunk dequantizers, written once over a vector-operations
+// type V and instantiated by each matmul_<isa>.cc (internal to tandem_reference).
+//
+// Include this header only after every other header and after the file's `#pragma GCC target`,
+// so that the code here is compiled for that instruction set and nothing else is. Everything
+// here sits in an anonymous namespace: each instruction set's copy stays private to its file (no
+// inline function compiled for AVX-512 can be merged by the linker into code run elsewhere).
+//
+// V provides:
+//   kReferenceDequant: true to dequantize with DequantizeRow (the scalar variant), false to use
+//     the vector dequantizers below, which must reproduce DequantizeRow's values bit for bit
+//     (each of them evaluates DequantizeRow's expression with the same f32 operations; the files
+//     are compiled with -ffp-contract=off so that a multiply and a subtract stay two roundings);
+//   kWidth (8 or 16) and the int32 / f32 vector types I and F with
+//     LoadU8 / LoadI8 (kWidth bytes, zero- / sign-extended), LoadU16 (kWidth u16, zero-extended),
+//     LoadF16 (kWidth f16 to f32), And / Add (with an int32 constant), Or, Srl / Shl (by a count),
+//     ToFloat (int32 to f32), AsFloat (bit cast), Set1, Mul, Sub, Store (unaligned);
+//   DotChunk(w, x) and DotPartial(w, x, m): the contract's chunk sum over 256 or m < 256 elements.
+#ifndef TANDEM_COMMON_REFERENCE_MATMUL_ROWS_H_
+#define TANDEM_COMMON_REFERENCE_MATMUL_ROWS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/reference/matmul_kernels.h"
+#include "common/weights/block_layouts.h"
+#include "common/weights/half.h"
+#include "common/weights/weight_types.h"
+
+namespace tandem::matmul_internal {
+namespace {
+
+constexpr int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+[[maybe_unused]] float HalfAt(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return Fp16ToFp32(h);
+}
+
+// Bytes of one 256-element chunk of a row.
+template <WeightType kType>
+constexpr int64_t ChunkBytes() {
+  switch (kType) {
+    case WeightType::kF32: return kChunkElems * 4;
+    case WeightType::kF16:
+    case WeightType::kBF16: return kChunkElems * 2;
+    case WeightType::kQ4_0: return kChunkElems / kLegacyBlockElems * sizeof(BlockQ4_0);
+    case WeightType::kQ8_0: return kChunkElems / kLegacyBlockElems * sizeof(BlockQ8_0);
+    case WeightType::kQ2_K: return sizeof(BlockQ2_K);
+    case WeightType::kQ3_K: return sizeof(BlockQ3_K);
+    case WeightType::kQ4_K: return sizeof(BlockQ4_K);
+    case WeightType::kQ5_K: return sizeof(BlockQ5_K);
+    case WeightType::kQ6_K: return sizeof(BlockQ6_K);
+  }
+  return 0;
+}
+
+// ---- Dequantizers of one full 256-element chunk; each mirrors its DequantizeRow kernel. ----
+
+template <class V>
+void DequantF16(const uint8_t* src, float* out) {
+  for (int e = 0; e < kChunkElems; e += V::kWidth) V::Store(out + e, V::LoadF16(src + 2 * e));
+}
+
+template <class V>
+void DequantBF16(const uint8_t* src, float* out) {
+  for (int e = 0; e < kChunkElems; e += V::kWidth) V::Store(out + e, V::AsFloat(V::Shl(V::LoadU16(src + 2 * e), 16)));
+}
+
+// x = d * qs[e] over eight blocks.
+template <class V>
+void DequantQ8_0(const uint8_t* src, float* out) {
+  for (int b = 0; b < kChunkElems / kLegacyBlockElems; ++b) {
+    const uint8_t* block = src + b * sizeof(BlockQ8_0);
+    const auto d = V::Set1(HalfAt(block + offsetof(BlockQ8_0, d)));
+    const uint8_t* qs = block + offsetof(BlockQ8_0, qs);
+    for (int l = 0; l < kLegacyBlockElems; l += V::kWidth) {
+      V::Store(out + kLegacyBlockElems * b + l, V::Mul(V::ToFloat(V::LoadI8(qs + l)), d));
+    }
+  }
+}
+
+// x = (nibble - 8) * d over eight blocks; element l < 16 is the low nibble of qs[l].
+template <class V>
+void DequantQ4_0(const uint8_t* src, float* out) {
+  constexpr int kHalf = kLegacyBlockElems / 2;
+  for (int b = 0; b < kChunkElems / kLegacyBlockElems; ++b) {
+    const uint8_t* block = src + b * sizeof(BlockQ4_0);
+    const auto d = V::Set1(HalfAt(block + offsetof(BlockQ4_0, d)));
+    const uint8_t* qs = block + offsetof(BlockQ4_0, qs);
+    float* o = out + kLegacyBlockElems * b;
+    for (int l = 0; l < kHalf; l += V::kWidth) {
+      const auto bytes = V::LoadU8(qs + l);
+      V::Store(o + l, V::Mul(V::ToFloat(V::Add(V::And(bytes, 0xF), -8)), d));
+      V::Store(o + kHalf + l, V::Mul(V::ToFloat(V::Add(V::Srl(bytes, 4), -8)), d));
+    }
+  }
+}
+
+// Element e = 128 h + 32 g + l: q = (qs[32 h + l] >> 2 g) & 3, x = dl * q - ml (sub-block e / 16).
+template <class V>
+void DequantQ2_K(const uint8_t* block, float* out) {
+  const float d = HalfAt(block + offsetof(BlockQ2_K, d));
+  const float dmin = HalfAt(block + offsetof(BlockQ2_K, dmin));
+  const uint8_t* scales = block + offsetof(BlockQ2_K, scales);
+  const uint8_t* qs = block + offsetof(BlockQ2_K, qs);
+  for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; l += V::kWidth) {
+        const int e = 128 * h + 32 * g + l;
+        const uint8_t sc = scales[e / 16];
+        const float dl = d * (sc & 0xF);
+        const float ml = dmin * (sc >> 4);
+        const auto q = V::And(V::Srl(V::LoadU8(qs + 32 * h + l), 2 * g), 3);
+        V::Store(out + e, V::Sub(V::Mul(V::Set1(dl), V::ToFloat(q)), V::Set1(ml)));
+      }
+    }
+  }
+}
+
+// As Q2_K for the low two bits; bit (e / 32) of hmask[l] set means q - 0, clear means q - 4.
+template <class V>
+void DequantQ3_K(const uint8_t* block, float* out) {
+  const float d = HalfAt(block + offsetof(BlockQ3_K, d));
+  const uint8_t* scales = block + offsetof(BlockQ3_K, scales);
+  const uint8_t* hmask = block + offsetof(BlockQ3_K, hmask);
+  const uint8_t* qs = block + offsetof(BlockQ3_K, qs);
+  for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; l += V::kWidth) {
+        const int e = 128 * h + 32 * g + l;
+        const float dl = d * UnpackQ3KScale(e / 16, scales);
+        const auto low = V::And(V::Srl(V::LoadU8(qs + 32 * h + l), 2 * g), 3);
+        const auto high = V::And(V::Srl(V::LoadU8(hmask + l), e / 32), 1);
+        const auto q = V::Add(V::Or(low, V::Shl(high, 2)), -4);
+        V::Store(out + e, V::Mul(V::Set1(dl), V::ToFloat(q)));
+      }
+    }
+  }
+}
+
+// Sub-block j's factor d * sc and offset dmin * m (as DequantizeQ4_K / Q5_K compute them).
+[[maybe_unused]] void KFactors(const uint8_t* block, float* factor, float* offset) {
+  const float d = HalfAt(block + offsetof(BlockQ4_K, d));
+  const float dmin = HalfAt(block + offsetof(BlockQ4_K, dmin));
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    UnpackKScaleMin(j, block + offsetof(BlockQ4_K, scales), &sc, &m);
+    factor[j] = d * sc;
+    offset[j] = dmin * m;
+  }
+}
+
+// Element e = 64 g + 32 k + l: nibble k of qs[32 g + l], x = factor[e / 32] * q - offset[e / 32].
+template <class V>
+void DequantQ4_K(const uint8_t* block, float* out) {
+  float factor[8], offset[8];
+  KFactors(block, factor, offset);
+  const uint8_t* qs = block + offsetof(BlockQ4_K, qs);
+  for (int g = 0; g < 4; ++g) {
+    const auto f0 = V::Set1(factor[2 * g]), o0 = V::Set1(offset[2 * g]);
+    const auto f1 = V::Set1(factor[2 * g + 1]), o1 = V::Set1(offset[2 * g + 1]);
+    for (int l = 0; l < 32; l += V::kWidth) {
+      const auto bytes = V::LoadU8(qs + 32 * g + l);
+      V::Store(out + 64 * g + l, V::Sub(V::Mul(f0, V::ToFloat(V::And(bytes, 0xF))), o0));
+      V::Store(out + 64 * g + 32 + l, V::Sub(V::Mul(f1, V::ToFloat(V::Srl(bytes, 4))), o1));
+    }
+  }
+}
+
+// As Q4_K with a fifth bit: bit (e / 32) of qh[l] adds 16.
+template <class V>
+void DequantQ5_K(const uint8_t* block, float* out) {
+  float factor[8], offset[8];
+  KFactors(block, factor, offset);
+  const uint8_t* qs = block + offsetof(BlockQ5_K, qs);
+  const uint8_t* qh = block + offsetof(BlockQ5_K, qh);
+  for (int g = 0; g < 4; ++g) {
+    const int j0 = 2 * g, j1 = 2 * g + 1;
+    const auto f0 = V::Set1(factor[j0]), o0 = V::Set1(offset[j0]);
+    const auto f1 = V::Set1(factor[j1]), o1 = V::Set1(offset[j1]);
+    for (int l = 0; l < 32; l += V::kWidth) {
+      const auto bytes = V::LoadU8(qs + 32 * g + l);
+      const auto high = V::LoadU8(qh + l);
+      const auto q0 = V::Or(V::And(bytes, 0xF), V::Shl(V::And(V::Srl(high, j0), 1), 4));
+      const auto q1 = V::Or(V::Srl(bytes, 4), V::Shl(V::And(V::Srl(high, j1), 1), 4));
+      V::Store(out + 64 * g + l, V::Sub(V::Mul(f0, V::ToFloat(q0)), o0));
+      V::Store(out + 64 * g + 32 + l, V::Sub(V::Mul(f1, V::ToFloat(q1)), o1));
+    }
+  }
+}
+
+// Element e = 128 h + 32 g + l: low nibble (g < 2) or high nibble of ql[64 h + 32 (g & 1) + l],
+// bits 2 g.. of qh[32 h + l] on top; x = (d * scales[e / 16]) * (q - 32).
+template <class V>
+void DequantQ6_K(const uint8_t* block, float* out) {
+  const float d = HalfAt(block + offsetof(BlockQ6_K, d));
+  const auto* scales = reinterpret_cast<const int8_t*>(block + offsetof(BlockQ6_K, scales));
+  const uint8_t* ql = block + offsetof(BlockQ6_K, ql);
+  const uint8_t* qh = block + offsetof(BlockQ6_K, qh);
+  for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; l += V::kWidth) {
+        const int e = 128 * h + 32 * g + l;
+        const float factor = d * scales[e / 16];
+        const auto low_bytes = V::LoadU8(ql + 64 * h + 32 * (g & 1) + l);
+        const auto low = g < 2 ? V::And(low_bytes, 0xF) : V::Srl(low_bytes, 4);
+        const auto high = V::And(V::Srl(V::LoadU8(qh + 32 * h + l), 2 * g), 3);
+        const auto q = V::Add(V::Or(low, V::Shl(high, 4)), -32);
+        V::Store(out + e, V::Mul(V::Set1(factor), V::ToFloat(q)));
+      }
+    }
+  }
+}
+
+// The f32 values of the chunk at `src` (m elements): the row itself for F32, else `buf`.
+template <class V, WeightType kType>
+const float* DequantChunk(const uint8_t* src, int64_t m, float* buf) {
+  if constexpr (kType == WeightType::kF32) {
+    return reinterpret_cast<const float*>(src);
+  } else if constexpr (V::kReferenceDequant) {
+    DequantizeRow(kType, src, buf, m);
+    return buf;
+  } else {
+    if (m < kChunkElems) {
+      DequantizeRow(kType, src, buf, m);  // only float and Q4_0 / Q8_0 rows have short chunks
+      return buf;
+    }
+    if constexpr (kType == WeightType::kF16) DequantF16<V>(src, buf);
+    if constexpr (kType == WeightType::kBF16) DequantBF16<V>(src, buf);
+    if constexpr (kType == WeightType::kQ4_0) DequantQ4_0<V>(src, buf);
+    if constexpr (kType == WeightType::kQ8_0) DequantQ8_0<V>(src, buf);
+    if constexpr (kType == WeightType::kQ2_K) DequantQ2_K<V>(src, buf);
+    if constexpr (kType == WeightType::kQ3_K) DequantQ3_K<V>(src, buf);
+    if constexpr (kType == WeightType::kQ4_K) DequantQ4_K<V>(src, buf);
+    if constexpr (kType == WeightType::kQ5_K) DequantQ5_K<V>(src, buf);
+    if constexpr (kType == WeightType::kQ6_K) DequantQ6_K<V>(src, buf);
+    return buf;
+  }
+}
+
+// Tiles of kRowTile weight rows by kTokenTile activation rows; per chunk, the tile's weight rows
+// are dequantized once and dotted with every activation row of the tile. Row r's sum for token t
+// sees the same chunk sums in the same order whatever the tiling.
+template <class V, WeightType kType>
+void MatMulRowsTyped(const MatMulJob& job, int64_t row_begin, int64_t row_end) {
+  const int64_t cols = job.w.cols;
+  const int64_t rows = job.w.rows;
+  const int64_t chunks = (cols + kChunkElems - 1) / kChunkElems;
+  alignas(64) float buf[kRowTile][kChunkElems];
+  double acc[kRowTile][kTokenTile];
+  const float* w_chunk[kRowTile];
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
+    const int64_t row_count = MinI64(kRowTile, row_end - r0);
+    for (int64_t t0 = 0; t0 < job.n; t0 += kTokenTile) {
+      const int64_t token_count = MinI64(kTokenTile, job.n - t0);
+      for (int64_t r = 0; r < row_count; ++r) {
+        for (int64_t t = 0; t < token_count; ++t) acc[r][t] = 0.0;
+      }
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t start = c * kChunkElems;
+        const int64_t m = MinI64(kChunkElems, cols - start);
+        for (int64_t r = 0; r < row_count; ++r) {
+          w_chunk[r] = DequantChunk<V, kType>(job.w.row(r0 + r) + c * ChunkBytes<kType>(), m, buf[r]);
+        }
+        const float* x_chunk = job.x + t0 * cols + start;
+        if (m == kChunkElems) {
+          for (int64_t t = 0; t < token_count; ++t) {
+            for (int64_t r = 0; r < row_count; ++r) acc[r][t] += V::DotChunk(w_chunk[r], x_chunk + t * cols);
+          }
+        } else {
+          for (int64_t t = 0; t < token_count; ++t) {
+            for (int64_t r = 0; r < row_count; ++r) acc[r][t] += V::DotPartial(w_chunk[r], x_chunk + t * cols, m);
+          }
+        }
+      }
+      for (int64_t t = 0; t < token_count; ++t) {
+        for (int64_t r = 0; r < row_count; ++r) job.y[(t0 + t) * rows + r0 + r] = static_cast<float>(acc[r][t]);
+      }
+    }
+  }
+}
+
+// matmul.cc has already rejected any other type.
+template <class V>
+void MatMulRows(const MatMulJob& job, int64_t row_begin, int64_t row_end) {
+  switch (job.w.type) {
+    case WeightType::kF32: return MatMulRowsTyped<V, WeightType::kF32>(job, row_begin, row_end);
+    case WeightType::kF16: return MatMulRowsTyped<V, WeightType::kF16>(job, row_begin, row_end);
+    case WeightType::kBF16: return MatMulRowsTyped<V, WeightType::kBF16>(job, row_begin, row_end);
+    case WeightType::kQ4_0: return MatMulRowsTyped<V, WeightType::kQ4_0>(job, row_begin, row_end);
+    case WeightType::kQ8_0: return MatMulRowsTyped<V, WeightType::kQ8_0>(job, row_begin, row_end);
+    case WeightType::kQ2_K: return MatMulRowsTyped<V, WeightType::kQ2_K>(job, row_begin, row_end);
+    case WeightType::kQ3_K: return MatMulRowsTyped<V, WeightType::kQ3_K>(job, row_begin, row_end);
+    case WeightType::kQ4_K: return MatMulRowsTyped<V, WeightType::kQ4_K>(job, row_begin, row_end);
+    case WeightType::kQ5_K: return MatMulRowsTyped<V, WeightType::kQ5_K>(job, row_begin, row_end);
+    case WeightType::kQ6_K: return MatMulRowsTyped<V, WeightType::kQ6_K>(job, row_begin, row_end);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::matmul_internal
+
+#endif  // TANDEM_COMMON_REFERENCE_MATMUL_ROWS_H_

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On the GPU machine: every GPU test and benchmark in one call, with a text and JSON report under
+# $OUT. Expects .device-bundle/ (made here by scripts/device/bundle.sh and carried):
+#   bin/   tandem, tandem-host-worker, tandem-gpu-service
+#   tests/ the test binaries (GPU suites among them)
+#   lib/   the shared libraries Ubuntu 24.04 lacks
+# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+bundle=$root/.device-bundle
+out=${OUT:-$root/device-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+report=$out/report.txt
+json=$out/report.json
+: >"$report"
+declare -a results=()
+note() { echo "$*" | tee -a "$report"; }
+
+note "# Tandem device run, $(date -u +%FT%TZ)"
+note "commit: $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$report"
+note "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+
+run_suite() {  # name binary
+  local name=$1 bin=$2
+  [ -x "$bin" ] || { note "$name: missing ($bin)"; results+=("\"$name\":\"missing\""); return; }
+  "$bin" --gtest_output=json:"$out/$name.json" >"$out/$name.log" 2>&1
+  local rc=$?
+  local summary
+  summary=$(grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/$name.log" | tr '\n' ' ')
+  note "$name: rc=$rc $summary"
+  results+=("\"$name\":$rc")
+}
+
+for t in gpu_kernels_test gpu_moe_kernels_test gpu_backend_test; do
+  run_suite "$t" "$bundle/tests/$t"
+done
+
+if [[ " $* " != *" --no-parity "* ]]; then
+  TANDEM_BIN=$bundle/bin/tandem OUT=$out timeout 600 bash scripts/device/parity/run.sh "$bundle" \
+    >"$out/parity_run.log" 2>&1
+  rc=$?
+  note "parity: rc=$rc (details in parity/)"
+  tail -n 30 "$out/parity_run.log" | tee -a "$report"
+  results+=("\"parity\":$rc")
+fi
+
+if [[ " $* " != *" --no-bench "* ]]; then
+  "$bundle/bin/tandem" bench worker --threads "$(nproc)" --worker "$bundle/bin/tandem-host-worker" \
+    --json >"$out/bench_worker.json" 2>"$out/bench_worker.log"
+  rc=$?
+  note "bench worker: rc=$rc"
+  tail -n 20 "$out/bench_worker.log" | tee -a "$report"
+  results+=("\"bench_worker\":$rc")
+fi
+
+(IFS=,; echo "{${results[*]}}") >"$json"
+note "summary: $(cat "$json")"
