@@ -11,7 +11,9 @@ set +e
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 "$@" | tee "$build_dir/ctest.log"
 rc=${PIPESTATUS[0]}
 set -e
-passed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' "$build_dir/ctest.log" || true)
-failed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(Failed|Exception|Timeout|Not Run)' "$build_dir/ctest.log" || true)
-echo "$passed passed, $failed failed"
+# Count by the status ctest prints after the name (names may contain these words too).
+passed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* +Passed +[0-9.]+ sec$' "$build_dir/ctest.log" || true)
+failed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(\*\*\*(Failed|Timeout|Exception)|\*\*\*Not Run|Not Run).*' "$build_dir/ctest.log" || true)
+skipped=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*Skipped +[0-9.]+ sec$' "$build_dir/ctest.log" || true)
+echo "$passed passed, $failed failed, $skipped skipped"
 exit "$rc"

@@ -72,7 +72,9 @@ try {
 } catch { /* reported as null */ }
 
 const kvOptions = args.kv ? {experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv} : {};
-const context = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256, ...kvOptions});
+// One thread: llama.cpp's worker threads spin while waiting, which on a busy 2-core machine made
+// multi-threaded runs crawl.
+const context = await model.createContext({contextSize: 256, sequences: 1, batchSize: 256, threads: 1, ...kvOptions});
 const seq = context.getSequence();
 for (const ids of PROMPTS) {
     const t = tandemRun(args.tandem, args.model, ids, args.steps, tmp);
