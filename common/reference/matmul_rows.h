@@ -33,6 +33,9 @@ namespace {
 
 constexpr int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Token tiles at least this large have their activation chunks copied together (see below).
+constexpr int64_t kPackTokens = 8;
+
 [[maybe_unused]] float HalfAt(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof(h));
@@ -250,6 +253,7 @@ void MatMulRowsTyped(const MatMulJob& job, int64_t row_begin, int64_t row_end) {
   const int64_t rows = job.w.rows;
   const int64_t chunks = (cols + kChunkElems - 1) / kChunkElems;
   alignas(64) float buf[kRowTile][kChunkElems];
+  alignas(64) float x_pack[kTokenTile][kChunkElems];
   double acc[kRowTile][kTokenTile];
   const float* w_chunk[kRowTile];
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
@@ -266,9 +270,19 @@ void MatMulRowsTyped(const MatMulJob& job, int64_t row_begin, int64_t row_end) {
           w_chunk[r] = DequantChunk<V, kType>(job.w.row(r0 + r) + c * ChunkBytes<kType>(), m, buf[r]);
         }
         const float* x_chunk = job.x + t0 * cols + start;
+        int64_t x_stride = cols;
+        if (token_count >= kPackTokens && m == kChunkElems) {
+          // Activation rows cols apart fall into the same few L1 sets when cols is a power of
+          // two; packed, the tile's chunks are contiguous.
+          for (int64_t t = 0; t < token_count; ++t) {
+            std::memcpy(x_pack[t], x_chunk + t * cols, sizeof(x_pack[t]));
+          }
+          x_chunk = x_pack[0];
+          x_stride = kChunkElems;
+        }
         if (m == kChunkElems) {
           for (int64_t t = 0; t < token_count; ++t) {
-            for (int64_t r = 0; r < row_count; ++r) acc[r][t] += V::DotChunk(w_chunk[r], x_chunk + t * cols);
+            for (int64_t r = 0; r < row_count; ++r) acc[r][t] += V::DotChunk(w_chunk[r], x_chunk + t * x_stride);
           }
         } else {
           for (int64_t t = 0; t < token_count; ++t) {
