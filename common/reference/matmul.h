@@ -18,12 +18,13 @@
 //    batch position, every thread count and every MatMulIsa.
 // Error bound: each chunk sum carries at most 4 FMA roundings per lane plus 6 additions, so
 // |y − exact| <= 2^-24·|exact| + γ10·Σ|w_i·x_i| (γ10 = 10·2^-24 / (1 − 10·2^-24) ≈ 6.0e-7), the
-// f64 part adding nothing visible. On random data the relative error is about 1e-7.
+// f64 part adding nothing visible. On random data the relative L2 error is about 8e-8.
 //
-// Speed: each 256-element chunk of a weight row is dequantized into an L1-resident buffer right
-// before its dot products (no full-row pass), four rows at a time so that each activation chunk
-// is read once from L1 per four weight rows; up to 16 activation rows share one dequantization.
-// The vector variants are chosen at run time (AVX-512F, else AVX2 + FMA + F16C, else scalar).
+// Speed: with one activation row (decode) each 256-element chunk of a weight row is dequantized
+// straight into the dot product's registers; with more, a chunk of four weight rows is
+// dequantized once into an L1 buffer and dotted with up to 16 activation rows. There is no
+// full-row dequantization pass. The vector variants are chosen at run time (AVX-512F, else
+// AVX2 + FMA + F16C, else scalar); see docs/PERF.md ("CPU reference engine") for figures.
 #ifndef TANDEM_COMMON_REFERENCE_MATMUL_H_
 #define TANDEM_COMMON_REFERENCE_MATMUL_H_
 

@@ -45,6 +45,7 @@ struct Avx2Ops {
   static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static constexpr bool kHasLookup16 = false;  // vpermps has 8 entries
 
   // The contract's s16 lanes 0..7 are (a0 + a2) + (a4 + a6), lanes 8..15 (a1 + a3) + (a5 + a7).
   static float Reduce(const F* a) {
@@ -55,6 +56,12 @@ struct Avx2Ops {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
   }
+
+  static constexpr int kAccumulators = 8;
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Load(const float* p) { return _mm256_loadu_ps(p); }
+  static F Fma(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
+  static float ReduceAccumulators(const F* a) { return Reduce(a); }
 
   static float DotChunk(const float* w, const float* x) {
     F a[8];

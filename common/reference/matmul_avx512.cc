@@ -51,6 +51,10 @@ struct Avx512Ops {
   static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
 
+  static constexpr bool kHasLookup16 = true;
+  static F Levels16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static F Lookup16(F table, I index) { return _mm512_permutexvar_ps(index, table); }
+
   static float Reduce(F a0, F a1, F a2, F a3) {
     const F s16 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
     const __m256 low8 = _mm512_castps512_ps256(s16);
@@ -60,6 +64,12 @@ struct Avx512Ops {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
   }
+
+  static constexpr int kAccumulators = 4;
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static F Fma(F a, F b, F acc) { return _mm512_fmadd_ps(a, b, acc); }
+  static float ReduceAccumulators(const F* a) { return Reduce(a[0], a[1], a[2], a[3]); }
 
   static float DotChunk(const float* w, const float* x) {
     F a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();

@@ -1,8 +1,9 @@
 // The gRPC server around the Generation service: listening port, the standard health service
 // (grpc.health.v1), server reflection, keepalive and message size limits.
 //
-// Reflection: Debian 12's gRPC 1.51 ships only grpc.reflection.v1alpha (libgrpc++_reflection has
-// no v1 service; v1 arrived in gRPC 1.57). grpcurl and ghz fall back to v1alpha, so both work.
+// Reflection: Debian 12's gRPC 1.51 ships only grpc.reflection.v1alpha (libgrpc++_reflection); v1
+// arrived in gRPC 1.57. The server registers both: Debian's v1alpha plugin and Tandem's own v1
+// service (reflection_v1.h), so grpcurl and ghz work whichever they ask for first.
 //
 // Health: NOT_SERVING until SetServing(true) (the service calls it once the model and workers are
 // ready), for the overall status ("") and for "tandem.v1.Generation".

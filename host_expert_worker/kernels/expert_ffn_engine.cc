@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "host_expert_worker/kernels/exact_row_dot.h"
@@ -38,10 +39,15 @@ class AlignedBytes {
 
 inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-int64_t ChunkRows(int64_t total_rows, int threads, int64_t dim, int64_t minimum) {
-  int64_t chunk = (total_rows + 4 * threads - 1) / (4 * threads);
-  chunk = (chunk + 15) / 16 * 16;
-  return std::clamp<int64_t>(chunk, std::min(minimum, dim), dim);
+// A tile's cost per weight row, in units of one output row's integer work: decoding a weight
+// block costs about two activation rows' worth of multiply-adds in the int8 kernels (instruction
+// counts of the AVX-512 K-quant kernel); the claimed tail absorbs the estimate's error.
+constexpr int64_t kDecodeCost = 2;
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
 }
 
 bool IsFloatType(WeightType t) {
@@ -57,6 +63,11 @@ struct ExpertFfnEngine::Buffers {
   AlignedBytes inter_q8k, inter_q8x32;  // per sorted pair slot: two-term rows hi, lo
   AlignedBytes order, tiles;
   AlignedBytes thread_scratch;          // per thread: scratch_floats floats
+  AlignedBytes tile_cost;               // per tile: int64 cost per row (row_split.h)
+  AlignedBytes up_bounds, down_bounds;  // threads + 1 int64 each
+  // Per tile: gate / up rows finished, and the epoch of the pass whose down input is ready.
+  std::unique_ptr<std::atomic<int64_t>[]> tile_rows_done;
+  std::unique_ptr<std::atomic<uint64_t>[]> tile_ready;
 };
 
 ExpertFfnEngine::ExpertFfnEngine(const ExpertFfnEngineOptions& options, WorkerThreadPool* pool)
@@ -94,6 +105,12 @@ absl::StatusOr<std::unique_ptr<ExpertFfnEngine>> ExpertFfnEngine::Create(
   b->order = AlignedBytes(pairs * sizeof(uint32_t));
   b->tiles = AlignedBytes(pairs * sizeof(Tile));
   b->thread_scratch = AlignedBytes(static_cast<size_t>(pool->size()) * b->scratch_floats * sizeof(float));
+  b->tile_cost = AlignedBytes(pairs * sizeof(int64_t));
+  b->up_bounds = AlignedBytes((static_cast<size_t>(pool->size()) + 1) * sizeof(int64_t));
+  b->down_bounds = AlignedBytes((static_cast<size_t>(pool->size()) + 1) * sizeof(int64_t));
+  b->tile_rows_done = std::make_unique<std::atomic<int64_t>[]>(pairs);
+  b->tile_ready = std::make_unique<std::atomic<uint64_t>[]>(pairs);
+  for (size_t i = 0; i < pairs; ++i) b->tile_ready[i].store(0, std::memory_order_relaxed);
   engine->buffers_ = std::move(b);
   return engine;
 }
@@ -172,132 +189,162 @@ absl::Status ExpertFfnEngine::ComputePass(const ExpertLayerView& layer, std::spa
   p.outputs = outputs;
   p.tiles = tile_count;
   const int threads = pool_->size();
-  p.up_chunk = ChunkRows(tile_count * options_.inner, threads, options_.inner, 16);
-  p.up_chunks_per_tile = (options_.inner + p.up_chunk - 1) / p.up_chunk;
-  p.down_chunk = ChunkRows(tile_count * options_.hidden, threads, options_.hidden, 32);
-  p.down_chunks_per_tile = (options_.hidden + p.down_chunk - 1) / p.down_chunk;
   auto format = [exact](WeightType t) {
     return exact ? ActivationFormat::kF32 : IntegerActivationFormat(t);
   };
   p.gate_format = format(layer.gate.type);
   p.up_format = format(layer.up.type);
   p.down_format = format(layer.down.type);
+  int64_t* cost = b.tile_cost.as<int64_t>();
+  const int64_t down_terms = p.down_format == ActivationFormat::kF32 ? 1 : 2;
+  for (int64_t i = 0; i < tile_count; ++i) cost[i] = kDecodeCost + tiles[i].count;
+  p.up_split = MakeRowSplit(cost, tile_count, options_.inner, threads, b.up_bounds.as<int64_t>());
+  for (int64_t i = 0; i < tile_count; ++i) cost[i] = kDecodeCost + down_terms * tiles[i].count;
+  p.down_split = MakeRowSplit(cost, tile_count, options_.hidden, threads, b.down_bounds.as<int64_t>());
+  p.epoch += 1;
+  for (int64_t i = 0; i < tile_count; ++i) b.tile_rows_done[i].store(0, std::memory_order_relaxed);
   next_quant_.store(0, std::memory_order_relaxed);
   next_up_.store(0, std::memory_order_relaxed);
-  next_inter_.store(0, std::memory_order_relaxed);
   next_down_.store(0, std::memory_order_relaxed);
   pool_->Run([this](int t) { RunThread(t); });
   return absl::OkStatus();
 }
 
-void ExpertFfnEngine::RunThread(int t) {
+const void* ExpertFfnEngine::ActivationRow(uint32_t slot, ActivationFormat format) const {
+  const Buffers& b = *buffers_;
+  const int64_t row = pass_.pairs[b.order.as<uint32_t>()[slot]].row;
+  switch (format) {
+    case ActivationFormat::kQ8K: return b.act_q8k.get() + row * b.q8k_h_bytes;
+    case ActivationFormat::kQ8x32: return b.act_q8x32.get() + row * b.q8x32_h_bytes;
+    case ActivationFormat::kF32: break;
+  }
+  return pass_.activations + row * options_.hidden;
+}
+
+void ExpertFfnEngine::RowDots(const ExpertMatrixView& m, ActivationFormat format, uint32_t e, int64_t r0,
+                              int64_t rows, const void* const* acts, int count, int terms,
+                              float* const* out, float* scratch) const {
+  const uint8_t* w = static_cast<const uint8_t*>(m.data) + (e * m.rows + r0) * m.row_bytes;
+  if (format == ActivationFormat::kF32) {
+    ExactRowDots(m.type, w, m.row_bytes, rows, m.cols, reinterpret_cast<const float* const*>(acts),
+                 count, out, scratch);
+  } else {
+    FindBestRowDotKernel(options_.isa, m.type)(w, m.row_bytes, rows, m.cols / GetWeightTypeInfo(m.type).block_elems,
+                                               acts, count, terms, out);
+  }
+}
+
+void ExpertFfnEngine::GateUpRows(int64_t i, int64_t r0, int64_t rows, float* scratch) {
   const Pass& p = pass_;
   Buffers& b = *buffers_;
-  const ExpertLayerView& layer = *p.layer;
-  const int64_t h = options_.hidden, I = options_.inner;
-  const uint32_t* order = b.order.as<uint32_t>();
-  const Tile* tiles = b.tiles.as<Tile>();
-  float* scratch = b.thread_scratch.as<float>() + t * b.scratch_floats;
+  const int64_t I = options_.inner;
+  const Tile& tile = b.tiles.as<Tile>()[i];
   float* gate_out = b.gate_out.as<float>();
   float* up_out = b.up_out.as<float>();
-
-  // Phase 0: activation rows into the integer formats gate and up need.
-  const bool need_q8k = p.gate_format == ActivationFormat::kQ8K || p.up_format == ActivationFormat::kQ8K;
-  const bool need_q8x32 = p.gate_format == ActivationFormat::kQ8x32 || p.up_format == ActivationFormat::kQ8x32;
-  if (p.quantize_activations && (need_q8k || need_q8x32)) {
-    for (int64_t r; (r = next_quant_.fetch_add(1, std::memory_order_relaxed)) < p.activation_rows;) {
-      const float* x = p.activations + r * h;
-      if (need_q8k) QuantizeActivationsQ8K(x, h, reinterpret_cast<ActivationBlockQ8K*>(b.act_q8k.get() + r * b.q8k_h_bytes));
-      if (need_q8x32) QuantizeActivationsQ8x32(x, h, reinterpret_cast<ActivationBlockQ8x32*>(b.act_q8x32.get() + r * b.q8x32_h_bytes));
-    }
-    pool_->Barrier();
+  const void* acts[kMaxRowBlock] = {};  // initialised: GCC cannot see that count >= 1
+  float* outs[kMaxRowBlock] = {};
+  const int count = static_cast<int>(tile.count);
+  for (int k = 0; k < count; ++k) {
+    acts[k] = ActivationRow(tile.first + k, p.gate_format);
+    outs[k] = gate_out + (tile.first + k) * I + r0;
   }
-
-  // The activation row of sorted slot s in `format`.
-  auto activation = [&](uint32_t s, ActivationFormat format) -> const void* {
-    const int64_t row = p.pairs[order[s]].row;
-    switch (format) {
-      case ActivationFormat::kQ8K: return b.act_q8k.get() + row * b.q8k_h_bytes;
-      case ActivationFormat::kQ8x32: return b.act_q8x32.get() + row * b.q8x32_h_bytes;
-      case ActivationFormat::kF32: break;
-    }
-    return p.activations + row * h;
-  };
-  // Rows [r0, r0 + rows) of local expert e of m against acts (count outputs of `terms` rows each;
-  // the exact path has one), into out.
-  auto dot = [&](const ExpertMatrixView& m, ActivationFormat format, uint32_t e, int64_t r0,
-                 int64_t rows, const void* const* acts, int count, int terms, float* const* out) {
-    const uint8_t* w = static_cast<const uint8_t*>(m.data) + (e * m.rows + r0) * m.row_bytes;
-    if (format == ActivationFormat::kF32) {
-      ExactRowDots(m.type, w, m.row_bytes, rows, m.cols, reinterpret_cast<const float* const*>(acts),
-                   count, out, scratch);
-    } else {
-      FindBestRowDotKernel(options_.isa, m.type)(w, m.row_bytes, rows, m.cols / GetWeightTypeInfo(m.type).block_elems,
-                                                 acts, count, terms, out);
-    }
-  };
-
-  // Phase 1: gate and up, then SiLU(g) * u in place.
-  const void* acts[kMaxRowBlock * kMaxTerms];
-  float* outs[kMaxRowBlock];
-  const int64_t up_units = p.tiles * p.up_chunks_per_tile;
-  for (int64_t u; (u = next_up_.fetch_add(1, std::memory_order_relaxed)) < up_units;) {
-    const Tile& tile = tiles[u / p.up_chunks_per_tile];
-    const int64_t r0 = (u % p.up_chunks_per_tile) * p.up_chunk;
-    const int64_t rows = std::min(p.up_chunk, I - r0);
-    const int count = static_cast<int>(tile.count);
-    for (int k = 0; k < count; ++k) {
-      acts[k] = activation(tile.first + k, p.gate_format);
-      outs[k] = gate_out + (tile.first + k) * I + r0;
-    }
-    dot(layer.gate, p.gate_format, tile.expert, r0, rows, acts, count, 1, outs);
-    for (int k = 0; k < count; ++k) {
-      acts[k] = activation(tile.first + k, p.up_format);
-      outs[k] = up_out + (tile.first + k) * I + r0;
-    }
-    dot(layer.up, p.up_format, tile.expert, r0, rows, acts, count, 1, outs);
-    for (int k = 0; k < count; ++k) {
-      float* g = gate_out + (tile.first + k) * I + r0;
-      const float* up = up_out + (tile.first + k) * I + r0;
-      for (int64_t r = 0; r < rows; ++r) g[r] = Silu(g[r]) * up[r];
-    }
+  RowDots(p.layer->gate, p.gate_format, tile.expert, r0, rows, acts, count, 1, outs, scratch);
+  for (int k = 0; k < count; ++k) {
+    acts[k] = ActivationRow(tile.first + k, p.up_format);
+    outs[k] = up_out + (tile.first + k) * I + r0;
   }
-  pool_->Barrier();
-
-  // Phase 2: intermediate rows into down's integer format, as two-term rows: a single int8 row
-  // of SiLU(g)·u (heavy-tailed) would be the largest error term of the fast mode (docs/PERF.md).
-  // Sorted slot s has hi at inter + 2 s * inter_bytes, lo right after it.
-  const bool down_k = p.down_format == ActivationFormat::kQ8K;
-  const int64_t inter_bytes = down_k ? b.q8k_i_bytes : b.q8x32_i_bytes;
-  uint8_t* inter = down_k ? b.inter_q8k.get() : b.inter_q8x32.get();
+  RowDots(p.layer->up, p.up_format, tile.expert, r0, rows, acts, count, 1, outs, scratch);
+  for (int k = 0; k < count; ++k) {
+    float* g = gate_out + (tile.first + k) * I + r0;
+    const float* up = up_out + (tile.first + k) * I + r0;
+    for (int64_t r = 0; r < rows; ++r) g[r] = Silu(g[r]) * up[r];
+  }
+  // acq_rel: the thread that completes the tile sees every other thread's rows of it.
+  if (b.tile_rows_done[i].fetch_add(rows, std::memory_order_acq_rel) + rows != I) return;
+  // The tile's intermediate rows into down's integer format, as two-term rows: a single int8
+  // row of SiLU(g)·u (heavy-tailed) would be the largest error term of the fast mode
+  // (docs/PERF.md). Slot s has hi at inter + 2 s * inter_bytes, lo right after it.
   if (p.down_format != ActivationFormat::kF32) {
-    for (int64_t s; (s = next_inter_.fetch_add(1, std::memory_order_relaxed)) < static_cast<int64_t>(p.pairs.size());) {
+    const bool down_k = p.down_format == ActivationFormat::kQ8K;
+    const int64_t inter_bytes = down_k ? b.q8k_i_bytes : b.q8x32_i_bytes;
+    uint8_t* inter = down_k ? b.inter_q8k.get() : b.inter_q8x32.get();
+    for (int k = 0; k < count; ++k) {
+      const int64_t s = tile.first + k;
       uint8_t* hi = inter + 2 * s * inter_bytes;
       QuantizeActivationsTwoTerm(p.down_format, gate_out + s * I, I, scratch, hi, hi + inter_bytes);
     }
+  }
+  b.tile_ready[i].store(p.epoch, std::memory_order_release);
+}
+
+void ExpertFfnEngine::DownRows(int64_t i, int64_t r0, int64_t rows, float* scratch) {
+  const Pass& p = pass_;
+  Buffers& b = *buffers_;
+  const int64_t h = options_.hidden, I = options_.inner;
+  const Tile& tile = b.tiles.as<Tile>()[i];
+  // Every step-1 row has been claimed by a running thread before any thread gets here, so
+  // this wait ends; on an oversubscribed machine, let the thread it waits for run.
+  for (int spins = 1; b.tile_ready[i].load(std::memory_order_acquire) != p.epoch; ++spins) {
+    CpuRelax();
+    if (spins % 4096 == 0) std::this_thread::yield();
+  }
+  const bool down_k = p.down_format == ActivationFormat::kQ8K;
+  const int64_t inter_bytes = down_k ? b.q8k_i_bytes : b.q8x32_i_bytes;
+  const uint8_t* inter = down_k ? b.inter_q8k.get() : b.inter_q8x32.get();
+  const uint32_t* order = b.order.as<uint32_t>();
+  const void* acts[kMaxRowBlock * kMaxTerms] = {};
+  float* outs[kMaxRowBlock] = {};
+  const int count = static_cast<int>(tile.count);
+  const int terms = p.down_format == ActivationFormat::kF32 ? 1 : 2;
+  for (int k = 0; k < count; ++k) {
+    const uint32_t s = tile.first + k;
+    if (terms == 1) {
+      acts[k] = b.gate_out.as<float>() + s * I;
+    } else {
+      acts[2 * k] = inter + 2 * s * inter_bytes;
+      acts[2 * k + 1] = inter + (2 * s + 1) * inter_bytes;
+    }
+    outs[k] = p.outputs + static_cast<int64_t>(order[s]) * h + r0;
+  }
+  RowDots(p.layer->down, p.down_format, tile.expert, r0, rows, acts, count, terms, outs, scratch);
+}
+
+void ExpertFfnEngine::RunThread(int t) {
+  const Pass& p = pass_;
+  Buffers& b = *buffers_;
+  const int64_t h = options_.hidden;
+  float* scratch = b.thread_scratch.as<float>() + t * b.scratch_floats;
+
+  // Step 0: activation rows into the integer formats gate and up need, one 256-element block
+  // (or, when h is no multiple of 256, one row) per claim, so that a single row is spread over
+  // the team rather than quantized by one thread while the rest wait.
+  const bool need_q8k = p.gate_format == ActivationFormat::kQ8K || p.up_format == ActivationFormat::kQ8K;
+  const bool need_q8x32 = p.gate_format == ActivationFormat::kQ8x32 || p.up_format == ActivationFormat::kQ8x32;
+  if (p.quantize_activations && (need_q8k || need_q8x32)) {
+    const int64_t piece = h % 256 == 0 ? 256 : h;
+    const int64_t pieces_per_row = h / piece;
+    const int64_t units = p.activation_rows * pieces_per_row;
+    for (int64_t u; (u = next_quant_.fetch_add(1, std::memory_order_relaxed)) < units;) {
+      const int64_t r = u / pieces_per_row, first = (u % pieces_per_row) * piece;
+      const float* x = p.activations + r * h + first;
+      if (need_q8k) {
+        QuantizeActivationsQ8K(x, piece, reinterpret_cast<ActivationBlockQ8K*>(b.act_q8k.get() + r * b.q8k_h_bytes) + first / 256);
+      }
+      if (need_q8x32) {
+        QuantizeActivationsQ8x32(x, piece, reinterpret_cast<ActivationBlockQ8x32*>(b.act_q8x32.get() + r * b.q8x32_h_bytes) + first / 32);
+      }
+    }
     pool_->Barrier();
   }
 
-  // Phase 3: down, straight into each pair's output row.
-  const int64_t down_units = p.tiles * p.down_chunks_per_tile;
-  for (int64_t u; (u = next_down_.fetch_add(1, std::memory_order_relaxed)) < down_units;) {
-    const Tile& tile = tiles[u / p.down_chunks_per_tile];
-    const int64_t r0 = (u % p.down_chunks_per_tile) * p.down_chunk;
-    const int64_t rows = std::min(p.down_chunk, h - r0);
-    const int count = static_cast<int>(tile.count);
-    const int terms = p.down_format == ActivationFormat::kF32 ? 1 : 2;
-    for (int k = 0; k < count; ++k) {
-      const uint32_t s = tile.first + k;
-      if (terms == 1) {
-        acts[k] = gate_out + s * I;
-      } else {
-        acts[2 * k] = inter + 2 * s * inter_bytes;
-        acts[2 * k + 1] = inter + (2 * s + 1) * inter_bytes;
-      }
-      outs[k] = p.outputs + static_cast<int64_t>(order[s]) * h + r0;
-    }
-    dot(layer.down, p.down_format, tile.expert, r0, rows, acts, count, terms, outs);
-  }
+  // Step 1: gate and up, then SiLU(g) * u; the last thread on a tile readies its down input.
+  ForEachRowRange(p.up_split, t, next_up_, [&](int64_t i, int64_t r0, int64_t rows) {
+    GateUpRows(i, r0, rows, scratch);
+  });
+  // Step 2: down, straight into each pair's output row, as each tile becomes ready.
+  ForEachRowRange(p.down_split, t, next_down_, [&](int64_t i, int64_t r0, int64_t rows) {
+    DownRows(i, r0, rows, scratch);
+  });
 }
 
 }  // namespace tandem

@@ -2,14 +2,18 @@
 //   out = down_e · (SiLU(gate_e · x) ⊙ up_e · x)            (docs/MODEL.md §4.6, step 2)
 // on a WorkerThreadPool, with every scratch buffer sized at construction.
 //
-// One Compute runs four phases separated by team barriers:
-//   0. quantize the activation rows (int8 mode) in the formats the weights need;
-//   1. gate and up for every (expert tile, block of I rows): a tile is up to kMaxRowBlock pairs
-//      of one expert, so each weight block is read once for up to 8 tokens; writes SiLU(g)·u;
-//   2. quantize the intermediate rows for down (int8 mode: two-term rows, activation_blocks.h);
-//   3. down for every (tile, block of h rows), written straight to the pair's output row.
-// Work items are claimed dynamically (an atomic counter per phase), sized so that each thread
-// gets several and each streams tens of KiB of contiguous weight rows.
+// One Compute pass runs, on every thread of the team:
+//   0. quantize the activation rows (int8 mode) in the formats the weights need, one 256-element
+//      block per claim; then the pass's only team barrier;
+//   1. gate and up for every tile (up to kMaxRowBlock pairs of one expert, so each weight block is
+//      read once for up to 8 tokens), writing SiLU(g)·u; whichever thread finishes a tile's last
+//      rows quantizes that tile's intermediate rows for down (int8 mode: two-term rows,
+//      activation_blocks.h) and marks the tile ready;
+//   2. down for every tile, straight to each pair's output row, each thread waiting only for the
+//      tiles its rows belong to (not for the whole of step 1).
+// Steps 1 and 2 share their rows as row_split.h describes: one contiguous static range per
+// thread, sized by cost, then a claimed tail. Results do not depend on the split or the thread
+// count: every output row is one kernel call on the same inputs.
 #ifndef TANDEM_HOST_EXPERT_WORKER_KERNELS_EXPERT_FFN_ENGINE_H_
 #define TANDEM_HOST_EXPERT_WORKER_KERNELS_EXPERT_FFN_ENGINE_H_
 
@@ -24,6 +28,7 @@
 #include "host_expert_worker/kernels/activation_blocks.h"
 #include "host_expert_worker/kernels/kernel_isa.h"
 #include "host_expert_worker/kernels/row_dot_kernels.h"
+#include "host_expert_worker/kernels/row_split.h"
 #include "host_expert_worker/kernels/worker_thread_pool.h"
 
 namespace tandem {
@@ -83,6 +88,14 @@ class ExpertFfnEngine {
                            bool exact, float* outputs, bool quantize_activations,
                            const float* activations, int64_t activation_rows);
   void RunThread(int t);
+  // Step 1 for rows [r0, r0 + rows) of tile i; the thread that completes the tile prepares its
+  // input for down and marks it ready.
+  void GateUpRows(int64_t i, int64_t r0, int64_t rows, float* scratch);
+  void DownRows(int64_t i, int64_t r0, int64_t rows, float* scratch);
+  void RowDots(const ExpertMatrixView& m, ActivationFormat format, uint32_t e, int64_t r0,
+               int64_t rows, const void* const* acts, int count, int terms, float* const* out,
+               float* scratch) const;
+  const void* ActivationRow(uint32_t slot, ActivationFormat format) const;
 
   ExpertFfnEngineOptions options_;
   WorkerThreadPool* pool_;
@@ -98,14 +111,13 @@ class ExpertFfnEngine {
     bool exact = false;
     float* outputs = nullptr;
     int64_t tiles = 0;
-    int64_t up_chunk = 0, up_chunks_per_tile = 0;
-    int64_t down_chunk = 0, down_chunks_per_tile = 0;
+    uint64_t epoch = 0;  // tile_ready value meaning "ready in this pass"
+    RowSplit up_split, down_split;
     ActivationFormat gate_format = ActivationFormat::kF32, up_format = ActivationFormat::kF32,
                      down_format = ActivationFormat::kF32;
   } pass_;
   alignas(64) std::atomic<int64_t> next_quant_{0};
   alignas(64) std::atomic<int64_t> next_up_{0};
-  alignas(64) std::atomic<int64_t> next_inter_{0};
   alignas(64) std::atomic<int64_t> next_down_{0};
 };
 

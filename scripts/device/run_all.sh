@@ -39,6 +39,9 @@ for t in gpu_kernels_test gpu_moe_kernels_test gpu_backend_test; do
 done
 
 if [[ " $* " != *" --no-parity "* ]]; then
+  # llama.cpp's own converter, when a copy of it was carried (.llama-convert: convert_hf_to_gguf.py,
+  # conversion/ and gguf-py/ from a llama.cpp source tree; never committed).
+  [ -f "$root/.llama-convert/convert_hf_to_gguf.py" ] && export LLAMA_CPP_DIR=$root/.llama-convert
   TANDEM_BIN=$bundle/bin/tandem OUT=$out timeout 600 bash scripts/device/parity/run.sh "$bundle" \
     >"$out/parity_run.log" 2>&1
   rc=$?

@@ -14,6 +14,7 @@
 #include "host_expert_worker/kernels/expert_ffn_engine.h"
 #include "host_expert_worker/kernels/kernel_isa.h"
 #include "host_expert_worker/kernels/row_dot_kernels.h"
+#include "host_expert_worker/kernels/row_split.h"
 #include "host_expert_worker/kernels/worker_thread_pool.h"
 #include "tests/expert_kernels/random_experts.h"
 
@@ -429,6 +430,61 @@ TEST(ExpertFfnEngine, ResultsDoNotDependOnThreadCount) {
   EngineHarness one(BestKernelIsa(), 1);
   EngineHarness three(BestKernelIsa(), 3);
   EXPECT_EQ(one.Run(layer, pairs, x, false), three.Run(layer, pairs, x, false));
+}
+
+// Uneven tiles (one expert with 9 pairs: a tile of 8 and one of 1; others with 1 or 2), more
+// threads than some phases have tiles: each thread's static range spans tile boundaries and down
+// waits for tiles that other threads complete.
+TEST(ExpertFfnEngine, UnevenTilesGiveTheSameResultsOnAnyTeam) {
+  const Layer layer = MakeLayer(WeightType::kQ4_K, WeightType::kQ6_K, 51);
+  const std::vector<float> x = RandomActivations(9 * kHidden, 4);
+  std::vector<ExpertRowPair> pairs;
+  for (uint32_t r = 0; r < 9; ++r) pairs.push_back({0, r});
+  pairs.push_back({2, 3});
+  pairs.push_back({3, 1});
+  pairs.push_back({3, 5});
+  EngineHarness one(BestKernelIsa(), 1);
+  const std::vector<float> want = one.Run(layer, pairs, x, false);
+  for (int threads : {2, 5}) {
+    EngineHarness team(BestKernelIsa(), threads);
+    for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(team.Run(layer, pairs, x, false), want) << threads;
+  }
+  EXPECT_LT(RelativeL2(want, Reference(layer, pairs, x)), kInt8Tolerance);
+}
+
+// Every row is covered exactly once (static ranges, then tail claims), boundaries fall on steps,
+// and the static ranges carry equal cost to within a step of the costliest tile.
+TEST(RowSplit, CoversEveryRowOnceWithBalancedStaticRanges) {
+  const std::vector<int64_t> cost = {3, 10, 3, 3, 6, 10, 3};
+  const int64_t dim = 512;
+  for (int threads : {1, 2, 3, 16}) {
+    SCOPED_TRACE(threads);
+    std::vector<int64_t> bounds(threads + 1);
+    const RowSplit s = MakeRowSplit(cost.data(), cost.size(), dim, threads, bounds.data());
+    ASSERT_EQ(s.total, 7 * dim);
+    std::vector<int> seen(s.total, 0);
+    std::vector<int64_t> static_cost(threads, 0);
+    std::atomic<int64_t> next{0};
+    for (int t = 0; t < threads; ++t) {
+      EXPECT_LE(bounds[t], bounds[t + 1]);
+      EXPECT_EQ(bounds[t] % kRowSplitStep, 0);
+      ForEachRowRange(s, t, next, [&](int64_t tile, int64_t r0, int64_t rows) {
+        ASSERT_GE(r0, 0);
+        ASSERT_LE(r0 + rows, dim);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t g = tile * dim + r0 + r;
+          ++seen[g];
+          if (g < s.tail_begin) static_cost[t] += cost[tile];
+        }
+      });
+    }
+    for (int64_t g = 0; g < s.total; ++g) ASSERT_EQ(seen[g], 1) << "row " << g;
+    int64_t all = 0;
+    for (int64_t c : cost) all += c * dim;
+    EXPECT_EQ(s.tail_begin == s.total, threads == 1);
+    const int64_t ideal = (threads == 1 ? all : all - all / 8) / threads;
+    for (int t = 0; t < threads; ++t) EXPECT_NEAR(static_cost[t], ideal, kRowSplitStep * 10) << "thread " << t;
+  }
 }
 
 TEST(ExpertFfnEngine, RefusesTooManyActivationRowsAndBadLayers) {

@@ -202,7 +202,9 @@ TEST(GdnForwardTest, RecurrentMatchesNaiveLayer) {
   }
   EXPECT_LE(RelativeL2(y, ref), 1e-5);
   EXPECT_LE(RelativeL2(st.ssm, std::vector<float>(S.begin(), S.end())), 1e-5);
-  EXPECT_EQ(st.conv, std::vector<float>(conv_hist.begin(), conv_hist.end()));
+  // The conv history holds MatMul outputs (f32 sums per 256-element chunk; matmul.h's bound),
+  // so it matches the f64 projection to rounding, not bit for bit.
+  EXPECT_LE(RelativeL2(st.conv, std::vector<float>(conv_hist.begin(), conv_hist.end())), 1e-6);
 }
 
 TEST(GdnForwardTest, ChunkedWholeSequenceEqualsRecurrentTokenByToken) {

@@ -113,7 +113,7 @@ TEST(ServiceIntegrationTest, HealthReflectionAndModelInfo) {
   ASSERT_NE(it, md.end());
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), "req-42");
   EXPECT_NE(service.Log().find("\"request_id\":\"req-42\""), std::string::npos);
-  // Server reflection (v1alpha, the only version gRPC 1.51 ships) lists the service.
+  // Server reflection (v1alpha here; tests/service_reflection covers v1) lists the service.
   EXPECT_NE(service.ReflectionListServices().find("tandem.v1.Generation"), std::string::npos);
 }
 
