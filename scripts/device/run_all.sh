@@ -42,7 +42,7 @@ if [[ " $* " != *" --no-parity "* ]]; then
   # llama.cpp's own converter, when a copy of it was carried (.llama-convert: convert_hf_to_gguf.py,
   # conversion/ and gguf-py/ from a llama.cpp source tree; never committed).
   [ -f "$root/.llama-convert/convert_hf_to_gguf.py" ] && export LLAMA_CPP_DIR=$root/.llama-convert
-  TANDEM_BIN=$bundle/bin/tandem OUT=$out timeout 600 bash scripts/device/parity/run.sh "$bundle" \
+  TANDEM_BIN=$bundle/bin/tandem OUT=$out timeout 330 bash scripts/device/parity/run.sh "$bundle" \
     >"$out/parity_run.log" 2>&1
   rc=$?
   note "parity: rc=$rc (details in parity/)"
