@@ -124,12 +124,24 @@ def save_checkpoint(model, mtp, d, dtype):
     return sorted(state.keys())
 
 
-def load_f32(d):
+def load_f32(d, dtype=torch.float32):
+    """The checkpoint with eager attention and eager experts: transformers 5 otherwise runs the
+    experts through torch's grouped_mm, which has no f64 kernel and is not the plain f32 loop."""
     from transformers import Qwen3NextForCausalLM
-    try:
-        m = Qwen3NextForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    except TypeError:
-        m = Qwen3NextForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager")
+    kwargs = {"attn_implementation": "eager"}
+    for extra in ({"experts_implementation": "eager"}, {}):
+        try:
+            m = Qwen3NextForCausalLM.from_pretrained(d, dtype=dtype, **kwargs, **extra)
+            break
+        except (TypeError, ValueError):
+            try:
+                m = Qwen3NextForCausalLM.from_pretrained(d, torch_dtype=dtype, **kwargs, **extra)
+                break
+            except (TypeError, ValueError):
+                continue
+    for cfg in (m.config, getattr(m.config, "text_config", None)):
+        if cfg is not None and hasattr(cfg, "_experts_implementation"):
+            cfg._experts_implementation = "eager"
     return m.eval()
 
 
@@ -208,6 +220,11 @@ def run(tandem, workdir, tol, report, steps=32, margin_tol=1e-3):
             section["ok"] = False
             continue
         hf = load_f32(d)
+        # The same checkpoint in float64: says how much of an f32 difference is transformers' own
+        # f32 rounding (its chunked GDN and softmaxes in f32) rather than a difference in the math.
+        hf64 = load_f32(d, torch.float64)
+        entry["experts_implementation"] = str(getattr(hf.config, "_experts_implementation", "unknown"))
+        print(f"  {label}: transformers experts implementation: {entry['experts_implementation']}", flush=True)
         hf_state = {k: v.float() for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
         captured = {}
         hf.model.norm.register_forward_hook(lambda mod, inp, out: captured.__setitem__("hsrc", out[0].detach().double()))
@@ -218,6 +235,14 @@ def run(tandem, workdir, tol, report, steps=32, margin_tol=1e-3):
                 logits = hf(input_ids=torch.tensor([ids])).logits[0].double().numpy()
                 hsrc = captured["hsrc"]
             errs = [rel_l2(t["logits"][p], logits[p]) for p in range(len(ids))]
+            with torch.no_grad():
+                logits64 = hf64(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+            errs64 = [rel_l2(t["logits"][p], logits64[p]) for p in range(len(ids))]
+            hf32_vs_64 = [rel_l2(logits[p], logits64[p]) for p in range(len(ids))]
+            toks64, _, rows64 = hf_greedy(hf64, ids, steps)
+            first64 = next((j for j in range(steps) if toks64[j] != t["greedy"][j]), -1)
+            path64 = [rel_l2(t["logits"][len(ids) - 1 + j], rows64[j])
+                      for j in range(1, steps if first64 < 0 else first64)]
             toks, margins, rows = hf_greedy(hf, ids, steps)
             first = next((j for j in range(steps) if toks[j] != t["greedy"][j]), -1)
             path_errs = [rel_l2(t["logits"][len(ids) - 1 + j], rows[j]) for j in range(1, steps if first < 0 else first)]
@@ -227,7 +252,9 @@ def run(tandem, workdir, tol, report, steps=32, margin_tol=1e-3):
             e = {"length": len(ids), "max_rel_l2": max(errs), "greedy_path_max_rel_l2": max(path_errs, default=0.0),
                  "tandem_greedy": t["greedy"], "hf_greedy": toks, "first_difference": first,
                  "hf_top2_margin_at_difference": None if first < 0 else margins[first], "min_hf_top2_margin": min(margins),
-                 "mtp_drafts_tandem": t["draft"], "mtp_drafts_torch": drafts, "mtp_max_rel_l2": mtp_err}
+                 "mtp_drafts_tandem": t["draft"], "mtp_drafts_torch": drafts, "mtp_max_rel_l2": mtp_err,
+                 "f64_max_rel_l2": max(errs64), "f64_greedy_path_max_rel_l2": max(path64, default=0.0),
+                 "f64_first_difference": first64, "hf_f32_vs_f64_max_rel_l2": max(hf32_vs_64)}
             e["ok"] = (e["max_rel_l2"] <= tol and e["greedy_path_max_rel_l2"] <= tol
                        and (first < 0 or margins[first] < margin_tol) and mtp_err <= tol
                        and drafts == t["draft"])
@@ -237,6 +264,9 @@ def run(tandem, workdir, tol, report, steps=32, margin_tol=1e-3):
                   + ("same" if first < 0 else f"differs at step {first} (HF top-2 margin {margins[first]:.2e})")
                   + f"; MTP rel L2 {mtp_err:.2e} drafts {'same' if drafts == t['draft'] else 'DIFFER'}"
                   + (" OK" if e["ok"] else " FAIL"), flush=True)
+            print(f"    vs transformers in f64: logits max rel L2 {e['f64_max_rel_l2']:.2e} (greedy path "
+                  f"{e['f64_greedy_path_max_rel_l2']:.2e}, first difference {first64}); transformers f32 vs "
+                  f"f64 {e['hf_f32_vs_f64_max_rel_l2']:.2e}", flush=True)
         section["ok"] &= entry["ok"]
     report["transformers_parity"] = section
     return section["ok"]

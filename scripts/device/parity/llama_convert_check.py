@@ -55,6 +55,17 @@ def run(hf_dir, ours, workdir, report):
     section["keys_only_tandem"] = sorted(k for k in set(m1) - set(m2) if k not in skip)
     section["keys_only_llama"] = sorted(k for k in set(m2) - set(m1) if k not in skip and not k.startswith("general."))
     section["value_differences"] = sorted(k for k in set(m1) & set(m2) if k not in skip and m1[k] != m2[k])
+    # Where each differing value first differs (for arrays: the index, the count and both values).
+    details = {}
+    for k in section["value_differences"]:
+        a, b = m1[k], m2[k]
+        if isinstance(a, list) and isinstance(b, list):
+            idx = [i for i in range(min(len(a), len(b))) if a[i] != b[i]]
+            details[k] = {"len_tandem": len(a), "len_llama": len(b), "n_differ": len(idx),
+                          "first": [(i, repr(a[i]), repr(b[i])) for i in idx[:5]]}
+        else:
+            details[k] = {"tandem": repr(a)[:200], "llama": repr(b)[:200]}
+    section["value_difference_details"] = details
     ok = not (section["tensors_only_tandem"] or section["tensors_only_llama"] or diffs or section["value_differences"])
     section["ok"] = ok
     print(f"  llama.cpp converter: {len(t2)} tensors; differences: {len(diffs)} data, "

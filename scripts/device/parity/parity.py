@@ -90,6 +90,10 @@ def summary(r):
                 lines.append(f"- {p['length']} tokens: logits max rel L2 {p['max_rel_l2']:.2e} (along the greedy path "
                              f"{p['greedy_path_max_rel_l2']:.2e}); greedy {g}; min HF margin {p['min_hf_top2_margin']:.2e}; "
                              f"MTP rel L2 {p['mtp_max_rel_l2']:.2e}, drafts {p['mtp_drafts_tandem']} vs {p['mtp_drafts_torch']}")
+                if "f64_max_rel_l2" in p:
+                    lines.append(f"  - vs transformers in f64: logits max rel L2 {p['f64_max_rel_l2']:.2e} (greedy path "
+                                 f"{p['f64_greedy_path_max_rel_l2']:.2e}); transformers f32 vs f64: "
+                                 f"{p['hf_f32_vs_f64_max_rel_l2']:.2e}")
         lines.append("")
     l = r.get("llama_cpp_converter")
     if l:
