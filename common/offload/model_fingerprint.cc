@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 namespace {
 
@@ -50,6 +52,20 @@ uint64_t ModelFingerprint(std::span<const FingerprintTensor> tensors) {
     for (int64_t d : t->shape) hash.U64(static_cast<uint64_t>(d));
   }
   return hash.Finish();
+}
+
+absl::StatusOr<uint64_t> ExpertTensorsFingerprint(const GgufFile& file, uint32_t layer_count) {
+  std::vector<FingerprintTensor> tensors;
+  for (uint32_t l = 0; l < layer_count; ++l) {
+    for (const char* kind : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      const std::string name = absl::StrCat("blk.", l, ".", kind, ".weight");
+      absl::StatusOr<const GgufTensorInfo*> t = file.GetTensor(name);
+      if (!t.ok()) return t.status();
+      tensors.push_back({name, (*t)->ggml_type,
+                         std::vector<int64_t>((*t)->ne.begin(), (*t)->ne.begin() + (*t)->n_dims)});
+    }
+  }
+  return ModelFingerprint(tensors);
 }
 
 }  // namespace tandem

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/gguf/gguf_file.h"
+
 namespace tandem {
 
 // One expert tensor as the fingerprint sees it.
@@ -21,6 +24,12 @@ struct FingerprintTensor {
 // (they are hashed sorted by name), so two loaders that list tensors differently agree. Not a
 // cryptographic hash: it detects mistakes, not adversaries.
 uint64_t ModelFingerprint(std::span<const FingerprintTensor> tensors);
+
+// The fingerprint of a model file's expert tensors (blk.i.ffn_{gate,up,down}_exps.weight for every
+// layer i < layer_count: names, types, full shapes). The worker (for its share) and the GPU service
+// compute it from the same file with this one function, so they agree by construction. NotFound
+// naming the tensor when one is missing.
+absl::StatusOr<uint64_t> ExpertTensorsFingerprint(const GgufFile& file, uint32_t layer_count);
 
 }  // namespace tandem
 

@@ -30,20 +30,6 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> ExpertTensorsFingerprintOf(const GgufFile& file, uint32_t layer_count) {
-  std::vector<FingerprintTensor> tensors;
-  for (uint32_t l = 0; l < layer_count; ++l) {
-    for (const char* kind : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
-      const std::string name = absl::StrCat("blk.", l, ".", kind, ".weight");
-      absl::StatusOr<const GgufTensorInfo*> t = file.GetTensor(name);
-      if (!t.ok()) return t.status();
-      tensors.push_back({name, (*t)->ggml_type,
-                         std::vector<int64_t>((*t)->ne.begin(), (*t)->ne.begin() + (*t)->n_dims)});
-    }
-  }
-  return ModelFingerprint(tensors);
-}
-
 absl::StatusOr<std::unique_ptr<HostExpertWorkers>> HostExpertWorkers::Start(
     const GgufFile& file, const ModelConfig& config, uint32_t layer_count,
     HostExpertWorkersOptions options) {
@@ -51,7 +37,7 @@ absl::StatusOr<std::unique_ptr<HostExpertWorkers>> HostExpertWorkers::Start(
   if (options.max_rows_per_request < 1) {
     return absl::InvalidArgumentError("max_rows_per_request must be >= 1");
   }
-  absl::StatusOr<uint64_t> fingerprint = ExpertTensorsFingerprintOf(file, layer_count);
+  absl::StatusOr<uint64_t> fingerprint = ExpertTensorsFingerprint(file, layer_count);
   if (!fingerprint.ok()) return fingerprint.status();
   const uint32_t experts = static_cast<uint32_t>(config.moe.E);
   const uint32_t k = static_cast<uint32_t>(std::max<int64_t>(config.moe.K, 1));

@@ -38,16 +38,12 @@
 #include "absl/time/time.h"
 #include "common/gguf/gguf_file.h"
 #include "common/model/model_config.h"
+#include "common/offload/model_fingerprint.h"
 #include "gpu_service/backend/expert_placement.h"
 #include "gpu_service/backend/remote_experts_spec.h"
 #include "gpu_service/offload/multi_worker_client.h"
 
 namespace tandem {
-
-// The fingerprint the worker computes of the same file (ExpertTensorsFingerprint in
-// host_expert_worker/store): blk.i.ffn_{gate,up,down}_exps.weight for i < layer_count, by name,
-// ggml type and shape. NotFound naming the tensor when one is missing.
-absl::StatusOr<uint64_t> ExpertTensorsFingerprintOf(const GgufFile& file, uint32_t layer_count);
 
 struct HostExpertWorkersOptions {
   std::vector<RemoteWorkerSpec> workers;  // OrderWorkerShares'd: share K is workers[K]

@@ -24,20 +24,6 @@ absl::StatusOr<ExpertShare> ParseExpertShare(const std::string& text) {
   return share;
 }
 
-absl::StatusOr<uint64_t> ExpertTensorsFingerprint(const GgufFile& file, uint32_t layer_count) {
-  std::vector<FingerprintTensor> tensors;
-  for (uint32_t l = 0; l < layer_count; ++l) {
-    for (const char* kind : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
-      const std::string name = absl::StrCat("blk.", l, ".", kind, ".weight");
-      absl::StatusOr<const GgufTensorInfo*> t = file.GetTensor(name);
-      if (!t.ok()) return t.status();
-      tensors.push_back({name, (*t)->ggml_type,
-                         std::vector<int64_t>((*t)->ne.begin(), (*t)->ne.begin() + (*t)->n_dims)});
-    }
-  }
-  return ModelFingerprint(tensors);
-}
-
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const GgufFile& file,
                                                                const ExpertStoreOptions& options,
                                                                WorkerThreadPool* pool) {

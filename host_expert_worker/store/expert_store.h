@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/gguf/gguf_file.h"
+#include "common/offload/model_fingerprint.h"
 #include "host_expert_worker/channel/expert_row_computer.h"
 #include "host_expert_worker/kernels/expert_ffn_engine.h"
 #include "host_expert_worker/kernels/worker_thread_pool.h"
@@ -34,10 +35,8 @@ struct ExpertShare {
 // Parses "K/N" with 0 <= K < N (InvalidArgument naming --share otherwise).
 absl::StatusOr<ExpertShare> ParseExpertShare(const std::string& text);
 
-// The fingerprint of a model's expert tensors (blk.i.ffn_{gate,up,down}_exps.weight for every
-// layer i < layer_count: names, types, full shapes): the same for every share, and what the GPU
-// service computes from the same file.
-absl::StatusOr<uint64_t> ExpertTensorsFingerprint(const GgufFile& file, uint32_t layer_count);
+// ExpertTensorsFingerprint (the fingerprint of the expert tensors) is in
+// common/offload/model_fingerprint.h, shared with the GPU service.
 
 struct ExpertStoreOptions {
   ExpertShare share;
