@@ -16,7 +16,7 @@
 #include "common/reference/weight_view.h"
 #include "common/weights/weight_types.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
-#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+#include "gpu_service/backends/cuda/device_matrix.h"
 #include "gtest/gtest.h"
 
 namespace tandem::gpu_testing {

@@ -46,7 +46,7 @@ TEST(GpuEngramTest, PrefillThenDecodeMatchesEngramForward) {
 
   DeviceBuffer dkey = Upload(key), dvalue = Upload(value), dkn = Upload(key_norm), dqn = Upload(query_norm);
   DeviceBuffer dcn = Upload(conv_norm), dconv = Upload(conv);
-  const EngramDeviceWeights dw{{WeightType::kQ8_0, dkey.get(), pin, width}, {WeightType::kQ8_0, dvalue.get(), pin, h},
+  const EngramDeviceWeights dw{{kTypeQ8_0, dkey.get(), pin, width}, {kTypeQ8_0, dvalue.get(), pin, h},
                                dkn.as<float>(), dqn.as<float>(), dcn.as<float>(), dconv.as<float>()};
   absl::StatusOr<GpuEngramLayer> layer = GpuEngramLayer::Create(c, S, h, 8);
   ASSERT_TRUE(layer.ok()) << layer.status();

@@ -14,7 +14,7 @@
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 namespace {

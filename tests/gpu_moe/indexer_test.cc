@@ -73,7 +73,7 @@ TEST(IndexerTest, KeysQueriesAndScoresMatchReference) {
   // GPU: projections, prepare (two calls: a prefill then a decode-sized one), block keys.
   DeviceBuffer dqk = Upload(qk), dx = Upload(x), diqn = Upload(iqn), dikn = Upload(ikn);
   DeviceBuffer diqk = PoisonedBuffer(iqk.size() * sizeof(float));
-  ASSERT_TRUE(DenseMatVec("attn_idx_qk", {WeightType::kF32, dqk.get(), d.h, iqw}, dx.as<float>(), n, diqk.as<float>(), nullptr).ok());
+  ASSERT_TRUE(DenseMatVec("attn_idx_qk", DeviceMatrix{kTypeF32, dqk.get(), d.h, iqw}, dx.as<float>(), n, diqk.as<float>(), nullptr).ok());
   DeviceBuffer diq = PoisonedBuffer(ref_iq.size() * sizeof(float));
   DeviceBuffer dkeys = PoisonedBuffer(static_cast<size_t>(n * d.di) * sizeof(float));
   const int64_t split = 37;

@@ -59,7 +59,7 @@ TEST(MoeLayerTest, GpuAndOffloadedExpertsMatchMoeForward) {
     DeviceBuffer logits = PoisonedBuffer(static_cast<size_t>(n * E) * sizeof(float));
     absl::StatusOr<GpuRouter> r = GpuRouter::Create(8, E, K);
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE(r->Route(DeviceMatrix{WeightType::kF32, drouter.get(), h, E}, dx.as<float>(), n, logits.as<float>(), nullptr).ok());
+    ASSERT_TRUE(r->Route(DeviceMatrix{kTypeF32, drouter.get(), h, E}, dx.as<float>(), n, logits.as<float>(), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<int32_t> picks(r->experts(), r->experts() + n * K);
     std::vector<float> weights(r->weights(), r->weights() + n * K);
@@ -92,7 +92,7 @@ TEST(MoeLayerTest, GpuAndOffloadedExpertsMatchMoeForward) {
     const std::vector<ExpertUnit> shared_units = DenseExpertUnits({dsg.get(), dsu.get(), dsd.get()}, n, 0);
     ASSERT_TRUE(shared_runner->Run(shared_units, {st, st, h, Ish}, dx.as<float>(), act.as<float>(), shared.as<float>(), nullptr).ok());
     DeviceBuffer gate_logit = PoisonedBuffer(static_cast<size_t>(n) * sizeof(float));
-    ASSERT_TRUE(DenseMatVec("ffn_gate_inp_shexp", {WeightType::kF32, dsgi.get(), h, 1}, dx.as<float>(), n, gate_logit.as<float>(), nullptr).ok());
+    ASSERT_TRUE(DenseMatVec("ffn_gate_inp_shexp", DeviceMatrix{kTypeF32, dsgi.get(), h, 1}, dx.as<float>(), n, gate_logit.as<float>(), nullptr).ok());
 
     DeviceBuffer dslot = Upload(plan->slot), dweights = Upload(weights);
     DeviceBuffer y = PoisonedBuffer(static_cast<size_t>(n * h) * sizeof(float));

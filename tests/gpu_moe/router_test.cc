@@ -32,7 +32,7 @@ TEST_P(DenseMatVecTest, MatchesReferenceMatMul) {
     MatMul(view, x.data(), n, ref.data(), nullptr);
     DeviceBuffer dx = Upload(x);
     DeviceBuffer dy = PoisonedBuffer(ref.size() * sizeof(float));
-    ASSERT_TRUE(DenseMatVec("test", DeviceMatrix{type, dw.get(), cols, rows}, dx.as<float>(), n, dy.as<float>(), nullptr).ok());
+    ASSERT_TRUE(DenseMatVec("test", DeviceMatrix{static_cast<uint32_t>(type), dw.get(), cols, rows}, dx.as<float>(), n, dy.as<float>(), nullptr).ok());
     const std::vector<float> got = Download<float>(dy.get(), ref.size());
     ASSERT_TRUE(testing::AllFinite(got)) << "unwritten output rows (n=" << n << ")";
     EXPECT_LE(testing::RelativeL2(got, ref), 1e-5) << "n=" << n;
@@ -56,7 +56,7 @@ TEST(GpuRouterTest, PicksAndWeightsMatchRouteTokens) {
   DeviceBuffer logits = PoisonedBuffer(static_cast<size_t>(n * E) * sizeof(float));
   absl::StatusOr<GpuRouter> r = GpuRouter::Create(32, E, K);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(r->Route(DeviceMatrix{WeightType::kF32, drouter.get(), h, E}, dx.as<float>(), n, logits.as<float>(), nullptr).ok());
+  ASSERT_TRUE(r->Route(DeviceMatrix{kTypeF32, drouter.get(), h, E}, dx.as<float>(), n, logits.as<float>(), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> gpu_logits = Download<float>(logits.get(), static_cast<size_t>(n * E));
   std::vector<int32_t> experts(static_cast<size_t>(n * K));

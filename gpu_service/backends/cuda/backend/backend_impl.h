@@ -99,7 +99,7 @@ class CudaBackend::Impl {
   float* state(const CudaSequence& s) const { return recurrent + s.row * recurrent_floats; }
 
   // Layer loop (layer_loop.cc).
-  absl::Status Product(const cuda::GpuMatrix& w, const float* x, int64_t n, float* y);
+  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a);
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);

@@ -47,13 +47,13 @@ class ArenaPlan {
 
 int64_t MaxCols(const cuda::DeviceModel& m) {
   int64_t cols = std::max(m.token_embd.cols, m.output.cols);
-  auto see = [&](const cuda::GpuMatrix& g) { cols = std::max(cols, g.cols); };
+  auto see = [&](const cuda::DeviceMatrix& g) { cols = std::max(cols, g.cols); };
   auto see_read = [&](const cuda::GpuHcRead& r) { see(r.down); see(r.up); see(r.inject); };
   see_read(m.output_read);
   for (const cuda::GpuLayer& l : m.layers) {
     see_read(l.attn_read);
     see_read(l.ffn_read);
-    for (const cuda::GpuMatrix* g : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) see(*g);
+    for (const cuda::DeviceMatrix* g : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) see(*g);
   }
   return cols;
 }
@@ -346,13 +346,9 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
 
   // Embedding, layers, head.
   m.timer->Mark(Stage::kStreams, st);
-  if (absl::Status s = cuda::CudaStatus(cuda::LaunchEmbeddingGather(cuda::DeviceMatrix{m.dm->token_embd.type,
-                                                                                        m.dm->token_embd.data,
-                                                                                        m.dm->token_embd.cols,
-                                                                                        m.dm->token_embd.rows,
-                                                                                        m.dm->token_embd.row_bytes},
-                                                                    m.tokens_dev(), plan.tokens, c.n_streams, m.H, st),
-                                        "embedding gather", __FILE__, __LINE__);
+  if (absl::Status s = cuda::CudaStatus(
+          cuda::LaunchEmbeddingGather(m.dm->token_embd, m.tokens_dev(), plan.tokens, c.n_streams, m.H, st),
+          "embedding gather", __FILE__, __LINE__);
       !s.ok()) {
     return s;
   }

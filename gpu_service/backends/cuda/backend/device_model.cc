@@ -12,17 +12,9 @@
 namespace tandem::cuda {
 namespace {
 
-// The GPU kernels read these ggml types (dense products through the dense matvec / GEMM family;
-// experts through the MoE family, which reads a superset).
-bool DenseTypeOk(WeightType t) {
-  switch (t) {
-    case WeightType::kF32: case WeightType::kF16: case WeightType::kBF16: case WeightType::kQ8_0:
-    case WeightType::kQ4_K: case WeightType::kQ5_K: case WeightType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
+// Dense products go through the dense matvec / GEMM family, experts through the MoE family,
+// which reads a superset of types (weight_type_ids.h).
+bool DenseTypeOk(WeightType t) { return DenseKernelsSupportType(static_cast<uint32_t>(t)); }
 
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
 // (base == nullptr), then to copy and hand out device addresses.
@@ -41,8 +33,8 @@ class Placer {
     if (v.empty()) return nullptr;
     return static_cast<const float*>(Put(v.data(), v.size() * sizeof(float)));
   }
-  GpuMatrix Matrix(const char* name, const MatrixView& m, bool dense = true) {
-    GpuMatrix g;
+  DeviceMatrix Matrix(const char* name, const MatrixView& m, bool dense = true) {
+    DeviceMatrix g;
     if (!m.present()) return g;
     if (dense && !DenseTypeOk(m.type) && problems_.empty()) {
       problems_ = absl::StrCat(name, ": weight type ", static_cast<uint32_t>(m.type),

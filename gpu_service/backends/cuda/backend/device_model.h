@@ -1,7 +1,7 @@
 // The model's weights in device memory: every tensor the layer loop reads, uploaded once at load
 // into one device allocation (Engram tables excepted: their rows are gathered on the host, since
-// their addresses depend only on token ids). Plain structs, free of the kernel families' headers,
-// so that the dense-kernel and MoE-kernel translation units can both include this one.
+// their addresses depend only on token ids). Plain structs over cuda::DeviceMatrix (the matrix
+// type both kernel families take), free of the kernel families' launch headers.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 
@@ -13,18 +13,9 @@
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
-
-// A ggml matrix {cols, rows} in device memory; type is the ggml type id. data == nullptr: absent.
-struct GpuMatrix {
-  uint32_t type = 0;
-  const void* data = nullptr;
-  int64_t cols = 0;
-  int64_t rows = 0;
-  int64_t row_bytes = 0;
-  bool present() const { return data != nullptr; }
-};
 
 // A ggml expert tensor {cols, rows, experts}: expert e's matrix starts at data + e·rows·row_bytes.
 struct GpuExperts {
@@ -40,30 +31,30 @@ struct GpuExperts {
 // A stream read (docs/MODEL.md §4.1): hc_* set, or only `norm` for the plain read.
 struct GpuHcRead {
   const float* norm = nullptr;  // S·h
-  GpuMatrix down, up, inject;   // absent for the plain read; inject optional
+  DeviceMatrix down, up, inject;   // absent for the plain read; inject optional
 };
 
 struct GpuLayer {
   LayerKind kind = LayerKind::kGdn;
   GpuHcRead attn_read, ffn_read;
   // Gated DeltaNet.
-  GpuMatrix qkv, z, ba, ssm_out;
+  DeviceMatrix qkv, z, ba, ssm_out;
   const float* conv1d = nullptr;  // c_dim × kk
   const float* ssm_a = nullptr;
   const float* dt_bias = nullptr;
   const float* ssm_norm = nullptr;
   // Attention (+ indexer).
-  GpuMatrix q, k, v, o, idx_qk;
+  DeviceMatrix q, k, v, o, idx_qk;
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   const float* idx_q_norm = nullptr;
   const float* idx_k_norm = nullptr;
   // MoE.
-  GpuMatrix router, shared_gate_inp, shared_gate, shared_up, shared_down;
+  DeviceMatrix router, shared_gate_inp, shared_gate, shared_up, shared_down;
   GpuExperts gate_exps, up_exps, down_exps;
   // Engram (the table engram_embd stays on the host).
   bool has_engram = false;
-  GpuMatrix engram_key, engram_value;
+  DeviceMatrix engram_key, engram_value;
   const float* engram_key_norm = nullptr;
   const float* engram_query_norm = nullptr;
   const float* engram_conv_norm = nullptr;
@@ -72,7 +63,7 @@ struct GpuLayer {
 
 struct DeviceModel {
   DeviceBuffer storage;           // every tensor, 256-byte aligned
-  GpuMatrix token_embd, output;
+  DeviceMatrix token_embd, output;
   GpuHcRead output_read;
   std::vector<GpuLayer> layers;   // the n_layers main layers (the MTP layer is not uploaded)
   const double* rope_inv_freq = nullptr;  // rot/2 f64, as the CPU reference computes them

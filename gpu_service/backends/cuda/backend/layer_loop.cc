@@ -22,10 +22,6 @@ using cuda::Stage;
 
 namespace {
 
-cuda::DeviceMatrix ToDense(const cuda::GpuMatrix& m) {
-  return cuda::DeviceMatrix{m.type, m.data, m.cols, m.rows, m.row_bytes};
-}
-
 absl::Status Launch(cudaError_t err, const char* what) {
   if (err == cudaErrorInvalidValue) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": shape or type refused by the kernel"));
@@ -35,12 +31,12 @@ absl::Status Launch(cudaError_t err, const char* what) {
 
 }  // namespace
 
-absl::Status CudaBackend::Impl::Product(const cuda::GpuMatrix& w, const float* in, int64_t n, float* out) {
+absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
   if (n <= cuda::kMatVecMaxRows) {
-    return Launch(cuda::LaunchDenseMatVec(ToDense(w), in, w.cols, static_cast<int>(n), out, w.rows, stream.get()),
+    return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, stream.get()),
                   "dense matvec");
   }
-  return gemm->Run(ToDense(w), in, n, out, stream.get());
+  return gemm->Run(w, in, n, out, stream.get());
 }
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject) {

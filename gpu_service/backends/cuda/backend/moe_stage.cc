@@ -17,16 +17,12 @@
 namespace tandem::cuda {
 namespace {
 
-DeviceMatrix ToMoe(const GpuMatrix& m) {
-  return DeviceMatrix{static_cast<WeightType>(m.type), m.data, m.cols, m.rows};
-}
-
 // The dense matvec handles at most kMaxUnitRows rows per launch: longer inputs go in pieces.
-absl::Status MatVecRows(const char* what, const GpuMatrix& m, const float* x, int64_t n, float* y,
+absl::Status MatVecRows(const char* what, const DeviceMatrix& m, const float* x, int64_t n, float* y,
                         cudaStream_t stream) {
   for (int64_t t = 0; t < n; t += kMaxUnitRows) {
     const int64_t rows = std::min<int64_t>(kMaxUnitRows, n - t);
-    if (absl::Status s = DenseMatVec(what, ToMoe(m), x + t * m.cols, rows, y + t * m.rows, stream); !s.ok()) {
+    if (absl::Status s = DenseMatVec(what, m, x + t * m.cols, rows, y + t * m.rows, stream); !s.ok()) {
       return s;
     }
   }
@@ -222,8 +218,8 @@ absl::Status MoeStage::RunEngram(int64_t layer, const MatrixView& embd, std::spa
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no Engram"));
   }
   const GpuLayer& l = m.model->layers[layer];
-  const EngramDeviceWeights w{ToMoe(l.engram_key),     ToMoe(l.engram_value), l.engram_key_norm,
-                              l.engram_query_norm, l.engram_conv_norm,    l.engram_conv};
+  const EngramDeviceWeights w{l.engram_key,        l.engram_value,     l.engram_key_norm,
+                              l.engram_query_norm, l.engram_conv_norm, l.engram_conv};
   GpuEngramLayer& e = *m.engram[layer];
   if (absl::Status s = e.Stage(embd, rows, n, stream); !s.ok()) return s;
   return e.Forward(w, H, n, m.config.eps, conv_state, stream);

@@ -1,6 +1,6 @@
 // The MoE and Engram stages of the CUDA backend's layer loop, over the MoE kernel family
-// (router, expert work lists, scatter-sum, Engram). Kept behind this header, which names none of
-// that family's types, so the layer loop's translation unit can include the dense kernel family.
+// (router, expert work lists, scatter-sum, Engram). The header names none of that family's types,
+// so the layer loop sees the MoE work through MoeStage only.
 //
 // Experts: every step routes on the GPU, copies the picks to the host once per layer, and plans
 // the step as a list of ExpertUnits, each naming one expert's device weight addresses and up to

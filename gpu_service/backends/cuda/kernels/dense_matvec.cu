@@ -1,6 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
-#include "gpu_service/backends/cuda/kernels/dequant.cuh"
+#include "gpu_service/backends/cuda/dequant.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -10,7 +10,7 @@ constexpr int kWarpsPerBlock = 8;
 // One warp per output row; lane l takes the row's 32-element chunks l, l+32, ... and dots each
 // dequantized chunk with kRows activation rows (rows >= n are skipped). Two chunks are loaded per
 // iteration so that each lane has two independent weight loads in flight.
-template <int kType, int kRows>
+template <uint32_t kType, int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 DenseMatVecKernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t chunks, const float* x,
                   int64_t x_stride, int n, float* y, int64_t y_stride) {
@@ -63,7 +63,7 @@ DenseMatVecKernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t chu
   }
 }
 
-template <int kType, int kRows>
+template <uint32_t kType, int kRows>
 cudaError_t Launch(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y,
                    int64_t y_stride, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -74,7 +74,7 @@ cudaError_t Launch(const DeviceMatrix& w, const float* x, int64_t x_stride, int 
 }
 
 // Activation rows are rounded up to 1, 2, 4 or 8 (rows beyond n cost nothing but registers).
-template <int kType>
+template <uint32_t kType>
 cudaError_t LaunchType(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y,
                        int64_t y_stride, cudaStream_t stream) {
   if (n == 1) return Launch<kType, 1>(w, x, x_stride, n, y, y_stride, stream);
@@ -87,8 +87,8 @@ cudaError_t LaunchType(const DeviceMatrix& w, const float* x, int64_t x_stride, 
 
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, cudaStream_t stream) {
-  if (n < 1 || n > kMatVecMaxRows || w.rows <= 0 || !IsGpuWeightType(w.type) ||
-      w.cols % GpuBlockElems(w.type) != 0 || x_stride % 4 != 0) {
+  if (n < 1 || n > kMatVecMaxRows || w.rows <= 0 || !DenseKernelsSupportType(w.type) ||
+      w.cols % RowLengthMultiple(w.type) != 0 || x_stride % 4 != 0) {
     return cudaErrorInvalidValue;
   }
   switch (w.type) {

@@ -1,5 +1,5 @@
-// Dense matrix-vector products for decode: y = W·x for 1..8 activation rows, with W in any GPU
-// weight type (kernel_types.cuh), dequantized on the fly, f32 activations and f32 accumulation
+// Dense matrix-vector products for decode: y = W·x for 1..8 activation rows, with W in any type
+// of DenseKernelsSupportType, dequantized on the fly, f32 activations and f32 accumulation
 // (the exact mode of docs/MODEL.md §5). Decode is memory-bound: each weight byte is read once per
 // launch whatever the number of activation rows.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+#include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
 

@@ -1,12 +1,12 @@
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 
-#include "gpu_service/backends/cuda/kernels/dequant.cuh"
+#include "gpu_service/backends/cuda/dequant.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 // One thread per (token, 32-element chunk); the chunk is written to all S streams.
-template <int kType>
+template <uint32_t kType>
 __global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, int64_t rows,
                                       int64_t chunks, const int32_t* tokens, int64_t n, int64_t S,
                                       float* H) {
@@ -29,7 +29,7 @@ __global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, i
   }
 }
 
-template <int kType>
+template <uint32_t kType>
 cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int64_t S, float* H,
                    cudaStream_t stream) {
   const int64_t chunks = m.cols / 32;
@@ -45,7 +45,7 @@ cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int6
 cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
                                   int64_t S, float* H, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  if (!IsGpuWeightType(table.type) || table.cols % GpuBlockElems(table.type) != 0 || S <= 0) return cudaErrorInvalidValue;
+  if (!DenseKernelsSupportType(table.type) || table.cols % RowLengthMultiple(table.type) != 0 || S <= 0) return cudaErrorInvalidValue;
   switch (table.type) {
     case kTypeF32: return Launch<kTypeF32>(table, tokens, n, S, H, stream);
     case kTypeF16: return Launch<kTypeF16>(table, tokens, n, S, H, stream);

@@ -2,14 +2,14 @@
 
 #include <cuda_bf16.h>
 
-#include "gpu_service/backends/cuda/kernels/dequant.cuh"
+#include "gpu_service/backends/cuda/dequant.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 // One thread per 32-element chunk of the row range; writes 64 (bf16) or 128 (f32) bytes with
 // 16-byte stores.
-template <int kType>
+template <uint32_t kType>
 __global__ void DequantizeRowsKernel(const uint8_t* w, int64_t row_bytes, int64_t chunks,
                                      int64_t total, bool to_bf16, void* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -43,7 +43,7 @@ __global__ void F32ToBf16Kernel(const float* src, int64_t count, uint16_t* dst) 
   dst[i] = *reinterpret_cast<const uint16_t*>(&b);
 }
 
-template <int kType>
+template <uint32_t kType>
 cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool to_bf16, void* dst,
                    cudaStream_t stream) {
   const int64_t chunks = w.cols / 32;
@@ -60,8 +60,8 @@ cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool
 cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64_t count,
                                  bool to_bf16, void* dst, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  if (row_begin < 0 || row_begin + count > w.rows || !IsGpuWeightType(w.type) ||
-      w.cols % GpuBlockElems(w.type) != 0) {
+  if (row_begin < 0 || row_begin + count > w.rows || !DenseKernelsSupportType(w.type) ||
+      w.cols % RowLengthMultiple(w.type) != 0) {
     return cudaErrorInvalidValue;
   }
   switch (w.type) {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+#include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
 

@@ -65,7 +65,7 @@ absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, fl
                                                    " exceed the plan (max_n=", options_.max_n,
                                                    ", max_cols=", options_.max_cols, ")"));
   }
-  if (!IsGpuWeightType(w.type) || w.cols % GpuBlockElems(w.type) != 0) {
+  if (!DenseKernelsSupportType(w.type) || w.cols % RowLengthMultiple(w.type) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("DenseGemm::Run: weight type ", w.type,
                                                    " with cols=", w.cols, " is not supported on the GPU"));
   }

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
-#include "gpu_service/backends/cuda/kernels/kernel_types.cuh"
+#include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "gpu_service/backends/cuda/moe/dequant_piece.cuh"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 namespace {
@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) DequantBf16Kernel(const uint8_t* w, 
   const int p = static_cast<int>(i % pieces);
   const int64_t row_bytes = static_cast<int64_t>(cols) / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
   float v[32];
-  DequantPiece<kType>(w + r * row_bytes, p, v);
+  DequantChunk<kType>(w + r * row_bytes, p, v);
   uint32_t packed[16];
 #pragma unroll
   for (int k = 0; k < 16; ++k) packed[k] = ToBf16Bits(v[2 * k]) | (static_cast<uint32_t>(ToBf16Bits(v[2 * k + 1])) << 16);
@@ -63,9 +63,8 @@ __global__ void SiluMulKernel(const float* gu, int m, int inner, uint16_t* act) 
 cudaError_t LaunchDequantizeToBf16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
                                    cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  const int align = MoeKernelsRowAlignment(type);
-  const int block = (type == kTypeQ2_K || type == kTypeQ3_K || type == kTypeQ4_K || type == kTypeQ5_K || type == kTypeQ6_K) ? 256 : 32;
-  if (align == 0 || cols <= 0 || cols % block != 0 || reinterpret_cast<uintptr_t>(w) % align != 0) {
+  const int align = KernelRowAlignment(type);
+  if (align == 0 || cols <= 0 || cols % RowLengthMultiple(type) != 0 || reinterpret_cast<uintptr_t>(w) % align != 0) {
     return cudaErrorInvalidValue;
   }
   switch (type) {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 
@@ -100,9 +100,9 @@ namespace {
 
 absl::Status CheckUnitMatrix(const void* m, uint32_t type, const char* name, size_t unit) {
   if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat("expert unit ", unit, ": ", name, " is null"));
-  if (reinterpret_cast<uintptr_t>(m) % MoeKernelsRowAlignment(type) != 0) {
+  if (reinterpret_cast<uintptr_t>(m) % KernelRowAlignment(type) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("expert unit ", unit, ": ", name, " address is not ",
-                                                   MoeKernelsRowAlignment(type), "-byte aligned"));
+                                                   KernelRowAlignment(type), "-byte aligned"));
   }
   return absl::OkStatus();
 }

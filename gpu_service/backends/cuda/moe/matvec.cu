@@ -2,7 +2,7 @@
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 
 #include "gpu_service/backends/cuda/moe/matvec_impl.cuh"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 
@@ -23,10 +23,7 @@ namespace {
 constexpr size_t kMaxSharedBytes = 200 * 1024;
 
 bool ShapeOk(uint32_t type, int cols, int rows_bucket) {
-  const int block = (type == kTypeF32 || type == kTypeF16 || type == kTypeBF16) ? 32
-                    : (type == kTypeQ4_0 || type == kTypeQ8_0)                  ? 32
-                                                                                : 256;
-  return cols > 0 && cols % block == 0 && MatVecSharedBytes(rows_bucket, cols) <= kMaxSharedBytes;
+  return cols > 0 && cols % RowLengthMultiple(type) == 0 && MatVecSharedBytes(rows_bucket, cols) <= kMaxSharedBytes;
 }
 
 cudaError_t Dispatch(uint32_t type, const MatVecArgs& a) {
@@ -46,7 +43,7 @@ cudaError_t Dispatch(uint32_t type, const MatVecArgs& a) {
 }
 
 bool Aligned(const void* p, uint32_t type) {
-  const int align = MoeKernelsRowAlignment(type);
+  const int align = KernelRowAlignment(type);
   return align > 0 && reinterpret_cast<uintptr_t>(p) % align == 0;
 }
 

@@ -11,7 +11,7 @@
 
 #include <cuda_runtime.h>
 
-#include "gpu_service/backends/cuda/moe/dequant_piece.cuh"
+#include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
 namespace tandem::cuda {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void MatVecBlock(const uint8_t* w0, const uint8_t* w1
     const uint8_t* r1 = kFused ? w1 + row * row_bytes : nullptr;
     for (int p = gl; p < pieces; p += lpr) {
       float wv[32];
-      DequantPiece<kType>(r0, p, wv);
+      DequantChunk<kType>(r0, p, wv);
 #pragma unroll
       for (int r = 0; r < kM; ++r) {
         if (kM > 1 && r >= rows_used) break;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void MatVecBlock(const uint8_t* w0, const uint8_t* w1
         acc0[r] = a;
       }
       if (kFused) {
-        DequantPiece<kType>(r1, p, wv);
+        DequantChunk<kType>(r1, p, wv);
 #pragma unroll
         for (int r = 0; r < kM; ++r) {
           if (kM > 1 && r >= rows_used) break;

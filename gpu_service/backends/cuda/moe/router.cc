@@ -3,18 +3,18 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 
 absl::Status DenseMatVec(const char* what, const DeviceMatrix& m, const float* x, int64_t n, float* y,
                          cudaStream_t stream) {
-  const uint32_t type = static_cast<uint32_t>(m.type);
+  const uint32_t type = m.type;
   if (!MoeKernelsSupportType(type)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": weight type ", type, " has no GPU matrix-vector kernel"));
   }
-  if (reinterpret_cast<uintptr_t>(m.data) % MoeKernelsRowAlignment(type) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": device address not ", MoeKernelsRowAlignment(type),
+  if (reinterpret_cast<uintptr_t>(m.data) % KernelRowAlignment(type) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": device address not ", KernelRowAlignment(type),
                                                    "-byte aligned"));
   }
   const cudaError_t err = LaunchDenseMatVec(type, m.data, static_cast<int>(m.cols), static_cast<int>(m.rows), x,

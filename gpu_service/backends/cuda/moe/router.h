@@ -8,20 +8,13 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/weights/weight_types.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
 
-// Device address and shape of a ggml matrix {cols, rows}.
-struct DeviceMatrix {
-  WeightType type = WeightType::kF32;
-  const void* data = nullptr;
-  int64_t cols = 0;
-  int64_t rows = 0;
-};
-
-// y (n × m.rows) = m·x for n activation rows x (n × m.cols), all device pointers. InvalidArgument
+// y (n × m.rows) = m·x for n activation rows x (n × m.cols), all device pointers (the MoE
+// family's matvec: any MoeKernelsSupportType type; m.row_bytes is not read). InvalidArgument
 // naming `what` for a type, shape or alignment the kernels refuse.
 absl::Status DenseMatVec(const char* what, const DeviceMatrix& m, const float* x, int64_t n, float* y,
                          cudaStream_t stream);

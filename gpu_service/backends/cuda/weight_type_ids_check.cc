@@ -1,6 +1,6 @@
-// Keeps weight_type_ids.h in step with common/weights/weight_types.h.
+// Keeps weight_type_ids.h (the CUDA kernels' ggml type ids) in step with common/weights/weight_types.h.
 #include "common/weights/weight_types.h"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 

@@ -1,15 +1,19 @@
-// Device-side dequantization of one "piece" (32 consecutive elements of a row) for every ggml
-// block format the MoE kernels read, plus each format's block geometry. Only .cu files include
-// this header.
+// Device-side dequantization of the ggml block formats, one "chunk" (32 consecutive elements of a
+// row) at a time, for both CUDA kernel families (kernels/: dense matvec, embedding gather,
+// dequantize-for-GEMM; moe/: expert matvec and prefill), plus each format's block geometry. Only
+// .cu files include this header (no Abseil).
 //
-// Piece p of a row covers elements 32p .. 32p + 31. Every supported format has blocks of 32 or
-// 256 elements, so a piece never straddles blocks. Values match DequantizeRow of
-// common/weights to f32 rounding (the device may fuse the final multiply-add).
+// DequantChunk<kType>(row, c, out) writes elements 32c .. 32c + 31 of the row as f32. Every
+// supported format has blocks of 1, 32 or 256 elements, so a chunk never straddles blocks (a
+// K-quant super-block is eight chunks). Values match DequantizeRow of common/weights up to the
+// rounding of a fused multiply-add (the compiler may contract d·q − m).
 //
-// Alignment the loads assume (the host launchers check it): F32, F16, BF16, Q4_K and Q5_K rows
-// start at 16-byte boundaries; Q2_K rows at 4 bytes; Q3_K, Q6_K, Q4_0 and Q8_0 rows at 2 bytes.
-#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEQUANT_PIECE_CUH_
-#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEQUANT_PIECE_CUH_
+// The loads are as wide as each layout's alignment allows (KernelRowAlignment of
+// weight_type_ids.h; the host launchers check it): 16 bytes for F32, F16, BF16, Q4_K and Q5_K
+// rows (blocks that are multiples of 16 bytes), 4 bytes for Q2_K, 2 bytes for Q3_K, Q6_K, Q4_0
+// and Q8_0 (blocks only 2-byte aligned).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEQUANT_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEQUANT_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,10 +21,12 @@
 #include <cstdint>
 
 #include "common/weights/block_layouts.h"
-#include "gpu_service/backends/cuda/moe/weight_type_ids.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 
+// Elements and bytes of one block (F32/F16/BF16: one element), for the row stride
+// cols / kElems * kBytes.
 template <uint32_t kType>
 struct BlockGeometry;
 template <> struct BlockGeometry<kTypeF32> { static constexpr int kElems = 1, kBytes = 4; };
@@ -45,7 +51,7 @@ __device__ __forceinline__ void Load32Aligned16(const uint8_t* p, uint8_t (&b)[3
   *reinterpret_cast<uint4*>(b + 16) = hi;
 }
 
-// Bytes [p, p + 2n) with 2-byte loads (p 2-byte aligned).
+// Bytes [p, p + kBytes) with 2-byte loads (p 2-byte aligned).
 template <int kBytes>
 __device__ __forceinline__ void LoadAligned2(const uint8_t* p, uint8_t (&b)[kBytes]) {
 #pragma unroll
@@ -53,11 +59,11 @@ __device__ __forceinline__ void LoadAligned2(const uint8_t* p, uint8_t (&b)[kByt
 }
 
 template <uint32_t kType>
-__device__ __forceinline__ void DequantPiece(const uint8_t* row, int p, float (&w)[32]);
+__device__ __forceinline__ void DequantChunk(const uint8_t* row, int64_t c, float (&w)[32]);
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeF32>(const uint8_t* row, int p, float (&w)[32]) {
-  const float4* src = reinterpret_cast<const float4*>(row) + p * 8;
+__device__ __forceinline__ void DequantChunk<kTypeF32>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const float4* src = reinterpret_cast<const float4*>(row) + c * 8;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float4 v = __ldg(src + i);
@@ -69,8 +75,8 @@ __device__ __forceinline__ void DequantPiece<kTypeF32>(const uint8_t* row, int p
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeF16>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint4* src = reinterpret_cast<const uint4*>(row + p * 64);
+__device__ __forceinline__ void DequantChunk<kTypeF16>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint4* src = reinterpret_cast<const uint4*>(row + c * 64);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 v = __ldg(src + i);
@@ -84,8 +90,8 @@ __device__ __forceinline__ void DequantPiece<kTypeF16>(const uint8_t* row, int p
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeBF16>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint4* src = reinterpret_cast<const uint4*>(row + p * 64);
+__device__ __forceinline__ void DequantChunk<kTypeBF16>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint4* src = reinterpret_cast<const uint4*>(row + c * 64);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 v = __ldg(src + i);
@@ -99,8 +105,8 @@ __device__ __forceinline__ void DequantPiece<kTypeBF16>(const uint8_t* row, int 
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ4_0>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + p * 18;
+__device__ __forceinline__ void DequantChunk<kTypeQ4_0>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + c * 18;
   uint8_t b[18];
   LoadAligned2<18>(blk, b);
   const float d = HalfBits(static_cast<uint16_t>(b[0] | (b[1] << 8)));
@@ -112,8 +118,8 @@ __device__ __forceinline__ void DequantPiece<kTypeQ4_0>(const uint8_t* row, int 
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ8_0>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + p * 34;
+__device__ __forceinline__ void DequantChunk<kTypeQ8_0>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + c * 34;
   uint8_t b[34];
   LoadAligned2<34>(blk, b);
   const float d = HalfBits(static_cast<uint16_t>(b[0] | (b[1] << 8)));
@@ -121,12 +127,12 @@ __device__ __forceinline__ void DequantPiece<kTypeQ8_0>(const uint8_t* row, int 
   for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(b[2 + j]) * d;
 }
 
-// Q2_K: piece j of a super-block covers elements 32j..32j+31: two-bit field 2·(j % 4) of
+// Q2_K: chunk j of a super-block covers elements 32j..32j+31: two-bit field 2·(j % 4) of
 // qs[32·(j / 4) + l], sub-block scales 2j and 2j + 1.
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ2_K>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + (p >> 3) * 84;
-  const int j = p & 7;
+__device__ __forceinline__ void DequantChunk<kTypeQ2_K>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + (c >> 3) * 84;
+  const int j = static_cast<int>(c & 7);
   uint32_t qs[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) qs[i] = __ldg(reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (j >> 2)) + i);
@@ -151,9 +157,9 @@ __device__ __forceinline__ void DequantPiece<kTypeQ2_K>(const uint8_t* row, int 
 
 // Q3_K: as Q2_K for the low two bits; the high bit is bit j of hmask[l].
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ3_K>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + (p >> 3) * 110;
-  const int j = p & 7;
+__device__ __forceinline__ void DequantChunk<kTypeQ3_K>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + (c >> 3) * 110;
+  const int j = static_cast<int>(c & 7);
   uint8_t hm[32], qs[32], scales[12];
   LoadAligned2<32>(blk, hm);
   LoadAligned2<32>(blk + 32 + 32 * (j >> 2), qs);
@@ -174,9 +180,9 @@ __device__ __forceinline__ void DequantPiece<kTypeQ3_K>(const uint8_t* row, int 
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ4_K>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + (p >> 3) * 144;
-  const int j = p & 7;
+__device__ __forceinline__ void DequantChunk<kTypeQ4_K>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + (c >> 3) * 144;
+  const int j = static_cast<int>(c & 7);
   uint8_t q[32];
   Load32Aligned16(blk + 16 + 32 * (j >> 1), q);
   const uint4 head = __ldg(reinterpret_cast<const uint4*>(blk));  // d, dmin, 12 scale bytes
@@ -191,9 +197,9 @@ __device__ __forceinline__ void DequantPiece<kTypeQ4_K>(const uint8_t* row, int 
 }
 
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ5_K>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + (p >> 3) * 176;
-  const int j = p & 7;
+__device__ __forceinline__ void DequantChunk<kTypeQ5_K>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + (c >> 3) * 176;
+  const int j = static_cast<int>(c & 7);
   uint8_t q[32], qh[32];
   Load32Aligned16(blk + 48 + 32 * (j >> 1), q);
   Load32Aligned16(blk + 16, qh);
@@ -211,11 +217,11 @@ __device__ __forceinline__ void DequantPiece<kTypeQ5_K>(const uint8_t* row, int 
   }
 }
 
-// Q6_K: piece j = 4·half + group.
+// Q6_K: chunk j = 4·half + group.
 template <>
-__device__ __forceinline__ void DequantPiece<kTypeQ6_K>(const uint8_t* row, int p, float (&w)[32]) {
-  const uint8_t* blk = row + (p >> 3) * 210;
-  const int j = p & 7;
+__device__ __forceinline__ void DequantChunk<kTypeQ6_K>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* blk = row + (c >> 3) * 210;
+  const int j = static_cast<int>(c & 7);
   const int half = j >> 2, group = j & 3;
   uint8_t ql[32], qh[32];
   LoadAligned2<32>(blk + 64 * half + 32 * (group & 1), ql);
@@ -238,4 +244,4 @@ __device__ __forceinline__ void DequantPiece<kTypeQ6_K>(const uint8_t* row, int 
 
 }  // namespace tandem::cuda
 
-#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEQUANT_PIECE_CUH_
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEQUANT_CUH_

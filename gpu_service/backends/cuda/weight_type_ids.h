@@ -1,0 +1,62 @@
+// ggml type ids as plain constants, for the CUDA kernel families (dense kernels/ and MoE moe/),
+// whose translation units cannot include common/weights/weight_types.h (nvcc keeps Abseil out).
+// weight_type_ids_check.cc asserts that they equal tandem::WeightType's values.
+//
+// Which family reads which type: the MoE kernels read every type below (MoeKernelsSupportType);
+// the dense kernels (matvec, embedding gather, dequantize-to-GEMM) read a subset
+// (DenseKernelsSupportType). Both dequantize through dequant.cuh.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_WEIGHT_TYPE_IDS_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_WEIGHT_TYPE_IDS_H_
+
+#include <cstdint>
+
+namespace tandem::cuda {
+
+inline constexpr uint32_t kTypeF32 = 0;
+inline constexpr uint32_t kTypeF16 = 1;
+inline constexpr uint32_t kTypeQ4_0 = 2;
+inline constexpr uint32_t kTypeQ8_0 = 8;
+inline constexpr uint32_t kTypeQ2_K = 10;
+inline constexpr uint32_t kTypeQ3_K = 11;
+inline constexpr uint32_t kTypeQ4_K = 12;
+inline constexpr uint32_t kTypeQ5_K = 13;
+inline constexpr uint32_t kTypeQ6_K = 14;
+inline constexpr uint32_t kTypeBF16 = 30;
+
+// True for the formats the MoE kernels can read (all of the above).
+inline constexpr bool MoeKernelsSupportType(uint32_t type) {
+  return type == kTypeF32 || type == kTypeF16 || type == kTypeBF16 || type == kTypeQ4_0 ||
+         type == kTypeQ8_0 || type == kTypeQ2_K || type == kTypeQ3_K || type == kTypeQ4_K ||
+         type == kTypeQ5_K || type == kTypeQ6_K;
+}
+
+// True for the formats the dense kernels (matvec / dequantize / gather of kernels/) read.
+inline constexpr bool DenseKernelsSupportType(uint32_t type) {
+  return type == kTypeF32 || type == kTypeF16 || type == kTypeBF16 || type == kTypeQ8_0 ||
+         type == kTypeQ4_K || type == kTypeQ5_K || type == kTypeQ6_K;
+}
+
+// True for the K-quants (256-element super-blocks).
+inline constexpr bool IsKQuant(uint32_t type) {
+  return type == kTypeQ2_K || type == kTypeQ3_K || type == kTypeQ4_K || type == kTypeQ5_K ||
+         type == kTypeQ6_K;
+}
+
+// The multiple that a row's length must be for the kernels: 256 for the K-quants, 32 (one
+// dequantized chunk, dequant.cuh) for every other type.
+inline constexpr int64_t RowLengthMultiple(uint32_t type) { return IsKQuant(type) ? 256 : 32; }
+
+// Byte alignment the kernels need for the start of every row of this type (dequant.cuh's loads);
+// 0 for a type no kernel reads.
+inline constexpr int KernelRowAlignment(uint32_t type) {
+  switch (type) {
+    case kTypeF32: case kTypeF16: case kTypeBF16: case kTypeQ4_K: case kTypeQ5_K: return 16;
+    case kTypeQ2_K: return 4;
+    case kTypeQ3_K: case kTypeQ6_K: case kTypeQ4_0: case kTypeQ8_0: return 2;
+    default: return 0;
+  }
+}
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_WEIGHT_TYPE_IDS_H_
