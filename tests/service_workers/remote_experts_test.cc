@@ -194,7 +194,7 @@ TEST(HostExpertWorkersTest, ExactModeEqualsTheReferenceInSmallChunks) {
 TEST(HostExpertWorkersTest, FastModeMatchesWhereEveryRoutingPickAgrees) {
   Harness h(/*exact=*/false, /*shares=*/1, /*max_rows=*/256);
   int agreeing = 0, total = 0;
-  for (const std::string& prompt : {"Hello world", "1 2 3 4", "The quick brown fox"}) {
+  for (const char* prompt : {"Hello world", "1 2 3 4", "The quick brown fox"}) {
     CompareDecode(h, prompt, 8,
                   [&](int i, const std::vector<float>& ref, const std::vector<float>& off,
                       bool same_picks) {
