@@ -78,7 +78,9 @@ void ExpectSameOutputs(const std::vector<v1::GenerationResult>& want,
           EXPECT_NEAR(a.top_tokens(k).logprob(), b.top_tokens(j).logprob(), tolerance)
               << kPrompts[i] << " position " << t << " alternative " << a.top_tokens(k).id();
         }
-        if (k + 1 < a.top_tokens_size()) EXPECT_TRUE(found) << a.top_tokens(k).id();
+        if (k + 1 < a.top_tokens_size()) {
+          EXPECT_TRUE(found) << a.top_tokens(k).id();
+        }
       }
     }
   }
