@@ -10,7 +10,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=ON >/dev/null
 # Only what the device run needs (a full build of every CPU test is not needed there).
-targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test}
+targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test
+  gpu_kernels_bench gpu_moe_bench gpu_backend_profile}
 cmake --build "$build" -j "$(nproc)" --target $targets
 out=.device-bundle
 rm -rf "$out"
@@ -21,7 +22,9 @@ for f in "$build"/gpu_service/tandem "$build"/gpu_service/tandem-gpu-service \
   [ -x "$f" ] && cp "$f" "$out/bin/"
 done
 for t in $targets; do
-  case "$t" in *_test) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;; esac
+  case "$t" in
+    *_test|*_bench|*_profile) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;;
+  esac
 done
 git rev-parse --short HEAD >"$out/COMMIT"
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true

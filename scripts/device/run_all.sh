@@ -4,7 +4,9 @@
 #   bin/   tandem, tandem-host-worker, tandem-gpu-service
 #   tests/ the test binaries (GPU suites among them)
 #   lib/   the shared libraries Ubuntu 24.04 lacks
-# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench]
+#   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, gpu_moe_bench, gpu_backend_profile)
+# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench]
+#   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -37,6 +39,28 @@ run_suite() {  # name binary
 for t in gpu_kernels_test gpu_moe_kernels_test gpu_backend_test; do
   run_suite "$t" "$bundle/tests/$t"
 done
+
+if [[ " $* " != *" --no-gpu-bench "* ]]; then
+  # The GPU micro-benchmarks (kernel families and the CUDA backend's per-stage profile).
+  export TANDEM_GPU_BACKEND_MODELS=${TANDEM_GPU_BACKEND_MODELS:-/tmp/tandem-gpu-backend-models}
+  for b in "gpu_kernels_bench --json=$out/gpu_kernels_bench.json" gpu_moe_bench \
+           "gpu_backend_profile tiny small"; do
+    name=${b%% *}
+    [ -x "$bundle/tests/$name" ] || { note "$name: missing"; continue; }
+    # shellcheck disable=SC2086
+    timeout 240 "$bundle/tests/"$b >"$out/$name.log" 2>&1
+    rc=$?
+    note "$name: rc=$rc"
+    tail -n 25 "$out/$name.log" | tee -a "$report"
+    results+=("\"$name\":$rc")
+  done
+  if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$bundle/tests/gpu_kernels_test" \
+      --gtest_filter='*Attention*/0:*Gdn*/0:*Streams*:*Sampling*:*/q4_K:*/q6_K:*/q8_0' \
+      >"$out/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck: rc=$? $(grep -m1 'ERROR SUMMARY' "$out/sanitizer.log")"
+  fi
+fi
 
 if [[ " $* " != *" --no-parity "* ]]; then
   # llama.cpp's own converter, when a copy of it was carried (.llama-convert: convert_hf_to_gguf.py,
