@@ -1,7 +1,13 @@
 // tandem-gpu-service: serves tandem.v1.Generation for one model.
 //
 //   tandem-gpu-service --model models/tiny.gguf [--listen 127.0.0.1:50051]
-//       [--metrics-listen 127.0.0.1:9090] [--backend cpu|cuda|auto] ...
+//       [--metrics-listen 127.0.0.1:9090] [--backend cpu|cuda|auto] [--cuda-mode exact|fast] ...
+//
+// Backends: cpu (the reference model, optionally with host expert workers) or cuda (CudaBackend,
+// in builds with TANDEM_WITH_CUDA_BACKEND: every routed expert resident on one GPU, so no
+// --worker / --connect-worker and a --gpu-expert-budget covering every expert). auto: cuda when
+// built with it, no host workers are asked for and a CUDA device is present, else cpu (the log's
+// backend_choice event says why).
 //
 // Flags may be written with dashes (--max-running) or underscores (--max_running).
 //
@@ -37,6 +43,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gpu_service/backend/cpu_backend.h"
@@ -50,10 +57,20 @@
 #include "gpu_service/server/generation_service.h"
 #include "gpu_service/server/grpc_server.h"
 
+#if TANDEM_WITH_CUDA_BACKEND
+#include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#endif
+
 ABSL_FLAG(std::string, model, "", "the model's GGUF file (required)");
 ABSL_FLAG(std::string, model_id, "", "the id clients name the model by (default: the file's stem)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address; port 0 picks a free port");
-ABSL_FLAG(std::string, backend, "auto", "cpu, cuda, or auto (cuda when built with it, else cpu)");
+ABSL_FLAG(std::string, backend, "auto",
+          "cpu, cuda, or auto (cuda when built with it, without host workers, and a CUDA device "
+          "is present; else cpu)");
+ABSL_FLAG(std::string, cuda_mode, "exact",
+          "CUDA backend arithmetic: exact (f32 throughout, matches the CPU reference) or fast "
+          "(bf16 prefill GEMMs). Default exact because fast mode does not yet meet the routing "
+          "agreement target against the reference");
 ABSL_FLAG(int64_t, max_running, 32, "requests in the running batch at once");
 ABSL_FLAG(int64_t, max_queue, 256, "waiting requests; beyond this, RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_context, 0, "prompt + generated tokens per request (0: the model's limit)");
@@ -176,33 +193,161 @@ struct OpenedBackend {
   std::unique_ptr<Backend> backend;
 };
 
+// Text for a JSON string value (quotes and backslashes escaped, control characters dropped).
+std::string JsonText(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
+  }
+  return out;
+}
+
+void LogBackendChoice(const std::string& chosen, const std::string& reason) {
+  Log("backend_choice",
+      absl::StrCat("\"backend\":\"", chosen, "\",\"reason\":\"", JsonText(reason), "\""));
+}
+
+#if TANDEM_WITH_CUDA_BACKEND
+// Whether a CudaBackend failure means "no usable CUDA device here" (none present, or no driver):
+// the case in which --backend auto falls back to cpu. CudaBackend reports CUDA runtime failures
+// as InternalError naming the cudaError_t (gpu_service/backends/cuda/cuda_check.h).
+bool IsNoCudaDevice(const absl::Status& status) {
+  const absl::string_view message = status.message();
+  return status.code() == absl::StatusCode::kInternal &&
+         (absl::StrContains(message, "cudaErrorNoDevice") ||
+          absl::StrContains(message, "cudaErrorInsufficientDriver") ||
+          absl::StrContains(message, "cudaErrorInvalidDevice"));
+}
+
+// CudaBackend over --model: every routed expert resident (the budget must cover them all), one
+// sequence per running request (--max-running), --step-token-budget tokens per step, and state
+// for the service's context limit (--max-context, capped by the model's).
+absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& budget) {
+  CudaBackendOptions options;
+  const std::string mode = absl::GetFlag(FLAGS_cuda_mode);
+  if (mode == "exact") {
+    options.mode = CudaMode::kExact;
+  } else if (mode == "fast") {
+    options.mode = CudaMode::kFast;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda-mode: '", mode, "' is not exact or fast"));
+  }
+  ReferenceModelOptions model_options;
+  model_options.threads = 1;  // CudaBackend uses the file, config, weights and tokenizer only
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> model =
+      ReferenceModel::Open(absl::GetFlag(FLAGS_model), model_options);
+  if (!model.ok()) return model.status();
+  const StaticExpertPlacement placement = StaticExpertPlacement::FromBudget(
+      (*model)->weights(), (*model)->config().moe.E, budget);
+  if (!placement.all_local()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-expert-budget: the budget keeps ", placement.local_count(), " of ",
+        placement.local_count() + placement.remote_count(),
+        " routed experts, but --backend cuda keeps every routed expert on the GPU (host-worker "
+        "experts are not supported by the CUDA backend yet); use --gpu-expert-budget=1.0 or "
+        "--backend cpu"));
+  }
+  const int64_t model_limit = (*model)->config().context_length;
+  int64_t max_context = absl::GetFlag(FLAGS_max_context);
+  if (max_context <= 0) max_context = model_limit;
+  if (model_limit > 0) max_context = std::min(max_context, model_limit);
+  if (max_context <= 0) {
+    return absl::InvalidArgumentError("--max-context: the model has no context length; set it");
+  }
+  options.max_sequences = absl::GetFlag(FLAGS_max_running);
+  options.max_batch_tokens = absl::GetFlag(FLAGS_step_token_budget);
+  options.max_context = max_context;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
+      CudaBackend::Create(*std::move(model), options);
+  if (!backend.ok()) return backend.status();
+  Log("cuda_backend", absl::StrCat("\"mode\":\"", mode,
+                                   "\",\"max_sequences\":", options.max_sequences,
+                                   ",\"max_batch_tokens\":", options.max_batch_tokens,
+                                   ",\"max_context\":", options.max_context,
+                                   ",\"weight_bytes\":", (*backend)->weight_bytes(),
+                                   ",\"state_bytes\":", (*backend)->state_bytes()));
+  return std::unique_ptr<Backend>(*std::move(backend));
+}
+#endif  // TANDEM_WITH_CUDA_BACKEND
+
+absl::StatusOr<OpenedBackend> OpenCpuBackend(const ExpertBudget& budget,
+                                             const std::vector<RemoteWorkerSpec>& specs);
+
+// --backend: cpu, cuda (an error naming the flag when this build or this machine has no CUDA, or
+// when host workers are asked for), or auto (cuda when possible, else cpu with the reason logged).
 absl::StatusOr<OpenedBackend> OpenBackend() {
   const std::string kind = absl::GetFlag(FLAGS_backend);
   if (kind != "cpu" && kind != "cuda" && kind != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: '", kind, "' is not cpu, cuda or auto"));
   }
-  if (kind == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: this build has no CUDA backend (use --backend cpu or auto)");
-  }
   absl::StatusOr<ExpertBudget> budget = ParseExpertBudget(absl::GetFlag(FLAGS_gpu_expert_budget));
   if (!budget.ok()) return budget.status();
   absl::StatusOr<std::vector<RemoteWorkerSpec>> specs = WorkerSpecsFromFlags();
   if (!specs.ok()) return specs.status();
+  if (kind == "cpu") return OpenCpuBackend(*budget, *specs);
+#if TANDEM_WITH_CUDA_BACKEND
+  if (!specs->empty()) {
+    const std::string why =
+        "host expert workers (--worker / --connect-worker) are not supported by the CUDA backend "
+        "yet: it keeps every routed expert on the GPU";
+    if (kind == "cuda") {
+      return absl::InvalidArgumentError(absl::StrCat("--backend cuda: ", why,
+                                                     "; use --backend cpu with workers"));
+    }
+    LogBackendChoice("cpu", why);
+    return OpenCpuBackend(*budget, *specs);
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = OpenCudaBackend(*budget);
+  if (cuda.ok()) {
+    if (kind == "auto") LogBackendChoice("cuda", "built with the CUDA backend; a device is present");
+    OpenedBackend opened;
+    opened.backend = *std::move(cuda);
+    return opened;
+  }
+  if (IsNoCudaDevice(cuda.status())) {
+    if (kind == "cuda") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--backend cuda: no usable CUDA device (", cuda.status().message(),
+          "); use --backend cpu or auto"));
+    }
+    LogBackendChoice("cpu", absl::StrCat("no usable CUDA device: ", cuda.status().message()));
+    return OpenCpuBackend(*budget, *specs);
+  }
+  // Anything else (bad flags, a bad model file, device memory) is an error in auto mode too:
+  // falling back would hide it.
+  return absl::Status(cuda.status().code(),
+                      absl::StrCat(kind == "cuda" ? "--backend cuda: " : "--backend auto (cuda): ",
+                                   cuda.status().message()));
+#else
+  if (kind == "cuda") {
+    return absl::FailedPreconditionError(
+        "--backend cuda: this build has no CUDA backend (configure with -DTANDEM_ENABLE_CUDA=ON "
+        "on a machine with nvcc, or use --backend cpu or auto)");
+  }
+  LogBackendChoice("cpu", "this build has no CUDA backend");
+  return OpenCpuBackend(*budget, *specs);
+#endif
+}
+
+// The CPU backend, with host expert workers when `specs` names any.
+absl::StatusOr<OpenedBackend> OpenCpuBackend(const ExpertBudget& budget,
+                                             const std::vector<RemoteWorkerSpec>& specs) {
   CpuBackendOptions options;
   options.model.threads = absl::GetFlag(FLAGS_threads);
   options.model.max_state_pages = absl::GetFlag(FLAGS_max_state_pages);
-  options.expert_budget = *budget;
+  options.expert_budget = budget;
   const std::string model_path = absl::GetFlag(FLAGS_model);
   absl::StatusOr<std::unique_ptr<ReferenceModel>> model =
       ReferenceModel::Open(model_path, options.model);
   if (!model.ok()) return model.status();
 
   OpenedBackend opened;
-  if (!specs->empty()) {
+  if (!specs.empty()) {
     HostExpertWorkersOptions w;
-    w.workers = *specs;
+    w.workers = specs;
     w.worker_binary = absl::GetFlag(FLAGS_worker_binary).empty() ? DefaultWorkerBinary()
                                                                  : absl::GetFlag(FLAGS_worker_binary);
     w.model_path = std::filesystem::absolute(model_path).string();

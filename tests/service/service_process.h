@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -47,6 +48,12 @@ inline std::string TinyModelPath() {
   return path.string();
 }
 
+// The backend the service under test runs: $TANDEM_TEST_BACKEND (cpu, cuda or auto), default cpu.
+inline std::string TestBackend() {
+  const char* backend = std::getenv("TANDEM_TEST_BACKEND");
+  return backend != nullptr && *backend != '\0' ? backend : "cpu";
+}
+
 class ServiceProcess {
  public:
   // Starts the service on free loopback ports with `extra` flags and waits for its ready file.
@@ -58,7 +65,9 @@ class ServiceProcess {
     std::vector<std::string> args = {
         std::string(TANDEM_BINARY_DIR) + "/gpu_service/tandem-gpu-service",
         "--model=" + TinyModelPath(), "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
-        "--ready-file=" + ready, "--threads=2"};
+        "--ready-file=" + ready, "--threads=2", "--backend=" + TestBackend()};
+    // Exact mode: the tests compare against the CPU reference's behaviour.
+    if (TestBackend() == "cuda") args.push_back("--cuda-mode=exact");
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string log = (dir_ / "service.log").string();
     pid_ = fork();
@@ -78,6 +87,9 @@ class ServiceProcess {
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
         ADD_FAILURE() << "the service exited at start-up; log:\n" << Log();
+        // A channel to a closed port: the test's calls then fail (UNAVAILABLE) instead of
+        // crashing on a null channel.
+        channel_ = grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials());
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -106,9 +118,13 @@ class ServiceProcess {
   int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
 
-  void Signal(int sig) { kill(pid_, sig); }
+  // No-ops once the process is gone (kill(-1, ...) would signal every process of this user).
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
   // Waits for the process to exit; returns its exit status (or -1 on a signal).
   int Wait() {
+    if (pid_ <= 0) return -1;
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
