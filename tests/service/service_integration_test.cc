@@ -105,7 +105,7 @@ TEST(ServiceIntegrationTest, HealthReflectionAndModelInfo) {
   v1::ModelInfoResponse resp;
   ASSERT_TRUE(stub->ModelInfo(&ctx, req, &resp).ok());
   EXPECT_EQ(resp.model_id(), "tiny");
-  EXPECT_EQ(resp.backend(), "cpu");
+  EXPECT_EQ(resp.backend(), TestBackend());  // the backend the harness asked for
   EXPECT_EQ(resp.vocab_size(), static_cast<uint32_t>(Offline().config().vocab));
   EXPECT_GT(resp.parameter_count(), 0u);
   auto md = ctx.GetServerInitialMetadata();
