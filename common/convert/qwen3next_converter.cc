@@ -326,7 +326,9 @@ std::vector<std::pair<std::string, GgufValue>> Metadata(const Qwen3NextHfConfig&
   if (tok.eos_id) m.emplace_back("tokenizer.ggml.eos_token_id", u32(*tok.eos_id));
   if (tok.pad_id) m.emplace_back("tokenizer.ggml.padding_token_id", u32(*tok.pad_id));
   if (tok.bos_id) m.emplace_back("tokenizer.ggml.bos_token_id", u32(*tok.bos_id));
-  m.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::Scalar<bool>(add_bos));
+  // Written only when the checkpoint says so, as llama.cpp's converter does (its SpecialVocab
+  // copies tokenizer_config.json's add_bos_token); Qwen tokenizers add no BOS either way.
+  if (add_bos) m.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::Scalar<bool>(true));
   if (!tok.chat_template.empty()) {
     m.emplace_back("tokenizer.chat_template", GgufValue::String(tok.chat_template));
   }
