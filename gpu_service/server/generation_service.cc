@@ -446,18 +446,32 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const char* m
   return reactor;
 }
 
+// What every small unary method starts with: its arrival time, the request id (echoed as
+// metadata), and the request parsed with its model id checked (`status` holds the first error).
+struct UnaryStart {
+  SteadyTime arrived;
+  std::string request_id;
+  absl::Status status;
+};
+
+template <typename Request>
+UnaryStart StartUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& request,
+                      const ServingLimits& limits, Request* req) {
+  UnaryStart s{std::chrono::steady_clock::now(), RequestIdOf(*ctx), absl::OkStatus()};
+  ctx->AddInitialMetadata("x-request-id", s.request_id);
+  s.status = ParseMessage(request, req);
+  if (s.status.ok()) s.status = CheckModelId(req->model_id(), limits);
+  return s;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  const SteadyTime arrived = std::chrono::steady_clock::now();
-  const std::string request_id = RequestIdOf(*ctx);
-  ctx->AddInitialMetadata("x-request-id", request_id);
   v1::TokenizeRequest req;
   v1::TokenizeResponse resp;
-  absl::Status status = ParseMessage(*request, &req);
-  if (status.ok()) status = CheckModelId(req.model_id(), limits_);
+  auto [arrived, request_id, status] = StartUnary(ctx, *request, limits_, &req);
   if (status.ok()) {
     absl::StatusOr<std::vector<int32_t>> ids =
         InputTokens(req.input(), backend_->tokenizer(), limits_, "input");
@@ -477,13 +491,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
-  const SteadyTime arrived = std::chrono::steady_clock::now();
-  const std::string request_id = RequestIdOf(*ctx);
-  ctx->AddInitialMetadata("x-request-id", request_id);
   v1::DetokenizeRequest req;
   v1::DetokenizeResponse resp;
-  absl::Status status = ParseMessage(*request, &req);
-  if (status.ok()) status = CheckModelId(req.model_id(), limits_);
+  auto [arrived, request_id, status] = StartUnary(ctx, *request, limits_, &req);
   std::vector<int32_t> ids;
   for (int i = 0; status.ok() && i < req.ids_size(); ++i) {
     if (static_cast<int64_t>(req.ids(i)) >= limits_.vocab) {
@@ -503,13 +513,9 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  const SteadyTime arrived = std::chrono::steady_clock::now();
-  const std::string request_id = RequestIdOf(*ctx);
-  ctx->AddInitialMetadata("x-request-id", request_id);
   v1::ModelInfoRequest req;
   v1::ModelInfoResponse resp;
-  absl::Status status = ParseMessage(*request, &req);
-  if (status.ok()) status = CheckModelId(req.model_id(), limits_);
+  auto [arrived, request_id, status] = StartUnary(ctx, *request, limits_, &req);
   if (status.ok()) {
     const ModelConfig& c = backend_->config();
     resp.set_model_id(limits_.model_id);
