@@ -136,6 +136,13 @@ const std::vector<FlagDef>& Flags() {
          a.spec.tied_output = true;
          return absl::OkStatus();
        }},
+      {"threads", "N", "tensors drawn at once (default: one per hardware thread); the bytes do not depend on it",
+       [](GenModelArgs& a, const std::string& v) -> absl::Status {
+         int n;
+         if (!absl::SimpleAtoi(v, &n) || n < 1) return BadValue("threads", v, "not an integer >= 1");
+         a.threads = n;
+         return absl::OkStatus();
+       }},
       {"dry-run", nullptr, "print the plan (tensors, bytes) and write nothing",
        [](GenModelArgs& a, const std::string&) {
          a.dry_run = true;
@@ -269,7 +276,7 @@ int RunGenModelCommand(int argc, char** argv) {
     if (!show || p.done || p.seconds < next_report) return;
     next_report = p.seconds + (tty ? 0.25 : 10.0);
     PrintProgress(p, tty);
-  });
+  }, args->threads);
   if (show && tty) std::fputs("\n", stderr);
   if (!s.ok()) {
     std::fprintf(stderr, "gen-model: %s\n", std::string(s.message()).c_str());

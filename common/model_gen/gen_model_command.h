@@ -16,6 +16,7 @@ struct GenModelArgs {
   bool dry_run = false;  // --dry-run: print the plan's size, write nothing
   bool quiet = false;    // --quiet: no progress line
   bool help = false;     // --help
+  int threads = 0;       // --threads: tensors drawn at once (0: one per hardware thread)
 };
 
 // Parses argv[1..] (argv[0] is "gen-model"). Flags take "--flag value" or "--flag=value"; the

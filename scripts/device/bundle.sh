@@ -13,7 +13,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=
 targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test
   gpu_kernels_bench gpu_moe_bench gpu_backend_profile}
 cmake --build "$build" -j "$(nproc)" --target $targets
-out=.device-bundle
+out=${BUNDLE_DIR:-.device-bundle}  # a helper building its own bundle names another folder
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/tests"
 # Executables: the tools, the worker, the service, and every test binary.

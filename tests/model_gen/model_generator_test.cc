@@ -331,6 +331,14 @@ TEST(DeterminismTest, SameSeedSameBytesOtherSeedOtherBytes) {
   unlink(other.c_str());
 }
 
+TEST(DeterminismTest, ThreadCountDoesNotChangeTheBytes) {
+  const std::string one = WrittenPreset("tiny").path;
+  const std::string many = TempPath("tiny_threads.gguf");
+  ASSERT_TRUE(GenerateModel(*PresetSpec("tiny"), many, nullptr, /*threads=*/5).ok());
+  EXPECT_TRUE(ReadAll(one) == ReadAll(many)) << "5 threads wrote other bytes than 1";
+  unlink(many.c_str());
+}
+
 TEST(GenerateModelTest, ReportsProgressAndRefusesABadSpecOrPath) {
   GenModelSpec spec = *PresetSpec("tiny-q3n");
   spec.layers = 2;
@@ -345,7 +353,7 @@ TEST(GenerateModelTest, ReportsProgressAndRefusesABadSpecOrPath) {
                 last = p.bytes_written;
                 total = p.total_bytes;
                 done = p.done;
-              }).ok());
+              }, /*threads=*/3).ok());
   EXPECT_GT(calls, 1);
   EXPECT_TRUE(done);
   EXPECT_EQ(last, total);
@@ -359,6 +367,7 @@ TEST(GenerateModelTest, ReportsProgressAndRefusesABadSpecOrPath) {
   EXPECT_EQ(GenerateModel(spec, path).code(), absl::StatusCode::kInvalidArgument);
   struct stat st;
   EXPECT_NE(stat(path.c_str(), &st), 0) << "a failed generation left a file";
+  EXPECT_NE(stat((path + ".filling").c_str(), &st), 0) << "a failed generation left its layout file";
   EXPECT_FALSE(GenerateModel(*PresetSpec("tiny-q3n"), "/nonexistent-dir/x.gguf").ok());
 }
 

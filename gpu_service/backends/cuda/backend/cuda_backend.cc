@@ -222,6 +222,8 @@ uint64_t CudaBackend::parameter_count() const {
 uint64_t CudaBackend::weight_bytes() const { return impl_->dm->bytes; }
 uint64_t CudaBackend::state_bytes() const { return impl_->arena->capacity(); }
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
+void CudaBackend::set_profile(bool on) { impl_->timer->set_enabled(on); }
+
 std::string CudaBackend::last_profile() const {
   std::lock_guard<std::mutex> lock(impl_->profile_mu);
   return impl_->profile_line;

@@ -79,6 +79,8 @@ class CudaBackend : public Backend {
   // When set (not null), the next Steps write each MoE layer's picks (n × K, step order) here:
   // (*routing)[layer].experts. For parity tests against ReferenceModel's ForwardOptions::routing.
   void set_routing_sink(std::vector<MoeRouting>* routing);
+  // Switches the per-stage timing on or off from the next Step (options.profile is the initial value).
+  void set_profile(bool on);
   // The last step's stage line ("tokens=... total=... ms io=... head=..."), empty without profile.
   std::string last_profile() const;
   // Device bytes held for weights, and for state and scratch.

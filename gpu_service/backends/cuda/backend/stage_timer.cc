@@ -15,8 +15,7 @@ const char* StageName(Stage s) {
 
 absl::StatusOr<StageTimer> StageTimer::Create(bool enabled, int max_marks) {
   StageTimer t;
-  t.enabled_ = enabled;
-  if (!enabled) return t;
+  t.enabled_ = t.pending_enabled_ = enabled;
   // One more event than marks: the end of the step.
   for (int i = 0; i < max_marks + 1; ++i) {
     absl::StatusOr<Event> e = Event::Create(/*timing=*/true);

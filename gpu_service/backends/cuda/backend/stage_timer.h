@@ -24,12 +24,18 @@ const char* StageName(Stage s);
 
 class StageTimer {
  public:
-  // enabled = false: Mark and Finish do nothing. max_marks bounds the marks of one step.
+  // enabled = false: Mark and Finish do nothing. max_marks bounds the marks of one step. The
+  // events are made either way, so that timing can be switched on later (set_enabled).
   static absl::StatusOr<StageTimer> Create(bool enabled, int max_marks);
 
   bool enabled() const { return enabled_; }
+  // Takes effect at the next Begin (not in the middle of a step).
+  void set_enabled(bool on) { pending_enabled_ = on; }
   // Starts a step (forgets the previous step's marks).
-  void Begin() { used_ = 0; }
+  void Begin() {
+    used_ = 0;
+    enabled_ = pending_enabled_;
+  }
   // The GPU reaches stage s now on `stream`. Marks past max_marks are folded into the last one.
   void Mark(Stage s, cudaStream_t stream);
   // Ends the step: records the last event, waits for it, and sums the intervals per stage.
@@ -42,6 +48,7 @@ class StageTimer {
 
  private:
   bool enabled_ = false;
+  bool pending_enabled_ = false;
   std::vector<Event> events_;
   std::vector<Stage> stages_;
   int used_ = 0;
