@@ -71,6 +71,10 @@ ABSL_FLAG(std::string, cuda_mode, "exact",
           "CUDA backend arithmetic: exact (f32 throughout, matches the CPU reference) or fast "
           "(bf16 prefill GEMMs). Default exact because fast mode does not yet meet the routing "
           "agreement target against the reference");
+ABSL_FLAG(bool, cuda_graphs, true, "CUDA backend: replay decode steps as CUDA graphs (one per batch size)");
+ABSL_FLAG(int64_t, kv_pages, 0,
+          "CUDA backend: KV-cache pages of 64 positions shared by all requests (0: enough for every "
+          "running request at the full context, --max-running x --max-context / 64)");
 ABSL_FLAG(int64_t, max_running, 32, "requests in the running batch at once");
 ABSL_FLAG(int64_t, max_queue, 256, "waiting requests; beyond this, RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_context, 0, "prompt + generated tokens per request (0: the model's limit)");
@@ -259,6 +263,9 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
   options.max_sequences = absl::GetFlag(FLAGS_max_running);
   options.max_batch_tokens = absl::GetFlag(FLAGS_step_token_budget);
   options.max_context = max_context;
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  if (options.kv_pages < 0) return absl::InvalidArgumentError("--kv-pages: must be >= 0");
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
       CudaBackend::Create(*std::move(model), options);
   if (!backend.ok()) return backend.status();
@@ -266,6 +273,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
                                    "\",\"max_sequences\":", options.max_sequences,
                                    ",\"max_batch_tokens\":", options.max_batch_tokens,
                                    ",\"max_context\":", options.max_context,
+                                   ",\"cuda_graphs\":", options.cuda_graphs ? "true" : "false",
                                    ",\"weight_bytes\":", (*backend)->weight_bytes(),
                                    ",\"state_bytes\":", (*backend)->state_bytes()));
   return std::unique_ptr<Backend>(*std::move(backend));

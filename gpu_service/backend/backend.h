@@ -71,6 +71,9 @@ class Backend {
     // nullptr: this sequence needs no logits this step (a prefill chunk that is not the last).
     float* logits = nullptr;
     bool all_positions = false;
+    // false: KeepFirst will not be called after this step, so a backend may skip saving the state
+    // it would need to rewind (the CUDA backend copies every recurrent state of the sequence for it).
+    bool rewindable = true;
   };
   // Advances every input's slot by its tokens, all inputs batched together. Each slot appears at
   // most once. On error, the slots named in `inputs` are in an unspecified state (the engine ends

@@ -202,6 +202,7 @@ void Engine::RunStep(StepPlan& plan) {
     in.slot = *r->slot;
     in.tokens = std::span<const int32_t>(r->tokens).subspan(c.start, c.count);
     in.logits = c.samples ? logits_.data() + (row++) * V : nullptr;
+    in.rewindable = false;  // the engine never calls KeepFirst: spare the backend its checkpoint
     inputs.push_back(in);
     batch.push_back(r);
     samples.push_back(c.samples);

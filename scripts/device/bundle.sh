@@ -4,6 +4,7 @@
 # every library `ldd` resolves outside glibc/libstdc++/CUDA's driver goes into .device-bundle/lib.
 # Carry .device-bundle (and nothing else) to the device and run scripts/device/run_all.sh there.
 set -euo pipefail
+shopt -s nullglob  # a bundle of tests only has an empty bin/
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -11,7 +12,8 @@ build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=ON >/dev/null
 # Only what the device run needs (a full build of every CPU test is not needed there).
 targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test
-  gpu_kernels_bench gpu_moe_bench gpu_backend_profile}
+  service_integration_test gpu_kernels_bench gpu_moe_bench gpu_backend_profile gpu_backend_bench attention_bench
+  gdn_bench expert_prefill_bench}
 cmake --build "$build" -j "$(nproc)" --target $targets
 out=${BUNDLE_DIR:-.device-bundle}  # a helper building its own bundle names another folder
 rm -rf "$out"
@@ -31,7 +33,7 @@ strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
 # Shared libraries: everything ldd finds except the C runtime, libstdc++/libgcc and CUDA's own
 # libraries (the device machine has CUDA 13; cuBLAS alone would exceed the 64 MiB carry limit).
 for f in "$out"/bin/* "$out"/tests/*; do
-  ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
+  ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' || true
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libcudart*|libcublas*|libnvrtc*|libcufft*|libcurand*|libcusparse*|libnvJitLink*) ;;  # the device has CUDA 13

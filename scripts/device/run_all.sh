@@ -5,12 +5,13 @@
 #   tests/ the test binaries (GPU suites among them)
 #   lib/   the shared libraries Ubuntu 24.04 lacks
 #   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, gpu_moe_bench, gpu_backend_profile)
-# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench]
+# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench] [--bench-80b]
+#   --bench-80b also runs scripts/device/bench_80b.sh (q3n-80b decode/prefill against its floors).
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bundle=$root/.device-bundle
+bundle=${BUNDLE:-$root/.device-bundle}
 out=${OUT:-$root/device-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
@@ -39,6 +40,16 @@ run_suite() {  # name binary
 for t in gpu_kernels_test gpu_moe_kernels_test gpu_backend_test; do
   run_suite "$t" "$bundle/tests/$t"
 done
+
+# The service on the CUDA backend: its integration tests, with the service binary found through a
+# build-tree stand-in (TANDEM_TEST_BINARY_DIR: gpu_service/tandem-gpu-service and tests/service/).
+if [ -x "$bundle/tests/service_integration_test" ] && [ -x "$bundle/bin/tandem-gpu-service" ]; then
+  stand_in=$(mktemp -d)
+  mkdir -p "$stand_in/gpu_service" "$stand_in/tests/service"
+  ln -s "$bundle/bin/tandem-gpu-service" "$stand_in/gpu_service/tandem-gpu-service"
+  TANDEM_TEST_BINARY_DIR=$stand_in TANDEM_TEST_BACKEND=cuda run_suite service_integration_test_cuda \
+    "$bundle/tests/service_integration_test"
+fi
 
 if [[ " $* " != *" --no-gpu-bench "* ]]; then
   # The GPU micro-benchmarks (kernel families and the CUDA backend's per-stage profile).
@@ -81,6 +92,15 @@ if [[ " $* " != *" --no-bench "* ]]; then
   note "bench worker: rc=$rc"
   tail -n 20 "$out/bench_worker.log" | tee -a "$report"
   results+=("\"bench_worker\":$rc")
+fi
+
+if [[ " $* " == *" --bench-80b "* ]]; then
+  # The issue's end-to-end benchmark on q3n-80b shapes (generates the 47 GB model first).
+  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/bench_80b.sh" >"$out/bench_80b.log" 2>&1
+  rc=$?
+  note "bench_80b: rc=$rc"
+  grep -E "^(ceilings|model|decode|prefill|  profile)" "$out/bench_80b.txt" | tee -a "$report"
+  results+=("\"bench_80b\":$rc")
 fi
 
 (IFS=,; echo "{${results[*]}}") >"$json"

@@ -1,5 +1,6 @@
 // Parity of the dense GPU kernels with the CPU reference: embedding gather, matvec, prefill GEMM,
 // stream read / inject. Fresh random inputs, outputs poisoned before every run.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -61,6 +62,56 @@ TEST_P(GpuDenseTest, MatVecMatchesReferenceForOneToEightRows) {
     MatMul(w.view(), x.data(), n, want.data(), nullptr);
     const double err = gpu_testing::LogError("matvec_n" + std::to_string(n), RelL2(Download(d_y), want));
     EXPECT_LE(err, 1e-5) << "n=" << n;
+  }
+}
+
+// Shapes that reach every branch of the decode kernels: rows shorter than 32 pieces (fewer lanes
+// per row), rows that end mid-way through a warp's pieces, odd row counts that end mid-way
+// through a block's row group, padded activation and output strides, every row count 1..8, and
+// (for the 2-byte aligned Q8_0 and Q6_K) a matrix at a 2-byte offset, whose rows alternate
+// between 4-byte aligned and not.
+TEST_P(GpuDenseTest, MatVecMatchesReferenceOnEdgeShapes) {
+  std::mt19937 rng(std::random_device{}());
+  const WeightType type = GetParam();
+  const bool two_byte_aligned = type == WeightType::kQ8_0 || type == WeightType::kQ6_K;
+  struct Shape {
+    int64_t cols, rows, offset;
+  };
+  std::vector<Shape> shapes = {{256, 37, 0}, {512, 129, 0}, {2304, 29, 0}};
+  if (type == WeightType::kQ8_0) shapes.push_back({96, 33, 0});
+  if (two_byte_aligned) {
+    shapes.push_back({256, 41, 2});
+    shapes.push_back({2304, 7, 2});
+  }
+  for (const Shape& sh : shapes) {
+    const gpu_testing::TestMatrix w = RandomMatrix(rng, type, sh.cols, sh.rows, 0.05f);
+    // The device copy at byte offset sh.offset of a larger allocation.
+    auto shifted = gpu_testing::Alloc<uint8_t>(w.bytes.size() + 16);
+    ASSERT_EQ(cudaMemcpy(shifted.get() + sh.offset, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    cuda::DeviceMatrix m = w.gpu();
+    m.data = shifted.get() + sh.offset;
+    const int64_t x_stride = sh.cols + 4, y_stride = sh.rows + 3;
+    for (int n = 1; n <= cuda::kMatVecMaxRows; ++n) {
+      const std::vector<float> x = Random(rng, static_cast<size_t>(n * x_stride));
+      auto d_x = Upload(x);
+      auto d_y = Poisoned<float>(static_cast<size_t>(n * y_stride));
+      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), x_stride, n, d_y.get(), y_stride, nullptr));
+      std::vector<float> want(static_cast<size_t>(n * sh.rows));
+      std::vector<float> xs(static_cast<size_t>(n * sh.cols));
+      for (int t = 0; t < n; ++t) std::memcpy(&xs[t * sh.cols], &x[t * x_stride], sh.cols * sizeof(float));
+      MatMul(w.view(), xs.data(), n, want.data(), nullptr);
+      const std::vector<float> y = Download(d_y);
+      std::vector<float> got(want.size());
+      for (int t = 0; t < n; ++t) {
+        std::memcpy(&got[t * sh.rows], &y[t * y_stride], sh.rows * sizeof(float));
+        // The padding between output rows stays untouched (poison: NaN bits).
+        for (int64_t i = sh.rows; i < y_stride; ++i) EXPECT_TRUE(std::isnan(y[t * y_stride + i])) << "t=" << t;
+      }
+      const std::string what = "matvec_edge_c" + std::to_string(sh.cols) + "_r" + std::to_string(sh.rows) + "_o" +
+                               std::to_string(sh.offset) + "_n" + std::to_string(n);
+      EXPECT_LE(gpu_testing::LogError(what, RelL2(got, want)), 1e-5) << what;
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes: achieved bandwidth of the
+// Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes (--matvec-only: the decode
+// matvec alone; TANDEM_MATVEC_GENERIC=1 times the generic matvec kernel instead of the fast one): achieved bandwidth of the
 // decode matvec per weight type against a measured device copy, the prefill GEMM's rate, decode
 // and prefill attention, the GDN scan and sampling. Prints one line per case ("name: value unit,
 // detail") and, with --json=PATH, writes the same numbers as JSON. Timing: CUDA events around
@@ -65,14 +66,16 @@ double TimeMs(const std::function<void()>& fn, int reps = 20) {
   return ms[ms.size() / 2];
 }
 
-void* RandomDevice(size_t bytes, uint64_t seed) {
+// Random bytes; `mask` is applied to every 8 bytes (0x3FFF... keeps f16 fields finite wherever
+// they fall: the top two bits of every odd byte are cleared).
+void* RandomDevice(size_t bytes, uint64_t seed, uint64_t mask = ~0ull) {
   std::vector<uint64_t> host((bytes + 7) / 8);
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (uint64_t& v : host) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    v = x;
+    v = x & mask;
   }
   void* d = nullptr;
   BENCH_CHECK(cudaMalloc(&d, host.size() * 8));
@@ -110,39 +113,52 @@ double BenchCopy() {
   return gbs;
 }
 
+// Decode matvec on the q3n-80b shapes. Each case cycles through enough copies of the matrix
+// (>= 256 MB together) that the 50 MB L2 never holds the weights between launches; bandwidth
+// counts weight bytes only (activations and outputs are < 1% of them).
 void BenchMatVec(double copy_gbs) {
   struct T {
     const char* name;
     uint32_t type;
     int64_t block_elems, block_bytes;
   };
-  const T types[] = {{"f32", kTypeF32, 32, 128},   {"bf16", kTypeBF16, 32, 64}, {"q8_0", kTypeQ8_0, 32, 34},
-                     {"q6_K", kTypeQ6_K, 256, 210}, {"q5_K", kTypeQ5_K, 256, 176}, {"q4_K", kTypeQ4_K, 256, 144}};
-  const int64_t cols = 2048;
+  const T quant[] = {{"q8_0", kTypeQ8_0, 32, 34}, {"q6_K", kTypeQ6_K, 256, 210}, {"q5_K", kTypeQ5_K, 256, 176},
+                     {"q4_K", kTypeQ4_K, 256, 144}};
+  const T plain[] = {{"f32", kTypeF32, 32, 128}, {"bf16", kTypeBF16, 32, 64}};
+  struct Shape {
+    int64_t cols, rows;
+  };
+  const Shape shapes[] = {{2048, 8192}, {2048, 4096}, {4096, 2048}, {2048, 512}, {512, 2048}, {2048, 151936}};
   float* x = RandomFloats(8 * 8192, 3);
   float* y;
   BENCH_CHECK(cudaMalloc(&y, 8 * 262144 * sizeof(float)));
-  for (const T& t : types) {
-    // About 512 MB of weights (well past the 50 MB L2); the LM-head shape for the quantized types.
-    const int64_t row_bytes = cols / t.block_elems * t.block_bytes;
-    const int64_t rows = std::min<int64_t>(262144, (512ll << 20) / row_bytes);
-    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), 11);
-    if (t.type == kTypeF32 || t.type == kTypeBF16) {  // keep float weights finite
-      BENCH_CHECK(cudaFree(w));
-      w = t.type == kTypeF32 ? static_cast<void*>(RandomFloats(static_cast<size_t>(rows * cols), 12))
-                             : RandomDevice(static_cast<size_t>(rows * row_bytes), 13);
-    }
-    const DeviceMatrix m{t.type, w, cols, rows, row_bytes};
-    for (int n : {1, 8}) {
-      const double ms = TimeMs([&] { BENCH_CHECK(LaunchDenseMatVec(m, x, cols, n, y, rows, nullptr)); });
-      const double gbs = static_cast<double>(rows * row_bytes) / (ms * 1e6);
+  auto run_case = [&](const T& t, const Shape& sh, const std::vector<int>& ns) {
+    const int64_t row_bytes = sh.cols / t.block_elems * t.block_bytes;
+    const int64_t bytes = row_bytes * sh.rows;
+    const int copies = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(1, ((256ll << 20) + bytes - 1) / bytes)));
+    // f16 scales kept finite (the rate does not depend on the values; NaN paths might).
+    void* w = t.type == kTypeF32 ? static_cast<void*>(RandomFloats(static_cast<size_t>(bytes / 4) * copies, 12))
+                                 : RandomDevice(static_cast<size_t>(bytes) * copies, 11, 0x3FFF3FFF3FFF3FFFull);
+    int next = 0;
+    for (int n : ns) {
+      const double ms = TimeMs([&] {
+        const DeviceMatrix m{t.type, static_cast<uint8_t*>(w) + (next++ % copies) * bytes, sh.cols, sh.rows, row_bytes};
+        BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, nullptr));
+      }, 50);
+      const double gbs = static_cast<double>(bytes) / (ms * 1e6);
       char detail[200];
-      std::snprintf(detail, sizeof(detail), "%lld x %lld, %.0f MB, %.1f us, %.0f%% of copy", (long long)rows,
-                    (long long)cols, rows * row_bytes / 1e6, ms * 1e3, 100.0 * gbs / copy_gbs);
-      Report(std::string("matvec_") + t.name + "_n" + std::to_string(n), gbs, "GB/s", detail);
+      std::snprintf(detail, sizeof(detail), "%lld -> %lld, %.2f MB, %.2f us, %.0f%% of copy", (long long)sh.cols,
+                    (long long)sh.rows, bytes / 1e6, ms * 1e3, 100.0 * gbs / copy_gbs);
+      Report(std::string("matvec_") + t.name + "_" + std::to_string(sh.cols) + "x" + std::to_string(sh.rows) + "_n" +
+                 std::to_string(n),
+             gbs, "GB/s", detail);
     }
     BENCH_CHECK(cudaFree(w));
+  };
+  for (const T& t : quant) {
+    for (const Shape& sh : shapes) run_case(t, sh, {1, 2, 4, 8});
   }
+  for (const T& t : plain) run_case(t, Shape{2048, t.type == kTypeF32 ? 65536 : 131072}, {1, 8});
   cudaFree(x);
   cudaFree(y);
 }
@@ -307,8 +323,10 @@ void BenchSampling() {
 int main(int argc, char** argv) {
   using namespace tandem::cuda;
   std::string json;
+  bool matvec_only = false;  // --matvec-only: the copy ceiling and the decode matvec cases
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
+    if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -320,10 +338,12 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   const double copy = BenchCopy();
   BenchMatVec(copy);
-  BenchGemm();
-  BenchAttention(copy);
-  BenchGdn();
-  BenchSampling();
+  if (!matvec_only) {
+    BenchGemm();
+    BenchAttention(copy);
+    BenchGdn();
+    BenchSampling();
+  }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {

@@ -35,8 +35,9 @@ std::unique_ptr<ReferenceModel> OpenReference(const std::string& path) {
 }
 
 std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
-                                     bool expert_gemm = true) {
+                                     bool expert_gemm = true, bool graphs = true) {
   CudaBackendOptions o;
+  o.cuda_graphs = graphs;
   o.mode = mode;
   o.fast_dense_gemm = dense_gemm;
   o.fast_expert_gemm = expert_gemm;
@@ -203,6 +204,50 @@ TEST_P(ExactTest, BatchOfThreeEqualsEachAlone) {
   for (SequenceSlot s : batched) gpu_->ReleaseSequence(s);
 }
 
+TEST_P(ExactTest, DecodeGraphsGiveTheLogitsOfStepsRunWithoutThem) {
+  std::unique_ptr<CudaBackend> eager = OpenGpu(path_, CudaMode::kExact, true, true, /*graphs=*/false);
+  ASSERT_TRUE(eager);
+  CudaBackend* backends[2] = {gpu_.get(), eager.get()};
+  SequenceSlot a[2], b[2];
+  for (int i = 0; i < 2; ++i) {
+    a[i] = *backends[i]->CreateSequence();
+    b[i] = *backends[i]->CreateSequence();
+    GpuStep(*backends[i], a[i], RandomTokens(20, V_, 21), false);
+    GpuStep(*backends[i], b[i], RandomTokens(13, V_, 22), false);
+  }
+  // The batch changes between steps: a new batch size is captured, a seen one replayed, also for
+  // other sequences than those it was captured with ({1} replays the graph of {0}).
+  const std::vector<std::vector<int>> schedule = {{0}, {0, 1}, {0, 1}, {1}, {0, 1}, {0}, {0, 1}};
+  double max_err = 0;
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    std::vector<std::vector<float>> logits[2];
+    for (int i = 0; i < 2; ++i) {
+      std::vector<Backend::StepInput> in;
+      std::vector<int32_t> toks;
+      for (int which : schedule[step]) toks.push_back(static_cast<int32_t>(3 + 11 * step + which));
+      logits[i].assign(schedule[step].size(), std::vector<float>(V_));
+      for (size_t j = 0; j < schedule[step].size(); ++j) {
+        const SequenceSlot s = schedule[step][j] == 0 ? a[i] : b[i];
+        in.push_back({s, std::span<const int32_t>(&toks[j], 1), logits[i][j].data(), false});
+      }
+      ASSERT_TRUE(backends[i]->Step(in).ok());
+    }
+    for (size_t j = 0; j < schedule[step].size(); ++j) {
+      max_err = std::max(max_err, RelativeL2(logits[0][j].data(), logits[1][j].data(), V_));
+    }
+  }
+  printf("[%s] decode with graphs vs without: max relative L2 %.3e (%lld captures, %lld replays)\n",
+         GetParam().c_str(), max_err, static_cast<long long>(gpu_->graph_captures()),
+         static_cast<long long>(gpu_->graph_replays()));
+  EXPECT_LE(max_err, 1e-6);
+  EXPECT_EQ(eager->graph_captures(), 0);
+  const bool graphable = GetParam() != "tiny";  // tiny has Engram and the indexer: no graphs
+  if (graphable) {
+    EXPECT_EQ(gpu_->graph_captures(), 2);  // batch 1 and batch 2
+    EXPECT_EQ(gpu_->graph_replays(), 5);
+  }
+}
+
 TEST_P(ExactTest, KeepFirstEqualsAdvancingByTheKeptTokens) {
   absl::StatusOr<SequenceSlot> a = gpu_->CreateSequence();
   absl::StatusOr<SequenceSlot> b = gpu_->CreateSequence();
@@ -221,6 +266,13 @@ TEST_P(ExactTest, KeepFirstEqualsAdvancingByTheKeptTokens) {
   printf("[%s] KeepFirst(3 of 7) then a token vs direct: relative L2 %.3e\n", GetParam().c_str(), err);
   EXPECT_LE(err, 1e-4);
   EXPECT_FALSE(gpu_->KeepFirst(*a, 5).ok()) << "m beyond the last chunk must be refused";
+  // A step marked not rewindable saved no checkpoint: rewinding it is refused, keeping all of it is not.
+  const std::vector<int32_t> more = {4, 6};
+  std::vector<float> ignored(V_);
+  const Backend::StepInput once{*a, more, ignored.data(), false, /*rewindable=*/false};
+  ASSERT_TRUE(gpu_->Step(std::span<const Backend::StepInput>(&once, 1)).ok());
+  EXPECT_EQ(gpu_->KeepFirst(*a, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(gpu_->KeepFirst(*a, 2).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n", "small"),

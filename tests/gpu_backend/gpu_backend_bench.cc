@@ -183,8 +183,9 @@ int Run(const Args& a) {
       const std::vector<int32_t> toks = random_tokens(B);
       std::vector<Backend::StepInput> in;
       for (int i = 0; i < B; ++i) {
+        // Not rewindable, as the engine steps: no KeepFirst checkpoint copy.
         in.push_back({slots[i], std::span<const int32_t>(&toks[i], 1), logits.data() + static_cast<size_t>(i) * c.vocab,
-                      false});
+                      false, false});
       }
       b.set_routing_sink(sink);
       absl::Status s = b.Step(in);
@@ -242,7 +243,7 @@ int Run(const Args& a) {
       absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
       if (!slot.ok()) return 1;
       const std::vector<int32_t> prompt = random_tokens(n);
-      Backend::StepInput in{*slot, prompt, logits.data(), false};
+      Backend::StepInput in{*slot, prompt, logits.data(), false, false};
       if (r == reps) b.set_routing_sink(&routing);
       const auto t0 = Clock::now();
       absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));

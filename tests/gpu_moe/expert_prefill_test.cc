@@ -1,7 +1,9 @@
-// The prefill expert path (bf16 dequantization + cuBLAS GEMMs) against the reference FFN.
+// The prefill expert path (both algorithms, every tile height) against the reference FFN, and its
+// host-side tile planning.
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 
 #include <cmath>
+#include <string>
 
 #include "common/reference/moe.h"
 #include "common/weights/half.h"
@@ -44,17 +46,27 @@ TEST(DequantizeToBf16Test, MatchesReferenceRounded) {
   }
 }
 
-TEST(ExpertPrefillTest, MatchesReferenceFfnWithinBf16Tolerance) {
-  TANDEM_SKIP_WITHOUT_GPU();
+struct PrefillCase {
+  WeightType gu_type, d_type;
+  int64_t h, I, E, K, n;
+};
+
+std::string Describe(const PrefillOptions& o) {
+  return o.algorithm == PrefillAlgorithm::kCublasPerExpert ? std::string("cublas per expert")
+                                                            : "grouped tiles, tile_rows " + std::to_string(o.tile_rows);
+}
+
+// Runs one random layer through a runner made with each of `all` (both algorithms, every tile
+// height); relative L2 against FfnForward.
+void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all) {
   std::mt19937 rng(std::random_device{}());
-  const int64_t h = 512, I = 256, E = 5, K = 3, n = 40;
-  const WeightType gu_type = WeightType::kQ4_K, d_type = WeightType::kQ6_K;
+  const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
   std::vector<DeviceBuffer> dg, du, dd;
   for (int64_t e = 0; e < E; ++e) {
-    gate[e] = RandomMatrix(rng, gu_type, h, I, 0.05f);
-    up[e] = RandomMatrix(rng, gu_type, h, I, 0.05f);
-    down[e] = RandomMatrix(rng, d_type, I, h, 0.05f);
+    gate[e] = RandomMatrix(rng, c.gu_type, h, I, 0.05f);
+    up[e] = RandomMatrix(rng, c.gu_type, h, I, 0.05f);
+    down[e] = RandomMatrix(rng, c.d_type, I, h, 0.05f);
     dg.push_back(Upload(gate[e]));
     du.push_back(Upload(up[e]));
     dd.push_back(Upload(down[e]));
@@ -69,23 +81,109 @@ TEST(ExpertPrefillTest, MatchesReferenceFfnWithinBf16Tolerance) {
     return ExpertLocation{dg[e].get(), du[e].get(), dd[e].get()};
   });
   ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create({gu_type, d_type, h, I}, n * K);
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  DeviceBuffer partial = PoisonedBuffer(static_cast<size_t>(n * K * h) * sizeof(float));
-  const absl::Status s = runner->Run(plan->units, dx.as<float>(), partial.as<float>(), nullptr);
-  ASSERT_TRUE(s.ok()) << s;
-  const std::vector<float> got = Download<float>(partial.get(), static_cast<size_t>(n * K * h));
-  std::vector<float> ref(got.size());
+  std::vector<float> ref(static_cast<size_t>(n * K * h));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = picks[t * K + k];
-      FfnForward(testing::HostMatrix(gu_type, gate[e], h, I), testing::HostMatrix(gu_type, up[e], h, I),
-                 testing::HostMatrix(d_type, down[e], I, h), x.data() + t * h, 1,
+      FfnForward(testing::HostMatrix(c.gu_type, gate[e], h, I), testing::HostMatrix(c.gu_type, up[e], h, I),
+                 testing::HostMatrix(c.d_type, down[e], I, h), x.data() + t * h, 1,
                  ref.data() + plan->slot[t * K + k] * h, nullptr);
     }
   }
-  ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
-  EXPECT_LE(testing::RelativeL2(got, ref), 1e-2);
+  for (const PrefillOptions& options : all) {
+    SCOPED_TRACE(Describe(options));
+    absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create({c.gu_type, c.d_type, h, I}, n * K, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    DeviceBuffer partial = PoisonedBuffer(ref.size() * sizeof(float));
+    const absl::Status s = runner->Run(plan->units, dx.as<float>(), partial.as<float>(), nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    const std::vector<float> got = Download<float>(partial.get(), ref.size());
+    ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
+    EXPECT_LE(testing::RelativeL2(got, ref), 1e-2);
+    if (options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows != 0) {
+      EXPECT_EQ(runner->last_tile_rows(), options.tile_rows);
+    }
+  }
+}
+
+std::vector<PrefillOptions> AllOptions() {
+  std::vector<PrefillOptions> all = {{PrefillAlgorithm::kCublasPerExpert, 0, 0}, {PrefillAlgorithm::kGroupedTiles, 0, 0}};
+  for (int rows : kPrefillTileRows) all.push_back({PrefillAlgorithm::kGroupedTiles, rows, 0});
+  return all;
+}
+
+// Few rows per expert (the 512-token regime): Q4_K gate/up, Q6_K down.
+TEST(ExpertPrefillTest, MatchesReferenceFfnWithinBf16Tolerance) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ6_K, 512, 256, 5, 3, 40}, AllOptions());
+}
+
+// Groups of about 200 rows (several tiles per expert at every tile height), Q4_K down as in the
+// 80B model, h and I not multiples of the 128-column block.
+TEST(ExpertPrefillTest, LargeGroupsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 3, 2, 300}, AllOptions());
+}
+
+// Q8_0 with h = 320 and I = 96: the last 64-deep step is half empty (I) and the last column block
+// is partly outside (h, and 2·I for gate/up).
+TEST(ExpertPrefillTest, RaggedShapesMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ8_0, WeightType::kQ8_0, 320, 96, 4, 2, 70}, AllOptions());
+}
+
+TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
+  const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, 512, 256};
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 48, 0}).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create({WeightType::kQ8_0, WeightType::kQ8_0, 512, 80}, 64).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 0).ok());
+}
+
+// Host planning of the grouped path (runs without a GPU).
+TEST(PrefillTilesTest, TilesCoverEveryGroupRowOnce) {
+  const int dummy = 0;
+  const void* a = &dummy;
+  const void* b = &dummy + 1;
+  const std::vector<PrefillGroup> groups = {{{a, a, a}, 0, 5}, {{b, b, b}, 5, 130}, {{a, a, a}, 135, 64}};
+  for (int rows : kPrefillTileRows) {
+    const std::vector<PrefillTile> tiles = MakePrefillTiles(groups, rows);
+    std::vector<int> covered(199, 0);
+    for (const PrefillTile& t : tiles) {
+      ASSERT_GE(t.rows, 1);
+      ASSERT_LE(t.rows, rows);
+      for (int r = 0; r < t.rows; ++r) ++covered[t.first_slot + r];
+      EXPECT_EQ(t.gate, t.first_slot >= 5 && t.first_slot < 135 ? b : a) << "slot " << t.first_slot;
+    }
+    for (int s = 0; s < 199; ++s) EXPECT_EQ(covered[s], 1) << "slot " << s << ", tile_rows " << rows;
+    EXPECT_EQ(tiles.size(), static_cast<size_t>(1 + (130 + rows - 1) / rows + (64 + rows - 1) / rows));
+  }
+}
+
+TEST(PrefillTilesTest, ChoosesSmallTilesForSmallGroupsAndLargeForLarge) {
+  const int dummy = 0;
+  std::vector<PrefillGroup> small, large;
+  for (int g = 0; g < 8; ++g) {
+    small.push_back({{&dummy, &dummy, &dummy}, g * 5, 5});
+    large.push_back({{&dummy, &dummy, &dummy}, g * 128, 128});
+  }
+  EXPECT_EQ(ChoosePrefillTileRows(small), kPrefillTileRows[0]);
+  EXPECT_EQ(ChoosePrefillTileRows(large), 128);
+}
+
+// GroupUnits merges consecutive units of one expert with consecutive slots, and nothing else.
+TEST(PrefillTilesTest, GroupUnitsMergesConsecutiveSlotsOfOneExpert) {
+  const int dummy[2] = {0, 0};
+  auto unit = [&](int e, int first, int rows) {
+    ExpertUnit u{&dummy[e], &dummy[e], &dummy[e], rows, first, {}};
+    return u;
+  };
+  const std::vector<ExpertUnit> units = {unit(0, 0, 8), unit(0, 8, 3), unit(1, 11, 8), unit(1, 20, 2)};
+  const std::vector<PrefillGroup> groups = GroupUnits(units);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(groups[0].rows, 11);
+  EXPECT_EQ(groups[1].first_slot, 11);
+  EXPECT_EQ(groups[1].rows, 8);
+  EXPECT_EQ(groups[2].first_slot, 20);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -182,7 +183,7 @@ void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t
               static_cast<long long>(n), ms, flops / (ms * 1e-3) / 1e12, n / (ms * 1e-3));
 }
 
-int Main() {
+int Main(bool decode_only) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no CUDA GPU: nothing to time\n");
@@ -242,7 +243,7 @@ int Main() {
     FillRandom(layer.down, dbytes, rng);
     std::printf("layer: %s, %.0f MB of routed experts\n", v.name, (2.0 * gbytes + dbytes) / 1e6);
     for (int64_t n : {1, 8, 32}) BenchDecode(v.name, layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
-    if (v.gu == kTypeQ4_K) {
+    if (v.gu == kTypeQ4_K && !decode_only) {
       for (int64_t n : {512, 8192}) BenchPrefill(layer, v.gu, v.d, n, rng, x, partial);
     }
     BENCH_CHECK(cudaFree(layer.gate));
@@ -282,4 +283,10 @@ int Main() {
 }  // namespace
 }  // namespace tandem::cuda
 
-int main() { return tandem::cuda::Main(); }
+// --decode-only: the copy ceiling and the decode expert cases (TANDEM_MATVEC_GENERIC=1 times the
+// generic matvec kernels instead of the fast ones).
+int main(int argc, char** argv) {
+  bool decode_only = false;
+  for (int i = 1; i < argc; ++i) decode_only |= std::string(argv[i]) == "--decode-only";
+  return tandem::cuda::Main(decode_only);
+}

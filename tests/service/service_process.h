@@ -33,10 +33,17 @@
 
 namespace tandem {
 
+// The build tree: where the service binary is (gpu_service/tandem-gpu-service) and the test model
+// goes (tests/service/). $TANDEM_TEST_BINARY_DIR overrides the compiled-in one, for binaries carried
+// to another machine (scripts/device/run_all.sh).
+inline std::string BinaryDir() {
+  const char* dir = std::getenv("TANDEM_TEST_BINARY_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : TANDEM_BINARY_DIR;
+}
+
 // The `tiny` preset, generated once into the build tree and shared by every test process.
 inline std::string TinyModelPath() {
-  const std::filesystem::path path =
-      std::filesystem::path(TANDEM_BINARY_DIR) / "tests" / "service" / "tiny.gguf";
+  const std::filesystem::path path = std::filesystem::path(BinaryDir()) / "tests" / "service" / "tiny.gguf";
   if (std::filesystem::exists(path)) return path.string();
   absl::StatusOr<GenModelSpec> spec = PresetSpec("tiny");
   EXPECT_TRUE(spec.ok());
@@ -63,7 +70,7 @@ class ServiceProcess {
     std::filesystem::create_directories(dir_);
     const std::string ready = (dir_ / "ready").string();
     std::vector<std::string> args = {
-        std::string(TANDEM_BINARY_DIR) + "/gpu_service/tandem-gpu-service",
+        BinaryDir() + "/gpu_service/tandem-gpu-service",
         "--model=" + TinyModelPath(), "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
         "--ready-file=" + ready, "--threads=2", "--backend=" + TestBackend()};
     // Exact mode: the tests compare against the CPU reference's behaviour.

@@ -14,10 +14,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gpu_service/backends/cuda/backend/decode_graphs.h"
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 
 namespace tandem {
@@ -27,6 +29,7 @@ struct CudaSequence {
   int32_t row = 0;
   int64_t length = 0;
   int64_t last_chunk_start = 0;
+  bool rewindable = false;      // the last chunk's start state was saved (KeepFirst may rewind it)
   std::vector<int32_t> tokens;  // ids of positions [0, length)
   std::vector<int32_t> pages;   // physical KV pages, in logical order
 };
@@ -38,7 +41,7 @@ struct StepPlan {
   std::vector<int64_t> counts;   // new tokens
   std::vector<int64_t> offsets;  // first row of each input in the step's token rows
   int64_t tokens = 0;
-  int num_items = 0;             // attention work items (PlanAttentionItems)
+  cuda::AttentionPlan attn;      // full attention's work items and split (PlanAttention)
 };
 
 class CudaBackend::Impl {
@@ -72,6 +75,9 @@ class CudaBackend::Impl {
   // Scratch for max_batch_tokens rows.
   float *H = nullptr, *N = nullptr, *x = nullptr, *y = nullptr, *a = nullptr, *hz = nullptr, *hm = nullptr;
   float *qkv = nullptr, *zg = nullptr, *ba = nullptr, *conv = nullptr, *g = nullptr, *beta = nullptr, *go = nullptr;
+  float* attn_scratch = nullptr;   // split-context partials of full attention (AttentionMaxScratchBytes)
+  float* gdn_scratch = nullptr;    // the chunked delta rule's scratch (prefill), gdn_scratch_bytes long
+  int64_t gdn_scratch_bytes = 0;
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
   int32_t *sel_blocks = nullptr, *sel_counts = nullptr;
@@ -87,6 +93,18 @@ class CudaBackend::Impl {
   std::atomic<int64_t> pages_in_use{0};
   int64_t total_pages = 0;
 
+  bool has_engram = false;                   // some layer has Engram (its rows are gathered on the host)
+  std::optional<cuda::DecodeGraphs> graphs;  // set when options.cuda_graphs
+  bool graphs_refused = false;               // CUDA refused a capture once: run without graphs
+  // Rows of the head's output (and so of host_logits) per input, −1 when it wants none (EnqueueHead).
+  std::vector<int64_t> head_first;
+  int64_t head_rows = 0;
+
+  // Step-time flags of the layer loop: the last block's output (y) still has to be injected into H
+  // (the next read does it), and the inject weights in `a` are all 1 (one stream: not written).
+  bool inject_pending = false;
+  bool inject_is_one = false;
+
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;
   mutable std::mutex profile_mu;
@@ -99,12 +117,25 @@ class CudaBackend::Impl {
   float* state(const CudaSequence& s) const { return recurrent + s.row * recurrent_floats; }
 
   // Layer loop (layer_loop.cc).
-  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);
-  absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a);
+  // y = x·Wᵀ: matvec for up to 8 rows (f32), else the GEMM in the backend's mode, or in f32 when
+  // exact (the router's and shared gate's logits: bf16 rounding there flips routing picks).
+  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool exact = false);
+  // A hyper-connection read into x (and the inject weights into a, unless a is nullptr), with the
+  // pending block output (when not nullptr) injected into H first, fused into the norm.
+  absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending);
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
-  absl::Status RunHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // Which rows of the step go through the head (head_first, head_rows): host only, every step.
+  void PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // The head for the rows PlanHead chose, and their copy into host_logits (no wait).
+  absl::Status EnqueueHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // After the step's stream is done: host_logits into each input's logits.
+  void CopyLogitsOut(const StepPlan& plan, std::span<const Backend::StepInput> inputs) const;
+  // Everything of a step after its inputs are on the device: embedding, layers, head.
+  absl::Status EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // Whether this step can run as a graph, and the graph's key.
+  bool GraphKey(const StepPlan& plan, std::span<const Backend::StepInput> inputs, std::vector<int32_t>* key) const;
 };
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 namespace tandem {
 
@@ -106,11 +107,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
       cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast && options.fast_expert_gemm, T});
   if (!moe.ok()) return moe.status();
   m.moe = *std::move(moe);
-  m.experts = std::make_unique<cuda::ResidentExperts>(m.dm.get());
+  absl::StatusOr<std::unique_ptr<cuda::ResidentExperts>> resident = cuda::ResidentExperts::Create(m.dm.get(), c.moe.E);
+  if (!resident.ok()) return resident.status();
+  m.experts = *std::move(resident);
   // Marks per step: a few per layer (engram, streams, mixer, route, experts, shared) plus the ends.
   absl::StatusOr<cuda::StageTimer> timer = cuda::StageTimer::Create(options.profile, static_cast<int>(12 * L + 16));
   if (!timer.ok()) return timer.status();
   m.timer.emplace(*std::move(timer));
+  for (int64_t l = 0; l < c.n_layers; ++l) m.has_engram |= m.dm->layers[l].has_engram;
+  if (options.cuda_graphs) m.graphs.emplace(std::max(1, options.graph_capacity));
 
   // State layout per sequence row.
   const GdnDims& gd = c.gdn;
@@ -172,7 +177,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     plan.Want(&m.ba, T * 2 * gd.nv);
     plan.Want(&m.g, T * gd.nv);
     plan.Want(&m.beta, T * gd.nv);
+    // Prefill runs the chunked delta rule in passes of up to 2048 tokens through this scratch.
+    const cuda::GdnShape shape{static_cast<int>(gd.nk), static_cast<int>(gd.nv), static_cast<int>(gd.dk),
+                               static_cast<int>(gd.dv), static_cast<int>(gd.kk)};
+    m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(shape, std::min<int64_t>(T, 2048)) : 0;
+    if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
   }
+  const cuda::AttnShape attn_shape{static_cast<int>(ad.nh), static_cast<int>(ad.kvh), static_cast<int>(ad.hd),
+                                   static_cast<int>(ad.rot), ad.eps};
+  plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(attn_shape) + 3) / 4);
   plan.Want(&m.qg, T * ad.nh * 2 * ad.hd);
   plan.Want(&m.q, T * ad.nh * ad.hd);
   plan.Want(&m.ao, T * ad.nh * ad.hd);
@@ -223,6 +236,9 @@ uint64_t CudaBackend::weight_bytes() const { return impl_->dm->bytes; }
 uint64_t CudaBackend::state_bytes() const { return impl_->arena->capacity(); }
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
 void CudaBackend::set_profile(bool on) { impl_->timer->set_enabled(on); }
+
+int64_t CudaBackend::graph_captures() const { return impl_->graphs.has_value() ? impl_->graphs->captures() : 0; }
+int64_t CudaBackend::graph_replays() const { return impl_->graphs.has_value() ? impl_->graphs->replays() : 0; }
 
 std::string CudaBackend::last_profile() const {
   std::lock_guard<std::mutex> lock(impl_->profile_mu);
@@ -325,9 +341,12 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.page_table + s.row * m.max_pages, row,
                                                   s.pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     }
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.checkpoint + s.row * m.recurrent_floats, m.state(s),
-                                                static_cast<size_t>(m.recurrent_floats) * sizeof(float),
-                                                cudaMemcpyDeviceToDevice, st));
+    if (inputs[i].rewindable) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.checkpoint + s.row * m.recurrent_floats, m.state(s),
+                                                  static_cast<size_t>(m.recurrent_floats) * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, st));
+    }
+    s.rewindable = inputs[i].rewindable;
     s.last_chunk_start = start;
     s.tokens.resize(static_cast<size_t>(start));
     s.tokens.insert(s.tokens.end(), inputs[i].tokens.begin(), inputs[i].tokens.end());
@@ -339,28 +358,40 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
       token_seq[r] = s.row;
     }
   }
-  const std::vector<int32_t> items =
-      cuda::PlanAttentionItems(token_seq, static_cast<int>(c.attn.nh / std::max<int64_t>(c.attn.kvh, 1)));
-  plan.num_items = static_cast<int>(items.size() / 2);
+  const cuda::AttnShape attn_shape{static_cast<int>(c.attn.nh), static_cast<int>(c.attn.kvh),
+                                   static_cast<int>(c.attn.hd), static_cast<int>(c.attn.rot), c.attn.eps};
+  plan.attn = cuda::PlanAttention(token_seq, attn_shape,
+                                  m.options.mode == CudaMode::kFast ? cuda::AttentionPrecision::kBf16TensorCores
+                                                                    : cuda::AttentionPrecision::kF32);
+  const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.step_ints, host_ints, (3 * T_max + items.size()) * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, st));
 
-  // Embedding, layers, head.
-  m.timer->Mark(Stage::kStreams, st);
-  if (absl::Status s = cuda::CudaStatus(
-          cuda::LaunchEmbeddingGather(m.dm->token_embd, m.tokens_dev(), plan.tokens, c.n_streams, m.H, st),
-          "embedding gather", __FILE__, __LINE__);
-      !s.ok()) {
-    return s;
+  // Embedding, layers, head: replayed as a graph when the step's shape allows, else enqueued.
+  m.PlanHead(plan, inputs);
+  std::vector<int32_t> key;
+  bool ran = false;
+  if (m.graphs.has_value() && !m.graphs_refused && m.GraphKey(plan, inputs, &key)) {
+    absl::Status s = m.graphs->Launch(key, st, [&] { return m.EnqueueForward(plan, inputs); });
+    if (s.ok()) {
+      ran = true;
+      m.local_rows += static_cast<uint64_t>(plan.tokens * c.moe.K * c.n_layers);
+    } else if (absl::IsUnavailable(s)) {
+      fprintf(stderr, "cuda backend: decode steps run without CUDA graphs from now on (%s)\n", s.ToString().c_str());
+      m.graphs_refused = true;
+    } else {
+      return s;
+    }
   }
-  if (m.routing_sink != nullptr) m.routing_sink->assign(static_cast<size_t>(c.n_layers), MoeRouting{});
-  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
-    if (absl::Status s = m.RunLayer(layer, plan); !s.ok()) return s;
+  if (!ran) {
+    if (absl::Status s = m.EnqueueForward(plan, inputs); !s.ok()) return s;
   }
-  if (absl::Status s = m.RunHead(plan, inputs); !s.ok()) return s;
+  if (absl::Status s = m.moe->EnqueueErrorReadback(st); !s.ok()) return s;
   if (absl::Status s = m.timer->Finish(st); !s.ok()) return s;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  if (absl::Status s = m.moe->CheckDeviceErrors(); !s.ok()) return s;
+  m.CopyLogitsOut(plan, inputs);
   for (size_t i = 0; i < plan.seqs.size(); ++i) plan.seqs[i]->length = plan.starts[i] + plan.counts[i];
   if (m.timer->enabled()) {
     std::string line = m.timer->Line(plan.tokens, static_cast<int64_t>(plan.seqs.size()));
@@ -369,6 +400,41 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
     m.profile_line = std::move(line);
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
+  cudaStream_t st = stream.get();
+  timer->Mark(Stage::kStreams, st);
+  if (absl::Status s = cuda::CudaStatus(
+          cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, st),
+          "embedding gather", __FILE__, __LINE__);
+      !s.ok()) {
+    return s;
+  }
+  if (routing_sink != nullptr) routing_sink->assign(static_cast<size_t>(c->n_layers), MoeRouting{});
+  inject_pending = false;
+  inject_is_one = false;
+  for (int64_t layer = 0; layer < c->n_layers; ++layer) {
+    if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
+  }
+  return EnqueueHead(plan, inputs);
+}
+
+bool CudaBackend::Impl::GraphKey(const StepPlan& plan, std::span<const Backend::StepInput> /*inputs*/,
+                                 std::vector<int32_t>* key) const {
+  // Only steps whose every layer plans on the device and whose kernels take nothing per step from
+  // the host: decode (one token per sequence), no Engram (host-gathered rows), no indexer (block
+  // counts as launch arguments), no profiling or routing capture (both wait on the host).
+  if (timer->enabled() || routing_sink != nullptr || has_engram || c->attn.has_indexer()) return false;
+  if (plan.tokens > cuda::kDevicePlanMaxTokens) return false;
+  // The kernels find each token's sequence state through device memory (seq_dev), so the key is the
+  // batch size and which rows want logits, not which sequences run.
+  key->assign(1, static_cast<int32_t>(plan.tokens));
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (plan.counts[i] != 1) return false;
+    key->push_back(head_first[i] >= 0 ? 1 : 0);
+  }
+  return true;
 }
 
 absl::Status CudaBackend::KeepFirst(SequenceSlot slot, int64_t keep) {
@@ -382,6 +448,9 @@ absl::Status CudaBackend::KeepFirst(SequenceSlot slot, int64_t keep) {
         absl::StrCat("KeepFirst: m = ", keep, " is outside [0, ", n, "] (the last chunk's size)"));
   }
   if (keep == n) return absl::OkStatus();
+  if (!s.rewindable) {
+    return absl::FailedPreconditionError("KeepFirst: the slot's last step was not rewindable (StepInput::rewindable)");
+  }
   // Back to the state before the chunk (the checkpoint), then advance by its first m tokens
   // again: the recurrent state is restored exactly and the KV positions are rewritten.
   const std::vector<int32_t> kept(s.tokens.begin() + start, s.tokens.begin() + start + keep);

@@ -15,12 +15,13 @@
 // for more: no TF32) with f32 caches; it is the validation mode (logits within 1e-4 of the CPU
 // reference). kFast runs prefill products and prefill experts as bf16 GEMMs with f32 accumulation.
 //
-// Each step waits once per MoE layer for the routing picks (the expert work list is planned on the
-// host), and once at the end for the logits. Profiling (options.profile) times the stages with CUDA
+// Steps of at most 64 tokens plan their expert work on the GPU and wait only once, at the end, for
+// the logits; longer steps wait once per MoE layer for the routing picks (planned on the host).
+// Decode steps (one token per sequence) of models without Engram or the indexer are captured as
+// CUDA graphs, one per batch size (options.cuda_graphs), and replayed. Profiling (options.profile) times the stages with CUDA
 // events and keeps one text line per step (last_profile()).
 //
-// Not yet: the MTP draft head (DraftGreedy has no Backend counterpart yet), host-worker experts,
-// CUDA-graph capture of the decode step.
+// Not yet: the MTP draft head (DraftGreedy has no Backend counterpart yet), host-worker experts.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_CUDA_BACKEND_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_CUDA_BACKEND_H_
 
@@ -50,7 +51,9 @@ struct CudaBackendOptions {
   // kFast only: which prefill products run as bf16 GEMMs (the others stay f32 exact).
   bool fast_dense_gemm = true;     // projections, stream reads, head
   bool fast_expert_gemm = true;    // routed and shared experts
-  bool profile = false;            // per-stage CUDA-event timing of every step
+  bool cuda_graphs = true;         // replay decode steps (one token per sequence) as CUDA graphs
+  int graph_capacity = 16;         // graphs kept (one per decode batch size seen), least recent dropped
+  bool profile = false;            // per-stage CUDA-event timing of every step (steps run without graphs)
   bool print_profile = false;      // also print each step's line to stderr
 };
 
@@ -86,6 +89,9 @@ class CudaBackend : public Backend {
   // Device bytes held for weights, and for state and scratch.
   uint64_t weight_bytes() const;
   uint64_t state_bytes() const;
+  // Decode-step graphs captured and replayed so far.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
   class Impl;
 

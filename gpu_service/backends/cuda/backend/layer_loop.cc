@@ -31,28 +31,38 @@ absl::Status Launch(cudaError_t err, const char* what) {
 
 }  // namespace
 
-absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
+absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out,
+                                        bool exact) {
   if (n <= cuda::kMatVecMaxRows) {
     return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, stream.get()),
                   "dense matvec");
   }
-  return gemm->Run(w, in, n, out, stream.get());
+  return exact ? gemm->Run(w, in, n, out, stream.get(), cuda::GemmMode::kExact) : gemm->Run(w, in, n, out, stream.get());
 }
 
-absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject) {
+absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
+                                     const float* pending) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
+  // The pending inject (H += a·pending, a from the previous read) is fused into this read's norm;
+  // the kernel reads a before this read writes the new weights below.
+  const float* pending_a = pending != nullptr && !inject_is_one ? a : nullptr;
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
-    if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, nullptr, nullptr, r.norm, c->eps, out, st),
+    if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st),
                                 "rms norm");
         !s.ok()) {
       return s;
     }
     if (inject == nullptr) return absl::OkStatus();
+    if (S == 1) {  // one stream: the weights stay 1, and the kernels take nullptr for that
+      inject_is_one = true;
+      return absl::OkStatus();
+    }
+    inject_is_one = false;
     return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
   }
   const int64_t lr = r.down.rows;
-  if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, nullptr, nullptr, r.norm, c->eps, N, st),
+  if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, pending_a, pending, r.norm, c->eps, N, st),
                               "stream norm");
       !s.ok()) {
     return s;
@@ -62,6 +72,7 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   if (absl::Status s = Product(r.up, hz, n, hm); !s.ok()) return s;
   if (absl::Status s = Launch(cuda::LaunchStreamFold(N, hm, n, S, h, out, st), "stream fold"); !s.ok()) return s;
   if (inject == nullptr) return absl::OkStatus();
+  inject_is_one = false;
   if (!r.inject.present()) return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
   if (absl::Status s = Product(r.inject, N, n, inject); !s.ok()) return s;
   return Launch(cuda::LaunchInjectWeights(inject, n * S, inject, st), "inject weights");
@@ -77,7 +88,31 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
   if (absl::Status s = Product(w.z, x, T, zg); !s.ok()) return s;
   if (absl::Status s = Product(w.ba, x, T, ba); !s.ok()) return s;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+  bool decode = true;
+  for (int64_t n : plan.counts) decode &= n == 1;
+  if (decode) {
+    // One token per sequence: one launch per kernel whatever the batch, each token finding its
+    // sequence's state through the step's row list in device memory (seq_dev), so that the launch
+    // arguments do not depend on which sequences run (decode_graphs.h).
+    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv, recurrent + gdn_conv_off[layer], recurrent_floats,
+                                                          seq_dev(), w.conv1d, T, shape, conv, st),
+                                "gdn conv (decode)");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
+                                "gdn prepare");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Launch(cuda::LaunchGdnRecurrentDecode(conv, g, beta, T, shape, recurrent + gdn_ssm_off[layer],
+                                                               recurrent_floats, seq_dev(), go, st),
+                                "gdn recurrent (decode)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (size_t i = 0; i < plan.seqs.size() && !decode; ++i) {
     const int64_t off = plan.offsets[i], n = plan.counts[i];
     float* base = state(*plan.seqs[i]);
     if (absl::Status s = Launch(cuda::LaunchGdnConv(qkv + off * cd, base + gdn_conv_off[layer], w.conv1d, n, shape,
@@ -92,10 +127,21 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = Launch(cuda::LaunchGdnRecurrent(conv + off * cd, g + off * nv, beta + off * nv, n, shape,
+    // Prefill chunks through the chunked form (tensor cores in fast mode), decode token by token.
+    if (n > 1 && gdn_scratch_bytes > 0) {
+      const cuda::GdnChunkPrecision precision =
+          options.mode == CudaMode::kFast ? cuda::GdnChunkPrecision::kTf32 : cuda::GdnChunkPrecision::kF32;
+      if (absl::Status s = Launch(cuda::LaunchGdnChunked(conv + off * cd, g + off * nv, beta + off * nv, n, shape,
+                                                         precision, gdn_scratch, gdn_scratch_bytes,
                                                          base + gdn_ssm_off[layer], go + off * vw, st),
-                                "gdn recurrent");
-        !s.ok()) {
+                                  "gdn chunked");
+          !s.ok()) {
+        return s;
+      }
+    } else if (absl::Status s = Launch(cuda::LaunchGdnRecurrent(conv + off * cd, g + off * nv, beta + off * nv, n,
+                                                                shape, base + gdn_ssm_off[layer], go + off * vw, st),
+                                       "gdn recurrent");
+               !s.ok()) {
       return s;
     }
   }
@@ -129,8 +175,8 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     return s;
   }
   if (!d.has_indexer()) {
-    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, items_dev(), plan.num_items, seq_dev(), pos_dev(),
-                                                      cache, ao, st),
+    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),
+                                                      cache, ao, attn_scratch, st),
                                 "attention");
         !s.ok()) {
       return s;
@@ -212,6 +258,15 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   // 1. Engram, per sequence (its table rows depend on the sequence's token history).
   if (w.has_engram) {
     t.Mark(Stage::kEngram, st);
+    // Engram adds to H: the previous block's output goes in first, as in the reference.
+    if (inject_pending) {
+      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st),
+                                  "stream inject");
+          !s.ok()) {
+        return s;
+      }
+      inject_pending = false;
+    }
     const EngramConfig& ec = c->engram[c->engram_index(layer)];
     const LayerWeights& hw = model->weights().layers[layer];
     std::vector<int64_t> rows;
@@ -228,7 +283,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Read(w.attn_read, T, x, a); !s.ok()) return s;
+  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr); !s.ok()) return s;
   if (w.kind == LayerKind::kGdn) {
     t.Mark(Stage::kGdn, st);
     if (absl::Status s = RunGdn(layer, plan); !s.ok()) return s;
@@ -236,35 +291,35 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kAttention, st);
     if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
   }
+  // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, a, y, st), "stream inject"); !s.ok()) return s;
-  // 3. MoE.
-  if (absl::Status s = Read(w.ffn_read, T, x, a); !s.ok()) return s;
+  if (absl::Status s = Read(w.ffn_read, T, x, a, y); !s.ok()) return s;
   std::vector<int32_t>* picks = nullptr;
   if (routing_sink != nullptr) picks = &(*routing_sink)[layer].experts;
   uint64_t rows = 0;
-  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, t, picks, &rows); !s.ok()) return s;
+  auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out) {
+    return Product(m, in, n, out, /*exact=*/true);
+  };
+  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, t, picks, &rows, product); !s.ok()) return s;
   local_rows += rows;
-  t.Mark(Stage::kStreams, st);
-  return Launch(cuda::LaunchStreamInject(H, T, S, h, a, y, st), "stream inject");
+  // The MoE output is injected by the next read (the next layer's, or the head's).
+  inject_pending = true;
+  return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Impl::RunHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
+absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   const int64_t h = c->h, V = c->vocab;
   cudaStream_t st = stream.get();
   timer->Mark(Stage::kHead, st);
-  // Only the rows whose logits are wanted go through the output matrix.
-  std::vector<int64_t> first(inputs.size(), -1);
+  // Only the rows whose logits are wanted go through the output matrix (PlanHead chose them).
+  if (head_rows == 0) return absl::OkStatus();
+  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? y : nullptr); !s.ok()) return s;
+  inject_pending = false;
   int64_t R = 0;
-  bool any = false;
-  for (size_t i = 0; i < inputs.size(); ++i) any |= inputs[i].logits != nullptr;
-  if (!any) return absl::OkStatus();
-  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr); !s.ok()) return s;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].logits == nullptr) continue;
+    if (head_first[i] < 0) continue;
     const int64_t n = plan.counts[i];
     const int64_t from = inputs[i].all_positions ? 0 : n - 1;
-    first[i] = R;
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + R * h, x + (plan.offsets[i] + from) * h,
                                                 static_cast<size_t>((n - from) * h) * sizeof(float),
                                                 cudaMemcpyDeviceToDevice, st));
@@ -274,15 +329,28 @@ absl::Status CudaBackend::Impl::RunHead(const StepPlan& plan, std::span<const Ba
   timer->Mark(Stage::kIo, st);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.get(), logits, static_cast<size_t>(R * V) * sizeof(float),
                                               cudaMemcpyDeviceToHost, st));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  return absl::OkStatus();
+}
+
+void CudaBackend::Impl::PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
+  head_first.assign(inputs.size(), -1);
+  head_rows = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (first[i] < 0) continue;
+    if (inputs[i].logits == nullptr) continue;
+    head_first[i] = head_rows;
+    head_rows += inputs[i].all_positions ? plan.counts[i] : 1;
+  }
+}
+
+void CudaBackend::Impl::CopyLogitsOut(const StepPlan& plan, std::span<const Backend::StepInput> inputs) const {
+  const int64_t V = c->vocab;
+  for (size_t i = 0; i < inputs.size() && i < head_first.size(); ++i) {
+    if (head_first[i] < 0) continue;
     const int64_t n = plan.counts[i];
     const int64_t rows = inputs[i].all_positions ? n : 1;
-    std::copy(host_logits.as<float>() + first[i] * V, host_logits.as<float>() + (first[i] + rows) * V,
+    std::copy(host_logits.as<float>() + head_first[i] * V, host_logits.as<float>() + (head_first[i] + rows) * V,
               inputs[i].logits);
   }
-  return absl::OkStatus();
 }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
@@ -16,18 +17,6 @@
 
 namespace tandem::cuda {
 namespace {
-
-// The dense matvec handles at most kMaxUnitRows rows per launch: longer inputs go in pieces.
-absl::Status MatVecRows(const char* what, const DeviceMatrix& m, const float* x, int64_t n, float* y,
-                        cudaStream_t stream) {
-  for (int64_t t = 0; t < n; t += kMaxUnitRows) {
-    const int64_t rows = std::min<int64_t>(kMaxUnitRows, n - t);
-    if (absl::Status s = DenseMatVec(what, m, x + t * m.cols, rows, y + t * m.rows, stream); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
 
 template <typename T>
 absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
@@ -38,9 +27,30 @@ using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
+  const size_t layers = model->layers.size();
+  std::vector<ExpertLocation> table(layers * static_cast<size_t>(experts));
+  for (size_t l = 0; l < layers; ++l) {
+    const GpuLayer& g = model->layers[l];
+    if (g.gate_exps.data == nullptr) continue;  // no routed experts here: the table stays null
+    for (int64_t e = 0; e < experts; ++e) {
+      table[l * experts + e] = {g.gate_exps.expert(e), g.up_exps.expert(e), g.down_exps.expert(e)};
+    }
+  }
+  absl::StatusOr<DeviceBuffer> dev = DeviceArray<ExpertLocation>(static_cast<int64_t>(table.size()));
+  if (!dev.ok()) return dev.status();
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dev->get(), table.data(), table.size() * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  return std::unique_ptr<ResidentExperts>(new ResidentExperts(model, experts, *std::move(dev)));
+}
+
 std::optional<ExpertLocation> ResidentExperts::Locate(int64_t layer, int32_t expert) {
   const GpuLayer& l = model_->layers[layer];
   return ExpertLocation{l.gate_exps.expert(expert), l.up_exps.expert(expert), l.down_exps.expert(expert)};
+}
+
+const ExpertLocation* ResidentExperts::DeviceTable(int64_t layer) const {
+  return table_.as<ExpertLocation>() + layer * experts_;
 }
 
 struct MoeStage::Impl {
@@ -52,6 +62,10 @@ struct MoeStage::Impl {
   std::map<ShapeKey, ExpertPrefillRunner> prefill;  // fast mode: per expert shape
   DeviceBuffer logits, act, partial, shared, gate_logit, slot;
   PinnedBuffer slot_staging;
+  // The device planner's outputs (device_plan.cuh), for steps of up to plan_tokens tokens.
+  int64_t plan_tokens = 0;
+  DeviceBuffer plan_units, plan_shared_units, plan_ints;  // plan_ints: [unit count, error flag]
+  PinnedBuffer error_readback;
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
 };
 
@@ -91,6 +105,23 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   absl::StatusOr<PinnedBuffer> staging = PinnedBuffer::Allocate(static_cast<size_t>(T * K) * sizeof(int32_t));
   if (!staging.ok()) return staging.status();
   impl->slot_staging = *std::move(staging);
+  if (E <= kDevicePlanMaxExperts) {
+    impl->plan_tokens = std::min(T, kDevicePlanMaxTokens);
+    const int64_t P = impl->plan_tokens;
+    absl::StatusOr<DeviceBuffer> units = DeviceArray<ExpertUnit>(P * K);
+    absl::StatusOr<DeviceBuffer> shared_units = DeviceArray<ExpertUnit>((P + kMaxUnitRows - 1) / kMaxUnitRows);
+    absl::StatusOr<DeviceBuffer> ints = DeviceArray<int32_t>(2);
+    absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
+    if (!units.ok()) return units.status();
+    if (!shared_units.ok()) return shared_units.status();
+    if (!ints.ok()) return ints.status();
+    if (!readback.ok()) return readback.status();
+    impl->plan_units = *std::move(units);
+    impl->plan_shared_units = *std::move(shared_units);
+    impl->plan_ints = *std::move(ints);
+    impl->error_readback = *std::move(readback);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 2 * sizeof(int32_t)));
+  }
 
   impl->engram.resize(static_cast<size_t>(c.n_layers));
   for (int64_t layer = 0; layer < c.n_layers; ++layer) {
@@ -111,8 +142,10 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     // The bf16 GEMM runners, one per distinct expert shape (made now: no allocation in a step).
     const ShapeKey routed{l.gate_exps.type, l.down_exps.type, c.expert_ffn};
     if (!impl->prefill.contains(routed)) {
+      // Input rows are the step's tokens (< T): the bf16 copy of x needs T rows, not T·K.
       absl::StatusOr<ExpertPrefillRunner> p = ExpertPrefillRunner::Create(
-          {static_cast<WeightType>(l.gate_exps.type), static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn}, T * K);
+          {static_cast<WeightType>(l.gate_exps.type), static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn}, T * K,
+          PrefillOptions{PrefillAlgorithm::kGroupedTiles, 0, T});
       if (!p.ok()) return p.status();
       impl->prefill.emplace(routed, *std::move(p));
     }
@@ -132,7 +165,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
 
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
-                           uint64_t* local_rows) {
+                           uint64_t* local_rows, DenseProductFn product) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -140,11 +173,26 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   if (n < 1 || n > m.options.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("MoE stage: ", n, " tokens, capacity ", m.options.max_tokens));
   }
-  // 1. Routing on the GPU; the picks come back to the host once.
+  // 1. Routing on the GPU.
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
-  if (absl::Status s = MatVecRows("ffn_gate_inp", l.router, x, n, logits, stream); !s.ok()) return s;
-  if (absl::Status s = m.router->RouteLogits(logits, n, stream); !s.ok()) return s;
+  if (absl::Status s = product(l.router, x, n, logits); !s.ok()) return s;
+  const ExpertLocation* table = source.DeviceTable(layer);
+  const bool device_planned = table != nullptr && n <= m.plan_tokens;
+  // The device planner reads the picks where the router wrote them; the host needs them only to
+  // plan, or when asked for them.
+  if (absl::Status s = m.router->RouteLogits(logits, n, stream, !device_planned || picks != nullptr); !s.ok()) {
+    return s;
+  }
+  if (device_planned) {
+    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, timer, product); !s.ok()) return s;
+    if (picks != nullptr) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      picks->assign(m.router->experts(), m.router->experts() + n * K);
+    }
+    if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
+    return absl::OkStatus();
+  }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const std::span<const int32_t> experts(m.router->experts(), static_cast<size_t>(n * K));
   if (picks != nullptr) picks->assign(experts.begin(), experts.end());
@@ -198,10 +246,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     }
     shared = m.shared.as<float>();
     if (l.shared_gate_inp.present()) {
-      if (absl::Status s = MatVecRows("ffn_gate_inp_shexp", l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream);
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>()); !s.ok()) return s;
       gate_logit = m.gate_logit.as<float>();
     }
   }
@@ -209,6 +254,74 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
                                                   static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
                                                   gate_logit, y, stream));
   return absl::OkStatus();
+}
+
+absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                        const ExpertLocation* table, cudaStream_t stream, StageTimer& timer,
+                                        DenseProductFn product) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const GpuLayer& l = m.model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  DeviceMoePlanArgs a;
+  a.experts = m.router->device_experts();
+  a.n = static_cast<int>(n);
+  a.K = static_cast<int>(K);
+  a.E = static_cast<int>(E);
+  a.table = table;
+  if (l.shared_gate.present()) a.shared = {l.shared_gate.data, l.shared_up.data, l.shared_down.data};
+  a.units = m.plan_units.as<ExpertUnit>();
+  a.num_units = m.plan_ints.as<int>();
+  a.error = m.plan_ints.as<int>() + 1;
+  a.slot = m.slot.as<int32_t>();
+  a.shared_units = m.plan_shared_units.as<ExpertUnit>();
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
+  timer.Mark(Stage::kExperts, stream);
+  // With one token every expert has at most one row; the one-row kernels suit it.
+  const int max_rows = n == 1 ? 1 : kMaxUnitRows;
+  const ExpertDecodeRunner::Shape routed{static_cast<WeightType>(l.gate_exps.type),
+                                         static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
+  if (absl::Status s = m.routed_runner->RunPlanned(a.units, static_cast<int>(n * K), a.num_units, max_rows, routed, x,
+                                                   m.act.as<float>(), m.partial.as<float>(), stream);
+      !s.ok()) {
+    return s;
+  }
+  timer.Mark(Stage::kShared, stream);
+  const float* shared = nullptr;
+  const float* gate_logit = nullptr;
+  if (l.shared_gate.present()) {
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                          static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+    const int units = static_cast<int>((n + kMaxUnitRows - 1) / kMaxUnitRows);
+    if (absl::Status s = m.shared_runner->RunPlanned(a.shared_units, units, nullptr, static_cast<int>(std::min<int64_t>(n, kMaxUnitRows)),
+                                                     shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
+        !s.ok()) {
+      return s;
+    }
+    shared = m.shared.as<float>();
+    if (l.shared_gate_inp.present()) {
+      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>()); !s.ok()) return s;
+      gate_logit = m.gate_logit.as<float>();
+    }
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
+                                                  static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
+                                                  gate_logit, y, stream));
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::EnqueueErrorReadback(cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (m.plan_tokens == 0) return absl::OkStatus();
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.error_readback.get(), m.plan_ints.as<int>() + 1, sizeof(int),
+                                              cudaMemcpyDeviceToHost, stream));
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::CheckDeviceErrors() {
+  Impl& m = *impl_;
+  if (m.plan_tokens == 0 || *m.error_readback.as<int>() == 0) return absl::OkStatus();
+  return absl::InternalError("the device MoE planner met a routing pick outside [0, E) or an expert without a location");
 }
 
 absl::Status MoeStage::RunEngram(int64_t layer, const MatrixView& embd, std::span<const int64_t> rows, float* H,

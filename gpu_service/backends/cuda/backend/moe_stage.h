@@ -2,12 +2,16 @@
 // (router, expert work lists, scatter-sum, Engram). The header names none of that family's types,
 // so the layer loop sees the MoE work through MoeStage only.
 //
-// Experts: every step routes on the GPU, copies the picks to the host once per layer, and plans
-// the step as a list of ExpertUnits, each naming one expert's device weight addresses and up to
-// kMaxUnitRows activation rows. The addresses come from an ExpertSource, so the expert arena (an
-// LRU of device slots fed by the host) can replace the resident weights without touching the
-// kernels; pairs whose expert the source cannot place are the host worker's (not wired yet:
-// FailedPrecondition).
+// Experts: every step routes on the GPU and plans the step as a list of ExpertUnits, each naming
+// one expert's device weight addresses and up to kMaxUnitRows activation rows. The addresses come
+// from an ExpertSource, so the expert arena (an LRU of device slots fed by the host) can replace the
+// resident weights without touching the kernels; pairs whose expert the source cannot place are
+// the host worker's (not wired yet: FailedPrecondition).
+//
+// Two planners: for steps of at most kDevicePlanMaxTokens tokens whose source has a device table
+// for the layer (every expert on the GPU), the plan is made on the GPU (device_plan.cuh) and the
+// stage never waits on the host, so a decode step can be captured as a CUDA graph; otherwise the
+// picks are copied to the host once per layer and planned there (PlanMoeStep).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
 
@@ -19,11 +23,13 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 #include "common/reference/engram.h"
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
 namespace tandem::cuda {
@@ -34,17 +40,31 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   // nullopt: not on the device (to be computed by the host worker).
   virtual std::optional<ExpertLocation> Locate(int64_t layer, int32_t expert) = 0;
+  // Device memory holding the E locations of `layer`'s routed experts, valid while the step's work
+  // is queued, when every one of them is on the device; nullptr otherwise (the host plans).
+  virtual const ExpertLocation* DeviceTable(int64_t /*layer*/) const { return nullptr; }
 };
 
 // Every expert resident in the uploaded model.
 class ResidentExperts : public ExpertSource {
  public:
-  explicit ResidentExperts(const DeviceModel* model) : model_(model) {}
+  static absl::StatusOr<std::unique_ptr<ResidentExperts>> Create(const DeviceModel* model, int64_t experts);
   std::optional<ExpertLocation> Locate(int64_t layer, int32_t expert) override;
+  const ExpertLocation* DeviceTable(int64_t layer) const override;
 
  private:
+  ResidentExperts(const DeviceModel* model, int64_t experts, DeviceBuffer table)
+      : model_(model), experts_(experts), table_(std::move(table)) {}
   const DeviceModel* model_;
+  int64_t experts_;
+  DeviceBuffer table_;  // layers × E ExpertLocations
 };
+
+// Steps of at most this many tokens are planned on the device when the source allows it.
+inline constexpr int64_t kDevicePlanMaxTokens = 64;
+
+// y (n × m.rows) = m·x for n rows: the layer loop's dense product (matvec or GEMM by n).
+using DenseProductFn = absl::FunctionRef<absl::Status(const DeviceMatrix& m, const float* x, int64_t n, float* y)>;
 
 struct MoeStageOptions {
   bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units)
@@ -58,12 +78,18 @@ class MoeStage {
                                                           const MoeStageOptions& options);
   ~MoeStage();
 
-  // y (n × h) = MoE_layer(x) for the n rows of x (device). Enqueued on `stream`, with one wait for
-  // the routing picks. picks, when non-null, receives the n × K expert ids (routing order).
-  // Counts the rows computed on the device into *local_rows.
+  // y (n × h) = MoE_layer(x) for the n rows of x (device). Enqueued on `stream`; with the host
+  // planner, one wait for the routing picks. picks, when non-null, receives the n × K expert ids
+  // (routing order; this waits for them whichever planner runs). Counts the rows computed on the
+  // device into *local_rows. product computes the router and shared-gate logits.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
-                   uint64_t* local_rows);
+                   uint64_t* local_rows, DenseProductFn product);
+
+  // The device planner flags picks it could not place (never expected from the router). Enqueue
+  // the flag's read-back at the end of a step, then check it once the stream has reached it.
+  absl::Status EnqueueErrorReadback(cudaStream_t stream);
+  absl::Status CheckDeviceErrors();
 
   // Engram layer `layer` for one sequence's n new positions: gathers their table rows on the host
   // (embd: the host table; rows from EngramRows), uploads them, and updates H (n × S·h, device)
@@ -74,6 +100,9 @@ class MoeStage {
  private:
   struct Impl;
   explicit MoeStage(std::unique_ptr<Impl> impl);
+  // Run's path when the plan is made on the device (no host wait).
+  absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
+                                cudaStream_t stream, StageTimer& timer, DenseProductFn product);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,14 +1,15 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 
+#include <cuda_bf16.h>
+
+#include <algorithm>
 #include <cmath>
 
+#include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 
 namespace tandem::cuda {
 namespace {
-
-constexpr int kAttnWarps = 8;
-constexpr int kKeyTile = 32;
 
 // y = RoPE_pos(gamma ⊙ ρ(x)) for one head of hd values, one thread per value (blockDim.x == hd).
 // The rotation is computed in f64 like the CPU reference. `pair` is hd floats of shared memory.
@@ -61,110 +62,350 @@ __global__ void KvAppendKernel(const float* k, const float* v, int kvh, int hd, 
   cache.v[dst] = v[src];
 }
 
-// Block per (work item, kv head); warp w owns row w = (token item_first + w / groups, head
-// kvhead·groups + w % groups). Key tiles of 32 positions are staged in shared memory and shared by
-// the block's rows (all of one sequence); each row keeps a running max, sum and its output
-// accumulator (lane l holds dims l, l+32, ...), so no score matrix is ever stored.
+// ---- Exact split-KV attention (row items) ----
+//
+// Block per (row item, kv head, context slice). The item's up to 8 rows r = (token first + r /
+// groups, head kvhead·groups + r % groups) share the keys. Warp w takes 4 keys at a time, keys
+// base + 32i + 4w .. +3 of the slice; lane l holds dims [l·kPer, l·kPer + kPer) of q for all 8
+// rows and of the output accumulators. K and V rows travel through a per-lane cp.async ring in
+// shared memory (each lane reads only what it copied, so no warp synchronisation is needed):
+// loads of the next batches overlap the arithmetic of the current one.
+constexpr int kRows = 8;            // rows of a row item
+constexpr int kSplitWarps = 8;
+constexpr int kWarpKeys = 4;        // keys per warp per step: kRows · kWarpKeys == 32 lanes
+constexpr int kBlockKeys = kSplitWarps * kWarpKeys;
+constexpr int kRingStages = 3;
+constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
+constexpr int kMaxSplits = 128;
+
 template <int kHd>
-__global__ void __launch_bounds__(kAttnWarps * 32)
-AttentionKernel(const float* q, const float* qg, int nh, int kvh, const int32_t* items,
-                const int32_t* token_seq, const int32_t* token_pos, PagedKv cache, float* o) {
+constexpr size_t SplitSmemBytes() {
+  constexpr size_t ring = sizeof(float) * kSplitWarps * kRingStages * kWarpKeys * 2 * kHd;
+  constexpr size_t merge = sizeof(float) * kSplitWarps * kRows * kHd;  // reuses the ring
+  return (ring > merge ? ring : merge) + sizeof(float) * kSplitWarps * (kRows * 2 + 40);
+}
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies kPer floats (8, 16 or 32 bytes) global -> shared, zero-filled when !valid.
+template <int kPer>
+__device__ __forceinline__ void CopyLane(float* dst, const float* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  if constexpr (kPer == 2) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+                 "r"(valid ? 8 : 0)
+                 : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst + 4 * i)), "l"(src + 4 * i),
+                   "r"(bytes)
+                   : "memory");
+    }
+  }
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  // The "memory" clobbers keep the compiler from moving shared-memory reads above the wait.
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <int kPer>
+__device__ __forceinline__ void LoadLane(const float* p, float (&x)[kPer]) {
+  if constexpr (kPer == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    x[0] = v.x;
+    x[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(p + 4 * i);
+      x[4 * i] = v.x;
+      x[4 * i + 1] = v.y;
+      x[4 * i + 2] = v.z;
+      x[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// Each lane holds 32 partial values; returns to lane l the warp-wide sum of value l (31 shuffles
+// instead of 32 · 5: each step halves the values a lane keeps).
+template <int kWidth>
+__device__ __forceinline__ void TransposeReduceStep(float (&v)[32], int lane) {
+  const bool upper = (lane & kWidth) != 0;
+#pragma unroll
+  for (int i = 0; i < kWidth; ++i) {
+    const float send = upper ? v[i] : v[i + kWidth];
+    const float keep = upper ? v[i + kWidth] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, kWidth);
+  }
+}
+__device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
+  const int lane = threadIdx.x & 31;
+  TransposeReduceStep<16>(v, lane);
+  TransposeReduceStep<8>(v, lane);
+  TransposeReduceStep<4>(v, lane);
+  TransposeReduceStep<2>(v, lane);
+  TransposeReduceStep<1>(v, lane);
+  return v[0];
+}
+
+// Without scratch (gridDim.z == 1) the block writes o directly; otherwise it writes its slice's
+// unnormalised accumulator, max and sum per row to part_o / part_ml for SplitMergeKernel.
+template <int kHd>
+__global__ void __launch_bounds__(kSplitWarps * 32, 1)
+SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+                     const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
+                     const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
+                     float* __restrict__ part_ml, float* __restrict__ o) {
   constexpr int kPer = kHd / 32;
-  extern __shared__ float smem[];
-  float* ks = smem;                              // kKeyTile × (kHd + 1)
-  float* vs = ks + kKeyTile * (kHd + 1);         // kKeyTile × kHd
-  float* qs = vs + kKeyTile * kHd;               // kAttnWarps × kHd
-  __shared__ int64_t max_pos_s;
+  constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
+  extern __shared__ float4 split_smem[];
+  float* ring = reinterpret_cast<float*>(split_smem);
+  float* tail = ring + SplitSmemBytes<kHd>() / sizeof(float) - kSplitWarps * (kRows * 2 + 40);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int groups = nh / kvh;
-  const int kvhead = blockIdx.y;
+  float* wml = tail;                                     // warps × rows × (max, sum)
+  float* pw = tail + kSplitWarps * kRows * 2 + warp * 40;  // this warp's 32 p and 8 corrections
+  const int groups = nh / kvh, kvhead = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
   const int32_t seq = token_seq[first];
+  const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
+  const int64_t chunk = ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
   const int kvw = kvh * kHd;
-  const bool active = warp / groups < count;
-  const int64_t t = first + warp / groups;
-  const int head = kvhead * groups + warp % groups;
-  const int64_t my_pos = active ? token_pos[t] : -1;
-  if (threadIdx.x == 0) {
-    int64_t m = 0;
-    for (int i = 0; i < count; ++i) m = max(m, static_cast<int64_t>(token_pos[first + i]));
-    max_pos_s = m;
-  }
   const float scale = rsqrtf(static_cast<float>(kHd));
-  if (active) {
-    for (int i = lane; i < kHd; i += 32) qs[warp * kHd + i] = q[(t * nh + head) * kHd + i] * scale;
+
+  float qr[kRows][kPer];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int tok = r / groups;
+    if (tok < count) {
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      LoadLane<kPer>(q + row * kHd + lane * kPer, qr[r]);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) qr[r][i] *= scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
+    }
+  }
+  const int my_row = lane & 7;  // the row of this lane's score, and of its max and sum
+  const int64_t my_pos = my_row / groups < count ? token_pos[first + my_row / groups] : -1;
+  float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;
+
+  float* my_ring = ring + warp * kRingStages * kStageFloats + lane * kPer;
+  auto issue = [&](int64_t base, int stage) {
+    float* dst = my_ring + stage * kStageFloats;
+    int64_t off = 0;
+    if (base < end) {
+      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + base / kKvPageSize];
+      off = (static_cast<int64_t>(page) * kKvPageSize + base % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
+    }
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      const bool valid = base + k < end;
+      CopyLane<kPer>(dst + (2 * k) * kHd, valid ? cache.k + off + k * kvw : cache.k, valid);
+      CopyLane<kPer>(dst + (2 * k + 1) * kHd, valid ? cache.v + off + k * kvw : cache.v, valid);
+    }
+    CpAsyncCommit();  // empty groups too: the wait counts below stay uniform
+  };
+  const int64_t first_base = begin + warp * kWarpKeys;
+#pragma unroll
+  for (int s = 0; s < kRingStages - 1; ++s) issue(first_base + s * kBlockKeys, s);
+  int stage = 0;
+  for (int64_t base = first_base; base < end; base += kBlockKeys) {
+    issue(base + (kRingStages - 1) * kBlockKeys, (stage + kRingStages - 1) % kRingStages);
+    CpAsyncWait<kRingStages - 1>();
+    const float* src = my_ring + stage * kStageFloats;
+    stage = (stage + 1) % kRingStages;
+    float sv[32];
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      float kr[kPer];
+      LoadLane<kPer>(src + (2 * k) * kHd, kr);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) d = fmaf(qr[r][i], kr[i], d);
+        sv[k * kRows + r] = d;
+      }
+    }
+    float sc = TransposeReduce(sv);  // lane l: key l / 8, row l % 8
+    const int64_t kp = base + (lane >> 3);
+    if (kp >= end || kp > my_pos) sc = -INFINITY;
+    float mx = fmaxf(sc, __shfl_xor_sync(0xFFFFFFFFu, sc, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+    const float m_new = fmaxf(m, mx);
+    const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    const float p = m_new == -INFINITY ? 0.0f : expf(sc - m_new);
+    float ps = p + __shfl_xor_sync(0xFFFFFFFFu, p, 8);
+    ps += __shfl_xor_sync(0xFFFFFFFFu, ps, 16);
+    l = l * corr + ps;
+    m = m_new;
+    __syncwarp();  // the previous step's p and corrections have been read
+    pw[lane] = p;
+    if (lane < kRows) pw[32 + lane] = corr;
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float c = pw[32 + r];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[r][i] *= c;
+    }
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      float vr[kPer];
+      LoadLane<kPer>(src + (2 * k + 1) * kHd, vr);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pk = pw[k * kRows + r];
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pk, vr[i], acc[r][i]);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // every warp is done with the ring: reuse it for the block merge
+
+  float* wacc = ring;  // warps × rows × kHd
+  if (lane < kRows) {
+    wml[(warp * kRows + lane) * 2] = m;
+    wml[(warp * kRows + lane) * 2 + 1] = l;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) wacc[(warp * kRows + r) * kHd + lane * kPer + i] = acc[r][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRows * kHd; e += blockDim.x) {
+    const int r = e / kHd, dd = e % kHd;
+    float mm = -INFINITY;
+    for (int w = 0; w < kSplitWarps; ++w) mm = fmaxf(mm, wml[(w * kRows + r) * 2]);
+    float a = 0.0f, ll = 0.0f;
+    if (mm != -INFINITY) {
+      for (int w = 0; w < kSplitWarps; ++w) {
+        const float mw = wml[(w * kRows + r) * 2];
+        const float f = mw == -INFINITY ? 0.0f : expf(mw - mm);
+        a = fmaf(f, wacc[(w * kRows + r) * kHd + dd], a);
+        ll = fmaf(f, wml[(w * kRows + r) * 2 + 1], ll);
+      }
+    }
+    if (splits == 1) {
+      const int tok = r / groups;
+      if (tok >= count) continue;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      o[row * kHd + dd] = a / ll * SigmoidF(qg[row * 2 * kHd + kHd + dd]);
+    } else {
+      const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
+      part_o[slot * kHd + dd] = a;
+      if (dd == 0) {
+        part_ml[slot * 2] = mm;
+        part_ml[slot * 2 + 1] = ll;
+      }
+    }
+  }
+}
+
+// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. Groups of
+// kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
+template <int kHd>
+__global__ void __launch_bounds__(256)
+SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
+                 const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
+  constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float4 red[256];
+  __shared__ float inv_l;
+  const int groups = nh / kvh, kvhead = blockIdx.y, r = blockIdx.z;
+  const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
+  const int tok = r / groups;
+  if (tok >= count) return;
+  const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
+  if (threadIdx.x < 32) {
+    float mm = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) mm = fmaxf(mm, part_ml[((slot0 + s) * kRows + r) * 2]);
+    mm = WarpMax(mm);
+    float ll = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float ms = part_ml[((slot0 + s) * kRows + r) * 2];
+      const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
+      weight[s] = f;
+      ll = fmaf(f, part_ml[((slot0 + s) * kRows + r) * 2 + 1], ll);
+    }
+    ll = WarpSum(ll);
+    if (threadIdx.x == 0) inv_l = 1.0f / ll;
   }
   __syncthreads();
-  const int64_t max_pos = max_pos_s;
-  float m = -INFINITY, l = 0.0f, acc[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
-  for (int64_t base = 0; base <= max_pos; base += kKeyTile) {
-    // Stage the tile: 4-float vectors, positions past max_pos are never read.
-    for (int e = threadIdx.x; e < kKeyTile * kHd / 4; e += blockDim.x) {
-      const int j = e / (kHd / 4), d4 = e % (kHd / 4);
-      const int64_t p = base + j;
-      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-      if (p <= max_pos) {
-        const int64_t off = CacheOffset(cache, seq, p, kvw) + static_cast<int64_t>(kvhead) * kHd + 4 * d4;
-        kv = *reinterpret_cast<const float4*>(cache.k + off);
-        vv = *reinterpret_cast<const float4*>(cache.v + off);
-      }
-      float* kr = ks + j * (kHd + 1) + 4 * d4;
-      kr[0] = kv.x;
-      kr[1] = kv.y;
-      kr[2] = kv.z;
-      kr[3] = kv.w;
-      *reinterpret_cast<float4*>(vs + j * kHd + 4 * d4) = vv;
-    }
-    __syncthreads();
-    if (active) {
-      // Lane j scores key base + j.
-      const float* kr = ks + lane * (kHd + 1);
-      const float* qr = qs + warp * kHd;
-      float s = 0.0f;
-#pragma unroll 8
-      for (int d = 0; d < kHd; ++d) s = fmaf(qr[d], kr[d], s);
-      if (base + lane > my_pos) s = -INFINITY;
-      const float m_new = fmaxf(m, WarpMax(s));
-      const float corr = expf(m - m_new);
-      const float p = expf(s - m_new);
-      l = l * corr + WarpSum(p);
-      m = m_new;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] *= corr;
-      for (int j = 0; j < kKeyTile; ++j) {
-        const float pj = __shfl_sync(0xFFFFFFFFu, p, j);
-        const float* vr = vs + j * kHd + lane;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, vr[32 * i], acc[i]);
-      }
-    }
-    __syncthreads();
+  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = sg; s < splits; s += kSliceGroups) {
+    const float w = weight[s];
+    if (w == 0.0f) continue;
+    const float4 x = reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c];
+    a.x = fmaf(w, x.x, a.x);
+    a.y = fmaf(w, x.y, a.y);
+    a.z = fmaf(w, x.z, a.z);
+    a.w = fmaf(w, x.w, a.w);
   }
-  if (!active) return;
-  const float inv = 1.0f / l;
-  const float* gate = qg + (t * nh + head) * 2 * kHd + kHd;
-  float* out = o + (t * nh + head) * kHd;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int d = lane + 32 * i;
-    out[d] = acc[i] * inv * SigmoidF(gate[d]);
+  red[threadIdx.x] = a;
+  __syncthreads();
+  if (sg != 0) return;
+  for (int g = 1; g < kSliceGroups; ++g) {
+    const float4 x = red[g * kLanes + c];
+    a.x += x.x;
+    a.y += x.y;
+    a.z += x.z;
+    a.w += x.w;
   }
+  const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
+  float4 y;
+  y.x = a.x * inv_l * SigmoidF(gate[0]);
+  y.y = a.y * inv_l * SigmoidF(gate[1]);
+  y.z = a.z * inv_l * SigmoidF(gate[2]);
+  y.w = a.w * inv_l * SigmoidF(gate[3]);
+  reinterpret_cast<float4*>(o + row * kHd)[c] = y;
 }
 
 template <int kHd>
 cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& d, const int32_t* items,
-                              int num_items, const int32_t* token_seq, const int32_t* token_pos,
-                              const PagedKv& cache, float* o, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * (kKeyTile * (kHd + 1) + kKeyTile * kHd + kAttnWarps * kHd);
-  // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
-  static const cudaError_t attribute = cudaFuncSetAttribute(
-      AttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (attribute != cudaSuccess) return attribute;
-  const dim3 grid(static_cast<unsigned>(num_items), static_cast<unsigned>(d.kvh));
-  AttentionKernel<kHd><<<grid, kAttnWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, items, token_seq,
-                                                                token_pos, cache, o);
+                              int num_row_items, int num_splits, int num_tile_items, const int32_t* token_seq,
+                              const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
+                              cudaStream_t stream) {
+  if (num_row_items > 0) {
+    constexpr size_t smem = SplitSmemBytes<kHd>();
+    // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
+    static const cudaError_t attribute = cudaFuncSetAttribute(
+        SplitAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attribute != cudaSuccess) return attribute;
+    float* part_o = nullptr;
+    float* part_ml = nullptr;
+    if (num_splits > 1) {
+      part_o = static_cast<float*>(scratch);
+      part_ml = part_o + static_cast<int64_t>(num_row_items) * d.kvh * num_splits * kRows * kHd;
+    }
+    const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
+                    static_cast<unsigned>(num_splits));
+    SplitAttentionKernel<kHd><<<grid, kSplitWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, items, token_seq, token_pos,
+                                                                      cache, part_o, part_ml, o);
+    if (num_splits > 1) {
+      const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
+      SplitMergeKernel<kHd><<<merge_grid, 256, 0, stream>>>(qg, d.nh, d.kvh, items, num_splits, part_o, part_ml, o);
+    }
+  }
+  if (num_tile_items > 0) {
+    const cudaError_t e = LaunchTensorCoreAttention(q, qg, d, items + 2 * num_row_items, num_tile_items, token_seq,
+                                                    token_pos, cache, o, stream);
+    if (e != cudaSuccess) return e;
+  }
   return cudaGetLastError();
 }
 
@@ -172,7 +413,111 @@ bool NormRopeShapeOk(const AttnShape& d) {
   return d.hd > 0 && d.hd <= 1024 && d.hd % 32 == 0 && d.rot >= 0 && d.rot % 2 == 0 && d.rot <= d.hd;
 }
 
+bool AttentionShapeOk(const AttnShape& d) {
+  return d.kvh > 0 && d.nh > 0 && d.nh % d.kvh == 0 && kRows % (d.nh / d.kvh) == 0 &&
+         (d.hd == 64 || d.hd == 128 || d.hd == 256);
+}
+
+// Appends (first, count) pairs covering tokens [t, end) in pieces of at most `per` tokens.
+void AppendItems(int32_t t, int32_t end, int per, std::vector<int32_t>& items) {
+  for (; t < end; t += per) {
+    items.push_back(t);
+    items.push_back(std::min(per, end - t));
+  }
+}
+
+cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const int32_t* items, int num_row_items,
+                     int num_splits, int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
+                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+  switch (d.hd) {
+    case 64:
+      return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+                                   cache, o, scratch, stream);
+    case 128:
+      return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+                                    cache, o, scratch, stream);
+    case 256:
+      return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+                                    cache, o, scratch, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+size_t PartialBytes(int64_t blocks, const AttnShape& d) {
+  return static_cast<size_t>(blocks) * kRows * (d.hd + 2) * sizeof(float);
+}
+
 }  // namespace
+
+AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision) {
+  AttentionPlan plan;
+  if (!AttentionShapeOk(d)) return plan;
+  const int groups = d.nh / d.kvh;
+  const int32_t n = static_cast<int32_t>(token_seq.size());
+  std::vector<int32_t> tiles;
+  for (int32_t t = 0; t < n;) {
+    int32_t end = t + 1;
+    while (end < n && token_seq[end] == token_seq[t]) ++end;
+    if (precision == AttentionPrecision::kBf16TensorCores && end - t >= kAttnTensorCoreMinTokens) {
+      AppendItems(t, end, kTcRows / groups, tiles);
+    } else {
+      AppendItems(t, end, kRows / groups, plan.items);
+    }
+    t = end;
+  }
+  plan.num_row_items = static_cast<int>(plan.items.size() / 2);
+  plan.num_tile_items = static_cast<int>(tiles.size() / 2);
+  plan.items.insert(plan.items.end(), tiles.begin(), tiles.end());
+  if (plan.num_row_items > 0) {
+    const int blocks = plan.num_row_items * d.kvh;
+    plan.num_splits = std::clamp((kSplitTargetBlocks + blocks - 1) / blocks, 1, kMaxSplits);
+  }
+  if (plan.num_splits > 1) {
+    plan.scratch_bytes = PartialBytes(static_cast<int64_t>(plan.num_row_items) * d.kvh * plan.num_splits, d);
+  }
+  return plan;
+}
+
+size_t AttentionMaxScratchBytes(const AttnShape& d) {
+  // Splits only happen with blocks = items · kvh < kSplitTargetBlocks, and then
+  // blocks · ceil(target / blocks) < target + blocks < 2 · target.
+  return PartialBytes(2 * kSplitTargetBlocks, d);
+}
+
+cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
+                            const int32_t* items, const int32_t* token_seq, const int32_t* token_pos,
+                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
+      plan.items.size() != 2 * static_cast<size_t>(plan.num_row_items + plan.num_tile_items) ||
+      plan.num_splits < 1 || plan.num_splits > kMaxSplits || (plan.num_splits > 1 && scratch == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, token_seq, token_pos,
+                  cache, o, scratch, stream);
+}
+
+std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {
+  std::vector<int32_t> items;
+  if (groups <= 0 || kRows % groups != 0) return items;
+  const int32_t n = static_cast<int32_t>(token_seq.size());
+  for (int32_t t = 0; t < n;) {
+    int32_t end = t + 1;
+    while (end < n && token_seq[end] == token_seq[t]) ++end;
+    AppendItems(t, end, kRows / groups, items);
+    t = end;
+  }
+  return items;
+}
+
+cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const int32_t* items,
+                            int num_items, const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
+                            float* o, cudaStream_t stream) {
+  if (n <= 0 || num_items <= 0) return cudaSuccess;
+  if (!AttentionShapeOk(d)) return cudaErrorInvalidValue;
+  return Dispatch(q, qg, d, items, num_items, 1, 0, token_seq, token_pos, cache, o, nullptr, stream);
+}
 
 std::vector<double> RopeInvFrequencies(double theta, int rot) {
   std::vector<double> f(static_cast<size_t>(rot / 2));
@@ -200,35 +545,6 @@ cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const Attn
   KvAppendKernel<<<grid, d.hd, d.hd * sizeof(float), stream>>>(k, v, d.kvh, d.hd, d.rot, d.eps, k_norm,
                                                                inv_freq, token_seq, token_pos, cache);
   return cudaGetLastError();
-}
-
-std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {
-  std::vector<int32_t> items;
-  if (groups <= 0 || kAttnWarps % groups != 0) return items;
-  const int per_item = kAttnWarps / groups;
-  const int32_t n = static_cast<int32_t>(token_seq.size());
-  for (int32_t t = 0; t < n;) {
-    int32_t c = 1;
-    while (c < per_item && t + c < n && token_seq[t + c] == token_seq[t]) ++c;
-    items.push_back(t);
-    items.push_back(c);
-    t += c;
-  }
-  return items;
-}
-
-cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
-                            const int32_t* items, int num_items, const int32_t* token_seq,
-                            const int32_t* token_pos, const PagedKv& cache, float* o,
-                            cudaStream_t stream) {
-  if (n <= 0 || num_items <= 0) return cudaSuccess;
-  if (d.kvh <= 0 || d.nh % d.kvh != 0 || kAttnWarps % (d.nh / d.kvh) != 0) return cudaErrorInvalidValue;
-  switch (d.hd) {
-    case 64: return LaunchAttentionHd<64>(q, qg, d, items, num_items, token_seq, token_pos, cache, o, stream);
-    case 128: return LaunchAttentionHd<128>(q, qg, d, items, num_items, token_seq, token_pos, cache, o, stream);
-    case 256: return LaunchAttentionHd<256>(q, qg, d, items, num_items, token_seq, token_pos, cache, o, stream);
-    default: return cudaErrorInvalidValue;
-  }
 }
 
 }  // namespace tandem::cuda

@@ -49,14 +49,57 @@ cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const Attn
                            const float* k_norm, const double* inv_freq, const int32_t* token_seq,
                            const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream);
 
-// The work items of one step: each item is (first token, token count) with all its tokens in one
-// sequence and at most 8 / groups tokens (groups = nh / kvh, which must divide 8). Computed on the
-// host from the per-token sequence ids (the FlashInfer-style plan); upload it as int32 pairs.
-std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups);
+// How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
+// cores; within ~1e-6 of the CPU reference). kBf16TensorCores is the backend's fast mode: sequences
+// with many tokens in the step (prefill) run on bf16 tensor cores (Q, K, V rounded to bf16 in
+// shared memory, the cache stays f32; f32 accumulation and softmax; relative L2 ~3e-3 against
+// kF32); sequences with few tokens (decode) still take the exact split-KV path.
+enum class AttentionPrecision { kF32, kBf16TensorCores };
 
-// o[t][h] = softmax_j(⟨q[t][h], K_j⟩/√hd)·V_j over positions j <= token_pos[t] of the token's
-// sequence (kv head h / groups), times σ(gate) taken from qg (n × nh × 2hd). items holds
-// num_items (first token, count) pairs from PlanAttentionItems. hd must be 64, 128 or 256.
+// A sequence takes tensor-core tiles (kBf16TensorCores) when it has at least this many tokens in
+// the step.
+inline constexpr int kAttnTensorCoreMinTokens = 64;
+
+// The host plan of one step (FlashInfer style). Every item is (first token, token count) with all
+// its tokens in one sequence. Row items (at most 8 / groups tokens, groups = nh / kvh, which must
+// divide 8) run on the exact kernel: each item and kv head is split over num_splits blocks that
+// each attend to a slice of the context (the slice is computed on the device from token_pos), then
+// a merge kernel combines the slices. Tile items (at most 64 / groups tokens) run on the tensor
+// cores. All counts depend only on the step's batch shape (tokens per sequence), never on
+// positions or page tables, so a step captured as a CUDA graph replays correctly with new device
+// contents of token_pos, token_seq, page_table and the items.
+struct AttentionPlan {
+  std::vector<int32_t> items;  // num_row_items pairs then num_tile_items pairs; upload as int32
+  int num_row_items = 0;
+  int num_tile_items = 0;
+  int num_splits = 1;          // context slices per row item and kv head
+  size_t scratch_bytes = 0;    // device scratch LaunchAttention needs (0 when num_splits == 1)
+};
+
+// Plans a step from its per-token sequence ids (tokens of one sequence consecutive). An invalid
+// shape (kvh <= 0, nh % kvh != 0, 8 % (nh / kvh) != 0) gives an empty plan, which LaunchAttention
+// rejects when n > 0.
+AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d,
+                            AttentionPrecision precision = AttentionPrecision::kF32);
+
+// An upper bound of scratch_bytes over every plan of shape d, whatever the batch: allocate it
+// once (256-byte aligned, e.g. from cudaMalloc) and pass it to every LaunchAttention.
+size_t AttentionMaxScratchBytes(const AttnShape& d);
+
+// o[t][h] = softmax_j(<q[t][h], K_j>/sqrt(hd))·V_j over positions j <= token_pos[t] of the token's
+// sequence (kv head h / groups), times sigma(gate) taken from qg (n × nh × 2hd). `items` is the
+// device copy of plan.items; `scratch` holds at least plan.scratch_bytes (may be null when that is
+// 0). Every per-step value is read from device memory; only the plan's counts are host values.
+// hd must be 64, 128 or 256.
+cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
+                            const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,
+                            const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
+                            cudaStream_t stream);
+
+// The earlier interface, kept for existing callers: the row items of PlanAttention (kF32) as
+// int32 pairs, and the exact kernel over them with one block per item and kv head (no context
+// split, no scratch), which is slow for decode at long context.
+std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups);
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const int32_t* items, int num_items, const int32_t* token_seq,
                             const int32_t* token_pos, const PagedKv& cache, float* o,

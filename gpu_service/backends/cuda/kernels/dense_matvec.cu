@@ -1,13 +1,15 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/matvec_core.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// One warp per output row; lane l takes the row's 32-element chunks l, l+32, ... and dots each
+// The generic kernel (F32, F16, BF16, and the quantized types when the fast kernel of
+// matvec_core.cuh cannot take the shape): one warp per output row; lane l takes the row's 32-element chunks l, l+32, ... and dots each
 // dequantized chunk with kRows activation rows (rows >= n are skipped). Two chunks are loaded per
 // iteration so that each lane has two independent weight loads in flight.
 template <uint32_t kType, int kRows>
@@ -83,6 +85,21 @@ cudaError_t LaunchType(const DeviceMatrix& w, const float* x, int64_t x_stride, 
   return Launch<kType, 8>(w, x, x_stride, n, y, y_stride, stream);
 }
 
+// Quantized types: the fast kernel when the matrix has the natural row stride and one activation
+// row fits its shared memory, else the generic kernel.
+template <uint32_t kType>
+cudaError_t LaunchQuant(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
+                        cudaStream_t stream) {
+  using F = typename fastmv::FormatOf<kType>::Type;
+  const int64_t natural = w.cols / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
+  if (!fastmv::ForceGeneric() && w.row_bytes == natural && w.cols <= (1 << 20) && w.rows < (int64_t{1} << 31) &&
+      fastmv::SharedBytesFor<F>(1, static_cast<int>(w.cols)) <= fastmv::kMaxFastShared) {
+    return fastmv::LaunchFastDense<F>(static_cast<const uint8_t*>(w.data), static_cast<int>(w.cols),
+                                      static_cast<int>(w.rows), x, x_stride, n, y, y_stride, stream);
+  }
+  return LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
+}
+
 }  // namespace
 
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
@@ -95,10 +112,10 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
     case kTypeF32: return LaunchType<kTypeF32>(w, x, x_stride, n, y, y_stride, stream);
     case kTypeF16: return LaunchType<kTypeF16>(w, x, x_stride, n, y, y_stride, stream);
     case kTypeBF16: return LaunchType<kTypeBF16>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ8_0: return LaunchType<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ4_K: return LaunchType<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ5_K: return LaunchType<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ6_K: return LaunchType<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ8_0: return LaunchQuant<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ4_K: return LaunchQuant<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ5_K: return LaunchQuant<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ6_K: return LaunchQuant<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream);
     default: return cudaErrorInvalidValue;
   }
 }

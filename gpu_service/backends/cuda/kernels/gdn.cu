@@ -1,15 +1,27 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 // One thread per channel walks the tokens in order, so the history update needs no other thread.
+// With rows (decode of several sequences, one token each): grid.y is the token, whose history is at
+// history + rows[t]·row_stride.
 __global__ void GdnConvKernel(const float* qkv, float* history, const float* taps, int64_t n,
-                              int c_dim, int kk, float* out) {
+                              int c_dim, int kk, float* out, const int32_t* rows, int64_t row_stride) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= c_dim) return;
+  if (rows != nullptr) {
+    const int64_t t = blockIdx.y;
+    history += rows[t] * row_stride;
+    qkv += t * c_dim;
+    out += t * c_dim;
+  }
   float win[kGdnMaxConvKernel];  // win[q] = input at token t − (kk−1−q)
   float w[kGdnMaxConvKernel];
 #pragma unroll
@@ -77,8 +89,16 @@ __global__ void GdnGatesKernel(const float* ba, const float* ssm_a, const float*
 template <int kDk>
 __global__ void __launch_bounds__(32)
 GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int64_t n, int c_dim,
-                   int nk, int nv, int dv, float* state, float* o) {
+                   int nk, int nv, int dv, float* state, float* o, const int32_t* rows, int64_t row_stride) {
   __shared__ float qs[kDk], ks[kDk];
+  if (rows != nullptr) {  // grid.z is the token of its own sequence (decode of several sequences)
+    const int64_t t = blockIdx.z;
+    state += rows[t] * row_stride;
+    conv_out += t * c_dim;
+    g += t * nv;
+    beta += t * nv;
+    o += t * nv * dv;
+  }
   const int vh = blockIdx.x;
   const int col = blockIdx.y * 32 + threadIdx.x;
   const int group = vh / (nv / nk);
@@ -137,7 +157,17 @@ cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, i
   if (n <= 0) return cudaSuccess;
   if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
-  GdnConvKernel<<<(c_dim + 127) / 128, 128, 0, stream>>>(qkv, history, taps, n, c_dim, d.kk, out);
+  GdnConvKernel<<<(c_dim + 127) / 128, 128, 0, stream>>>(qkv, history, taps, n, c_dim, d.kk, out, nullptr, 0);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
+                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || rows == nullptr || n > 65535) return cudaErrorInvalidValue;
+  const int c_dim = d.c_dim();
+  const dim3 grid(static_cast<unsigned>((c_dim + 127) / 128), static_cast<unsigned>(n));
+  GdnConvKernel<<<grid, 128, 0, stream>>>(qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride);
   return cudaGetLastError();
 }
 
@@ -161,9 +191,29 @@ cudaError_t LaunchGdnRecurrent(const float* conv_out, const float* g, const floa
   if (d.dv % 32 != 0 || d.nk <= 0 || d.nv % d.nk != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / 32));
   if (d.dk == 128) {
-    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o);
+    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                     nullptr, 0);
   } else if (d.dk == 64) {
-    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o);
+    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                    nullptr, 0);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, const float* beta, int64_t n,
+                                     const GdnShape& d, float* state, int64_t row_stride, const int32_t* rows,
+                                     float* o, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d.dv % 32 != 0 || d.nk <= 0 || d.nv % d.nk != 0 || rows == nullptr || n > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / 32), static_cast<unsigned>(n));
+  if (d.dk == 128) {
+    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                     rows, row_stride);
+  } else if (d.dk == 64) {
+    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                    rows, row_stride);
   } else {
     return cudaErrorInvalidValue;
   }

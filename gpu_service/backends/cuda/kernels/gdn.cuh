@@ -4,7 +4,8 @@
 // Per layer and step of n tokens of one sequence, in order:
 //   LaunchGdnConv        causal depthwise conv with the kk−1 token history, SiLU;
 //   LaunchGdnPrepare     q/k L2 norm (q also scaled by 1/√dk) in place, gates β and g;
-//   LaunchGdnRecurrent   the delta rule over the n tokens, state S[nv][dk][dv] f32 in device memory;
+//   LaunchGdnRecurrent   the delta rule over the n tokens, state S[nv][dk][dv] f32 in device memory
+//                        (or LaunchGdnChunked, the same rule in chunks: prefill);
 //   LaunchGdnGatedNorm   o ← ssm_norm ⊙ ρ(o) ⊙ SiLU(z).
 // Layouts match the CPU reference (common/reference/gdn.h): qkv rows are q (nk·dk), k (nk·dk),
 // v (nv·dv); the conv history holds kk−1 rows of c_dim, oldest first; conv taps are c_dim × kk.
@@ -42,6 +43,43 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
 // of dk values in registers); dv a multiple of 32.
 cudaError_t LaunchGdnRecurrent(const float* conv_out, const float* g, const float* beta, int64_t n,
                                const GdnShape& d, float* state, float* o, cudaStream_t stream);
+
+// The chunked form of the same rule for prefill (common/reference/gdn_rule.h, flash-linear-
+// attention's chunk_gated_delta_rule): tokens go in chunks of kGdnChunk; within a chunk the UT
+// transform T = (I + A)⁻¹ (a triangular solve) gives the WY representation, and only the state
+// update runs sequentially, once per chunk. Same inputs, outputs and state semantics as
+// LaunchGdnRecurrent (any n >= 1; a split of the tokens over calls gives the same result to
+// rounding). Requires dk == dv, 64 or 128.
+inline constexpr int kGdnChunk = 64;
+
+enum class GdnChunkPrecision {
+  kF32,   // exact mode: f32 products on the CUDA cores (relative L2 ~1e-6 against the reference)
+  kTf32,  // fast mode: tf32 tensor-core products with f32 accumulation (~1e-3)
+};
+
+// Device scratch for a pass over up to max_tokens tokens (rounded up to whole chunks):
+// per chunk and value head the WY matrices W (64 × dk) and U (64 × dv), the masked decayed q·k
+// products (64 × 64) and two decay vectors (2 × 64), all f32. For Qwen3-Next-80B (nv 32, dk = dv
+// = 128) that is 82,432 B per chunk and value head: 2048 tokens take 84 MB.
+int64_t GdnChunkedScratchBytes(const GdnShape& d, int64_t max_tokens);
+
+// The chunked delta rule over n tokens. scratch (256-byte aligned, scratch_bytes long, at least
+// GdnChunkedScratchBytes(d, kGdnChunk)) is overwritten; when it holds fewer chunks than n needs,
+// the tokens run in several passes of as many chunks as fit (same result, slightly slower).
+// Returns cudaErrorInvalidValue for unsupported shapes or too little or misaligned scratch.
+cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
+                             const GdnShape& d, GdnChunkPrecision precision, void* scratch,
+                             int64_t scratch_bytes, float* state, float* o, cudaStream_t stream);
+
+// Decode of n sequences at once, one token each (row t of qkv / conv_out / g / beta / o is the
+// token of the sequence whose conv history and state start at history + rows[t]·row_stride and
+// state + rows[t]·row_stride; rows is device memory, n entries, distinct). The same results as
+// LaunchGdnConv / LaunchGdnRecurrent with n = 1 per sequence, in one launch each. n <= 65535.
+cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
+                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
+cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, const float* beta, int64_t n,
+                                     const GdnShape& d, float* state, int64_t row_stride, const int32_t* rows,
+                                     float* o, cudaStream_t stream);
 
 // out = norm ⊙ ρ(o_head) ⊙ SiLU(z_head) per token and value head (o, z, out: n × nv·dv; out may
 // alias o).

@@ -57,9 +57,12 @@ DenseGemm::~DenseGemm() {
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
 
-absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, float* y,
-                            cudaStream_t stream) {
+absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream,
+                            GemmMode mode) {
   if (n <= 0) return absl::OkStatus();
+  if (mode == GemmMode::kFast && options_.mode != GemmMode::kFast) {
+    return absl::InvalidArgumentError("DenseGemm::Run: a product in kFast needs a kFast plan (bf16 scratch)");
+  }
   if (n > options_.max_n || w.cols > options_.max_cols) {
     return absl::InvalidArgumentError(absl::StrCat("DenseGemm::Run: n=", n, " cols=", w.cols,
                                                    " exceed the plan (max_n=", options_.max_n,
@@ -70,7 +73,7 @@ absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, fl
                                                    " with cols=", w.cols, " is not supported on the GPU"));
   }
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
-  const bool fast = options_.mode == GemmMode::kFast;
+  const bool fast = mode == GemmMode::kFast;
   const int64_t elem = fast ? 2 : 4;
   const int64_t tile_rows = std::min<int64_t>(w.rows, options_.tile_bytes / (w.cols * elem));
   const void* b = x;

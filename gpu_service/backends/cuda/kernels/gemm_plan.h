@@ -44,7 +44,13 @@ class DenseGemm {
 
   // y (n × w.rows, row stride w.rows) = x (n × w.cols, row stride w.cols) · Wᵀ on `stream`.
   // InvalidArgument when n or w.cols exceed the plan or w's type is not a GPU type.
-  absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream);
+  absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
+    return Run(w, x, n, y, stream, options_.mode);
+  }
+  // The same in a chosen precision: a kFast plan can run single products exactly (the router's
+  // logits, whose rounding would change which experts are picked); a kExact plan has no bf16
+  // scratch, so it refuses kFast.
+  absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream, GemmMode mode);
 
   GemmMode mode() const { return options_.mode; }
 

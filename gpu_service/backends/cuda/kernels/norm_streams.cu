@@ -72,7 +72,7 @@ __global__ void StreamInjectKernel(float* H, int64_t S, int64_t h, const float* 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t row = i / h, j = i % h;  // row = t·S + s
-  H[i] += a[row] * y[(row / S) * h + j];
+  H[i] += (a != nullptr ? a[row] : 1.0f) * y[(row / S) * h + j];
 }
 
 unsigned Blocks(int64_t count, int threads) {

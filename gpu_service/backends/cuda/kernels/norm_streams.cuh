@@ -33,7 +33,7 @@ cudaError_t LaunchSiluInPlace(float* v, int64_t count, cudaStream_t stream);
 cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStream_t stream);
 
 // H_s ← H_s + a_s·y for every token and stream (the unfused inject: after the last layer, or when
-// no norm follows).
+// no norm follows). a may be nullptr: a = 1.
 cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                const float* y, cudaStream_t stream);
 

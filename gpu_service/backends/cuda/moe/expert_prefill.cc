@@ -2,10 +2,12 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 namespace {
@@ -21,6 +23,19 @@ absl::Status Alloc(DeviceBuffer& b, size_t bytes) {
   if (!d.ok()) return d.status();
   b = *std::move(d);
   return absl::OkStatus();
+}
+
+// Tiles start at this byte offset of the index upload (16-byte aligned after max_slots int32s).
+size_t TileOffset(int64_t max_slots) { return (static_cast<size_t>(max_slots) * sizeof(int32_t) + 15) / 16 * 16; }
+
+// Modelled cost of one tile beyond its rows: dequantizing a weight tile (256 chunks of 32 per
+// 64-deep step) takes about as long as the tensor-core work of this many rows. Fitted to the H200
+// timings of expert_prefill_bench (80B shapes, Q4_K): 16-row tiles best at 512 tokens, 64 at 2048,
+// 128 at 8192 (about 10, 40 and 160 rows per expert).
+constexpr int64_t kDequantCostRows = 96;
+
+bool ValidTileRows(int rows) {
+  return std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), rows) != std::end(kPrefillTileRows);
 }
 
 }  // namespace
@@ -51,25 +66,74 @@ std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units) {
   return groups;
 }
 
+int ChoosePrefillTileRows(std::span<const PrefillGroup> groups) {
+  int best = kPrefillTileRows[0];
+  int64_t best_cost = -1;
+  for (int rows : kPrefillTileRows) {
+    int64_t cost = 0;
+    for (const PrefillGroup& g : groups) cost += (g.rows + rows - 1) / rows * (kDequantCostRows + rows);
+    if (best_cost < 0 || cost < best_cost) {
+      best = rows;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+std::vector<PrefillTile> MakePrefillTiles(std::span<const PrefillGroup> groups, int tile_rows) {
+  std::vector<PrefillTile> tiles;
+  for (const PrefillGroup& g : groups) {
+    for (int32_t r = 0; r < g.rows; r += tile_rows) {
+      tiles.push_back(PrefillTile{g.where.gate, g.where.up, g.where.down, g.first_slot + r, std::min(tile_rows, g.rows - r)});
+    }
+  }
+  return tiles;
+}
+
 absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDecodeRunner::Shape& shape,
-                                                                int64_t max_slots) {
-  if (max_slots < 1 || shape.h < 1 || shape.inner < 1) {
+                                                                int64_t max_slots, const PrefillOptions& options) {
+  if (max_slots < 1 || shape.h < 1 || shape.inner < 1 || options.max_input_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: h=", shape.h, " I=", shape.inner,
-                                                   " max_slots=", max_slots));
+                                                   " max_slots=", max_slots, " max_input_rows=", options.max_input_rows));
+  }
+  const bool grouped = options.algorithm == PrefillAlgorithm::kGroupedTiles;
+  if (grouped) {
+    if (options.tile_rows != 0 && !ValidTileRows(options.tile_rows)) {
+      return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: tile_rows=", options.tile_rows,
+                                                     " (16, 32, 64, 128 or 0)"));
+    }
+    const uint32_t gu = static_cast<uint32_t>(shape.gate_up_type), d = static_cast<uint32_t>(shape.down_type);
+    if (KernelRowAlignment(gu) == 0 || KernelRowAlignment(d) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: gate/up type ", gu, " or down type ", d,
+                                                     " has no GPU dequantizer"));
+    }
+    if (shape.h % 32 != 0 || shape.h % RowLengthMultiple(gu) != 0 || shape.inner % 32 != 0 ||
+        shape.inner % RowLengthMultiple(d) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: h=", shape.h, " I=", shape.inner,
+                                                     " must be multiples of 32 and of the types' blocks"));
+    }
   }
   ExpertPrefillRunner r;
   r.shape_ = shape;
   r.max_slots_ = max_slots;
-  r.blas_ = std::make_unique<Blas>();
-  if (absl::Status s = BlasStatus(cublasCreate(&r.blas_->handle), "cublasCreate"); !s.ok()) return s;
+  r.options_ = options;
+  if (r.options_.max_input_rows == 0) r.options_.max_input_rows = max_slots;
   const size_t h = static_cast<size_t>(shape.h), I = static_cast<size_t>(shape.inner), m = static_cast<size_t>(max_slots);
-  if (absl::Status s = Alloc(r.w_gate_up_, 2 * I * h * 2); !s.ok()) return s;
-  if (absl::Status s = Alloc(r.w_down_, h * I * 2); !s.ok()) return s;
-  if (absl::Status s = Alloc(r.x_rows_, m * h * 2); !s.ok()) return s;
-  if (absl::Status s = Alloc(r.gu_, m * 2 * I * 4); !s.ok()) return s;
   if (absl::Status s = Alloc(r.act_, m * I * 2); !s.ok()) return s;
-  if (absl::Status s = Alloc(r.index_, m * 4); !s.ok()) return s;
-  absl::StatusOr<PinnedBuffer> p = PinnedBuffer::Allocate(m * 4);
+  // Grouped: at most one tile per slot (every tile holds at least one row).
+  const size_t upload = grouped ? TileOffset(max_slots) + m * sizeof(PrefillTile) : m * 4;
+  if (absl::Status s = Alloc(r.index_, upload); !s.ok()) return s;
+  if (grouped) {
+    if (absl::Status s = Alloc(r.x_bf16_, static_cast<size_t>(r.options_.max_input_rows) * h * 2); !s.ok()) return s;
+  } else {
+    r.blas_ = std::make_unique<Blas>();
+    if (absl::Status s = BlasStatus(cublasCreate(&r.blas_->handle), "cublasCreate"); !s.ok()) return s;
+    if (absl::Status s = Alloc(r.w_gate_up_, 2 * I * h * 2); !s.ok()) return s;
+    if (absl::Status s = Alloc(r.w_down_, h * I * 2); !s.ok()) return s;
+    if (absl::Status s = Alloc(r.x_rows_, m * h * 2); !s.ok()) return s;
+    if (absl::Status s = Alloc(r.gu_, m * 2 * I * 4); !s.ok()) return s;
+  }
+  absl::StatusOr<PinnedBuffer> p = PinnedBuffer::Allocate(upload);
   if (!p.ok()) return p.status();
   r.index_staging_ = *std::move(p);
   absl::StatusOr<Event> e = Event::Create(/*timing=*/false);
@@ -81,6 +145,83 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
 absl::Status ExpertPrefillRunner::Run(std::span<const ExpertUnit> units, const float* x, float* partial,
                                       cudaStream_t stream) {
   if (units.empty()) return absl::OkStatus();
+  if (options_.algorithm == PrefillAlgorithm::kGroupedTiles) return RunGrouped(units, x, partial, stream);
+  return RunCublas(units, x, partial, stream);
+}
+
+absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, const float* x, float* partial,
+                                             cudaStream_t stream) {
+  const uint32_t gu_type = static_cast<uint32_t>(shape_.gate_up_type);
+  const uint32_t d_type = static_cast<uint32_t>(shape_.down_type);
+  const int gu_align = KernelRowAlignment(gu_type), d_align = KernelRowAlignment(d_type);
+  int32_t slots = 0, input_rows = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const ExpertUnit& u = units[i];
+    if (u.rows < 1 || u.rows > kMaxUnitRows || u.first_slot < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("expert unit ", i, ": rows=", u.rows, " first_slot=", u.first_slot));
+    }
+    if (u.gate == nullptr || u.up == nullptr || u.down == nullptr ||
+        reinterpret_cast<uintptr_t>(u.gate) % gu_align != 0 || reinterpret_cast<uintptr_t>(u.up) % gu_align != 0 ||
+        reinterpret_cast<uintptr_t>(u.down) % d_align != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("expert unit ", i, ": null matrix or one not aligned to ",
+                                                     gu_align, " (gate/up) / ", d_align, " (down) bytes"));
+    }
+    for (int r = 0; r < u.rows; ++r) {
+      if (u.input_row[r] < 0 || u.input_row[r] >= options_.max_input_rows) {
+        return absl::InvalidArgumentError(absl::StrCat("expert unit ", i, ": input_row[", r, "]=", u.input_row[r],
+                                                       " outside [0, ", options_.max_input_rows, ")"));
+      }
+      input_rows = std::max(input_rows, u.input_row[r] + 1);
+    }
+    slots = std::max(slots, u.first_slot + u.rows);
+  }
+  if (slots > max_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: slots up to ", slots, ", capacity ", max_slots_));
+  }
+  if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
+    return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
+  }
+  const std::vector<PrefillGroup> groups = GroupUnits(units);
+  const int tile_rows = options_.tile_rows != 0 ? options_.tile_rows : ChoosePrefillTileRows(groups);
+  const std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
+  last_tile_rows_ = tile_rows;
+
+  // One upload: the input row of every slot, then the tiles.
+  if (pending_) TANDEM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_.get()));
+  uint8_t* staging = index_staging_.as<uint8_t>();
+  int32_t* index = reinterpret_cast<int32_t*>(staging);
+  std::memset(index, 0, static_cast<size_t>(slots) * sizeof(int32_t));
+  for (const ExpertUnit& u : units) {
+    for (int r = 0; r < u.rows; ++r) index[u.first_slot + r] = u.input_row[r];
+  }
+  const size_t tile_offset = TileOffset(max_slots_);
+  std::memcpy(staging + tile_offset, tiles.data(), tiles.size() * sizeof(PrefillTile));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(index_.get(), staging, tile_offset + tiles.size() * sizeof(PrefillTile),
+                                              cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_.get(), stream));
+  pending_ = true;
+
+  const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
+  const PrefillTile* device_tiles = reinterpret_cast<const PrefillTile*>(index_.as<uint8_t>() + tile_offset);
+  uint16_t* xb = x_bf16_.as<uint16_t>();
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToBf16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
+  const int n_tiles = static_cast<int>(tiles.size());
+  const cudaError_t e1 =
+      LaunchPrefillGateUp(gu_type, tile_rows, device_tiles, n_tiles, xb, index_.as<int32_t>(), h, I, act_.as<uint16_t>(), stream);
+  if (e1 == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill gate/up: type ", gu_type, " or shape refused by the kernels"));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(e1);
+  const cudaError_t e2 = LaunchPrefillDown(d_type, tile_rows, device_tiles, n_tiles, act_.as<uint16_t>(), h, I, partial, stream);
+  if (e2 == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill down: type ", d_type, " or shape refused by the kernels"));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(e2);
+  return absl::OkStatus();
+}
+
+absl::Status ExpertPrefillRunner::RunCublas(std::span<const ExpertUnit> units, const float* x, float* partial,
+                                            cudaStream_t stream) {
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   const uint32_t gu_type = static_cast<uint32_t>(shape_.gate_up_type);
   const uint32_t d_type = static_cast<uint32_t>(shape_.down_type);

@@ -41,6 +41,289 @@ cudaError_t LaunchDequant(const void* w, int cols, int rows, uint16_t* out, cuda
   return cudaGetLastError();
 }
 
+// ---- The grouped path: bf16 tensor-core GEMMs over row tiles, weights dequantized in shared memory.
+//
+// One block computes a tile of `kBM` slot rows × kPrefillTileCols weight rows (B rows) in steps of
+// kTileK along the reduction; two shared-memory stages, one __syncthreads per step. Eight warps
+// split the tile (kWarpsM × kWarpsN); each warp issues mma.m16n8k16 (bf16 in, f32 accumulate) on
+// fragments read with ldmatrix. Every shared tile is [rows][64] bf16, rows of 128 bytes whose
+// eight 16-byte chunks are XOR-swizzled by the row so that ldmatrix's eight addresses of one
+// matrix hit eight different bank groups.
+//
+// In the gate/up launch B row 2f is gate row f and B row 2f + 1 is up row f: the accumulator pair
+// (c0, c1) a thread holds for columns 2t, 2t + 1 is then (gate, up) of one feature, and SiLU·up is
+// applied in registers.
+
+constexpr int kGemmThreads = 256;
+constexpr int kTileK = 64;
+constexpr int kSmemRowBytes = kTileK * 2;
+
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kSmemRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// bf16(lo) in the low half, bf16(hi) in the high half (one cvt.rn.bf16x2.f32).
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(v.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(v.y)) << 16);
+}
+
+__device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
+
+template <int kBM>
+constexpr int SmemBytes() {
+  return 2 * (kBM + kPrefillTileCols) * kSmemRowBytes;
+}
+
+// a: bf16 rows of K elements; a_index maps a slot to its row of a (nullptr: the slot itself).
+// B rows: n < N (gate/up: N = 2·inner, interleaved; down: N = h). out_cols: inner (gate/up) or h.
+template <uint32_t kType, int kBM, bool kGateUp>
+__global__ void __launch_bounds__(kGemmThreads, 2)
+    PrefillGemmKernel(const PrefillTile* __restrict__ tiles, int col_blocks, const uint16_t* __restrict__ a,
+                      const int32_t* __restrict__ a_index, int K, int N, int out_cols, uint16_t* __restrict__ act_out,
+                      float* __restrict__ f32_out) {
+  constexpr int kWarpsM = kBM >= 64 ? kBM / 32 : 1;
+  constexpr int kWarpsN = (kGemmThreads / 32) / kWarpsM;
+  constexpr int kWarpRows = kBM / kWarpsM;
+  constexpr int kWarpCols = kPrefillTileCols / kWarpsN;
+  constexpr int kMF = kWarpRows / 16;
+  constexpr int kNF = kWarpCols / 8;
+  static_assert(kWarpRows % 16 == 0 && kNF % 2 == 0, "warp tile must be whole m16 × (2 × n8) fragments");
+  constexpr int kABytes = kBM * kSmemRowBytes;
+  constexpr int kStageBytes = kABytes + kPrefillTileCols * kSmemRowBytes;
+  constexpr int kATasks = kBM * (kSmemRowBytes / 16);
+  constexpr int kALoads = (kATasks + kGemmThreads - 1) / kGemmThreads;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tile_index = static_cast<int>(blockIdx.x / col_blocks);
+  const int n0 = static_cast<int>(blockIdx.x % col_blocks) * kPrefillTileCols;
+  const PrefillTile tile = tiles[tile_index];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+
+  // A: task tid + 256·i loads 16-byte chunk (tid % 8) of tile row (task / 8); null past the rows.
+  const int a_chunk = tid & 7;
+  const uint16_t* a_src[kALoads];
+#pragma unroll
+  for (int i = 0; i < kALoads; ++i) {
+    const int task = tid + i * kGemmThreads;
+    const int r = task >> 3;
+    a_src[i] = nullptr;
+    if (task < kATasks && r < tile.rows) {
+      const int slot = tile.first_slot + r;
+      const int64_t row = a_index != nullptr ? a_index[slot] : slot;
+      a_src[i] = a + row * K + a_chunk * 8;
+    }
+  }
+  // B: thread tid dequantizes 32-element chunk (tid % 2) of the stage for B row tid / 2.
+  const int b_row_local = tid >> 1, b_half = tid & 1;
+  const int64_t row_bytes = static_cast<int64_t>(K) / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
+  const uint8_t* b_row = nullptr;
+  if (const int n = n0 + b_row_local; n < N) {
+    if constexpr (kGateUp) {
+      b_row = static_cast<const uint8_t*>((n & 1) != 0 ? tile.up : tile.gate) + static_cast<int64_t>(n >> 1) * row_bytes;
+    } else {
+      b_row = static_cast<const uint8_t*>(tile.down) + static_cast<int64_t>(n) * row_bytes;
+    }
+  }
+  const int k_chunks = K / 32;
+
+  auto load_stage = [&](int stage, int k0) {
+    uint8_t* sa = smem + stage * kStageBytes;
+    uint8_t* sb = sa + kABytes;
+#pragma unroll
+    for (int i = 0; i < kALoads; ++i) {
+      const int task = tid + i * kGemmThreads;
+      if (task < kATasks) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (a_src[i] != nullptr && k0 + a_chunk * 8 < K) v = *reinterpret_cast<const uint4*>(a_src[i] + k0);
+        *reinterpret_cast<uint4*>(sa + SwizzledOffset(task >> 3, a_chunk)) = v;
+      }
+    }
+    uint32_t packed[16];
+    const int c = k0 / 32 + b_half;
+    if (b_row != nullptr && c < k_chunks) {
+      float v[32];
+      DequantChunk<kType>(b_row, c, v);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) packed[k] = PackBf16x2(v[2 * k], v[2 * k + 1]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) packed[k] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<uint4*>(sb + SwizzledOffset(b_row_local, b_half * 4 + j)) =
+          make_uint4(packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
+    }
+  };
+
+  float acc[kMF][kNF][4];
+#pragma unroll
+  for (int mf = 0; mf < kMF; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mf][nf][q] = 0.0f;
+    }
+  }
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  auto mma_stage = [&](int stage) {
+    const uint32_t sa = smem_base + stage * kStageBytes;
+    const uint32_t sb = sa + kABytes;
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      // A fragment: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15); lane l
+      // addresses row l % 16 of k half l / 16.
+      uint32_t af[kMF][4];
+#pragma unroll
+      for (int mf = 0; mf < kMF; ++mf) {
+        LdMatrixX4(sa + SwizzledOffset(wm * kWarpRows + mf * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[mf]);
+      }
+      // B fragments of two n8 blocks: matrices (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
+      uint32_t bf[kNF][2];
+#pragma unroll
+      for (int p = 0; p < kNF / 2; ++p) {
+        uint32_t r[4];
+        LdMatrixX4(sb + SwizzledOffset(wn * kWarpCols + p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                       kk * 2 + ((lane >> 3) & 1)),
+                   r);
+        bf[2 * p][0] = r[0];
+        bf[2 * p][1] = r[1];
+        bf[2 * p + 1][0] = r[2];
+        bf[2 * p + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mf = 0; mf < kMF; ++mf) {
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) MmaBf16(acc[mf][nf], af[mf], bf[nf][0], bf[nf][1]);
+      }
+    }
+  };
+
+  const int steps = (K + kTileK - 1) / kTileK;
+  load_stage(0, 0);
+  __syncthreads();
+  for (int s = 0; s < steps; ++s) {
+    // Stage (s + 1) & 1 was last read in step s − 1, which every thread finished before the barrier.
+    if (s + 1 < steps) load_stage((s + 1) & 1, (s + 1) * kTileK);
+    mma_stage(s & 1);
+    __syncthreads();
+  }
+
+  // Accumulator (mf, nf): c0, c1 at (row g, cols 2t, 2t + 1), c2, c3 at (row g + 8, same cols).
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mf = 0; mf < kMF; ++mf) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm * kWarpRows + mf * 16 + g + half * 8;
+      if (r >= tile.rows) continue;
+      const int64_t slot = tile.first_slot + r;
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf) {
+        const int col = n0 + wn * kWarpCols + nf * 8 + 2 * t;
+        const float v0 = acc[mf][nf][2 * half], v1 = acc[mf][nf][2 * half + 1];
+        if constexpr (kGateUp) {
+          const int feature = col >> 1;
+          if (feature < out_cols) act_out[slot * out_cols + feature] = ToBf16Bits(SiluTimes(v0, v1));
+        } else {
+          float* o = f32_out + slot * out_cols + col;
+          if (col + 1 < out_cols) {
+            *reinterpret_cast<float2*>(o) = make_float2(v0, v1);  // out_cols even here: 8-byte aligned
+          } else if (col < out_cols) {
+            o[0] = v0;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <uint32_t kType, int kBM, bool kGateUp>
+cudaError_t LaunchGemm(const PrefillTile* tiles, int num_tiles, const uint16_t* a, const int32_t* a_index, int K,
+                       int N, int out_cols, uint16_t* act_out, float* f32_out, cudaStream_t stream) {
+  constexpr int smem = SmemBytes<kBM>();
+  auto* kernel = PrefillGemmKernel<kType, kBM, kGateUp>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
+    return e;
+  }
+  const int col_blocks = (N + kPrefillTileCols - 1) / kPrefillTileCols;
+  const int64_t blocks = static_cast<int64_t>(num_tiles) * col_blocks;
+  kernel<<<static_cast<unsigned>(blocks), kGemmThreads, smem, stream>>>(tiles, col_blocks, a, a_index, K, N, out_cols,
+                                                                        act_out, f32_out);
+  return cudaGetLastError();
+}
+
+template <uint32_t kType, bool kGateUp>
+cudaError_t LaunchGemmRows(int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+                           const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
+                           cudaStream_t stream) {
+  switch (tile_rows) {
+    case 16: return LaunchGemm<kType, 16, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 32: return LaunchGemm<kType, 32, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 64: return LaunchGemm<kType, 64, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 128: return LaunchGemm<kType, 128, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <bool kGateUp>
+cudaError_t LaunchGemmTyped(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+                            const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
+                            cudaStream_t stream) {
+  if (num_tiles <= 0 || N <= 0) return cudaSuccess;
+  if (KernelRowAlignment(type) == 0 || K <= 0 || K % 32 != 0 || K % RowLengthMultiple(type) != 0) {
+    return cudaErrorInvalidValue;
+  }
+#define TANDEM_PREFILL_CASE(T) \
+  case T: return LaunchGemmRows<T, kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream)
+  switch (type) {
+    TANDEM_PREFILL_CASE(kTypeF32);
+    TANDEM_PREFILL_CASE(kTypeF16);
+    TANDEM_PREFILL_CASE(kTypeBF16);
+    TANDEM_PREFILL_CASE(kTypeQ4_0);
+    TANDEM_PREFILL_CASE(kTypeQ8_0);
+    TANDEM_PREFILL_CASE(kTypeQ2_K);
+    TANDEM_PREFILL_CASE(kTypeQ3_K);
+    TANDEM_PREFILL_CASE(kTypeQ4_K);
+    TANDEM_PREFILL_CASE(kTypeQ5_K);
+    TANDEM_PREFILL_CASE(kTypeQ6_K);
+    default: return cudaErrorInvalidValue;
+  }
+#undef TANDEM_PREFILL_CASE
+}
+
+__global__ void ConvertBf16Kernel(const float* __restrict__ x, int64_t count, uint16_t* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t quads = count / 4;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
+    const float4 v = reinterpret_cast<const float4*>(x)[i];
+    reinterpret_cast<uint2*>(out)[i] =
+        make_uint2(ToBf16Bits(v.x) | (static_cast<uint32_t>(ToBf16Bits(v.y)) << 16),
+                   ToBf16Bits(v.z) | (static_cast<uint32_t>(ToBf16Bits(v.w)) << 16));
+  }
+  if (blockIdx.x == 0 && static_cast<int64_t>(threadIdx.x) < count % 4) {
+    const int64_t i = quads * 4 + threadIdx.x;
+    out[i] = ToBf16Bits(x[i]);
+  }
+}
+
+
 __global__ void GatherBf16Kernel(const float* x, int cols, const int32_t* index, uint16_t* out) {
   const int i = blockIdx.y;
   const float* src = x + static_cast<int64_t>(index[i]) * cols;
@@ -95,6 +378,27 @@ cudaError_t LaunchSiluMulToBf16(const float* gu, int m, int inner, uint16_t* act
   if (total <= 0) return cudaSuccess;
   SiluMulKernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(gu, m, inner, act);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchConvertToBf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0) return cudaErrorInvalidValue;
+  const int64_t blocks = std::min<int64_t>((count / 4 + kThreads - 1) / kThreads + 1, 4096);
+  ConvertBf16Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, count, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+                                const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
+                                cudaStream_t stream) {
+  return LaunchGemmTyped<true>(type, tile_rows, tiles, num_tiles, xb, index, h, 2 * inner, inner, act, nullptr, stream);
+}
+
+cudaError_t LaunchPrefillDown(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+                              const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream) {
+  // The epilogue stores column pairs as float2.
+  if (h % 2 != 0 || reinterpret_cast<uintptr_t>(partial) % 8 != 0) return cudaErrorInvalidValue;
+  return LaunchGemmTyped<false>(type, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, nullptr, partial, stream);
 }
 
 }  // namespace tandem::cuda

@@ -1,5 +1,14 @@
-// Element-wise kernels of the prefill expert path (expert_prefill.h runs them around cuBLAS):
-// dequantizing weights to bf16, gathering activation rows as bf16, and SiLU(gate)·up to bf16.
+// Device side of the prefill expert path (expert_prefill.h drives it).
+//
+// The grouped path (the default): every expert of a call in three launches. Activations are
+// rounded to bf16 once; then one launch computes SiLU(x·Wg^T)·(x·Wu^T) for every (tile, feature
+// block) and one computes act·Wd^T, each with bf16 tensor-core MMAs and f32 accumulation. The
+// quantized weights are dequantized to bf16 in shared memory tile by tile (no bf16 copy of the
+// weights in global memory), so a layer's routed weights are read about once per row tile.
+//
+// The per-expert cuBLAS path (kept as a second algorithm for comparison): element-wise kernels
+// around cuBLAS (weights to bf16, rows gathered as bf16, SiLU(gate)·up to bf16).
+//
 // bf16 values are passed as their uint16_t bit patterns so that g++ can include this header.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_CUH_
@@ -9,6 +18,39 @@
 #include <cstdint>
 
 namespace tandem::cuda {
+
+// One row tile of the grouped launches: `rows` consecutive slots of one expert, starting at
+// first_slot. gate and up are {h, I} matrices, down {I, h}, in the layer's block formats.
+struct PrefillTile {
+  const void* gate;
+  const void* up;
+  const void* down;
+  int32_t first_slot;
+  int32_t rows;  // 1 .. the launch's tile_rows
+};
+static_assert(sizeof(PrefillTile) == 32, "PrefillTile is uploaded as raw bytes");
+
+// Row-tile heights the grouped launches are compiled for (tile_rows must be one of them).
+inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
+
+// Output features (down) or interleaved gate/up rows (gate/up) one block of a grouped launch computes.
+inline constexpr int kPrefillTileCols = 128;
+
+// out[i] = x[i] rounded to bf16 (nearest even), for i < count.
+cudaError_t LaunchConvertToBf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
+
+// For every tile and every row r < tile.rows, slot s = tile.first_slot + r:
+//   act[s] (inner bf16) = SiLU(xb[index[s]]·gate^T) ⊙ (xb[index[s]]·up^T), rounded to bf16,
+// where xb holds bf16 rows of h elements. h must be a positive multiple of 32 (and of the type's
+// block); cudaErrorInvalidValue otherwise, for an unsupported type or tile_rows.
+cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+                                const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
+                                cudaStream_t stream);
+
+// For every tile and row as above: partial[s] (h f32) = act[s]·down^T. inner must be a positive
+// multiple of 32 (and of the type's block).
+cudaError_t LaunchPrefillDown(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+                              const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream);
 
 // out (rows × cols bf16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized
 // and rounded to nearest even. cudaErrorInvalidValue for an unsupported type, cols not a multiple

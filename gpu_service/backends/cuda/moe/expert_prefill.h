@@ -1,10 +1,16 @@
-// The prefill expert path: per expert, its weights dequantized to bf16, its token rows gathered
-// as bf16, and two cuBLAS GEMMs with f32 accumulation (gate and up as one [2I × h] product, then
-// down), SiLU(gate)·up rounded to bf16 in between. Tolerance against the reference: relative L2
-// about 1e-2 (bf16 operands).
+// The prefill expert path: bf16 GEMMs with f32 accumulation (gate and up, SiLU(gate)·up rounded
+// to bf16, then down). Tolerance against the reference: relative L2 about 1e-2 (bf16 operands).
 //
 // Consumes the same ExpertUnits as the decode path (MoeStepPlan::units): consecutive units of one
-// expert with consecutive slots are run as one GEMM group.
+// expert with consecutive slots form one group (one expert applied to consecutive slots).
+//
+// Two algorithms (PrefillAlgorithm):
+//  - kGroupedTiles (default): every group of a call split into row tiles of one height; three
+//    launches per call whatever the number of experts (activations to bf16, gate/up with SiLU·up,
+//    down). The quantized weights are dequantized tile by tile in shared memory, so small calls read
+//    each weight byte about once and large ones run at tensor-core rates (expert_prefill.cuh).
+//  - kCublasPerExpert (the former path, kept for comparison): per group, its weights dequantized
+//    to bf16 in global memory, rows gathered, two cuBLAS GEMMs: 7 launches per expert.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
 
@@ -17,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/experts.h"
 
 namespace tandem::cuda {
@@ -31,32 +38,71 @@ struct PrefillGroup {
 // Merges consecutive units of one expert whose slots follow each other.
 std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units);
 
+// The tile height (one of kPrefillTileRows) with the least modelled cost for these groups: each
+// tile costs its padded rows of tensor-core work plus a fixed share for dequantizing the weights.
+int ChoosePrefillTileRows(std::span<const PrefillGroup> groups);
+
+// The row tiles covering every group in order, each at most tile_rows rows (a group of r rows
+// gives ceil(r / tile_rows) tiles).
+std::vector<PrefillTile> MakePrefillTiles(std::span<const PrefillGroup> groups, int tile_rows);
+
+enum class PrefillAlgorithm {
+  kGroupedTiles,
+  kCublasPerExpert,
+};
+
+struct PrefillOptions {
+  PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
+  // kGroupedTiles: rows per tile (one of kPrefillTileRows), or 0 to choose per call.
+  int tile_rows = 0;
+  // kGroupedTiles: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
+  // bf16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
+  int64_t max_input_rows = 0;
+};
+
 class ExpertPrefillRunner {
  public:
-  // max_slots bounds the slots of one call (and so the rows of any one expert).
-  static absl::StatusOr<ExpertPrefillRunner> Create(const ExpertDecodeRunner::Shape& shape, int64_t max_slots);
+  // max_slots bounds the slots of one call (and so the rows of any one expert). All device memory
+  // is allocated here. InvalidArgument for a non-positive size, a tile_rows not in
+  // kPrefillTileRows, or (kGroupedTiles) h or I not a multiple of 32 or of the types' blocks.
+  static absl::StatusOr<ExpertPrefillRunner> Create(const ExpertDecodeRunner::Shape& shape, int64_t max_slots,
+                                                    const PrefillOptions& options = {});
   ExpertPrefillRunner(ExpertPrefillRunner&&) noexcept;
   ExpertPrefillRunner& operator=(ExpertPrefillRunner&&) noexcept;
   ~ExpertPrefillRunner();
 
   // partial[slot] (h wide) = FFN_expert(x[input row]) for every row of every unit; x is the MoE
   // input (device, h wide rows). Enqueued on `stream`; the units' token indices are staged through
-  // pinned memory (one copy).
+  // pinned memory (one copy). partial must be 8-byte aligned. InvalidArgument for a unit with
+  // rows outside [1, kMaxUnitRows], a negative slot, slots past max_slots, an input row outside
+  // [0, max_input_rows) (kGroupedTiles), a null or misaligned matrix, or a type the kernels refuse.
   absl::Status Run(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
+
+  // Tile height of the last grouped call (0 before one, or with kCublasPerExpert).
+  int last_tile_rows() const { return last_tile_rows_; }
 
  private:
   ExpertPrefillRunner() = default;
   struct Blas;
+  absl::Status RunGrouped(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
+  absl::Status RunCublas(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
+
   ExpertDecodeRunner::Shape shape_{};
   int64_t max_slots_ = 0;
+  PrefillOptions options_;
+  int last_tile_rows_ = 0;
+  // Both algorithms.
+  DeviceBuffer act_;        // bf16 [max_slots × I]
+  DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles
+  PinnedBuffer index_staging_;
+  // kGroupedTiles.
+  DeviceBuffer x_bf16_;     // bf16 [max_input_rows × h]
+  // kCublasPerExpert.
   std::unique_ptr<Blas> blas_;
   DeviceBuffer w_gate_up_;  // bf16 [2I × h]
   DeviceBuffer w_down_;     // bf16 [h × I]
   DeviceBuffer x_rows_;     // bf16 [max_slots × h]
   DeviceBuffer gu_;         // f32 [max_slots × 2I]
-  DeviceBuffer act_;        // bf16 [max_slots × I]
-  DeviceBuffer index_;      // int32 [max_slots]: input row of each slot
-  PinnedBuffer index_staging_;
   Event staged_;
   bool pending_ = false;
 };

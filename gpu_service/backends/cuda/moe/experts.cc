@@ -139,17 +139,41 @@ absl::Status ExpertDecodeRunner::Run(std::span<const ExpertUnit> units, const Sh
                                               cudaMemcpyHostToDevice, stream));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_.get(), stream));
   pending_ = true;
-  const ExpertUnit* dev = device_units_.as<ExpertUnit>();
-  const int count = static_cast<int>(units.size());
+  return LaunchUnits(device_units_.as<ExpertUnit>(), static_cast<int>(units.size()), nullptr, max_rows, shape, x, act,
+                     partial, stream);
+}
+
+absl::Status ExpertDecodeRunner::RunPlanned(const ExpertUnit* device_units, int max_units, const int* device_count,
+                                            int max_rows, const Shape& shape, const float* x, float* act,
+                                            float* partial, cudaStream_t stream) {
+  if (max_units < 1) return absl::OkStatus();
+  if (max_rows < 1 || max_rows > kMaxUnitRows) {
+    return absl::InvalidArgumentError(absl::StrCat("planned expert units: max_rows=", max_rows, " outside [1, ",
+                                                   kMaxUnitRows, "]"));
+  }
+  if (!MoeKernelsSupportType(static_cast<uint32_t>(shape.gate_up_type)) ||
+      !MoeKernelsSupportType(static_cast<uint32_t>(shape.down_type))) {
+    return absl::InvalidArgumentError(absl::StrCat("expert weight types gate/up=", static_cast<uint32_t>(shape.gate_up_type),
+                                                   " down=", static_cast<uint32_t>(shape.down_type),
+                                                   ": no GPU decode kernel"));
+  }
+  return LaunchUnits(device_units, max_units, device_count, max_rows, shape, x, act, partial, stream);
+}
+
+absl::Status ExpertDecodeRunner::LaunchUnits(const ExpertUnit* dev, int count, const int* device_count, int max_rows,
+                                             const Shape& shape, const float* x, float* act, float* partial,
+                                             cudaStream_t stream) {
+  const uint32_t gu_type = static_cast<uint32_t>(shape.gate_up_type);
+  const uint32_t d_type = static_cast<uint32_t>(shape.down_type);
   cudaError_t err = LaunchExpertGateUp(gu_type, dev, count, max_rows, static_cast<int>(shape.h),
-                                       static_cast<int>(shape.inner), x, act, stream);
+                                       static_cast<int>(shape.inner), x, act, stream, device_count);
   if (err == cudaErrorInvalidValue) {
     return absl::InvalidArgumentError(absl::StrCat("expert gate/up {", shape.h, ", ", shape.inner, "} of type ", gu_type,
                                                    " is refused by the decode kernel"));
   }
   TANDEM_CUDA_RETURN_IF_ERROR(err);
   err = LaunchExpertDown(d_type, dev, count, max_rows, static_cast<int>(shape.inner), static_cast<int>(shape.h), act,
-                         partial, stream);
+                         partial, stream, device_count);
   if (err == cudaErrorInvalidValue) {
     return absl::InvalidArgumentError(absl::StrCat("expert down {", shape.inner, ", ", shape.h, "} of type ", d_type,
                                                    " is refused by the decode kernel"));

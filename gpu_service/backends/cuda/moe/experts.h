@@ -64,8 +64,16 @@ class ExpertDecodeRunner {
   // matrix, or a type/shape the kernels refuse.
   absl::Status Run(std::span<const ExpertUnit> units, const Shape& shape, const float* x, float* act, float* partial,
                    cudaStream_t stream);
+  // The same for units already in device memory (planned on the GPU, device_plan.cuh): the grid
+  // covers max_units units and the kernels skip those at index >= *device_count. max_rows bounds
+  // every unit's rows (1 selects the one-row kernels). Nothing is read on the host, so the call
+  // can be captured in a CUDA graph.
+  absl::Status RunPlanned(const ExpertUnit* device_units, int max_units, const int* device_count, int max_rows,
+                          const Shape& shape, const float* x, float* act, float* partial, cudaStream_t stream);
 
  private:
+  absl::Status LaunchUnits(const ExpertUnit* device_units, int count, const int* device_count, int max_rows,
+                           const Shape& shape, const float* x, float* act, float* partial, cudaStream_t stream);
   int64_t max_units_ = 0;
   PinnedBuffer staging_;
   DeviceBuffer device_units_;

@@ -54,29 +54,30 @@ cudaError_t LaunchDenseMatVec(uint32_t type, const void* w, int cols, int rows, 
   if (n <= 0 || rows <= 0) return cudaSuccess;
   const int bucket = n <= 1 ? 1 : kMaxUnitRows;
   if (!ShapeOk(type, cols, bucket) || !Aligned(w, type)) return cudaErrorInvalidValue;
-  MatVecArgs a{MatVecMode::kDense, w, nullptr, 0, n, cols, rows, x, y, stream};
+  MatVecArgs a{MatVecMode::kDense, w, nullptr, 0, n, cols, rows, x, y, stream, nullptr};
   return Dispatch(type, a);
 }
 
 cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int h, int inner,
-                               const float* x, float* act, cudaStream_t stream) {
+                               const float* x, float* act, cudaStream_t stream, const int* device_num_units) {
   if (num_units <= 0) return cudaSuccess;
   if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, h, max_rows <= 1 ? 1 : kMaxUnitRows) ||
       !MoeKernelsSupportType(type)) {
     return cudaErrorInvalidValue;
   }
-  MatVecArgs a{MatVecMode::kGateUp, nullptr, units, num_units, max_rows, h, inner, x, act, stream};
+  MatVecArgs a{MatVecMode::kGateUp, nullptr, units, num_units, max_rows, h, inner, x, act, stream, device_num_units};
   return Dispatch(type, a);
 }
 
 cudaError_t LaunchExpertDown(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int inner, int h,
-                             const float* act, float* partial, cudaStream_t stream) {
+                             const float* act, float* partial, cudaStream_t stream, const int* device_num_units) {
   if (num_units <= 0) return cudaSuccess;
   if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, inner, max_rows <= 1 ? 1 : kMaxUnitRows) ||
       !MoeKernelsSupportType(type)) {
     return cudaErrorInvalidValue;
   }
-  MatVecArgs a{MatVecMode::kDown, nullptr, units, num_units, max_rows, inner, h, act, partial, stream};
+  MatVecArgs a{MatVecMode::kDown, nullptr, units, num_units, max_rows, inner, h, act, partial, stream,
+               device_num_units};
   return Dispatch(type, a);
 }
 

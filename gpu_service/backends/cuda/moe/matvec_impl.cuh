@@ -1,7 +1,11 @@
-// The templated matrix-vector kernel behind matvec.cuh; matvec_*.cu instantiate it per weight type
-// so that the instantiations compile in parallel.
+// The templated matrix-vector kernels behind matvec.cuh; matvec_*.cu instantiate them per weight
+// type so that the instantiations compile in parallel.
 //
-// Geometry: 256 threads (8 warps). A row of `cols` inputs is 32-element pieces; each output row is
+// Dense launches of Q8_0, Q4_K, Q5_K and Q6_K take the fast kernel of ../matvec_core.cuh
+// (LaunchMatVecTyped says why expert units do not); everything else the generic kernel below
+// (one DequantChunk per lane and piece).
+//
+// Generic geometry: 256 threads (8 warps). A row of `cols` inputs is 32-element pieces; each output row is
 // owned by a group of `lpr` lanes (32 when the row has at least 32 pieces, else the largest power
 // of two not above its piece count), so a warp computes 32 / lpr rows and a block 8 times that.
 // The activation rows sit in shared memory with 4 floats of padding after every 32 so that the
@@ -11,7 +15,10 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
 namespace tandem::cuda {
@@ -32,6 +39,7 @@ struct MatVecArgs {
   const float* in;
   float* out;
   cudaStream_t stream;
+  const int* device_num_units;  // kGateUp / kDown: units at index >= *device_num_units return at once
 };
 
 __device__ __forceinline__ float SiluF(float g) { return g * (1.0f / (1.0f + expf(-g))); }
@@ -145,7 +153,9 @@ __global__ void __launch_bounds__(kMatVecThreads) DenseMatVecKernel(const uint8_
 
 template <uint32_t kType, int kM, bool kFused>
 __global__ void __launch_bounds__(kMatVecThreads) ExpertMatVecKernel(const ExpertUnit* units, int cols, int out_rows,
-                                                                     const float* in, float* out) {
+                                                                     const float* in, float* out,
+                                                                     const int* device_num_units) {
+  if (device_num_units != nullptr && static_cast<int>(blockIdx.y) >= __ldg(device_num_units)) return;
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   const ExpertUnit& u = units[blockIdx.y];
@@ -188,18 +198,32 @@ cudaError_t LaunchMatVecM(const MatVecArgs& a) {
   } else if (a.mode == MatVecMode::kGateUp) {
     auto kernel = ExpertMatVecKernel<kType, kM, true>;
     if ((err = PrepareSharedMemory(kernel, smem)) != cudaSuccess) return err;
-    kernel<<<dim3(gx, a.num_units), kMatVecThreads, smem, a.stream>>>(a.units, a.cols, a.out_rows, a.in, a.out);
+    kernel<<<dim3(gx, a.num_units), kMatVecThreads, smem, a.stream>>>(a.units, a.cols, a.out_rows, a.in, a.out,
+                                                                      a.device_num_units);
   } else {
     auto kernel = ExpertMatVecKernel<kType, kM, false>;
     if ((err = PrepareSharedMemory(kernel, smem)) != cudaSuccess) return err;
-    kernel<<<dim3(gx, a.num_units), kMatVecThreads, smem, a.stream>>>(a.units, a.cols, a.out_rows, a.in, a.out);
+    kernel<<<dim3(gx, a.num_units), kMatVecThreads, smem, a.stream>>>(a.units, a.cols, a.out_rows, a.in, a.out,
+                                                                      a.device_num_units);
   }
   return cudaGetLastError();
 }
 
-// Picks the row bucket: one row (the batch-1 decode shape) or up to kMaxUnitRows.
+// Picks the kernel. Dense launches of Q8_0, Q4_K, Q5_K and Q6_K take the fast kernel of
+// ../matvec_core.cuh when one activation row fits its shared memory. Expert units (gate/up, down)
+// take the generic kernel: the fast kernel's unit modes measured slower on the decode shapes
+// (PERF_NOTES.md, 2026-11-29), so they are not dispatched. Generic row bucket: one row (the
+// batch-1 decode shape) or up to kMaxUnitRows.
 template <uint32_t kType>
 cudaError_t LaunchMatVecTyped(const MatVecArgs& a) {
+  using F = typename fastmv::FormatOf<kType>::Type;
+  if constexpr (!std::is_void_v<F>) {
+    if (a.mode == MatVecMode::kDense && !fastmv::ForceGeneric() &&
+        fastmv::SharedBytesFor<F>(1, a.cols) <= fastmv::kMaxFastShared) {
+      return fastmv::LaunchFastDense<F>(static_cast<const uint8_t*>(a.w), a.cols, a.out_rows, a.in, a.cols, a.max_rows,
+                                        a.out, a.out_rows, a.stream);
+    }
+  }
   if (a.max_rows <= 1) return LaunchMatVecM<kType, 1>(a);
   return LaunchMatVecM<kType, kMaxUnitRows>(a);
 }

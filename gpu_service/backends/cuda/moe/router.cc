@@ -54,7 +54,7 @@ absl::Status GpuRouter::Route(const DeviceMatrix& router, const float* x, int64_
   return RouteLogits(logits_scratch, n, stream);
 }
 
-absl::Status GpuRouter::RouteLogits(const float* logits, int64_t n, cudaStream_t stream) {
+absl::Status GpuRouter::RouteLogits(const float* logits, int64_t n, cudaStream_t stream, bool copy_to_host) {
   if (n < 0 || n > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("GpuRouter: ", n, " tokens, capacity ", max_tokens_));
   }
@@ -63,6 +63,7 @@ absl::Status GpuRouter::RouteLogits(const float* logits, int64_t n, cudaStream_t
   float* dev_weights = reinterpret_cast<float*>(dev_experts + n * K_);
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchRouteTopK(logits, static_cast<int>(n), static_cast<int>(E_),
                                               static_cast<int>(K_), dev_experts, dev_weights, stream));
+  if (!copy_to_host) return absl::OkStatus();
   // One copy for both arrays.
   const size_t bytes = static_cast<size_t>(n * K_) * (sizeof(int32_t) + sizeof(float));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_.get(), device_.get(), bytes, cudaMemcpyDeviceToHost, stream));

@@ -30,8 +30,9 @@ class GpuRouter {
   // (synchronize the stream or an event recorded after the call).
   absl::Status Route(const DeviceMatrix& router, const float* x, int64_t n, float* logits_scratch,
                      cudaStream_t stream);
-  // Routing only, from logits already on the device.
-  absl::Status RouteLogits(const float* logits, int64_t n, cudaStream_t stream);
+  // Routing only, from logits already on the device. copy_to_host = false leaves the picks on the
+  // device only (experts()/weights() then keep the previous call's values).
+  absl::Status RouteLogits(const float* logits, int64_t n, cudaStream_t stream, bool copy_to_host = true);
 
   // n × K host arrays of the last call (descending weight per token).
   const int32_t* experts() const { return host_.as<int32_t>(); }

@@ -1,0 +1,250 @@
+#include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
+
+#include <cuda_bf16.h>
+
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- Tensor-core attention (tile items, kBf16TensorCores) ----
+//
+// Block of 4 warps per (tile item, kv head): 64 query rows (token first + r / groups, head
+// kvhead·groups + r % groups), warp w owning rows 16w..16w+15. Per key tile of 64 positions (one
+// cache page) K and V are read as f32 and stored as bf16 in padded shared rows (conflict-free
+// ldmatrix); S = Q·Kᵀ and O += P·V run as m16n8k16 bf16 mma with f32 accumulators; the online
+// softmax is f32 (FlashAttention-2 layout: the S accumulators become the A operand of P·V).
+// Two blocks per SM let one block's loads overlap the other's arithmetic.
+constexpr int kTcKeys = 64, kTcWarps = 4;
+static_assert(kTcKeys == kKvPageSize, "a key tile is one cache page");
+
+template <int kHd>
+constexpr size_t TcSmemBytes() {
+  return sizeof(__nv_bfloat16) * (kTcRows + 2 * kTcKeys) * (kHd + 8);
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v) {
+  *reinterpret_cast<uint2*>(dst) = make_uint2(PackBf16(v.x, v.y), PackBf16(v.z, v.w));
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(kTcWarps * 32, 2)
+TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+                          const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
+                          const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o) {
+  constexpr int kStride = kHd + 8;  // bf16 per shared row: 16 bytes of padding
+  constexpr int kVec = kHd / 4;     // float4 per row
+  constexpr int kThreads = kTcWarps * 32;
+  constexpr int kLoads = kTcKeys * kVec / kThreads, kBatch = 4;
+  static_assert(kLoads % kBatch == 0, "");
+  extern __shared__ float4 tc_smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(tc_smem);
+  __nv_bfloat16* ks = qs + kTcRows * kStride;
+  __nv_bfloat16* vs = ks + kTcKeys * kStride;
+  __shared__ int32_t row_pos[kTcRows];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int item = gridDim.x - 1 - blockIdx.x;  // the latest tiles (most keys) start first
+  const int kvhead = blockIdx.y, groups = nh / kvh, kvw = kvh * kHd;
+  const int32_t first = items[2 * item], count = items[2 * item + 1];
+  const int32_t seq = token_seq[first];
+  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
+  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+  for (int e = tid; e < kTcRows * kVec; e += kThreads) {
+    const int r = e / kVec, c = e % kVec, tok = r / groups;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tok < count) {
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      x = *reinterpret_cast<const float4*>(q + row * kHd + 4 * c);
+    }
+    StoreBf16x4(qs + r * kStride + 4 * c, x);
+  }
+  const float scale_log2 = 1.4426950408889634f * rsqrtf(static_cast<float>(kHd));
+  const int g = lane >> 2, t4 = lane & 3;
+  const int row0 = warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  float acc[kHd / 8][4];
+#pragma unroll
+  for (int i = 0; i < kHd / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int num_tiles = max_pos / kTcKeys + 1;
+  for (int kt = 0; kt < num_tiles; ++kt) {
+    __syncthreads();  // the previous tile is no longer read
+    const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + kt];
+    const int64_t page_base = static_cast<int64_t>(page) * kKvPageSize * kvw + kvhead * kHd;
+    const int valid_keys = min(kTcKeys, max_pos - kt * kTcKeys + 1);
+    for (int i0 = 0; i0 < kLoads; i0 += kBatch) {
+      float4 kx[kBatch], vx[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int e = tid + (i0 + b) * kThreads, j = e / kVec, c = e % kVec;
+        kx[b] = vx[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (j < valid_keys) {  // keys past the last token are never written: zeros, never NaN
+          const int64_t off = page_base + static_cast<int64_t>(j) * kvw + 4 * c;
+          kx[b] = *reinterpret_cast<const float4*>(cache.k + off);
+          vx[b] = *reinterpret_cast<const float4*>(cache.v + off);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int e = tid + (i0 + b) * kThreads, j = e / kVec, c = e % kVec;
+        StoreBf16x4(ks + j * kStride + 4 * c, kx[b]);
+        StoreBf16x4(vs + j * kStride + 4 * c, vx[b]);
+      }
+    }
+    __syncthreads();
+
+    float s[kTcKeys / 8][4];
+#pragma unroll
+    for (int i = 0; i < kTcKeys / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t a[4];
+      LdMatrixX4(a, SmemAddr(qs + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nb = 0; nb < kTcKeys / 16; ++nb) {
+        uint32_t b[4];
+        LdMatrixX4(b, SmemAddr(ks + (nb * 16 + (lane >> 4) * 8 + (lane & 7)) * kStride + kk * 16 +
+                               ((lane >> 3) & 1) * 8));
+        MmaBf16(s[2 * nb], a, b[0], b[1]);
+        MmaBf16(s[2 * nb + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Online softmax in base 2; masking only where the tile reaches past the first row's position.
+    const bool mask = kt * kTcKeys + kTcKeys - 1 > min_pos;
+    const int32_t pos_lo = row_pos[row0], pos_hi = row_pos[row0 + 8];
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < kTcKeys / 8; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float v = s[nb][c] * scale_log2;
+        if (mask && kt * kTcKeys + nb * 8 + 2 * t4 + (c & 1) > (c < 2 ? pos_lo : pos_hi)) v = -INFINITY;
+        s[nb][c] = v;
+        mx[c >> 1] = fmaxf(mx[c >> 1], v);
+      }
+    }
+    float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+      corr[i] = mx[i] == -INFINITY ? 1.0f : exp2f(m[i] - mx[i]);
+      m[i] = mx[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kTcKeys / 8; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float mm = m[c >> 1];
+        const float p = mm == -INFINITY ? 0.0f : exp2f(s[nb][c] - mm);
+        s[nb][c] = p;
+        sum[c >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * corr[i] + sum[i];
+#pragma unroll
+    for (int nd = 0; nd < kHd / 8; ++nd) {
+      acc[nd][0] *= corr[0];
+      acc[nd][1] *= corr[0];
+      acc[nd][2] *= corr[1];
+      acc[nd][3] *= corr[1];
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
+      const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]), PackBf16(s[2 * kk][2], s[2 * kk][3]),
+                             PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < kHd / 16; ++nd) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, SmemAddr(vs + (kk * 16 + (lane & 15)) * kStride + nd * 16 + (lane >> 4) * 8));
+        MmaBf16(acc[2 * nd], a, b[0], b[1]);
+        MmaBf16(acc[2 * nd + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float ll = l[i] + __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
+    ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
+    const int r = row0 + 8 * i, tok = r / groups;
+    if (tok >= count) continue;
+    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+    const float inv = 1.0f / ll;
+    const float* gate = qg + row * 2 * kHd + kHd;
+#pragma unroll
+    for (int nd = 0; nd < kHd / 8; ++nd) {
+      const int d = nd * 8 + 2 * t4;
+      const float2 y = make_float2(acc[nd][2 * i] * inv * SigmoidF(gate[d]),
+                                   acc[nd][2 * i + 1] * inv * SigmoidF(gate[d + 1]));
+      *reinterpret_cast<float2*>(o + row * kHd + d) = y;
+    }
+  }
+}
+
+template <int kHd>
+cudaError_t LaunchHd(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
+                     int num_tile_items, const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
+                     float* o, cudaStream_t stream) {
+  constexpr size_t smem = TcSmemBytes<kHd>();
+  static const cudaError_t attribute = [] {
+    cudaError_t e = cudaFuncSetAttribute(TensorCoreAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(TensorCoreAttentionKernel<kHd>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                static_cast<int>(cudaSharedmemCarveoutMaxShared));
+  }();
+  if (attribute != cudaSuccess) return attribute;
+  const dim3 grid(static_cast<unsigned>(num_tile_items), static_cast<unsigned>(d.kvh));
+  TensorCoreAttentionKernel<kHd><<<grid, kTcWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, tile_items, token_seq,
+                                                                       token_pos, cache, o);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
+                                      int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
+                                      const PagedKv& cache, float* o, cudaStream_t stream) {
+  if (num_tile_items <= 0) return cudaSuccess;
+  switch (d.hd) {
+    case 64:
+      return LaunchHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    case 128:
+      return LaunchHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    case 256:
+      return LaunchHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,26 @@
+// The tensor-core prefill attention of attention.cuh (AttentionPrecision::kBf16TensorCores), as
+// its own compilation unit: the tile items of an AttentionPlan. Internal to the kernels folder.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+
+namespace tandem::cuda {
+
+// Query rows of one tile item (tokens × heads of one kv head): PlanAttention cuts tile items to
+// kTcRows / groups tokens.
+inline constexpr int kTcRows = 64;
+
+// Runs num_tile_items (first token, count) items (device) on the tensor cores; d.hd is 64, 128 or
+// 256 (else cudaErrorInvalidValue). Same inputs and output as LaunchAttention.
+cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
+                                      int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
+                                      const PagedKv& cache, float* o, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_

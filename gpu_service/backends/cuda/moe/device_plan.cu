@@ -1,0 +1,98 @@
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kItems = kDevicePlanMaxExperts / kThreads;  // per-expert counts each thread scans
+
+__global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int count[kDevicePlanMaxExperts];
+  __shared__ int slot_base[kDevicePlanMaxExperts];
+  __shared__ int unit_base[kDevicePlanMaxExperts];
+  const int pairs = a.n * a.K;
+  for (int e = threadIdx.x; e < a.E; e += kThreads) count[e] = 0;
+  __syncthreads();
+  // 1. Each pair's rank among its expert's pairs, kept in slot[] for now.
+  for (int p = threadIdx.x; p < pairs; p += kThreads) {
+    const int e = a.experts[p];
+    if (e < 0 || e >= a.E || a.table[e].gate == nullptr) {
+      a.slot[p] = -1;
+      *a.error = 1;
+    } else {
+      a.slot[p] = atomicAdd(&count[e], 1);
+    }
+  }
+  __syncthreads();
+  // 2. Exclusive scans of the pair counts (slots) and unit counts over the experts.
+  int c[kItems], u[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = threadIdx.x * kItems + i;
+    c[i] = e < a.E ? count[e] : 0;
+    u[i] = (c[i] + kMaxUnitRows - 1) / kMaxUnitRows;
+  }
+  int total_units = 0;
+  Scan(scan_storage).ExclusiveSum(c, c);
+  __syncthreads();
+  Scan(scan_storage).ExclusiveSum(u, u, total_units);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = threadIdx.x * kItems + i;
+    if (e < a.E) {
+      slot_base[e] = c[i];
+      unit_base[e] = u[i];
+    }
+  }
+  if (threadIdx.x == 0) *a.num_units = total_units;
+  __syncthreads();
+  // 3. Slots and units. The pair of rank 0 mod kMaxUnitRows writes its unit's header.
+  for (int p = threadIdx.x; p < pairs; p += kThreads) {
+    const int rank = a.slot[p];
+    if (rank < 0) continue;
+    const int e = a.experts[p];
+    const int s = slot_base[e] + rank;
+    a.slot[p] = s;
+    ExpertUnit& unit = a.units[unit_base[e] + rank / kMaxUnitRows];
+    unit.input_row[rank % kMaxUnitRows] = p / a.K;
+    if (rank % kMaxUnitRows == 0) {
+      const ExpertLocation where = a.table[e];
+      unit.gate = where.gate;
+      unit.up = where.up;
+      unit.down = where.down;
+      unit.rows = min(kMaxUnitRows, count[e] - rank);
+      unit.first_slot = s;
+    }
+  }
+  // 4. The shared expert: token t at slot t.
+  if (a.shared.gate != nullptr) {
+    const int shared_units = (a.n + kMaxUnitRows - 1) / kMaxUnitRows;
+    for (int i = threadIdx.x; i < shared_units; i += kThreads) {
+      ExpertUnit& unit = a.shared_units[i];
+      unit.gate = a.shared.gate;
+      unit.up = a.shared.up;
+      unit.down = a.shared.down;
+      unit.rows = min(kMaxUnitRows, a.n - i * kMaxUnitRows);
+      unit.first_slot = i * kMaxUnitRows;
+      for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < unit.rows ? i * kMaxUnitRows + r : 0;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t stream) {
+  if (a.n < 1 || a.K < 1 || a.E < 1 || a.E > kDevicePlanMaxExperts || a.experts == nullptr || a.table == nullptr ||
+      a.units == nullptr || a.num_units == nullptr || a.slot == nullptr || a.error == nullptr ||
+      (a.shared.gate != nullptr && a.shared_units == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  PlanKernel<<<1, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

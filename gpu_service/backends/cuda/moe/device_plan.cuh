@@ -1,0 +1,43 @@
+// The MoE step's expert work list planned on the GPU, from the router's picks in device memory:
+// the same ExpertUnits the host planner (experts.h, PlanMoeStep) makes, without copying the picks
+// to the host and waiting for them. With it a decode step has no host round trip per layer and
+// can be captured as a CUDA graph.
+//
+// Pairs (t, k) are grouped by expert; each expert's pairs fill units of up to kMaxUnitRows rows
+// at consecutive partial slots. Within an expert the order of the pairs follows the arrival of
+// atomic increments (not the token order the host planner uses): every row is computed on its
+// own, so the results do not depend on it.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEVICE_PLAN_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEVICE_PLAN_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/moe/expert_unit.h"
+
+namespace tandem::cuda {
+
+// Most experts per layer the planner handles (one block scans the per-expert counts).
+inline constexpr int kDevicePlanMaxExperts = 2048;
+
+struct DeviceMoePlanArgs {
+  const int32_t* experts = nullptr;     // n × K picks (device)
+  int n = 0, K = 0, E = 0;
+  const ExpertLocation* table = nullptr;  // E entries (device): where each routed expert's matrices are
+  ExpertLocation shared;                // the shared expert (gate == nullptr: none)
+  ExpertUnit* units = nullptr;          // out (device): room for n·K units
+  int* num_units = nullptr;             // out (device): units written
+  int32_t* slot = nullptr;              // out (device): n × K partial row of each pair
+  ExpertUnit* shared_units = nullptr;   // out (device): ceil(n / kMaxUnitRows) units, token t at slot t
+  int* error = nullptr;                 // out (device): set to 1 (never cleared here) when a pick is
+                                        // outside [0, E) or names an expert without a location
+};
+
+// One block. cudaErrorInvalidValue for n·K < 1, E outside [1, kDevicePlanMaxExperts] or a null
+// required pointer. A bad pick gets no unit and slot −1 (its partial row is not written).
+cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_DEVICE_PLAN_CUH_

@@ -1,0 +1,192 @@
+// The device MoE planner (gpu_service/backends/cuda/moe/device_plan.cuh) against the properties of
+// the host planner's output: every pair gets one slot, units name the pair's expert and token,
+// each expert's units hold at most kMaxUnitRows rows at consecutive slots, bad picks are flagged.
+// Skips without a GPU.
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu_backend/backend_test_util.h"
+
+namespace tandem::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    if (std::string r = gpu_backend_testing::NoGpuReason(); !r.empty())     \
+      GTEST_SKIP() << "GPU test skipped: " << r;                            \
+  } while (0)
+
+// Fake, never dereferenced, distinct addresses per expert and matrix.
+ExpertLocation FakeLocation(int e) {
+  const uintptr_t base = 0x100000 + static_cast<uintptr_t>(e) * 0x3000;
+  return {reinterpret_cast<const void*>(base), reinterpret_cast<const void*>(base + 0x1000),
+          reinterpret_cast<const void*>(base + 0x2000)};
+}
+
+template <typename T>
+T* DeviceCopy(const std::vector<T>& v) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
+  if (!v.empty()) EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+template <typename T>
+std::vector<T> HostCopy(const T* d, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+struct PlanResult {
+  std::vector<ExpertUnit> units, shared_units;
+  std::vector<int32_t> slot;
+  int num_units = 0, error = 0;
+};
+
+PlanResult Plan(const std::vector<int32_t>& picks, int n, int K, int E, const std::vector<ExpertLocation>& table,
+                bool with_shared) {
+  int32_t* d_picks = DeviceCopy(picks);
+  ExpertLocation* d_table = DeviceCopy(table);
+  ExpertUnit *d_units = nullptr, *d_shared = nullptr;
+  int32_t* d_slot = nullptr;
+  int* d_ints = nullptr;
+  EXPECT_EQ(cudaMalloc(&d_units, sizeof(ExpertUnit) * n * K), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_shared, sizeof(ExpertUnit) * ((n + 7) / 8)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_slot, sizeof(int32_t) * n * K), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_ints, 2 * sizeof(int)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_ints, 0, 2 * sizeof(int)), cudaSuccess);
+  DeviceMoePlanArgs a;
+  a.experts = d_picks;
+  a.n = n;
+  a.K = K;
+  a.E = E;
+  a.table = d_table;
+  if (with_shared) a.shared = FakeLocation(100000);
+  a.units = d_units;
+  a.num_units = d_ints;
+  a.error = d_ints + 1;
+  a.slot = d_slot;
+  a.shared_units = d_shared;
+  EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  PlanResult r;
+  const std::vector<int> ints = HostCopy(d_ints, 2);
+  r.num_units = ints[0];
+  r.error = ints[1];
+  r.units = HostCopy(d_units, static_cast<size_t>(std::min(r.num_units, n * K)));
+  r.shared_units = HostCopy(d_shared, static_cast<size_t>((n + 7) / 8));
+  r.slot = HostCopy(d_slot, static_cast<size_t>(n * K));
+  cudaFree(d_picks);
+  cudaFree(d_table);
+  cudaFree(d_units);
+  cudaFree(d_shared);
+  cudaFree(d_slot);
+  cudaFree(d_ints);
+  return r;
+}
+
+// Top-K distinct experts per token, skewed so that some experts get many rows.
+std::vector<int32_t> RandomPicks(int n, int K, int E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> picks;
+  for (int t = 0; t < n; ++t) {
+    std::set<int32_t> chosen;
+    while (static_cast<int>(chosen.size()) < K) {
+      const int32_t e = (rng() % 4 == 0) ? static_cast<int32_t>(rng() % 3) : static_cast<int32_t>(rng() % E);
+      if (chosen.insert(e).second) picks.push_back(e);
+    }
+  }
+  return picks;
+}
+
+TEST(DevicePlanTest, EveryPairGetsOneSlotInAUnitOfItsExpert) {
+  SKIP_WITHOUT_GPU();
+  const int K = 10, E = 512;
+  std::vector<ExpertLocation> table(E);
+  for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
+  for (int n : {1, 2, 7, 8, 9, 33, 64}) {
+    SCOPED_TRACE(n);
+    const std::vector<int32_t> picks = RandomPicks(n, K, E, 100 + n);
+    const PlanResult r = Plan(picks, n, K, E, table, /*with_shared=*/true);
+    EXPECT_EQ(r.error, 0);
+    // Expected unit count: per expert ceil(rows / 8).
+    std::map<int32_t, int> rows;
+    for (int32_t e : picks) ++rows[e];
+    int want_units = 0;
+    for (auto& [e, c] : rows) want_units += (c + kMaxUnitRows - 1) / kMaxUnitRows;
+    ASSERT_EQ(r.num_units, want_units);
+    // Slots: a permutation of [0, n·K).
+    std::vector<int32_t> sorted = r.slot;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
+    // Each unit row r is the pair (token input_row[r], the unit's expert) at slot first_slot + r.
+    std::map<int32_t, int32_t> slot_owner_token, slot_owner_expert;
+    for (int p = 0; p < n * K; ++p) {
+      slot_owner_token[r.slot[p]] = p / K;
+      slot_owner_expert[r.slot[p]] = picks[p];
+    }
+    int covered = 0;
+    for (const ExpertUnit& u : r.units) {
+      ASSERT_GE(u.rows, 1);
+      ASSERT_LE(u.rows, kMaxUnitRows);
+      const int32_t e = slot_owner_expert[u.first_slot];
+      EXPECT_EQ(u.gate, table[e].gate);
+      EXPECT_EQ(u.up, table[e].up);
+      EXPECT_EQ(u.down, table[e].down);
+      for (int row = 0; row < u.rows; ++row) {
+        EXPECT_EQ(slot_owner_expert[u.first_slot + row], e);
+        EXPECT_EQ(slot_owner_token[u.first_slot + row], u.input_row[row]);
+      }
+      covered += u.rows;
+    }
+    EXPECT_EQ(covered, n * K);
+    // Shared expert: token t at slot t.
+    for (int i = 0; i * kMaxUnitRows < n; ++i) {
+      const ExpertUnit& u = r.shared_units[i];
+      EXPECT_EQ(u.gate, FakeLocation(100000).gate);
+      EXPECT_EQ(u.rows, std::min(kMaxUnitRows, n - i * kMaxUnitRows));
+      EXPECT_EQ(u.first_slot, i * kMaxUnitRows);
+      for (int row = 0; row < u.rows; ++row) EXPECT_EQ(u.input_row[row], i * kMaxUnitRows + row);
+    }
+  }
+}
+
+TEST(DevicePlanTest, PicksWithoutALocationAreFlaggedAndGetNoUnit) {
+  SKIP_WITHOUT_GPU();
+  const int n = 3, K = 2, E = 8;
+  std::vector<ExpertLocation> table(E);
+  for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
+  table[5] = {};  // not on the device
+  const std::vector<int32_t> picks = {1, 5, 2, 9, 1, 2};  // 5: no location; 9: outside [0, 8)
+  const PlanResult r = Plan(picks, n, K, E, table, false);
+  EXPECT_EQ(r.error, 1);
+  EXPECT_EQ(r.slot[1], -1);
+  EXPECT_EQ(r.slot[3], -1);
+  int covered = 0;
+  for (const ExpertUnit& u : r.units) covered += u.rows;
+  EXPECT_EQ(covered, 4);
+  EXPECT_EQ(r.num_units, 2);  // experts 1 and 2, two rows each
+}
+
+TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
+  SKIP_WITHOUT_GPU();
+  DeviceMoePlanArgs a;
+  EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);  // n = 0, null pointers
+  a.n = 1;
+  a.K = 1;
+  a.E = kDevicePlanMaxExperts + 1;
+  EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem::cuda

@@ -1,0 +1,243 @@
+// Timings of the prefill routed-expert path on the Qwen3-Next-80B shapes (h 2048, I 512, E 512,
+// K 10, Q4_K gate/up/down, every expert resident), for 512, 2048 and 8192 tokens with uniform
+// random routing: per layer time and TFLOP/s of each algorithm (grouped tiles at the chosen and at
+// every fixed tile height; the per-expert cuBLAS path), against the rate of one large bf16 cuBLAS
+// GEMM measured in the same run. Also prints the relative L2 between the grouped and the cuBLAS
+// outputs (a sanity line; the tests decide correctness). Not a test.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/moe/expert_prefill.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
+
+namespace tandem::cuda {
+namespace {
+
+#define BENCH_CHECK(call)                                                                        \
+  do {                                                                                           \
+    if (cudaError_t e_ = (call); e_ != cudaSuccess) {                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+#define BENCH_OK(expr)                                                                \
+  do {                                                                                \
+    if (absl::Status s_ = (expr); !s_.ok()) {                                         \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define BLAS_CHECK(call)                                                          \
+  do {                                                                            \
+    if (cublasStatus_t s_ = (call); s_ != CUBLAS_STATUS_SUCCESS) {                \
+      std::fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #call, int(s_)); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+constexpr int64_t kH = 2048, kI = 512, kE = 512, kK = 10;
+constexpr int64_t kQ4KBlockBytes = 144, kQ4KBlockElems = 256;
+
+double Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    BENCH_CHECK(cudaEventCreate(&a));
+    BENCH_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  void Start() { BENCH_CHECK(cudaEventRecord(a)); }
+  float StopMs() {
+    BENCH_CHECK(cudaEventRecord(b));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+// Q4_K blocks with random quants and scales and f16 super-block scales d, dmin in [2^-13, 2^-10):
+// values of order 0.1, so that the FFN outputs stay finite and the two algorithms can be compared.
+void FillQ4K(uint8_t* dst, size_t bytes, std::mt19937& rng) {
+  const size_t pattern_blocks = size_t{1} << 18;
+  std::vector<uint8_t> host(pattern_blocks * kQ4KBlockBytes);
+  for (size_t b = 0; b < pattern_blocks; ++b) {
+    uint8_t* blk = host.data() + b * kQ4KBlockBytes;
+    for (int i = 0; i < kQ4KBlockBytes; ++i) blk[i] = static_cast<uint8_t>(rng());
+    for (int f = 0; f < 2; ++f) {  // d, dmin: exponent field 2..4, random mantissa
+      const uint16_t bits = static_cast<uint16_t>(((2 + rng() % 3) << 10) | (rng() & 0x3FF));
+      blk[2 * f] = static_cast<uint8_t>(bits & 0xFF);
+      blk[2 * f + 1] = static_cast<uint8_t>(bits >> 8);
+    }
+  }
+  for (size_t off = 0; off < bytes; off += host.size()) {
+    BENCH_CHECK(cudaMemcpy(dst + off, host.data(), std::min(host.size(), bytes - off), cudaMemcpyHostToDevice));
+  }
+}
+
+std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
+  std::vector<int32_t> picks;
+  picks.reserve(static_cast<size_t>(n * kK));
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> mine;
+    while (static_cast<int64_t>(mine.size()) < kK) {
+      const int32_t e = static_cast<int32_t>(rng() % kE);
+      if (std::find(mine.begin(), mine.end(), e) == mine.end()) mine.push_back(e);
+    }
+    picks.insert(picks.end(), mine.begin(), mine.end());
+  }
+  return picks;
+}
+
+// TFLOP/s of one bf16 × bf16 → f32 cuBLAS GEMM of m = n = k = 8192 (the ceiling).
+double CublasCeiling() {
+  const int64_t d = 8192;
+  void *a, *b, *c;
+  BENCH_CHECK(cudaMalloc(&a, d * d * 2));
+  BENCH_CHECK(cudaMalloc(&b, d * d * 2));
+  BENCH_CHECK(cudaMalloc(&c, d * d * 4));
+  BENCH_CHECK(cudaMemset(a, 0x3C, d * d * 2));  // bf16 0x3C3C ≈ 0.0115
+  BENCH_CHECK(cudaMemset(b, 0x3C, d * d * 2));
+  cublasHandle_t handle;
+  BLAS_CHECK(cublasCreate(&handle));
+  const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&] {
+    BLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, d, d, d, &one, a, CUDA_R_16BF, d, b, CUDA_R_16BF, d,
+                            &zero, c, CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  gemm();
+  Timer timer;
+  std::vector<float> reps;
+  for (int rep = 0; rep < 5; ++rep) {
+    timer.Start();
+    gemm();
+    reps.push_back(timer.StopMs());
+  }
+  BLAS_CHECK(cublasDestroy(handle));
+  BENCH_CHECK(cudaFree(a));
+  BENCH_CHECK(cudaFree(b));
+  BENCH_CHECK(cudaFree(c));
+  const double tflops = 2.0 * d * d * d / (Median(reps) * 1e-3) / 1e12;
+  std::printf("ceiling: cuBLAS bf16 GEMM 8192^3 (f32 out) %.2f ms, %.1f TFLOP/s\n", Median(reps), tflops);
+  return tflops;
+}
+
+double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Median ms of one Run (host planning and upload included), after one warm-up call.
+double TimeRuns(ExpertPrefillRunner& runner, const MoeStepPlan& plan, const float* x, float* partial) {
+  BENCH_OK(runner.Run(plan.units, x, partial, nullptr));
+  BENCH_CHECK(cudaDeviceSynchronize());
+  Timer timer;
+  std::vector<float> reps;
+  for (int rep = 0; rep < 5; ++rep) {
+    timer.Start();
+    BENCH_OK(runner.Run(plan.units, x, partial, nullptr));
+    reps.push_back(timer.StopMs());
+  }
+  return Median(reps);
+}
+
+int Main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA GPU: nothing to time\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  const double ceiling = CublasCeiling();
+
+  // Every expert's gate, up (I rows of h) and down (h rows of I), Q4_K, one allocation.
+  const int64_t gate_bytes = kI * (kH / kQ4KBlockElems) * kQ4KBlockBytes;
+  const int64_t down_bytes = kH * (kI / kQ4KBlockElems) * kQ4KBlockBytes;
+  const int64_t expert_bytes = 2 * gate_bytes + down_bytes;
+  std::mt19937 rng(12345);
+  uint8_t* weights;
+  BENCH_CHECK(cudaMalloc(&weights, kE * expert_bytes));
+  FillQ4K(weights, static_cast<size_t>(kE * expert_bytes), rng);
+  std::printf("routed experts: %.0f MB of Q4_K per layer\n", kE * expert_bytes / 1e6);
+  auto locate = [&](int32_t e) -> std::optional<ExpertLocation> {
+    const uint8_t* base = weights + e * expert_bytes;
+    return ExpertLocation{base, base + gate_bytes, base + 2 * gate_bytes};
+  };
+
+  const int64_t max_n = 8192;
+  std::vector<float> host_x(static_cast<size_t>(max_n * kH));
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : host_x) v = uniform(rng);
+  float *x, *partial, *partial_ref;
+  BENCH_CHECK(cudaMalloc(&x, max_n * kH * sizeof(float)));
+  BENCH_CHECK(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(float), cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMalloc(&partial, max_n * kK * kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&partial_ref, max_n * kK * kH * sizeof(float)));
+
+  const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, kH, kI};
+  for (int64_t n : {int64_t{512}, int64_t{2048}, int64_t{8192}}) {
+    const std::vector<int32_t> picks = RandomPicks(rng, n);
+    absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, kK, kE, locate);
+    BENCH_OK(plan.status());
+    const double flops = static_cast<double>(n * kK) * (2.0 * 2 * kH * kI + 2.0 * kI * kH);
+    auto report = [&](const std::string& name, double ms, int tile_rows) {
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      std::printf("prefill n=%-5lld %-28s tile_rows %-3d %8.3f ms/layer %7.1f TFLOP/s (%4.1f%% of cuBLAS ceiling) "
+                  "%6.1f ms per 48 layers\n",
+                  static_cast<long long>(n), name.c_str(), tile_rows, ms, tflops, 100.0 * tflops / ceiling, 48 * ms);
+    };
+    {
+      absl::StatusOr<ExpertPrefillRunner> runner =
+          ExpertPrefillRunner::Create(shape, n * kK, {PrefillAlgorithm::kCublasPerExpert, 0, n});
+      BENCH_OK(runner.status());
+      report("cublas per expert (before)", TimeRuns(*runner, *plan, x, partial_ref), 0);
+    }
+    std::vector<PrefillOptions> grouped = {{PrefillAlgorithm::kGroupedTiles, 0, n}};
+    for (int rows : kPrefillTileRows) grouped.push_back({PrefillAlgorithm::kGroupedTiles, rows, n});
+    for (const PrefillOptions& o : grouped) {
+      absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, o);
+      BENCH_OK(runner.status());
+      const double ms = TimeRuns(*runner, *plan, x, partial);
+      report(o.tile_rows == 0 ? "grouped tiles (chosen)" : "grouped tiles (fixed)", ms, runner->last_tile_rows());
+      if (o.tile_rows == 0) {
+        const size_t count = static_cast<size_t>(n * kK * kH);
+        std::vector<float> got(count), ref(count);
+        BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        BENCH_CHECK(cudaMemcpy(ref.data(), partial_ref, count * sizeof(float), cudaMemcpyDeviceToHost));
+        std::printf("prefill n=%-5lld grouped vs cublas: relative L2 %.2e\n", static_cast<long long>(n),
+                    RelativeL2(got, ref));
+      }
+    }
+  }
+  BENCH_CHECK(cudaFree(weights));
+  BENCH_CHECK(cudaFree(x));
+  BENCH_CHECK(cudaFree(partial));
+  BENCH_CHECK(cudaFree(partial_ref));
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+int main() { return tandem::cuda::Main(); }
