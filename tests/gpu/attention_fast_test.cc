@@ -1,6 +1,6 @@
 // The planned attention paths (attention.cuh): the plan's items and counts, the exact split-KV
 // kernel (decode and any few-token step, with and without context slices) against a double
-// precision reference within 1e-5, the bf16 tensor-core prefill within 1e-2, mixed steps, and a
+// precision reference within 1e-5, the f16 tensor-core prefill within 1e-2, mixed steps, and a
 // decode step captured as a CUDA graph replayed with new positions, pages and cache contents.
 // The cache is filled directly (keys and values random), positions past each sequence's end and
 // unused pages hold NaN, so any read of them shows in the output.
@@ -173,7 +173,7 @@ TEST(AttentionPlanTest, ItemsCoverEveryTokenOnceWithinOneSequence) {
   for (auto [seq, count] : std::vector<std::pair<int, int>>{{0, 1}, {1, 200}, {2, 3}, {3, 64}}) {
     token_seq.insert(token_seq.end(), count, seq);
   }
-  for (auto precision : {cuda::AttentionPrecision::kF32, cuda::AttentionPrecision::kBf16TensorCores}) {
+  for (auto precision : {cuda::AttentionPrecision::kF32, cuda::AttentionPrecision::kF16TensorCores}) {
     const cuda::AttentionPlan plan = cuda::PlanAttention(token_seq, d, precision);
     ASSERT_EQ(plan.items.size(), 2u * (plan.num_row_items + plan.num_tile_items));
     std::vector<int> seen(token_seq.size(), 0);
@@ -249,7 +249,7 @@ TEST_P(GpuAttentionFastTest, SplitDecodeMatchesReference) {
   EXPECT_GT(plan.num_splits, 1);
   EXPECT_LE(gpu_testing::LogError("attn_split_" + Tag(d), RelL2(RunPlanned(c, plan), want)), 1e-5);
   EXPECT_LE(gpu_testing::LogError("attn_legacy_" + Tag(d), RelL2(RunLegacy(c), want)), 1e-5);
-  const cuda::AttentionPlan fast = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kBf16TensorCores);
+  const cuda::AttentionPlan fast = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores);
   EXPECT_EQ(fast.num_tile_items, 0);
   EXPECT_LE(gpu_testing::LogError("attn_fast_decode_" + Tag(d), RelL2(RunPlanned(c, fast), want)), 1e-5);
 }
@@ -264,11 +264,11 @@ TEST_P(GpuAttentionFastTest, TensorCorePrefillMatchesReference) {
   const std::vector<float> want = Reference(c);
   const cuda::AttentionPlan exact = cuda::PlanAttention(c.token_seq, d);
   EXPECT_LE(gpu_testing::LogError("attn_prefill_f32_" + Tag(d), RelL2(RunPlanned(c, exact), want)), 1e-5);
-  const cuda::AttentionPlan fast = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kBf16TensorCores);
+  const cuda::AttentionPlan fast = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores);
   EXPECT_EQ(fast.num_row_items, 1);
   EXPECT_GT(fast.num_tile_items, 0);
   const std::vector<float> got = RunPlanned(c, fast);
-  EXPECT_LE(gpu_testing::LogError("attn_prefill_bf16tc_" + Tag(d), RelL2(got, want)), 1e-2);
+  EXPECT_LE(gpu_testing::LogError("attn_prefill_f16tc_" + Tag(d), RelL2(got, want)), 1e-2);
   // The decode token (row 200) stays exact in fast mode.
   const size_t row = static_cast<size_t>(d.nh * d.hd);
   const std::vector<float> got_decode(got.begin() + 200 * row, got.begin() + 201 * row);

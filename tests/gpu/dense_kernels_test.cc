@@ -134,7 +134,7 @@ TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
     ASSERT_TRUE((*gemm)->Run(w.gpu(), d_x.get(), n, d_y.get(), nullptr).ok());
-    const double err = gpu_testing::LogError(mode == cuda::GemmMode::kExact ? "gemm_exact" : "gemm_fast_bf16",
+    const double err = gpu_testing::LogError(mode == cuda::GemmMode::kExact ? "gemm_exact" : "gemm_fast_f16",
                                              RelL2(Download(d_y), want));
     EXPECT_LE(err, mode == cuda::GemmMode::kExact ? 1e-5 : 1e-2)
         << (mode == cuda::GemmMode::kExact ? "exact" : "fast");

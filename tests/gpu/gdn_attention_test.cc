@@ -97,7 +97,7 @@ TEST_P(GpuGdnTest, PrefillThenDecodeMatchesRecurrentReference) {
   auto gemm = ExactGemm(128, 1024);
   ASSERT_NE(gemm, nullptr);
 
-  for (int64_t n : {70, 1, 1}) {
+  for (int64_t n : {70, 2, 1, 3, 1}) {  // 2 and 3: fewer tokens than the conv history (kk − 1)
     const std::vector<float> x = Random(rng, static_cast<size_t>(n * d.h));
     std::vector<float> y(static_cast<size_t>(n * d.h));
     GdnForward(w, d, GdnState{conv_state.data(), ssm_state.data()}, x.data(), n, y.data(), GdnOptions{}, nullptr);

@@ -11,7 +11,7 @@
 // Then one profiled step of each kind (the per-stage breakdown of CudaBackendOptions::profile).
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
-//                     [--prefill 512,8192] [--decode-steps 128] [--json out.json]
+//                     [--prefill 512,2048,8192] [--decode-steps 128] [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,7 +39,7 @@ struct Args {
   std::string model;
   std::string mode = "fast";
   std::vector<int> batches = {1, 8, 32};
-  std::vector<int> prefill = {512, 8192};
+  std::vector<int> prefill = {512, 2048, 8192};
   int decode_steps = 128;
   std::string json;
 };
@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
   }
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
-                    "[--prefill 512,8192] [--decode-steps 128] [--json out.json]\n");
+                    "[--prefill 512,2048,8192] [--decode-steps 128] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

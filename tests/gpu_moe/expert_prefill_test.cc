@@ -18,8 +18,8 @@ using testing::PoisonedBuffer;
 using testing::RandomMatrix;
 using testing::Upload;
 
-// The bf16 dequantizer returns DequantizeRow's values rounded to bf16.
-TEST(DequantizeToBf16Test, MatchesReferenceRounded) {
+// The f16 dequantizer returns DequantizeRow's values rounded to f16.
+TEST(DequantizeToF16Test, MatchesReferenceRounded) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(std::random_device{}());
   for (WeightType type : {WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
@@ -28,7 +28,7 @@ TEST(DequantizeToBf16Test, MatchesReferenceRounded) {
     const std::vector<uint8_t> w = RandomMatrix(rng, type, cols, rows, 1.0f);
     DeviceBuffer dw = Upload(w);
     DeviceBuffer out = PoisonedBuffer(static_cast<size_t>(cols * rows) * 2);
-    ASSERT_EQ(LaunchDequantizeToBf16(static_cast<uint32_t>(type), dw.get(), cols, rows, out.as<uint16_t>(), nullptr),
+    ASSERT_EQ(LaunchDequantizeToF16(static_cast<uint32_t>(type), dw.get(), cols, rows, out.as<uint16_t>(), nullptr),
               cudaSuccess);
     const std::vector<uint16_t> got = Download<uint16_t>(out.get(), static_cast<size_t>(cols * rows));
     std::vector<float> ref(static_cast<size_t>(cols));
@@ -37,8 +37,8 @@ TEST(DequantizeToBf16Test, MatchesReferenceRounded) {
     for (int64_t r = 0; r < rows; ++r) {
       DequantizeRow(type, w.data() + r * row_bytes, ref.data(), cols);
       for (int64_t c = 0; c < cols; ++c) {
-        // One bf16 ulp of slack: the device may fuse the dequantizer's final multiply-add.
-        const float g = Bf16ToFp32(got[r * cols + c]);
+        // One f16 ulp of slack: the device may fuse the dequantizer's final multiply-add.
+        const float g = Fp16ToFp32(got[r * cols + c]);
         if (std::fabs(g - ref[c]) > std::fabs(ref[c]) * (1.0f / 128) + 1e-30f) ++mismatches;
       }
     }
@@ -113,7 +113,7 @@ std::vector<PrefillOptions> AllOptions() {
 }
 
 // Few rows per expert (the 512-token regime): Q4_K gate/up, Q6_K down.
-TEST(ExpertPrefillTest, MatchesReferenceFfnWithinBf16Tolerance) {
+TEST(ExpertPrefillTest, MatchesReferenceFfnWithinF16Tolerance) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ6_K, 512, 256, 5, 3, 40}, AllOptions());
 }

@@ -52,6 +52,8 @@ class CudaBackend::Impl {
   const ModelConfig* c = nullptr;
   std::unique_ptr<cuda::DeviceModel> dm;
   cuda::Stream stream;
+  cuda::Stream side;                 // work that overlaps the main stream's (Fork / Join)
+  std::optional<cuda::Event> fork_event, join_event;
   std::unique_ptr<cuda::DenseGemm> gemm;
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;
@@ -119,7 +121,13 @@ class CudaBackend::Impl {
   // Layer loop (layer_loop.cc).
   // y = x·Wᵀ: matvec for up to 8 rows (f32), else the GEMM in the backend's mode, or in f32 when
   // exact (the router's and shared gate's logits: bf16 rounding there flips routing picks).
-  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool exact = false);
+  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool exact = false,
+                       cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
+  // The side stream starts from the main stream's current point / the main stream waits for the
+  // side stream's work so far. Independent products of small steps overlap this way (their kernels
+  // are latency-bound: alone they leave most of the GPU idle).
+  absl::Status Fork();
+  absl::Status Join();
   // A hyper-connection read into x (and the inject weights into a, unless a is nullptr), with the
   // pending block output (when not nullptr) injected into H first, fused into the norm.
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending);

@@ -95,6 +95,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   absl::StatusOr<cuda::Stream> stream = cuda::Stream::Create();
   if (!stream.ok()) return stream.status();
   m.stream = *std::move(stream);
+  absl::StatusOr<cuda::Stream> side = cuda::Stream::Create();
+  if (!side.ok()) return side.status();
+  m.side = *std::move(side);
+  absl::StatusOr<cuda::Event> fork = cuda::Event::Create(/*timing=*/false), join = cuda::Event::Create(/*timing=*/false);
+  if (!fork.ok()) return fork.status();
+  if (!join.ok()) return join.status();
+  m.fork_event.emplace(*std::move(fork));
+  m.join_event.emplace(*std::move(join));
   cuda::DenseGemmOptions go;
   go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm ? cuda::GemmMode::kFast : cuda::GemmMode::kExact;
   go.max_n = T;
@@ -361,7 +369,7 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
   const cuda::AttnShape attn_shape{static_cast<int>(c.attn.nh), static_cast<int>(c.attn.kvh),
                                    static_cast<int>(c.attn.hd), static_cast<int>(c.attn.rot), c.attn.eps};
   plan.attn = cuda::PlanAttention(token_seq, attn_shape,
-                                  m.options.mode == CudaMode::kFast ? cuda::AttentionPrecision::kBf16TensorCores
+                                  m.options.mode == CudaMode::kFast ? cuda::AttentionPrecision::kF16TensorCores
                                                                     : cuda::AttentionPrecision::kF32);
   const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);

@@ -32,12 +32,24 @@ absl::Status Launch(cudaError_t err, const char* what) {
 }  // namespace
 
 absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out,
-                                        bool exact) {
+                                        bool exact, cudaStream_t on) {
+  cudaStream_t st = on != nullptr ? on : stream.get();
   if (n <= cuda::kMatVecMaxRows) {
-    return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, stream.get()),
-                  "dense matvec");
+    return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, st), "dense matvec");
   }
-  return exact ? gemm->Run(w, in, n, out, stream.get(), cuda::GemmMode::kExact) : gemm->Run(w, in, n, out, stream.get());
+  return exact ? gemm->Run(w, in, n, out, st, cuda::GemmMode::kExact) : gemm->Run(w, in, n, out, st);
+}
+
+absl::Status CudaBackend::Impl::Fork() {
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_event->get(), stream.get()));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_event->get(), 0));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Impl::Join() {
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_event->get(), side.get()));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream.get(), join_event->get(), 0));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
@@ -85,11 +97,21 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
                              static_cast<int>(d.dv), static_cast<int>(d.kk)};
   const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
   cudaStream_t st = stream.get();
+  // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
+  // joined before the gates need ba. Larger steps go in order (GEMMs share one cuBLAS handle).
+  const bool overlap = T <= cuda::kMatVecMaxRows;
+  if (overlap) {
+    if (absl::Status s = Fork(); !s.ok()) return s;
+  }
+  cudaStream_t zs = overlap ? side.get() : st;
+  if (absl::Status s = Product(w.z, x, T, zg, false, zs); !s.ok()) return s;
+  if (absl::Status s = Product(w.ba, x, T, ba, false, zs); !s.ok()) return s;
   if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-  if (absl::Status s = Product(w.z, x, T, zg); !s.ok()) return s;
-  if (absl::Status s = Product(w.ba, x, T, ba); !s.ok()) return s;
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
+  if (overlap && !decode) {
+    if (absl::Status s = Join(); !s.ok()) return s;
+  }
   if (decode) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
     // sequence's state through the step's row list in device memory (seq_dev), so that the launch
@@ -99,6 +121,9 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
                                 "gdn conv (decode)");
         !s.ok()) {
       return s;
+    }
+    if (overlap) {
+      if (absl::Status s = Join(); !s.ok()) return s;
     }
     if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
                                 "gdn prepare");
@@ -159,20 +184,30 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
                               static_cast<int>(d.rot), d.eps};
   const int64_t T = plan.tokens, slot = attn_slot[layer];
   cudaStream_t st = stream.get();
+  // Small steps: keys and values (products and the cache append) on the side stream, beside the
+  // queries; joined before attention reads the cache.
+  const bool overlap = T <= cuda::kMatVecMaxRows;
+  if (overlap) {
+    if (absl::Status s = Fork(); !s.ok()) return s;
+  }
+  cudaStream_t kvs = overlap ? side.get() : st;
+  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
+  if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
+  if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
+  if (absl::Status s = Launch(cuda::LaunchKvAppend(kb, vb, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(), pos_dev(),
+                                                   cache, kvs),
+                              "kv append");
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
-  if (absl::Status s = Product(w.k, x, T, kb); !s.ok()) return s;
-  if (absl::Status s = Product(w.v, x, T, vb); !s.ok()) return s;
   if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
                               "query norm rope");
       !s.ok()) {
     return s;
   }
-  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
-  if (absl::Status s = Launch(cuda::LaunchKvAppend(kb, vb, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(), pos_dev(),
-                                                   cache, st),
-                              "kv append");
-      !s.ok()) {
-    return s;
+  if (overlap) {
+    if (absl::Status s = Join(); !s.ok()) return s;
   }
   if (!d.has_indexer()) {
     if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),
@@ -297,10 +332,12 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   std::vector<int32_t>* picks = nullptr;
   if (routing_sink != nullptr) picks = &(*routing_sink)[layer].experts;
   uint64_t rows = 0;
-  auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out) {
-    return Product(m, in, n, out, /*exact=*/true);
+  auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out, cudaStream_t on) {
+    return Product(m, in, n, out, /*exact=*/true, on);
   };
-  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, t, picks, &rows, product); !s.ok()) return s;
+  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product); !s.ok()) {
+    return s;
+  }
   local_rows += rows;
   // The MoE output is injected by the next read (the next layer's, or the head's).
   inject_pending = true;

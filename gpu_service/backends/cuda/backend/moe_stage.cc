@@ -66,6 +66,8 @@ struct MoeStage::Impl {
   int64_t plan_tokens = 0;
   DeviceBuffer plan_units, plan_shared_units, plan_ints;  // plan_ints: [unit count, error flag]
   PinnedBuffer error_readback;
+  DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
+  Event fork, join;         // the side stream's start after x, and the main stream's wait for it
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
 };
 
@@ -121,6 +123,14 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     impl->plan_ints = *std::move(ints);
     impl->error_readback = *std::move(readback);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 2 * sizeof(int32_t)));
+    absl::StatusOr<DeviceBuffer> shared_act = DeviceArray<float>(P * std::max<int64_t>(c.shared_ffn, 1));
+    absl::StatusOr<Event> fork = Event::Create(/*timing=*/false), join = Event::Create(/*timing=*/false);
+    if (!shared_act.ok()) return shared_act.status();
+    if (!fork.ok()) return fork.status();
+    if (!join.ok()) return join.status();
+    impl->shared_act = *std::move(shared_act);
+    impl->fork = *std::move(fork);
+    impl->join = *std::move(join);
   }
 
   impl->engram.resize(static_cast<size_t>(c.n_layers));
@@ -164,7 +174,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
 }
 
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
-                           cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
+                           cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                            uint64_t* local_rows, DenseProductFn product) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -173,19 +183,9 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   if (n < 1 || n > m.options.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("MoE stage: ", n, " tokens, capacity ", m.options.max_tokens));
   }
-  // 1. Routing on the GPU.
-  timer.Mark(Stage::kRoute, stream);
-  float* logits = m.logits.as<float>();
-  if (absl::Status s = product(l.router, x, n, logits); !s.ok()) return s;
   const ExpertLocation* table = source.DeviceTable(layer);
-  const bool device_planned = table != nullptr && n <= m.plan_tokens;
-  // The device planner reads the picks where the router wrote them; the host needs them only to
-  // plan, or when asked for them.
-  if (absl::Status s = m.router->RouteLogits(logits, n, stream, !device_planned || picks != nullptr); !s.ok()) {
-    return s;
-  }
-  if (device_planned) {
-    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, timer, product); !s.ok()) return s;
+  if (table != nullptr && n <= m.plan_tokens) {
+    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product); !s.ok()) return s;
     if (picks != nullptr) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       picks->assign(m.router->experts(), m.router->experts() + n * K);
@@ -193,6 +193,11 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
     return absl::OkStatus();
   }
+  // 1. Routing on the GPU; the picks come back to the host to plan the step.
+  timer.Mark(Stage::kRoute, stream);
+  float* logits = m.logits.as<float>();
+  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  if (absl::Status s = m.router->RouteLogits(logits, n, stream); !s.ok()) return s;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const std::span<const int32_t> experts(m.router->experts(), static_cast<size_t>(n * K));
   if (picks != nullptr) picks->assign(experts.begin(), experts.end());
@@ -246,7 +251,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     }
     shared = m.shared.as<float>();
     if (l.shared_gate_inp.present()) {
-      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>()); !s.ok()) return s;
+      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream); !s.ok()) return s;
       gate_logit = m.gate_logit.as<float>();
     }
   }
@@ -257,24 +262,63 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
 }
 
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
-                                        const ExpertLocation* table, cudaStream_t stream, StageTimer& timer,
-                                        DenseProductFn product) {
+                                        const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
+                                        StageTimer& timer, DenseProductFn product) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  // The shared expert needs only x: on the side stream (when given) it runs beside the routing and
+  // the routed experts instead of after them. Its gate logit too, when that is a matrix-vector
+  // product (a GEMM would share the cuBLAS handle with the main stream's router product).
+  const bool has_shared = l.shared_gate.present();
+  const bool overlap = side != nullptr && has_shared;
+  cudaStream_t ss = overlap ? side : stream;
+  const float* shared = nullptr;
+  const float* gate_logit = nullptr;
+  const bool gate_on_side = overlap && n <= kMaxUnitRows;
+  if (has_shared) {
+    if (overlap) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.fork.get(), stream));
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, m.fork.get(), 0));
+    }
+    timer.Mark(Stage::kShared, stream);
+    const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
+    ExpertUnit* units = m.plan_shared_units.as<ExpertUnit>();
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDenseUnitsOnDevice(where, static_cast<int>(n), units, ss));
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                          static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+    const int count = static_cast<int>((n + kMaxUnitRows - 1) / kMaxUnitRows);
+    if (absl::Status s = m.shared_runner->RunPlanned(units, count, nullptr, static_cast<int>(std::min<int64_t>(n, kMaxUnitRows)),
+                                                     shape, x, m.shared_act.as<float>(), m.shared.as<float>(), ss);
+        !s.ok()) {
+      return s;
+    }
+    shared = m.shared.as<float>();
+    if (l.shared_gate_inp.present()) {
+      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), gate_on_side ? ss : stream);
+          !s.ok()) {
+        return s;
+      }
+      gate_logit = m.gate_logit.as<float>();
+    }
+    if (overlap) TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.join.get(), side));
+  }
+  // Routing and the plan, on the GPU only: no host wait.
+  timer.Mark(Stage::kRoute, stream);
+  float* logits = m.logits.as<float>();
+  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  if (absl::Status s = m.router->RouteLogits(logits, n, stream, /*copy_to_host=*/false); !s.ok()) return s;
   DeviceMoePlanArgs a;
   a.experts = m.router->device_experts();
   a.n = static_cast<int>(n);
   a.K = static_cast<int>(K);
   a.E = static_cast<int>(E);
   a.table = table;
-  if (l.shared_gate.present()) a.shared = {l.shared_gate.data, l.shared_up.data, l.shared_down.data};
   a.units = m.plan_units.as<ExpertUnit>();
   a.num_units = m.plan_ints.as<int>();
   a.error = m.plan_ints.as<int>() + 1;
   a.slot = m.slot.as<int32_t>();
-  a.shared_units = m.plan_shared_units.as<ExpertUnit>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
   timer.Mark(Stage::kExperts, stream);
   // With one token every expert has at most one row; the one-row kernels suit it.
@@ -286,24 +330,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       !s.ok()) {
     return s;
   }
-  timer.Mark(Stage::kShared, stream);
-  const float* shared = nullptr;
-  const float* gate_logit = nullptr;
-  if (l.shared_gate.present()) {
-    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
-                                          static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
-    const int units = static_cast<int>((n + kMaxUnitRows - 1) / kMaxUnitRows);
-    if (absl::Status s = m.shared_runner->RunPlanned(a.shared_units, units, nullptr, static_cast<int>(std::min<int64_t>(n, kMaxUnitRows)),
-                                                     shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
-        !s.ok()) {
-      return s;
-    }
-    shared = m.shared.as<float>();
-    if (l.shared_gate_inp.present()) {
-      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>()); !s.ok()) return s;
-      gate_logit = m.gate_logit.as<float>();
-    }
-  }
+  if (overlap) TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, m.join.get(), 0));
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
                                                   static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
                                                   gate_logit, y, stream));

@@ -63,8 +63,9 @@ class ResidentExperts : public ExpertSource {
 // Steps of at most this many tokens are planned on the device when the source allows it.
 inline constexpr int64_t kDevicePlanMaxTokens = 64;
 
-// y (n × m.rows) = m·x for n rows: the layer loop's dense product (matvec or GEMM by n).
-using DenseProductFn = absl::FunctionRef<absl::Status(const DeviceMatrix& m, const float* x, int64_t n, float* y)>;
+// y (n × m.rows) = m·x for n rows on `stream`: the layer loop's dense product (matvec or GEMM by n).
+using DenseProductFn =
+    absl::FunctionRef<absl::Status(const DeviceMatrix& m, const float* x, int64_t n, float* y, cudaStream_t stream)>;
 
 struct MoeStageOptions {
   bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units)
@@ -82,8 +83,10 @@ class MoeStage {
   // planner, one wait for the routing picks. picks, when non-null, receives the n × K expert ids
   // (routing order; this waits for them whichever planner runs). Counts the rows computed on the
   // device into *local_rows. product computes the router and shared-gate logits.
+  // side (may be nullptr): a second stream for work that can overlap (the shared expert beside the
+  // routed ones, with the device planner); it is joined back before Run's last kernel.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
-                   cudaStream_t stream, StageTimer& timer, std::vector<int32_t>* picks,
+                   cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                    uint64_t* local_rows, DenseProductFn product);
 
   // The device planner flags picks it could not place (never expected from the router). Enqueue
@@ -102,7 +105,7 @@ class MoeStage {
   explicit MoeStage(std::unique_ptr<Impl> impl);
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
-                                cudaStream_t stream, StageTimer& timer, DenseProductFn product);
+                                cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product);
   std::unique_ptr<Impl> impl_;
 };
 

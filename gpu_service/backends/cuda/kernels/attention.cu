@@ -1,6 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -459,7 +459,7 @@ AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnSha
   for (int32_t t = 0; t < n;) {
     int32_t end = t + 1;
     while (end < n && token_seq[end] == token_seq[t]) ++end;
-    if (precision == AttentionPrecision::kBf16TensorCores && end - t >= kAttnTensorCoreMinTokens) {
+    if (precision == AttentionPrecision::kF16TensorCores && end - t >= kAttnTensorCoreMinTokens) {
       AppendItems(t, end, kTcRows / groups, tiles);
     } else {
       AppendItems(t, end, kRows / groups, plan.items);

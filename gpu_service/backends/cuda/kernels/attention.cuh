@@ -50,13 +50,13 @@ cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const Attn
                            const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream);
 
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
-// cores; within ~1e-6 of the CPU reference). kBf16TensorCores is the backend's fast mode: sequences
-// with many tokens in the step (prefill) run on bf16 tensor cores (Q, K, V rounded to bf16 in
+// cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences
+// with many tokens in the step (prefill) run on f16 tensor cores (Q, K, V rounded to f16 in
 // shared memory, the cache stays f32; f32 accumulation and softmax; relative L2 ~3e-3 against
 // kF32); sequences with few tokens (decode) still take the exact split-KV path.
-enum class AttentionPrecision { kF32, kBf16TensorCores };
+enum class AttentionPrecision { kF32, kF16TensorCores };
 
-// A sequence takes tensor-core tiles (kBf16TensorCores) when it has at least this many tokens in
+// A sequence takes tensor-core tiles (kF16TensorCores) when it has at least this many tokens in
 // the step.
 inline constexpr int kAttnTensorCoreMinTokens = 64;
 

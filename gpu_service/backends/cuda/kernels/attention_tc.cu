@@ -1,6 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 
@@ -11,12 +11,12 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ---- Tensor-core attention (tile items, kBf16TensorCores) ----
+// ---- Tensor-core attention (tile items, kF16TensorCores) ----
 //
 // Block of 4 warps per (tile item, kv head): 64 query rows (token first + r / groups, head
 // kvhead·groups + r % groups), warp w owning rows 16w..16w+15. Per key tile of 64 positions (one
-// cache page) K and V are read as f32 and stored as bf16 in padded shared rows (conflict-free
-// ldmatrix); S = Q·Kᵀ and O += P·V run as m16n8k16 bf16 mma with f32 accumulators; the online
+// cache page) K and V are read as f32 and stored as f16 in padded shared rows (conflict-free
+// ldmatrix); S = Q·Kᵀ and O += P·V run as m16n8k16 f16 mma with f32 accumulators; the online
 // softmax is f32 (FlashAttention-2 layout: the S accumulators become the A operand of P·V).
 // Two blocks per SM let one block's loads overlap the other's arithmetic.
 constexpr int kTcKeys = 64, kTcWarps = 4;
@@ -24,7 +24,7 @@ static_assert(kTcKeys == kKvPageSize, "a key tile is one cache page");
 
 template <int kHd>
 constexpr size_t TcSmemBytes() {
-  return sizeof(__nv_bfloat16) * (kTcRows + 2 * kTcKeys) * (kHd + 8);
+  return sizeof(__half) * (kTcRows + 2 * kTcKeys) * (kHd + 8);
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
@@ -37,19 +37,19 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v) {
-  *reinterpret_cast<uint2*>(dst) = make_uint2(PackBf16(v.x, v.y), PackBf16(v.z, v.w));
+__device__ __forceinline__ void StoreF16x4(__half* dst, float4 v) {
+  *reinterpret_cast<uint2*>(dst) = make_uint2(PackF16(v.x, v.y), PackF16(v.z, v.w));
 }
 
 template <int kHd>
@@ -57,15 +57,15 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
 TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                           const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                           const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o) {
-  constexpr int kStride = kHd + 8;  // bf16 per shared row: 16 bytes of padding
+  constexpr int kStride = kHd + 8;  // f16 per shared row: 16 bytes of padding
   constexpr int kVec = kHd / 4;     // float4 per row
   constexpr int kThreads = kTcWarps * 32;
   constexpr int kLoads = kTcKeys * kVec / kThreads, kBatch = 4;
   static_assert(kLoads % kBatch == 0, "");
   extern __shared__ float4 tc_smem[];
-  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(tc_smem);
-  __nv_bfloat16* ks = qs + kTcRows * kStride;
-  __nv_bfloat16* vs = ks + kTcKeys * kStride;
+  __half* qs = reinterpret_cast<__half*>(tc_smem);
+  __half* ks = qs + kTcRows * kStride;
+  __half* vs = ks + kTcKeys * kStride;
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int item = gridDim.x - 1 - blockIdx.x;  // the latest tiles (most keys) start first
@@ -81,7 +81,7 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
       const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
       x = *reinterpret_cast<const float4*>(q + row * kHd + 4 * c);
     }
-    StoreBf16x4(qs + r * kStride + 4 * c, x);
+    StoreF16x4(qs + r * kStride + 4 * c, x);
   }
   const float scale_log2 = 1.4426950408889634f * rsqrtf(static_cast<float>(kHd));
   const int g = lane >> 2, t4 = lane & 3;
@@ -111,8 +111,8 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int e = tid + (i0 + b) * kThreads, j = e / kVec, c = e % kVec;
-        StoreBf16x4(ks + j * kStride + 4 * c, kx[b]);
-        StoreBf16x4(vs + j * kStride + 4 * c, vx[b]);
+        StoreF16x4(ks + j * kStride + 4 * c, kx[b]);
+        StoreF16x4(vs + j * kStride + 4 * c, vx[b]);
       }
     }
     __syncthreads();
@@ -129,8 +129,8 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
         uint32_t b[4];
         LdMatrixX4(b, SmemAddr(ks + (nb * 16 + (lane >> 4) * 8 + (lane & 7)) * kStride + kk * 16 +
                                ((lane >> 3) & 1) * 8));
-        MmaBf16(s[2 * nb], a, b[0], b[1]);
-        MmaBf16(s[2 * nb + 1], a, b[2], b[3]);
+        MmaF16(s[2 * nb], a, b[0], b[1]);
+        MmaF16(s[2 * nb + 1], a, b[2], b[3]);
       }
     }
 
@@ -178,15 +178,15 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
 
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]), PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                             PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {PackF16(s[2 * kk][0], s[2 * kk][1]), PackF16(s[2 * kk][2], s[2 * kk][3]),
+                             PackF16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackF16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int nd = 0; nd < kHd / 16; ++nd) {
         uint32_t b[4];
         LdMatrixX4Trans(b, SmemAddr(vs + (kk * 16 + (lane & 15)) * kStride + nd * 16 + (lane >> 4) * 8));
-        MmaBf16(acc[2 * nd], a, b[0], b[1]);
-        MmaBf16(acc[2 * nd + 1], a, b[2], b[3]);
+        MmaF16(acc[2 * nd], a, b[0], b[1]);
+        MmaF16(acc[2 * nd + 1], a, b[2], b[3]);
       }
     }
   }

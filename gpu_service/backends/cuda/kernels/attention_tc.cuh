@@ -1,4 +1,4 @@
-// The tensor-core prefill attention of attention.cuh (AttentionPrecision::kBf16TensorCores), as
+// The tensor-core prefill attention of attention.cuh (AttentionPrecision::kF16TensorCores), as
 // its own compilation unit: the tile items of an AttentionPlan. Internal to the kernels folder.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_

@@ -1,30 +1,30 @@
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 
 namespace tandem::cuda {
 namespace {
 
-// One thread per 32-element chunk of the row range; writes 64 (bf16) or 128 (f32) bytes with
+// One thread per 32-element chunk of the row range; writes 64 (f16) or 128 (f32) bytes with
 // 16-byte stores.
 template <uint32_t kType>
 __global__ void DequantizeRowsKernel(const uint8_t* w, int64_t row_bytes, int64_t chunks,
-                                     int64_t total, bool to_bf16, void* dst) {
+                                     int64_t total, bool to_f16, void* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t r = i / chunks, c = i % chunks;
   float v[32];
   DequantChunk<kType>(w + r * row_bytes, c, v);
-  if (to_bf16) {
+  if (to_f16) {
     uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(dst) + i * 32);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       uint32_t p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const __nv_bfloat162 b = __floats2bfloat162_rn(v[8 * q + 2 * e], v[8 * q + 2 * e + 1]);
+        const __half2 b = __floats2half2_rn(v[8 * q + 2 * e], v[8 * q + 2 * e + 1]);
         p[e] = *reinterpret_cast<const uint32_t*>(&b);
       }
       out[q] = make_uint4(p[0], p[1], p[2], p[3]);
@@ -36,49 +36,49 @@ __global__ void DequantizeRowsKernel(const uint8_t* w, int64_t row_bytes, int64_
   }
 }
 
-__global__ void F32ToBf16Kernel(const float* src, int64_t count, uint16_t* dst) {
+__global__ void F32ToF16Kernel(const float* src, int64_t count, uint16_t* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
-  const __nv_bfloat16 b = __float2bfloat16_rn(src[i]);
+  const __half b = __float2half_rn(src[i]);
   dst[i] = *reinterpret_cast<const uint16_t*>(&b);
 }
 
 template <uint32_t kType>
-cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool to_bf16, void* dst,
+cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool to_f16, void* dst,
                    cudaStream_t stream) {
   const int64_t chunks = w.cols / 32;
   const int64_t total = count * chunks;
   const int threads = 128;
   DequantizeRowsKernel<kType><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(
       static_cast<const uint8_t*>(w.data) + row_begin * w.row_bytes, w.row_bytes, chunks, total,
-      to_bf16, dst);
+      to_f16, dst);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64_t count,
-                                 bool to_bf16, void* dst, cudaStream_t stream) {
+                                 bool to_f16, void* dst, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   if (row_begin < 0 || row_begin + count > w.rows || !DenseKernelsSupportType(w.type) ||
       w.cols % RowLengthMultiple(w.type) != 0) {
     return cudaErrorInvalidValue;
   }
   switch (w.type) {
-    case kTypeF32: return Launch<kTypeF32>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeF16: return Launch<kTypeF16>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeBF16: return Launch<kTypeBF16>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeQ8_0: return Launch<kTypeQ8_0>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeQ4_K: return Launch<kTypeQ4_K>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeQ5_K: return Launch<kTypeQ5_K>(w, row_begin, count, to_bf16, dst, stream);
-    case kTypeQ6_K: return Launch<kTypeQ6_K>(w, row_begin, count, to_bf16, dst, stream);
+    case kTypeF32: return Launch<kTypeF32>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeF16: return Launch<kTypeF16>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeBF16: return Launch<kTypeBF16>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeQ8_0: return Launch<kTypeQ8_0>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeQ4_K: return Launch<kTypeQ4_K>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeQ5_K: return Launch<kTypeQ5_K>(w, row_begin, count, to_f16, dst, stream);
+    case kTypeQ6_K: return Launch<kTypeQ6_K>(w, row_begin, count, to_f16, dst, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t LaunchF32ToBf16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream) {
+cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  F32ToBf16Kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(src, count, dst);
+  F32ToF16Kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(src, count, dst);
   return cudaGetLastError();
 }
 

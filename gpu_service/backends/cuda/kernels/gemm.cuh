@@ -1,5 +1,5 @@
 // Device half of the prefill GEMM (gemm_plan.h is the host half): dequantization of a range of
-// weight rows into a dense bf16 or f32 tile, and conversion of f32 activations to bf16, so that
+// weight rows into a dense f16 or f32 tile, and conversion of f32 activations to f16, so that
 // cuBLAS can multiply them.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_CUH_
@@ -13,12 +13,12 @@
 namespace tandem::cuda {
 
 // Rows [row_begin, row_begin + count) of w, dequantized into dst (count × w.cols, row-major) as
-// bf16 bit patterns (round to nearest even) when to_bf16, else as f32.
+// f16 bit patterns (round to nearest even) when to_f16, else as f32.
 cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64_t count,
-                                 bool to_bf16, void* dst, cudaStream_t stream);
+                                 bool to_f16, void* dst, cudaStream_t stream);
 
-// dst[i] = bf16(src[i]) for count values (round to nearest even).
-cudaError_t LaunchF32ToBf16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream);
+// dst[i] = f16(src[i]) for count values (round to nearest even).
+cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
     absl::StatusOr<DeviceBuffer> xb =
         DeviceBuffer::Allocate(static_cast<size_t>(options.max_n * options.max_cols * 2));
     if (!xb.ok()) return xb.status();
-    g->x_bf16_ = *std::move(xb);
+    g->x_f16_ = *std::move(xb);
   }
   absl::StatusOr<DeviceBuffer> ws = DeviceBuffer::Allocate(static_cast<size_t>(options.workspace_bytes));
   if (!ws.ok()) return ws.status();
@@ -61,7 +61,7 @@ absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, fl
                             GemmMode mode) {
   if (n <= 0) return absl::OkStatus();
   if (mode == GemmMode::kFast && options_.mode != GemmMode::kFast) {
-    return absl::InvalidArgumentError("DenseGemm::Run: a product in kFast needs a kFast plan (bf16 scratch)");
+    return absl::InvalidArgumentError("DenseGemm::Run: a product in kFast needs a kFast plan (f16 scratch)");
   }
   if (n > options_.max_n || w.cols > options_.max_cols) {
     return absl::InvalidArgumentError(absl::StrCat("DenseGemm::Run: n=", n, " cols=", w.cols,
@@ -78,8 +78,8 @@ absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, fl
   const int64_t tile_rows = std::min<int64_t>(w.rows, options_.tile_bytes / (w.cols * elem));
   const void* b = x;
   if (fast) {
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToBf16(x, n * w.cols, x_bf16_.as<uint16_t>(), stream));
-    b = x_bf16_.get();
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16(x, n * w.cols, x_f16_.as<uint16_t>(), stream));
+    b = x_f16_.get();
   }
   const float alpha = 1.0f, beta = 0.0f;
   for (int64_t r0 = 0; r0 < w.rows; r0 += tile_rows) {
@@ -88,8 +88,8 @@ absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, fl
     // Column-major view: the tile is cols × rt (lda = cols), x is cols × n, y is rows × n.
     const cublasStatus_t st = cublasGemmEx(
         handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rt), static_cast<int>(n),
-        static_cast<int>(w.cols), &alpha, tile_.get(), fast ? CUDA_R_16BF : CUDA_R_32F,
-        static_cast<int>(w.cols), b, fast ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(w.cols), &beta,
+        static_cast<int>(w.cols), &alpha, tile_.get(), fast ? CUDA_R_16F : CUDA_R_32F,
+        static_cast<int>(w.cols), b, fast ? CUDA_R_16F : CUDA_R_32F, static_cast<int>(w.cols), &beta,
         y + r0, CUDA_R_32F, static_cast<int>(w.rows),
         fast ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
     if (absl::Status s = CublasStatus(st, "cublasGemmEx"); !s.ok()) return s;

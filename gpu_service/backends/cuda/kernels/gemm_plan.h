@@ -2,11 +2,11 @@
 // weight type, Y: n × rows f32): W is dequantized tile by tile into scratch and multiplied with
 // cuBLAS.
 //
-//   kFast:  bf16 weight tiles and bf16 activations, f32 accumulation (tensor cores).
+//   kFast:  f16 weight tiles and f16 activations, f32 accumulation (tensor cores).
 //   kExact: f32 tiles and activations, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
 //           precision anywhere): the exact mode of docs/MODEL.md §5.
 //
-// All device memory (the tile, the bf16 activations, cuBLAS's workspace) is taken once in Create
+// All device memory (the tile, the f16 activations, cuBLAS's workspace) is taken once in Create
 // (the FlashInfer "plan"); Run allocates nothing, so it can be captured in a CUDA graph.
 // Not thread-safe: one DenseGemm per stream.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_
@@ -48,7 +48,7 @@ class DenseGemm {
     return Run(w, x, n, y, stream, options_.mode);
   }
   // The same in a chosen precision: a kFast plan can run single products exactly (the router's
-  // logits, whose rounding would change which experts are picked); a kExact plan has no bf16
+  // logits, whose rounding would change which experts are picked); a kExact plan has no f16
   // scratch, so it refuses kFast.
   absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream, GemmMode mode);
 
@@ -59,7 +59,7 @@ class DenseGemm {
   DenseGemmOptions options_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer tile_;
-  DeviceBuffer x_bf16_;
+  DeviceBuffer x_f16_;
   DeviceBuffer workspace_;
 };
 

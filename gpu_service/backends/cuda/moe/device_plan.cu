@@ -83,7 +83,26 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
   }
 }
 
+__global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i * kMaxUnitRows >= n) return;
+  ExpertUnit& unit = units[i];
+  unit.gate = where.gate;
+  unit.up = where.up;
+  unit.down = where.down;
+  unit.rows = min(kMaxUnitRows, n - i * kMaxUnitRows);
+  unit.first_slot = i * kMaxUnitRows;
+  for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < unit.rows ? i * kMaxUnitRows + r : 0;
+}
+
 }  // namespace
+
+cudaError_t LaunchDenseUnitsOnDevice(ExpertLocation where, int n, ExpertUnit* units, cudaStream_t stream) {
+  if (n < 1 || units == nullptr) return cudaErrorInvalidValue;
+  const int count = (n + kMaxUnitRows - 1) / kMaxUnitRows;
+  DenseUnitsKernel<<<(count + 127) / 128, 128, 0, stream>>>(where, n, units);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t stream) {
   if (a.n < 1 || a.K < 1 || a.E < 1 || a.E > kDevicePlanMaxExperts || a.experts == nullptr || a.table == nullptr ||

@@ -30,6 +30,7 @@ struct DeviceMoePlanArgs {
   int* num_units = nullptr;             // out (device): units written
   int32_t* slot = nullptr;              // out (device): n × K partial row of each pair
   ExpertUnit* shared_units = nullptr;   // out (device): ceil(n / kMaxUnitRows) units, token t at slot t
+                                        // (not written when shared.gate is nullptr)
   int* error = nullptr;                 // out (device): set to 1 (never cleared here) when a pick is
                                         // outside [0, E) or names an expert without a location
 };
@@ -37,6 +38,11 @@ struct DeviceMoePlanArgs {
 // One block. cudaErrorInvalidValue for n·K < 1, E outside [1, kDevicePlanMaxExperts] or a null
 // required pointer. A bad pick gets no unit and slot −1 (its partial row is not written).
 cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& args, cudaStream_t stream);
+
+// The units of one expert applied to tokens 0..n−1 (the shared expert), token t at slot t:
+// ceil(n / kMaxUnitRows) units, written by the GPU so that a graph can hold them without a host
+// upload and without waiting for the routing plan. n >= 1.
+cudaError_t LaunchDenseUnitsOnDevice(ExpertLocation where, int n, ExpertUnit* units, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

@@ -124,7 +124,7 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
   const size_t upload = grouped ? TileOffset(max_slots) + m * sizeof(PrefillTile) : m * 4;
   if (absl::Status s = Alloc(r.index_, upload); !s.ok()) return s;
   if (grouped) {
-    if (absl::Status s = Alloc(r.x_bf16_, static_cast<size_t>(r.options_.max_input_rows) * h * 2); !s.ok()) return s;
+    if (absl::Status s = Alloc(r.x_f16_, static_cast<size_t>(r.options_.max_input_rows) * h * 2); !s.ok()) return s;
   } else {
     r.blas_ = std::make_unique<Blas>();
     if (absl::Status s = BlasStatus(cublasCreate(&r.blas_->handle), "cublasCreate"); !s.ok()) return s;
@@ -203,8 +203,8 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
 
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   const PrefillTile* device_tiles = reinterpret_cast<const PrefillTile*>(index_.as<uint8_t>() + tile_offset);
-  uint16_t* xb = x_bf16_.as<uint16_t>();
-  TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToBf16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
+  uint16_t* xb = x_f16_.as<uint16_t>();
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
   const int n_tiles = static_cast<int>(tiles.size());
   const cudaError_t e1 =
       LaunchPrefillGateUp(gu_type, tile_rows, device_tiles, n_tiles, xb, index_.as<int32_t>(), h, I, act_.as<uint16_t>(), stream);
@@ -252,31 +252,31 @@ absl::Status ExpertPrefillRunner::RunCublas(std::span<const ExpertUnit> units, c
   const float one = 1.0f, zero = 0.0f;
   for (const PrefillGroup& g : GroupUnits(units)) {
     const int m = g.rows;
-    const cudaError_t e1 = LaunchDequantizeToBf16(gu_type, g.where.gate, h, I, wgu, stream);
-    const cudaError_t e2 = LaunchDequantizeToBf16(gu_type, g.where.up, h, I, wgu + static_cast<size_t>(I) * h, stream);
-    const cudaError_t e3 = LaunchDequantizeToBf16(d_type, g.where.down, I, h, wd, stream);
+    const cudaError_t e1 = LaunchDequantizeToF16(gu_type, g.where.gate, h, I, wgu, stream);
+    const cudaError_t e2 = LaunchDequantizeToF16(gu_type, g.where.up, h, I, wgu + static_cast<size_t>(I) * h, stream);
+    const cudaError_t e3 = LaunchDequantizeToF16(d_type, g.where.down, I, h, wd, stream);
     for (cudaError_t e : {e1, e2, e3}) {
       if (e == cudaErrorInvalidValue) {
         return absl::InvalidArgumentError(absl::StrCat("prefill expert at slot ", g.first_slot,
-                                                       ": type, shape or alignment refused by the bf16 dequantizer"));
+                                                       ": type, shape or alignment refused by the f16 dequantizer"));
       }
       TANDEM_CUDA_RETURN_IF_ERROR(e);
     }
     TANDEM_CUDA_RETURN_IF_ERROR(
-        LaunchGatherRowsBf16(x, h, index_.as<int32_t>() + g.first_slot, m, x_rows_.as<uint16_t>(), stream));
+        LaunchGatherRowsF16(x, h, index_.as<int32_t>() + g.first_slot, m, x_rows_.as<uint16_t>(), stream));
     // Row-major gu (m × 2I) = X (m × h)·Wgu^T is column-major gu^T (2I × m) = op_T(Wgu as h × 2I)·X^T.
     if (absl::Status s = BlasStatus(
-            cublasGemmEx(blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, m, h, &one, wgu, CUDA_R_16BF, h,
-                         x_rows_.get(), CUDA_R_16BF, h, &zero, gu_.get(), CUDA_R_32F, 2 * I, CUBLAS_COMPUTE_32F,
+            cublasGemmEx(blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, m, h, &one, wgu, CUDA_R_16F, h,
+                         x_rows_.get(), CUDA_R_16F, h, &zero, gu_.get(), CUDA_R_32F, 2 * I, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
             "gate/up GEMM");
         !s.ok()) {
       return s;
     }
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulToBf16(gu_.as<float>(), m, I, act_.as<uint16_t>(), stream));
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulToF16(gu_.as<float>(), m, I, act_.as<uint16_t>(), stream));
     if (absl::Status s = BlasStatus(
-            cublasGemmEx(blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, h, m, I, &one, wd, CUDA_R_16BF, I, act_.get(),
-                         CUDA_R_16BF, I, &zero, partial + static_cast<int64_t>(g.first_slot) * h, CUDA_R_32F, h,
+            cublasGemmEx(blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, h, m, I, &one, wd, CUDA_R_16F, I, act_.get(),
+                         CUDA_R_16F, I, &zero, partial + static_cast<int64_t>(g.first_slot) * h, CUDA_R_32F, h,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "down GEMM");
         !s.ok()) {

@@ -1,6 +1,6 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -12,11 +12,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ uint16_t ToBf16Bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ uint16_t ToF16Bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
 
 // One thread per 32-element piece.
 template <uint32_t kType>
-__global__ void __launch_bounds__(kThreads) DequantBf16Kernel(const uint8_t* w, int cols, int rows, uint16_t* out) {
+__global__ void __launch_bounds__(kThreads) DequantF16Kernel(const uint8_t* w, int cols, int rows, uint16_t* out) {
   const int pieces = cols / 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= static_cast<int64_t>(pieces) * rows) return;
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads) DequantBf16Kernel(const uint8_t* w, 
   DequantChunk<kType>(w + r * row_bytes, p, v);
   uint32_t packed[16];
 #pragma unroll
-  for (int k = 0; k < 16; ++k) packed[k] = ToBf16Bits(v[2 * k]) | (static_cast<uint32_t>(ToBf16Bits(v[2 * k + 1])) << 16);
+  for (int k = 0; k < 16; ++k) packed[k] = ToF16Bits(v[2 * k]) | (static_cast<uint32_t>(ToF16Bits(v[2 * k + 1])) << 16);
   uint4* dst = reinterpret_cast<uint4*>(out + r * cols + p * 32);
 #pragma unroll
   for (int k = 0; k < 4; ++k) dst[k] = make_uint4(packed[4 * k], packed[4 * k + 1], packed[4 * k + 2], packed[4 * k + 3]);
@@ -37,16 +37,16 @@ template <uint32_t kType>
 cudaError_t LaunchDequant(const void* w, int cols, int rows, uint16_t* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(cols / 32) * rows;
   const unsigned blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
-  DequantBf16Kernel<kType><<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), cols, rows, out);
+  DequantF16Kernel<kType><<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), cols, rows, out);
   return cudaGetLastError();
 }
 
-// ---- The grouped path: bf16 tensor-core GEMMs over row tiles, weights dequantized in shared memory.
+// ---- The grouped path: f16 tensor-core GEMMs over row tiles, weights dequantized in shared memory.
 //
 // One block computes a tile of `kBM` slot rows × kPrefillTileCols weight rows (B rows) in steps of
 // kTileK along the reduction; two shared-memory stages, one __syncthreads per step. Eight warps
-// split the tile (kWarpsM × kWarpsN); each warp issues mma.m16n8k16 (bf16 in, f32 accumulate) on
-// fragments read with ldmatrix. Every shared tile is [rows][64] bf16, rows of 128 bytes whose
+// split the tile (kWarpsM × kWarpsN); each warp issues mma.m16n8k16 (f16 in, f32 accumulate) on
+// fragments read with ldmatrix. Every shared tile is [rows][64] f16, rows of 128 bytes whose
 // eight 16-byte chunks are XOR-swizzled by the row so that ldmatrix's eight addresses of one
 // matrix hit eight different bank groups.
 //
@@ -68,18 +68,18 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
                : "r"(addr));
 }
 
-__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// bf16(lo) in the low half, bf16(hi) in the high half (one cvt.rn.bf16x2.f32).
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return static_cast<uint32_t>(__bfloat16_as_ushort(v.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(v.y)) << 16);
+// f16(lo) in the low half, f16(hi) in the high half (one cvt.rn.f16x2.f32).
+__device__ __forceinline__ uint32_t PackF16x2(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return static_cast<uint32_t>(__half_as_ushort(v.x)) | (static_cast<uint32_t>(__half_as_ushort(v.y)) << 16);
 }
 
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
@@ -89,7 +89,7 @@ constexpr int SmemBytes() {
   return 2 * (kBM + kPrefillTileCols) * kSmemRowBytes;
 }
 
-// a: bf16 rows of K elements; a_index maps a slot to its row of a (nullptr: the slot itself).
+// a: f16 rows of K elements; a_index maps a slot to its row of a (nullptr: the slot itself).
 // B rows: n < N (gate/up: N = 2·inner, interleaved; down: N = h). out_cols: inner (gate/up) or h.
 template <uint32_t kType, int kBM, bool kGateUp>
 __global__ void __launch_bounds__(kGemmThreads, 2)
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
       float v[32];
       DequantChunk<kType>(b_row, c, v);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) packed[k] = PackBf16x2(v[2 * k], v[2 * k + 1]);
+      for (int k = 0; k < 16; ++k) packed[k] = PackF16x2(v[2 * k], v[2 * k + 1]);
     } else {
 #pragma unroll
       for (int k = 0; k < 16; ++k) packed[k] = 0;
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
 #pragma unroll
       for (int mf = 0; mf < kMF; ++mf) {
 #pragma unroll
-        for (int nf = 0; nf < kNF; ++nf) MmaBf16(acc[mf][nf], af[mf], bf[nf][0], bf[nf][1]);
+        for (int nf = 0; nf < kNF; ++nf) MmaF16(acc[mf][nf], af[mf], bf[nf][0], bf[nf][1]);
       }
     }
   };
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
         const float v0 = acc[mf][nf][2 * half], v1 = acc[mf][nf][2 * half + 1];
         if constexpr (kGateUp) {
           const int feature = col >> 1;
-          if (feature < out_cols) act_out[slot * out_cols + feature] = ToBf16Bits(SiluTimes(v0, v1));
+          if (feature < out_cols) act_out[slot * out_cols + feature] = ToF16Bits(SiluTimes(v0, v1));
         } else {
           float* o = f32_out + slot * out_cols + col;
           if (col + 1 < out_cols) {
@@ -308,27 +308,27 @@ cudaError_t LaunchGemmTyped(uint32_t type, int tile_rows, const PrefillTile* til
 #undef TANDEM_PREFILL_CASE
 }
 
-__global__ void ConvertBf16Kernel(const float* __restrict__ x, int64_t count, uint16_t* __restrict__ out) {
+__global__ void ConvertF16Kernel(const float* __restrict__ x, int64_t count, uint16_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t quads = count / 4;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
     const float4 v = reinterpret_cast<const float4*>(x)[i];
     reinterpret_cast<uint2*>(out)[i] =
-        make_uint2(ToBf16Bits(v.x) | (static_cast<uint32_t>(ToBf16Bits(v.y)) << 16),
-                   ToBf16Bits(v.z) | (static_cast<uint32_t>(ToBf16Bits(v.w)) << 16));
+        make_uint2(ToF16Bits(v.x) | (static_cast<uint32_t>(ToF16Bits(v.y)) << 16),
+                   ToF16Bits(v.z) | (static_cast<uint32_t>(ToF16Bits(v.w)) << 16));
   }
   if (blockIdx.x == 0 && static_cast<int64_t>(threadIdx.x) < count % 4) {
     const int64_t i = quads * 4 + threadIdx.x;
-    out[i] = ToBf16Bits(x[i]);
+    out[i] = ToF16Bits(x[i]);
   }
 }
 
 
-__global__ void GatherBf16Kernel(const float* x, int cols, const int32_t* index, uint16_t* out) {
+__global__ void GatherF16Kernel(const float* x, int cols, const int32_t* index, uint16_t* out) {
   const int i = blockIdx.y;
   const float* src = x + static_cast<int64_t>(index[i]) * cols;
   for (int c = blockIdx.x * kThreads + threadIdx.x; c < cols; c += gridDim.x * kThreads) {
-    out[static_cast<int64_t>(i) * cols + c] = ToBf16Bits(src[c]);
+    out[static_cast<int64_t>(i) * cols + c] = ToF16Bits(src[c]);
   }
 }
 
@@ -338,12 +338,12 @@ __global__ void SiluMulKernel(const float* gu, int m, int inner, uint16_t* act) 
   const int64_t t = i / inner, j = i % inner;
   const float g = gu[t * 2 * inner + j];
   const float u = gu[t * 2 * inner + inner + j];
-  act[i] = ToBf16Bits(g * (1.0f / (1.0f + expf(-g))) * u);
+  act[i] = ToF16Bits(g * (1.0f / (1.0f + expf(-g))) * u);
 }
 
 }  // namespace
 
-cudaError_t LaunchDequantizeToBf16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
+cudaError_t LaunchDequantizeToF16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
                                    cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   const int align = KernelRowAlignment(type);
@@ -365,26 +365,26 @@ cudaError_t LaunchDequantizeToBf16(uint32_t type, const void* w, int cols, int r
   }
 }
 
-cudaError_t LaunchGatherRowsBf16(const float* x, int cols, const int32_t* index, int m, uint16_t* out,
+cudaError_t LaunchGatherRowsF16(const float* x, int cols, const int32_t* index, int m, uint16_t* out,
                                  cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   const unsigned gx = static_cast<unsigned>(std::min((cols + kThreads - 1) / kThreads, 16));
-  GatherBf16Kernel<<<dim3(gx, m), kThreads, 0, stream>>>(x, cols, index, out);
+  GatherF16Kernel<<<dim3(gx, m), kThreads, 0, stream>>>(x, cols, index, out);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSiluMulToBf16(const float* gu, int m, int inner, uint16_t* act, cudaStream_t stream) {
+cudaError_t LaunchSiluMulToF16(const float* gu, int m, int inner, uint16_t* act, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(m) * inner;
   if (total <= 0) return cudaSuccess;
   SiluMulKernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(gu, m, inner, act);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchConvertToBf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
+cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0) return cudaErrorInvalidValue;
   const int64_t blocks = std::min<int64_t>((count / 4 + kThreads - 1) / kThreads + 1, 4096);
-  ConvertBf16Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, count, out);
+  ConvertF16Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, count, out);
   return cudaGetLastError();
 }
 

@@ -1,15 +1,15 @@
 // Device side of the prefill expert path (expert_prefill.h drives it).
 //
 // The grouped path (the default): every expert of a call in three launches. Activations are
-// rounded to bf16 once; then one launch computes SiLU(x·Wg^T)·(x·Wu^T) for every (tile, feature
-// block) and one computes act·Wd^T, each with bf16 tensor-core MMAs and f32 accumulation. The
-// quantized weights are dequantized to bf16 in shared memory tile by tile (no bf16 copy of the
+// rounded to f16 once; then one launch computes SiLU(x·Wg^T)·(x·Wu^T) for every (tile, feature
+// block) and one computes act·Wd^T, each with f16 tensor-core MMAs and f32 accumulation. The
+// quantized weights are dequantized to f16 in shared memory tile by tile (no f16 copy of the
 // weights in global memory), so a layer's routed weights are read about once per row tile.
 //
 // The per-expert cuBLAS path (kept as a second algorithm for comparison): element-wise kernels
-// around cuBLAS (weights to bf16, rows gathered as bf16, SiLU(gate)·up to bf16).
+// around cuBLAS (weights to f16, rows gathered as f16, SiLU(gate)·up to f16).
 //
-// bf16 values are passed as their uint16_t bit patterns so that g++ can include this header.
+// f16 values are passed as their uint16_t bit patterns so that g++ can include this header.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_CUH_
 
@@ -36,12 +36,12 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 // Output features (down) or interleaved gate/up rows (gate/up) one block of a grouped launch computes.
 inline constexpr int kPrefillTileCols = 128;
 
-// out[i] = x[i] rounded to bf16 (nearest even), for i < count.
-cudaError_t LaunchConvertToBf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
+// out[i] = x[i] rounded to f16 (nearest even), for i < count.
+cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
 
 // For every tile and every row r < tile.rows, slot s = tile.first_slot + r:
-//   act[s] (inner bf16) = SiLU(xb[index[s]]·gate^T) ⊙ (xb[index[s]]·up^T), rounded to bf16,
-// where xb holds bf16 rows of h elements. h must be a positive multiple of 32 (and of the type's
+//   act[s] (inner f16) = SiLU(xb[index[s]]·gate^T) ⊙ (xb[index[s]]·up^T), rounded to f16,
+// where xb holds f16 rows of h elements. h must be a positive multiple of 32 (and of the type's
 // block); cudaErrorInvalidValue otherwise, for an unsupported type or tile_rows.
 cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
@@ -52,18 +52,18 @@ cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile*
 cudaError_t LaunchPrefillDown(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                               const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream);
 
-// out (rows × cols bf16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized
+// out (rows × cols f16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized
 // and rounded to nearest even. cudaErrorInvalidValue for an unsupported type, cols not a multiple
 // of the block, or a misaligned w.
-cudaError_t LaunchDequantizeToBf16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
+cudaError_t LaunchDequantizeToF16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
                                    cudaStream_t stream);
 
-// out row i (cols bf16) = x row index[i] (f32), for i < m.
-cudaError_t LaunchGatherRowsBf16(const float* x, int cols, const int32_t* index, int m, uint16_t* out,
+// out row i (cols f16) = x row index[i] (f32), for i < m.
+cudaError_t LaunchGatherRowsF16(const float* x, int cols, const int32_t* index, int m, uint16_t* out,
                                  cudaStream_t stream);
 
-// act (m × inner bf16) = SiLU(gu[:, 0:inner]) ⊙ gu[:, inner:2·inner] for gu m × 2·inner f32.
-cudaError_t LaunchSiluMulToBf16(const float* gu, int m, int inner, uint16_t* act, cudaStream_t stream);
+// act (m × inner f16) = SiLU(gu[:, 0:inner]) ⊙ gu[:, inner:2·inner] for gu m × 2·inner f32.
+cudaError_t LaunchSiluMulToF16(const float* gu, int m, int inner, uint16_t* act, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

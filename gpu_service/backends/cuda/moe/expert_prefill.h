@@ -1,16 +1,16 @@
-// The prefill expert path: bf16 GEMMs with f32 accumulation (gate and up, SiLU(gate)·up rounded
-// to bf16, then down). Tolerance against the reference: relative L2 about 1e-2 (bf16 operands).
+// The prefill expert path: f16 GEMMs with f32 accumulation (gate and up, SiLU(gate)·up rounded
+// to f16, then down). Tolerance against the reference: relative L2 about 1e-2 (f16 operands).
 //
 // Consumes the same ExpertUnits as the decode path (MoeStepPlan::units): consecutive units of one
 // expert with consecutive slots form one group (one expert applied to consecutive slots).
 //
 // Two algorithms (PrefillAlgorithm):
 //  - kGroupedTiles (default): every group of a call split into row tiles of one height; three
-//    launches per call whatever the number of experts (activations to bf16, gate/up with SiLU·up,
+//    launches per call whatever the number of experts (activations to f16, gate/up with SiLU·up,
 //    down). The quantized weights are dequantized tile by tile in shared memory, so small calls read
 //    each weight byte about once and large ones run at tensor-core rates (expert_prefill.cuh).
 //  - kCublasPerExpert (the former path, kept for comparison): per group, its weights dequantized
-//    to bf16 in global memory, rows gathered, two cuBLAS GEMMs: 7 launches per expert.
+//    to f16 in global memory, rows gathered, two cuBLAS GEMMs: 7 launches per expert.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
 
@@ -56,7 +56,7 @@ struct PrefillOptions {
   // kGroupedTiles: rows per tile (one of kPrefillTileRows), or 0 to choose per call.
   int tile_rows = 0;
   // kGroupedTiles: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
-  // bf16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
+  // f16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
   int64_t max_input_rows = 0;
 };
 
@@ -92,16 +92,16 @@ class ExpertPrefillRunner {
   PrefillOptions options_;
   int last_tile_rows_ = 0;
   // Both algorithms.
-  DeviceBuffer act_;        // bf16 [max_slots × I]
+  DeviceBuffer act_;        // f16 [max_slots × I]
   DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles
   PinnedBuffer index_staging_;
   // kGroupedTiles.
-  DeviceBuffer x_bf16_;     // bf16 [max_input_rows × h]
+  DeviceBuffer x_f16_;     // f16 [max_input_rows × h]
   // kCublasPerExpert.
   std::unique_ptr<Blas> blas_;
-  DeviceBuffer w_gate_up_;  // bf16 [2I × h]
-  DeviceBuffer w_down_;     // bf16 [h × I]
-  DeviceBuffer x_rows_;     // bf16 [max_slots × h]
+  DeviceBuffer w_gate_up_;  // f16 [2I × h]
+  DeviceBuffer w_down_;     // f16 [h × I]
+  DeviceBuffer x_rows_;     // f16 [max_slots × h]
   DeviceBuffer gu_;         // f32 [max_slots × 2I]
   Event staged_;
   bool pending_ = false;
