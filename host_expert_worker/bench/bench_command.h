@@ -6,6 +6,8 @@
 //     10 x 8, 64 x 4) at Qwen3-Next-80B-A3B expert shapes (h = 2048, I = 512, Q4_K), on synthetic
 //     random valid blocks in memory (a --gb working set, default 2 GB, rotating through layers so
 //     every request reads weights that are not in any cache); with --model, that file's experts.
+//     Also one expert x one row on a single thread with the same expert every request (weights
+//     warm in the core's caches): the per-core compute rate of the 1-row path, free of DRAM.
 // (b) The DRAM read bandwidth of the same threads over a buffer as large as the working set.
 // (c) Channel round trips (empty request p50/p99, decode-shaped, wake-up) through
 //     gpu_service/offload/channel_bench.h with a spawned tandem-host-worker serving a generated

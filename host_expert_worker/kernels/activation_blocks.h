@@ -14,6 +14,10 @@
 // product with both (the kernels' `terms` = 2) costs one weight pass and twice the integer work,
 // and leaves about 1/127 of one row's rounding error. The engine uses it for the input of down
 // (SiLU(g)·u, whose heavy tails make a single int8 row the largest error term; docs/PERF.md).
+// In the Q8K format lo's scales are exactly hi's / 256 (lo = round(256 (x - hi) / d_hi), so it
+// keeps about 8 more bits), which lets a kernel fold hi and lo into one exact integer sum
+// 256 * dot(q, hi) + dot(q, lo) per group; kernels must check it (a pair of independently
+// quantized rows is still a valid two-term input). Q8x32 lo rows keep their own scales.
 #ifndef TANDEM_HOST_EXPERT_WORKER_KERNELS_ACTIVATION_BLOCKS_H_
 #define TANDEM_HOST_EXPERT_WORKER_KERNELS_ACTIVATION_BLOCKS_H_
 
@@ -56,7 +60,8 @@ void QuantizeActivationsQ8x32(const float* x, int64_t n, ActivationBlockQ8x32* o
 inline float ActivationValue(const ActivationBlockQ8K& block, int e) { return block.d[e / 32] * block.qs[e]; }
 inline float ActivationValue(const ActivationBlockQ8x32& block, int e) { return block.d * block.qs[e]; }
 
-// Two-term quantization of n floats: hi = Q(x), lo = Q(x - hi). `residual` is n floats of scratch.
+// Two-term quantization of n floats: hi = Q(x), lo = Q(x - hi) (Q8K: at hi's scales / 256).
+// `residual` is n floats of scratch.
 void QuantizeActivationsTwoTerm(ActivationFormat format, const float* x, int64_t n, float* residual,
                                 void* hi, void* lo);
 

@@ -9,8 +9,9 @@
 // and used for all out_count * terms rows (register-blocked), so 8 tokens on one expert cost about
 // one pass over its weights. No allocation, no locks.
 //
-// Results equal the scalar kernel's up to f32 summation order: every ISA computes the same exact
-// integer sum per 32-element group (per block for Q8_0 / Q4_0) and scales it by the same floats.
+// Results equal the scalar kernel's up to f32 rounding: every ISA computes exact integer sums
+// (per 32-element group; per block for Q8_0 / Q4_0; per 4 elements in the AVX-512 Q4_K / Q5_K
+// kernel, where each lane is scaled in f32) and scales them by the same floats.
 #ifndef TANDEM_HOST_EXPERT_WORKER_KERNELS_ROW_DOT_KERNELS_H_
 #define TANDEM_HOST_EXPERT_WORKER_KERNELS_ROW_DOT_KERNELS_H_
 
