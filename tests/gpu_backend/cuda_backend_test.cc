@@ -115,6 +115,44 @@ TEST_P(ExactTest, PrefillLogitsMatchReferenceAtEveryPosition) {
   EXPECT_LE(err, 1e-4);
 }
 
+// The routing sink must report the picks whichever planner ran: the device planner (steps of up to
+// 64 tokens) or the host planner (longer steps). Exact mode agrees with the reference (a flip
+// needs two logits within ~1e-6 of each other).
+TEST_P(ExactTest, RoutingSinkReportsThePicksOfBothPlanners) {
+  const int64_t K = gpu_->config().moe.K, L = gpu_->config().n_layers;
+  for (int64_t n : {int64_t{64}, int64_t{100}}) {
+    const std::vector<int32_t> prompt = RandomTokens(n, V_, 31);
+    auto seq = ref_->NewSequence();
+    ASSERT_TRUE(seq.ok());
+    std::vector<MoeRouting> want;
+    ReferencePrefill(*ref_, seq->get(), prompt, &want);
+    std::vector<MoeRouting> got;
+    gpu_->set_routing_sink(&got);
+    absl::StatusOr<SequenceSlot> slot = gpu_->CreateSequence();
+    ASSERT_TRUE(slot.ok());
+    GpuStep(*gpu_, *slot, prompt, false);
+    gpu_->set_routing_sink(nullptr);
+    gpu_->ReleaseSequence(*slot);
+    ASSERT_EQ(got.size(), static_cast<size_t>(L));
+    int64_t agree = 0, pairs = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      ASSERT_EQ(got[l].experts.size(), static_cast<size_t>(n * K));
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<int32_t> a(got[l].experts.begin() + t * K, got[l].experts.begin() + (t + 1) * K);
+        std::vector<int32_t> b(want[l].experts.begin() + t * K, want[l].experts.begin() + (t + 1) * K);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        agree += a == b;
+        ++pairs;
+      }
+    }
+    const double agreement = static_cast<double>(agree) / static_cast<double>(pairs);
+    printf("[%s] exact routing of %lld tokens (%s planner): agreement %.4f\n", GetParam().c_str(),
+           static_cast<long long>(n), n <= 64 ? "device" : "host", agreement);
+    EXPECT_GE(agreement, 0.99);
+  }
+}
+
 TEST_P(ExactTest, GreedyDecodeMatchesReferenceFor64Steps) {
   auto seq = ref_->NewSequence();
   ASSERT_TRUE(seq.ok());

@@ -185,7 +185,10 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   }
   const ExpertLocation* table = source.DeviceTable(layer);
   if (table != nullptr && n <= m.plan_tokens) {
-    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product); !s.ok()) return s;
+    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr);
+        !s.ok()) {
+      return s;
+    }
     if (picks != nullptr) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       picks->assign(m.router->experts(), m.router->experts() + n * K);
@@ -263,7 +266,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
 
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
-                                        StageTimer& timer, DenseProductFn product) {
+                                        StageTimer& timer, DenseProductFn product, bool copy_picks) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -308,7 +311,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
-  if (absl::Status s = m.router->RouteLogits(logits, n, stream, /*copy_to_host=*/false); !s.ok()) return s;
+  // The picks stay on the device unless the caller asked for them.
+  if (absl::Status s = m.router->RouteLogits(logits, n, stream, copy_picks); !s.ok()) return s;
   DeviceMoePlanArgs a;
   a.experts = m.router->device_experts();
   a.n = static_cast<int>(n);

@@ -105,7 +105,8 @@ class MoeStage {
   explicit MoeStage(std::unique_ptr<Impl> impl);
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
-                                cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product);
+                                cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
+                                bool copy_picks);
   std::unique_ptr<Impl> impl_;
 };
 
