@@ -11,8 +11,10 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
@@ -176,6 +178,68 @@ TEST(DevicePlanTest, PicksWithoutALocationAreFlaggedAndGetNoUnit) {
   for (const ExpertUnit& u : r.units) covered += u.rows;
   EXPECT_EQ(covered, 4);
   EXPECT_EQ(r.num_units, 2);  // experts 1 and 2, two rows each
+}
+
+// The fused routing must pick what the route kernel picks, with the same weights.
+TEST(DevicePlanTest, FusedRoutingEqualsTheRouteKernel) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const auto& [n, E, K] : std::vector<std::tuple<int, int, int>>{{1, 512, 10}, {7, 100, 8}, {64, 512, 10},
+                                                                      {3, 1024, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " E=" << E << " K=" << K);
+    std::vector<float> logits(static_cast<size_t>(n) * E);
+    for (float& v : logits) v = normal(rng);
+    logits[3] = logits[5];  // a tie: the lower id first
+    float* d_logits = DeviceCopy(logits);
+    int32_t* d_want_e = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K));
+    float* d_want_w = DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K));
+    ASSERT_EQ(LaunchRouteTopK(d_logits, n, E, K, d_want_e, d_want_w, nullptr), cudaSuccess);
+    // The plan with fused routing over a table where every expert is present.
+    std::vector<ExpertLocation> table(E);
+    for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
+    ExpertLocation* d_table = DeviceCopy(table);
+    int32_t* d_got_e = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K, -7));
+    float* d_got_w = DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K));
+    ExpertUnit* d_units = nullptr;
+    int32_t* d_slot = nullptr;
+    int* d_ints = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_units, sizeof(ExpertUnit) * n * K), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_slot, sizeof(int32_t) * n * K), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_ints, 2 * sizeof(int)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_ints, 0, 2 * sizeof(int)), cudaSuccess);
+    DeviceMoePlanArgs a;
+    a.logits = d_logits;
+    a.experts_out = d_got_e;
+    a.weights_out = d_got_w;
+    a.experts = d_got_e;
+    a.n = n;
+    a.K = K;
+    a.E = E;
+    a.table = d_table;
+    a.units = d_units;
+    a.num_units = d_ints;
+    a.error = d_ints + 1;
+    a.slot = d_slot;
+    ASSERT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int32_t> want_e = HostCopy(d_want_e, static_cast<size_t>(n) * K);
+    const std::vector<int32_t> got_e = HostCopy(d_got_e, static_cast<size_t>(n) * K);
+    const std::vector<float> want_w = HostCopy(d_want_w, static_cast<size_t>(n) * K);
+    const std::vector<float> got_w = HostCopy(d_got_w, static_cast<size_t>(n) * K);
+    EXPECT_EQ(got_e, want_e);
+    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want_w[i], 1e-6f * want_w[i]) << i;
+    EXPECT_EQ(HostCopy(d_ints + 1, 1)[0], 0);
+    // The plan covers every pair.
+    const std::vector<int32_t> slot = HostCopy(d_slot, static_cast<size_t>(n) * K);
+    std::vector<int32_t> sorted = slot;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
+    for (void* p : std::initializer_list<void*>{d_logits, d_want_e, d_want_w, d_table, d_got_e, d_got_w, d_units, d_slot,
+                                                d_ints}) {
+      cudaFree(p);
+    }
+  }
 }
 
 TEST(DevicePlanTest, RefusesShapesItCannotPlan) {

@@ -311,9 +311,18 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
-  // The picks stay on the device unless the caller asked for them.
-  if (absl::Status s = m.router->RouteLogits(logits, n, stream, copy_picks); !s.ok()) return s;
+  // Routing and planning in one kernel (fused when the expert count allows it); the picks stay on
+  // the device unless the caller asked for them.
   DeviceMoePlanArgs a;
+  if (E <= kDeviceRouteMaxExperts && K <= 32) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    a.logits = logits;
+    a.experts_out = out->first;
+    a.weights_out = out->second;
+  } else if (absl::Status s = m.router->RouteLogits(logits, n, stream, false); !s.ok()) {
+    return s;
+  }
   a.experts = m.router->device_experts();
   a.n = static_cast<int>(n);
   a.K = static_cast<int>(K);
@@ -324,6 +333,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   a.error = m.plan_ints.as<int>() + 1;
   a.slot = m.slot.as<int32_t>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
+  if (copy_picks) {
+    if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+  }
   timer.Mark(Stage::kExperts, stream);
   // With one token every expert has at most one row; the one-row kernels suit it.
   const int max_rows = n == 1 ? 1 : kMaxUnitRows;

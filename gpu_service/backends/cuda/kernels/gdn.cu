@@ -89,11 +89,31 @@ __global__ void GdnConvShiftKernel(const float* qkv, float* history, int64_t n, 
   }
 }
 
-// Block per (token, q or k head): L2 normalisation in place.
-__global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, float q_scale) {
+__device__ void GdnGates(const float* ba, const float* ssm_a, const float* dt_bias, int64_t t, int nk, int nv,
+                         float* g, float* beta) {
+  const int r = nv / nk;
+  for (int vh = threadIdx.x; vh < nv; vh += blockDim.x) {
+    const int group = vh / r, j = vh % r;
+    const float* row = ba + t * 2 * nv + static_cast<int64_t>(group) * 2 * r;
+    const int64_t i = t * nv + vh;
+    beta[i] = SigmoidF(row[j]);
+    const float x = row[r + j] + dt_bias[vh];
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = ssm_a[vh] * sp;
+  }
+}
+
+// Block per (token, q or k head): L2 normalisation in place; the block of y = 2nk computes the
+// token's gates (one launch for both: decode runs this once per layer and token).
+__global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, float q_scale, const float* ba,
+                                const float* ssm_a, const float* dt_bias, int nv, float* g, float* beta) {
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
-  const int head = blockIdx.y;  // 0..nk−1: q heads, nk..2nk−1: k heads
+  const int head = blockIdx.y;  // 0..nk−1: q heads, nk..2nk−1: k heads, 2nk: the gates
+  if (head == 2 * nk) {
+    GdnGates(ba, ssm_a, dt_bias, t, nk, nv, g, beta);
+    return;
+  }
   float* x = conv_out + t * c_dim + static_cast<int64_t>(head) * dk;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += x[i] * x[i];
@@ -101,20 +121,6 @@ __global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, floa
   float scale = rsqrtf(ss + 1e-6f);
   if (head < nk) scale *= q_scale;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) x[i] *= scale;
-}
-
-__global__ void GdnGatesKernel(const float* ba, const float* ssm_a, const float* dt_bias, int64_t n,
-                               int nk, int nv, float* g, float* beta) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * nv) return;
-  const int64_t t = i / nv;
-  const int vh = static_cast<int>(i % nv);
-  const int r = nv / nk, group = vh / r, j = vh % r;
-  const float* row = ba + t * 2 * nv + static_cast<int64_t>(group) * 2 * r;
-  beta[i] = SigmoidF(row[j]);
-  const float x = row[r + j] + dt_bias[vh];
-  const float sp = x > 20.0f ? x : log1pf(expf(x));
-  g[i] = ssm_a[vh] * sp;
 }
 
 // Grid (nv, dv / 32), 32 threads: thread j owns state column S[·][col] of its value head in
@@ -219,12 +225,9 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
                              float* beta, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk));
-  GdnNormQkKernel<<<grid, 128, 0, stream>>>(conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)));
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const int64_t total = n * d.nv;
-  GdnGatesKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(ba, ssm_a, dt_bias, n, d.nk,
-                                                                                  d.nv, g, beta);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk + 1));
+  GdnNormQkKernel<<<grid, 128, 0, stream>>>(conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)), ba,
+                                            ssm_a, dt_bias, d.nv, g, beta);
   return cudaGetLastError();
 }
 

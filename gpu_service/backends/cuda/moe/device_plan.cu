@@ -1,5 +1,7 @@
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 
+#include <cfloat>
+
 #include <cub/block/block_scan.cuh>
 
 namespace tandem::cuda {
@@ -8,7 +10,89 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kItems = kDevicePlanMaxExperts / kThreads;  // per-expert counts each thread scans
 
+// (value, id) order of the selection: higher value first, then the lower id.
+__device__ __forceinline__ bool Better(float v, int id, float bv, int bid) { return v > bv || (v == bv && id < bid); }
+
+// One warp routes token t: lane l holds experts l, l + 32, ... in registers.
+template <int kPer>
+__device__ void RouteToken(const float* logits, int t, int E, int K, int32_t* experts, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const float* row = logits + static_cast<int64_t>(t) * E;
+  float p[kPer];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    p[j] = i < E ? row[i] : -FLT_MAX;
+    mx = fmaxf(mx, p[j]);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    p[j] = i < E ? static_cast<float>(exp(static_cast<double>(p[j] - mx))) : 0.0f;
+    sum += p[j];
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+  const float inv = static_cast<float>(1.0 / sum);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) p[j] = lane + 32 * j < E ? p[j] * inv : -FLT_MAX;
+  double picked_sum = 0.0;
+  for (int k = 0; k < K; ++k) {
+    float bv = -FLT_MAX;
+    int bid = E;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (Better(p[j], lane + 32 * j, bv, bid)) {
+        bv = p[j];
+        bid = lane + 32 * j;
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, off);
+      const int oid = __shfl_xor_sync(0xFFFFFFFFu, bid, off);
+      if (Better(ov, oid, bv, bid)) {
+        bv = ov;
+        bid = oid;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (lane + 32 * j == bid) p[j] = -FLT_MAX;  // the owner drops the pick from later rounds
+    }
+    if (lane == 0) {
+      experts[static_cast<int64_t>(t) * K + k] = bid;
+      weights[static_cast<int64_t>(t) * K + k] = bv;
+    }
+    picked_sum += bv;  // the same value in every lane, summed in pick order
+  }
+  __syncwarp();
+  if (lane < K) {
+    const int64_t o = static_cast<int64_t>(t) * K + lane;
+    weights[o] = static_cast<float>(weights[o] / picked_sum);
+  }
+}
+
+template <int kPer>
+__device__ void RouteTokens(const DeviceMoePlanArgs& a) {
+  for (int t = threadIdx.x / 32; t < a.n; t += kThreads / 32) RouteToken<kPer>(a.logits, t, a.E, a.K, a.experts_out, a.weights_out);
+}
+
 __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
+  if (a.logits != nullptr) {
+    if (a.E <= 128) {
+      RouteTokens<4>(a);
+    } else if (a.E <= 256) {
+      RouteTokens<8>(a);
+    } else if (a.E <= 512) {
+      RouteTokens<16>(a);
+    } else {
+      RouteTokens<kDeviceRouteMaxExperts / 32>(a);
+    }
+    __threadfence_block();
+    __syncthreads();
+  }
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int count[kDevicePlanMaxExperts];
@@ -105,6 +189,11 @@ cudaError_t LaunchDenseUnitsOnDevice(ExpertLocation where, int n, ExpertUnit* un
 }
 
 cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t stream) {
+  if (a.logits != nullptr &&
+      (a.E > kDeviceRouteMaxExperts || a.K > 32 || a.experts_out == nullptr || a.weights_out == nullptr ||
+       a.experts != a.experts_out)) {
+    return cudaErrorInvalidValue;
+  }
   if (a.n < 1 || a.K < 1 || a.E < 1 || a.E > kDevicePlanMaxExperts || a.experts == nullptr || a.table == nullptr ||
       a.units == nullptr || a.num_units == nullptr || a.slot == nullptr || a.error == nullptr ||
       (a.shared.gate != nullptr && a.shared_units == nullptr)) {

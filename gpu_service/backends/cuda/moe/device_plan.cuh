@@ -21,8 +21,20 @@ namespace tandem::cuda {
 // Most experts per layer the planner handles (one block scans the per-expert counts).
 inline constexpr int kDevicePlanMaxExperts = 2048;
 
+// Most experts per layer the fused routing (DeviceMoePlanArgs::logits) handles: a warp keeps a
+// token's E logits in registers.
+inline constexpr int kDeviceRouteMaxExperts = 1024;
+
 struct DeviceMoePlanArgs {
-  const int32_t* experts = nullptr;     // n × K picks (device)
+  // Optional fused routing: when not null, the kernel first routes every token from its E router
+  // logits (n × E, device) exactly as the route kernel does (softmax with f64 exponentials and sum,
+  // the K most probable experts, ties to the lower id, weights renormalised in f64) and writes the
+  // picks to experts_out and the weights to weights_out (n × K each); the plan then reads them.
+  // E <= kDeviceRouteMaxExperts.
+  const float* logits = nullptr;
+  int32_t* experts_out = nullptr;
+  float* weights_out = nullptr;
+  const int32_t* experts = nullptr;     // n × K picks (device); with logits: experts_out
   int n = 0, K = 0, E = 0;
   const ExpertLocation* table = nullptr;  // E entries (device): where each routed expert's matrices are
   ExpertLocation shared;                // the shared expert (gate == nullptr: none)

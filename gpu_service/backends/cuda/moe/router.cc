@@ -64,8 +64,21 @@ absl::Status GpuRouter::RouteLogits(const float* logits, int64_t n, cudaStream_t
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchRouteTopK(logits, static_cast<int>(n), static_cast<int>(E_),
                                               static_cast<int>(K_), dev_experts, dev_weights, stream));
   if (!copy_to_host) return absl::OkStatus();
+  return CopyToHost(stream);
+}
+
+absl::StatusOr<std::pair<int32_t*, float*>> GpuRouter::DeviceOutputs(int64_t n) {
+  if (n < 0 || n > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuRouter: ", n, " tokens, capacity ", max_tokens_));
+  }
+  last_n_ = n;
+  int32_t* dev_experts = device_.as<int32_t>();
+  return std::make_pair(dev_experts, reinterpret_cast<float*>(dev_experts + n * K_));
+}
+
+absl::Status GpuRouter::CopyToHost(cudaStream_t stream) {
   // One copy for both arrays.
-  const size_t bytes = static_cast<size_t>(n * K_) * (sizeof(int32_t) + sizeof(float));
+  const size_t bytes = static_cast<size_t>(last_n_ * K_) * (sizeof(int32_t) + sizeof(float));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_.get(), device_.get(), bytes, cudaMemcpyDeviceToHost, stream));
   return absl::OkStatus();
 }

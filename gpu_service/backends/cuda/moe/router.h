@@ -34,6 +34,12 @@ class GpuRouter {
   // device only (experts()/weights() then keep the previous call's values).
   absl::Status RouteLogits(const float* logits, int64_t n, cudaStream_t stream, bool copy_to_host = true);
 
+  // For kernels that route themselves (the device planner's fused routing): the device arrays for
+  // n tokens' picks and weights, which experts()/weights()/device_*() then describe.
+  absl::StatusOr<std::pair<int32_t*, float*>> DeviceOutputs(int64_t n);
+  // Enqueues the copy of the last n tokens' picks and weights to the host arrays.
+  absl::Status CopyToHost(cudaStream_t stream);
+
   // n × K host arrays of the last call (descending weight per token).
   const int32_t* experts() const { return host_.as<int32_t>(); }
   const float* weights() const { return reinterpret_cast<const float*>(host_.as<int32_t>() + last_n_ * K_); }
