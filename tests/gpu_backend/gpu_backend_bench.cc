@@ -11,7 +11,7 @@
 // Then one profiled step of each kind (the per-stage breakdown of CudaBackendOptions::profile).
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
-//                     [--prefill 512,2048,8192] [--decode-steps 128] [--json out.json]
+//                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +42,7 @@ struct Args {
   std::vector<int> prefill = {512, 2048, 8192};
   int decode_steps = 128;
   std::string json;
+  bool dense_split = true;  // fast mode's dense products as hi/lo f16 triples (the default)
 };
 
 bool ParseInts(const std::string& v, std::vector<int>& out) {
@@ -141,6 +142,7 @@ int Run(const Args& a) {
   const int max_prefill = *std::max_element(a.prefill.begin(), a.prefill.end());
   CudaBackendOptions o;
   o.mode = a.mode == "exact" ? CudaMode::kExact : CudaMode::kFast;
+  o.fast_dense_split = a.dense_split;
   o.max_batch_tokens = std::max(max_batch, max_prefill);
   o.max_sequences = max_batch + 1;
   o.max_context = max_prefill + a.decode_steps + 8;
@@ -158,7 +160,7 @@ int Run(const Args& a) {
   printf("model: %s, %lld layers, E %lld K %lld; weights on the GPU %.2f GB, state+scratch %.2f GB; opened in %.1f s\n",
          c.name.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.moe.E),
          static_cast<long long>(c.moe.K), b.weight_bytes() / 1e9, b.state_bytes() / 1e9, Seconds(t_open));
-  printf("mode: %s\n", a.mode.c_str());
+  printf("mode: %s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "");
   Figures fig;
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
@@ -329,6 +331,13 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--decode-steps: not a positive integer\n");
         return 2;
       }
+    } else if (arg == "--dense") {
+      const std::string v = value();
+      if (v != "split" && v != "single") {
+        fprintf(stderr, "--dense: '%s' is not split or single\n", v.c_str());
+        return 2;
+      }
+      a.dense_split = v == "split";
     } else if (arg == "--json") {
       a.json = value();
     } else {

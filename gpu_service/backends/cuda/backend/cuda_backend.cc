@@ -104,7 +104,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   m.fork_event.emplace(*std::move(fork));
   m.join_event.emplace(*std::move(join));
   cuda::DenseGemmOptions go;
-  go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm ? cuda::GemmMode::kFast : cuda::GemmMode::kExact;
+  go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm
+                ? (options.fast_dense_split ? cuda::GemmMode::kFastSplit : cuda::GemmMode::kFast)
+                : cuda::GemmMode::kExact;
   go.max_n = T;
   go.max_cols = std::max<int64_t>(MaxCols(*m.dm), 256);
   go.tile_bytes = std::max<int64_t>(128ll << 20, go.max_cols * 4);
@@ -369,8 +371,9 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
   const cuda::AttnShape attn_shape{static_cast<int>(c.attn.nh), static_cast<int>(c.attn.kvh),
                                    static_cast<int>(c.attn.hd), static_cast<int>(c.attn.rot), c.attn.eps};
   plan.attn = cuda::PlanAttention(token_seq, attn_shape,
-                                  m.options.mode == CudaMode::kFast ? cuda::AttentionPrecision::kF16TensorCores
-                                                                    : cuda::AttentionPrecision::kF32);
+                                  m.options.mode == CudaMode::kFast && m.options.fast_attention
+                                      ? cuda::AttentionPrecision::kF16TensorCores
+                                      : cuda::AttentionPrecision::kF32);
   const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.step_ints, host_ints, (3 * T_max + items.size()) * sizeof(int32_t),

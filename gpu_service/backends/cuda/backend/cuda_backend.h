@@ -50,7 +50,10 @@ struct CudaBackendOptions {
   int device = 0;                  // CUDA device ordinal
   // kFast only: which prefill products run as bf16 GEMMs (the others stay f32 exact).
   bool fast_dense_gemm = true;     // projections, stream reads, head
-  bool fast_expert_gemm = true;    // routed and shared experts
+  bool fast_dense_split = true;    // ... as three f16 products of hi/lo halves (near-f32 accuracy)
+  bool fast_expert_gemm = true;    // routed and shared experts (steps above 64 tokens)
+  bool fast_attention = true;      // f16 tensor-core attention for sequences with >= 64 new tokens
+  bool fast_gdn = true;            // tf32 tensor cores in the chunked delta rule
   bool cuda_graphs = true;         // replay decode steps (one token per sequence) as CUDA graphs
   int graph_capacity = 16;         // graphs kept (one per decode batch size seen), least recent dropped
   bool profile = false;            // per-stage CUDA-event timing of every step (steps run without graphs)

@@ -155,7 +155,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // Prefill chunks through the chunked form (tensor cores in fast mode), decode token by token.
     if (n > 1 && gdn_scratch_bytes > 0) {
       const cuda::GdnChunkPrecision precision =
-          options.mode == CudaMode::kFast ? cuda::GdnChunkPrecision::kTf32 : cuda::GdnChunkPrecision::kF32;
+          options.mode == CudaMode::kFast && options.fast_gdn ? cuda::GdnChunkPrecision::kTf32
+                                                              : cuda::GdnChunkPrecision::kF32;
       if (absl::Status s = Launch(cuda::LaunchGdnChunked(conv + off * cd, g + off * nv, beta + off * nv, n, shape,
                                                          precision, gdn_scratch, gdn_scratch_bytes,
                                                          base + gdn_ssm_off[layer], go + off * vw, st),

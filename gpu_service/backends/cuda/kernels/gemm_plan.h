@@ -3,6 +3,7 @@
 // cuBLAS.
 //
 //   kFast:  f16 weight tiles and f16 activations, f32 accumulation (tensor cores).
+//   kFastSplit: both split into f16 hi + lo parts, three products (about 3x kFast's arithmetic).
 //   kExact: f32 tiles and activations, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
 //           precision anywhere): the exact mode of docs/MODEL.md §5.
 //
@@ -25,7 +26,12 @@
 
 namespace tandem::cuda {
 
-enum class GemmMode { kFast, kExact };
+enum class GemmMode {
+  kFast,       // f16 weights and activations, f32 accumulation: one tensor-core product
+  kFastSplit,  // each operand as f16 hi + lo: hi·hi + hi·lo + lo·hi, three tensor-core products,
+               // close to f32 accuracy (used so that rounding does not flip routing picks)
+  kExact,      // f32, no TF32
+};
 
 struct DenseGemmOptions {
   GemmMode mode = GemmMode::kFast;
@@ -47,9 +53,9 @@ class DenseGemm {
   absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
     return Run(w, x, n, y, stream, options_.mode);
   }
-  // The same in a chosen precision: a kFast plan can run single products exactly (the router's
-  // logits, whose rounding would change which experts are picked); a kExact plan has no f16
-  // scratch, so it refuses kFast.
+  // The same in a chosen precision: a kFast or kFastSplit plan runs any mode (the router's logits
+  // exactly: their rounding would change which experts are picked); a kExact plan has no f16
+  // scratch, so it refuses the others.
   absl::Status Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream, GemmMode mode);
 
   GemmMode mode() const { return options_.mode; }
