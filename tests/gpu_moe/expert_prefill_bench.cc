@@ -1,9 +1,10 @@
 // Timings of the prefill routed-expert path on the Qwen3-Next-80B shapes (h 2048, I 512, E 512,
 // K 10, Q4_K gate/up/down, every expert resident), for 512, 2048 and 8192 tokens with uniform
-// random routing: per layer time and TFLOP/s of each algorithm (grouped tiles at the chosen and at
-// every fixed tile height; the per-expert cuBLAS path), against the rate of one large bf16 cuBLAS
-// GEMM measured in the same run. Also prints the relative L2 between the grouped and the cuBLAS
-// outputs (a sanity line; the tests decide correctness). Not a test.
+// random routing: per layer time and TFLOP/s of each algorithm (before: the per-expert cuBLAS path
+// and the unpipelined grouped kernel at its chosen height; after: the pipelined grouped kernel at
+// the chosen height with remainder tiles, and at every fixed height), against the rate of one
+// large bf16 and one f16 cuBLAS GEMM measured in the same run. Also prints the relative L2 of the
+// grouped outputs against the cuBLAS path (a sanity line; the tests decide correctness). Not a test.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -104,21 +105,21 @@ std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
   return picks;
 }
 
-// TFLOP/s of one bf16 × bf16 → f32 cuBLAS GEMM of m = n = k = 8192 (the ceiling).
-double CublasCeiling() {
+// TFLOP/s of one bf16 × bf16 (or f16 × f16) → f32 cuBLAS GEMM of m = n = k = 8192 (the ceiling).
+double CublasCeiling(cudaDataType_t type, const char* name) {
   const int64_t d = 8192;
   void *a, *b, *c;
   BENCH_CHECK(cudaMalloc(&a, d * d * 2));
   BENCH_CHECK(cudaMalloc(&b, d * d * 2));
   BENCH_CHECK(cudaMalloc(&c, d * d * 4));
-  BENCH_CHECK(cudaMemset(a, 0x3C, d * d * 2));  // bf16 0x3C3C ≈ 0.0115
+  BENCH_CHECK(cudaMemset(a, 0x3C, d * d * 2));  // bf16 0x3C3C ≈ 0.0115, f16 0x3C3C ≈ 1.06 (f32 sums)
   BENCH_CHECK(cudaMemset(b, 0x3C, d * d * 2));
   cublasHandle_t handle;
   BLAS_CHECK(cublasCreate(&handle));
   const float one = 1.0f, zero = 0.0f;
   auto gemm = [&] {
-    BLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, d, d, d, &one, a, CUDA_R_16BF, d, b, CUDA_R_16BF, d,
-                            &zero, c, CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    BLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, d, d, d, &one, a, type, d, b, type, d, &zero, c,
+                            CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
   gemm();
   Timer timer;
@@ -133,7 +134,7 @@ double CublasCeiling() {
   BENCH_CHECK(cudaFree(b));
   BENCH_CHECK(cudaFree(c));
   const double tflops = 2.0 * d * d * d / (Median(reps) * 1e-3) / 1e12;
-  std::printf("ceiling: cuBLAS bf16 GEMM 8192^3 (f32 out) %.2f ms, %.1f TFLOP/s\n", Median(reps), tflops);
+  std::printf("ceiling: cuBLAS %s GEMM 8192^3 (f32 out) %.2f ms, %.1f TFLOP/s\n", name, Median(reps), tflops);
   return tflops;
 }
 
@@ -169,7 +170,8 @@ int Main() {
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  const double ceiling = CublasCeiling();
+  const double ceiling = CublasCeiling(CUDA_R_16BF, "bf16");
+  CublasCeiling(CUDA_R_16F, "f16");
 
   // Every expert's gate, up (I rows of h) and down (h rows of I), Q4_K, one allocation.
   const int64_t gate_bytes = kI * (kH / kQ4KBlockElems) * kQ4KBlockBytes;
@@ -213,19 +215,24 @@ int Main() {
       BENCH_OK(runner.status());
       report("cublas per expert (before)", TimeRuns(*runner, *plan, x, partial_ref), 0);
     }
-    std::vector<PrefillOptions> grouped = {{PrefillAlgorithm::kGroupedTiles, 0, n}};
-    for (int rows : kPrefillTileRows) grouped.push_back({PrefillAlgorithm::kGroupedTiles, rows, n});
-    for (const PrefillOptions& o : grouped) {
-      absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, o);
+    struct Variant {
+      const char* name;
+      PrefillOptions options;
+    };
+    std::vector<Variant> grouped = {{"unpipelined (before)", {PrefillAlgorithm::kGroupedTilesUnpipelined, 0, n}},
+                                    {"pipelined (after)", {PrefillAlgorithm::kGroupedTiles, 0, n}}};
+    for (int rows : kPrefillTileRows) grouped.push_back({"pipelined, fixed height", {PrefillAlgorithm::kGroupedTiles, rows, n}});
+    for (const Variant& v : grouped) {
+      absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
       BENCH_OK(runner.status());
       const double ms = TimeRuns(*runner, *plan, x, partial);
-      report(o.tile_rows == 0 ? "grouped tiles (chosen)" : "grouped tiles (fixed)", ms, runner->last_tile_rows());
-      if (o.tile_rows == 0) {
+      report(v.name, ms, runner->last_tile_rows());
+      if (v.options.tile_rows == 0) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
         BENCH_CHECK(cudaMemcpy(ref.data(), partial_ref, count * sizeof(float), cudaMemcpyDeviceToHost));
-        std::printf("prefill n=%-5lld grouped vs cublas: relative L2 %.2e\n", static_cast<long long>(n),
+        std::printf("prefill n=%-5lld %s vs cublas: relative L2 %.2e\n", static_cast<long long>(n), v.name,
                     RelativeL2(got, ref));
       }
     }

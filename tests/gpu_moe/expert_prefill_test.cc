@@ -52,13 +52,18 @@ struct PrefillCase {
 };
 
 std::string Describe(const PrefillOptions& o) {
-  return o.algorithm == PrefillAlgorithm::kCublasPerExpert ? std::string("cublas per expert")
-                                                            : "grouped tiles, tile_rows " + std::to_string(o.tile_rows);
+  switch (o.algorithm) {
+    case PrefillAlgorithm::kCublasPerExpert: return "cublas per expert";
+    case PrefillAlgorithm::kGroupedTilesUnpipelined: return "unpipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
+    case PrefillAlgorithm::kGroupedTiles: break;
+  }
+  return "pipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
 }
 
 // Runs one random layer through a runner made with each of `all` (both algorithms, every tile
 // height); relative L2 against FfnForward.
-void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all) {
+// expected_tile_rows (0: unchecked): the height the chosen-height pipelined runner must pick.
+void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0) {
   std::mt19937 rng(std::random_device{}());
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
@@ -100,15 +105,22 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     const std::vector<float> got = Download<float>(partial.get(), ref.size());
     ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
     EXPECT_LE(testing::RelativeL2(got, ref), 1e-2);
-    if (options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows != 0) {
+    if (options.algorithm != PrefillAlgorithm::kCublasPerExpert && options.tile_rows != 0) {
       EXPECT_EQ(runner->last_tile_rows(), options.tile_rows);
+    }
+    if (expected_tile_rows != 0 && options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows == 0) {
+      EXPECT_EQ(runner->last_tile_rows(), expected_tile_rows);
     }
   }
 }
 
+// Every algorithm; both grouped kernels at the chosen and at every fixed tile height.
 std::vector<PrefillOptions> AllOptions() {
-  std::vector<PrefillOptions> all = {{PrefillAlgorithm::kCublasPerExpert, 0, 0}, {PrefillAlgorithm::kGroupedTiles, 0, 0}};
-  for (int rows : kPrefillTileRows) all.push_back({PrefillAlgorithm::kGroupedTiles, rows, 0});
+  std::vector<PrefillOptions> all = {{PrefillAlgorithm::kCublasPerExpert, 0, 0}};
+  for (PrefillAlgorithm a : {PrefillAlgorithm::kGroupedTiles, PrefillAlgorithm::kGroupedTilesUnpipelined}) {
+    all.push_back({a, 0, 0});
+    for (int rows : kPrefillTileRows) all.push_back({a, rows, 0});
+  }
   return all;
 }
 
@@ -132,11 +144,30 @@ TEST(ExpertPrefillTest, RaggedShapesMatchReference) {
   ExpectMatchesReference({WeightType::kQ8_0, WeightType::kQ8_0, 320, 96, 4, 2, 70}, AllOptions());
 }
 
+// Groups of 132 rows, Q4_K throughout (the register-prefetched Q4_K loader in every launch): the
+// chosen height is 128 and each group's 4-row remainder runs in a separate 16-row launch.
+TEST(ExpertPrefillTest, MixedTileHeightsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 5, 2, 330},
+                         {{PrefillAlgorithm::kGroupedTiles, 0, 0}, {PrefillAlgorithm::kGroupedTilesUnpipelined, 0, 0}},
+                         /*expected_tile_rows=*/128);
+}
+
 TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, 512, 256};
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 48, 0}).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create({WeightType::kQ8_0, WeightType::kQ8_0, 512, 80}, 64).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 0).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTilesUnpipelined, 100, 0}).ok());
+}
+
+TEST(PrefillTilesTest, TileClassIsSmallestHeightHoldingTheRows) {
+  EXPECT_EQ(PrefillTileClass(1), 16);
+  EXPECT_EQ(PrefillTileClass(16), 16);
+  EXPECT_EQ(PrefillTileClass(17), 32);
+  EXPECT_EQ(PrefillTileClass(33), 64);
+  EXPECT_EQ(PrefillTileClass(100), 128);
+  EXPECT_EQ(PrefillTileClass(128), 128);
 }
 
 // Host planning of the grouped path (runs without a GPU).
@@ -168,6 +199,18 @@ TEST(PrefillTilesTest, ChoosesSmallTilesForSmallGroupsAndLargeForLarge) {
   }
   EXPECT_EQ(ChoosePrefillTileRows(small), kPrefillTileRows[0]);
   EXPECT_EQ(ChoosePrefillTileRows(large), 128);
+  // 512 experts of 160 rows (8192 tokens of the 80B model): one 128-row tile plus a 32-row
+  // remainder tile (in a second launch) beats three 64-row tiles or five of 32.
+  std::vector<PrefillGroup> ragged;
+  for (int g = 0; g < 512; ++g) ragged.push_back({{&dummy, &dummy, &dummy}, g * 160, 160});
+  EXPECT_EQ(ChoosePrefillTileRows(ragged), 128);
+  EXPECT_EQ(ChoosePrefillTileRows(ragged, /*remainders_at_class=*/false), 128);
+  // Mostly 10-row groups and a few of 20: a second launch for 32-row remainder tiles costs more
+  // than two 16-row tiles for the few; padding every tile to the height (unpipelined) likewise.
+  std::vector<PrefillGroup> mostly_small;
+  for (int g = 0; g < 100; ++g) mostly_small.push_back({{&dummy, &dummy, &dummy}, g * 20, g % 30 == 0 ? 20 : 10});
+  EXPECT_EQ(ChoosePrefillTileRows(mostly_small), 16);
+  EXPECT_EQ(ChoosePrefillTileRows(mostly_small, /*remainders_at_class=*/false), 16);
 }
 
 // GroupUnits merges consecutive units of one expert with consecutive slots, and nothing else.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -33,6 +34,18 @@ size_t TileOffset(int64_t max_slots) { return (static_cast<size_t>(max_slots) * 
 // timings of expert_prefill_bench (80B shapes, Q4_K): 16-row tiles best at 512 tokens, 64 at 2048,
 // 128 at 8192 (about 10, 40 and 160 rows per expert).
 constexpr int64_t kDequantCostRows = 96;
+
+// Modelled cost of each launch beyond the first (pipelined kernel, remainder tiles at their class):
+// a launch lasts at least one block's whole k-loop however few tiles it has. Fitted to the H200
+// (expert_prefill_bench, 512 tokens: 15 tiles of 32 rows in a second launch cost 0.03 ms, more than
+// the padding they saved).
+constexpr int64_t kLaunchCostRows = 2500;
+
+// Index of a height in kPrefillTileRows.
+size_t ClassIndex(int height) {
+  return static_cast<size_t>(std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), height) -
+                             std::begin(kPrefillTileRows));
+}
 
 bool ValidTileRows(int rows) {
   return std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), rows) != std::end(kPrefillTileRows);
@@ -66,12 +79,33 @@ std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units) {
   return groups;
 }
 
-int ChoosePrefillTileRows(std::span<const PrefillGroup> groups) {
+int PrefillTileClass(int rows) {
+  for (int height : kPrefillTileRows) {
+    if (rows <= height) return height;
+  }
+  return kPrefillTileRows[std::size(kPrefillTileRows) - 1];
+}
+
+int ChoosePrefillTileRows(std::span<const PrefillGroup> groups, bool remainders_at_class) {
   int best = kPrefillTileRows[0];
   int64_t best_cost = -1;
   for (int rows : kPrefillTileRows) {
     int64_t cost = 0;
-    for (const PrefillGroup& g : groups) cost += (g.rows + rows - 1) / rows * (kDequantCostRows + rows);
+    if (remainders_at_class) {
+      bool launched[std::size(kPrefillTileRows)] = {};
+      for (const PrefillGroup& g : groups) {
+        cost += g.rows / rows * (kDequantCostRows + rows);
+        if (g.rows >= rows) launched[ClassIndex(rows)] = true;
+        if (const int rest = g.rows % rows; rest != 0) {
+          cost += kDequantCostRows + PrefillTileClass(rest);
+          launched[ClassIndex(PrefillTileClass(rest))] = true;
+        }
+      }
+      const int64_t launches = std::count(std::begin(launched), std::end(launched), true);
+      cost += kLaunchCostRows * std::max<int64_t>(launches - 1, 0);
+    } else {
+      for (const PrefillGroup& g : groups) cost += (g.rows + rows - 1) / rows * (kDequantCostRows + rows);
+    }
     if (best_cost < 0 || cost < best_cost) {
       best = rows;
       best_cost = cost;
@@ -96,7 +130,7 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
     return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: h=", shape.h, " I=", shape.inner,
                                                    " max_slots=", max_slots, " max_input_rows=", options.max_input_rows));
   }
-  const bool grouped = options.algorithm == PrefillAlgorithm::kGroupedTiles;
+  const bool grouped = options.algorithm != PrefillAlgorithm::kCublasPerExpert;
   if (grouped) {
     if (options.tile_rows != 0 && !ValidTileRows(options.tile_rows)) {
       return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: tile_rows=", options.tile_rows,
@@ -145,8 +179,8 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
 absl::Status ExpertPrefillRunner::Run(std::span<const ExpertUnit> units, const float* x, float* partial,
                                       cudaStream_t stream) {
   if (units.empty()) return absl::OkStatus();
-  if (options_.algorithm == PrefillAlgorithm::kGroupedTiles) return RunGrouped(units, x, partial, stream);
-  return RunCublas(units, x, partial, stream);
+  if (options_.algorithm == PrefillAlgorithm::kCublasPerExpert) return RunCublas(units, x, partial, stream);
+  return RunGrouped(units, x, partial, stream);
 }
 
 absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, const float* x, float* partial,
@@ -182,9 +216,31 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
   }
   const std::vector<PrefillGroup> groups = GroupUnits(units);
-  const int tile_rows = options_.tile_rows != 0 ? options_.tile_rows : ChoosePrefillTileRows(groups);
-  const std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
+  // The pipelined path with a chosen height launches each tile at its PrefillTileClass (tiles
+  // ordered by falling height); otherwise every tile at tile_rows.
+  const PrefillKernel kernel = options_.algorithm == PrefillAlgorithm::kGroupedTilesUnpipelined
+                                   ? PrefillKernel::kUnpipelined
+                                   : PrefillKernel::kPipelined;
+  const bool by_class = kernel == PrefillKernel::kPipelined && options_.tile_rows == 0;
+  const int tile_rows = options_.tile_rows != 0 ? options_.tile_rows : ChoosePrefillTileRows(groups, by_class);
+  std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
   last_tile_rows_ = tile_rows;
+  struct Launch {  // `count` tiles from `first`, at `height`
+    int height, first, count;
+  };
+  std::vector<Launch> launches;
+  if (by_class) {
+    std::stable_sort(tiles.begin(), tiles.end(), [](const PrefillTile& a, const PrefillTile& b) {
+      return PrefillTileClass(a.rows) > PrefillTileClass(b.rows);  // tall tiles first: shorter tail
+    });
+    for (int i = 0; i < static_cast<int>(tiles.size()); ++i) {
+      const int height = PrefillTileClass(tiles[i].rows);
+      if (launches.empty() || launches.back().height != height) launches.push_back({height, i, 0});
+      ++launches.back().count;
+    }
+  } else {
+    launches.push_back({tile_rows, 0, static_cast<int>(tiles.size())});
+  }
 
   // One upload: the input row of every slot, then the tiles.
   if (pending_) TANDEM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_.get()));
@@ -205,18 +261,23 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   const PrefillTile* device_tiles = reinterpret_cast<const PrefillTile*>(index_.as<uint8_t>() + tile_offset);
   uint16_t* xb = x_f16_.as<uint16_t>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
-  const int n_tiles = static_cast<int>(tiles.size());
-  const cudaError_t e1 =
-      LaunchPrefillGateUp(gu_type, tile_rows, device_tiles, n_tiles, xb, index_.as<int32_t>(), h, I, act_.as<uint16_t>(), stream);
-  if (e1 == cudaErrorInvalidValue) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill gate/up: type ", gu_type, " or shape refused by the kernels"));
+  uint16_t* act = act_.as<uint16_t>();
+  for (const Launch& l : launches) {
+    const cudaError_t e = LaunchPrefillGateUp(kernel, gu_type, l.height, device_tiles + l.first, l.count, xb,
+                                              index_.as<int32_t>(), h, I, act, stream);
+    if (e == cudaErrorInvalidValue) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill gate/up: type ", gu_type, " or shape refused by the kernels"));
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(e);
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(e1);
-  const cudaError_t e2 = LaunchPrefillDown(d_type, tile_rows, device_tiles, n_tiles, act_.as<uint16_t>(), h, I, partial, stream);
-  if (e2 == cudaErrorInvalidValue) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill down: type ", d_type, " or shape refused by the kernels"));
+  for (const Launch& l : launches) {
+    const cudaError_t e =
+        LaunchPrefillDown(kernel, d_type, l.height, device_tiles + l.first, l.count, act, h, I, partial, stream);
+    if (e == cudaErrorInvalidValue) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill down: type ", d_type, " or shape refused by the kernels"));
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(e);
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(e2);
   return absl::OkStatus();
 }
 

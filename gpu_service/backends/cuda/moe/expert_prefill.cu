@@ -5,14 +5,15 @@
 #include <algorithm>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_gemm.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace prefill_gemm;  // NOLINT: the tile helpers shared with the pipelined kernel
 
-__device__ __forceinline__ uint16_t ToF16Bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+constexpr int kThreads = 256;
 
 // One thread per 32-element piece.
 template <uint32_t kType>
@@ -41,59 +42,16 @@ cudaError_t LaunchDequant(const void* w, int cols, int rows, uint16_t* out, cuda
   return cudaGetLastError();
 }
 
-// ---- The grouped path: f16 tensor-core GEMMs over row tiles, weights dequantized in shared memory.
-//
-// One block computes a tile of `kBM` slot rows × kPrefillTileCols weight rows (B rows) in steps of
-// kTileK along the reduction; two shared-memory stages, one __syncthreads per step. Eight warps
-// split the tile (kWarpsM × kWarpsN); each warp issues mma.m16n8k16 (f16 in, f32 accumulate) on
-// fragments read with ldmatrix. Every shared tile is [rows][64] f16, rows of 128 bytes whose
-// eight 16-byte chunks are XOR-swizzled by the row so that ldmatrix's eight addresses of one
-// matrix hit eight different bank groups.
-//
-// In the gate/up launch B row 2f is gate row f and B row 2f + 1 is up row f: the accumulator pair
-// (c0, c1) a thread holds for columns 2t, 2t + 1 is then (gate, up) of one feature, and SiLU·up is
-// applied in registers.
-
-constexpr int kGemmThreads = 256;
-constexpr int kTileK = 64;
-constexpr int kSmemRowBytes = kTileK * 2;
-
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
-  return static_cast<uint32_t>(row * kSmemRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// f16(lo) in the low half, f16(hi) in the high half (one cvt.rn.f16x2.f32).
-__device__ __forceinline__ uint32_t PackF16x2(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return static_cast<uint32_t>(__half_as_ushort(v.x)) | (static_cast<uint32_t>(__half_as_ushort(v.y)) << 16);
-}
-
-__device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
-
-template <int kBM>
-constexpr int SmemBytes() {
-  return 2 * (kBM + kPrefillTileCols) * kSmemRowBytes;
-}
+// ---- The unpipelined grouped kernel (PrefillKernel::kUnpipelined, the first version, kept for
+// comparison): the same tiles, warps and shared layout as PipelinedGemmKernel
+// (expert_prefill_gemm.cuh), but each step's weight loads, dequantization (DequantChunk, f32 then
+// f16) and activation loads happen in sequence before the next step's MMAs can start.
 
 // a: f16 rows of K elements; a_index maps a slot to its row of a (nullptr: the slot itself).
 // B rows: n < N (gate/up: N = 2·inner, interleaved; down: N = h). out_cols: inner (gate/up) or h.
 template <uint32_t kType, int kBM, bool kGateUp>
 __global__ void __launch_bounds__(kGemmThreads, 2)
-    PrefillGemmKernel(const PrefillTile* __restrict__ tiles, int col_blocks, const uint16_t* __restrict__ a,
+    UnpipelinedGemmKernel(const PrefillTile* __restrict__ tiles, int col_blocks, const uint16_t* __restrict__ a,
                       const int32_t* __restrict__ a_index, int K, int N, int out_cols, uint16_t* __restrict__ act_out,
                       float* __restrict__ f32_out) {
   constexpr int kWarpsM = kBM >= 64 ? kBM / 32 : 1;
@@ -255,10 +213,12 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
 }
 
 template <uint32_t kType, int kBM, bool kGateUp>
-cudaError_t LaunchGemm(const PrefillTile* tiles, int num_tiles, const uint16_t* a, const int32_t* a_index, int K,
-                       int N, int out_cols, uint16_t* act_out, float* f32_out, cudaStream_t stream) {
+cudaError_t LaunchGemm(PrefillKernel which, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+                       const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
+                       cudaStream_t stream) {
   constexpr int smem = SmemBytes<kBM>();
-  auto* kernel = PrefillGemmKernel<kType, kBM, kGateUp>;
+  auto* kernel = which == PrefillKernel::kPipelined ? PipelinedGemmKernel<kType, kBM, kGateUp>
+                                                    : UnpipelinedGemmKernel<kType, kBM, kGateUp>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
     return e;
   }
@@ -270,20 +230,20 @@ cudaError_t LaunchGemm(const PrefillTile* tiles, int num_tiles, const uint16_t* 
 }
 
 template <uint32_t kType, bool kGateUp>
-cudaError_t LaunchGemmRows(int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+cudaError_t LaunchGemmRows(PrefillKernel which, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                            const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
                            cudaStream_t stream) {
   switch (tile_rows) {
-    case 16: return LaunchGemm<kType, 16, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
-    case 32: return LaunchGemm<kType, 32, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
-    case 64: return LaunchGemm<kType, 64, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
-    case 128: return LaunchGemm<kType, 128, kGateUp>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 16: return LaunchGemm<kType, 16, kGateUp>(which, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 32: return LaunchGemm<kType, 32, kGateUp>(which, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 64: return LaunchGemm<kType, 64, kGateUp>(which, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+    case 128: return LaunchGemm<kType, 128, kGateUp>(which, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool kGateUp>
-cudaError_t LaunchGemmTyped(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                             const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
                             cudaStream_t stream) {
   if (num_tiles <= 0 || N <= 0) return cudaSuccess;
@@ -291,7 +251,7 @@ cudaError_t LaunchGemmTyped(uint32_t type, int tile_rows, const PrefillTile* til
     return cudaErrorInvalidValue;
   }
 #define TANDEM_PREFILL_CASE(T) \
-  case T: return LaunchGemmRows<T, kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream)
+  case T: return LaunchGemmRows<T, kGateUp>(which, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream)
   switch (type) {
     TANDEM_PREFILL_CASE(kTypeF32);
     TANDEM_PREFILL_CASE(kTypeF16);
@@ -388,17 +348,17 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+cudaError_t LaunchPrefillGateUp(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
                                 cudaStream_t stream) {
-  return LaunchGemmTyped<true>(type, tile_rows, tiles, num_tiles, xb, index, h, 2 * inner, inner, act, nullptr, stream);
+  return LaunchGemmTyped<true>(which, type, tile_rows, tiles, num_tiles, xb, index, h, 2 * inner, inner, act, nullptr, stream);
 }
 
-cudaError_t LaunchPrefillDown(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+cudaError_t LaunchPrefillDown(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                               const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream) {
   // The epilogue stores column pairs as float2.
   if (h % 2 != 0 || reinterpret_cast<uintptr_t>(partial) % 8 != 0) return cudaErrorInvalidValue;
-  return LaunchGemmTyped<false>(type, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, nullptr, partial, stream);
+  return LaunchGemmTyped<false>(which, type, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, nullptr, partial, stream);
 }
 
 }  // namespace tandem::cuda

@@ -1,10 +1,12 @@
 // Device side of the prefill expert path (expert_prefill.h drives it).
 //
-// The grouped path (the default): every expert of a call in three launches. Activations are
-// rounded to f16 once; then one launch computes SiLU(x·Wg^T)·(x·Wu^T) for every (tile, feature
-// block) and one computes act·Wd^T, each with f16 tensor-core MMAs and f32 accumulation. The
-// quantized weights are dequantized to f16 in shared memory tile by tile (no f16 copy of the
-// weights in global memory), so a layer's routed weights are read about once per row tile.
+// The grouped path (the default): every expert of a call in a few launches. Activations are
+// rounded to f16 once; then one launch per tile height computes SiLU(x·Wg^T)·(x·Wu^T) for every
+// (tile, feature block) and one computes act·Wd^T, each with f16 tensor-core MMAs and f32
+// accumulation. The quantized weights are dequantized to f16 in shared memory tile by tile (no f16
+// copy of the weights in global memory), so a layer's routed weights are read about once per row
+// tile. Two kernels (PrefillKernel): the software-pipelined one (expert_prefill_gemm.cuh) and the
+// first, unpipelined one, kept for comparison.
 //
 // The per-expert cuBLAS path (kept as a second algorithm for comparison): element-wise kernels
 // around cuBLAS (weights to f16, rows gathered as f16, SiLU(gate)·up to f16).
@@ -33,6 +35,11 @@ static_assert(sizeof(PrefillTile) == 32, "PrefillTile is uploaded as raw bytes")
 // Row-tile heights the grouped launches are compiled for (tile_rows must be one of them).
 inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 
+// The kernel of the grouped launches. kPipelined overlaps each k-step's MMAs with the weight loads
+// of later steps and the activation copy of the next (expert_prefill_gemm.cuh); kUnpipelined is
+// the first version (loads, dequantization, then MMAs, step after step).
+enum class PrefillKernel { kPipelined, kUnpipelined };
+
 // Output features (down) or interleaved gate/up rows (gate/up) one block of a grouped launch computes.
 inline constexpr int kPrefillTileCols = 128;
 
@@ -41,15 +48,15 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 
 // For every tile and every row r < tile.rows, slot s = tile.first_slot + r:
 //   act[s] (inner f16) = SiLU(xb[index[s]]·gate^T) ⊙ (xb[index[s]]·up^T), rounded to f16,
-// where xb holds f16 rows of h elements. h must be a positive multiple of 32 (and of the type's
+// where xb holds f16 rows of h elements. Every tile must have rows <= tile_rows. h must be a positive multiple of 32 (and of the type's
 // block); cudaErrorInvalidValue otherwise, for an unsupported type or tile_rows.
-cudaError_t LaunchPrefillGateUp(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
                                 cudaStream_t stream);
 
 // For every tile and row as above: partial[s] (h f32) = act[s]·down^T. inner must be a positive
 // multiple of 32 (and of the type's block).
-cudaError_t LaunchPrefillDown(uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
+cudaError_t LaunchPrefillDown(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                               const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream);
 
 // out (rows × cols f16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized

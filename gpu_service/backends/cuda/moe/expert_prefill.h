@@ -4,12 +4,17 @@
 // Consumes the same ExpertUnits as the decode path (MoeStepPlan::units): consecutive units of one
 // expert with consecutive slots form one group (one expert applied to consecutive slots).
 //
-// Two algorithms (PrefillAlgorithm):
-//  - kGroupedTiles (default): every group of a call split into row tiles of one height; three
-//    launches per call whatever the number of experts (activations to f16, gate/up with SiLU·up,
-//    down). The quantized weights are dequantized tile by tile in shared memory, so small calls read
-//    each weight byte about once and large ones run at tensor-core rates (expert_prefill.cuh).
-//  - kCublasPerExpert (the former path, kept for comparison): per group, its weights dequantized
+// Three algorithms (PrefillAlgorithm):
+//  - kGroupedTiles (default): every group of a call split into row tiles: full tiles of one chosen
+//    height and, per group, one remainder tile launched at the smallest compiled height that holds
+//    it (PrefillTileClass); per call, activations to f16 once, then one gate/up (SiLU·up in
+//    registers) and one down launch per tile height present. The quantized weights are
+//    dequantized tile by tile into shared memory, software-pipelined: each k-step's MMAs overlap
+//    the weight loads of the next two steps and the activation copy of the next
+//    (expert_prefill_gemm.cuh).
+//  - kGroupedTilesUnpipelined (the first grouped version, kept for comparison): the same tiles,
+//    all at one height, with a kernel whose every step waits for its loads before its MMAs.
+//  - kCublasPerExpert (the original path, kept for comparison): per group, its weights dequantized
 //    to f16 in global memory, rows gathered, two cuBLAS GEMMs: 7 launches per expert.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
@@ -40,7 +45,14 @@ std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units);
 
 // The tile height (one of kPrefillTileRows) with the least modelled cost for these groups: each
 // tile costs its padded rows of tensor-core work plus a fixed share for dequantizing the weights.
-int ChoosePrefillTileRows(std::span<const PrefillGroup> groups);
+// remainders_at_class (how kGroupedTiles launches): a group's last, partial tile is padded only to
+// its PrefillTileClass, and each launch beyond the first (one per class present) costs a fixed
+// share; otherwise (kGroupedTilesUnpipelined) every tile is padded to the height.
+int ChoosePrefillTileRows(std::span<const PrefillGroup> groups, bool remainders_at_class = true);
+
+// The height a tile of `rows` rows (1 .. 128) is launched at by kGroupedTiles: the smallest of
+// kPrefillTileRows that holds it.
+int PrefillTileClass(int rows);
 
 // The row tiles covering every group in order, each at most tile_rows rows (a group of r rows
 // gives ceil(r / tile_rows) tiles).
@@ -49,13 +61,15 @@ std::vector<PrefillTile> MakePrefillTiles(std::span<const PrefillGroup> groups, 
 enum class PrefillAlgorithm {
   kGroupedTiles,
   kCublasPerExpert,
+  kGroupedTilesUnpipelined,
 };
 
 struct PrefillOptions {
   PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
-  // kGroupedTiles: rows per tile (one of kPrefillTileRows), or 0 to choose per call.
+  // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call. A fixed
+  // height launches every tile at that height (no remainder tiles at smaller heights).
   int tile_rows = 0;
-  // kGroupedTiles: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
+  // Grouped algorithms: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
   // f16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
   int64_t max_input_rows = 0;
 };
@@ -64,7 +78,7 @@ class ExpertPrefillRunner {
  public:
   // max_slots bounds the slots of one call (and so the rows of any one expert). All device memory
   // is allocated here. InvalidArgument for a non-positive size, a tile_rows not in
-  // kPrefillTileRows, or (kGroupedTiles) h or I not a multiple of 32 or of the types' blocks.
+  // kPrefillTileRows, or (grouped) h or I not a multiple of 32 or of the types' blocks.
   static absl::StatusOr<ExpertPrefillRunner> Create(const ExpertDecodeRunner::Shape& shape, int64_t max_slots,
                                                     const PrefillOptions& options = {});
   ExpertPrefillRunner(ExpertPrefillRunner&&) noexcept;
@@ -75,10 +89,10 @@ class ExpertPrefillRunner {
   // input (device, h wide rows). Enqueued on `stream`; the units' token indices are staged through
   // pinned memory (one copy). partial must be 8-byte aligned. InvalidArgument for a unit with
   // rows outside [1, kMaxUnitRows], a negative slot, slots past max_slots, an input row outside
-  // [0, max_input_rows) (kGroupedTiles), a null or misaligned matrix, or a type the kernels refuse.
+  // [0, max_input_rows) (grouped), a null or misaligned matrix, or a type the kernels refuse.
   absl::Status Run(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
 
-  // Tile height of the last grouped call (0 before one, or with kCublasPerExpert).
+  // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert).
   int last_tile_rows() const { return last_tile_rows_; }
 
  private:
@@ -95,7 +109,7 @@ class ExpertPrefillRunner {
   DeviceBuffer act_;        // f16 [max_slots × I]
   DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles
   PinnedBuffer index_staging_;
-  // kGroupedTiles.
+  // Grouped algorithms.
   DeviceBuffer x_f16_;     // f16 [max_input_rows × h]
   // kCublasPerExpert.
   std::unique_ptr<Blas> blas_;
