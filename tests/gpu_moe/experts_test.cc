@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
 
 namespace tandem::cuda {
@@ -194,6 +199,199 @@ TEST(ExpertMatVecTest, DeviceUnitCountSkipsLaterUnits) {
       }
     }
   }
+}
+
+// E random experts of one shape, on the host (for the reference) and on the device (each matrix in
+// its own allocation).
+struct ExpertSet {
+  ExpertSet(std::mt19937& rng, TypePair t, int64_t h_, int64_t I_, int64_t E) : types(t), h(h_), I(I_) {
+    for (int64_t e = 0; e < E; ++e) {
+      gate.push_back(RandomMatrix(rng, types.gate_up, h, I, 0.05f));
+      up.push_back(RandomMatrix(rng, types.gate_up, h, I, 0.05f));
+      down.push_back(RandomMatrix(rng, types.down, I, h, 0.05f));
+      dgate.push_back(Upload(gate.back()));
+      dup.push_back(Upload(up.back()));
+      ddown.push_back(Upload(down.back()));
+    }
+  }
+  // FFN_e(x) of one row (h wide) into out.
+  void Reference(int64_t e, const float* x, float* out) const {
+    FfnForward(testing::HostMatrix(types.gate_up, gate[e], h, I), testing::HostMatrix(types.gate_up, up[e], h, I),
+               testing::HostMatrix(types.down, down[e], I, h), x, 1, out, nullptr);
+  }
+  TypePair types;
+  int64_t h, I;
+  std::vector<std::vector<uint8_t>> gate, up, down;
+  std::vector<DeviceBuffer> dgate, dup, ddown;
+};
+
+// Units with the given row counts over random experts of `set`, reading random (repeating,
+// unordered) input rows of an n-row x; each unit's slots follow the previous unit's with a gap of
+// one unowned slot after every odd unit. Returns the units and sets *slots to the slot count.
+std::vector<ExpertUnit> MakeUnits(std::mt19937& rng, const ExpertSet& set, const std::vector<int>& rows, int64_t n,
+                                  std::vector<int32_t>* expert_of_unit, int* slots) {
+  std::vector<ExpertUnit> units;
+  int next = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t e = static_cast<int32_t>(rng() % set.dgate.size());
+    ExpertUnit u{set.dgate[e].get(), set.dup[e].get(), set.ddown[e].get(), rows[i], next, {0, 0, 0, 0, 0, 0, 0, 0}};
+    for (int r = 0; r < rows[i]; ++r) u.input_row[r] = static_cast<int32_t>(rng() % n);
+    next += rows[i] + static_cast<int>(i % 2);
+    units.push_back(u);
+    expert_of_unit->push_back(e);
+  }
+  *slots = next;
+  return units;
+}
+
+// Which launchers CheckUnits calls: the routed ones of matvec.cuh (the decode kernel for the types
+// ExpertDecodeRoutesType names, the older kernel otherwise) or expert_decode.cuh's directly.
+enum class Path { kRouted, kDecode };
+
+// Launches gate/up + down over `units` through each of `paths` (the first `count` units computed
+// when count >= 0 is passed through device_num_units) and checks every computed slot against the
+// reference, and that every other slot of act and partial keeps its NaN poison.
+void CheckUnits(const ExpertSet& set, const std::vector<ExpertUnit>& units, const std::vector<int32_t>& expert_of_unit,
+                int slots, const std::vector<float>& x, int max_rows, int count, const std::string& what,
+                std::initializer_list<Path> paths = {Path::kRouted, Path::kDecode}) {
+  const int64_t h = set.h, I = set.I;
+  const int num = static_cast<int>(units.size());
+  const int computed = count >= 0 ? std::min(count, num) : num;
+  std::vector<bool> owned(static_cast<size_t>(slots), false);
+  std::vector<int> owned_slots;
+  std::vector<float> ref_rows;
+  for (int i = 0; i < computed; ++i) {
+    const ExpertUnit& u = units[i];
+    for (int r = 0; r < u.rows; ++r) {
+      owned[u.first_slot + r] = true;
+      owned_slots.push_back(u.first_slot + r);
+      std::vector<float> ref(static_cast<size_t>(h));
+      set.Reference(expert_of_unit[i], x.data() + static_cast<int64_t>(u.input_row[r]) * h, ref.data());
+      ref_rows.insert(ref_rows.end(), ref.begin(), ref.end());
+    }
+  }
+  DeviceBuffer dx = Upload(x);
+  DeviceBuffer dunits = Upload(units);
+  DeviceBuffer dcount = Upload(std::vector<int32_t>{count});
+  const int* device_count = count >= 0 ? dcount.as<int>() : nullptr;
+  const uint32_t gu = static_cast<uint32_t>(set.types.gate_up), dn = static_cast<uint32_t>(set.types.down);
+  for (const Path path : paths) {
+    const std::string label = what + (path == Path::kRouted ? " [routed]" : " [decode kernel]");
+    DeviceBuffer act = PoisonedBuffer(static_cast<size_t>(slots * I) * sizeof(float));
+    DeviceBuffer partial = PoisonedBuffer(static_cast<size_t>(slots * h) * sizeof(float));
+    const ExpertUnit* du = dunits.as<ExpertUnit>();
+    if (path == Path::kRouted) {
+      TANDEM_ASSERT_CUDA(LaunchExpertGateUp(gu, du, num, max_rows, h, I, dx.as<float>(), act.as<float>(), nullptr, device_count));
+      TANDEM_ASSERT_CUDA(LaunchExpertDown(dn, du, num, max_rows, I, h, act.as<float>(), partial.as<float>(), nullptr, device_count));
+    } else {
+      TANDEM_ASSERT_CUDA(
+          LaunchExpertDecodeGateUp(gu, du, num, max_rows, h, I, dx.as<float>(), act.as<float>(), nullptr, device_count));
+      TANDEM_ASSERT_CUDA(
+          LaunchExpertDecodeDown(dn, du, num, max_rows, I, h, act.as<float>(), partial.as<float>(), nullptr, device_count));
+    }
+    const std::vector<float> got = Download<float>(partial.get(), static_cast<size_t>(slots * h));
+    const std::vector<float> got_act = Download<float>(act.get(), static_cast<size_t>(slots * I));
+    for (int slot = 0; slot < slots; ++slot) {
+      if (owned[slot]) continue;
+      for (int64_t i = 0; i < h; ++i) ASSERT_TRUE(std::isnan(got[slot * h + i])) << label << ": partial slot " << slot << " written";
+      for (int64_t i = 0; i < I; ++i) ASSERT_TRUE(std::isnan(got_act[slot * I + i])) << label << ": act slot " << slot << " written";
+    }
+    std::vector<float> got_rows;
+    for (int slot : owned_slots) got_rows.insert(got_rows.end(), got.begin() + slot * h, got.begin() + (slot + 1) * h);
+    ASSERT_TRUE(testing::AllFinite(got_rows)) << label << ": unwritten partial rows";
+    if (!got_rows.empty()) {
+      EXPECT_LE(testing::RelativeL2(got_rows, ref_rows), 1e-5) << label;
+    }
+  }
+}
+
+std::string Describe(const TypePair& t, int64_t h, int64_t I, const std::vector<int>& rows, int max_rows, int count) {
+  std::string s = std::string(GetWeightTypeInfo(t.gate_up).name) + "/" + std::string(GetWeightTypeInfo(t.down).name) +
+                  " h=" + std::to_string(h) + " I=" + std::to_string(I) + " max_rows=" + std::to_string(max_rows) +
+                  " count=" + std::to_string(count) + " rows={";
+  for (int r : rows) s += std::to_string(r) + ",";
+  return s + "}";
+}
+
+class ExpertDecodeKernelTest : public ::testing::TestWithParam<TypePair> {};
+
+// The decode kernels (expert_decode.cuh: directly, and through LaunchExpertGateUp /
+// LaunchExpertDown, which route Q4_K to them and the other types to the older kernel) for every
+// row bucket (max_rows 1, 2, 4, 8), units of 1..8 rows mixed in one launch, odd unit counts, a
+// bucket larger than any unit's rows, and shapes whose row pieces are not a power of two
+// (768 = 24 pieces: 8 lanes × 3 for gate/up, 4 lanes × 6 for down) or odd (544 = 17 pieces).
+TEST_P(ExpertDecodeKernelTest, MixedRowCountsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ASSERT_EQ(GetExpertKernelChoice(), ExpertKernelChoice::kDecode);
+  std::mt19937 rng(std::random_device{}());
+  const TypePair types = GetParam();
+  struct Case {
+    std::vector<int> rows;
+    int max_rows;
+  };
+  const std::vector<Case> cases = {{{1, 1, 1, 1, 1}, 1},          {{1, 2, 1, 2, 2, 1, 1}, 2}, {{3, 1, 4, 2, 1}, 4},
+                                   {{8, 1, 5, 7, 2, 6, 3, 4, 1}, 8}, {{1, 1, 1}, 8},             {{2}, 4}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{512, 256}, {768, 768}};
+  if (!IsKQuant(static_cast<uint32_t>(types.gate_up)) && !IsKQuant(static_cast<uint32_t>(types.down))) {
+    shapes.push_back({544, 96});
+  }
+  for (const auto& [h, I] : shapes) {
+    const ExpertSet set(rng, types, h, I, 4);
+    const int64_t n = 5;
+    const std::vector<float> x = testing::RandomVector(rng, n * h);
+    for (const Case& c : cases) {
+      // The larger shape only for the all-row-counts case (the CPU reference dominates the time).
+      if (h == 768 && c.max_rows != 8) continue;
+      std::vector<int32_t> experts;
+      int slots = 0;
+      const std::vector<ExpertUnit> units = MakeUnits(rng, set, c.rows, n, &experts, &slots);
+      CheckUnits(set, units, experts, slots, x, c.max_rows, -1, Describe(types, h, I, c.rows, c.max_rows, -1));
+    }
+  }
+}
+
+// device_num_units with multi-row units and an odd unit count, both paths: units at index >= count
+// leave act and partial untouched, the others are computed.
+TEST_P(ExpertDecodeKernelTest, DeviceUnitCountCutsMixedUnits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const TypePair types = GetParam();
+  const int64_t h = 512, I = 256, n = 4;
+  const ExpertSet set(rng, types, h, I, 3);
+  const std::vector<float> x = testing::RandomVector(rng, n * h);
+  const std::vector<int> rows = {2, 1, 3, 1, 8, 1, 2};
+  std::vector<int32_t> experts;
+  int slots = 0;
+  const std::vector<ExpertUnit> units = MakeUnits(rng, set, rows, n, &experts, &slots);
+  for (int count : {0, 1, 4, 7}) {
+    CheckUnits(set, units, experts, slots, x, kMaxUnitRows, count, Describe(types, h, I, rows, kMaxUnitRows, count));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, ExpertDecodeKernelTest,
+    ::testing::Values(TypePair{WeightType::kQ4_K, WeightType::kQ4_K}, TypePair{WeightType::kQ2_K, WeightType::kQ4_K},
+                      TypePair{WeightType::kQ5_K, WeightType::kQ6_K}, TypePair{WeightType::kQ6_K, WeightType::kQ5_K},
+                      TypePair{WeightType::kQ3_K, WeightType::kQ8_0}, TypePair{WeightType::kQ8_0, WeightType::kQ3_K},
+                      TypePair{WeightType::kQ8_0, WeightType::kQ6_K}, TypePair{WeightType::kQ5_K, WeightType::kQ8_0},
+                      TypePair{WeightType::kF16, WeightType::kBF16}, TypePair{WeightType::kQ4_0, WeightType::kF32}));
+
+// The older kernel (matvec_impl.cuh) stays selectable for the benchmark's before/after: it is
+// still correct on mixed units.
+TEST(ExpertMatVecTest, GenericKernelChoiceStillMatchesReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const TypePair types{WeightType::kQ4_K, WeightType::kQ6_K};
+  const ExpertSet set(rng, types, 512, 256, 3);
+  const std::vector<float> x = testing::RandomVector(rng, 3 * 512);
+  const std::vector<int> rows = {1, 3, 2};
+  std::vector<int32_t> experts;
+  int slots = 0;
+  const std::vector<ExpertUnit> units = MakeUnits(rng, set, rows, 3, &experts, &slots);
+  SetExpertKernelChoice(ExpertKernelChoice::kGeneric);
+  CheckUnits(set, units, experts, slots, x, 4, 2, "generic kernel, count 2", {Path::kRouted});
+  CheckUnits(set, units, experts, slots, x, 4, -1, "generic kernel", {Path::kRouted});
+  SetExpertKernelChoice(ExpertKernelChoice::kDecode);
 }
 
 TEST(PlanMoeStepTest, SplitsGpuAndOffloadedPairsIntoDistinctSlots) {

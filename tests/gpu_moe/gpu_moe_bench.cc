@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
@@ -101,9 +103,13 @@ std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
 }
 
 // Decode: `iters` steps, each with fresh picks for n tokens (all units uploaded beforehand so that
-// the loop times the kernels only). Bandwidth counts the bytes of the distinct experts used.
-void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t n, std::mt19937& rng,
-                 const float* x, float* act, float* partial, double copy_gbs) {
+// the loop times the kernels only; 200 steps of distinct experts are far more than L2 holds).
+// Bandwidth counts the bytes of the distinct experts of each step. `kernel` names the kernel that
+// LaunchExpertGateUp / LaunchExpertDown run (set by the caller); combined_only times gate/up + down
+// together and skips the parts and the runner.
+void BenchDecode(const char* name, const char* kernel, const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t n,
+                 std::mt19937& rng, const float* x, float* act, float* partial, double copy_gbs,
+                 bool combined_only = false) {
   const int iters = 200;
   std::vector<std::vector<ExpertUnit>> plans;
   double bytes = 0;
@@ -114,7 +120,8 @@ void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_
     absl::StatusOr<MoeStepPlan> plan =
         PlanMoeStep(picks, n, kK, kE, [&](int32_t e) -> std::optional<ExpertLocation> { return layer.Expert(e); });
     BENCH_OK(plan.status());
-    bytes += static_cast<double>(plan->units.size()) * (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
+    const std::set<int32_t> distinct(picks.begin(), picks.end());
+    bytes += static_cast<double>(distinct.size()) * (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
     max_rows = std::max(max_rows, plan->max_unit_rows);
     max_units = std::max(max_units, plan->units.size());
     plans.push_back(plan->units);
@@ -133,7 +140,7 @@ void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_
   Timer timer;
   for (int it = 0; it < 20; ++it) run(it, true, true);  // warm-up
   const char* parts[3] = {"gate_up+down", "gate_up", "down"};
-  for (int part = 0; part < 3; ++part) {
+  for (int part = 0; part < (combined_only ? 1 : 3); ++part) {
     std::vector<float> reps;
     for (int rep = 0; rep < 5; ++rep) {
       timer.Start();
@@ -145,8 +152,12 @@ void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_
     if (part == 1) part_bytes *= 2.0 * kI * layer.gate_row_bytes / (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
     if (part == 2) part_bytes *= kH * layer.down_row_bytes / (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes);
     const double gbs = part_bytes / (ms * 1e-3) / 1e9;
-    std::printf("decode %-22s n=%-3lld %-13s %8.2f us/step %8.1f GB/s (%4.0f%% of copy) %.1f MB/step\n", name,
-                static_cast<long long>(n), parts[part], ms * 1e3, gbs, 100.0 * gbs / copy_gbs, part_bytes / 1e6);
+    std::printf("decode %-22s %-12s n=%-3lld %-13s %8.2f us/step %8.1f GB/s (%4.0f%% of copy) %.1f MB/step\n", name,
+                kernel, static_cast<long long>(n), parts[part], ms * 1e3, gbs, 100.0 * gbs / copy_gbs, part_bytes / 1e6);
+  }
+  if (combined_only) {
+    BENCH_CHECK(cudaFree(dunits));
+    return;
   }
   // The runner path (units staged through pinned memory each step).
   absl::StatusOr<ExpertDecodeRunner> runner = ExpertDecodeRunner::Create(static_cast<int64_t>(max_units));
@@ -155,7 +166,7 @@ void BenchDecode(const char* name, const Layer& layer, uint32_t gu_type, uint32_
   timer.Start();
   for (int it = 0; it < iters; ++it) BENCH_OK(runner->Run(plans[it], shape, x, act, partial, nullptr));
   const double ms = timer.StopMs() / iters;
-  std::printf("decode %-22s n=%-3lld %-13s %8.2f us/step (staging + 2 launches per step)\n", name,
+  std::printf("decode %-22s %-12s n=%-3lld %-13s %8.2f us/step (staging + 2 launches per step)\n", name, kernel,
               static_cast<long long>(n), "runner", ms * 1e3);
   BENCH_CHECK(cudaFree(dunits));
 }
@@ -242,7 +253,30 @@ int Main(bool decode_only) {
     FillRandom(layer.up, gbytes, rng);
     FillRandom(layer.down, dbytes, rng);
     std::printf("layer: %s, %.0f MB of routed experts\n", v.name, (2.0 * gbytes + dbytes) / 1e6);
-    for (int64_t n : {1, 8, 32}) BenchDecode(v.name, layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+    // Before (the generic kernel of matvec_impl.cuh for every type) and after (the routed default:
+    // expert_decode.cuh for the types ExpertDecodeRoutesType names) in the same run.
+    for (int64_t n : {1, 8, 32}) {
+      SetExpertKernelChoice(ExpertKernelChoice::kGeneric);
+      BenchDecode(v.name, "old-generic", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+      SetExpertKernelChoice(ExpertKernelChoice::kDecode);
+      BenchDecode(v.name, "new-routed", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+    }
+    // The new kernel's knobs (expert_decode.cuh; the "new-routed" lines use its defaults): steps
+    // per warp and pieces per lane at least (fewer lanes per row), gate/up + down only.
+    if (v.gu == kTypeQ4_K) {
+      for (int64_t n : {1, 8, 32}) {
+        for (int min_pieces : {2, 4, 8, 16}) {
+          SetExpertDecodeMinPiecesPerLane(min_pieces);
+          for (int spw : {1, 2, 4, 8}) {
+            SetExpertDecodeStepsPerWarp(spw);
+            const std::string label = "new-s" + std::to_string(spw) + "-p" + std::to_string(min_pieces);
+            BenchDecode(v.name, label.c_str(), layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true);
+          }
+        }
+        SetExpertDecodeStepsPerWarp(0);
+        SetExpertDecodeMinPiecesPerLane(0);
+      }
+    }
     if (v.gu == kTypeQ4_K && !decode_only) {
       for (int64_t n : {512, 8192}) BenchPrefill(layer, v.gu, v.d, n, rng, x, partial);
     }
@@ -283,8 +317,8 @@ int Main(bool decode_only) {
 }  // namespace
 }  // namespace tandem::cuda
 
-// --decode-only: the copy ceiling and the decode expert cases (TANDEM_MATVEC_GENERIC=1 times the
-// generic matvec kernels instead of the fast ones).
+// --decode-only: the copy ceiling and the decode expert cases, each timed with the old generic
+// kernel and the routed default (expert_decode.cuh for Q4_K), then the new kernel's knob sweep.
 int main(int argc, char** argv) {
   bool decode_only = false;
   for (int i = 1; i < argc; ++i) decode_only |= std::string(argv[i]) == "--decode-only";

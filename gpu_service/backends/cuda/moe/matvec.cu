@@ -1,6 +1,8 @@
-// Type dispatch and argument checks of the matrix-vector launchers (matvec.cuh).
+// Type dispatch and argument checks of the matrix-vector launchers (matvec.cuh). Expert units of
+// the types ExpertDecodeRoutesType names go to the decode kernel of expert_decode.cuh.
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/matvec_impl.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
@@ -60,6 +62,9 @@ cudaError_t LaunchDenseMatVec(uint32_t type, const void* w, int cols, int rows, 
 
 cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int h, int inner,
                                const float* x, float* act, cudaStream_t stream, const int* device_num_units) {
+  if (GetExpertKernelChoice() == ExpertKernelChoice::kDecode && ExpertDecodeRoutesType(type)) {
+    return LaunchExpertDecodeGateUp(type, units, num_units, max_rows, h, inner, x, act, stream, device_num_units);
+  }
   if (num_units <= 0) return cudaSuccess;
   if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, h, max_rows <= 1 ? 1 : kMaxUnitRows) ||
       !MoeKernelsSupportType(type)) {
@@ -71,6 +76,9 @@ cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_u
 
 cudaError_t LaunchExpertDown(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int inner, int h,
                              const float* act, float* partial, cudaStream_t stream, const int* device_num_units) {
+  if (GetExpertKernelChoice() == ExpertKernelChoice::kDecode && ExpertDecodeRoutesType(type)) {
+    return LaunchExpertDecodeDown(type, units, num_units, max_rows, inner, h, act, partial, stream, device_num_units);
+  }
   if (num_units <= 0) return cudaSuccess;
   if (max_rows < 1 || max_rows > kMaxUnitRows || !ShapeOk(type, inner, max_rows <= 1 ? 1 : kMaxUnitRows) ||
       !MoeKernelsSupportType(type)) {

@@ -1,6 +1,7 @@
 // Matrix-vector kernels that dequantize weights on the fly (decode path), f32 activations and f32
 // accumulation (the exact mode). Dense launches of Q8_0, Q4_K, Q5_K and Q6_K run the fast kernel
-// of ../matvec_core.cuh; expert units and the other types a generic one (matvec_impl.cuh). Launchers return cudaError_t: cudaErrorInvalidValue for a type
+// of ../matvec_core.cuh; Q4_K expert units run expert_decode.cuh's kernel; the other types a
+// generic one (matvec_impl.cuh). Launchers return cudaError_t: cudaErrorInvalidValue for a type
 // the kernels cannot read, a shape they refuse (cols not a multiple of 32, or one activation row
 // too wide for shared memory) or a misaligned matrix; otherwise the launch error.
 //

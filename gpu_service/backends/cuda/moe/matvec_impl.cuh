@@ -1,9 +1,9 @@
 // The templated matrix-vector kernels behind matvec.cuh; matvec_*.cu instantiate them per weight
 // type so that the instantiations compile in parallel.
 //
-// Dense launches of Q8_0, Q4_K, Q5_K and Q6_K take the fast kernel of ../matvec_core.cuh
-// (LaunchMatVecTyped says why expert units do not); everything else the generic kernel below
-// (one DequantChunk per lane and piece).
+// Dense launches of Q8_0, Q4_K, Q5_K and Q6_K take the fast kernel of ../matvec_core.cuh, Q4_K
+// expert units the kernel of expert_decode.cuh (matvec.cu routes them); everything else the
+// generic kernel below (one DequantChunk per lane and piece).
 //
 // Generic geometry: 256 threads (8 warps). A row of `cols` inputs is 32-element pieces; each output row is
 // owned by a group of `lpr` lanes (32 when the row has at least 32 pieces, else the largest power
