@@ -115,6 +115,63 @@ TEST_P(GpuDenseTest, MatVecMatchesReferenceOnEdgeShapes) {
   }
 }
 
+// Every kernel choice and forced split of the streaming kernel (matvec_stream.cuh), on: a matrix
+// with a padded row stride at an offset (the 2-byte aligned Q8_0 and Q6_K: rows alternate
+// between 4-byte aligned and not; the padding holds NaN bytes, which must never be read) and
+// enough rows that blocks walk several row groups (blocks_per_sm = 1); 4096 columns, whose 8
+// activation rows exceed one block's shared memory (grid.y chunks); and rows too wide for the
+// streaming kernel (the previous dispatch takes them).
+TEST_P(GpuDenseTest, MatVecKernelChoicesMatchReference) {
+  std::mt19937 rng(std::random_device{}());
+  const WeightType type = GetParam();
+  const int64_t align = cuda::KernelRowAlignment(static_cast<uint32_t>(type));
+  struct Case {
+    int64_t cols, rows, pad, offset;
+  };
+  const Case cases[] = {{2048, 1031, align, align}, {4096, 67, 0, 0}, {20480, 5, 0, 0}};
+  struct Choice {
+    const char* name;
+    cuda::MatVecOptions options;
+  };
+  using K = cuda::MatVecKernel;
+  const Choice choices[] = {{"auto", {K::kAuto, 0, 0}},      {"previous", {K::kPrevious, 0, 0}},
+                            {"generic", {K::kGeneric, 0, 0}}, {"wpr1_b1", {K::kAuto, 1, 1}},
+                            {"wpr2_b1", {K::kAuto, 2, 1}},    {"wpr4_b1", {K::kAuto, 4, 1}},
+                            {"wpr8_b1", {K::kAuto, 8, 1}},    {"wpr8_b9", {K::kAuto, 8, 9}},
+                            {"auto_b1", {K::kAuto, 0, 1}}};
+  for (const Case& c : cases) {
+    const gpu_testing::TestMatrix w = RandomMatrix(rng, type, c.cols, c.rows, 0.05f);
+    const int64_t row_bytes = w.row_bytes + c.pad;
+    std::vector<uint8_t> padded(static_cast<size_t>(c.offset + row_bytes * c.rows + 16), 0xFF);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      std::memcpy(&padded[c.offset + r * row_bytes], &w.bytes[r * w.row_bytes], w.row_bytes);
+    }
+    auto d_padded = Upload(padded);
+    const cuda::DeviceMatrix m{static_cast<uint32_t>(type), d_padded.get() + c.offset, c.cols, c.rows, row_bytes};
+    for (int n : {1, 3, 8}) {
+      const std::vector<float> x = Random(rng, static_cast<size_t>(n * c.cols));
+      auto d_x = Upload(x);
+      std::vector<float> want(static_cast<size_t>(n * c.rows));
+      MatMul(w.view(), x.data(), n, want.data(), nullptr);
+      for (const Choice& ch : choices) {
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * c.rows));
+        TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), c.cols, n, d_y.get(), c.rows, ch.options, nullptr));
+        const std::string what = std::string("matvec_") + ch.name + "_c" + std::to_string(c.cols) + "_r" +
+                                 std::to_string(c.rows) + "_pad" + std::to_string(c.pad) + "_n" + std::to_string(n);
+        EXPECT_LE(gpu_testing::LogError(what, RelL2(Download(d_y), want)), 1e-5) << what;
+      }
+    }
+  }
+  // Bad tuning values are refused.
+  auto d_x = Poisoned<float>(256);
+  auto d_y = Poisoned<float>(4);
+  const gpu_testing::TestMatrix w = RandomMatrix(rng, type, 256, 4);
+  EXPECT_EQ(cuda::LaunchDenseMatVec(w.gpu(), d_x.get(), 256, 1, d_y.get(), 4, {K::kAuto, 3, 0}, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchDenseMatVec(w.gpu(), d_x.get(), 256, 1, d_y.get(), 4, {K::kAuto, 0, -1}, nullptr),
+            cudaErrorInvalidValue);
+}
+
 TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
   std::mt19937 rng(std::random_device{}());
   const int64_t cols = 512, rows = 333, n = 45;
@@ -123,7 +180,7 @@ TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
   std::vector<float> want(static_cast<size_t>(n * rows));
   MatMul(w.view(), x.data(), n, want.data(), nullptr);
   auto d_x = Upload(x);
-  for (cuda::GemmMode mode : {cuda::GemmMode::kExact, cuda::GemmMode::kFast}) {
+  for (cuda::GemmMode mode : {cuda::GemmMode::kExact, cuda::GemmMode::kFast, cuda::GemmMode::kFastSplit}) {
     cuda::DenseGemmOptions options;
     options.mode = mode;
     options.max_n = 64;
@@ -134,10 +191,12 @@ TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
     ASSERT_TRUE((*gemm)->Run(w.gpu(), d_x.get(), n, d_y.get(), nullptr).ok());
-    const double err = gpu_testing::LogError(mode == cuda::GemmMode::kExact ? "gemm_exact" : "gemm_fast_f16",
-                                             RelL2(Download(d_y), want));
-    EXPECT_LE(err, mode == cuda::GemmMode::kExact ? 1e-5 : 1e-2)
-        << (mode == cuda::GemmMode::kExact ? "exact" : "fast");
+    const char* name = mode == cuda::GemmMode::kExact  ? "gemm_exact"
+                       : mode == cuda::GemmMode::kFast ? "gemm_fast_f16"
+                                                       : "gemm_fast_f16_split";
+    const double err = gpu_testing::LogError(name, RelL2(Download(d_y), want));
+    // The split keeps ~22 bits of both operands: close to f32, far below one f16 product's error.
+    EXPECT_LE(err, mode == cuda::GemmMode::kFast ? 1e-2 : mode == cuda::GemmMode::kFastSplit ? 2e-5 : 1e-5) << name;
   }
 }
 

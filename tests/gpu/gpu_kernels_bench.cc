@@ -1,6 +1,6 @@
-// Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes (--matvec-only: the decode
-// matvec alone; TANDEM_MATVEC_GENERIC=1 times the generic matvec kernel instead of the fast one): achieved bandwidth of the
-// decode matvec per weight type against a measured device copy, the prefill GEMM's rate, decode
+// Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes (--matvec-only: the launch
+// floor and the decode matvec alone): achieved bandwidth of the decode matvec per weight type
+// (the streaming kernel against the previous dispatch, same run) against a measured device copy, the prefill GEMM's rate, decode
 // and prefill attention, the GDN scan and sampling. Prints one line per case ("name: value unit,
 // detail") and, with --json=PATH, writes the same numbers as JSON. Timing: CUDA events around
 // `reps` launches after warm-up, median of 5 such rounds. Weights hold random bytes (never zeros).
@@ -32,6 +32,7 @@ namespace {
   } while (0)
 
 std::vector<std::string> g_json;
+cudaStream_t g_stream = nullptr;  // the stream launches go to (a capturing stream inside GraphUs)
 
 void Report(const std::string& name, double value, const char* unit, const std::string& detail) {
   std::printf("%-44s %12.2f %-8s %s\n", name.c_str(), value, unit, detail.c_str());
@@ -113,9 +114,54 @@ double BenchCopy() {
   return gbs;
 }
 
-// Decode matvec on the q3n-80b shapes. Each case cycles through enough copies of the matrix
+// Median microseconds per launch of fn when `per_graph` launches are replayed from one CUDA
+// graph (no host launch cost: the GPU-side time of back-to-back kernels, as a captured decode
+// step sees it). fn must have run once outside capture (one-time attribute calls).
+double GraphUs(const std::function<void()>& fn, int per_graph = 20) {
+  cudaStream_t s;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    g_stream = s;
+    for (int i = 0; i < per_graph; ++i) fn();
+    g_stream = nullptr;
+    e = cudaStreamEndCapture(s, &graph);
+  }
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+  double us = -1.0;  // reported as -1 when the graph could not be built (the run goes on)
+  if (e == cudaSuccess) {
+    us = TimeMs([&] { BENCH_CHECK(cudaGraphLaunch(exec, nullptr)); }, 10) * 1e3 / per_graph;
+  } else {
+    std::fprintf(stderr, "graph: %s\n", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return us;
+}
+
+// The fixed cost of one launch: a 4-byte memset, launched from the host and from a graph.
+void BenchLaunchFloor() {
+  void* p;
+  BENCH_CHECK(cudaMalloc(&p, 4));
+  const double host_us = TimeMs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, g_stream)); }, 50) * 1e3;
+  const double graph_us = GraphUs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, g_stream)); });
+  char detail[160];
+  std::snprintf(detail, sizeof(detail), "4-byte memset back to back: %.2f us host-launched, %.2f us in a graph",
+                host_us, graph_us);
+  Report("launch_floor", graph_us, "us", detail);
+  cudaFree(p);
+}
+
+// Decode matvec on the q3n-80b shapes, the streaming kernel (kAuto) against the previous
+// dispatch (kPrevious) in the same run. Each case cycles through enough copies of the matrix
 // (>= 256 MB together) that the 50 MB L2 never holds the weights between launches; bandwidth
-// counts weight bytes only (activations and outputs are < 1% of them).
+// counts weight bytes only (activations and outputs are < 1% of them). n = 1 is also timed from a
+// CUDA graph (GPU-side time without the host's launch cost). Then a sweep of the streaming
+// kernel's split (warps per row) and grid (blocks per SM, 0 = one wave) on the per-layer shapes.
 void BenchMatVec(double copy_gbs) {
   struct T {
     const char* name;
@@ -124,7 +170,8 @@ void BenchMatVec(double copy_gbs) {
   };
   const T quant[] = {{"q8_0", kTypeQ8_0, 32, 34}, {"q6_K", kTypeQ6_K, 256, 210}, {"q5_K", kTypeQ5_K, 256, 176},
                      {"q4_K", kTypeQ4_K, 256, 144}};
-  const T plain[] = {{"f32", kTypeF32, 32, 128}, {"bf16", kTypeBF16, 32, 64}};
+  const T f32{"f32", kTypeF32, 32, 128};
+  const T bf16{"bf16", kTypeBF16, 32, 64};
   struct Shape {
     int64_t cols, rows;
   };
@@ -132,33 +179,91 @@ void BenchMatVec(double copy_gbs) {
   float* x = RandomFloats(8 * 8192, 3);
   float* y;
   BENCH_CHECK(cudaMalloc(&y, 8 * 262144 * sizeof(float)));
-  auto run_case = [&](const T& t, const Shape& sh, const std::vector<int>& ns) {
-    const int64_t row_bytes = sh.cols / t.block_elems * t.block_bytes;
-    const int64_t bytes = row_bytes * sh.rows;
-    const int copies = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(1, ((256ll << 20) + bytes - 1) / bytes)));
+  // Weights of one case: copies of the matrix cycled through by the launches.
+  struct Weights {
+    void* w;
+    int64_t row_bytes, bytes;
+    int copies;
+  };
+  auto make = [&](const T& t, const Shape& sh) {
+    Weights k;
+    k.row_bytes = sh.cols / t.block_elems * t.block_bytes;
+    k.bytes = k.row_bytes * sh.rows;
+    k.copies = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(1, ((256ll << 20) + k.bytes - 1) / k.bytes)));
     // f16 scales kept finite (the rate does not depend on the values; NaN paths might).
-    void* w = t.type == kTypeF32 ? static_cast<void*>(RandomFloats(static_cast<size_t>(bytes / 4) * copies, 12))
-                                 : RandomDevice(static_cast<size_t>(bytes) * copies, 11, 0x3FFF3FFF3FFF3FFFull);
-    int next = 0;
+    k.w = t.type == kTypeF32 ? static_cast<void*>(RandomFloats(static_cast<size_t>(k.bytes / 4) * k.copies, 12))
+                             : RandomDevice(static_cast<size_t>(k.bytes) * k.copies, 11, 0x3FFF3FFF3FFF3FFFull);
+    return k;
+  };
+  int next = 0;
+  auto launcher = [&](const T& t, const Shape& sh, const Weights& k, int n, MatVecOptions o) {
+    return [&, n, o] {
+      const DeviceMatrix m{t.type, static_cast<uint8_t*>(k.w) + (next++ % k.copies) * k.bytes, sh.cols, sh.rows,
+                           k.row_bytes};
+      BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, o, g_stream));
+    };
+  };
+  const MatVecOptions now{MatVecKernel::kAuto, 0, 0}, before{MatVecKernel::kPrevious, 0, 0};
+  auto run_case = [&](const T& t, const Shape& sh, const std::vector<int>& ns) {
+    const Weights k = make(t, sh);
     for (int n : ns) {
-      const double ms = TimeMs([&] {
-        const DeviceMatrix m{t.type, static_cast<uint8_t*>(w) + (next++ % copies) * bytes, sh.cols, sh.rows, row_bytes};
-        BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, nullptr));
-      }, 50);
-      const double gbs = static_cast<double>(bytes) / (ms * 1e6);
-      char detail[200];
-      std::snprintf(detail, sizeof(detail), "%lld -> %lld, %.2f MB, %.2f us, %.0f%% of copy", (long long)sh.cols,
-                    (long long)sh.rows, bytes / 1e6, ms * 1e3, 100.0 * gbs / copy_gbs);
+      const double ms = TimeMs(launcher(t, sh, k, n, now), 50);
+      const double ms_before = TimeMs(launcher(t, sh, k, n, before), 50);
+      const double gbs = static_cast<double>(k.bytes) / (ms * 1e6);
+      const double gbs_before = static_cast<double>(k.bytes) / (ms_before * 1e6);
+      char detail[300];
+      int len = std::snprintf(detail, sizeof(detail),
+                              "%lld -> %lld, %.2f MB, %.2f us (%.0f%% of copy); before %.0f GB/s, %.2f us",
+                              (long long)sh.cols, (long long)sh.rows, k.bytes / 1e6, ms * 1e3, 100.0 * gbs / copy_gbs,
+                              gbs_before, ms_before * 1e3);
+      if (n == 1) {
+        const int per_graph = std::max(20, std::min(k.copies, 256));  // >= 256 MB of weights per replay
+        const double g = GraphUs(launcher(t, sh, k, n, now), per_graph);
+        const double g_before = GraphUs(launcher(t, sh, k, n, before), per_graph);
+        std::snprintf(detail + len, sizeof(detail) - len, "; graph %.2f us (%.0f GB/s), before %.2f us", g,
+                      k.bytes / (g * 1e3), g_before);
+      }
       Report(std::string("matvec_") + t.name + "_" + std::to_string(sh.cols) + "x" + std::to_string(sh.rows) + "_n" +
                  std::to_string(n),
              gbs, "GB/s", detail);
     }
-    BENCH_CHECK(cudaFree(w));
+    BENCH_CHECK(cudaFree(k.w));
   };
   for (const T& t : quant) {
     for (const Shape& sh : shapes) run_case(t, sh, {1, 2, 4, 8});
   }
-  for (const T& t : plain) run_case(t, Shape{2048, t.type == kTypeF32 ? 65536 : 131072}, {1, 8});
+  run_case(f32, Shape{2048, 512}, {1, 2, 8});  // the router: 512 experts x 2048
+  run_case(f32, Shape{2048, 65536}, {1, 8});
+  run_case(bf16, Shape{2048, 131072}, {1, 8});
+
+  // The sweep: GPU-side (graph) microseconds per launch for each forced split and grid.
+  const Shape sweep_shapes[] = {{2048, 8192}, {2048, 4096}, {4096, 2048}, {2048, 512}, {512, 2048}};
+  for (const T& t : {quant[0], quant[3], f32}) {
+    for (const Shape& sh : sweep_shapes) {
+      if (t.type == kTypeF32 && sh.rows != 512) continue;
+      const Weights k = make(t, sh);
+      const int per_graph = std::max(20, std::min(k.copies, 256));
+      for (int n : {1, 8}) {
+        if (n == 8 && t.type != kTypeQ8_0) continue;
+        for (int wpr : {1, 2, 4, 8}) {
+          std::string detail = "us per launch (graph) at blocks/SM one-wave,1,2,4:";
+          double best = 1e30;
+          for (int b : {0, 1, 2, 4}) {
+            const double us =
+                GraphUs(launcher(t, sh, k, n, MatVecOptions{MatVecKernel::kAuto, wpr, b}), per_graph);
+            best = std::min(best, us);
+            char buf[32];
+            std::snprintf(buf, sizeof(buf), " %.2f", us);
+            detail += buf;
+          }
+          Report(std::string("sweep_") + t.name + "_" + std::to_string(sh.cols) + "x" + std::to_string(sh.rows) +
+                     "_n" + std::to_string(n) + "_wpr" + std::to_string(wpr),
+                 best, "us", detail);
+        }
+      }
+      BENCH_CHECK(cudaFree(k.w));
+    }
+  }
   cudaFree(x);
   cudaFree(y);
 }
@@ -337,6 +442,7 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   const double copy = BenchCopy();
+  BenchLaunchFloor();
   BenchMatVec(copy);
   if (!matvec_only) {
     BenchGemm();

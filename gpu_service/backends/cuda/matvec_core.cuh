@@ -1,6 +1,8 @@
 // The fast decode matrix-vector core: y = W·x for 1..8 f32 activation rows, W in Q8_0, Q4_K,
 // Q5_K or Q6_K read in its ggml block layout (no repacking), f32 products and f32 accumulation.
-// Dense launches of kernels/dense_matvec.cu and moe/matvec.cu (LaunchFastDense) run it. Its expert
+// Dense launches of moe/matvec.cu (LaunchFastDense) run it; kernels/dense_matvec.cu runs it for
+// quantized matrices of >= 64 MB and as MatVecKernel::kPrevious, and otherwise the streaming
+// kernel of matvec_stream.cuh (which reuses the formats below). Its expert
 // unit modes (Args::units, kFused) are correct (tests/gpu_moe ran them) but measured slower than
 // the generic expert kernel on the decode shapes, so moe/matvec_impl.cuh does not dispatch them
 // yet (moe/PERF_NOTES.md says why and what to change). Only .cu files include this header.

@@ -2,6 +2,7 @@
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
+#include "gpu_service/backends/cuda/matvec_stream.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -85,14 +86,14 @@ cudaError_t LaunchType(const DeviceMatrix& w, const float* x, int64_t x_stride, 
   return Launch<kType, 8>(w, x, x_stride, n, y, y_stride, stream);
 }
 
-// Quantized types: the fast kernel when the matrix has the natural row stride and one activation
-// row fits its shared memory, else the generic kernel.
+// Quantized types, the previous dispatch: matvec_core.cuh's fast kernel when the matrix has the
+// natural row stride and one activation row fits its shared memory, else the generic kernel.
 template <uint32_t kType>
 cudaError_t LaunchQuant(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
                         cudaStream_t stream) {
   using F = typename fastmv::FormatOf<kType>::Type;
   const int64_t natural = w.cols / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
-  if (!fastmv::ForceGeneric() && w.row_bytes == natural && w.cols <= (1 << 20) && w.rows < (int64_t{1} << 31) &&
+  if (w.row_bytes == natural && w.cols <= (1 << 20) && w.rows < (int64_t{1} << 31) &&
       fastmv::SharedBytesFor<F>(1, static_cast<int>(w.cols)) <= fastmv::kMaxFastShared) {
     return fastmv::LaunchFastDense<F>(static_cast<const uint8_t*>(w.data), static_cast<int>(w.cols),
                                       static_cast<int>(w.rows), x, x_stride, n, y, y_stride, stream);
@@ -100,22 +101,86 @@ cudaError_t LaunchQuant(const DeviceMatrix& w, const float* x, int64_t x_stride,
   return LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
 }
 
+// Matrices of at least this many bytes stream for many waves; there the previous fast kernel
+// measured 2-9 % faster than the streaming one for the quantized types (H200, 2026-11-29:
+// 2048 x 151936 at 175-331 MB; tests/gpu/NOTES.md), the streaming one 1.1-2x faster at 0.6-18 MB.
+constexpr int64_t kPreviousKernelMinBytes = int64_t{64} << 20;
+
+// The streaming kernel when it takes the matrix, else the previous dispatch; large quantized
+// matrices take the previous fast kernel when its activation bucket for n fits the streaming
+// kernel's shared-memory cap (so that it keeps several blocks per SM).
+template <uint32_t kType>
+cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
+                       const MatVecOptions& o, cudaStream_t stream) {
+  using F = typename fastmv::StreamFormatOf<kType>::Type;
+  bool stream_kernel = fastmv::StreamTakes<F>(w.data, w.cols, w.rows, w.row_bytes);
+  if constexpr (kType != kTypeF32) {
+    const int64_t natural = w.cols / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
+    const int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+    if (stream_kernel && o.warps_per_row == 0 && o.blocks_per_sm == 0 && w.row_bytes == natural &&
+        w.row_bytes * w.rows >= kPreviousKernelMinBytes &&
+        fastmv::SharedBytesFor<F>(bucket, static_cast<int>(w.cols)) <= fastmv::kMaxStreamShared) {
+      stream_kernel = false;
+    }
+  }
+  if (stream_kernel) {
+    const fastmv::StreamTuning tuning{o.warps_per_row, o.blocks_per_sm};
+    return fastmv::LaunchStreamDense<F>(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
+                                        static_cast<int>(w.rows), x, x_stride, n, y, y_stride, tuning, stream);
+  }
+  if constexpr (kType == kTypeF32) {
+    return LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
+  } else {
+    return LaunchQuant<kType>(w, x, x_stride, n, y, y_stride, stream);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, cudaStream_t stream) {
+  return LaunchDenseMatVec(w, x, x_stride, n, y, y_stride, MatVecOptions{}, stream);
+}
+
+cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
+                              float* y, int64_t y_stride, const MatVecOptions& o, cudaStream_t stream) {
   if (n < 1 || n > kMatVecMaxRows || w.rows <= 0 || !DenseKernelsSupportType(w.type) ||
       w.cols % RowLengthMultiple(w.type) != 0 || x_stride % 4 != 0) {
     return cudaErrorInvalidValue;
   }
+  const int wpr = o.warps_per_row;
+  if ((wpr != 0 && wpr != 1 && wpr != 2 && wpr != 4 && wpr != 8) || o.blocks_per_sm < 0) {
+    return cudaErrorInvalidValue;
+  }
+  MatVecKernel kernel = o.kernel;
+  if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
+  if (kernel == MatVecKernel::kAuto) {
+    switch (w.type) {
+      case kTypeF32: return LaunchAuto<kTypeF32>(w, x, x_stride, n, y, y_stride, o, stream);
+      case kTypeQ8_0: return LaunchAuto<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, o, stream);
+      case kTypeQ4_K: return LaunchAuto<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, o, stream);
+      case kTypeQ5_K: return LaunchAuto<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, o, stream);
+      case kTypeQ6_K: return LaunchAuto<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, o, stream);
+      default: break;  // F16, BF16: the generic kernel
+    }
+  }
+  const bool previous = kernel != MatVecKernel::kGeneric;
   switch (w.type) {
     case kTypeF32: return LaunchType<kTypeF32>(w, x, x_stride, n, y, y_stride, stream);
     case kTypeF16: return LaunchType<kTypeF16>(w, x, x_stride, n, y, y_stride, stream);
     case kTypeBF16: return LaunchType<kTypeBF16>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ8_0: return LaunchQuant<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ4_K: return LaunchQuant<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ5_K: return LaunchQuant<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ6_K: return LaunchQuant<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ8_0:
+      return previous ? LaunchQuant<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream)
+                      : LaunchType<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ4_K:
+      return previous ? LaunchQuant<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream)
+                      : LaunchType<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ5_K:
+      return previous ? LaunchQuant<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream)
+                      : LaunchType<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream);
+    case kTypeQ6_K:
+      return previous ? LaunchQuant<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream)
+                      : LaunchType<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -15,11 +15,34 @@ namespace tandem::cuda {
 
 inline constexpr int kMatVecMaxRows = 8;
 
+// Which kernel a launch takes. Production passes kAuto; tests and benchmarks compare the others.
+enum class MatVecKernel {
+  kAuto,      // the streaming kernel (matvec_stream.cuh) for Q8_0, Q4_K, Q5_K, Q6_K and F32 where
+              // its alignment and shared-memory limits hold, else as kPrevious; the environment
+              // variable TANDEM_MATVEC_GENERIC (read once per process) turns kAuto into kGeneric
+  kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
+              // quantized types at their natural row stride, else the generic kernel
+  kGeneric,   // the generic one-warp-per-row kernel, every type
+};
+
+// Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.
+struct MatVecOptions {
+  MatVecKernel kernel = MatVecKernel::kAuto;
+  int warps_per_row = 0;  // 1, 2, 4 or 8 warps split each row
+  int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm / activation-row chunks, capped by the rows
+};
+
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at
 // y + t·y_stride). 1 <= n <= kMatVecMaxRows. x must be 16-byte aligned with x_stride a multiple of 4.
 // y must not alias x. cudaErrorInvalidValue for an unsupported type or shape.
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, cudaStream_t stream);
+
+// The same with a kernel choice (cudaErrorInvalidValue also for warps_per_row not 0, 1, 2, 4, 8
+// or blocks_per_sm < 0).
+cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
+                              float* y, int64_t y_stride, const MatVecOptions& options,
+                              cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

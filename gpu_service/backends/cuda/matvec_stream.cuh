@@ -1,0 +1,453 @@
+// The streaming decode matrix-vector kernel: y = W·x for 1..8 f32 activation rows, W in Q8_0,
+// Q4_K, Q5_K, Q6_K (the ggml block layouts, decoded by the formats of matvec_core.cuh) or F32,
+// any row stride the format's alignment allows; f32 products and f32 accumulation. Dense launches
+// of kernels/dense_matvec.cu take it; matvec_core.cuh's FastMatVecKernel (the previous kernel)
+// stays for the MoE launchers and as the benchmarks' "before". Only .cu files include this header.
+//
+// Why it is shaped this way (batch-1 decode of 1-18 MB matrices is latency-bound: a launch must
+// keep several MB of loads in flight from its first cycle and never wait on anything else):
+// - Each lane keeps kD pieces of each of its kS rows in flight (a ring of raw pieces): piece
+//   p + kD·step is loaded before piece p is decoded, and a warp's first pieces go out before
+//   the activations are staged, so the staging's L2 latency hides under the DRAM latency.
+// - A block walks row groups g, g + gridDim.x, ... and loads the next group's first pieces
+//   before it reduces and writes the current one: no DRAM round trip between groups.
+// - The grid is one wave (resident blocks per SM from the kernel's registers and shared memory,
+//   times the SM count) or fewer blocks; `wpr` warps split each row (partial sums meet in shared
+//   memory, added in warp order: deterministic) when that shortens the busiest lane's chain of
+//   memory latencies (ChooseStreamSplit's cost model), so a 2048-row matrix still starts
+//   thousands of warps.
+// - Activations sit in shared memory (matvec_core.cuh's swizzle), capped at kMaxStreamShared per
+//   block so that three blocks fit on an SM: more activation rows than fit run as grid.y chunks
+//   of the same resident grid, which read the same weight rows at about the same time (the
+//   second read hits L2).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MATVEC_STREAM_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MATVEC_STREAM_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gpu_service/backends/cuda/matvec_core.cuh"
+
+namespace tandem::cuda::fastmv {
+
+// F32: piece = 8 floats (two 16-byte loads); the "run" needs no scale.
+struct FmtF32 {
+  static constexpr int kPieceElems = 8, kRuns = 1, kRunLen = 8, kBias = 0;
+  static constexpr bool kXSum = false;
+  struct Raw {
+    uint4 v0, v1;
+  };
+  __host__ __device__ static int64_t RowBytes(int cols) { return static_cast<int64_t>(cols) * 4; }
+  __host__ __device__ static void Load(const uint8_t* row, int p, Raw& r) {
+    r.v0 = Ld128(row + 32 * static_cast<int64_t>(p));
+    r.v1 = Ld128(row + 32 * static_cast<int64_t>(p) + 16);
+  }
+  __host__ __device__ static int RunCol(int p, int) { return 8 * p; }
+  __device__ static float4 Quad(const Raw& r, int i) {
+    const uint4 v = i == 0 ? r.v0 : r.v1;
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  }
+  __host__ __device__ static int Swz(int q) { return FmtQ8_0::Swz(q); }
+};
+
+template <class F>
+inline constexpr bool kPlain = std::is_same_v<F, FmtF32>;
+
+template <uint32_t kType>
+struct StreamFormatOf {
+  using Type = typename FormatOf<kType>::Type;
+};
+template <> struct StreamFormatOf<kTypeF32> { using Type = FmtF32; };
+
+// Row slots (kS) and ring depth (kD) per format and activation-row bucket: kD·kS raw pieces live
+// in registers next to kS·kN accumulators, within the budget of kStreamMinBlocks blocks per SM.
+template <class F, int kN>
+inline constexpr int kStreamSlots = std::is_same_v<F, FmtQ8_0> ? (kN <= 2 ? 4 : 2)
+                                    : std::is_same_v<F, FmtQ6_K> ? (kN == 1 ? 4 : 2)
+                                                                 : 2;  // Q4_K, Q5_K, F32: 32-48 byte pieces
+template <class F, int kN>
+inline constexpr int kStreamDepth = (std::is_same_v<F, FmtQ4_K> && kN == 1) ? 3 : 2;
+template <class F, int kN>
+inline constexpr int kStreamMinBlocks = (std::is_same_v<F, FmtQ8_0> && kN <= 2) ? 3 : 2;
+
+// Shared memory cap per block (activation rows + Σx + the split-row partial sums): three blocks
+// per SM of 228 KB.
+inline constexpr size_t kMaxStreamShared = 72 * 1024;
+
+template <class F, int kN>
+inline size_t StreamSharedBytes(int cols) {
+  const size_t x = static_cast<size_t>(kN) * cols * sizeof(float) * (F::kXSum ? 17 : 16) / 16;
+  return x + static_cast<size_t>(kWarps) * (32 / LanesPerRow<F>(cols)) * kStreamSlots<F, kN> * kN * sizeof(float);
+}
+
+struct StreamArgs {
+  const uint8_t* w = nullptr;
+  int64_t row_bytes = 0;
+  int cols = 0, out_rows = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  int n = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  int wpr = 1;
+};
+
+namespace {  // internal linkage, as in matvec_core.cuh
+
+// acc[s][t] += the piece's part of row s · x_t (matvec_core.cuh's DotPiece plus plain F32).
+template <class F, int kS, int kN>
+__device__ __forceinline__ void StreamDotPiece(const typename F::Raw (&raw)[kS], int p, const float4* xs4, int quads,
+                                               const float* xsum, int sums, float (&acc)[kS][kN]) {
+#pragma unroll
+  for (int run = 0; run < F::kRuns; ++run) {
+    const int col = F::RunCol(p, run);
+    float part[kS][kN];
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+#pragma unroll
+      for (int t = 0; t < kN; ++t) part[s][t] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < F::kRunLen / 4; ++i) {
+      float4 xv[kN];
+      const int slot = F::Swz(col / 4 + i);
+#pragma unroll
+      for (int t = 0; t < kN; ++t) xv[t] = xs4[t * quads + slot];
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        float4 q;
+        if constexpr (kPlain<F>) {
+          q = F::Quad(raw[s], i);
+        } else {
+          q = BytesToFloat4<F::kBias>(F::Word(raw[s], p, run, i));
+        }
+#pragma unroll
+        for (int t = 0; t < kN; ++t) {
+          float a = part[s][t];
+          a = fmaf(q.x, xv[t].x, a);
+          a = fmaf(q.y, xv[t].y, a);
+          a = fmaf(q.z, xv[t].z, a);
+          a = fmaf(q.w, xv[t].w, a);
+          part[s][t] = a;
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      if constexpr (kPlain<F>) {
+#pragma unroll
+        for (int t = 0; t < kN; ++t) acc[s][t] += part[s][t];
+      } else {
+        float scale, offset;
+        F::RunScale(raw[s], p, run, scale, offset);
+#pragma unroll
+        for (int t = 0; t < kN; ++t) {
+          acc[s][t] = fmaf(scale, part[s][t], acc[s][t]);
+          if constexpr (F::kXSum) acc[s][t] = fmaf(-offset, xsum[t * sums + col / 16], acc[s][t]);
+        }
+      }
+    }
+  }
+}
+
+// Loads ring[j] = pieces p0 + j·step (those < pieces) of the kS rows.
+template <class F, int kS, int kD>
+__device__ __forceinline__ void IssueRing(const uint8_t* const* rows, int pieces, int p0, int step,
+                                          typename F::Raw (&ring)[kD][kS]) {
+#pragma unroll
+  for (int j = 0; j < kD; ++j) {
+    if (p0 + j * step < pieces) LoadPieces<F, kS>(rows, p0 + j * step, ring[j]);
+  }
+}
+
+// acc += Σ over pieces p0, p0 + step, ... < pieces of rows · x, ring holding the first kD pieces
+// on entry; each slot of the ring is refilled with the piece kD steps ahead before its piece is
+// decoded.
+template <class F, int kS, int kN, int kD>
+__device__ __forceinline__ void StreamRows(const uint8_t* const* rows, int pieces, int p0, int step,
+                                           typename F::Raw (&ring)[kD][kS], const float4* xs4, int quads,
+                                           const float* xsum, int sums, float (&acc)[kS][kN]) {
+  for (int base = p0; base < pieces; base += kD * step) {
+#pragma unroll
+    for (int j = 0; j < kD; ++j) {
+      const int p = base + j * step;
+      if (p < pieces) {
+        typename F::Raw cur[kS];
+#pragma unroll
+        for (int s = 0; s < kS; ++s) cur[s] = ring[j][s];
+        if (p + kD * step < pieces) LoadPieces<F, kS>(rows, p + kD * step, ring[j]);
+        StreamDotPiece<F, kS, kN>(cur, p, xs4, quads, xsum, sums, acc);
+      }
+    }
+  }
+}
+
+template <class F, int kN>
+__global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMatVecKernel(const StreamArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int kS = kStreamSlots<F, kN>;
+  constexpr int kD = kStreamDepth<F, kN>;
+  const int cols = a.cols, quads = cols / 4, sums = cols / 16;
+  const int pieces = cols / F::kPieceElems;
+  const int lpr = LanesPerRow<F>(cols), subs = 32 / lpr;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane / lpr, sl = lane & (lpr - 1);
+  const int wpr = a.wpr, team = warp / wpr, member = warp - team * wpr;
+  const int rows_per_block = kWarps / wpr * subs * kS;
+  const int groups = (a.out_rows + rows_per_block - 1) / rows_per_block;
+  const int p0 = member * lpr + sl, step = lpr * wpr;
+  float4* xs4 = smem4;
+  float* xsum = reinterpret_cast<float*>(smem4 + kN * quads);
+  float* red = xsum + (F::kXSum ? kN * sums : 0);
+  const int t0 = static_cast<int>(blockIdx.y) * kN;
+  const int rows_used = min(kN, a.n - t0);
+
+  const uint8_t* rows[kS];
+  auto row_ptrs = [&](int g) {
+    const int row0 = g * rows_per_block + (team * subs + sub) * kS;
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      const int64_t row = min(row0 + s, a.out_rows - 1);  // clamped: loads stay inside the matrix
+      rows[s] = a.w + row * a.row_bytes;
+    }
+    return row0;
+  };
+
+  // The first group's first pieces go out before the activations are staged.
+  int g = blockIdx.x;
+  typename F::Raw ring[kD][kS];
+  int row0 = row_ptrs(g < groups ? g : 0);
+  if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
+
+  // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
+  for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
+    const int t = idx / quads, q = idx - t * quads;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < rows_used) v = __ldg(reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(t0 + t) * a.x_stride) + q);
+    xs4[t * quads + F::Swz(q)] = v;
+  }
+  if constexpr (F::kXSum) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kN * sums; idx += kThreads) {
+      const int t = idx / sums, gi = idx - t * sums;
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 v = xs4[t * quads + F::Swz(4 * gi + k)];
+        s += (v.x + v.y) + (v.z + v.w);
+      }
+      xsum[t * sums + gi] = s;
+    }
+  }
+  __syncthreads();
+
+  float* out = a.y + static_cast<int64_t>(t0) * a.y_stride;
+  while (g < groups) {
+    float acc[kS][kN];
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+#pragma unroll
+      for (int t = 0; t < kN; ++t) acc[s][t] = 0.0f;
+    }
+    StreamRows<F, kS, kN, kD>(rows, pieces, p0, step, ring, xs4, quads, xsum, sums, acc);
+    // The next group's loads go out before this group's reduction.
+    const int done_row0 = row0;
+    g += gridDim.x;
+    if (g < groups) {
+      row0 = row_ptrs(g);
+      IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
+    }
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+#pragma unroll
+      for (int t = 0; t < kN; ++t) {
+        for (int off = lpr / 2; off > 0; off >>= 1) acc[s][t] += __shfl_xor_sync(0xFFFFFFFFu, acc[s][t], off);
+      }
+    }
+    if (wpr > 1) {  // the team's warps add their partial sums in member order (deterministic)
+      if (sl == 0) {
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+#pragma unroll
+          for (int t = 0; t < kN; ++t) red[((warp * subs + sub) * kS + s) * kN + t] = acc[s][t];
+        }
+      }
+      __syncthreads();
+      if (member == 0 && sl == 0) {
+        for (int m = 1; m < wpr; ++m) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+#pragma unroll
+            for (int t = 0; t < kN; ++t) acc[s][t] += red[(((warp + m) * subs + sub) * kS + s) * kN + t];
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (member == 0 && sl == 0) {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const int row = done_row0 + s;
+        if (row >= a.out_rows) break;
+#pragma unroll
+        for (int t = 0; t < kN; ++t) {
+          if (t >= rows_used) break;
+          out[t * a.y_stride + row] = acc[s][t];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Resident blocks per SM of a kernel with `regs` registers per thread and `smem` bytes of
+// dynamic shared memory (the occupancy rules of sm_90: registers per warp in units of 256,
+// 1 KB of shared memory reserved per block).
+inline int ResidentBlocks(int regs, size_t smem, int smem_per_sm) {
+  const int warp_regs = (regs * 32 + 255) / 256 * 256;
+  const int by_regs = warp_regs > 0 ? 65536 / (warp_regs * kWarps) : 8;
+  const int by_smem = static_cast<int>(static_cast<size_t>(smem_per_sm) / (smem + 1024));
+  const int by_threads = 2048 / kThreads;
+  int b = by_regs < by_smem ? by_regs : by_smem;
+  b = b < by_threads ? b : by_threads;
+  return b > 0 ? b : 1;
+}
+
+// Shared memory per SM of the current device (queried once).
+inline int DeviceSmemPerSm() {
+  static const int bytes = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+      return 228 * 1024;
+    }
+    return v;
+  }();
+  return bytes;
+}
+
+// The split (warps per row) and the grid (blocks) of a launch. Model: a lane keeps `depth`
+// pieces in flight, so a row group of ppl = ceil(pieces / (lpr·wpr)) pieces per lane costs about
+// ceil(ppl / depth) memory latencies, plus one more per group (staging, reduction and the ramp of
+// the next group); the busiest block walks ceil(groups / blocks) groups. Among wpr = 1, 2, 4, 8
+// that leave every warp a piece per lane the cheapest wins, the larger split (more blocks) on
+// ties. The per-group latency was fitted to the H200 sweep of forced splits (tests/gpu/NOTES.md,
+// 2026-11-29): it orders the measured splits of every Q8_0 and Q4_K decode shape but one.
+// `capacity` is the resident blocks of one wave; forced_wpr > 0 and forced_blocks > 0
+// (benchmarks, tests) override.
+struct StreamSplit {
+  int wpr = 1;
+  int blocks = 1;
+};
+inline StreamSplit ChooseStreamSplit(int pieces, int lpr, int depth, int rows_per_block_at_wpr1, int out_rows,
+                                     int capacity, int forced_wpr, int forced_blocks) {
+  StreamSplit best;
+  int64_t best_cost = -1;
+  for (int wpr = 1; wpr <= kWarps; wpr *= 2) {
+    if (forced_wpr > 0 && wpr != forced_wpr) continue;
+    if (forced_wpr <= 0 && wpr > 1 && pieces < lpr * wpr) break;
+    const int rpb = rows_per_block_at_wpr1 / wpr;
+    const int64_t groups = (out_rows + rpb - 1) / rpb;
+    const int64_t cap = forced_blocks > 0 ? forced_blocks : capacity;
+    const int64_t blocks = groups < cap ? groups : cap;
+    const int64_t per_block = (groups + blocks - 1) / blocks;
+    const int64_t per_lane = (pieces + lpr * wpr - 1) / (lpr * wpr);
+    const int64_t cost = per_block * ((per_lane + depth - 1) / depth + 1);
+    if (best_cost < 0 || cost <= best_cost) {
+      best_cost = cost;
+      best.wpr = wpr;
+      best.blocks = static_cast<int>(blocks);
+    }
+  }
+  return best;
+}
+
+// Tuning overrides for a streaming launch (0 = chosen by ChooseStreamSplit).
+struct StreamTuning {
+  int warps_per_row = 0;
+  int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm (capped by the row groups)
+};
+
+template <class F, int kN>
+cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuning, cudaStream_t stream) {
+  auto kernel = StreamMatVecKernel<F, kN>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
+  if (attr != cudaSuccess) return attr;
+  static const int regs = [&] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.numRegs : 64;
+  }();
+  const size_t smem = StreamSharedBytes<F, kN>(a.cols);
+  const int sms = DeviceSmCount();
+  const int per_sm = ResidentBlocks(regs, smem, DeviceSmemPerSm());
+  // grid.y chunks share one wave.
+  const int gy = static_cast<int>(grid_y);
+  int capacity = (sms * per_sm + gy - 1) / gy;
+  const int lpr = LanesPerRow<F>(a.cols);
+  const int rpb1 = kWarps * (32 / lpr) * kStreamSlots<F, kN>;
+  const int forced_blocks = tuning.blocks_per_sm > 0 ? (sms * tuning.blocks_per_sm + gy - 1) / gy : 0;
+  const StreamSplit split =
+      ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN>, rpb1, a.out_rows, capacity, tuning.warps_per_row, forced_blocks);
+  a.wpr = split.wpr;
+  kernel<<<dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class F>
+inline size_t StreamSharedBytesFor(int n_bucket, int cols) {
+  switch (n_bucket) {
+    case 1: return StreamSharedBytes<F, 1>(cols);
+    case 2: return StreamSharedBytes<F, 2>(cols);
+    case 4: return StreamSharedBytes<F, 4>(cols);
+    default: return StreamSharedBytes<F, 8>(cols);
+  }
+}
+
+// True when the streaming kernel takes this matrix: the format's row alignment holds for the
+// data pointer and the row stride, rows are at least the natural length, and one activation row
+// fits kMaxStreamShared.
+template <class F>
+inline bool StreamTakes(const void* w, int64_t cols, int64_t rows, int64_t row_bytes) {
+  const int64_t align = (std::is_same_v<F, FmtQ8_0> || std::is_same_v<F, FmtQ6_K>) ? 2 : 16;
+  if (cols <= 0 || cols > (1 << 20) || rows <= 0 || rows >= (int64_t{1} << 31)) return false;
+  if (cols % (4 * F::kPieceElems) != 0) return false;  // whole swizzle groups (Q8_0/F32: 32 columns)
+  if (reinterpret_cast<uintptr_t>(w) % align != 0 || row_bytes % align != 0) return false;
+  if (row_bytes < F::RowBytes(static_cast<int>(cols))) return false;
+  return StreamSharedBytesFor<F>(1, static_cast<int>(cols)) <= kMaxStreamShared;
+}
+
+// Dense y = W·x through the streaming kernel (StreamTakes must hold): the activation-row bucket
+// is the smallest of 1, 2, 4, 8 holding n whose shared memory fits kMaxStreamShared; more rows
+// run as grid.y chunks.
+template <class F>
+cudaError_t LaunchStreamDense(const uint8_t* w, int64_t row_bytes, int cols, int rows, const float* x,
+                              int64_t x_stride, int n, float* y, int64_t y_stride, const StreamTuning& tuning,
+                              cudaStream_t stream) {
+  int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+  while (bucket > 1 && StreamSharedBytesFor<F>(bucket, cols) > kMaxStreamShared) bucket /= 2;
+  StreamArgs a;
+  a.w = w;
+  a.row_bytes = row_bytes;
+  a.cols = cols;
+  a.out_rows = rows;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.n = n;
+  a.y = y;
+  a.y_stride = y_stride;
+  const unsigned gy = static_cast<unsigned>((n + bucket - 1) / bucket);
+  switch (bucket) {
+    case 1: return LaunchStream<F, 1>(a, gy, tuning, stream);
+    case 2: return LaunchStream<F, 2>(a, gy, tuning, stream);
+    case 4: return LaunchStream<F, 4>(a, gy, tuning, stream);
+    default: return LaunchStream<F, 8>(a, gy, tuning, stream);
+  }
+}
+
+}  // namespace tandem::cuda::fastmv
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MATVEC_STREAM_CUH_
