@@ -119,9 +119,10 @@ class CudaBackend::Impl {
   float* state(const CudaSequence& s) const { return recurrent + s.row * recurrent_floats; }
 
   // Layer loop (layer_loop.cc).
-  // y = x·Wᵀ: matvec for up to 8 rows (f32), else the GEMM in the backend's mode, or in f32 when
-  // exact (the router's and shared gate's logits: bf16 rounding there flips routing picks).
-  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool exact = false,
+  // y = x·Wᵀ: matvec for up to 8 rows (f32), else the GEMM in the backend's mode, or near f32 when
+  // accurate (f16 hi/lo triples in fast mode: the router's and shared gate's logits, whose rounding
+  // would flip routing picks).
+  absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
   // The side stream starts from the main stream's current point / the main stream waits for the
   // side stream's work so far. Independent products of small steps overlap this way (their kernels
