@@ -163,7 +163,10 @@ ExpertPlacementTotals CpuBackend::placement() const {
   ExpertPlacementTotals t;
   t.local_rows = local_rows_.load();
   t.worker_rows = worker_rows_.load();
-  t.bytes_to_workers = bytes_to_workers_.load();
+  // The workers' client counts the rows it actually sends; without it, one row per pair.
+  const std::optional<uint64_t> sent =
+      options_.remote != nullptr ? options_.remote->activation_bytes_sent() : std::nullopt;
+  t.bytes_to_workers = sent.has_value() ? *sent : bytes_to_workers_.load();
   t.bytes_from_workers = bytes_from_workers_.load();
   t.worker_seconds = static_cast<double>(worker_nanos_.load()) * 1e-9;
   return t;

@@ -12,6 +12,7 @@
 #define TANDEM_GPU_SERVICE_BACKEND_EXPERT_PLACEMENT_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@ class RemoteExperts {
   // Unavailable means a worker is lost (the backend then reports itself unhealthy).
   virtual absl::Status Run(int64_t layer, std::span<const ExpertWork> work, const float* x,
                            int64_t h, float* out) = 0;
+  // Activation bytes sent to workers so far (the rows actually written into requests), or nullopt
+  // when the implementation does not count them (the caller then estimates one row per pair).
+  virtual std::optional<uint64_t> activation_bytes_sent() const { return std::nullopt; }
 };
 
 }  // namespace tandem

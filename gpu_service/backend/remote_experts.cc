@@ -232,6 +232,7 @@ absl::Status HostExpertWorkers::Run(int64_t layer, std::span<const ExpertWork> w
     OffloadRequest request{static_cast<uint32_t>(layer), pairs_, rows_, options_.exact};
     absl::StatusOr<OffloadReply> reply = client_->Call(
         request, std::span<float>(out + begin * hidden_, pairs_.size() * hidden_), deadline);
+    if (reply.ok()) activation_bytes_ += reply->activation_bytes;
     for (size_t i : chunk_index_) row_of_token_[static_cast<size_t>(work[i].token)] = -1;
     begin += pairs_.size();
     pairs_.clear();

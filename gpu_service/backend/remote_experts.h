@@ -77,6 +77,9 @@ class HostExpertWorkers : public RemoteExperts {
 
   absl::Status Run(int64_t layer, std::span<const ExpertWork> work, const float* x, int64_t h,
                    float* out) override;
+  std::optional<uint64_t> activation_bytes_sent() const override {
+    return activation_bytes_.load(std::memory_order_relaxed);
+  }
 
   // True while every worker serves.
   bool available() const { return available_.load(std::memory_order_acquire); }
@@ -113,6 +116,7 @@ class HostExpertWorkers : public RemoteExperts {
   std::vector<int64_t> row_of_token_;   // token -> row in the chunk (-1: none)
   std::vector<pid_t> known_pids_;
 
+  std::atomic<uint64_t> activation_bytes_{0};
   std::atomic<bool> available_{false};
   std::mutex listener_mu_;
   std::function<void(bool)> listener_;

@@ -109,6 +109,7 @@ absl::StatusOr<OffloadReply> MultiWorkerClient::Call(const OffloadRequest& reque
   }
   // Each worker gets only the rows its pairs reference, renumbered densely.
   absl::Status first_error;
+  uint64_t sent_bytes = 0;
   for (Worker& w : workers_) {
     if (w.pairs.empty()) continue;
     w.activations.clear();
@@ -125,6 +126,7 @@ absl::StatusOr<OffloadReply> MultiWorkerClient::Call(const OffloadRequest& reque
       local_row_[request.pairs[w.original_index[i]].row] = -1;
     }
     OffloadRequest part{request.layer, w.pairs, w.activations, request.exact};
+    sent_bytes += w.activations.size() * sizeof(float);
     if (absl::Status s = w.client->Send(part); !s.ok()) {
       first_error = s;
       break;
@@ -134,6 +136,7 @@ absl::StatusOr<OffloadReply> MultiWorkerClient::Call(const OffloadRequest& reque
   // Wait for every request sent, even after an error, so no channel is left with one in flight.
   OffloadReply merged;
   merged.pair_count = static_cast<uint32_t>(request.pairs.size());
+  merged.activation_bytes = sent_bytes;
   for (Worker& w : workers_) {
     if (!w.sent) continue;
     absl::StatusOr<OffloadReply> reply = w.client->Wait(deadline);

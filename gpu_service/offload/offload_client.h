@@ -63,6 +63,9 @@ struct OffloadRequest {
 struct OffloadReply {
   uint32_t pair_count = 0;
   int64_t worker_compute_ns = 0;
+  // MultiWorkerClient::Call only: activation bytes written into the workers' requests (each worker
+  // gets only the rows its pairs use, so a row used by two workers counts twice).
+  uint64_t activation_bytes = 0;
   // Wait(): one row of hidden_size floats per pair, in pair order; a view into the segment, valid
   // until the next Send. Call(): empty (the rows were copied to the caller's buffer).
   std::span<const float> outputs;

@@ -176,6 +176,20 @@ void CompareDecode(Harness& h, const std::string& prompt, int steps, Check check
   }
 }
 
+// The bytes counted as sent are the activation rows written into requests: one per distinct
+// token per worker, not one per (expert, token) pair.
+TEST(HostExpertWorkersTest, CountsTheActivationRowsActuallySent) {
+  Harness h(/*exact=*/true, /*shares=*/2, /*max_rows=*/256);
+  const int64_t hidden = h.model->config().h, E = h.model->config().moe.E;
+  std::vector<float> x(static_cast<size_t>(2 * hidden), 0.25f);
+  // Share 0 owns experts [0, E/2), share 1 the rest: token 0 goes to both workers, token 1 to one.
+  const std::vector<ExpertWork> work = {{0, 0}, {1, 0}, {static_cast<int32_t>(E - 1), 0}, {1, 1}};
+  std::vector<float> out(work.size() * static_cast<size_t>(hidden));
+  ASSERT_EQ(h.workers->activation_bytes_sent().value_or(1), 0u);
+  ASSERT_TRUE(h.workers->Run(0, work, x.data(), hidden, out.data()).ok());
+  EXPECT_EQ(h.workers->activation_bytes_sent().value_or(0), 3u * hidden * sizeof(float));
+}
+
 TEST(HostExpertWorkersTest, ExactModeEqualsTheReferenceInSmallChunks) {
   // Three activation rows per request: the prompt's prefill is sent in several requests.
   Harness h(/*exact=*/true, /*shares=*/2, /*max_rows=*/3);
