@@ -115,7 +115,8 @@ ABSL_FLAG(std::string, worker_channel_file, "",
 ABSL_FLAG(absl::Duration, worker_ready_timeout, absl::Minutes(5),
           "how long start-up waits for every worker to serve");
 ABSL_FLAG(absl::Duration, worker_call_timeout, absl::Seconds(30),
-          "how long one MoE layer waits for the workers' reply before its step fails");
+          "how long one MoE layer waits for the workers' reply; a worker that misses it is given up "
+          "as stuck (killed and restarted if spawned) and the step fails with UNAVAILABLE");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC receive and send message size limit");
 ABSL_FLAG(std::string, ready_file, "",
           "once SERVING, write 'grpc_port=N' and 'metrics_port=M' lines to this file");

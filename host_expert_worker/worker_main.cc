@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -40,6 +41,9 @@ ABSL_FLAG(int64_t, sleep_slice_us, 5000, "longest single sleep while waiting for
 ABSL_FLAG(int64_t, pool_spin_us, 2000, "compute threads: spin this long between requests, then sleep");
 ABSL_FLAG(int64_t, max_pairs, 4096, "pairs per compute pass (larger requests take several passes)");
 ABSL_FLAG(int64_t, max_rows, 1024, "largest activation_row_count a request may have");
+ABSL_FLAG(int64_t, test_stall_after_requests, -1,
+          "for tests of stuck-worker handling: after this many requests, stop answering while "
+          "staying alive (-1: never)");
 
 namespace tandem {
 namespace {
@@ -59,6 +63,25 @@ int Fail(const absl::Status& s, int code) {
   std::fprintf(stderr, "tandem-host-worker: %s\n", std::string(s.message()).c_str());
   return code;
 }
+
+// The --test_stall_after_requests hook: answers the first `limit` requests, then blocks in
+// Compute until the process is stopped (its heartbeat thread keeps beating: a stuck worker).
+class StallingComputer : public ExpertRowComputer {
+ public:
+  StallingComputer(ExpertRowComputer* inner, int64_t limit) : inner_(inner), limit_(limit) {}
+  const ExpertModelShape& shape() const override { return inner_->shape(); }
+  absl::Status Compute(const ExpertBatch& batch, float* outputs) override {
+    if (limit_ >= 0 && served_++ >= limit_) {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    return inner_->Compute(batch, outputs);
+  }
+
+ private:
+  ExpertRowComputer* inner_;
+  int64_t limit_;
+  int64_t served_ = 0;
+};
 
 int Run() {
   // SIGINT / SIGTERM are taken by one thread with sigwait (blocked everywhere else, so set before
@@ -124,7 +147,8 @@ int Run() {
       if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
     }
   }
-  HostExpertComputer computer(store->get(), engine->get(), absl::GetFlag(FLAGS_exact));
+  HostExpertComputer real_computer(store->get(), engine->get(), absl::GetFlag(FLAGS_exact));
+  StallingComputer computer(&real_computer, absl::GetFlag(FLAGS_test_stall_after_requests));
 
   ChannelServerOptions server_options;
   server_options.wait.spin = absl::Microseconds(absl::GetFlag(FLAGS_spin_us));

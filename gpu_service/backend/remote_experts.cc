@@ -71,6 +71,8 @@ absl::StatusOr<std::unique_ptr<HostExpertWorkers>> HostExpertWorkers::Start(
       }
       share.client.worker_path = options.worker_binary;
       share.client.worker_args = WorkerArguments(spec, options.model_path, options.exact);
+      share.client.worker_args.insert(share.client.worker_args.end(), options.extra_worker_args.begin(),
+                                      options.extra_worker_args.end());
     }
     shares.push_back(std::move(share));
   }

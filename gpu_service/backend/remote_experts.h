@@ -50,10 +50,13 @@ struct HostExpertWorkersOptions {
   std::string worker_binary;              // for spawned specs
   std::string model_path;                 // given to spawned workers
   bool exact = false;                     // workers in their exact mode (f32 activations)
-  // A step waits this long for a worker's reply before failing with DeadlineExceeded.
+  // A step waits this long for a worker's reply; a worker that misses it is given up as stuck
+  // (the step fails with Unavailable, the worker is restarted like a dead one).
   absl::Duration call_timeout = absl::Seconds(30);
   // Activation rows per channel request (pairs: rows × experts per token).
   uint32_t max_rows_per_request = 256;
+  // More arguments for spawned workers (tests: --test_stall_after_requests).
+  std::vector<std::string> extra_worker_args;
   // Events for the service's log: ("worker_ready", fields) when a worker (re)attaches,
   // ("worker_lost", fields) when one is lost. Fields are JSON members without braces.
   std::function<void(const std::string& event, const std::string& fields)> log;

@@ -244,9 +244,16 @@ absl::StatusOr<OffloadReply> OffloadClient::Wait(absl::Time deadline) {
       WaitForSequence(&header.reply_seq, &header.reply_waiters, sequence, deadline,
                       options_.wait, [&] { return WorkerDead(&why); });
   if (result == DoorbellWait::kDeadline) {
-    return absl::DeadlineExceededError(absl::StrCat("worker pid ", worker_pid_,
-                                                    " did not answer request #", sequence,
-                                                    " by the deadline"));
+    // A worker that is alive (its heartbeat moves) but does not answer is stuck: waiting longer
+    // would stall every later step. Give it up like a dead one: a spawned worker is killed and
+    // started again by the next WaitUntilReady, a connected one must be restarted by hand (the
+    // channel is reset, so a late reply from it is never taken for a new request's).
+    const pid_t stuck = worker_pid_;
+    Disconnect();
+    return absl::UnavailableError(absl::StrCat("worker pid ", stuck, " did not answer request #", sequence,
+                                               " by the deadline; it was given up",
+                                               options_.worker_path.empty() ? " (start it again to reconnect)"
+                                                                            : " and is being restarted"));
   }
   if (result == DoorbellWait::kAborted) {
     Disconnect();
@@ -285,12 +292,9 @@ absl::StatusOr<OffloadReply> OffloadClient::Call(const OffloadRequest& request,
     return absl::InvalidArgumentError(absl::StrCat("outputs hold ", outputs.size(),
                                                    " floats; the request needs ", needed));
   }
-  if (in_flight_sequence_ != 0) {  // an earlier request timed out: let it finish first
+  if (in_flight_sequence_ != 0) {  // a Send without its Wait: collect that reply first
     absl::StatusOr<OffloadReply> stale = Wait(deadline);
-    if (!stale.ok() && (absl::IsDeadlineExceeded(stale.status()) ||
-                        absl::IsUnavailable(stale.status()))) {
-      return stale.status();
-    }
+    if (!stale.ok() && absl::IsUnavailable(stale.status())) return stale.status();
   }
   if (absl::Status s = Send(request); !s.ok()) return s;
   absl::StatusOr<OffloadReply> reply = Wait(deadline);

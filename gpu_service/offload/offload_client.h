@@ -9,8 +9,9 @@
 // kill(pid, 0) or by its heartbeat stopping (connected worker), and the pending Wait returns
 // Unavailable within sleep_slice (spawned) or heartbeat_timeout + sleep_slice (connected), well
 // under a second.
-// The next Send or WaitUntilReady then respawns the worker (spawned) or adopts the next worker
-// that attaches (connected).
+// A worker that stays alive but does not answer by the Wait's deadline is given up the same way
+// (a spawned one is killed). The next Send or WaitUntilReady then respawns the worker (spawned)
+// or adopts the next worker that attaches (connected).
 //
 // Not thread-safe: one thread drives a client (MultiWorkerClient drives several from one thread).
 #ifndef TANDEM_GPU_SERVICE_OFFLOAD_OFFLOAD_CLIENT_H_
@@ -100,8 +101,9 @@ class OffloadClient {
   absl::Status Send(const OffloadRequest& request);
 
   // Waits for the reply to the last Send. InvalidArgument / Internal when the worker rejected the
-  // request (the message names the field); Unavailable when the worker died; DeadlineExceeded
-  // when the deadline passed (the request stays in flight: the next Call waits for it first).
+  // request (the message names the field); Unavailable when the worker died, or when the deadline
+  // passed: a worker that does not answer in time is given up as stuck (a spawned one is killed
+  // and restarted by the next WaitUntilReady; the channel is reset for a new worker).
   absl::StatusOr<OffloadReply> Wait(absl::Time deadline);
 
   // Send + Wait, copying the rows to `outputs` (pairs.size() * hidden_size floats).

@@ -5,8 +5,10 @@
 // with its own expert executor; the routing picks of both are captured, so the fast (int8) mode is
 // checked exactly where the acceptance asks: at the positions where every layer picked the same
 // experts.
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -95,7 +97,8 @@ struct Harness {
   std::unique_ptr<HostExpertWorkers> workers;
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
 
-  Harness(bool exact, int shares, uint32_t max_rows) {
+  Harness(bool exact, int shares, uint32_t max_rows, std::vector<std::string> extra_args = {},
+          absl::Duration call_timeout = absl::Seconds(30)) {
     ReferenceModelOptions o;
     o.threads = 1;
     auto m = ReferenceModel::Open(TinyModelPath(), o);
@@ -111,6 +114,8 @@ struct Harness {
     w.model_path = TinyModelPath();
     w.exact = exact;
     w.max_rows_per_request = max_rows;
+    w.extra_worker_args = std::move(extra_args);
+    w.call_timeout = call_timeout;
     const uint32_t layers = static_cast<uint32_t>(model->weights().layers.size());
     auto started = HostExpertWorkers::Start(model->file(), model->config(), layers, std::move(w));
     EXPECT_TRUE(started.ok()) << started.status();
@@ -188,6 +193,45 @@ TEST(HostExpertWorkersTest, CountsTheActivationRowsActuallySent) {
   ASSERT_EQ(h.workers->activation_bytes_sent().value_or(1), 0u);
   ASSERT_TRUE(h.workers->Run(0, work, x.data(), hidden, out.data()).ok());
   EXPECT_EQ(h.workers->activation_bytes_sent().value_or(0), 3u * hidden * sizeof(float));
+}
+
+// A worker that stays alive but stops answering is given up at the call deadline: the step fails
+// with Unavailable (not after every later step also waits), health drops, the worker is killed
+// and restarted, and the next steps are served again.
+TEST(HostExpertWorkersTest, StuckWorkerIsGivenUpAndRestarted) {
+  Harness h(/*exact=*/true, /*shares=*/1, /*max_rows=*/256, {"--test_stall_after_requests=2"},
+            absl::Milliseconds(500));
+  const int64_t hidden = h.model->config().h;
+  std::vector<float> x(static_cast<size_t>(hidden), 0.5f);
+  const std::vector<ExpertWork> work = {{0, 0}, {3, 0}};
+  std::vector<float> out(work.size() * static_cast<size_t>(hidden));
+  std::mutex mu;  // the listener runs on the step thread or the recovery thread
+  std::vector<bool> availability;
+  h.workers->SetAvailabilityListener([&](bool up) {
+    std::lock_guard<std::mutex> lock(mu);
+    availability.push_back(up);
+  });
+  // The worker answers 2 requests (the recovery thread's idle probes count too), then stalls.
+  absl::Status stuck;
+  absl::Duration took;
+  for (int i = 0; i < 10 && stuck.ok(); ++i) {
+    const absl::Time t0 = absl::Now();
+    stuck = h.workers->Run(i % 3, work, x.data(), hidden, out.data());
+    took = absl::Now() - t0;
+  }
+  EXPECT_TRUE(absl::IsUnavailable(stuck)) << stuck;
+  EXPECT_NE(stuck.message().find("did not answer"), absl::string_view::npos) << stuck;
+  EXPECT_LT(took, absl::Seconds(3)) << "the deadline was 500 ms";
+  // Restarted: served again within a few seconds (the new worker stalls after 2 more requests).
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!h.workers->available() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(h.workers->available());
+  EXPECT_TRUE(h.workers->Run(0, work, x.data(), hidden, out.data()).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_NE(std::find(availability.begin(), availability.end(), false), availability.end())
+      << "health never dropped";
+  ASSERT_FALSE(availability.empty());
+  EXPECT_TRUE(availability.back());
 }
 
 TEST(HostExpertWorkersTest, ExactModeEqualsTheReferenceInSmallChunks) {
