@@ -43,7 +43,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gpu_service/backend/cpu_backend.h"
@@ -217,17 +216,6 @@ void LogBackendChoice(const std::string& chosen, const std::string& reason) {
 }
 
 #if TANDEM_WITH_CUDA_BACKEND
-// Whether a CudaBackend failure means "no usable CUDA device here" (none present, or no driver):
-// the case in which --backend auto falls back to cpu. CudaBackend reports CUDA runtime failures
-// as InternalError naming the cudaError_t (gpu_service/backends/cuda/cuda_check.h).
-bool IsNoCudaDevice(const absl::Status& status) {
-  const absl::string_view message = status.message();
-  return status.code() == absl::StatusCode::kInternal &&
-         (absl::StrContains(message, "cudaErrorNoDevice") ||
-          absl::StrContains(message, "cudaErrorInsufficientDriver") ||
-          absl::StrContains(message, "cudaErrorInvalidDevice"));
-}
-
 // CudaBackend over --model: every routed expert resident (the budget must cover them all), one
 // sequence per running request (--max-running), --step-token-budget tokens per step, and state
 // for the service's context limit (--max-context, capped by the model's).
@@ -313,6 +301,15 @@ absl::StatusOr<OpenedBackend> OpenBackend() {
     LogBackendChoice("cpu", why);
     return OpenCpuBackend(*budget, *specs);
   }
+  // Asked of the CUDA runtime directly, before any model is opened.
+  if (const std::string no_device = CudaDeviceUnavailableReason(); !no_device.empty()) {
+    if (kind == "cuda") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--backend cuda: ", no_device, "; use --backend cpu or auto"));
+    }
+    LogBackendChoice("cpu", no_device);
+    return OpenCpuBackend(*budget, *specs);
+  }
   absl::StatusOr<std::unique_ptr<Backend>> cuda = OpenCudaBackend(*budget);
   if (cuda.ok()) {
     if (kind == "auto") LogBackendChoice("cuda", "built with the CUDA backend; a device is present");
@@ -320,17 +317,8 @@ absl::StatusOr<OpenedBackend> OpenBackend() {
     opened.backend = *std::move(cuda);
     return opened;
   }
-  if (IsNoCudaDevice(cuda.status())) {
-    if (kind == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--backend cuda: no usable CUDA device (", cuda.status().message(),
-          "); use --backend cpu or auto"));
-    }
-    LogBackendChoice("cpu", absl::StrCat("no usable CUDA device: ", cuda.status().message()));
-    return OpenCpuBackend(*budget, *specs);
-  }
-  // Anything else (bad flags, a bad model file, device memory) is an error in auto mode too:
-  // falling back would hide it.
+  // With a device present, any failure (bad flags, a bad model file, device memory) is an error in
+  // auto mode too: falling back would hide it.
   return absl::Status(cuda.status().code(),
                       absl::StrCat(kind == "cuda" ? "--backend cuda: " : "--backend auto (cuda): ",
                                    cuda.status().message()));

@@ -1,5 +1,7 @@
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -245,6 +247,17 @@ uint64_t CudaBackend::parameter_count() const {
 uint64_t CudaBackend::weight_bytes() const { return impl_->dm->bytes; }
 uint64_t CudaBackend::state_bytes() const { return impl_->arena->capacity(); }
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
+std::string CudaDeviceUnavailableReason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it for whoever uses CUDA next
+    return absl::StrCat("no usable CUDA device (", cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")");
+  }
+  if (count == 0) return "no CUDA device present";
+  return "";
+}
+
 void CudaBackend::set_profile(bool on) { impl_->timer->set_enabled(on); }
 
 int64_t CudaBackend::graph_captures() const { return impl_->graphs.has_value() ? impl_->graphs->captures() : 0; }

@@ -41,6 +41,11 @@ namespace tandem {
 
 enum class CudaMode { kExact, kFast };
 
+// Empty when this process can use a CUDA device; otherwise why not, e.g. "no CUDA device
+// (cudaErrorNoDevice: no CUDA-capable device is detected)" (no device, no driver, a driver too
+// old for this build). For --backend auto's choice, without opening a model.
+std::string CudaDeviceUnavailableReason();
+
 struct CudaBackendOptions {
   CudaMode mode = CudaMode::kExact;
   int64_t max_batch_tokens = 256;  // tokens of one Step, all sequences together
