@@ -76,8 +76,10 @@ class Backend {
     bool rewindable = true;
   };
   // Advances every input's slot by its tokens, all inputs batched together. Each slot appears at
-  // most once. On error, the slots named in `inputs` are in an unspecified state (the engine ends
-  // their requests); other slots are untouched.
+  // most once. ResourceExhausted means the backend has no room for the whole step (its KV cache
+  // is full) and changed nothing: the engine preempts a sequence and retries. On any other error,
+  // the slots named in `inputs` are in an unspecified state (the engine ends their requests);
+  // other slots are untouched.
   virtual absl::Status Step(std::span<const StepInput> inputs) = 0;
 
   // Keeps only the first m positions of the slot's last Step chunk (speculative verification).

@@ -52,6 +52,7 @@ struct Engine::Request : ScheduledSequence {
   std::vector<int32_t> end_tokens;  // EOS (unless ignore_eos) and stop_token_ids
   int64_t generated = 0;
   SteadyTime arrived, last_token;
+  bool preempted = false;  // was sent back to the queue once (admission metrics counted already)
 };
 
 Engine::Engine(Backend* backend, const EngineOptions& options, ServiceMetrics* metrics)
@@ -176,7 +177,7 @@ void Engine::RunStep(StepPlan& plan) {
   std::vector<Request*> dropped;  // admitted but given no state
   for (ScheduledSequence* s : plan.admitted) {
     Request* r = static_cast<Request*>(s);
-    if (metrics_) {
+    if (metrics_ && !r->preempted) {
       metrics_->queue_time->Observe(Seconds(r->arrived, now));
       metrics_->prompt_tokens->Add(static_cast<double>(r->spec.prompt.size()));
     }
@@ -211,11 +212,26 @@ void Engine::RunStep(StepPlan& plan) {
     Finish(r, {}, FinishReason::kError, "no state slot is free (the state pool is full)");
   }
   if (inputs.empty()) return;
-  if (absl::Status s = backend_->Step(inputs); !s.ok()) {
+  absl::Status s = backend_->Step(inputs);
+  if (absl::IsResourceExhausted(s) && batch.size() > 1) {
+    // No room for the whole step (the backend's KV cache is full); the backend left every slot as
+    // it was. The youngest request goes back to the queue (it is fed again from its first token
+    // when re-admitted, so its output does not change) and the others run next step.
+    Request* youngest = *std::max_element(batch.begin(), batch.end(),
+                                          [](const Request* a, const Request* b) { return a->id < b->id; });
+    backend_->ReleaseSequence(*youngest->slot);
+    youngest->slot.reset();
+    youngest->preempted = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduler_.Preempt(youngest);
+    return;
+  }
+  if (!s.ok()) {
     for (Request* r : batch) {
       Finish(r, {}, FinishReason::kError, absl::StrCat("backend step failed: ", s.message()),
-             absl::IsUnavailable(s) ? absl::StatusCode::kUnavailable
-                                    : absl::StatusCode::kInternal);
+             absl::IsUnavailable(s)           ? absl::StatusCode::kUnavailable
+             : absl::IsResourceExhausted(s) ? absl::StatusCode::kResourceExhausted
+                                            : absl::StatusCode::kInternal);
     }
     return;
   }

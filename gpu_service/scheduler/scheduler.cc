@@ -33,10 +33,20 @@ void Scheduler::Finish(ScheduledSequence* seq) {
   auto it = std::find(running_.begin(), running_.end(), seq);
   if (it != running_.end()) {
     running_.erase(it);
+    admission_paused_ = false;  // its room is free now
     return;
   }
   auto w = std::find(waiting_.begin(), waiting_.end(), seq);
   if (w != waiting_.end()) waiting_.erase(w);
+}
+
+void Scheduler::Preempt(ScheduledSequence* seq) {
+  auto it = std::find(running_.begin(), running_.end(), seq);
+  if (it == running_.end()) return;
+  running_.erase(it);
+  seq->computed_tokens = 0;
+  waiting_.push_front(seq);
+  admission_paused_ = true;
 }
 
 StepPlan Scheduler::Schedule(SteadyTime now) {
@@ -49,10 +59,12 @@ StepPlan Scheduler::Schedule(SteadyTime now) {
         plan.cancelled.push_back(s);
         plan.cancelled_was_running.push_back(running);
         it = list.erase(it);
+        if (running) admission_paused_ = false;  // its room is free now
       } else if (now >= s->deadline) {
         plan.expired.push_back(s);
         plan.expired_was_running.push_back(running);
         it = list.erase(it);
+        if (running) admission_paused_ = false;
       } else {
         ++it;
       }
@@ -79,7 +91,9 @@ StepPlan Scheduler::Schedule(SteadyTime now) {
     if (s->pending_tokens() > 1) add_chunk(s, budget);
   }
   // 3. FIFO admission while there is room and budget; each admitted sequence starts prefill now.
-  while (!waiting_.empty() && budget > 0 &&
+  // Paused after a preemption until a running sequence finishes (or none runs).
+  if (running_.empty()) admission_paused_ = false;
+  while (!admission_paused_ && !waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < options_.max_running) {
     ScheduledSequence* s = waiting_.front();
     waiting_.pop_front();

@@ -12,6 +12,10 @@
 //  - The queue is bounded: Enqueue answers ResourceExhausted when max_queue sequences wait.
 //  - A cancelled sequence, or one whose deadline has passed, is removed at the next Schedule
 //    (waiting or running) and reported, so the engine frees its state and answers it.
+//  - Preemption: when the backend has no room for a step (its KV cache is full), the engine
+//    preempts a running sequence: it goes back to the queue's head with nothing computed (its
+//    known tokens are fed again when it is re-admitted), and admission pauses until a running
+//    sequence finishes, so that the freed room is not taken again at once.
 //
 // Not thread-safe; the engine serialises calls. ScheduledSequence::cancelled may be set from any
 // thread.
@@ -85,6 +89,10 @@ class Scheduler {
   // Removes a running or waiting sequence (finished, or failed). Unknown ones are ignored.
   void Finish(ScheduledSequence* seq);
 
+  // Moves a running sequence back to the head of the queue with computed_tokens = 0, and pauses
+  // admission until a running sequence finishes (or none runs). Unknown ones are ignored.
+  void Preempt(ScheduledSequence* seq);
+
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   bool idle() const { return running_.empty() && waiting_.empty(); }
@@ -94,6 +102,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::vector<ScheduledSequence*> running_;  // admission order
   std::deque<ScheduledSequence*> waiting_;   // arrival order
+  bool admission_paused_ = false;            // after a preemption, until a running one finishes
 };
 
 }  // namespace tandem

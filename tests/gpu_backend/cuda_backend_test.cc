@@ -295,6 +295,33 @@ TEST_P(ExactTest, DecodeGraphsGiveTheLogitsOfStepsRunWithoutThem) {
   }
 }
 
+// A step that needs more KV pages than are free is refused as a whole with ResourceExhausted and
+// changes nothing (backend.h): the sequences it named go on as if it had not been asked.
+TEST_P(ExactTest, FullKvCacheRefusesTheWholeStepAndChangesNothing) {
+  CudaBackendOptions o;
+  o.mode = CudaMode::kExact;
+  o.max_batch_tokens = 192;
+  o.max_sequences = 4;
+  o.max_context = 256;
+  o.kv_pages = 3;  // 192 positions in all
+  absl::StatusOr<std::unique_ptr<CudaBackend>> small = CudaBackend::Open(path_, o);
+  ASSERT_TRUE(small.ok()) << small.status();
+  const std::vector<int32_t> head = RandomTokens(100, V_, 41), other = RandomTokens(70, V_, 42);
+  const SequenceSlot a = *(*small)->CreateSequence(), b = *(*small)->CreateSequence();
+  GpuStep(**small, a, head, false);  // 2 pages
+  const std::vector<int32_t> next = {5};
+  std::vector<float> ignored(2 * V_);
+  const std::vector<Backend::StepInput> both = {{a, next, ignored.data(), false},
+                                                {b, other, ignored.data() + V_, false}};  // b needs 2 pages, 1 is free
+  EXPECT_EQ((*small)->Step(both).code(), absl::StatusCode::kResourceExhausted);
+  const std::vector<float> got = GpuStep(**small, a, next, false);
+  std::vector<int32_t> direct = head;
+  direct.push_back(next[0]);
+  const SequenceSlot fresh = *gpu_->CreateSequence();
+  const std::vector<float> want = GpuStep(*gpu_, fresh, direct, false);
+  EXPECT_LE(RelativeL2(got.data(), want.data(), V_), 1e-5);
+}
+
 TEST_P(ExactTest, KeepFirstEqualsAdvancingByTheKeptTokens) {
   absl::StatusOr<SequenceSlot> a = gpu_->CreateSequence();
   absl::StatusOr<SequenceSlot> b = gpu_->CreateSequence();

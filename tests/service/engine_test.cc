@@ -138,6 +138,39 @@ TEST(EngineTest, SeededSamplingIsTheSameAloneAndBatched) {
   EXPECT_EQ(RunAlone(engine, unseeded)->ids(), first->ids());
 }
 
+// A backend whose cache cannot hold every running request at once: the engine preempts the
+// youngest request (it is fed again later) instead of failing the step's requests, every request
+// finishes with the tokens it gets alone, and a request that cannot fit even alone fails with
+// RESOURCE_EXHAUSTED.
+TEST(EngineTest, PreemptsWhenTheBackendIsFullAndOutputsDoNotChange) {
+  FakeBackend backend;
+  Engine engine(&backend, {}, nullptr);
+  std::vector<GenerationSpec> specs;
+  for (int i = 0; i < 4; ++i) specs.push_back(Spec({static_cast<int32_t>(300 + i), 301, 302, 303}, 12));
+  std::vector<std::vector<int32_t>> alone;
+  for (const GenerationSpec& s : specs) alone.push_back(RunAlone(engine, s)->ids());
+  // Four requests need 4 x 16 tokens at the end; the cache holds 40.
+  backend.token_capacity = 40;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const GenerationSpec& s : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine.Submit(s, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    const GenerationFinal f = sinks[i]->WaitFinal();
+    EXPECT_EQ(f.reason, FinishReason::kMaxTokens) << i << ": " << f.error;
+    EXPECT_EQ(sinks[i]->ids(), alone[i]) << "request " << i;
+  }
+  EXPECT_GT(backend.exhausted_steps.load(), 0) << "the capacity never bit: the test checks nothing";
+  EXPECT_TRUE(engine.WaitUntilIdle(SteadyTime::max()));
+  EXPECT_EQ(backend.state_usage().pages_in_use, 0);
+  // Alone and still too large: an error naming the cause, not a hang.
+  backend.token_capacity = 10;
+  const GenerationFinal too_big = RunAlone(engine, Spec({300, 301, 302, 303}, 12))->WaitFinal();
+  EXPECT_EQ(too_big.reason, FinishReason::kError);
+  EXPECT_EQ(too_big.error_code, absl::StatusCode::kResourceExhausted) << too_big.error;
+}
+
 TEST(EngineTest, StepsStayWithinTheTokenBudget) {
   FakeBackend backend;
   EngineOptions options;

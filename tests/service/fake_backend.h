@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/tokenizer/small_tokenizer.h"
 #include "gpu_service/backend/backend.h"
 #include "gtest/gtest.h"
@@ -46,6 +47,16 @@ class FakeBackend : public Backend {
   }
   absl::Status Step(std::span<const StepInput> inputs) override {
     std::lock_guard<std::mutex> lock(mu_);
+    // A bounded cache, like the CUDA backend's KV pages: refuse the step before changing anything.
+    if (const int64_t cap = token_capacity.load(); cap > 0) {
+      int64_t held = 0;
+      for (const auto& [slot, tokens] : slots_) held += static_cast<int64_t>(tokens.size());
+      for (const StepInput& in : inputs) held += static_cast<int64_t>(in.tokens.size());
+      if (held > cap) {
+        ++exhausted_steps;
+        return absl::ResourceExhaustedError(absl::StrCat("fake: ", held, " tokens, capacity ", cap));
+      }
+    }
     std::vector<int64_t> counts;
     for (const StepInput& in : inputs) {
       auto it = slots_.find(in.slot);
@@ -73,6 +84,10 @@ class FakeBackend : public Backend {
   }
   // When > 0, EOS is the most likely token once a sequence holds this many tokens.
   std::atomic<int64_t> eos_at_length{0};
+  // When > 0, a step that would make the live slots hold more tokens than this fails with
+  // ResourceExhausted and changes nothing; exhausted_steps counts those.
+  std::atomic<int64_t> token_capacity{0};
+  std::atomic<int64_t> exhausted_steps{0};
 
  private:
   // Logits from a hash of the whole history; EOS far down unless eos_at_length says otherwise.

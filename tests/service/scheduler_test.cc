@@ -87,6 +87,32 @@ TEST(SchedulerTest, DoesNotAdmitWhenTheBudgetIsSpent) {
   EXPECT_EQ(s.waiting(), 1);
 }
 
+TEST(SchedulerTest, PreemptedSequenceWaitsAtTheHeadUntilARunningOneFinishes) {
+  Scheduler s({/*max_running=*/3, /*max_queue=*/8, /*step_token_budget=*/100});
+  auto a = Seq(1, 3), b = Seq(2, 3), c = Seq(3, 3);
+  for (auto* q : {a.get(), b.get()}) ASSERT_TRUE(s.Enqueue(q).ok());
+  Apply(s.Schedule(kNow));  // a and b run, one token sampled each
+  s.Preempt(b.get());
+  EXPECT_EQ(b->computed_tokens, 0);
+  EXPECT_EQ(b->known_tokens, 4);  // its sampled token stays: it is fed again
+  ASSERT_TRUE(s.Enqueue(c.get()).ok());
+  // Room for two more, but admission waits for a running sequence to finish.
+  StepPlan p = s.Schedule(kNow);
+  EXPECT_TRUE(p.admitted.empty());
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].seq, a.get());
+  Apply(p);
+  s.Finish(a.get());
+  // Then the preempted one first (queue head), from its first token, then c.
+  p = s.Schedule(kNow);
+  ASSERT_EQ(p.admitted.size(), 2u);
+  EXPECT_EQ(p.admitted[0], b.get());
+  EXPECT_EQ(p.admitted[1], c.get());
+  EXPECT_EQ(p.chunks[0].start, 0);
+  EXPECT_EQ(p.chunks[0].count, 4);
+  EXPECT_TRUE(p.chunks[0].samples);
+}
+
 TEST(SchedulerTest, FullQueueIsResourceExhausted) {
   Scheduler s({/*max_running=*/1, /*max_queue=*/1, /*step_token_budget=*/4});
   auto a = Seq(1, 2), b = Seq(2, 2), c = Seq(3, 2);

@@ -325,7 +325,7 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
     }
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     if (s->length + n > m.options.max_context) {
-      return absl::ResourceExhaustedError(absl::StrCat("input ", i, ": ", s->length, " + ", n,
+      return absl::OutOfRangeError(absl::StrCat("input ", i, ": ", s->length, " + ", n,
                                                        " positions exceed max_context = ", m.options.max_context));
     }
     plan.seqs.push_back(s);
@@ -341,6 +341,20 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
   m.timer->Begin();
   m.timer->Mark(Stage::kIo, st);
 
+  // Room in the KV cache for the whole step, checked before anything changes: ResourceExhausted
+  // leaves every slot as it was, so the engine can retry with fewer sequences (backend.h).
+  {
+    int64_t new_pages = 0;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const int64_t need = (plan.starts[i] + plan.counts[i] + cuda::kKvPageSize - 1) / cuda::kKvPageSize;
+      new_pages += std::max<int64_t>(0, need - static_cast<int64_t>(plan.seqs[i]->pages.size()));
+    }
+    if (new_pages > static_cast<int64_t>(m.free_pages.size())) {
+      return absl::ResourceExhaustedError(absl::StrCat("the step needs ", new_pages, " more KV pages of ",
+                                                       cuda::kKvPageSize, " positions; ", m.free_pages.size(),
+                                                       " of ", m.total_pages, " are free"));
+    }
+  }
   // KV pages, checkpoints of the recurrent state (for KeepFirst), token histories.
   int32_t* host_ints = m.staging.as<int32_t>();
   std::vector<int32_t> token_seq(static_cast<size_t>(plan.tokens));
