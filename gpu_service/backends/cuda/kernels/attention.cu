@@ -7,6 +7,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/mma_f16.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -85,9 +86,6 @@ constexpr size_t SplitSmemBytes() {
   return (ring > merge ? ring : merge) + sizeof(float) * kSplitWarps * (kRows * 2 + 40);
 }
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Copies kPer floats (8, 16 or 32 bytes) global -> shared, zero-filled when !valid.
 template <int kPer>

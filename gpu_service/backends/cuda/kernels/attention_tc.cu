@@ -3,13 +3,10 @@
 #include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/mma_f16.cuh"
 
 namespace tandem::cuda {
 namespace {
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // ---- Tensor-core attention (tile items, kF16TensorCores) ----
 //
@@ -27,29 +24,8 @@ constexpr size_t TcSmemBytes() {
   return sizeof(__half) * (kTcRows + 2 * kTcKeys) * (kHd + 8);
 }
 
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ void StoreF16x4(__half* dst, float4 v) {
-  *reinterpret_cast<uint2*>(dst) = make_uint2(PackF16(v.x, v.y), PackF16(v.z, v.w));
+  *reinterpret_cast<uint2*>(dst) = make_uint2(PackF16x2(v.x, v.y), PackF16x2(v.z, v.w));
 }
 
 template <int kHd>
@@ -178,9 +154,9 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
 
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      const uint32_t a[4] = {PackF16(s[2 * kk][0], s[2 * kk][1]), PackF16(s[2 * kk][2], s[2 * kk][3]),
-                             PackF16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             PackF16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {PackF16x2(s[2 * kk][0], s[2 * kk][1]), PackF16x2(s[2 * kk][2], s[2 * kk][3]),
+                             PackF16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackF16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int nd = 0; nd < kHd / 16; ++nd) {
         uint32_t b[4];

@@ -150,16 +150,15 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
       uint32_t af[kMF][4];
 #pragma unroll
       for (int mf = 0; mf < kMF; ++mf) {
-        LdMatrixX4(sa + SwizzledOffset(wm * kWarpRows + mf * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[mf]);
+        LdMatrixX4(af[mf], sa + SwizzledOffset(wm * kWarpRows + mf * 16 + (lane & 15), kk * 2 + (lane >> 4)));
       }
       // B fragments of two n8 blocks: matrices (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
       uint32_t bf[kNF][2];
 #pragma unroll
       for (int p = 0; p < kNF / 2; ++p) {
         uint32_t r[4];
-        LdMatrixX4(sb + SwizzledOffset(wn * kWarpCols + p * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                       kk * 2 + ((lane >> 3) & 1)),
-                   r);
+        LdMatrixX4(r, sb + SwizzledOffset(wn * kWarpCols + p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                          kk * 2 + ((lane >> 3) & 1)));
         bf[2 * p][0] = r[0];
         bf[2 * p][1] = r[1];
         bf[2 * p + 1][0] = r[2];

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
@@ -42,32 +43,12 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * kSmemRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 16 bytes global -> shared without registers (L2 only: activations are re-read by other blocks).
 __device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// f16(lo) in the low half, f16(hi) in the high half (one cvt.rn.f16x2.f32).
-__device__ __forceinline__ uint32_t PackF16x2(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return static_cast<uint32_t>(__half_as_ushort(v.x)) | (static_cast<uint32_t>(__half_as_ushort(v.y)) << 16);
-}
 
 __device__ __forceinline__ __half2 AsHalf2(uint32_t bits) {
   __half2 h;
@@ -298,16 +279,15 @@ __global__ void __launch_bounds__(kGemmThreads, PipelinedMinBlocks<kType, kBM>()
       uint32_t af[kMF][4];
 #pragma unroll
       for (int mf = 0; mf < kMF; ++mf) {
-        LdMatrixX4(sa + SwizzledOffset(wm * kWarpRows + mf * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[mf]);
+        LdMatrixX4(af[mf], sa + SwizzledOffset(wm * kWarpRows + mf * 16 + (lane & 15), kk * 2 + (lane >> 4)));
       }
       // B fragments of two n8 blocks: matrices (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
       uint32_t bf[kNF][2];
 #pragma unroll
       for (int p = 0; p < kNF / 2; ++p) {
         uint32_t r[4];
-        LdMatrixX4(sb + SwizzledOffset(wn * kWarpCols + p * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                       kk * 2 + ((lane >> 3) & 1)),
-                   r);
+        LdMatrixX4(r, sb + SwizzledOffset(wn * kWarpCols + p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                          kk * 2 + ((lane >> 3) & 1)));
         bf[2 * p][0] = r[0];
         bf[2 * p][1] = r[1];
         bf[2 * p + 1][0] = r[2];
