@@ -4,14 +4,14 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "gpu_service/backends/cuda/moe/route_order.cuh"
+
 namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kItems = kDevicePlanMaxExperts / kThreads;  // per-expert counts each thread scans
 
-// (value, id) order of the selection: higher value first, then the lower id.
-__device__ __forceinline__ bool Better(float v, int id, float bv, int bid) { return v > bv || (v == bv && id < bid); }
 
 // One warp routes token t: lane l holds experts l, l + 32, ... in registers.
 template <int kPer>
@@ -44,19 +44,12 @@ __device__ void RouteToken(const float* logits, int t, int E, int K, int32_t* ex
     int bid = E;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      if (Better(p[j], lane + 32 * j, bv, bid)) {
+      if (RouteBefore(p[j], lane + 32 * j, bv, bid)) {
         bv = p[j];
         bid = lane + 32 * j;
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, off);
-      const int oid = __shfl_xor_sync(0xFFFFFFFFu, bid, off);
-      if (Better(ov, oid, bv, bid)) {
-        bv = ov;
-        bid = oid;
-      }
-    }
+    WarpRouteFirst(bv, bid);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       if (lane + 32 * j == bid) p[j] = -FLT_MAX;  // the owner drops the pick from later rounds

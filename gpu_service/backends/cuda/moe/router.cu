@@ -2,6 +2,7 @@
 #include <cfloat>
 
 #include "gpu_service/backends/cuda/moe/router.cuh"
+#include "gpu_service/backends/cuda/moe/route_order.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -9,10 +10,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-// (value, id) ordering of the selection: higher value first, then the lower id.
-__device__ __forceinline__ bool Better(float v, int id, float bv, int bid) {
-  return v > bv || (v == bv && id < bid);
-}
 
 __device__ double BlockSumDouble(double v, double* scratch) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
@@ -63,19 +60,12 @@ __global__ void __launch_bounds__(kThreads) RouteKernel(const float* logits, int
     float bv = -FLT_MAX;
     int bid = E;
     for (int i = threadIdx.x; i < E; i += kThreads) {
-      if (Better(probs[i], i, bv, bid)) {
+      if (RouteBefore(probs[i], i, bv, bid)) {
         bv = probs[i];
         bid = i;
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, off);
-      const int oid = __shfl_xor_sync(0xFFFFFFFFu, bid, off);
-      if (Better(ov, oid, bv, bid)) {
-        bv = ov;
-        bid = oid;
-      }
-    }
+    WarpRouteFirst(bv, bid);
     if (lane == 0) {
       best_v[warp] = bv;
       best_id[warp] = bid;
@@ -85,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) RouteKernel(const float* logits, int
       float v = best_v[0];
       int id = best_id[0];
       for (int w = 1; w < kWarps; ++w) {
-        if (Better(best_v[w], best_id[w], v, id)) {
+        if (RouteBefore(best_v[w], best_id[w], v, id)) {
           v = best_v[w];
           id = best_id[w];
         }
