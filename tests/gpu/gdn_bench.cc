@@ -15,40 +15,13 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
 namespace {
 
-#define BENCH_CHECK(call)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+using bench::TimeMs;
 
-double TimeMs(const std::function<void()>& fn, int reps) {
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int round = 0; round < 5; ++round) {
-    BENCH_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) fn();
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t / reps);
-  }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // A small xorshift generator: the inputs are 67 M floats at 8192 tokens.
 struct Rng {

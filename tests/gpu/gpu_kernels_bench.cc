@@ -18,18 +18,13 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/sampling_plan.h"
+#include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
 namespace {
 
-#define BENCH_CHECK(call)                                                                  \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+// Median milliseconds per call of fn (three untimed calls first).
+double TimeMs(const std::function<void()>& fn, int reps = 20) { return bench::TimeMs(fn, reps, /*warmup=*/3); }
 
 std::vector<std::string> g_json;
 cudaStream_t g_stream = nullptr;  // the stream launches go to (a capturing stream inside GraphUs)
@@ -41,30 +36,6 @@ void Report(const std::string& name, double value, const char* unit, const std::
   std::snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"value\":%.4f,\"unit\":\"%s\",\"detail\":\"%s\"}",
                 name.c_str(), value, unit, detail.c_str());
   g_json.push_back(buf);
-}
-
-// Median milliseconds per call of fn.
-double TimeMs(const std::function<void()>& fn, int reps = 20) {
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) fn();
-  BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int round = 0; round < 5; ++round) {
-    BENCH_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) fn();
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t / reps);
-  }
-  BENCH_CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
 }
 
 // Random bytes; `mask` is applied to every 8 bytes (0x3FFF... keeps f16 fields finite wherever

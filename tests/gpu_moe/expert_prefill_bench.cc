@@ -18,24 +18,11 @@
 
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
+#include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
 namespace {
 
-#define BENCH_CHECK(call)                                                                        \
-  do {                                                                                           \
-    if (cudaError_t e_ = (call); e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-#define BENCH_OK(expr)                                                                \
-  do {                                                                                \
-    if (absl::Status s_ = (expr); !s_.ok()) {                                         \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 #define BLAS_CHECK(call)                                                          \
   do {                                                                            \
     if (cublasStatus_t s_ = (call); s_ != CUBLAS_STATUS_SUCCESS) {                \

@@ -18,24 +18,11 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
+#include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
 namespace {
 
-#define BENCH_CHECK(call)                                                                        \
-  do {                                                                                           \
-    if (cudaError_t e_ = (call); e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-#define BENCH_OK(expr)                                                               \
-  do {                                                                               \
-    if (absl::Status s_ = (expr); !s_.ok()) {                                        \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 constexpr int64_t kH = 2048, kI = 512, kE = 512, kK = 10;
 
