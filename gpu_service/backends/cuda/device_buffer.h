@@ -133,6 +133,36 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Lets a second stream start from the current point of a first one and rejoins it, the same way
+// when the streams run and when they are captured into a CUDA graph (events recorded and waited on).
+class StreamFork {
+ public:
+  static absl::StatusOr<StreamFork> Create() {
+    StreamFork f;
+    absl::StatusOr<Event> fork = Event::Create(/*timing=*/false), join = Event::Create(/*timing=*/false);
+    if (!fork.ok()) return fork.status();
+    if (!join.ok()) return join.status();
+    f.fork_ = *std::move(fork);
+    f.join_ = *std::move(join);
+    return f;
+  }
+  // `side` runs what is enqueued on it next after everything enqueued on `main` so far.
+  absl::Status Fork(cudaStream_t main, cudaStream_t side) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_.get(), main));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, fork_.get(), 0));
+    return absl::OkStatus();
+  }
+  // `main` runs what is enqueued on it next after everything enqueued on `side` so far.
+  absl::Status Join(cudaStream_t main, cudaStream_t side) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, join_.get(), 0));
+    return absl::OkStatus();
+  }
+
+ private:
+  Event fork_, join_;
+};
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEVICE_BUFFER_H_

@@ -53,7 +53,7 @@ class CudaBackend::Impl {
   std::unique_ptr<cuda::DeviceModel> dm;
   cuda::Stream stream;
   cuda::Stream side;                 // work that overlaps the main stream's (Fork / Join)
-  std::optional<cuda::Event> fork_event, join_event;
+  std::optional<cuda::StreamFork> side_fork;
   std::unique_ptr<cuda::DenseGemm> gemm;
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;

@@ -100,11 +100,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   absl::StatusOr<cuda::Stream> side = cuda::Stream::Create();
   if (!side.ok()) return side.status();
   m.side = *std::move(side);
-  absl::StatusOr<cuda::Event> fork = cuda::Event::Create(/*timing=*/false), join = cuda::Event::Create(/*timing=*/false);
+  absl::StatusOr<cuda::StreamFork> fork = cuda::StreamFork::Create();
   if (!fork.ok()) return fork.status();
-  if (!join.ok()) return join.status();
-  m.fork_event.emplace(*std::move(fork));
-  m.join_event.emplace(*std::move(join));
+  m.side_fork.emplace(*std::move(fork));
   cuda::DenseGemmOptions go;
   go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm
                 ? (options.fast_dense_split ? cuda::GemmMode::kFastSplit : cuda::GemmMode::kFast)

@@ -43,17 +43,9 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
 }
 
-absl::Status CudaBackend::Impl::Fork() {
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_event->get(), stream.get()));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_event->get(), 0));
-  return absl::OkStatus();
-}
+absl::Status CudaBackend::Impl::Fork() { return side_fork->Fork(stream.get(), side.get()); }
 
-absl::Status CudaBackend::Impl::Join() {
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_event->get(), side.get()));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream.get(), join_event->get(), 0));
-  return absl::OkStatus();
-}
+absl::Status CudaBackend::Impl::Join() { return side_fork->Join(stream.get(), side.get()); }
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
                                      const float* pending) {

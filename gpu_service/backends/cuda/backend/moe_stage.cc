@@ -67,7 +67,7 @@ struct MoeStage::Impl {
   DeviceBuffer plan_units, plan_shared_units, plan_ints;  // plan_ints: [unit count, error flag]
   PinnedBuffer error_readback;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
-  Event fork, join;         // the side stream's start after x, and the main stream's wait for it
+  std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
 };
 
@@ -124,13 +124,11 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     impl->error_readback = *std::move(readback);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 2 * sizeof(int32_t)));
     absl::StatusOr<DeviceBuffer> shared_act = DeviceArray<float>(P * std::max<int64_t>(c.shared_ffn, 1));
-    absl::StatusOr<Event> fork = Event::Create(/*timing=*/false), join = Event::Create(/*timing=*/false);
+    absl::StatusOr<StreamFork> fork = StreamFork::Create();
     if (!shared_act.ok()) return shared_act.status();
     if (!fork.ok()) return fork.status();
-    if (!join.ok()) return join.status();
     impl->shared_act = *std::move(shared_act);
-    impl->fork = *std::move(fork);
-    impl->join = *std::move(join);
+    impl->fork.emplace(*std::move(fork));
   }
 
   impl->engram.resize(static_cast<size_t>(c.n_layers));
@@ -282,8 +280,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const bool gate_on_side = overlap && n <= kMaxUnitRows;
   if (has_shared) {
     if (overlap) {
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.fork.get(), stream));
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, m.fork.get(), 0));
+      if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
     }
     timer.Mark(Stage::kShared, stream);
     const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
@@ -305,7 +302,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       }
       gate_logit = m.gate_logit.as<float>();
     }
-    if (overlap) TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.join.get(), side));
   }
   // Routing and the plan, on the GPU only: no host wait.
   timer.Mark(Stage::kRoute, stream);
@@ -346,7 +342,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       !s.ok()) {
     return s;
   }
-  if (overlap) TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, m.join.get(), 0));
+  if (overlap) {
+    if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+  }
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
                                                   static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
                                                   gate_logit, y, stream));
