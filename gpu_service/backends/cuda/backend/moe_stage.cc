@@ -110,24 +110,20 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   if (E <= kDevicePlanMaxExperts) {
     impl->plan_tokens = std::min(T, kDevicePlanMaxTokens);
     const int64_t P = impl->plan_tokens;
-    absl::StatusOr<DeviceBuffer> units = DeviceArray<ExpertUnit>(P * K);
-    absl::StatusOr<DeviceBuffer> shared_units = DeviceArray<ExpertUnit>((P + kMaxUnitRows - 1) / kMaxUnitRows);
-    absl::StatusOr<DeviceBuffer> ints = DeviceArray<int32_t>(2);
+    Buf plan_bufs[] = {{&impl->plan_units, DeviceArray<ExpertUnit>(P * K)},
+                       {&impl->plan_shared_units, DeviceArray<ExpertUnit>((P + kMaxUnitRows - 1) / kMaxUnitRows)},
+                       {&impl->plan_ints, DeviceArray<int32_t>(2)},
+                       {&impl->shared_act, DeviceArray<float>(P * std::max<int64_t>(c.shared_ffn, 1))}};
+    for (Buf& b : plan_bufs) {
+      if (!b.made.ok()) return b.made.status();
+      *b.buf = *std::move(b.made);
+    }
     absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
-    if (!units.ok()) return units.status();
-    if (!shared_units.ok()) return shared_units.status();
-    if (!ints.ok()) return ints.status();
     if (!readback.ok()) return readback.status();
-    impl->plan_units = *std::move(units);
-    impl->plan_shared_units = *std::move(shared_units);
-    impl->plan_ints = *std::move(ints);
     impl->error_readback = *std::move(readback);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 2 * sizeof(int32_t)));
-    absl::StatusOr<DeviceBuffer> shared_act = DeviceArray<float>(P * std::max<int64_t>(c.shared_ffn, 1));
     absl::StatusOr<StreamFork> fork = StreamFork::Create();
-    if (!shared_act.ok()) return shared_act.status();
     if (!fork.ok()) return fork.status();
-    impl->shared_act = *std::move(shared_act);
     impl->fork.emplace(*std::move(fork));
   }
 
