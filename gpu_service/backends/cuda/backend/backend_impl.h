@@ -20,6 +20,7 @@
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 
 namespace tandem {
@@ -50,6 +51,8 @@ class CudaBackend::Impl {
   std::unique_ptr<ReferenceModel> model;
   CudaBackendOptions options;
   const ModelConfig* c = nullptr;
+  cuda::AttnShape attn_shape;  // c->attn and c->gdn as the kernels take them
+  cuda::GdnShape gdn_shape;
   std::unique_ptr<cuda::DeviceModel> dm;
   cuda::Stream stream;
   cuda::Stream side;                 // work that overlaps the main stream's (Fork / Join)

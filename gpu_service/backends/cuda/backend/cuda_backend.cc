@@ -130,6 +130,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   // State layout per sequence row.
   const GdnDims& gd = c.gdn;
   const AttnDims& ad = c.attn;
+  m.attn_shape = {static_cast<int>(ad.nh), static_cast<int>(ad.kvh), static_cast<int>(ad.hd), static_cast<int>(ad.rot),
+                  ad.eps};
+  m.gdn_shape = {static_cast<int>(gd.nk), static_cast<int>(gd.nv), static_cast<int>(gd.dk), static_cast<int>(gd.dv),
+                 static_cast<int>(gd.kk)};
   m.gdn_conv_off.assign(L, -1);
   m.gdn_ssm_off.assign(L, -1);
   m.engram_off.assign(L, -1);
@@ -188,14 +192,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     plan.Want(&m.g, T * gd.nv);
     plan.Want(&m.beta, T * gd.nv);
     // Prefill runs the chunked delta rule in passes of up to 2048 tokens through this scratch.
-    const cuda::GdnShape shape{static_cast<int>(gd.nk), static_cast<int>(gd.nv), static_cast<int>(gd.dk),
-                               static_cast<int>(gd.dv), static_cast<int>(gd.kk)};
-    m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(shape, std::min<int64_t>(T, 2048)) : 0;
+    m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(m.gdn_shape, std::min<int64_t>(T, 2048)) : 0;
     if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
   }
-  const cuda::AttnShape attn_shape{static_cast<int>(ad.nh), static_cast<int>(ad.kvh), static_cast<int>(ad.hd),
-                                   static_cast<int>(ad.rot), ad.eps};
-  plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(attn_shape) + 3) / 4);
+  plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
   plan.Want(&m.qg, T * ad.nh * 2 * ad.hd);
   plan.Want(&m.q, T * ad.nh * ad.hd);
   plan.Want(&m.ao, T * ad.nh * ad.hd);
@@ -393,9 +393,7 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
       token_seq[r] = s.row;
     }
   }
-  const cuda::AttnShape attn_shape{static_cast<int>(c.attn.nh), static_cast<int>(c.attn.kvh),
-                                   static_cast<int>(c.attn.hd), static_cast<int>(c.attn.rot), c.attn.eps};
-  plan.attn = cuda::PlanAttention(token_seq, attn_shape,
+  plan.attn = cuda::PlanAttention(token_seq, m.attn_shape,
                                   m.options.mode == CudaMode::kFast && m.options.fast_attention
                                       ? cuda::AttentionPrecision::kF16TensorCores
                                       : cuda::AttentionPrecision::kF32);

@@ -88,8 +88,7 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
 absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const cuda::GpuLayer& w = dm->layers[layer];
   const GdnDims& d = c->gdn;
-  const cuda::GdnShape shape{static_cast<int>(d.nk), static_cast<int>(d.nv), static_cast<int>(d.dk),
-                             static_cast<int>(d.dv), static_cast<int>(d.kk)};
+  const cuda::GdnShape& shape = gdn_shape;
   const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
   cudaStream_t st = stream.get();
   // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
@@ -176,8 +175,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
 absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
   const cuda::GpuLayer& w = dm->layers[layer];
   const AttnDims& d = c->attn;
-  const cuda::AttnShape shape{static_cast<int>(d.nh), static_cast<int>(d.kvh), static_cast<int>(d.hd),
-                              static_cast<int>(d.rot), d.eps};
+  const cuda::AttnShape& shape = attn_shape;
   const int64_t T = plan.tokens, slot = attn_slot[layer];
   cudaStream_t st = stream.get();
   // Small steps: keys and values (products and the cache append) on the side stream, beside the
