@@ -19,17 +19,12 @@
 #include "common/model/reference_model.h"
 #include "common/model_gen/model_generator.h"
 #include "common/model_gen/model_spec.h"
+#include "gpu_service/backends/cuda/backend/cuda_backend.h"
 
 namespace tandem::gpu_backend_testing {
 
 // Empty when a CUDA device is usable, else why not.
-inline std::string NoGpuReason() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
-  if (count == 0) return "no CUDA device present";
-  return "";
-}
+inline std::string NoGpuReason() { return CudaDeviceUnavailableReason(); }
 
 // The path of preset `name`'s file, generated on first use. Directory: $TANDEM_GPU_BACKEND_MODELS
 // (an existing file there is reused) or a fresh temporary directory of this process.
