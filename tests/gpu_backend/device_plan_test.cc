@@ -38,7 +38,9 @@ template <typename T>
 T* DeviceCopy(const std::vector<T>& v) {
   T* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
-  if (!v.empty()) EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  if (!v.empty()) {
+    EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   return d;
 }
 
@@ -53,11 +55,17 @@ struct PlanResult {
   std::vector<ExpertUnit> units, shared_units;
   std::vector<int32_t> slot;
   int num_units = 0, error = 0;
+  std::vector<int32_t> picks;   // with logits: what the fused routing picked
+  std::vector<float> weights;   // and their weights
 };
 
+// Runs the planner on `picks` (n × K), or with `logits` (n × E) on its fused routing (picks then
+// only sizes the picks array).
 PlanResult Plan(const std::vector<int32_t>& picks, int n, int K, int E, const std::vector<ExpertLocation>& table,
-                bool with_shared) {
+                bool with_shared, const std::vector<float>* logits = nullptr) {
   int32_t* d_picks = DeviceCopy(picks);
+  float* d_logits = logits != nullptr ? DeviceCopy(*logits) : nullptr;
+  float* d_weights = logits != nullptr ? DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K)) : nullptr;
   ExpertLocation* d_table = DeviceCopy(table);
   ExpertUnit *d_units = nullptr, *d_shared = nullptr;
   int32_t* d_slot = nullptr;
@@ -79,6 +87,11 @@ PlanResult Plan(const std::vector<int32_t>& picks, int n, int K, int E, const st
   a.error = d_ints + 1;
   a.slot = d_slot;
   a.shared_units = d_shared;
+  if (logits != nullptr) {
+    a.logits = d_logits;
+    a.experts_out = d_picks;
+    a.weights_out = d_weights;
+  }
   EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   PlanResult r;
@@ -88,6 +101,12 @@ PlanResult Plan(const std::vector<int32_t>& picks, int n, int K, int E, const st
   r.units = HostCopy(d_units, static_cast<size_t>(std::min(r.num_units, n * K)));
   r.shared_units = HostCopy(d_shared, static_cast<size_t>((n + 7) / 8));
   r.slot = HostCopy(d_slot, static_cast<size_t>(n * K));
+  if (logits != nullptr) {
+    r.picks = HostCopy(d_picks, static_cast<size_t>(n * K));
+    r.weights = HostCopy(d_weights, static_cast<size_t>(n * K));
+    cudaFree(d_logits);
+    cudaFree(d_weights);
+  }
   cudaFree(d_picks);
   cudaFree(d_table);
   cudaFree(d_units);
@@ -198,47 +217,19 @@ TEST(DevicePlanTest, FusedRoutingEqualsTheRouteKernel) {
     // The plan with fused routing over a table where every expert is present.
     std::vector<ExpertLocation> table(E);
     for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
-    ExpertLocation* d_table = DeviceCopy(table);
-    int32_t* d_got_e = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K, -7));
-    float* d_got_w = DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K));
-    ExpertUnit* d_units = nullptr;
-    int32_t* d_slot = nullptr;
-    int* d_ints = nullptr;
-    ASSERT_EQ(cudaMalloc(&d_units, sizeof(ExpertUnit) * n * K), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&d_slot, sizeof(int32_t) * n * K), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&d_ints, 2 * sizeof(int)), cudaSuccess);
-    ASSERT_EQ(cudaMemset(d_ints, 0, 2 * sizeof(int)), cudaSuccess);
-    DeviceMoePlanArgs a;
-    a.logits = d_logits;
-    a.experts_out = d_got_e;
-    a.weights_out = d_got_w;
-    a.experts = d_got_e;
-    a.n = n;
-    a.K = K;
-    a.E = E;
-    a.table = d_table;
-    a.units = d_units;
-    a.num_units = d_ints;
-    a.error = d_ints + 1;
-    a.slot = d_slot;
-    ASSERT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const PlanResult r = Plan(std::vector<int32_t>(static_cast<size_t>(n) * K, -7), n, K, E, table,
+                              /*with_shared=*/false, &logits);
     const std::vector<int32_t> want_e = HostCopy(d_want_e, static_cast<size_t>(n) * K);
-    const std::vector<int32_t> got_e = HostCopy(d_got_e, static_cast<size_t>(n) * K);
     const std::vector<float> want_w = HostCopy(d_want_w, static_cast<size_t>(n) * K);
-    const std::vector<float> got_w = HostCopy(d_got_w, static_cast<size_t>(n) * K);
-    EXPECT_EQ(got_e, want_e);
-    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want_w[i], 1e-6f * want_w[i]) << i;
-    EXPECT_EQ(HostCopy(d_ints + 1, 1)[0], 0);
+    EXPECT_EQ(r.picks, want_e);
+    ASSERT_EQ(r.weights.size(), want_w.size());
+    for (size_t i = 0; i < r.weights.size(); ++i) EXPECT_NEAR(r.weights[i], want_w[i], 1e-6f * want_w[i]) << i;
+    EXPECT_EQ(r.error, 0);
     // The plan covers every pair.
-    const std::vector<int32_t> slot = HostCopy(d_slot, static_cast<size_t>(n) * K);
-    std::vector<int32_t> sorted = slot;
+    std::vector<int32_t> sorted = r.slot;
     std::sort(sorted.begin(), sorted.end());
     for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
-    for (void* p : std::initializer_list<void*>{d_logits, d_want_e, d_want_w, d_table, d_got_e, d_got_w, d_units, d_slot,
-                                                d_ints}) {
-      cudaFree(p);
-    }
+    for (void* p : std::initializer_list<void*>{d_logits, d_want_e, d_want_w}) cudaFree(p);
   }
 }
 
