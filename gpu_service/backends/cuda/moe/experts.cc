@@ -102,6 +102,16 @@ absl::StatusOr<ExpertDecodeRunner> ExpertDecodeRunner::Create(int64_t max_units)
 
 namespace {
 
+absl::Status CheckShapeTypes(const ExpertDecodeRunner::Shape& shape) {
+  const uint32_t gu_type = static_cast<uint32_t>(shape.gate_up_type);
+  const uint32_t d_type = static_cast<uint32_t>(shape.down_type);
+  if (!MoeKernelsSupportType(gu_type) || !MoeKernelsSupportType(d_type)) {
+    return absl::InvalidArgumentError(absl::StrCat("expert weight types gate/up=", gu_type, " down=", d_type,
+                                                   ": no GPU decode kernel"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckUnitMatrix(const void* m, uint32_t type, const char* name, size_t unit) {
   if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat("expert unit ", unit, ": ", name, " is null"));
   if (reinterpret_cast<uintptr_t>(m) % KernelRowAlignment(type) != 0) {
@@ -121,10 +131,7 @@ absl::Status ExpertDecodeRunner::Run(std::span<const ExpertUnit> units, const Sh
   }
   const uint32_t gu_type = static_cast<uint32_t>(shape.gate_up_type);
   const uint32_t d_type = static_cast<uint32_t>(shape.down_type);
-  if (!MoeKernelsSupportType(gu_type) || !MoeKernelsSupportType(d_type)) {
-    return absl::InvalidArgumentError(absl::StrCat("expert weight types gate/up=", gu_type, " down=", d_type,
-                                                   ": no GPU decode kernel"));
-  }
+  if (absl::Status s = CheckShapeTypes(shape); !s.ok()) return s;
   int max_rows = 0;
   for (size_t i = 0; i < units.size(); ++i) {
     const ExpertUnit& u = units[i];
@@ -155,12 +162,7 @@ absl::Status ExpertDecodeRunner::RunPlanned(const ExpertUnit* device_units, int 
     return absl::InvalidArgumentError(absl::StrCat("planned expert units: max_rows=", max_rows, " outside [1, ",
                                                    kMaxUnitRows, "]"));
   }
-  if (!MoeKernelsSupportType(static_cast<uint32_t>(shape.gate_up_type)) ||
-      !MoeKernelsSupportType(static_cast<uint32_t>(shape.down_type))) {
-    return absl::InvalidArgumentError(absl::StrCat("expert weight types gate/up=", static_cast<uint32_t>(shape.gate_up_type),
-                                                   " down=", static_cast<uint32_t>(shape.down_type),
-                                                   ": no GPU decode kernel"));
-  }
+  if (absl::Status s = CheckShapeTypes(shape); !s.ok()) return s;
   return LaunchUnits(device_units, max_units, device_count, max_rows, shape, x, act, partial, stream);
 }
 
