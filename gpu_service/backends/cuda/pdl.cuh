@@ -1,0 +1,79 @@
+// Programmatic dependent launch (Hopper, sm_90): a kernel launched through LaunchPdl may start
+// while the kernel before it on the stream is still finishing. Its blocks first do what does not
+// depend on that kernel (the launch itself, index set-up, the first reads of constant weights),
+// then wait in PdlWaitForPrevious until the previous grid has completed and its writes are visible.
+// A decode step is a chain of ~700 short dependent kernels, most reading 1-18 MB of weights: each
+// boundary costs a launch and a cold start of the memory pipeline, which this overlaps.
+//
+// The rule for a kernel launched through LaunchPdl (tested by gpu_kernels_test PdlTest and by the
+// backend's PDL-on/PDL-off equality test):
+//   - before PdlWaitForPrevious it reads only data no kernel of the step writes (weights, shapes)
+//     and writes nothing in global memory;
+//   - every block that reads or writes step data calls PdlWaitForPrevious first (a block may exit
+//     early without it only if it touches no global memory at all), so the grid cannot complete
+//     before the one it follows: a later kernel that waits on this one has waited on all before;
+//   - PdlAllowNext (after the wait) lets the next kernel's blocks be scheduled early; calling it
+//     after the wait keeps at most one kernel waiting ahead of the running one.
+// Both device calls are no-ops when the kernel was launched normally, so a kernel written to the
+// rule may be launched either way. With PDL off (SetPdlEnabled(false)), LaunchPdl is a plain
+// launch: the A/B switch for benchmarks and the equality test.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_PDL_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_PDL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <utility>
+
+namespace tandem::cuda {
+
+__device__ __forceinline__ void PdlWaitForPrevious() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlAllowNext() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks the copy engine of this SM to bring [p, p + bytes) into L2 without waiting for it: the
+// weights a block will read after PdlWaitForPrevious. p 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// Process-wide switch (one GPU service per process; the backend sets it from its options). A
+// launch policy, not state: kernels are correct either way.
+inline std::atomic<bool>& PdlSwitch() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+inline void SetPdlEnabled(bool on) { PdlSwitch().store(on, std::memory_order_relaxed); }
+inline bool PdlEnabled() { return PdlSwitch().load(std::memory_order_relaxed); }
+
+// Launches `kernel` on `stream`, with programmatic stream serialization when PDL is enabled.
+// Returns the launch error (cudaSuccess when the launch was accepted).
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_PDL_CUH_
