@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, cuda_mode, "fast",
           "routing agrees with the reference at >= 99% of (token, layer) pairs, docs/VALIDATION.md) "
           "or exact (f32 throughout, matches the CPU reference to 1e-6: for validation)");
 ABSL_FLAG(bool, cuda_graphs, true, "CUDA backend: replay decode steps as CUDA graphs (one per batch size)");
+ABSL_FLAG(bool, cuda_pdl, true,
+          "CUDA backend: programmatic dependent launch (each kernel of a step starts while the one "
+          "before it finishes; false: plain launches, for A/B measurements)");
 ABSL_FLAG(bool, cuda_dense_split, true,
           "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
           "(near-f32 accuracy; false: one f16 product, about 15% faster prefill)");
@@ -257,6 +260,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
   options.max_context = max_context;
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.fast_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
+  options.pdl = absl::GetFlag(FLAGS_cuda_pdl);
   options.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   if (options.kv_pages < 0) return absl::InvalidArgumentError("--kv-pages: must be >= 0");
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
@@ -267,6 +271,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
                                    ",\"max_batch_tokens\":", options.max_batch_tokens,
                                    ",\"max_context\":", options.max_context,
                                    ",\"cuda_graphs\":", options.cuda_graphs ? "true" : "false",
+                                   ",\"pdl\":", options.pdl ? "true" : "false",
                                    ",\"weight_bytes\":", (*backend)->weight_bytes(),
                                    ",\"state_bytes\":", (*backend)->state_bytes()));
   return std::unique_ptr<Backend>(*std::move(backend));

@@ -5,8 +5,10 @@
 #   tests/ the test binaries (GPU suites among them)
 #   lib/   the shared libraries Ubuntu 24.04 lacks
 #   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, gpu_moe_bench, gpu_backend_profile)
-# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench] [--bench-80b]
+# Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench] [--bench-80b] [--profile-80b]
 #   --bench-80b also runs scripts/device/bench_80b.sh (q3n-80b decode/prefill against its floors).
+#   --profile-80b then times every kernel of a batch-1 decode step and a 512-token prefill under
+#   Nsight Compute (scripts/device/profile_80b.sh; needs the model bench_80b.sh made).
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -103,5 +105,17 @@ if [[ " $* " == *" --bench-80b "* ]]; then
   results+=("\"bench_80b\":$rc")
 fi
 
+if [[ " $* " == *" --profile-80b "* ]]; then
+  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/profile_80b.sh" >"$out/profile_80b.log" 2>&1
+  rc=$?
+  note "profile_80b: rc=$rc"
+  grep -E "^## " "$out/profile_80b.txt" | tee -a "$report"
+  results+=("\"profile_80b\":$rc")
+fi
+
 (IFS=,; echo "{${results[*]}}") >"$json"
 note "summary: $(cat "$json")"
+# Only 8 files come back from a device call: the reports stay as they are, the logs go into one
+# archive (logs.tar.xz).
+(cd "$out" && find . -maxdepth 1 -type f ! -name 'report.*' ! -name 'bench_80b.*' ! -name 'profile_80b.txt' \
+  ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)

@@ -41,9 +41,11 @@ struct FastParts {
 };
 
 std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
-                                     bool expert_gemm = true, bool graphs = true, FastParts parts = {}) {
+                                     bool expert_gemm = true, bool graphs = true, FastParts parts = {},
+                                     bool pdl = true) {
   CudaBackendOptions o;
   o.cuda_graphs = graphs;
+  o.pdl = pdl;
   o.fast_attention = parts.attention;
   o.fast_gdn = parts.gdn;
   o.fast_dense_split = parts.dense_split;
@@ -293,6 +295,28 @@ TEST_P(ExactTest, DecodeGraphsGiveTheLogitsOfStepsRunWithoutThem) {
     EXPECT_EQ(gpu_->graph_captures(), 2);  // batch 1 and batch 2
     EXPECT_EQ(gpu_->graph_replays(), 5);
   }
+}
+
+// Programmatic dependent launch only lets kernels start early (pdl.cuh): a prefill and decode
+// steps (graphs replayed) give the same logits with it as with plain launches. A kernel that read
+// its inputs before PdlWaitForPrevious would read the previous step's or layer's values here.
+TEST_P(ExactTest, ProgrammaticDependentLaunchChangesNoLogits) {
+  std::vector<float> logits[2];
+  for (int i = 0; i < 2; ++i) {  // plain launches first, so that PDL is on again afterwards
+    std::unique_ptr<CudaBackend> b = OpenGpu(path_, CudaMode::kExact, true, true, true, {}, /*pdl=*/i == 1);
+    ASSERT_TRUE(b);
+    const SequenceSlot s = *b->CreateSequence();
+    logits[i] = GpuStep(*b, s, prompt_, true);
+    for (int step = 0; step < 12; ++step) {
+      const std::vector<float> l = GpuStep(*b, s, {static_cast<int32_t>((5 + 17 * step) % V_)}, false);
+      logits[i].insert(logits[i].end(), l.begin(), l.end());
+    }
+    if (GetParam() != "tiny") EXPECT_GT(b->graph_replays(), 0);  // tiny has Engram: no graphs
+  }
+  const double err = MaxRowError(logits[1], logits[0], V_);
+  printf("[%s] PDL on vs off: max relative L2 %.3e over %zu positions\n", GetParam().c_str(), err,
+         logits[0].size() / static_cast<size_t>(V_));
+  EXPECT_LE(err, 1e-6);
 }
 
 // A step that needs more KV pages than are free is refused as a whole with ResourceExhausted and

@@ -11,7 +11,8 @@
 // Then one profiled step of each kind (the per-stage breakdown of CudaBackendOptions::profile).
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
-//                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--json out.json]
+//                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
+//                     [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nvtx3/nvToolsExt.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +46,7 @@ struct Args {
   int decode_steps = 128;
   std::string json;
   bool dense_split = true;  // fast mode's dense products as hi/lo f16 triples (the default)
+  bool pdl = true;          // programmatic dependent launch (the default)
 };
 
 bool ParseInts(const std::string& v, std::vector<int>& out) {
@@ -143,6 +147,7 @@ int Run(const Args& a) {
   CudaBackendOptions o;
   o.mode = a.mode == "exact" ? CudaMode::kExact : CudaMode::kFast;
   o.fast_dense_split = a.dense_split;
+  o.pdl = a.pdl;
   o.max_batch_tokens = std::max(max_batch, max_prefill);
   o.max_sequences = max_batch + 1;
   o.max_context = max_prefill + a.decode_steps + 8;
@@ -160,7 +165,8 @@ int Run(const Args& a) {
   printf("model: %s, %lld layers, E %lld K %lld; weights on the GPU %.2f GB, state+scratch %.2f GB; opened in %.1f s\n",
          c.name.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.moe.E),
          static_cast<long long>(c.moe.K), b.weight_bytes() / 1e9, b.state_bytes() / 1e9, Seconds(t_open));
-  printf("mode: %s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "");
+  printf("mode: %s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
+         a.pdl ? "" : ", PDL off");
   Figures fig;
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
@@ -229,6 +235,13 @@ int Run(const Args& a) {
     fig.Add("decode", B, tok_s, floor_tok_s,
             absl::StrFormat(",\"ms_per_step\":%.4f,\"bytes_per_step\":%llu", 1e3 * secs / a.decode_steps,
                             static_cast<unsigned long long>(bytes)));
+    {  // One more step inside an NVTX range, for Nsight Compute (scripts/device/profile_80b.sh).
+      const std::string range = absl::StrCat("decode_b", B);
+      nvtxRangePushA(range.c_str());
+      absl::Status s = step(nullptr);
+      nvtxRangePop();
+      if (!s.ok()) return 1;
+    }
     b.set_profile(true);
     if (absl::Status s = step(nullptr); !s.ok()) return 1;
     printf("  profile: %s\n", b.last_profile().c_str());
@@ -283,6 +296,17 @@ int Run(const Args& a) {
     if (absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1)); !s.ok()) return 1;
     printf("  profile: %s\n", b.last_profile().c_str());
     b.set_profile(false);
+    {  // The same step without the profile's events, inside an NVTX range (profile_80b.sh).
+      b.ReleaseSequence(*slot);
+      slot = b.CreateSequence();
+      if (!slot.ok()) return 1;
+      in.slot = *slot;
+      const std::string range = absl::StrCat("prefill_", n);
+      nvtxRangePushA(range.c_str());
+      absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
+      nvtxRangePop();
+      if (!s.ok()) return 1;
+    }
     b.ReleaseSequence(*slot);
   }
   if (!a.json.empty()) {
@@ -338,6 +362,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       a.dense_split = v == "split";
+    } else if (arg == "--pdl") {
+      const std::string v = value();
+      if (v != "on" && v != "off") {
+        fprintf(stderr, "--pdl: '%s' is not on or off\n", v.c_str());
+        return 2;
+      }
+      a.pdl = v == "on";
     } else if (arg == "--json") {
       a.json = value();
     } else {
@@ -347,7 +378,8 @@ int main(int argc, char** argv) {
   }
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
-                    "[--prefill 512,2048,8192] [--decode-steps 128] [--json out.json]\n");
+                    "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
+                    "[--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

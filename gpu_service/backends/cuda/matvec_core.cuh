@@ -41,6 +41,7 @@
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::fastmv {
 
@@ -416,6 +417,8 @@ TANDEM_MV_UNROLL
 template <class F, int kN, bool kFused>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, kN>)) FastMatVecKernel(const Args a) {
   extern __shared__ float4 smem4[];
+  // Units (and their count) are written by the step's planner: wait before reading them (pdl.cuh).
+  if (a.units != nullptr) PdlWaitForPrevious();
   if (a.units != nullptr && a.device_num_units != nullptr && static_cast<int>(blockIdx.y) >= __ldg(a.device_num_units)) {
     return;
   }
@@ -472,6 +475,9 @@ TANDEM_MV_UNROLL
   typename F::Raw first[kS];
   int row0 = row_ptrs(g < groups ? g : 0, rows);
   if (g < groups && row0 < a.out_rows && p0 < pieces) LoadPieces<F, kS>(rows, p0, first);
+  // Dense: weights only so far; the activations are the previous kernel's output (pdl.cuh).
+  PdlWaitForPrevious();
+  PdlAllowNext();
 
   // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
   for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
@@ -586,8 +592,7 @@ cudaError_t LaunchFast(Args a, unsigned grid_y, int grid_x_cap, int sms, cudaStr
   const int rpb = RowsPerBlock<F, kN, kFused>(a.cols, a.wpr);
   const int groups = (a.out_rows + rpb - 1) / rpb;
   const unsigned gx = static_cast<unsigned>(grid_x_cap > 0 && groups > grid_x_cap ? grid_x_cap : groups);
-  kernel<<<dim3(gx, grid_y), kThreads, SharedBytes<F, kN>(a.cols), stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPdl(kernel, dim3(gx, grid_y), kThreads, SharedBytes<F, kN>(a.cols), stream, a);
 }
 
 // True when the environment variable TANDEM_MATVEC_GENERIC is set: every launcher then takes its

@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/matvec_core.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::fastmv {
 
@@ -220,6 +221,9 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   typename F::Raw ring[kD][kS];
   int row0 = row_ptrs(g < groups ? g : 0);
   if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
+  // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
+  PdlWaitForPrevious();
+  PdlAllowNext();
 
   // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
   for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
@@ -393,8 +397,7 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
   const StreamSplit split =
       ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN>, rpb1, a.out_rows, capacity, tuning.warps_per_row, forced_blocks);
   a.wpr = split.wpr;
-  kernel<<<dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream, a);
 }
 
 template <class F>

@@ -12,6 +12,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem {
 
@@ -126,6 +127,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   m.timer.emplace(*std::move(timer));
   for (int64_t l = 0; l < c.n_layers; ++l) m.has_engram |= m.dm->layers[l].has_engram;
   if (options.cuda_graphs) m.graphs.emplace(std::max(1, options.graph_capacity));
+  cuda::SetPdlEnabled(options.pdl);
 
   // State layout per sequence row.
   const GdnDims& gd = c.gdn;

@@ -60,6 +60,9 @@ struct CudaBackendOptions {
   bool fast_attention = true;      // f16 tensor-core attention for sequences with >= 64 new tokens
   bool fast_gdn = true;            // tf32 tensor cores in the chunked delta rule
   bool cuda_graphs = true;         // replay decode steps (one token per sequence) as CUDA graphs
+  // Programmatic dependent launch (pdl.cuh): kernels of a step start while the one before them
+  // finishes. A process-wide launch policy: the last backend created sets it.
+  bool pdl = true;
   int graph_capacity = 16;         // graphs kept (one per decode batch size seen), least recent dropped
   bool profile = false;            // per-stage CUDA-event timing of every step (steps run without graphs)
   bool print_profile = false;      // also print each step's line to stderr

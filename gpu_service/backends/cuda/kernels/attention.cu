@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -33,6 +34,8 @@ __device__ float NormRopeValue(float x, const float* gamma, float eps, int hd, i
 __global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, float eps,
                                     const float* q_norm, const double* inv_freq,
                                     const int32_t* token_pos, float* q_out) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   extern __shared__ float pair[];
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
@@ -50,6 +53,8 @@ __device__ __forceinline__ int64_t CacheOffset(const PagedKv& c, int32_t seq, in
 __global__ void KvAppendKernel(const float* k, const float* v, int kvh, int hd, int rot, float eps,
                                const float* k_norm, const double* inv_freq, const int32_t* token_seq,
                                const int32_t* token_pos, PagedKv cache) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   extern __shared__ float pair[];
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
@@ -159,6 +164,8 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   constexpr int kPer = kHd / 32;
   constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
   extern __shared__ float4 split_smem[];
@@ -318,6 +325,8 @@ template <int kHd>
 __global__ void __launch_bounds__(256)
 SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
                  const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
   __shared__ float weight[kMaxSplits];
   __shared__ float4 red[256];
@@ -392,11 +401,18 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     }
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    SplitAttentionKernel<kHd><<<grid, kSplitWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, items, token_seq, token_pos,
-                                                                      cache, part_o, part_ml, o);
+    if (cudaError_t e = LaunchPdl(SplitAttentionKernel<kHd>, grid, kSplitWarps * 32, smem, stream, q, qg, d.nh, d.kvh,
+                                  items, token_seq, token_pos, cache, part_o, part_ml, o);
+        e != cudaSuccess) {
+      return e;
+    }
     if (num_splits > 1) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
-      SplitMergeKernel<kHd><<<merge_grid, 256, 0, stream>>>(qg, d.nh, d.kvh, items, num_splits, part_o, part_ml, o);
+      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, d.nh, d.kvh, items, num_splits,
+                                    part_o, part_ml, o);
+          e != cudaSuccess) {
+        return e;
+      }
     }
   }
   if (num_tile_items > 0) {
@@ -529,9 +545,8 @@ cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, 
   if (n <= 0) return cudaSuccess;
   if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.nh));
-  QueryNormRopeKernel<<<grid, d.hd, d.hd * sizeof(float), stream>>>(qg, d.nh, d.hd, d.rot, d.eps, q_norm,
+  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, d.nh, d.hd, d.rot, d.eps, q_norm,
                                                                     inv_freq, token_pos, q_out);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,
@@ -540,9 +555,8 @@ cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const Attn
   if (n <= 0) return cudaSuccess;
   if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.kvh));
-  KvAppendKernel<<<grid, d.hd, d.hd * sizeof(float), stream>>>(k, v, d.kvh, d.hd, d.rot, d.eps, k_norm,
+  return LaunchPdl(KvAppendKernel, grid, d.hd, d.hd * sizeof(float), stream, k, v, d.kvh, d.hd, d.rot, d.eps, k_norm,
                                                                inv_freq, token_seq, token_pos, cache);
-  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda

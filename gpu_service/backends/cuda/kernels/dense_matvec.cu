@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
@@ -17,6 +18,8 @@ template <uint32_t kType, int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 DenseMatVecKernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t chunks, const float* x,
                   int64_t x_stride, int n, float* y, int64_t y_stride) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -70,10 +73,9 @@ template <uint32_t kType, int kRows>
 cudaError_t Launch(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y,
                    int64_t y_stride, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  DenseMatVecKernel<kType, kRows><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+  return LaunchPdl(DenseMatVecKernel<kType, kRows>, blocks, kWarpsPerBlock * 32, 0, stream,
       static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols / 32, x, x_stride, n, y,
       y_stride);
-  return cudaGetLastError();
 }
 
 // Activation rows are rounded up to 1, 2, 4 or 8 (rows beyond n cost nothing but registers).

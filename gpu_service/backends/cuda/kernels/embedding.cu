@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
 
 namespace tandem::cuda {
@@ -10,6 +11,8 @@ template <uint32_t kType>
 __global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, int64_t rows,
                                       int64_t chunks, const int32_t* tokens, int64_t n, int64_t S,
                                       float* H) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * chunks) return;
   const int64_t t = i / chunks, c = i % chunks;
@@ -35,9 +38,8 @@ cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int6
   const int64_t chunks = m.cols / 32;
   const int64_t total = n * chunks;
   const int threads = 128;
-  EmbeddingGatherKernel<kType><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(
+  return LaunchPdl(EmbeddingGatherKernel<kType>, static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream,
       static_cast<const uint8_t*>(m.data), m.row_bytes, m.rows, chunks, tokens, n, S, H);
-  return cudaGetLastError();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -14,6 +15,8 @@ namespace {
 // history + rows[t]·row_stride.
 __global__ void GdnConvKernel(const float* qkv, float* history, const float* taps, int64_t n,
                               int c_dim, int kk, float* out, const int32_t* rows, int64_t row_stride) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= c_dim) return;
   if (rows != nullptr) {
@@ -61,6 +64,8 @@ __global__ void GdnConvKernel(const float* qkv, float* history, const float* tap
 // the same bits. The history is updated afterwards by GdnConvShiftKernel.
 __global__ void GdnConvTokensKernel(const float* qkv, const float* history, const float* taps, int64_t n,
                                     int c_dim, int kk, float* out) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (c >= c_dim) return;
@@ -80,6 +85,8 @@ __global__ void GdnConvTokensKernel(const float* qkv, const float* history, cons
 // history ← the last kk−1 inputs of (history, qkv[0..n)), oldest first. Ascending q reads slots
 // above q before they are overwritten.
 __global__ void GdnConvShiftKernel(const float* qkv, float* history, int64_t n, int c_dim, int kk) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= c_dim) return;
   for (int q = 0; q < kk - 1; ++q) {
@@ -107,6 +114,8 @@ __device__ void GdnGates(const float* ba, const float* ssm_a, const float* dt_bi
 // token's gates (one launch for both: decode runs this once per layer and token).
 __global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, float q_scale, const float* ba,
                                 const float* ssm_a, const float* dt_bias, int nv, float* g, float* beta) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;  // 0..nk−1: q heads, nk..2nk−1: k heads, 2nk: the gates
@@ -129,6 +138,8 @@ template <int kDk>
 __global__ void __launch_bounds__(32)
 GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int64_t n, int c_dim,
                    int nk, int nv, int dv, float* state, float* o, const int32_t* rows, int64_t row_stride) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   __shared__ float qs[kDk], ks[kDk];
   if (rows != nullptr) {  // grid.z is the token of its own sequence (decode of several sequences)
     const int64_t t = blockIdx.z;
@@ -178,6 +189,8 @@ GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int
 // Block per (token, value head).
 __global__ void GdnGatedNormKernel(const float* o, const float* z, const float* norm, float eps,
                                    int dv, float* out) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;  // (t·nv + vh)·dv
   float ss = 0.0f;
@@ -197,17 +210,17 @@ cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, i
   if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
   if (n == 1) {
-    GdnConvKernel<<<(c_dim + 127) / 128, 128, 0, stream>>>(qkv, history, taps, n, c_dim, d.kk, out, nullptr, 0);
-    return cudaGetLastError();
+    return LaunchPdl(GdnConvKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out, nullptr, 0);
   }
   // Several tokens: every output in parallel (one thread walking the tokens in order was latency-
   // bound: ~8 ms per layer at 8192 tokens), then the history.
   if (n > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((c_dim + 127) / 128), static_cast<unsigned>(n));
-  GdnConvTokensKernel<<<grid, 128, 0, stream>>>(qkv, history, taps, n, c_dim, d.kk, out);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  GdnConvShiftKernel<<<(c_dim + 127) / 128, 128, 0, stream>>>(qkv, history, n, c_dim, d.kk);
-  return cudaGetLastError();
+  if (cudaError_t e = LaunchPdl(GdnConvTokensKernel, grid, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out);
+      e != cudaSuccess) {
+    return e;
+  }
+  return LaunchPdl(GdnConvShiftKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, n, c_dim, d.kk);
 }
 
 cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
@@ -216,8 +229,7 @@ cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_st
   if (d.kk < 1 || d.kk > kGdnMaxConvKernel || rows == nullptr || n > 65535) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
   const dim3 grid(static_cast<unsigned>((c_dim + 127) / 128), static_cast<unsigned>(n));
-  GdnConvKernel<<<grid, 128, 0, stream>>>(qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride);
-  return cudaGetLastError();
+  return LaunchPdl(GdnConvKernel, grid, 128, 0, stream, qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride);
 }
 
 cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_a,
@@ -226,9 +238,8 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
   if (n <= 0) return cudaSuccess;
   if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk + 1));
-  GdnNormQkKernel<<<grid, 128, 0, stream>>>(conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)), ba,
+  return LaunchPdl(GdnNormQkKernel, grid, 128, 0, stream, conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)), ba,
                                             ssm_a, dt_bias, d.nv, g, beta);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchGdnRecurrent(const float* conv_out, const float* g, const float* beta, int64_t n,
@@ -237,15 +248,14 @@ cudaError_t LaunchGdnRecurrent(const float* conv_out, const float* g, const floa
   if (d.dv % 32 != 0 || d.nk <= 0 || d.nv % d.nk != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / 32));
   if (d.dk == 128) {
-    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+    return LaunchPdl(GdnRecurrentKernel<128>, grid, 32, 0, stream, conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
                                                      nullptr, 0);
-  } else if (d.dk == 64) {
-    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
-                                                    nullptr, 0);
-  } else {
-    return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  if (d.dk == 64) {
+    return LaunchPdl(GdnRecurrentKernel<64>, grid, 32, 0, stream, conv_out, g, beta, n, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                    nullptr, 0);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, const float* beta, int64_t n,
@@ -255,22 +265,20 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
   if (d.dv % 32 != 0 || d.nk <= 0 || d.nv % d.nk != 0 || rows == nullptr || n > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / 32), static_cast<unsigned>(n));
   if (d.dk == 128) {
-    GdnRecurrentKernel<128><<<grid, 32, 0, stream>>>(conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+    return LaunchPdl(GdnRecurrentKernel<128>, grid, 32, 0, stream, conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
                                                      rows, row_stride);
-  } else if (d.dk == 64) {
-    GdnRecurrentKernel<64><<<grid, 32, 0, stream>>>(conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
-                                                    rows, row_stride);
-  } else {
-    return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  if (d.dk == 64) {
+    return LaunchPdl(GdnRecurrentKernel<64>, grid, 32, 0, stream, conv_out, g, beta, 1, d.c_dim(), d.nk, d.nv, d.dv, state, o,
+                                                    rows, row_stride);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
                                int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  GdnGatedNormKernel<<<static_cast<unsigned>(n * d.nv), 128, 0, stream>>>(o, z, norm, eps, d.dv, out);
-  return cudaGetLastError();
+  return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, norm, eps, d.dv, out);
 }
 
 }  // namespace tandem::cuda

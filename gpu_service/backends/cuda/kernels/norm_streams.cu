@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 
 namespace tandem::cuda {
@@ -12,6 +13,8 @@ constexpr int kNormThreads = 256;
 __global__ void __launch_bounds__(kNormThreads)
 InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
                     const float* gamma, float eps, float* N) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
   const int64_t t = row / S, s = row % S;
@@ -46,6 +49,8 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
 
 __global__ void StreamFoldKernel(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
                                  float* x) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * h) return;
   const int64_t t = i / h, j = i % h;
@@ -58,17 +63,23 @@ __global__ void StreamFoldKernel(const float* N, const float* m, int64_t n, int6
 }
 
 __global__ void SiluKernel(float* v, int64_t count) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) v[i] = SiluF(v[i]);
 }
 
 __global__ void InjectWeightsKernel(const float* c, int64_t count, float* a) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) a[i] = c ? 2.0f * SigmoidF(c[i]) : 1.0f;
 }
 
 __global__ void StreamInjectKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
                                    int64_t total) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t row = i / h, j = i % h;  // row = t·S + s
@@ -86,37 +97,32 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
                                 cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (S <= 0 || h <= 0 || h % 4 != 0) return cudaErrorInvalidValue;
-  InjectRmsNormKernel<<<static_cast<unsigned>(n * S), kNormThreads, 0, stream>>>(H, S, h, a, y, gamma,
+  return LaunchPdl(InjectRmsNormKernel, static_cast<unsigned>(n * S), kNormThreads, 0, stream, H, S, h, a, y, gamma,
                                                                               eps, N);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
                              float* x, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (S <= 0) return cudaErrorInvalidValue;
-  StreamFoldKernel<<<Blocks(n * h, 256), 256, 0, stream>>>(N, m, n, S, h, x);
-  return cudaGetLastError();
+  return LaunchPdl(StreamFoldKernel, Blocks(n * h, 256), 256, 0, stream, N, m, n, S, h, x);
 }
 
 cudaError_t LaunchSiluInPlace(float* v, int64_t count, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  SiluKernel<<<Blocks(count, 256), 256, 0, stream>>>(v, count);
-  return cudaGetLastError();
+  return LaunchPdl(SiluKernel, Blocks(count, 256), 256, 0, stream, v, count);
 }
 
 cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  InjectWeightsKernel<<<Blocks(count, 256), 256, 0, stream>>>(c, count, a);
-  return cudaGetLastError();
+  return LaunchPdl(InjectWeightsKernel, Blocks(count, 256), 256, 0, stream, c, count, a);
 }
 
 cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                const float* y, cudaStream_t stream) {
   const int64_t total = n * S * h;
   if (total <= 0) return cudaSuccess;
-  StreamInjectKernel<<<Blocks(total, 256), 256, 0, stream>>>(H, S, h, a, y, total);
-  return cudaGetLastError();
+  return LaunchPdl(StreamInjectKernel, Blocks(total, 256), 256, 0, stream, H, S, h, a, y, total);
 }
 
 }  // namespace tandem::cuda

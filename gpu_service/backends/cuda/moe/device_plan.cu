@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include <cfloat>
 
 #include <cub/block/block_scan.cuh>
@@ -73,6 +74,8 @@ __device__ void RouteTokens(const DeviceMoePlanArgs& a) {
 }
 
 __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   if (a.logits != nullptr) {
     if (a.E <= 128) {
       RouteTokens<4>(a);
@@ -161,6 +164,8 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
 }
 
 __global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i * kMaxUnitRows >= n) return;
   ExpertUnit& unit = units[i];
@@ -177,8 +182,7 @@ __global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units)
 cudaError_t LaunchDenseUnitsOnDevice(ExpertLocation where, int n, ExpertUnit* units, cudaStream_t stream) {
   if (n < 1 || units == nullptr) return cudaErrorInvalidValue;
   const int count = (n + kMaxUnitRows - 1) / kMaxUnitRows;
-  DenseUnitsKernel<<<(count + 127) / 128, 128, 0, stream>>>(where, n, units);
-  return cudaGetLastError();
+  return LaunchPdl(DenseUnitsKernel, (count + 127) / 128, 128, 0, stream, where, n, units);
 }
 
 cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t stream) {
@@ -192,8 +196,7 @@ cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t strea
       (a.shared.gate != nullptr && a.shared_units == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  PlanKernel<<<1, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPdl(PlanKernel, 1, kThreads, 0, stream, a);
 }
 
 }  // namespace tandem::cuda

@@ -1,5 +1,6 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 namespace tandem::cuda {
 namespace {
 
@@ -10,6 +11,8 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads) ScatterSumKernel(const float* partial, const int32_t* slot,
                                                              const float* weights, int K, int h, const float* shared,
                                                              const float* shared_gate_logit, float* y) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int t = blockIdx.y;
   const int j = blockIdx.x * kThreads + threadIdx.x;
   if (j >= h) return;
@@ -32,9 +35,8 @@ cudaError_t LaunchMoeScatterSum(const float* partial, const int32_t* slot, const
                                 const float* shared, const float* shared_gate_logit, float* y, cudaStream_t stream) {
   if (n <= 0 || h <= 0) return cudaSuccess;
   if (K < 0) return cudaErrorInvalidValue;
-  ScatterSumKernel<<<dim3((h + kThreads - 1) / kThreads, n), kThreads, 0, stream>>>(partial, slot, weights, K, h,
+  return LaunchPdl(ScatterSumKernel, dim3((h + kThreads - 1) / kThreads, n), kThreads, 0, stream, partial, slot, weights, K, h,
                                                                                      shared, shared_gate_logit, y);
-  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda

@@ -1,6 +1,7 @@
 // The route kernel: one block of 256 threads per token.
 #include <cfloat>
 
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
 
@@ -24,6 +25,8 @@ __device__ double BlockSumDouble(double v, double* scratch) {
 
 __global__ void __launch_bounds__(kThreads) RouteKernel(const float* logits, int E, int K, int32_t* experts,
                                                         float* weights) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   extern __shared__ float probs[];
   __shared__ double dscratch[kWarps];
   __shared__ float best_v[kWarps];
@@ -111,8 +114,7 @@ cudaError_t LaunchRouteTopK(const float* logits, int n, int E, int K, int32_t* e
       return e;
     }
   }
-  RouteKernel<<<n, kThreads, smem, stream>>>(logits, E, K, experts, weights);
-  return cudaGetLastError();
+  return LaunchPdl(RouteKernel, n, kThreads, smem, stream, logits, E, K, experts, weights);
 }
 
 }  // namespace tandem::cuda
