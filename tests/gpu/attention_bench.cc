@@ -2,8 +2,9 @@
 // cache with scattered pages): decode at ctx 4096 and 32768 (batch 1, and batch 8 / 32 at 4096)
 // on the unsplit path (the earlier interface: one block per item and kv head) and the planned
 // split-KV path, with the KV bytes read as a share of a measured device copy; prefill of 4096 and
-// 8192 tokens (causal, one sequence) on the exact path and the f16 tensor-core path in TFLOP/s
-// (4·n²/2·nh·hd flops), and the relative L2 between the two prefill outputs. Timing: CUDA events
+// 8192 tokens (causal, one sequence) and of 16 × 512 tokens on the exact path, the f16
+// tensor-core path and the earlier tensor-core kernel in TFLOP/s (4·n²/2·nh·hd flops per
+// sequence), and the relative L2 of each fast output against the exact one. Timing: CUDA events
 // around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
@@ -196,21 +198,46 @@ void Run() {
     }
   }
 
-  // Prefill: one sequence from position 0.
-  for (int n : {4096, 8192}) {
-    const double flops = 4.0 * n * n / 2.0 * d.nh * d.hd;
-    const Step exact = make_step(1, n, 0, AttentionPrecision::kF32);
-    const Step fast = make_step(1, n, 0, AttentionPrecision::kF16TensorCores);
+  // Prefill from position 0: one sequence of 4096 and of 8192 tokens, and 16 sequences of 512
+  // batched (disjoint page-table rows). The tensor-core plan runs on the pipelined kernel
+  // (LaunchAttention) and, for comparison, on the earlier 64-row kernel over the same items.
+  struct PrefillCase {
+    int batch, tokens;
+  };
+  float* o_old = nullptr;
+  BENCH_CHECK(cudaMalloc(&o_old, static_cast<size_t>(n_max) * d.nh * d.hd * sizeof(float)));
+  for (const PrefillCase& pc : {PrefillCase{1, 4096}, PrefillCase{1, 8192}, PrefillCase{16, 512}}) {
+    const int n = pc.tokens;
+    const double flops = pc.batch * 4.0 * n * n / 2.0 * d.nh * d.hd;
+    std::string name = "prefill_";
+    if (pc.batch > 1) name += std::string("b") + std::to_string(pc.batch) + "x";
+    name += std::to_string(n);
+    const Step exact = make_step(pc.batch, n, 0, AttentionPrecision::kF32);
+    const Step fast = make_step(pc.batch, n, 0, AttentionPrecision::kF16TensorCores);
     const double ms_exact = TimeMs([&] { planned(exact, o_ref); }, 1);
-    Report("prefill_" + std::to_string(n) + "_f32", flops / (ms_exact * 1e9), "TFLOP/s",
+    Report(name + "_f32", flops / (ms_exact * 1e9), "TFLOP/s",
            std::to_string(ms_exact) + " ms, exact split kernel, 1 block per token and kv head");
+    const int32_t* tile_items = fast.d_items + 2 * fast.plan.num_row_items;
+    const double ms_old = TimeMs(
+        [&] {
+          BENCH_CHECK(LaunchTensorCoreAttention64Rows(q, qg, d, tile_items, fast.plan.num_tile_items, fast.d_seq,
+                                                      fast.d_pos, cache, o_old, nullptr));
+        },
+        5);
+    Report(name + "_f16tc_64rows_old", flops / (ms_old * 1e9), "TFLOP/s",
+           std::to_string(ms_old) + " ms, earlier kernel, " + std::to_string(2 * fast.plan.num_tile_items) +
+               " blocks of 64 rows per kv head");
     const double ms_fast = TimeMs([&] { planned(fast, o); }, 5);
-    Report("prefill_" + std::to_string(n) + "_f16tc", flops / (ms_fast * 1e9), "TFLOP/s",
-           std::to_string(ms_fast) + " ms, " + std::to_string(fast.plan.num_tile_items) + " tiles of 64 rows");
-    std::vector<float> a(static_cast<size_t>(n) * d.nh * d.hd), b(a.size());
+    Report(name + "_f16tc", flops / (ms_fast * 1e9), "TFLOP/s",
+           std::to_string(ms_fast) + " ms, pipelined kernel, " + std::to_string(fast.plan.num_tile_items) +
+               " tiles of " + std::to_string(kTcRows) + " rows per kv head");
+    const size_t count = static_cast<size_t>(pc.batch) * n * d.nh * d.hd;
+    std::vector<float> a(count), b(count), c(count);
     BENCH_CHECK(cudaMemcpy(a.data(), o, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
     BENCH_CHECK(cudaMemcpy(b.data(), o_ref, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    Report("prefill_" + std::to_string(n) + "_f16tc_vs_f32", RelL2(a, b), "rel_l2", "tolerance 1e-2");
+    BENCH_CHECK(cudaMemcpy(c.data(), o_old, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    Report(name + "_f16tc_vs_f32", RelL2(a, b), "rel_l2", "tolerance 1e-2");
+    Report(name + "_f16tc_64rows_old_vs_f32", RelL2(c, b), "rel_l2", "tolerance 1e-2");
   }
 }
 

@@ -64,7 +64,7 @@ inline constexpr int kAttnTensorCoreMinTokens = 64;
 // its tokens in one sequence. Row items (at most 8 / groups tokens, groups = nh / kvh, which must
 // divide 8) run on the exact kernel: each item and kv head is split over num_splits blocks that
 // each attend to a slice of the context (the slice is computed on the device from token_pos), then
-// a merge kernel combines the slices. Tile items (at most 64 / groups tokens) run on the tensor
+// a merge kernel combines the slices. Tile items (at most 128 / groups tokens) run on the tensor
 // cores. All counts depend only on the step's batch shape (tokens per sequence), never on
 // positions or page tables, so a step captured as a CUDA graph replays correctly with new device
 // contents of token_pos, token_seq, page_table and the items.

@@ -8,20 +8,21 @@
 namespace tandem::cuda {
 namespace {
 
-// ---- Tensor-core attention (tile items, kF16TensorCores) ----
+// ---- The earlier tensor-core kernel (64 rows per block, synchronous K/V loads) ----
 //
-// Block of 4 warps per (tile item, kv head): 64 query rows (token first + r / groups, head
+// Kept only so that attention_bench can measure it beside the pipelined kernel below. Block of 4
+// warps per (half of a tile item, kv head): 64 query rows (token first + r / groups, head
 // kvhead·groups + r % groups), warp w owning rows 16w..16w+15. Per key tile of 64 positions (one
 // cache page) K and V are read as f32 and stored as f16 in padded shared rows (conflict-free
 // ldmatrix); S = Q·Kᵀ and O += P·V run as m16n8k16 f16 mma with f32 accumulators; the online
 // softmax is f32 (FlashAttention-2 layout: the S accumulators become the A operand of P·V).
 // Two blocks per SM let one block's loads overlap the other's arithmetic.
-constexpr int kTcKeys = 64, kTcWarps = 4;
+constexpr int kTcKeys = 64, kTcWarps = 4, kHalfRows = kTcRows / 2;
 static_assert(kTcKeys == kKvPageSize, "a key tile is one cache page");
 
 template <int kHd>
 constexpr size_t TcSmemBytes() {
-  return sizeof(__half) * (kTcRows + 2 * kTcKeys) * (kHd + 8);
+  return sizeof(__half) * (kHalfRows + 2 * kTcKeys) * (kHd + 8);
 }
 
 __device__ __forceinline__ void StoreF16x4(__half* dst, float4 v) {
@@ -30,7 +31,7 @@ __device__ __forceinline__ void StoreF16x4(__half* dst, float4 v) {
 
 template <int kHd>
 __global__ void __launch_bounds__(kTcWarps * 32, 2)
-TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+TensorCoreAttention64RowsKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                           const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                           const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o) {
   constexpr int kStride = kHd + 8;  // f16 per shared row: 16 bytes of padding
@@ -40,17 +41,21 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
   static_assert(kLoads % kBatch == 0, "");
   extern __shared__ float4 tc_smem[];
   __half* qs = reinterpret_cast<__half*>(tc_smem);
-  __half* ks = qs + kTcRows * kStride;
+  __half* ks = qs + kHalfRows * kStride;
   __half* vs = ks + kTcKeys * kStride;
-  __shared__ int32_t row_pos[kTcRows];
+  __shared__ int32_t row_pos[kHalfRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int item = gridDim.x - 1 - blockIdx.x;  // the latest tiles (most keys) start first
+  const int half = gridDim.x - 1 - blockIdx.x;  // the latest tiles (most keys) start first
+  const int item = half >> 1;
   const int kvhead = blockIdx.y, groups = nh / kvh, kvw = kvh * kHd;
-  const int32_t first = items[2 * item], count = items[2 * item + 1];
+  const int half_tokens = kHalfRows / groups;
+  const int32_t first = items[2 * item] + (half & 1) * half_tokens;
+  const int32_t count = min(half_tokens, items[2 * item + 1] - (half & 1) * half_tokens);
+  if (count <= 0) return;  // the second half of a short item (before any barrier: whole block)
   const int32_t seq = token_seq[first];
   const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
-  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
-  for (int e = tid; e < kTcRows * kVec; e += kThreads) {
+  if (tid < kHalfRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+  for (int e = tid; e < kHalfRows * kVec; e += kThreads) {
     const int r = e / kVec, c = e % kVec, tok = r / groups;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (tok < count) {
@@ -187,25 +192,280 @@ TensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__
 }
 
 template <int kHd>
-cudaError_t LaunchHd(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
+cudaError_t Launch64RowsHd(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                      int num_tile_items, const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
                      float* o, cudaStream_t stream) {
   constexpr size_t smem = TcSmemBytes<kHd>();
   static const cudaError_t attribute = [] {
-    cudaError_t e = cudaFuncSetAttribute(TensorCoreAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+    cudaError_t e = cudaFuncSetAttribute(TensorCoreAttention64RowsKernel<kHd>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(TensorCoreAttentionKernel<kHd>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    return cudaFuncSetAttribute(TensorCoreAttention64RowsKernel<kHd>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 static_cast<int>(cudaSharedmemCarveoutMaxShared));
   }();
   if (attribute != cudaSuccess) return attribute;
-  const dim3 grid(static_cast<unsigned>(num_tile_items), static_cast<unsigned>(d.kvh));
-  TensorCoreAttentionKernel<kHd><<<grid, kTcWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, tile_items, token_seq,
-                                                                       token_pos, cache, o);
+  const dim3 grid(static_cast<unsigned>(2 * num_tile_items), static_cast<unsigned>(d.kvh));
+  TensorCoreAttention64RowsKernel<kHd><<<grid, kTcWarps * 32, smem, stream>>>(q, qg, d.nh, d.kvh, tile_items,
+                                                                             token_seq, token_pos, cache, o);
+  return cudaGetLastError();
+}
+
+// ---- The pipelined tensor-core kernel (kF16TensorCores) ----
+//
+// Block of 8 warps per (tile item, kv head): kTcRows = 128 query rows (token first + r / groups,
+// head kvhead·groups + r % groups; at GQA 8 that is 16 tokens × the 8 heads of the kv head, so
+// every K/V tile read serves all 8 heads), warp w owning rows 16w..16w+15, one block per SM (the
+// f32 output accumulators of 16 rows at hd 256 take 128 registers per thread). The math is the
+// earlier kernel's: m16n8k16 f16 mma with f32 accumulators, f32 online softmax in base 2.
+// The cache is f32, so a K or V tile (64 positions, one cache page) is copied with cp.async into
+// an f32 staging area and converted to f16 rows (16 bytes of padding: conflict-free ldmatrix) by
+// the thread that copied it, which needs no barrier between the copy and the conversion. The
+// staging area holds one tile: V(t) is in flight while S = Q·K(t)ᵀ runs, K(t+1) while the softmax
+// and O += P·V(t) run, so the loads hide behind the arithmetic instead of stalling the block.
+constexpr int kPipeWarps = 8, kPipeThreads = kPipeWarps * 32, kPipeKeys = kKvPageSize;
+static_assert(kTcRows == kPipeWarps * 16, "a warp owns 16 query rows");
+
+template <int kHd>
+struct PipeSmem {
+  static constexpr int kStride = kHd + 8;  // f16 per Q/K/V row
+  static constexpr size_t kStage = sizeof(float) * kPipeKeys * kHd;
+  static constexpr size_t kQ = sizeof(__half) * kTcRows * kStride;
+  static constexpr size_t kKv = sizeof(__half) * kPipeKeys * kStride;
+  static constexpr size_t kBytes = kStage + kQ + 2 * kKv;
+};
+
+// 16 bytes global -> shared, bypassing L1; zeros instead when !valid (nothing is read).
+__device__ __forceinline__ void CpAsync16OrZero(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// This thread's share of one K or V tile (`page`, the kv head's slice) into the staging area, as
+// one cp.async group. Keys from valid_keys on are zero-filled: unwritten cache may hold NaN.
+// Thread tid copies and converts float4 number tid + i·kPipeThreads of a tile: column 4·(tid %
+// kVec) of keys tid / kVec + i·kKeyStep, so the per-i offsets are compile-time steps off one base
+// (no per-i addresses held in registers across the main loop).
+template <int kHd>
+struct TileShare {
+  static constexpr int kVec = kHd / 4, kKeyStep = kPipeThreads / kVec, kPer = kPipeKeys / kKeyStep;
+  static_assert(kPipeThreads % kVec == 0 && kPipeKeys % kKeyStep == 0, "");
+};
+
+// This thread's share of one K or V tile (`page`, the kv head's slice) into the staging area, as
+// one cp.async group. Keys from valid_keys on are zero-filled: unwritten cache may hold NaN.
+template <int kHd>
+__device__ __forceinline__ void StageTile(const float* pool, int32_t page, int kvhead, int kvw, int valid_keys,
+                                          float4* stage, int tid) {
+  using T = TileShare<kHd>;
+  const int j0 = tid / T::kVec;
+  const float* src = pool + (static_cast<int64_t>(page) * kKvPageSize + j0) * kvw + kvhead * kHd + 4 * (tid % T::kVec);
+  const uint32_t dst = SmemAddr(stage + tid);
+#pragma unroll
+  for (int i = 0; i < T::kPer; ++i) {
+    CpAsync16OrZero(dst + i * kPipeThreads * 16, src, j0 + i * T::kKeyStep < valid_keys);
+    src += T::kKeyStep * kvw;
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits for this thread's staged share and stores it as f16 rows of `dst`.
+template <int kHd>
+__device__ __forceinline__ void ConvertStagedTile(const float4* stage, __half* dst, int tid) {
+  using T = TileShare<kHd>;
+  constexpr int kStride = PipeSmem<kHd>::kStride;
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __half* row = dst + (tid / T::kVec) * kStride + 4 * (tid % T::kVec);
+#pragma unroll
+  for (int i = 0; i < T::kPer; ++i) StoreF16x4(row + i * T::kKeyStep * kStride, stage[tid + i * kPipeThreads]);
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(kPipeThreads, 1)
+PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+                                   const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
+                                   const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o) {
+  constexpr int kStride = PipeSmem<kHd>::kStride;
+  constexpr int kVec = kHd / 4;
+  extern __shared__ float4 pipe_smem[];
+  float4* stage = pipe_smem;
+  __half* qs = reinterpret_cast<__half*>(reinterpret_cast<char*>(pipe_smem) + PipeSmem<kHd>::kStage);
+  __half* ks = qs + kTcRows * kStride;
+  __half* vs = ks + kPipeKeys * kStride;
+  __shared__ int32_t row_pos[kTcRows];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // A sequence's items come in increasing position order: walking the grid backwards starts the
+  // blocks with the most key tiles first (shorter ones fill the tail), kv heads side by side.
+  const int linear = gridDim.x - 1 - blockIdx.x;
+  const int item = linear / kvh, kvhead = linear % kvh;
+  const int groups = nh / kvh, kvw = kvh * kHd;
+  const int32_t first = items[2 * item], count = items[2 * item + 1];
+  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
+  const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
+  const int num_tiles = max_pos / kPipeKeys + 1;
+  auto valid_keys = [&](int kt) { return min(kPipeKeys, max_pos - kt * kPipeKeys + 1); };
+
+  StageTile<kHd>(cache.k, pages[0], kvhead, kvw, valid_keys(0), stage, tid);
+  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+#pragma unroll 8
+  for (int e = tid; e < kTcRows * kVec; e += kPipeThreads) {
+    const int r = e / kVec, c = e % kVec, tok = r / groups;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tok < count) {
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      x = *reinterpret_cast<const float4*>(q + row * kHd + 4 * c);
+    }
+    StoreF16x4(qs + r * kStride + 4 * c, x);
+  }
+  ConvertStagedTile<kHd>(stage, ks, tid);
+  __syncthreads();  // Q, K(0) and row_pos visible; the staging area is free again
+  StageTile<kHd>(cache.v, pages[0], kvhead, kvw, valid_keys(0), stage, tid);
+
+  const float scale_log2 = 1.4426950408889634f * rsqrtf(static_cast<float>(kHd));
+  const int g = lane >> 2, t4 = lane & 3;
+  const int row0 = warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const int32_t pos_lo = row_pos[row0], pos_hi = row_pos[row0 + 8];
+  float acc[kHd / 8][4];
+#pragma unroll
+  for (int i = 0; i < kHd / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int kt = 0; kt < num_tiles; ++kt) {
+    const bool more = kt + 1 < num_tiles;
+    const int32_t next_page = more ? pages[kt + 1] : 0;  // read early: its latency hides behind S
+    float s[kPipeKeys / 8][4];
+#pragma unroll
+    for (int i = 0; i < kPipeKeys / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t a[4];
+      LdMatrixX4(a, SmemAddr(qs + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nb = 0; nb < kPipeKeys / 16; ++nb) {
+        uint32_t b[4];
+        LdMatrixX4(b, SmemAddr(ks + (nb * 16 + (lane >> 4) * 8 + (lane & 7)) * kStride + kk * 16 +
+                               ((lane >> 3) & 1) * 8));
+        MmaF16(s[2 * nb], a, b[0], b[1]);
+        MmaF16(s[2 * nb + 1], a, b[2], b[3]);
+      }
+    }
+    ConvertStagedTile<kHd>(stage, vs, tid);  // V(kt)
+    __syncthreads();                         // V(kt) visible; every warp is done with K(kt)
+    if (more) StageTile<kHd>(cache.k, next_page, kvhead, kvw, valid_keys(kt + 1), stage, tid);
+
+    // Online softmax in base 2; masking only where the tile reaches past the first row's position.
+    const bool mask = kt * kPipeKeys + kPipeKeys - 1 > min_pos;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < kPipeKeys / 8; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float v = s[nb][c] * scale_log2;
+        if (mask && kt * kPipeKeys + nb * 8 + 2 * t4 + (c & 1) > (c < 2 ? pos_lo : pos_hi)) v = -INFINITY;
+        s[nb][c] = v;
+        mx[c >> 1] = fmaxf(mx[c >> 1], v);
+      }
+    }
+    float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+      corr[i] = mx[i] == -INFINITY ? 1.0f : exp2f(m[i] - mx[i]);
+      m[i] = mx[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kPipeKeys / 8; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float mm = m[c >> 1];
+        const float p = mm == -INFINITY ? 0.0f : exp2f(s[nb][c] - mm);
+        s[nb][c] = p;
+        sum[c >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * corr[i] + sum[i];
+#pragma unroll
+    for (int nd = 0; nd < kHd / 8; ++nd) {
+      acc[nd][0] *= corr[0];
+      acc[nd][1] *= corr[0];
+      acc[nd][2] *= corr[1];
+      acc[nd][3] *= corr[1];
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kPipeKeys / 16; ++kk) {
+      const uint32_t a[4] = {PackF16x2(s[2 * kk][0], s[2 * kk][1]), PackF16x2(s[2 * kk][2], s[2 * kk][3]),
+                             PackF16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackF16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < kHd / 16; ++nd) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, SmemAddr(vs + (kk * 16 + (lane & 15)) * kStride + nd * 16 + (lane >> 4) * 8));
+        MmaF16(acc[2 * nd], a, b[0], b[1]);
+        MmaF16(acc[2 * nd + 1], a, b[2], b[3]);
+      }
+    }
+    if (more) {
+      ConvertStagedTile<kHd>(stage, ks, tid);  // K(kt + 1)
+      __syncthreads();                         // K(kt + 1) visible; every warp is done with V(kt)
+      StageTile<kHd>(cache.v, next_page, kvhead, kvw, valid_keys(kt + 1), stage, tid);
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float ll = l[i] + __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
+    ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
+    const int r = row0 + 8 * i, tok = r / groups;
+    if (tok >= count) continue;
+    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+    const float inv = 1.0f / ll;
+    const float* gate = qg + row * 2 * kHd + kHd;
+#pragma unroll
+    for (int nd = 0; nd < kHd / 8; ++nd) {
+      const int d = nd * 8 + 2 * t4;
+      const float2 y = make_float2(acc[nd][2 * i] * inv * SigmoidF(gate[d]),
+                                   acc[nd][2 * i + 1] * inv * SigmoidF(gate[d + 1]));
+      *reinterpret_cast<float2*>(o + row * kHd + d) = y;
+    }
+  }
+}
+
+template <int kHd>
+cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
+                              int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
+                              const PagedKv& cache, float* o, cudaStream_t stream) {
+  constexpr size_t smem = PipeSmem<kHd>::kBytes;
+  // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
+  static const cudaError_t attribute = cudaFuncSetAttribute(
+      PipelinedTensorCoreAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attribute != cudaSuccess) return attribute;
+  const int64_t blocks = static_cast<int64_t>(num_tile_items) * d.kvh;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  PipelinedTensorCoreAttentionKernel<kHd><<<static_cast<unsigned>(blocks), kPipeThreads, smem, stream>>>(
+      q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o);
   return cudaGetLastError();
 }
 
 }  // namespace
+
+cudaError_t LaunchTensorCoreAttention64Rows(const float* q, const float* qg, const AttnShape& d,
+                                            const int32_t* tile_items, int num_tile_items, const int32_t* token_seq,
+                                            const int32_t* token_pos, const PagedKv& cache, float* o,
+                                            cudaStream_t stream) {
+  if (num_tile_items <= 0) return cudaSuccess;
+  switch (d.hd) {
+    case 64:
+      return Launch64RowsHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    case 128:
+      return Launch64RowsHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    case 256:
+      return Launch64RowsHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
@@ -213,11 +473,11 @@ cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const Att
   if (num_tile_items <= 0) return cudaSuccess;
   switch (d.hd) {
     case 64:
-      return LaunchHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
     case 128:
-      return LaunchHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
     case 256:
-      return LaunchHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -12,14 +12,23 @@
 namespace tandem::cuda {
 
 // Query rows of one tile item (tokens × heads of one kv head): PlanAttention cuts tile items to
-// kTcRows / groups tokens.
-inline constexpr int kTcRows = 64;
+// kTcRows / groups tokens. 128 rows are the most one SM holds at hd 256 (8 warps × 16 rows, the
+// f32 output accumulators alone take half the register file), and every K/V tile loaded serves
+// all of them, so the item is as tall as that allows.
+inline constexpr int kTcRows = 128;
 
 // Runs num_tile_items (first token, count) items (device) on the tensor cores; d.hd is 64, 128 or
 // 256 (else cudaErrorInvalidValue). Same inputs and output as LaunchAttention.
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
                                       const PagedKv& cache, float* o, cudaStream_t stream);
+
+// The earlier tensor-core kernel over the same items, kept for before/after measurement
+// (attention_bench): each item split into two blocks of 64 rows, K/V loaded synchronously.
+cudaError_t LaunchTensorCoreAttention64Rows(const float* q, const float* qg, const AttnShape& d,
+                                            const int32_t* tile_items, int num_tile_items, const int32_t* token_seq,
+                                            const int32_t* token_pos, const PagedKv& cache, float* o,
+                                            cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
