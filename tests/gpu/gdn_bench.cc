@@ -1,9 +1,12 @@
 // Micro-benchmark of the gated delta rule on Qwen3-Next-80B shapes (nk 16, nv 32, dk = dv = 128),
 // one layer: the recurrent kernel (LaunchGdnRecurrent) against the chunked one (LaunchGdnChunked)
-// in exact (f32) and fast (tf32) mode, at 512, 4096 and 8192 tokens, plus the chunked f32 kernel
-// with scratch for only 2048 tokens (several passes). Timing: CUDA events around `reps` calls after
-// warm-up, median of 5 rounds. Also prints the relative L2 difference of each chunked run's
-// outputs and final state from the recurrent kernel's, from the same random start state.
+// in exact (f32) and fast (tf32) mode, at 512, 4096 and 8192 tokens, with scratch for all tokens
+// and for 2048 (several passes, as the backend sizes it). Fast mode twice: the mma.sync scan
+// (LaunchGdnChunked) and the previous WMMA scan (LaunchGdnChunkedWmmaScan). Timing: CUDA events
+// around `reps` calls after warm-up, median of 5 rounds; for the full-scratch fast runs also each
+// kernel alone (the call captured into a graph, each kernel node replayed by itself). Also prints
+// the relative L2 difference of each chunked run's outputs and final state from the recurrent
+// kernel's, from the same random start state.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +43,42 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
     den += static_cast<double>(b[i]) * b[i];
   }
   return std::sqrt(num / den);
+}
+
+// Milliseconds of each kernel of one launcher call run alone: the call is captured into a graph on
+// `stream` (non-blocking: the legacy default stream cannot be captured), and each kernel node is
+// copied into a graph of its own and replayed on the default stream, where TimeMs's events are. The kernels see the buffers as the
+// captured call left them (the scan re-runs from the state it wrote: fine for timing).
+void PrintKernelTimes(const char* what, cudaStream_t stream, const std::function<void(cudaStream_t)>& launch) {
+  cudaGraph_t graph;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch(stream);
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  size_t count = 0;
+  BENCH_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  BENCH_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  for (size_t i = 0; i < count; ++i) {
+    cudaGraphNodeType type;
+    BENCH_CHECK(cudaGraphNodeGetType(nodes[i], &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams params;
+    BENCH_CHECK(cudaGraphKernelNodeGetParams(nodes[i], &params));
+    const char* name = "?";
+    if (cudaFuncGetName(&name, params.func) != cudaSuccess) name = "?";
+    cudaGraph_t one;
+    cudaGraphNode_t node;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaGraphCreate(&one, 0));
+    BENCH_CHECK(cudaGraphAddKernelNode(&node, one, nullptr, 0, &params));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, one, 0));
+    const double ms = TimeMs([&] { BENCH_CHECK(cudaGraphLaunch(exec, nullptr)); }, 10);
+    std::printf("      %-22s kernel %zu alone %8.3f ms  grid %ux%u block %u smem %u  %.60s\n", what, i, ms,
+                params.gridDim.x, params.gridDim.y, params.blockDim.x, params.sharedMemBytes, name);
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(one));
+  }
+  BENCH_CHECK(cudaGraphDestroy(graph));
 }
 
 template <typename T>
@@ -95,9 +134,13 @@ int Main() {
   auto recurrent = [&](int64_t n) {
     BENCH_CHECK(LaunchGdnRecurrent(d_conv, d_g, d_beta, n, d, d_state, d_o, nullptr));
   };
-  auto chunked = [&](int64_t n, GdnChunkPrecision p, int64_t bytes) {
-    BENCH_CHECK(LaunchGdnChunked(d_conv, d_g, d_beta, n, d, p, scratch, bytes, d_state, d_o, nullptr));
+  using Launcher = cudaError_t (*)(const float*, const float*, const float*, int64_t, const GdnShape&,
+                                   GdnChunkPrecision, void*, int64_t, float*, float*, cudaStream_t);
+  auto chunked = [&](Launcher launch, int64_t n, GdnChunkPrecision p, int64_t bytes, cudaStream_t stream) {
+    BENCH_CHECK(launch(d_conv, d_g, d_beta, n, d, p, scratch, bytes, d_state, d_o, stream));
   };
+  cudaStream_t capture_stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
   for (int64_t n : {512, 4096, 8192}) {
     const size_t out_floats = static_cast<size_t>(n * nv * d.dv);
     reset_state();
@@ -108,24 +151,34 @@ int Main() {
     std::printf("n %5lld  recurrent          %9.3f ms\n", static_cast<long long>(n), rec_ms);
     struct Variant {
       const char* name;
+      Launcher launch;
       GdnChunkPrecision p;
       int64_t bytes;
     };
-    for (const Variant& v : {Variant{"chunked f32", GdnChunkPrecision::kF32, scratch_bytes},
-                             Variant{"chunked tf32", GdnChunkPrecision::kTf32, scratch_bytes},
-                             Variant{"chunked f32 2048/pass", GdnChunkPrecision::kF32, small_scratch_bytes}}) {
+    constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
+    for (const Variant& v : {Variant{"chunked f32", LaunchGdnChunked, kF32, scratch_bytes},
+                             Variant{"tf32 OLD wmma scan", LaunchGdnChunkedWmmaScan, kTf32, scratch_bytes},
+                             Variant{"tf32 NEW mma scan", LaunchGdnChunked, kTf32, scratch_bytes},
+                             Variant{"f32 2048/pass", LaunchGdnChunked, kF32, small_scratch_bytes},
+                             Variant{"tf32 OLD 2048/pass", LaunchGdnChunkedWmmaScan, kTf32, small_scratch_bytes},
+                             Variant{"tf32 NEW 2048/pass", LaunchGdnChunked, kTf32, small_scratch_bytes}}) {
       if (v.bytes == small_scratch_bytes && n <= 2048) continue;
       reset_state();
-      chunked(n, v.p, v.bytes);
+      chunked(v.launch, n, v.p, v.bytes, nullptr);
       BENCH_CHECK(cudaDeviceSynchronize());
       const double err_o = RelL2(ToHost(d_o, out_floats), rec_o);
       const double err_s = RelL2(ToHost(d_state, state_floats), rec_s);
-      const double ms = TimeMs([&] { chunked(n, v.p, v.bytes); }, 20);
+      const double ms = TimeMs([&] { chunked(v.launch, n, v.p, v.bytes, nullptr); }, 20);
       std::printf("n %5lld  %-22s %9.3f ms  (%.1fx)  rel_l2 vs recurrent: out %.2e state %.2e\n",
                   static_cast<long long>(n), v.name, ms, rec_ms / ms, err_o, err_s);
+      if (v.p == kTf32 && v.bytes == scratch_bytes && n >= 4096) {
+        PrintKernelTimes(v.name, capture_stream,
+                         [&](cudaStream_t st) { chunked(v.launch, n, v.p, v.bytes, st); });
+      }
     }
     std::fflush(stdout);
   }
+  BENCH_CHECK(cudaStreamDestroy(capture_stream));
   BENCH_CHECK(cudaFree(d_conv));
   BENCH_CHECK(cudaFree(d_g));
   BENCH_CHECK(cudaFree(d_beta));

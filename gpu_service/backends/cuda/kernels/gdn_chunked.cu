@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_scan.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -23,7 +24,9 @@ namespace {
 // independently), walks the chunks in order with its state tile in shared memory:
 //   Δ = U + W'·S;  O = (e^G ⊙ Q)·S + Aqk·Δ;  S ← e^(G_last)·S + (e^(G_last−G) ⊙ K)ᵀ·Δ.
 // All products are block-wide GEMMs on shared memory, f32 on the CUDA cores (exact mode) or tf32
-// WMMA with f32 accumulation (fast mode).
+// WMMA with f32 accumulation (LaunchGdnChunkedWmmaScan only). Fast mode runs the same step in
+// gdn_mma_scan::GdnChunkScanMmaKernel (gdn_chunked_mma_scan.cuh): mma.sync with the operands of the
+// next chunks prefetched, the state in registers.
 constexpr int kChunkThreads = 256;
 constexpr int kChunkLdT = kGdnChunk + 4;  // row stride of 64 × 64 tiles (the +4 breaks bank conflicts)
 constexpr int kScanCols = 32;             // state columns per scan block
@@ -369,13 +372,22 @@ bool ChunkedShapeOk(const GdnShape& d) {
   return d.nk > 0 && d.nv > 0 && d.nv % d.nk == 0 && d.dk == d.dv && (d.dk == 64 || d.dk == 128);
 }
 
-template <GdnChunkPrecision P, int kD>
+// Which scan kernel a pass runs: the shared-memory GEMM one (f32, or tf32 through WMMA) or, in
+// fast mode, the mma.sync one with prefetching.
+enum class ScanKind { kBlockGemm, kMma };
+
+template <GdnChunkPrecision P, int kD, ScanKind kScan>
 cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                        const GdnShape& d, float* scratch, int64_t chunks_per_pass, float* state,
                        float* o, cudaStream_t stream) {
-  constexpr size_t prep_bytes = ChunkPrepareSmemBytes<kD>(), scan_bytes = ChunkScanSmemBytes<kD>();
+  static_assert(kScan == ScanKind::kBlockGemm || P == GdnChunkPrecision::kTf32, "the mma scan is tf32");
+  constexpr bool kMma = kScan == ScanKind::kMma;
+  constexpr size_t prep_bytes = ChunkPrepareSmemBytes<kD>();
+  constexpr size_t scan_bytes = kMma ? gdn_mma_scan::Layout<kD>::kBytes : ChunkScanSmemBytes<kD>();
+  constexpr int scan_threads = kMma ? gdn_mma_scan::kThreads : kChunkThreads;
+  constexpr int scan_cols = kMma ? gdn_mma_scan::kCols : kScanCols;
   auto* prep = GdnChunkPrepareKernel<P, kD>;
-  auto* scan = GdnChunkScanKernel<P, kD>;
+  auto* scan = kMma ? gdn_mma_scan::GdnChunkScanMmaKernel<kD> : GdnChunkScanKernel<P, kD>;
   if (cudaError_t e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, prep_bytes);
       e != cudaSuccess) {
     return e;
@@ -397,11 +409,38 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(d.nv)), kChunkThreads, prep_bytes, stream>>>(
         x, g + t0 * d.nv, beta + t0 * d.nv, np, c_dim, d.nk, d.nv, w, u, aqk, decay);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    scan<<<dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kScanCols)), kChunkThreads, scan_bytes,
+    scan<<<dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / scan_cols)), scan_threads, scan_bytes,
            stream>>>(x, np, c_dim, d.nk, d.nv, w, u, aqk, decay, state, o + t0 * d.nv * d.dv);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+// The launcher's checks, then the passes, with the scan kernel kFastScan in fast mode.
+template <ScanKind kFastScan>
+cudaError_t LaunchChunked(const float* conv_out, const float* g, const float* beta, int64_t n, const GdnShape& d,
+                          GdnChunkPrecision precision, void* scratch, int64_t scratch_bytes, float* state, float* o,
+                          cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!ChunkedShapeOk(d)) return cudaErrorInvalidValue;
+  const int64_t chunk_bytes = ChunkScratchFloats(d) * static_cast<int64_t>(sizeof(float));
+  const int64_t chunks_per_pass = scratch == nullptr ? 0 : scratch_bytes / chunk_bytes;
+  if (chunks_per_pass < 1 || reinterpret_cast<uintptr_t>(scratch) % 256 != 0) return cudaErrorInvalidValue;
+  // The kernels read q, k, v and state rows as float4.
+  if (reinterpret_cast<uintptr_t>(conv_out) % 16 != 0 || reinterpret_cast<uintptr_t>(state) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(o) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  float* s = static_cast<float*>(scratch);
+  constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
+  constexpr ScanKind kExactScan = ScanKind::kBlockGemm;
+  const bool exact = precision == kF32;
+  if (d.dk == 128) {
+    return exact ? RunChunked<kF32, 128, kExactScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+                 : RunChunked<kTf32, 128, kFastScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+  }
+  return exact ? RunChunked<kF32, 64, kExactScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+               : RunChunked<kTf32, 64, kFastScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
 }
 
 }  // namespace
@@ -415,24 +454,14 @@ int64_t GdnChunkedScratchBytes(const GdnShape& d, int64_t max_tokens) {
 cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                              const GdnShape& d, GdnChunkPrecision precision, void* scratch,
                              int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  if (!ChunkedShapeOk(d)) return cudaErrorInvalidValue;
-  const int64_t chunk_bytes = ChunkScratchFloats(d) * static_cast<int64_t>(sizeof(float));
-  const int64_t chunks_per_pass = scratch == nullptr ? 0 : scratch_bytes / chunk_bytes;
-  if (chunks_per_pass < 1 || reinterpret_cast<uintptr_t>(scratch) % 256 != 0) return cudaErrorInvalidValue;
-  // The kernels read q, k, v and state rows as float4.
-  if (reinterpret_cast<uintptr_t>(conv_out) % 16 != 0 || reinterpret_cast<uintptr_t>(state) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(o) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
-  float* s = static_cast<float*>(scratch);
-  const bool exact = precision == GdnChunkPrecision::kF32;
-  if (d.dk == 128) {
-    return exact ? RunChunked<GdnChunkPrecision::kF32, 128>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-                 : RunChunked<GdnChunkPrecision::kTf32, 128>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
-  }
-  return exact ? RunChunked<GdnChunkPrecision::kF32, 64>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-               : RunChunked<GdnChunkPrecision::kTf32, 64>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+  return LaunchChunked<ScanKind::kMma>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o, stream);
+}
+
+cudaError_t LaunchGdnChunkedWmmaScan(const float* conv_out, const float* g, const float* beta, int64_t n,
+                                     const GdnShape& d, GdnChunkPrecision precision, void* scratch,
+                                     int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
+  return LaunchChunked<ScanKind::kBlockGemm>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o,
+                                             stream);
 }
 
 }  // namespace tandem::cuda
