@@ -1,10 +1,11 @@
 // Timings of the prefill routed-expert path on the Qwen3-Next-80B shapes (h 2048, I 512, E 512,
 // K 10, Q4_K gate/up/down, every expert resident), for 512, 2048 and 8192 tokens with uniform
-// random routing: per layer time and TFLOP/s of each algorithm (before: the per-expert cuBLAS path
-// and the unpipelined grouped kernel at its chosen height; after: the pipelined grouped kernel at
-// the chosen height with remainder tiles, and at every fixed height), against the rate of one
-// large bf16 and one f16 cuBLAS GEMM measured in the same run. Also prints the relative L2 of the
-// grouped outputs against the cuBLAS path (a sanity line; the tests decide correctness). Not a test.
+// random routing: per layer time, TFLOP/s and GB/s of the routed experts' weights of each
+// algorithm (before: the per-expert cuBLAS path and the pipelined tile kernel at its chosen height
+// with remainder tiles; after: the streamed Q4_K kernel with tiles of up to 64 rows, and with
+// tiles of up to 16 and 32 (its deeper ring); and its two weight-prefetch variants), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
+// in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
+// sanity line; the tests decide correctness). Not a test.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -190,11 +191,17 @@ int Main() {
     absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, kK, kE, locate);
     BENCH_OK(plan.status());
     const double flops = static_cast<double>(n * kK) * (2.0 * 2 * kH * kI + 2.0 * kI * kH);
+    // Bytes of the experts the step routes to (each read at least once).
+    std::vector<int32_t> distinct = picks;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    const double weight_bytes = static_cast<double>(distinct.size()) * expert_bytes;
     auto report = [&](const std::string& name, double ms, int tile_rows) {
       const double tflops = flops / (ms * 1e-3) / 1e12;
       std::printf("prefill n=%-5lld %-28s tile_rows %-3d %8.3f ms/layer %7.1f TFLOP/s (%4.1f%% of cuBLAS ceiling) "
-                  "%6.1f ms per 48 layers\n",
-                  static_cast<long long>(n), name.c_str(), tile_rows, ms, tflops, 100.0 * tflops / ceiling, 48 * ms);
+                  "%6.0f GB/s of weights %6.1f ms per 48 layers\n",
+                  static_cast<long long>(n), name.c_str(), tile_rows, ms, tflops, 100.0 * tflops / ceiling,
+                  weight_bytes / (ms * 1e-3) / 1e9, 48 * ms);
     };
     {
       absl::StatusOr<ExpertPrefillRunner> runner =
@@ -206,15 +213,20 @@ int Main() {
       const char* name;
       PrefillOptions options;
     };
-    std::vector<Variant> grouped = {{"unpipelined (before)", {PrefillAlgorithm::kGroupedTilesUnpipelined, 0, n}},
-                                    {"pipelined (after)", {PrefillAlgorithm::kGroupedTiles, 0, n}}};
-    for (int rows : kPrefillTileRows) grouped.push_back({"pipelined, fixed height", {PrefillAlgorithm::kGroupedTiles, rows, n}});
+    const std::vector<Variant> grouped = {{"pipelined tiles (before)", {PrefillAlgorithm::kGroupedTilesPipelined, 0, n}},
+                                          {"streamed (after)", {PrefillAlgorithm::kGroupedTiles, 0, n}},
+                                          {"streamed, tiles <= 32", {PrefillAlgorithm::kGroupedTiles, 32, n}},
+                                          {"streamed, tiles <= 16", {PrefillAlgorithm::kGroupedTiles, 16, n}},
+                                          {"streamed + L2 256B lines",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedL2Lines256}},
+                                          {"streamed + unit prefetch",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedUnitPrefetch}}};
     for (const Variant& v : grouped) {
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
       BENCH_OK(runner.status());
       const double ms = TimeRuns(*runner, *plan, x, partial);
       report(v.name, ms, runner->last_tile_rows());
-      if (v.options.tile_rows == 0) {
+      if (v.options.tile_rows == 0) {  // every variant at its chosen height
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));

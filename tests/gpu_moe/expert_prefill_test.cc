@@ -2,12 +2,15 @@
 // host-side tile planning.
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 
 #include "common/reference/moe.h"
 #include "common/weights/half.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
 
 namespace tandem::cuda {
@@ -54,16 +57,21 @@ struct PrefillCase {
 std::string Describe(const PrefillOptions& o) {
   switch (o.algorithm) {
     case PrefillAlgorithm::kCublasPerExpert: return "cublas per expert";
-    case PrefillAlgorithm::kGroupedTilesUnpipelined: return "unpipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
+    case PrefillAlgorithm::kGroupedTilesPipelined: return "pipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
     case PrefillAlgorithm::kGroupedTiles: break;
   }
-  return "pipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
+  return "grouped tiles (streamed where it fits, variant " + std::to_string(static_cast<int>(o.streamed_kernel)) +
+         "), tile_rows " + std::to_string(o.tile_rows);
 }
 
 // Runs one random layer through a runner made with each of `all` (both algorithms, every tile
 // height); relative L2 against FfnForward.
-// expected_tile_rows (0: unchecked): the height the chosen-height pipelined runner must pick.
-void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0) {
+// expected_tile_rows (0: unchecked): the height the chosen-height kGroupedTilesPipelined runner
+// must pick. A chosen-height kGroupedTiles runner on a streamed shape must report 64.
+// skewed: token t picks experts by a weighted draw (expert e with weight 2e + 1) instead of the
+// round robin (t + 2k) % E.
+void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
+                            bool skewed = false) {
   std::mt19937 rng(std::random_device{}());
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
@@ -77,8 +85,20 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     dd.push_back(Upload(down[e]));
   }
   std::vector<int32_t> picks;
+  std::vector<double> weights;
+  for (int64_t e = 0; e < E; ++e) weights.push_back(static_cast<double>(2 * e + 1));
+  std::discrete_distribution<int32_t> draw(weights.begin(), weights.end());
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t k = 0; k < K; ++k) picks.push_back(static_cast<int32_t>((t + 2 * k) % E));
+    const size_t first = picks.size();
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = static_cast<int32_t>((t + 2 * k) % E);
+      if (skewed) {
+        do {
+          e = draw(rng);
+        } while (std::find(picks.begin() + static_cast<std::ptrdiff_t>(first), picks.end(), e) != picks.end());
+      }
+      picks.push_back(e);
+    }
   }
   const std::vector<float> x = testing::RandomVector(rng, n * h);
   DeviceBuffer dx = Upload(x);
@@ -108,16 +128,21 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     if (options.algorithm != PrefillAlgorithm::kCublasPerExpert && options.tile_rows != 0) {
       EXPECT_EQ(runner->last_tile_rows(), options.tile_rows);
     }
-    if (expected_tile_rows != 0 && options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows == 0) {
+    if (expected_tile_rows != 0 && options.algorithm == PrefillAlgorithm::kGroupedTilesPipelined && options.tile_rows == 0) {
       EXPECT_EQ(runner->last_tile_rows(), expected_tile_rows);
+    }
+    if (options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows == 0 &&
+        UsesStreamedKernel({c.gu_type, c.d_type, h, I}, 0)) {
+      EXPECT_EQ(runner->last_tile_rows(), kStreamedMaxTileRows);
     }
   }
 }
 
-// Every algorithm; both grouped kernels at the chosen and at every fixed tile height.
+// Every algorithm; both grouped algorithms at the chosen and at every fixed tile height (on Q4_K
+// shapes kGroupedTiles at 16, 32 and 64 is the streamed kernel with that bound on tile rows).
 std::vector<PrefillOptions> AllOptions() {
   std::vector<PrefillOptions> all = {{PrefillAlgorithm::kCublasPerExpert, 0, 0}};
-  for (PrefillAlgorithm a : {PrefillAlgorithm::kGroupedTiles, PrefillAlgorithm::kGroupedTilesUnpipelined}) {
+  for (PrefillAlgorithm a : {PrefillAlgorithm::kGroupedTiles, PrefillAlgorithm::kGroupedTilesPipelined}) {
     all.push_back({a, 0, 0});
     for (int rows : kPrefillTileRows) all.push_back({a, rows, 0});
   }
@@ -131,7 +156,8 @@ TEST(ExpertPrefillTest, MatchesReferenceFfnWithinF16Tolerance) {
 }
 
 // Groups of about 200 rows (several tiles per expert at every tile height), Q4_K down as in the
-// 80B model, h and I not multiples of the 128-column block.
+// 80B model, h and I not multiples of the pipelined kernel's 128-column block. Streamed: h = 768
+// is three super-blocks (6 stages of 128 per gate/up unit, 2 per down unit).
 TEST(ExpertPrefillTest, LargeGroupsMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 3, 2, 300}, AllOptions());
@@ -144,13 +170,54 @@ TEST(ExpertPrefillTest, RaggedShapesMatchReference) {
   ExpectMatchesReference({WeightType::kQ8_0, WeightType::kQ8_0, 320, 96, 4, 2, 70}, AllOptions());
 }
 
-// Groups of 132 rows, Q4_K throughout (the register-prefetched Q4_K loader in every launch): the
-// chosen height is 128 and each group's 4-row remainder runs in a separate 16-row launch.
+// Groups of 132 rows, Q4_K throughout: the pipelined kernel's chosen height is 128 and each
+// group's 4-row remainder runs in a separate 16-row launch; the streamed kernel takes the groups
+// as tiles of 64, 64 and 4 rows in one launch.
 TEST(ExpertPrefillTest, MixedTileHeightsMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 5, 2, 330},
-                         {{PrefillAlgorithm::kGroupedTiles, 0, 0}, {PrefillAlgorithm::kGroupedTilesUnpipelined, 0, 0}},
+                         {{PrefillAlgorithm::kGroupedTiles, 0, 0}, {PrefillAlgorithm::kGroupedTilesPipelined, 0, 0}},
                          /*expected_tile_rows=*/128);
+}
+
+// The streamed kernel (both rings: tiles of up to 64 and of up to 32 slots; and its two
+// weight-prefetch variants) with groups of every fragment count: 40 experts, uneven routing (expert e
+// drawn with weight 2e + 1: from about 1 to 120 rows), so tiles of 1 to 64 rows share each
+// launch; with 16-row tiles there are more units (about 560) than blocks on an H200 (264), so blocks
+// walk several units and the ring crosses unit and tile boundaries.
+TEST(ExpertPrefillTest, StreamedUnevenGroupsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400},
+                         {{PrefillAlgorithm::kGroupedTiles, 0, 0},
+                          {PrefillAlgorithm::kGroupedTiles, 16, 0},
+                          {PrefillAlgorithm::kGroupedTiles, 32, 0},
+                          {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedL2Lines256},
+                          {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kStreamedL2Lines256},
+                          {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedUnitPrefetch},
+                          {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kStreamedUnitPrefetch},
+                          {PrefillAlgorithm::kGroupedTilesPipelined, 0, 0}},
+                         /*expected_tile_rows=*/0, /*skewed=*/true);
+}
+
+// Which shapes kGroupedTiles sends to the streamed kernel, and what its launchers refuse.
+TEST(ExpertPrefillTest, StreamedKernelScope) {
+  EXPECT_TRUE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 0));
+  EXPECT_TRUE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 16));
+  EXPECT_FALSE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 128));
+  EXPECT_FALSE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ6_K, 2048, 512}, 0));
+  EXPECT_FALSE(UsesStreamedKernel({WeightType::kQ8_0, WeightType::kQ8_0, 2048, 512}, 0));
+  // The launchers refuse before touching any pointer: another type, a tile bound over 64, an N
+  // (2·inner = 192) that is not a multiple of 128.
+  const PrefillTile* no_tiles = nullptr;
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamed, kTypeQ6_K, 64, no_tiles, 1, nullptr, nullptr, 512, 256,
+                                nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamed, kTypeQ4_K, 128, no_tiles, 1, nullptr, nullptr, 512, 256,
+                                nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamed, kTypeQ4_K, 64, no_tiles, 1, nullptr, nullptr, 512, 96,
+                                nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
@@ -158,7 +225,8 @@ TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 48, 0}).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create({WeightType::kQ8_0, WeightType::kQ8_0, 512, 80}, 64).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 0).ok());
-  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTilesUnpipelined, 100, 0}).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTilesPipelined, 100, 0}).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kPipelined}).ok());
 }
 
 TEST(PrefillTilesTest, TileClassIsSmallestHeightHoldingTheRows) {

@@ -53,6 +53,12 @@ bool ValidTileRows(int rows) {
 
 }  // namespace
 
+bool UsesStreamedKernel(const ExpertDecodeRunner::Shape& shape, int tile_rows) {
+  return shape.gate_up_type == WeightType::kQ4_K && shape.down_type == WeightType::kQ4_K && shape.h % 256 == 0 &&
+         shape.inner % 256 == 0 && (2 * shape.inner) % kStreamedUnitCols == 0 && shape.h % kStreamedUnitCols == 0 &&
+         tile_rows <= kStreamedMaxTileRows;
+}
+
 struct ExpertPrefillRunner::Blas {
   cublasHandle_t handle = nullptr;
   ~Blas() {
@@ -136,6 +142,9 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
       return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: tile_rows=", options.tile_rows,
                                                      " (16, 32, 64, 128 or 0)"));
     }
+    if (options.streamed_kernel == PrefillKernel::kPipelined) {
+      return absl::InvalidArgumentError("ExpertPrefillRunner: streamed_kernel must be a streamed variant");
+    }
     const uint32_t gu = static_cast<uint32_t>(shape.gate_up_type), d = static_cast<uint32_t>(shape.down_type);
     if (KernelRowAlignment(gu) == 0 || KernelRowAlignment(d) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: gate/up type ", gu, " or down type ", d,
@@ -216,13 +225,14 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
   }
   const std::vector<PrefillGroup> groups = GroupUnits(units);
-  // The pipelined path with a chosen height launches each tile at its PrefillTileClass (tiles
-  // ordered by falling height); otherwise every tile at tile_rows.
-  const PrefillKernel kernel = options_.algorithm == PrefillAlgorithm::kGroupedTilesUnpipelined
-                                   ? PrefillKernel::kUnpipelined
-                                   : PrefillKernel::kPipelined;
-  const bool by_class = kernel == PrefillKernel::kPipelined && options_.tile_rows == 0;
-  const int tile_rows = options_.tile_rows != 0 ? options_.tile_rows : ChoosePrefillTileRows(groups, by_class);
+  const bool streamed = options_.algorithm == PrefillAlgorithm::kGroupedTiles && UsesStreamedKernel(shape_, options_.tile_rows);
+  const PrefillKernel kernel = streamed ? options_.streamed_kernel : PrefillKernel::kPipelined;
+  // Streamed: one launch of tiles of at most tile_rows (64 by default) rows. Pipelined with a
+  // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
+  // fixed height: every tile at tile_rows.
+  const bool by_class = !streamed && options_.tile_rows == 0;
+  int tile_rows = options_.tile_rows;
+  if (tile_rows == 0) tile_rows = streamed ? kStreamedMaxTileRows : ChoosePrefillTileRows(groups, by_class);
   std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
   last_tile_rows_ = tile_rows;
   struct Launch {  // `count` tiles from `first`, at `height`

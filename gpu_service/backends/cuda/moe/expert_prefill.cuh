@@ -5,8 +5,8 @@
 // (tile, feature block) and one computes act·Wd^T, each with f16 tensor-core MMAs and f32
 // accumulation. The quantized weights are dequantized to f16 in shared memory tile by tile (no f16
 // copy of the weights in global memory), so a layer's routed weights are read about once per row
-// tile. Two kernels (PrefillKernel): the software-pipelined one (expert_prefill_gemm.cuh) and the
-// first, unpipelined one, kept for comparison.
+// tile. Two kernels (PrefillKernel): the streamed Q4_K one (expert_prefill_stream.cuh) and the
+// software-pipelined tile kernel for every type (expert_prefill_gemm.cuh).
 //
 // The per-expert cuBLAS path (kept as a second algorithm for comparison): element-wise kernels
 // around cuBLAS (weights to f16, rows gathered as f16, SiLU(gate)·up to f16).
@@ -35,10 +35,23 @@ static_assert(sizeof(PrefillTile) == 32, "PrefillTile is uploaded as raw bytes")
 // Row-tile heights the grouped launches are compiled for (tile_rows must be one of them).
 inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 
-// The kernel of the grouped launches. kPipelined overlaps each k-step's MMAs with the weight loads
-// of later steps and the activation copy of the next (expert_prefill_gemm.cuh); kUnpipelined is
-// the first version (loads, dequantization, then MMAs, step after step).
-enum class PrefillKernel { kPipelined, kUnpipelined };
+// The kernel of the grouped launches.
+//  - kPipelined (expert_prefill_gemm.cuh), every type: one block per (tile, 128 B rows), the
+//    weights dequantized to an f16 tile in shared memory; each k-step's MMAs overlap the weight
+//    loads of later steps and the activation copy of the next. tile_rows: one of kPrefillTileRows.
+//  - kStreamed (expert_prefill_stream.cuh), Q4_K only: a persistent grid streaming the raw Q4_K
+//    bytes through a cp.async ring and dequantizing them straight into the MMA fragments; one
+//    launch takes tiles of any height up to kStreamedMaxTileRows (tile_rows is that bound, 1 ..
+//    kStreamedMaxTileRows). Needs K a multiple of 256 and N (gate/up: 2·inner, down: h) a
+//    multiple of kStreamedUnitCols.
+//  - kStreamedL2Lines256, kStreamedUnitPrefetch: kStreamed with a wider DRAM access pattern for the
+//    weights (L2 fetches 256-byte lines; or each unit's B rows prefetched whole into L2), an
+//    experiment on why kStreamed reads weights at about 1 TB/s (expert_prefill_stream.cuh).
+enum class PrefillKernel { kPipelined, kStreamed, kStreamedL2Lines256, kStreamedUnitPrefetch };
+
+// Bound on a kStreamed tile's rows (four m16 MMA fragments), and the B rows of one of its units.
+inline constexpr int kStreamedMaxTileRows = 64;
+inline constexpr int kStreamedUnitCols = 128;
 
 // Output features (down) or interleaved gate/up rows (gate/up) one block of a grouped launch computes.
 inline constexpr int kPrefillTileCols = 128;
@@ -48,8 +61,9 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 
 // For every tile and every row r < tile.rows, slot s = tile.first_slot + r:
 //   act[s] (inner f16) = SiLU(xb[index[s]]·gate^T) ⊙ (xb[index[s]]·up^T), rounded to f16,
-// where xb holds f16 rows of h elements. Every tile must have rows <= tile_rows. h must be a positive multiple of 32 (and of the type's
-// block); cudaErrorInvalidValue otherwise, for an unsupported type or tile_rows.
+// where xb holds f16 rows of h elements. Every tile must have rows <= tile_rows. h must be a
+// positive multiple of 32 (and of the type's block); cudaErrorInvalidValue otherwise, for an
+// unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
                                 cudaStream_t stream);

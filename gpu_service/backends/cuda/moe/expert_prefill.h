@@ -5,15 +5,17 @@
 // expert with consecutive slots form one group (one expert applied to consecutive slots).
 //
 // Three algorithms (PrefillAlgorithm):
-//  - kGroupedTiles (default): every group of a call split into row tiles: full tiles of one chosen
-//    height and, per group, one remainder tile launched at the smallest compiled height that holds
-//    it (PrefillTileClass); per call, activations to f16 once, then one gate/up (SiLU·up in
-//    registers) and one down launch per tile height present. The quantized weights are
-//    dequantized tile by tile into shared memory, software-pipelined: each k-step's MMAs overlap
-//    the weight loads of the next two steps and the activation copy of the next
+//  - kGroupedTiles (default): every group of a call split into row tiles; per call, activations to
+//    f16 once, then gate/up (SiLU·up in registers) and down launches over all tiles. Where
+//    UsesStreamedKernel holds (Q4_K gate/up and down, the 80B model's case), one launch each of
+//    the streamed kernel (expert_prefill_stream.cuh): tiles of up to 64 rows, raw Q4_K bytes
+//    streamed through a cp.async ring and dequantized straight into the MMA fragments. Otherwise
+//    as kGroupedTilesPipelined.
+//  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
+//    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
+//    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
+//    dequantized tile by tile into shared memory as f16, software-pipelined
 //    (expert_prefill_gemm.cuh).
-//  - kGroupedTilesUnpipelined (the first grouped version, kept for comparison): the same tiles,
-//    all at one height, with a kernel whose every step waits for its loads before its MMAs.
 //  - kCublasPerExpert (the original path, kept for comparison): per group, its weights dequantized
 //    to f16 in global memory, rows gathered, two cuBLAS GEMMs: 7 launches per expert.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_H_
@@ -45,12 +47,12 @@ std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units);
 
 // The tile height (one of kPrefillTileRows) with the least modelled cost for these groups: each
 // tile costs its padded rows of tensor-core work plus a fixed share for dequantizing the weights.
-// remainders_at_class (how kGroupedTiles launches): a group's last, partial tile is padded only to
-// its PrefillTileClass, and each launch beyond the first (one per class present) costs a fixed
-// share; otherwise (kGroupedTilesUnpipelined) every tile is padded to the height.
+// remainders_at_class (how the pipelined kernel launches at a chosen height): a group's last,
+// partial tile is padded only to its PrefillTileClass, and each launch beyond the first (one per
+// class present) costs a fixed share; otherwise every tile is padded to the height.
 int ChoosePrefillTileRows(std::span<const PrefillGroup> groups, bool remainders_at_class = true);
 
-// The height a tile of `rows` rows (1 .. 128) is launched at by kGroupedTiles: the smallest of
+// The height a tile of `rows` rows (1 .. 128) is launched at by the pipelined kernel: the smallest of
 // kPrefillTileRows that holds it.
 int PrefillTileClass(int rows);
 
@@ -61,17 +63,24 @@ std::vector<PrefillTile> MakePrefillTiles(std::span<const PrefillGroup> groups, 
 enum class PrefillAlgorithm {
   kGroupedTiles,
   kCublasPerExpert,
-  kGroupedTilesUnpipelined,
+  kGroupedTilesPipelined,
 };
+
+// Whether kGroupedTiles runs `shape` on the streamed kernel at this tile_rows option (0: chosen):
+// Q4_K gate/up and down, h and I multiples of 256, tile_rows 0 or at most kStreamedMaxTileRows.
+bool UsesStreamedKernel(const ExpertDecodeRunner::Shape& shape, int tile_rows);
 
 struct PrefillOptions {
   PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
-  // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call. A fixed
-  // height launches every tile at that height (no remainder tiles at smaller heights).
+  // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call (the
+  // streamed kernel: 64). A fixed height launches every tile at that height (no remainder tiles at
+  // smaller heights); kGroupedTiles with 128 on a streamed shape runs the pipelined kernel.
   int tile_rows = 0;
   // Grouped algorithms: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
   // f16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
   int64_t max_input_rows = 0;
+  // kGroupedTiles on a streamed shape: which streamed kernel variant (not kPipelined).
+  PrefillKernel streamed_kernel = PrefillKernel::kStreamed;
 };
 
 class ExpertPrefillRunner {
@@ -92,7 +101,8 @@ class ExpertPrefillRunner {
   // [0, max_input_rows) (grouped), a null or misaligned matrix, or a type the kernels refuse.
   absl::Status Run(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
 
-  // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert).
+  // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
+  // for the streamed kernel, the bound on its tiles' rows.
   int last_tile_rows() const { return last_tile_rows_; }
 
  private:

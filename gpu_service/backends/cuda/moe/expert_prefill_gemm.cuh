@@ -10,8 +10,8 @@
 // accumulator pair (c0, c1) a thread holds is (gate, up) of one feature and SiLU·up is applied in
 // registers.
 //
-// The pipeline (why it is faster than the unpipelined kernel, whose every step waits for its
-// weight loads before its MMAs): during step s the block
+// The pipeline (why it was 1.45-1.6x faster than the unpipelined kernel it replaced, whose every
+// step waited for its weight loads before its MMAs): during step s the block
 //   - copies the activation tile of step s + 1 with cp.async (no registers, no wait until the end),
 //   - runs the MMAs of step s,
 //   - converts the raw weight bytes of step s + 1, loaded into registers two steps earlier, to f16
