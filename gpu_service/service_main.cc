@@ -74,6 +74,9 @@ ABSL_FLAG(bool, cuda_graphs, true, "CUDA backend: replay decode steps as CUDA gr
 ABSL_FLAG(bool, cuda_pdl, true,
           "CUDA backend: programmatic dependent launch (each kernel of a step starts while the one "
           "before it finishes; false: plain launches, for A/B measurements)");
+ABSL_FLAG(int32_t, cuda_l2_prefetch, 2,
+          "CUDA backend, steps of up to 8 tokens: weights brought into L2 ahead of their products on a "
+          "side stream (0: none; 1: within each layer; 2: also the next layer's mixer inputs)");
 ABSL_FLAG(bool, cuda_dense_split, true,
           "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
           "(near-f32 accuracy; false: one f16 product, about 15% faster prefill)");
@@ -261,6 +264,10 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.fast_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
   options.pdl = absl::GetFlag(FLAGS_cuda_pdl);
+  options.l2_prefetch = absl::GetFlag(FLAGS_cuda_l2_prefetch);
+  if (options.l2_prefetch < 0 || options.l2_prefetch > 2) {
+    return absl::InvalidArgumentError("--cuda-l2-prefetch: must be 0, 1 or 2");
+  }
   options.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   if (options.kv_pages < 0) return absl::InvalidArgumentError("--kv-pages: must be >= 0");
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
@@ -272,6 +279,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
                                    ",\"max_context\":", options.max_context,
                                    ",\"cuda_graphs\":", options.cuda_graphs ? "true" : "false",
                                    ",\"pdl\":", options.pdl ? "true" : "false",
+                                   ",\"l2_prefetch\":", options.l2_prefetch,
                                    ",\"weight_bytes\":", (*backend)->weight_bytes(),
                                    ",\"state_bytes\":", (*backend)->state_bytes()));
   return std::unique_ptr<Backend>(*std::move(backend));

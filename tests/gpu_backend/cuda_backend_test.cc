@@ -42,10 +42,11 @@ struct FastParts {
 
 std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
                                      bool expert_gemm = true, bool graphs = true, FastParts parts = {},
-                                     bool pdl = true) {
+                                     bool pdl = true, int l2_prefetch = 2) {
   CudaBackendOptions o;
   o.cuda_graphs = graphs;
   o.pdl = pdl;
+  o.l2_prefetch = l2_prefetch;
   o.fast_attention = parts.attention;
   o.fast_gdn = parts.gdn;
   o.fast_dense_split = parts.dense_split;
@@ -297,13 +298,16 @@ TEST_P(ExactTest, DecodeGraphsGiveTheLogitsOfStepsRunWithoutThem) {
   }
 }
 
-// Programmatic dependent launch only lets kernels start early (pdl.cuh): a prefill and decode
-// steps (graphs replayed) give the same logits with it as with plain launches. A kernel that read
-// its inputs before PdlWaitForPrevious would read the previous step's or layer's values here.
-TEST_P(ExactTest, ProgrammaticDependentLaunchChangesNoLogits) {
+// Programmatic dependent launch only lets kernels start early (pdl.cuh) and the L2 prefetches
+// only warm the cache (l2_prefetch.cuh): a prefill and decode steps (graphs replayed) give the same
+// logits with both as with neither. A kernel that read its inputs before PdlWaitForPrevious would
+// read the previous step's or layer's values here; a prefetch stream left unjoined would fail the
+// graph capture.
+TEST_P(ExactTest, LaunchOverlapAndL2PrefetchChangeNoLogits) {
   std::vector<float> logits[2];
   for (int i = 0; i < 2; ++i) {  // plain launches first, so that PDL is on again afterwards
-    std::unique_ptr<CudaBackend> b = OpenGpu(path_, CudaMode::kExact, true, true, true, {}, /*pdl=*/i == 1);
+    std::unique_ptr<CudaBackend> b =
+        OpenGpu(path_, CudaMode::kExact, true, true, true, {}, /*pdl=*/i == 1, /*l2_prefetch=*/i == 1 ? 2 : 0);
     ASSERT_TRUE(b);
     const SequenceSlot s = *b->CreateSequence();
     logits[i] = GpuStep(*b, s, prompt_, true);
@@ -314,7 +318,7 @@ TEST_P(ExactTest, ProgrammaticDependentLaunchChangesNoLogits) {
     if (GetParam() != "tiny") EXPECT_GT(b->graph_replays(), 0);  // tiny has Engram: no graphs
   }
   const double err = MaxRowError(logits[1], logits[0], V_);
-  printf("[%s] PDL on vs off: max relative L2 %.3e over %zu positions\n", GetParam().c_str(), err,
+  printf("[%s] PDL and L2 prefetch on vs off: max relative L2 %.3e over %zu positions\n", GetParam().c_str(), err,
          logits[0].size() / static_cast<size_t>(V_));
   EXPECT_LE(err, 1e-6);
 }

@@ -57,6 +57,9 @@ class CudaBackend::Impl {
   cuda::Stream stream;
   cuda::Stream side;                 // work that overlaps the main stream's (Fork / Join)
   std::optional<cuda::StreamFork> side_fork;
+  cuda::Stream prefetch_stream;      // L2 prefetches (PrefetchToL2), joined once per step
+  std::optional<cuda::StreamFork> prefetch_fork;
+  bool prefetch_pending = false;     // prefetch_stream has work the main stream has not joined
   std::unique_ptr<cuda::DenseGemm> gemm;
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;
@@ -132,6 +135,10 @@ class CudaBackend::Impl {
   // are latency-bound: alone they leave most of the GPU idle).
   absl::Status Fork();
   absl::Status Join();
+  // Brings the matrices into L2 from a side stream forked at the main stream's current point; the
+  // main stream does not wait for it (JoinPrefetches does, once per step).
+  absl::Status PrefetchToL2(std::initializer_list<const cuda::DeviceMatrix*> matrices);
+  absl::Status JoinPrefetches();
   // A hyper-connection read into x (and the inject weights into a, unless a is nullptr), with the
   // pending block output (when not nullptr) injected into H first, fused into the norm.
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending);

@@ -83,6 +83,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
                                                    " max_sequences=", options.max_sequences, " max_context=",
                                                    options.max_context, " must all be >= 1"));
   }
+  if (options.l2_prefetch < 0 || options.l2_prefetch > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaBackendOptions: l2_prefetch=", options.l2_prefetch, " must be 0, 1 or 2"));
+  }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
@@ -104,6 +108,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   absl::StatusOr<cuda::StreamFork> fork = cuda::StreamFork::Create();
   if (!fork.ok()) return fork.status();
   m.side_fork.emplace(*std::move(fork));
+  absl::StatusOr<cuda::Stream> prefetch_stream = cuda::Stream::Create();
+  if (!prefetch_stream.ok()) return prefetch_stream.status();
+  m.prefetch_stream = *std::move(prefetch_stream);
+  absl::StatusOr<cuda::StreamFork> prefetch_fork = cuda::StreamFork::Create();
+  if (!prefetch_fork.ok()) return prefetch_fork.status();
+  m.prefetch_fork.emplace(*std::move(prefetch_fork));
   cuda::DenseGemmOptions go;
   go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm
                 ? (options.fast_dense_split ? cuda::GemmMode::kFastSplit : cuda::GemmMode::kFast)
@@ -453,6 +463,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   for (int64_t layer = 0; layer < c->n_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
   }
+  if (absl::Status s = JoinPrefetches(); !s.ok()) return s;
   return EnqueueHead(plan, inputs);
 }
 

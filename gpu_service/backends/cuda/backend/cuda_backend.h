@@ -63,6 +63,14 @@ struct CudaBackendOptions {
   // Programmatic dependent launch (pdl.cuh): kernels of a step start while the one before them
   // finishes. A process-wide launch policy: the last backend created sets it.
   bool pdl = true;
+  // Steps of up to 8 tokens: weights brought into L2 on a side stream ahead of the products that
+  // read them (kernels/l2_prefetch.cuh). 0: none; 1: within the layer (the mixer's output
+  // projection, the router and the shared expert, from the layer's start); 2: also the next
+  // layer's mixer inputs (from the MoE stage).
+  int l2_prefetch = 2;
+  // Decode steps: the GDN stages between the products in one kernel (kernels/gdn_decode.cuh) where
+  // the shape allows; false: the four separate kernels (for A/B measurements).
+  bool fused_gdn_decode = true;
   int graph_capacity = 16;         // graphs kept (one per decode batch size seen), least recent dropped
   bool profile = false;            // per-stage CUDA-event timing of every step (steps run without graphs)
   bool print_profile = false;      // also print each step's line to stderr

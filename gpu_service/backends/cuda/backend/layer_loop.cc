@@ -13,6 +13,8 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
 
@@ -44,6 +46,24 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
 }
 
 absl::Status CudaBackend::Impl::Fork() { return side_fork->Fork(stream.get(), side.get()); }
+
+absl::Status CudaBackend::Impl::PrefetchToL2(std::initializer_list<const cuda::DeviceMatrix*> matrices) {
+  cuda::L2PrefetchList list;
+  for (const cuda::DeviceMatrix* m : matrices) {
+    if (m == nullptr || !m->present()) continue;
+    if (!list.Add(m->data, static_cast<uint64_t>(m->rows * m->row_bytes))) break;  // the first ones matter most
+  }
+  if (list.count == 0) return absl::OkStatus();
+  if (absl::Status s = prefetch_fork->Fork(stream.get(), prefetch_stream.get()); !s.ok()) return s;
+  prefetch_pending = true;
+  return Launch(cuda::LaunchL2Prefetch(list, prefetch_stream.get()), "l2 prefetch");
+}
+
+absl::Status CudaBackend::Impl::JoinPrefetches() {
+  if (!prefetch_pending) return absl::OkStatus();
+  prefetch_pending = false;
+  return prefetch_fork->Join(stream.get(), prefetch_stream.get());
+}
 
 absl::Status CudaBackend::Impl::Join() { return side_fork->Join(stream.get(), side.get()); }
 
@@ -105,6 +125,30 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   for (int64_t n : plan.counts) decode &= n == 1;
   if (overlap && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
+  }
+  if (decode && options.fused_gdn_decode && cuda::GdnDecodeFusedSupports(shape)) {
+    // One token per sequence, every stage between the products in one kernel (gdn_decode.cuh).
+    if (overlap) {
+      if (absl::Status s = Join(); !s.ok()) return s;
+    }
+    cuda::GdnDecodeArgs da;
+    da.shape = shape;
+    da.n = T;
+    da.rows = seq_dev();
+    da.row_stride = recurrent_floats;
+    da.qkv = qkv;
+    da.z = zg;
+    da.ba = ba;
+    da.taps = w.conv1d;
+    da.ssm_a = w.ssm_a;
+    da.dt_bias = w.dt_bias;
+    da.norm = w.ssm_norm;
+    da.eps = d.eps;
+    da.history = recurrent + gdn_conv_off[layer];
+    da.state = recurrent + gdn_ssm_off[layer];
+    da.out = go;
+    if (absl::Status s = Launch(cuda::LaunchGdnDecodeFused(da, st), "gdn decode (fused)"); !s.ok()) return s;
+    return Product(w.ssm_out, go, T, y);
   }
   if (decode) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
@@ -310,6 +354,16 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
       }
     }
   }
+  // Small steps: the weights read after the latency-bound middle of the layer go into L2 now.
+  const bool prefetch = T <= cuda::kMatVecMaxRows && options.l2_prefetch > 0;
+  if (prefetch) {
+    const cuda::DeviceMatrix* mixer_out = w.kind == LayerKind::kGdn ? &w.ssm_out : &w.o;
+    if (absl::Status s = PrefetchToL2({mixer_out, &w.router, &w.shared_gate_inp, &w.shared_gate, &w.shared_up,
+                                       &w.shared_down});
+        !s.ok()) {
+      return s;
+    }
+  }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
   if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr); !s.ok()) return s;
@@ -319,6 +373,13 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   } else {
     t.Mark(Stage::kAttention, st);
     if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
+  }
+  // ... and the next layer's mixer inputs, under the MoE stage.
+  if (prefetch && options.l2_prefetch >= 2 && layer + 1 < c->n_layers) {
+    const cuda::GpuLayer& next = dm->layers[layer + 1];
+    const absl::Status s = next.kind == LayerKind::kGdn ? PrefetchToL2({&next.qkv, &next.z, &next.ba})
+                                                        : PrefetchToL2({&next.q, &next.k, &next.v});
+    if (!s.ok()) return s;
   }
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);

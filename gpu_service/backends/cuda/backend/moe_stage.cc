@@ -10,6 +10,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
+#include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
@@ -61,6 +62,9 @@ struct MoeStage::Impl {
   std::optional<ExpertDecodeRunner> routed_runner, shared_runner;
   std::map<ShapeKey, ExpertPrefillRunner> prefill;  // fast mode: per expert shape
   DeviceBuffer logits, act, partial, shared, gate_logit, slot;
+  // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
+  // (T × shared_ffn each) between its three dense GEMMs.
+  DeviceBuffer shared_gemm;
   PinnedBuffer slot_staging;
   // The device planner's outputs (device_plan.cuh), for steps of up to plan_tokens tokens.
   int64_t plan_tokens = 0;
@@ -103,6 +107,11 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   for (Buf& b : bufs) {
     if (!b.made.ok()) return b.made.status();
     *b.buf = *std::move(b.made);
+  }
+  if (options.fast && c.shared_ffn > 0 && T > kMaxUnitRows) {
+    absl::StatusOr<DeviceBuffer> sg = DeviceArray<float>(3 * T * c.shared_ffn);
+    if (!sg.ok()) return sg.status();
+    impl->shared_gemm = *std::move(sg);
   }
   absl::StatusOr<PinnedBuffer> staging = PinnedBuffer::Allocate(static_cast<size_t>(T * K) * sizeof(int32_t));
   if (!staging.ok()) return staging.status();
@@ -234,7 +243,17 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   if (l.shared_gate.present()) {
     const std::vector<ExpertUnit> units =
         DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
-    if (gemm) {
+    if (gemm && m.shared_gemm.get() != nullptr) {
+      // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
+      // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
+      float* g = m.shared_gemm.as<float>();
+      float* u = g + n * c.shared_ffn;
+      float* a = u + n * c.shared_ffn;
+      if (absl::Status s = product(l.shared_gate, x, n, g, stream); !s.ok()) return s;
+      if (absl::Status s = product(l.shared_up, x, n, u, stream); !s.ok()) return s;
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulF32(g, u, n * c.shared_ffn, a, stream));
+      if (absl::Status s = product(l.shared_down, a, n, m.shared.as<float>(), stream); !s.ok()) return s;
+    } else if (gemm) {
       auto it = m.prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
       if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
       if (absl::Status s = it->second.Run(units, x, m.shared.as<float>(), stream); !s.ok()) return s;

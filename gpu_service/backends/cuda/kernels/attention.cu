@@ -1,6 +1,5 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -90,7 +90,6 @@ constexpr size_t SplitSmemBytes() {
   constexpr size_t merge = sizeof(float) * kSplitWarps * kRows * kHd;  // reuses the ring
   return (ring > merge ? ring : merge) + sizeof(float) * kSplitWarps * (kRows * 2 + 40);
 }
-
 
 // Copies kPer floats (8, 16 or 32 bytes) global -> shared, zero-filled when !valid.
 template <int kPer>

@@ -1,9 +1,9 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {

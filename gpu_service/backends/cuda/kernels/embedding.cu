@@ -1,7 +1,7 @@
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {

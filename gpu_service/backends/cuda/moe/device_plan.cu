@@ -1,18 +1,17 @@
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include <cfloat>
 
 #include <cub/block/block_scan.cuh>
 
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kItems = kDevicePlanMaxExperts / kThreads;  // per-expert counts each thread scans
-
 
 // One warp routes token t: lane l holds experts l, l + 32, ... in registers.
 template <int kPer>
@@ -163,6 +162,79 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
   }
 }
 
+// The same plan for a step of at most 32 pairs and kSmallPlanMaxTokens tokens (decode of one to a
+// few sequences) in one warp: no block-wide count array, scans or barriers, so the kernel costs
+// about its memory latencies (the block kernel above took ~15 us for one token). Lane p owns pair
+// p; pairs of one expert find each other with __match_any_sync and rank themselves in pair order
+// (as the host planner does); each expert's slot and unit bases are the sums over the step's
+// experts of lower id, so units come in expert order like the block kernel's.
+constexpr int kSmallPlanMaxTokens = 4;
+
+template <int kPer>
+__global__ void __launch_bounds__(32) PlanSmallKernel(DeviceMoePlanArgs a) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
+  const int lane = threadIdx.x;
+  if (a.logits != nullptr) {
+    for (int t = 0; t < a.n; ++t) RouteToken<kPer>(a.logits, t, a.E, a.K, a.experts_out, a.weights_out);
+    __syncwarp();  // the picks were written by lane 0: visible to the warp after this
+  }
+  const int pairs = a.n * a.K;
+  int e = -1;
+  bool valid = false;
+  if (lane < pairs) {
+    e = a.experts[lane];
+    valid = e >= 0 && e < a.E && a.table[e].gate != nullptr;
+    if (!valid) {
+      a.slot[lane] = -1;
+      *a.error = 1;
+    }
+  }
+  // Invalid lanes get keys no expert has (and no other lane), so they match only themselves.
+  const int key = valid ? e : a.E + lane;
+  const unsigned peers = __match_any_sync(0xFFFFFFFFu, key);
+  const int rank = __popc(peers & ((1u << lane) - 1u));
+  const int count = __popc(peers);
+  const bool leader = valid && rank == 0;
+  int slot_base = 0, unit_base = 0, total_units = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int kj = __shfl_sync(0xFFFFFFFFu, key, j);
+    const int cj = __shfl_sync(0xFFFFFFFFu, count, j);
+    const bool lj = __shfl_sync(0xFFFFFFFFu, leader ? 1 : 0, j) != 0;
+    if (!lj) continue;
+    const int uj = (cj + kMaxUnitRows - 1) / kMaxUnitRows;
+    total_units += uj;
+    if (kj < key) {
+      slot_base += cj;
+      unit_base += uj;
+    }
+  }
+  if (lane == 0) *a.num_units = total_units;
+  if (valid) {
+    const int s = slot_base + rank;
+    a.slot[lane] = s;
+    ExpertUnit& unit = a.units[unit_base + rank / kMaxUnitRows];
+    unit.input_row[rank % kMaxUnitRows] = lane / a.K;
+    if (rank % kMaxUnitRows == 0) {
+      const ExpertLocation where = a.table[e];
+      unit.gate = where.gate;
+      unit.up = where.up;
+      unit.down = where.down;
+      unit.rows = min(kMaxUnitRows, count - rank);
+      unit.first_slot = s;
+    }
+  }
+  if (a.shared.gate != nullptr && lane == 0) {  // n <= kSmallPlanMaxTokens <= kMaxUnitRows: one unit
+    ExpertUnit& unit = a.shared_units[0];
+    unit.gate = a.shared.gate;
+    unit.up = a.shared.up;
+    unit.down = a.shared.down;
+    unit.rows = a.n;
+    unit.first_slot = 0;
+    for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < a.n ? r : 0;
+  }
+}
+
 __global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
@@ -195,6 +267,13 @@ cudaError_t LaunchPlanMoeOnDevice(const DeviceMoePlanArgs& a, cudaStream_t strea
       a.units == nullptr || a.num_units == nullptr || a.slot == nullptr || a.error == nullptr ||
       (a.shared.gate != nullptr && a.shared_units == nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  if (a.n * a.K <= 32 && a.n <= kSmallPlanMaxTokens) {
+    static_assert(kSmallPlanMaxTokens <= kMaxUnitRows, "the small plan writes one shared unit");
+    if (a.E <= 128) return LaunchPdl(PlanSmallKernel<4>, 1, 32, 0, stream, a);
+    if (a.E <= 256) return LaunchPdl(PlanSmallKernel<8>, 1, 32, 0, stream, a);
+    if (a.E <= 512) return LaunchPdl(PlanSmallKernel<16>, 1, 32, 0, stream, a);
+    return LaunchPdl(PlanSmallKernel<kDeviceRouteMaxExperts / 32>, 1, 32, 0, stream, a);
   }
   return LaunchPdl(PlanKernel, 1, kThreads, 0, stream, a);
 }

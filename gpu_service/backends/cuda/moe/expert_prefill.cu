@@ -183,6 +183,15 @@ __global__ void SiluMulKernel(const float* gu, int m, int inner, uint16_t* act) 
   act[i] = ToF16Bits(g * (1.0f / (1.0f + expf(-g))) * u);
 }
 
+// act = SiLU(gate) · up, element by element (f32): the shared expert's middle when its products
+// run as dense GEMMs (moe_stage.cc).
+__global__ void SiluMulF32Kernel(const float* gate, const float* up, int64_t count, float* act) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float g = gate[i];
+  act[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
 }  // namespace
 
 cudaError_t LaunchDequantizeToF16(uint32_t type, const void* w, int cols, int rows, uint16_t* out,
@@ -212,6 +221,14 @@ cudaError_t LaunchGatherRowsF16(const float* x, int cols, const int32_t* index, 
   if (m <= 0) return cudaSuccess;
   const unsigned gx = static_cast<unsigned>(std::min((cols + kThreads - 1) / kThreads, 16));
   GatherF16Kernel<<<dim3(gx, m), kThreads, 0, stream>>>(x, cols, index, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMulF32(const float* gate, const float* up, int64_t count, float* act, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (gate == nullptr || up == nullptr || act == nullptr) return cudaErrorInvalidValue;
+  SiluMulF32Kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(gate, up, count,
+                                                                                                    act);
   return cudaGetLastError();
 }
 

@@ -85,6 +85,8 @@ cudaError_t LaunchGatherRowsF16(const float* x, int cols, const int32_t* index, 
 
 // act (m × inner f16) = SiLU(gu[:, 0:inner]) ⊙ gu[:, inner:2·inner] for gu m × 2·inner f32.
 cudaError_t LaunchSiluMulToF16(const float* gu, int m, int inner, uint16_t* act, cudaStream_t stream);
+// act = SiLU(gate) ⊙ up over count f32 elements (the shared expert between its dense products).
+cudaError_t LaunchSiluMulF32(const float* gate, const float* up, int64_t count, float* act, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

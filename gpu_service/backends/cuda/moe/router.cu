@@ -1,9 +1,10 @@
 // The route kernel: one block of 256 threads per token.
+#include "gpu_service/backends/cuda/moe/router.cuh"
+
 #include <cfloat>
 
-#include "gpu_service/backends/cuda/pdl.cuh"
-#include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
