@@ -394,6 +394,35 @@ TEST(ExpertMatVecTest, GenericKernelChoiceStillMatchesReference) {
   SetExpertKernelChoice(ExpertKernelChoice::kDecode);
 }
 
+// The Q4_K tile kernel (expert_decode_q4k.cuh) with 1..4 steps per warp (the default rule picks 1
+// or 2): the per-step cp.async groups are waited in order, partial last steps (768 rows at 10 rows
+// per step) and units of more rows than one pass (kR = 2) reuse the weights in shared memory; and
+// the previous per-piece Q4_K kernel, still selectable, stays correct.
+TEST(ExpertMatVecTest, Q4KTileStepsAndPieceChoiceMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const TypePair types{WeightType::kQ4_K, WeightType::kQ4_K};
+  for (const auto& [h, I] : std::vector<std::pair<int64_t, int64_t>>{{2048, 512}, {768, 768}}) {
+    const ExpertSet set(rng, types, h, I, 3);
+    const int64_t n = 4;
+    const std::vector<float> x = testing::RandomVector(rng, n * h);
+    const std::vector<int> rows = {1, 5, 2, 8};
+    std::vector<int32_t> experts;
+    int slots = 0;
+    const std::vector<ExpertUnit> units = MakeUnits(rng, set, rows, n, &experts, &slots);
+    for (int steps : {1, 2, 3, 4}) {
+      SetExpertDecodeStepsPerWarp(steps);
+      CheckUnits(set, units, experts, slots, x, kMaxUnitRows, -1,
+                 "tiles, steps " + std::to_string(steps) + " " + Describe(types, h, I, rows, kMaxUnitRows, -1),
+                 {Path::kDecode});
+    }
+    SetExpertDecodeStepsPerWarp(0);
+    SetExpertKernelChoice(ExpertKernelChoice::kDecodePieces);
+    CheckUnits(set, units, experts, slots, x, kMaxUnitRows, 3, "per-piece kernel, count 3");
+    SetExpertKernelChoice(ExpertKernelChoice::kDecode);
+  }
+}
+
 TEST(PlanMoeStepTest, SplitsGpuAndOffloadedPairsIntoDistinctSlots) {
   std::mt19937 rng(std::random_device{}());
   const int64_t n = 21, E = 8, K = 3;

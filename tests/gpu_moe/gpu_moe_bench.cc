@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
@@ -94,9 +95,11 @@ std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
 // Bandwidth counts the bytes of the distinct experts of each step. `kernel` names the kernel that
 // LaunchExpertGateUp / LaunchExpertDown run (set by the caller); combined_only times gate/up + down
 // together and skips the parts and the runner.
+// graph: the combined case only, its 200 steps captured once into a CUDA graph on a created stream
+// and the graph replayed (no host launch cost; PDL edges kept), as the backend runs a decode step.
 void BenchDecode(const char* name, const char* kernel, const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t n,
                  std::mt19937& rng, const float* x, float* act, float* partial, double copy_gbs,
-                 bool combined_only = false) {
+                 bool combined_only = false, bool graph = false) {
   const int iters = 200;
   std::vector<std::vector<ExpertUnit>> plans;
   double bytes = 0;
@@ -119,13 +122,39 @@ void BenchDecode(const char* name, const char* kernel, const Layer& layer, uint3
     BENCH_CHECK(cudaMemcpy(dunits + it * max_units, plans[it].data(), plans[it].size() * sizeof(ExpertUnit),
                            cudaMemcpyHostToDevice));
   }
-  auto run = [&](int it, bool gate_up, bool down) {
+  auto run = [&](int it, bool gate_up, bool down, cudaStream_t stream = nullptr) {
     const int count = static_cast<int>(plans[it].size());
-    if (gate_up) BENCH_CHECK(LaunchExpertGateUp(gu_type, dunits + it * max_units, count, max_rows, kH, kI, x, act, nullptr));
-    if (down) BENCH_CHECK(LaunchExpertDown(d_type, dunits + it * max_units, count, max_rows, kI, kH, act, partial, nullptr));
+    if (gate_up) BENCH_CHECK(LaunchExpertGateUp(gu_type, dunits + it * max_units, count, max_rows, kH, kI, x, act, stream));
+    if (down) BENCH_CHECK(LaunchExpertDown(d_type, dunits + it * max_units, count, max_rows, kI, kH, act, partial, stream));
   };
   Timer timer;
   for (int it = 0; it < 20; ++it) run(it, true, true);  // warm-up
+  if (graph) {
+    cudaStream_t stream;
+    BENCH_CHECK(cudaStreamCreate(&stream));  // blocking: ordered with the timer's legacy-stream events
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int it = 0; it < iters; ++it) run(it, true, true, stream);
+    BENCH_CHECK(cudaStreamEndCapture(stream, &g));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+    std::vector<float> reps;
+    for (int rep = 0; rep < 5; ++rep) {
+      timer.Start();
+      BENCH_CHECK(cudaGraphLaunch(exec, stream));
+      reps.push_back(timer.StopMs());
+    }
+    const double ms = Median(reps) / iters;
+    const double gbs = bytes / iters / (ms * 1e-3) / 1e9;
+    std::printf("decode %-22s %-12s n=%-3lld %-13s %8.2f us/step %8.1f GB/s (%4.0f%% of copy) graph\n", name, kernel,
+                static_cast<long long>(n), "gate_up+down", ms * 1e3, gbs, 100.0 * gbs / copy_gbs);
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(g));
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    BENCH_CHECK(cudaFree(dunits));
+    return;
+  }
   const char* parts[3] = {"gate_up+down", "gate_up", "down"};
   for (int part = 0; part < (combined_only ? 1 : 3); ++part) {
     std::vector<float> reps;
@@ -240,28 +269,36 @@ int Main(bool decode_only) {
     FillRandom(layer.up, gbytes, rng);
     FillRandom(layer.down, dbytes, rng);
     std::printf("layer: %s, %.0f MB of routed experts\n", v.name, (2.0 * gbytes + dbytes) / 1e6);
-    // Before (the generic kernel of matvec_impl.cuh for every type) and after (the routed default:
-    // expert_decode.cuh for the types ExpertDecodeRoutesType names) in the same run.
+    // Before and after in the same run: the generic kernel of matvec_impl.cuh for every type
+    // ("old-generic"), expert_decode.cuh's per-piece kernel for Q4_K ("old-pieces", the default
+    // until 2026-12-01) and the routed default ("new-tiles": expert_decode_q4k.cuh for Q4_K). Each
+    // line set eager (host launches, PDL attribute on) and graph-replayed.
+    struct Choice {
+      const char* label;
+      ExpertKernelChoice choice;
+    } choices[] = {{"old-generic", ExpertKernelChoice::kGeneric},
+                   {"old-pieces", ExpertKernelChoice::kDecodePieces},
+                   {"new-tiles", ExpertKernelChoice::kDecode}};
     for (int64_t n : {1, 8, 32}) {
-      SetExpertKernelChoice(ExpertKernelChoice::kGeneric);
-      BenchDecode(v.name, "old-generic", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+      for (const Choice& c : choices) {
+        SetExpertKernelChoice(c.choice);
+        BenchDecode(v.name, c.label, layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
+        BenchDecode(v.name, c.label, layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
+      }
       SetExpertKernelChoice(ExpertKernelChoice::kDecode);
-      BenchDecode(v.name, "new-routed", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs);
     }
-    // The new kernel's knobs (expert_decode.cuh; the "new-routed" lines use its defaults): steps
-    // per warp and pieces per lane at least (fewer lanes per row), gate/up + down only.
+    // The tile kernel's knob (steps per warp; "new-tiles" uses the default rule) and PDL off.
     if (v.gu == kTypeQ4_K) {
       for (int64_t n : {1, 8, 32}) {
-        for (int min_pieces : {2, 4, 8, 16}) {
-          SetExpertDecodeMinPiecesPerLane(min_pieces);
-          for (int spw : {1, 2, 4, 8}) {
-            SetExpertDecodeStepsPerWarp(spw);
-            const std::string label = "new-s" + std::to_string(spw) + "-p" + std::to_string(min_pieces);
-            BenchDecode(v.name, label.c_str(), layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true);
-          }
+        for (int spw : {1, 2, 4}) {
+          SetExpertDecodeStepsPerWarp(spw);
+          const std::string label = "new-tiles-s" + std::to_string(spw);
+          BenchDecode(v.name, label.c_str(), layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
         }
         SetExpertDecodeStepsPerWarp(0);
-        SetExpertDecodeMinPiecesPerLane(0);
+        SetPdlEnabled(false);
+        BenchDecode(v.name, "new-tiles-nopdl", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
+        SetPdlEnabled(true);
       }
     }
     if (v.gu == kTypeQ4_K && !decode_only) {
@@ -305,7 +342,8 @@ int Main(bool decode_only) {
 }  // namespace tandem::cuda
 
 // --decode-only: the copy ceiling and the decode expert cases, each timed with the old generic
-// kernel and the routed default (expert_decode.cuh for Q4_K), then the new kernel's knob sweep.
+// kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
+// graph-replayed, then the tile kernel's knob sweep.
 int main(int argc, char** argv) {
   bool decode_only = false;
   for (int i = 1; i < argc; ++i) decode_only |= std::string(argv[i]) == "--decode-only";

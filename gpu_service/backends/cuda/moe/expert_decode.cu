@@ -1,4 +1,6 @@
-// The routed-expert decode kernels of expert_decode.cuh.
+// The routed-expert decode kernels of expert_decode.cuh: Q4_K units go to the tile kernel of
+// expert_decode_q4k.cu (unless ExpertKernelChoice::kDecodePieces, or rows longer than it takes);
+// every other type, and those, to the per-piece kernel below.
 //
 // Work split. A row of `cols` inputs is P = cols / 32 pieces of 32 elements. L lanes share a row
 // (L: the largest power of two up to 32 dividing P, halved while a lane would own fewer than
@@ -16,6 +18,8 @@
 #include <atomic>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_q4k.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -166,6 +170,9 @@ __global__ void __launch_bounds__(kThreads) ExpertDecodeKernel(const ExpertUnit*
                                                                float* out, const int* device_num_units) {
   using P = Piece<kType>;
   constexpr int kSlots = SlotsFor<kFused>();
+  // The unit list and its count are the previous kernel's output (pdl.cuh's rule).
+  PdlWaitForPrevious();
+  PdlAllowNext();
   // The unit record is read before the count (both loads in flight at once): units holds
   // num_units records, so the read stays inside it even for a unit that then returns.
   const ExpertUnit* u = units + blockIdx.y;
@@ -294,9 +301,8 @@ cudaError_t LaunchBucket(const ExpertUnit* units, int num_units, int cols, int o
   const int spw = StepsPerWarp(num_units, out_rows, G);
   const int rows_per_block = kWarps * spw * G;
   const unsigned gx = static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block);
-  ExpertDecodeKernel<kType, kR, kFused><<<dim3(gx, static_cast<unsigned>(num_units)), kThreads, 0, stream>>>(
-      units, cols, out_rows, lg, spw, in, out, device_num_units);
-  return cudaGetLastError();
+  return LaunchPdl(ExpertDecodeKernel<kType, kR, kFused>, dim3(gx, static_cast<unsigned>(num_units)), dim3(kThreads),
+                   0, stream, units, cols, out_rows, lg, spw, in, out, device_num_units);
 }
 
 template <uint32_t kType, bool kFused>
@@ -315,6 +321,10 @@ cudaError_t Launch(uint32_t type, const ExpertUnit* units, int num_units, int ma
   if (max_rows < 1 || max_rows > kMaxUnitRows || out_rows < 1 || cols < 1 || !MoeKernelsSupportType(type) ||
       cols % RowLengthMultiple(type) != 0) {
     return cudaErrorInvalidValue;
+  }
+  if (type == kTypeQ4_K && GetExpertKernelChoice() != ExpertKernelChoice::kDecodePieces && Q4KTilesFit(cols)) {
+    return LaunchQ4KTiles(kFused, units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units,
+                          g_steps_per_warp.load(std::memory_order_relaxed));
   }
 #define TANDEM_EXPERT_DECODE_CASE(T) \
   case T: return LaunchTyped<T, kFused>(units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units)

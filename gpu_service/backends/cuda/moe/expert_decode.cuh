@@ -4,7 +4,10 @@
 // LaunchExpertGateUp / LaunchExpertDown (matvec.cuh, same contract) here for the types
 // ExpertDecodeRoutesType names.
 //
-// Geometry (1.16-1.26x faster than the older kernel on Q4_K as measured, PERF_NOTES.md): one warp
+// All kernels here are launched with programmatic dependent launch (../pdl.cuh) and follow its
+// rule: nothing is read before PdlWaitForPrevious (the unit list is the previous kernel's output).
+//
+// Per-piece geometry (1.16-1.26x faster than the older kernel on Q4_K as measured, PERF_NOTES.md): one warp
 // per (unit, step of G output rows), a row split over L lanes (L a power of two dividing the
 // row's 32-element pieces, so that every lane owns a few pieces of its row); each lane first
 // issues the raw loads of all its pieces of the step (gate and up together in the fused kernel)
@@ -39,11 +42,13 @@ cudaError_t LaunchExpertDecodeDown(uint32_t type, const ExpertUnit* units, int n
                                    const int* device_num_units);
 
 // Which kernel LaunchExpertGateUp / LaunchExpertDown run. kDecode (the default): this file's
-// kernel for the types it was measured faster on (ExpertDecodeRoutesType), the older kernel of
-// matvec_impl.cuh for the others; kGeneric: the older kernel for every type, kept selectable so
-// that the benchmark can time both in one run. Process-wide, not thread-safe against concurrent
-// launches (a benchmark knob).
-enum class ExpertKernelChoice { kDecode, kGeneric };
+// kernels for the types ExpertDecodeRoutesType names (Q4_K: the tile kernel of
+// expert_decode_q4k.cuh where the row length fits it), the older kernel of matvec_impl.cuh for the
+// others; kDecodePieces: the same, but Q4_K through this file's per-piece kernel (the default until
+// 2026-12-01), also under LaunchExpertDecode*; kGeneric: the older kernel for every type. The other
+// choices stay selectable so that the benchmark can time all in one run. Process-wide, not
+// thread-safe against concurrent launches (a benchmark knob).
+enum class ExpertKernelChoice { kDecode, kGeneric, kDecodePieces };
 void SetExpertKernelChoice(ExpertKernelChoice choice);
 ExpertKernelChoice GetExpertKernelChoice();
 
@@ -53,8 +58,9 @@ ExpertKernelChoice GetExpertKernelChoice();
 // (PERF_NOTES.md), and the other types are unmeasured.
 bool ExpertDecodeRoutesType(uint32_t type);
 
-// Steps (groups of G output rows) each warp walks; 0 (the default) picks 1 for a launch of about
-// one wave, else 2. A benchmark knob, process-wide.
+// Steps (groups of output rows) each warp walks, for the per-piece and the Q4_K tile kernels; 0
+// (the default) picks, for the per-piece kernel, 1 for a launch of about one wave, else 2; for the
+// tile kernel 1. A benchmark knob, process-wide.
 void SetExpertDecodeStepsPerWarp(int steps);
 
 // Pieces (32 elements) each lane owns of its row at least, where the row allows: fewer lanes per

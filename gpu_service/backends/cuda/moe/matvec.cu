@@ -62,7 +62,7 @@ cudaError_t LaunchDenseMatVec(uint32_t type, const void* w, int cols, int rows, 
 
 cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int h, int inner,
                                const float* x, float* act, cudaStream_t stream, const int* device_num_units) {
-  if (GetExpertKernelChoice() == ExpertKernelChoice::kDecode && ExpertDecodeRoutesType(type)) {
+  if (GetExpertKernelChoice() != ExpertKernelChoice::kGeneric && ExpertDecodeRoutesType(type)) {
     return LaunchExpertDecodeGateUp(type, units, num_units, max_rows, h, inner, x, act, stream, device_num_units);
   }
   if (num_units <= 0) return cudaSuccess;
@@ -76,7 +76,7 @@ cudaError_t LaunchExpertGateUp(uint32_t type, const ExpertUnit* units, int num_u
 
 cudaError_t LaunchExpertDown(uint32_t type, const ExpertUnit* units, int num_units, int max_rows, int inner, int h,
                              const float* act, float* partial, cudaStream_t stream, const int* device_num_units) {
-  if (GetExpertKernelChoice() == ExpertKernelChoice::kDecode && ExpertDecodeRoutesType(type)) {
+  if (GetExpertKernelChoice() != ExpertKernelChoice::kGeneric && ExpertDecodeRoutesType(type)) {
     return LaunchExpertDecodeDown(type, units, num_units, max_rows, inner, h, act, partial, stream, device_num_units);
   }
   if (num_units <= 0) return cudaSuccess;

@@ -1,0 +1,319 @@
+// The Q4_K tile kernel of expert_decode_q4k.cuh (geometry and decode described there).
+//
+// Block: kWarps warps of one unit (blockIdx.y) and a tile of kWarps × steps × rows-per-step output
+// rows (blockIdx.x). Shared memory: [weights: warp, step, matrix, row bytes][activations: kR rows,
+// padded super-blocks][Σx: kR rows × nsb × 8 sub-blocks]. A unit with more than kR rows is done in
+// passes of kR rows over the same weights in shared memory (weights cross DRAM once).
+#include "gpu_service/backends/cuda/moe/expert_decode_q4k.cuh"
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kSbBytes = 144;       // Q4_K super-block: f16 d, f16 dmin, 12 scale bytes, 128 qs bytes
+constexpr int kXSbStride = 260;     // floats per 256 activations in shared memory (4 of padding)
+constexpr int kMaxSteps = 4;        // cp.async groups a warp may have outstanding
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until at most `pending` (0 .. kMaxSteps - 1) of this thread's groups are in flight.
+__device__ __forceinline__ void CpAsyncWaitRuntime(int pending) {
+  switch (pending) {
+    case 0: CpAsyncWait<0>(); break;
+    case 1: CpAsyncWait<1>(); break;
+    case 2: CpAsyncWait<2>(); break;
+    default: CpAsyncWait<3>(); break;
+  }
+}
+
+__device__ __forceinline__ float SiluQ4K(float g) { return g * (1.0f / (1.0f + expf(-g))); }
+
+// Byte b of `word` (< 256) as an exact float: 2^23 + byte by a permute, minus 2^23.
+__device__ __forceinline__ float ByteAsFloat(uint32_t word, int b) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540 + b)) - 8388608.0f;
+}
+
+// Byte b of `shifted` holds a nibble q in its bits 3..6: returns 0.5 + q / 32 (the byte lands in
+// bits 16..23 of 0x3F000000, so q fills mantissa bits 19..22 and the exponent stays 2^-1).
+__device__ __forceinline__ float NibbleValue(uint32_t shifted, int b) {
+  return __uint_as_float(__byte_perm(shifted, 0x3F000000u, 0x7044 | (b << 8)));
+}
+
+// Accumulates one super-block of kMats matrices (the lane's rows) against kR activation rows:
+// acc[m][r] += Σ_i w_m[i]·x_r[i] over its 256 elements. wsb[m]: the super-block in shared memory;
+// xsb: activation row 0's 256 elements (row r at + r·xstride); sx: its 8 sub-block sums (row r
+// at + r·sxstride). Rows r >= nr are skipped (nr uniform over the warp).
+template <int kR, int kMats>
+__device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats], const float* xsb, int xstride,
+                                              const float* sx, int sxstride, int nr, float (&acc)[kMats][kR]) {
+  // Per matrix: d·32, d·16, dmin and the 8 scale and 8 min bytes of ggml's get_scale_min_k4 packed
+  // four to a word (sub-blocks 0..3 and 4..7).
+  float d32[kMats], d16[kMats], dmin[kMats];
+  uint32_t sc_lo[kMats], m_lo[kMats], sc_hi[kMats], m_hi[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    const uint4 head = *reinterpret_cast<const uint4*>(wsb[m]);
+    const float d = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF));
+    d32[m] = 32.0f * d;
+    d16[m] = 16.0f * d;
+    dmin[m] = HalfBits(static_cast<uint16_t>(head.x >> 16));
+    sc_lo[m] = head.y & 0x3F3F3F3Fu;
+    m_lo[m] = head.z & 0x3F3F3F3Fu;
+    sc_hi[m] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+    m_hi[m] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+  }
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    // qs bytes 32g .. 32g + 31: low nibbles are elements 64g + i (sub-block 2g), high nibbles
+    // elements 64g + 32 + i (sub-block 2g + 1).
+    uint32_t q[kMats][8];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const uint4 a = *reinterpret_cast<const uint4*>(wsb[m] + 16 + 32 * g);
+      const uint4 b = *reinterpret_cast<const uint4*>(wsb[m] + 32 + 32 * g);
+      q[m][0] = a.x; q[m][1] = a.y; q[m][2] = a.z; q[m][3] = a.w;
+      q[m][4] = b.x; q[m][5] = b.y; q[m][6] = b.z; q[m][7] = b.w;
+    }
+    float s_lo[kMats][kR], s_hi[kMats][kR];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) s_lo[m][r] = s_hi[m][r] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float vl[kMats][4], vh[kMats][4];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const uint32_t lo3 = (q[m][k] << 3) & 0x78787878u;
+        const uint32_t hi3 = (q[m][k] >> 1) & 0x78787878u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          vl[m][b] = NibbleValue(lo3, b);
+          vh[m][b] = NibbleValue(hi3, b);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r < nr) {
+          const float4 xl = *reinterpret_cast<const float4*>(xsb + r * xstride + 64 * g + 4 * k);
+          const float4 xh = *reinterpret_cast<const float4*>(xsb + r * xstride + 64 * g + 32 + 4 * k);
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) {
+            s_lo[m][r] = fmaf(vl[m][0], xl.x, s_lo[m][r]);
+            s_lo[m][r] = fmaf(vl[m][1], xl.y, s_lo[m][r]);
+            s_lo[m][r] = fmaf(vl[m][2], xl.z, s_lo[m][r]);
+            s_lo[m][r] = fmaf(vl[m][3], xl.w, s_lo[m][r]);
+            s_hi[m][r] = fmaf(vh[m][0], xh.x, s_hi[m][r]);
+            s_hi[m][r] = fmaf(vh[m][1], xh.y, s_hi[m][r]);
+            s_hi[m][r] = fmaf(vh[m][2], xh.z, s_hi[m][r]);
+            s_hi[m][r] = fmaf(vh[m][3], xh.w, s_hi[m][r]);
+          }
+        }
+      }
+    }
+    // Sub-block j: Σ w·x = d·sc·Σ q·x − dmin·m·Σx = 32·d·sc·Σ v·x − (16·d·sc + dmin·m)·Σx.
+    const int j0 = 2 * g, j1 = 2 * g + 1;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const float sc0 = ByteAsFloat(j0 < 4 ? sc_lo[m] : sc_hi[m], j0 & 3);
+      const float mn0 = ByteAsFloat(j0 < 4 ? m_lo[m] : m_hi[m], j0 & 3);
+      const float sc1 = ByteAsFloat(j1 < 4 ? sc_lo[m] : sc_hi[m], j1 & 3);
+      const float mn1 = ByteAsFloat(j1 < 4 ? m_lo[m] : m_hi[m], j1 & 3);
+      const float c1_lo = d32[m] * sc0, c2_lo = fmaf(d16[m], sc0, dmin[m] * mn0);
+      const float c1_hi = d32[m] * sc1, c2_hi = fmaf(d16[m], sc1, dmin[m] * mn1);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r < nr) {
+          const float2 sums = *reinterpret_cast<const float2*>(sx + r * sxstride + j0);
+          float a = acc[m][r];
+          a = fmaf(c1_lo, s_lo[m][r], a);
+          a = fmaf(-c2_lo, sums.x, a);
+          a = fmaf(c1_hi, s_hi[m][r], a);
+          a = fmaf(-c2_hi, sums.y, a);
+          acc[m][r] = a;
+        }
+      }
+    }
+  }
+}
+
+template <int kR, bool kFused>
+__global__ void __launch_bounds__(kThreads) Q4KTileKernel(const ExpertUnit* units, int cols, int out_rows, int steps,
+                                                          const float* in, float* out, const int* device_num_units) {
+  constexpr int kMats = kFused ? 2 : 1;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int nsb = cols >> 8;
+  const int row_bytes = nsb * kSbBytes;
+  const int rps = 32 / nsb;  // rows per warp step
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rho = lane / nsb, sb = lane - rho * nsb;  // the lane's row in a step, its super-block
+  const int mat_bytes = rps * row_bytes;               // one step of one matrix
+  uint8_t* wsm = smem + warp * steps * kMats * mat_bytes;
+  float* xs = reinterpret_cast<float*>(smem + kWarps * steps * kMats * mat_bytes);
+  const int xstride = nsb * kXSbStride;
+  float* sxs = xs + kR * xstride;
+  const int sxstride = nsb * 8;
+  const int row0 = (blockIdx.x * kWarps + warp) * steps * rps;
+
+  // Everything below reads step data (the unit list and its count come from the previous kernel).
+  PdlWaitForPrevious();
+  PdlAllowNext();
+  const ExpertUnit* u = units + blockIdx.y;
+  const int rows = min(u->rows, kMaxUnitRows);
+  const int first = u->first_slot;
+  const uint8_t* w0 = static_cast<const uint8_t*>(kFused ? u->gate : u->down);
+  const uint8_t* w1 = kFused ? static_cast<const uint8_t*>(u->up) : nullptr;
+  if (device_num_units != nullptr && static_cast<int>(blockIdx.y) >= *device_num_units) return;
+
+  // Every raw byte of the warp's rows, one cp.async group per step (both matrices).
+  for (int t = 0; t < steps; ++t) {
+    const int r0 = row0 + t * rps;
+    const int nrows = min(rps, out_rows - r0);
+    const int chunks = nrows > 0 ? nrows * row_bytes / 16 : 0;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const uint8_t* src = (m == 0 ? w0 : w1) + static_cast<int64_t>(r0) * row_bytes;
+      uint8_t* dst = wsm + (t * kMats + m) * mat_bytes;
+      for (int c = lane; c < chunks; c += 32) CpAsync16(dst + 16 * c, src + 16 * c);
+    }
+    CpAsyncCommit();
+  }
+
+  const int quads = cols >> 2;
+  for (int p0 = 0; p0 < rows; p0 += kR) {
+    const int nr = min(kR, rows - p0);
+    if (p0 > 0) __syncthreads();  // the previous pass has finished reading xs / sxs
+    for (int r = 0; r < nr; ++r) {
+      const int src = kFused ? u->input_row[p0 + r] : first + p0 + r;
+      const float4* xr = reinterpret_cast<const float4*>(in + static_cast<int64_t>(src) * cols);
+      for (int qd = threadIdx.x; qd < quads; qd += kThreads) {
+        const int e = 4 * qd;
+        *reinterpret_cast<float4*>(xs + r * xstride + (e >> 8) * kXSbStride + (e & 255)) = xr[qd];
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nr * sxstride; i += kThreads) {
+      const int r = i / sxstride, k = i - r * sxstride;  // k = super-block · 8 + sub-block
+      const float4* p = reinterpret_cast<const float4*>(xs + r * xstride + (k >> 3) * kXSbStride + (k & 7) * 32);
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float4 v = p[c];
+        s += (v.x + v.y) + (v.z + v.w);
+      }
+      sxs[i] = s;
+    }
+    __syncthreads();
+    for (int t = 0; t < steps; ++t) {
+      if (row0 + t * rps >= out_rows) break;  // warp-uniform: no rows left (nothing was copied)
+      if (p0 == 0) {
+        CpAsyncWaitRuntime(steps - 1 - t);
+        __syncwarp();  // the other lanes' copies of this step are visible
+      }
+      const int row = row0 + t * rps + rho;
+      const bool valid = rho < rps && row < out_rows;
+      float acc[kMats][kR];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) acc[m][r] = 0.0f;
+      }
+      if (valid) {
+        const uint8_t* wsb[kMats];
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) wsb[m] = wsm + (t * kMats + m) * mat_bytes + rho * row_bytes + sb * kSbBytes;
+        DotSuperBlock<kR, kMats>(wsb, xs + sb * kXSbStride, xstride, sxs + sb * 8, sxstride, nr, acc);
+      }
+      // Sum over the nsb lanes of a row (consecutive lanes; nsb need not be a power of two): lane
+      // sb = 0 of the row ends with the total.
+      for (int off = 1; off < nsb; off <<= 1) {
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            const float o = __shfl_down_sync(0xFFFFFFFFu, acc[m][r], off);
+            if (sb + off < nsb) acc[m][r] += o;
+          }
+        }
+      }
+      if (valid && sb == 0) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          if (r < nr) {
+            const float v = kFused ? SiluQ4K(acc[0][r]) * acc[kMats - 1][r] : acc[0][r];
+            out[static_cast<int64_t>(first + p0 + r) * out_rows + row] = v;
+          }
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();  // nothing may be left in flight at exit (a unit without rows skips the loop)
+}
+
+template <int kR, bool kFused>
+cudaError_t LaunchTiles(const ExpertUnit* units, int num_units, int cols, int out_rows, const float* in, float* out,
+                        cudaStream_t stream, const int* device_num_units, int steps) {
+  constexpr int kMats = kFused ? 2 : 1;
+  const int nsb = cols / 256;
+  const int rps = 32 / nsb;
+  // Default: one step per warp. More steps share each block's activation staging over more rows
+  // but hold more shared memory per block (fewer blocks per SM); unmeasured when chosen, the
+  // benchmark sweeps 1, 2 and 4.
+  if (steps <= 0) steps = 1;
+  steps = steps > kMaxSteps ? kMaxSteps : steps;
+  const size_t smem = static_cast<size_t>(kWarps) * steps * kMats * rps * nsb * kSbBytes +
+                      static_cast<size_t>(kR) * nsb * (kXSbStride + 8) * sizeof(float);
+  auto kernel = Q4KTileKernel<kR, kFused>;
+  // The dynamic shared-memory limit only grows; raised once per size seen (not a stream operation,
+  // so allowed under graph capture).
+  static std::atomic<size_t> raised{48 * 1024};
+  if (smem > raised.load(std::memory_order_relaxed)) {
+    if (const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        err != cudaSuccess) {
+      return err;
+    }
+    raised.store(smem, std::memory_order_relaxed);
+  }
+  const int rows_per_block = kWarps * steps * rps;
+  const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(num_units));
+  return LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, units, cols, out_rows, steps, in, out,
+                   device_num_units);
+}
+
+}  // namespace
+
+bool Q4KTilesFit(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256 <= 32; }
+
+cudaError_t LaunchQ4KTiles(bool fused, const ExpertUnit* units, int num_units, int max_rows, int cols, int out_rows,
+                           const float* in, float* out, cudaStream_t stream, const int* device_num_units,
+                           int steps_per_warp) {
+  if (num_units <= 0) return cudaSuccess;
+  if (max_rows < 1 || max_rows > kMaxUnitRows || out_rows < 1 || !Q4KTilesFit(cols)) return cudaErrorInvalidValue;
+  // One activation row per pass for one-row launches (the batch-1 shape), else two: most units of
+  // a multi-token step still carry one or two rows.
+  if (max_rows == 1) {
+    return fused ? LaunchTiles<1, true>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp)
+                 : LaunchTiles<1, false>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp);
+  }
+  return fused ? LaunchTiles<2, true>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp)
+               : LaunchTiles<2, false>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp);
+}
+
+}  // namespace tandem::cuda
