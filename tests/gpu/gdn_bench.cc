@@ -1,12 +1,12 @@
 // Micro-benchmark of the gated delta rule on Qwen3-Next-80B shapes (nk 16, nv 32, dk = dv = 128),
 // one layer: the recurrent kernel (LaunchGdnRecurrent) against the chunked one (LaunchGdnChunked)
 // in exact (f32) and fast (tf32) mode, at 512, 4096 and 8192 tokens, with scratch for all tokens
-// and for 2048 (several passes, as the backend sizes it). Fast mode twice: the mma.sync scan
-// (LaunchGdnChunked) and the previous WMMA scan (LaunchGdnChunkedWmmaScan). Timing: CUDA events
-// around `reps` calls after warm-up, median of 5 rounds; for the full-scratch fast runs also each
-// kernel alone (the call captured into a graph, each kernel node replayed by itself). Also prints
-// the relative L2 difference of each chunked run's outputs and final state from the recurrent
-// kernel's, from the same random start state.
+// and for 2048 (several passes, as the backend sizes it). Each mode twice: the current prepare
+// kernels (LaunchGdnChunked) and the previous ones (LaunchGdnChunkedOldPrep). Timing: CUDA events
+// around `reps` calls after warm-up, median of 5 rounds; for the full-scratch runs at 4096 tokens
+// and more (f32: 8192) also each kernel alone (the call captured into a graph, each kernel node
+// replayed by itself). Also prints the relative L2 difference of each chunked run's outputs and
+// final state from the recurrent kernel's, from the same random start state.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -156,11 +156,12 @@ int Main() {
       int64_t bytes;
     };
     constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
-    for (const Variant& v : {Variant{"chunked f32", LaunchGdnChunked, kF32, scratch_bytes},
-                             Variant{"tf32 OLD wmma scan", LaunchGdnChunkedWmmaScan, kTf32, scratch_bytes},
-                             Variant{"tf32 NEW mma scan", LaunchGdnChunked, kTf32, scratch_bytes},
-                             Variant{"f32 2048/pass", LaunchGdnChunked, kF32, small_scratch_bytes},
-                             Variant{"tf32 OLD 2048/pass", LaunchGdnChunkedWmmaScan, kTf32, small_scratch_bytes},
+    for (const Variant& v : {Variant{"f32 OLD prep", LaunchGdnChunkedOldPrep, kF32, scratch_bytes},
+                             Variant{"f32 NEW prep", LaunchGdnChunked, kF32, scratch_bytes},
+                             Variant{"tf32 OLD prep", LaunchGdnChunkedOldPrep, kTf32, scratch_bytes},
+                             Variant{"tf32 NEW prep", LaunchGdnChunked, kTf32, scratch_bytes},
+                             Variant{"f32 NEW 2048/pass", LaunchGdnChunked, kF32, small_scratch_bytes},
+                             Variant{"tf32 OLD 2048/pass", LaunchGdnChunkedOldPrep, kTf32, small_scratch_bytes},
                              Variant{"tf32 NEW 2048/pass", LaunchGdnChunked, kTf32, small_scratch_bytes}}) {
       if (v.bytes == small_scratch_bytes && n <= 2048) continue;
       reset_state();
@@ -171,7 +172,7 @@ int Main() {
       const double ms = TimeMs([&] { chunked(v.launch, n, v.p, v.bytes, nullptr); }, 20);
       std::printf("n %5lld  %-22s %9.3f ms  (%.1fx)  rel_l2 vs recurrent: out %.2e state %.2e\n",
                   static_cast<long long>(n), v.name, ms, rec_ms / ms, err_o, err_s);
-      if (v.p == kTf32 && v.bytes == scratch_bytes && n >= 4096) {
+      if (v.bytes == scratch_bytes && (n == 8192 || (n >= 4096 && v.p == kTf32))) {
         PrintKernelTimes(v.name, capture_stream,
                          [&](cudaStream_t st) { chunked(v.launch, n, v.p, v.bytes, st); });
       }

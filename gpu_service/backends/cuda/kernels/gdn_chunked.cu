@@ -7,15 +7,18 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_prep.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_scan.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 // ---- The chunked delta rule (prefill) ----------------------------------------------------------
-// Two kernels per pass. GdnChunkPrepareKernel, one block per (chunk, value head), fully parallel:
-// the cumulative log decay G (double), A = strictly lower β_t·e^(G_t−G_i)·⟨k_t, k_i⟩, the UT
-// transform T = (I + A)⁻¹ by forward substitution, and the state-free parts of the WY form:
+// Two kernels per pass. GdnChunkPrepareKernel (exact mode; fast mode runs
+// gdn_mma_prep::GdnChunkPrepareMmaKernel, gdn_chunked_mma_prep.cuh, with the same results), one
+// block per (chunk, value head), fully parallel: the cumulative log decay G (double), A = strictly
+// lower β_t·e^(G_t−G_i)·⟨k_t, k_i⟩, the UT transform T = (I + A)⁻¹ (in 16 × 16 blocks,
+// gdn_mma_prep::SolveUtBlocked), and the state-free parts of the WY form:
 // W' = −T·(β·e^G ⊙ K), U = T·(β ⊙ V), the masked q·k products e^(G_t−G_i)⟨q_t, k_i⟩ (i ≤ t) and
 // the decay vectors e^(G_t), e^(G_last−G_t). Every exponent is a difference G_t − G_i with i ≤ t
 // (or G_t itself), so each factor is ≤ 1: no overflow however strong the decay. Padded rows
@@ -23,10 +26,9 @@ namespace {
 // GdnChunkScanKernel, one block per (value head, 32 state columns) (columns of S evolve
 // independently), walks the chunks in order with its state tile in shared memory:
 //   Δ = U + W'·S;  O = (e^G ⊙ Q)·S + Aqk·Δ;  S ← e^(G_last)·S + (e^(G_last−G) ⊙ K)ᵀ·Δ.
-// All products are block-wide GEMMs on shared memory, f32 on the CUDA cores (exact mode) or tf32
-// WMMA with f32 accumulation (LaunchGdnChunkedWmmaScan only). Fast mode runs the same step in
-// gdn_mma_scan::GdnChunkScanMmaKernel (gdn_chunked_mma_scan.cuh): mma.sync with the operands of the
-// next chunks prefetched, the state in registers.
+// All products are block-wide GEMMs on shared memory, f32 on the CUDA cores (exact mode). Fast mode
+// runs the same step in gdn_mma_scan::GdnChunkScanMmaKernel (gdn_chunked_mma_scan.cuh): mma.sync
+// with the operands of the next chunks prefetched, the state in registers.
 constexpr int kChunkThreads = 256;
 constexpr int kChunkLdT = kGdnChunk + 4;  // row stride of 64 × 64 tiles (the +4 breaks bank conflicts)
 constexpr int kScanCols = 32;             // state columns per scan block
@@ -167,8 +169,9 @@ constexpr size_t ChunkScanSmemBytes() {
   return (3 * kGdnChunk * (kD + 4) + kGdnChunk * kChunkLdT + (2 * kGdnChunk + kD) * kScanLd) * sizeof(float);
 }
 
-// Grid (chunks, nv). n counts the pass's tokens; outputs are indexed [chunk·nv + vh].
-template <GdnChunkPrecision P, int kD>
+// Grid (chunks, nv). n counts the pass's tokens; outputs are indexed [chunk·nv + vh]. kBlockedSolve:
+// T by gdn_mma_prep::SolveUtBlocked; otherwise row by row (LaunchGdnChunkedOldPrep only).
+template <GdnChunkPrecision P, int kD, bool kBlockedSolve>
 __global__ void __launch_bounds__(kChunkThreads)
 GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restrict__ g,
                       const float* __restrict__ beta, int64_t n, int c_dim, int nk, int nv,
@@ -250,9 +253,20 @@ GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restric
     if (t < c) v = Scale4(Load4(conv_out + (first + t) * c_dim + 2 * nk * kD + vh * kD + i), bs[t]);
     Store4(qv + t * LD + i, v);
   }
-  // T = (I + A)⁻¹ column by column: T[t][j] = −Σ_{j≤i<t} A[t][i]·T[i][j]. Column j belongs to 4
-  // lanes of one warp (8 columns per warp), which split each sum and combine it by shuffles.
-  {
+  if constexpr (kBlockedSolve) {
+    // T in 16 × 16 blocks inside `as`, then spread into ts as a plain lower triangular matrix.
+    static_assert(kChunkLdT == gdn_mma_prep::kSolveLd, "one row stride");
+    gdn_mma_prep::SolveUtBlocked(as, tid);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < C * C / kChunkThreads; ++r) {
+      const int idx = tid + r * kChunkThreads;
+      const int t = idx / C, i = idx % C, tb = t / 16, ib = i / 16;
+      ts[t * LT + i] = tb < ib ? 0.0f : as[(16 * ib + t % 16) * LT + 16 * tb + i % 16];
+    }
+  } else {
+    // T = (I + A)⁻¹ column by column: T[t][j] = −Σ_{j≤i<t} A[t][i]·T[i][j]. Column j belongs to 4
+    // lanes of one warp (8 columns per warp), which split each sum and combine it by shuffles.
     static_assert(kChunkThreads / 32 * 8 == C, "one warp per 8 columns");
     const int lane = tid & 31, j = (tid >> 5) * 8 + (lane >> 2), part = lane & 3;
     for (int t = 1; t < C; ++t) {
@@ -372,22 +386,34 @@ bool ChunkedShapeOk(const GdnShape& d) {
   return d.nk > 0 && d.nv > 0 && d.nv % d.nk == 0 && d.dk == d.dv && (d.dk == 64 || d.dk == 128);
 }
 
-// Which scan kernel a pass runs: the shared-memory GEMM one (f32, or tf32 through WMMA) or, in
-// fast mode, the mma.sync one with prefetching.
-enum class ScanKind { kBlockGemm, kMma };
+// Which prepare kernel a pass runs: kCurrent (fast mode the mma.sync one, exact mode the f32 one
+// with the blocked solve) or kOld (the f32 / WMMA one with the row-by-row solve, both modes:
+// LaunchGdnChunkedOldPrep, for gdn_bench only).
+enum class PrepKind { kCurrent, kOld };
 
-template <GdnChunkPrecision P, int kD, ScanKind kScan>
+template <GdnChunkPrecision P, int kD, PrepKind kPrep>
+constexpr auto PrepareKernel() {
+  if constexpr (P == GdnChunkPrecision::kTf32 && kPrep == PrepKind::kCurrent) {
+    return gdn_mma_prep::GdnChunkPrepareMmaKernel<kD>;
+  } else {
+    return GdnChunkPrepareKernel<P, kD, kPrep == PrepKind::kCurrent>;
+  }
+}
+
+template <GdnChunkPrecision P, int kD, PrepKind kPrep>
 cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                        const GdnShape& d, float* scratch, int64_t chunks_per_pass, float* state,
                        float* o, cudaStream_t stream) {
-  static_assert(kScan == ScanKind::kBlockGemm || P == GdnChunkPrecision::kTf32, "the mma scan is tf32");
-  constexpr bool kMma = kScan == ScanKind::kMma;
-  constexpr size_t prep_bytes = ChunkPrepareSmemBytes<kD>();
-  constexpr size_t scan_bytes = kMma ? gdn_mma_scan::Layout<kD>::kBytes : ChunkScanSmemBytes<kD>();
-  constexpr int scan_threads = kMma ? gdn_mma_scan::kThreads : kChunkThreads;
-  constexpr int scan_cols = kMma ? gdn_mma_scan::kCols : kScanCols;
-  auto* prep = GdnChunkPrepareKernel<P, kD>;
-  auto* scan = kMma ? gdn_mma_scan::GdnChunkScanMmaKernel<kD> : GdnChunkScanKernel<P, kD>;
+  // Fast mode: the mma.sync scan (and, unless kOld, the mma.sync prepare); exact mode: f32 GEMMs.
+  constexpr bool kFast = P == GdnChunkPrecision::kTf32;
+  constexpr bool kMmaPrep = kFast && kPrep == PrepKind::kCurrent;
+  constexpr size_t prep_bytes = kMmaPrep ? gdn_mma_prep::Layout<kD>::kBytes : ChunkPrepareSmemBytes<kD>();
+  constexpr size_t scan_bytes = kFast ? gdn_mma_scan::Layout<kD>::kBytes : ChunkScanSmemBytes<kD>();
+  constexpr int prep_threads = kMmaPrep ? gdn_mma_prep::kThreads : kChunkThreads;
+  constexpr int scan_threads = kFast ? gdn_mma_scan::kThreads : kChunkThreads;
+  constexpr int scan_cols = kFast ? gdn_mma_scan::kCols : kScanCols;
+  auto* prep = PrepareKernel<P, kD, kPrep>();
+  auto* scan = kFast ? gdn_mma_scan::GdnChunkScanMmaKernel<kD> : GdnChunkScanKernel<GdnChunkPrecision::kF32, kD>;
   if (cudaError_t e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, prep_bytes);
       e != cudaSuccess) {
     return e;
@@ -406,8 +432,11 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
     float* aqk = u + chunks * d.nv * kGdnChunk * d.dv;
     float* decay = aqk + chunks * d.nv * kGdnChunk * kGdnChunk;
     const float* x = conv_out + t0 * c_dim;
-    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(d.nv)), kChunkThreads, prep_bytes, stream>>>(
-        x, g + t0 * d.nv, beta + t0 * d.nv, np, c_dim, d.nk, d.nv, w, u, aqk, decay);
+    // The mma prepare kernel's grid is (nv, chunks): value heads sharing q and k run side by side.
+    const dim3 prep_grid = kMmaPrep ? dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(chunks))
+                                    : dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(d.nv));
+    prep<<<prep_grid, prep_threads, prep_bytes, stream>>>(x, g + t0 * d.nv, beta + t0 * d.nv, np, c_dim, d.nk, d.nv,
+                                                          w, u, aqk, decay);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     scan<<<dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / scan_cols)), scan_threads, scan_bytes,
            stream>>>(x, np, c_dim, d.nk, d.nv, w, u, aqk, decay, state, o + t0 * d.nv * d.dv);
@@ -416,16 +445,18 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
   return cudaSuccess;
 }
 
-// The launcher's checks, then the passes, with the scan kernel kFastScan in fast mode.
-template <ScanKind kFastScan>
+// The launcher's checks, then the passes, with the prepare kernels kPrep.
+template <PrepKind kPrep>
 cudaError_t LaunchChunked(const float* conv_out, const float* g, const float* beta, int64_t n, const GdnShape& d,
                           GdnChunkPrecision precision, void* scratch, int64_t scratch_bytes, float* state, float* o,
                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!ChunkedShapeOk(d)) return cudaErrorInvalidValue;
   const int64_t chunk_bytes = ChunkScratchFloats(d) * static_cast<int64_t>(sizeof(float));
-  const int64_t chunks_per_pass = scratch == nullptr ? 0 : scratch_bytes / chunk_bytes;
-  if (chunks_per_pass < 1 || reinterpret_cast<uintptr_t>(scratch) % 256 != 0) return cudaErrorInvalidValue;
+  const int64_t scratch_chunks = scratch == nullptr ? 0 : scratch_bytes / chunk_bytes;
+  if (scratch_chunks < 1 || reinterpret_cast<uintptr_t>(scratch) % 256 != 0) return cudaErrorInvalidValue;
+  // The mma prepare kernel's grid has the chunks in y (at most 65535): longer passes are split.
+  const int64_t chunks_per_pass = std::min<int64_t>(scratch_chunks, 65535);
   // The kernels read q, k, v and state rows as float4.
   if (reinterpret_cast<uintptr_t>(conv_out) % 16 != 0 || reinterpret_cast<uintptr_t>(state) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(o) % 16 != 0) {
@@ -433,14 +464,13 @@ cudaError_t LaunchChunked(const float* conv_out, const float* g, const float* be
   }
   float* s = static_cast<float*>(scratch);
   constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
-  constexpr ScanKind kExactScan = ScanKind::kBlockGemm;
   const bool exact = precision == kF32;
   if (d.dk == 128) {
-    return exact ? RunChunked<kF32, 128, kExactScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-                 : RunChunked<kTf32, 128, kFastScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+    return exact ? RunChunked<kF32, 128, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+                 : RunChunked<kTf32, 128, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
   }
-  return exact ? RunChunked<kF32, 64, kExactScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-               : RunChunked<kTf32, 64, kFastScan>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+  return exact ? RunChunked<kF32, 64, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+               : RunChunked<kTf32, 64, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
 }
 
 }  // namespace
@@ -454,14 +484,14 @@ int64_t GdnChunkedScratchBytes(const GdnShape& d, int64_t max_tokens) {
 cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                              const GdnShape& d, GdnChunkPrecision precision, void* scratch,
                              int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
-  return LaunchChunked<ScanKind::kMma>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o, stream);
+  return LaunchChunked<PrepKind::kCurrent>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o,
+                                           stream);
 }
 
-cudaError_t LaunchGdnChunkedWmmaScan(const float* conv_out, const float* g, const float* beta, int64_t n,
-                                     const GdnShape& d, GdnChunkPrecision precision, void* scratch,
-                                     int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
-  return LaunchChunked<ScanKind::kBlockGemm>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o,
-                                             stream);
+cudaError_t LaunchGdnChunkedOldPrep(const float* conv_out, const float* g, const float* beta, int64_t n,
+                                    const GdnShape& d, GdnChunkPrecision precision, void* scratch,
+                                    int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
+  return LaunchChunked<PrepKind::kOld>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o, stream);
 }
 
 }  // namespace tandem::cuda
