@@ -204,8 +204,6 @@ void Run() {
   struct PrefillCase {
     int batch, tokens;
   };
-  float* o_old = nullptr;
-  BENCH_CHECK(cudaMalloc(&o_old, static_cast<size_t>(n_max) * d.nh * d.hd * sizeof(float)));
   for (const PrefillCase& pc : {PrefillCase{1, 4096}, PrefillCase{1, 8192}, PrefillCase{16, 512}}) {
     const int n = pc.tokens;
     const double flops = pc.batch * 4.0 * n * n / 2.0 * d.nh * d.hd;
@@ -218,26 +216,15 @@ void Run() {
     Report(name + "_f32", flops / (ms_exact * 1e9), "TFLOP/s",
            std::to_string(ms_exact) + " ms, exact split kernel, 1 block per token and kv head");
     const int32_t* tile_items = fast.d_items + 2 * fast.plan.num_row_items;
-    const double ms_old = TimeMs(
-        [&] {
-          BENCH_CHECK(LaunchTensorCoreAttention64Rows(q, qg, d, tile_items, fast.plan.num_tile_items, fast.d_seq,
-                                                      fast.d_pos, cache, o_old, nullptr));
-        },
-        5);
-    Report(name + "_f16tc_64rows_old", flops / (ms_old * 1e9), "TFLOP/s",
-           std::to_string(ms_old) + " ms, earlier kernel, " + std::to_string(2 * fast.plan.num_tile_items) +
-               " blocks of 64 rows per kv head");
     const double ms_fast = TimeMs([&] { planned(fast, o); }, 5);
     Report(name + "_f16tc", flops / (ms_fast * 1e9), "TFLOP/s",
            std::to_string(ms_fast) + " ms, pipelined kernel, " + std::to_string(fast.plan.num_tile_items) +
                " tiles of " + std::to_string(kTcRows) + " rows per kv head");
     const size_t count = static_cast<size_t>(pc.batch) * n * d.nh * d.hd;
-    std::vector<float> a(count), b(count), c(count);
+    std::vector<float> a(count), b(count);
     BENCH_CHECK(cudaMemcpy(a.data(), o, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
     BENCH_CHECK(cudaMemcpy(b.data(), o_ref, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    BENCH_CHECK(cudaMemcpy(c.data(), o_old, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
     Report(name + "_f16tc_vs_f32", RelL2(a, b), "rel_l2", "tolerance 1e-2");
-    Report(name + "_f16tc_64rows_old_vs_f32", RelL2(c, b), "rel_l2", "tolerance 1e-2");
   }
 }
 

@@ -44,6 +44,9 @@ __device__ __forceinline__ void PdlAllowNext() {
 __device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
 #endif
 }
 

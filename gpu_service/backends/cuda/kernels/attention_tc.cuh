@@ -23,13 +23,6 @@ cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const Att
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
                                       const PagedKv& cache, float* o, cudaStream_t stream);
 
-// The earlier tensor-core kernel over the same items, kept for before/after measurement
-// (attention_bench): each item split into two blocks of 64 rows, K/V loaded synchronously.
-cudaError_t LaunchTensorCoreAttention64Rows(const float* q, const float* qg, const AttnShape& d,
-                                            const int32_t* tile_items, int num_tile_items, const int32_t* token_seq,
-                                            const int32_t* token_pos, const PagedKv& cache, float* o,
-                                            cudaStream_t stream);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_
