@@ -281,5 +281,34 @@ TEST_F(GpuStreamsTest, PlainNormAndUnfusedInject) {
   EXPECT_LE(RelL2(Download(d_H), H), 1e-7);
 }
 
+// The register-row norm (rows of up to 4096 floats) against the general two-pass kernel, with and
+// without the fused inject, over row widths that fill 1, 2, 4 and 8 vectors per thread, one that
+// leaves threads idle (260) and one past the register path (8192: the fallback).
+TEST_F(GpuStreamsTest, RegisterRowNormMatchesGeneralKernel) {
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t h : {256, 260, 1024, 2048, 4096, 8192}) {
+    for (int64_t S : {1, 3}) {
+      for (int inject = 0; inject < 3; ++inject) {  // 0: none, 1: y with a = 1, 2: y and a
+        const int64_t n = 37, rows = n * S;
+        const std::vector<float> H = Random(rng, static_cast<size_t>(rows * h), 2.0f);
+        const auto gamma = Upload(Random(rng, static_cast<size_t>(S * h), 0.2f, 1.0f));
+        const auto y = Upload(Random(rng, static_cast<size_t>(n * h)));
+        const auto a = Upload(Random(rng, static_cast<size_t>(rows), 0.3f, 1.0f));
+        auto H_reg = Upload(H), H_general = Upload(H);
+        auto N_reg = Poisoned<float>(static_cast<size_t>(rows * h)), N_general = Poisoned<float>(static_cast<size_t>(rows * h));
+        const float* yp = inject > 0 ? y.get() : nullptr;
+        const float* ap = inject > 1 ? a.get() : nullptr;
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_reg.get(), n, S, h, ap, yp, gamma.get(), 1e-6f, N_reg.get(), nullptr));
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormGeneral(H_general.get(), n, S, h, ap, yp, gamma.get(), 1e-6f,
+                                                            N_general.get(), nullptr));
+        const std::string tag = "reg_norm_h" + std::to_string(h) + "_S" + std::to_string(S) + "_inject" +
+                                std::to_string(inject);
+        EXPECT_LE(gpu_testing::LogError(tag, RelL2(Download(N_reg), Download(N_general))), 1e-6);
+        EXPECT_LE(RelL2(Download(H_reg), Download(H_general)), 1e-7) << tag;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem

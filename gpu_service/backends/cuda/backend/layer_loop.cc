@@ -178,15 +178,11 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size() && !decode; ++i) {
     const int64_t off = plan.offsets[i], n = plan.counts[i];
     float* base = state(*plan.seqs[i]);
-    if (absl::Status s = Launch(cuda::LaunchGdnConv(qkv + off * cd, base + gdn_conv_off[layer], w.conv1d, n, shape,
-                                                    conv + off * cd, st),
-                                "gdn conv");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv + off * cd, ba + off * 2 * nv, w.ssm_a, w.dt_bias, n, shape,
-                                                       g + off * nv, beta + off * nv, st),
-                                "gdn prepare");
+    // The conv and the q/k norms and gates in one pass over the qkv rows.
+    if (absl::Status s = Launch(cuda::LaunchGdnConvPrepare(qkv + off * cd, base + gdn_conv_off[layer], w.conv1d,
+                                                           ba + off * 2 * nv, w.ssm_a, w.dt_bias, n, shape,
+                                                           conv + off * cd, g + off * nv, beta + off * nv, st),
+                                "gdn conv + prepare");
         !s.ok()) {
       return s;
     }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -98,16 +99,7 @@ __global__ void GdnConvShiftKernel(const float* qkv, float* history, int64_t n, 
 
 __device__ void GdnGates(const float* ba, const float* ssm_a, const float* dt_bias, int64_t t, int nk, int nv,
                          float* g, float* beta) {
-  const int r = nv / nk;
-  for (int vh = threadIdx.x; vh < nv; vh += blockDim.x) {
-    const int group = vh / r, j = vh % r;
-    const float* row = ba + t * 2 * nv + static_cast<int64_t>(group) * 2 * r;
-    const int64_t i = t * nv + vh;
-    beta[i] = SigmoidF(row[j]);
-    const float x = row[r + j] + dt_bias[vh];
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = ssm_a[vh] * sp;
-  }
+  for (int vh = threadIdx.x; vh < nv; vh += blockDim.x) GdnGate(ba, ssm_a, dt_bias, t, vh, nv / nk, nv, g, beta);
 }
 
 // Block per (token, q or k head): L2 normalisation in place; the block of y = 2nk computes the
@@ -204,8 +196,8 @@ __global__ void GdnGatedNormKernel(const float* o, const float* z, const float* 
 
 }  // namespace
 
-cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, int64_t n,
-                          const GdnShape& d, float* out, cudaStream_t stream) {
+cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* taps, int64_t n,
+                                 const GdnShape& d, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
@@ -232,9 +224,9 @@ cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_st
   return LaunchPdl(GdnConvKernel, grid, 128, 0, stream, qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride);
 }
 
-cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_a,
-                             const float* dt_bias, int64_t n, const GdnShape& d, float* g,
-                             float* beta, cudaStream_t stream) {
+cudaError_t LaunchGdnPrepareGeneral(float* conv_out, const float* ba, const float* ssm_a,
+                                    const float* dt_bias, int64_t n, const GdnShape& d, float* g,
+                                    float* beta, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk + 1));
@@ -275,8 +267,8 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
-                               int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
+cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const float* norm, float eps,
+                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, norm, eps, d.dv, out);
 }

@@ -4,6 +4,7 @@
 // Per layer and step of n tokens of one sequence, in order:
 //   LaunchGdnConv        causal depthwise conv with the kk−1 token history, SiLU;
 //   LaunchGdnPrepare     q/k L2 norm (q also scaled by 1/√dk) in place, gates β and g;
+//                        (LaunchGdnConvPrepare: both in one pass over memory, for prefill)
 //   LaunchGdnRecurrent   the delta rule over the n tokens, state S[nv][dk][dv] f32 in device memory
 //                        (or LaunchGdnChunked, the same rule in chunks: prefill);
 //   LaunchGdnGatedNorm   o ← ssm_norm ⊙ ρ(o) ⊙ SiLU(z).
@@ -25,10 +26,21 @@ struct GdnShape {
   int c_dim() const { return 2 * nk * dk + nv * dv; }
 };
 
+// The per-token kernels (conv, prepare, gated norm) run on 16-byte vectors, a warp per 128
+// channels, when the shape and pointers allow (c_dim, dk, dv multiples of 4; dk and dv powers of
+// two <= 128 for the norms; every pointer 16-byte aligned), else on the general scalar kernels
+// (the *General launchers below): the same results either way, to rounding of the norms' sums.
+
 // out (n × c_dim) = SiLU(conv(qkv)) with `history` ((kk−1) × c_dim) prepended; history is then
 // replaced by the last kk−1 inputs (so a split of the tokens gives the same result). kk <= 8.
 cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, int64_t n,
                           const GdnShape& d, float* out, cudaStream_t stream);
+
+// LaunchGdnConv then LaunchGdnPrepare on its output, in one pass over memory when the vector
+// kernels apply (the q/k norms and the gates are computed from the conv results in registers).
+cudaError_t LaunchGdnConvPrepare(const float* qkv, float* history, const float* taps, const float* ba,
+                                 const float* ssm_a, const float* dt_bias, int64_t n, const GdnShape& d,
+                                 float* out, float* g, float* beta, cudaStream_t stream);
 
 // In place on the conv output (n × c_dim): each q head ← q/√(Σq²+1e-6)/√dk, each k head ←
 // k/√(Σk²+1e-6). And per token and value head vh (group = vh / r, r = nv/nk, j = vh % r, the
@@ -91,6 +103,17 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
 // alias o).
 cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
                                int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
+
+// The general scalar kernels behind LaunchGdnConv, LaunchGdnPrepare and LaunchGdnGatedNorm (any
+// shape, any alignment; a thread per channel): what those fall back to, and the baseline that
+// tests and benchmarks compare the vector kernels with.
+cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* taps, int64_t n,
+                                 const GdnShape& d, float* out, cudaStream_t stream);
+cudaError_t LaunchGdnPrepareGeneral(float* conv_out, const float* ba, const float* ssm_a,
+                                    const float* dt_bias, int64_t n, const GdnShape& d, float* g,
+                                    float* beta, cudaStream_t stream);
+cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const float* norm, float eps,
+                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

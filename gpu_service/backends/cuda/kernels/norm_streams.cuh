@@ -22,6 +22,14 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream);
 
+// The same with a block of 256 threads per row that reads the row twice (any h): what
+// LaunchInjectRmsNorm runs past h = 4096 and for inject steps of 4096 rows or more, and the
+// baseline its tests and benchmark compare with (LaunchInjectRmsNorm otherwise keeps rows of up to
+// 4096 floats in registers).
+cudaError_t LaunchInjectRmsNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                                       const float* y, const float* gamma, float eps, float* N,
+                                       cudaStream_t stream);
+
 // x_j = (2/S)·Σ_s σ(m_{s,j})·N_{s,j} per token; m and N are n × S × h.
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
                              float* x, cudaStream_t stream);

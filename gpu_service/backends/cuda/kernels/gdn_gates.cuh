@@ -1,0 +1,30 @@
+// The GDN gates of one token and value head (device-only header shared by the scalar and vector
+// per-token kernels, so that both compute them with the same operations).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_GATES_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_GATES_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+
+namespace tandem::cuda {
+
+// beta = σ(b_j), g = ssm_a[vh]·softplus(a_j + dt_bias[vh]) for token t and value head vh, with
+// group = vh / r, j = vh % r (r = nv / nk) and the group's ba entries [b_0..b_{r−1}, a_0..a_{r−1}]
+// (ba is n × 2nv; g and beta are n × nv).
+__device__ __forceinline__ void GdnGate(const float* ba, const float* ssm_a, const float* dt_bias, int64_t t, int vh,
+                                        int r, int nv, float* g, float* beta) {
+  const int group = vh / r, j = vh % r;
+  const float* row = ba + t * 2 * nv + static_cast<int64_t>(group) * 2 * r;
+  const int64_t i = t * nv + vh;
+  beta[i] = SigmoidF(row[j]);
+  const float x = row[r + j] + dt_bias[vh];
+  const float sp = x > 20.0f ? x : log1pf(expf(x));
+  g[i] = ssm_a[vh] * sp;
+}
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_GATES_CUH_

@@ -1,0 +1,152 @@
+// The vector per-token GDN kernels (gdn_tokens.cu: LaunchGdnConv, LaunchGdnConvPrepare,
+// LaunchGdnPrepare, LaunchGdnGatedNorm) against the general scalar kernels (the *General
+// launchers), which GpuGdnTest ties to the CPU reference: shapes with whole and partial 128-channel
+// warps, heads of 16 to 128 channels, conv kernels of 1 to 8 taps, token splits shorter than the
+// conv history, and decode-sized prepares. The conv results and the history are the same bits;
+// the norms may differ in the rounding of their sums.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+using gpu_testing::RelL2;
+using gpu_testing::Upload;
+
+class GpuGdnVecTest : public ::testing::TestWithParam<cuda::GdnShape> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+std::string Tag(const cuda::GdnShape& d) {
+  return "nk" + std::to_string(d.nk) + "_nv" + std::to_string(d.nv) + "_dk" + std::to_string(d.dk) + "_dv" +
+         std::to_string(d.dv) + "_kk" + std::to_string(d.kk);
+}
+
+// A sequence's tokens in several calls (history carried), through the general conv + prepare, the
+// fused vector kernel, and the unfused vector conv + prepare.
+TEST_P(GpuGdnVecTest, ConvAndPrepareMatchGeneralKernels) {
+  const cuda::GdnShape d = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<int64_t> splits = {70, 2, 1, 3, 1, 17};
+  int64_t total = 0;
+  for (int64_t n : splits) total += n;
+  const int64_t c_dim = d.c_dim();
+  const auto qkv = Upload(Random(rng, static_cast<size_t>(total * c_dim)));
+  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
+  const auto ba = Upload(Random(rng, static_cast<size_t>(total * 2 * d.nv), 2.0f));
+  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
+  for (float& v : a) v = -std::fabs(v);
+  const auto ssm_a = Upload(a);
+  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
+  const std::vector<float> history0 = Random(rng, static_cast<size_t>((d.kk - 1) * c_dim));
+  struct Path {
+    gpu_testing::DeviceArray<float> history, conv, g, beta;
+  };
+  auto make = [&] {
+    return Path{Upload(history0), Poisoned<float>(static_cast<size_t>(total * c_dim)),
+                Poisoned<float>(static_cast<size_t>(total * d.nv)), Poisoned<float>(static_cast<size_t>(total * d.nv))};
+  };
+  Path general = make(), fused = make(), unfused = make();
+  // The plain conv output of the general and vector kernels, before the norms (same bits).
+  auto conv_general = Poisoned<float>(static_cast<size_t>(total * c_dim));
+  auto conv_vec = Poisoned<float>(static_cast<size_t>(total * c_dim));
+  auto hist_general = Upload(history0), hist_vec = Upload(history0);
+  int64_t off = 0;
+  for (int64_t n : splits) {
+    const float* x = qkv.get() + off * c_dim;
+    const float* b = ba.get() + off * 2 * d.nv;
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvGeneral(x, general.history.get(), taps.get(), n, d,
+                                                  general.conv.get() + off * c_dim, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepareGeneral(general.conv.get() + off * c_dim, b, ssm_a.get(), dt_bias.get(),
+                                                     n, d, general.g.get() + off * d.nv,
+                                                     general.beta.get() + off * d.nv, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvPrepare(x, fused.history.get(), taps.get(), b, ssm_a.get(), dt_bias.get(), n,
+                                                  d, fused.conv.get() + off * c_dim, fused.g.get() + off * d.nv,
+                                                  fused.beta.get() + off * d.nv, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnConv(x, unfused.history.get(), taps.get(), n, d,
+                                           unfused.conv.get() + off * c_dim, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepare(unfused.conv.get() + off * c_dim, b, ssm_a.get(), dt_bias.get(), n, d,
+                                              unfused.g.get() + off * d.nv, unfused.beta.get() + off * d.nv, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvGeneral(x, hist_general.get(), taps.get(), n, d,
+                                                  conv_general.get() + off * c_dim, nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnConv(x, hist_vec.get(), taps.get(), n, d, conv_vec.get() + off * c_dim, nullptr));
+    off += n;
+    const std::vector<float> history = Download(general.history);
+    EXPECT_EQ(Download(fused.history), history) << "after " << off << " tokens";
+    EXPECT_EQ(Download(unfused.history), history) << "after " << off << " tokens";
+  }
+  const std::string tag = "gdn_vec_" + Tag(d);
+  EXPECT_LE(gpu_testing::LogError(tag + "_conv", RelL2(Download(conv_vec), Download(conv_general))), 1e-7);
+  const std::vector<float> conv = Download(general.conv);
+  EXPECT_LE(gpu_testing::LogError(tag + "_fused_conv", RelL2(Download(fused.conv), conv)), 1e-6);
+  EXPECT_LE(gpu_testing::LogError(tag + "_unfused_conv", RelL2(Download(unfused.conv), conv)), 1e-6);
+  const std::vector<float> g = Download(general.g), beta = Download(general.beta);
+  EXPECT_LE(RelL2(Download(fused.g), g), 1e-7);
+  EXPECT_LE(RelL2(Download(fused.beta), beta), 1e-7);
+  EXPECT_LE(RelL2(Download(unfused.g), g), 1e-7);
+  EXPECT_LE(RelL2(Download(unfused.beta), beta), 1e-7);
+}
+
+// Decode-sized prepares (one token per sequence, n = batch) and prefill-sized ones, in place.
+TEST_P(GpuGdnVecTest, PrepareMatchesGeneralKernel) {
+  const cuda::GdnShape d = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t n : {1, 5, 64, 133}) {
+    const std::vector<float> conv = Random(rng, static_cast<size_t>(n * d.c_dim()));
+    const auto ba = Upload(Random(rng, static_cast<size_t>(n * 2 * d.nv), 2.0f));
+    const auto ssm_a = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f));
+    const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
+    auto conv_general = Upload(conv), conv_vec = Upload(conv);
+    auto g_general = Poisoned<float>(static_cast<size_t>(n * d.nv)), g_vec = Poisoned<float>(static_cast<size_t>(n * d.nv));
+    auto b_general = Poisoned<float>(static_cast<size_t>(n * d.nv)), b_vec = Poisoned<float>(static_cast<size_t>(n * d.nv));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepareGeneral(conv_general.get(), ba.get(), ssm_a.get(), dt_bias.get(), n, d,
+                                                     g_general.get(), b_general.get(), nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepare(conv_vec.get(), ba.get(), ssm_a.get(), dt_bias.get(), n, d, g_vec.get(),
+                                              b_vec.get(), nullptr));
+    const std::string tag = "gdn_vec_prepare_" + Tag(d) + "_n" + std::to_string(n);
+    EXPECT_LE(gpu_testing::LogError(tag, RelL2(Download(conv_vec), Download(conv_general))), 1e-6);
+    EXPECT_LE(RelL2(Download(g_vec), Download(g_general)), 1e-7);
+    EXPECT_LE(RelL2(Download(b_vec), Download(b_general)), 1e-7);
+  }
+}
+
+// out = norm ⊙ ρ(o) ⊙ SiLU(z) in place (out aliases o, as the backend calls it).
+TEST_P(GpuGdnVecTest, GatedNormMatchesGeneralKernel) {
+  const cuda::GdnShape d = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t n : {1, 3, 70}) {
+    const size_t count = static_cast<size_t>(n * d.nv * d.dv);
+    const std::vector<float> o = Random(rng, count);
+    const auto z = Upload(Random(rng, count));
+    const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+    auto o_vec = Upload(o);
+    const auto o_general = Upload(o);
+    auto out_general = Poisoned<float>(count);
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormGeneral(o_general.get(), z.get(), norm.get(), 1e-6f, n, d,
+                                                       out_general.get(), nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o_vec.get(), z.get(), norm.get(), 1e-6f, n, d, o_vec.get(), nullptr));
+    const std::string tag = "gdn_vec_gated_norm_" + Tag(d) + "_n" + std::to_string(n);
+    EXPECT_LE(gpu_testing::LogError(tag, RelL2(Download(o_vec), Download(out_general))), 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnVecTest,
+                         ::testing::Values(cuda::GdnShape{16, 32, 128, 128, 4},  // Qwen3-Next-80B
+                                           cuda::GdnShape{2, 4, 64, 64, 4}, cuda::GdnShape{2, 4, 128, 128, 8},
+                                           // 160 channels: one whole warp holding q, k and v lanes, then
+                                           // a partial one; heads of 8 lanes
+                                           cuda::GdnShape{1, 3, 32, 32, 3}, cuda::GdnShape{2, 2, 16, 64, 2},
+                                           cuda::GdnShape{2, 4, 64, 32, 1}),
+                         [](const ::testing::TestParamInfo<cuda::GdnShape>& info) { return Tag(info.param); });
+
+}  // namespace
+}  // namespace tandem
