@@ -77,6 +77,9 @@ ABSL_FLAG(bool, cuda_pdl, true,
 ABSL_FLAG(int32_t, cuda_l2_prefetch, 2,
           "CUDA backend, steps of up to 8 tokens: weights brought into L2 ahead of their products on a "
           "side stream (0: none; 1: within each layer; 2: also the next layer's mixer inputs)");
+ABSL_FLAG(bool, cuda_dense_copies, true,
+          "CUDA backend, fast mode: persistent f16 copies of the dense matrices for prefill products "
+          "(no per-step dequantization; 6 bytes per weight with --cuda-dense-split, else 2)");
 ABSL_FLAG(bool, cuda_dense_split, true,
           "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
           "(near-f32 accuracy; false: one f16 product, about 15% faster prefill)");
@@ -264,6 +267,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& bud
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.fast_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
   options.pdl = absl::GetFlag(FLAGS_cuda_pdl);
+  options.prepare_dense_weights = absl::GetFlag(FLAGS_cuda_dense_copies);
   options.l2_prefetch = absl::GetFlag(FLAGS_cuda_l2_prefetch);
   if (options.l2_prefetch < 0 || options.l2_prefetch > 2) {
     return absl::InvalidArgumentError("--cuda-l2-prefetch: must be 0, 1 or 2");

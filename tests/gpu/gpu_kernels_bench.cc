@@ -1,9 +1,11 @@
 // Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes (--matvec-only: the launch
-// floor and the decode matvec alone): achieved bandwidth of the decode matvec per weight type
+// floor and the decode matvec alone; --gemm-only: the prefill products alone, tiled against
+// prepared weights per layer shape): achieved bandwidth of the decode matvec per weight type
 // (the streaming kernel against the previous dispatch, same run) against a measured device copy, the prefill GEMM's rate, decode
 // and prefill attention, the GDN scan and sampling. Prints one line per case ("name: value unit,
 // detail") and, with --json=PATH, writes the same numbers as JSON. Timing: CUDA events around
 // `reps` launches after warm-up, median of 5 such rounds. Weights hold random bytes (never zeros).
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/sampling_plan.h"
 #include "tests/gpu/bench_util.h"
@@ -286,6 +289,126 @@ void BenchGemm() {
   cudaFree(y);
 }
 
+// The dense prefill products of q3n-80b (Q8_0 weights; the router in f32) at 512, 2048 and 8192
+// tokens: DenseGemm as it was (tiled: the weights dequantized on every call) against the prepared
+// copies (DenseGemm::Prepare), for the split (three f16 terms: one product over [hi | lo | hi]
+// rows, or two over [hi | lo]) and the single f16 product; plus the f16 activation conversion
+// alone and cuBLAS's own rate on plain f16 operands of the shape (K = cols, and K = 3 · cols as
+// the one-product split runs it). Microseconds per call, including the activation conversion.
+void BenchDenseShapes() {
+  struct Shape {
+    const char* name;
+    int64_t cols, rows;
+    uint32_t type;
+  };
+  const Shape shapes[] = {{"gdn_qkv", 2048, 12288, kTypeQ8_0}, {"gdn_z", 2048, 4096, kTypeQ8_0},
+                          {"gdn_ba", 2048, 64, kTypeQ8_0},     {"out_o", 4096, 2048, kTypeQ8_0},
+                          {"attn_q", 2048, 8192, kTypeQ8_0},   {"attn_kv", 2048, 512, kTypeQ8_0},
+                          {"router_f32", 2048, 512, kTypeF32}};
+  const int64_t max_n = 8192, max_cols = 4096, max_rows = 12288;
+  auto make_gemm = [&](GemmMode mode, bool one_product) {
+    DenseGemmOptions o;
+    o.mode = mode;
+    o.max_n = max_n;
+    o.max_cols = max_cols;
+    o.tile_bytes = 128ll << 20;  // as the backend sizes it
+    o.split_one_product = one_product;
+    auto g = DenseGemm::Create(o);
+    if (!g.ok()) {
+      std::fprintf(stderr, "gemm create: %s\n", g.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *std::move(g);
+  };
+  // tiled: never prepared; split1 / split2 / fast: every matrix prepared for their mode.
+  auto tiled = make_gemm(GemmMode::kFastSplit, true);
+  auto split1 = make_gemm(GemmMode::kFastSplit, true);
+  auto split2 = make_gemm(GemmMode::kFastSplit, false);
+  auto fast = make_gemm(GemmMode::kFast, true);
+  float* x = RandomFloats(static_cast<size_t>(max_n * max_cols), 61);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, static_cast<size_t>(max_n * max_rows) * sizeof(float)));
+  // Plain f16 operands for cuBLAS alone (finite values: the top exponent bit of each half cleared).
+  void* w16 = RandomDevice(static_cast<size_t>(max_rows * 3 * max_cols * 2), 62, 0xBFFFBFFFBFFFBFFFull);
+  void* x16 = RandomDevice(static_cast<size_t>(max_n * 3 * max_cols * 2), 63, 0xBFFFBFFFBFFFBFFFull);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  void* ws;
+  BENCH_CHECK(cudaMalloc(&ws, 32 << 20));
+  if (cublasSetWorkspace(handle, ws, 32 << 20) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  auto raw = [&](int64_t rows, int64_t n, int64_t k) {
+    const float alpha = 1.0f, beta = 0.0f;
+    if (cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
+                     static_cast<int>(k), &alpha, w16, CUDA_R_16F, static_cast<int>(k), x16, CUDA_R_16F,
+                     static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed\n");
+      std::exit(1);
+    }
+  };
+  for (const Shape& sh : shapes) {
+    const bool f32 = sh.type == kTypeF32;
+    const int64_t row_bytes = f32 ? sh.cols * 4 : sh.cols / 32 * 34;
+    void* w;
+    if (f32) {
+      w = RandomFloats(static_cast<size_t>(sh.rows * sh.cols), 64);
+      std::vector<float> host(static_cast<size_t>(sh.rows * sh.cols));
+      BENCH_CHECK(cudaMemcpy(host.data(), w, host.size() * 4, cudaMemcpyDeviceToHost));
+      for (float& v : host) v *= 0.05f;  // router-like magnitudes
+      BENCH_CHECK(cudaMemcpy(w, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    } else {
+      w = RandomDevice(static_cast<size_t>(sh.rows * row_bytes), 65);
+      std::vector<uint8_t> host(static_cast<size_t>(sh.rows * row_bytes));
+      BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
+      for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
+      BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    }
+    const DeviceMatrix m{sh.type, w, sh.cols, sh.rows, row_bytes};
+    BENCH_OK(split1->Prepare(m));
+    BENCH_OK(split2->Prepare(m));
+    BENCH_OK(fast->Prepare(m));
+    for (int64_t n : {512, 2048, 8192}) {
+      auto run = [&](DenseGemm& g, GemmMode mode) {
+        return TimeMs([&] { BENCH_OK(g.Run(m, x, n, y, nullptr, mode)); }, 10) * 1e3;
+      };
+      const double tiled_split = run(*tiled, GemmMode::kFastSplit);
+      const double one = run(*split1, GemmMode::kFastSplit);
+      const double two = run(*split2, GemmMode::kFastSplit);
+      const double tiled_fast = run(*tiled, GemmMode::kFast);
+      const double prepared_fast = run(*fast, GemmMode::kFast);
+      const double convert = TimeMs([&] {
+        BENCH_CHECK(LaunchF32ToF16SplitRows(x, n, sh.cols, static_cast<uint16_t*>(x16), nullptr));
+      }, 10) * 1e3;
+      const double raw1 = TimeMs([&] { raw(sh.rows, n, sh.cols); }, 10) * 1e3;
+      const double raw3 = TimeMs([&] { raw(sh.rows, n, 3 * sh.cols); }, 10) * 1e3;
+      const double flop = 2.0 * n * sh.cols * sh.rows;
+      char detail[400];
+      std::snprintf(detail, sizeof(detail),
+                    "%lld -> %lld %s: split prepared one product %.1f us, two products %.1f us, before (tiled) "
+                    "%.1f us; split activation rows alone %.1f us; cuBLAS alone K=3*cols %.1f us (%.0f TFLOP/s)",
+                    (long long)sh.cols, (long long)sh.rows, f32 ? "f32" : "q8_0", one, two, tiled_split, convert,
+                    raw3, 3 * flop / (raw3 * 1e6));
+      Report(std::string("dense_split_") + sh.name + "_n" + std::to_string(n), tiled_split / one, "x", detail);
+      std::snprintf(detail, sizeof(detail),
+                    "single f16 product: prepared %.1f us, before (tiled) %.1f us; cuBLAS alone K=cols %.1f us "
+                    "(%.0f TFLOP/s)",
+                    prepared_fast, tiled_fast, raw1, flop / (raw1 * 1e6));
+      Report(std::string("dense_fast_") + sh.name + "_n" + std::to_string(n), flop / (raw1 * 1e6), "TFLOP/s",
+             detail);
+    }
+    BENCH_CHECK(cudaFree(w));
+  }
+  std::printf("prepared bytes: split one product %lld, two products %lld, fast %lld\n",
+              (long long)split1->prepared_bytes(), (long long)split2->prepared_bytes(),
+              (long long)fast->prepared_bytes());
+  cublasDestroy(handle);
+  cudaFree(ws);
+  cudaFree(w16);
+  cudaFree(x16);
+  cudaFree(x);
+  cudaFree(y);
+}
+
 void BenchAttention(double copy_gbs) {
   const AttnShape d{16, 2, 256, 64, 1e-6f};
   const int kvw = d.kv_width();
@@ -400,9 +523,11 @@ int main(int argc, char** argv) {
   using namespace tandem::cuda;
   std::string json;
   bool matvec_only = false;  // --matvec-only: the copy ceiling and the decode matvec cases
+  bool gemm_only = false;    // --gemm-only: the prefill GEMM cases alone
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
     if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
+    if (std::strcmp(argv[i], "--gemm-only") == 0) gemm_only = true;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -412,11 +537,18 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  const double copy = BenchCopy();
-  BenchLaunchFloor();
-  BenchMatVec(copy);
-  if (!matvec_only) {
+  if (gemm_only) {
     BenchGemm();
+    BenchDenseShapes();
+  }
+  const double copy = gemm_only ? 0.0 : BenchCopy();
+  if (!gemm_only) {
+    BenchLaunchFloor();
+    BenchMatVec(copy);
+  }
+  if (!matvec_only && !gemm_only) {
+    BenchGemm();
+    BenchDenseShapes();
     BenchAttention(copy);
     BenchGdn();
     BenchSampling();

@@ -10,6 +10,7 @@
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -76,6 +77,44 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Open(const std::string
   return Create(*std::move(model), options);
 }
 
+namespace {
+
+// The persistent f16 copies of every dense matrix that prefill multiplies through the GEMM
+// (CudaBackendOptions::prepare_dense_weights): the mixer and stream-read products in the plan's
+// mode; the router, the shared-expert gate and the shared expert itself as near-f32 triples (the
+// layer loop runs them "accurate"). Not the head: a prefill step sends only a few rows through it.
+absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
+  const CudaBackendOptions& o = m.options;
+  if (o.mode != CudaMode::kFast || !o.fast_dense_gemm || !o.prepare_dense_weights ||
+      o.max_batch_tokens <= cuda::kMatVecMaxRows) {
+    return absl::OkStatus();
+  }
+  cudaStream_t st = m.stream.get();
+  auto prepare = [&](const cuda::DeviceMatrix& w, bool accurate) -> absl::Status {
+    if (!w.present()) return absl::OkStatus();
+    return accurate ? m.gemm->Prepare(w, cuda::GemmMode::kFastSplit, st) : m.gemm->Prepare(w, st);
+  };
+  auto prepare_read = [&](const cuda::GpuHcRead& r) -> absl::Status {
+    for (const cuda::DeviceMatrix* w : {&r.down, &r.up, &r.inject}) {
+      if (absl::Status s = prepare(*w, false); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  for (const cuda::GpuLayer& l : m.dm->layers) {
+    for (const cuda::DeviceMatrix* w : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) {
+      if (absl::Status s = prepare(*w, false); !s.ok()) return s;
+    }
+    for (const cuda::DeviceMatrix* w : {&l.router, &l.shared_gate_inp, &l.shared_gate, &l.shared_up, &l.shared_down}) {
+      if (absl::Status s = prepare(*w, true); !s.ok()) return s;
+    }
+    if (absl::Status s = prepare_read(l.attn_read); !s.ok()) return s;
+    if (absl::Status s = prepare_read(l.ffn_read); !s.ok()) return s;
+  }
+  return prepare_read(m.dm->output_read);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr<ReferenceModel> model,
                                                                  const CudaBackendOptions& options) {
   if (options.max_batch_tokens < 1 || options.max_sequences < 1 || options.max_context < 1) {
@@ -124,6 +163,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   absl::StatusOr<std::unique_ptr<cuda::DenseGemm>> gemm = cuda::DenseGemm::Create(go);
   if (!gemm.ok()) return gemm.status();
   m.gemm = *std::move(gemm);
+  if (absl::Status s = PrepareDenseWeights(m); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<cuda::MoeStage>> moe =
       cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast && options.fast_expert_gemm, T});
   if (!moe.ok()) return moe.status();

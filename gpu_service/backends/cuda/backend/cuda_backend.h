@@ -71,6 +71,10 @@ struct CudaBackendOptions {
   // Decode steps: the GDN stages between the products in one kernel (kernels/gdn_decode.cuh) where
   // the shape allows; false: the four separate kernels (for A/B measurements).
   bool fused_gdn_decode = true;
+  // Fast mode, steps above 8 tokens: persistent f16 copies of the dense matrices (DenseGemm::
+  // Prepare) so that prefill products skip the per-call dequantization. With fast_dense_split they
+  // take 6 bytes per weight (11.4 GB for Qwen3-Next-80B's dense weights), else 2.
+  bool prepare_dense_weights = true;
   int graph_capacity = 16;         // graphs kept (one per decode batch size seen), least recent dropped
   bool profile = false;            // per-stage CUDA-event timing of every step (steps run without graphs)
   bool print_profile = false;      // also print each step's line to stderr

@@ -64,6 +64,85 @@ __global__ void F32ToF16Kernel(const float* src, int64_t count, uint16_t* dst, u
   }
 }
 
+// The persistent copy DenseGemm::Prepare makes (gemm.cuh): one thread per 32-element chunk,
+// values times `scale` (a power of two: exact) rounded to f16 hi, and with copies >= 2 the
+// residual lo after it in the same row, with copies == 3 hi once more.
+template <uint32_t kType>
+__global__ void DequantizeToF16LayoutKernel(const uint8_t* w, int64_t row_bytes, int64_t cols, int64_t chunks,
+                                            int64_t total, int copies, float scale, uint16_t* dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t r = i / chunks, c = i % chunks;
+  float v[32];
+  DequantChunk<kType>(w + r * row_bytes, c, v);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) v[e] *= scale;
+  uint16_t* row = dst + r * copies * cols + c * 32;
+  uint4 hi[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) hi[q] = PackF16x8(v + 8 * q);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) reinterpret_cast<uint4*>(row)[q] = hi[q];
+  if (copies == 3) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) reinterpret_cast<uint4*>(row + 2 * cols)[q] = hi[q];
+  }
+  if (copies >= 2) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      Residual8(v + 8 * q);
+      reinterpret_cast<uint4*>(row + cols)[q] = PackF16x8(v + 8 * q);
+    }
+  }
+}
+
+// max |w| of a matrix: per-thread maxima of 32-element chunks, one atomic per warp. Non-negative
+// floats order like their bit patterns, so the maximum is an unsigned atomicMax (a NaN, whose
+// bits exceed infinity's, wins: the host treats a non-finite maximum as "do not scale").
+template <uint32_t kType>
+__global__ void MaxAbsKernel(const uint8_t* w, int64_t row_bytes, int64_t chunks, int64_t total,
+                             unsigned int* max_bits) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned int m = 0;
+  if (i < total) {
+    float v[32];
+    DequantChunk<kType>(w + (i / chunks) * row_bytes, i % chunks, v);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) m = max(m, __float_as_uint(fabsf(v[e])));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(max_bits, m);
+}
+
+// Activation rows as [f16(x) | f16(x) | f16(x − f16(x))] (the partner of the [hi | lo | hi] and
+// [hi | lo] weight rows): one thread per 8 consecutive values of a row, 16-byte stores when the
+// row length and the source allow them.
+template <bool kVector>
+__global__ void F32ToF16SplitRowsKernel(const float* src, int64_t n, int64_t cols, uint16_t* dst) {
+  const int64_t groups = kVector ? cols / 8 : cols;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * groups) return;
+  const int64_t t = i / groups, c = (i % groups) * (kVector ? 8 : 1);
+  uint16_t* row = dst + t * 3 * cols + c;
+  if constexpr (kVector) {
+    const float4* s = reinterpret_cast<const float4*>(src + t * cols + c);
+    const float4 a = s[0], b = s[1];
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const uint4 hi = PackF16x8(v);
+    *reinterpret_cast<uint4*>(row) = hi;
+    *reinterpret_cast<uint4*>(row + cols) = hi;
+    Residual8(v);
+    *reinterpret_cast<uint4*>(row + 2 * cols) = PackF16x8(v);
+  } else {
+    const float x = src[t * cols + c];
+    const __half h = __float2half_rn(x);
+    const __half l = __float2half_rn(x - __half2float(h));
+    row[0] = row[cols] = __half_as_ushort(h);
+    row[2 * cols] = __half_as_ushort(l);
+  }
+}
+
 template <uint32_t kType>
 cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool to_f16, void* dst, void* dst_lo,
                    cudaStream_t stream) {
@@ -74,6 +153,31 @@ cudaError_t Launch(const DeviceMatrix& w, int64_t row_begin, int64_t count, bool
       static_cast<const uint8_t*>(w.data) + row_begin * w.row_bytes, w.row_bytes, chunks, total,
       to_f16, dst, dst_lo);
   return cudaGetLastError();
+}
+
+template <uint32_t kType>
+cudaError_t LaunchLayout(const DeviceMatrix& w, int copies, float scale, uint16_t* dst, cudaStream_t stream) {
+  const int64_t chunks = w.cols / 32;
+  const int64_t total = w.rows * chunks;
+  const int threads = 128;
+  DequantizeToF16LayoutKernel<kType><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(
+      static_cast<const uint8_t*>(w.data), w.row_bytes, w.cols, chunks, total, copies, scale, dst);
+  return cudaGetLastError();
+}
+
+template <uint32_t kType>
+cudaError_t LaunchMax(const DeviceMatrix& w, unsigned int* max_bits, cudaStream_t stream) {
+  const int64_t chunks = w.cols / 32;
+  const int64_t total = w.rows * chunks;
+  const int threads = 256;
+  MaxAbsKernel<kType><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(
+      static_cast<const uint8_t*>(w.data), w.row_bytes, chunks, total, max_bits);
+  return cudaGetLastError();
+}
+
+bool DequantizableWhole(const DeviceMatrix& w) {
+  return w.data != nullptr && w.rows > 0 && DenseKernelsSupportType(w.type) && w.cols > 0 &&
+         w.cols % RowLengthMultiple(w.type) == 0 && w.rows * (w.cols / 32) < (int64_t{1} << 31) * 128;
 }
 
 }  // namespace
@@ -101,6 +205,56 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
 cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream, uint16_t* dst_lo) {
   if (count <= 0) return cudaSuccess;
   F32ToF16Kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(src, count, dst, dst_lo);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda
+
+namespace tandem::cuda {
+
+cudaError_t LaunchDequantizeToF16Layout(const DeviceMatrix& w, int copies, float scale, uint16_t* dst,
+                                        cudaStream_t stream) {
+  if (copies < 1 || copies > 3 || dst == nullptr || !DequantizableWhole(w)) return cudaErrorInvalidValue;
+  switch (w.type) {
+    case kTypeF32: return LaunchLayout<kTypeF32>(w, copies, scale, dst, stream);
+    case kTypeF16: return LaunchLayout<kTypeF16>(w, copies, scale, dst, stream);
+    case kTypeBF16: return LaunchLayout<kTypeBF16>(w, copies, scale, dst, stream);
+    case kTypeQ8_0: return LaunchLayout<kTypeQ8_0>(w, copies, scale, dst, stream);
+    case kTypeQ4_K: return LaunchLayout<kTypeQ4_K>(w, copies, scale, dst, stream);
+    case kTypeQ5_K: return LaunchLayout<kTypeQ5_K>(w, copies, scale, dst, stream);
+    case kTypeQ6_K: return LaunchLayout<kTypeQ6_K>(w, copies, scale, dst, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStream_t stream) {
+  if (max_bits == nullptr || !DequantizableWhole(w)) return cudaErrorInvalidValue;
+  switch (w.type) {
+    case kTypeF32: return LaunchMax<kTypeF32>(w, max_bits, stream);
+    case kTypeF16: return LaunchMax<kTypeF16>(w, max_bits, stream);
+    case kTypeBF16: return LaunchMax<kTypeBF16>(w, max_bits, stream);
+    case kTypeQ8_0: return LaunchMax<kTypeQ8_0>(w, max_bits, stream);
+    case kTypeQ4_K: return LaunchMax<kTypeQ4_K>(w, max_bits, stream);
+    case kTypeQ5_K: return LaunchMax<kTypeQ5_K>(w, max_bits, stream);
+    case kTypeQ6_K: return LaunchMax<kTypeQ6_K>(w, max_bits, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (cols <= 0 || src == nullptr || dst == nullptr) return cudaErrorInvalidValue;
+  const int threads = 256;
+  // 16-byte loads and stores need 8-value groups that start 16-byte aligned in source and target.
+  const bool vector = cols % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t work = vector ? n * (cols / 8) : n * cols;
+  const unsigned blocks = static_cast<unsigned>((work + threads - 1) / threads);
+  if (vector) {
+    F32ToF16SplitRowsKernel<true><<<blocks, threads, 0, stream>>>(src, n, cols, dst);
+  } else {
+    F32ToF16SplitRowsKernel<false><<<blocks, threads, 0, stream>>>(src, n, cols, dst);
+  }
   return cudaGetLastError();
 }
 

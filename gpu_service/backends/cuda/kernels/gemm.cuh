@@ -22,6 +22,26 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
 cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream,
                            uint16_t* dst_lo = nullptr);
 
+// The persistent f16 copy of a whole weight matrix that DenseGemm::Prepare keeps: row r at
+// dst + r · copies · w.cols holds f16(s·w_r) ("hi"); with copies >= 2 followed by the residuals
+// f16(s·w_r − hi) ("lo"), with copies == 3 followed by hi once more. s = `scale` is a power of
+// two chosen by the caller so that s·w stays well inside f16's range and the lo half clear of
+// f16's subnormals; the products undo it through cuBLAS's alpha. cudaErrorInvalidValue for
+// copies outside 1..3 or a matrix the dense kernels do not read.
+cudaError_t LaunchDequantizeToF16Layout(const DeviceMatrix& w, int copies, float scale, uint16_t* dst,
+                                        cudaStream_t stream);
+
+// *max_bits = max(*max_bits, bits of max |w| over the whole matrix) (as float bits: non-negative
+// floats order like their bit patterns; a NaN element yields a NaN maximum). Set *max_bits to 0
+// first.
+cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStream_t stream);
+
+// n activation rows of `cols` values (row stride cols) into rows of 3 · cols f16 values:
+// [f16(x) | f16(x) | f16(x − f16(x))], the partner of the [hi | lo | hi] weight rows above (one
+// product gives hi·hi + lo·hi + hi·lo) and of the [hi | lo] rows (the first 2 · cols with the
+// first 2 · cols, then hi with the last third).
+cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t stream);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_CUH_
