@@ -12,7 +12,7 @@
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
 //                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
-//                     [--l2-prefetch 0|1|2] [--gdn-decode fused|split] [--json out.json]
+//                     [--l2-prefetch 0|1|2] [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,7 +48,6 @@ struct Args {
   bool dense_split = true;  // fast mode's dense products as hi/lo f16 triples (the default)
   bool pdl = true;          // programmatic dependent launch (the default)
   int l2_prefetch = -1;     // CudaBackendOptions::l2_prefetch (-1: the backend's default)
-  bool fused_gdn_decode = true;
 };
 
 bool ParseInts(const std::string& v, std::vector<int>& out) {
@@ -151,7 +150,6 @@ int Run(const Args& a) {
   o.fast_dense_split = a.dense_split;
   o.pdl = a.pdl;
   if (a.l2_prefetch >= 0) o.l2_prefetch = a.l2_prefetch;
-  o.fused_gdn_decode = a.fused_gdn_decode;
   o.max_batch_tokens = std::max(max_batch, max_prefill);
   o.max_sequences = max_batch + 1;
   o.max_context = max_prefill + a.decode_steps + 8;
@@ -172,7 +170,6 @@ int Run(const Args& a) {
   printf("mode: %s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
          a.pdl ? "" : ", PDL off");
   if (a.l2_prefetch >= 0) printf("l2 prefetch: %d\n", a.l2_prefetch);
-  if (!a.fused_gdn_decode) printf("gdn decode: four kernels\n");
   Figures fig;
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
@@ -380,13 +377,6 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--l2-prefetch: not 0, 1 or 2\n");
         return 2;
       }
-    } else if (arg == "--gdn-decode") {
-      const std::string v = value();
-      if (v != "fused" && v != "split") {
-        fprintf(stderr, "--gdn-decode: '%s' is not fused or split\n", v.c_str());
-        return 2;
-      }
-      a.fused_gdn_decode = v == "fused";
     } else if (arg == "--json") {
       a.json = value();
     } else {
@@ -397,7 +387,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--gdn-decode fused|split] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

@@ -68,9 +68,6 @@ struct CudaBackendOptions {
   // projection, the router and the shared expert, from the layer's start); 2: also the next
   // layer's mixer inputs (from the MoE stage).
   int l2_prefetch = 2;
-  // Decode steps: the GDN stages between the products in one kernel (kernels/gdn_decode.cuh) where
-  // the shape allows; false: the four separate kernels (for A/B measurements).
-  bool fused_gdn_decode = true;
   // Fast mode, steps above 8 tokens: persistent f16 copies of the dense matrices (DenseGemm::
   // Prepare) so that prefill products skip the per-call dequantization. With fast_dense_split they
   // take 6 bytes per weight (11.4 GB for Qwen3-Next-80B's dense weights), else 2.

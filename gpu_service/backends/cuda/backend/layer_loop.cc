@@ -13,7 +13,6 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
-#include "gpu_service/backends/cuda/kernels/gdn_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
@@ -125,30 +124,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   for (int64_t n : plan.counts) decode &= n == 1;
   if (overlap && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
-  }
-  if (decode && options.fused_gdn_decode && cuda::GdnDecodeFusedSupports(shape)) {
-    // One token per sequence, every stage between the products in one kernel (gdn_decode.cuh).
-    if (overlap) {
-      if (absl::Status s = Join(); !s.ok()) return s;
-    }
-    cuda::GdnDecodeArgs da;
-    da.shape = shape;
-    da.n = T;
-    da.rows = seq_dev();
-    da.row_stride = recurrent_floats;
-    da.qkv = qkv;
-    da.z = zg;
-    da.ba = ba;
-    da.taps = w.conv1d;
-    da.ssm_a = w.ssm_a;
-    da.dt_bias = w.dt_bias;
-    da.norm = w.ssm_norm;
-    da.eps = d.eps;
-    da.history = recurrent + gdn_conv_off[layer];
-    da.state = recurrent + gdn_ssm_off[layer];
-    da.out = go;
-    if (absl::Status s = Launch(cuda::LaunchGdnDecodeFused(da, st), "gdn decode (fused)"); !s.ok()) return s;
-    return Product(w.ssm_out, go, T, y);
   }
   if (decode) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
