@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -54,6 +55,23 @@ inline double TimeMs(const std::function<void()>& fn, int reps = 20, int warmup 
   BENCH_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// A device array of `count` f32 values in [-1, 1) (finite, so softmax, norms and gates stay
+// meaningful), from an xorshift stream seeded by `seed`. The caller frees it with cudaFree.
+inline float* RandomFloats(size_t count, uint64_t seed) {
+  std::vector<float> host(count);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (float& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / static_cast<float>(1ll << 23);
+  }
+  float* d = nullptr;
+  BENCH_CHECK(cudaMalloc(&d, count * 4));
+  BENCH_CHECK(cudaMemcpy(d, host.data(), count * 4, cudaMemcpyHostToDevice));
+  return d;
 }
 
 }  // namespace tandem::bench

@@ -26,6 +26,8 @@
 namespace tandem::cuda {
 namespace {
 
+using bench::RandomFloats;
+
 // Median milliseconds per call of fn (three untimed calls first).
 double TimeMs(const std::function<void()>& fn, int reps = 20) { return bench::TimeMs(fn, reps, /*warmup=*/3); }
 
@@ -58,21 +60,6 @@ void* RandomDevice(size_t bytes, uint64_t seed, uint64_t mask = ~0ull) {
   return d;
 }
 
-// Random f32 values in [-1, 1) (finite, so softmax and norms stay meaningful).
-float* RandomFloats(size_t count, uint64_t seed) {
-  std::vector<float> host(count);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (float& v : host) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / static_cast<float>(1ll << 23);
-  }
-  float* d = nullptr;
-  BENCH_CHECK(cudaMalloc(&d, count * 4));
-  BENCH_CHECK(cudaMemcpy(d, host.data(), count * 4, cudaMemcpyHostToDevice));
-  return d;
-}
 
 double BenchCopy() {
   const size_t bytes = 2ull << 30;

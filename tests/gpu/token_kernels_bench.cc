@@ -22,6 +22,8 @@
 namespace tandem::cuda {
 namespace {
 
+using bench::RandomFloats;
+
 std::vector<std::string> g_json;
 cudaStream_t g_stream = nullptr;  // the stream launches go to (a capturing stream inside GraphUs)
 
@@ -34,21 +36,6 @@ void Report(const std::string& name, double value, const char* unit, const std::
   g_json.push_back(buf);
 }
 
-// Random f32 values in [-1, 1) (finite, so norms and gates stay meaningful).
-float* RandomFloats(size_t count, uint64_t seed) {
-  std::vector<float> host(count);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (float& v : host) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / static_cast<float>(1ll << 23);
-  }
-  float* d = nullptr;
-  BENCH_CHECK(cudaMalloc(&d, count * 4));
-  BENCH_CHECK(cudaMemcpy(d, host.data(), count * 4, cudaMemcpyHostToDevice));
-  return d;
-}
 
 // Median microseconds per launch of fn when `per_graph` launches are replayed from one CUDA graph
 // (no host launch cost). fn must have run once outside capture.
