@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
@@ -475,6 +476,20 @@ INSTANTIATE_TEST_SUITE_P(Presets, FastTest, ::testing::Values("tiny", "tiny-q3n"
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// Options are checked before any CUDA call, so this runs without a GPU too.
+TEST(CudaBackendOptionsTest, L2PrefetchOutsideZeroToTwoIsRefusedByName) {
+  absl::StatusOr<std::string> path = PresetModel("tiny");
+  ASSERT_TRUE(path.ok()) << path.status();
+  for (int bad : {-1, 3}) {
+    CudaBackendOptions o;
+    o.l2_prefetch = bad;
+    absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Open(*path, o);
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(b.status().message(), ::testing::HasSubstr("l2_prefetch"));
+  }
+}
 
 }  // namespace
 }  // namespace tandem
