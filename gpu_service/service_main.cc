@@ -82,7 +82,7 @@ ABSL_FLAG(bool, cuda_dense_copies, true,
           "(no per-step dequantization; 6 bytes per weight with --cuda-dense-split, else 2)");
 ABSL_FLAG(bool, cuda_dense_split, true,
           "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
-          "(near-f32 accuracy; false: one f16 product, about 15% faster prefill)");
+          "(near-f32 accuracy; false: one f16 product, less accurate and faster)");
 ABSL_FLAG(int64_t, kv_pages, 0,
           "CUDA backend: KV-cache pages of 64 positions shared by all requests (0: enough for every "
           "running request at the full context, --max-running x --max-context / 64)");
