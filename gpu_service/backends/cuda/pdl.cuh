@@ -2,11 +2,11 @@
 // while the kernel before it on the stream is still finishing. Its blocks first do what does not
 // depend on that kernel (the launch itself, index set-up, the first reads of constant weights),
 // then wait in PdlWaitForPrevious until the previous grid has completed and its writes are visible.
-// A decode step is a chain of ~700 short dependent kernels, most reading 1-18 MB of weights: each
+// A decode step is a chain of ~900 short dependent kernels, many reading 1-18 MB of weights: each
 // boundary costs a launch and a cold start of the memory pipeline, which this overlaps.
 //
-// The rule for a kernel launched through LaunchPdl (tested by gpu_kernels_test PdlTest and by the
-// backend's PDL-on/PDL-off equality test):
+// The rule for a kernel launched through LaunchPdl (tested by gpu_kernels_test's PdlTest and by
+// gpu_backend_test's LaunchOverlapAndL2PrefetchChangeNoLogits):
 //   - before PdlWaitForPrevious it reads only data no kernel of the step writes (weights, shapes)
 //     and writes nothing in global memory;
 //   - every block that reads or writes step data calls PdlWaitForPrevious first (a block may exit
