@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
@@ -107,12 +108,6 @@ __device__ __forceinline__ void CopyLane(float* dst, const float* src, bool vali
                    : "memory");
     }
   }
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  // The "memory" clobbers keep the compiler from moving shared-memory reads above the wait.
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 template <int kPer>

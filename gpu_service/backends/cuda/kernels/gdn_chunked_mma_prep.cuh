@@ -31,8 +31,6 @@
 namespace tandem::cuda::gdn_mma_prep {
 
 using gdn_mma_scan::CpAsync16;
-using gdn_mma_scan::CpAsyncCommit;
-using gdn_mma_scan::CpAsyncWait;
 using gdn_mma_scan::Mma;
 using gdn_mma_scan::Tf32;
 

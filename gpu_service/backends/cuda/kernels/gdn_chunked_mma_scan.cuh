@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 namespace tandem::cuda::gdn_mma_scan {
@@ -28,11 +29,6 @@ __device__ __forceinline__ void CpAsync16(float* smem_dst, const float* src, boo
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ uint32_t Tf32(float x) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -24,11 +25,6 @@ constexpr int kMaxSteps = 4;        // cp.async groups a warp may have outstandi
 __device__ __forceinline__ void CpAsync16(void* smem, const void* global) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 // Waits until at most `pending` (0 .. kMaxSteps - 1) of this thread's groups are in flight.
 __device__ __forceinline__ void CpAsyncWaitRuntime(int pending) {

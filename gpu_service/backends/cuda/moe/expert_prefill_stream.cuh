@@ -35,8 +35,10 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::prefill_stream {
 
@@ -78,15 +80,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) 
 // The same, asking L2 to fetch the whole aligned 256 bytes around the source from DRAM.
 __device__ __forceinline__ void CpAsync16L2Lines256(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
-}
-// Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned) into L2 by the copy engine.
-__device__ __forceinline__ void PrefetchL2Bulk(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ __half2 Bits2(uint32_t bits) {
@@ -216,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         } else {
           row = static_cast<const uint8_t*>(p_tile.down) + n * row_bytes;
         }
-        PrefetchL2Bulk(row, static_cast<uint32_t>(row_bytes));
+        PrefetchL2(row, static_cast<uint32_t>(row_bytes));
       }
     }
   };
