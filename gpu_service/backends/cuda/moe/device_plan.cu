@@ -72,6 +72,34 @@ __device__ void RouteTokens(const DeviceMoePlanArgs& a) {
   for (int t = threadIdx.x / 32; t < a.n; t += kThreads / 32) RouteToken<kPer>(a.logits, t, a.E, a.K, a.experts_out, a.weights_out);
 }
 
+// Pair p (token p / K) of expert e has rank `rank` among the expert's `count` pairs and slot s; its
+// expert's units start at unit_base. Writes the pair's slot and unit row; the pair of rank
+// 0 mod kMaxUnitRows also writes its unit's header.
+__device__ __forceinline__ void PlacePair(const DeviceMoePlanArgs& a, int p, int e, int rank, int count, int s,
+                                          int unit_base) {
+  a.slot[p] = s;
+  ExpertUnit& unit = a.units[unit_base + rank / kMaxUnitRows];
+  unit.input_row[rank % kMaxUnitRows] = p / a.K;
+  if (rank % kMaxUnitRows == 0) {
+    const ExpertLocation where = a.table[e];
+    unit.gate = where.gate;
+    unit.up = where.up;
+    unit.down = where.down;
+    unit.rows = min(kMaxUnitRows, count - rank);
+    unit.first_slot = s;
+  }
+}
+
+// Unit i of an expert applied to tokens 0..n-1 (the shared expert): token t at slot t.
+__device__ __forceinline__ void WriteDenseUnit(ExpertLocation where, int n, int i, ExpertUnit& unit) {
+  unit.gate = where.gate;
+  unit.up = where.up;
+  unit.down = where.down;
+  unit.rows = min(kMaxUnitRows, n - i * kMaxUnitRows);
+  unit.first_slot = i * kMaxUnitRows;
+  for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < unit.rows ? i * kMaxUnitRows + r : 0;
+}
+
 __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
@@ -134,31 +162,12 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(DeviceMoePlanArgs a) {
     const int rank = a.slot[p];
     if (rank < 0) continue;
     const int e = a.experts[p];
-    const int s = slot_base[e] + rank;
-    a.slot[p] = s;
-    ExpertUnit& unit = a.units[unit_base[e] + rank / kMaxUnitRows];
-    unit.input_row[rank % kMaxUnitRows] = p / a.K;
-    if (rank % kMaxUnitRows == 0) {
-      const ExpertLocation where = a.table[e];
-      unit.gate = where.gate;
-      unit.up = where.up;
-      unit.down = where.down;
-      unit.rows = min(kMaxUnitRows, count[e] - rank);
-      unit.first_slot = s;
-    }
+    PlacePair(a, p, e, rank, count[e], slot_base[e] + rank, unit_base[e]);
   }
   // 4. The shared expert: token t at slot t.
   if (a.shared.gate != nullptr) {
     const int shared_units = (a.n + kMaxUnitRows - 1) / kMaxUnitRows;
-    for (int i = threadIdx.x; i < shared_units; i += kThreads) {
-      ExpertUnit& unit = a.shared_units[i];
-      unit.gate = a.shared.gate;
-      unit.up = a.shared.up;
-      unit.down = a.shared.down;
-      unit.rows = min(kMaxUnitRows, a.n - i * kMaxUnitRows);
-      unit.first_slot = i * kMaxUnitRows;
-      for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < unit.rows ? i * kMaxUnitRows + r : 0;
-    }
+    for (int i = threadIdx.x; i < shared_units; i += kThreads) WriteDenseUnit(a.shared, a.n, i, a.shared_units[i]);
   }
 }
 
@@ -210,29 +219,9 @@ __global__ void __launch_bounds__(32) PlanSmallKernel(DeviceMoePlanArgs a) {
     }
   }
   if (lane == 0) *a.num_units = total_units;
-  if (valid) {
-    const int s = slot_base + rank;
-    a.slot[lane] = s;
-    ExpertUnit& unit = a.units[unit_base + rank / kMaxUnitRows];
-    unit.input_row[rank % kMaxUnitRows] = lane / a.K;
-    if (rank % kMaxUnitRows == 0) {
-      const ExpertLocation where = a.table[e];
-      unit.gate = where.gate;
-      unit.up = where.up;
-      unit.down = where.down;
-      unit.rows = min(kMaxUnitRows, count - rank);
-      unit.first_slot = s;
-    }
-  }
-  if (a.shared.gate != nullptr && lane == 0) {  // n <= kSmallPlanMaxTokens <= kMaxUnitRows: one unit
-    ExpertUnit& unit = a.shared_units[0];
-    unit.gate = a.shared.gate;
-    unit.up = a.shared.up;
-    unit.down = a.shared.down;
-    unit.rows = a.n;
-    unit.first_slot = 0;
-    for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < a.n ? r : 0;
-  }
+  if (valid) PlacePair(a, lane, e, rank, count, slot_base + rank, unit_base);
+  // n <= kSmallPlanMaxTokens <= kMaxUnitRows: one shared unit.
+  if (a.shared.gate != nullptr && lane == 0) WriteDenseUnit(a.shared, a.n, 0, a.shared_units[0]);
 }
 
 __global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units) {
@@ -240,13 +229,7 @@ __global__ void DenseUnitsKernel(ExpertLocation where, int n, ExpertUnit* units)
   PdlAllowNext();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i * kMaxUnitRows >= n) return;
-  ExpertUnit& unit = units[i];
-  unit.gate = where.gate;
-  unit.up = where.up;
-  unit.down = where.down;
-  unit.rows = min(kMaxUnitRows, n - i * kMaxUnitRows);
-  unit.first_slot = i * kMaxUnitRows;
-  for (int r = 0; r < kMaxUnitRows; ++r) unit.input_row[r] = r < unit.rows ? i * kMaxUnitRows + r : 0;
+  WriteDenseUnit(where, n, i, units[i]);
 }
 
 }  // namespace
