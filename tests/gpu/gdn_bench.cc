@@ -1,8 +1,7 @@
 // Micro-benchmark of the gated delta rule on Qwen3-Next-80B shapes (nk 16, nv 32, dk = dv = 128),
 // one layer: the recurrent kernel (LaunchGdnRecurrent) against the chunked one (LaunchGdnChunked)
 // in exact (f32) and fast (tf32) mode, at 512, 4096 and 8192 tokens, with scratch for all tokens
-// and for 2048 (several passes, as the backend sizes it). Each mode twice: the current prepare
-// kernels (LaunchGdnChunked) and the previous ones (LaunchGdnChunkedOldPrep). Timing: CUDA events
+// and for 2048 (several passes, as the backend sizes it). Timing: CUDA events
 // around `reps` calls after warm-up, median of 5 rounds; for the full-scratch runs at 4096 tokens
 // and more (f32: 8192) also each kernel alone (the call captured into a graph, each kernel node
 // replayed by itself). Also prints the relative L2 difference of each chunked run's outputs and
@@ -156,13 +155,10 @@ int Main() {
       int64_t bytes;
     };
     constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
-    for (const Variant& v : {Variant{"f32 OLD prep", LaunchGdnChunkedOldPrep, kF32, scratch_bytes},
-                             Variant{"f32 NEW prep", LaunchGdnChunked, kF32, scratch_bytes},
-                             Variant{"tf32 OLD prep", LaunchGdnChunkedOldPrep, kTf32, scratch_bytes},
-                             Variant{"tf32 NEW prep", LaunchGdnChunked, kTf32, scratch_bytes},
-                             Variant{"f32 NEW 2048/pass", LaunchGdnChunked, kF32, small_scratch_bytes},
-                             Variant{"tf32 OLD 2048/pass", LaunchGdnChunkedOldPrep, kTf32, small_scratch_bytes},
-                             Variant{"tf32 NEW 2048/pass", LaunchGdnChunked, kTf32, small_scratch_bytes}}) {
+    for (const Variant& v : {Variant{"f32", LaunchGdnChunked, kF32, scratch_bytes},
+                             Variant{"tf32", LaunchGdnChunked, kTf32, scratch_bytes},
+                             Variant{"f32 2048/pass", LaunchGdnChunked, kF32, small_scratch_bytes},
+                             Variant{"tf32 2048/pass", LaunchGdnChunked, kTf32, small_scratch_bytes}}) {
       if (v.bytes == small_scratch_bytes && n <= 2048) continue;
       reset_state();
       chunked(v.launch, n, v.p, v.bytes, nullptr);

@@ -83,12 +83,6 @@ cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float*
                              const GdnShape& d, GdnChunkPrecision precision, void* scratch,
                              int64_t scratch_bytes, float* state, float* o, cudaStream_t stream);
 
-// LaunchGdnChunked with the previous prepare kernels (T solved row by row; fast mode's products
-// through WMMA). Kept only so that gdn_bench can time old and new in one run.
-cudaError_t LaunchGdnChunkedOldPrep(const float* conv_out, const float* g, const float* beta, int64_t n,
-                                    const GdnShape& d, GdnChunkPrecision precision, void* scratch,
-                                    int64_t scratch_bytes, float* state, float* o, cudaStream_t stream);
-
 // Decode of n sequences at once, one token each (row t of qkv / conv_out / g / beta / o is the
 // token of the sequence whose conv history and state start at history + rows[t]·row_stride and
 // state + rows[t]·row_stride; rows is device memory, n entries, distinct). The same results as

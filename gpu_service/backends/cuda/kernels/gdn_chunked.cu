@@ -1,10 +1,7 @@
 // The chunked gated delta rule for prefill (LaunchGdnChunked, gdn.cuh): kernels and launcher.
 // The per-token kernels (conv, prepare, recurrent, gated norm) are in gdn.cu.
-#include <mma.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_prep.cuh"
@@ -115,48 +112,6 @@ __device__ __forceinline__ void BlockGemmF32(const float* A, int lda, const floa
   }
 }
 
-// The same product on the tensor cores: 16 × 16 output tiles spread over the warps, tf32 operands
-// (rounded from f32), f32 accumulation. Pointers 32-byte aligned at every 16 × 8 step.
-template <int M, int N, int K, bool kARow, bool kBRow, bool kAcc>
-__device__ __forceinline__ void BlockGemmTf32(const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
-  namespace wmma = nvcuda::wmma;
-  using ALayout = std::conditional_t<kARow, wmma::row_major, wmma::col_major>;
-  using BLayout = std::conditional_t<kBRow, wmma::row_major, wmma::col_major>;
-  static_assert(M % 16 == 0 && N % 16 == 0 && K % 8 == 0, "tile shape");
-  constexpr int kTilesN = N / 16, kTiles = (M / 16) * kTilesN, kWarps = kChunkThreads / 32;
-  for (int tile = threadIdx.x / 32; tile < kTiles; tile += kWarps) {
-    const int m0 = (tile / kTilesN) * 16, n0 = (tile % kTilesN) * 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
-    float* c = C + m0 * ldc + n0;
-    if constexpr (kAcc) {
-      wmma::load_matrix_sync(acc, c, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(acc, 0.0f);
-    }
-#pragma unroll 4
-    for (int k = 0; k < K; k += 8) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a;
-      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout> b;
-      wmma::load_matrix_sync(a, kARow ? A + m0 * lda + k : A + k * lda + m0, lda);
-      wmma::load_matrix_sync(b, kBRow ? B + k * ldb + n0 : B + n0 * ldb + k, ldb);
-#pragma unroll
-      for (int e = 0; e < a.num_elements; ++e) a.x[e] = wmma::__float_to_tf32(a.x[e]);
-#pragma unroll
-      for (int e = 0; e < b.num_elements; ++e) b.x[e] = wmma::__float_to_tf32(b.x[e]);
-      wmma::mma_sync(acc, a, b, acc);
-    }
-    wmma::store_matrix_sync(c, acc, ldc, wmma::mem_row_major);
-  }
-}
-
-template <GdnChunkPrecision P, int M, int N, int K, bool kARow, bool kBRow, bool kAcc>
-__device__ __forceinline__ void BlockGemm(const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
-  if constexpr (P == GdnChunkPrecision::kF32) {
-    BlockGemmF32<M, N, K, kARow, kBRow, kAcc>(A, lda, B, ldb, C, ldc);
-  } else {
-    BlockGemmTf32<M, N, K, kARow, kBRow, kAcc>(A, lda, B, ldb, C, ldc);
-  }
-}
 
 template <int kD>
 constexpr size_t ChunkPrepareSmemBytes() {
@@ -169,9 +124,9 @@ constexpr size_t ChunkScanSmemBytes() {
   return (3 * kGdnChunk * (kD + 4) + kGdnChunk * kChunkLdT + (2 * kGdnChunk + kD) * kScanLd) * sizeof(float);
 }
 
-// Grid (chunks, nv). n counts the pass's tokens; outputs are indexed [chunk·nv + vh]. kBlockedSolve:
-// T by gdn_mma_prep::SolveUtBlocked; otherwise row by row (LaunchGdnChunkedOldPrep only).
-template <GdnChunkPrecision P, int kD, bool kBlockedSolve>
+// Exact mode's prepare (fast mode's is gdn_mma_prep::GdnChunkPrepareMmaKernel): grid (chunks, nv).
+// n counts the pass's tokens; outputs are indexed [chunk·nv + vh]. T by gdn_mma_prep::SolveUtBlocked.
+template <int kD>
 __global__ void __launch_bounds__(kChunkThreads)
 GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restrict__ g,
                       const float* __restrict__ beta, int64_t n, int c_dim, int nk, int nv,
@@ -220,8 +175,8 @@ GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restric
     bs[t + 1] = t + 1 < c ? beta[(first + t + 1) * nv + vh] : 0.0f;
   }
   __syncthreads();
-  BlockGemm<P, C, C, kD, true, false, false>(ks, LD, ks, LD, as, LT);  // k·kᵀ
-  BlockGemm<P, C, C, kD, true, false, false>(qv, LD, ks, LD, ts, LT);  // q·kᵀ
+  BlockGemmF32<C, C, kD, true, false, false>(ks, LD, ks, LD, as, LT);  // k·kᵀ
+  BlockGemmF32<C, C, kD, true, false, false>(qv, LD, ks, LD, ts, LT);  // q·kᵀ
   __syncthreads();
   float* aqk = aqk_out + blk * C * C;
 #pragma unroll
@@ -253,40 +208,23 @@ GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restric
     if (t < c) v = Scale4(Load4(conv_out + (first + t) * c_dim + 2 * nk * kD + vh * kD + i), bs[t]);
     Store4(qv + t * LD + i, v);
   }
-  if constexpr (kBlockedSolve) {
-    // T in 16 × 16 blocks inside `as`, then spread into ts as a plain lower triangular matrix.
-    static_assert(kChunkLdT == gdn_mma_prep::kSolveLd, "one row stride");
-    gdn_mma_prep::SolveUtBlocked(as, tid);
-    __syncthreads();
+  // T in 16 × 16 blocks inside `as`, then spread into ts as a plain lower triangular matrix.
+  static_assert(kChunkLdT == gdn_mma_prep::kSolveLd, "one row stride");
+  gdn_mma_prep::SolveUtBlocked(as, tid);
+  __syncthreads();
 #pragma unroll
-    for (int r = 0; r < C * C / kChunkThreads; ++r) {
-      const int idx = tid + r * kChunkThreads;
-      const int t = idx / C, i = idx % C, tb = t / 16, ib = i / 16;
-      ts[t * LT + i] = tb < ib ? 0.0f : as[(16 * ib + t % 16) * LT + 16 * tb + i % 16];
-    }
-  } else {
-    // T = (I + A)⁻¹ column by column: T[t][j] = −Σ_{j≤i<t} A[t][i]·T[i][j]. Column j belongs to 4
-    // lanes of one warp (8 columns per warp), which split each sum and combine it by shuffles.
-    static_assert(kChunkThreads / 32 * 8 == C, "one warp per 8 columns");
-    const int lane = tid & 31, j = (tid >> 5) * 8 + (lane >> 2), part = lane & 3;
-    for (int t = 1; t < C; ++t) {
-      float sum = 0.0f;
-      if (t > j) {
-        for (int i = j + part; i < t; i += 4) sum = fmaf(as[t * LT + i], ts[i * LT + j], sum);
-      }
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-      if (part == 0 && t > j) ts[t * LT + j] = -sum;
-      __syncwarp();
-    }
+  for (int r = 0; r < C * C / kChunkThreads; ++r) {
+    const int idx = tid + r * kChunkThreads;
+    const int t = idx / C, i = idx % C, tb = t / 16, ib = i / 16;
+    ts[t * LT + i] = tb < ib ? 0.0f : as[(16 * ib + t % 16) * LT + 16 * tb + i % 16];
   }
   __syncthreads();
-  BlockGemm<P, C, kD, C, true, true, false>(ts, LT, ks, LD, w_out + blk * C * kD, kD);  // W' = −W
-  BlockGemm<P, C, kD, C, true, true, false>(ts, LT, qv, LD, u_out + blk * C * kD, kD);  // U
+  BlockGemmF32<C, kD, C, true, true, false>(ts, LT, ks, LD, w_out + blk * C * kD, kD);  // W' = −W
+  BlockGemmF32<C, kD, C, true, true, false>(ts, LT, qv, LD, u_out + blk * C * kD, kD);  // U
 }
 
 // Grid (nv, dv / kScanCols). Walks the pass's chunks in order; state is S[nv][kD][kD].
-template <GdnChunkPrecision P, int kD>
+template <int kD>
 __global__ void __launch_bounds__(kChunkThreads)
 GdnChunkScanKernel(const float* __restrict__ conv_out, int64_t n, int c_dim, int nk, int nv,
                    const float* __restrict__ w_in, const float* __restrict__ u_in,
@@ -346,17 +284,17 @@ GdnChunkScanKernel(const float* __restrict__ conv_out, int64_t n, int c_dim, int
     }
     const float decay_all = __ldg(decay + C - 1);  // padded rows repeat G_last
     __syncthreads();
-    BlockGemm<P, C, TV, kD, true, true, true>(ws, LD, ss, LV, ds, LV);    // Δ = U − W·S
-    BlockGemm<P, C, TV, kD, true, true, false>(qs, LD, ss, LV, os, LV);   // O = (e^G ⊙ Q)·S
+    BlockGemmF32<C, TV, kD, true, true, true>(ws, LD, ss, LV, ds, LV);    // Δ = U − W·S
+    BlockGemmF32<C, TV, kD, true, true, false>(qs, LD, ss, LV, os, LV);   // O = (e^G ⊙ Q)·S
     __syncthreads();
-    BlockGemm<P, C, TV, C, true, true, true>(aq, LT, ds, LV, os, LV);     // O += Aqk·Δ
+    BlockGemmF32<C, TV, C, true, true, true>(aq, LT, ds, LV, os, LV);     // O += Aqk·Δ
 #pragma unroll
     for (int r = 0; r < kD * TV / kChunkThreads; ++r) {
       const int idx = tid + r * kChunkThreads;
       ss[(idx / TV) * LV + idx % TV] *= decay_all;
     }
     __syncthreads();
-    BlockGemm<P, kD, TV, C, false, true, true>(kps, LD, ds, LV, ss, LV);  // S += K'ᵀ·Δ
+    BlockGemmF32<kD, TV, C, false, true, true>(kps, LD, ds, LV, ss, LV);  // S += K'ᵀ·Δ
     for (int idx = tid; idx < c * (TV / 4); idx += kChunkThreads) {
       const int t = idx / (TV / 4), j = (idx % (TV / 4)) * 4;
       Store4(o + (first + t) * nv * kD + static_cast<int64_t>(vh) * kD + col0 + j,
@@ -386,34 +324,19 @@ bool ChunkedShapeOk(const GdnShape& d) {
   return d.nk > 0 && d.nv > 0 && d.nv % d.nk == 0 && d.dk == d.dv && (d.dk == 64 || d.dk == 128);
 }
 
-// Which prepare kernel a pass runs: kCurrent (fast mode the mma.sync one, exact mode the f32 one
-// with the blocked solve) or kOld (the f32 / WMMA one with the row-by-row solve, both modes:
-// LaunchGdnChunkedOldPrep, for gdn_bench only).
-enum class PrepKind { kCurrent, kOld };
-
-template <GdnChunkPrecision P, int kD, PrepKind kPrep>
-constexpr auto PrepareKernel() {
-  if constexpr (P == GdnChunkPrecision::kTf32 && kPrep == PrepKind::kCurrent) {
-    return gdn_mma_prep::GdnChunkPrepareMmaKernel<kD>;
-  } else {
-    return GdnChunkPrepareKernel<P, kD, kPrep == PrepKind::kCurrent>;
-  }
-}
-
-template <GdnChunkPrecision P, int kD, PrepKind kPrep>
+template <GdnChunkPrecision P, int kD>
 cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                        const GdnShape& d, float* scratch, int64_t chunks_per_pass, float* state,
                        float* o, cudaStream_t stream) {
-  // Fast mode: the mma.sync scan (and, unless kOld, the mma.sync prepare); exact mode: f32 GEMMs.
+  // Fast mode: the mma.sync prepare and scan; exact mode: f32 GEMMs.
   constexpr bool kFast = P == GdnChunkPrecision::kTf32;
-  constexpr bool kMmaPrep = kFast && kPrep == PrepKind::kCurrent;
-  constexpr size_t prep_bytes = kMmaPrep ? gdn_mma_prep::Layout<kD>::kBytes : ChunkPrepareSmemBytes<kD>();
+  constexpr size_t prep_bytes = kFast ? gdn_mma_prep::Layout<kD>::kBytes : ChunkPrepareSmemBytes<kD>();
   constexpr size_t scan_bytes = kFast ? gdn_mma_scan::Layout<kD>::kBytes : ChunkScanSmemBytes<kD>();
-  constexpr int prep_threads = kMmaPrep ? gdn_mma_prep::kThreads : kChunkThreads;
+  constexpr int prep_threads = kFast ? gdn_mma_prep::kThreads : kChunkThreads;
   constexpr int scan_threads = kFast ? gdn_mma_scan::kThreads : kChunkThreads;
   constexpr int scan_cols = kFast ? gdn_mma_scan::kCols : kScanCols;
-  auto* prep = PrepareKernel<P, kD, kPrep>();
-  auto* scan = kFast ? gdn_mma_scan::GdnChunkScanMmaKernel<kD> : GdnChunkScanKernel<GdnChunkPrecision::kF32, kD>;
+  auto* prep = kFast ? gdn_mma_prep::GdnChunkPrepareMmaKernel<kD> : GdnChunkPrepareKernel<kD>;
+  auto* scan = kFast ? gdn_mma_scan::GdnChunkScanMmaKernel<kD> : GdnChunkScanKernel<kD>;
   if (cudaError_t e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, prep_bytes);
       e != cudaSuccess) {
     return e;
@@ -433,7 +356,7 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
     float* decay = aqk + chunks * d.nv * kGdnChunk * kGdnChunk;
     const float* x = conv_out + t0 * c_dim;
     // The mma prepare kernel's grid is (nv, chunks): value heads sharing q and k run side by side.
-    const dim3 prep_grid = kMmaPrep ? dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(chunks))
+    const dim3 prep_grid = kFast ? dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(chunks))
                                     : dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(d.nv));
     prep<<<prep_grid, prep_threads, prep_bytes, stream>>>(x, g + t0 * d.nv, beta + t0 * d.nv, np, c_dim, d.nk, d.nv,
                                                           w, u, aqk, decay);
@@ -445,8 +368,7 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
   return cudaSuccess;
 }
 
-// The launcher's checks, then the passes, with the prepare kernels kPrep.
-template <PrepKind kPrep>
+// The launcher's checks, then the passes.
 cudaError_t LaunchChunked(const float* conv_out, const float* g, const float* beta, int64_t n, const GdnShape& d,
                           GdnChunkPrecision precision, void* scratch, int64_t scratch_bytes, float* state, float* o,
                           cudaStream_t stream) {
@@ -466,11 +388,11 @@ cudaError_t LaunchChunked(const float* conv_out, const float* g, const float* be
   constexpr GdnChunkPrecision kF32 = GdnChunkPrecision::kF32, kTf32 = GdnChunkPrecision::kTf32;
   const bool exact = precision == kF32;
   if (d.dk == 128) {
-    return exact ? RunChunked<kF32, 128, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-                 : RunChunked<kTf32, 128, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+    return exact ? RunChunked<kF32, 128>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+                 : RunChunked<kTf32, 128>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
   }
-  return exact ? RunChunked<kF32, 64, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
-               : RunChunked<kTf32, 64, kPrep>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
+  return exact ? RunChunked<kF32, 64>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream)
+               : RunChunked<kTf32, 64>(conv_out, g, beta, n, d, s, chunks_per_pass, state, o, stream);
 }
 
 }  // namespace
@@ -484,14 +406,7 @@ int64_t GdnChunkedScratchBytes(const GdnShape& d, int64_t max_tokens) {
 cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float* beta, int64_t n,
                              const GdnShape& d, GdnChunkPrecision precision, void* scratch,
                              int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
-  return LaunchChunked<PrepKind::kCurrent>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o,
-                                           stream);
-}
-
-cudaError_t LaunchGdnChunkedOldPrep(const float* conv_out, const float* g, const float* beta, int64_t n,
-                                    const GdnShape& d, GdnChunkPrecision precision, void* scratch,
-                                    int64_t scratch_bytes, float* state, float* o, cudaStream_t stream) {
-  return LaunchChunked<PrepKind::kOld>(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o, stream);
+  return LaunchChunked(conv_out, g, beta, n, d, precision, scratch, scratch_bytes, state, o, stream);
 }
 
 }  // namespace tandem::cuda

@@ -3,7 +3,7 @@
 // matrices W' and U, the same scratch as GdnChunkPrepareKernel in gdn_chunked.cu writes (the layout
 // is described there). Included only by gdn_chunked.cu; LaunchGdnChunked in gdn.cuh is the interface.
 //
-// Why this shape: the earlier kernel (LaunchGdnChunkedOldPrep) solved T row by row (63 dependent
+// Why this shape: the earlier kernel (removed after it was measured) solved T row by row (63 dependent
 // steps, each a warp shuffle reduction and a barrier) and ran its products through WMMA fragment
 // loads with bank conflicts: 0.894 ms per layer at 8192 tokens (gdn_bench, H200), this one 0.321 ms
 // (the ~0.6 GB it must read and write at about 1.9 TB/s). Here
