@@ -159,21 +159,7 @@ GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restric
     Store4(qv + t * LD + i, q);
     Store4(ks + t * LD + i, k);
   }
-  if (tid < 32) {  // inclusive scan of g in double, two tokens per lane; padded rows add 0
-    const int t = 2 * tid;
-    const double g0 = t < c ? g[(first + t) * nv + vh] : 0.0;
-    const double g1 = t + 1 < c ? g[(first + t + 1) * nv + vh] : 0.0;
-    double sum = g0 + g1;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const double y = __shfl_up_sync(0xFFFFFFFFu, sum, off);
-      if (tid >= off) sum += y;
-    }
-    gd[t] = sum - g1;
-    gd[t + 1] = sum;
-    bs[t] = t < c ? beta[(first + t) * nv + vh] : 0.0f;
-    bs[t + 1] = t + 1 < c ? beta[(first + t + 1) * nv + vh] : 0.0f;
-  }
+  if (tid < 32) gdn_mma_prep::ScanDecayAndBeta(g, beta, first, c, nv, vh, tid, gd, bs);
   __syncthreads();
   BlockGemmF32<C, C, kD, true, false, false>(ks, LD, ks, LD, as, LT);  // k·kᵀ
   BlockGemmF32<C, C, kD, true, false, false>(qv, LD, ks, LD, ts, LT);  // q·kᵀ

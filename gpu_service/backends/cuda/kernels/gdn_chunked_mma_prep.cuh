@@ -35,6 +35,27 @@ using gdn_mma_scan::Mma;
 using gdn_mma_scan::Tf32;
 
 constexpr int kThreads = 256;  // 8 warps
+
+// The chunk's cumulative log decay G (inclusive scan of g in double, two tokens per lane of warp
+// 0) and its β, for tokens first .. first + c − 1 of value head vh; padded rows add 0 to G and
+// have β = 0. Shared by the exact and the mma prepare kernels.
+__device__ __forceinline__ void ScanDecayAndBeta(const float* __restrict__ g, const float* __restrict__ beta,
+                                                 int64_t first, int c, int nv, int vh, int lane, double* gd,
+                                                 float* bs) {
+  const int t = 2 * lane;
+  const double g0 = t < c ? g[(first + t) * nv + vh] : 0.0;
+  const double g1 = t + 1 < c ? g[(first + t + 1) * nv + vh] : 0.0;
+  double sum = g0 + g1;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const double y = __shfl_up_sync(0xFFFFFFFFu, sum, off);
+    if (lane >= off) sum += y;
+  }
+  gd[t] = sum - g1;
+  gd[t + 1] = sum;
+  bs[t] = t < c ? beta[(first + t) * nv + vh] : 0.0f;
+  bs[t + 1] = t + 1 < c ? beta[(first + t + 1) * nv + vh] : 0.0f;
+}
 constexpr int kSolveLd = kGdnChunk + 4;  // row stride of the A/T array (≡ 4 (mod 32))
 
 // Shared-memory layout in floats.
@@ -170,21 +191,7 @@ GdnChunkPrepareMmaKernel(const float* __restrict__ conv_out, const float* __rest
     CpAsync16(qv + t * LK + i, row + group * kD + i, valid);
   }
   CpAsyncCommit();
-  if (tid < 32) {  // inclusive scan of g in double, two tokens per lane; padded rows add 0
-    const int t = 2 * tid;
-    const double g0 = t < c ? g[(first + t) * nv + vh] : 0.0;
-    const double g1 = t + 1 < c ? g[(first + t + 1) * nv + vh] : 0.0;
-    double sum = g0 + g1;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const double y = __shfl_up_sync(0xFFFFFFFFu, sum, off);
-      if (tid >= off) sum += y;
-    }
-    gd[t] = sum - g1;
-    gd[t + 1] = sum;
-    bs[t] = t < c ? beta[(first + t) * nv + vh] : 0.0f;
-    bs[t + 1] = t + 1 < c ? beta[(first + t + 1) * nv + vh] : 0.0f;
-  }
+  if (tid < 32) ScanDecayAndBeta(g, beta, first, c, nv, vh, tid, gd, bs);
   CpAsyncWait<0>();
   __syncthreads();
   if (tid < C) {
