@@ -257,14 +257,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Byte selector of Dequant2: bytes 2t, 2t, 2t + 1, 2t + 1 of the 8 quant bytes.
   const uint32_t sel = static_cast<uint32_t>((2 * t) | ((2 * t) << 4) | ((2 * t + 1) << 8) | ((2 * t + 1) << 12));
   float acc[kFrags][2][4];
+  auto clear_acc = [&] {
 #pragma unroll
-  for (int mf = 0; mf < kFrags; ++mf) {
+    for (int mf = 0; mf < kFrags; ++mf) {
 #pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
+      for (int nb = 0; nb < 2; ++nb) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mf][nb][q] = 0.0f;
+        for (int q = 0; q < 4; ++q) acc[mf][nb][q] = 0.0f;
+      }
     }
-  }
+  };
+  clear_acc();
 
   auto compute = [&](int f) {
     const int slot = f % kStages;
@@ -338,14 +341,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
-#pragma unroll
-    for (int mf = 0; mf < kFrags; ++mf) {
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mf][nb][q] = 0.0f;
-      }
-    }
+    clear_acc();
   };
 
 #pragma unroll 1
