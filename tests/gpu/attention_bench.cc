@@ -215,7 +215,6 @@ void Run() {
     const double ms_exact = TimeMs([&] { planned(exact, o_ref); }, 1);
     Report(name + "_f32", flops / (ms_exact * 1e9), "TFLOP/s",
            std::to_string(ms_exact) + " ms, exact split kernel, 1 block per token and kv head");
-    const int32_t* tile_items = fast.d_items + 2 * fast.plan.num_row_items;
     const double ms_fast = TimeMs([&] { planned(fast, o); }, 5);
     Report(name + "_f16tc", flops / (ms_fast * 1e9), "TFLOP/s",
            std::to_string(ms_fast) + " ms, pipelined kernel, " + std::to_string(fast.plan.num_tile_items) +
