@@ -81,8 +81,8 @@ namespace {
 
 // The persistent f16 copies of every dense matrix that prefill multiplies through the GEMM
 // (CudaBackendOptions::prepare_dense_weights): the mixer and stream-read products in the plan's
-// mode; the router, the shared-expert gate and the shared expert itself as near-f32 triples (the
-// layer loop runs them "accurate"). Not the head: a prefill step sends only a few rows through it.
+// mode; the router, the shared-expert gate and the shared expert itself (when it runs as dense
+// GEMMs) as near-f32 triples (the layer loop runs them "accurate"). Not the head: a prefill step sends only a few rows through it.
 absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
   const CudaBackendOptions& o = m.options;
   if (o.mode != CudaMode::kFast || !o.fast_dense_gemm || !o.prepare_dense_weights ||
@@ -104,8 +104,13 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
     for (const cuda::DeviceMatrix* w : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) {
       if (absl::Status s = prepare(*w, false); !s.ok()) return s;
     }
-    for (const cuda::DeviceMatrix* w : {&l.router, &l.shared_gate_inp, &l.shared_gate, &l.shared_up, &l.shared_down}) {
+    for (const cuda::DeviceMatrix* w : {&l.router, &l.shared_gate_inp}) {
       if (absl::Status s = prepare(*w, true); !s.ok()) return s;
+    }
+    if (cuda::SharedExpertRunsAsDenseGemms(l)) {  // else the grouped expert kernel runs it
+      for (const cuda::DeviceMatrix* w : {&l.shared_gate, &l.shared_up, &l.shared_down}) {
+        if (absl::Status s = prepare(*w, true); !s.ok()) return s;
+      }
     }
     if (absl::Status s = prepare_read(l.attn_read); !s.ok()) return s;
     if (absl::Status s = prepare_read(l.ffn_read); !s.ok()) return s;

@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/router.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
 namespace {
@@ -108,7 +109,9 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     if (!b.made.ok()) return b.made.status();
     *b.buf = *std::move(b.made);
   }
-  if (options.fast && c.shared_ffn > 0 && T > kMaxUnitRows) {
+  const bool shared_gemms =
+      std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
+  if (options.fast && shared_gemms && T > kMaxUnitRows) {
     absl::StatusOr<DeviceBuffer> sg = DeviceArray<float>(3 * T * c.shared_ffn);
     if (!sg.ok()) return sg.status();
     impl->shared_gemm = *std::move(sg);
@@ -162,7 +165,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
       if (!p.ok()) return p.status();
       impl->prefill.emplace(routed, *std::move(p));
     }
-    if (l.shared_gate.present()) {
+    if (l.shared_gate.present() && !SharedExpertRunsAsDenseGemms(l)) {
       const ShapeKey shared{l.shared_gate.type, l.shared_down.type, c.shared_ffn};
       if (!impl->prefill.contains(shared)) {
         absl::StatusOr<ExpertPrefillRunner> p = ExpertPrefillRunner::Create(
@@ -174,6 +177,13 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     }
   }
   return std::unique_ptr<MoeStage>(new MoeStage(std::move(impl)));
+}
+
+bool SharedExpertRunsAsDenseGemms(const GpuLayer& l) {
+  for (const DeviceMatrix* m : {&l.shared_gate, &l.shared_up, &l.shared_down}) {
+    if (!m->present() || !DenseKernelsSupportType(m->type) || m->cols % RowLengthMultiple(m->type) != 0) return false;
+  }
+  return true;
 }
 
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
@@ -241,9 +251,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   const float* shared = nullptr;
   const float* gate_logit = nullptr;
   if (l.shared_gate.present()) {
-    const std::vector<ExpertUnit> units =
-        DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
-    if (gemm && m.shared_gemm.get() != nullptr) {
+    if (gemm && SharedExpertRunsAsDenseGemms(l)) {
       // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
       // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
       float* g = m.shared_gemm.as<float>();
@@ -253,16 +261,21 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
       if (absl::Status s = product(l.shared_up, x, n, u, stream); !s.ok()) return s;
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulF32(g, u, n * c.shared_ffn, a, stream));
       if (absl::Status s = product(l.shared_down, a, n, m.shared.as<float>(), stream); !s.ok()) return s;
-    } else if (gemm) {
-      auto it = m.prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
-      if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
-      if (absl::Status s = it->second.Run(units, x, m.shared.as<float>(), stream); !s.ok()) return s;
     } else {
-      const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
-                                            static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
-      if (absl::Status s = m.shared_runner->Run(units, shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
-          !s.ok()) {
-        return s;
+      const std::vector<ExpertUnit> units =
+          DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
+      if (gemm) {
+        auto it = m.prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
+        if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
+        if (absl::Status s = it->second.Run(units, x, m.shared.as<float>(), stream); !s.ok()) return s;
+      } else {
+        const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                              static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+        if (absl::Status s =
+                m.shared_runner->Run(units, shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
+            !s.ok()) {
+          return s;
+        }
       }
     }
     shared = m.shared.as<float>();

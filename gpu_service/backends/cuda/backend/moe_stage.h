@@ -63,6 +63,12 @@ class ResidentExperts : public ExpertSource {
 // Steps of at most this many tokens are planned on the device when the source allows it.
 inline constexpr int64_t kDevicePlanMaxTokens = 64;
 
+// True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
+// kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
+// with the expert types, some of which only the expert kernels read). The others run through the
+// grouped expert prefill kernel.
+bool SharedExpertRunsAsDenseGemms(const GpuLayer& l);
+
 // y (n × m.rows) = m·x for n rows on `stream`: the layer loop's dense product (matvec or GEMM by n).
 using DenseProductFn =
     absl::FunctionRef<absl::Status(const DeviceMatrix& m, const float* x, int64_t n, float* y, cudaStream_t stream)>;
