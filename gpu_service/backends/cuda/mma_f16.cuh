@@ -44,6 +44,18 @@ __device__ __forceinline__ uint32_t PackF16x2(float lo, float hi) {
   return static_cast<uint32_t>(__half_as_ushort(v.x)) | (static_cast<uint32_t>(__half_as_ushort(v.y)) << 16);
 }
 
+// The bits of an f16 pair as __half2, and back (register moves).
+__device__ __forceinline__ __half2 AsHalf2(uint32_t bits) {
+  __half2 h;
+  __builtin_memcpy(&h, &bits, sizeof(h));
+  return h;
+}
+__device__ __forceinline__ uint32_t Half2Bits(__half2 h) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &h, sizeof(bits));
+  return bits;
+}
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MMA_F16_CUH_

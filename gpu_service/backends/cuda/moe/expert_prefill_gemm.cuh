@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -43,24 +44,7 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * kSmemRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// 16 bytes global -> shared without registers (L2 only: activations are re-read by other blocks).
-__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
-}
-
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-__device__ __forceinline__ __half2 AsHalf2(uint32_t bits) {
-  __half2 h;
-  __builtin_memcpy(&h, &bits, sizeof(h));
-  return h;
-}
-
-__device__ __forceinline__ uint32_t Half2Bits(__half2 h) {
-  uint32_t bits;
-  __builtin_memcpy(&bits, &h, sizeof(bits));
-  return bits;
-}
 
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
 

@@ -74,23 +74,10 @@ __device__ __forceinline__ uint32_t AOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * kARowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
-}
-// The same, asking L2 to fetch the whole aligned 256 bytes around the source from DRAM.
+// CpAsync16 (cp_async.cuh), asking L2 to fetch the whole aligned 256 bytes around the source from
+// DRAM.
 __device__ __forceinline__ void CpAsync16L2Lines256(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ __half2 Bits2(uint32_t bits) {
-  __half2 h;
-  __builtin_memcpy(&h, &bits, sizeof(h));
-  return h;
-}
-__device__ __forceinline__ uint32_t Bits(__half2 h) {
-  uint32_t bits;
-  __builtin_memcpy(&bits, &h, sizeof(bits));
-  return bits;
 }
 
 // (a & mask) | bits in one LOP3.
@@ -112,14 +99,14 @@ __device__ __forceinline__ void StageFactors(const uint4& head, int h, uint32_t 
     sc = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
     m = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
   }
-  const __half2 d_neg_dmin = Bits2(head.x ^ 0x80000000u);
+  const __half2 d_neg_dmin = AsHalf2(head.x ^ 0x80000000u);
   const __half2 k1024 = __float2half2_rn(1024.0f);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     // Bytes: sc_i, sc_i, m_i, m_i; the high byte of each half is replaced by 0x64: 1024 + value.
     const uint32_t pair = __byte_perm(sc, m, static_cast<uint32_t>(i | (i << 4) | ((4 + i) << 8) | ((4 + i) << 12)));
-    const __half2 scm = __hsub2(Bits2(AndOr(pair, 0x00FF00FFu, 0x64006400u)), k1024);
-    fo[i] = Bits(__hmul2(d_neg_dmin, scm));
+    const __half2 scm = __hsub2(AsHalf2(AndOr(pair, 0x00FF00FFu, 0x64006400u)), k1024);
+    fo[i] = Half2Bits(__hmul2(d_neg_dmin, scm));
   }
 }
 
@@ -128,14 +115,14 @@ __device__ __forceinline__ void StageFactors(const uint4& head, int h, uint32_t 
 template <bool kHigh>
 __device__ __forceinline__ uint32_t Dequant2(uint32_t lo, uint32_t hi, uint32_t sel, uint32_t fo) {
   const uint32_t pair = __byte_perm(lo, hi, sel);
-  const __half2 f = Bits2(fo);
+  const __half2 f = AsHalf2(fo);
   __half2 q;
   if constexpr (kHigh) {
-    q = __hsub2(Bits2(AndOr(pair, 0x00F000F0u, 0x54005400u)), __float2half2_rn(64.0f));
+    q = __hsub2(AsHalf2(AndOr(pair, 0x00F000F0u, 0x54005400u)), __float2half2_rn(64.0f));
   } else {
-    q = __hsub2(Bits2(AndOr(pair, 0x000F000Fu, 0x64006400u)), __float2half2_rn(1024.0f));
+    q = __hsub2(AsHalf2(AndOr(pair, 0x000F000Fu, 0x64006400u)), __float2half2_rn(1024.0f));
   }
-  return Bits(__hfma2(__low2half2(f), q, __high2half2(f)));
+  return Half2Bits(__hfma2(__low2half2(f), q, __high2half2(f)));
 }
 
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
