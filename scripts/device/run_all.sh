@@ -96,22 +96,18 @@ if [[ " $* " != *" --no-bench "* ]]; then
   results+=("\"bench_worker\":$rc")
 fi
 
-if [[ " $* " == *" --bench-80b "* ]]; then
-  # The issue's end-to-end benchmark on q3n-80b shapes (generates the 47 GB model first).
-  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/bench_80b.sh" >"$out/bench_80b.log" 2>&1
-  rc=$?
-  note "bench_80b: rc=$rc"
-  grep -E "^(ceilings|model|decode|prefill|  profile)" "$out/bench_80b.txt" | tee -a "$report"
-  results+=("\"bench_80b\":$rc")
-fi
-
-if [[ " $* " == *" --profile-80b "* ]]; then
-  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/profile_80b.sh" >"$out/profile_80b.log" 2>&1
-  rc=$?
-  note "profile_80b: rc=$rc"
-  grep -E "^## " "$out/profile_80b.txt" | tee -a "$report"
-  results+=("\"profile_80b\":$rc")
-fi
+run_80b() {  # name pattern: scripts/device/NAME.sh, then the lines of NAME.txt matching pattern
+  local name=$1 pattern=$2
+  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/$name.sh" >"$out/$name.log" 2>&1
+  local rc=$?
+  note "$name: rc=$rc"
+  grep -E "$pattern" "$out/$name.txt" | tee -a "$report"
+  results+=("\"$name\":$rc")
+}
+# The issue's end-to-end benchmark on q3n-80b shapes (generates the 47 GB model first), then the
+# per-kernel profile over the same model.
+[[ " $* " == *" --bench-80b "* ]] && run_80b bench_80b "^(ceilings|model|decode|prefill|  profile)"
+[[ " $* " == *" --profile-80b "* ]] && run_80b profile_80b "^## "
 
 (IFS=,; echo "{${results[*]}}") >"$json"
 note "summary: $(cat "$json")"
