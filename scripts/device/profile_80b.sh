@@ -4,7 +4,7 @@
 # (gpu__time_duration, clocks and caches left alone), from the NVTX ranges gpu_backend_bench puts
 # around those steps. Kernels run serialized under ncu, so the sum of their times is the step's
 # time without launch gaps or overlap; the graph's wall time minus that sum is what launches and
-# dependencies cost. Writes profile_80b.txt (per kernel name: launches, total and mean us) and
+# dependencies cost (the bench adds those ranged steps with --nvtx). Writes profile_80b.txt (per kernel name: launches, total and mean us) and
 # profile_80b.csv (ncu's raw rows) under $OUT.
 # Usage (device): scripts/device/profile_80b.sh [extra gpu_backend_bench flags]
 set -uo pipefail
@@ -19,7 +19,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 timeout 400 "$ncu" --nvtx --nvtx-include "decode_b1/" --nvtx-include "prefill_512/" \
   --metrics gpu__time_duration.sum --csv --clock-control none --cache-control none \
   --kernel-name-base function --log-file "$out/profile_80b.csv" \
-  "$bundle/tests/gpu_backend_bench" --model "$model" --batches 1 --prefill 512 --decode-steps 8 "$@" \
+  "$bundle/tests/gpu_backend_bench" --model "$model" --batches 1 --prefill 512 --decode-steps 8 --nvtx "$@" \
   >"$out/profile_80b_bench.log" 2>&1
 rc=$?
 python3 - "$out/profile_80b.csv" >"$out/profile_80b.txt" <<'PY'

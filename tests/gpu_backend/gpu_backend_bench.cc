@@ -12,7 +12,7 @@
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
 //                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
-//                     [--l2-prefetch 0|1|2] [--json out.json]
+//                     [--l2-prefetch 0|1|2] [--nvtx] [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,7 +48,18 @@ struct Args {
   bool dense_split = true;  // fast mode's dense products as hi/lo f16 triples (the default)
   bool pdl = true;          // programmatic dependent launch (the default)
   int l2_prefetch = -1;     // CudaBackendOptions::l2_prefetch (-1: the backend's default)
+  bool nvtx = false;        // one more decode / prefill step each inside an NVTX range (profile_80b.sh)
 };
+
+// A flag with two values: out = (v == yes); false (after saying so) for anything else.
+bool ParseChoice(const std::string& flag, const std::string& v, const char* yes, const char* no, bool& out) {
+  if (v != yes && v != no) {
+    fprintf(stderr, "%s: '%s' is not %s or %s\n", flag.c_str(), v.c_str(), yes, no);
+    return false;
+  }
+  out = v == yes;
+  return true;
+}
 
 bool ParseInts(const std::string& v, std::vector<int>& out) {
   out.clear();
@@ -238,7 +249,7 @@ int Run(const Args& a) {
     fig.Add("decode", B, tok_s, floor_tok_s,
             absl::StrFormat(",\"ms_per_step\":%.4f,\"bytes_per_step\":%llu", 1e3 * secs / a.decode_steps,
                             static_cast<unsigned long long>(bytes)));
-    {  // One more step inside an NVTX range, for Nsight Compute (scripts/device/profile_80b.sh).
+    if (a.nvtx) {  // One more step inside an NVTX range, for Nsight Compute (scripts/device/profile_80b.sh).
       const std::string range = absl::StrCat("decode_b", B);
       nvtxRangePushA(range.c_str());
       absl::Status s = step(nullptr);
@@ -299,7 +310,7 @@ int Run(const Args& a) {
     if (absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1)); !s.ok()) return 1;
     printf("  profile: %s\n", b.last_profile().c_str());
     b.set_profile(false);
-    {  // The same step without the profile's events, inside an NVTX range (profile_80b.sh).
+    if (a.nvtx) {  // The same step without the profile's events, inside an NVTX range (profile_80b.sh).
       b.ReleaseSequence(*slot);
       slot = b.CreateSequence();
       if (!slot.ok()) return 1;
@@ -359,19 +370,11 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (arg == "--dense") {
-      const std::string v = value();
-      if (v != "split" && v != "single") {
-        fprintf(stderr, "--dense: '%s' is not split or single\n", v.c_str());
-        return 2;
-      }
-      a.dense_split = v == "split";
+      if (!tandem::ParseChoice(arg, value(), "split", "single", a.dense_split)) return 2;
     } else if (arg == "--pdl") {
-      const std::string v = value();
-      if (v != "on" && v != "off") {
-        fprintf(stderr, "--pdl: '%s' is not on or off\n", v.c_str());
-        return 2;
-      }
-      a.pdl = v == "on";
+      if (!tandem::ParseChoice(arg, value(), "on", "off", a.pdl)) return 2;
+    } else if (arg == "--nvtx") {
+      a.nvtx = true;
     } else if (arg == "--l2-prefetch") {
       if (!absl::SimpleAtoi(value(), &a.l2_prefetch) || a.l2_prefetch < 0 || a.l2_prefetch > 2) {
         fprintf(stderr, "--l2-prefetch: not 0, 1 or 2\n");
@@ -387,7 +390,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);
