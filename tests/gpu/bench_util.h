@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #define BENCH_CHECK(call)                                                                        \
@@ -72,6 +73,74 @@ inline float* RandomFloats(size_t count, uint64_t seed) {
   BENCH_CHECK(cudaMalloc(&d, count * 4));
   BENCH_CHECK(cudaMemcpy(d, host.data(), count * 4, cudaMemcpyHostToDevice));
   return d;
+}
+
+// The stream a benchmark's launches go to: GraphUs points it at its capturing stream while it
+// records the launches, otherwise it is the default stream (nullptr).
+inline cudaStream_t& LaunchStream() {
+  static cudaStream_t stream = nullptr;
+  return stream;
+}
+
+// Median microseconds per launch of fn when `per_graph` launches (made on LaunchStream()) are
+// replayed from one CUDA graph (no host launch cost: the GPU-side time of back-to-back kernels, as
+// a captured decode step sees it). fn must have run once outside capture (one-time attribute
+// calls). -1 when the graph could not be built (the run goes on).
+inline double GraphUs(const std::function<void()>& fn, int per_graph = 20) {
+  cudaStream_t s;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    LaunchStream() = s;
+    for (int i = 0; i < per_graph; ++i) fn();
+    LaunchStream() = nullptr;
+    e = cudaStreamEndCapture(s, &graph);
+  }
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+  double us = -1.0;
+  if (e == cudaSuccess) {
+    us = TimeMs([&] { BENCH_CHECK(cudaGraphLaunch(exec, nullptr)); }, 10, 3) * 1e3 / per_graph;
+  } else {
+    std::fprintf(stderr, "graph: %s\n", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return us;
+}
+
+// The results reported so far, one JSON object each.
+inline std::vector<std::string>& JsonResults() {
+  static std::vector<std::string> results;
+  return results;
+}
+
+// One result: a line on stdout, and a JSON object for WriteJson.
+inline void Report(const std::string& name, double value, const char* unit, const std::string& detail) {
+  std::printf("%-44s %12.2f %-8s %s\n", name.c_str(), value, unit, detail.c_str());
+  std::fflush(stdout);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"value\":%.4f,\"unit\":\"%s\",\"detail\":\"%s\"}",
+                name.c_str(), value, unit, detail.c_str());
+  JsonResults().push_back(buf);
+}
+
+// Writes every reported result to `path` as a JSON array (nothing when path is empty).
+inline void WriteJson(const std::string& path) {
+  if (path.empty()) return;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return;
+  }
+  const std::vector<std::string>& r = JsonResults();
+  std::fprintf(f, "[\n");
+  for (size_t i = 0; i < r.size(); ++i) std::fprintf(f, "  %s%s\n", r[i].c_str(), i + 1 < r.size() ? "," : "");
+  std::fprintf(f, "]\n");
+  std::fclose(f);
 }
 
 }  // namespace tandem::bench

@@ -26,22 +26,12 @@
 namespace tandem::cuda {
 namespace {
 
+using bench::GraphUs;
 using bench::RandomFloats;
+using bench::Report;
 
 // Median milliseconds per call of fn (three untimed calls first).
 double TimeMs(const std::function<void()>& fn, int reps = 20) { return bench::TimeMs(fn, reps, /*warmup=*/3); }
-
-std::vector<std::string> g_json;
-cudaStream_t g_stream = nullptr;  // the stream launches go to (a capturing stream inside GraphUs)
-
-void Report(const std::string& name, double value, const char* unit, const std::string& detail) {
-  std::printf("%-44s %12.2f %-8s %s\n", name.c_str(), value, unit, detail.c_str());
-  std::fflush(stdout);
-  char buf[512];
-  std::snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"value\":%.4f,\"unit\":\"%s\",\"detail\":\"%s\"}",
-                name.c_str(), value, unit, detail.c_str());
-  g_json.push_back(buf);
-}
 
 // Random bytes; `mask` is applied to every 8 bytes (0x3FFF... keeps f16 fields finite wherever
 // they fall: the top two bits of every odd byte are cleared).
@@ -75,41 +65,12 @@ double BenchCopy() {
   return gbs;
 }
 
-// Median microseconds per launch of fn when `per_graph` launches are replayed from one CUDA
-// graph (no host launch cost: the GPU-side time of back-to-back kernels, as a captured decode
-// step sees it). fn must have run once outside capture (one-time attribute calls).
-double GraphUs(const std::function<void()>& fn, int per_graph = 20) {
-  cudaStream_t s;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-  if (e == cudaSuccess) {
-    g_stream = s;
-    for (int i = 0; i < per_graph; ++i) fn();
-    g_stream = nullptr;
-    e = cudaStreamEndCapture(s, &graph);
-  }
-  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
-  double us = -1.0;  // reported as -1 when the graph could not be built (the run goes on)
-  if (e == cudaSuccess) {
-    us = TimeMs([&] { BENCH_CHECK(cudaGraphLaunch(exec, nullptr)); }, 10) * 1e3 / per_graph;
-  } else {
-    std::fprintf(stderr, "graph: %s\n", cudaGetErrorString(e));
-    (void)cudaGetLastError();
-  }
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return us;
-}
-
 // The fixed cost of one launch: a 4-byte memset, launched from the host and from a graph.
 void BenchLaunchFloor() {
   void* p;
   BENCH_CHECK(cudaMalloc(&p, 4));
-  const double host_us = TimeMs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, g_stream)); }, 50) * 1e3;
-  const double graph_us = GraphUs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, g_stream)); });
+  const double host_us = TimeMs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, bench::LaunchStream())); }, 50) * 1e3;
+  const double graph_us = GraphUs([&] { BENCH_CHECK(cudaMemsetAsync(p, 0, 4, bench::LaunchStream())); });
   char detail[160];
   std::snprintf(detail, sizeof(detail), "4-byte memset back to back: %.2f us host-launched, %.2f us in a graph",
                 host_us, graph_us);
@@ -161,7 +122,7 @@ void BenchMatVec(double copy_gbs) {
     return [&, n, o] {
       const DeviceMatrix m{t.type, static_cast<uint8_t*>(k.w) + (next++ % k.copies) * k.bytes, sh.cols, sh.rows,
                            k.row_bytes};
-      BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, o, g_stream));
+      BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, o, bench::LaunchStream()));
     };
   };
   const MatVecOptions now{MatVecKernel::kAuto, 0, 0}, before{MatVecKernel::kPrevious, 0, 0};
@@ -540,14 +501,6 @@ int main(int argc, char** argv) {
     BenchGdn();
     BenchSampling();
   }
-  if (!json.empty()) {
-    FILE* f = std::fopen(json.c_str(), "w");
-    if (f) {
-      std::fprintf(f, "[\n");
-      for (size_t i = 0; i < g_json.size(); ++i) std::fprintf(f, "  %s%s\n", g_json[i].c_str(), i + 1 < g_json.size() ? "," : "");
-      std::fprintf(f, "]\n");
-      std::fclose(f);
-    }
-  }
+  tandem::bench::WriteJson(json);
   return 0;
 }

@@ -22,40 +22,10 @@
 namespace tandem::cuda {
 namespace {
 
+using bench::GraphUs;
 using bench::RandomFloats;
+using bench::Report;
 
-std::vector<std::string> g_json;
-cudaStream_t g_stream = nullptr;  // the stream launches go to (a capturing stream inside GraphUs)
-
-void Report(const std::string& name, double value, const char* unit, const std::string& detail) {
-  std::printf("%-40s %10.2f %-6s %s\n", name.c_str(), value, unit, detail.c_str());
-  std::fflush(stdout);
-  char buf[512];
-  std::snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"value\":%.4f,\"unit\":\"%s\",\"detail\":\"%s\"}", name.c_str(),
-                value, unit, detail.c_str());
-  g_json.push_back(buf);
-}
-
-
-// Median microseconds per launch of fn when `per_graph` launches are replayed from one CUDA graph
-// (no host launch cost). fn must have run once outside capture.
-double GraphUs(const std::function<void()>& fn, int per_graph = 50) {
-  cudaStream_t s;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  g_stream = s;
-  for (int i = 0; i < per_graph; ++i) fn();
-  g_stream = nullptr;
-  BENCH_CHECK(cudaStreamEndCapture(s, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double us = bench::TimeMs([&] { BENCH_CHECK(cudaGraphLaunch(exec, nullptr)); }, 10) * 1e3 / per_graph;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return us;
-}
 
 // Device pools that the launches cycle through: copy i of a buffer of `bytes` starts at
 // pool + (i mod copies)·bytes.
@@ -91,8 +61,8 @@ void Compare(const std::string& name, int64_t rows, double bytes, int copies, co
   } else {
     run(now)();
     run(before)();
-    const double us = GraphUs(run(now));
-    const double us_before = GraphUs(run(before));
+    const double us = GraphUs(run(now), 50);
+    const double us_before = GraphUs(run(before), 50);
     std::snprintf(detail, sizeof(detail), "graph replay, %.3f MB; general %.2f us", bytes / 1e6, us_before);
     Report(name, us, "us", detail);
   }
@@ -121,31 +91,31 @@ void BenchGdnTokens(const Pools& pools) {
     auto beta = [&](int i) { return Copy(pools.p[3], 2 * gate_floats, i) + gate_floats; };
     if (n > 1) {  // decode runs LaunchGdnConvDecode (unchanged)
       Compare("gdn_conv" + sz, n, 8.0 * n * c_dim, copies,
-              [&](int i) { BENCH_CHECK(LaunchGdnConv(qkv(i), hist(i), taps, n, d, conv(i), g_stream)); },
-              [&](int i) { BENCH_CHECK(LaunchGdnConvGeneral(qkv(i), hist(i), taps, n, d, conv(i), g_stream)); });
+              [&](int i) { BENCH_CHECK(LaunchGdnConv(qkv(i), hist(i), taps, n, d, conv(i), bench::LaunchStream())); },
+              [&](int i) { BENCH_CHECK(LaunchGdnConvGeneral(qkv(i), hist(i), taps, n, d, conv(i), bench::LaunchStream())); });
       Compare("gdn_conv_prepare" + sz, n, 8.0 * n * c_dim + gate_bytes, copies,
               [&](int i) {
                 BENCH_CHECK(LaunchGdnConvPrepare(qkv(i), hist(i), taps, ba(i), ssm_a, dt_bias, n, d, conv(i), g(i),
-                                                 beta(i), g_stream));
+                                                 beta(i), bench::LaunchStream()));
               },
               [&](int i) {
-                BENCH_CHECK(LaunchGdnConvGeneral(qkv(i), hist(i), taps, n, d, conv(i), g_stream));
-                BENCH_CHECK(LaunchGdnPrepareGeneral(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), g_stream));
+                BENCH_CHECK(LaunchGdnConvGeneral(qkv(i), hist(i), taps, n, d, conv(i), bench::LaunchStream()));
+                BENCH_CHECK(LaunchGdnPrepareGeneral(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), bench::LaunchStream()));
               });
     }
     const int prep_copies = Copies(static_cast<size_t>(8 * n * qk), row_floats * 4);
     Compare("gdn_prepare" + sz, n, 8.0 * n * qk + gate_bytes, prep_copies,
-            [&](int i) { BENCH_CHECK(LaunchGdnPrepare(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), g_stream)); },
+            [&](int i) { BENCH_CHECK(LaunchGdnPrepare(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), bench::LaunchStream())); },
             [&](int i) {
-              BENCH_CHECK(LaunchGdnPrepareGeneral(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), g_stream));
+              BENCH_CHECK(LaunchGdnPrepareGeneral(conv(i), ba(i), ssm_a, dt_bias, n, d, g(i), beta(i), bench::LaunchStream()));
             });
     const size_t v_floats = static_cast<size_t>(n * vw);
     const int gated_copies = Copies(12 * v_floats, 4 * v_floats);
     auto o = [&](int i) { return Copy(pools.p[0], v_floats, i); };
     auto z = [&](int i) { return Copy(pools.p[1], v_floats, i); };
     Compare("gdn_gated_norm" + sz, n, 12.0 * n * vw, gated_copies,
-            [&](int i) { BENCH_CHECK(LaunchGdnGatedNorm(o(i), z(i), norm, eps, n, d, o(i), g_stream)); },
-            [&](int i) { BENCH_CHECK(LaunchGdnGatedNormGeneral(o(i), z(i), norm, eps, n, d, o(i), g_stream)); });
+            [&](int i) { BENCH_CHECK(LaunchGdnGatedNorm(o(i), z(i), norm, eps, n, d, o(i), bench::LaunchStream())); },
+            [&](int i) { BENCH_CHECK(LaunchGdnGatedNormGeneral(o(i), z(i), norm, eps, n, d, o(i), bench::LaunchStream())); });
   }
   cudaFree(taps);
   cudaFree(ssm_a);
@@ -165,9 +135,9 @@ void BenchRmsNorm(const Pools& pools) {
       auto N = [&](int i) { return Copy(pools.p[2], floats, i); };
       Compare(std::string(inject ? "inject_rms_norm" : "rms_norm") + "_h2048_n" + std::to_string(n), n,
               (inject ? 16.0 : 8.0) * n * h, copies,
-              [&](int i) { BENCH_CHECK(LaunchInjectRmsNorm(H(i), n, 1, h, nullptr, y(i), gamma, 1e-6f, N(i), g_stream)); },
+              [&](int i) { BENCH_CHECK(LaunchInjectRmsNorm(H(i), n, 1, h, nullptr, y(i), gamma, 1e-6f, N(i), bench::LaunchStream())); },
               [&](int i) {
-                BENCH_CHECK(LaunchInjectRmsNormGeneral(H(i), n, 1, h, nullptr, y(i), gamma, 1e-6f, N(i), g_stream));
+                BENCH_CHECK(LaunchInjectRmsNormGeneral(H(i), n, 1, h, nullptr, y(i), gamma, 1e-6f, N(i), bench::LaunchStream()));
               });
     }
   }
@@ -205,15 +175,6 @@ int main(int argc, char** argv) {
   BenchGdnTokens(pools);
   BenchRmsNorm(pools);
   for (float* p : pools.p) cudaFree(p);
-  if (!json.empty()) {
-    if (FILE* f = std::fopen(json.c_str(), "w")) {
-      std::fprintf(f, "[\n");
-      for (size_t i = 0; i < g_json.size(); ++i) {
-        std::fprintf(f, "  %s%s\n", g_json[i].c_str(), i + 1 < g_json.size() ? "," : "");
-      }
-      std::fprintf(f, "]\n");
-      std::fclose(f);
-    }
-  }
+  tandem::bench::WriteJson(json);
   return 0;
 }
