@@ -33,6 +33,16 @@
 
 namespace tandem::bench {
 
+// True, after printing "device: NAME, N SMs, L2 M MiB", when a CUDA device is present.
+inline bool PrintDevice() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  return true;
+}
+
 // Median over 5 rounds of the milliseconds per call of fn, each round `reps` calls timed with
 // CUDA events on the default stream, after `warmup` untimed calls.
 inline double TimeMs(const std::function<void()>& fn, int reps = 20, int warmup = 2) {

@@ -477,14 +477,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
     if (std::strcmp(argv[i], "--gemm-only") == 0) gemm_only = true;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  if (!tandem::bench::PrintDevice()) {
     std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
     return 1;
   }
-  cudaDeviceProp prop;
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   if (gemm_only) {
     BenchGemm();
     BenchDenseShapes();

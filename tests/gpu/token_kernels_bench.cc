@@ -153,14 +153,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  if (!tandem::bench::PrintDevice()) {
     std::fprintf(stderr, "token_kernels_bench: no CUDA device\n");
     return 1;
   }
-  cudaDeviceProp prop;
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   Pools pools;
   pools.p[0] = RandomFloats(kPoolBytes / 4, 5);
   for (int i = 1; i < 4; ++i) {

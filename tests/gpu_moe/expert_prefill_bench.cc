@@ -150,14 +150,10 @@ double TimeRuns(ExpertPrefillRunner& runner, const MoeStepPlan& plan, const floa
 }
 
 int Main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
   }
-  cudaDeviceProp prop{};
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   const double ceiling = CublasCeiling(CUDA_R_16BF, "bf16");
   CublasCeiling(CUDA_R_16F, "f16");
 

@@ -211,14 +211,10 @@ void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t
 }
 
 int Main(bool decode_only) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
   }
-  cudaDeviceProp prop{};
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   std::mt19937 rng(12345);
 
   // Ceiling: device-to-device copy of 2 GiB (bytes read + written).
