@@ -27,11 +27,6 @@ struct L2PrefetchList {
     ++count;
     return true;
   }
-  uint64_t total() const {
-    uint64_t t = 0;
-    for (int i = 0; i < count; ++i) t += bytes[i];
-    return t;
-  }
 };
 
 // Asks L2 for every range of `list` (each from its first 16-byte boundary, the tail below 16 bytes
