@@ -1,12 +1,12 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {

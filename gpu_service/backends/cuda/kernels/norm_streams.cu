@@ -1,7 +1,7 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
-#include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
