@@ -1,5 +1,5 @@
 // Micro-benchmarks of the dense CUDA kernels on q3n-80b-like shapes (--matvec-only: the launch
-// floor and the decode matvec alone; --gemm-only: the prefill products alone, tiled against
+// floor and the decode matvec alone; --q8-only: Q8_0 against the uploaded Q8_0x8 layout alone; --gemm-only: the prefill products alone, tiled against
 // prepared weights per layer shape): achieved bandwidth of the decode matvec per weight type
 // (the streaming kernel against the previous dispatch, same run) against a measured device copy, the prefill GEMM's rate, decode
 // and prefill attention, the GDN scan and sampling. Prints one line per case ("name: value unit,
@@ -185,6 +185,95 @@ void BenchMatVec(double copy_gbs) {
       }
       BENCH_CHECK(cudaFree(k.w));
     }
+  }
+  cudaFree(x);
+  cudaFree(y);
+}
+
+// Q8_0 decode matvec, the ggml layout against Q8_0x8 (the layout the backend uploads product
+// matrices in, device_matrix.h), both through kAuto, on every Q8_0 decode shape of q3n-80b: GDN
+// qkv, z, ba, ssm_out; attention q (gated), k/v, o; 512-wide products; the LM head. Copies cycled
+// as in BenchMatVec (the L2 never holds the weights); GB/s of weight bytes; n = 1 also from a
+// graph. Then Q8_0x8's head through the previous kernel and the streaming one, and a sweep of the
+// streaming kernel's split and grid for Q8_0x8 at n = 1.
+void BenchQ8Layouts(double copy_gbs) {
+  struct Shape {
+    const char* name;
+    int64_t cols, rows;
+  };
+  const Shape shapes[] = {{"gdn_qkv", 2048, 8192}, {"gdn_z", 2048, 4096},  {"gdn_ba", 2048, 64},
+                          {"out_o", 4096, 2048},   {"attn_q", 2048, 8192}, {"attn_kv", 2048, 512},
+                          {"w512_up", 512, 2048},  {"head", 2048, 151936}};
+  float* x = RandomFloats(8 * 8192, 3);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, 8 * 262144 * sizeof(float)));
+  struct Weights {
+    void* w;
+    int64_t bytes;
+    int copies;
+  };
+  // Both layouts have 34 bytes per 32 weights; random bytes with every even-offset f16 finite.
+  auto make = [&](const Shape& sh) {
+    Weights k;
+    k.bytes = sh.cols / 32 * 34 * sh.rows;
+    k.copies = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(1, ((256ll << 20) + k.bytes - 1) / k.bytes)));
+    k.w = RandomDevice(static_cast<size_t>(k.bytes) * k.copies, 11, 0x3FFF3FFF3FFF3FFFull);
+    return k;
+  };
+  int next = 0;
+  auto launcher = [&](uint32_t type, const Shape& sh, const Weights& k, int n, MatVecOptions o) {
+    return [&, type, n, o] {
+      const DeviceMatrix m{type, static_cast<uint8_t*>(k.w) + (next++ % k.copies) * k.bytes, sh.cols, sh.rows,
+                           sh.cols / 32 * 34};
+      BENCH_CHECK(LaunchDenseMatVec(m, x, sh.cols, n, y, sh.rows, o, bench::LaunchStream()));
+    };
+  };
+  const MatVecOptions autok{MatVecKernel::kAuto, 0, 0};
+  for (const Shape& sh : shapes) {
+    const Weights k = make(sh);
+    for (int n : {1, 2, 4, 8}) {
+      const double ms_old = TimeMs(launcher(kTypeQ8_0, sh, k, n, autok), 50);
+      const double ms_new = TimeMs(launcher(kTypeQ8_0x8, sh, k, n, autok), 50);
+      const double gbs = k.bytes / (ms_new * 1e6), gbs_old = k.bytes / (ms_old * 1e6);
+      char detail[320];
+      int len = std::snprintf(detail, sizeof(detail),
+                              "%s %lld -> %lld, %.2f MB: q8_0x8 %.2f us (%.0f%% of copy); q8_0 %.0f GB/s, %.2f us",
+                              sh.name, (long long)sh.cols, (long long)sh.rows, k.bytes / 1e6, ms_new * 1e3,
+                              100.0 * gbs / copy_gbs, gbs_old, ms_old * 1e3);
+      if (n == 1) {
+        const int per_graph = std::max(20, std::min(k.copies, 256));
+        const double g_new = GraphUs(launcher(kTypeQ8_0x8, sh, k, n, autok), per_graph);
+        const double g_old = GraphUs(launcher(kTypeQ8_0, sh, k, n, autok), per_graph);
+        std::snprintf(detail + len, sizeof(detail) - len, "; graph q8_0x8 %.2f us (%.0f GB/s), q8_0 %.2f us (%.0f GB/s)",
+                      g_new, k.bytes / (g_new * 1e3), g_old, k.bytes / (g_old * 1e3));
+      }
+      Report(std::string("q8x8_") + sh.name + "_n" + std::to_string(n), gbs, "GB/s", detail);
+    }
+    if (sh.rows == 151936) {
+      for (int n : {1, 8}) {
+        const double prev = TimeMs(launcher(kTypeQ8_0x8, sh, k, n, {MatVecKernel::kPrevious, 0, 0}), 20);
+        const double strm = TimeMs(launcher(kTypeQ8_0x8, sh, k, n, {MatVecKernel::kStream, 0, 0}), 20);
+        char detail[200];
+        std::snprintf(detail, sizeof(detail), "q8_0x8 head: previous kernel %.2f us (%.0f GB/s), streaming %.2f us",
+                      prev * 1e3, k.bytes / (prev * 1e6), strm * 1e3);
+        Report("q8x8_head_stream_n" + std::to_string(n), k.bytes / (strm * 1e6), "GB/s", detail);
+      }
+    } else if (sh.rows >= 2048) {
+      const int per_graph = std::max(20, std::min(k.copies, 256));
+      for (int wpr : {1, 2, 4}) {
+        std::string detail = "q8_0x8 n=1 us per launch (graph) at blocks/SM one-wave,1,2,3:";
+        double best = 1e30;
+        for (int b : {0, 1, 2, 3}) {
+          const double us = GraphUs(launcher(kTypeQ8_0x8, sh, k, 1, MatVecOptions{MatVecKernel::kAuto, wpr, b}), per_graph);
+          best = std::min(best, us);
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), " %.2f", us);
+          detail += buf;
+        }
+        Report(std::string("q8x8_sweep_") + sh.name + "_wpr" + std::to_string(wpr), best, "us", detail);
+      }
+    }
+    BENCH_CHECK(cudaFree(k.w));
   }
   cudaFree(x);
   cudaFree(y);
@@ -472,10 +561,12 @@ int main(int argc, char** argv) {
   std::string json;
   bool matvec_only = false;  // --matvec-only: the copy ceiling and the decode matvec cases
   bool gemm_only = false;    // --gemm-only: the prefill GEMM cases alone
+  bool q8_only = false;      // --q8-only: the copy ceiling and Q8_0 against Q8_0x8 (BenchQ8Layouts)
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
     if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
     if (std::strcmp(argv[i], "--gemm-only") == 0) gemm_only = true;
+    if (std::strcmp(argv[i], "--q8-only") == 0) q8_only = true;
   }
   if (!tandem::bench::PrintDevice()) {
     std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
@@ -486,9 +577,15 @@ int main(int argc, char** argv) {
     BenchDenseShapes();
   }
   const double copy = gemm_only ? 0.0 : BenchCopy();
+  if (q8_only) {
+    BenchQ8Layouts(copy);
+    tandem::bench::WriteJson(json);
+    return 0;
+  }
   if (!gemm_only) {
     BenchLaunchFloor();
     BenchMatVec(copy);
+    BenchQ8Layouts(copy);
   }
   if (!matvec_only && !gemm_only) {
     BenchGemm();

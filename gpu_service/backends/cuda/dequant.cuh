@@ -10,8 +10,8 @@
 //
 // The loads are as wide as each layout's alignment allows (KernelRowAlignment of
 // weight_type_ids.h; the host launchers check it): 16 bytes for F32, F16, BF16, Q4_K and Q5_K
-// rows (blocks that are multiples of 16 bytes), 4 bytes for Q2_K, 2 bytes for Q3_K, Q6_K, Q4_0
-// and Q8_0 (blocks only 2-byte aligned).
+// rows (blocks that are multiples of 16 bytes) and the device-only Q8_0x8, 4 bytes for Q2_K,
+// 2 bytes for Q3_K, Q6_K, Q4_0 and Q8_0 (blocks only 2-byte aligned).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEQUANT_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_DEQUANT_CUH_
 
@@ -39,6 +39,7 @@ template <> struct BlockGeometry<kTypeQ3_K> { static constexpr int kElems = 256,
 template <> struct BlockGeometry<kTypeQ4_K> { static constexpr int kElems = 256, kBytes = 144; };
 template <> struct BlockGeometry<kTypeQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
 template <> struct BlockGeometry<kTypeQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
+template <> struct BlockGeometry<kTypeQ8_0x8> { static constexpr int kElems = 256, kBytes = 272; };
 
 __device__ __forceinline__ float HalfBits(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 __device__ __forceinline__ uint16_t LoadU16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
@@ -125,6 +126,18 @@ __device__ __forceinline__ void DequantChunk<kTypeQ8_0>(const uint8_t* row, int6
   const float d = HalfBits(static_cast<uint16_t>(b[0] | (b[1] << 8)));
 #pragma unroll
   for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(b[2 + j]) * d;
+}
+
+// Q8_0x8 (device_matrix.h): chunk c is block c % 8 of super-block c / 8; 16-byte loads.
+template <>
+__device__ __forceinline__ void DequantChunk<kTypeQ8_0x8>(const uint8_t* row, int64_t c, float (&w)[32]) {
+  const uint8_t* sb = row + (c >> 3) * 272;
+  const int j = static_cast<int>(c & 7);
+  uint8_t b[32];
+  Load32Aligned16(sb + 16 + 32 * j, b);
+  const float d = HalfBits(__ldg(reinterpret_cast<const unsigned short*>(sb) + j));
+#pragma unroll
+  for (int k = 0; k < 32; ++k) w[k] = static_cast<int8_t>(b[k]) * d;
 }
 
 // Q2_K: chunk j of a super-block covers elements 32j..32j+31: two-bit field 2·(j % 4) of

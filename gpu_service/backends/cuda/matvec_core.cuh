@@ -1,5 +1,6 @@
 // The fast decode matrix-vector core: y = W·x for 1..8 f32 activation rows, W in Q8_0, Q4_K,
-// Q5_K or Q6_K read in its ggml block layout (no repacking), f32 products and f32 accumulation.
+// Q5_K or Q6_K read in its ggml block layout, or in Q8_0x8 (Q8_0 regrouped on upload,
+// device_matrix.h), f32 products and f32 accumulation.
 // Dense launches of moe/matvec.cu (LaunchFastDense) run it; kernels/dense_matvec.cu runs it for
 // quantized matrices of >= 64 MB and as MatVecKernel::kPrevious, and otherwise the streaming
 // kernel of matvec_stream.cuh (which reuses the formats below). Its expert
@@ -158,6 +159,38 @@ struct FmtQ8_0 {
   __host__ __device__ static int Swz(int q) { return q ^ ((q >> 3) & 1); }
 };
 
+// Q8_0x8 (Q8_0 regrouped on upload, device_matrix.h): piece = 16 quants, half a block, read
+// with one 16-byte load plus its block's 2-byte scale; 16 lanes per 272-byte super-block, so one
+// load instruction of a warp reads two runs of 256 contiguous bytes. (Q8_0 needs 3-4 loads for 8
+// quants; this is what bounded its decode matvec.) Swz: lane l of a quarter-warp reads float4
+// 4l + i; XOR-ing the low three bits with l spreads the eight lanes over all 32 banks (a
+// bijection on aligned groups of 32 float4s, so cols % 128 == 0).
+struct FmtQ8_0x8 {
+  static constexpr int kMaxSlots = 4, kMinBlocks = 2;  // 3 spilled (80 registers) at kN = 1, 2
+  static constexpr bool kPrefetch = true;
+  static constexpr int kPieceElems = 16, kRuns = 1, kRunLen = 16, kBias = 128;
+  static constexpr bool kXSum = false;
+  struct Raw {
+    uint4 q;
+    uint32_t d;
+  };
+  __host__ __device__ static int64_t RowBytes(int cols) { return static_cast<int64_t>(cols) / 256 * 272; }
+  __host__ __device__ static void Load(const uint8_t* row, int p, Raw& r) {
+    const uint8_t* sb = row + static_cast<int64_t>(p >> 4) * 272;
+    r.q = Ld128(sb + 16 + 16 * (p & 15));
+    r.d = Ld16(sb + 2 * ((p & 15) >> 1));
+  }
+  __host__ __device__ static int RunCol(int p, int) { return 16 * p; }
+  __host__ __device__ static uint32_t Word(const Raw& r, int, int, int i) {
+    return (i == 0 ? r.q.x : i == 1 ? r.q.y : i == 2 ? r.q.z : r.q.w) ^ 0x80808080u;
+  }
+  __host__ __device__ static void RunScale(const Raw& r, int, int, float& scale, float& offset) {
+    scale = F16Bits(static_cast<uint16_t>(r.d));
+    offset = 0.0f;
+  }
+  __host__ __device__ static int Swz(int q) { return q ^ ((q >> 2) & 7); }
+};
+
 // Q6_K: piece = 16 elements: 4 runs of 4 (columns 128h + 32g + l, g = 0..3) sharing one
 // qh word; 16 lanes per 210-byte block.
 struct FmtQ6_K {
@@ -276,6 +309,7 @@ template <> struct FormatOf<kTypeQ8_0> { using Type = FmtQ8_0; };
 template <> struct FormatOf<kTypeQ6_K> { using Type = FmtQ6_K; };
 template <> struct FormatOf<kTypeQ4_K> { using Type = FmtQ4_K; };
 template <> struct FormatOf<kTypeQ5_K> { using Type = FmtQ5_K; };
+template <> struct FormatOf<kTypeQ8_0x8> { using Type = FmtQ8_0x8; };
 
 // Weight-row slots per warp sub-group for kN activation rows (registers: kS·kN accumulators and
 // kS pieces of raw bytes; Q5_K's 48-byte pieces allow two).

@@ -1,5 +1,6 @@
 // The streaming decode matrix-vector kernel: y = W·x for 1..8 f32 activation rows, W in Q8_0,
-// Q4_K, Q5_K, Q6_K (the ggml block layouts, decoded by the formats of matvec_core.cuh) or F32,
+// Q4_K, Q5_K, Q6_K (the ggml block layouts, decoded by the formats of matvec_core.cuh), Q8_0x8
+// (Q8_0 regrouped on upload: 16-byte quant loads) or F32,
 // any row stride the format's alignment allows; f32 products and f32 accumulation. Dense launches
 // of kernels/dense_matvec.cu take it; matvec_core.cuh's FastMatVecKernel (the previous kernel)
 // stays for the MoE launchers and as the benchmarks' "before". Only .cu files include this header.
@@ -65,11 +66,13 @@ template <> struct StreamFormatOf<kTypeF32> { using Type = FmtF32; };
 // Row slots (kS) and ring depth (kD) per format and activation-row bucket: kD·kS raw pieces live
 // in registers next to kS·kN accumulators, within the budget of kStreamMinBlocks blocks per SM.
 template <class F, int kN>
-inline constexpr int kStreamSlots = std::is_same_v<F, FmtQ8_0> ? (kN <= 2 ? 4 : 2)
+inline constexpr int kStreamSlots = (std::is_same_v<F, FmtQ8_0> || std::is_same_v<F, FmtQ8_0x8>) ? (kN <= 2 ? 4 : 2)
                                     : std::is_same_v<F, FmtQ6_K> ? (kN == 1 ? 4 : 2)
                                                                  : 2;  // Q4_K, Q5_K, F32: 32-48 byte pieces
+// Q8_0x8 keeps 16-byte pieces: at kN = 1, 4 rows x 3 deep = 192 bytes in flight per lane, in the
+// 128 registers of two blocks per SM (three blocks' 80 registers spilled).
 template <class F, int kN>
-inline constexpr int kStreamDepth = (std::is_same_v<F, FmtQ4_K> && kN == 1) ? 3 : 2;
+inline constexpr int kStreamDepth = ((std::is_same_v<F, FmtQ4_K> || std::is_same_v<F, FmtQ8_0x8>) && kN == 1) ? 3 : 2;
 template <class F, int kN>
 inline constexpr int kStreamMinBlocks = (std::is_same_v<F, FmtQ8_0> && kN <= 2) ? 3 : 2;
 
@@ -418,6 +421,7 @@ inline bool StreamTakes(const void* w, int64_t cols, int64_t rows, int64_t row_b
   const int64_t align = (std::is_same_v<F, FmtQ8_0> || std::is_same_v<F, FmtQ6_K>) ? 2 : 16;
   if (cols <= 0 || cols > (1 << 20) || rows <= 0 || rows >= (int64_t{1} << 31)) return false;
   if (cols % (4 * F::kPieceElems) != 0) return false;  // whole swizzle groups (Q8_0/F32: 32 columns)
+  if (std::is_same_v<F, FmtQ8_0x8> && cols % 256 != 0) return false;  // whole super-blocks
   if (reinterpret_cast<uintptr_t>(w) % align != 0 || row_bytes % align != 0) return false;
   if (row_bytes < F::RowBytes(static_cast<int>(cols))) return false;
   return StreamSharedBytesFor<F>(1, static_cast<int>(cols)) <= kMaxStreamShared;

@@ -22,6 +22,10 @@ inline constexpr uint32_t kTypeQ4_K = 12;
 inline constexpr uint32_t kTypeQ5_K = 13;
 inline constexpr uint32_t kTypeQ6_K = 14;
 inline constexpr uint32_t kTypeBF16 = 30;
+// Not a ggml type: Q8_0 regrouped on upload into 272-byte super-blocks of eight blocks (the
+// layout is described in device_matrix.h). Only the dense kernels read it; the MoE kernels, the
+// embedding gather and every other switch on the type refuse it (an unknown type).
+inline constexpr uint32_t kTypeQ8_0x8 = 1008;
 
 // True for the formats the MoE kernels can read (all of the above).
 inline constexpr bool MoeKernelsSupportType(uint32_t type) {
@@ -33,7 +37,7 @@ inline constexpr bool MoeKernelsSupportType(uint32_t type) {
 // True for the formats the dense kernels (matvec / dequantize / gather of kernels/) read.
 inline constexpr bool DenseKernelsSupportType(uint32_t type) {
   return type == kTypeF32 || type == kTypeF16 || type == kTypeBF16 || type == kTypeQ8_0 ||
-         type == kTypeQ4_K || type == kTypeQ5_K || type == kTypeQ6_K;
+         type == kTypeQ4_K || type == kTypeQ5_K || type == kTypeQ6_K || type == kTypeQ8_0x8;
 }
 
 // True for the K-quants (256-element super-blocks).
@@ -42,15 +46,17 @@ inline constexpr bool IsKQuant(uint32_t type) {
          type == kTypeQ6_K;
 }
 
-// The multiple that a row's length must be for the kernels: 256 for the K-quants, 32 (one
-// dequantized chunk, dequant.cuh) for every other type.
-inline constexpr int64_t RowLengthMultiple(uint32_t type) { return IsKQuant(type) ? 256 : 32; }
+// The multiple that a row's length must be for the kernels: 256 for the K-quants and Q8_0x8 (one
+// super-block), 32 (one dequantized chunk, dequant.cuh) for every other type.
+inline constexpr int64_t RowLengthMultiple(uint32_t type) {
+  return IsKQuant(type) || type == kTypeQ8_0x8 ? 256 : 32;
+}
 
 // Byte alignment the kernels need for the start of every row of this type (dequant.cuh's loads);
 // 0 for a type no kernel reads.
 inline constexpr int KernelRowAlignment(uint32_t type) {
   switch (type) {
-    case kTypeF32: case kTypeF16: case kTypeBF16: case kTypeQ4_K: case kTypeQ5_K: return 16;
+    case kTypeF32: case kTypeF16: case kTypeBF16: case kTypeQ4_K: case kTypeQ5_K: case kTypeQ8_0x8: return 16;
     case kTypeQ2_K: return 4;
     case kTypeQ3_K: case kTypeQ6_K: case kTypeQ4_0: case kTypeQ8_0: return 2;
     default: return 0;

@@ -2,7 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +18,22 @@ namespace {
 // Dense products go through the dense matvec / GEMM family, experts through the MoE family,
 // which reads a superset of types (weight_type_ids.h).
 bool DenseTypeOk(WeightType t) { return DenseKernelsSupportType(static_cast<uint32_t>(t)); }
+
+// Q8_0 matrices that only the dense matvec and the dense GEMM read (Product in layer_loop.cc)
+// are uploaded as Q8_0x8 (device_matrix.h): 16-byte quant loads for the decode matvec. The
+// environment variable TANDEM_Q8_0_GGML_LAYOUT=1 (read once) keeps the ggml layout, for A/B runs.
+// Smaller matrices stay Q8_0: their launches are latency-bound and Q8_0x8 measured no faster
+// (H200, 2026-12-01: ssm_ba 2048 -> 64, 0.14 MB, 2.31 against 2.24 us at n = 1, 4.14 against
+// 3.78 us at n = 4; from 1.1 MB on, e.g. attn_k 2048 -> 512, Q8_0x8 was faster at n = 1..8).
+constexpr int64_t kRegroupMinBytes = int64_t{1} << 20;
+
+bool RegroupQ8_0() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_Q8_0_GGML_LAYOUT");
+    return v == nullptr || std::strcmp(v, "1") != 0;
+  }();
+  return on;
+}
 
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
 // (base == nullptr), then to copy and hand out device addresses.
@@ -33,7 +52,11 @@ class Placer {
     if (v.empty()) return nullptr;
     return static_cast<const float*>(Put(v.data(), v.size() * sizeof(float)));
   }
-  DeviceMatrix Matrix(const char* name, const MatrixView& m, bool dense = true) {
+  // dense: read by the dense kernels (the type must have one). product_only: read only through
+  // LaunchDenseMatVec / DenseGemm (Run, Prepare), which take Q8_0x8: a Q8_0 matrix of whole
+  // super-blocks is regrouped. Others (embedding table, router, shared expert, engram) keep
+  // ggml's layout, which their kernels read.
+  DeviceMatrix Matrix(const char* name, const MatrixView& m, bool dense = true, bool product_only = false) {
     DeviceMatrix g;
     if (!m.present()) return g;
     if (dense && !DenseTypeOk(m.type) && problems_.empty()) {
@@ -44,6 +67,20 @@ class Placer {
     g.cols = m.cols;
     g.rows = m.rows;
     g.row_bytes = m.row_bytes;
+    if (product_only && g.type == kTypeQ8_0 && m.cols % 256 == 0 && m.row_bytes >= m.cols / 32 * 34 &&
+        m.rows * m.row_bytes >= kRegroupMinBytes && RegroupQ8_0()) {
+      g.type = kTypeQ8_0x8;
+      g.row_bytes = Q8_0x8RowBytes(m.cols);
+      const size_t bytes = static_cast<size_t>(m.rows * g.row_bytes);
+      if (base_ == nullptr || !status_.ok()) {
+        g.data = Put(m.data, bytes);  // counting: nothing is read
+      } else {
+        std::vector<uint8_t> regrouped(bytes);
+        RepackQ8_0x8(static_cast<const uint8_t*>(m.data), m.row_bytes, m.rows, m.cols, regrouped.data());
+        g.data = Put(regrouped.data(), bytes);
+      }
+      return g;
+    }
     g.data = Put(m.data, static_cast<size_t>(m.rows * m.row_bytes));
     return g;
   }
@@ -60,9 +97,9 @@ class Placer {
   GpuHcRead Read(const char* name, const HcWeights& w) {
     GpuHcRead r;
     r.norm = Vector(w.norm);
-    r.down = Matrix(name, w.down);
-    r.up = Matrix(name, w.up);
-    r.inject = Matrix(name, w.inject);
+    r.down = Matrix(name, w.down, true, true);
+    r.up = Matrix(name, w.up, true, true);
+    r.inject = Matrix(name, w.inject, true, true);
     return r;
   }
   size_t used() const { return used_; }
@@ -79,7 +116,7 @@ class Placer {
 void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>& inv_freq, Placer& p,
           DeviceModel& m) {
   m.token_embd = p.Matrix("token_embd", w.token_embd);
-  m.output = p.Matrix("output", w.output);
+  m.output = p.Matrix("output", w.output, true, true);
   m.output_read = p.Read("output read", w.output_read);
   m.rope_inv_freq = static_cast<const double*>(p.Put(inv_freq.data(), inv_freq.size() * sizeof(double)));
   m.layers.assign(static_cast<size_t>(c.n_layers), GpuLayer{});
@@ -90,22 +127,22 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
     g.attn_read = p.Read("attn read", lw.attn_read);
     g.ffn_read = p.Read("ffn read", lw.ffn_read);
     if (lw.kind == LayerKind::kGdn) {
-      g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv);
-      g.z = p.Matrix("attn_gate", lw.gdn.gate);
-      g.ba = p.Matrix("ssm_ba", lw.gdn.ba);
-      g.ssm_out = p.Matrix("ssm_out", lw.gdn.out);
+      g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true);
+      g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true);
+      g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
+      g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
       g.conv1d = p.Vector(lw.gdn.conv1d);
       g.ssm_a = p.Vector(lw.gdn.a);
       g.dt_bias = p.Vector(lw.gdn.dt_bias);
       g.ssm_norm = p.Vector(lw.gdn.norm);
     } else {
-      g.q = p.Matrix("attn_q", lw.attn.q);
-      g.k = p.Matrix("attn_k", lw.attn.k);
-      g.v = p.Matrix("attn_v", lw.attn.v);
-      g.o = p.Matrix("attn_output", lw.attn.output);
+      g.q = p.Matrix("attn_q", lw.attn.q, true, true);
+      g.k = p.Matrix("attn_k", lw.attn.k, true, true);
+      g.v = p.Matrix("attn_v", lw.attn.v, true, true);
+      g.o = p.Matrix("attn_output", lw.attn.output, true, true);
       g.q_norm = p.Vector(lw.attn.q_norm);
       g.k_norm = p.Vector(lw.attn.k_norm);
-      g.idx_qk = p.Matrix("attn_idx_qk", lw.attn.idx_qk);
+      g.idx_qk = p.Matrix("attn_idx_qk", lw.attn.idx_qk, true, true);
       g.idx_q_norm = p.Vector(lw.attn.idx_q_norm);
       g.idx_k_norm = p.Vector(lw.attn.idx_k_norm);
     }

@@ -1,5 +1,6 @@
 // Dense matrix-vector products for decode: y = W·x for 1..8 activation rows, with W in any type
-// of DenseKernelsSupportType, dequantized on the fly, f32 activations and f32 accumulation
+// of DenseKernelsSupportType (Q8_0x8 included: the layout the upload gives Q8_0 products,
+// device_matrix.h), dequantized on the fly, f32 activations and f32 accumulation
 // (the exact mode of docs/MODEL.md §5). Decode is memory-bound: each weight byte is read once per
 // launch whatever the number of activation rows.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_
@@ -23,6 +24,7 @@ enum class MatVecKernel {
   kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
               // quantized types at their natural row stride, else the generic kernel
   kGeneric,   // the generic one-warp-per-row kernel, every type
+  kStream,    // the streaming kernel wherever it takes the matrix (also >= 64 MB), else as kPrevious
 };
 
 // Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.

@@ -198,6 +198,7 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
     case kTypeQ4_K: return Launch<kTypeQ4_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
     case kTypeQ5_K: return Launch<kTypeQ5_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
     case kTypeQ6_K: return Launch<kTypeQ6_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
+    case kTypeQ8_0x8: return Launch<kTypeQ8_0x8>(w, row_begin, count, to_f16, dst, dst_lo, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -223,6 +224,7 @@ cudaError_t LaunchDequantizeToF16Layout(const DeviceMatrix& w, int copies, float
     case kTypeQ4_K: return LaunchLayout<kTypeQ4_K>(w, copies, scale, dst, stream);
     case kTypeQ5_K: return LaunchLayout<kTypeQ5_K>(w, copies, scale, dst, stream);
     case kTypeQ6_K: return LaunchLayout<kTypeQ6_K>(w, copies, scale, dst, stream);
+    case kTypeQ8_0x8: return LaunchLayout<kTypeQ8_0x8>(w, copies, scale, dst, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -237,6 +239,7 @@ cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStre
     case kTypeQ4_K: return LaunchMax<kTypeQ4_K>(w, max_bits, stream);
     case kTypeQ5_K: return LaunchMax<kTypeQ5_K>(w, max_bits, stream);
     case kTypeQ6_K: return LaunchMax<kTypeQ6_K>(w, max_bits, stream);
+    case kTypeQ8_0x8: return LaunchMax<kTypeQ8_0x8>(w, max_bits, stream);
     default: return cudaErrorInvalidValue;
   }
 }
