@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "common/reference/matmul.h"
 #include "common/reference/streams.h"
+#include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
@@ -274,7 +277,156 @@ TEST_P(GpuDenseTest, GemmPreparedMatchesReference) {
   EXPECT_EQ((*g)->Prepare(m, GemmMode::kFast).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Stacked prepared copies (DenseGemm::PrepareStack) and activations converted once
+// (ConvertInput / RunInput): three matrices of different rows and scales as one copy, one product
+// giving all three outputs side by side (zero padding columns), each part still runnable on its
+// own from the stack (RunInput and the f32 Run); the same accuracy as the separate copies: 2e-5
+// relative L2 for the split, 1e-2 for the single f16 product.
+TEST_P(GpuDenseTest, GemmStackAndConvertedInputMatchReference) {
+  std::mt19937 rng(std::random_device{}());
+  using cuda::GemmMode;
+  const WeightType type = GetParam();
+  const int64_t cols = 512, n = 45;
+  const int64_t part_rows[3] = {200, 136, 1};
+  const float stddev[3] = {0.05f, 0.02f, 0.3f};  // different maxima: one shared scale for all
+  std::vector<gpu_testing::TestMatrix> w;
+  for (int i = 0; i < 3; ++i) w.push_back(RandomMatrix(rng, type, cols, part_rows[i], stddev[i]));
+  const cuda::DeviceMatrix m[3] = {w[0].gpu(), w[1].gpu(), w[2].gpu()};
+  const cuda::DeviceMatrix* parts[3] = {&m[0], &m[1], &m[2]};
+  const std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
+  auto d_x = Upload(x);
+  std::vector<std::vector<float>> want(3);
+  for (int i = 0; i < 3; ++i) {
+    want[i].resize(static_cast<size_t>(n * part_rows[i]));
+    MatMul(w[i].view(), x.data(), n, want[i].data(), nullptr);
+  }
+  cuda::DenseGemmOptions options;
+  options.mode = GemmMode::kFastSplit;
+  options.max_n = 64;
+  options.max_cols = cols;
+  options.tile_bytes = 100 * cols * 4;
+  options.workspace_bytes = 4 << 20;
+  auto gemm = cuda::DenseGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::DenseGemm& g = **gemm;
+  absl::StatusOr<int64_t> stack_rows = g.PrepareStack(parts, GemmMode::kFastSplit);
+  ASSERT_TRUE(stack_rows.ok()) << stack_rows.status();
+  const int64_t R = *stack_rows;
+  EXPECT_EQ(R, 344);  // 337 rows padded to a multiple of 8
+  EXPECT_EQ(g.StackRows(parts), R);
+  EXPECT_EQ(g.StackRows(std::span<const cuda::DeviceMatrix* const>(parts, 2)), R);  // a prefix is the same stack
+  EXPECT_EQ(g.StackRows(std::span<const cuda::DeviceMatrix* const>(parts + 1, 2)), 0);
+  EXPECT_EQ(g.prepared_bytes(), R * cols * 2 * 3);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(g.IsPrepared(m[i], GemmMode::kFastSplit));
+  // Again: the parts are prepared already (nothing changes); a single Prepare is a no-op.
+  EXPECT_EQ(g.PrepareStack(parts, GemmMode::kFastSplit).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(g.Prepare(m[1], GemmMode::kFastSplit).ok());
+  EXPECT_EQ(g.prepared_bytes(), R * cols * 2 * 3);
+  for (GemmMode mode : {GemmMode::kFastSplit, GemmMode::kFast}) {
+    const double tol = mode == GemmMode::kFast ? 1e-2 : 2e-5;
+    const std::string tag = mode == GemmMode::kFast ? "fast" : "split";
+    absl::StatusOr<cuda::DenseGemm::F16Input> in = g.ConvertInput(d_x.get(), n, cols, mode, nullptr);
+    ASSERT_TRUE(in.ok()) << in.status();
+    auto d_y = Poisoned<float>(static_cast<size_t>(n * R));
+    ASSERT_TRUE(g.RunStack(parts, *in, d_y.get(), nullptr).ok());
+    const std::vector<float> y = Download(d_y);
+    int64_t col = 0;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> got(static_cast<size_t>(n * part_rows[i]));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < part_rows[i]; ++r) got[t * part_rows[i] + r] = y[t * R + col + r];
+      }
+      const std::string name = "gemm_stack_" + tag + "_part" + std::to_string(i);
+      EXPECT_LE(gpu_testing::LogError(name, RelL2(got, want[i])), tol) << name;
+      col += part_rows[i];
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = col; r < R; ++r) ASSERT_EQ(y[t * R + r], 0.0f) << "padding column " << r;
+    }
+    // Each part on its own from the same converted input, and through the f32 entry point.
+    for (int i = 0; i < 3; ++i) {
+      auto d_part = Poisoned<float>(static_cast<size_t>(n * part_rows[i]));
+      ASSERT_TRUE(g.RunInput(m[i], *in, d_part.get(), nullptr).ok());
+      const std::string name = "gemm_converted_input_" + tag + "_part" + std::to_string(i);
+      EXPECT_LE(gpu_testing::LogError(name, RelL2(Download(d_part), want[i])), tol) << name;
+      auto d_f32 = Poisoned<float>(static_cast<size_t>(n * part_rows[i]));
+      ASSERT_TRUE(g.Run(m[i], d_x.get(), n, d_f32.get(), nullptr, mode).ok());
+      EXPECT_EQ(Download(d_f32), Download(d_part)) << "Run and RunInput differ, part " << i;
+    }
+  }
+  // Refusals: an unprepared matrix, a wrongly sized input, parts not stacked in this order.
+  const gpu_testing::TestMatrix other = RandomMatrix(rng, type, cols, 8, 0.05f);
+  absl::StatusOr<cuda::DenseGemm::F16Input> in = g.ConvertInput(d_x.get(), n, cols, GemmMode::kFastSplit, nullptr);
+  ASSERT_TRUE(in.ok());
+  auto d_y = Poisoned<float>(static_cast<size_t>(n * R));
+  EXPECT_EQ(g.RunInput(other.gpu(), *in, d_y.get(), nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  cuda::DenseGemm::F16Input wrong = *in;
+  wrong.cols = cols / 2;
+  EXPECT_EQ(g.RunInput(m[0], wrong, d_y.get(), nullptr).code(), absl::StatusCode::kInvalidArgument);
+  const cuda::DeviceMatrix* swapped[2] = {&m[1], &m[0]};
+  EXPECT_EQ(g.RunStack(swapped, *in, d_y.get(), nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g.ConvertInput(d_x.get(), 65, cols, GemmMode::kFastSplit, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Scales more than 2^12 apart are not stacked (f32 weights: any magnitude is representable).
+  if (type == WeightType::kF32) {
+    const gpu_testing::TestMatrix big = RandomMatrix(rng, type, cols, 16, 1.0f);
+    const gpu_testing::TestMatrix tiny = RandomMatrix(rng, type, cols, 16, 1e-5f);
+    const cuda::DeviceMatrix b = big.gpu(), t = tiny.gpu();
+    const cuda::DeviceMatrix* far[2] = {&b, &t};
+    const int64_t before = g.prepared_bytes();
+    EXPECT_EQ(g.PrepareStack(far, GemmMode::kFastSplit).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(g.prepared_bytes(), before);
+    EXPECT_FALSE(g.IsPrepared(b, GemmMode::kFast));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, GpuDenseTest, ::testing::ValuesIn(gpu_testing::GpuTypes()), TypeName);
+
+// SiLU(gate)·up of a stacked gate/up GEMM written as f16 rows for the next product
+// (LaunchSiluMulToF16Rows): hi + lo within 1e-6 of the f32 value (relative L2), hi alone within
+// f16's rounding, the stacked gate logit copied exactly; both the vector (ffn % 8 == 0) and the
+// scalar kernel.
+TEST(GpuDenseSiluRows, MatchesF32AndCopiesGateLogit) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t ffn : {512, 37}) {
+    const int64_t n = 29, ld = 2 * ffn + 8, gate_col = 2 * ffn + 3;
+    const std::vector<float> gu = Random(rng, static_cast<size_t>(n * ld), 2.0f);
+    auto d_gu = Upload(gu);
+    std::vector<float> want(static_cast<size_t>(n * ffn)), want_gate(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < ffn; ++j) {
+        const double g = gu[t * ld + j];
+        want[t * ffn + j] = static_cast<float>(g / (1.0 + std::exp(-g)) * gu[t * ld + ffn + j]);
+      }
+      want_gate[t] = gu[t * ld + gate_col];
+    }
+    for (bool split : {true, false}) {
+      const int64_t width = (split ? 3 : 1) * ffn;
+      auto d_a = Poisoned<uint16_t>(static_cast<size_t>(n * width));
+      auto d_gate = Poisoned<float>(static_cast<size_t>(n));
+      TANDEM_ASSERT_CUDA(cuda::LaunchSiluMulToF16Rows(d_gu.get(), n, ld, ffn, split, d_a.get(), gate_col,
+                                                       d_gate.get(), nullptr));
+      const std::vector<uint16_t> a = Download(d_a);
+      std::vector<float> got(static_cast<size_t>(n * ffn));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < ffn; ++j) {
+          const uint16_t* row = a.data() + t * width;
+          float v = Fp16ToFp32(row[j]);
+          if (split) {
+            ASSERT_EQ(row[j], row[ffn + j]);
+            v += Fp16ToFp32(row[2 * ffn + j]);
+          }
+          got[t * ffn + j] = v;
+        }
+      }
+      const std::string name = std::string("silu_rows_") + (split ? "split" : "hi") + "_ffn" + std::to_string(ffn);
+      EXPECT_LE(gpu_testing::LogError(name, RelL2(got, want)), split ? 1e-6 : 1e-3) << name;
+      EXPECT_EQ(Download(d_gate), want_gate);
+    }
+  }
+  EXPECT_EQ(cuda::LaunchSiluMulToF16Rows(nullptr, 1, 8, 4, true, nullptr, -1, nullptr, nullptr), cudaErrorInvalidValue);
+}
 
 class GpuDenseGemmStudy : public ::testing::Test {
  protected:

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -136,6 +137,51 @@ TEST_P(GpuGdnVecTest, GatedNormMatchesGeneralKernel) {
     TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o_vec.get(), z.get(), norm.get(), 1e-6f, n, d, o_vec.get(), nullptr));
     const std::string tag = "gdn_vec_gated_norm_" + Tag(d) + "_n" + std::to_string(n);
     EXPECT_LE(gpu_testing::LogError(tag, RelL2(Download(o_vec), Download(out_general))), 1e-6);
+  }
+}
+
+// The gated norm written as the output product's f16 rows (LaunchGdnGatedNormToF16): [f16(v)]
+// or [hi | hi | lo] per token; hi + lo within 1e-6 of the f32 kernel's rows (relative L2), hi
+// alone within f16's rounding; also through the general path (o at a 4-byte offset).
+TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
+  const cuda::GdnShape d = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  for (int64_t n : {3, 70}) {
+    const size_t count = static_cast<size_t>(n * vw);
+    const std::vector<float> o = Random(rng, count);
+    const auto z = Upload(Random(rng, count));
+    const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+    auto o_f32 = Upload(o);
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o_f32.get(), z.get(), norm.get(), 1e-6f, n, d, o_f32.get(), nullptr));
+    const std::vector<float> want = Download(o_f32);
+    for (bool split : {true, false}) {
+      for (bool general : {false, true}) {
+        std::vector<float> shifted(count + 1);
+        std::copy(o.begin(), o.end(), shifted.begin() + (general ? 1 : 0));
+        auto o_dev = Upload(shifted);
+        const int64_t width = (split ? 3 : 1) * vw;
+        auto out16 = Poisoned<uint16_t>(static_cast<size_t>(n * width));
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormToF16(o_dev.get() + (general ? 1 : 0), z.get(), norm.get(), 1e-6f,
+                                                         n, d, split, out16.get(), nullptr));
+        const std::vector<uint16_t> h = Download(out16);
+        std::vector<float> got(count);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t c = 0; c < vw; ++c) {
+            const uint16_t* row = h.data() + t * width;
+            float v = Fp16ToFp32(row[c]);
+            if (split) {
+              ASSERT_EQ(row[c], row[vw + c]);
+              v += Fp16ToFp32(row[2 * vw + c]);
+            }
+            got[t * vw + c] = v;
+          }
+        }
+        const std::string tag = std::string("gdn_gated_norm_f16_") + (split ? "split_" : "hi_") +
+                                (general ? "general_" : "vec_") + Tag(d) + "_n" + std::to_string(n);
+        EXPECT_LE(gpu_testing::LogError(tag, RelL2(got, want)), split ? 1e-6 : 1e-3) << tag;
+      }
+    }
   }
 }
 

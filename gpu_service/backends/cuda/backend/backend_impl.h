@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,6 +63,8 @@ class CudaBackend::Impl {
   std::optional<cuda::StreamFork> prefetch_fork;
   bool prefetch_pending = false;     // prefetch_stream has work the main stream has not joined
   std::unique_ptr<cuda::DenseGemm> gemm;
+  cuda::DeviceBuffer shared_gu;  // the stacked shared-expert GEMM's rows (max_batch_tokens × shared_stack_rows)
+  int64_t shared_stack_rows = 0;  // widest stack of [shared gate; shared up; shared gate logit], 0: none
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;
   std::optional<cuda::StageTimer> timer;
@@ -130,6 +134,15 @@ class CudaBackend::Impl {
   // would flip routing picks).
   absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
+  // y_i = x·W_iᵀ for several matrices of one input: GEMM-sized steps convert x to f16 once when
+  // every matrix has a prepared copy in the plan's mode (DenseGemm::ConvertInput / RunInput), else
+  // one Product each (same results either way: the same conversion and product).
+  absl::Status Products(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, const float* x,
+                        int64_t n);
+  // The shared expert of a fast prefill step from the stacked [gate; up; gate logit] copy
+  // (MoeStage's SharedExpertFn): false when layer's copies are not stacked.
+  absl::StatusOr<bool> SharedExpertStacked(int64_t layer, const float* x, int64_t n, float* shared, float* gate_logit,
+                                           cudaStream_t st);
   // The side stream starts from the main stream's current point / the main stream waits for the
   // side stream's work so far. Independent products of small steps overlap this way (their kernels
   // are latency-bound: alone they leave most of the GPU idle).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -101,6 +102,19 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
     return absl::OkStatus();
   };
   for (const cuda::GpuLayer& l : m.dm->layers) {
+    // The shared expert's gate and up (and its gate logit) as one stacked copy: one GEMM for the
+    // three (SharedExpertStacked). Refused stacks (scales far apart) fall back to separate copies.
+    if (cuda::SharedExpertRunsAsDenseGemms(l) && o.max_batch_tokens > cuda::kMaxUnitRows) {
+      const cuda::DeviceMatrix* parts[] = {&l.shared_gate, &l.shared_up, &l.shared_gate_inp};
+      const size_t count = l.shared_gate_inp.present() && l.shared_gate_inp.cols == l.shared_gate.cols ? 3 : 2;
+      const std::span<const cuda::DeviceMatrix* const> stack(parts, count);
+      absl::StatusOr<int64_t> rows = m.gemm->PrepareStack(stack, cuda::GemmMode::kFastSplit, st);
+      if (rows.ok()) {
+        m.shared_stack_rows = std::max(m.shared_stack_rows, *rows);
+      } else if (rows.status().code() != absl::StatusCode::kFailedPrecondition) {
+        return rows.status();
+      }
+    }
     for (const cuda::DeviceMatrix* w : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) {
       if (absl::Status s = prepare(*w, false); !s.ok()) return s;
     }
@@ -114,6 +128,12 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
     }
     if (absl::Status s = prepare_read(l.attn_read); !s.ok()) return s;
     if (absl::Status s = prepare_read(l.ffn_read); !s.ok()) return s;
+  }
+  if (m.shared_stack_rows > 0) {
+    absl::StatusOr<cuda::DeviceBuffer> gu =
+        cuda::DeviceBuffer::Allocate(static_cast<size_t>(o.max_batch_tokens * m.shared_stack_rows) * sizeof(float));
+    if (!gu.ok()) return gu.status();
+    m.shared_gu = *std::move(gu);
   }
   return prepare_read(m.dm->output_read);
 }
@@ -173,6 +193,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
       cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast && options.fast_expert_gemm, T});
   if (!moe.ok()) return moe.status();
   m.moe = *std::move(moe);
+  if (m.shared_stack_rows > 0) {
+    m.moe->SetSharedExpertFn([&m](int64_t layer, const float* x, int64_t n, float* shared, float* gate_logit,
+                                  cudaStream_t st) {
+      return m.SharedExpertStacked(layer, x, n, shared, gate_logit, st);
+    });
+  }
   absl::StatusOr<std::unique_ptr<cuda::ResidentExperts>> resident = cuda::ResidentExperts::Create(m.dm.get(), c.moe.E);
   if (!resident.ok()) return resident.status();
   m.experts = *std::move(resident);

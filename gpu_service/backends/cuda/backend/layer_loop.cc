@@ -2,6 +2,7 @@
 // products batched over every token of the step, per-sequence kernels (GDN recurrence, indexer,
 // Engram) looped over the step's sequences.
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +14,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
@@ -42,6 +44,58 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   // Near-f32 on the tensor cores (f16 hi/lo triples): as accurate as the pedantic f32 GEMM for the
   // router's logits, several times faster.
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
+}
+
+absl::Status CudaBackend::Impl::Products(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
+                                         const float* in, int64_t n) {
+  const cuda::GemmMode mode = gemm->mode();
+  bool shared_input = n > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && outs.size() > 1;
+  for (const auto& [w, y] : outs) {
+    shared_input &= gemm->IsPrepared(*w, mode) && w->cols == outs.begin()->first->cols;
+  }
+  if (!shared_input) {
+    for (const auto& [w, y] : outs) {
+      if (absl::Status s = Product(*w, in, n, y); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  cudaStream_t st = stream.get();
+  absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, outs.begin()->first->cols, mode, st);
+  if (!x16.ok()) return x16.status();
+  for (const auto& [w, y] : outs) {
+    if (absl::Status s = gemm->RunInput(*w, *x16, y, st); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const float* in, int64_t n, float* shared,
+                                                            float* gate_logit, cudaStream_t st) {
+  const cuda::GpuLayer& w = dm->layers[layer];
+  if (shared_stack_rows == 0 || gemm->mode() == cuda::GemmMode::kExact) return false;
+  const bool has_gate = w.shared_gate_inp.present();
+  const cuda::DeviceMatrix* parts[] = {&w.shared_gate, &w.shared_up, &w.shared_gate_inp};
+  const std::span<const cuda::DeviceMatrix* const> stack(parts, has_gate ? 3 : 2);
+  const int64_t rows = gemm->StackRows(stack), ffn = w.shared_gate.rows;
+  // The shared expert's products are "accurate" (near f32) like the router's.
+  const cuda::GemmMode mode = cuda::GemmMode::kFastSplit;
+  if (rows == 0 || rows > shared_stack_rows || w.shared_up.rows != ffn || !gemm->IsPrepared(w.shared_down, mode) ||
+      w.shared_down.cols != ffn) {
+    return false;
+  }
+  absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, w.shared_gate.cols, mode, st);
+  if (!x16.ok()) return x16.status();
+  float* gu = shared_gu.as<float>();
+  if (absl::Status s = gemm->RunStack(stack, *x16, gu, st); !s.ok()) return s;
+  // SiLU(g)·u straight into the f16 rows of the down product (the GEMM above has read x16).
+  if (absl::Status s = Launch(cuda::LaunchSiluMulToF16Rows(gu, n, rows, ffn, /*split=*/true, gemm->input_scratch(),
+                                                           2 * ffn, has_gate ? gate_logit : nullptr, st),
+                              "shared silu to f16");
+      !s.ok()) {
+    return s;
+  }
+  const cuda::DenseGemm::F16Input act{gemm->input_scratch(), n, ffn, mode};
+  if (absl::Status s = gemm->RunInput(w.shared_down, act, shared, st); !s.ok()) return s;
+  return true;
 }
 
 absl::Status CudaBackend::Impl::Fork() { return side_fork->Fork(stream.get(), side.get()); }
@@ -116,10 +170,13 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if (overlap) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  cudaStream_t zs = overlap ? side.get() : st;
-  if (absl::Status s = Product(w.z, x, T, zg, false, zs); !s.ok()) return s;
-  if (absl::Status s = Product(w.ba, x, T, ba, false, zs); !s.ok()) return s;
-  if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
+  if (overlap) {
+    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
+  } else if (absl::Status s = Products({{&w.z, zg}, {&w.ba, ba}, {&w.qkv, qkv}}, x, T); !s.ok()) {
+    return s;  // one f16 conversion of x for the three
+  }
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
   if (overlap && !decode) {
@@ -180,6 +237,18 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       return s;
     }
   }
+  const cuda::GemmMode mode = gemm->mode();
+  if (T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode)) {
+    // The norm writes the output product's f16 input rows itself (no f32 rows read back).
+    uint16_t* go16 = gemm->input_scratch();
+    if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, zg, w.ssm_norm, d.eps, T, shape,
+                                                              mode == cuda::GemmMode::kFastSplit, go16, st),
+                                "gdn gated norm (f16 rows)");
+        !s.ok()) {
+      return s;
+    }
+    return gemm->RunInput(w.ssm_out, cuda::DenseGemm::F16Input{go16, T, vw, mode}, y, st);
+  }
   if (absl::Status s = Launch(cuda::LaunchGdnGatedNorm(go, zg, w.ssm_norm, d.eps, T, shape, go, st), "gdn gated norm");
       !s.ok()) {
     return s;
@@ -201,15 +270,21 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   }
   cudaStream_t kvs = overlap ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
-  if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
-  if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
+  if (!overlap) {  // one f16 conversion of x for the three products
+    if (absl::Status s = Products({{&w.k, kb}, {&w.v, vb}, {&w.q, qg}}, x, T); !s.ok()) return s;
+  } else {
+    if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
+    if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
+  }
   if (absl::Status s = Launch(cuda::LaunchKvAppend(kb, vb, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(), pos_dev(),
                                                    cache, kvs),
                               "kv append");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+  if (overlap) {
+    if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+  }
   if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
                               "query norm rope");
       !s.ok()) {

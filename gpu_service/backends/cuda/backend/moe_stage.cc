@@ -73,6 +73,7 @@ struct MoeStage::Impl {
   PinnedBuffer error_readback;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
   std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
+  SharedExpertFn shared_fn;  // SetSharedExpertFn
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
 };
 
@@ -250,8 +251,17 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   timer.Mark(Stage::kShared, stream);
   const float* shared = nullptr;
   const float* gate_logit = nullptr;
+  bool shared_done = false;  // shared and the gate logit by m.shared_fn
+  if (l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) && m.shared_fn) {
+    absl::StatusOr<bool> done =
+        m.shared_fn(layer, x, n, m.shared.as<float>(), m.gate_logit.as<float>(), stream);
+    if (!done.ok()) return done.status();
+    shared_done = *done;
+  }
   if (l.shared_gate.present()) {
-    if (gemm && SharedExpertRunsAsDenseGemms(l)) {
+    if (shared_done) {
+      // shared (and the gate logit below) already written by the layer loop's stacked path
+    } else if (gemm && SharedExpertRunsAsDenseGemms(l)) {
       // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
       // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
       float* g = m.shared_gemm.as<float>();
@@ -280,7 +290,9 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     }
     shared = m.shared.as<float>();
     if (l.shared_gate_inp.present()) {
-      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream); !s.ok()) return s;
+      if (!shared_done) {
+        if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream); !s.ok()) return s;
+      }
       gate_logit = m.gate_logit.as<float>();
     }
   }
@@ -378,6 +390,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                                                   gate_logit, y, stream));
   return absl::OkStatus();
 }
+
+void MoeStage::SetSharedExpertFn(SharedExpertFn fn) { impl_->shared_fn = std::move(fn); }
 
 absl::Status MoeStage::EnqueueErrorReadback(cudaStream_t stream) {
   Impl& m = *impl_;

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -73,6 +74,13 @@ bool SharedExpertRunsAsDenseGemms(const GpuLayer& l);
 using DenseProductFn =
     absl::FunctionRef<absl::Status(const DeviceMatrix& m, const float* x, int64_t n, float* y, cudaStream_t stream)>;
 
+// The shared expert of a fast prefill step done whole by the layer loop (stacked gate/up/gate-
+// logit GEMM, fused SiLU, down GEMM: DenseGemm::PrepareStack): writes shared (n × h) and, when the
+// layer has a shared gate, gate_logit (n). Returns false when it cannot (then the three products
+// and the gate's run as before).
+using SharedExpertFn = std::function<absl::StatusOr<bool>(int64_t layer, const float* x, int64_t n, float* shared,
+                                                          float* gate_logit, cudaStream_t stream)>;
+
 struct MoeStageOptions {
   bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units)
   int64_t max_tokens = 0;  // most tokens of one step
@@ -98,6 +106,8 @@ class MoeStage {
   // The device planner flags picks it could not place (never expected from the router). Enqueue
   // the flag's read-back at the end of a step, then check it once the stream has reached it.
   absl::Status EnqueueErrorReadback(cudaStream_t stream);
+  // Run's host-planned path tries fn first for the shared expert of GEMM-sized steps.
+  void SetSharedExpertFn(SharedExpertFn fn);
   absl::Status CheckDeviceErrors();
 
   // Engram layer `layer` for one sequence's n new positions: gathers their table rows on the host

@@ -98,6 +98,14 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
 cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
                                int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
 
+// The gated norm written as the f16 input rows of the output product (DenseGemm::F16Input in
+// gemm_plan.h): per token [f16(out)] (nv·dv values) or, split, [hi | hi | lo] (3·nv·dv), into
+// out16, instead of f32 rows that a conversion pass would read back. Same values per element as
+// LaunchGdnGatedNorm. The general path (unaligned or odd head sizes) overwrites o with the f32
+// result on its way.
+cudaError_t LaunchGdnGatedNormToF16(float* o, const float* z, const float* norm, float eps, int64_t n,
+                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream);
+
 // The general scalar kernels behind LaunchGdnConv, LaunchGdnPrepare and LaunchGdnGatedNorm (any
 // shape, any alignment; a thread per channel): what those fall back to, and the baseline that
 // tests and benchmarks compare the vector kernels with.

@@ -9,9 +9,12 @@
 // results are normalised in registers, which removes the prepare pass over memory.
 #include <cstdint>
 
+#include <cuda_fp16.h>
+
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -202,10 +205,21 @@ GdnNormQkVecKernel(float* conv_out, int64_t n, int c_dim, GdnPrepareArgs p) {
 // rows = n·nv rows of dv values; a group of dv/4 adjacent lanes holds a row, a warp 32/(dv/4) rows
 // at a time, kRows times over (all loads first). The same operations per value as
 // GdnGatedNormKernel; out may alias o (each lane reads its values before writing them).
-template <int kRows, int kThreads>
+// Four values as f16 (round to nearest even) in 8 bytes; v keeps what the rounding left out.
+__device__ __forceinline__ uint2 PackF16x4Residual(float4& v) {
+  const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  v = make_float4(v.x - fa.x, v.y - fa.y, v.z - fb.x, v.w - fb.y);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+// kF16 = 0: f32 rows into out. kF16 = 1 / 3: the rows of the output product's f16 input instead
+// (DenseGemm::F16Input: [f16(v)] or [hi | hi | lo] per token of nv·dv values, into out16), so that
+// no separate conversion pass reads the f32 rows back.
+template <int kRows, int kThreads, int kF16 = 0>
 __global__ void __launch_bounds__(kThreads)
 GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, const float* __restrict__ norm, float eps, int dv,
-                      int64_t rows, float* out) {
+                      int64_t rows, float* out, uint16_t* out16, int nv) {
   const int lane = threadIdx.x & 31;
   const int group_lanes = dv / kLaneFloats;
   const int groups = 32 / group_lanes;  // rows per warp and step
@@ -230,7 +244,19 @@ GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, const float* 
     const float4 a = ov[s], b = zv[s];
     const float4 v = make_float4(gamma.x * (a.x * scale) * SiluF(b.x), gamma.y * (a.y * scale) * SiluF(b.y),
                                  gamma.z * (a.z * scale) * SiluF(b.z), gamma.w * (a.w * scale) * SiluF(b.w));
-    if (row < rows) Store4(out + row * dv + col, v);
+    if constexpr (kF16 == 0) {
+      if (row < rows) Store4(out + row * dv + col, v);
+    } else if (row < rows) {
+      const int64_t vw = static_cast<int64_t>(nv) * dv, t = row / nv;
+      uint16_t* dst = out16 + t * kF16 * vw + (row % nv) * dv + col;
+      float4 r = v;
+      const uint2 hi = PackF16x4Residual(r);
+      *reinterpret_cast<uint2*>(dst) = hi;
+      if constexpr (kF16 == 3) {
+        *reinterpret_cast<uint2*>(dst + vw) = hi;
+        *reinterpret_cast<uint2*>(dst + 2 * vw) = PackF16x4Residual(r);
+      }
+    }
   }
 }
 
@@ -324,13 +350,36 @@ cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm
   if (rows < kGatedSmallRows) {
     const int64_t per_block = kGatedSmallThreads / 32 * rows_per_warp_step;
     return LaunchPdl(GdnGatedNormVecKernel<1, kGatedSmallThreads>, static_cast<unsigned>((rows + per_block - 1) / per_block),
-                     kGatedSmallThreads, 0, stream, o, z, norm, eps, d.dv, rows, out);
+                     kGatedSmallThreads, 0, stream, o, z, norm, eps, d.dv, rows, out, static_cast<uint16_t*>(nullptr),
+                     1);
   }
   const int64_t per_block = kGatedThreads / 32 * kGatedRows * rows_per_warp_step;
   const int64_t blocks = (rows + per_block - 1) / per_block;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads>, static_cast<unsigned>(blocks), kGatedThreads, 0,
-                   stream, o, z, norm, eps, d.dv, rows, out);
+                   stream, o, z, norm, eps, d.dv, rows, out, static_cast<uint16_t*>(nullptr), 1);
+}
+
+cudaError_t LaunchGdnGatedNormToF16(float* o, const float* z, const float* norm, float eps, int64_t n,
+                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (out16 == nullptr) return cudaErrorInvalidValue;
+  const int64_t rows = n * d.nv, vw = static_cast<int64_t>(d.nv) * d.dv;
+  if (!VecHeadDim(d.dv) || !Aligned16(o) || !Aligned16(z) || !Aligned16(norm) ||
+      reinterpret_cast<uintptr_t>(out16) % 8 != 0) {
+    // The general kernel in place, then the conversion of its rows.
+    if (cudaError_t e = LaunchGdnGatedNormGeneral(o, z, norm, eps, n, d, o, stream); e != cudaSuccess) return e;
+    return split ? LaunchF32ToF16SplitRows(o, n, vw, out16, stream) : LaunchF32ToF16(o, n * vw, out16, stream);
+  }
+  const int64_t per_block = kGatedThreads / 32 * kGatedRows * (32 / (d.dv / kLaneFloats));
+  const int64_t blocks = (rows + per_block - 1) / per_block;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  if (split) {
+    return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads, 3>, static_cast<unsigned>(blocks), kGatedThreads,
+                     0, stream, o, z, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
+  }
+  return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads, 1>, static_cast<unsigned>(blocks), kGatedThreads, 0,
+                   stream, o, z, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
 }
 
 }  // namespace tandem::cuda

@@ -262,3 +262,73 @@ cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, u
 }
 
 }  // namespace tandem::cuda
+
+namespace tandem::cuda {
+namespace {
+
+// One thread per 8 consecutive activations of a row (kVector: 16-byte loads and stores), the
+// SiLU as the f32 expert kernels compute it; thread 0 of each row also copies the gate logit.
+template <bool kVector>
+__global__ void SiluMulToF16RowsKernel(const float* gu, int64_t n, int64_t ld, int64_t ffn, bool split, uint16_t* dst,
+                                       int64_t gate_col, float* gate_out) {
+  constexpr int kPer = kVector ? 8 : 1;
+  const int64_t groups = ffn / kPer;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * groups) return;
+  const int64_t t = i / groups, c = (i % groups) * kPer;
+  const float* g = gu + t * ld + c;
+  const float* u = g + ffn;
+  if (gate_out != nullptr && c == 0) gate_out[t] = gu[t * ld + gate_col];
+  float v[kPer];
+  if constexpr (kVector) {
+    const float4 g0 = reinterpret_cast<const float4*>(g)[0], g1 = reinterpret_cast<const float4*>(g)[1];
+    const float4 u0 = reinterpret_cast<const float4*>(u)[0], u1 = reinterpret_cast<const float4*>(u)[1];
+    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = gv[e] / (1.0f + expf(-gv[e])) * uv[e];
+  } else {
+    v[0] = g[0] / (1.0f + expf(-g[0])) * u[0];
+  }
+  uint16_t* row = dst + t * (split ? 3 : 1) * ffn + c;
+  if constexpr (kVector) {
+    const uint4 hi = PackF16x8(v);
+    *reinterpret_cast<uint4*>(row) = hi;
+    if (split) {
+      *reinterpret_cast<uint4*>(row + ffn) = hi;
+      Residual8(v);
+      *reinterpret_cast<uint4*>(row + 2 * ffn) = PackF16x8(v);
+    }
+  } else {
+    const __half h = __float2half_rn(v[0]);
+    row[0] = __half_as_ushort(h);
+    if (split) {
+      row[ffn] = __half_as_ushort(h);
+      row[2 * ffn] = __half_as_ushort(__float2half_rn(v[0] - __half2float(h)));
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchSiluMulToF16Rows(const float* gu, int64_t n, int64_t ld, int64_t ffn, bool split, uint16_t* dst,
+                                   int64_t gate_col, float* gate_out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (gu == nullptr || dst == nullptr || ffn <= 0 || ld < 2 * ffn ||
+      (gate_out != nullptr && (gate_col < 0 || gate_col >= ld))) {
+    return cudaErrorInvalidValue;
+  }
+  const int threads = 256;
+  const bool vector = ffn % 8 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(gu) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t work = vector ? n * (ffn / 8) : n * ffn;
+  const unsigned blocks = static_cast<unsigned>((work + threads - 1) / threads);
+  if (vector) {
+    SiluMulToF16RowsKernel<true><<<blocks, threads, 0, stream>>>(gu, n, ld, ffn, split, dst, gate_col, gate_out);
+  } else {
+    SiluMulToF16RowsKernel<false><<<blocks, threads, 0, stream>>>(gu, n, ld, ffn, split, dst, gate_col, gate_out);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

@@ -42,6 +42,14 @@ cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStre
 // first 2 · cols, then hi with the last third).
 cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t stream);
 
+// The SiLU-gated product of a stacked gate/up GEMM written straight in the f16 layout of the next
+// prepared product (DenseGemm::F16Input): row t of gu (row stride ld) holds gate in [0, ffn) and
+// up in [ffn, 2 · ffn); a = SiLU(gate) · up goes to dst as [hi | hi | lo] rows of 3 · ffn (split)
+// or [hi] rows of ffn. With gate_out, also gate_out[t] = gu[t · ld + gate_col] (a logit stacked
+// after them, copied out contiguous). Saves the f32 activation buffer and its conversion pass.
+cudaError_t LaunchSiluMulToF16Rows(const float* gu, int64_t n, int64_t ld, int64_t ffn, bool split, uint16_t* dst,
+                                   int64_t gate_col, float* gate_out, cudaStream_t stream);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_CUH_

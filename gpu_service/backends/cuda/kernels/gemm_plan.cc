@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
@@ -126,6 +127,16 @@ namespace {
 int PreparedCopies(GemmMode mode, const DenseGemmOptions& options) {
   return mode == GemmMode::kFast ? 1 : options.split_one_product ? 3 : 2;
 }
+
+// The exponent e of the prepared copy's scale 2^e: 2^e·max |w| in [2^13, 2^14), far from f16's
+// overflow (65504) even after rounding, and a weight 2^-20 of the largest still has a normal lo
+// half (f16's normals start at 2^-14). 0 for a zero or non-finite maximum.
+int ScaleExponent(float max_abs) {
+  if (!std::isfinite(max_abs) || max_abs <= 0.0f) return 0;
+  int exponent = 0;
+  std::frexp(max_abs, &exponent);  // max_abs < 2^exponent
+  return std::clamp(14 - exponent, -100, 100);
+}
 }  // namespace
 
 int64_t DenseGemm::PreparedBytes(const DeviceMatrix& w, GemmMode mode, const DenseGemmOptions& options) {
@@ -158,7 +169,36 @@ absl::Status DenseGemm::Prepare(const DeviceMatrix& w, GemmMode mode, cudaStream
                                                    options_.max_cols, ")"));
   }
   if (FindPrepared(w, mode) != nullptr) return absl::OkStatus();
-  // The scale: max |w| (device reduction, one wait: this runs at load time).
+  absl::StatusOr<float> max_abs = MaxAbs(w, stream);
+  if (!max_abs.ok()) return max_abs.status();
+  const int e = ScaleExponent(*max_abs);
+  Prepared p;
+  p.source = w;
+  p.copies = PreparedCopies(mode, options_);
+  p.alpha = std::ldexp(1.0f, -e);
+  absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(PreparedBytes(w, mode, options_)));
+  if (!data.ok()) return data.status();
+  p.data = std::make_shared<DeviceBuffer>(*std::move(data));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      LaunchDequantizeToF16Layout(w, p.copies, std::ldexp(1.0f, e), p.data->as<uint16_t>(), stream));
+  // Runs may come on other streams: the copy is complete before Prepare returns.
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  Erase(w.data);
+  prepared_bytes_ += static_cast<int64_t>(p.data->bytes());
+  prepared_.emplace(w.data, std::move(p));
+  return absl::OkStatus();
+}
+
+void DenseGemm::Erase(const void* data) {
+  auto it = prepared_.find(data);
+  if (it == prepared_.end()) return;
+  // A stack's buffer counts until its last part lets go of it.
+  if (it->second.data.use_count() == 1) prepared_bytes_ -= static_cast<int64_t>(it->second.data->bytes());
+  prepared_.erase(it);
+}
+
+absl::StatusOr<float> DenseGemm::MaxAbs(const DeviceMatrix& w, cudaStream_t stream) {
+  // max |w| (device reduction, one wait: this runs at load time).
   if (max_bits_.get() == nullptr) {
     absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(sizeof(unsigned int));
     if (!b.ok()) return b.status();
@@ -169,61 +209,166 @@ absl::Status DenseGemm::Prepare(const DeviceMatrix& w, GemmMode mode, cudaStream
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchMaxAbs(w, max_bits_.as<unsigned int>(), stream));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bits, max_bits_.get(), sizeof(bits), cudaMemcpyDeviceToHost, stream));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  const float max_abs = std::bit_cast<float>(bits);
-  // 2^e·max |w| in [2^13, 2^14): far from f16's overflow (65504) even after rounding, and a
-  // weight 2^-20 of the largest still has a normal lo half (f16's normals start at 2^-14).
-  int e = 0;
-  if (std::isfinite(max_abs) && max_abs > 0.0f) {
-    int exponent = 0;
-    std::frexp(max_abs, &exponent);  // max_abs < 2^exponent
-    e = std::clamp(14 - exponent, -100, 100);
+  return std::bit_cast<float>(bits);
+}
+
+absl::StatusOr<int64_t> DenseGemm::PrepareStack(std::span<const DeviceMatrix* const> parts, GemmMode mode,
+                                                cudaStream_t stream) {
+  if (mode == GemmMode::kExact || options_.mode == GemmMode::kExact) {
+    return absl::InvalidArgumentError("DenseGemm::PrepareStack: needs an f16 mode and a kFast or kFastSplit plan");
   }
-  Prepared p;
-  p.source = w;
-  p.copies = PreparedCopies(mode, options_);
-  p.alpha = std::ldexp(1.0f, -e);
-  absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(PreparedBytes(w, mode, options_)));
+  if (parts.empty()) return absl::InvalidArgumentError("DenseGemm::PrepareStack: no parts");
+  const int64_t cols = parts[0]->cols;
+  int64_t rows = 0;
+  float max_abs = 0.0f, min_max = INFINITY;
+  for (const DeviceMatrix* w : parts) {
+    if (w->data == nullptr || w->rows <= 0 || w->cols <= 0 || !DenseKernelsSupportType(w->type) ||
+        w->cols % RowLengthMultiple(w->type) != 0 || w->cols > options_.max_cols) {
+      return absl::InvalidArgumentError(absl::StrCat("DenseGemm::PrepareStack: weight type ", w->type, " with cols=",
+                                                     w->cols, " rows=", w->rows, " is not supported"));
+    }
+    if (w->cols != cols) return absl::FailedPreconditionError("DenseGemm::PrepareStack: parts differ in cols");
+    if (prepared_.count(w->data) != 0) {
+      return absl::FailedPreconditionError("DenseGemm::PrepareStack: a part is already prepared");
+    }
+    for (const DeviceMatrix* o : parts) {
+      if (o != w && o->data == w->data) return absl::FailedPreconditionError("DenseGemm::PrepareStack: a part twice");
+    }
+    absl::StatusOr<float> m = MaxAbs(*w, stream);
+    if (!m.ok()) return m.status();
+    if (!std::isfinite(*m)) return absl::FailedPreconditionError("DenseGemm::PrepareStack: a non-finite weight");
+    max_abs = std::max(max_abs, *m);
+    min_max = std::min(min_max, *m);
+    rows += w->rows;
+  }
+  if (min_max > 0.0f && max_abs > std::ldexp(min_max, 12)) {
+    return absl::FailedPreconditionError("DenseGemm::PrepareStack: the parts' scales are more than 2^12 apart");
+  }
+  const int64_t stack_rows = (rows + 7) / 8 * 8;
+  const int copies = PreparedCopies(mode, options_);
+  const int e = ScaleExponent(max_abs);
+  absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(stack_rows * cols * 2 * copies));
   if (!data.ok()) return data.status();
-  p.data = *std::move(data);
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      LaunchDequantizeToF16Layout(w, p.copies, std::ldexp(1.0f, e), p.data.as<uint16_t>(), stream));
-  // Runs may come on other streams: the copy is complete before Prepare returns.
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (auto it = prepared_.find(w.data); it != prepared_.end()) {
-    prepared_bytes_ -= static_cast<int64_t>(it->second.data.bytes());
-    prepared_.erase(it);
+  auto buffer = std::make_shared<DeviceBuffer>(*std::move(data));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->bytes(), stream));  // the padding rows
+  std::vector<Prepared> made;
+  int64_t offset = 0;
+  for (const DeviceMatrix* w : parts) {
+    Prepared p;
+    p.source = *w;
+    p.data = buffer;
+    p.row_offset = offset;
+    p.stack_rows = stack_rows;
+    p.stack_first = parts[0]->data;
+    p.copies = copies;
+    p.alpha = std::ldexp(1.0f, -e);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDequantizeToF16Layout(*w, copies, std::ldexp(1.0f, e),
+                                                            const_cast<uint16_t*>(p.weights()), stream));
+    offset += w->rows;
+    made.push_back(std::move(p));
   }
-  prepared_bytes_ += static_cast<int64_t>(p.data.bytes());
-  prepared_.emplace(w.data, std::move(p));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  prepared_bytes_ += static_cast<int64_t>(buffer->bytes());
+  for (Prepared& p : made) prepared_.emplace(p.source.data, std::move(p));
+  return stack_rows;
+}
+
+int64_t DenseGemm::StackRows(std::span<const DeviceMatrix* const> parts) const {
+  if (parts.empty()) return 0;
+  int64_t offset = 0, stack_rows = 0;
+  const DeviceBuffer* buffer = nullptr;
+  for (const DeviceMatrix* w : parts) {
+    const auto it = prepared_.find(w->data);
+    if (it == prepared_.end()) return 0;
+    const Prepared& p = it->second;
+    if (p.source.type != w->type || p.source.cols != w->cols || p.source.rows != w->rows ||
+        p.source.row_bytes != w->row_bytes || p.stack_first != parts[0]->data || p.row_offset != offset) {
+      return 0;
+    }
+    if (buffer != nullptr && p.data.get() != buffer) return 0;
+    buffer = p.data.get();
+    stack_rows = p.stack_rows;
+    offset += w->rows;
+  }
+  return offset <= stack_rows ? stack_rows : 0;
+}
+
+absl::Status DenseGemm::CheckInput(const F16Input& in, int64_t cols) const {
+  if (in.mode == GemmMode::kExact || in.data == nullptr || in.cols != cols || in.n < 0 || in.n > options_.max_n) {
+    return absl::InvalidArgumentError(absl::StrCat("DenseGemm: converted input of ", in.n, " x ", in.cols,
+                                                   " does not fit a product of ", cols, " columns"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status DenseGemm::RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
-                                    GemmMode mode) {
-  const int64_t cols = p.source.cols, rows = p.source.rows;
-  const uint16_t* w16 = p.data.as<uint16_t>();
+absl::StatusOr<DenseGemm::F16Input> DenseGemm::ConvertInput(const float* x, int64_t n, int64_t cols, GemmMode mode,
+                                                            cudaStream_t stream) {
+  if (mode == GemmMode::kExact || options_.mode == GemmMode::kExact) {
+    return absl::InvalidArgumentError("DenseGemm::ConvertInput: needs an f16 mode and a kFast or kFastSplit plan");
+  }
+  if (n < 0 || n > options_.max_n || cols <= 0 || cols > options_.max_cols) {
+    return absl::InvalidArgumentError(absl::StrCat("DenseGemm::ConvertInput: n=", n, " cols=", cols,
+                                                   " exceed the plan"));
+  }
   uint16_t* x16 = x_f16_.as<uint16_t>();
+  if (mode == GemmMode::kFast) {
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16(x, n * cols, x16, stream));
+  } else {
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16SplitRows(x, n, cols, x16, stream));
+  }
+  return F16Input{x16, n, cols, mode};
+}
+
+absl::Status DenseGemm::RunInput(const DeviceMatrix& w, const F16Input& in, float* y, cudaStream_t stream) {
+  if (absl::Status s = CheckInput(in, w.cols); !s.ok()) return s;
+  const Prepared* p = FindPrepared(w, in.mode);
+  if (p == nullptr) return absl::FailedPreconditionError("DenseGemm::RunInput: the matrix is not prepared for the mode");
+  if (in.n == 0) return absl::OkStatus();
+  if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
+  return Gemm16(*p, w.rows, in, y, w.rows, stream);
+}
+
+absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, const F16Input& in, float* y,
+                                 cudaStream_t stream) {
+  const int64_t stack_rows = StackRows(parts);
+  if (stack_rows == 0) return absl::FailedPreconditionError("DenseGemm::RunStack: the parts are not one prepared stack");
+  const Prepared* p = FindPrepared(*parts[0], in.mode);
+  if (p == nullptr) return absl::FailedPreconditionError("DenseGemm::RunStack: the stack is not prepared for the mode");
+  if (absl::Status s = CheckInput(in, parts[0]->cols); !s.ok()) return s;
+  if (in.n == 0) return absl::OkStatus();
+  if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
+  return Gemm16(*p, stack_rows, in, y, stack_rows, stream);
+}
+
+absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
+                               cudaStream_t stream) {
+  (void)stream;  // the handle is already on it
+  const int64_t cols = p.source.cols, n = in.n;
+  const uint16_t* w16 = p.weights();
   const float beta0 = 0.0f, beta1 = 1.0f;
   // Column-major view: the copy is (copies · cols) × rows with the K range of one product at the
-  // start of each column; x16 holds n columns; y is rows × n.
+  // start of each column; the input holds n columns; y is rows × n (leading dimension ldy).
   auto gemm = [&](const uint16_t* a, int64_t lda, int64_t k, const uint16_t* b, int64_t ldb, const float* beta) {
     return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
                                      static_cast<int>(k), &p.alpha, a, CUDA_R_16F, static_cast<int>(lda), b,
-                                     CUDA_R_16F, static_cast<int>(ldb), beta, y, CUDA_R_32F, static_cast<int>(rows),
+                                     CUDA_R_16F, static_cast<int>(ldb), beta, y, CUDA_R_32F, static_cast<int>(ldy),
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "cublasGemmEx (prepared)");
   };
   const int64_t lda = p.copies * cols;
-  if (mode == GemmMode::kFast) {
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16(x, n * cols, x16, stream));
-    return gemm(w16, lda, cols, x16, cols, &beta0);
-  }
+  if (in.mode == GemmMode::kFast) return gemm(w16, lda, cols, in.data, cols, &beta0);
   // [hi | hi | lo] activation rows against [hi | lo | hi] (one product: hi·hi + lo·hi + hi·lo) or
   // [hi | lo] (the first two thirds, then hi·lo onto the output).
-  TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16SplitRows(x, n, cols, x16, stream));
-  if (p.copies == 3) return gemm(w16, lda, 3 * cols, x16, 3 * cols, &beta0);
-  if (absl::Status s = gemm(w16, lda, 2 * cols, x16, 3 * cols, &beta0); !s.ok()) return s;
-  return gemm(w16, lda, cols, x16 + 2 * cols, 3 * cols, &beta1);
+  if (p.copies == 3) return gemm(w16, lda, 3 * cols, in.data, 3 * cols, &beta0);
+  if (absl::Status s = gemm(w16, lda, 2 * cols, in.data, 3 * cols, &beta0); !s.ok()) return s;
+  return gemm(w16, lda, cols, in.data + 2 * cols, 3 * cols, &beta1);
+}
+
+absl::Status DenseGemm::RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
+                                    GemmMode mode) {
+  absl::StatusOr<F16Input> in = ConvertInput(x, n, p.source.cols, mode, stream);
+  if (!in.ok()) return in.status();
+  return Gemm16(p, p.source.rows, *in, y, p.source.rows, stream);
 }
 
 }  // namespace tandem::cuda

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <unordered_map>
 
 #include "absl/status/status.h"
@@ -92,20 +93,63 @@ class DenseGemm {
 
   GemmMode mode() const { return options_.mode; }
 
+  // Activations in the f16 layout a prepared product reads ([f16(x)] rows for kFast, [hi | hi | lo]
+  // rows of 3 · cols for kFastSplit): made once by ConvertInput for several products of the same
+  // input, or written straight into input_scratch() by a fused kernel (LaunchSiluMulToF16Rows),
+  // so that the f32 → f16 pass runs once instead of once per product.
+  struct F16Input {
+    const uint16_t* data = nullptr;
+    int64_t n = 0, cols = 0;
+    GemmMode mode = GemmMode::kFast;
+  };
+  // Converts x (n × cols f32) into input_scratch(); valid until the next Run / ConvertInput /
+  // write into the scratch. InvalidArgument for kExact, an exact plan, or n / cols beyond the plan.
+  absl::StatusOr<F16Input> ConvertInput(const float* x, int64_t n, int64_t cols, GemmMode mode, cudaStream_t stream);
+  // The activation scratch: room for max_n · max_cols · 3 f16 values (nullptr in a kExact plan).
+  uint16_t* input_scratch() { return x_f16_.as<uint16_t>(); }
+  // y (n × w.rows) = in · Wᵀ from the converted input; w must be prepared for in.mode
+  // (FailedPrecondition otherwise: the caller keeps its f32 path for unprepared matrices).
+  absl::Status RunInput(const DeviceMatrix& w, const F16Input& in, float* y, cudaStream_t stream);
+
+  // Prepares matrices of equal cols as ONE copy, their rows stacked in order and zero rows up to a
+  // multiple of 8, under one scale, so that RunStack gives all their products in one cuBLAS call
+  // (row t of y: [y_0 | y_1 | … | zeros], StackRows values). Every part also counts as prepared on
+  // its own (Run / RunInput read its rows of the stack), so the stack replaces separate copies.
+  // The shared scale costs nothing measurable: a part whose max |w| is 2^-k of the stack's keeps
+  // lo halves with an absolute quantum of 2^-39 of the stack's max (f16 subnormals), far below the
+  // split's 2^-22 relative precision; parts more than 2^12 apart are refused anyway. Returns the
+  // stack's rows; FailedPrecondition (nothing kept) when a part is already prepared, differs in
+  // cols, or the scales are too far apart; InvalidArgument as Prepare.
+  absl::StatusOr<int64_t> PrepareStack(std::span<const DeviceMatrix* const> parts, GemmMode mode,
+                                       cudaStream_t stream = nullptr);
+  // y (n × StackRows, row stride StackRows) = in · [W_0; W_1; …]ᵀ. parts exactly as prepared.
+  absl::Status RunStack(std::span<const DeviceMatrix* const> parts, const F16Input& in, float* y, cudaStream_t stream);
+  // The stack's rows (with padding) if parts were prepared as one stack, else 0.
+  int64_t StackRows(std::span<const DeviceMatrix* const> parts) const;
+
  private:
   // A prepared copy: `copies` f16 values per weight per row (1: [hi], 2: [hi | lo], 3: [hi | lo | hi]),
-  // every value scaled by 1 / alpha.
+  // every value scaled by 1 / alpha. A part of a stack shares the stack's buffer from row_offset.
   struct Prepared {
     DeviceMatrix source;
-    DeviceBuffer data;
+    std::shared_ptr<DeviceBuffer> data;
+    int64_t row_offset = 0;
+    int64_t stack_rows = 0;            // rows of the whole stack (0: not in a stack)
+    const void* stack_first = nullptr;  // data of the stack's first part
     int copies = 0;
     float alpha = 1.0f;
+    const uint16_t* weights() const { return data->as<uint16_t>() + row_offset * copies * source.cols; }
   };
 
   explicit DenseGemm(const DenseGemmOptions& options) : options_(options) {}
   const Prepared* FindPrepared(const DeviceMatrix& w, GemmMode mode) const;
+  absl::Status CheckInput(const F16Input& in, int64_t cols) const;
+  // One cuBLAS product over the prepared rows (rows of them) and converted activations.
+  absl::Status Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy, cudaStream_t stream);
   absl::Status RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
                            GemmMode mode);
+  absl::StatusOr<float> MaxAbs(const DeviceMatrix& w, cudaStream_t stream);
+  void Erase(const void* data);  // drops w.data's entry (and its bytes once no part holds them)
   absl::Status RunTiled(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                         GemmMode mode);
 
