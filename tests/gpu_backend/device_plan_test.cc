@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -14,6 +15,8 @@
 #include <tuple>
 #include <vector>
 
+#include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -241,6 +244,179 @@ TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
   a.K = 1;
   a.E = kDevicePlanMaxExperts + 1;
   EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);
+}
+
+// The plan's invariants for `picks` (n × K): every pair one slot (a permutation of [0, n·K)), units
+// of at most kMaxUnitRows rows at consecutive slots of one expert naming the pair's token, unit
+// count per expert ceil(rows / kMaxUnitRows).
+void ExpectValidPlan(const PlanResult& r, const std::vector<int32_t>& picks, int n, int K,
+                     const std::vector<ExpertLocation>& table) {
+  EXPECT_EQ(r.error, 0);
+  std::map<int32_t, int> rows;
+  for (int32_t e : picks) ++rows[e];
+  int want_units = 0;
+  for (auto& [e, c] : rows) want_units += (c + kMaxUnitRows - 1) / kMaxUnitRows;
+  ASSERT_EQ(r.num_units, want_units);
+  std::vector<int32_t> sorted = r.slot;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
+  std::vector<int32_t> owner_token(static_cast<size_t>(n) * K), owner_expert(owner_token.size());
+  for (int p = 0; p < n * K; ++p) {
+    owner_token[r.slot[p]] = p / K;
+    owner_expert[r.slot[p]] = picks[p];
+  }
+  int covered = 0;
+  for (const ExpertUnit& u : r.units) {
+    ASSERT_GE(u.rows, 1);
+    ASSERT_LE(u.rows, kMaxUnitRows);
+    const int32_t e = owner_expert[u.first_slot];
+    EXPECT_EQ(u.gate, table[e].gate);
+    EXPECT_EQ(u.down, table[e].down);
+    for (int row = 0; row < u.rows; ++row) {
+      EXPECT_EQ(owner_expert[u.first_slot + row], e);
+      EXPECT_EQ(owner_token[u.first_slot + row], u.input_row[row]);
+    }
+    covered += u.rows;
+  }
+  EXPECT_EQ(covered, n * K);
+}
+
+// Runs LaunchRoutePlan (twice: the block counter must be left at zero) on logits (n × E), or with
+// router (E × h) and x (n × h) on its fused product; returns the plan, the picks, the weights and
+// in `logits_out` the logits the kernel routed.
+PlanResult RoutePlan(int n, int K, int E, const std::vector<ExpertLocation>& table, bool with_shared,
+                     const std::vector<float>* logits, const std::vector<float>* router, const std::vector<float>* x,
+                     int h, std::vector<float>* logits_out) {
+  float* d_logits = logits != nullptr ? DeviceCopy(*logits) : DeviceCopy(std::vector<float>(static_cast<size_t>(n) * E));
+  float* d_router = router != nullptr ? DeviceCopy(*router) : nullptr;
+  float* d_x = x != nullptr ? DeviceCopy(*x) : nullptr;
+  int32_t* d_picks = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K, -7));
+  float* d_weights = DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K));
+  ExpertLocation* d_table = DeviceCopy(table);
+  ExpertUnit* d_units = DeviceCopy(std::vector<ExpertUnit>(static_cast<size_t>(n) * K));
+  ExpertUnit* d_shared = DeviceCopy(std::vector<ExpertUnit>(static_cast<size_t>((n + 7) / 8)));
+  int32_t* d_slot = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K));
+  int* d_ints = DeviceCopy(std::vector<int>(3, 0));
+  RoutePlanArgs a;
+  a.plan.logits = d_logits;
+  a.plan.experts = a.plan.experts_out = d_picks;
+  a.plan.weights_out = d_weights;
+  a.plan.n = n;
+  a.plan.K = K;
+  a.plan.E = E;
+  a.plan.table = d_table;
+  if (with_shared) a.plan.shared = FakeLocation(100000);
+  a.plan.units = d_units;
+  a.plan.num_units = d_ints;
+  a.plan.error = d_ints + 1;
+  a.plan.slot = d_slot;
+  a.plan.shared_units = d_shared;
+  a.counter = reinterpret_cast<unsigned*>(d_ints + 2);
+  if (router != nullptr) {
+    a.router = d_router;
+    a.x = d_x;
+    a.h = h;
+  }
+  PlanResult r;
+  for (int run = 0; run < 2; ++run) {
+    EXPECT_EQ(LaunchRoutePlan(a, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int> ints = HostCopy(d_ints, 3);
+    EXPECT_EQ(ints[2], 0) << "block counter not reset";
+    r.num_units = ints[0];
+    r.error = ints[1];
+  }
+  r.units = HostCopy(d_units, static_cast<size_t>(std::clamp(r.num_units, 0, n * K)));
+  r.shared_units = HostCopy(d_shared, static_cast<size_t>((n + 7) / 8));
+  r.slot = HostCopy(d_slot, static_cast<size_t>(n * K));
+  r.picks = HostCopy(d_picks, static_cast<size_t>(n * K));
+  r.weights = HostCopy(d_weights, static_cast<size_t>(n * K));
+  if (logits_out != nullptr) *logits_out = HostCopy(d_logits, static_cast<size_t>(n) * E);
+  for (void* p : std::initializer_list<void*>{d_logits, d_router, d_x, d_picks, d_weights, d_table, d_units, d_shared,
+                                              d_slot, d_ints}) {
+    cudaFree(p);
+  }
+  return r;
+}
+
+// Picks and weights against the CPU reference RouteTokens on the same logits.
+void ExpectReferenceRouting(const PlanResult& r, const std::vector<float>& logits, int n, int K, int E) {
+  std::vector<int32_t> want_e(static_cast<size_t>(n) * K);
+  std::vector<float> want_w(want_e.size());
+  RouteTokens(logits.data(), n, E, K, want_e.data(), want_w.data());
+  EXPECT_EQ(r.picks, want_e);
+  ASSERT_EQ(r.weights.size(), want_w.size());
+  for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(r.weights[i], want_w[i], 1e-6f * want_w[i] + 1e-12f) << i;
+}
+
+// The fused route-and-plan kernel from given logits: the reference's picks and weights and a valid
+// plan, with the candidate top-K (random logits) and its K-round fallback (many equal logits).
+TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_int_distribution<int> level(0, 3);
+  for (bool ties : {false, true}) {
+    for (const auto& [n, E, K] : std::vector<std::tuple<int, int, int>>{
+             {1, 512, 10}, {3, 512, 10}, {4, 100, 8}, {7, 100, 8}, {64, 512, 10}, {33, 1024, 4}, {2, 1024, 32},
+             {5, 40, 32}, {300, 512, 10}}) {
+      SCOPED_TRACE(::testing::Message() << "ties=" << ties << " n=" << n << " E=" << E << " K=" << K);
+      std::vector<float> logits(static_cast<size_t>(n) * E);
+      for (float& v : logits) v = ties ? 0.5f * level(rng) : normal(rng);
+      logits[3] = logits[5];  // a tie: the lower id first
+      std::vector<ExpertLocation> table(E);
+      for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
+      const PlanResult r = RoutePlan(n, K, E, table, /*with_shared=*/true, &logits, nullptr, nullptr, 0, nullptr);
+      ExpectReferenceRouting(r, logits, n, K, E);
+      ExpectValidPlan(r, r.picks, n, K, table);
+      for (int i = 0; i * kMaxUnitRows < n; ++i) {
+        EXPECT_EQ(r.shared_units[i].rows, std::min(kMaxUnitRows, n - i * kMaxUnitRows));
+        EXPECT_EQ(r.shared_units[i].first_slot, i * kMaxUnitRows);
+      }
+    }
+  }
+}
+
+// With the fused router product: logits = router·x within f32 rounding (relative L2 1e-5 against
+// a double-precision product), routed exactly as the reference routes those logits.
+TEST(RoutePlanTest, FusedRouterProductMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [n, E, K, h] : std::vector<std::tuple<int, int, int, int>>{
+           {1, 512, 10, 2048}, {2, 512, 10, 2048}, {4, 512, 10, 2048}, {3, 64, 6, 256}, {1, 1024, 8, 1152}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " E=" << E << " K=" << K << " h=" << h);
+    ASSERT_TRUE(RoutePlanCanFuseProduct(h, n));
+    std::vector<float> router(static_cast<size_t>(E) * h), x(static_cast<size_t>(n) * h);
+    for (float& v : router) v = normal(rng) * 0.05f;
+    for (float& v : x) v = normal(rng);
+    std::vector<ExpertLocation> table(E);
+    for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
+    std::vector<float> got_logits;
+    const PlanResult r = RoutePlan(n, K, E, table, /*with_shared=*/false, nullptr, &router, &x, h, &got_logits);
+    double num = 0.0, den = 0.0;
+    for (int t = 0; t < n; ++t) {
+      for (int e = 0; e < E; ++e) {
+        double want = 0.0;
+        for (int c = 0; c < h; ++c) want += static_cast<double>(router[static_cast<size_t>(e) * h + c]) * x[static_cast<size_t>(t) * h + c];
+        const double d = got_logits[static_cast<size_t>(t) * E + e] - want;
+        num += d * d;
+        den += want * want;
+      }
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-5);
+    ExpectReferenceRouting(r, got_logits, n, K, E);
+    ExpectValidPlan(r, r.picks, n, K, table);
+  }
+}
+
+TEST(RoutePlanTest, RefusesShapesItCannotRoute) {
+  SKIP_WITHOUT_GPU();
+  RoutePlanArgs a;
+  EXPECT_EQ(LaunchRoutePlan(a, nullptr), cudaErrorInvalidValue);  // n = 0, null pointers
+  EXPECT_FALSE(RoutePlanCanFuseProduct(2048, kRoutePlanMaxProductTokens + 1));
+  EXPECT_FALSE(RoutePlanCanFuseProduct(2048 + 128, 1));
+  EXPECT_FALSE(RoutePlanCanFuseProduct(2000, 1));
 }
 
 }  // namespace

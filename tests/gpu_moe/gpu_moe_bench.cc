@@ -5,18 +5,25 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
+#include <span>
 #include <cstdio>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu/bench_util.h"
@@ -210,12 +217,193 @@ void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t
               static_cast<long long>(n), ms, flops / (ms * 1e-3) / 1e12, n / (ms * 1e-3));
 }
 
-int Main(bool decode_only) {
+// Routing and planning of one MoE layer on the 80B shapes (f32 router 512 × 2048, K 10), old and
+// new in one process. Old: the backend's router product (dense matvec up to kMatVecMaxRows tokens,
+// else the prepared near-f32 GEMM), then up to kDevicePlanMaxTokens tokens LaunchPlanMoeOnDevice
+// (fused routing), above it the route kernel, the picks to the host and PlanMoeStep there (one
+// wait). New: LaunchRoutePlan (with the router product inside up to kRoutePlanMaxProductTokens
+// tokens where the MoE stage takes it, else after the same product; also timed with the product
+// always fused and never), every size on the device. Decode sizes: graph-replayed,
+// 48 layers' routers in turn (192 MB: not L2-resident, as in a decode step without prefetch) and
+// one router again and again (L2-warm). Prefill sizes: eager, to the end of the host plan.
+void BenchRouting(const float* x, std::mt19937& rng) {
+  const int layers = 48;
+  const int64_t router_bytes = kE * kH * sizeof(float);
+  std::vector<float*> routers(layers);
+  std::vector<DeviceMatrix> mats(layers);
+  std::normal_distribution<float> nd(0.0f, 0.03f);
+  std::vector<float> host(kE * kH);
+  for (float& v : host) v = nd(rng);
+  for (int l = 0; l < layers; ++l) {
+    BENCH_CHECK(cudaMalloc(&routers[l], router_bytes));
+    BENCH_CHECK(cudaMemcpy(routers[l], host.data(), router_bytes, cudaMemcpyHostToDevice));
+    mats[l] = DeviceMatrix{kTypeF32, routers[l], kH, kE, kH * static_cast<int64_t>(sizeof(float))};
+  }
+  DenseGemmOptions go;
+  go.mode = GemmMode::kFastSplit;
+  absl::StatusOr<std::unique_ptr<DenseGemm>> gemm = DenseGemm::Create(go);
+  BENCH_OK(gemm.status());
+  for (const DeviceMatrix& m : mats) BENCH_OK((*gemm)->Prepare(m, GemmMode::kFastSplit));
+  const int64_t max_n = 8192;
+  float *logits, *weights;
+  int32_t *experts, *slot;
+  ExpertUnit *units, *shared_units;
+  ExpertLocation* table;
+  int* ints;
+  BENCH_CHECK(cudaMalloc(&logits, max_n * kE * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&weights, max_n * kK * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&experts, max_n * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&slot, max_n * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&units, max_n * kK * sizeof(ExpertUnit)));
+  BENCH_CHECK(cudaMalloc(&shared_units, (max_n / kMaxUnitRows + 1) * sizeof(ExpertUnit)));
+  BENCH_CHECK(cudaMalloc(&ints, 3 * sizeof(int)));
+  BENCH_CHECK(cudaMemset(ints, 0, 3 * sizeof(int)));
+  std::vector<ExpertLocation> htable(kE);
+  for (int64_t e = 0; e < kE; ++e) {
+    const uintptr_t base = 0x100000 + static_cast<uintptr_t>(e) * 0x3000;
+    htable[e] = {reinterpret_cast<const void*>(base), reinterpret_cast<const void*>(base + 0x1000),
+                 reinterpret_cast<const void*>(base + 0x2000)};
+  }
+  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
+  BENCH_CHECK(cudaMemcpy(table, htable.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  int32_t* host_picks = nullptr;
+  BENCH_CHECK(cudaMallocHost(&host_picks, max_n * kK * sizeof(int32_t)));
+  int layer = 0;
+  auto product = [&](int64_t n, cudaStream_t s) {
+    const DeviceMatrix& m = mats[layer];
+    if (n <= kMatVecMaxRows) {
+      BENCH_CHECK(LaunchDenseMatVec(m, x, kH, static_cast<int>(n), logits, kE, s));
+    } else {
+      BENCH_OK((*gemm)->Run(m, x, n, logits, s, GemmMode::kFastSplit));
+    }
+  };
+  auto plan_args = [&](int64_t n) {
+    DeviceMoePlanArgs a;
+    a.n = static_cast<int>(n);
+    a.K = kK;
+    a.E = kE;
+    a.table = table;
+    a.shared = htable[7];
+    a.shared_units = shared_units;
+    a.units = units;
+    a.num_units = ints;
+    a.error = ints + 1;
+    a.slot = slot;
+    a.logits = logits;
+    a.experts = a.experts_out = experts;
+    a.weights_out = weights;
+    return a;
+  };
+  auto old_path = [&](int64_t n) {
+    cudaStream_t s = bench::LaunchStream();
+    product(n, s);
+    BENCH_CHECK(LaunchPlanMoeOnDevice(plan_args(n), s));
+  };
+  // fuse: 0 the MoE stage's choice (RoutePlanFusesProduct), 1 always the fused product where the
+  // kernel takes it, 2 never.
+  auto new_path = [&](int64_t n, int fuse) {
+    cudaStream_t s = bench::LaunchStream();
+    RoutePlanArgs a;
+    a.plan = plan_args(n);
+    a.counter = reinterpret_cast<unsigned*>(ints + 2);
+    const bool fused = fuse == 0 ? RoutePlanFusesProduct(kH, n) : fuse == 1 && RoutePlanCanFuseProduct(kH, n);
+    if (fused) {
+      a.router = routers[layer];
+      a.x = x;
+      a.h = kH;
+    } else {
+      product(n, s);
+    }
+    BENCH_CHECK(LaunchRoutePlan(a, s));
+  };
+  const char* labels[] = {"old product+plan     ", "new (stage's choice)", "new, fused product  ", "new, product apart  "};
+  for (int64_t n : {1, 2, 3, 4, 8, 32, 64}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      if (variant == 2 && !RoutePlanCanFuseProduct(kH, n)) continue;
+      auto fn = [&, variant] {
+        if (variant == 0) {
+          old_path(n);
+        } else {
+          new_path(n, variant - 1);
+        }
+      };
+      layer = 0;
+      fn();
+      BENCH_CHECK(cudaDeviceSynchronize());
+      // Cold: 48 routers in turn; warm: one router.
+      const double cold = bench::GraphUs([&] { fn(); layer = (layer + 1) % layers; }, layers);
+      layer = 0;
+      const double warm = bench::GraphUs([&] { fn(); }, layers);
+      layer = 0;
+      SetPdlEnabled(false);
+      const double cold_nopdl = bench::GraphUs([&] { fn(); layer = (layer + 1) % layers; }, layers);
+      SetPdlEnabled(true);
+      layer = 0;
+      std::printf("routing+plan E=512 K=10 h=2048 n=%-5lld %s: %7.2f us/layer (48 routers, graph), %7.2f (one router, L2-warm), %7.2f (48 routers, PDL off)\n",
+                  static_cast<long long>(n), labels[variant], cold, warm, cold_nopdl);
+      const char* keys[] = {"old", "new", "new_fused", "new_apart"};
+      bench::Report(std::string("routing_") + keys[variant] + "_n" + std::to_string(n), cold, "us",
+                    "router product + plan per layer, graph, 48 routers");
+    }
+    layer = 0;
+    const double product_us = bench::GraphUs([&] { product(n, bench::LaunchStream()); layer = (layer + 1) % layers; }, layers);
+    layer = 0;
+    std::printf("  router product alone n=%lld: %7.2f us (48 routers, graph); floor %.2f us (4.19 MB at 4.5 TB/s)\n",
+                static_cast<long long>(n), product_us, router_bytes / 4.5e12 * 1e6);
+  }
+  // Prefill sizes: the old host plan (route kernel, picks to the host, PlanMoeStep) against the device plan.
+  for (int64_t n : {512, 8192}) {
+    layer = 0;
+    const double product_ms = bench::TimeMs([&] { product(n, nullptr); }, 10, 2);
+    const double old_ms = bench::TimeMs([&] {
+      product(n, nullptr);
+      BENCH_CHECK(LaunchRouteTopK(logits, static_cast<int>(n), kE, kK, experts, weights, nullptr));
+      BENCH_CHECK(cudaMemcpyAsync(host_picks, experts, n * kK * sizeof(int32_t), cudaMemcpyDeviceToHost, nullptr));
+      BENCH_CHECK(cudaStreamSynchronize(nullptr));
+      absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(std::span<const int32_t>(host_picks, n * kK), n, kK, kE,
+                                                     [&](int32_t e) { return std::optional<ExpertLocation>(htable[e]); });
+      BENCH_OK(plan.status());
+    }, 10, 2);
+    const double new_ms = bench::TimeMs([&] {
+      new_path(n, 0);
+      BENCH_CHECK(cudaStreamSynchronize(nullptr));
+    }, 10, 2);
+    // The host planner alone on the last picks.
+    const auto h0 = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < 10; ++rep) {
+      absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(std::span<const int32_t>(host_picks, n * kK), n, kK, kE,
+                                                     [&](int32_t e) { return std::optional<ExpertLocation>(htable[e]); });
+      BENCH_OK(plan.status());
+    }
+    const double host_plan_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count() / 10;
+    std::printf("routing+plan n=%lld: product %.3f ms; old (route kernel, host plan) %.3f ms, of which PlanMoeStep on "
+                "the host %.3f ms; new (device plan) %.3f ms; product floor %.3f ms (near-f32: 3 x %.1f GFLOP at 800 "
+                "TFLOP/s)\n",
+                static_cast<long long>(n), product_ms, old_ms, host_plan_ms, new_ms,
+                3.0 * 2.0 * n * kE * kH / 800e12 * 1e3, 2.0 * n * kE * kH / 1e9);
+    bench::Report("routing_prefill_old_n" + std::to_string(n), old_ms * 1e3, "us", "product + route + host plan");
+    bench::Report("routing_prefill_new_n" + std::to_string(n), new_ms * 1e3, "us", "product + device route-plan");
+  }
+  for (float* r : routers) BENCH_CHECK(cudaFree(r));
+  for (void* p : std::initializer_list<void*>{logits, weights, experts, slot, units, shared_units, table, ints}) {
+    BENCH_CHECK(cudaFree(p));
+  }
+  BENCH_CHECK(cudaFreeHost(host_picks));
+}
+
+int Main(bool decode_only, bool routing_only) {
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
   }
   std::mt19937 rng(12345);
+  if (routing_only) {
+    float* x = bench::RandomFloats(8192 * kH, 3);
+    BenchRouting(x, rng);
+    BENCH_CHECK(cudaFree(x));
+    return 0;
+  }
 
   // Ceiling: device-to-device copy of 2 GiB (bytes read + written).
   const size_t copy_bytes = size_t{1} << 31;
@@ -330,6 +518,7 @@ int Main(bool decode_only) {
     const double scatter_us = timer.StopMs() * 10;
     std::printf("route E=512 K=10 n=%-3d %6.2f us; scatter-sum n=%-3d %6.2f us\n", n, route_us, n, scatter_us);
   }
+  if (!decode_only) BenchRouting(x, rng);
   BENCH_CHECK(cudaDeviceSynchronize());
   return 0;
 }
@@ -337,11 +526,15 @@ int Main(bool decode_only) {
 }  // namespace
 }  // namespace tandem::cuda
 
+// --routing-only: only BenchRouting (router product + plan, old and new).
 // --decode-only: the copy ceiling and the decode expert cases, each timed with the old generic
 // kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
 // graph-replayed, then the tile kernel's knob sweep.
 int main(int argc, char** argv) {
-  bool decode_only = false;
-  for (int i = 1; i < argc; ++i) decode_only |= std::string(argv[i]) == "--decode-only";
-  return tandem::cuda::Main(decode_only);
+  bool decode_only = false, routing_only = false;
+  for (int i = 1; i < argc; ++i) {
+    decode_only |= std::string(argv[i]) == "--decode-only";
+    routing_only |= std::string(argv[i]) == "--routing-only";
+  }
+  return tandem::cuda::Main(decode_only, routing_only);
 }

@@ -1,6 +1,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/router.h"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
@@ -26,6 +28,13 @@ absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
 }
 
 using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down type, inner
+
+// Steps above kDevicePlanMaxTokens planned on the device, units copied back (not yet run on a GPU:
+// off unless TANDEM_DEVICE_PREFILL_PLAN is set).
+bool DevicePrefillPlan() {
+  static const bool on = std::getenv("TANDEM_DEVICE_PREFILL_PLAN") != nullptr;
+  return on;
+}
 
 }  // namespace
 
@@ -67,9 +76,14 @@ struct MoeStage::Impl {
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;
   PinnedBuffer slot_staging;
+  // Steps above plan_tokens with a device table, when DevicePrefillPlan(): the device plan's unit
+  // count and units brought back (prefill_units_bound units at most; 0: not set up).
+  int64_t prefill_units_bound = 0;
+  PinnedBuffer units_staging;
   // The device planner's outputs (device_plan.cuh), for steps of up to plan_tokens tokens.
   int64_t plan_tokens = 0;
-  DeviceBuffer plan_units, plan_shared_units, plan_ints;  // plan_ints: [unit count, error flag]
+  // plan_ints: [unit count, error flag, the fused route-plan kernel's block counter]
+  DeviceBuffer plan_units, plan_shared_units, plan_ints;
   PinnedBuffer error_readback;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
   std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
@@ -123,9 +137,16 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   if (E <= kDevicePlanMaxExperts) {
     impl->plan_tokens = std::min(T, kDevicePlanMaxTokens);
     const int64_t P = impl->plan_tokens;
-    Buf plan_bufs[] = {{&impl->plan_units, DeviceArray<ExpertUnit>(P * K)},
+    if (T > P && E <= kRoutePlanMaxExperts && K <= 32) {
+      impl->prefill_units_bound = std::min(T * K, T * K / kMaxUnitRows + E);
+      absl::StatusOr<PinnedBuffer> us =
+          PinnedBuffer::Allocate(alignof(ExpertUnit) + static_cast<size_t>(impl->prefill_units_bound) * sizeof(ExpertUnit));
+      if (!us.ok()) return us.status();
+      impl->units_staging = *std::move(us);
+    }
+    Buf plan_bufs[] = {{&impl->plan_units, DeviceArray<ExpertUnit>(std::max(P * K, impl->prefill_units_bound))},
                        {&impl->plan_shared_units, DeviceArray<ExpertUnit>((P + kMaxUnitRows - 1) / kMaxUnitRows)},
-                       {&impl->plan_ints, DeviceArray<int32_t>(2)},
+                       {&impl->plan_ints, DeviceArray<int32_t>(3)},
                        {&impl->shared_act, DeviceArray<float>(P * std::max<int64_t>(c.shared_ffn, 1))}};
     for (Buf& b : plan_bufs) {
       if (!b.made.ok()) return b.made.status();
@@ -134,7 +155,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
     if (!readback.ok()) return readback.status();
     impl->error_readback = *std::move(readback);
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 2 * sizeof(int32_t)));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 3 * sizeof(int32_t)));
     absl::StatusOr<StreamFork> fork = StreamFork::Create();
     if (!fork.ok()) return fork.status();
     impl->fork.emplace(*std::move(fork));
@@ -210,37 +231,78 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
     return absl::OkStatus();
   }
-  // 1. Routing on the GPU; the picks come back to the host to plan the step.
+  // 1. Routing on the GPU; the picks (or, planned on the device, the units) come back to the host.
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
-  if (absl::Status s = m.router->RouteLogits(logits, n, stream); !s.ok()) return s;
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  const std::span<const int32_t> experts(m.router->experts(), static_cast<size_t>(n * K));
-  if (picks != nullptr) picks->assign(experts.begin(), experts.end());
+  std::optional<MoeStepPlan> host_plan;
+  std::span<const ExpertUnit> units;
+  if (table != nullptr && m.prefill_units_bound > 0 && DevicePrefillPlan()) {
+    // Every expert resident: the route-and-plan kernel plans on the device (slots written there);
+    // only the units come back, for the runners that take host units. No PlanMoeStep (~0.9 ms a
+    // layer at 8192 tokens on the device machine's host).
+    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    RoutePlanArgs rp;
+    rp.plan.n = static_cast<int>(n);
+    rp.plan.K = static_cast<int>(K);
+    rp.plan.E = static_cast<int>(E);
+    rp.plan.table = table;
+    rp.plan.units = m.plan_units.as<ExpertUnit>();
+    rp.plan.num_units = m.plan_ints.as<int>();
+    rp.plan.error = m.plan_ints.as<int>() + 1;
+    rp.plan.slot = m.slot.as<int32_t>();
+    rp.plan.logits = logits;
+    rp.plan.experts = rp.plan.experts_out = out->first;
+    rp.plan.weights_out = out->second;
+    rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    const int64_t bound = std::min(n * K, n * K / kMaxUnitRows + E);  // units of any plan of n·K pairs
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.units_staging.get(), m.plan_ints.get(), sizeof(int),
+                                                cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.units_staging.as<uint8_t>() + alignof(ExpertUnit), m.plan_units.get(),
+                                                static_cast<size_t>(bound) * sizeof(ExpertUnit),
+                                                cudaMemcpyDeviceToHost, stream));
+    if (picks != nullptr) {
+      if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const int count = *m.units_staging.as<int>();
+    if (count < 0 || count > bound) return absl::InternalError(absl::StrCat("device plan: ", count, " units"));
+    units = std::span<const ExpertUnit>(
+        reinterpret_cast<const ExpertUnit*>(m.units_staging.as<uint8_t>() + alignof(ExpertUnit)), static_cast<size_t>(count));
+    if (picks != nullptr) picks->assign(m.router->experts(), m.router->experts() + n * K);
+  } else {
+    if (absl::Status s = m.router->RouteLogits(logits, n, stream); !s.ok()) return s;
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const std::span<const int32_t> experts(m.router->experts(), static_cast<size_t>(n * K));
+    if (picks != nullptr) picks->assign(experts.begin(), experts.end());
 
-  // 2. The step's expert work list: (device weight addresses, rows) per unit.
-  absl::StatusOr<MoeStepPlan> plan =
-      PlanMoeStep(experts, n, K, E, [&](int32_t e) { return source.Locate(layer, e); });
-  if (!plan.ok()) return plan.status();
-  if (!plan->offloaded.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("layer ", layer, ": ", plan->offloaded.size(),
-                                                      " routed pairs need experts that are not on the GPU, "
-                                                      "and no host expert worker is attached"));
+    // 2. The step's expert work list: (device weight addresses, rows) per unit.
+    absl::StatusOr<MoeStepPlan> plan =
+        PlanMoeStep(experts, n, K, E, [&](int32_t e) { return source.Locate(layer, e); });
+    if (!plan.ok()) return plan.status();
+    if (!plan->offloaded.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("layer ", layer, ": ", plan->offloaded.size(),
+                                                        " routed pairs need experts that are not on the GPU, "
+                                                        "and no host expert worker is attached"));
+    }
+    std::memcpy(m.slot_staging.get(), plan->slot.data(), plan->slot.size() * sizeof(int32_t));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.slot.get(), m.slot_staging.get(), plan->slot.size() * sizeof(int32_t),
+                                                cudaMemcpyHostToDevice, stream));
+    host_plan = *std::move(plan);
+    units = host_plan->units;
   }
-  std::memcpy(m.slot_staging.get(), plan->slot.data(), plan->slot.size() * sizeof(int32_t));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.slot.get(), m.slot_staging.get(), plan->slot.size() * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, stream));
   timer.Mark(Stage::kExperts, stream);
   const bool gemm = m.options.fast && n > kMaxUnitRows;
   if (gemm) {
     auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
     if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the routed experts' shape");
-    if (absl::Status s = it->second.Run(plan->units, x, m.partial.as<float>(), stream); !s.ok()) return s;
+    if (absl::Status s = it->second.Run(units, x, m.partial.as<float>(), stream); !s.ok()) return s;
   } else {
     const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),
                                           static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
-    if (absl::Status s = m.routed_runner->Run(plan->units, shape, x, m.act.as<float>(), m.partial.as<float>(), stream);
+    if (absl::Status s = m.routed_runner->Run(units, shape, x, m.act.as<float>(), m.partial.as<float>(), stream);
         !s.ok()) {
       return s;
     }
@@ -346,20 +408,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // Routing and the plan, on the GPU only: no host wait.
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
-  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
-  // Routing and planning in one kernel (fused when the expert count allows it); the picks stay on
-  // the device unless the caller asked for them.
   DeviceMoePlanArgs a;
-  if (E <= kDeviceRouteMaxExperts && K <= 32) {
-    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
-    if (!out.ok()) return out.status();
-    a.logits = logits;
-    a.experts_out = out->first;
-    a.weights_out = out->second;
-  } else if (absl::Status s = m.router->RouteLogits(logits, n, stream, false); !s.ok()) {
-    return s;
-  }
-  a.experts = m.router->device_experts();
   a.n = static_cast<int>(n);
   a.K = static_cast<int>(K);
   a.E = static_cast<int>(E);
@@ -368,7 +417,40 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   a.num_units = m.plan_ints.as<int>();
   a.error = m.plan_ints.as<int>() + 1;
   a.slot = m.slot.as<int32_t>();
-  TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
+  if (RoutePlanFused() && E <= kRoutePlanMaxExperts && K <= 32) {
+    // One kernel: routing (and for f32 routers at decode sizes the router product) and the plan.
+    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    RoutePlanArgs rp;
+    rp.plan = a;
+    rp.plan.logits = logits;
+    rp.plan.experts = rp.plan.experts_out = out->first;
+    rp.plan.weights_out = out->second;
+    rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
+    if (l.router.type == kTypeF32 && l.router.cols == h && l.router.rows == E && RoutePlanFusesProduct(h, n)) {
+      rp.router = static_cast<const float*>(l.router.data);
+      rp.x = x;
+      rp.h = static_cast<int>(h);
+    } else if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) {
+      return s;
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+  } else {
+    if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+    // Routing and planning in one kernel (fused when the expert count allows it); the picks stay
+    // on the device unless the caller asked for them.
+    if (E <= kDeviceRouteMaxExperts && K <= 32) {
+      absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
+      if (!out.ok()) return out.status();
+      a.logits = logits;
+      a.experts_out = out->first;
+      a.weights_out = out->second;
+    } else if (absl::Status s = m.router->RouteLogits(logits, n, stream, false); !s.ok()) {
+      return s;
+    }
+    a.experts = m.router->device_experts();
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
+  }
   if (copy_picks) {
     if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
   }
