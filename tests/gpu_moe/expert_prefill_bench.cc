@@ -1,9 +1,10 @@
 // Timings of the prefill routed-expert path on the Qwen3-Next-80B shapes (h 2048, I 512, E 512,
 // K 10, Q4_K gate/up/down, every expert resident), for 512, 2048 and 8192 tokens with uniform
 // random routing: per layer time, TFLOP/s and GB/s of the routed experts' weights of each
-// algorithm (before: the per-expert cuBLAS path and the pipelined tile kernel at its chosen height
-// with remainder tiles; after: the streamed Q4_K kernel with tiles of up to 64 rows, and with
-// tiles of up to 16 and 32 (its deeper ring); and its two weight-prefetch variants), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
+// algorithm (the per-expert cuBLAS path; the pipelined tile kernel at its chosen height with
+// remainder tiles; the streamed Q4_K kernel with tiles of up to 64 rows, and with tiles of up to 16
+// and 32 (its deeper ring), and its two weight-prefetch variants; the row-streamed Q4_K kernel at its
+// chosen bound, 16 and 32; the runner's default), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
 // in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
 // sanity line; the tests decide correctness). Not a test.
 #include <cublas_v2.h>
@@ -210,7 +211,15 @@ int Main() {
       PrefillOptions options;
     };
     const std::vector<Variant> grouped = {{"pipelined tiles (before)", {PrefillAlgorithm::kGroupedTilesPipelined, 0, n}},
-                                          {"streamed (after)", {PrefillAlgorithm::kGroupedTiles, 0, n}},
+                                          {"streamed 64 (old default)",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
+                                          {"rows-streamed (chosen)",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedRows}},
+                                          {"rows-streamed, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kStreamedRows}},
+                                          {"rows-streamed, tiles <= 32",
+                                           {PrefillAlgorithm::kGroupedTiles, 32, n, PrefillKernel::kStreamedRows}},
+                                          {"default (auto)", {PrefillAlgorithm::kGroupedTiles, 0, n}},
                                           {"streamed, tiles <= 32", {PrefillAlgorithm::kGroupedTiles, 32, n}},
                                           {"streamed, tiles <= 16", {PrefillAlgorithm::kGroupedTiles, 16, n}},
                                           {"streamed + L2 256B lines",
@@ -222,7 +231,7 @@ int Main() {
       BENCH_OK(runner.status());
       const double ms = TimeRuns(*runner, *plan, x, partial);
       report(v.name, ms, runner->last_tile_rows());
-      if (v.options.tile_rows == 0) {  // every variant at its chosen height
+      if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));

@@ -133,7 +133,17 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     }
     if (options.algorithm == PrefillAlgorithm::kGroupedTiles && options.tile_rows == 0 &&
         UsesStreamedKernel({c.gu_type, c.d_type, h, I}, 0)) {
-      EXPECT_EQ(runner->last_tile_rows(), kStreamedMaxTileRows);
+      // kStreamed: 64; kStreamedRows (chosen, or by kStreamedAuto for small groups): 16 or 32.
+      const std::vector<PrefillGroup> groups = GroupUnits(plan->units);
+      const bool rows_fit = UsesStreamedRowsKernel({c.gu_type, c.d_type, h, I});
+      int expected = kStreamedMaxTileRows;
+      if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedRows) {
+        expected = ChooseStreamedRowsTile(groups, /*auto_choice=*/false);
+      } else if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedAuto &&
+                 ChooseStreamedRowsTile(groups, /*auto_choice=*/true) != 0) {
+        expected = ChooseStreamedRowsTile(groups, /*auto_choice=*/true);
+      }
+      EXPECT_EQ(runner->last_tile_rows(), expected);
     }
   }
 }
@@ -199,6 +209,35 @@ TEST(ExpertPrefillTest, StreamedUnevenGroupsMatchReference) {
                          /*expected_tile_rows=*/0, /*skewed=*/true);
 }
 
+// The row-streamed kernel (kStreamedRows) at both tile bounds and chosen, against the old
+// streamed kernel, on uneven groups (1 to about 120 rows: tiles of 1 to 32 rows share a launch,
+// blocks walk many units and cross tile boundaries). Shapes: h 512 / I 256 (gate/up K = 512: 4
+// row groups of 16 per stage; down K = 256: 8 groups, one warp each) and h 768 (K = 768: three
+// super-blocks, 2 groups of 4 warps with one warp idle).
+TEST(ExpertPrefillTest, StreamedRowsUnevenGroupsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedAuto},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed}};
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 12, 3, 90}, options, 0, /*skewed=*/true);
+}
+
+// The 80B shapes (h 2048, I 512: gate/up one super-block per warp, a stage 8 gate + 8 up rows;
+// down K = 512): 10 rows per expert (the 512-token regime; kStreamedAuto takes kStreamedRows) and
+// about 30 (skewed: kStreamedAuto takes kStreamed; tiles of up to 16 and 32 rows).
+TEST(ExpertPrefillTest, StreamedRowsModelShapesMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kStreamedRows},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedAuto}};
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 24, 4, 60}, options, 0, /*skewed=*/false);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 8, 3, 80}, options, 0, /*skewed=*/true);
+}
+
 // Which shapes kGroupedTiles sends to the streamed kernel, and what its launchers refuse.
 TEST(ExpertPrefillTest, StreamedKernelScope) {
   EXPECT_TRUE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 0));
@@ -218,6 +257,31 @@ TEST(ExpertPrefillTest, StreamedKernelScope) {
   EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamed, kTypeQ4_K, 64, no_tiles, 1, nullptr, nullptr, 512, 96,
                                 nullptr, nullptr),
             cudaErrorInvalidValue);
+  // kStreamedRows: tiles of at most 32 rows, K (here h) at most 2048.
+  EXPECT_TRUE(UsesStreamedRowsKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}));
+  EXPECT_FALSE(UsesStreamedRowsKernel({WeightType::kQ4_K, WeightType::kQ4_K, 4096, 512}));
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamedRows, kTypeQ4_K, 33, no_tiles, 1, nullptr, nullptr, 512, 256,
+                                nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamedRows, kTypeQ4_K, 16, no_tiles, 1, nullptr, nullptr, 4096, 256,
+                                nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// kStreamedRows' tile bound: 16; kStreamedAuto takes kStreamed (0) once more than 1 group in 20
+// needs a second 16-row tile.
+TEST(PrefillTilesTest, StreamedRowsTileChoice) {
+  const int dummy = 0;
+  const ExpertLocation w{&dummy, &dummy, &dummy};
+  std::vector<PrefillGroup> small;
+  for (int i = 0; i < 20; ++i) small.push_back({w, 10 * i, i == 0 ? 17 : 10});  // one group in 20 splits
+  EXPECT_EQ(ChooseStreamedRowsTile(small, true), 16);
+  small[1].rows = 20;  // two in 20
+  EXPECT_EQ(ChooseStreamedRowsTile(small, true), 0);
+  EXPECT_EQ(ChooseStreamedRowsTile(small, false), 16);
+  const std::vector<PrefillGroup> medium = {{w, 0, 40}, {w, 40, 30}, {w, 70, 45}};
+  EXPECT_EQ(ChooseStreamedRowsTile(medium, true), 0);
+  EXPECT_EQ(ChooseStreamedRowsTile(medium, false), 16);
 }
 
 TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
@@ -227,6 +291,7 @@ TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 0).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTilesPipelined, 100, 0}).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kPipelined}).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kStreamedRows}).ok());
 }
 
 TEST(PrefillTilesTest, TileClassIsSmallestHeightHoldingTheRows) {

@@ -59,6 +59,17 @@ bool UsesStreamedKernel(const ExpertDecodeRunner::Shape& shape, int tile_rows) {
          tile_rows <= kStreamedMaxTileRows;
 }
 
+bool UsesStreamedRowsKernel(const ExpertDecodeRunner::Shape& shape) {
+  return UsesStreamedKernel(shape, 0) && shape.h <= kStreamedRowsMaxK && shape.inner <= kStreamedRowsMaxK;
+}
+
+int ChooseStreamedRowsTile(std::span<const PrefillGroup> groups, bool auto_choice) {
+  int64_t tiles = 0;
+  for (const PrefillGroup& g : groups) tiles += (g.rows + 15) / 16;
+  if (auto_choice && 20 * tiles > 21 * static_cast<int64_t>(groups.size())) return 0;
+  return 16;
+}
+
 struct ExpertPrefillRunner::Blas {
   cublasHandle_t handle = nullptr;
   ~Blas() {
@@ -145,6 +156,10 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
     if (options.streamed_kernel == PrefillKernel::kPipelined) {
       return absl::InvalidArgumentError("ExpertPrefillRunner: streamed_kernel must be a streamed variant");
     }
+    if (options.streamed_kernel == PrefillKernel::kStreamedRows && options.tile_rows > kStreamedRowsMaxTileRows) {
+      return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: kStreamedRows takes tile_rows 0, 16 or 32, not ",
+                                                     options.tile_rows));
+    }
     const uint32_t gu = static_cast<uint32_t>(shape.gate_up_type), d = static_cast<uint32_t>(shape.down_type);
     if (KernelRowAlignment(gu) == 0 || KernelRowAlignment(d) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: gate/up type ", gu, " or down type ", d,
@@ -226,12 +241,22 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   }
   const std::vector<PrefillGroup> groups = GroupUnits(units);
   const bool streamed = options_.algorithm == PrefillAlgorithm::kGroupedTiles && UsesStreamedKernel(shape_, options_.tile_rows);
-  const PrefillKernel kernel = streamed ? options_.streamed_kernel : PrefillKernel::kPipelined;
+  PrefillKernel kernel = streamed ? options_.streamed_kernel : PrefillKernel::kPipelined;
+  int tile_rows = options_.tile_rows;
+  // Small-group dispatch (the row-streamed kernel, expert_prefill_rows.cuh): kStreamedAuto or
+  // kStreamedRows resolved here to kStreamedRows at a tile bound of 16 or 32, or to kStreamed.
+  if (kernel == PrefillKernel::kStreamedAuto || kernel == PrefillKernel::kStreamedRows) {
+    const bool automatic = kernel == PrefillKernel::kStreamedAuto;
+    const int rows_tile = !UsesStreamedRowsKernel(shape_) || (automatic && tile_rows != 0)
+                              ? 0
+                              : (tile_rows != 0 ? tile_rows : ChooseStreamedRowsTile(groups, automatic));
+    kernel = rows_tile != 0 ? PrefillKernel::kStreamedRows : PrefillKernel::kStreamed;
+    if (rows_tile != 0) tile_rows = rows_tile;
+  }
   // Streamed: one launch of tiles of at most tile_rows (64 by default) rows. Pipelined with a
   // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
   // fixed height: every tile at tile_rows.
   const bool by_class = !streamed && options_.tile_rows == 0;
-  int tile_rows = options_.tile_rows;
   if (tile_rows == 0) tile_rows = streamed ? kStreamedMaxTileRows : ChoosePrefillTileRows(groups, by_class);
   std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
   last_tile_rows_ = tile_rows;

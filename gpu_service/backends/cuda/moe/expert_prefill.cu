@@ -6,6 +6,7 @@
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_gemm.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_rows.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
@@ -109,6 +110,45 @@ cudaError_t LaunchStreamed(int tile_rows, const PrefillTile* tiles, int num_tile
                                                    stream);
 }
 
+// The row-streamed kernel (expert_prefill_rows.cuh): persistent, as many blocks as fit at once (at
+// most one per unit); the ring as deep as the shared memory of those blocks allows.
+template <bool kGateUp, int kFrags>
+cudaError_t LaunchRowsFrags(const PrefillTile* tiles, int num_tiles, const uint16_t* a, const int32_t* a_index, int K,
+                            int N, int out_cols, uint16_t* act_out, float* f32_out, cudaStream_t stream) {
+  using namespace prefill_rows;  // NOLINT
+  auto* kernel = RowsQ4KGemmKernel<kGateUp, kFrags>;
+  const RowsGeometry geo = MakeRowsGeometry(K);
+  // kFrags 1: two blocks per SM (228 KB per SM, 1 KB of it reserved per block); 2: one (227 KB).
+  const int budget = kFrags == 1 ? (228 * 1024) / 2 - 1024 : 227 * 1024;
+  const int stages = std::min(kMaxStages, (budget - RedBytes(kFrags)) / geo.stage_bytes);
+  if (stages < 2) return cudaErrorInvalidValue;
+  const int smem = stages * geo.stage_bytes + RedBytes(kFrags);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
+    return e;
+  }
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem); e != cudaSuccess) {
+    return e;
+  }
+  const int64_t units = static_cast<int64_t>(num_tiles) * (N / geo.rows);
+  const int64_t blocks = std::min<int64_t>(units, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(tiles, num_tiles, a, a_index, K, N, out_cols, stages,
+                                                                    act_out, f32_out);
+  return cudaGetLastError();
+}
+
+template <bool kGateUp>
+cudaError_t LaunchRows(int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a, const int32_t* a_index,
+                       int K, int N, int out_cols, uint16_t* act_out, float* f32_out, cudaStream_t stream) {
+  if (K % 256 != 0 || K > kStreamedRowsMaxK || N % kStreamedUnitCols != 0) return cudaErrorInvalidValue;
+  if (tile_rows <= 16) {
+    return LaunchRowsFrags<kGateUp, 1>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+  }
+  return LaunchRowsFrags<kGateUp, 2>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+}
+
 template <bool kGateUp>
 cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                             const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
@@ -116,6 +156,10 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
   if (num_tiles <= 0 || N <= 0) return cudaSuccess;
   if (KernelRowAlignment(type) == 0 || K <= 0 || K % 32 != 0 || K % RowLengthMultiple(type) != 0) {
     return cudaErrorInvalidValue;
+  }
+  if (which == PrefillKernel::kStreamedRows) {
+    if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedRowsMaxTileRows) return cudaErrorInvalidValue;
+    return LaunchRows<kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
   }
   if (which != PrefillKernel::kPipelined) {
     if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedMaxTileRows) return cudaErrorInvalidValue;

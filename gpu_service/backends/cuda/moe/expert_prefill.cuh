@@ -47,7 +47,18 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //  - kStreamedL2Lines256, kStreamedUnitPrefetch: kStreamed with a wider DRAM access pattern for the
 //    weights (L2 fetches 256-byte lines; or each unit's B rows prefetched whole into L2), an
 //    experiment on why kStreamed reads weights at about 1 TB/s (expert_prefill_stream.cuh).
-enum class PrefillKernel { kPipelined, kStreamed, kStreamedL2Lines256, kStreamedUnitPrefetch };
+//  - kStreamedRows (expert_prefill_rows.cuh), Q4_K only: a persistent grid whose every stage is a
+//    few whole weight rows over all of K (contiguous runs of 9-18 KB), the tile's activations in
+//    registers, the block's warps splitting K. tile_rows: the bound on a tile's rows, 1 ..
+//    kStreamedRowsMaxTileRows (<= 16 and <= 32 run two instantiations). Needs K a multiple of 256
+//    and at most kStreamedRowsMaxK, and N a multiple of 128.
+//  - kStreamedAuto (the runner's default, not a launch argument): kStreamedRows where it fits and
+//    nearly every group fits one 16-row tile (ChooseStreamedRowsTile), else kStreamed.
+enum class PrefillKernel { kPipelined, kStreamed, kStreamedL2Lines256, kStreamedUnitPrefetch, kStreamedRows, kStreamedAuto };
+
+// Bounds of kStreamedRows: a tile's rows, and K (one Q4_K super-block per warp of 8).
+inline constexpr int kStreamedRowsMaxTileRows = 32;
+inline constexpr int kStreamedRowsMaxK = 2048;
 
 // Bound on a kStreamed tile's rows (four m16 MMA fragments), and the B rows of one of its units.
 inline constexpr int kStreamedMaxTileRows = 64;

@@ -9,8 +9,10 @@
 //    f16 once, then gate/up (SiLU·up in registers) and down launches over all tiles. Where
 //    UsesStreamedKernel holds (Q4_K gate/up and down, the 80B model's case), one launch each of
 //    the streamed kernel (expert_prefill_stream.cuh): tiles of up to 64 rows, raw Q4_K bytes
-//    streamed through a cp.async ring and dequantized straight into the MMA fragments. Otherwise
-//    as kGroupedTilesPipelined.
+//    streamed through a cp.async ring and dequantized straight into the MMA fragments; where
+//    nearly every expert has at most 16 rows (512 tokens on the 80B model) and h, I <= 2048, the
+//    row-streamed kernel instead (expert_prefill_rows.cuh, PrefillOptions::streamed_kernel).
+//    Otherwise as kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
 //    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
 //    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
@@ -70,6 +72,18 @@ enum class PrefillAlgorithm {
 // Q4_K gate/up and down, h and I multiples of 256, tile_rows 0 or at most kStreamedMaxTileRows.
 bool UsesStreamedKernel(const ExpertDecodeRunner::Shape& shape, int tile_rows);
 
+// Whether the row-streamed kernel (PrefillKernel::kStreamedRows) can run `shape`: a streamed shape
+// with h and I at most kStreamedRowsMaxK.
+bool UsesStreamedRowsKernel(const ExpertDecodeRunner::Shape& shape);
+
+// The tile bound kStreamedRows runs these groups at: 16 (measured on the H200, 2026-12-01,
+// expert_prefill_bench: 16-row tiles beat 32-row ones at 512 and 2048 tokens, 0.705 vs 1.125 and
+// 1.975 vs 2.187 ms), or, for kStreamedAuto (auto_choice), 0 (take kStreamed) unless at most 1 group
+// in 20 needs a second 16-row tile: kStreamedRows reads an expert's weights once per tile and beat
+// kStreamed only by 7% at 512 tokens (about 10 rows per expert, 0.705 vs 0.755 ms); at 2048 (about
+// 40) it lost 2x.
+int ChooseStreamedRowsTile(std::span<const PrefillGroup> groups, bool auto_choice);
+
 struct PrefillOptions {
   PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
   // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call (the
@@ -79,8 +93,11 @@ struct PrefillOptions {
   // Grouped algorithms: bound on the input rows a call addresses (input_row < max_input_rows); sizes the
   // f16 copy of x. 0 means max_slots (enough whenever every token has at least one slot).
   int64_t max_input_rows = 0;
-  // kGroupedTiles on a streamed shape: which streamed kernel variant (not kPipelined).
-  PrefillKernel streamed_kernel = PrefillKernel::kStreamed;
+  // kGroupedTiles on a streamed shape: which streamed kernel variant (not kPipelined). kStreamedAuto
+  // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
+  // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
+  // kStreamedRows on a shape it does not fit runs kStreamed.
+  PrefillKernel streamed_kernel = PrefillKernel::kStreamedAuto;
 };
 
 class ExpertPrefillRunner {
