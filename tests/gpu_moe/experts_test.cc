@@ -394,7 +394,8 @@ TEST(ExpertMatVecTest, GenericKernelChoiceStillMatchesReference) {
   SetExpertKernelChoice(ExpertKernelChoice::kDecode);
 }
 
-// The Q4_K tile kernel (expert_decode_q4k.cuh) with 1..4 steps per warp (the default rule picks 1
+// The Q4_K tile kernel (expert_decode_q4k.cuh) with 2, 4 and 8 warps per block (8 warps × 3-4 steps
+// are cut to the steps whose shared memory fits) and 1..4 steps per warp (the default rule picks 1
 // or 2): the per-step cp.async groups are waited in order, partial last steps (768 rows at 10 rows
 // per step) and units of more rows than one pass (kR = 2) reuse the weights in shared memory; and
 // the previous per-piece Q4_K kernel, still selectable, stays correct.
@@ -410,12 +411,26 @@ TEST(ExpertMatVecTest, Q4KTileStepsAndPieceChoiceMatchReference) {
     std::vector<int32_t> experts;
     int slots = 0;
     const std::vector<ExpertUnit> units = MakeUnits(rng, set, rows, n, &experts, &slots);
-    for (int steps : {1, 2, 3, 4}) {
-      SetExpertDecodeStepsPerWarp(steps);
-      CheckUnits(set, units, experts, slots, x, kMaxUnitRows, -1,
-                 "tiles, steps " + std::to_string(steps) + " " + Describe(types, h, I, rows, kMaxUnitRows, -1),
+    for (int warps : {2, 4, 8}) {
+      SetExpertDecodeTileWarps(warps);
+      for (int steps : {1, 2, 3, 4}) {
+        SetExpertDecodeStepsPerWarp(steps);
+        CheckUnits(set, units, experts, slots, x, kMaxUnitRows, -1,
+                   "tiles, " + std::to_string(warps) + " warps, steps " + std::to_string(steps) + " " +
+                       Describe(types, h, I, rows, kMaxUnitRows, -1),
+                   {Path::kDecode});
+      }
+      // One-row launches (kR = 1) with a device count.
+      SetExpertDecodeStepsPerWarp(0);
+      const std::vector<int> ones = {1, 1, 1, 1, 1};
+      std::vector<int32_t> one_experts;
+      int one_slots = 0;
+      const std::vector<ExpertUnit> one_units = MakeUnits(rng, set, ones, n, &one_experts, &one_slots);
+      CheckUnits(set, one_units, one_experts, one_slots, x, 1, 4,
+                 "tiles, " + std::to_string(warps) + " warps, one-row " + Describe(types, h, I, ones, 1, 4),
                  {Path::kDecode});
     }
+    SetExpertDecodeTileWarps(0);
     SetExpertDecodeStepsPerWarp(0);
     SetExpertKernelChoice(ExpertKernelChoice::kDecodePieces);
     CheckUnits(set, units, experts, slots, x, kMaxUnitRows, 3, "per-piece kernel, count 3");

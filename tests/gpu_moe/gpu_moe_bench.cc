@@ -480,6 +480,13 @@ int Main(bool decode_only, bool routing_only) {
           BenchDecode(v.name, label.c_str(), layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
         }
         SetExpertDecodeStepsPerWarp(0);
+        // Tile warps per block forced (the default is the rule: 4 at about one wave, 8 above).
+        for (int warps : {2, 4, 8}) {
+          SetExpertDecodeTileWarps(warps);
+          const std::string label = "new-tiles-w" + std::to_string(warps);
+          BenchDecode(v.name, label.c_str(), layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
+        }
+        SetExpertDecodeTileWarps(0);
         SetPdlEnabled(false);
         BenchDecode(v.name, "new-tiles-nopdl", layer, v.gu, v.d, n, rng, x, act, partial, copy_gbs, true, true);
         SetPdlEnabled(true);

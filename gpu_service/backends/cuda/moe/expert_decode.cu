@@ -31,6 +31,7 @@ constexpr int kThreads = kWarps * 32;
 std::atomic<int> g_choice{static_cast<int>(ExpertKernelChoice::kDecode)};
 std::atomic<int> g_steps_per_warp{0};
 std::atomic<int> g_min_pieces{0};
+std::atomic<int> g_tile_warps{0};
 
 __device__ __forceinline__ float Silu(float g) { return g * (1.0f / (1.0f + expf(-g))); }
 
@@ -324,7 +325,7 @@ cudaError_t Launch(uint32_t type, const ExpertUnit* units, int num_units, int ma
   }
   if (type == kTypeQ4_K && GetExpertKernelChoice() != ExpertKernelChoice::kDecodePieces && Q4KTilesFit(cols)) {
     return LaunchQ4KTiles(kFused, units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units,
-                          g_steps_per_warp.load(std::memory_order_relaxed));
+                          g_steps_per_warp.load(std::memory_order_relaxed), g_tile_warps.load(std::memory_order_relaxed));
   }
 #define TANDEM_EXPERT_DECODE_CASE(T) \
   case T: return LaunchTyped<T, kFused>(units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units)
@@ -357,6 +358,8 @@ cudaError_t LaunchExpertDecodeDown(uint32_t type, const ExpertUnit* units, int n
                                    const int* device_num_units) {
   return Launch<false>(type, units, num_units, max_rows, inner, h, act, partial, stream, device_num_units);
 }
+
+void SetExpertDecodeTileWarps(int warps) { g_tile_warps.store(warps == 2 || warps == 4 || warps == 8 ? warps : 0); }
 
 void SetExpertKernelChoice(ExpertKernelChoice choice) { g_choice.store(static_cast<int>(choice)); }
 

@@ -63,6 +63,10 @@ bool ExpertDecodeRoutesType(uint32_t type);
 // tile kernel 1. A benchmark knob, process-wide.
 void SetExpertDecodeStepsPerWarp(int steps);
 
+// Warps per block of the Q4_K tile kernel: 2, 4 or 8 forced; anything else selects the rule (4 for
+// launches of about one wave, 8 above; expert_decode_q4k.cuh). A benchmark knob, process-wide.
+void SetExpertDecodeTileWarps(int warps);
+
 // Pieces (32 elements) each lane owns of its row at least, where the row allows: fewer lanes per
 // row, more rows per warp step. 0 selects the default, 4. A benchmark knob, process-wide.
 void SetExpertDecodeMinPiecesPerLane(int pieces);

@@ -1,6 +1,6 @@
 // The Q4_K tile kernel of expert_decode_q4k.cuh (geometry and decode described there).
 //
-// Block: kWarps warps of one unit (blockIdx.y) and a tile of kWarps × steps × rows-per-step output
+// Block: kWarps (2, 4 or 8) warps of one unit (blockIdx.y) and a tile of kWarps × steps × rows-per-step output
 // rows (blockIdx.x). Shared memory: [weights: warp, step, matrix, row bytes][activations: kR rows,
 // padded super-blocks][Σx: kR rows × nsb × 8 sub-blocks]. A unit with more than kR rows is done in
 // passes of kR rows over the same weights in shared memory (weights cross DRAM once).
@@ -16,8 +16,6 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr int kSbBytes = 144;       // Q4_K super-block: f16 d, f16 dmin, 12 scale bytes, 128 qs bytes
 constexpr int kXSbStride = 260;     // floats per 256 activations in shared memory (4 of padding)
 constexpr int kMaxSteps = 4;        // cp.async groups a warp may have outstanding
@@ -148,8 +146,8 @@ __device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats]
   }
 }
 
-template <int kR, bool kFused>
-__global__ void __launch_bounds__(kThreads) Q4KTileKernel(const ExpertUnit* units, int cols, int out_rows, int steps,
+template <int kR, bool kFused, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) Q4KTileKernel(const ExpertUnit* units, int cols, int out_rows, int steps,
                                                           const float* in, float* out, const int* device_num_units) {
   constexpr int kMats = kFused ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -197,13 +195,13 @@ __global__ void __launch_bounds__(kThreads) Q4KTileKernel(const ExpertUnit* unit
     for (int r = 0; r < nr; ++r) {
       const int src = kFused ? u->input_row[p0 + r] : first + p0 + r;
       const float4* xr = reinterpret_cast<const float4*>(in + static_cast<int64_t>(src) * cols);
-      for (int qd = threadIdx.x; qd < quads; qd += kThreads) {
+      for (int qd = threadIdx.x; qd < quads; qd += kWarps * 32) {
         const int e = 4 * qd;
         *reinterpret_cast<float4*>(xs + r * xstride + (e >> 8) * kXSbStride + (e & 255)) = xr[qd];
       }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < nr * sxstride; i += kThreads) {
+    for (int i = threadIdx.x; i < nr * sxstride; i += kWarps * 32) {
       const int r = i / sxstride, k = i - r * sxstride;  // k = super-block · 8 + sub-block
       const float4* p = reinterpret_cast<const float4*>(xs + r * xstride + (k >> 3) * kXSbStride + (k & 7) * 32);
       float s = 0.0f;
@@ -261,20 +259,24 @@ __global__ void __launch_bounds__(kThreads) Q4KTileKernel(const ExpertUnit* unit
   CpAsyncWait<0>();  // nothing may be left in flight at exit (a unit without rows skips the loop)
 }
 
-template <int kR, bool kFused>
+template <int kR, bool kFused, int kWarps>
 cudaError_t LaunchTiles(const ExpertUnit* units, int num_units, int cols, int out_rows, const float* in, float* out,
                         cudaStream_t stream, const int* device_num_units, int steps) {
   constexpr int kMats = kFused ? 2 : 1;
   const int nsb = cols / 256;
   const int rps = 32 / nsb;
   // Default: one step per warp. More steps share each block's activation staging over more rows
-  // but hold more shared memory per block (fewer blocks per SM); unmeasured when chosen, the
-  // benchmark sweeps 1, 2 and 4.
+  // but hold more shared memory per block (fewer blocks per SM): slower at every size measured
+  // (PERF_NOTES.md). A forced count is cut to what fits the opt-in shared memory (227 KB).
   if (steps <= 0) steps = 1;
   steps = steps > kMaxSteps ? kMaxSteps : steps;
-  const size_t smem = static_cast<size_t>(kWarps) * steps * kMats * rps * nsb * kSbBytes +
-                      static_cast<size_t>(kR) * nsb * (kXSbStride + 8) * sizeof(float);
-  auto kernel = Q4KTileKernel<kR, kFused>;
+  const auto smem_for = [&](int s) {
+    return static_cast<size_t>(kWarps) * s * kMats * rps * nsb * kSbBytes +
+           static_cast<size_t>(kR) * nsb * (kXSbStride + 8) * sizeof(float);
+  };
+  while (steps > 1 && smem_for(steps) > 227 * 1024) --steps;
+  const size_t smem = smem_for(steps);
+  auto kernel = Q4KTileKernel<kR, kFused, kWarps>;
   // The dynamic shared-memory limit only grows; raised once per size seen (not a stream operation,
   // so allowed under graph capture).
   static std::atomic<size_t> raised{48 * 1024};
@@ -289,8 +291,22 @@ cudaError_t LaunchTiles(const ExpertUnit* units, int num_units, int cols, int ou
   const int rows_per_block = kWarps * steps * rps;
   const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(num_units));
-  return LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, units, cols, out_rows, steps, in, out,
+  return LaunchPdl(kernel, grid, dim3(kWarps * 32), smem, stream, units, cols, out_rows, steps, in, out,
                    device_num_units);
+}
+
+
+template <int kWarps>
+cudaError_t LaunchTilesWarps(bool fused, const ExpertUnit* units, int num_units, int max_rows, int cols, int out_rows,
+                             const float* in, float* out, cudaStream_t stream, const int* device_num_units,
+                             int steps_per_warp) {
+  // One activation row per pass for one-row launches (the batch-1 shape), else two: most units of
+  // a multi-token step still carry one or two rows.
+#define TANDEM_Q4K_TILES(R, F) \
+  LaunchTiles<R, F, kWarps>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp)
+  if (max_rows == 1) return fused ? TANDEM_Q4K_TILES(1, true) : TANDEM_Q4K_TILES(1, false);
+  return fused ? TANDEM_Q4K_TILES(2, true) : TANDEM_Q4K_TILES(2, false);
+#undef TANDEM_Q4K_TILES
 }
 
 }  // namespace
@@ -299,17 +315,26 @@ bool Q4KTilesFit(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256
 
 cudaError_t LaunchQ4KTiles(bool fused, const ExpertUnit* units, int num_units, int max_rows, int cols, int out_rows,
                            const float* in, float* out, cudaStream_t stream, const int* device_num_units,
-                           int steps_per_warp) {
+                           int steps_per_warp, int warps) {
   if (num_units <= 0) return cudaSuccess;
   if (max_rows < 1 || max_rows > kMaxUnitRows || out_rows < 1 || !Q4KTilesFit(cols)) return cudaErrorInvalidValue;
-  // One activation row per pass for one-row launches (the batch-1 shape), else two: most units of
-  // a multi-token step still carry one or two rows.
-  if (max_rows == 1) {
-    return fused ? LaunchTiles<1, true>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp)
-                 : LaunchTiles<1, false>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp);
+  if (warps <= 0) {
+    // 4 warps while the launch is about one wave of 4-warp blocks (132 SMs × 4 resident), else 8:
+    // measured 2026-12-01 (PERF_NOTES.md): at n = 1 4 warps 13.8 us, 8 warps 15.3 us (gate/up +
+    // down); at n = 32 4 warps 231.6 us, 8 warps 221.5 us.
+    const int rps = 32 / (cols / 256);
+    const int64_t blocks4 = static_cast<int64_t>(num_units) * ((out_rows + 4 * rps - 1) / (4 * rps));
+    warps = blocks4 > 132 * 4 ? 8 : 4;
   }
-  return fused ? LaunchTiles<2, true>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp)
-               : LaunchTiles<2, false>(units, num_units, cols, out_rows, in, out, stream, device_num_units, steps_per_warp);
+  switch (warps) {
+    case 2: return LaunchTilesWarps<2>(fused, units, num_units, max_rows, cols, out_rows, in, out, stream,
+                                       device_num_units, steps_per_warp);
+    case 4: return LaunchTilesWarps<4>(fused, units, num_units, max_rows, cols, out_rows, in, out, stream,
+                                       device_num_units, steps_per_warp);
+    case 8: return LaunchTilesWarps<8>(fused, units, num_units, max_rows, cols, out_rows, in, out, stream,
+                                       device_num_units, steps_per_warp);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace tandem::cuda

@@ -32,10 +32,11 @@ bool Q4KTilesFit(int cols);
 // The fused gate/up + SiLU kernel (fused) or the down kernel over Q4_K units, contracts of
 // LaunchExpertDecodeGateUp / LaunchExpertDecodeDown (cols = h, out_rows = inner for gate/up; cols
 // = inner, out_rows = h for down). steps_per_warp: warp steps each warp walks, at most 4 (0: the
-// default, 1). Launched through LaunchPdl.
+// default, 1; a count whose shared memory would not fit is cut). warps: warps per block, 2, 4 or 8,
+// or 0 for the rule (4 for launches of about one wave, 8 above). Launched through LaunchPdl.
 cudaError_t LaunchQ4KTiles(bool fused, const ExpertUnit* units, int num_units, int max_rows, int cols, int out_rows,
                            const float* in, float* out, cudaStream_t stream, const int* device_num_units,
-                           int steps_per_warp);
+                           int steps_per_warp, int warps);
 
 }  // namespace tandem::cuda
 
