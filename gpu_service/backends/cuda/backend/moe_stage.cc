@@ -29,13 +29,6 @@ absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
 
 using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down type, inner
 
-// Steps above kDevicePlanMaxTokens planned on the device, units copied back (not yet run on a GPU:
-// off unless TANDEM_DEVICE_PREFILL_PLAN is set).
-bool DevicePrefillPlan() {
-  static const bool on = std::getenv("TANDEM_DEVICE_PREFILL_PLAN") != nullptr;
-  return on;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
@@ -76,7 +69,7 @@ struct MoeStage::Impl {
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;
   PinnedBuffer slot_staging;
-  // Steps above plan_tokens with a device table, when DevicePrefillPlan(): the device plan's unit
+  // Steps above plan_tokens with a device table: the device plan's unit
   // count and units brought back (prefill_units_bound units at most; 0: not set up).
   int64_t prefill_units_bound = 0;
   PinnedBuffer units_staging;
@@ -237,7 +230,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
   std::optional<MoeStepPlan> host_plan;
   std::span<const ExpertUnit> units;
-  if (table != nullptr && m.prefill_units_bound > 0 && DevicePrefillPlan()) {
+  if (table != nullptr && m.prefill_units_bound > 0) {
     // Every expert resident: the route-and-plan kernel plans on the device (slots written there);
     // only the units come back, for the runners that take host units. No PlanMoeStep (~0.9 ms a
     // layer at 8192 tokens on the device machine's host).
@@ -417,8 +410,10 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   a.num_units = m.plan_ints.as<int>();
   a.error = m.plan_ints.as<int>() + 1;
   a.slot = m.slot.as<int32_t>();
-  if (RoutePlanFused() && E <= kRoutePlanMaxExperts && K <= 32) {
-    // One kernel: routing (and for f32 routers at decode sizes the router product) and the plan.
+  // One-token steps keep the router product and the one-warp plan kernel (LaunchPlanMoeOnDevice):
+  // measured faster in the decode chain than the route-and-plan kernel (route_plan.cuh).
+  if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
+    // One kernel: routing and the plan.
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
     if (!out.ok()) return out.status();
     RoutePlanArgs rp;

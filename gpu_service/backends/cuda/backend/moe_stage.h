@@ -8,10 +8,13 @@
 // resident weights without touching the kernels; pairs whose expert the source cannot place are
 // the host worker's (not wired yet: FailedPrecondition).
 //
-// Two planners: for steps of at most kDevicePlanMaxTokens tokens whose source has a device table
-// for the layer (every expert on the GPU), the plan is made on the GPU (device_plan.cuh) and the
-// stage never waits on the host, so a decode step can be captured as a CUDA graph; otherwise the
-// picks are copied to the host once per layer and planned there (PlanMoeStep).
+// Planning: for steps of at most kDevicePlanMaxTokens tokens whose source has a device table for
+// the layer (every expert on the GPU), the plan is made on the GPU (device_plan.cuh,
+// route_plan.cuh) and the stage never waits on the host, so a decode step can be captured as a
+// CUDA graph. Longer steps with a device table are planned on the GPU too (route_plan.cuh), and
+// only the units come back to the host once per layer, for the prefill expert runners that take
+// host units. Without a device table (the arena) the picks come back and the host plans
+// (PlanMoeStep).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
 

@@ -63,13 +63,15 @@ inline bool RoutePlanCanFuseProduct(int64_t h, int64_t n) {
 }
 
 // Steps up to this many tokens take the fused product in the MoE stage (RoutePlanFusesProduct):
-// gpu_moe_bench --routing-only on the H200 (2026-12-01, d8110f1), router product + plan per layer
-// at E 512, K 10, h 2048, graph-replayed: fused 9.25 / 14.32 / 19.46 us at 1 / 2 / 4 tokens against
-// 10.09 / 15.88 / 12.19 us for the previous product + plan; at 4 tokens each warp's four serial
-// dot products and the last block's four routed tokens made it slower.
-inline constexpr int kRoutePlanFuseProductTokens = 2;
+// none. gpu_moe_bench --routing-only on the H200 (2026-12-01, d8110f1), router product + plan per
+// layer at E 512, K 10, h 2048, graph-replayed alone: fused 9.25 / 14.32 / 19.46 us at 1 / 2 / 4
+// tokens against 10.09 / 15.88 / 12.19 us for the previous product + plan; but in the backend's
+// decode chain (gpu_backend_bench on q3n-80b, 7352cee, same device call) batch 1 ran 3.813 ms a
+// token with the fused kernel against 3.553 ms with the previous product and plan, so the stage
+// keeps the product apart (and one-token steps take the previous plan kernel, moe_stage.cc).
+// The fused product stays selectable for the routing bench.
+inline constexpr int kRoutePlanFuseProductTokens = 0;
 
-// The MoE stage's choice: the fused product for an f32 router of h columns at n tokens.
 inline bool RoutePlanFusesProduct(int64_t h, int64_t n) {
   return n <= kRoutePlanFuseProductTokens && RoutePlanCanFuseProduct(h, n);
 }
