@@ -85,6 +85,23 @@ inline float* RandomFloats(size_t count, uint64_t seed) {
   return d;
 }
 
+// Random bytes; `mask` is applied to every 8 bytes (0x3FFF... keeps f16 fields finite wherever
+// they fall: the top two bits of every odd byte are cleared).
+inline void* RandomDevice(size_t bytes, uint64_t seed, uint64_t mask = ~0ull) {
+  std::vector<uint64_t> host((bytes + 7) / 8);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (uint64_t& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = x & mask;
+  }
+  void* d = nullptr;
+  BENCH_CHECK(cudaMalloc(&d, host.size() * 8));
+  BENCH_CHECK(cudaMemcpy(d, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
+  return d;
+}
+
 // The stream a benchmark's launches go to: GraphUs points it at its capturing stream while it
 // records the launches, otherwise it is the default stream (nullptr).
 inline cudaStream_t& LaunchStream() {

@@ -1,0 +1,277 @@
+// The fast-prefill stages' dense products on q3n-80b shapes, old path against new, at 512 and 8192
+// tokens (BenchPrefillStages: one f16 conversion of the input shared by the products that read
+// it, the shared expert's stacked [gate; up; gate logit] product, the gated norm writing the output
+// product's f16 rows), and cuBLAS's default algorithm for the split product against every one
+// cuBLASLt offers (BenchSplitAlgorithms). Prints one line per case and, with --json=PATH, writes
+// JSON. Weights hold random bytes (never zeros).
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "tests/gpu/bench_util.h"
+
+namespace tandem::cuda {
+namespace {
+
+using bench::RandomDevice;
+using bench::RandomFloats;
+using bench::Report;
+
+double TimeMs(const std::function<void()>& fn, int reps = 20) { return bench::TimeMs(fn, reps, /*warmup=*/3); }
+
+// cuBLAS's choice for the split product (f16 operands, K = 3 · cols, f32 output, TN) against
+// every algorithm cuBLASLt's heuristic offers (up to 16), timed: whether the default leaves speed
+// on the table for these shapes (an autotuned algorithm per shape would be the next step).
+void BenchSplitAlgorithms() {
+  struct Shape {
+    const char* name;
+    int64_t rows, cols, n;
+  };
+  const Shape shapes[] = {{"qkv", 8192, 2048, 8192}, {"z", 4096, 2048, 8192},   {"out", 2048, 4096, 8192},
+                          {"shared_gu", 1032, 2048, 8192}, {"shared_down", 2048, 512, 8192},
+                          {"qkv", 8192, 2048, 512}, {"shared_gu", 1032, 2048, 512}};
+  cublasLtHandle_t lt;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const size_t ws_bytes = 32 << 20;
+  void* ws;
+  BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
+  if (cublasSetWorkspace(handle, ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  void* a = RandomDevice(static_cast<size_t>(8192) * 3 * 4096 * 2, 91, 0xBFFFBFFFBFFFBFFFull);
+  void* b = RandomDevice(static_cast<size_t>(8192) * 3 * 4096 * 2, 92, 0xBFFFBFFFBFFFBFFFull);
+  float* c;
+  BENCH_CHECK(cudaMalloc(&c, static_cast<size_t>(8192) * 8192 * 4));
+  for (const Shape& sh : shapes) {
+    const int64_t k = 3 * sh.cols;
+    const float alpha = 1.0f, beta = 0.0f;
+    const double def_us = TimeMs([&] {
+      if (cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh.rows), static_cast<int>(sh.n),
+                       static_cast<int>(k), &alpha, a, CUDA_R_16F, static_cast<int>(k), b, CUDA_R_16F,
+                       static_cast<int>(k), &beta, c, CUDA_R_32F, static_cast<int>(sh.rows), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        std::exit(1);
+      }
+    }, 10) * 1e3;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    bool ok = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, k, sh.rows, k) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, sh.n, k) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, sh.rows, sh.n, sh.rows) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulPreference_t pref;
+    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                              sizeof(ws_bytes)) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulHeuristicResult_t results[16];
+    int found = 0;
+    ok = ok && cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, results, &found) ==
+                   CUBLAS_STATUS_SUCCESS;
+    if (!ok) {
+      std::printf("split_algorithms %s: cuBLASLt setup failed\n", sh.name);
+      continue;
+    }
+    double best = 1e30, first = 0;
+    int best_i = -1;
+    for (int i = 0; i < found; ++i) {
+      bool failed = false;
+      const double us = TimeMs([&] {
+        if (cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &results[i].algo, ws, ws_bytes,
+                           nullptr) != CUBLAS_STATUS_SUCCESS) {
+          failed = true;
+        }
+      }, 10) * 1e3;
+      if (failed) continue;
+      if (i == 0) first = us;
+      if (us < best) best = us, best_i = i;
+    }
+    const double flop = 2.0 * sh.rows * sh.n * k;
+    char detail[300];
+    std::snprintf(detail, sizeof(detail),
+                  "M=%lld N=%lld K=%lld: cublasGemmEx default %.1f us (%.0f TFLOP/s), Lt heuristic #0 %.1f us, best of "
+                  "%d: #%d %.1f us (%.0f TFLOP/s)",
+                  (long long)sh.rows, (long long)sh.n, (long long)k, def_us, flop / (def_us * 1e6), first, found,
+                  best_i, best, flop / (best * 1e6));
+    Report(std::string("split_algorithms_") + sh.name + "_n" + std::to_string(sh.n), def_us / best, "x", detail);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+  }
+  cublasLtDestroy(lt);
+  cublasDestroy(handle);
+  for (void* p : {a, b, static_cast<void*>(c), ws}) BENCH_CHECK(cudaFree(p));
+}
+
+// The prefill stages' dense products of q3n-80b at 512 and 8192 tokens, as the backend ran them
+// (old: every product converts its f32 input to f16 [hi | hi | lo] rows itself; the shared expert
+// as gate, up, f32 SiLU·up, down and the gate logit, five conversions) against the new path (one
+// conversion per input: DenseGemm::ConvertInput / RunInput; the shared expert's gate, up and gate
+// logit as one stacked GEMM, SiLU written straight as the down product's f16 rows). All in the
+// split mode (three f16 terms). Microseconds per stage; the floor is 3 × FLOPs at 800 TFLOP/s.
+void BenchPrefillStages() {
+  const int64_t max_n = 8192, max_cols = 4096;
+  auto make_gemm = [&] {
+    DenseGemmOptions o;
+    o.mode = GemmMode::kFastSplit;
+    o.max_n = max_n;
+    o.max_cols = max_cols;
+    o.tile_bytes = 128ll << 20;
+    auto g = DenseGemm::Create(o);
+    if (!g.ok()) {
+      std::fprintf(stderr, "gemm create: %s\n", g.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *std::move(g);
+  };
+  auto old_g = make_gemm();
+  auto new_g = make_gemm();
+  std::vector<void*> owned;
+  auto q8 = [&](int64_t cols, int64_t rows, uint64_t seed) {
+    const int64_t row_bytes = cols / 32 * 34;
+    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
+    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
+    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
+    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
+    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    owned.push_back(w);
+    return DeviceMatrix{kTypeQ8_0, w, cols, rows, row_bytes};
+  };
+  const DeviceMatrix qkv = q8(2048, 8192, 71), z = q8(2048, 4096, 72), ba = q8(2048, 64, 73);
+  const DeviceMatrix ssm_out = q8(4096, 2048, 74);
+  const DeviceMatrix q = q8(2048, 8192, 75), k = q8(2048, 512, 76), v = q8(2048, 512, 77), o = q8(4096, 2048, 78);
+  const DeviceMatrix gate = q8(2048, 512, 79), up = q8(2048, 512, 80), down = q8(512, 2048, 81);
+  float* gate_inp_w = RandomFloats(2048, 82);
+  std::vector<float> gi(2048);
+  BENCH_CHECK(cudaMemcpy(gi.data(), gate_inp_w, 2048 * 4, cudaMemcpyDeviceToHost));
+  for (float& f : gi) f *= 0.05f;
+  BENCH_CHECK(cudaMemcpy(gate_inp_w, gi.data(), 2048 * 4, cudaMemcpyHostToDevice));
+  const DeviceMatrix gate_inp{kTypeF32, gate_inp_w, 2048, 1, 2048 * 4};
+  for (const DeviceMatrix* m : {&qkv, &z, &ba, &ssm_out, &q, &k, &v, &o, &gate, &up, &down, &gate_inp}) {
+    BENCH_OK(old_g->Prepare(*m));
+  }
+  const DeviceMatrix* stack[] = {&gate, &up, &gate_inp};
+  absl::StatusOr<int64_t> stack_rows = new_g->PrepareStack(stack, GemmMode::kFastSplit);
+  BENCH_OK(stack_rows.status());
+  for (const DeviceMatrix* m : {&qkv, &z, &ba, &ssm_out, &q, &k, &v, &o, &down}) BENCH_OK(new_g->Prepare(*m));
+  const int64_t R = *stack_rows;
+  float* x = RandomFloats(static_cast<size_t>(max_n * max_cols), 83);
+  float *y1, *y2, *y3, *gu, *act, *shared, *glog;
+  for (float** p : {&y1, &y2, &y3, &gu, &act, &shared, &glog}) {
+    BENCH_CHECK(cudaMalloc(p, static_cast<size_t>(max_n * 8192) * sizeof(float)));
+  }
+  for (int64_t n : {512, 8192}) {
+    struct Stage {
+      const char* name;
+      double flop;  // one f16 product's
+      std::function<void()> old_fn, new_fn;
+    };
+    auto conv = [&](const float* in, int64_t cols) {
+      absl::StatusOr<DenseGemm::F16Input> c = new_g->ConvertInput(in, n, cols, GemmMode::kFastSplit, nullptr);
+      BENCH_OK(c.status());
+      return *c;
+    };
+    const std::vector<Stage> stages = {
+        {"gdn_in_qkv_z_ba", 2.0 * n * 2048 * (8192 + 4096 + 64),
+         [&] {
+           BENCH_OK(old_g->Run(z, x, n, y2, nullptr));
+           BENCH_OK(old_g->Run(ba, x, n, y3, nullptr));
+           BENCH_OK(old_g->Run(qkv, x, n, y1, nullptr));
+         },
+         [&] {
+           const DenseGemm::F16Input in = conv(x, 2048);
+           BENCH_OK(new_g->RunInput(z, in, y2, nullptr));
+           BENCH_OK(new_g->RunInput(ba, in, y3, nullptr));
+           BENCH_OK(new_g->RunInput(qkv, in, y1, nullptr));
+         }},
+        {"gdn_out", 2.0 * n * 4096 * 2048, [&] { BENCH_OK(old_g->Run(ssm_out, x, n, y1, nullptr)); },
+         [&] { BENCH_OK(new_g->Run(ssm_out, x, n, y1, nullptr)); }},
+        {"attn_in_q_k_v", 2.0 * n * 2048 * (8192 + 1024),
+         [&] {
+           BENCH_OK(old_g->Run(k, x, n, y2, nullptr));
+           BENCH_OK(old_g->Run(v, x, n, y3, nullptr));
+           BENCH_OK(old_g->Run(q, x, n, y1, nullptr));
+         },
+         [&] {
+           const DenseGemm::F16Input in = conv(x, 2048);
+           BENCH_OK(new_g->RunInput(k, in, y2, nullptr));
+           BENCH_OK(new_g->RunInput(v, in, y3, nullptr));
+           BENCH_OK(new_g->RunInput(q, in, y1, nullptr));
+         }},
+        {"attn_o", 2.0 * n * 4096 * 2048, [&] { BENCH_OK(old_g->Run(o, x, n, y1, nullptr)); },
+         [&] { BENCH_OK(new_g->Run(o, x, n, y1, nullptr)); }},
+        {"shared_expert", 2.0 * n * 2048 * (512 * 3 + 1),
+         [&] {
+           BENCH_OK(old_g->Run(gate, x, n, y1, nullptr));
+           BENCH_OK(old_g->Run(up, x, n, y2, nullptr));
+           BENCH_CHECK(LaunchSiluMulF32(y1, y2, n * 512, act, nullptr));
+           BENCH_OK(old_g->Run(down, act, n, shared, nullptr));
+           BENCH_OK(old_g->Run(gate_inp, x, n, glog, nullptr));
+         },
+         [&] {
+           BENCH_OK(new_g->RunStack(stack, conv(x, 2048), gu, nullptr));
+           BENCH_CHECK(LaunchSiluMulToF16Rows(gu, n, R, 512, true, new_g->input_scratch(), 1024, glog, nullptr));
+           BENCH_OK(new_g->RunInput(down, DenseGemm::F16Input{new_g->input_scratch(), n, 512, GemmMode::kFastSplit},
+                                    shared, nullptr));
+         }},
+    };
+    for (const Stage& st : stages) {
+      const double old_us = TimeMs(st.old_fn, 10) * 1e3;
+      const double new_us = TimeMs(st.new_fn, 10) * 1e3;
+      const double floor_us = 3.0 * st.flop / 800e12 * 1e6;
+      char detail[300];
+      std::snprintf(detail, sizeof(detail),
+                    "old %.1f us, new %.1f us; split floor (3 x %.1f GFLOP at 800 TFLOP/s) %.1f us, new at %.0f%% of it",
+                    old_us, new_us, st.flop / 1e9, floor_us, 100.0 * floor_us / new_us);
+      Report(std::string("prefill_stage_") + st.name + "_n" + std::to_string(n), old_us / new_us, "x", detail);
+    }
+    // The same shared expert results both ways (the stack's common scale): relative L2 of new vs old.
+    stages.back().old_fn();
+    std::vector<float> a(static_cast<size_t>(n * 2048)), b(a.size()), ga(static_cast<size_t>(n)), gb(ga.size());
+    BENCH_CHECK(cudaMemcpy(a.data(), shared, a.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(ga.data(), glog, ga.size() * 4, cudaMemcpyDeviceToHost));
+    stages.back().new_fn();
+    BENCH_CHECK(cudaMemcpy(b.data(), shared, b.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(gb.data(), glog, gb.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, gnum = 0, gden = 0;
+    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+    for (size_t i = 0; i < ga.size(); ++i) gnum += (ga[i] - gb[i]) * (ga[i] - gb[i]), gden += ga[i] * ga[i];
+    std::printf("shared expert n=%lld: new vs old relative L2 %.3e (output), %.3e (gate logit)\n", (long long)n,
+                std::sqrt(num / den), std::sqrt(gnum / gden));
+  }
+  for (void* p : owned) BENCH_CHECK(cudaFree(p));
+  for (float* p : {gate_inp_w, x, y1, y2, y3, gu, act, shared, glog}) BENCH_CHECK(cudaFree(p));
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+int main(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
+  }
+  if (!tandem::bench::PrintDevice()) {
+    std::fprintf(stderr, "prefill_stages_bench: no CUDA device\n");
+    return 1;
+  }
+  tandem::cuda::BenchPrefillStages();
+  tandem::cuda::BenchSplitAlgorithms();
+  tandem::bench::WriteJson(json);
+  return 0;
+}
