@@ -13,7 +13,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=
 # Only what the device run needs (a full build of every CPU test is not needed there).
 targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test
   service_integration_test gpu_kernels_bench gpu_moe_bench gpu_backend_profile gpu_backend_bench attention_bench
-  gdn_bench expert_prefill_bench}
+  gdn_bench expert_prefill_bench prefill_stages_bench}
 cmake --build "$build" -j "$(nproc)" --target $targets
 out=${BUNDLE_DIR:-.device-bundle}  # a helper building its own bundle names another folder
 rm -rf "$out"

@@ -4,7 +4,8 @@
 #   bin/   tandem, tandem-host-worker, tandem-gpu-service
 #   tests/ the test binaries (GPU suites among them)
 #   lib/   the shared libraries Ubuntu 24.04 lacks
-#   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, gpu_moe_bench, gpu_backend_profile)
+#   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, prefill_stages_bench, gpu_moe_bench,
+#          gpu_backend_profile)
 # Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench] [--bench-80b] [--profile-80b]
 #   --bench-80b also runs scripts/device/bench_80b.sh (q3n-80b decode/prefill against its floors).
 #   --profile-80b then times every kernel of a batch-1 decode step and a 512-token prefill under
@@ -56,7 +57,7 @@ fi
 if [[ " $* " != *" --no-gpu-bench "* ]]; then
   # The GPU micro-benchmarks (kernel families and the CUDA backend's per-stage profile).
   export TANDEM_GPU_BACKEND_MODELS=${TANDEM_GPU_BACKEND_MODELS:-/tmp/tandem-gpu-backend-models}
-  for b in "gpu_kernels_bench --json=$out/gpu_kernels_bench.json" gpu_moe_bench \
+  for b in "gpu_kernels_bench --json=$out/gpu_kernels_bench.json" prefill_stages_bench gpu_moe_bench \
            "gpu_backend_profile tiny small"; do
     name=${b%% *}
     [ -x "$bundle/tests/$name" ] || { note "$name: missing"; continue; }
