@@ -74,9 +74,10 @@ ABSL_FLAG(bool, cuda_graphs, true, "CUDA backend: replay decode steps as CUDA gr
 ABSL_FLAG(bool, cuda_pdl, true,
           "CUDA backend: programmatic dependent launch (each kernel of a step starts while the one "
           "before it finishes; false: plain launches, for A/B measurements)");
-ABSL_FLAG(int32_t, cuda_l2_prefetch, 2,
+ABSL_FLAG(int32_t, cuda_l2_prefetch, 0,
           "CUDA backend, steps of up to 8 tokens: weights brought into L2 ahead of their products on a "
-          "side stream (0: none; 1: within each layer; 2: also the next layer's mixer inputs)");
+          "side stream (0: none, measured fastest; 1: within each layer; 2: also the next layer's "
+          "mixer inputs)");
 ABSL_FLAG(bool, cuda_dense_copies, true,
           "CUDA backend, fast mode: persistent f16 copies of the dense matrices for prefill products "
           "(no per-step dequantization; 6 bytes per weight with --cuda-dense-split, else 2)");

@@ -43,7 +43,7 @@ struct FastParts {
 
 std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
                                      bool expert_gemm = true, bool graphs = true, FastParts parts = {},
-                                     bool pdl = true, int l2_prefetch = 2) {
+                                     bool pdl = true, int l2_prefetch = CudaBackendOptions{}.l2_prefetch) {
   CudaBackendOptions o;
   o.cuda_graphs = graphs;
   o.pdl = pdl;

@@ -66,8 +66,10 @@ struct CudaBackendOptions {
   // Steps of up to 8 tokens: weights brought into L2 on a side stream ahead of the products that
   // read them (kernels/l2_prefetch.cuh). 0: none; 1: within the layer (the mixer's output
   // projection, the router and the shared expert, from the layer's start); 2: also the next
-  // layer's mixer inputs (from the MoE stage).
-  int l2_prefetch = 2;
+  // layer's mixer inputs (from the MoE stage). Off by default: with the Q8_0x8 matvecs the side
+  // stream's reads slowed batch-1 decode (q3n-80b, f91babc: 275.6 / 279.5 tok/s with 2 against
+  // 293.9 / 291.6 with 0, docs/PERF.md "Fourth session").
+  int l2_prefetch = 0;
   // Fast mode, steps above 8 tokens: persistent f16 copies of the dense matrices (DenseGemm::
   // Prepare) so that prefill products skip the per-call dequantization. With fast_dense_split they
   // take 6 bytes per weight (11.4 GB for Qwen3-Next-80B's dense weights), else 2.
