@@ -1,0 +1,132 @@
+// Parity of the stream read / inject kernels (norm_streams.cuh, docs/MODEL.md §4.1) with the CPU
+// reference: the pending inject fused into the next read's norm, the plain norm, the register-row
+// norm. Fresh random inputs, outputs poisoned before every run.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/reference/streams.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+using gpu_testing::RelL2;
+using gpu_testing::Upload;
+
+class GpuStreamsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+// The pending inject of the previous block fused into the next read's norm, then the whole §4.1
+// read (down, SiLU, up, fold, inject weights), against StreamInject + StreamRead.
+TEST_F(GpuStreamsTest, InjectThenReadMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t S = 4, h = 256, lr = 32, n = 3, width = S * h;
+  const float eps = 1e-6f;
+  std::vector<float> H = Random(rng, static_cast<size_t>(n * width), 1.5f);
+  const std::vector<float> y_prev = Random(rng, static_cast<size_t>(n * h));
+  std::vector<float> a_prev = Random(rng, static_cast<size_t>(n * S), 0.3f, 1.0f);
+  const std::vector<float> gamma = Random(rng, static_cast<size_t>(width), 0.2f, 1.0f);
+  const std::vector<float> down = Random(rng, static_cast<size_t>(width * lr), 0.05f);
+  const std::vector<float> up = Random(rng, static_cast<size_t>(lr * width), 0.3f);
+  const std::vector<float> inject = Random(rng, static_cast<size_t>(width * S), 0.05f);
+  const gpu_testing::TestMatrix D = gpu_testing::F32TestMatrix(down, width, lr);
+  const gpu_testing::TestMatrix U = gpu_testing::F32TestMatrix(up, lr, width);
+  const gpu_testing::TestMatrix J = gpu_testing::F32TestMatrix(inject, width, S);
+
+  auto d_H = Upload(H);
+  auto d_y = Upload(y_prev);
+  auto d_aprev = Upload(a_prev);
+  auto d_gamma = Upload(gamma);
+  auto d_N = Poisoned<float>(static_cast<size_t>(n * width));
+  auto d_z = Poisoned<float>(static_cast<size_t>(n * lr));
+  auto d_m = Poisoned<float>(static_cast<size_t>(n * width));
+  auto d_x = Poisoned<float>(static_cast<size_t>(n * h));
+  auto d_a = Poisoned<float>(static_cast<size_t>(n * S));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(d_H.get(), n, S, h, d_aprev.get(), d_y.get(), d_gamma.get(), eps,
+                                               d_N.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(D.gpu(), d_N.get(), width, n, d_z.get(), lr, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchSiluInPlace(d_z.get(), n * lr, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(U.gpu(), d_z.get(), lr, n, d_m.get(), width, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchStreamFold(d_N.get(), d_m.get(), n, S, h, d_x.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(J.gpu(), d_N.get(), width, n, d_a.get(), S, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectWeights(d_a.get(), n * S, d_a.get(), nullptr));
+
+  StreamInject(H.data(), n, S, h, a_prev.data(), y_prev.data());
+  HcWeights w;
+  w.norm = gamma;
+  w.down = D.view();
+  w.up = U.view();
+  w.inject = J.view();
+  ASSERT_TRUE(CheckHcWeights(w, S, h).ok());
+  std::vector<float> x(static_cast<size_t>(n * h)), a(static_cast<size_t>(n * S));
+  StreamRead(w, H.data(), n, S, h, eps, x.data(), a.data(), nullptr);
+  EXPECT_LE(gpu_testing::LogError("inject_H", RelL2(Download(d_H), H)), 1e-6);
+  EXPECT_LE(gpu_testing::LogError("stream_read_x", RelL2(Download(d_x), x)), 1e-5);
+  EXPECT_LE(gpu_testing::LogError("stream_read_a", RelL2(Download(d_a), a)), 1e-5);
+}
+
+TEST_F(GpuStreamsTest, PlainNormAndUnfusedInject) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t h = 2048, n = 5;
+  std::vector<float> H = Random(rng, static_cast<size_t>(n * h), 3.0f);
+  const std::vector<float> gamma = Random(rng, static_cast<size_t>(h), 0.2f, 1.0f);
+  const std::vector<float> y = Random(rng, static_cast<size_t>(n * h));
+  auto d_H = Upload(H);
+  auto d_gamma = Upload(gamma);
+  auto d_y = Upload(y);
+  auto d_a = Poisoned<float>(static_cast<size_t>(n));
+  auto d_x = Poisoned<float>(static_cast<size_t>(n * h));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(d_H.get(), n, 1, h, nullptr, nullptr, d_gamma.get(), 1e-6f,
+                                               d_x.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchInjectWeights(nullptr, n, d_a.get(), nullptr));
+  HcWeights w;
+  w.norm = gamma;
+  std::vector<float> x(static_cast<size_t>(n * h)), a(static_cast<size_t>(n));
+  StreamRead(w, H.data(), n, 1, h, 1e-6f, x.data(), a.data(), nullptr);
+  EXPECT_LE(gpu_testing::LogError("plain_norm", RelL2(Download(d_x), x)), 1e-6);
+  EXPECT_EQ(Download(d_a), a);
+  TANDEM_ASSERT_CUDA(cuda::LaunchStreamInject(d_H.get(), n, 1, h, d_a.get(), d_y.get(), nullptr));
+  StreamInject(H.data(), n, 1, h, a.data(), y.data());
+  EXPECT_LE(RelL2(Download(d_H), H), 1e-7);
+}
+
+// The register-row norm (rows of up to 4096 floats) against the general two-pass kernel, with and
+// without the fused inject, over row widths that fill 1, 2, 4 and 8 vectors per thread, one that
+// leaves threads idle (260) and one past the register path (8192: the fallback).
+TEST_F(GpuStreamsTest, RegisterRowNormMatchesGeneralKernel) {
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t h : {256, 260, 1024, 2048, 4096, 8192}) {
+    for (int64_t S : {1, 3}) {
+      for (int inject = 0; inject < 3; ++inject) {  // 0: none, 1: y with a = 1, 2: y and a
+        const int64_t n = 37, rows = n * S;
+        const std::vector<float> H = Random(rng, static_cast<size_t>(rows * h), 2.0f);
+        const auto gamma = Upload(Random(rng, static_cast<size_t>(S * h), 0.2f, 1.0f));
+        const auto y = Upload(Random(rng, static_cast<size_t>(n * h)));
+        const auto a = Upload(Random(rng, static_cast<size_t>(rows), 0.3f, 1.0f));
+        auto H_reg = Upload(H), H_general = Upload(H);
+        auto N_reg = Poisoned<float>(static_cast<size_t>(rows * h)), N_general = Poisoned<float>(static_cast<size_t>(rows * h));
+        const float* yp = inject > 0 ? y.get() : nullptr;
+        const float* ap = inject > 1 ? a.get() : nullptr;
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_reg.get(), n, S, h, ap, yp, gamma.get(), 1e-6f, N_reg.get(), nullptr));
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormGeneral(H_general.get(), n, S, h, ap, yp, gamma.get(), 1e-6f,
+                                                            N_general.get(), nullptr));
+        const std::string tag = "reg_norm_h" + std::to_string(h) + "_S" + std::to_string(S) + "_inject" +
+                                std::to_string(inject);
+        EXPECT_LE(gpu_testing::LogError(tag, RelL2(Download(N_reg), Download(N_general))), 1e-6);
+        EXPECT_LE(RelL2(Download(H_reg), Download(H_general)), 1e-7) << tag;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
