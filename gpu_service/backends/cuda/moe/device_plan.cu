@@ -38,20 +38,9 @@ __device__ void RouteToken(const float* logits, int t, int E, int K, int32_t* ex
   for (int j = 0; j < kPer; ++j) p[j] = lane + 32 * j < E ? p[j] * inv : -FLT_MAX;
   double picked_sum = 0.0;
   for (int k = 0; k < K; ++k) {
-    float bv = -FLT_MAX;
-    int bid = E;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (RouteBefore(p[j], lane + 32 * j, bv, bid)) {
-        bv = p[j];
-        bid = lane + 32 * j;
-      }
-    }
-    WarpRouteFirst(bv, bid);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (lane + 32 * j == bid) p[j] = -FLT_MAX;  // the owner drops the pick from later rounds
-    }
+    float bv;
+    int bid;
+    WarpTakeFirst(p, lane, E, bv, bid);
     if (lane == 0) {
       experts[static_cast<int64_t>(t) * K + k] = bid;
       weights[static_cast<int64_t>(t) * K + k] = bv;

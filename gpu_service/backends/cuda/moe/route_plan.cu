@@ -110,20 +110,9 @@ __device__ void WarpTopK(float (&p)[kPer], int t, int E, int K, int32_t* experts
     }
   } else {
     for (int k = 0; k < K; ++k) {
-      float bv = -FLT_MAX;
-      int bid = E;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (RouteBefore(p[j], lane + 32 * j, bv, bid)) {
-          bv = p[j];
-          bid = lane + 32 * j;
-        }
-      }
-      WarpRouteFirst(bv, bid);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (lane + 32 * j == bid) p[j] = -FLT_MAX;  // the owner drops the pick from later rounds
-      }
+      float bv;
+      int bid;
+      WarpTakeFirst(p, lane, E, bv, bid);
       if (lane == 0) {
         s.sel_v[k] = bv;
         s.sel_id[k] = bid;
