@@ -133,6 +133,42 @@ std::vector<int32_t> RandomPicks(int n, int K, int E, uint32_t seed) {
   return picks;
 }
 
+// The plan's invariants for `picks` (n × K): every pair one slot (a permutation of [0, n·K)), units
+// of at most kMaxUnitRows rows at consecutive slots of one expert naming the pair's token, unit
+// count per expert ceil(rows / kMaxUnitRows).
+void ExpectValidPlan(const PlanResult& r, const std::vector<int32_t>& picks, int n, int K,
+                     const std::vector<ExpertLocation>& table) {
+  EXPECT_EQ(r.error, 0);
+  std::map<int32_t, int> rows;
+  for (int32_t e : picks) ++rows[e];
+  int want_units = 0;
+  for (auto& [e, c] : rows) want_units += (c + kMaxUnitRows - 1) / kMaxUnitRows;
+  ASSERT_EQ(r.num_units, want_units);
+  std::vector<int32_t> sorted = r.slot;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
+  std::vector<int32_t> owner_token(static_cast<size_t>(n) * K), owner_expert(owner_token.size());
+  for (int p = 0; p < n * K; ++p) {
+    owner_token[r.slot[p]] = p / K;
+    owner_expert[r.slot[p]] = picks[p];
+  }
+  int covered = 0;
+  for (const ExpertUnit& u : r.units) {
+    ASSERT_GE(u.rows, 1);
+    ASSERT_LE(u.rows, kMaxUnitRows);
+    const int32_t e = owner_expert[u.first_slot];
+    EXPECT_EQ(u.gate, table[e].gate);
+    EXPECT_EQ(u.up, table[e].up);
+    EXPECT_EQ(u.down, table[e].down);
+    for (int row = 0; row < u.rows; ++row) {
+      EXPECT_EQ(owner_expert[u.first_slot + row], e);
+      EXPECT_EQ(owner_token[u.first_slot + row], u.input_row[row]);
+    }
+    covered += u.rows;
+  }
+  EXPECT_EQ(covered, n * K);
+}
+
 TEST(DevicePlanTest, EveryPairGetsOneSlotInAUnitOfItsExpert) {
   SKIP_WITHOUT_GPU();
   const int K = 10, E = 512;
@@ -142,38 +178,7 @@ TEST(DevicePlanTest, EveryPairGetsOneSlotInAUnitOfItsExpert) {
     SCOPED_TRACE(n);
     const std::vector<int32_t> picks = RandomPicks(n, K, E, 100 + n);
     const PlanResult r = Plan(picks, n, K, E, table, /*with_shared=*/true);
-    EXPECT_EQ(r.error, 0);
-    // Expected unit count: per expert ceil(rows / 8).
-    std::map<int32_t, int> rows;
-    for (int32_t e : picks) ++rows[e];
-    int want_units = 0;
-    for (auto& [e, c] : rows) want_units += (c + kMaxUnitRows - 1) / kMaxUnitRows;
-    ASSERT_EQ(r.num_units, want_units);
-    // Slots: a permutation of [0, n·K).
-    std::vector<int32_t> sorted = r.slot;
-    std::sort(sorted.begin(), sorted.end());
-    for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
-    // Each unit row r is the pair (token input_row[r], the unit's expert) at slot first_slot + r.
-    std::map<int32_t, int32_t> slot_owner_token, slot_owner_expert;
-    for (int p = 0; p < n * K; ++p) {
-      slot_owner_token[r.slot[p]] = p / K;
-      slot_owner_expert[r.slot[p]] = picks[p];
-    }
-    int covered = 0;
-    for (const ExpertUnit& u : r.units) {
-      ASSERT_GE(u.rows, 1);
-      ASSERT_LE(u.rows, kMaxUnitRows);
-      const int32_t e = slot_owner_expert[u.first_slot];
-      EXPECT_EQ(u.gate, table[e].gate);
-      EXPECT_EQ(u.up, table[e].up);
-      EXPECT_EQ(u.down, table[e].down);
-      for (int row = 0; row < u.rows; ++row) {
-        EXPECT_EQ(slot_owner_expert[u.first_slot + row], e);
-        EXPECT_EQ(slot_owner_token[u.first_slot + row], u.input_row[row]);
-      }
-      covered += u.rows;
-    }
-    EXPECT_EQ(covered, n * K);
+    ExpectValidPlan(r, picks, n, K, table);
     // Shared expert: token t at slot t.
     for (int i = 0; i * kMaxUnitRows < n; ++i) {
       const ExpertUnit& u = r.shared_units[i];
@@ -246,40 +251,6 @@ TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
   EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);
 }
 
-// The plan's invariants for `picks` (n × K): every pair one slot (a permutation of [0, n·K)), units
-// of at most kMaxUnitRows rows at consecutive slots of one expert naming the pair's token, unit
-// count per expert ceil(rows / kMaxUnitRows).
-void ExpectValidPlan(const PlanResult& r, const std::vector<int32_t>& picks, int n, int K,
-                     const std::vector<ExpertLocation>& table) {
-  EXPECT_EQ(r.error, 0);
-  std::map<int32_t, int> rows;
-  for (int32_t e : picks) ++rows[e];
-  int want_units = 0;
-  for (auto& [e, c] : rows) want_units += (c + kMaxUnitRows - 1) / kMaxUnitRows;
-  ASSERT_EQ(r.num_units, want_units);
-  std::vector<int32_t> sorted = r.slot;
-  std::sort(sorted.begin(), sorted.end());
-  for (int i = 0; i < n * K; ++i) ASSERT_EQ(sorted[i], i);
-  std::vector<int32_t> owner_token(static_cast<size_t>(n) * K), owner_expert(owner_token.size());
-  for (int p = 0; p < n * K; ++p) {
-    owner_token[r.slot[p]] = p / K;
-    owner_expert[r.slot[p]] = picks[p];
-  }
-  int covered = 0;
-  for (const ExpertUnit& u : r.units) {
-    ASSERT_GE(u.rows, 1);
-    ASSERT_LE(u.rows, kMaxUnitRows);
-    const int32_t e = owner_expert[u.first_slot];
-    EXPECT_EQ(u.gate, table[e].gate);
-    EXPECT_EQ(u.down, table[e].down);
-    for (int row = 0; row < u.rows; ++row) {
-      EXPECT_EQ(owner_expert[u.first_slot + row], e);
-      EXPECT_EQ(owner_token[u.first_slot + row], u.input_row[row]);
-    }
-    covered += u.rows;
-  }
-  EXPECT_EQ(covered, n * K);
-}
 
 // Runs LaunchRoutePlan (twice: the block counter must be left at zero) on logits (n × E), or with
 // router (E × h) and x (n × h) on its fused product; returns the plan, the picks, the weights and
