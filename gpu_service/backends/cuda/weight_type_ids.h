@@ -9,6 +9,7 @@
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_WEIGHT_TYPE_IDS_H_
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tandem::cuda {
 
@@ -27,17 +28,35 @@ inline constexpr uint32_t kTypeBF16 = 30;
 // embedding gather and every other switch on the type refuse it (an unknown type).
 inline constexpr uint32_t kTypeQ8_0x8 = 1008;
 
-// True for the formats the MoE kernels can read (all of the above).
-inline constexpr bool MoeKernelsSupportType(uint32_t type) {
-  return type == kTypeF32 || type == kTypeF16 || type == kTypeBF16 || type == kTypeQ4_0 ||
-         type == kTypeQ8_0 || type == kTypeQ2_K || type == kTypeQ3_K || type == kTypeQ4_K ||
-         type == kTypeQ5_K || type == kTypeQ6_K;
-}
+// A set of type ids: which formats a kernel family reads, and the cases DispatchOnType tries.
+template <uint32_t... kTypes>
+struct WeightTypes {
+  static constexpr bool Contains(uint32_t type) { return ((type == kTypes) || ...); }
+};
+
+// The formats the MoE kernels read: every ggml type above.
+using MoeWeightTypes = WeightTypes<kTypeF32, kTypeF16, kTypeBF16, kTypeQ4_0, kTypeQ8_0, kTypeQ2_K, kTypeQ3_K, kTypeQ4_K,
+                                   kTypeQ5_K, kTypeQ6_K>;
+// The ggml formats the dense kernels (matvec / dequantize / gather of kernels/) read.
+using DenseGgmlWeightTypes = WeightTypes<kTypeF32, kTypeF16, kTypeBF16, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K>;
+// Those and Q8_0x8: what the dense products (matvec, DequantizeRows, DenseGemm) read.
+using DenseWeightTypes = WeightTypes<kTypeF32, kTypeF16, kTypeBF16, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K,
+                                     kTypeQ8_0x8>;
+
+// True for the formats the MoE kernels can read (all of the ggml types above).
+inline constexpr bool MoeKernelsSupportType(uint32_t type) { return MoeWeightTypes::Contains(type); }
 
 // True for the formats the dense kernels (matvec / dequantize / gather of kernels/) read.
-inline constexpr bool DenseKernelsSupportType(uint32_t type) {
-  return type == kTypeF32 || type == kTypeF16 || type == kTypeBF16 || type == kTypeQ8_0 ||
-         type == kTypeQ4_K || type == kTypeQ5_K || type == kTypeQ6_K || type == kTypeQ8_0x8;
+inline constexpr bool DenseKernelsSupportType(uint32_t type) { return DenseWeightTypes::Contains(type); }
+
+// The one place that turns a runtime type id into a kernel's template argument: returns
+// f(std::integral_constant<uint32_t, T>{}) for the T of `types` equal to `type`, or `otherwise`
+// when none is (callers pass cudaErrorInvalidValue, or a marker for "another path").
+template <class R, uint32_t... kTypes, class F>
+constexpr R DispatchOnType(uint32_t type, WeightTypes<kTypes...>, R otherwise, F&& f) {
+  R result = otherwise;
+  (void)((type == kTypes ? (result = f(std::integral_constant<uint32_t, kTypes>{}), true) : false) || ...);
+  return result;
 }
 
 // True for the K-quants (256-element super-blocks).

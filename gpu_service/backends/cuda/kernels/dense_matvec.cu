@@ -166,38 +166,26 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
   if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream) {
-    switch (w.type) {
-      case kTypeF32: return LaunchAuto<kTypeF32>(w, x, x_stride, n, y, y_stride, o, stream);
-      case kTypeQ8_0: return LaunchAuto<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, o, stream);
-      case kTypeQ4_K: return LaunchAuto<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, o, stream);
-      case kTypeQ5_K: return LaunchAuto<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, o, stream);
-      case kTypeQ6_K: return LaunchAuto<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, o, stream);
-      case kTypeQ8_0x8: return LaunchAuto<kTypeQ8_0x8>(w, x, x_stride, n, y, y_stride, o, stream);
-      default: break;  // F16, BF16: the generic kernel
+    // F16 and BF16 have no streaming format: the generic kernel below.
+    using StreamedTypes = WeightTypes<kTypeF32, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K, kTypeQ8_0x8>;
+    if (StreamedTypes::Contains(w.type)) {
+      return DispatchOnType(w.type, StreamedTypes{}, cudaErrorInvalidValue, [&](auto t) {
+        return LaunchAuto<decltype(t)::value>(w, x, x_stride, n, y, y_stride, o, stream);
+      });
     }
   }
   const bool previous = kernel != MatVecKernel::kGeneric;
-  switch (w.type) {
-    case kTypeF32: return LaunchType<kTypeF32>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeF16: return LaunchType<kTypeF16>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeBF16: return LaunchType<kTypeBF16>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ8_0:
-      return previous ? LaunchQuant<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream)
-                      : LaunchType<kTypeQ8_0>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ4_K:
-      return previous ? LaunchQuant<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream)
-                      : LaunchType<kTypeQ4_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ5_K:
-      return previous ? LaunchQuant<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream)
-                      : LaunchType<kTypeQ5_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ6_K:
-      return previous ? LaunchQuant<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream)
-                      : LaunchType<kTypeQ6_K>(w, x, x_stride, n, y, y_stride, stream);
-    case kTypeQ8_0x8:
-      return previous ? LaunchQuant<kTypeQ8_0x8>(w, x, x_stride, n, y, y_stride, stream)
-                      : LaunchType<kTypeQ8_0x8>(w, x, x_stride, n, y, y_stride, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(w.type, DenseWeightTypes{}, cudaErrorInvalidValue, [&](auto t) {
+    constexpr uint32_t kType = decltype(t)::value;
+    // The quantized types have the previous fast kernel (matvec_core.cuh); the float types only
+    // the generic one.
+    if constexpr (kType == kTypeF32 || kType == kTypeF16 || kType == kTypeBF16) {
+      return LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
+    } else {
+      return previous ? LaunchQuant<kType>(w, x, x_stride, n, y, y_stride, stream)
+                      : LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
+    }
+  });
 }
 
 }  // namespace tandem::cuda

@@ -48,16 +48,8 @@ cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* toke
                                   int64_t S, float* H, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!DenseKernelsSupportType(table.type) || table.cols % RowLengthMultiple(table.type) != 0 || S <= 0) return cudaErrorInvalidValue;
-  switch (table.type) {
-    case kTypeF32: return Launch<kTypeF32>(table, tokens, n, S, H, stream);
-    case kTypeF16: return Launch<kTypeF16>(table, tokens, n, S, H, stream);
-    case kTypeBF16: return Launch<kTypeBF16>(table, tokens, n, S, H, stream);
-    case kTypeQ8_0: return Launch<kTypeQ8_0>(table, tokens, n, S, H, stream);
-    case kTypeQ4_K: return Launch<kTypeQ4_K>(table, tokens, n, S, H, stream);
-    case kTypeQ5_K: return Launch<kTypeQ5_K>(table, tokens, n, S, H, stream);
-    case kTypeQ6_K: return Launch<kTypeQ6_K>(table, tokens, n, S, H, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(table.type, DenseGgmlWeightTypes{}, cudaErrorInvalidValue,
+                        [&](auto t) { return Launch<decltype(t)::value>(table, tokens, n, S, H, stream); });
 }
 
 }  // namespace tandem::cuda

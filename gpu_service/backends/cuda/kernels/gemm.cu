@@ -190,17 +190,9 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
       w.cols % RowLengthMultiple(w.type) != 0) {
     return cudaErrorInvalidValue;
   }
-  switch (w.type) {
-    case kTypeF32: return Launch<kTypeF32>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeF16: return Launch<kTypeF16>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeBF16: return Launch<kTypeBF16>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeQ8_0: return Launch<kTypeQ8_0>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeQ4_K: return Launch<kTypeQ4_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeQ5_K: return Launch<kTypeQ5_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeQ6_K: return Launch<kTypeQ6_K>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    case kTypeQ8_0x8: return Launch<kTypeQ8_0x8>(w, row_begin, count, to_f16, dst, dst_lo, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(w.type, DenseWeightTypes{}, cudaErrorInvalidValue, [&](auto t) {
+    return Launch<decltype(t)::value>(w, row_begin, count, to_f16, dst, dst_lo, stream);
+  });
 }
 
 cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream, uint16_t* dst_lo) {
@@ -216,32 +208,14 @@ namespace tandem::cuda {
 cudaError_t LaunchDequantizeToF16Layout(const DeviceMatrix& w, int copies, float scale, uint16_t* dst,
                                         cudaStream_t stream) {
   if (copies < 1 || copies > 3 || dst == nullptr || !DequantizableWhole(w)) return cudaErrorInvalidValue;
-  switch (w.type) {
-    case kTypeF32: return LaunchLayout<kTypeF32>(w, copies, scale, dst, stream);
-    case kTypeF16: return LaunchLayout<kTypeF16>(w, copies, scale, dst, stream);
-    case kTypeBF16: return LaunchLayout<kTypeBF16>(w, copies, scale, dst, stream);
-    case kTypeQ8_0: return LaunchLayout<kTypeQ8_0>(w, copies, scale, dst, stream);
-    case kTypeQ4_K: return LaunchLayout<kTypeQ4_K>(w, copies, scale, dst, stream);
-    case kTypeQ5_K: return LaunchLayout<kTypeQ5_K>(w, copies, scale, dst, stream);
-    case kTypeQ6_K: return LaunchLayout<kTypeQ6_K>(w, copies, scale, dst, stream);
-    case kTypeQ8_0x8: return LaunchLayout<kTypeQ8_0x8>(w, copies, scale, dst, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(w.type, DenseWeightTypes{}, cudaErrorInvalidValue,
+                        [&](auto t) { return LaunchLayout<decltype(t)::value>(w, copies, scale, dst, stream); });
 }
 
 cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStream_t stream) {
   if (max_bits == nullptr || !DequantizableWhole(w)) return cudaErrorInvalidValue;
-  switch (w.type) {
-    case kTypeF32: return LaunchMax<kTypeF32>(w, max_bits, stream);
-    case kTypeF16: return LaunchMax<kTypeF16>(w, max_bits, stream);
-    case kTypeBF16: return LaunchMax<kTypeBF16>(w, max_bits, stream);
-    case kTypeQ8_0: return LaunchMax<kTypeQ8_0>(w, max_bits, stream);
-    case kTypeQ4_K: return LaunchMax<kTypeQ4_K>(w, max_bits, stream);
-    case kTypeQ5_K: return LaunchMax<kTypeQ5_K>(w, max_bits, stream);
-    case kTypeQ6_K: return LaunchMax<kTypeQ6_K>(w, max_bits, stream);
-    case kTypeQ8_0x8: return LaunchMax<kTypeQ8_0x8>(w, max_bits, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(w.type, DenseWeightTypes{}, cudaErrorInvalidValue,
+                        [&](auto t) { return LaunchMax<decltype(t)::value>(w, max_bits, stream); });
 }
 
 cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t stream) {

@@ -327,22 +327,10 @@ cudaError_t Launch(uint32_t type, const ExpertUnit* units, int num_units, int ma
     return LaunchQ4KTiles(kFused, units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units,
                           g_steps_per_warp.load(std::memory_order_relaxed), g_tile_warps.load(std::memory_order_relaxed));
   }
-#define TANDEM_EXPERT_DECODE_CASE(T) \
-  case T: return LaunchTyped<T, kFused>(units, num_units, max_rows, cols, out_rows, in, out, stream, device_num_units)
-  switch (type) {
-    TANDEM_EXPERT_DECODE_CASE(kTypeF32);
-    TANDEM_EXPERT_DECODE_CASE(kTypeF16);
-    TANDEM_EXPERT_DECODE_CASE(kTypeBF16);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ4_0);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ8_0);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ2_K);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ3_K);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ4_K);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ5_K);
-    TANDEM_EXPERT_DECODE_CASE(kTypeQ6_K);
-    default: return cudaErrorInvalidValue;
-  }
-#undef TANDEM_EXPERT_DECODE_CASE
+  return DispatchOnType(type, MoeWeightTypes{}, cudaErrorInvalidValue, [&](auto t) {
+    return LaunchTyped<decltype(t)::value, kFused>(units, num_units, max_rows, cols, out_rows, in, out, stream,
+                                                   device_num_units);
+  });
 }
 
 }  // namespace

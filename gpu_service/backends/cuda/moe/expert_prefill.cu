@@ -176,22 +176,10 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
       default: return cudaErrorInvalidValue;
     }
   }
-#define TANDEM_PREFILL_CASE(T) \
-  case T: return LaunchGemmRows<T, kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream)
-  switch (type) {
-    TANDEM_PREFILL_CASE(kTypeF32);
-    TANDEM_PREFILL_CASE(kTypeF16);
-    TANDEM_PREFILL_CASE(kTypeBF16);
-    TANDEM_PREFILL_CASE(kTypeQ4_0);
-    TANDEM_PREFILL_CASE(kTypeQ8_0);
-    TANDEM_PREFILL_CASE(kTypeQ2_K);
-    TANDEM_PREFILL_CASE(kTypeQ3_K);
-    TANDEM_PREFILL_CASE(kTypeQ4_K);
-    TANDEM_PREFILL_CASE(kTypeQ5_K);
-    TANDEM_PREFILL_CASE(kTypeQ6_K);
-    default: return cudaErrorInvalidValue;
-  }
-#undef TANDEM_PREFILL_CASE
+  return DispatchOnType(type, MoeWeightTypes{}, cudaErrorInvalidValue, [&](auto t) {
+    return LaunchGemmRows<decltype(t)::value, kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols,
+                                                       act_out, f32_out, stream);
+  });
 }
 
 __global__ void ConvertF16Kernel(const float* __restrict__ x, int64_t count, uint16_t* __restrict__ out) {
@@ -245,19 +233,8 @@ cudaError_t LaunchDequantizeToF16(uint32_t type, const void* w, int cols, int ro
   if (align == 0 || cols <= 0 || cols % RowLengthMultiple(type) != 0 || reinterpret_cast<uintptr_t>(w) % align != 0) {
     return cudaErrorInvalidValue;
   }
-  switch (type) {
-    case kTypeF32: return LaunchDequant<kTypeF32>(w, cols, rows, out, stream);
-    case kTypeF16: return LaunchDequant<kTypeF16>(w, cols, rows, out, stream);
-    case kTypeBF16: return LaunchDequant<kTypeBF16>(w, cols, rows, out, stream);
-    case kTypeQ4_0: return LaunchDequant<kTypeQ4_0>(w, cols, rows, out, stream);
-    case kTypeQ8_0: return LaunchDequant<kTypeQ8_0>(w, cols, rows, out, stream);
-    case kTypeQ2_K: return LaunchDequant<kTypeQ2_K>(w, cols, rows, out, stream);
-    case kTypeQ3_K: return LaunchDequant<kTypeQ3_K>(w, cols, rows, out, stream);
-    case kTypeQ4_K: return LaunchDequant<kTypeQ4_K>(w, cols, rows, out, stream);
-    case kTypeQ5_K: return LaunchDequant<kTypeQ5_K>(w, cols, rows, out, stream);
-    case kTypeQ6_K: return LaunchDequant<kTypeQ6_K>(w, cols, rows, out, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(type, MoeWeightTypes{}, cudaErrorInvalidValue,
+                        [&](auto t) { return LaunchDequant<decltype(t)::value>(w, cols, rows, out, stream); });
 }
 
 cudaError_t LaunchGatherRowsF16(const float* x, int cols, const int32_t* index, int m, uint16_t* out,

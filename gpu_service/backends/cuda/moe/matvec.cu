@@ -29,19 +29,8 @@ bool ShapeOk(uint32_t type, int cols, int rows_bucket) {
 }
 
 cudaError_t Dispatch(uint32_t type, const MatVecArgs& a) {
-  switch (type) {
-    case kTypeF32: return LaunchMatVecTyped<kTypeF32>(a);
-    case kTypeF16: return LaunchMatVecTyped<kTypeF16>(a);
-    case kTypeBF16: return LaunchMatVecTyped<kTypeBF16>(a);
-    case kTypeQ4_0: return LaunchMatVecTyped<kTypeQ4_0>(a);
-    case kTypeQ8_0: return LaunchMatVecTyped<kTypeQ8_0>(a);
-    case kTypeQ2_K: return LaunchMatVecTyped<kTypeQ2_K>(a);
-    case kTypeQ3_K: return LaunchMatVecTyped<kTypeQ3_K>(a);
-    case kTypeQ4_K: return LaunchMatVecTyped<kTypeQ4_K>(a);
-    case kTypeQ5_K: return LaunchMatVecTyped<kTypeQ5_K>(a);
-    case kTypeQ6_K: return LaunchMatVecTyped<kTypeQ6_K>(a);
-    default: return cudaErrorInvalidValue;
-  }
+  return DispatchOnType(type, MoeWeightTypes{}, cudaErrorInvalidValue,
+                        [&](auto t) { return LaunchMatVecTyped<decltype(t)::value>(a); });
 }
 
 bool Aligned(const void* p, uint32_t type) {
