@@ -252,15 +252,11 @@ TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
 }
 
 
-// Runs LaunchRoutePlan (twice: the block counter must be left at zero) on logits (n × E), or with
-// router (E × h) and x (n × h) on its fused product; returns the plan, the picks, the weights and
-// in `logits_out` the logits the kernel routed.
+// Runs LaunchRoutePlan (twice: the block counter must be left at zero) on logits (n × E); returns
+// the plan, the picks and the weights.
 PlanResult RoutePlan(int n, int K, int E, const std::vector<ExpertLocation>& table, bool with_shared,
-                     const std::vector<float>* logits, const std::vector<float>* router, const std::vector<float>* x,
-                     int h, std::vector<float>* logits_out) {
-  float* d_logits = logits != nullptr ? DeviceCopy(*logits) : DeviceCopy(std::vector<float>(static_cast<size_t>(n) * E));
-  float* d_router = router != nullptr ? DeviceCopy(*router) : nullptr;
-  float* d_x = x != nullptr ? DeviceCopy(*x) : nullptr;
+                     const std::vector<float>& logits) {
+  float* d_logits = DeviceCopy(logits);
   int32_t* d_picks = DeviceCopy(std::vector<int32_t>(static_cast<size_t>(n) * K, -7));
   float* d_weights = DeviceCopy(std::vector<float>(static_cast<size_t>(n) * K));
   ExpertLocation* d_table = DeviceCopy(table);
@@ -283,11 +279,6 @@ PlanResult RoutePlan(int n, int K, int E, const std::vector<ExpertLocation>& tab
   a.plan.slot = d_slot;
   a.plan.shared_units = d_shared;
   a.counter = reinterpret_cast<unsigned*>(d_ints + 2);
-  if (router != nullptr) {
-    a.router = d_router;
-    a.x = d_x;
-    a.h = h;
-  }
   PlanResult r;
   for (int run = 0; run < 2; ++run) {
     EXPECT_EQ(LaunchRoutePlan(a, nullptr), cudaSuccess);
@@ -302,9 +293,8 @@ PlanResult RoutePlan(int n, int K, int E, const std::vector<ExpertLocation>& tab
   r.slot = HostCopy(d_slot, static_cast<size_t>(n * K));
   r.picks = HostCopy(d_picks, static_cast<size_t>(n * K));
   r.weights = HostCopy(d_weights, static_cast<size_t>(n * K));
-  if (logits_out != nullptr) *logits_out = HostCopy(d_logits, static_cast<size_t>(n) * E);
-  for (void* p : std::initializer_list<void*>{d_logits, d_router, d_x, d_picks, d_weights, d_table, d_units, d_shared,
-                                              d_slot, d_ints}) {
+  for (void* p : std::initializer_list<void*>{d_logits, d_picks, d_weights, d_table, d_units, d_shared, d_slot,
+                                              d_ints}) {
     cudaFree(p);
   }
   return r;
@@ -320,7 +310,7 @@ void ExpectReferenceRouting(const PlanResult& r, const std::vector<float>& logit
   for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(r.weights[i], want_w[i], 1e-6f * want_w[i] + 1e-12f) << i;
 }
 
-// The fused route-and-plan kernel from given logits: the reference's picks and weights and a valid
+// The route-and-plan kernel from given logits: the reference's picks and weights and a valid
 // plan, with the candidate top-K (random logits) and its K-round fallback (many equal logits).
 TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
   SKIP_WITHOUT_GPU();
@@ -337,7 +327,7 @@ TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
       logits[3] = logits[5];  // a tie: the lower id first
       std::vector<ExpertLocation> table(E);
       for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
-      const PlanResult r = RoutePlan(n, K, E, table, /*with_shared=*/true, &logits, nullptr, nullptr, 0, nullptr);
+      const PlanResult r = RoutePlan(n, K, E, table, /*with_shared=*/true, logits);
       ExpectReferenceRouting(r, logits, n, K, E);
       ExpectValidPlan(r, r.picks, n, K, table);
       for (int i = 0; i * kMaxUnitRows < n; ++i) {
@@ -348,46 +338,10 @@ TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
   }
 }
 
-// With the fused router product: logits = router·x within f32 rounding (relative L2 1e-5 against
-// a double-precision product), routed exactly as the reference routes those logits.
-TEST(RoutePlanTest, FusedRouterProductMatchesTheReference) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937 rng(12);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& [n, E, K, h] : std::vector<std::tuple<int, int, int, int>>{
-           {1, 512, 10, 2048}, {2, 512, 10, 2048}, {4, 512, 10, 2048}, {3, 64, 6, 256}, {1, 1024, 8, 1152}}) {
-    SCOPED_TRACE(::testing::Message() << "n=" << n << " E=" << E << " K=" << K << " h=" << h);
-    ASSERT_TRUE(RoutePlanCanFuseProduct(h, n));
-    std::vector<float> router(static_cast<size_t>(E) * h), x(static_cast<size_t>(n) * h);
-    for (float& v : router) v = normal(rng) * 0.05f;
-    for (float& v : x) v = normal(rng);
-    std::vector<ExpertLocation> table(E);
-    for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
-    std::vector<float> got_logits;
-    const PlanResult r = RoutePlan(n, K, E, table, /*with_shared=*/false, nullptr, &router, &x, h, &got_logits);
-    double num = 0.0, den = 0.0;
-    for (int t = 0; t < n; ++t) {
-      for (int e = 0; e < E; ++e) {
-        double want = 0.0;
-        for (int c = 0; c < h; ++c) want += static_cast<double>(router[static_cast<size_t>(e) * h + c]) * x[static_cast<size_t>(t) * h + c];
-        const double d = got_logits[static_cast<size_t>(t) * E + e] - want;
-        num += d * d;
-        den += want * want;
-      }
-    }
-    EXPECT_LE(std::sqrt(num / den), 1e-5);
-    ExpectReferenceRouting(r, got_logits, n, K, E);
-    ExpectValidPlan(r, r.picks, n, K, table);
-  }
-}
-
 TEST(RoutePlanTest, RefusesShapesItCannotRoute) {
   SKIP_WITHOUT_GPU();
   RoutePlanArgs a;
   EXPECT_EQ(LaunchRoutePlan(a, nullptr), cudaErrorInvalidValue);  // n = 0, null pointers
-  EXPECT_FALSE(RoutePlanCanFuseProduct(2048, kRoutePlanMaxProductTokens + 1));
-  EXPECT_FALSE(RoutePlanCanFuseProduct(2048 + 128, 1));
-  EXPECT_FALSE(RoutePlanCanFuseProduct(2000, 1));
 }
 
 }  // namespace

@@ -221,9 +221,8 @@ void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t
 // new in one process. Old: the backend's router product (dense matvec up to kMatVecMaxRows tokens,
 // else the prepared near-f32 GEMM), then up to kDevicePlanMaxTokens tokens LaunchPlanMoeOnDevice
 // (fused routing), above it the route kernel, the picks to the host and PlanMoeStep there (one
-// wait). New: LaunchRoutePlan (with the router product inside up to kRoutePlanMaxProductTokens
-// tokens where the MoE stage takes it, else after the same product; also timed with the product
-// always fused and never), every size on the device. Decode sizes: graph-replayed,
+// wait). New: the same product, then LaunchRoutePlan, every size on the device. Decode sizes:
+// graph-replayed,
 // 48 layers' routers in turn (192 MB: not L2-resident, as in a decode step without prefetch) and
 // one router again and again (L2-warm). Prefill sizes: eager, to the end of the host plan.
 void BenchRouting(const float* x, std::mt19937& rng) {
@@ -299,32 +298,22 @@ void BenchRouting(const float* x, std::mt19937& rng) {
     product(n, s);
     BENCH_CHECK(LaunchPlanMoeOnDevice(plan_args(n), s));
   };
-  // fuse: 0 the MoE stage's choice (RoutePlanFusesProduct), 1 always the fused product where the
-  // kernel takes it, 2 never.
-  auto new_path = [&](int64_t n, int fuse) {
+  auto new_path = [&](int64_t n) {
     cudaStream_t s = bench::LaunchStream();
     RoutePlanArgs a;
     a.plan = plan_args(n);
     a.counter = reinterpret_cast<unsigned*>(ints + 2);
-    const bool fused = fuse == 0 ? RoutePlanFusesProduct(kH, n) : fuse == 1 && RoutePlanCanFuseProduct(kH, n);
-    if (fused) {
-      a.router = routers[layer];
-      a.x = x;
-      a.h = kH;
-    } else {
-      product(n, s);
-    }
+    product(n, s);
     BENCH_CHECK(LaunchRoutePlan(a, s));
   };
-  const char* labels[] = {"old product+plan     ", "new (stage's choice)", "new, fused product  ", "new, product apart  "};
+  const char* labels[] = {"old product+plan", "new product+route-plan"};
   for (int64_t n : {1, 2, 3, 4, 8, 32, 64}) {
-    for (int variant = 0; variant < 4; ++variant) {
-      if (variant == 2 && !RoutePlanCanFuseProduct(kH, n)) continue;
+    for (int variant = 0; variant < 2; ++variant) {
       auto fn = [&, variant] {
         if (variant == 0) {
           old_path(n);
         } else {
-          new_path(n, variant - 1);
+          new_path(n);
         }
       };
       layer = 0;
@@ -341,7 +330,7 @@ void BenchRouting(const float* x, std::mt19937& rng) {
       layer = 0;
       std::printf("routing+plan E=512 K=10 h=2048 n=%-5lld %s: %7.2f us/layer (48 routers, graph), %7.2f (one router, L2-warm), %7.2f (48 routers, PDL off)\n",
                   static_cast<long long>(n), labels[variant], cold, warm, cold_nopdl);
-      const char* keys[] = {"old", "new", "new_fused", "new_apart"};
+      const char* keys[] = {"old", "new"};
       bench::Report(std::string("routing_") + keys[variant] + "_n" + std::to_string(n), cold, "us",
                     "router product + plan per layer, graph, 48 routers");
     }
@@ -365,7 +354,7 @@ void BenchRouting(const float* x, std::mt19937& rng) {
       BENCH_OK(plan.status());
     }, 10, 2);
     const double new_ms = bench::TimeMs([&] {
-      new_path(n, 0);
+      new_path(n);
       BENCH_CHECK(cudaStreamSynchronize(nullptr));
     }, 10, 2);
     // The host planner alone on the last picks.

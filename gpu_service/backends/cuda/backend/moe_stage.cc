@@ -75,7 +75,7 @@ struct MoeStage::Impl {
   PinnedBuffer units_staging;
   // The device planner's outputs (device_plan.cuh), for steps of up to plan_tokens tokens.
   int64_t plan_tokens = 0;
-  // plan_ints: [unit count, error flag, the fused route-plan kernel's block counter]
+  // plan_ints: [unit count, error flag, the route-and-plan kernel's block counter]
   DeviceBuffer plan_units, plan_shared_units, plan_ints;
   PinnedBuffer error_readback;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
@@ -412,6 +412,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   a.slot = m.slot.as<int32_t>();
   // One-token steps keep the router product and the one-warp plan kernel (LaunchPlanMoeOnDevice):
   // measured faster in the decode chain than the route-and-plan kernel (route_plan.cuh).
+  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
   if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
     // One kernel: routing and the plan.
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
@@ -422,16 +423,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     rp.plan.experts = rp.plan.experts_out = out->first;
     rp.plan.weights_out = out->second;
     rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
-    if (l.router.type == kTypeF32 && l.router.cols == h && l.router.rows == E && RoutePlanFusesProduct(h, n)) {
-      rp.router = static_cast<const float*>(l.router.data);
-      rp.x = x;
-      rp.h = static_cast<int>(h);
-    } else if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) {
-      return s;
-    }
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
   } else {
-    if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
     // Routing and planning in one kernel (fused when the expert count allows it); the picks stay
     // on the device unless the caller asked for them.
     if (E <= kDeviceRouteMaxExperts && K <= 32) {

@@ -1,6 +1,6 @@
-// The fused route-and-plan kernel (route_plan.cuh): blocks of kWarps warps; each warp first does
-// one work item (with the product: one router row for every token; without: one token's routing),
-// then the last block to finish routes (with the product) and plans.
+// The route-and-plan kernel (route_plan.cuh): blocks of kWarps warps; with several blocks each warp
+// routes one token and the last block to finish plans; a single block routes every token, then
+// plans.
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 
 #include <cfloat>
@@ -14,7 +14,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kVec = kRoutePlanMaxProductCols / 128;  // float4 of a router row per lane
 constexpr int kMaxCandidates = 64;                    // the top-K candidates a warp ranks directly
 
 using Plan = plan_detail::BlockPlan<kThreads, kRoutePlanMaxExperts>;
@@ -233,37 +232,6 @@ __device__ void RouteAndPlanOneToken(const DeviceMoePlanArgs& a, RouteScratch& s
   PlanOneToken(a, s);
 }
 
-// Router row e for every token: y[t·E + e] = <router row e, x row t>. The row's loads are issued
-// before the programmatic-launch wait (constant weights); x only after it.
-__device__ void RouterRow(const RoutePlanArgs& a, int e) {
-  const int lane = threadIdx.x & 31;
-  const int vecs = a.h / 128;
-  float4 w[kVec];
-  const float4* wr = reinterpret_cast<const float4*>(a.router + static_cast<int64_t>(e) * a.h);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    if (j < vecs) w[j] = __ldg(wr + lane + 32 * j);
-  }
-  PdlWaitForPrevious();
-  PdlAllowNext();
-  for (int t = 0; t < a.plan.n; ++t) {
-    const float4* xr = reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(t) * a.h);
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      if (j < vecs) {
-        const float4 xv = xr[lane + 32 * j];
-        acc = fmaf(w[j].x, xv.x, acc);
-        acc = fmaf(w[j].y, xv.y, acc);
-        acc = fmaf(w[j].z, xv.z, acc);
-        acc = fmaf(w[j].w, xv.w, acc);
-      }
-    }
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, off);
-    if (lane == 0) const_cast<float*>(a.plan.logits)[static_cast<int64_t>(t) * a.plan.E + e] = acc;
-  }
-}
-
 // Whether this block finished last; then the counter is reset for the next launch. Every
 // thread's global writes before the call are visible to the last block after it.
 __device__ bool FinishedLast(unsigned* counter) {
@@ -279,7 +247,7 @@ __device__ bool FinishedLast(unsigned* counter) {
   return last;
 }
 
-template <int kPer, bool kProduct>
+template <int kPer>
 __global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
   __shared__ RouteScratch scratch[kWarps];
   __shared__ union {
@@ -288,26 +256,13 @@ __global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
   } shared;
   const int warp = threadIdx.x >> 5;
   const DeviceMoePlanArgs& p = a.plan;
-  if constexpr (kProduct) {
-    const int e = blockIdx.x * kWarps + warp;
-    if (e < p.E) {
-      RouterRow(a, e);
-    } else {
-      PdlWaitForPrevious();
-      PdlAllowNext();
-    }
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
+  if (gridDim.x > 1) {  // each warp routes a token; the last block plans
+    const int t = blockIdx.x * kWarps + warp;
+    if (t < p.n) RouteTokenWarp<kPer>(p.logits, t, p.E, p.K, p.experts_out, p.weights_out, scratch[warp]);
     if (!FinishedLast(a.counter)) return;
   } else {
-    PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-    PdlAllowNext();
-    if (gridDim.x > 1) {  // each warp routes a token; the last block plans
-      const int t = blockIdx.x * kWarps + warp;
-      if (t < p.n) RouteTokenWarp<kPer>(p.logits, t, p.E, p.K, p.experts_out, p.weights_out, scratch[warp]);
-      if (!FinishedLast(a.counter)) return;
-    }
-  }
-  const bool route_here = kProduct || gridDim.x == 1;
-  if (route_here) {
     if (p.n == 1) {
       RouteAndPlanOneToken<kPer>(p, scratch[0], shared.one);
       return;
@@ -327,13 +282,8 @@ __global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
 
 template <int kPer>
 cudaError_t Launch(const RoutePlanArgs& a, cudaStream_t stream) {
-  if (a.router != nullptr) {
-    return LaunchPdl(RoutePlanKernel<kPer, true>, (a.plan.E + kWarps - 1) / kWarps, kThreads, 0, stream, a);
-  }
-  return LaunchPdl(RoutePlanKernel<kPer, false>, (a.plan.n + kWarps - 1) / kWarps, kThreads, 0, stream, a);
+  return LaunchPdl(RoutePlanKernel<kPer>, (a.plan.n + kWarps - 1) / kWarps, kThreads, 0, stream, a);
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -343,10 +293,6 @@ cudaError_t LaunchRoutePlan(const RoutePlanArgs& a, cudaStream_t stream) {
       p.experts == nullptr || p.experts != p.experts_out || p.weights_out == nullptr || p.table == nullptr ||
       p.units == nullptr || p.num_units == nullptr || p.slot == nullptr || p.error == nullptr ||
       a.counter == nullptr || (p.shared.gate != nullptr && p.shared_units == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.router != nullptr &&
-      (!RoutePlanCanFuseProduct(a.h, p.n) || a.x == nullptr || !Aligned16(a.router) || !Aligned16(a.x))) {
     return cudaErrorInvalidValue;
   }
   if (p.E <= 128) return Launch<4>(a, stream);
