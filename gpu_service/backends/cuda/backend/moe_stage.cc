@@ -29,6 +29,10 @@ absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
 
 using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down type, inner
 
+// The most units a plan of `pairs` (token, expert) pairs over E experts can have: per expert
+// ceil(rows / kMaxUnitRows), at most pairs / kMaxUnitRows + (experts named) in all.
+int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, pairs / kMaxUnitRows + E); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
@@ -82,6 +86,21 @@ struct MoeStage::Impl {
   std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
   SharedExpertFn shared_fn;  // SetSharedExpertFn
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
+
+  // The device planners' arguments for an n-token step over `table`, into this stage's unit,
+  // count, error and slot buffers (routing inputs and outputs left to the caller).
+  DeviceMoePlanArgs PlanArgs(int64_t n, const ExpertLocation* table) {
+    DeviceMoePlanArgs a;
+    a.n = static_cast<int>(n);
+    a.K = static_cast<int>(config.moe.K);
+    a.E = static_cast<int>(config.moe.E);
+    a.table = table;
+    a.units = plan_units.as<ExpertUnit>();
+    a.num_units = plan_ints.as<int>();
+    a.error = plan_ints.as<int>() + 1;
+    a.slot = slot.as<int32_t>();
+    return a;
+  }
 };
 
 MoeStage::MoeStage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -131,7 +150,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     impl->plan_tokens = std::min(T, kDevicePlanMaxTokens);
     const int64_t P = impl->plan_tokens;
     if (T > P && E <= kRoutePlanMaxExperts && K <= 32) {
-      impl->prefill_units_bound = std::min(T * K, T * K / kMaxUnitRows + E);
+      impl->prefill_units_bound = MaxPlanUnits(T * K, E);
       absl::StatusOr<PinnedBuffer> us =
           PinnedBuffer::Allocate(alignof(ExpertUnit) + static_cast<size_t>(impl->prefill_units_bound) * sizeof(ExpertUnit));
       if (!us.ok()) return us.status();
@@ -237,20 +256,13 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
     if (!out.ok()) return out.status();
     RoutePlanArgs rp;
-    rp.plan.n = static_cast<int>(n);
-    rp.plan.K = static_cast<int>(K);
-    rp.plan.E = static_cast<int>(E);
-    rp.plan.table = table;
-    rp.plan.units = m.plan_units.as<ExpertUnit>();
-    rp.plan.num_units = m.plan_ints.as<int>();
-    rp.plan.error = m.plan_ints.as<int>() + 1;
-    rp.plan.slot = m.slot.as<int32_t>();
+    rp.plan = m.PlanArgs(n, table);
     rp.plan.logits = logits;
     rp.plan.experts = rp.plan.experts_out = out->first;
     rp.plan.weights_out = out->second;
     rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
-    const int64_t bound = std::min(n * K, n * K / kMaxUnitRows + E);  // units of any plan of n·K pairs
+    const int64_t bound = MaxPlanUnits(n * K, E);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.units_staging.get(), m.plan_ints.get(), sizeof(int),
                                                 cudaMemcpyDeviceToHost, stream));
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.units_staging.as<uint8_t>() + alignof(ExpertUnit), m.plan_units.get(),
@@ -401,18 +413,10 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // Routing and the plan, on the GPU only: no host wait.
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
-  DeviceMoePlanArgs a;
-  a.n = static_cast<int>(n);
-  a.K = static_cast<int>(K);
-  a.E = static_cast<int>(E);
-  a.table = table;
-  a.units = m.plan_units.as<ExpertUnit>();
-  a.num_units = m.plan_ints.as<int>();
-  a.error = m.plan_ints.as<int>() + 1;
-  a.slot = m.slot.as<int32_t>();
-  // One-token steps keep the router product and the one-warp plan kernel (LaunchPlanMoeOnDevice):
-  // measured faster in the decode chain than the route-and-plan kernel (route_plan.cuh).
+  DeviceMoePlanArgs a = m.PlanArgs(n, table);
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  // One-token steps keep the one-warp plan kernel (LaunchPlanMoeOnDevice): measured faster in the
+  // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
   if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
     // One kernel: routing and the plan.
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
