@@ -42,6 +42,8 @@
 
 namespace tandem::cuda::prefill_rows {
 
+using prefill_stream::DequantNibblePair;  // bytes 0 and 2 of a word; shifted by 8 for bytes 1 and 3
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kQ4KBlockBytes = 144;
@@ -86,21 +88,6 @@ __device__ __forceinline__ void CpAsyncWaitDyn(int pending) {
     case 8: CpAsyncWait<8>(); break;
     default: CpAsyncWait<9>(); break;
   }
-}
-
-// Two weights of sub-block pair nibbles: bytes 0 and 2 of `x` (the caller shifts by 8 for bytes 1
-// and 3), low (kHigh false) or high nibbles, scaled by fo = half2(factor, offset).
-template <bool kHigh>
-__device__ __forceinline__ uint32_t DequantPair(uint32_t x, uint32_t fo) {
-  using prefill_stream::AndOr;
-  const __half2 f = AsHalf2(fo);
-  __half2 q;
-  if constexpr (kHigh) {
-    q = __hsub2(AsHalf2(AndOr(x, 0x00F000F0u, 0x54005400u)), __float2half2_rn(64.0f));
-  } else {
-    q = __hsub2(AsHalf2(AndOr(x, 0x000F000Fu, 0x64006400u)), __float2half2_rn(1024.0f));
-  }
-  return Half2Bits(__hfma2(__low2half2(f), q, __high2half2(f)));
 }
 
 // tiles: rows <= 16 kFrags each. a: f16 rows of K elements (a_index: row of each slot, or nullptr:
@@ -215,10 +202,10 @@ __global__ void __launch_bounds__(kThreads, kFrags == 1 ? 2 : 1)
         const uint2 q = *reinterpret_cast<const uint2*>(raw + 16 + 32 * j + 8 * t);
         const uint32_t x1 = q.x >> 8, y1 = q.y >> 8;
         const uint32_t flo = fo[j >> 1][2 * (j & 1)], fhi = fo[j >> 1][2 * (j & 1) + 1];
-        const uint32_t lo_a0 = DequantPair<false>(q.x, flo), lo_a1 = DequantPair<false>(x1, flo);
-        const uint32_t lo_b0 = DequantPair<false>(q.y, flo), lo_b1 = DequantPair<false>(y1, flo);
-        const uint32_t hi_a0 = DequantPair<true>(q.x, fhi), hi_a1 = DequantPair<true>(x1, fhi);
-        const uint32_t hi_b0 = DequantPair<true>(q.y, fhi), hi_b1 = DequantPair<true>(y1, fhi);
+        const uint32_t lo_a0 = DequantNibblePair<false>(q.x, flo), lo_a1 = DequantNibblePair<false>(x1, flo);
+        const uint32_t lo_b0 = DequantNibblePair<false>(q.y, flo), lo_b1 = DequantNibblePair<false>(y1, flo);
+        const uint32_t hi_a0 = DequantNibblePair<true>(q.x, fhi), hi_a1 = DequantNibblePair<true>(x1, fhi);
+        const uint32_t hi_b0 = DequantNibblePair<true>(q.y, fhi), hi_b1 = DequantNibblePair<true>(y1, fhi);
 #pragma unroll
         for (int mf = 0; mf < kFrags; ++mf) {
           MmaF16(acc[mf], afr[mf][2 * j][0], lo_a0, lo_a1);

@@ -110,11 +110,10 @@ __device__ __forceinline__ void StageFactors(const uint4& head, int h, uint32_t 
   }
 }
 
-// The B fragment word of two weights: bytes 2t, 2t + 1 of the 8 quant bytes (lo, hi) selected by
-// `sel`, low (kHigh false) or high nibbles, scaled by fo = half2(factor, offset).
+// Two weights as one f16 pair: bytes 0 and 2 of `pair`, low (kHigh false) or high nibbles, scaled
+// by fo = half2(factor, offset).
 template <bool kHigh>
-__device__ __forceinline__ uint32_t Dequant2(uint32_t lo, uint32_t hi, uint32_t sel, uint32_t fo) {
-  const uint32_t pair = __byte_perm(lo, hi, sel);
+__device__ __forceinline__ uint32_t DequantNibblePair(uint32_t pair, uint32_t fo) {
   const __half2 f = AsHalf2(fo);
   __half2 q;
   if constexpr (kHigh) {
@@ -123,6 +122,13 @@ __device__ __forceinline__ uint32_t Dequant2(uint32_t lo, uint32_t hi, uint32_t 
     q = __hsub2(AsHalf2(AndOr(pair, 0x000F000Fu, 0x64006400u)), __float2half2_rn(1024.0f));
   }
   return Half2Bits(__hfma2(__low2half2(f), q, __high2half2(f)));
+}
+
+// The B fragment word of two weights: bytes 2t, 2t + 1 of the 8 quant bytes (lo, hi) selected by
+// `sel`, low (kHigh false) or high nibbles, scaled by fo = half2(factor, offset).
+template <bool kHigh>
+__device__ __forceinline__ uint32_t Dequant2(uint32_t lo, uint32_t hi, uint32_t sel, uint32_t fo) {
+  return DequantNibblePair<kHigh>(__byte_perm(lo, hi, sel), fo);
 }
 
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
