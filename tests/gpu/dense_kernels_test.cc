@@ -187,12 +187,7 @@ TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
   MatMul(w.view(), x.data(), n, want.data(), nullptr);
   auto d_x = Upload(x);
   for (cuda::GemmMode mode : {cuda::GemmMode::kExact, cuda::GemmMode::kFast, cuda::GemmMode::kFastSplit}) {
-    cuda::DenseGemmOptions options;
-    options.mode = mode;
-    options.max_n = 64;
-    options.max_cols = cols;
-    options.tile_bytes = 100 * cols * 4;  // forces several tiles
-    options.workspace_bytes = 4 << 20;
+    const cuda::DenseGemmOptions options = gpu_testing::SmallGemmOptions(mode, cols);
     auto gemm = cuda::DenseGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
@@ -227,12 +222,7 @@ TEST_P(GpuDenseTest, GemmPreparedMatchesReference) {
   using cuda::GemmMode;
   for (bool one_product : {true, false}) {
     for (GemmMode plan : {GemmMode::kFast, GemmMode::kFastSplit}) {
-      cuda::DenseGemmOptions options;
-      options.mode = plan;
-      options.max_n = 64;
-      options.max_cols = cols;
-      options.tile_bytes = 100 * cols * 4;
-      options.workspace_bytes = 4 << 20;
+      cuda::DenseGemmOptions options = gpu_testing::SmallGemmOptions(plan, cols);
       options.split_one_product = one_product;
       auto gemm = cuda::DenseGemm::Create(options);
       ASSERT_TRUE(gemm.ok()) << gemm.status();
@@ -263,12 +253,7 @@ TEST_P(GpuDenseTest, GemmPreparedMatchesReference) {
     }
   }
   // A kExact plan has no f16 copies to make.
-  cuda::DenseGemmOptions exact;
-  exact.mode = GemmMode::kExact;
-  exact.max_n = 64;
-  exact.max_cols = cols;
-  exact.tile_bytes = 100 * cols * 4;
-  exact.workspace_bytes = 4 << 20;
+  const cuda::DenseGemmOptions exact = gpu_testing::SmallGemmOptions(GemmMode::kExact, cols);
   auto g = cuda::DenseGemm::Create(exact);
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE((*g)->Prepare(m).ok());
@@ -299,12 +284,7 @@ TEST_P(GpuDenseTest, GemmStackAndConvertedInputMatchReference) {
     want[i].resize(static_cast<size_t>(n * part_rows[i]));
     MatMul(w[i].view(), x.data(), n, want[i].data(), nullptr);
   }
-  cuda::DenseGemmOptions options;
-  options.mode = GemmMode::kFastSplit;
-  options.max_n = 64;
-  options.max_cols = cols;
-  options.tile_bytes = 100 * cols * 4;
-  options.workspace_bytes = 4 << 20;
+  const cuda::DenseGemmOptions options = gpu_testing::SmallGemmOptions(GemmMode::kFastSplit, cols);
   auto gemm = cuda::DenseGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   cuda::DenseGemm& g = **gemm;

@@ -17,6 +17,7 @@
 #include "common/weights/weight_types.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gtest/gtest.h"
 
 namespace tandem::gpu_testing {
@@ -149,6 +150,18 @@ inline const std::vector<WeightType>& GpuTypes() {
                                                 WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ5_K,
                                                 WeightType::kQ6_K};
   return types;
+}
+
+// A DenseGemm plan for the tests' products: up to 64 activation rows of `cols`, weight tiles of
+// 100 rows (several tiles for every test matrix when the product dequantizes per call).
+inline cuda::DenseGemmOptions SmallGemmOptions(cuda::GemmMode mode, int64_t cols) {
+  cuda::DenseGemmOptions options;
+  options.mode = mode;
+  options.max_n = 64;
+  options.max_cols = cols;
+  options.tile_bytes = 100 * cols * 4;
+  options.workspace_bytes = 4 << 20;
+  return options;
 }
 
 }  // namespace tandem::gpu_testing

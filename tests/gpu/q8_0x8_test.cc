@@ -121,12 +121,7 @@ TEST_F(GpuQ8_0x8Test, GemmRunAndPreparedMatchReference) {
   using cuda::GemmMode;
   for (GemmMode plan : {GemmMode::kExact, GemmMode::kFast, GemmMode::kFastSplit}) {
     for (bool prepare : {false, true}) {
-      cuda::DenseGemmOptions options;
-      options.mode = plan;
-      options.max_n = 64;
-      options.max_cols = cols;
-      options.tile_bytes = 100 * cols * 4;  // several tiles when not prepared
-      options.workspace_bytes = 4 << 20;
+      const cuda::DenseGemmOptions options = gpu_testing::SmallGemmOptions(plan, cols);
       auto gemm = cuda::DenseGemm::Create(options);
       ASSERT_TRUE(gemm.ok()) << gemm.status();
       if (prepare) {
