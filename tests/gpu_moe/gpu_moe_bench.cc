@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
@@ -381,12 +384,171 @@ void BenchRouting(const float* x, std::mt19937& rng) {
   BENCH_CHECK(cudaFreeHost(host_picks));
 }
 
-int Main(bool decode_only, bool routing_only) {
+// The one-token MoE chain (batch-1 decode) on the 80B shapes, old and new in one process, each
+// step captured into a CUDA graph of 48 steps (the layer loop) and replayed. Old: the f32 router
+// product, the one-warp plan kernel (fused routing), gate/up and down over the planned units (the
+// tile kernels), the scatter-sum with the gated shared expert. New: the same router product, then
+// the two kernels of expert_decode_one.cuh. Step i uses router i % 24 (24 × 4.2 MB: not
+// L2-resident) and x row i, so every step routes to fresh experts of the 906 MB layer. The shared
+// expert's row and gate logit are fixed buffers (the backend computes them on the side stream).
+void BenchOneToken(const float* x, std::mt19937& rng) {
+  const int routers = 24, steps = 48;
+  Layer layer{};
+  layer.gate_row_bytes = RowBytesOf(kTypeQ4_K, kH);
+  layer.down_row_bytes = RowBytesOf(kTypeQ4_K, kI);
+  const size_t gbytes = static_cast<size_t>(kE * kI * layer.gate_row_bytes);
+  const size_t dbytes = static_cast<size_t>(kE * kH * layer.down_row_bytes);
+  BENCH_CHECK(cudaMalloc(&layer.gate, gbytes));
+  BENCH_CHECK(cudaMalloc(&layer.up, gbytes));
+  BENCH_CHECK(cudaMalloc(&layer.down, dbytes));
+  FillRandom(layer.gate, gbytes, rng);
+  FillRandom(layer.up, gbytes, rng);
+  FillRandom(layer.down, dbytes, rng);
+  std::vector<ExpertLocation> htable(kE);
+  for (int64_t e = 0; e < kE; ++e) htable[e] = layer.Expert(e);
+  ExpertLocation* table;
+  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
+  BENCH_CHECK(cudaMemcpy(table, htable.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  const int64_t router_bytes = kE * kH * sizeof(float);
+  std::vector<float*> mats(routers);
+  {
+    std::normal_distribution<float> nd(0.0f, 0.03f);
+    std::vector<float> host(kE * kH);
+    for (float*& m : mats) {
+      for (float& v : host) v = nd(rng);
+      BENCH_CHECK(cudaMalloc(&m, router_bytes));
+      BENCH_CHECK(cudaMemcpy(m, host.data(), router_bytes, cudaMemcpyHostToDevice));
+    }
+  }
+  float *logits, *act, *partial, *shared, *gate_logit, *y_old, *y_new;
+  int32_t *picks, *slot;
+  ExpertUnit* units;
+  int* ints;
+  BENCH_CHECK(cudaMalloc(&logits, kE * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&act, kK * kI * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&partial, kK * kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&shared, kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&gate_logit, sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&y_old, kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&y_new, kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&picks, 2 * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&slot, kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&units, kK * sizeof(ExpertUnit)));
+  BENCH_CHECK(cudaMalloc(&ints, 4 * sizeof(int)));
+  BENCH_CHECK(cudaMemset(ints, 0, 4 * sizeof(int)));
+  BENCH_CHECK(cudaMemcpy(shared, x + kH, kH * sizeof(float), cudaMemcpyDeviceToDevice));
+  BENCH_CHECK(cudaMemcpy(gate_logit, x + 2 * kH, sizeof(float), cudaMemcpyDeviceToDevice));
+  absl::StatusOr<ExpertDecodeRunner> runner = ExpertDecodeRunner::Create(kK);
+  BENCH_OK(runner.status());
+  int step = 0;
+  auto product = [&](cudaStream_t s) {
+    BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4}, x + (step % 4096) * kH,
+                                  kH, 1, logits, kE, s));
+  };
+  auto old_chain = [&](bool with_product) {
+    cudaStream_t s = bench::LaunchStream();
+    if (with_product) product(s);
+    DeviceMoePlanArgs a;
+    a.n = 1;
+    a.K = kK;
+    a.E = kE;
+    a.table = table;
+    a.units = units;
+    a.num_units = ints;
+    a.error = ints + 1;
+    a.slot = slot;
+    a.logits = logits;
+    a.experts = a.experts_out = picks;
+    a.weights_out = reinterpret_cast<float*>(picks + kK);
+    BENCH_CHECK(LaunchPlanMoeOnDevice(a, s));
+    BENCH_OK(runner->RunPlanned(units, kK, ints, 1, {WeightType::kQ4_K, WeightType::kQ4_K, kH, kI}, x + (step % 4096) * kH,
+                                act, partial, s));
+    BENCH_CHECK(LaunchMoeScatterSum(partial, slot, a.weights_out, 1, kK, kH, shared, gate_logit, y_old, s));
+    ++step;
+  };
+  auto new_chain = [&](bool with_product) {
+    cudaStream_t s = bench::LaunchStream();
+    if (with_product) product(s);
+    OneTokenMoeArgs o;
+    o.logits = logits;
+    o.E = kE;
+    o.K = kK;
+    o.table = table;
+    o.h = kH;
+    o.inner = kI;
+    o.x = x + (step % 4096) * kH;
+    o.act = act;
+    o.experts_out = picks;
+    o.weights_out = reinterpret_cast<float*>(picks + kK);
+    o.error = ints + 1;
+    o.shared = shared;
+    o.shared_gate_logit = gate_logit;
+    o.y = y_new;
+    BENCH_CHECK(LaunchOneTokenMoeGateUp(o, s));
+    BENCH_CHECK(LaunchOneTokenMoeDown(o, s));
+    ++step;
+  };
+  // The same step both ways: y must agree (same dot products, same summation order).
+  step = 5;
+  old_chain(true);
+  step = 5;
+  new_chain(true);
+  BENCH_CHECK(cudaDeviceSynchronize());
+  {
+    std::vector<float> a(kH), b(kH);
+    BENCH_CHECK(cudaMemcpy(a.data(), y_old, kH * sizeof(float), cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), y_new, kH * sizeof(float), cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int64_t j = 0; j < kH; ++j) {
+      num += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
+      den += static_cast<double>(a[j]) * a[j];
+    }
+    std::printf("one-token chain: new vs old y relative L2 %.3e%s\n", std::sqrt(num / std::max(den, 1e-30)),
+                std::memcmp(a.data(), b.data(), kH * sizeof(float)) == 0 ? " (bit-identical)" : "");
+  }
+  const double expert_mb = kK * (2.0 * kI * layer.gate_row_bytes + kH * layer.down_row_bytes) / 1e6;
+  const double floor_us = expert_mb * 1e6 / 4.5e12 * 1e6;
+  const double product_floor_us = router_bytes / 4.5e12 * 1e6;
+  for (const bool pdl : {true, false}) {
+    SetPdlEnabled(pdl);
+    for (const bool with_product : {true, false}) {
+      step = 0;
+      const double old_us = bench::GraphUs([&] { old_chain(with_product); }, steps);
+      step = 0;
+      const double new_us = bench::GraphUs([&] { new_chain(with_product); }, steps);
+      std::printf("one-token MoE E=512 K=10 h=2048 I=512 %s%s: old %7.2f us/layer (5 kernels%s), new %7.2f us/layer "
+                  "(%s), graph of %d layers; floor %.2f us (routed experts %.1f MB at 4.5 TB/s)%s\n",
+                  with_product ? "router product + chain" : "chain without router product", pdl ? "" : ", PDL off",
+                  old_us, with_product ? "" : " less the product", new_us,
+                  with_product ? "3 kernels" : "2 kernels", steps, floor_us + (with_product ? product_floor_us : 0.0),
+                  expert_mb, with_product ? " + router 4.19 MB" : "");
+      if (pdl) {
+        const std::string key = with_product ? "_with_product" : "";
+        bench::Report("one_token_moe_old" + key, old_us, "us", "n=1 MoE chain per layer, graph, old (plan path)");
+        bench::Report("one_token_moe_new" + key, new_us, "us", "n=1 MoE chain per layer, graph, expert_decode_one");
+      }
+    }
+  }
+  SetPdlEnabled(true);
+  for (float* m : mats) BENCH_CHECK(cudaFree(m));
+  for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, partial, shared,
+                                              gate_logit, y_old, y_new, picks, slot, units, ints}) {
+    BENCH_CHECK(cudaFree(p));
+  }
+}
+
+int Main(bool decode_only, bool routing_only, bool one_token_only) {
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
   }
   std::mt19937 rng(12345);
+  if (one_token_only) {
+    float* x = bench::RandomFloats(4096 * kH, 3);
+    BenchOneToken(x, rng);
+    BENCH_CHECK(cudaFree(x));
+    return 0;
+  }
   if (routing_only) {
     float* x = bench::RandomFloats(8192 * kH, 3);
     BenchRouting(x, rng);
@@ -515,6 +677,7 @@ int Main(bool decode_only, bool routing_only) {
     std::printf("route E=512 K=10 n=%-3d %6.2f us; scatter-sum n=%-3d %6.2f us\n", n, route_us, n, scatter_us);
   }
   if (!decode_only) BenchRouting(x, rng);
+  BenchOneToken(x, rng);
   BENCH_CHECK(cudaDeviceSynchronize());
   return 0;
 }
@@ -526,11 +689,13 @@ int Main(bool decode_only, bool routing_only) {
 // --decode-only: the copy ceiling and the decode expert cases, each timed with the old generic
 // kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
 // graph-replayed, then the tile kernel's knob sweep.
+// --one-token-only: only BenchOneToken (the n = 1 MoE chain, old and new).
 int main(int argc, char** argv) {
-  bool decode_only = false, routing_only = false;
+  bool decode_only = false, routing_only = false, one_token_only = false;
   for (int i = 1; i < argc; ++i) {
     decode_only |= std::string(argv[i]) == "--decode-only";
     routing_only |= std::string(argv[i]) == "--routing-only";
+    one_token_only |= std::string(argv[i]) == "--one-token-only";
   }
-  return tandem::cuda::Main(decode_only, routing_only);
+  return tandem::cuda::Main(decode_only, routing_only, one_token_only);
 }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -32,6 +34,17 @@ using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down
 // The most units a plan of `pairs` (token, expert) pairs over E experts can have: per expert
 // ceil(rows / kMaxUnitRows), at most pairs / kMaxUnitRows + (experts named) in all.
 int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, pairs / kMaxUnitRows + E); }
+
+// TANDEM_OLD_MOE_DECODE=1 (read once, at the first MoE step) keeps one-token steps on the planned
+// path (router product, plan kernel, gate/up, down, scatter-sum) instead of the two one-token
+// kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
+bool OldMoeDecode() {
+  static const bool old = [] {
+    const char* v = std::getenv("TANDEM_OLD_MOE_DECODE");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return old;
+}
 
 }  // namespace
 
@@ -415,6 +428,40 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   float* logits = m.logits.as<float>();
   DeviceMoePlanArgs a = m.PlanArgs(n, table);
   if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
+  // with no plan kernel and no scatter-sum; Q4_K routed experts only.
+  if (n == 1 && !OldMoeDecode() && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+      GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+      OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h), static_cast<int>(c.expert_ffn))) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(1);
+    if (!out.ok()) return out.status();
+    OneTokenMoeArgs o;
+    o.logits = logits;
+    o.E = static_cast<int>(E);
+    o.K = static_cast<int>(K);
+    o.table = table;
+    o.h = static_cast<int>(h);
+    o.inner = static_cast<int>(c.expert_ffn);
+    o.x = x;
+    o.act = m.act.as<float>();
+    o.experts_out = out->first;
+    o.weights_out = out->second;
+    o.error = a.error;
+    o.shared = shared;
+    o.shared_gate_logit = gate_logit;
+    o.y = y;
+    timer.Mark(Stage::kExperts, stream);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
+    if (overlap) {
+      if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeDown(o, stream));
+    // After the down kernel, not between the two: a copy there would cut their overlap.
+    if (copy_picks) {
+      if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   // One-token steps keep the one-warp plan kernel (LaunchPlanMoeOnDevice): measured faster in the
   // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
   if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {

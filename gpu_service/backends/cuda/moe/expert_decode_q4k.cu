@@ -11,19 +11,20 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
-constexpr int kSbBytes = 144;       // Q4_K super-block: f16 d, f16 dmin, 12 scale bytes, 128 qs bytes
-constexpr int kXSbStride = 260;     // floats per 256 activations in shared memory (4 of padding)
-constexpr int kMaxSteps = 4;        // cp.async groups a warp may have outstanding
+using q4k::ByteAsFloat;
+using q4k::CpAsync16;
+using q4k::DotSuperBlock;
+using q4k::kSbBytes;
+using q4k::kXSbStride;
+using q4k::SiluQ4K;
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* global) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
-}
+constexpr int kMaxSteps = 4;        // cp.async groups a warp may have outstanding
 // Waits until at most `pending` (0 .. kMaxSteps - 1) of this thread's groups are in flight.
 __device__ __forceinline__ void CpAsyncWaitRuntime(int pending) {
   switch (pending) {
@@ -31,118 +32,6 @@ __device__ __forceinline__ void CpAsyncWaitRuntime(int pending) {
     case 1: CpAsyncWait<1>(); break;
     case 2: CpAsyncWait<2>(); break;
     default: CpAsyncWait<3>(); break;
-  }
-}
-
-__device__ __forceinline__ float SiluQ4K(float g) { return g * (1.0f / (1.0f + expf(-g))); }
-
-// Byte b of `word` (< 256) as an exact float: 2^23 + byte by a permute, minus 2^23.
-__device__ __forceinline__ float ByteAsFloat(uint32_t word, int b) {
-  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540 + b)) - 8388608.0f;
-}
-
-// Byte b of `shifted` holds a nibble q in its bits 3..6: returns 0.5 + q / 32 (the byte lands in
-// bits 16..23 of 0x3F000000, so q fills mantissa bits 19..22 and the exponent stays 2^-1).
-__device__ __forceinline__ float NibbleValue(uint32_t shifted, int b) {
-  return __uint_as_float(__byte_perm(shifted, 0x3F000000u, 0x7044 | (b << 8)));
-}
-
-// Accumulates one super-block of kMats matrices (the lane's rows) against kR activation rows:
-// acc[m][r] += Σ_i w_m[i]·x_r[i] over its 256 elements. wsb[m]: the super-block in shared memory;
-// xsb: activation row 0's 256 elements (row r at + r·xstride); sx: its 8 sub-block sums (row r
-// at + r·sxstride). Rows r >= nr are skipped (nr uniform over the warp).
-template <int kR, int kMats>
-__device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats], const float* xsb, int xstride,
-                                              const float* sx, int sxstride, int nr, float (&acc)[kMats][kR]) {
-  // Per matrix: d·32, d·16, dmin and the 8 scale and 8 min bytes of ggml's get_scale_min_k4 packed
-  // four to a word (sub-blocks 0..3 and 4..7).
-  float d32[kMats], d16[kMats], dmin[kMats];
-  uint32_t sc_lo[kMats], m_lo[kMats], sc_hi[kMats], m_hi[kMats];
-#pragma unroll
-  for (int m = 0; m < kMats; ++m) {
-    const uint4 head = *reinterpret_cast<const uint4*>(wsb[m]);
-    const float d = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF));
-    d32[m] = 32.0f * d;
-    d16[m] = 16.0f * d;
-    dmin[m] = HalfBits(static_cast<uint16_t>(head.x >> 16));
-    sc_lo[m] = head.y & 0x3F3F3F3Fu;
-    m_lo[m] = head.z & 0x3F3F3F3Fu;
-    sc_hi[m] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
-    m_hi[m] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
-  }
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    // qs bytes 32g .. 32g + 31: low nibbles are elements 64g + i (sub-block 2g), high nibbles
-    // elements 64g + 32 + i (sub-block 2g + 1).
-    uint32_t q[kMats][8];
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const uint4 a = *reinterpret_cast<const uint4*>(wsb[m] + 16 + 32 * g);
-      const uint4 b = *reinterpret_cast<const uint4*>(wsb[m] + 32 + 32 * g);
-      q[m][0] = a.x; q[m][1] = a.y; q[m][2] = a.z; q[m][3] = a.w;
-      q[m][4] = b.x; q[m][5] = b.y; q[m][6] = b.z; q[m][7] = b.w;
-    }
-    float s_lo[kMats][kR], s_hi[kMats][kR];
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) s_lo[m][r] = s_hi[m][r] = 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      float vl[kMats][4], vh[kMats][4];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        const uint32_t lo3 = (q[m][k] << 3) & 0x78787878u;
-        const uint32_t hi3 = (q[m][k] >> 1) & 0x78787878u;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          vl[m][b] = NibbleValue(lo3, b);
-          vh[m][b] = NibbleValue(hi3, b);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        if (r < nr) {
-          const float4 xl = *reinterpret_cast<const float4*>(xsb + r * xstride + 64 * g + 4 * k);
-          const float4 xh = *reinterpret_cast<const float4*>(xsb + r * xstride + 64 * g + 32 + 4 * k);
-#pragma unroll
-          for (int m = 0; m < kMats; ++m) {
-            s_lo[m][r] = fmaf(vl[m][0], xl.x, s_lo[m][r]);
-            s_lo[m][r] = fmaf(vl[m][1], xl.y, s_lo[m][r]);
-            s_lo[m][r] = fmaf(vl[m][2], xl.z, s_lo[m][r]);
-            s_lo[m][r] = fmaf(vl[m][3], xl.w, s_lo[m][r]);
-            s_hi[m][r] = fmaf(vh[m][0], xh.x, s_hi[m][r]);
-            s_hi[m][r] = fmaf(vh[m][1], xh.y, s_hi[m][r]);
-            s_hi[m][r] = fmaf(vh[m][2], xh.z, s_hi[m][r]);
-            s_hi[m][r] = fmaf(vh[m][3], xh.w, s_hi[m][r]);
-          }
-        }
-      }
-    }
-    // Sub-block j: Σ w·x = d·sc·Σ q·x − dmin·m·Σx = 32·d·sc·Σ v·x − (16·d·sc + dmin·m)·Σx.
-    const int j0 = 2 * g, j1 = 2 * g + 1;
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const float sc0 = ByteAsFloat(j0 < 4 ? sc_lo[m] : sc_hi[m], j0 & 3);
-      const float mn0 = ByteAsFloat(j0 < 4 ? m_lo[m] : m_hi[m], j0 & 3);
-      const float sc1 = ByteAsFloat(j1 < 4 ? sc_lo[m] : sc_hi[m], j1 & 3);
-      const float mn1 = ByteAsFloat(j1 < 4 ? m_lo[m] : m_hi[m], j1 & 3);
-      const float c1_lo = d32[m] * sc0, c2_lo = fmaf(d16[m], sc0, dmin[m] * mn0);
-      const float c1_hi = d32[m] * sc1, c2_hi = fmaf(d16[m], sc1, dmin[m] * mn1);
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        if (r < nr) {
-          const float2 sums = *reinterpret_cast<const float2*>(sx + r * sxstride + j0);
-          float a = acc[m][r];
-          a = fmaf(c1_lo, s_lo[m][r], a);
-          a = fmaf(-c2_lo, sums.x, a);
-          a = fmaf(c1_hi, s_hi[m][r], a);
-          a = fmaf(-c2_hi, sums.y, a);
-          acc[m][r] = a;
-        }
-      }
-    }
   }
 }
 

@@ -1,0 +1,374 @@
+// The one-token MoE kernels of expert_decode_one.cuh (what they compute is described there).
+//
+// Geometry follows the Q4_K tile kernel (expert_decode_q4k.cuh): a lane owns one 144-byte
+// super-block of a row, a row of `cols` inputs takes nsb = cols / 256 lanes and a warp step covers
+// rps = 32 / nsb rows; the warp copies its rows' raw bytes into shared memory with cp.async and
+// decodes from there; activations are staged in shared memory with their sub-block sums.
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+
+#include <atomic>
+#include <cfloat>
+#include <cstdint>
+#include <type_traits>
+
+#include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
+#include "gpu_service/backends/cuda/moe/route_order.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+using q4k::CpAsync16;
+using q4k::DotSuperBlock;
+using q4k::kSbBytes;
+using q4k::kXSbStride;
+using q4k::SiluQ4K;
+
+constexpr int kGateUpWarps = 4;  // the tile kernel's measured best at one token (PERF_NOTES.md)
+constexpr int kDownMaxWarps = 16;
+
+// Routes the token with the whole block, to the same picks and bit-identical weights as
+// device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
+// (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
+// RouteToken's order (lane l: experts l, l + 32, ... in turn, then the xor butterfly), scales them
+// to f32 probabilities and takes `rounds` picks. A round is two warp reductions (redux.sync)
+// instead of WarpTakeFirst's five shuffle steps of (value, id): the probabilities are >= 0, so
+// their bits + 1 order them as floats (0 marks a taken, absent or NaN entry), and the lowest id
+// holding the largest key wins, RouteBefore's tie-break. Lane 0 writes pick r's expert to ids[r]
+// and its probability to probs[r]. Every thread of the block must call it; `overlap` runs in the
+// warps other than 0 (in warp 0 when the block is one warp) while warp 0 picks. Returns, in warp 0,
+// the f64 sum of the picked probabilities in pick order (the renormaliser once rounds == K).
+// A NaN logit is never picked here; RouteToken could pick it or an expert twice (garbage either way).
+template <int kPer, typename Overlap>
+__device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p, float* s_red, int* ids, float* probs,
+                             Overlap&& overlap) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
+  float mx = -FLT_MAX;
+  for (int i = t; i < E; i += blockDim.x) {
+    const float v = logits[i];
+    s_p[i] = v;
+    mx = fmaxf(mx, v);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+  if (lane == 0) s_red[warp] = mx;
+  __syncthreads();
+  mx = s_red[0];
+  for (int w = 1; w < warps; ++w) mx = fmaxf(mx, s_red[w]);  // fmaxf is exact: any order gives RouteToken's max
+  for (int i = t; i < E; i += blockDim.x) s_p[i] = static_cast<float>(exp(static_cast<double>(s_p[i] - mx)));
+  __syncthreads();
+  double picked_sum = 0.0;
+  if (warp == 0) {
+    float p[kPer];
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      p[j] = i < E ? s_p[i] : 0.0f;
+      sum += p[j];
+    }
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+    const float inv = static_cast<float>(1.0 / sum);
+    unsigned key[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float q = p[j] * inv;
+      key[j] = lane + 32 * j < E && !(q != q) ? __float_as_uint(q) + 1u : 0u;
+    }
+    for (int r = 0; r < rounds; ++r) {
+      unsigned best = 0u, best_id = 0xFFFFFFFFu;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
+          best = key[j];
+          best_id = lane + 32 * j;
+        }
+      }
+      const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
+      const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+      const float bv = top != 0u ? __uint_as_float(top - 1u) : -FLT_MAX;
+      if (lane == 0) {
+        ids[r] = top != 0u ? static_cast<int>(id) : E;
+        probs[r] = bv;
+      }
+      picked_sum += bv;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
+      }
+    }
+    __syncwarp();  // ids / probs written by lane 0
+  }
+  if (warp != 0 || warps == 1) overlap();
+  __syncthreads();
+  return picked_sum;
+}
+
+// Whether pick e names a computable expert (the plan's test: in [0, E) with a location).
+__device__ __forceinline__ bool PickValid(const ExpertLocation* table, int E, int e) {
+  return e >= 0 && e < E && table[e].gate != nullptr;
+}
+
+// Stages `cols` activations from global `src` into xs (super-blocks padded to kXSbStride) with
+// threads [t0, t0 + nt) of the block.
+__device__ __forceinline__ void StageRow(const float* src, int cols, float* xs, int t, int t0, int nt) {
+  const float4* xr = reinterpret_cast<const float4*>(src);
+  for (int qd = t - t0; qd < (cols >> 2); qd += nt) {
+    const int e = 4 * qd;
+    *reinterpret_cast<float4*>(xs + (e >> 8) * kXSbStride + (e & 255)) = xr[qd];
+  }
+}
+
+// Sub-block sums of a staged row (the tile kernel's order): sxs[sb · 8 + j] for nsb super-blocks.
+__device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sxs, int t, int nt) {
+  for (int i = t; i < nsb * 8; i += nt) {
+    const float4* p = reinterpret_cast<const float4*>(xs + (i >> 3) * kXSbStride + (i & 7) * 32);
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float4 v = p[c];
+      s += (v.x + v.y) + (v.z + v.w);
+    }
+    sxs[i] = s;
+  }
+}
+
+// Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:
+// [weights: warp, matrix (gate, up), rps rows][x: nsb padded super-blocks][Σx: nsb × 8]
+// [gate pointers: E][up pointers: E].
+template <int kPer>
+__global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoeArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float s_p[kPer * 32];
+  __shared__ float s_red[kGateUpWarps];
+  __shared__ int s_ids[kOneTokenMaxPicks];
+  __shared__ float s_probs[kOneTokenMaxPicks];
+  const int nsb = a.h >> 8;
+  const int row_bytes = nsb * kSbBytes;
+  const int rps = 32 / nsb;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rho = lane / nsb, sb = lane - rho * nsb;
+  const int mat_bytes = rps * row_bytes;
+  uint8_t* wsm = smem + warp * 2 * mat_bytes;
+  float* xs = reinterpret_cast<float*>(smem + kGateUpWarps * 2 * mat_bytes);
+  float* sxs = xs + nsb * kXSbStride;
+  const void** tgate = reinterpret_cast<const void**>(sxs + nsb * 8);
+  const void** tup = tgate + a.E;
+  const int k = blockIdx.y;
+  const int row0 = (blockIdx.x * kGateUpWarps + warp) * rps;
+
+  // Before the wait: the expert table's gate and up pointers (constant), so that the pick's
+  // matrices are known from shared memory as soon as it is made.
+  for (int i = threadIdx.x; i < a.E; i += kGateUpWarps * 32) {
+    tgate[i] = a.table[i].gate;
+    tup[i] = a.table[i].up;
+  }
+  // The logits are the previous kernel's output; x is read after the wait too (pdl.cuh's rule).
+  PdlWaitForPrevious();
+  PdlAllowNext();
+  StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
+  // Block (0, K - 1) routes all K picks anyway: it publishes them for the routing sink, the host
+  // copy and the tests. The others stop at their own pick.
+  const bool writer = blockIdx.x == 0 && k == a.K - 1;
+  const double picked_sum = BlockRoute<kPer>(a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs, [&] {
+    SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
+  });
+  if (writer && warp == 0 && lane < a.K) {
+    const int e = s_ids[lane];
+    a.experts_out[lane] = e;
+    a.weights_out[lane] = static_cast<float>(s_probs[lane] / picked_sum);
+    if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
+  }
+  const int e = s_ids[k];
+  if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) return;  // uniform over the block; flagged by the writer
+  const int nrows = min(rps, a.inner - row0);
+  const int chunks = nrows > 0 ? nrows * row_bytes / 16 : 0;
+  const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
+  const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
+  for (int c = lane; c < chunks; c += 32) {
+    CpAsync16(wsm + 16 * c, g + 16 * c);
+    CpAsync16(wsm + mat_bytes + 16 * c, u + 16 * c);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncwarp();  // the other lanes' copies are visible
+  if (nrows <= 0) return;  // warp-uniform
+  const int row = row0 + rho;
+  const bool valid = rho < rps && rho < nrows;
+  float acc[2][1] = {{0.0f}, {0.0f}};
+  if (valid) {
+    const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
+    DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+  }
+  for (int off = 1; off < nsb; off <<= 1) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const float o = __shfl_down_sync(0xFFFFFFFFu, acc[m][0], off);
+      if (sb + off < nsb) acc[m][0] += o;
+    }
+  }
+  if (valid && sb == 0) a.act[static_cast<int64_t>(k) * a.inner + row] = SiluQ4K(acc[0][0]) * acc[1][0];
+}
+
+// Kernel 2. grid ceil(h / rps) (rps for the inner-wide rows), W = min(K, kDownMaxWarps) warps;
+// warp w computes picks w, w + W, ... Shared memory: [weights: K picks × rps rows][act: W warps ×
+// nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps].
+template <int kPer>
+__global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float s_p[kPer * 32];
+  __shared__ float s_red[kDownMaxWarps];
+  __shared__ int s_ids[kOneTokenMaxPicks];
+  __shared__ float s_w[kOneTokenMaxPicks];
+  __shared__ bool s_ok[kOneTokenMaxPicks];
+  const int nsb = a.inner >> 8;
+  const int row_bytes = nsb * kSbBytes;
+  const int rps = 32 / nsb;
+  const int W = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rho = lane / nsb, sb = lane - rho * nsb;
+  const int mat_bytes = rps * row_bytes;
+  float* xs = reinterpret_cast<float*>(smem + a.K * mat_bytes) + warp * nsb * kXSbStride;
+  float* sxs = reinterpret_cast<float*>(smem + a.K * mat_bytes) + W * nsb * kXSbStride + warp * nsb * 8;
+  float* res = reinterpret_cast<float*>(smem + a.K * mat_bytes) + W * nsb * (kXSbStride + 8);
+  const int row0 = blockIdx.x * rps;
+  const int nrows = min(rps, a.h - row0);
+
+  // Before the wait: routing from the logits (complete before kernel 1 passed its own wait and
+  // let this grid start) and the copies of the down rows (constant weights).
+  const double picked_sum = BlockRoute<kPer>(a.logits, a.E, a.K, s_p, s_red, s_ids, s_w, [] {});
+  if (warp == 0 && lane < a.K) {
+    s_w[lane] = static_cast<float>(s_w[lane] / picked_sum);
+    s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
+  }
+  __syncthreads();
+  for (int k = warp; k < a.K; k += W) {
+    if (!s_ok[k]) continue;
+    const uint8_t* src = static_cast<const uint8_t*>(a.table[s_ids[k]].down) + static_cast<int64_t>(row0) * row_bytes;
+    uint8_t* dst = smem + k * mat_bytes;
+    const int chunks = nrows * row_bytes / 16;
+    for (int c = lane; c < chunks; c += 32) CpAsync16(dst + 16 * c, src + 16 * c);
+  }
+  CpAsyncCommit();
+
+  PdlWaitForPrevious();  // act (kernel 1), shared and its gate logit are read from here on
+  PdlAllowNext();
+  CpAsyncWait<0>();
+  __syncwarp();
+  for (int k = warp; k < a.K; k += W) {
+    if (!s_ok[k]) continue;  // warp-uniform
+    StageRow(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xs, lane, 0, 32);
+    __syncwarp();
+    SubBlockSums(xs, nsb, sxs, lane, 32);
+    __syncwarp();
+    const bool valid = rho < rps && rho < nrows;
+    float acc[1][1] = {{0.0f}};
+    if (valid) {
+      const uint8_t* wsb[1] = {smem + k * mat_bytes + rho * row_bytes + sb * kSbBytes};
+      DotSuperBlock<1, 1>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+    }
+    for (int off = 1; off < nsb; off <<= 1) {
+      const float o = __shfl_down_sync(0xFFFFFFFFu, acc[0][0], off);
+      if (sb + off < nsb) acc[0][0] += o;
+    }
+    if (valid && sb == 0) res[k * rps + rho] = acc[0][0];
+    __syncwarp();  // xs and sxs are restaged for the warp's next pick
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < nrows) {
+    // moe_scatter.cu's sum: picks in order, then the shared term.
+    float acc = 0.0f;
+    for (int k = 0; k < a.K; ++k) {
+      if (s_ok[k]) acc = fmaf(s_w[k], res[k * rps + t], acc);
+    }
+    if (a.shared != nullptr) {
+      float g = 1.0f;
+      if (a.shared_gate_logit != nullptr) g = 1.0f / (1.0f + expf(-a.shared_gate_logit[0]));
+      acc = fmaf(g, a.shared[row0 + t], acc);
+    }
+    a.y[row0 + t] = acc;
+  }
+}
+
+size_t GateUpSmem(int h, int E) {
+  const int nsb = h / 256, rps = 32 / nsb;
+  return static_cast<size_t>(kGateUpWarps) * 2 * rps * nsb * kSbBytes + static_cast<size_t>(nsb) * (kXSbStride + 8) * 4 +
+         static_cast<size_t>(E) * 2 * sizeof(void*);
+}
+
+int DownWarps(int K) { return K < kDownMaxWarps ? K : kDownMaxWarps; }
+
+size_t DownSmem(int K, int inner) {
+  const int nsb = inner / 256, rps = 32 / nsb;
+  return static_cast<size_t>(K) * rps * nsb * kSbBytes +
+         static_cast<size_t>(DownWarps(K)) * nsb * (kXSbStride + 8) * 4 + static_cast<size_t>(K) * rps * 4;
+}
+
+constexpr size_t kMaxSmem = 227 * 1024;
+
+bool Tiles(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256 <= 32; }
+
+// Raises a kernel's dynamic shared-memory limit once per larger size seen (not a stream operation,
+// so allowed under graph capture).
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel kernel, size_t bytes, std::atomic<size_t>& raised) {
+  if (bytes <= raised.load(std::memory_order_relaxed)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) raised.store(bytes, std::memory_order_relaxed);
+  return err;
+}
+
+template <int kPer>
+cudaError_t LaunchGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  static std::atomic<size_t> raised{48 * 1024};
+  const size_t smem = GateUpSmem(a.h, a.E);
+  if (const cudaError_t err = AllowSmem(OneGateUpKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  const int rows_per_block = kGateUpWarps * (32 / (a.h / 256));
+  const dim3 grid(static_cast<unsigned>((a.inner + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(a.K));
+  return LaunchPdl(OneGateUpKernel<kPer>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
+}
+
+template <int kPer>
+cudaError_t LaunchDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  static std::atomic<size_t> raised{48 * 1024};
+  const size_t smem = DownSmem(a.K, a.inner);
+  if (const cudaError_t err = AllowSmem(OneDownKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  const int rps = 32 / (a.inner / 256);
+  return LaunchPdl(OneDownKernel<kPer>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)), dim3(32 * DownWarps(a.K)),
+                   smem, stream, a);
+}
+
+bool ArgsOk(const OneTokenMoeArgs& a) {
+  return OneTokenMoeFits(a.E, a.K, a.h, a.inner) && a.logits != nullptr && a.table != nullptr && a.x != nullptr &&
+         a.act != nullptr && a.experts_out != nullptr && a.weights_out != nullptr && a.error != nullptr &&
+         a.y != nullptr;
+}
+
+// Registers per lane for E logits: the route kernels' buckets.
+template <typename F>
+cudaError_t DispatchPer(int E, F&& f) {
+  if (E <= 128) return f(std::integral_constant<int, 4>{});
+  if (E <= 256) return f(std::integral_constant<int, 8>{});
+  if (E <= 512) return f(std::integral_constant<int, 16>{});
+  return f(std::integral_constant<int, kOneTokenMaxExperts / 32>{});
+}
+
+}  // namespace
+
+bool OneTokenMoeFits(int E, int K, int h, int inner) {
+  return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && Tiles(h) &&
+         Tiles(inner) && GateUpSmem(h, E) <= kMaxSmem && DownSmem(K, inner) <= kMaxSmem;
+}
+
+cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  if (!ArgsOk(a)) return cudaErrorInvalidValue;
+  return DispatchPer(a.E, [&](auto per) { return LaunchGateUp<decltype(per)::value>(a, stream); });
+}
+
+cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  if (!ArgsOk(a)) return cudaErrorInvalidValue;
+  return DispatchPer(a.E, [&](auto per) { return LaunchDown<decltype(per)::value>(a, stream); });
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,68 @@
+// The one-token MoE layer in two kernels (decode at batch 1), for Q4_K routed experts: no plan
+// kernel, no unit list, no separate scatter-sum.
+//
+// With one token every pick k (0..K-1) is a distinct expert with one row, so nothing needs
+// planning: pick k's gate/up row goes to act[k] and its down row is weighted straight into y.
+//   1. Gate/up (grid: row tiles × K picks, 4 warps). Each block routes the token itself from the
+//      E router logits (one warp, the same arithmetic and tie-breaking as device_plan.cu's
+//      RouteToken: softmax with f64 exponentials and sum, K rounds of route_order.cuh's
+//      WarpTakeFirst, weights renormalised in f64) as far as its own pick, then computes
+//      act[k] = SiLU(gate_e·x) ⊙ up_e·x for its rows (the tile kernel's dot products, q4k_dot.cuh,
+//      so the rows are bit-identical to the unit path's). Block (0, K-1) writes all K picks and
+//      weights to experts_out / weights_out (the router's device outputs) and sets *error for a
+//      pick outside [0, E) or without a location (such a pick computes nothing).
+//   2. Down + combine (grid: tiles of output rows, one warp per pick). Every block routes again
+//      (before its griddepcontrol.wait: the logits were complete before kernel 1 passed its own
+//      wait and let this one start) and starts the copies of its down rows for every pick, then
+//      waits for kernel 1, and writes
+//        y[j] = Σ_k w_k·(down_k·act[k])[j] + σ(shared_gate_logit)·shared[j]
+//      summed in f32 in pick order then the shared term, exactly as moe_scatter.cu does: no
+//      atomics, deterministic.
+// Both kernels are launched through LaunchPdl (pdl.cuh).
+//
+// Host-compiler safe (no device code).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_ONE_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_ONE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/moe/expert_unit.h"
+
+namespace tandem::cuda {
+
+// Most experts and picks the one-token kernels route (a warp keeps the E logits in registers).
+inline constexpr int kOneTokenMaxExperts = 1024;
+inline constexpr int kOneTokenMaxPicks = 32;
+
+struct OneTokenMoeArgs {
+  const float* logits = nullptr;         // E router logits of the token (device)
+  int E = 0, K = 0;
+  const ExpertLocation* table = nullptr;  // E entries (device); Q4_K gate/up {h, inner}, down {inner, h}
+  int h = 0, inner = 0;
+  const float* x = nullptr;              // h: the MoE input (device)
+  float* act = nullptr;                  // K × inner scratch (device)
+  int32_t* experts_out = nullptr;        // K picks (device), written by kernel 1
+  float* weights_out = nullptr;          // K weights (device), written by kernel 1
+  int* error = nullptr;                  // set to 1 (never cleared) on a bad pick
+  const float* shared = nullptr;         // h: the shared expert's output, or nullptr (none)
+  const float* shared_gate_logit = nullptr;  // 1 value, or nullptr (shared added ungated)
+  float* y = nullptr;                    // h (device)
+};
+
+// True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
+// kOneTokenMaxPicks)], h and inner multiples of 256 with at most 32 super-blocks, and the down
+// kernel's shared memory (K picks' rows) fits.
+bool OneTokenMoeFits(int E, int K, int h, int inner);
+
+// Kernel 1 (gate/up with routing) and kernel 2 (down with the weighted sum). cudaErrorInvalidValue
+// for a shape OneTokenMoeFits refuses or a null required pointer (shared and shared_gate_logit may
+// be null). Kernel 2 reads shared and shared_gate_logit after its wait: the caller orders their
+// producers before it (a join of the side stream between the two launches is fine).
+cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& args, cudaStream_t stream);
+cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_ONE_CUH_

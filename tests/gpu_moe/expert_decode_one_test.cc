@@ -1,0 +1,297 @@
+// The one-token MoE kernels (expert_decode_one.cuh) against the CPU reference (routing, expert
+// FFN, weighted sum with the gated shared expert) and against the planned path they replace at
+// n = 1 (plan kernel with fused routing, gate/up and down over units, scatter-sum).
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
+#include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "tests/gpu_moe/test_support.h"
+
+namespace tandem::cuda {
+namespace {
+
+using testing::Download;
+using testing::PoisonedBuffer;
+using testing::RandomMatrix;
+using testing::Upload;
+
+// E experts of Q4_K gate/up {h, I} and down {I, h}. Expert e uses matrix set e % sets (the table
+// holds locations, so experts may share bytes; the reference uses the same mapping). Experts in
+// `missing` get no location (a null table entry).
+struct OneTokenExperts {
+  OneTokenExperts(std::mt19937& rng, int64_t h_, int64_t I_, int64_t E_, int64_t sets, std::vector<int> missing = {})
+      : h(h_), I(I_), E(E_) {
+    for (int64_t s = 0; s < sets; ++s) {
+      gate.push_back(RandomMatrix(rng, WeightType::kQ4_K, h, I, 0.05f));
+      up.push_back(RandomMatrix(rng, WeightType::kQ4_K, h, I, 0.05f));
+      down.push_back(RandomMatrix(rng, WeightType::kQ4_K, I, h, 0.05f));
+      dgate.push_back(Upload(gate.back()));
+      dup.push_back(Upload(up.back()));
+      ddown.push_back(Upload(down.back()));
+    }
+    std::vector<ExpertLocation> t(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t s = static_cast<size_t>(e % sets);
+      t[e] = {dgate[s].get(), dup[s].get(), ddown[s].get()};
+    }
+    for (int e : missing) t[e] = {};
+    table = Upload(t);
+  }
+  // FFN_e(x) (h wide) into out.
+  void Reference(int64_t e, const float* x, float* out) const {
+    const size_t s = static_cast<size_t>(e % static_cast<int64_t>(gate.size()));
+    FfnForward(testing::HostMatrix(WeightType::kQ4_K, gate[s], h, I), testing::HostMatrix(WeightType::kQ4_K, up[s], h, I),
+               testing::HostMatrix(WeightType::kQ4_K, down[s], I, h), x, 1, out, nullptr);
+  }
+  int64_t h, I, E;
+  std::vector<std::vector<uint8_t>> gate, up, down;
+  std::vector<DeviceBuffer> dgate, dup, ddown;
+  DeviceBuffer table;
+};
+
+enum class Shared { kNone, kUngated, kGated };
+
+// The device buffers of one one-token step.
+struct OneTokenStep {
+  OneTokenStep(const OneTokenExperts& ex, int K, const std::vector<float>& logits_, const std::vector<float>& x_,
+               const std::vector<float>& shared_, float gate_logit)
+      : logits(Upload(logits_)),
+        x(Upload(x_)),
+        shared(Upload(shared_)),
+        gate(Upload(std::vector<float>{gate_logit})),
+        act(PoisonedBuffer(static_cast<size_t>(K * ex.I) * sizeof(float))),
+        picks(PoisonedBuffer(static_cast<size_t>(K) * (sizeof(int32_t) + sizeof(float)))),
+        ints(Upload(std::vector<int32_t>(4, 0))),
+        y(PoisonedBuffer(static_cast<size_t>(ex.h) * sizeof(float))) {}
+  OneTokenMoeArgs Args(const OneTokenExperts& ex, int K, Shared sh) {
+    OneTokenMoeArgs a;
+    a.logits = logits.as<float>();
+    a.E = static_cast<int>(ex.E);
+    a.K = K;
+    a.table = ex.table.as<ExpertLocation>();
+    a.h = static_cast<int>(ex.h);
+    a.inner = static_cast<int>(ex.I);
+    a.x = x.as<float>();
+    a.act = act.as<float>();
+    a.experts_out = picks.as<int32_t>();
+    a.weights_out = reinterpret_cast<float*>(picks.as<int32_t>() + K);
+    a.error = ints.as<int>();
+    a.shared = sh == Shared::kNone ? nullptr : shared.as<float>();
+    a.shared_gate_logit = sh == Shared::kGated ? gate.as<float>() : nullptr;
+    a.y = y.as<float>();
+    return a;
+  }
+  DeviceBuffer logits, x, shared, gate, act, picks, ints, y;
+};
+
+// logits for E experts: normal, or with many exact ties (values on a coarse grid).
+std::vector<float> Logits(std::mt19937& rng, int64_t E, bool ties) {
+  std::vector<float> v = testing::RandomVector(rng, E, 1.0f);
+  if (ties) {
+    for (float& f : v) f = std::round(f * 2.0f) / 2.0f;
+  }
+  return v;
+}
+
+// y of the reference for one token: routing (RouteTokens), Σ_k w_k·FFN_{e_k}(x) in pick order,
+// then the shared term (σ(gate logit)·shared, or shared ungated).
+std::vector<float> ReferenceY(const OneTokenExperts& ex, int K, const std::vector<float>& logits,
+                              const std::vector<float>& x, const std::vector<float>& shared, float gate_logit, Shared sh,
+                              std::vector<int32_t>* picks, std::vector<float>* weights) {
+  picks->assign(static_cast<size_t>(K), 0);
+  weights->assign(static_cast<size_t>(K), 0.0f);
+  RouteTokens(logits.data(), 1, ex.E, K, picks->data(), weights->data());
+  std::vector<float> y(static_cast<size_t>(ex.h), 0.0f), row(static_cast<size_t>(ex.h));
+  for (int k = 0; k < K; ++k) {
+    ex.Reference((*picks)[k], x.data(), row.data());
+    for (int64_t j = 0; j < ex.h; ++j) y[j] += (*weights)[k] * row[j];
+  }
+  if (sh != Shared::kNone) {
+    const float g = sh == Shared::kGated ? 1.0f / (1.0f + std::exp(-gate_logit)) : 1.0f;
+    for (int64_t j = 0; j < ex.h; ++j) y[j] += g * shared[j];
+  }
+  return y;
+}
+
+// Runs the two kernels and checks picks, weights and y against the reference.
+void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh,
+                           const std::string& what) {
+  const std::vector<float> logits = Logits(rng, ex.E, ties);
+  const std::vector<float> x = testing::RandomVector(rng, ex.h);
+  const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+  const float gate_logit = testing::RandomVector(rng, 1)[0];
+  OneTokenStep step(ex, K, logits, x, shared, gate_logit);
+  const OneTokenMoeArgs a = step.Args(ex, K, sh);
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
+  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
+  const std::vector<int32_t> err = Download<int32_t>(step.ints.get(), 1);
+  std::vector<int32_t> want_picks;
+  std::vector<float> want_weights;
+  const std::vector<float> want = ReferenceY(ex, K, logits, x, shared, gate_logit, sh, &want_picks, &want_weights);
+  EXPECT_EQ(picks, want_picks) << what;
+  for (int k = 0; k < K; ++k) EXPECT_NEAR(weights[k], want_weights[k], 1e-6) << what << " pick " << k;
+  EXPECT_EQ(err[0], 0) << what;
+  ASSERT_TRUE(testing::AllFinite(got)) << "unwritten rows of y, " << what;
+  EXPECT_LE(testing::RelativeL2(got, want), 1e-5) << what;
+}
+
+TEST(OneTokenMoeTest, MatchesReferenceForEveryKUpTo16) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  for (const int64_t E : {128, 512}) {
+    const OneTokenExperts ex(rng, 256, 256, E, 24);
+    for (int K = 1; K <= 16; ++K) {
+      for (const bool ties : {false, true}) {
+        for (const Shared sh : {Shared::kNone, Shared::kUngated, Shared::kGated}) {
+          CheckAgainstReference(rng, ex, K, ties, sh,
+                                absl::StrCat("E=", E, " K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh)));
+        }
+      }
+    }
+  }
+}
+
+// Row geometries of the tile kernels: the 80B shape (8 lanes a gate/up row, 2 a down row), rows
+// that do not divide 32 lanes (3 super-blocks: 10 rows a step, 2 lanes idle), rows of one lane,
+// E not a multiple of 32, and more picks than the down kernel has warps.
+TEST(OneTokenMoeTest, MatchesReferenceOnOtherShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    int64_t h, I, E;
+    int K;
+  };
+  for (const Case c : {Case{2048, 512, 512, 10}, Case{768, 768, 100, 8}, Case{512, 1024, 1000, 24},
+                       Case{1024, 512, 64, 32}}) {
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    ASSERT_TRUE(OneTokenMoeFits(static_cast<int>(c.E), c.K, static_cast<int>(c.h), static_cast<int>(c.I)));
+    for (const Shared sh : {Shared::kNone, Shared::kGated}) {
+      CheckAgainstReference(rng, ex, c.K, false, sh,
+                            absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh)));
+    }
+  }
+}
+
+// The same step through the planned path (plan kernel with fused routing, the unit kernels with
+// one-row units, scatter-sum) gives the same picks and weights bit for bit, and the same y (the
+// same dot products and the same summation order).
+TEST(OneTokenMoeTest, EqualsThePlannedPath) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  for (const int64_t E : {128, 512}) {
+    const int64_t h = E == 512 ? 2048 : 512, I = 512;
+    const OneTokenExperts ex(rng, h, I, E, 16);
+    for (const int K : {1, 4, 10, 16}) {
+      for (const bool ties : {false, true}) {
+        const std::vector<float> logits = Logits(rng, E, ties);
+        const std::vector<float> x = testing::RandomVector(rng, h);
+        const std::vector<float> shared = testing::RandomVector(rng, h, 0.1f);
+        const float gate_logit = testing::RandomVector(rng, 1)[0];
+        OneTokenStep one(ex, K, logits, x, shared, gate_logit);
+        const OneTokenMoeArgs a = one.Args(ex, K, Shared::kGated);
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+
+        OneTokenStep old(ex, K, logits, x, shared, gate_logit);
+        DeviceBuffer units = PoisonedBuffer(static_cast<size_t>(K) * sizeof(ExpertUnit));
+        DeviceBuffer slot = PoisonedBuffer(static_cast<size_t>(K) * sizeof(int32_t));
+        DeviceBuffer partial = PoisonedBuffer(static_cast<size_t>(K * h) * sizeof(float));
+        DeviceMoePlanArgs p;
+        p.logits = old.logits.as<float>();
+        p.experts_out = old.picks.as<int32_t>();
+        p.weights_out = reinterpret_cast<float*>(old.picks.as<int32_t>() + K);
+        p.experts = p.experts_out;
+        p.n = 1;
+        p.K = K;
+        p.E = static_cast<int>(E);
+        p.table = ex.table.as<ExpertLocation>();
+        p.units = units.as<ExpertUnit>();
+        p.num_units = old.ints.as<int>() + 2;
+        p.slot = slot.as<int32_t>();
+        p.error = old.ints.as<int>();
+        TANDEM_ASSERT_CUDA(LaunchPlanMoeOnDevice(p, nullptr));
+        absl::StatusOr<ExpertDecodeRunner> runner = ExpertDecodeRunner::Create(K);
+        ASSERT_TRUE(runner.ok()) << runner.status();
+        const absl::Status s = runner->RunPlanned(units.as<ExpertUnit>(), K, p.num_units, 1,
+                                                  {WeightType::kQ4_K, WeightType::kQ4_K, h, I}, old.x.as<float>(),
+                                                  old.act.as<float>(), partial.as<float>(), nullptr);
+        ASSERT_TRUE(s.ok()) << s;
+        TANDEM_ASSERT_CUDA(LaunchMoeScatterSum(partial.as<float>(), slot.as<int32_t>(), p.weights_out, 1, K,
+                                               static_cast<int>(h), old.shared.as<float>(), old.gate.as<float>(),
+                                               old.y.as<float>(), nullptr));
+        const std::string what = absl::StrCat("E=", E, " K=", K, ties ? " ties" : "");
+        const std::vector<int32_t> got_picks = Download<int32_t>(one.picks.get(), static_cast<size_t>(2 * K));
+        const std::vector<int32_t> old_picks = Download<int32_t>(old.picks.get(), static_cast<size_t>(2 * K));
+        EXPECT_EQ(got_picks, old_picks) << what << " (picks, then the weights' bits)";
+        const std::vector<float> got = Download<float>(one.y.get(), static_cast<size_t>(h));
+        const std::vector<float> want = Download<float>(old.y.get(), static_cast<size_t>(h));
+        ASSERT_TRUE(testing::AllFinite(got)) << what;
+        const double err = testing::RelativeL2(got, want);
+        const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+        printf("[one-token vs planned] %s: y relative L2 %.3e%s\n", what.c_str(), err, same ? " (bit-identical)" : "");
+        EXPECT_LE(err, 1e-6) << what;
+      }
+    }
+  }
+}
+
+// A pick of an expert without a location sets the error flag, computes nothing and is left out of
+// the sum (the other picks still are); the picks are still published.
+TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const int64_t E = 64, h = 256, I = 256;
+  const int K = 4;
+  const OneTokenExperts ex(rng, h, I, E, 8, {5});
+  std::vector<float> logits = testing::RandomVector(rng, E, 0.1f);
+  logits[5] = 3.0f;  // expert 5 is the first pick
+  const std::vector<float> x = testing::RandomVector(rng, h);
+  OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
+  const OneTokenMoeArgs a = step.Args(ex, K, Shared::kNone);
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
+  EXPECT_EQ(picks[0], 5);
+  EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1);
+  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
+  std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
+  for (int k = 1; k < K; ++k) {
+    ex.Reference(picks[k], x.data(), row.data());
+    for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
+  }
+  ASSERT_TRUE(testing::AllFinite(got));
+  EXPECT_LE(testing::RelativeL2(got, want), 1e-5);
+}
+
+TEST(OneTokenMoeTest, RefusesShapesItCannotRun) {
+  EXPECT_TRUE(OneTokenMoeFits(512, 10, 2048, 512));
+  EXPECT_FALSE(OneTokenMoeFits(2048, 10, 2048, 512));  // E above kOneTokenMaxExperts
+  EXPECT_FALSE(OneTokenMoeFits(512, 33, 2048, 512));   // K above kOneTokenMaxPicks
+  EXPECT_FALSE(OneTokenMoeFits(8, 10, 2048, 512));     // K above E
+  EXPECT_FALSE(OneTokenMoeFits(512, 10, 2000, 512));   // h not a multiple of 256
+  EXPECT_FALSE(OneTokenMoeFits(512, 10, 2048, 16384)); // inner above 32 super-blocks
+  OneTokenMoeArgs a;  // null pointers
+  a.E = 512;
+  a.K = 10;
+  a.h = 2048;
+  a.inner = 512;
+  EXPECT_EQ(LaunchOneTokenMoeGateUp(a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchOneTokenMoeDown(a, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem::cuda
