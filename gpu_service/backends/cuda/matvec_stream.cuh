@@ -344,13 +344,19 @@ inline int DeviceSmemPerSm() {
 // ties. The per-group latency was fitted to the H200 sweep of forced splits (tests/gpu/NOTES.md,
 // 2026-11-29): it orders the measured splits of every Q8_0 and Q4_K decode shape but one.
 // `capacity` is the resident blocks of one wave; forced_wpr > 0 and forced_blocks > 0
-// (benchmarks, tests) override.
+// (benchmarks, tests) override. `sms` > 0 (Q8_0x8 at one activation row, whose lanes hold kS = 4
+// rows × a 3-deep ring of 16-byte pieces, passed as depth 4) breaks ties towards the larger split
+// only while its grid stays within one block per SM: the H200 sweep of 2026-12-01 (tests/gpu/
+// NOTES.md) has 2048→4096 fastest at wpr 1 (128 blocks: 4.46 us, wpr 2: 5.02) and 4096→2048 at
+// wpr 2 (128 blocks: 4.67 us, wpr 4: 5.16), against one latency per 3 pieces and larger splits on
+// ties, which picked the slower of each pair; past one block per SM the second block's cross-warp
+// reduction costs more than the latency it saves.
 struct StreamSplit {
   int wpr = 1;
   int blocks = 1;
 };
 inline StreamSplit ChooseStreamSplit(int pieces, int lpr, int depth, int rows_per_block_at_wpr1, int out_rows,
-                                     int capacity, int forced_wpr, int forced_blocks) {
+                                     int capacity, int forced_wpr, int forced_blocks, int sms = 0) {
   StreamSplit best;
   int64_t best_cost = -1;
   for (int wpr = 1; wpr <= kWarps; wpr *= 2) {
@@ -363,7 +369,7 @@ inline StreamSplit ChooseStreamSplit(int pieces, int lpr, int depth, int rows_pe
     const int64_t per_block = (groups + blocks - 1) / blocks;
     const int64_t per_lane = (pieces + lpr * wpr - 1) / (lpr * wpr);
     const int64_t cost = per_block * ((per_lane + depth - 1) / depth + 1);
-    if (best_cost < 0 || cost <= best_cost) {
+    if (best_cost < 0 || cost < best_cost || (cost == best_cost && (sms <= 0 || blocks <= sms))) {
       best_cost = cost;
       best.wpr = wpr;
       best.blocks = static_cast<int>(blocks);
@@ -397,8 +403,10 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
   const int lpr = LanesPerRow<F>(a.cols);
   const int rpb1 = kWarps * (32 / lpr) * kStreamSlots<F, kN>;
   const int forced_blocks = tuning.blocks_per_sm > 0 ? (sms * tuning.blocks_per_sm + gy - 1) / gy : 0;
+  constexpr bool kQ8x8One = std::is_same_v<F, FmtQ8_0x8> && kN == 1;  // ChooseStreamSplit's `sms`
   const StreamSplit split =
-      ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN>, rpb1, a.out_rows, capacity, tuning.warps_per_row, forced_blocks);
+      ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN> + (kQ8x8One ? 1 : 0), rpb1, a.out_rows,
+                        capacity, tuning.warps_per_row, forced_blocks, kQ8x8One ? sms : 0);
   a.wpr = split.wpr;
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream, a);
 }
