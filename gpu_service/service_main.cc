@@ -45,20 +45,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "gpu_service/backend/cpu_backend.h"
-#include "gpu_service/backend/expert_placement.h"
 #include "gpu_service/backend/remote_experts.h"
-#include "gpu_service/backend/remote_experts_spec.h"
 #include "gpu_service/engine/engine.h"
 #include "gpu_service/metrics/metrics_http_server.h"
 #include "gpu_service/metrics/metrics_registry.h"
 #include "gpu_service/metrics/service_metrics.h"
 #include "gpu_service/server/generation_service.h"
 #include "gpu_service/server/grpc_server.h"
-
-#if TANDEM_WITH_CUDA_BACKEND
-#include "gpu_service/backends/cuda/backend/cuda_backend.h"
-#endif
+#include "gpu_service/service_backend.h"
 
 ABSL_FLAG(std::string, model, "", "the model's GGUF file (required)");
 ABSL_FLAG(std::string, model_id, "", "the id clients name the model by (default: the file's stem)");
@@ -154,257 +148,31 @@ std::vector<std::string>& ConnectWorkerSpecs() {
   return specs;
 }
 
-// The default --worker-binary: next to this executable, else the build tree's layout
-// (build/gpu_service/tandem-gpu-service, build/host_expert_worker/tandem-host-worker).
-std::string DefaultWorkerBinary() {
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "tandem-host-worker";
-  const std::filesystem::path beside = self.parent_path() / "tandem-host-worker";
-  if (std::filesystem::exists(beside)) return beside.string();
-  const std::filesystem::path build_tree =
-      self.parent_path().parent_path() / "host_expert_worker" / "tandem-host-worker";
-  if (std::filesystem::exists(build_tree)) return build_tree.string();
-  return beside.string();
-}
-
-absl::StatusOr<std::vector<RemoteWorkerSpec>> WorkerSpecsFromFlags() {
-  std::vector<RemoteWorkerSpec> specs;
-  for (const std::string& text : SpawnWorkerSpecs()) {
-    absl::StatusOr<RemoteWorkerSpec> spec = ParseRemoteWorkerSpec(text, true, "--worker");
-    if (!spec.ok()) return spec.status();
-    specs.push_back(*spec);
-  }
-  for (const std::string& text : ConnectWorkerSpecs()) {
-    absl::StatusOr<RemoteWorkerSpec> spec =
-        ParseRemoteWorkerSpec(text, false, "--connect-worker");
-    if (!spec.ok()) return spec.status();
-    specs.push_back(*spec);
-  }
-  if (specs.empty()) return specs;
-  return OrderWorkerShares(std::move(specs));
-}
-
-absl::Status WriteWorkerChannelFile(const std::string& path,
-                                    const std::vector<HostExpertWorkers::WorkerStatus>& workers) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    for (const HostExpertWorkers::WorkerStatus& w : workers) {
-      if (!w.spawned) out << "share=" << w.share << " channel=" << w.channel << "\n";
-    }
-    if (!out) return absl::UnavailableError(absl::StrCat("--worker-channel-file: cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("--worker-channel-file: ", path, ": ", ec.message()));
-  }
-  return absl::OkStatus();
-}
-
-// The backend and, when experts are offloaded, the host workers it uses (which must outlive it:
-// destroy the backend first).
-struct OpenedBackend {
-  std::unique_ptr<HostExpertWorkers> workers;
-  std::unique_ptr<Backend> backend;
-};
-
-// Text for a JSON string value (quotes and backslashes escaped, control characters dropped).
-std::string JsonText(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
-  }
-  return out;
-}
-
-void LogBackendChoice(const std::string& chosen, const std::string& reason) {
-  Log("backend_choice",
-      absl::StrCat("\"backend\":\"", chosen, "\",\"reason\":\"", JsonText(reason), "\""));
-}
-
-#if TANDEM_WITH_CUDA_BACKEND
-// CudaBackend over --model: every routed expert resident (the budget must cover them all), one
-// sequence per running request (--max-running), --step-token-budget tokens per step, and state
-// for the service's context limit (--max-context, capped by the model's).
-absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ExpertBudget& budget) {
-  CudaBackendOptions options;
-  const std::string mode = absl::GetFlag(FLAGS_cuda_mode);
-  if (mode == "exact") {
-    options.mode = CudaMode::kExact;
-  } else if (mode == "fast") {
-    options.mode = CudaMode::kFast;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cuda-mode: '", mode, "' is not exact or fast"));
-  }
-  ReferenceModelOptions model_options;
-  model_options.threads = 1;  // CudaBackend uses the file, config, weights and tokenizer only
-  absl::StatusOr<std::unique_ptr<ReferenceModel>> model =
-      ReferenceModel::Open(absl::GetFlag(FLAGS_model), model_options);
-  if (!model.ok()) return model.status();
-  const StaticExpertPlacement placement = StaticExpertPlacement::FromBudget(
-      (*model)->weights(), (*model)->config().moe.E, budget);
-  if (!placement.all_local()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--gpu-expert-budget: the budget keeps ", placement.local_count(), " of ",
-        placement.local_count() + placement.remote_count(),
-        " routed experts, but --backend cuda keeps every routed expert on the GPU (host-worker "
-        "experts are not supported by the CUDA backend yet); use --gpu-expert-budget=1.0 or "
-        "--backend cpu"));
-  }
-  const int64_t model_limit = (*model)->config().context_length;
-  int64_t max_context = absl::GetFlag(FLAGS_max_context);
-  if (max_context <= 0) max_context = model_limit;
-  if (model_limit > 0) max_context = std::min(max_context, model_limit);
-  if (max_context <= 0) {
-    return absl::InvalidArgumentError("--max-context: the model has no context length; set it");
-  }
-  options.max_sequences = absl::GetFlag(FLAGS_max_running);
-  options.max_batch_tokens = absl::GetFlag(FLAGS_step_token_budget);
-  options.max_context = max_context;
-  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.fast_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
-  options.pdl = absl::GetFlag(FLAGS_cuda_pdl);
-  options.prepare_dense_weights = absl::GetFlag(FLAGS_cuda_dense_copies);
-  options.l2_prefetch = absl::GetFlag(FLAGS_cuda_l2_prefetch);
-  if (options.l2_prefetch < 0 || options.l2_prefetch > 2) {
-    return absl::InvalidArgumentError("--cuda-l2-prefetch: must be 0, 1 or 2");
-  }
-  options.kv_pages = absl::GetFlag(FLAGS_kv_pages);
-  if (options.kv_pages < 0) return absl::InvalidArgumentError("--kv-pages: must be >= 0");
-  absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
-      CudaBackend::Create(*std::move(model), options);
-  if (!backend.ok()) return backend.status();
-  Log("cuda_backend", absl::StrCat("\"mode\":\"", mode,
-                                   "\",\"max_sequences\":", options.max_sequences,
-                                   ",\"max_batch_tokens\":", options.max_batch_tokens,
-                                   ",\"max_context\":", options.max_context,
-                                   ",\"cuda_graphs\":", options.cuda_graphs ? "true" : "false",
-                                   ",\"pdl\":", options.pdl ? "true" : "false",
-                                   ",\"l2_prefetch\":", options.l2_prefetch,
-                                   ",\"weight_bytes\":", (*backend)->weight_bytes(),
-                                   ",\"state_bytes\":", (*backend)->state_bytes()));
-  return std::unique_ptr<Backend>(*std::move(backend));
-}
-#endif  // TANDEM_WITH_CUDA_BACKEND
-
-absl::StatusOr<OpenedBackend> OpenCpuBackend(const ExpertBudget& budget,
-                                             const std::vector<RemoteWorkerSpec>& specs);
-
-// --backend: cpu, cuda (an error naming the flag when this build or this machine has no CUDA, or
-// when host workers are asked for), or auto (cuda when possible, else cpu with the reason logged).
-absl::StatusOr<OpenedBackend> OpenBackend() {
-  const std::string kind = absl::GetFlag(FLAGS_backend);
-  if (kind != "cpu" && kind != "cuda" && kind != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend: '", kind, "' is not cpu, cuda or auto"));
-  }
-  absl::StatusOr<ExpertBudget> budget = ParseExpertBudget(absl::GetFlag(FLAGS_gpu_expert_budget));
-  if (!budget.ok()) return budget.status();
-  absl::StatusOr<std::vector<RemoteWorkerSpec>> specs = WorkerSpecsFromFlags();
-  if (!specs.ok()) return specs.status();
-  if (kind == "cpu") return OpenCpuBackend(*budget, *specs);
-#if TANDEM_WITH_CUDA_BACKEND
-  if (!specs->empty()) {
-    const std::string why =
-        "host expert workers (--worker / --connect-worker) are not supported by the CUDA backend "
-        "yet: it keeps every routed expert on the GPU";
-    if (kind == "cuda") {
-      return absl::InvalidArgumentError(absl::StrCat("--backend cuda: ", why,
-                                                     "; use --backend cpu with workers"));
-    }
-    LogBackendChoice("cpu", why);
-    return OpenCpuBackend(*budget, *specs);
-  }
-  // Asked of the CUDA runtime directly, before any model is opened.
-  if (const std::string no_device = CudaDeviceUnavailableReason(); !no_device.empty()) {
-    if (kind == "cuda") {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--backend cuda: ", no_device, "; use --backend cpu or auto"));
-    }
-    LogBackendChoice("cpu", no_device);
-    return OpenCpuBackend(*budget, *specs);
-  }
-  absl::StatusOr<std::unique_ptr<Backend>> cuda = OpenCudaBackend(*budget);
-  if (cuda.ok()) {
-    if (kind == "auto") LogBackendChoice("cuda", "built with the CUDA backend; a device is present");
-    OpenedBackend opened;
-    opened.backend = *std::move(cuda);
-    return opened;
-  }
-  // With a device present, any failure (bad flags, a bad model file, device memory) is an error in
-  // auto mode too: falling back would hide it.
-  return absl::Status(cuda.status().code(),
-                      absl::StrCat(kind == "cuda" ? "--backend cuda: " : "--backend auto (cuda): ",
-                                   cuda.status().message()));
-#else
-  if (kind == "cuda") {
-    return absl::FailedPreconditionError(
-        "--backend cuda: this build has no CUDA backend (configure with -DTANDEM_ENABLE_CUDA=ON "
-        "on a machine with nvcc, or use --backend cpu or auto)");
-  }
-  LogBackendChoice("cpu", "this build has no CUDA backend");
-  return OpenCpuBackend(*budget, *specs);
-#endif
-}
-
-// The CPU backend, with host expert workers when `specs` names any.
-absl::StatusOr<OpenedBackend> OpenCpuBackend(const ExpertBudget& budget,
-                                             const std::vector<RemoteWorkerSpec>& specs) {
-  CpuBackendOptions options;
-  options.model.threads = absl::GetFlag(FLAGS_threads);
-  options.model.max_state_pages = absl::GetFlag(FLAGS_max_state_pages);
-  options.expert_budget = budget;
-  const std::string model_path = absl::GetFlag(FLAGS_model);
-  absl::StatusOr<std::unique_ptr<ReferenceModel>> model =
-      ReferenceModel::Open(model_path, options.model);
-  if (!model.ok()) return model.status();
-
-  OpenedBackend opened;
-  if (!specs.empty()) {
-    HostExpertWorkersOptions w;
-    w.workers = specs;
-    w.worker_binary = absl::GetFlag(FLAGS_worker_binary).empty() ? DefaultWorkerBinary()
-                                                                 : absl::GetFlag(FLAGS_worker_binary);
-    w.model_path = std::filesystem::absolute(model_path).string();
-    w.exact = absl::GetFlag(FLAGS_worker_exact);
-    w.call_timeout = absl::GetFlag(FLAGS_worker_call_timeout);
-    w.max_rows_per_request = static_cast<uint32_t>(
-        std::clamp<int64_t>(absl::GetFlag(FLAGS_step_token_budget), 1, 1024));
-    w.log = [](const std::string& event, const std::string& fields) { Log(event, fields); };
-    absl::StatusOr<std::unique_ptr<HostExpertWorkers>> workers = HostExpertWorkers::Start(
-        (*model)->file(), (*model)->config(),
-        static_cast<uint32_t>((*model)->weights().layers.size()), std::move(w));
-    if (!workers.ok()) return workers.status();
-    opened.workers = *std::move(workers);
-    options.remote = opened.workers.get();
-    for (const HostExpertWorkers::WorkerStatus& ws : opened.workers->worker_status()) {
-      Log("worker_channel", absl::StrCat("\"share\":\"", ws.share, "\",\"channel\":\"", ws.channel,
-                                         "\",\"spawned\":", ws.spawned ? "true" : "false"));
-    }
-    if (!absl::GetFlag(FLAGS_worker_channel_file).empty()) {
-      if (absl::Status s = WriteWorkerChannelFile(absl::GetFlag(FLAGS_worker_channel_file),
-                                                  opened.workers->worker_status());
-          !s.ok()) {
-        return s;
-      }
-    }
-  }
-  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Create(*std::move(model), options);
-  if (!backend.ok()) return backend.status();
-  if (opened.workers != nullptr) {
-    const StaticExpertPlacement& p = (*backend)->expert_placement();
-    Log("expert_placement",
-        absl::StrCat("\"local_experts\":", p.local_count(), ",\"worker_experts\":",
-                     p.remote_count(), ",\"local_bytes\":", p.local_bytes(),
-                     ",\"all_bytes\":", p.all_bytes()));
-  }
-  opened.backend = *std::move(backend);
-  return opened;
+ServiceBackendOptions BackendOptionsFromFlags() {
+  ServiceBackendOptions o;
+  o.backend = absl::GetFlag(FLAGS_backend);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.gpu_expert_budget = absl::GetFlag(FLAGS_gpu_expert_budget);
+  o.spawn_workers = SpawnWorkerSpecs();
+  o.connect_workers = ConnectWorkerSpecs();
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  o.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  o.max_context = absl::GetFlag(FLAGS_max_context);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.max_state_pages = absl::GetFlag(FLAGS_max_state_pages);
+  o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  o.worker_exact = absl::GetFlag(FLAGS_worker_exact);
+  o.worker_channel_file = absl::GetFlag(FLAGS_worker_channel_file);
+  o.worker_call_timeout = absl::GetFlag(FLAGS_worker_call_timeout);
+  o.cuda_mode = absl::GetFlag(FLAGS_cuda_mode);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.cuda_pdl = absl::GetFlag(FLAGS_cuda_pdl);
+  o.cuda_l2_prefetch = absl::GetFlag(FLAGS_cuda_l2_prefetch);
+  o.cuda_dense_copies = absl::GetFlag(FLAGS_cuda_dense_copies);
+  o.cuda_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
+  o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  o.log = Log;
+  return o;
 }
 
 absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port) {
@@ -432,7 +200,7 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<OpenedBackend> opened = OpenBackend();
+  absl::StatusOr<OpenedBackend> opened = OpenServiceBackend(BackendOptionsFromFlags());
   if (!opened.ok()) return Fail(opened.status());
   HostExpertWorkers* workers = opened->workers.get();
   std::unique_ptr<Backend>* backend = &opened->backend;
