@@ -3,12 +3,14 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +28,20 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 
 namespace tandem {
+
+// The shared expert's parts stacked into one fast-prefill GEMM: [gate; up], plus its gate logit
+// when the model has one over the same input. PrepareDenseWeights (cuda_backend.cc) prepares this
+// stack and SharedExpertStacked (layer_loop.cc) runs it, so both take it from here.
+struct SharedExpertStack {
+  std::array<const cuda::DeviceMatrix*, 3> parts;
+  size_t count;
+  bool with_gate_logit() const { return count == 3; }
+  std::span<const cuda::DeviceMatrix* const> matrices() const { return {parts.data(), count}; }
+};
+inline SharedExpertStack SharedExpertStackOf(const cuda::GpuLayer& l) {
+  const bool gate_logit = l.shared_gate_inp.present() && l.shared_gate_inp.cols == l.shared_gate.cols;
+  return {{&l.shared_gate, &l.shared_up, &l.shared_gate_inp}, gate_logit ? size_t{3} : size_t{2}};
+}
 
 // One live sequence: its row in the device state arrays and page table, and its host-side history.
 struct CudaSequence {

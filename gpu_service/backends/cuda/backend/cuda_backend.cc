@@ -105,10 +105,8 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
     // The shared expert's gate and up (and its gate logit) as one stacked copy: one GEMM for the
     // three (SharedExpertStacked). Refused stacks (scales far apart) fall back to separate copies.
     if (cuda::SharedExpertRunsAsDenseGemms(l) && o.max_batch_tokens > cuda::kMaxUnitRows) {
-      const cuda::DeviceMatrix* parts[] = {&l.shared_gate, &l.shared_up, &l.shared_gate_inp};
-      const size_t count = l.shared_gate_inp.present() && l.shared_gate_inp.cols == l.shared_gate.cols ? 3 : 2;
-      const std::span<const cuda::DeviceMatrix* const> stack(parts, count);
-      absl::StatusOr<int64_t> rows = m.gemm->PrepareStack(stack, cuda::GemmMode::kFastSplit, st);
+      const SharedExpertStack stack = SharedExpertStackOf(l);
+      absl::StatusOr<int64_t> rows = m.gemm->PrepareStack(stack.matrices(), cuda::GemmMode::kFastSplit, st);
       if (rows.ok()) {
         m.shared_stack_rows = std::max(m.shared_stack_rows, *rows);
       } else if (rows.status().code() != absl::StatusCode::kFailedPrecondition) {

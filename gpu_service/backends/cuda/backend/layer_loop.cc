@@ -72,10 +72,10 @@ absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const
                                                             float* gate_logit, cudaStream_t st) {
   const cuda::GpuLayer& w = dm->layers[layer];
   if (shared_stack_rows == 0 || gemm->mode() == cuda::GemmMode::kExact) return false;
-  const bool has_gate = w.shared_gate_inp.present();
-  const cuda::DeviceMatrix* parts[] = {&w.shared_gate, &w.shared_up, &w.shared_gate_inp};
-  const std::span<const cuda::DeviceMatrix* const> stack(parts, has_gate ? 3 : 2);
-  const int64_t rows = gemm->StackRows(stack), ffn = w.shared_gate.rows;
+  const SharedExpertStack stack = SharedExpertStackOf(w);
+  // A gate logit the stack does not carry (none, or over another input) is not this path's.
+  if (w.shared_gate_inp.present() && !stack.with_gate_logit()) return false;
+  const int64_t rows = gemm->StackRows(stack.matrices()), ffn = w.shared_gate.rows;
   // The shared expert's products are "accurate" (near f32) like the router's.
   const cuda::GemmMode mode = cuda::GemmMode::kFastSplit;
   if (rows == 0 || rows > shared_stack_rows || w.shared_up.rows != ffn || !gemm->IsPrepared(w.shared_down, mode) ||
@@ -85,10 +85,10 @@ absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const
   absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, w.shared_gate.cols, mode, st);
   if (!x16.ok()) return x16.status();
   float* gu = shared_gu.as<float>();
-  if (absl::Status s = gemm->RunStack(stack, *x16, gu, st); !s.ok()) return s;
+  if (absl::Status s = gemm->RunStack(stack.matrices(), *x16, gu, st); !s.ok()) return s;
   // SiLU(g)·u straight into the f16 rows of the down product (the GEMM above has read x16).
   if (absl::Status s = Launch(cuda::LaunchSiluMulToF16Rows(gu, n, rows, ffn, /*split=*/true, gemm->input_scratch(),
-                                                           2 * ffn, has_gate ? gate_logit : nullptr, st),
+                                                           2 * ffn, stack.with_gate_logit() ? gate_logit : nullptr, st),
                               "shared silu to f16");
       !s.ok()) {
     return s;
