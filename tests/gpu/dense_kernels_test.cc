@@ -134,7 +134,9 @@ TEST_P(GpuDenseTest, MatVecKernelChoicesMatchReference) {
   struct Case {
     int64_t cols, rows, pad, offset;
   };
-  const Case cases[] = {{2048, 1031, align, align}, {4096, 67, 0, 0}, {20480, 5, 0, 0}};
+  // {2048, 5001, 16, 0}: a 16-byte padded stride, as the staged Q6_K kernel takes (kStaged), with
+  // enough rows that its warps walk several row groups at blocks_per_sm = 1.
+  const Case cases[] = {{2048, 1031, align, align}, {4096, 67, 0, 0}, {20480, 5, 0, 0}, {2048, 5001, 16, 0}};
   struct Choice {
     const char* name;
     cuda::MatVecOptions options;
@@ -144,7 +146,8 @@ TEST_P(GpuDenseTest, MatVecKernelChoicesMatchReference) {
                             {"generic", {K::kGeneric, 0, 0}}, {"wpr1_b1", {K::kAuto, 1, 1}},
                             {"wpr2_b1", {K::kAuto, 2, 1}},    {"wpr4_b1", {K::kAuto, 4, 1}},
                             {"wpr8_b1", {K::kAuto, 8, 1}},    {"wpr8_b9", {K::kAuto, 8, 9}},
-                            {"auto_b1", {K::kAuto, 0, 1}}};
+                            {"auto_b1", {K::kAuto, 0, 1}},    {"staged", {K::kStaged, 0, 0}},
+                            {"staged_b1", {K::kStaged, 0, 1}}};
   for (const Case& c : cases) {
     const gpu_testing::TestMatrix w = RandomMatrix(rng, type, c.cols, c.rows, 0.05f);
     const int64_t row_bytes = w.row_bytes + c.pad;

@@ -1,7 +1,10 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
+#include <cstdlib>
+
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
+#include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -111,10 +114,28 @@ constexpr int64_t kPreviousKernelMinBytes = int64_t{64} << 20;
 // The streaming kernel when it takes the matrix, else the previous dispatch; large quantized
 // matrices take the previous fast kernel when its activation bucket for n fits the streaming
 // kernel's shared-memory cap (so that it keeps several blocks per SM).
+// TANDEM_OLD_Q6K_HEAD (environment, read once per process): kAuto keeps large Q6_K matrices on
+// the previous fast kernel instead of the staged one (the A/B switch for benchmarks).
+bool OldQ6Head() {
+  static const bool old = std::getenv("TANDEM_OLD_Q6K_HEAD") != nullptr;
+  return old;
+}
+
 template <uint32_t kType>
 cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
                        const MatVecOptions& o, cudaStream_t stream) {
   using F = typename fastmv::StreamFormatOf<kType>::Type;
+  if constexpr (kType == kTypeQ6_K) {
+    // The staged kernel (16-byte copies of whole rows into shared memory): the LM head measured
+    // faster there than on the previous kernel (tests/gpu/NOTES.md); smaller Q6_K matrices only
+    // when asked for (kStaged).
+    const bool large = w.row_bytes * w.rows >= kPreviousKernelMinBytes && o.warps_per_row == 0 &&
+                       o.kernel == MatVecKernel::kAuto && !OldQ6Head();
+    if ((large || o.kernel == MatVecKernel::kStaged) && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
+      return fastmv::LaunchQ6Staged(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
+                                    static_cast<int>(w.rows), x, x_stride, n, y, y_stride, o.blocks_per_sm, stream);
+    }
+  }
   bool stream_kernel = fastmv::StreamTakes<F>(w.data, w.cols, w.rows, w.row_bytes);
   if constexpr (kType != kTypeF32) {
     const int64_t natural = w.cols / BlockGeometry<kType>::kElems * BlockGeometry<kType>::kBytes;
@@ -165,7 +186,7 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
   }
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
-  if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream) {
+  if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged) {
     // F16 and BF16 have no streaming format: the generic kernel below.
     using StreamedTypes = WeightTypes<kTypeF32, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K, kTypeQ8_0x8>;
     if (StreamedTypes::Contains(w.type)) {

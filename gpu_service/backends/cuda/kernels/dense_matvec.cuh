@@ -19,12 +19,16 @@ inline constexpr int kMatVecMaxRows = 8;
 // Which kernel a launch takes. Production passes kAuto; tests and benchmarks compare the others.
 enum class MatVecKernel {
   kAuto,      // the streaming kernel (matvec_stream.cuh) for Q8_0, Q4_K, Q5_K, Q6_K and F32 where
-              // its alignment and shared-memory limits hold, else as kPrevious; the environment
-              // variable TANDEM_MATVEC_GENERIC (read once per process) turns kAuto into kGeneric
+              // its alignment and shared-memory limits hold, else as kPrevious; Q6_K matrices of
+              // >= 64 MB (the LM head) take the staged kernel (matvec_q6k_staged.cuh) unless the
+              // environment variable TANDEM_OLD_Q6K_HEAD is set (read once per process); the
+              // environment variable TANDEM_MATVEC_GENERIC (read once) turns kAuto into kGeneric
   kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
               // quantized types at their natural row stride, else the generic kernel
   kGeneric,   // the generic one-warp-per-row kernel, every type
   kStream,    // the streaming kernel wherever it takes the matrix (also >= 64 MB), else as kPrevious
+  kStaged,    // Q6_K: the staged kernel (matvec_q6k_staged.cuh) wherever it takes the matrix (any
+              // size); otherwise, and for other types, as kAuto
 };
 
 // Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.
@@ -32,6 +36,7 @@ struct MatVecOptions {
   MatVecKernel kernel = MatVecKernel::kAuto;
   int warps_per_row = 0;  // 1, 2, 4 or 8 warps split each row
   int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm / activation-row chunks, capped by the rows
+                          // (also the staged Q6_K kernel's grid)
 };
 
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at

@@ -1,0 +1,15 @@
+// Decode matrix-vector benchmarks of gpu_kernels_bench (decode_matvec_bench.cc). Each prints
+// its lines through bench::Report; copy_gbs is the device copy ceiling measured by the caller.
+#ifndef TANDEM_TESTS_GPU_DECODE_MATVEC_BENCH_H_
+#define TANDEM_TESTS_GPU_DECODE_MATVEC_BENCH_H_
+
+namespace tandem::cuda {
+
+void BenchLaunchFloor();
+void BenchMatVec(double copy_gbs);
+void BenchQ8Layouts(double copy_gbs);
+void BenchQ6Head(double copy_gbs);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_TESTS_GPU_DECODE_MATVEC_BENCH_H_
