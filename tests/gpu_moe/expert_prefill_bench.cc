@@ -4,13 +4,15 @@
 // algorithm (the per-expert cuBLAS path; the pipelined tile kernel at its chosen height with
 // remainder tiles; the streamed Q4_K kernel with tiles of up to 64 rows, and with tiles of up to 16
 // and 32 (its deeper ring), and its two weight-prefetch variants; the row-streamed Q4_K kernel at its
-// chosen bound, 16 and 32; the runner's default), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
+// chosen bound, 16 and 32; the integer-MMA kernel at its chosen bound, 16, 32, with 16 warps, and
+// 4 warps with rings of 16, L2 row prefetch, the min term as f32 FMAs, the hi term only, and its load-only and math-only timing variants; the runner's default), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
 // in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
 // sanity line; the tests decide correctness). Not a test.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -136,17 +138,26 @@ double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) 
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// Median ms of one Run (host planning and upload included), after one warm-up call.
-double TimeRuns(ExpertPrefillRunner& runner, const MoeStepPlan& plan, const float* x, float* partial) {
-  BENCH_OK(runner.Run(plan.units, x, partial, nullptr));
+// Median ms of one Run (host planning and upload included), after one warm-up call; -1 (and the
+// error printed) where the runner refuses the call. host_ms: the median host time of the Run call
+// itself (planning, upload, launches: the GPU idles for that long at the start of each timed Run).
+double TimeRuns(ExpertPrefillRunner& runner, const MoeStepPlan& plan, const float* x, float* partial,
+                double* host_ms = nullptr) {
+  if (absl::Status s = runner.Run(plan.units, x, partial, nullptr); !s.ok()) {
+    std::printf("  refused: %s\n", s.ToString().c_str());
+    return -1;
+  }
   BENCH_CHECK(cudaDeviceSynchronize());
   Timer timer;
-  std::vector<float> reps;
+  std::vector<float> reps, host;
   for (int rep = 0; rep < 5; ++rep) {
     timer.Start();
+    const auto t0 = std::chrono::steady_clock::now();
     BENCH_OK(runner.Run(plan.units, x, partial, nullptr));
+    host.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
     reps.push_back(timer.StopMs());
   }
+  if (host_ms != nullptr) *host_ms = Median(host);
   return Median(reps);
 }
 
@@ -220,6 +231,23 @@ int Main() {
                                           {"rows-streamed, tiles <= 32",
                                            {PrefillAlgorithm::kGroupedTiles, 32, n, PrefillKernel::kStreamedRows}},
                                           {"default (auto)", {PrefillAlgorithm::kGroupedTiles, 0, n}},
+                                          {"mmq (chosen)", {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kMmq}},
+                                          {"mmq, tiles <= 16", {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmq}},
+                                          {"mmq, tiles <= 32", {PrefillAlgorithm::kGroupedTiles, 32, n, PrefillKernel::kMmq}},
+                                          {"mmq 16 warps, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqWarps16}},
+                                          {"mmq + L2 row prefetch (chosen)",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kMmqL2Prefetch}},
+                                          {"mmq f32 min term (chosen)",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kMmqF32Min}},
+                                          {"mmq 4 warps x 16 stages, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqWarps4}},
+                                          {"mmq hi term only, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqHiOnly}},
+                                          {"mmq LOAD-ONLY, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLoadOnly}},
+                                          {"mmq MATH-ONLY, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqMathOnly}},
                                           {"streamed, tiles <= 32", {PrefillAlgorithm::kGroupedTiles, 32, n}},
                                           {"streamed, tiles <= 16", {PrefillAlgorithm::kGroupedTiles, 16, n}},
                                           {"streamed + L2 256B lines",
@@ -229,9 +257,16 @@ int Main() {
     for (const Variant& v : grouped) {
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
       BENCH_OK(runner.status());
-      const double ms = TimeRuns(*runner, *plan, x, partial);
+      double host_ms = 0;
+      const double ms = TimeRuns(*runner, *plan, x, partial, &host_ms);
+      if (ms < 0) continue;
       report(v.name, ms, runner->last_tile_rows());
-      if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows) {
+      std::printf("prefill n=%-5lld %s: host time of Run %.3f ms\n", static_cast<long long>(n), v.name, host_ms);
+      if (n > 2048) continue;  // the L2 check copies 1.3 GB at 8192 tokens: only the smaller steps
+      if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows ||
+          v.options.streamed_kernel == PrefillKernel::kMmq || v.options.streamed_kernel == PrefillKernel::kMmqWarps16 ||
+          v.options.streamed_kernel == PrefillKernel::kMmqWarps4 || v.options.streamed_kernel == PrefillKernel::kMmqHiOnly ||
+          v.options.streamed_kernel == PrefillKernel::kMmqF32Min || v.options.streamed_kernel == PrefillKernel::kMmqL2Prefetch) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 
 #include "common/reference/moe.h"
 #include "common/weights/half.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
 
@@ -60,7 +62,7 @@ std::string Describe(const PrefillOptions& o) {
     case PrefillAlgorithm::kGroupedTilesPipelined: return "pipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
     case PrefillAlgorithm::kGroupedTiles: break;
   }
-  return "grouped tiles (streamed where it fits, variant " + std::to_string(static_cast<int>(o.streamed_kernel)) +
+  return "grouped tiles (streamed or MMQ where it fits, variant " + std::to_string(static_cast<int>(o.streamed_kernel)) +
          "), tile_rows " + std::to_string(o.tile_rows);
 }
 
@@ -70,8 +72,11 @@ std::string Describe(const PrefillOptions& o) {
 // must pick. A chosen-height kGroupedTiles runner on a streamed shape must report 64.
 // skewed: token t picks experts by a weighted draw (expert e with weight 2e + 1) instead of the
 // round robin (t + 2k) % E.
+// counts (K must be 1): expert e takes counts[e] tokens (0: none), tokens in shuffled order; n
+// must be the sum. mmq_rel_l2: the bound for runs on the integer-MMA kernel (kMmq*, or
+// kStreamedAuto where it takes kMmq), tighter than the f16 paths' 1e-2.
 void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
-                            bool skewed = false) {
+                            bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3) {
   std::mt19937 rng(std::random_device{}());
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
@@ -88,7 +93,13 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
   std::vector<double> weights;
   for (int64_t e = 0; e < E; ++e) weights.push_back(static_cast<double>(2 * e + 1));
   std::discrete_distribution<int32_t> draw(weights.begin(), weights.end());
-  for (int64_t t = 0; t < n; ++t) {
+  if (!counts.empty()) {
+    ASSERT_EQ(K, 1);
+    for (int e = 0; e < static_cast<int>(counts.size()); ++e) picks.insert(picks.end(), counts[e], e);
+    ASSERT_EQ(static_cast<int64_t>(picks.size()), n);
+    std::shuffle(picks.begin(), picks.end(), rng);
+  }
+  for (int64_t t = 0; t < n && counts.empty(); ++t) {
     const size_t first = picks.size();
     for (int64_t k = 0; k < K; ++k) {
       int32_t e = static_cast<int32_t>((t + 2 * k) % E);
@@ -124,7 +135,18 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     ASSERT_TRUE(s.ok()) << s;
     const std::vector<float> got = Download<float>(partial.get(), ref.size());
     ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
-    EXPECT_LE(testing::RelativeL2(got, ref), 1e-2);
+    const double l2 = testing::RelativeL2(got, ref);
+    EXPECT_LE(l2, 1e-2);
+    const ExpertDecodeRunner::Shape shape{c.gu_type, c.d_type, h, I};
+    const bool on_mmq = options.algorithm == PrefillAlgorithm::kGroupedTiles && UsesMmqKernel(shape) &&
+                        (IsMmqKernel(options.streamed_kernel) ||
+                         (options.streamed_kernel == PrefillKernel::kStreamedAuto && options.tile_rows == 0 &&
+                          MmqByDefault() && ChooseMmqTile(GroupUnits(plan->units)) == 16));
+    if (on_mmq) {
+      std::printf("  MMQ h=%lld I=%lld variant %d tile_rows %d: relative L2 %.3e\n", static_cast<long long>(h),
+                  static_cast<long long>(I), static_cast<int>(options.streamed_kernel), runner->last_tile_rows(), l2);
+      EXPECT_LE(l2, mmq_rel_l2);
+    }
     if (options.algorithm != PrefillAlgorithm::kCublasPerExpert && options.tile_rows != 0) {
       EXPECT_EQ(runner->last_tile_rows(), options.tile_rows);
     }
@@ -137,7 +159,9 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
       const std::vector<PrefillGroup> groups = GroupUnits(plan->units);
       const bool rows_fit = UsesStreamedRowsKernel({c.gu_type, c.d_type, h, I});
       int expected = kStreamedMaxTileRows;
-      if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedRows) {
+      if (on_mmq) {
+        expected = ChooseMmqTile(groups);
+      } else if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedRows) {
         expected = ChooseStreamedRowsTile(groups, /*auto_choice=*/false);
       } else if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedAuto &&
                  ChooseStreamedRowsTile(groups, /*auto_choice=*/true) != 0) {
@@ -238,6 +262,84 @@ TEST(ExpertPrefillTest, StreamedRowsModelShapesMatchReference) {
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 8, 3, 80}, options, 0, /*skewed=*/true);
 }
 
+// The integer-MMA kernel (kMmq) on ragged groups: one expert per token (K = 1), expert e taking
+// from 0 to 70 tokens (empty experts, groups of 1, 8, 9, 16, 17, 32, 33 and 70 rows: one to three
+// n8 blocks of a 16-row tile, several tiles a group at both bounds), tokens in shuffled order (the
+// gather through the slot index). Shapes: the 80B model's h 2048 / I 512 (gate/up K = 2048, eight
+// super-blocks a row; down K = 512) and a small odd one, h 768 / I 256 (three super-blocks; one
+// down super-block a row; 3 units of 256 down rows). Bound 2e-3 relative L2 (two int8 terms).
+TEST(ExpertPrefillTest, MmqRaggedGroupsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmq},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmq},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kMmq},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps16},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps4},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmqF32Min},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmqL2Prefetch},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kMmqF32Min},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0}};
+  const std::vector<int> model_counts = {1, 0, 8, 9, 16, 17, 70, 0, 32, 33, 2, 24, 0, 41, 5, 63};
+  int n = 0;
+  for (int k : model_counts) n += k;
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, static_cast<int64_t>(model_counts.size()), 1, n},
+                         options, 0, false, model_counts);
+  std::vector<int> odd_counts;
+  n = 0;
+  for (int e = 0; e < 24; ++e) {
+    odd_counts.push_back(e % 7 == 3 ? 0 : 1 + (e * 37) % 70);
+    n += odd_counts.back();
+  }
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 24, 1, n}, options, 0, false, odd_counts);
+}
+
+// The 512-token regime on the model shapes through the usual top-k routing (10 rows per expert):
+// kMmq at its chosen bound beside the streamed kernels.
+TEST(ExpertPrefillTest, MmqModelShapesMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 24, 4, 60},
+                         {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmq},
+                          {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed}});
+}
+
+// The quantizer: every element within max|x| / 16256 of s · (hi + lo / 64) of its 256-block, and
+// sumx the sums of 32.
+TEST(ExpertPrefillTest, MmqQuantizeRoundTrips) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const int64_t rows = 7;
+  const int K = 768;
+  std::vector<float> x = testing::RandomVector(rng, rows * K);
+  for (int i = 0; i < 256; ++i) x[static_cast<size_t>(K + i)] = 0.0f;  // an all-zero block
+  x[5] = 40.0f;                                                        // an outlier
+  DeviceBuffer dx = Upload(x);
+  DeviceBuffer q = PoisonedBuffer(MmqActivationBytes(rows, K));
+  const MmqActivations planes = MmqActivationPlanes(q.get(), rows, K);
+  ASSERT_EQ(LaunchMmqQuantize(dx.as<float>(), rows, K, planes, nullptr), cudaSuccess);
+  const std::vector<int8_t> hi = Download<int8_t>(planes.hi, static_cast<size_t>(rows * K));
+  const std::vector<int8_t> lo = Download<int8_t>(planes.lo, static_cast<size_t>(rows * K));
+  const std::vector<float> scale = Download<float>(planes.scale, static_cast<size_t>(rows * K / 256));
+  const std::vector<float> sumx = Download<float>(planes.sumx, static_cast<size_t>(rows * K / 32));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int b = 0; b < K / 256; ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[r * K + b * 256 + i]));
+      const float s = scale[r * (K / 256) + b];
+      EXPECT_NEAR(s, amax / 127.0f, amax * 1e-6f);
+      for (int i = 0; i < 256; ++i) {
+        const int64_t k = r * K + b * 256 + i;
+        const float back = s * (static_cast<float>(hi[k]) + static_cast<float>(lo[k]) / 64.0f);
+        EXPECT_LE(std::fabs(back - x[k]), amax / 16000.0f + 1e-30f) << "row " << r << " element " << b * 256 + i;
+      }
+    }
+    for (int j = 0; j < K / 32; ++j) {
+      double sum = 0;
+      for (int i = 0; i < 32; ++i) sum += x[r * K + j * 32 + i];
+      EXPECT_NEAR(sumx[r * (K / 32) + j], sum, 1e-4 * (1 + std::fabs(sum)));
+    }
+  }
+}
+
 // Which shapes kGroupedTiles sends to the streamed kernel, and what its launchers refuse.
 TEST(ExpertPrefillTest, StreamedKernelScope) {
   EXPECT_TRUE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 0));
@@ -284,6 +386,20 @@ TEST(PrefillTilesTest, StreamedRowsTileChoice) {
   EXPECT_EQ(ChooseStreamedRowsTile(medium, false), 16);
 }
 
+// kMmq's tile bound: 16 while 16-row tiles read the weights at most 1.25 times, else 32 (and
+// kStreamedAuto then keeps the streamed kernels).
+TEST(PrefillTilesTest, MmqTileChoice) {
+  const int dummy = 0;
+  const ExpertLocation w{&dummy, &dummy, &dummy};
+  std::vector<PrefillGroup> groups;
+  for (int i = 0; i < 20; ++i) groups.push_back({w, 20 * i, i < 5 ? 20 : 10});  // 25 tiles for 20 groups
+  EXPECT_EQ(ChooseMmqTile(groups), 16);
+  groups[5].rows = 17;  // 26
+  EXPECT_EQ(ChooseMmqTile(groups), 32);
+  const std::vector<PrefillGroup> large = {{w, 0, 40}, {w, 40, 160}};
+  EXPECT_EQ(ChooseMmqTile(large), 32);
+}
+
 TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, 512, 256};
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 48, 0}).ok());
@@ -292,6 +408,12 @@ TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTilesPipelined, 100, 0}).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kPipelined}).ok());
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kStreamedRows}).ok());
+  EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kMmq}).ok());
+  // The MMQ kernel's scope: Q4_K both ways, h and I multiples of 256 up to 2048.
+  EXPECT_TRUE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}));
+  EXPECT_TRUE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256}));
+  EXPECT_FALSE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ4_K, 4096, 512}));
+  EXPECT_FALSE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ6_K, 2048, 512}));
 }
 
 TEST(PrefillTilesTest, TileClassIsSmallestHeightHoldingTheRows) {

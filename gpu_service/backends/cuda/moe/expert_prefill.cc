@@ -3,11 +3,14 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -69,6 +72,31 @@ int ChooseStreamedRowsTile(std::span<const PrefillGroup> groups, bool auto_choic
   if (auto_choice && 20 * tiles > 21 * static_cast<int64_t>(groups.size())) return 0;
   return 16;
 }
+
+bool UsesMmqKernel(const ExpertDecodeRunner::Shape& shape) {
+  return shape.gate_up_type == WeightType::kQ4_K && shape.down_type == WeightType::kQ4_K && shape.h % 256 == 0 &&
+         shape.inner % 256 == 0 && shape.h <= kMmqMaxK && shape.inner <= kMmqMaxK;
+}
+
+int ChooseMmqTile(std::span<const PrefillGroup> groups) {
+  int64_t tiles = 0;
+  for (const PrefillGroup& g : groups) tiles += (g.rows + 15) / 16;
+  return 4 * tiles > 5 * static_cast<int64_t>(groups.size()) ? 32 : 16;
+}
+
+PrefillKernel MmqAutoKernel() {
+  static const PrefillKernel k = [] {
+    const char* v = std::getenv("TANDEM_PREFILL_MMQ");
+    const std::string_view s = v == nullptr ? "" : v;
+    if (s == "0") return PrefillKernel::kStreamedAuto;
+    if (s == "1") return PrefillKernel::kMmq;
+    if (s == "2") return PrefillKernel::kMmqL2Prefetch;
+    return PrefillKernel::kMmqWarps16;
+  }();
+  return k;
+}
+
+bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
 
 struct ExpertPrefillRunner::Blas {
   cublasHandle_t handle = nullptr;
@@ -156,6 +184,10 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
     if (options.streamed_kernel == PrefillKernel::kPipelined) {
       return absl::InvalidArgumentError("ExpertPrefillRunner: streamed_kernel must be a streamed variant");
     }
+    if (IsMmqKernel(options.streamed_kernel) && options.tile_rows > kMmqMaxTileRows) {
+      return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: kMmq takes tile_rows 0, 16 or 32, not ",
+                                                     options.tile_rows));
+    }
     if (options.streamed_kernel == PrefillKernel::kStreamedRows && options.tile_rows > kStreamedRowsMaxTileRows) {
       return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: kStreamedRows takes tile_rows 0, 16 or 32, not ",
                                                      options.tile_rows));
@@ -183,6 +215,16 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
   if (absl::Status s = Alloc(r.index_, upload); !s.ok()) return s;
   if (grouped) {
     if (absl::Status s = Alloc(r.x_f16_, static_cast<size_t>(r.options_.max_input_rows) * h * 2); !s.ok()) return s;
+    const PrefillKernel k = options.streamed_kernel;
+    if (options.algorithm == PrefillAlgorithm::kGroupedTiles && UsesMmqKernel(shape) &&
+        (IsMmqKernel(k) || k == PrefillKernel::kStreamedAuto)) {
+      const int hi = static_cast<int>(h), ii = static_cast<int>(I);
+      if (absl::Status s = Alloc(r.mmq_x_, MmqActivationBytes(r.options_.max_input_rows, hi)); !s.ok()) return s;
+      if (absl::Status s = Alloc(r.mmq_act_, m * I * 4); !s.ok()) return s;
+      if (absl::Status s = Alloc(r.mmq_act_q_, MmqActivationBytes(max_slots, ii)); !s.ok()) return s;
+      // Slots no unit covers are quantized too (and never read): zeros rather than stale bits.
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(r.mmq_act_.get(), 0, m * I * 4));
+    }
   } else {
     r.blas_ = std::make_unique<Blas>();
     if (absl::Status s = BlasStatus(cublasCreate(&r.blas_->handle), "cublasCreate"); !s.ok()) return s;
@@ -243,6 +285,18 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   const bool streamed = options_.algorithm == PrefillAlgorithm::kGroupedTiles && UsesStreamedKernel(shape_, options_.tile_rows);
   PrefillKernel kernel = streamed ? options_.streamed_kernel : PrefillKernel::kPipelined;
   int tile_rows = options_.tile_rows;
+  // The integer-MMA kernel (expert_prefill_mmq.cu): asked for, or kStreamedAuto at a chosen height
+  // (unless TANDEM_PREFILL_MMQ=0, the A/B switch for the end-to-end benches); a shape it does not
+  // fit runs kStreamed.
+  const bool mmq = mmq_x_.get() != nullptr &&
+                   (IsMmqKernel(kernel) || (kernel == PrefillKernel::kStreamedAuto && tile_rows == 0 && MmqByDefault() &&
+                                            ChooseMmqTile(groups) == 16));
+  if (mmq) {
+    if (kernel == PrefillKernel::kStreamedAuto) kernel = MmqAutoKernel();
+    if (tile_rows == 0) tile_rows = ChooseMmqTile(groups);
+  } else if (IsMmqKernel(kernel)) {
+    kernel = PrefillKernel::kStreamed;
+  }
   // Small-group dispatch (the row-streamed kernel, expert_prefill_rows.cuh): kStreamedAuto or
   // kStreamedRows resolved here to kStreamedRows at a tile bound of 16 or 32, or to kStreamed.
   if (kernel == PrefillKernel::kStreamedAuto || kernel == PrefillKernel::kStreamedRows) {
@@ -294,6 +348,21 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
 
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   const PrefillTile* device_tiles = reinterpret_cast<const PrefillTile*>(index_.as<uint8_t>() + tile_offset);
+  if (mmq) {
+    const int num_tiles = static_cast<int>(tiles.size());
+    const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
+    const MmqActivations aq = MmqActivationPlanes(mmq_act_q_.get(), max_slots_, I);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(x, input_rows, h, xq, stream));
+    cudaError_t e = LaunchMmqGateUp(kernel, tile_rows, device_tiles, num_tiles, xq, index_.as<int32_t>(), h, I,
+                                    mmq_act_.as<float>(), stream);
+    if (e == cudaErrorInvalidValue) return absl::InvalidArgumentError("prefill gate/up: shape refused by the MMQ kernel");
+    TANDEM_CUDA_RETURN_IF_ERROR(e);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(mmq_act_.as<float>(), slots, I, aq, stream));
+    e = LaunchMmqDown(kernel, tile_rows, device_tiles, num_tiles, aq, h, I, partial, stream);
+    if (e == cudaErrorInvalidValue) return absl::InvalidArgumentError("prefill down: shape refused by the MMQ kernel");
+    TANDEM_CUDA_RETURN_IF_ERROR(e);
+    return absl::OkStatus();
+  }
   uint16_t* xb = x_f16_.as<uint16_t>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
   uint16_t* act = act_.as<uint16_t>();

@@ -54,7 +54,37 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    and at most kStreamedRowsMaxK, and N a multiple of 128.
 //  - kStreamedAuto (the runner's default, not a launch argument): kStreamedRows where it fits and
 //    nearly every group fits one 16-row tile (ChooseStreamedRowsTile), else kStreamed.
-enum class PrefillKernel { kPipelined, kStreamed, kStreamedL2Lines256, kStreamedUnitPrefetch, kStreamedRows, kStreamedAuto };
+//  - kMmq (expert_prefill_mmq.cu), Q4_K only: integer tensor cores (mma.m16n8k32.s8) on the raw
+//    quants, activations quantized to two int8 terms; per-warp cp.async rings of whole super-blocks
+//    of 16 weight rows (expert_prefill_mmq.cuh). tile_rows 1 .. kMmqMaxTileRows. kMmqWarps16 /
+//    kMmqWarps4: 16 warps a block with rings of 4, or 4 warps with rings of 16 (tiles <= 16); kMmqLoadOnly /
+//    kMmqMathOnly: timing experiments (only the weight loads; only the math on whatever the ring
+//    holds), results meaningless; kMmqHiOnly: activations as one int8 term (the lo term dropped:
+//    less precise, to time what the second term costs); kMmqF32Min: the min term as f32 FMAs per
+//    sub-block instead of tf32 MMAs per super-block; kMmqL2Prefetch: kMmq with each warp's rows of
+//    its next unit prefetched into L2 as whole contiguous runs.
+enum class PrefillKernel {
+  kPipelined,
+  kStreamed,
+  kStreamedL2Lines256,
+  kStreamedUnitPrefetch,
+  kStreamedRows,
+  kStreamedAuto,
+  kMmq,
+  kMmqWarps16,
+  kMmqLoadOnly,
+  kMmqMathOnly,
+  kMmqWarps4,
+  kMmqHiOnly,
+  kMmqF32Min,
+  kMmqL2Prefetch,
+};
+
+inline constexpr bool IsMmqKernel(PrefillKernel k) {
+  return k == PrefillKernel::kMmq || k == PrefillKernel::kMmqWarps16 || k == PrefillKernel::kMmqLoadOnly ||
+         k == PrefillKernel::kMmqMathOnly || k == PrefillKernel::kMmqWarps4 || k == PrefillKernel::kMmqHiOnly ||
+         k == PrefillKernel::kMmqF32Min || k == PrefillKernel::kMmqL2Prefetch;
+}
 
 // Bounds of kStreamedRows: a tile's rows, and K (one Q4_K super-block per warp of 8).
 inline constexpr int kStreamedRowsMaxTileRows = 32;

@@ -4,15 +4,17 @@
 // Consumes the same ExpertUnits as the decode path (MoeStepPlan::units): consecutive units of one
 // expert with consecutive slots form one group (one expert applied to consecutive slots).
 //
-// Three algorithms (PrefillAlgorithm):
+// Algorithms (PrefillAlgorithm):
 //  - kGroupedTiles (default): every group of a call split into row tiles; per call, activations to
 //    f16 once, then gate/up (SiLU·up in registers) and down launches over all tiles. Where
 //    UsesStreamedKernel holds (Q4_K gate/up and down, the 80B model's case), one launch each of
 //    the streamed kernel (expert_prefill_stream.cuh): tiles of up to 64 rows, raw Q4_K bytes
 //    streamed through a cp.async ring and dequantized straight into the MMA fragments; where
 //    nearly every expert has at most 16 rows (512 tokens on the 80B model) and h, I <= 2048, the
-//    row-streamed kernel instead (expert_prefill_rows.cuh, PrefillOptions::streamed_kernel).
-//    Otherwise as kGroupedTilesPipelined.
+//    row-streamed kernel instead (expert_prefill_rows.cuh, PrefillOptions::streamed_kernel);
+//    and where nearly every expert has at most 16 rows and h, I <= 2048 (ChooseMmqTile 16), the
+//    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel). Otherwise as
+//    kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
 //    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
 //    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
@@ -84,6 +86,24 @@ bool UsesStreamedRowsKernel(const ExpertDecodeRunner::Shape& shape);
 // 40) it lost 2x.
 int ChooseStreamedRowsTile(std::span<const PrefillGroup> groups, bool auto_choice);
 
+// Whether the integer-MMA kernel (PrefillKernel::kMmq, expert_prefill_mmq.cu) can run `shape`:
+// Q4_K gate/up and down, h and I multiples of 256 and at most kMmqMaxK.
+bool UsesMmqKernel(const ExpertDecodeRunner::Shape& shape);
+
+// The tile bound kMmq runs these groups at when none is given: 16 unless 16-row tiles would read
+// the weights more than 1.25 times (tiles > 1.25 · groups), then 32 (the ring of 4 stages).
+int ChooseMmqTile(std::span<const PrefillGroup> groups);
+
+// The kernel kStreamedAuto takes where the shape fits, tile_rows is 0 and ChooseMmqTile is 16 (small
+// groups, the 512-token regime): kMmqWarps16, the fastest measured there (H200, 2026-12-01,
+// expert_prefill_bench at 512 tokens: 0.594 ms a layer against 0.745 for kStreamedRows and 0.765
+// for kMmq's 8 warps). TANDEM_PREFILL_MMQ (read once) overrides it for A/B runs of one binary:
+// "0": none (the streamed kernels, the old default), "1": kMmq, "2": kMmqL2Prefetch. Larger
+// groups keep the streamed kernels: the MMQ tiles (<= 32 rows) re-read the weights per tile and
+// lost 2x at 2048 and 8192 tokens.
+PrefillKernel MmqAutoKernel();
+bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
+
 struct PrefillOptions {
   PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
   // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call (the
@@ -97,6 +117,9 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
+  // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
+  // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
+  // kStreamed.
   PrefillKernel streamed_kernel = PrefillKernel::kStreamedAuto;
 };
 
@@ -138,6 +161,10 @@ class ExpertPrefillRunner {
   PinnedBuffer index_staging_;
   // Grouped algorithms.
   DeviceBuffer x_f16_;     // f16 [max_input_rows × h]
+  // kMmq (allocated where it may run): x quantized, the f32 SiLU·up rows, those quantized.
+  DeviceBuffer mmq_x_;      // MmqActivationBytes(max_input_rows, h)
+  DeviceBuffer mmq_act_;    // f32 [max_slots × I]
+  DeviceBuffer mmq_act_q_;  // MmqActivationBytes(max_slots, I)
   // kCublasPerExpert.
   std::unique_ptr<Blas> blas_;
   DeviceBuffer w_gate_up_;  // f16 [2I × h]
