@@ -127,12 +127,7 @@ TANDEM_MV_UNROLL
         const float4 q = BytesToFloat4<F::kBias>(F::Word(raw[s], p, run, i));
 TANDEM_MV_UNROLL
         for (int t = 0; t < kN; ++t) {
-          float a = part[s][t];
-          a = fmaf(q.x, xv[t].x, a);
-          a = fmaf(q.y, xv[t].y, a);
-          a = fmaf(q.z, xv[t].z, a);
-          a = fmaf(q.w, xv[t].w, a);
-          part[s][t] = a;
+          part[s][t] = FmaQuad(q, xv[t], part[s][t]);
         }
       }
     }

@@ -106,6 +106,15 @@ TANDEM_MV_HD float4 BytesToFloat4(uint32_t w) {
                      MagicByte(w, 3) - kMagic);
 }
 
+// a + q·x over a quad's four lanes, summed x, y, z, w: the inner product step every matvec kernel
+// (matvec_core, matvec_stream, matvec_q6k_staged) takes, so all sum in the same order.
+TANDEM_MV_HD float FmaQuad(float4 q, float4 x, float a) {
+  a = fmaf(q.x, x.x, a);
+  a = fmaf(q.y, x.y, a);
+  a = fmaf(q.z, x.z, a);
+  return fmaf(q.w, x.w, a);
+}
+
 // Each format: a piece of kPieceElems elements is kRuns runs of kRunLen consecutive columns
 // starting at RunCol(p, run); Word(raw, p, run, i) holds the run's elements 4i..4i+3 as unsigned
 // bytes (value + kBias); RunScale gives the run's scale and (kXSum) the offset multiplying Σx.

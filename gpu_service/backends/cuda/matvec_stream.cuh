@@ -129,12 +129,7 @@ __device__ __forceinline__ void StreamDotPiece(const typename F::Raw (&raw)[kS],
         }
 #pragma unroll
         for (int t = 0; t < kN; ++t) {
-          float a = part[s][t];
-          a = fmaf(q.x, xv[t].x, a);
-          a = fmaf(q.y, xv[t].y, a);
-          a = fmaf(q.z, xv[t].z, a);
-          a = fmaf(q.w, xv[t].w, a);
-          part[s][t] = a;
+          part[s][t] = FmaQuad(q, xv[t], part[s][t]);
         }
       }
     }
