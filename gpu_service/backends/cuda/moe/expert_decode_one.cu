@@ -121,16 +121,7 @@ __device__ __forceinline__ void StageRow(const float* src, int cols, float* xs, 
 
 // Sub-block sums of a staged row (the tile kernel's order): sxs[sb · 8 + j] for nsb super-blocks.
 __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sxs, int t, int nt) {
-  for (int i = t; i < nsb * 8; i += nt) {
-    const float4* p = reinterpret_cast<const float4*>(xs + (i >> 3) * kXSbStride + (i & 7) * 32);
-    float s = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float4 v = p[c];
-      s += (v.x + v.y) + (v.z + v.w);
-    }
-    sxs[i] = s;
-  }
+  for (int i = t; i < nsb * 8; i += nt) sxs[i] = q4k::StagedSubBlockSum(xs, i);
 }
 
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:

@@ -92,14 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) Q4KTileKernel(const ExpertUnit* u
     __syncthreads();
     for (int i = threadIdx.x; i < nr * sxstride; i += kWarps * 32) {
       const int r = i / sxstride, k = i - r * sxstride;  // k = super-block · 8 + sub-block
-      const float4* p = reinterpret_cast<const float4*>(xs + r * xstride + (k >> 3) * kXSbStride + (k & 7) * 32);
-      float s = 0.0f;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const float4 v = p[c];
-        s += (v.x + v.y) + (v.z + v.w);
-      }
-      sxs[i] = s;
+      sxs[i] = q4k::StagedSubBlockSum(xs + r * xstride, k);
     }
     __syncthreads();
     for (int t = 0; t < steps; ++t) {

@@ -20,6 +20,19 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
 }
 
+// Σ of the 32 activations of sub-block k % 8 of super-block k / 8 in a row staged in shared memory
+// with kXSbStride floats a super-block: the Σx the dot product's min term takes.
+__device__ __forceinline__ float StagedSubBlockSum(const float* xs, int k) {
+  const float4* p = reinterpret_cast<const float4*>(xs + (k >> 3) * kXSbStride + (k & 7) * 32);
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float4 v = p[c];
+    s += (v.x + v.y) + (v.z + v.w);
+  }
+  return s;
+}
+
 __device__ __forceinline__ float SiluQ4K(float g) { return g * (1.0f / (1.0f + expf(-g))); }
 
 // Byte b of `word` (< 256) as an exact float: 2^23 + byte by a permute, minus 2^23.
