@@ -392,8 +392,7 @@ inline size_t SharedBytesFor(int n_bucket, int cols) {
 template <class F>
 cudaError_t LaunchFastDense(const uint8_t* w, int cols, int rows, const float* x, int64_t x_stride, int n, float* y,
                             int64_t y_stride, cudaStream_t stream) {
-  int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
-  while (bucket > 1 && SharedBytesFor<F>(bucket, cols) > kMaxFastShared) bucket /= 2;
+  const int bucket = RowBucket(n, kMaxFastShared, [cols](int b) { return SharedBytesFor<F>(b, cols); });
   if (SharedBytesFor<F>(bucket, cols) > kMaxFastShared) return cudaErrorInvalidValue;
   Args a;
   a.w = w;

@@ -106,6 +106,16 @@ TANDEM_MV_HD float4 BytesToFloat4(uint32_t w) {
                      MagicByte(w, 3) - kMagic);
 }
 
+// Activation rows one matvec launch carries per grid.y chunk: the smallest of 1, 2, 4 and 8 that
+// holds n, halved while shared_bytes(bucket) exceeds `limit` (the core, streaming and staged Q6_K
+// launchers share the rule; more rows run as further chunks).
+template <class SharedBytes>
+inline int RowBucket(int n, size_t limit, SharedBytes shared_bytes) {
+  int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+  while (bucket > 1 && shared_bytes(bucket) > limit) bucket /= 2;
+  return bucket;
+}
+
 // a + q·x over a quad's four lanes, summed x, y, z, w: the inner product step every matvec kernel
 // (matvec_core, matvec_stream, matvec_q6k_staged) takes, so all sum in the same order.
 TANDEM_MV_HD float FmaQuad(float4 q, float4 x, float a) {

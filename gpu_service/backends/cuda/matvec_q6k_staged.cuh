@@ -272,8 +272,7 @@ cudaError_t LaunchQ6StagedN(const Q6StagedArgs& a, unsigned grid_y, int blocks_p
 inline cudaError_t LaunchQ6Staged(const uint8_t* w, int64_t row_bytes, int cols, int rows, const float* x,
                                   int64_t x_stride, int n, float* y, int64_t y_stride, int blocks_per_sm,
                                   cudaStream_t stream) {
-  int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
-  while (bucket > 1 && Q6StagedSharedBytes(bucket, cols) > kQ6MaxShared) bucket /= 2;
+  const int bucket = RowBucket(n, kQ6MaxShared, [cols](int b) { return Q6StagedSharedBytes(b, cols); });
   Q6StagedArgs a;
   a.w = w;
   a.row_bytes = row_bytes;

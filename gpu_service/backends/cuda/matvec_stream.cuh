@@ -437,8 +437,7 @@ template <class F>
 cudaError_t LaunchStreamDense(const uint8_t* w, int64_t row_bytes, int cols, int rows, const float* x,
                               int64_t x_stride, int n, float* y, int64_t y_stride, const StreamTuning& tuning,
                               cudaStream_t stream) {
-  int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
-  while (bucket > 1 && StreamSharedBytesFor<F>(bucket, cols) > kMaxStreamShared) bucket /= 2;
+  const int bucket = RowBucket(n, kMaxStreamShared, [cols](int b) { return StreamSharedBytesFor<F>(b, cols); });
   StreamArgs a;
   a.w = w;
   a.row_bytes = row_bytes;
