@@ -90,6 +90,23 @@ int64_t RowBytesOf(uint32_t type, int64_t cols) {
   }
 }
 
+// A layer of kE experts of the given gate/up and down types, random bytes (cudaFree its three
+// arrays when done).
+Layer RandomLayer(uint32_t gate_up_type, uint32_t down_type, std::mt19937& rng) {
+  Layer layer{};
+  layer.gate_row_bytes = RowBytesOf(gate_up_type, kH);
+  layer.down_row_bytes = RowBytesOf(down_type, kI);
+  const size_t gbytes = static_cast<size_t>(kE * kI * layer.gate_row_bytes);
+  const size_t dbytes = static_cast<size_t>(kE * kH * layer.down_row_bytes);
+  BENCH_CHECK(cudaMalloc(&layer.gate, gbytes));
+  BENCH_CHECK(cudaMalloc(&layer.up, gbytes));
+  BENCH_CHECK(cudaMalloc(&layer.down, dbytes));
+  FillRandom(layer.gate, gbytes, rng);
+  FillRandom(layer.up, gbytes, rng);
+  FillRandom(layer.down, dbytes, rng);
+  return layer;
+}
+
 std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
   std::vector<int32_t> picks, ids(kE);
   for (int64_t t = 0; t < n; ++t) {
@@ -393,17 +410,7 @@ void BenchRouting(const float* x, std::mt19937& rng) {
 // expert's row and gate logit are fixed buffers (the backend computes them on the side stream).
 void BenchOneToken(const float* x, std::mt19937& rng) {
   const int routers = 24, steps = 48;
-  Layer layer{};
-  layer.gate_row_bytes = RowBytesOf(kTypeQ4_K, kH);
-  layer.down_row_bytes = RowBytesOf(kTypeQ4_K, kI);
-  const size_t gbytes = static_cast<size_t>(kE * kI * layer.gate_row_bytes);
-  const size_t dbytes = static_cast<size_t>(kE * kH * layer.down_row_bytes);
-  BENCH_CHECK(cudaMalloc(&layer.gate, gbytes));
-  BENCH_CHECK(cudaMalloc(&layer.up, gbytes));
-  BENCH_CHECK(cudaMalloc(&layer.down, dbytes));
-  FillRandom(layer.gate, gbytes, rng);
-  FillRandom(layer.up, gbytes, rng);
-  FillRandom(layer.down, dbytes, rng);
+  const Layer layer = RandomLayer(kTypeQ4_K, kTypeQ4_K, rng);
   std::vector<ExpertLocation> htable(kE);
   for (int64_t e = 0; e < kE; ++e) htable[e] = layer.Expert(e);
   ExpertLocation* table;
@@ -592,17 +599,9 @@ int Main(bool decode_only, bool routing_only, bool one_token_only) {
     uint32_t gu, d;
   } variants[] = {{"q4_K gate/up, q4_K down", kTypeQ4_K, kTypeQ4_K}, {"q2_K gate/up, q4_K down", kTypeQ2_K, kTypeQ4_K}};
   for (const Variant& v : variants) {
-    Layer layer{};
-    layer.gate_row_bytes = RowBytesOf(v.gu, kH);
-    layer.down_row_bytes = RowBytesOf(v.d, kI);
+    const Layer layer = RandomLayer(v.gu, v.d, rng);
     const size_t gbytes = static_cast<size_t>(kE * kI * layer.gate_row_bytes);
     const size_t dbytes = static_cast<size_t>(kE * kH * layer.down_row_bytes);
-    BENCH_CHECK(cudaMalloc(&layer.gate, gbytes));
-    BENCH_CHECK(cudaMalloc(&layer.up, gbytes));
-    BENCH_CHECK(cudaMalloc(&layer.down, dbytes));
-    FillRandom(layer.gate, gbytes, rng);
-    FillRandom(layer.up, gbytes, rng);
-    FillRandom(layer.down, dbytes, rng);
     std::printf("layer: %s, %.0f MB of routed experts\n", v.name, (2.0 * gbytes + dbytes) / 1e6);
     // Before and after in the same run: the generic kernel of matvec_impl.cuh for every type
     // ("old-generic"), expert_decode.cuh's per-piece kernel for Q4_K ("old-pieces", the default
