@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/smem_limit.h"
 
 namespace tandem::cuda {
 namespace {
@@ -300,21 +301,11 @@ constexpr size_t kMaxSmem = 227 * 1024;
 
 bool Tiles(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256 <= 32; }
 
-// Raises a kernel's dynamic shared-memory limit once per larger size seen (not a stream operation,
-// so allowed under graph capture).
-template <typename Kernel>
-cudaError_t AllowSmem(Kernel kernel, size_t bytes, std::atomic<size_t>& raised) {
-  if (bytes <= raised.load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess) raised.store(bytes, std::memory_order_relaxed);
-  return err;
-}
-
 template <int kPer>
 cudaError_t LaunchGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = GateUpSmem(a.h, a.E);
-  if (const cudaError_t err = AllowSmem(OneGateUpKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneGateUpKernel<kPer>, smem, raised); err != cudaSuccess) return err;
   const int rows_per_block = kGateUpWarps * (32 / (a.h / 256));
   const dim3 grid(static_cast<unsigned>((a.inner + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(a.K));
   return LaunchPdl(OneGateUpKernel<kPer>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
@@ -324,7 +315,7 @@ template <int kPer>
 cudaError_t LaunchDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = DownSmem(a.K, a.inner);
-  if (const cudaError_t err = AllowSmem(OneDownKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer>, smem, raised); err != cudaSuccess) return err;
   const int rps = 32 / (a.inner / 256);
   return LaunchPdl(OneDownKernel<kPer>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)), dim3(32 * DownWarps(a.K)),
                    smem, stream, a);

@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/smem_limit.h"
 
 namespace tandem::cuda {
 namespace {
@@ -159,17 +160,8 @@ cudaError_t LaunchTiles(const ExpertUnit* units, int num_units, int cols, int ou
   while (steps > 1 && smem_for(steps) > 227 * 1024) --steps;
   const size_t smem = smem_for(steps);
   auto kernel = Q4KTileKernel<kR, kFused, kWarps>;
-  // The dynamic shared-memory limit only grows; raised once per size seen (not a stream operation,
-  // so allowed under graph capture).
   static std::atomic<size_t> raised{48 * 1024};
-  if (smem > raised.load(std::memory_order_relaxed)) {
-    if (const cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        err != cudaSuccess) {
-      return err;
-    }
-    raised.store(smem, std::memory_order_relaxed);
-  }
+  if (const cudaError_t err = RaiseDynamicSmemLimit(kernel, smem, raised); err != cudaSuccess) return err;
   const int rows_per_block = kWarps * steps * rps;
   const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(num_units));
