@@ -11,6 +11,8 @@
 #   --profile-80b then times every kernel of a batch-1 decode step and a 512-token prefill under
 #   Nsight Compute (scripts/device/profile_80b.sh; needs the model bench_80b.sh made).
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
+#   AB_80B='LABEL:VAR=V ...;LABEL2:...' then runs scripts/device/ab_80b.sh over those configurations
+#   (AB_ROUNDS rounds, default 2): environment switches A/B'd end to end on the same model.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -109,10 +111,19 @@ run_80b() {  # name pattern: scripts/device/NAME.sh, then the lines of NAME.txt 
 # per-kernel profile over the same model.
 [[ " $* " == *" --bench-80b "* ]] && run_80b bench_80b "^(ceilings|model|decode|prefill|  profile)"
 [[ " $* " == *" --profile-80b "* ]] && run_80b profile_80b "^## "
+if [ -n "${AB_80B:-}" ]; then
+  IFS=';' read -ra ab_configs <<<"$AB_80B"
+  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/ab_80b.sh" --rounds "${AB_ROUNDS:-2}" "${ab_configs[@]}" \
+    >"$out/ab_80b.log" 2>&1
+  rc=$?
+  note "ab_80b: rc=$rc"
+  sed -n '/^## median/,$p' "$out/ab_80b.txt" | tee -a "$report"
+  results+=("\"ab_80b\":$rc")
+fi
 
 (IFS=,; echo "{${results[*]}}") >"$json"
 note "summary: $(cat "$json")"
 # Only 8 files come back from a device call: the reports stay as they are, the logs go into one
 # archive (logs.tar.xz).
 (cd "$out" && find . -maxdepth 1 -type f ! -name 'report.*' ! -name 'bench_80b.*' ! -name 'profile_80b.txt' \
-  ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)
+  ! -name ab_80b.txt ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)
