@@ -33,6 +33,36 @@
 
 namespace tandem::bench {
 
+// CUDA events around work on the default stream: Start(), then StopMs() waits for the work and
+// returns the milliseconds between the two.
+struct EventTimer {
+  cudaEvent_t a, b;
+  EventTimer() {
+    BENCH_CHECK(cudaEventCreate(&a));
+    BENCH_CHECK(cudaEventCreate(&b));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void Start() { BENCH_CHECK(cudaEventRecord(a)); }
+  float StopMs() {
+    BENCH_CHECK(cudaEventRecord(b));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+// The median of timings (the upper one of an even count).
+inline double Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // True, after printing "device: NAME, N SMs, L2 M MiB", when a CUDA device is present.
 inline bool PrintDevice() {
   int count = 0;

@@ -38,30 +38,8 @@ namespace {
 constexpr int64_t kH = 2048, kI = 512, kE = 512, kK = 10;
 constexpr int64_t kQ4KBlockBytes = 144, kQ4KBlockElems = 256;
 
-double Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    BENCH_CHECK(cudaEventCreate(&a));
-    BENCH_CHECK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  void Start() { BENCH_CHECK(cudaEventRecord(a)); }
-  float StopMs() {
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-  }
-};
+using bench::Median;
+using Timer = bench::EventTimer;
 
 // Q4_K blocks with random quants and scales and f16 super-block scales d, dmin in [2^-13, 2^-10):
 // values of order 0.1, so that the FFN outputs stay finite and the two algorithms can be compared.

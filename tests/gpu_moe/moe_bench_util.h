@@ -29,26 +29,8 @@ inline void FillRandom(void* dst, size_t bytes, std::mt19937& rng) {
   }
 }
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    BENCH_CHECK(cudaEventCreate(&a));
-    BENCH_CHECK(cudaEventCreate(&b));
-  }
-  void Start() { BENCH_CHECK(cudaEventRecord(a)); }
-  float StopMs() {
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-  }
-};
-
-inline float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Timer = bench::EventTimer;
+using bench::Median;
 
 struct Layer {
   void* gate;
