@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/matvec_formats.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -354,10 +355,10 @@ cudaError_t LaunchFast(Args a, unsigned grid_y, int grid_x_cap, int sms, cudaStr
   return LaunchPdl(kernel, dim3(gx, grid_y), kThreads, SharedBytes<F, kN>(a.cols), stream, a);
 }
 
-// True when the environment variable TANDEM_MATVEC_GENERIC is set: every launcher then takes its
+// True when the environment switch TANDEM_MATVEC_GENERIC is on (env_switch.h): every launcher then takes its
 // generic kernel (an A/B switch for the benchmarks; read once per process).
 inline bool ForceGeneric() {
-  static const bool force = std::getenv("TANDEM_MATVEC_GENERIC") != nullptr;
+  static const bool force = EnvSwitch("TANDEM_MATVEC_GENERIC");
   return force;
 }
 

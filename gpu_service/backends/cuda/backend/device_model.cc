@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 
 namespace tandem::cuda {
@@ -28,10 +29,7 @@ bool DenseTypeOk(WeightType t) { return DenseKernelsSupportType(static_cast<uint
 constexpr int64_t kRegroupMinBytes = int64_t{1} << 20;
 
 bool RegroupQ8_0() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_Q8_0_GGML_LAYOUT");
-    return v == nullptr || std::strcmp(v, "1") != 0;
-  }();
+  static const bool on = !EnvSwitch("TANDEM_Q8_0_GGML_LAYOUT");
   return on;
 }
 

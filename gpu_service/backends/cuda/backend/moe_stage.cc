@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
@@ -39,10 +40,7 @@ int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, pairs / 
 // path (router product, plan kernel, gate/up, down, scatter-sum) instead of the two one-token
 // kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
 bool OldMoeDecode() {
-  static const bool old = [] {
-    const char* v = std::getenv("TANDEM_OLD_MOE_DECODE");
-    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-  }();
+  static const bool old = EnvSwitch("TANDEM_OLD_MOE_DECODE");
   return old;
 }
 

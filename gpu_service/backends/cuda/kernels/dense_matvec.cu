@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
@@ -117,7 +118,7 @@ constexpr int64_t kPreviousKernelMinBytes = int64_t{64} << 20;
 // TANDEM_OLD_Q6K_HEAD (environment, read once per process): kAuto keeps large Q6_K matrices on
 // the previous fast kernel instead of the staged one (the A/B switch for benchmarks).
 bool OldQ6Head() {
-  static const bool old = std::getenv("TANDEM_OLD_Q6K_HEAD") != nullptr;
+  static const bool old = EnvSwitch("TANDEM_OLD_Q6K_HEAD");
   return old;
 }
 

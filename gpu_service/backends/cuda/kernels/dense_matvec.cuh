@@ -21,7 +21,7 @@ enum class MatVecKernel {
   kAuto,      // the streaming kernel (matvec_stream.cuh) for Q8_0, Q4_K, Q5_K, Q6_K and F32 where
               // its alignment and shared-memory limits hold, else as kPrevious; Q6_K matrices of
               // >= 64 MB (the LM head) take the staged kernel (matvec_q6k_staged.cuh) unless the
-              // environment variable TANDEM_OLD_Q6K_HEAD is set (read once per process); the
+              // environment switch TANDEM_OLD_Q6K_HEAD is on (read once per process); the
               // environment variable TANDEM_MATVEC_GENERIC (read once) turns kAuto into kGeneric
   kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
               // quantized types at their natural row stride, else the generic kernel

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 
 namespace tandem::cuda {
@@ -40,9 +41,9 @@ struct RoutePlanArgs {
 
 // Process-wide A/B switch for the device-planned MoE stage (moe_stage.cc): this kernel (on by
 // default) or LaunchPlanMoeOnDevice for every step size. The environment variable
-// TANDEM_OLD_ROUTE_PLAN set at start-up turns it off, so that end-to-end benchmarks can compare.
+// TANDEM_OLD_ROUTE_PLAN on at start-up (env_switch.h) turns it off, so that end-to-end benchmarks can compare.
 inline std::atomic<bool>& RoutePlanSwitch() {
-  static std::atomic<bool> fused{std::getenv("TANDEM_OLD_ROUTE_PLAN") == nullptr};
+  static std::atomic<bool> fused{!EnvSwitch("TANDEM_OLD_ROUTE_PLAN")};
   return fused;
 }
 inline void SetRoutePlanFused(bool on) { RoutePlanSwitch().store(on, std::memory_order_relaxed); }
