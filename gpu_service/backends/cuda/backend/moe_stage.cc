@@ -112,6 +112,22 @@ struct MoeStage::Impl {
     a.slot = slot.as<int32_t>();
     return a;
   }
+
+  // Routes the n tokens' logits and plans the step on the device in one kernel (route_plan.cuh):
+  // picks and weights into the router's device outputs, units, count and slots into this stage's
+  // buffers.
+  absl::Status LaunchRouteAndPlan(int64_t n, const ExpertLocation* table, const float* logits, cudaStream_t stream) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    RoutePlanArgs rp;
+    rp.plan = PlanArgs(n, table);
+    rp.plan.logits = logits;
+    rp.plan.experts = rp.plan.experts_out = out->first;
+    rp.plan.weights_out = out->second;
+    rp.counter = reinterpret_cast<unsigned*>(plan_ints.as<int>() + 2);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    return absl::OkStatus();
+  }
 };
 
 MoeStage::MoeStage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -264,15 +280,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     // Every expert resident: the route-and-plan kernel plans on the device (slots written there);
     // only the units come back, for the runners that take host units. No PlanMoeStep (~0.9 ms a
     // layer at 8192 tokens on the device machine's host).
-    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
-    if (!out.ok()) return out.status();
-    RoutePlanArgs rp;
-    rp.plan = m.PlanArgs(n, table);
-    rp.plan.logits = logits;
-    rp.plan.experts = rp.plan.experts_out = out->first;
-    rp.plan.weights_out = out->second;
-    rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    if (absl::Status s = m.LaunchRouteAndPlan(n, table, logits, stream); !s.ok()) return s;
     const int64_t bound = MaxPlanUnits(n * K, E);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.units_staging.get(), m.plan_ints.get(), sizeof(int),
                                                 cudaMemcpyDeviceToHost, stream));
@@ -464,15 +472,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
   if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
     // One kernel: routing and the plan.
-    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
-    if (!out.ok()) return out.status();
-    RoutePlanArgs rp;
-    rp.plan = a;
-    rp.plan.logits = logits;
-    rp.plan.experts = rp.plan.experts_out = out->first;
-    rp.plan.weights_out = out->second;
-    rp.counter = reinterpret_cast<unsigned*>(m.plan_ints.as<int>() + 2);
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    if (absl::Status s = m.LaunchRouteAndPlan(n, table, logits, stream); !s.ok()) return s;
   } else {
     // Routing and planning in one kernel (fused when the expert count allows it); the picks stay
     // on the device unless the caller asked for them.
