@@ -288,12 +288,13 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   // The integer-MMA kernel (expert_prefill_mmq.cu): asked for, or kStreamedAuto at a chosen height
   // (unless TANDEM_PREFILL_MMQ=0, the A/B switch for the end-to-end benches); a shape it does not
   // fit runs kStreamed.
+  const int mmq_tile = mmq_x_.get() != nullptr ? ChooseMmqTile(groups) : 0;
   const bool mmq = mmq_x_.get() != nullptr &&
-                   (IsMmqKernel(kernel) || (kernel == PrefillKernel::kStreamedAuto && tile_rows == 0 && MmqByDefault() &&
-                                            ChooseMmqTile(groups) == 16));
+                   (IsMmqKernel(kernel) ||
+                    (kernel == PrefillKernel::kStreamedAuto && tile_rows == 0 && MmqByDefault() && mmq_tile == 16));
   if (mmq) {
     if (kernel == PrefillKernel::kStreamedAuto) kernel = MmqAutoKernel();
-    if (tile_rows == 0) tile_rows = ChooseMmqTile(groups);
+    if (tile_rows == 0) tile_rows = mmq_tile;
   } else if (IsMmqKernel(kernel)) {
     kernel = PrefillKernel::kStreamed;
   }
@@ -301,9 +302,10 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   // kStreamedRows resolved here to kStreamedRows at a tile bound of 16 or 32, or to kStreamed.
   if (kernel == PrefillKernel::kStreamedAuto || kernel == PrefillKernel::kStreamedRows) {
     const bool automatic = kernel == PrefillKernel::kStreamedAuto;
-    const int rows_tile = !UsesStreamedRowsKernel(shape_) || (automatic && tile_rows != 0)
-                              ? 0
-                              : (tile_rows != 0 ? tile_rows : ChooseStreamedRowsTile(groups, automatic));
+    int rows_tile = 0;  // 0: kStreamed
+    if (UsesStreamedRowsKernel(shape_) && !(automatic && tile_rows != 0)) {
+      rows_tile = tile_rows != 0 ? tile_rows : ChooseStreamedRowsTile(groups, automatic);
+    }
     kernel = rows_tile != 0 ? PrefillKernel::kStreamedRows : PrefillKernel::kStreamed;
     if (rows_tile != 0) tile_rows = rows_tile;
   }
