@@ -157,17 +157,21 @@ const DenseGemm::Prepared* DenseGemm::FindPrepared(const DeviceMatrix& w, GemmMo
   return &p;
 }
 
+absl::Status DenseGemm::CheckPreparable(const DeviceMatrix& w, const char* who) const {
+  if (w.data == nullptr || w.rows <= 0 || w.cols <= 0 || !DenseKernelsSupportType(w.type) ||
+      w.cols % RowLengthMultiple(w.type) != 0 || w.cols > options_.max_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": weight type ", w.type, " with cols=", w.cols, " rows=",
+                                                   w.rows, " is not supported (max_cols=", options_.max_cols, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DenseGemm::Prepare(const DeviceMatrix& w, GemmMode mode, cudaStream_t stream) {
   if (mode == GemmMode::kExact) return absl::OkStatus();
   if (options_.mode == GemmMode::kExact) {
     return absl::InvalidArgumentError("DenseGemm::Prepare: an f16 copy needs a kFast or kFastSplit plan");
   }
-  if (w.data == nullptr || w.rows <= 0 || w.cols <= 0 || !DenseKernelsSupportType(w.type) ||
-      w.cols % RowLengthMultiple(w.type) != 0 || w.cols > options_.max_cols) {
-    return absl::InvalidArgumentError(absl::StrCat("DenseGemm::Prepare: weight type ", w.type, " with cols=", w.cols,
-                                                   " rows=", w.rows, " is not supported (max_cols=",
-                                                   options_.max_cols, ")"));
-  }
+  if (absl::Status s = CheckPreparable(w, "DenseGemm::Prepare"); !s.ok()) return s;
   if (FindPrepared(w, mode) != nullptr) return absl::OkStatus();
   absl::StatusOr<float> max_abs = MaxAbs(w, stream);
   if (!max_abs.ok()) return max_abs.status();
@@ -222,11 +226,7 @@ absl::StatusOr<int64_t> DenseGemm::PrepareStack(std::span<const DeviceMatrix* co
   int64_t rows = 0;
   float max_abs = 0.0f, min_max = INFINITY;
   for (const DeviceMatrix* w : parts) {
-    if (w->data == nullptr || w->rows <= 0 || w->cols <= 0 || !DenseKernelsSupportType(w->type) ||
-        w->cols % RowLengthMultiple(w->type) != 0 || w->cols > options_.max_cols) {
-      return absl::InvalidArgumentError(absl::StrCat("DenseGemm::PrepareStack: weight type ", w->type, " with cols=",
-                                                     w->cols, " rows=", w->rows, " is not supported"));
-    }
+    if (absl::Status s = CheckPreparable(*w, "DenseGemm::PrepareStack"); !s.ok()) return s;
     if (w->cols != cols) return absl::FailedPreconditionError("DenseGemm::PrepareStack: parts differ in cols");
     if (prepared_.count(w->data) != 0) {
       return absl::FailedPreconditionError("DenseGemm::PrepareStack: a part is already prepared");
@@ -325,7 +325,7 @@ absl::Status DenseGemm::RunInput(const DeviceMatrix& w, const F16Input& in, floa
   if (p == nullptr) return absl::FailedPreconditionError("DenseGemm::RunInput: the matrix is not prepared for the mode");
   if (in.n == 0) return absl::OkStatus();
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
-  return Gemm16(*p, w.rows, in, y, w.rows, stream);
+  return Gemm16(*p, w.rows, in, y, w.rows);
 }
 
 absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, const F16Input& in, float* y,
@@ -337,12 +337,10 @@ absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, con
   if (absl::Status s = CheckInput(in, parts[0]->cols); !s.ok()) return s;
   if (in.n == 0) return absl::OkStatus();
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
-  return Gemm16(*p, stack_rows, in, y, stack_rows, stream);
+  return Gemm16(*p, stack_rows, in, y, stack_rows);
 }
 
-absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
-                               cudaStream_t stream) {
-  (void)stream;  // the handle is already on it
+absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy) {
   const int64_t cols = p.source.cols, n = in.n;
   const uint16_t* w16 = p.weights();
   const float beta0 = 0.0f, beta1 = 1.0f;
@@ -368,7 +366,7 @@ absl::Status DenseGemm::RunPrepared(const Prepared& p, const float* x, int64_t n
                                     GemmMode mode) {
   absl::StatusOr<F16Input> in = ConvertInput(x, n, p.source.cols, mode, stream);
   if (!in.ok()) return in.status();
-  return Gemm16(p, p.source.rows, *in, y, p.source.rows, stream);
+  return Gemm16(p, p.source.rows, *in, y, p.source.rows);
 }
 
 }  // namespace tandem::cuda

@@ -144,8 +144,11 @@ class DenseGemm {
   explicit DenseGemm(const DenseGemmOptions& options) : options_(options) {}
   const Prepared* FindPrepared(const DeviceMatrix& w, GemmMode mode) const;
   absl::Status CheckInput(const F16Input& in, int64_t cols) const;
-  // One cuBLAS product over the prepared rows (rows of them) and converted activations.
-  absl::Status Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy, cudaStream_t stream);
+  // One cuBLAS product over the prepared rows (rows of them) and converted activations, on the
+  // stream the cuBLAS handle is set to.
+  absl::Status Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy);
+  // InvalidArgument naming `who` when w's type, shape or width cannot be prepared.
+  absl::Status CheckPreparable(const DeviceMatrix& w, const char* who) const;
   absl::Status RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
                            GemmMode mode);
   absl::StatusOr<float> MaxAbs(const DeviceMatrix& w, cudaStream_t stream);
