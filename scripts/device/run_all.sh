@@ -13,6 +13,7 @@
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 #   AB_80B='LABEL:VAR=V ...;LABEL2:...' then runs scripts/device/ab_80b.sh over those configurations
 #   (AB_ROUNDS rounds, default 2): environment switches A/B'd end to end on the same model.
+#   AB_BENCH replaces ab_80b.sh's gpu_backend_bench flags.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -113,7 +114,8 @@ run_80b() {  # name pattern: scripts/device/NAME.sh, then the lines of NAME.txt 
 [[ " $* " == *" --profile-80b "* ]] && run_80b profile_80b "^## "
 if [ -n "${AB_80B:-}" ]; then
   IFS=';' read -ra ab_configs <<<"$AB_80B"
-  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/ab_80b.sh" --rounds "${AB_ROUNDS:-2}" "${ab_configs[@]}" \
+  OUT=$out BUNDLE=$bundle bash "$root/scripts/device/ab_80b.sh" --rounds "${AB_ROUNDS:-2}" \
+    ${AB_BENCH:+--bench "$AB_BENCH"} "${ab_configs[@]}" \
     >"$out/ab_80b.log" 2>&1
   rc=$?
   note "ab_80b: rc=$rc"
