@@ -214,6 +214,10 @@ int Main() {
                                           {"mmq, tiles <= 32", {PrefillAlgorithm::kGroupedTiles, 32, n, PrefillKernel::kMmq}},
                                           {"mmq 16 warps, tiles <= 16",
                                            {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqWarps16}},
+                                          {"mmq lean (16 warps), tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLean}},
+                                          {"mmq lean 8 warps x 8 stages, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLeanWarps8}},
                                           {"mmq + L2 row prefetch (chosen)",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kMmqL2Prefetch}},
                                           {"mmq f32 min term (chosen)",
@@ -244,7 +248,8 @@ int Main() {
       if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows ||
           v.options.streamed_kernel == PrefillKernel::kMmq || v.options.streamed_kernel == PrefillKernel::kMmqWarps16 ||
           v.options.streamed_kernel == PrefillKernel::kMmqWarps4 || v.options.streamed_kernel == PrefillKernel::kMmqHiOnly ||
-          v.options.streamed_kernel == PrefillKernel::kMmqF32Min || v.options.streamed_kernel == PrefillKernel::kMmqL2Prefetch) {
+          v.options.streamed_kernel == PrefillKernel::kMmqF32Min || v.options.streamed_kernel == PrefillKernel::kMmqL2Prefetch ||
+          v.options.streamed_kernel == PrefillKernel::kMmqLean || v.options.streamed_kernel == PrefillKernel::kMmqLeanWarps8) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));

@@ -274,6 +274,8 @@ TEST(ExpertPrefillTest, MmqRaggedGroupsMatchReference) {
                                                {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmq},
                                                {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kMmq},
                                                {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps16},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLean},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLeanWarps8},
                                                {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps4},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmqF32Min},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmqL2Prefetch},
@@ -294,11 +296,13 @@ TEST(ExpertPrefillTest, MmqRaggedGroupsMatchReference) {
 }
 
 // The 512-token regime on the model shapes through the usual top-k routing (10 rows per expert):
-// kMmq at its chosen bound beside the streamed kernels.
+// kMmq at its chosen bound, kMmqWarps16 and kMmqLean (the default there) beside the streamed kernels.
 TEST(ExpertPrefillTest, MmqModelShapesMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 24, 4, 60},
                          {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kMmq},
+                          {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps16},
+                          {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLean},
                           {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed}});
 }
 

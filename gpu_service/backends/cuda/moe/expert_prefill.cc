@@ -91,7 +91,8 @@ PrefillKernel MmqAutoKernel() {
     if (s == "0") return PrefillKernel::kStreamedAuto;
     if (s == "1") return PrefillKernel::kMmq;
     if (s == "2") return PrefillKernel::kMmqL2Prefetch;
-    return PrefillKernel::kMmqWarps16;
+    if (s == "3") return PrefillKernel::kMmqWarps16;
+    return PrefillKernel::kMmqLean;
   }();
   return k;
 }

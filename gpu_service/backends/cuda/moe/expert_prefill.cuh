@@ -62,7 +62,9 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    holds), results meaningless; kMmqHiOnly: activations as one int8 term (the lo term dropped:
 //    less precise, to time what the second term costs); kMmqF32Min: the min term as f32 FMAs per
 //    sub-block instead of tf32 MMAs per super-block; kMmqL2Prefetch: kMmq with each warp's rows of
-//    its next unit prefetched into L2 as whole contiguous runs.
+//    its next unit prefetched into L2 as whole contiguous runs; kMmqLean (expert_prefill_mmq_lean.cu):
+//    kMmqWarps16's shape (16 warps, rings of 4, tiles <= 16) with fewer instructions per MMA;
+//    kMmqLeanWarps8: the same with 8 warps and rings of 8.
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -78,12 +80,15 @@ enum class PrefillKernel {
   kMmqHiOnly,
   kMmqF32Min,
   kMmqL2Prefetch,
+  kMmqLean,
+  kMmqLeanWarps8,
 };
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
   return k == PrefillKernel::kMmq || k == PrefillKernel::kMmqWarps16 || k == PrefillKernel::kMmqLoadOnly ||
          k == PrefillKernel::kMmqMathOnly || k == PrefillKernel::kMmqWarps4 || k == PrefillKernel::kMmqHiOnly ||
-         k == PrefillKernel::kMmqF32Min || k == PrefillKernel::kMmqL2Prefetch;
+         k == PrefillKernel::kMmqF32Min || k == PrefillKernel::kMmqL2Prefetch || k == PrefillKernel::kMmqLean ||
+         k == PrefillKernel::kMmqLeanWarps8;
 }
 
 // Bounds of kStreamedRows: a tile's rows, and K (one Q4_K super-block per warp of 8).

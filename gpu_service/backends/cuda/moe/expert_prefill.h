@@ -95,10 +95,12 @@ bool UsesMmqKernel(const ExpertDecodeRunner::Shape& shape);
 int ChooseMmqTile(std::span<const PrefillGroup> groups);
 
 // The kernel kStreamedAuto takes where the shape fits, tile_rows is 0 and ChooseMmqTile is 16 (small
-// groups, the 512-token regime): kMmqWarps16, the fastest measured there (H200, 2026-12-01,
-// expert_prefill_bench at 512 tokens: 0.594 ms a layer against 0.745 for kStreamedRows and 0.765
-// for kMmq's 8 warps). TANDEM_PREFILL_MMQ (read once) overrides it for A/B runs of one binary:
-// "0": none (the streamed kernels, the old default), "1": kMmq, "2": kMmqL2Prefetch. Larger
+// groups, the 512-token regime): kMmqLean, kMmqWarps16's shape with ~1.5x fewer instructions per
+// MMA in its SASS, the fastest measured there (H200, 2026-12-01, expert_prefill_bench at 512
+// tokens: 0.440 ms a layer against 0.572 for kMmqWarps16, 0.70 for kStreamedRows; moe/PERF_NOTES.md
+// "kMmqLean"). TANDEM_PREFILL_MMQ (read once)
+// overrides it for A/B runs of one binary: "0": none (the streamed kernels, the old default), "1":
+// kMmq, "2": kMmqL2Prefetch, "3": kMmqWarps16 (the default before kMmqLean). Larger
 // groups keep the streamed kernels: the MMQ tiles (<= 32 rows) re-read the weights per tile and
 // lost 2x at 2048 and 8192 tokens.
 PrefillKernel MmqAutoKernel();

@@ -23,7 +23,8 @@
 // Measured (H200, 2026-12-01, expert_prefill_bench, 512 tokens, PERF_NOTES.md): the math, not the
 // loads, bounds it: load-only 0.31 ms a layer (2.9 TB/s), math-only 0.65, both 0.77 with 8 warps;
 // 16 warps (rings of 4) 0.59, 4 warps (rings of 16) 1.23: the warps' instruction latency is what
-// more warps hide. Hence the runner's default for small groups is kMmqWarps16.
+// more warps hide. Hence kMmqWarps16 for small groups, now the A/B baseline of kMmqLean
+// (expert_prefill_mmq_lean.cu: the same kernel with fewer instructions per MMA, the default).
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 
 #include <cuda_fp16.h>
@@ -512,6 +513,10 @@ cudaError_t Launch(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles
   if (num_tiles <= 0) return cudaSuccess;
   const bool small = tile_rows <= 16;
   switch (kernel) {
+    case PrefillKernel::kMmqLean:
+    case PrefillKernel::kMmqLeanWarps8:
+      return LaunchMmqLean(kGateUp, kernel == PrefillKernel::kMmqLean ? 16 : 8, tile_rows, tiles, num_tiles, a, a_index,
+                           K, N, out_cols, out, stream);
     case PrefillKernel::kMmq:
       return small ? LaunchKernel<kGateUp, 2, 8, 8, kFull>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream)
                    : LaunchKernel<kGateUp, 4, 8, 4, kFull>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream);

@@ -47,7 +47,7 @@ inline constexpr int kMmqMaxK = 2048;
 // multiple of 256 or a misaligned x.
 cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivations q, cudaStream_t stream);
 
-// kernel: kMmq, kMmqWarps16, kMmqLoadOnly or kMmqMathOnly (the last two compute nothing useful:
+// kernel: kMmq, kMmqWarps16, kMmqLean, kMmqLoadOnly or kMmqMathOnly (the last two compute nothing useful:
 // timing experiments). For every tile and row r < tile.rows, slot s = tile.first_slot + r:
 //   act[s] (inner f32) = SiLU(x[index[s]]·gate^T) ⊙ (x[index[s]]·up^T), x quantized (h wide rows).
 cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
@@ -56,6 +56,14 @@ cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTi
 // partial[s] (h f32) = act[s]·down^T, act quantized (inner wide rows, indexed by slot).
 cudaError_t LaunchMmqDown(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
                           MmqActivations act, int h, int inner, float* partial, cudaStream_t stream);
+
+// kMmqLean (expert_prefill_mmq_lean.cu; LaunchMmqGateUp / LaunchMmqDown forward to it): the same
+// results as kMmqWarps16 (same integer sums, f32 steps in another order) with fewer instructions per
+// MMA. warps 16 (rings of 4) or 8 (kMmqLeanWarps8, rings of 8); tile_rows 1 .. 16. gate_up: N =
+// 2·inner, out_cols = inner; else N = h, out_cols = h.
+cudaError_t LaunchMmqLean(bool gate_up, int warps, int tile_rows, const PrefillTile* tiles, int num_tiles,
+                          MmqActivations a, const int32_t* a_index, int K, int N, int out_cols, float* out,
+                          cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
