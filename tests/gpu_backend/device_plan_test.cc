@@ -320,7 +320,7 @@ TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
   for (bool ties : {false, true}) {
     for (const auto& [n, E, K] : std::vector<std::tuple<int, int, int>>{
              {1, 512, 10}, {3, 512, 10}, {4, 100, 8}, {7, 100, 8}, {64, 512, 10}, {33, 1024, 4}, {2, 1024, 32},
-             {5, 40, 32}, {300, 512, 10}}) {
+             {5, 40, 32}, {300, 512, 10}, {2048, 512, 10}, {700, 1024, 4}}) {
       SCOPED_TRACE(::testing::Message() << "ties=" << ties << " n=" << n << " E=" << E << " K=" << K);
       std::vector<float> logits(static_cast<size_t>(n) * E);
       for (float& v : logits) v = ties ? 0.5f * level(rng) : normal(rng);

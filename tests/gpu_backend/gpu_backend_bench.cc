@@ -31,6 +31,8 @@
 #include "absl/strings/str_split.h"
 #include "common/gguf/gguf_file.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "tests/gpu_backend/bench_ceilings.h"
 
 namespace tandem {
@@ -49,6 +51,11 @@ struct Args {
   bool pdl = true;          // programmatic dependent launch (the default)
   int l2_prefetch = -1;     // CudaBackendOptions::l2_prefetch (-1: the backend's default)
   bool nvtx = false;        // one more decode / prefill step each inside an NVTX range (profile_80b.sh)
+  // Prefill A/B of the MoE stage's planning (moe_stage.h), in this order: "device" (the default),
+  // "host" (HostPrefillPlan: the units back to the host once per layer), "serial" (the device plan
+  // with the shared expert after the routed ones on the main stream), "narrow" (the device plan with
+  // the route-and-plan kernel's 4-warp blocks, route_plan.cuh).
+  std::vector<std::string> prefill_plans;
 };
 
 // A flag with two values: out = (v == yes); false (after saying so) for anything else.
@@ -263,65 +270,81 @@ int Run(const Args& a) {
     for (SequenceSlot s : slots) b.ReleaseSequence(s);
   }
 
-  // Prefill of each length, one sequence, one step.
+  // Prefill of each length, one sequence, one step; with --prefill-plans, once per MoE planning
+  // configuration in the given order (same process, same model).
+  std::vector<std::string> plans = a.prefill_plans;
+  if (plans.empty()) plans.push_back("");
   for (int n : a.prefill) {
-    double best = 1e30;
-    std::vector<MoeRouting> routing;
-    const int reps = n <= 2048 ? 3 : 2;
-    for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
+    for (const std::string& plan : plans) {
+      if (!plan.empty()) {
+        cuda::SetHostPrefillPlan(plan == "host");
+        cuda::SetPrefillSharedSerial(plan == "serial");
+        cuda::SetRoutePlanPrefillWide(plan != "narrow");
+      }
+      const std::string label = plan.empty() ? "" : absl::StrCat(" [", plan, "]");
+      double best = 1e30;
+      std::vector<MoeRouting> routing;
+      const int reps = n <= 2048 ? 3 : 2;
+      for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
+        absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
+        if (!slot.ok()) return 1;
+        const std::vector<int32_t> prompt = random_tokens(n);
+        Backend::StepInput in{*slot, prompt, logits.data(), false, false};
+        if (r == reps) b.set_routing_sink(&routing);
+        const auto t0 = Clock::now();
+        absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
+        const double secs = Seconds(t0);
+        b.set_routing_sink(nullptr);
+        b.ReleaseSequence(*slot);
+        if (!s.ok()) {
+          fprintf(stderr, "prefill %d: %s\n", n, s.ToString().c_str());
+          return 1;
+        }
+        if (r > 0 && r < reps) best = std::min(best, secs);  // the recorded step (r == reps) is not timed
+      }
+      // The routed bytes and FLOPs of the recorded step.
+      const uint64_t routed = RoutedBytes(mb, routing);
+      const uint64_t bytes = mb.dense + routed + StateBytes(c, 1, n);
+      double flops = 2.0 * n * static_cast<double>(mb.dense_params) + 2.0 * static_cast<double>(mb.head_params);
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        flops += 2.0 * n * c.moe.K * static_cast<double>(mb.expert_params[l]);
+        if (!c.is_gdn(l)) flops += 4.0 * (static_cast<double>(n) * n / 2) * c.attn.nh * c.attn.hd;
+      }
+      const double floor_s = std::max(bytes / *bw, flops / *gemm);
+      const double tok_s = n / best, floor_tok_s = n / floor_s;
+      printf("prefill %5d%s: %8.1f tokens/s (%.1f ms); floor %.1f ms = %.0f tokens/s (bytes %.2f GB -> %.1f ms, "
+             "%.1f TFLOP -> %.1f ms); %.1f%% of the floor\n",
+             n, label.c_str(), tok_s, 1e3 * best, 1e3 * floor_s, floor_tok_s, bytes / 1e9, 1e3 * bytes / *bw, flops / 1e12,
+             1e3 * flops / *gemm, 100.0 * tok_s / floor_tok_s);
+      fig.Add("prefill", n, tok_s, floor_tok_s,
+              absl::StrFormat(",\"ms\":%.3f,\"bytes\":%llu,\"flops\":%.4g", 1e3 * best,
+                              static_cast<unsigned long long>(bytes), flops));
+      b.set_profile(true);
       absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
       if (!slot.ok()) return 1;
       const std::vector<int32_t> prompt = random_tokens(n);
-      Backend::StepInput in{*slot, prompt, logits.data(), false, false};
-      if (r == reps) b.set_routing_sink(&routing);
-      const auto t0 = Clock::now();
-      absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
-      const double secs = Seconds(t0);
-      b.set_routing_sink(nullptr);
-      b.ReleaseSequence(*slot);
-      if (!s.ok()) {
-        fprintf(stderr, "prefill %d: %s\n", n, s.ToString().c_str());
-        return 1;
+      Backend::StepInput in{*slot, prompt, logits.data(), false};
+      if (absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1)); !s.ok()) return 1;
+      printf("  profile: %s\n", b.last_profile().c_str());
+      b.set_profile(false);
+      if (a.nvtx) {  // The same step without the profile's events, inside an NVTX range (profile_80b.sh).
+        b.ReleaseSequence(*slot);
+        slot = b.CreateSequence();
+        if (!slot.ok()) return 1;
+        in.slot = *slot;
+        const std::string range = absl::StrCat("prefill_", n);
+        nvtxRangePushA(range.c_str());
+        absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
+        nvtxRangePop();
+        if (!s.ok()) return 1;
       }
-      if (r > 0 && r < reps) best = std::min(best, secs);  // the recorded step (r == reps) is not timed
-    }
-    // The routed bytes and FLOPs of the recorded step.
-    const uint64_t routed = RoutedBytes(mb, routing);
-    const uint64_t bytes = mb.dense + routed + StateBytes(c, 1, n);
-    double flops = 2.0 * n * static_cast<double>(mb.dense_params) + 2.0 * static_cast<double>(mb.head_params);
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      flops += 2.0 * n * c.moe.K * static_cast<double>(mb.expert_params[l]);
-      if (!c.is_gdn(l)) flops += 4.0 * (static_cast<double>(n) * n / 2) * c.attn.nh * c.attn.hd;
-    }
-    const double floor_s = std::max(bytes / *bw, flops / *gemm);
-    const double tok_s = n / best, floor_tok_s = n / floor_s;
-    printf("prefill %5d: %8.1f tokens/s (%.1f ms); floor %.1f ms = %.0f tokens/s (bytes %.2f GB -> %.1f ms, "
-           "%.1f TFLOP -> %.1f ms); %.1f%% of the floor\n",
-           n, tok_s, 1e3 * best, 1e3 * floor_s, floor_tok_s, bytes / 1e9, 1e3 * bytes / *bw, flops / 1e12,
-           1e3 * flops / *gemm, 100.0 * tok_s / floor_tok_s);
-    fig.Add("prefill", n, tok_s, floor_tok_s,
-            absl::StrFormat(",\"ms\":%.3f,\"bytes\":%llu,\"flops\":%.4g", 1e3 * best,
-                            static_cast<unsigned long long>(bytes), flops));
-    b.set_profile(true);
-    absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
-    if (!slot.ok()) return 1;
-    const std::vector<int32_t> prompt = random_tokens(n);
-    Backend::StepInput in{*slot, prompt, logits.data(), false};
-    if (absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1)); !s.ok()) return 1;
-    printf("  profile: %s\n", b.last_profile().c_str());
-    b.set_profile(false);
-    if (a.nvtx) {  // The same step without the profile's events, inside an NVTX range (profile_80b.sh).
       b.ReleaseSequence(*slot);
-      slot = b.CreateSequence();
-      if (!slot.ok()) return 1;
-      in.slot = *slot;
-      const std::string range = absl::StrCat("prefill_", n);
-      nvtxRangePushA(range.c_str());
-      absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
-      nvtxRangePop();
-      if (!s.ok()) return 1;
     }
-    b.ReleaseSequence(*slot);
+  }
+  if (!a.prefill_plans.empty()) {
+    cuda::SetHostPrefillPlan(false);
+    cuda::SetPrefillSharedSerial(false);
+    cuda::SetRoutePlanPrefillWide(true);
   }
   if (!a.json.empty()) {
     FILE* out = fopen(a.json.c_str(), "w");
@@ -380,6 +403,14 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--l2-prefetch: not 0, 1 or 2\n");
         return 2;
       }
+    } else if (arg == "--prefill-plans") {
+      for (absl::string_view p : absl::StrSplit(value(), ',')) {
+        if (p != "device" && p != "host" && p != "serial" && p != "narrow") {
+          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial or narrow\n", std::string(p).c_str());
+          return 2;
+        }
+        a.prefill_plans.emplace_back(p);
+      }
     } else if (arg == "--json") {
       a.json = value();
     } else {
@@ -390,7 +421,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

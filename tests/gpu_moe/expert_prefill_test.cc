@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -137,6 +139,30 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
     const double l2 = testing::RelativeL2(got, ref);
     EXPECT_LE(l2, 1e-2);
+    // The device-planned call on the same units (in device memory, with a device count): the
+    // reference's tolerance, and the host call's bits where the options fix the kernel and tile
+    // bound (both then run the same kernel on the same tiles).
+    if (const std::optional<DevicePrefillChoice> choice = runner->DevicePlannedChoice(n * K, E); choice.has_value()) {
+      DeviceBuffer du = Upload(plan->units);
+      DeviceBuffer dints = Upload(std::vector<int32_t>{static_cast<int32_t>(plan->units.size()), 0});
+      DeviceBuffer dpartial = PoisonedBuffer(ref.size() * sizeof(float));
+      const absl::Status ds = runner->RunDevicePlanned(
+          du.as<ExpertUnit>(), dints.as<int32_t>(), static_cast<int>(std::max<size_t>(plan->units.size(), 1)),
+          static_cast<int>(n), static_cast<int>(n * K), E, dx.as<float>(), dpartial.as<float>(),
+          dints.as<int32_t>() + 1, nullptr);
+      ASSERT_TRUE(ds.ok()) << ds;
+      const std::vector<float> dgot = Download<float>(dpartial.get(), ref.size());
+      EXPECT_EQ(Download<int32_t>(dints.get(), 2)[1], 0) << "device plan error flag";
+      ASSERT_TRUE(testing::AllFinite(dgot)) << "device-planned call: unwritten partial rows";
+      const double dl2 = testing::RelativeL2(dgot, ref);
+      std::printf("  device-planned: kernel %d tile_rows %d, relative L2 %.3e\n", static_cast<int>(choice->kernel),
+                  choice->tile_rows, dl2);
+      EXPECT_LE(dl2, IsMmqKernel(choice->kernel) ? mmq_rel_l2 : 1e-2);
+      if (options.tile_rows != 0 || options.streamed_kernel != PrefillKernel::kStreamedAuto) {
+        EXPECT_EQ(std::memcmp(dgot.data(), got.data(), got.size() * sizeof(float)), 0)
+            << "the device-planned call differs from the host-planned one";
+      }
+    }
     const ExpertDecodeRunner::Shape shape{c.gu_type, c.d_type, h, I};
     const bool on_mmq = options.algorithm == PrefillAlgorithm::kGroupedTiles && UsesMmqKernel(shape) &&
                         (IsMmqKernel(options.streamed_kernel) ||

@@ -1,6 +1,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -44,7 +45,22 @@ bool OldMoeDecode() {
   return old;
 }
 
+std::atomic<bool>& PrefillSharedSerialSwitch() {
+  static std::atomic<bool> serial{EnvSwitch("TANDEM_PREFILL_SHARED_SERIAL")};
+  return serial;
+}
+
+std::atomic<bool>& HostPrefillPlanSwitch() {
+  static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
+  return host;
+}
+
 }  // namespace
+
+void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory_order_relaxed); }
+bool HostPrefillPlan() { return HostPrefillPlanSwitch().load(std::memory_order_relaxed); }
+void SetPrefillSharedSerial(bool on) { PrefillSharedSerialSwitch().store(on, std::memory_order_relaxed); }
+bool PrefillSharedSerial() { return PrefillSharedSerialSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -128,7 +144,142 @@ struct MoeStage::Impl {
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
     return absl::OkStatus();
   }
+
+  // The gated shared expert of an n-row step of Run's planned paths on `stream`: *shared_out (n × h)
+  // and *gate_out (n; nullptr without a shared gate). Both nullptr when the layer has none.
+  absl::Status SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
+                            cudaStream_t stream, const float** shared_out, const float** gate_out);
+
+  // Run's path for prefill steps (above plan_tokens) with a device table, unless
+  // TANDEM_HOST_PREFILL_PLAN: the route-and-plan kernel's units stay on the device and the routed
+  // experts run from them (runner: the fast path's prefill runner, whose DevicePlannedChoice
+  // holds; nullptr: the f32 unit kernels), so the layer never waits on the host unless picks is
+  // set. The shared expert runs on `side` beside the routing and the routed experts where it
+  // shares no buffer with them.
+  absl::Status RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                       const ExpertLocation* table, ExpertPrefillRunner* runner, cudaStream_t stream,
+                                       cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
+                                       uint64_t* local_rows, DenseProductFn product);
 };
+
+absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
+                                          cudaStream_t stream, const float** shared_out, const float** gate_out) {
+  const ModelConfig& c = config;
+  const GpuLayer& l = model->layers[layer];
+  const int64_t h = c.h;
+  *shared_out = nullptr;
+  *gate_out = nullptr;
+  if (!l.shared_gate.present()) return absl::OkStatus();
+  bool shared_done = false;  // shared and the gate logit by shared_fn
+  if (gemm && SharedExpertRunsAsDenseGemms(l) && shared_fn) {
+    absl::StatusOr<bool> done = shared_fn(layer, x, n, shared.as<float>(), gate_logit.as<float>(), stream);
+    if (!done.ok()) return done.status();
+    shared_done = *done;
+  }
+  if (shared_done) {
+    // shared (and the gate logit below) already written by the layer loop's stacked path
+  } else if (gemm && SharedExpertRunsAsDenseGemms(l)) {
+    // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
+    // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
+    float* g = shared_gemm.as<float>();
+    float* u = g + n * c.shared_ffn;
+    float* a = u + n * c.shared_ffn;
+    if (absl::Status s = product(l.shared_gate, x, n, g, stream); !s.ok()) return s;
+    if (absl::Status s = product(l.shared_up, x, n, u, stream); !s.ok()) return s;
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulF32(g, u, n * c.shared_ffn, a, stream));
+    if (absl::Status s = product(l.shared_down, a, n, shared.as<float>(), stream); !s.ok()) return s;
+  } else {
+    const std::vector<ExpertUnit> units =
+        DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
+    if (gemm) {
+      auto it = prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
+      if (it == prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
+      if (absl::Status s = it->second.Run(units, x, shared.as<float>(), stream); !s.ok()) return s;
+    } else {
+      const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                            static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+      if (absl::Status s = shared_runner->Run(units, shape, x, act.as<float>(), shared.as<float>(), stream); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  *shared_out = shared.as<float>();
+  if (l.shared_gate_inp.present()) {
+    if (!shared_done) {
+      if (absl::Status s = product(l.shared_gate_inp, x, n, gate_logit.as<float>(), stream); !s.ok()) return s;
+    }
+    *gate_out = gate_logit.as<float>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                                     const ExpertLocation* table, ExpertPrefillRunner* runner,
+                                                     cudaStream_t stream, cudaStream_t side, StageTimer& timer,
+                                                     std::vector<int32_t>* picks, uint64_t* local_rows,
+                                                     DenseProductFn product) {
+  const ModelConfig& c = config;
+  const GpuLayer& l = model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  const bool gemm = options.fast && n > kMaxUnitRows;
+  // The shared expert beside the routed ones only in its dense-GEMM forms: they write shared,
+  // gate_logit and shared_gemm, which the routed experts do not touch (the grouped forms share act
+  // or a prefill runner with them). Their cuBLAS handle is used on the main stream only before the
+  // fork (the router product) and after the join.
+  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) &&
+                       !PrefillSharedSerial();
+  timer.Mark(Stage::kRoute, stream);
+  float* router_logits = logits.as<float>();
+  if (absl::Status s = product(l.router, x, n, router_logits, stream); !s.ok()) return s;
+  const float* shared_rows = nullptr;
+  const float* shared_gate_logit = nullptr;
+  if (overlap) {
+    if (absl::Status s = fork->Fork(stream, side); !s.ok()) return s;
+    if (absl::Status s = SharedExpert(layer, x, n, gemm, product, side, &shared_rows, &shared_gate_logit); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = LaunchRouteAndPlan(n, table, router_logits, stream); !s.ok()) return s;
+  if (picks != nullptr) {
+    if (absl::Status s = router->CopyToHost(stream); !s.ok()) return s;
+  }
+  timer.Mark(Stage::kExperts, stream);
+  const int bound = static_cast<int>(MaxPlanUnits(n * K, E));
+  int* count = plan_ints.as<int>();
+  int* error = count + 1;  // read back at the end of the step (EnqueueErrorReadback)
+  if (runner != nullptr) {
+    if (absl::Status s = runner->RunDevicePlanned(plan_units.as<ExpertUnit>(), count, bound, static_cast<int>(n),
+                                                  static_cast<int>(n * K), E, x, partial.as<float>(), error, stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),
+                                          static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
+    if (absl::Status s = routed_runner->RunPlanned(plan_units.as<ExpertUnit>(), bound, count, kMaxUnitRows, shape, x,
+                                                   act.as<float>(), partial.as<float>(), stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
+  if (overlap) {
+    if (absl::Status s = fork->Join(stream, side); !s.ok()) return s;
+  } else {
+    timer.Mark(Stage::kShared, stream);
+    if (absl::Status s = SharedExpert(layer, x, n, gemm, product, stream, &shared_rows, &shared_gate_logit); !s.ok()) {
+      return s;
+    }
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(partial.as<float>(), slot.as<int32_t>(), router->device_weights(),
+                                                  static_cast<int>(n), static_cast<int>(K), static_cast<int>(h),
+                                                  shared_rows, shared_gate_logit, y, stream));
+  if (picks != nullptr) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    picks->assign(router->experts(), router->experts() + n * K);
+  }
+  return absl::OkStatus();
+}
 
 MoeStage::MoeStage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MoeStage::~MoeStage() = default;
@@ -270,6 +421,21 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
     return absl::OkStatus();
   }
+  const bool gemm = m.options.fast && n > kMaxUnitRows;
+  if (table != nullptr && m.prefill_units_bound > 0 && !HostPrefillPlan()) {
+    // Planned on the device, and no host round trip: the units stay there.
+    ExpertPrefillRunner* runner = nullptr;
+    bool device = true;
+    if (gemm) {
+      auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
+      if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the routed experts' shape");
+      runner = &it->second;
+      device = runner->DevicePlannedChoice(n * K, E).has_value();
+    }
+    if (device) {
+      return m.RunPrefillDevicePlanned(layer, x, n, y, table, runner, stream, side, timer, picks, local_rows, product);
+    }
+  }
   // 1. Routing on the GPU; the picks (or, planned on the device, the units) come back to the host.
   timer.Mark(Stage::kRoute, stream);
   float* logits = m.logits.as<float>();
@@ -318,7 +484,6 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     units = host_plan->units;
   }
   timer.Mark(Stage::kExperts, stream);
-  const bool gemm = m.options.fast && n > kMaxUnitRows;
   if (gemm) {
     auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
     if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the routed experts' shape");
@@ -337,51 +502,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   timer.Mark(Stage::kShared, stream);
   const float* shared = nullptr;
   const float* gate_logit = nullptr;
-  bool shared_done = false;  // shared and the gate logit by m.shared_fn
-  if (l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) && m.shared_fn) {
-    absl::StatusOr<bool> done =
-        m.shared_fn(layer, x, n, m.shared.as<float>(), m.gate_logit.as<float>(), stream);
-    if (!done.ok()) return done.status();
-    shared_done = *done;
-  }
-  if (l.shared_gate.present()) {
-    if (shared_done) {
-      // shared (and the gate logit below) already written by the layer loop's stacked path
-    } else if (gemm && SharedExpertRunsAsDenseGemms(l)) {
-      // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
-      // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
-      float* g = m.shared_gemm.as<float>();
-      float* u = g + n * c.shared_ffn;
-      float* a = u + n * c.shared_ffn;
-      if (absl::Status s = product(l.shared_gate, x, n, g, stream); !s.ok()) return s;
-      if (absl::Status s = product(l.shared_up, x, n, u, stream); !s.ok()) return s;
-      TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulF32(g, u, n * c.shared_ffn, a, stream));
-      if (absl::Status s = product(l.shared_down, a, n, m.shared.as<float>(), stream); !s.ok()) return s;
-    } else {
-      const std::vector<ExpertUnit> units =
-          DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
-      if (gemm) {
-        auto it = m.prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
-        if (it == m.prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
-        if (absl::Status s = it->second.Run(units, x, m.shared.as<float>(), stream); !s.ok()) return s;
-      } else {
-        const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
-                                              static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
-        if (absl::Status s =
-                m.shared_runner->Run(units, shape, x, m.act.as<float>(), m.shared.as<float>(), stream);
-            !s.ok()) {
-          return s;
-        }
-      }
-    }
-    shared = m.shared.as<float>();
-    if (l.shared_gate_inp.present()) {
-      if (!shared_done) {
-        if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), stream); !s.ok()) return s;
-      }
-      gate_logit = m.gate_logit.as<float>();
-    }
-  }
+  if (absl::Status s = m.SharedExpert(layer, x, n, gemm, product, stream, &shared, &gate_logit); !s.ok()) return s;
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
                                                   static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
                                                   gate_logit, y, stream));
@@ -523,7 +644,9 @@ absl::Status MoeStage::EnqueueErrorReadback(cudaStream_t stream) {
 absl::Status MoeStage::CheckDeviceErrors() {
   Impl& m = *impl_;
   if (m.plan_tokens == 0 || *m.error_readback.as<int>() == 0) return absl::OkStatus();
-  return absl::InternalError("the device MoE planner met a routing pick outside [0, E) or an expert without a location");
+  return absl::InternalError(
+      "the device MoE planner met a routing pick outside [0, E) or an expert without a location, or the device "
+      "prefill plan a unit it could not run");
 }
 
 absl::Status MoeStage::RunEngram(int64_t layer, const MatrixView& embd, std::span<const int64_t> rows, float* H,

@@ -11,9 +11,10 @@
 // Planning: for steps of at most kDevicePlanMaxTokens tokens whose source has a device table for
 // the layer (every expert on the GPU), the plan is made on the GPU (device_plan.cuh,
 // route_plan.cuh) and the stage never waits on the host, so a decode step can be captured as a
-// CUDA graph. Longer steps with a device table are planned on the GPU too (route_plan.cuh), and
-// only the units come back to the host once per layer, for the prefill expert runners that take
-// host units. Without a device table (the arena) the picks come back and the host plans
+// CUDA graph. Longer steps with a device table are planned on the GPU too (route_plan.cuh) and the
+// prefill runner builds its tiles from the device units (prefill_tiles_device.cuh): no host wait
+// either, unless the caller asks for the picks (or HostPrefillPlan: the units come back to the host
+// once per layer). Without a device table (the arena) the picks come back and the host plans
 // (PlanMoeStep).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_H_
@@ -66,6 +67,18 @@ class ResidentExperts : public ExpertSource {
 
 // Steps of at most this many tokens are planned on the device when the source allows it.
 inline constexpr int64_t kDevicePlanMaxTokens = 64;
+
+// Process-wide A/B switch: longer (prefill) steps with a device table bring the device plan's units
+// back to the host and plan the expert launches there, one wait per MoE layer (the path before
+// 2026-12-01), instead of running from the units on the device. Off by default;
+// TANDEM_HOST_PREFILL_PLAN on at start-up (env_switch.h) turns it on.
+void SetHostPrefillPlan(bool on);
+bool HostPrefillPlan();
+// Process-wide A/B switch: device-planned prefill steps run the shared expert on the main stream
+// after the routed experts instead of beside them on the side stream. Off by default;
+// TANDEM_PREFILL_SHARED_SERIAL on at start-up turns it on.
+void SetPrefillSharedSerial(bool on);
+bool PrefillSharedSerial();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
+#include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -226,6 +227,9 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
       // Slots no unit covers are quantized too (and never read): zeros rather than stale bits.
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(r.mmq_act_.get(), 0, m * I * 4));
     }
+    if (options.algorithm == PrefillAlgorithm::kGroupedTiles && UsesStreamedKernel(shape, options.tile_rows)) {
+      if (absl::Status s = Alloc(r.device_plan_, (2 * m + 4) * sizeof(int32_t)); !s.ok()) return s;
+    }
   } else {
     r.blas_ = std::make_unique<Blas>();
     if (absl::Status s = BlasStatus(cublasCreate(&r.blas_->handle), "cublasCreate"); !s.ok()) return s;
@@ -248,6 +252,95 @@ absl::Status ExpertPrefillRunner::Run(std::span<const ExpertUnit> units, const f
   if (units.empty()) return absl::OkStatus();
   if (options_.algorithm == PrefillAlgorithm::kCublasPerExpert) return RunCublas(units, x, partial, stream);
   return RunGrouped(units, x, partial, stream);
+}
+
+std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int64_t slots, int64_t experts) const {
+  if (device_plan_.get() == nullptr || slots < 1 || experts < 1) return std::nullopt;
+  const PrefillKernel k = options_.streamed_kernel;
+  const int t = options_.tile_rows;
+  const bool lean_default =
+      MmqAutoKernel() == PrefillKernel::kMmqLean || MmqAutoKernel() == PrefillKernel::kMmqLeanWarps8;
+  if (k == PrefillKernel::kStreamedAuto) {
+    if (t != 0) return DevicePrefillChoice{PrefillKernel::kStreamed, t};
+    if (slots <= kDeviceMmqMaxMeanRows * experts) {
+      // Small groups: the host rule's kMmqLean at 16-row tiles; another MMQ kernel or none (the
+      // row-streamed kernel) needs the groups.
+      if (mmq_x_.get() == nullptr || !lean_default) return std::nullopt;
+      return DevicePrefillChoice{MmqAutoKernel(), 16};
+    }
+    return DevicePrefillChoice{PrefillKernel::kStreamed, kStreamedMaxTileRows};
+  }
+  if (k == PrefillKernel::kMmqLean || k == PrefillKernel::kMmqLeanWarps8) {
+    if (mmq_x_.get() == nullptr || t > 16) return std::nullopt;
+    return DevicePrefillChoice{k, t == 0 ? 16 : t};
+  }
+  if (k == PrefillKernel::kStreamed || k == PrefillKernel::kStreamedL2Lines256 ||
+      k == PrefillKernel::kStreamedUnitPrefetch) {
+    return DevicePrefillChoice{k, t == 0 ? kStreamedMaxTileRows : t};
+  }
+  return std::nullopt;
+}
+
+absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units,
+                                                   int input_rows, int slots, int64_t experts, const float* x,
+                                                   float* partial, int* error, cudaStream_t stream) {
+  const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
+  if (!choice.has_value()) {
+    return absl::FailedPreconditionError("ExpertPrefillRunner: this shape or kernel choice needs the host plan");
+  }
+  if (units == nullptr || num_units == nullptr || error == nullptr || max_units < 1 || max_units > max_slots_ ||
+      input_rows < 1 || input_rows > options_.max_input_rows || slots > max_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: device plan of ", max_units, " units, ",
+                                                   input_rows, " input rows, ", slots, " slots; capacity ", max_slots_,
+                                                   " slots, ", options_.max_input_rows, " input rows"));
+  }
+  if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
+    return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
+  }
+  const int T = choice->tile_rows;
+  // A group of r rows has ceil(r / T) <= (r - 1) / T + 1 tiles, so the call at most slots / T + groups, groups <= units.
+  const int max_tiles = std::min(slots, slots / T + max_units);
+  PrefillTile* tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
+  int* scratch = device_plan_.as<int32_t>();
+  const int* tile_count = scratch + 2 * max_slots_;
+  DevicePrefillTilesArgs b;
+  b.units = units;
+  b.num_units = num_units;
+  b.max_units = max_units;
+  b.tile_rows = T;
+  b.max_slots = slots;
+  b.max_input_rows = input_rows;
+  b.gate_up_align = KernelRowAlignment(static_cast<uint32_t>(shape_.gate_up_type));
+  b.down_align = KernelRowAlignment(static_cast<uint32_t>(shape_.down_type));
+  b.tiles = tiles;
+  b.max_tiles = max_tiles;
+  b.num_tiles = scratch + 2 * max_slots_;
+  b.index = index_.as<int32_t>();
+  b.scratch = scratch;
+  b.error = error;
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchBuildPrefillTiles(b, stream));
+  last_tile_rows_ = T;
+  const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
+  if (IsMmqKernel(choice->kernel)) {
+    const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
+    const MmqActivations aq = MmqActivationPlanes(mmq_act_q_.get(), max_slots_, I);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(x, input_rows, h, xq, stream));
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqGateUp(choice->kernel, T, tiles, max_tiles, xq, index_.as<int32_t>(), h, I,
+                                                mmq_act_.as<float>(), stream, tile_count));
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(mmq_act_.as<float>(), slots, I, aq, stream));
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqDown(choice->kernel, T, tiles, max_tiles, aq, h, I, partial, stream, tile_count));
+    return absl::OkStatus();
+  }
+  uint16_t* xb = x_f16_.as<uint16_t>();
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
+  uint16_t* act = act_.as<uint16_t>();
+  const uint32_t gu_type = static_cast<uint32_t>(shape_.gate_up_type);
+  const uint32_t d_type = static_cast<uint32_t>(shape_.down_type);
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchPrefillGateUp(choice->kernel, gu_type, T, tiles, max_tiles, xb, index_.as<int32_t>(),
+                                                  h, I, act, stream, tile_count));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      LaunchPrefillDown(choice->kernel, d_type, T, tiles, max_tiles, act, h, I, partial, stream, tile_count));
+  return absl::OkStatus();
 }
 
 absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, const float* x, float* partial,

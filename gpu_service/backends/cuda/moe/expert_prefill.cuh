@@ -110,14 +110,18 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 // where xb holds f16 rows of h elements. Every tile must have rows <= tile_rows. h must be a
 // positive multiple of 32 (and of the type's block); cudaErrorInvalidValue otherwise, for an
 // unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
+// tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
+// device); num_tiles is then its bound and sizes the grid. The kStreamed variants only
+// (cudaErrorInvalidValue for the others).
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const int* tile_count = nullptr);
 
 // For every tile and row as above: partial[s] (h f32) = act[s]·down^T. inner must be a positive
 // multiple of 32 (and of the type's block).
 cudaError_t LaunchPrefillDown(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
-                              const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream);
+                              const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream,
+                              const int* tile_count = nullptr);
 
 // out (rows × cols f16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized
 // and rounded to nearest even. cudaErrorInvalidValue for an unsupported type, cols not a multiple

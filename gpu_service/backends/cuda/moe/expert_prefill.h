@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -106,6 +107,20 @@ int ChooseMmqTile(std::span<const PrefillGroup> groups);
 PrefillKernel MmqAutoKernel();
 bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 
+// The kernel and tile bound of a device-planned call (ExpertPrefillRunner::RunDevicePlanned).
+struct DevicePrefillChoice {
+  PrefillKernel kernel;
+  int tile_rows;
+};
+
+// Device-planned calls (kStreamedAuto, tile_rows 0) take kMmqLean at 16-row tiles while the mean
+// rows per expert (slots / experts) is at most this, else kStreamed at 64: ChooseMmqTile's rule
+// (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
+// 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is
+// MMQ at 512 tokens (mean 10) and kStreamed at 2048 and 8192 (40, 160), as the host rule picks
+// under uniform routing.
+inline constexpr int kDeviceMmqMaxMeanRows = 12;
+
 struct PrefillOptions {
   PrefillAlgorithm algorithm = PrefillAlgorithm::kGroupedTiles;
   // Grouped algorithms: rows per tile (one of kPrefillTileRows), or 0 to choose per call (the
@@ -143,6 +158,26 @@ class ExpertPrefillRunner {
   // [0, max_input_rows) (grouped), a null or misaligned matrix, or a type the kernels refuse.
   absl::Status Run(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
 
+  // The kernel and tile bound RunDevicePlanned takes for a call of `slots` slots over `experts`
+  // experts, chosen from those sizes alone (kDeviceMmqMaxMeanRows); nullopt where this runner's
+  // shape or options need the groups on the host (then call Run): shapes off the streamed
+  // kernels, kernels other than kStreamed* and kMmqLean*, and kStreamedAuto's small-group choices
+  // off kMmqLean (TANDEM_PREFILL_MMQ set to another kernel or off).
+  std::optional<DevicePrefillChoice> DevicePlannedChoice(int64_t slots, int64_t experts) const;
+
+  // Run for units in device memory with a device count (the route-and-plan kernel's,
+  // route_plan.cuh): the tiles, their count and the slot index are built on the device
+  // (prefill_tiles_device.cuh) and the kernels read the count, so nothing waits on the host.
+  // input_rows: rows of x the units may address (the step's tokens); slots: bound on the units'
+  // slots (n·K), which sizes the call; max_units bounds *num_units (at most max_slots). The checks
+  // Run makes on host units are made on the device: a failing unit, or a count above max_units,
+  // sets *error to 1 and the call computes nothing (read *error back later, as the device plan's
+  // error flag is). FailedPrecondition where DevicePlannedChoice is nullopt; InvalidArgument for
+  // sizes beyond the runner's or a misaligned partial.
+  absl::Status RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units, int input_rows,
+                                int slots, int64_t experts, const float* x, float* partial, int* error,
+                                cudaStream_t stream);
+
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.
   int last_tile_rows() const { return last_tile_rows_; }
@@ -161,6 +196,9 @@ class ExpertPrefillRunner {
   DeviceBuffer act_;        // f16 [max_slots × I]
   DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles
   PinnedBuffer index_staging_;
+  // Device-planned calls (where the streamed kernels may run): the tile builder's scratch (2 ·
+  // max_slots ints) and then the tile count.
+  DeviceBuffer device_plan_;
   // Grouped algorithms.
   DeviceBuffer x_f16_;     // f16 [max_input_rows × h]
   // kMmq (allocated where it may run): x quantized, the f32 SiLU·up rows, those quantized.

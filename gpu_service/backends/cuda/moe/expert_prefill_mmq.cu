@@ -507,8 +507,13 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
 // 2048) or 16 warps with 4; up to 32: 8 warps with 4 (74 KB + 138 KB).
 template <bool kGateUp>
 cudaError_t Launch(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles, MmqActivations a,
-                   const int32_t* a_index, int K, int N, int out_cols, float* out, cudaStream_t stream) {
+                   const int32_t* a_index, int K, int N, int out_cols, float* out, cudaStream_t stream,
+                   const int* tile_count) {
   if (!IsMmqKernel(kernel) || tile_rows < 1 || tile_rows > kMmqMaxTileRows) return cudaErrorInvalidValue;
+  // A device-side tile count: only the lean kernels read one.
+  if (tile_count != nullptr && kernel != PrefillKernel::kMmqLean && kernel != PrefillKernel::kMmqLeanWarps8) {
+    return cudaErrorInvalidValue;
+  }
   if (K <= 0 || K % 256 != 0 || K > kMmqMaxK || N <= 0) return cudaErrorInvalidValue;
   if (num_tiles <= 0) return cudaSuccess;
   const bool small = tile_rows <= 16;
@@ -516,7 +521,7 @@ cudaError_t Launch(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles
     case PrefillKernel::kMmqLean:
     case PrefillKernel::kMmqLeanWarps8:
       return LaunchMmqLean(kGateUp, kernel == PrefillKernel::kMmqLean ? 16 : 8, tile_rows, tiles, num_tiles, a, a_index,
-                           K, N, out_cols, out, stream);
+                           K, N, out_cols, out, stream, tile_count);
     case PrefillKernel::kMmq:
       return small ? LaunchKernel<kGateUp, 2, 8, 8, kFull>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream)
                    : LaunchKernel<kGateUp, 4, 8, 4, kFull>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream);
@@ -570,13 +575,17 @@ cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivation
 }
 
 cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
-                            MmqActivations x, const int32_t* index, int h, int inner, float* act, cudaStream_t stream) {
-  return prefill_mmq::Launch<true>(kernel, tile_rows, tiles, num_tiles, x, index, h, 2 * inner, inner, act, stream);
+                            MmqActivations x, const int32_t* index, int h, int inner, float* act, cudaStream_t stream,
+                            const int* tile_count) {
+  return prefill_mmq::Launch<true>(kernel, tile_rows, tiles, num_tiles, x, index, h, 2 * inner, inner, act, stream,
+                                   tile_count);
 }
 
 cudaError_t LaunchMmqDown(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
-                          MmqActivations act, int h, int inner, float* partial, cudaStream_t stream) {
-  return prefill_mmq::Launch<false>(kernel, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, partial, stream);
+                          MmqActivations act, int h, int inner, float* partial, cudaStream_t stream,
+                          const int* tile_count) {
+  return prefill_mmq::Launch<false>(kernel, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, partial, stream,
+                                    tile_count);
 }
 
 }  // namespace tandem::cuda

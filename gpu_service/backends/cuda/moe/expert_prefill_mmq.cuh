@@ -50,12 +50,17 @@ cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivation
 // kernel: kMmq, kMmqWarps16, kMmqLean, kMmqLoadOnly or kMmqMathOnly (the last two compute nothing useful:
 // timing experiments). For every tile and row r < tile.rows, slot s = tile.first_slot + r:
 //   act[s] (inner f32) = SiLU(x[index[s]]·gate^T) ⊙ (x[index[s]]·up^T), x quantized (h wide rows).
+// tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
+// device); num_tiles is then its bound and sizes the grid. kMmqLean and kMmqLeanWarps8 only
+// (cudaErrorInvalidValue for the others).
 cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
-                            MmqActivations x, const int32_t* index, int h, int inner, float* act, cudaStream_t stream);
+                            MmqActivations x, const int32_t* index, int h, int inner, float* act, cudaStream_t stream,
+                            const int* tile_count = nullptr);
 
 // partial[s] (h f32) = act[s]·down^T, act quantized (inner wide rows, indexed by slot).
 cudaError_t LaunchMmqDown(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
-                          MmqActivations act, int h, int inner, float* partial, cudaStream_t stream);
+                          MmqActivations act, int h, int inner, float* partial, cudaStream_t stream,
+                          const int* tile_count = nullptr);
 
 // kMmqLean (expert_prefill_mmq_lean.cu; LaunchMmqGateUp / LaunchMmqDown forward to it): the same
 // results as kMmqWarps16 (same integer sums, f32 steps in another order) with fewer instructions per
@@ -63,7 +68,7 @@ cudaError_t LaunchMmqDown(PrefillKernel kernel, int tile_rows, const PrefillTile
 // 2·inner, out_cols = inner; else N = h, out_cols = h.
 cudaError_t LaunchMmqLean(bool gate_up, int warps, int tile_rows, const PrefillTile* tiles, int num_tiles,
                           MmqActivations a, const int32_t* a_index, int K, int N, int out_cols, float* out,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const int* tile_count = nullptr);
 
 }  // namespace tandem::cuda
 

@@ -104,7 +104,10 @@ __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f 
 template <bool kGateUp, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     MmqLeanKernel(const PrefillTile* __restrict__ tiles, int num_tiles, MmqActivations a,
-                  const int32_t* __restrict__ a_index, int K, int N, int out_cols, float* __restrict__ out) {
+                  const int32_t* __restrict__ a_index, int K, int N, int out_cols, float* __restrict__ out,
+                  const int* __restrict__ tile_count) {
+  // A device-planned call: the tiles were counted on the device; num_tiles is their bound.
+  if (tile_count != nullptr) num_tiles = min(num_tiles, *tile_count);
   static_assert((kStages & (kStages - 1)) == 0, "ring stages: a power of two");
   constexpr int kThreads = kWarps * 32;
   constexpr int kUnitRows = 16 * kWarps;
@@ -381,7 +384,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
 template <bool kGateUp, int kWarps, int kStages>
 cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations a, const int32_t* a_index, int K,
-                         int N, int out_cols, float* out, cudaStream_t stream) {
+                         int N, int out_cols, float* out, cudaStream_t stream, const int* tile_count) {
   if (N % (16 * kWarps) != 0) return cudaErrorInvalidValue;
   const int smem = ActSmemBytes(K) + kWarps * kStages * kStageBytes;
   if (smem > kSmemLimit) return cudaErrorInvalidValue;
@@ -407,7 +410,7 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
   const int64_t units = static_cast<int64_t>(num_tiles) * (N / (16 * kWarps));
   const int64_t blocks = std::min<int64_t>(units, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(tiles, num_tiles, a, a_index, K, N, out_cols,
-                                                                         out);
+                                                                         out, tile_count);
   return cudaGetLastError();
 }
 
@@ -416,17 +419,17 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
 
 cudaError_t LaunchMmqLean(bool gate_up, int warps, int tile_rows, const PrefillTile* tiles, int num_tiles,
                           MmqActivations a, const int32_t* a_index, int K, int N, int out_cols, float* out,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const int* tile_count) {
   using prefill_mmq_lean::LaunchKernel;
   if (tile_rows < 1 || tile_rows > 16 || (warps != 8 && warps != 16)) return cudaErrorInvalidValue;
   if (K <= 0 || K % 256 != 0 || K > kMmqMaxK || N <= 0) return cudaErrorInvalidValue;
   if (num_tiles <= 0) return cudaSuccess;
   if (warps == 8) {
-    return gate_up ? LaunchKernel<true, 8, 8>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream)
-                   : LaunchKernel<false, 8, 8>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream);
+    return gate_up ? LaunchKernel<true, 8, 8>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream, tile_count)
+                   : LaunchKernel<false, 8, 8>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream, tile_count);
   }
-  return gate_up ? LaunchKernel<true, 16, 4>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream)
-                 : LaunchKernel<false, 16, 4>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream);
+  return gate_up ? LaunchKernel<true, 16, 4>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream, tile_count)
+                 : LaunchKernel<false, 16, 4>(tiles, num_tiles, a, a_index, K, N, out_cols, out, stream, tile_count);
 }
 
 }  // namespace tandem::cuda

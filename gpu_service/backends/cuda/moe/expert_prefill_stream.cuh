@@ -146,7 +146,10 @@ template <bool kGateUp, PrefillKernel kVariant, int kMaxRows>
 __global__ void __launch_bounds__(kThreads, 2)
     StreamedQ4KGemmKernel(const PrefillTile* __restrict__ tiles, int num_tiles, const uint16_t* __restrict__ a,
                           const int32_t* __restrict__ a_index, int K, int N, int out_cols,
-                          uint16_t* __restrict__ act_out, float* __restrict__ f32_out) {
+                          uint16_t* __restrict__ act_out, float* __restrict__ f32_out,
+                          const int* __restrict__ tile_count) {
+  // A device-planned call: the tiles were counted on the device; num_tiles is their bound.
+  if (tile_count != nullptr) num_tiles = min(num_tiles, *tile_count);
   using R = Ring<kMaxRows>;
   constexpr int kStages = R::kStages, kABytes = R::kABytes, kALoads = R::kALoads, kFrags = R::kFrags;
   extern __shared__ __align__(128) uint8_t smem[];

@@ -1,6 +1,6 @@
-// The route-and-plan kernel (route_plan.cuh): blocks of kWarps warps; with several blocks each warp
-// routes one token and the last block to finish plans; a single block routes every token, then
-// plans.
+// The route-and-plan kernel (route_plan.cuh): blocks of kWarps warps (prefill steps: kPrefillWarps);
+// with several blocks each warp routes one token and the last block to finish plans; a single block
+// routes every token, then plans.
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 
 #include <cfloat>
@@ -14,9 +14,14 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+// Prefill steps (more than kRoutePlanDecodeMaxTokens tokens): blocks of kPrefillWarps warps, so that the
+// last block plans the step's n·K pairs with 4x the threads (one block of 128 threads placed the
+// 81920 pairs of an 8192-token step alone; the routing itself is spread over the grid either way).
+constexpr int kPrefillWarps = 16;
 constexpr int kMaxCandidates = 64;                    // the top-K candidates a warp ranks directly
 
-using Plan = plan_detail::BlockPlan<kThreads, kRoutePlanMaxExperts>;
+template <int kW>
+using Plan = plan_detail::BlockPlan<kW * 32, kRoutePlanMaxExperts>;
 
 // Per-warp shared scratch of the routing.
 struct RouteScratch {
@@ -247,11 +252,11 @@ __device__ bool FinishedLast(unsigned* counter) {
   return last;
 }
 
-template <int kPer>
-__global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
-  __shared__ RouteScratch scratch[kWarps];
+template <int kPer, int kW>
+__device__ __forceinline__ void RoutePlan(const RoutePlanArgs& a) {
+  __shared__ RouteScratch scratch[kW];
   __shared__ union {
-    Plan::Storage plan;
+    typename Plan<kW>::Storage plan;
     OneTokenShared one;
   } shared;
   const int warp = threadIdx.x >> 5;
@@ -259,15 +264,17 @@ __global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   if (gridDim.x > 1) {  // each warp routes a token; the last block plans
-    const int t = blockIdx.x * kWarps + warp;
+    const int t = blockIdx.x * kW + warp;
     if (t < p.n) RouteTokenWarp<kPer>(p.logits, t, p.E, p.K, p.experts_out, p.weights_out, scratch[warp]);
     if (!FinishedLast(a.counter)) return;
   } else {
-    if (p.n == 1) {
-      RouteAndPlanOneToken<kPer>(p, scratch[0], shared.one);
-      return;
+    if constexpr (kW == kWarps) {  // the prefill variant never has one token
+      if (p.n == 1) {
+        RouteAndPlanOneToken<kPer>(p, scratch[0], shared.one);
+        return;
+      }
     }
-    for (int t = warp; t < p.n; t += kWarps) {
+    for (int t = warp; t < p.n; t += kW) {
       RouteTokenWarp<kPer>(p.logits, t, p.E, p.K, p.experts_out, p.weights_out, scratch[warp]);
     }
     __threadfence();  // the picks (read through L2 by the plan), for every thread of the block
@@ -276,12 +283,28 @@ __global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
   if (p.n * p.K <= 32 && p.n <= plan_detail::kSmallPlanMaxTokens) {
     if (warp == 0) plan_detail::WarpPlan(p);
   } else {
-    Plan::Run(p, shared.plan);
+    Plan<kW>::Run(p, shared.plan);
   }
 }
 
 template <int kPer>
+__global__ void __launch_bounds__(kThreads) RoutePlanKernel(RoutePlanArgs a) {
+  RoutePlan<kPer, kWarps>(a);
+}
+
+// One block per SM at most is what the prefill grid needs (n / 16 blocks); saying so lets ptxas keep
+// the routing in registers (64 registers and spills without it).
+template <int kPer>
+__global__ void __launch_bounds__(kPrefillWarps * 32, 1) RoutePlanPrefillKernel(RoutePlanArgs a) {
+  RoutePlan<kPer, kPrefillWarps>(a);
+}
+
+template <int kPer>
 cudaError_t Launch(const RoutePlanArgs& a, cudaStream_t stream) {
+  if (a.plan.n > kRoutePlanDecodeMaxTokens && RoutePlanPrefillWide()) {
+    return LaunchPdl(RoutePlanPrefillKernel<kPer>, (a.plan.n + kPrefillWarps - 1) / kPrefillWarps,
+                     kPrefillWarps * 32, 0, stream, a);
+  }
   return LaunchPdl(RoutePlanKernel<kPer>, (a.plan.n + kWarps - 1) / kWarps, kThreads, 0, stream, a);
 }
 

@@ -49,6 +49,20 @@ inline std::atomic<bool>& RoutePlanSwitch() {
 inline void SetRoutePlanFused(bool on) { RoutePlanSwitch().store(on, std::memory_order_relaxed); }
 inline bool RoutePlanFused() { return RoutePlanSwitch().load(std::memory_order_relaxed); }
 
+// Steps of at most this many tokens are the decode path's; longer ones are prefill steps (moe_stage.h's
+// kDevicePlanMaxTokens).
+inline constexpr int kRoutePlanDecodeMaxTokens = 64;
+
+// Process-wide A/B switch: prefill steps run the kernel with blocks of 16 warps (the last block
+// plans with 512 threads) instead of 4 (on by default). TANDEM_ROUTE_PLAN_NARROW on at start-up
+// turns it off.
+inline std::atomic<bool>& RoutePlanPrefillWideSwitch() {
+  static std::atomic<bool> wide{!EnvSwitch("TANDEM_ROUTE_PLAN_NARROW")};
+  return wide;
+}
+inline void SetRoutePlanPrefillWide(bool on) { RoutePlanPrefillWideSwitch().store(on, std::memory_order_relaxed); }
+inline bool RoutePlanPrefillWide() { return RoutePlanPrefillWideSwitch().load(std::memory_order_relaxed); }
+
 // cudaErrorInvalidValue for n < 1, K outside [1, min(E, 32)], E above kRoutePlanMaxExperts, a null
 // required pointer or plan.experts != plan.experts_out.
 cudaError_t LaunchRoutePlan(const RoutePlanArgs& args, cudaStream_t stream);
