@@ -1,0 +1,270 @@
+// The device-planned paths of MoeStage (moe_stage.h): steps of up to plan_tokens tokens (decode,
+// with the two one-token kernels at n = 1) and prefill steps over a device table, where routing,
+// planning and the expert runs stay on the GPU; and the gated shared expert both kinds of step use.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
+#include "gpu_service/backends/cuda/moe/router.h"
+#include "gpu_service/backends/cuda/weight_type_ids.h"
+
+namespace tandem::cuda {
+
+using moe_stage_internal::MaxPlanUnits;
+using moe_stage_internal::OldMoeDecode;
+
+absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
+                                          cudaStream_t stream, const float** shared_out, const float** gate_out) {
+  const ModelConfig& c = config;
+  const GpuLayer& l = model->layers[layer];
+  const int64_t h = c.h;
+  *shared_out = nullptr;
+  *gate_out = nullptr;
+  if (!l.shared_gate.present()) return absl::OkStatus();
+  bool shared_done = false;  // shared and the gate logit by shared_fn
+  if (gemm && SharedExpertRunsAsDenseGemms(l) && shared_fn) {
+    absl::StatusOr<bool> done = shared_fn(layer, x, n, shared.as<float>(), gate_logit.as<float>(), stream);
+    if (!done.ok()) return done.status();
+    shared_done = *done;
+  }
+  if (shared_done) {
+    // shared (and the gate logit below) already written by the layer loop's stacked path
+  } else if (gemm && SharedExpertRunsAsDenseGemms(l)) {
+    // One expert over every row: three dense GEMMs (cuBLAS, the layer loop's precision) keep the
+    // whole GPU busy, where the grouped expert kernel had one tile column per 128 rows.
+    float* g = shared_gemm.as<float>();
+    float* u = g + n * c.shared_ffn;
+    float* a = u + n * c.shared_ffn;
+    if (absl::Status s = product(l.shared_gate, x, n, g, stream); !s.ok()) return s;
+    if (absl::Status s = product(l.shared_up, x, n, u, stream); !s.ok()) return s;
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchSiluMulF32(g, u, n * c.shared_ffn, a, stream));
+    if (absl::Status s = product(l.shared_down, a, n, shared.as<float>(), stream); !s.ok()) return s;
+  } else {
+    const std::vector<ExpertUnit> units =
+        DenseExpertUnits({l.shared_gate.data, l.shared_up.data, l.shared_down.data}, n, 0);
+    if (gemm) {
+      auto it = prefill.find(ShapeKey{l.shared_gate.type, l.shared_down.type, c.shared_ffn});
+      if (it == prefill.end()) return absl::InternalError("no prefill runner for the shared expert's shape");
+      if (absl::Status s = it->second.Run(units, x, shared.as<float>(), stream); !s.ok()) return s;
+    } else {
+      const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                            static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+      if (absl::Status s = shared_runner->Run(units, shape, x, act.as<float>(), shared.as<float>(), stream); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  *shared_out = shared.as<float>();
+  if (l.shared_gate_inp.present()) {
+    if (!shared_done) {
+      if (absl::Status s = product(l.shared_gate_inp, x, n, gate_logit.as<float>(), stream); !s.ok()) return s;
+    }
+    *gate_out = gate_logit.as<float>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                                     const ExpertLocation* table, ExpertPrefillRunner* runner,
+                                                     cudaStream_t stream, cudaStream_t side, StageTimer& timer,
+                                                     std::vector<int32_t>* picks, uint64_t* local_rows,
+                                                     DenseProductFn product) {
+  const ModelConfig& c = config;
+  const GpuLayer& l = model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  const bool gemm = options.fast && n > kMaxUnitRows;
+  // The shared expert beside the routed ones only in its dense-GEMM forms: they write shared,
+  // gate_logit and shared_gemm, which the routed experts do not touch (the grouped forms share act
+  // or a prefill runner with them). Their cuBLAS handle is used on the main stream only before the
+  // fork (the router product) and after the join.
+  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) &&
+                       !PrefillSharedSerial();
+  timer.Mark(Stage::kRoute, stream);
+  float* router_logits = logits.as<float>();
+  if (absl::Status s = product(l.router, x, n, router_logits, stream); !s.ok()) return s;
+  const float* shared_rows = nullptr;
+  const float* shared_gate_logit = nullptr;
+  if (overlap) {
+    if (absl::Status s = fork->Fork(stream, side); !s.ok()) return s;
+    if (absl::Status s = SharedExpert(layer, x, n, gemm, product, side, &shared_rows, &shared_gate_logit); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = LaunchRouteAndPlan(n, table, router_logits, stream); !s.ok()) return s;
+  if (picks != nullptr) {
+    if (absl::Status s = router->CopyToHost(stream); !s.ok()) return s;
+  }
+  timer.Mark(Stage::kExperts, stream);
+  const int bound = static_cast<int>(MaxPlanUnits(n * K, E));
+  int* count = plan_ints.as<int>();
+  int* error = count + 1;  // read back at the end of the step (EnqueueErrorReadback)
+  if (runner != nullptr) {
+    if (absl::Status s = runner->RunDevicePlanned(plan_units.as<ExpertUnit>(), count, bound, static_cast<int>(n),
+                                                  static_cast<int>(n * K), E, x, partial.as<float>(), error, stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),
+                                          static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
+    if (absl::Status s = routed_runner->RunPlanned(plan_units.as<ExpertUnit>(), bound, count, kMaxUnitRows, shape, x,
+                                                   act.as<float>(), partial.as<float>(), stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
+  if (overlap) {
+    if (absl::Status s = fork->Join(stream, side); !s.ok()) return s;
+  } else {
+    timer.Mark(Stage::kShared, stream);
+    if (absl::Status s = SharedExpert(layer, x, n, gemm, product, stream, &shared_rows, &shared_gate_logit); !s.ok()) {
+      return s;
+    }
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(partial.as<float>(), slot.as<int32_t>(), router->device_weights(),
+                                                  static_cast<int>(n), static_cast<int>(K), static_cast<int>(h),
+                                                  shared_rows, shared_gate_logit, y, stream));
+  if (picks != nullptr) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    picks->assign(router->experts(), router->experts() + n * K);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                        const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
+                                        StageTimer& timer, DenseProductFn product, bool copy_picks) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const GpuLayer& l = m.model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  // The shared expert needs only x: on the side stream (when given) it runs beside the routing and
+  // the routed experts instead of after them. Its gate logit too, when that is a matrix-vector
+  // product (a GEMM would share the cuBLAS handle with the main stream's router product).
+  const bool has_shared = l.shared_gate.present();
+  const bool overlap = side != nullptr && has_shared;
+  cudaStream_t ss = overlap ? side : stream;
+  const float* shared = nullptr;
+  const float* gate_logit = nullptr;
+  const bool gate_on_side = overlap && n <= kMaxUnitRows;
+  if (has_shared) {
+    if (overlap) {
+      if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
+    }
+    timer.Mark(Stage::kShared, stream);
+    const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
+    ExpertUnit* units = m.plan_shared_units.as<ExpertUnit>();
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDenseUnitsOnDevice(where, static_cast<int>(n), units, ss));
+    const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
+                                          static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
+    const int count = static_cast<int>((n + kMaxUnitRows - 1) / kMaxUnitRows);
+    if (absl::Status s = m.shared_runner->RunPlanned(units, count, nullptr, static_cast<int>(std::min<int64_t>(n, kMaxUnitRows)),
+                                                     shape, x, m.shared_act.as<float>(), m.shared.as<float>(), ss);
+        !s.ok()) {
+      return s;
+    }
+    shared = m.shared.as<float>();
+    if (l.shared_gate_inp.present()) {
+      if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), gate_on_side ? ss : stream);
+          !s.ok()) {
+        return s;
+      }
+      gate_logit = m.gate_logit.as<float>();
+    }
+  }
+  // Routing and the plan, on the GPU only: no host wait.
+  timer.Mark(Stage::kRoute, stream);
+  float* logits = m.logits.as<float>();
+  DeviceMoePlanArgs a = m.PlanArgs(n, table);
+  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
+  // with no plan kernel and no scatter-sum; Q4_K routed experts only.
+  if (n == 1 && !OldMoeDecode() && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+      GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+      OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h), static_cast<int>(c.expert_ffn))) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(1);
+    if (!out.ok()) return out.status();
+    OneTokenMoeArgs o;
+    o.logits = logits;
+    o.E = static_cast<int>(E);
+    o.K = static_cast<int>(K);
+    o.table = table;
+    o.h = static_cast<int>(h);
+    o.inner = static_cast<int>(c.expert_ffn);
+    o.x = x;
+    o.act = m.act.as<float>();
+    o.experts_out = out->first;
+    o.weights_out = out->second;
+    o.error = a.error;
+    o.shared = shared;
+    o.shared_gate_logit = gate_logit;
+    o.y = y;
+    timer.Mark(Stage::kExperts, stream);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
+    if (overlap) {
+      if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeDown(o, stream));
+    // After the down kernel, not between the two: a copy there would cut their overlap.
+    if (copy_picks) {
+      if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // One-token steps keep the one-warp plan kernel (LaunchPlanMoeOnDevice): measured faster in the
+  // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
+  if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
+    // One kernel: routing and the plan.
+    if (absl::Status s = m.LaunchRouteAndPlan(n, table, logits, stream); !s.ok()) return s;
+  } else {
+    // Routing and planning in one kernel (fused when the expert count allows it); the picks stay
+    // on the device unless the caller asked for them.
+    if (E <= kDeviceRouteMaxExperts && K <= 32) {
+      absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(n);
+      if (!out.ok()) return out.status();
+      a.logits = logits;
+      a.experts_out = out->first;
+      a.weights_out = out->second;
+    } else if (absl::Status s = m.router->RouteLogits(logits, n, stream, false); !s.ok()) {
+      return s;
+    }
+    a.experts = m.router->device_experts();
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchPlanMoeOnDevice(a, stream));
+  }
+  if (copy_picks) {
+    if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+  }
+  timer.Mark(Stage::kExperts, stream);
+  // With one token every expert has at most one row; the one-row kernels suit it.
+  const int max_rows = n == 1 ? 1 : kMaxUnitRows;
+  const ExpertDecodeRunner::Shape routed{static_cast<WeightType>(l.gate_exps.type),
+                                         static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};
+  if (absl::Status s = m.routed_runner->RunPlanned(a.units, static_cast<int>(n * K), a.num_units, max_rows, routed, x,
+                                                   m.act.as<float>(), m.partial.as<float>(), stream);
+      !s.ok()) {
+    return s;
+  }
+  if (overlap) {
+    if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchMoeScatterSum(m.partial.as<float>(), m.slot.as<int32_t>(), m.router->device_weights(),
+                                                  static_cast<int>(n), static_cast<int>(K), static_cast<int>(h), shared,
+                                                  gate_logit, y, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda

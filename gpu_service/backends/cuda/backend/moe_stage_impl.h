@@ -1,0 +1,121 @@
+// MoeStage's state (MoeStage::Impl) and the helpers its two source files share: moe_stage.cc
+// (creation, the host-planned path, Engram) and moe_stage_device.cc (the device-planned paths of
+// decode and prefill, and the shared expert). Internal to the backend folder.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_IMPL_H_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_IMPL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
+#include "gpu_service/backends/cuda/moe/engram_host.h"
+#include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/route_plan.cuh"
+#include "gpu_service/backends/cuda/moe/router.h"
+
+namespace tandem::cuda {
+namespace moe_stage_internal {
+
+using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down type, inner
+
+// The most units a plan of `pairs` (token, expert) pairs over E experts can have: per expert
+// ceil(rows / kMaxUnitRows), at most pairs / kMaxUnitRows + (experts named) in all.
+inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, pairs / kMaxUnitRows + E); }
+
+// TANDEM_OLD_MOE_DECODE=1 (read once, at the first MoE step) keeps one-token steps on the planned
+// path (router product, plan kernel, gate/up, down, scatter-sum) instead of the two one-token
+// kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
+bool OldMoeDecode();
+
+}  // namespace moe_stage_internal
+
+struct MoeStage::Impl {
+  using ShapeKey = moe_stage_internal::ShapeKey;
+
+  ModelConfig config;
+  const DeviceModel* model = nullptr;
+  MoeStageOptions options;
+  std::optional<GpuRouter> router;
+  std::optional<ExpertDecodeRunner> routed_runner, shared_runner;
+  std::map<ShapeKey, ExpertPrefillRunner> prefill;  // fast mode: per expert shape
+  DeviceBuffer logits, act, partial, shared, gate_logit, slot;
+  // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
+  // (T × shared_ffn each) between its three dense GEMMs.
+  DeviceBuffer shared_gemm;
+  PinnedBuffer slot_staging;
+  // Steps above plan_tokens with a device table: the device plan's unit
+  // count and units brought back (prefill_units_bound units at most; 0: not set up).
+  int64_t prefill_units_bound = 0;
+  PinnedBuffer units_staging;
+  // The device planner's outputs (device_plan.cuh), for steps of up to plan_tokens tokens.
+  int64_t plan_tokens = 0;
+  // plan_ints: [unit count, error flag, the route-and-plan kernel's block counter]
+  DeviceBuffer plan_units, plan_shared_units, plan_ints;
+  PinnedBuffer error_readback;
+  DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
+  std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
+  SharedExpertFn shared_fn;  // SetSharedExpertFn
+  std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
+
+  // The device planners' arguments for an n-token step over `table`, into this stage's unit,
+  // count, error and slot buffers (routing inputs and outputs left to the caller).
+  DeviceMoePlanArgs PlanArgs(int64_t n, const ExpertLocation* table) {
+    DeviceMoePlanArgs a;
+    a.n = static_cast<int>(n);
+    a.K = static_cast<int>(config.moe.K);
+    a.E = static_cast<int>(config.moe.E);
+    a.table = table;
+    a.units = plan_units.as<ExpertUnit>();
+    a.num_units = plan_ints.as<int>();
+    a.error = plan_ints.as<int>() + 1;
+    a.slot = slot.as<int32_t>();
+    return a;
+  }
+
+  // Routes the n tokens' logits and plans the step on the device in one kernel (route_plan.cuh):
+  // picks and weights into the router's device outputs, units, count and slots into this stage's
+  // buffers.
+  absl::Status LaunchRouteAndPlan(int64_t n, const ExpertLocation* table, const float* logits, cudaStream_t stream) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    RoutePlanArgs rp;
+    rp.plan = PlanArgs(n, table);
+    rp.plan.logits = logits;
+    rp.plan.experts = rp.plan.experts_out = out->first;
+    rp.plan.weights_out = out->second;
+    rp.counter = reinterpret_cast<unsigned*>(plan_ints.as<int>() + 2);
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    return absl::OkStatus();
+  }
+
+  // The gated shared expert of an n-row step of Run's planned paths on `stream`: *shared_out (n × h)
+  // and *gate_out (n; nullptr without a shared gate). Both nullptr when the layer has none.
+  absl::Status SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
+                            cudaStream_t stream, const float** shared_out, const float** gate_out);
+
+  // Run's path for prefill steps (above plan_tokens) with a device table, unless
+  // TANDEM_HOST_PREFILL_PLAN: the route-and-plan kernel's units stay on the device and the routed
+  // experts run from them (runner: the fast path's prefill runner, whose DevicePlannedChoice
+  // holds; nullptr: the f32 unit kernels), so the layer never waits on the host unless picks is
+  // set. The shared expert runs on `side` beside the routing and the routed experts where it
+  // shares no buffer with them.
+  absl::Status RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                       const ExpertLocation* table, ExpertPrefillRunner* runner, cudaStream_t stream,
+                                       cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
+                                       uint64_t* local_rows, DenseProductFn product);
+};
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_IMPL_H_
