@@ -33,6 +33,7 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
+#include "gpu_service/backends/cuda/moe/mmq_device.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -61,33 +62,11 @@ __host__ __device__ constexpr int ActSmemBytes(int tokens, int K, bool tf32_min)
   return 2 * tokens * K + tokens * (K / 256) * 4 + SumSmemBytes(tokens, K, tf32_min) + tokens * 8;
 }
 
-// c += a · b (m16n8k8, tf32 operands as f32 bit patterns, f32 accumulators).
-__device__ __forceinline__ void MmaTf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
-// v rounded to tf32 (nearest, ties away), as an f32.
-__device__ __forceinline__ float RoundTf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
-}
-
-// d = a · b (int8, m16n8k32), the accumulator input zero: each sub-block's product is scaled by its
-// own integer scale before it is summed.
-__device__ __forceinline__ void MmaS8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
-
-__device__ __forceinline__ void LdMatrixX4S(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+using mmq_device::LdMatrixX4S;
+using mmq_device::MmaS8;
+using mmq_device::MmaTf32;
+using mmq_device::RoundTf32;
 
 __device__ __forceinline__ int Byte(uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xFFu); }
 
@@ -208,37 +187,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // the copies below issue 8 independent loads a thread per round (no load waits on an index load).
   auto load_tile = [&](int64_t tile_index) {
     const PrefillTile tile = tiles[tile_index];
-    __syncthreads();  // every warp is done with the previous tile's activations
-    if (tid < tile.rows) {
-      const int slot = tile.first_slot + tid;
-      s_row[tid] = a_index != nullptr ? a_index[slot] : slot;
-    }
-    __syncthreads();
-    const int chunks = K / 16;
-    const int total_chunks = tile.rows * chunks;
-    constexpr int kBatch = 4;
-    for (int i0 = tid; i0 < total_chunks; i0 += kBatch * kThreads) {
-      uint4 vh[kBatch], vl[kBatch];
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * kThreads;
-        if (i < total_chunks) {
-          const int64_t off = s_row[i / chunks] * K + (i % chunks) * 16;
-          vh[k] = *reinterpret_cast<const uint4*>(a.hi + off);
-          vl[k] = *reinterpret_cast<const uint4*>(a.lo + off);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * kThreads;
-        if (i < total_chunks) {
-          const int r = i / chunks, c = i % chunks;
-          const int dst = r * K + ((c ^ (r & 7)) << 4);
-          *reinterpret_cast<uint4*>(s_hi + dst) = vh[k];
-          *reinterpret_cast<uint4*>(s_lo + dst) = vl[k];
-        }
-      }
-    }
+    mmq_device::StageTileRows<kThreads>(tile, a_index, a, K, s_row, tid, [&](int r, int c, uint4 vh, uint4 vl) {
+      const int dst = r * K + ((c ^ (r & 7)) << 4);  // 16-byte chunks XOR-swizzled by row
+      *reinterpret_cast<uint4*>(s_hi + dst) = vh;
+      *reinterpret_cast<uint4*>(s_lo + dst) = vl;
+    });
     const int subs = K / 32;
     for (int i = tid; i < tile.rows * KB; i += kThreads) {
       const int r = i / KB, b = i % KB;
@@ -477,27 +430,12 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
   if (N % (16 * kWarps) != 0) return cudaErrorInvalidValue;
   const int smem = ActSmemBytes(kT, K, kTf32Min) + kWarps * kStages * kStageBytes;
   if (smem > kSmemLimit) return cudaErrorInvalidValue;
-  auto* kernel = MmqQ4KKernel<kGateUp, kNB, kWarps, kStages, kMode, kTf32Min>;
-  // The shared-memory attribute and the resident-block count, once per device and shared-memory
-  // size: a prefill step launches this per layer, and the host time of these queries delays it.
-  thread_local int cached_device = -1, cached_smem = -1, sms = 0, per_sm = 0;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (device != cached_device || smem != cached_smem) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    cached_device = device;
-    cached_smem = smem;
-  }
+  constexpr auto kernel = MmqQ4KKernel<kGateUp, kNB, kWarps, kStages, kMode, kTf32Min>;
   const int64_t units = static_cast<int64_t>(num_tiles) * (N / (16 * kWarps));
-  const int64_t blocks = std::min<int64_t>(units, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  int64_t blocks = 0;
+  if (cudaError_t e = mmq_device::PersistentBlocks<kernel>(kWarps * 32, smem, units, &blocks); e != cudaSuccess) {
+    return e;
+  }
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(tiles, num_tiles, a, a_index, K, N, out_cols,
                                                                          out);
   return cudaGetLastError();

@@ -30,6 +30,7 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
+#include "gpu_service/backends/cuda/moe/mmq_device.cuh"
 
 namespace tandem::cuda {
 namespace prefill_mmq_lean {
@@ -52,30 +53,13 @@ __host__ __device__ constexpr int ActSmemBytes(int K) {
   return kT * RowStride(K) + kT * (K / 256) * 4 + (K / 256) * kNB * 32 * 16 + kT * 8;
 }
 
-__device__ __forceinline__ void MmaS8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
+using mmq_device::LdMatrixX4S;
+using mmq_device::MmaS8;
+using mmq_device::MmaTf32;
+using mmq_device::RoundTf32;
 
-__device__ __forceinline__ void MmaTf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float RoundTf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
-}
 
 // Shared-memory reads by 32-bit address (volatile: they must stay after the ring's wait).
-__device__ __forceinline__ void LdMatrixX4S(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 __device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -194,37 +178,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   auto load_tile = [&](int tile_index) {
     const PrefillTile tile = tiles[tile_index];
-    __syncthreads();  // every warp is done with the previous tile's activations
-    if (tid < tile.rows) {
-      const int slot = tile.first_slot + tid;
-      s_row[tid] = a_index != nullptr ? a_index[slot] : slot;
-    }
-    __syncthreads();
-    const int chunks = K / 16;
-    const int total_chunks = tile.rows * chunks;
-    constexpr int kBatch = 4;
-    for (int i0 = tid; i0 < total_chunks; i0 += kBatch * kThreads) {
-      uint4 vh[kBatch], vl[kBatch];
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * kThreads;
-        if (i < total_chunks) {
-          const int64_t off = s_row[i / chunks] * K + (i % chunks) * 16;
-          vh[k] = *reinterpret_cast<const uint4*>(a.hi + off);
-          vl[k] = *reinterpret_cast<const uint4*>(a.lo + off);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * kThreads;
-        if (i < total_chunks) {
-          const int r = i / chunks, c = i % chunks;
-          uint8_t* dst = s_act + r * RS + (c >> 1) * 64 + (c & 1) * 16;
-          *reinterpret_cast<uint4*>(dst) = vh[k];
-          *reinterpret_cast<uint4*>(dst + 32) = vl[k];
-        }
-      }
-    }
+    mmq_device::StageTileRows<kThreads>(tile, a_index, a, K, s_row, tid, [&](int r, int c, uint4 vh, uint4 vl) {
+      uint8_t* dst = s_act + r * RS + (c >> 1) * 64 + (c & 1) * 16;  // per sub-block [hi 32 B | lo 32 B]
+      *reinterpret_cast<uint4*>(dst) = vh;
+      *reinterpret_cast<uint4*>(dst + 32) = vl;
+    });
     for (int i = tid; i < tile.rows * KB; i += kThreads) {
       const int r = i / KB, b = i % KB;
       s_scale[b * kT + r] = a.scale[s_row[r] * KB + b];
@@ -388,27 +346,12 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
   if (N % (16 * kWarps) != 0) return cudaErrorInvalidValue;
   const int smem = ActSmemBytes(K) + kWarps * kStages * kStageBytes;
   if (smem > kSmemLimit) return cudaErrorInvalidValue;
-  auto* kernel = MmqLeanKernel<kGateUp, kWarps, kStages>;
-  // The shared-memory attribute and the resident-block count, once per device and shared-memory
-  // size (host time a prefill step spends per layer otherwise).
-  thread_local int cached_device = -1, cached_smem = -1, sms = 0, per_sm = 0;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (device != cached_device || smem != cached_smem) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    cached_device = device;
-    cached_smem = smem;
-  }
+  constexpr auto kernel = MmqLeanKernel<kGateUp, kWarps, kStages>;
   const int64_t units = static_cast<int64_t>(num_tiles) * (N / (16 * kWarps));
-  const int64_t blocks = std::min<int64_t>(units, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  int64_t blocks = 0;
+  if (cudaError_t e = mmq_device::PersistentBlocks<kernel>(kWarps * 32, smem, units, &blocks); e != cudaSuccess) {
+    return e;
+  }
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(tiles, num_tiles, a, a_index, K, N, out_cols,
                                                                          out, tile_count);
   return cudaGetLastError();
