@@ -11,6 +11,7 @@
 
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -426,6 +427,49 @@ TEST_P(PrefillPlanTest, DevicePlannedPrefillGivesTheHostPlannedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PrefillPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// Prefill steps planned on the device take the grid route-plan kernel (route_plan_grid.cuh) unless
+// TANDEM_OLD_PREFILL_PLAN: units in the host planner's pair order instead of the old block plan's
+// atomic order, tiles and slot index written by the same kernel. Every expert row is computed on
+// its own and the scatter-sum reads the slots in routing order, so both give the same logits bit
+// for bit, in both modes (exact: the f32 unit kernels; fast: the prefill runner's tiles).
+class PrefillGridPlanTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status();
+  const bool was = cuda::RoutePlanGridOn();
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    std::vector<float> logits[2];
+    for (int grid = 0; grid < 2; ++grid) {
+      cuda::SetRoutePlanGrid(grid == 1);
+      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode);
+      ASSERT_TRUE(b);
+      const int64_t V = b->config().vocab;
+      const SequenceSlot s = *b->CreateSequence();
+      logits[grid] = GpuStep(*b, s, RandomTokens(160, V, 21), true);
+      const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, 22), true);
+      logits[grid].insert(logits[grid].end(), more.begin(), more.end());
+    }
+    cuda::SetRoutePlanGrid(was);
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    const int64_t V = static_cast<int64_t>(logits[0].size() / 225);
+    const double err = MaxRowError(logits[1], logits[0], V);
+    const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+    printf("[%s] %s prefill, grid-planned vs old-planned: max relative L2 %.3e, %s\n", GetParam().c_str(),
+           mode == CudaMode::kExact ? "exact" : "fast", err, same ? "bit-identical" : "NOT bit-identical");
+    EXPECT_TRUE(same);
+    EXPECT_LE(err, 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PrefillGridPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -33,6 +33,7 @@
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
+#include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "tests/gpu_backend/bench_ceilings.h"
 
 namespace tandem {
@@ -54,7 +55,9 @@ struct Args {
   // Prefill A/B of the MoE stage's planning (moe_stage.h), in this order: "device" (the default),
   // "host" (HostPrefillPlan: the units back to the host once per layer), "serial" (the device plan
   // with the shared expert after the routed ones on the main stream), "narrow" (the device plan with
-  // the route-and-plan kernel's 4-warp blocks, route_plan.cuh).
+  // the old route-and-plan kernel's 4-warp blocks, route_plan.cuh), "oldplan" (the device plan with
+  // the old route-and-plan kernel and tile builder instead of the grid kernel, route_plan_grid.cuh:
+  // TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
 };
 
@@ -280,6 +283,7 @@ int Run(const Args& a) {
         cuda::SetHostPrefillPlan(plan == "host");
         cuda::SetPrefillSharedSerial(plan == "serial");
         cuda::SetRoutePlanPrefillWide(plan != "narrow");
+        cuda::SetRoutePlanGrid(plan != "narrow" && plan != "oldplan");
       }
       const std::string label = plan.empty() ? "" : absl::StrCat(" [", plan, "]");
       double best = 1e30;
@@ -345,6 +349,7 @@ int Run(const Args& a) {
     cuda::SetHostPrefillPlan(false);
     cuda::SetPrefillSharedSerial(false);
     cuda::SetRoutePlanPrefillWide(true);
+    cuda::SetRoutePlanGrid(true);
   }
   if (!a.json.empty()) {
     FILE* out = fopen(a.json.c_str(), "w");
@@ -405,8 +410,9 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--prefill-plans") {
       for (absl::string_view p : absl::StrSplit(value(), ',')) {
-        if (p != "device" && p != "host" && p != "serial" && p != "narrow") {
-          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial or narrow\n", std::string(p).c_str());
+        if (p != "device" && p != "host" && p != "serial" && p != "narrow" && p != "oldplan") {
+          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial, narrow or oldplan\n",
+                  std::string(p).c_str());
           return 2;
         }
         a.prefill_plans.emplace_back(p);
@@ -421,7 +427,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow,oldplan] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

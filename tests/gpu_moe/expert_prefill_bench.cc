@@ -8,6 +8,14 @@
 // 4 warps with rings of 16, L2 row prefetch, the min term as f32 FMAs, the hi term only, and its load-only and math-only timing variants; the runner's default), against the rate of one large bf16 and one f16 cuBLAS GEMM measured
 // in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
 // sanity line; the tests decide correctness). Not a test.
+//
+// Work-order rows (2026-12-01): "streamed 64, order ranges/strided/dynamic"
+// time the streamed kernel at tiles <= 64 with each StreamedOrder in one process (ranges: the order
+// until 2026-12-01; dynamic: the new default), each twice in alternation so that drift shows.
+// Arguments: --tokens=N (repeatable; default 512, 2048, 8192) and --only=SUBSTRING (repeatable:
+// only the grouped variants whose name holds one of them; the cuBLAS reference then runs only where
+// the relative-L2 line needs it, n <= 2048), e.g. `expert_prefill_bench --tokens=2048 --tokens=8192
+// --only=order`.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -16,8 +24,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -139,7 +149,40 @@ double TimeRuns(ExpertPrefillRunner& runner, const MoeStepPlan& plan, const floa
   return Median(reps);
 }
 
-int Main() {
+PrefillOptions Ordered(int64_t n, StreamedOrder order) {
+  PrefillOptions o{PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed};
+  o.work_order = order;
+  return o;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int64_t> sizes;
+  std::vector<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg.starts_with("--tokens=")) {
+      sizes.push_back(std::atoll(argv[i] + 9));
+    } else if (arg.starts_with("--only=")) {
+      only.emplace_back(arg.substr(7));
+    } else {
+      std::fprintf(stderr, "usage: expert_prefill_bench [--tokens=N]... [--only=SUBSTRING]...\n");
+      return 2;
+    }
+  }
+  if (sizes.empty()) sizes = {512, 2048, 8192};
+  for (int64_t n : sizes) {
+    if (n < 1 || n > 8192) {
+      std::fprintf(stderr, "--tokens: 1 .. 8192\n");
+      return 2;
+    }
+  }
+  auto selected = [&](const std::string& name) {
+    if (only.empty()) return true;
+    for (const std::string& o : only) {
+      if (name.find(o) != std::string::npos) return true;
+    }
+    return false;
+  };
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
@@ -172,7 +215,7 @@ int Main() {
   BENCH_CHECK(cudaMalloc(&partial_ref, max_n * kK * kH * sizeof(float)));
 
   const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, kH, kI};
-  for (int64_t n : {int64_t{512}, int64_t{2048}, int64_t{8192}}) {
+  for (int64_t n : sizes) {
     const std::vector<int32_t> picks = RandomPicks(rng, n);
     absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, kK, kE, locate);
     BENCH_OK(plan.status());
@@ -189,7 +232,7 @@ int Main() {
                   static_cast<long long>(n), name.c_str(), tile_rows, ms, tflops, 100.0 * tflops / ceiling,
                   weight_bytes / (ms * 1e-3) / 1e9, 48 * ms);
     };
-    {
+    if (only.empty() || n <= 2048) {
       absl::StatusOr<ExpertPrefillRunner> runner =
           ExpertPrefillRunner::Create(shape, n * kK, {PrefillAlgorithm::kCublasPerExpert, 0, n});
       BENCH_OK(runner.status());
@@ -235,8 +278,16 @@ int Main() {
                                           {"streamed + L2 256B lines",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedL2Lines256}},
                                           {"streamed + unit prefetch",
-                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedUnitPrefetch}}};
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedUnitPrefetch}},
+                                          {"streamed 64, order ranges (old)", Ordered(n, StreamedOrder::kRanges)},
+                                          {"streamed 64, order strided", Ordered(n, StreamedOrder::kStrided)},
+                                          {"streamed 64, order dynamic (new)", Ordered(n, StreamedOrder::kDynamic)},
+                                          {"streamed 64, order ranges (old) again", Ordered(n, StreamedOrder::kRanges)},
+                                          {"streamed 64, order strided again", Ordered(n, StreamedOrder::kStrided)},
+                                          {"streamed 64, order dynamic (new) again", Ordered(n, StreamedOrder::kDynamic)}};
+    std::vector<float> order_ref;  // the first work-order row's output at this n
     for (const Variant& v : grouped) {
+      if (!selected(v.name)) continue;
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
       BENCH_OK(runner.status());
       double host_ms = 0;
@@ -244,6 +295,18 @@ int Main() {
       if (ms < 0) continue;
       report(v.name, ms, runner->last_tile_rows());
       std::printf("prefill n=%-5lld %s: host time of Run %.3f ms\n", static_cast<long long>(n), v.name, host_ms);
+      if (v.options.work_order.has_value()) {
+        // The work orders must not change a bit: compare with the first order row of this n.
+        const size_t count = static_cast<size_t>(n * kK * kH);
+        std::vector<float> got(count);
+        BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        if (order_ref.empty()) {
+          order_ref = std::move(got);
+        } else {
+          std::printf("prefill n=%-5lld %s: bits %s the first order row's\n", static_cast<long long>(n), v.name,
+                      std::memcmp(got.data(), order_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
+        }
+      }
       if (n > 2048) continue;  // the L2 check copies 1.3 GB at 8192 tokens: only the smaller steps
       if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows ||
           v.options.streamed_kernel == PrefillKernel::kMmq || v.options.streamed_kernel == PrefillKernel::kMmqWarps16 ||
@@ -269,4 +332,4 @@ int Main() {
 }  // namespace
 }  // namespace tandem::cuda
 
-int main() { return tandem::cuda::Main(); }
+int main(int argc, char** argv) { return tandem::cuda::Main(argc, argv); }

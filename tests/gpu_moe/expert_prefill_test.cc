@@ -64,8 +64,9 @@ std::string Describe(const PrefillOptions& o) {
     case PrefillAlgorithm::kGroupedTilesPipelined: return "pipelined grouped tiles, tile_rows " + std::to_string(o.tile_rows);
     case PrefillAlgorithm::kGroupedTiles: break;
   }
+  const std::string order = o.work_order.has_value() ? std::to_string(static_cast<int>(*o.work_order)) : "default";
   return "grouped tiles (streamed or MMQ where it fits, variant " + std::to_string(static_cast<int>(o.streamed_kernel)) +
-         "), tile_rows " + std::to_string(o.tile_rows);
+         "), tile_rows " + std::to_string(o.tile_rows) + ", work order " + order;
 }
 
 // Runs one random layer through a runner made with each of `all` (both algorithms, every tile
@@ -76,9 +77,11 @@ std::string Describe(const PrefillOptions& o) {
 // round robin (t + 2k) % E.
 // counts (K must be 1): expert e takes counts[e] tokens (0: none), tokens in shuffled order; n
 // must be the sum. mmq_rel_l2: the bound for runs on the integer-MMA kernel (kMmq*, or
-// kStreamedAuto where it takes kMmq), tighter than the f16 paths' 1e-2.
+// kStreamedAuto where it takes kMmq), tighter than the f16 paths' 1e-2. same_bits: every option's
+// output (host- and device-planned) must equal the first option's bit for bit.
 void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
-                            bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3) {
+                            bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3,
+                            bool same_bits = false) {
   std::mt19937 rng(std::random_device{}());
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
@@ -128,6 +131,7 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
                  ref.data() + plan->slot[t * K + k] * h, nullptr);
     }
   }
+  std::vector<float> first_got;
   for (const PrefillOptions& options : all) {
     SCOPED_TRACE(Describe(options));
     absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create({c.gu_type, c.d_type, h, I}, n * K, options);
@@ -139,6 +143,11 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
     ASSERT_TRUE(testing::AllFinite(got)) << "unwritten partial rows";
     const double l2 = testing::RelativeL2(got, ref);
     EXPECT_LE(l2, 1e-2);
+    if (same_bits) {
+      if (first_got.empty()) first_got = got;
+      EXPECT_EQ(std::memcmp(got.data(), first_got.data(), got.size() * sizeof(float)), 0)
+          << "differs bit-wise from the first option's output";
+    }
     // The device-planned call on the same units (in device memory, with a device count): the
     // reference's tolerance, and the host call's bits where the options fix the kernel and tile
     // bound (both then run the same kernel on the same tiles).
@@ -158,7 +167,7 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
       std::printf("  device-planned: kernel %d tile_rows %d, relative L2 %.3e\n", static_cast<int>(choice->kernel),
                   choice->tile_rows, dl2);
       EXPECT_LE(dl2, IsMmqKernel(choice->kernel) ? mmq_rel_l2 : 1e-2);
-      if (options.tile_rows != 0 || options.streamed_kernel != PrefillKernel::kStreamedAuto) {
+      if (options.tile_rows != 0 || options.streamed_kernel != PrefillKernel::kStreamedAuto || same_bits) {
         EXPECT_EQ(std::memcmp(dgot.data(), got.data(), got.size() * sizeof(float)), 0)
             << "the device-planned call differs from the host-planned one";
       }
@@ -257,6 +266,49 @@ TEST(ExpertPrefillTest, StreamedUnevenGroupsMatchReference) {
                           {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kStreamedUnitPrefetch},
                           {PrefillAlgorithm::kGroupedTilesPipelined, 0, 0}},
                          /*expected_tile_rows=*/0, /*skewed=*/true);
+}
+
+// The streamed kernel's work orders (StreamedOrder: kRanges, the order until 2026-12-01; kStrided;
+// kDynamic, the runner's default) give bit-identical outputs: only the order in which the blocks
+// take their units changes, each unit writing its own outputs with the same arithmetic. Every
+// runner runs twice (host-planned, then device-planned with the device tile count, bits compared
+// inside ExpectMatchesReference), so a kDynamic counter left non-zero by the first launch would show
+// as unwritten (poisoned) rows in the second. Uneven routing so tiles of 1 to 64 rows share a
+// launch, and more units than an H200 has blocks (264), so blocks walk several units:
+//  - the model shapes (h 2048, I 512: gate/up 16 k-stages a unit, down 4) with 32 experts and
+//    ~1600 slots (about 512 gate/up and 1000 down units at tiles <= 64);
+//  - h 512 / I 256: down has 2 k-stages a unit (the shortest the kernel takes), so with the 6-stage
+//    ring of tiles <= 32 the prologue crosses two unit boundaries (kDynamic's prologue barriers).
+TEST(ExpertPrefillTest, StreamedWorkOrdersGiveIdenticalBits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (int tile_rows : {0, 16, 32}) {
+    SCOPED_TRACE("tile_rows " + std::to_string(tile_rows));
+    std::vector<PrefillOptions> options;
+    for (StreamedOrder order : {StreamedOrder::kRanges, StreamedOrder::kStrided, StreamedOrder::kDynamic}) {
+      PrefillOptions o{PrefillAlgorithm::kGroupedTiles, tile_rows, 0, PrefillKernel::kStreamed};
+      o.work_order = order;
+      options.push_back(o);
+    }
+    ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
+                           2e-3, /*same_bits=*/true);
+    if (tile_rows == 0) {
+      ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 32, 4, 400}, options, 0, /*skewed=*/true,
+                             {}, 2e-3, /*same_bits=*/true);
+    }
+  }
+}
+
+// kDynamic needs its counter: the launchers refuse it without one, before touching any pointer.
+TEST(ExpertPrefillTest, StreamedDynamicOrderNeedsCounter) {
+  const PrefillTile* no_tiles = nullptr;
+  StreamedSchedule dynamic;
+  dynamic.order = StreamedOrder::kDynamic;
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kStreamed, kTypeQ4_K, 64, no_tiles, 1, nullptr, nullptr, 512, 256, nullptr,
+                                nullptr, nullptr, dynamic),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillDown(PrefillKernel::kStreamed, kTypeQ4_K, 64, no_tiles, 1, nullptr, 512, 256, nullptr, nullptr,
+                              nullptr, dynamic),
+            cudaErrorInvalidValue);
 }
 
 // The row-streamed kernel (kStreamedRows) at both tile bounds and chosen, against the old

@@ -152,6 +152,18 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     if (!readback.ok()) return readback.status();
     impl->error_readback = *std::move(readback);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 3 * sizeof(int32_t)));
+    if (impl->prefill_units_bound > 0 && E <= kRoutePlanGridMaxExperts) {
+      // The grid route-plan kernel's scratch (route_plan_grid.cuh): zeroed once, left valid by every launch.
+      const int64_t ints = RoutePlanGridScratchInts(static_cast<int>(E));
+      absl::StatusOr<DeviceBuffer> pg = DeviceArray<int32_t>(ints);
+      if (!pg.ok()) return pg.status();
+      impl->plan_grid = *std::move(pg);
+      impl->plan_grid_ints = ints;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_grid.get(), 0, static_cast<size_t>(ints) * sizeof(int32_t)));
+      // Zero before any stream's first launch reads the barrier words (non-blocking streams do not
+      // wait for the legacy stream's memset).
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    }
     absl::StatusOr<StreamFork> fork = StreamFork::Create();
     if (!fork.ok()) return fork.status();
     impl->fork.emplace(*std::move(fork));

@@ -2,6 +2,7 @@
 // with the two one-token kernels at n = 1) and prefill steps over a device table, where routing,
 // planning and the expert runs stay on the GPU; and the gated shared expert both kinds of step use.
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 #include <vector>
 
@@ -103,20 +104,47 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
       return s;
     }
   }
-  if (absl::Status s = LaunchRouteAndPlan(n, table, router_logits, stream); !s.ok()) return s;
+  const int bound = static_cast<int>(MaxPlanUnits(n * K, E));
+  int* count = plan_ints.as<int>();
+  int* error = count + 1;  // read back at the end of the step (EnqueueErrorReadback)
+  // The grid route-plan kernel (unless TANDEM_OLD_PREFILL_PLAN): routing, plan and, for the
+  // runner, its tiles and slot index in one launch; else the route-and-plan kernel here and the
+  // runner's tile builder in RunDevicePlanned.
+  bool grid = UsesRoutePlanGrid(n);
+  if (grid) {
+    DevicePrefillTilesArgs target;
+    if (runner != nullptr) {
+      if (absl::Status s = runner->DeviceTilesTarget(bound, static_cast<int>(n), static_cast<int>(n * K), E, error,
+                                                     &target);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = LaunchRouteAndPlanGrid(n, table, router_logits, runner != nullptr ? &target : nullptr, stream);
+        !s.ok()) {
+      // A launch the runtime refused (the cooperative grid did not fit, e.g. beside another
+      // process): the old kernels from now on, said once. (A sticky error fails them as well.)
+      (void)cudaGetLastError();
+      fprintf(stderr, "MoE stage: grid route-plan kernel refused (%s); the old route-and-plan kernels from now on\n",
+              s.ToString().c_str());
+      plan_grid_ints = 0;
+      grid = false;
+    }
+  }
+  if (!grid) {
+    if (absl::Status s = LaunchRouteAndPlan(n, table, router_logits, stream); !s.ok()) return s;
+  }
   if (picks != nullptr) {
     if (absl::Status s = router->CopyToHost(stream); !s.ok()) return s;
   }
   timer.Mark(Stage::kExperts, stream);
-  const int bound = static_cast<int>(MaxPlanUnits(n * K, E));
-  int* count = plan_ints.as<int>();
-  int* error = count + 1;  // read back at the end of the step (EnqueueErrorReadback)
   if (runner != nullptr) {
-    if (absl::Status s = runner->RunDevicePlanned(plan_units.as<ExpertUnit>(), count, bound, static_cast<int>(n),
-                                                  static_cast<int>(n * K), E, x, partial.as<float>(), error, stream);
-        !s.ok()) {
-      return s;
-    }
+    const absl::Status s =
+        grid ? runner->RunDeviceTiles(bound, static_cast<int>(n), static_cast<int>(n * K), E, x, partial.as<float>(),
+                                      stream)
+             : runner->RunDevicePlanned(plan_units.as<ExpertUnit>(), count, bound, static_cast<int>(n),
+                                        static_cast<int>(n * K), E, x, partial.as<float>(), error, stream);
+    if (!s.ok()) return s;
   } else {
     const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),
                                           static_cast<WeightType>(l.down_exps.type), h, c.expert_ffn};

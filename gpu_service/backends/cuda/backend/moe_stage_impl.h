@@ -22,6 +22,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
+#include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "gpu_service/backends/cuda/moe/router.h"
 
 namespace tandem::cuda {
@@ -63,6 +64,10 @@ struct MoeStage::Impl {
   // plan_ints: [unit count, error flag, the route-and-plan kernel's block counter]
   DeviceBuffer plan_units, plan_shared_units, plan_ints;
   PinnedBuffer error_readback;
+  // The grid route-plan kernel's scratch (route_plan_grid.cuh) for prefill steps, zeroed at creation
+  // (plan_grid_ints ints; 0: not set up, the old route-and-plan kernel and tile builder run).
+  DeviceBuffer plan_grid;
+  int64_t plan_grid_ints = 0;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
   std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
   SharedExpertFn shared_fn;  // SetSharedExpertFn
@@ -96,6 +101,31 @@ struct MoeStage::Impl {
     rp.plan.weights_out = out->second;
     rp.counter = reinterpret_cast<unsigned*>(plan_ints.as<int>() + 2);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
+    return absl::OkStatus();
+  }
+
+  // Whether a prefill step of n tokens takes the grid route-plan kernel (LaunchRouteAndPlanGrid).
+  bool UsesRoutePlanGrid(int64_t n) const {
+    const int E = static_cast<int>(config.moe.E), K = static_cast<int>(config.moe.K);
+    return RoutePlanGridOn() && plan_grid_ints > 0 && RoutePlanGridFits(static_cast<int>(n), K, E) &&
+           plan_grid_ints >= RoutePlanGridScratchInts(E);
+  }
+
+  // LaunchRouteAndPlan's outputs and, with tiles (a prefill runner's DeviceTilesTarget), the
+  // runner's tiles, tile count and slot index, from one grid-wide kernel (route_plan_grid.cuh).
+  absl::Status LaunchRouteAndPlanGrid(int64_t n, const ExpertLocation* table, const float* logits,
+                                      const DevicePrefillTilesArgs* tiles, cudaStream_t stream) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    RoutePlanGridArgs rp;
+    rp.plan = PlanArgs(n, table);
+    rp.plan.logits = logits;
+    rp.plan.experts = rp.plan.experts_out = out->first;
+    rp.plan.weights_out = out->second;
+    if (tiles != nullptr) rp.tiles = *tiles;
+    rp.scratch = plan_grid.as<int32_t>();
+    rp.scratch_ints = plan_grid_ints;
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlanGrid(rp, stream));
     return absl::OkStatus();
   }
 

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
@@ -99,6 +100,22 @@ PrefillKernel MmqAutoKernel() {
 }
 
 bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
+
+StreamedOrder DefaultStreamedOrder() {
+  static const StreamedOrder order =
+      EnvSwitch("TANDEM_PREFILL_OLD_ORDER") ? StreamedOrder::kRanges : StreamedOrder::kDynamic;
+  return order;
+}
+
+StreamedSchedule ExpertPrefillRunner::Schedule(bool down) const {
+  StreamedSchedule s;
+  s.order = options_.work_order.value_or(DefaultStreamedOrder());
+  // Separate counters for gate/up and down, although stream order alone would let them share one.
+  if (work_counters_.get() != nullptr) s.counter = work_counters_.as<int>() + (down ? 2 : 0);
+  // No counter (the streamed kernels cannot run on this runner): kStrided rather than a refusal.
+  if (s.order == StreamedOrder::kDynamic && s.counter == nullptr) s.order = StreamedOrder::kStrided;
+  return s;
+}
 
 struct ExpertPrefillRunner::Blas {
   cublasHandle_t handle = nullptr;
@@ -229,6 +246,8 @@ absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDeco
     }
     if (options.algorithm == PrefillAlgorithm::kGroupedTiles && UsesStreamedKernel(shape, options.tile_rows)) {
       if (absl::Status s = Alloc(r.device_plan_, (2 * m + 4) * sizeof(int32_t)); !s.ok()) return s;
+      if (absl::Status s = Alloc(r.work_counters_, 4 * sizeof(int32_t)); !s.ok()) return s;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(r.work_counters_.get(), 0, 4 * sizeof(int32_t)));
     }
   } else {
     r.blas_ = std::make_unique<Blas>();
@@ -281,15 +300,65 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
   return std::nullopt;
 }
 
-absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units,
-                                                   int input_rows, int slots, int64_t experts, const float* x,
-                                                   float* partial, int* error, cudaStream_t stream) {
+absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts,
+                                                    int* error, DevicePrefillTilesArgs* target) {
   const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
   if (!choice.has_value()) {
     return absl::FailedPreconditionError("ExpertPrefillRunner: this shape or kernel choice needs the host plan");
   }
-  if (units == nullptr || num_units == nullptr || error == nullptr || max_units < 1 || max_units > max_slots_ ||
-      input_rows < 1 || input_rows > options_.max_input_rows || slots > max_slots_) {
+  if (error == nullptr || target == nullptr || max_units < 1 || max_units > max_slots_ || input_rows < 1 ||
+      input_rows > options_.max_input_rows || slots > max_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: device plan of ", max_units, " units, ",
+                                                   input_rows, " input rows, ", slots, " slots; capacity ", max_slots_,
+                                                   " slots, ", options_.max_input_rows, " input rows"));
+  }
+  const int T = choice->tile_rows;
+  // A group of r rows has ceil(r / T) <= (r - 1) / T + 1 tiles, so the call at most slots / T + groups, groups <= units.
+  const int max_tiles = std::min(slots, slots / T + max_units);
+  int* scratch = device_plan_.as<int32_t>();
+  DevicePrefillTilesArgs b;
+  b.max_units = max_units;
+  b.tile_rows = T;
+  b.max_slots = slots;
+  b.max_input_rows = input_rows;
+  b.gate_up_align = KernelRowAlignment(static_cast<uint32_t>(shape_.gate_up_type));
+  b.down_align = KernelRowAlignment(static_cast<uint32_t>(shape_.down_type));
+  b.tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
+  b.max_tiles = max_tiles;
+  b.num_tiles = scratch + 2 * max_slots_;
+  b.index = index_.as<int32_t>();
+  b.error = error;
+  *target = b;
+  last_tile_rows_ = T;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units,
+                                                   int input_rows, int slots, int64_t experts, const float* x,
+                                                   float* partial, int* error, cudaStream_t stream) {
+  if (units == nullptr || num_units == nullptr) {
+    return absl::InvalidArgumentError("ExpertPrefillRunner: device plan without units or unit count");
+  }
+  if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
+    return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
+  }
+  DevicePrefillTilesArgs b;
+  if (absl::Status s = DeviceTilesTarget(max_units, input_rows, slots, experts, error, &b); !s.ok()) return s;
+  b.units = units;
+  b.num_units = num_units;
+  b.scratch = device_plan_.as<int32_t>();
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchBuildPrefillTiles(b, stream));
+  return RunDeviceTiles(max_units, input_rows, slots, experts, x, partial, stream);
+}
+
+absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts,
+                                                 const float* x, float* partial, cudaStream_t stream) {
+  const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
+  if (!choice.has_value()) {
+    return absl::FailedPreconditionError("ExpertPrefillRunner: this shape or kernel choice needs the host plan");
+  }
+  if (max_units < 1 || max_units > max_slots_ || input_rows < 1 || input_rows > options_.max_input_rows ||
+      slots > max_slots_) {
     return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: device plan of ", max_units, " units, ",
                                                    input_rows, " input rows, ", slots, " slots; capacity ", max_slots_,
                                                    " slots, ", options_.max_input_rows, " input rows"));
@@ -298,27 +367,9 @@ absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, cons
     return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
   }
   const int T = choice->tile_rows;
-  // A group of r rows has ceil(r / T) <= (r - 1) / T + 1 tiles, so the call at most slots / T + groups, groups <= units.
   const int max_tiles = std::min(slots, slots / T + max_units);
   PrefillTile* tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
-  int* scratch = device_plan_.as<int32_t>();
-  const int* tile_count = scratch + 2 * max_slots_;
-  DevicePrefillTilesArgs b;
-  b.units = units;
-  b.num_units = num_units;
-  b.max_units = max_units;
-  b.tile_rows = T;
-  b.max_slots = slots;
-  b.max_input_rows = input_rows;
-  b.gate_up_align = KernelRowAlignment(static_cast<uint32_t>(shape_.gate_up_type));
-  b.down_align = KernelRowAlignment(static_cast<uint32_t>(shape_.down_type));
-  b.tiles = tiles;
-  b.max_tiles = max_tiles;
-  b.num_tiles = scratch + 2 * max_slots_;
-  b.index = index_.as<int32_t>();
-  b.scratch = scratch;
-  b.error = error;
-  TANDEM_CUDA_RETURN_IF_ERROR(LaunchBuildPrefillTiles(b, stream));
+  const int* tile_count = device_plan_.as<int32_t>() + 2 * max_slots_;
   last_tile_rows_ = T;
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   if (IsMmqKernel(choice->kernel)) {
@@ -337,9 +388,9 @@ absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, cons
   const uint32_t gu_type = static_cast<uint32_t>(shape_.gate_up_type);
   const uint32_t d_type = static_cast<uint32_t>(shape_.down_type);
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchPrefillGateUp(choice->kernel, gu_type, T, tiles, max_tiles, xb, index_.as<int32_t>(),
-                                                  h, I, act, stream, tile_count));
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      LaunchPrefillDown(choice->kernel, d_type, T, tiles, max_tiles, act, h, I, partial, stream, tile_count));
+                                                  h, I, act, stream, tile_count, Schedule(false)));
+  TANDEM_CUDA_RETURN_IF_ERROR(LaunchPrefillDown(choice->kernel, d_type, T, tiles, max_tiles, act, h, I, partial, stream,
+                                                tile_count, Schedule(true)));
   return absl::OkStatus();
 }
 
@@ -464,7 +515,7 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   uint16_t* act = act_.as<uint16_t>();
   for (const Launch& l : launches) {
     const cudaError_t e = LaunchPrefillGateUp(kernel, gu_type, l.height, device_tiles + l.first, l.count, xb,
-                                              index_.as<int32_t>(), h, I, act, stream);
+                                              index_.as<int32_t>(), h, I, act, stream, nullptr, Schedule(false));
     if (e == cudaErrorInvalidValue) {
       return absl::InvalidArgumentError(absl::StrCat("prefill gate/up: type ", gu_type, " or shape refused by the kernels"));
     }
@@ -472,7 +523,8 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   }
   for (const Launch& l : launches) {
     const cudaError_t e =
-        LaunchPrefillDown(kernel, d_type, l.height, device_tiles + l.first, l.count, act, h, I, partial, stream);
+        LaunchPrefillDown(kernel, d_type, l.height, device_tiles + l.first, l.count, act, h, I, partial, stream, nullptr,
+                          Schedule(true));
     if (e == cudaErrorInvalidValue) {
       return absl::InvalidArgumentError(absl::StrCat("prefill down: type ", d_type, " or shape refused by the kernels"));
     }

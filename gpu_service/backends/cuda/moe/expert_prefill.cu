@@ -73,11 +73,11 @@ cudaError_t LaunchGemmRows(int tile_rows, const PrefillTile* tiles, int num_tile
 }
 
 // The streamed kernel is persistent: as many blocks as fit on the device at once (at most one per
-// unit), each walking a contiguous range of (tile, 128-row block) units.
+// unit), each walking (tile, 128-row block) units in the schedule's order.
 template <bool kGateUp, PrefillKernel kVariant, int kMaxRows>
 cudaError_t LaunchStreamedRing(const PrefillTile* tiles, int num_tiles, const uint16_t* a, const int32_t* a_index, int K,
                                int N, int out_cols, uint16_t* act_out, float* f32_out, cudaStream_t stream,
-                               const int* tile_count) {
+                               const int* tile_count, StreamedSchedule schedule) {
   auto* kernel = prefill_stream::StreamedQ4KGemmKernel<kGateUp, kVariant, kMaxRows>;
   constexpr int smem = prefill_stream::Ring<kMaxRows>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
@@ -92,8 +92,11 @@ cudaError_t LaunchStreamedRing(const PrefillTile* tiles, int num_tiles, const ui
   }
   const int64_t units = static_cast<int64_t>(num_tiles) * (N / prefill_stream::kUnitCols);
   const int64_t blocks = std::min<int64_t>(units, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
-  kernel<<<static_cast<unsigned>(blocks), prefill_stream::kThreads, smem, stream>>>(tiles, num_tiles, a, a_index, K, N,
-                                                                                   out_cols, act_out, f32_out, tile_count);
+  int order = prefill_stream::kOrderRanges;
+  if (schedule.order == StreamedOrder::kStrided) order = prefill_stream::kOrderStrided;
+  if (schedule.order == StreamedOrder::kDynamic) order = prefill_stream::kOrderDynamic;
+  kernel<<<static_cast<unsigned>(blocks), prefill_stream::kThreads, smem, stream>>>(
+      tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, tile_count, order, schedule.counter);
   return cudaGetLastError();
 }
 
@@ -101,14 +104,15 @@ cudaError_t LaunchStreamedRing(const PrefillTile* tiles, int num_tiles, const ui
 template <bool kGateUp, PrefillKernel kVariant>
 cudaError_t LaunchStreamed(int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                            const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
-                           cudaStream_t stream, const int* tile_count) {
+                           cudaStream_t stream, const int* tile_count, StreamedSchedule schedule) {
   if (K % 256 != 0 || N % prefill_stream::kUnitCols != 0) return cudaErrorInvalidValue;
+  if (schedule.order == StreamedOrder::kDynamic && schedule.counter == nullptr) return cudaErrorInvalidValue;
   if (tile_rows <= 32) {
     return LaunchStreamedRing<kGateUp, kVariant, 32>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out,
-                                                     stream, tile_count);
+                                                     stream, tile_count, schedule);
   }
   return LaunchStreamedRing<kGateUp, kVariant, 64>(tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out,
-                                                   stream, tile_count);
+                                                   stream, tile_count, schedule);
 }
 
 // The row-streamed kernel (expert_prefill_rows.cuh): persistent, as many blocks as fit at once (at
@@ -153,7 +157,7 @@ cudaError_t LaunchRows(int tile_rows, const PrefillTile* tiles, int num_tiles, c
 template <bool kGateUp>
 cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                             const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
-                            cudaStream_t stream, const int* tile_count) {
+                            cudaStream_t stream, const int* tile_count, StreamedSchedule schedule) {
   if (num_tiles <= 0 || N <= 0) return cudaSuccess;
   // A device-side tile count: only the kStreamed variants read one.
   const bool streamed = which == PrefillKernel::kStreamed || which == PrefillKernel::kStreamedL2Lines256 ||
@@ -171,13 +175,13 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
     switch (which) {
       case PrefillKernel::kStreamed:
         return LaunchStreamed<kGateUp, PrefillKernel::kStreamed>(tile_rows, tiles, num_tiles, a, a_index, K, N,
-                                                                 out_cols, act_out, f32_out, stream, tile_count);
+                                                                 out_cols, act_out, f32_out, stream, tile_count, schedule);
       case PrefillKernel::kStreamedL2Lines256:
         return LaunchStreamed<kGateUp, PrefillKernel::kStreamedL2Lines256>(tile_rows, tiles, num_tiles, a, a_index, K,
-                                                                           N, out_cols, act_out, f32_out, stream, tile_count);
+                                                                           N, out_cols, act_out, f32_out, stream, tile_count, schedule);
       case PrefillKernel::kStreamedUnitPrefetch:
         return LaunchStreamed<kGateUp, PrefillKernel::kStreamedUnitPrefetch>(tile_rows, tiles, num_tiles, a, a_index,
-                                                                             K, N, out_cols, act_out, f32_out, stream, tile_count);
+                                                                             K, N, out_cols, act_out, f32_out, stream, tile_count, schedule);
       default: return cudaErrorInvalidValue;
     }
   }
@@ -275,18 +279,18 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 
 cudaError_t LaunchPrefillGateUp(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
-                                cudaStream_t stream, const int* tile_count) {
+                                cudaStream_t stream, const int* tile_count, StreamedSchedule schedule) {
   return LaunchGemmTyped<true>(which, type, tile_rows, tiles, num_tiles, xb, index, h, 2 * inner, inner, act, nullptr, stream,
-                               tile_count);
+                               tile_count, schedule);
 }
 
 cudaError_t LaunchPrefillDown(PrefillKernel which, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                               const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream,
-                              const int* tile_count) {
+                              const int* tile_count, StreamedSchedule schedule) {
   // The epilogue stores column pairs as float2.
   if (h % 2 != 0 || reinterpret_cast<uintptr_t>(partial) % 8 != 0) return cudaErrorInvalidValue;
   return LaunchGemmTyped<false>(which, type, tile_rows, tiles, num_tiles, act, nullptr, inner, h, h, nullptr, partial, stream,
-                                tile_count);
+                                tile_count, schedule);
 }
 
 }  // namespace tandem::cuda

@@ -99,6 +99,23 @@ inline constexpr int kStreamedRowsMaxK = 2048;
 inline constexpr int kStreamedMaxTileRows = 64;
 inline constexpr int kStreamedUnitCols = 128;
 
+// How the persistent blocks of the kStreamed variants take their units (expert_prefill_stream.cuh,
+// StreamedWorkOrder; every order gives bit-identical outputs):
+//  - kRanges: block b walks a contiguous range of units (the order until 2026-12-01; at 8192 tokens
+//    each expert's weights come from HBM once per row tile, about 3 times);
+//  - kStrided: block b walks units b, b + grid, b + 2·grid, ...;
+//  - kDynamic: blocks take the next unit from a global counter (`counter`: two device ints, 0
+//    before the first launch; every launch leaves them 0 again, so launches on one stream may share
+//    them, concurrent launches may not). The runner's default (PrefillOptions::work_order).
+// Measured (H200, 2026-12-01, expert_prefill_bench --tokens=8192 --only=order, same process, bits
+// equal): ranges 3.597 / 3.584, strided 3.602 / 3.590, dynamic 3.444 / 3.436 ms a layer
+// (moe/PERF_NOTES.md "work order").
+enum class StreamedOrder { kRanges, kStrided, kDynamic };
+struct StreamedSchedule {
+  StreamedOrder order = StreamedOrder::kRanges;
+  int* counter = nullptr;  // device, 2 ints; needed by kDynamic
+};
+
 // Output features (down) or interleaved gate/up rows (gate/up) one block of a grouped launch computes.
 inline constexpr int kPrefillTileCols = 128;
 
@@ -112,16 +129,17 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 // unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
 // tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
 // device); num_tiles is then its bound and sizes the grid. The kStreamed variants only
-// (cudaErrorInvalidValue for the others).
+// (cudaErrorInvalidValue for the others). schedule: the kStreamed variants' work order (ignored by
+// the other kernels); cudaErrorInvalidValue for kDynamic without a counter.
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                                 const uint16_t* xb, const int32_t* index, int h, int inner, uint16_t* act,
-                                cudaStream_t stream, const int* tile_count = nullptr);
+                                cudaStream_t stream, const int* tile_count = nullptr, StreamedSchedule schedule = {});
 
 // For every tile and row as above: partial[s] (h f32) = act[s]·down^T. inner must be a positive
 // multiple of 32 (and of the type's block).
 cudaError_t LaunchPrefillDown(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
                               const uint16_t* act, int h, int inner, float* partial, cudaStream_t stream,
-                              const int* tile_count = nullptr);
+                              const int* tile_count = nullptr, StreamedSchedule schedule = {});
 
 // out (rows × cols f16, row-major) = the matrix w {cols, rows} of ggml type `type`, dequantized
 // and rounded to nearest even. cudaErrorInvalidValue for an unsupported type, cols not a multiple

@@ -37,6 +37,7 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/experts.h"
+#include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
 
 namespace tandem::cuda {
 
@@ -138,7 +139,16 @@ struct PrefillOptions {
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
   // kStreamed.
   PrefillKernel streamed_kernel = PrefillKernel::kStreamedAuto;
+  // The streamed kernels' work order (StreamedOrder, expert_prefill.cuh); nullopt:
+  // DefaultStreamedOrder().
+  std::optional<StreamedOrder> work_order = std::nullopt;
 };
+
+// The work order of the streamed kernels when PrefillOptions::work_order is not set: kDynamic (an
+// expert's tiles run at the same time, so its weights come from HBM about once; model in
+// moe/PERF_NOTES.md "work order", NOT YET MEASURED ON A GPU), or kRanges (the order until
+// 2026-12-01) where TANDEM_PREFILL_OLD_ORDER=1 (read once) for A/B runs of one binary.
+StreamedOrder DefaultStreamedOrder();
 
 class ExpertPrefillRunner {
  public:
@@ -178,6 +188,17 @@ class ExpertPrefillRunner {
                                 int slots, int64_t experts, const float* x, float* partial, int* error,
                                 cudaStream_t stream);
 
+  // RunDevicePlanned in two halves, for a caller whose own kernel builds the tiles (the grid
+  // route-plan kernel, route_plan_grid.cuh; the tile builder is then not launched): DeviceTilesTarget
+  // fills *target as RunDevicePlanned fills the tile builder's arguments (tile height, bounds,
+  // checks, error, this runner's tile, tile count and index buffers; units, num_units and scratch
+  // null), and RunDeviceTiles, with the same sizes, runs the expert kernels on what was built there.
+  // The same errors as RunDevicePlanned.
+  absl::Status DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts, int* error,
+                                 DevicePrefillTilesArgs* target);
+  absl::Status RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts, const float* x,
+                              float* partial, cudaStream_t stream);
+
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.
   int last_tile_rows() const { return last_tile_rows_; }
@@ -199,6 +220,10 @@ class ExpertPrefillRunner {
   // Device-planned calls (where the streamed kernels may run): the tile builder's scratch (2 ·
   // max_slots ints) and then the tile count.
   DeviceBuffer device_plan_;
+  // Where the streamed kernels may run: the kDynamic work counters (2 ints for gate/up, 2 for
+  // down; zeroed at Create, left zero by every launch).
+  DeviceBuffer work_counters_;
+  StreamedSchedule Schedule(bool down) const;
   // Grouped algorithms.
   DeviceBuffer x_f16_;     // f16 [max_input_rows × h]
   // kMmq (allocated where it may run): x quantized, the f32 SiLU·up rows, those quantized.

@@ -12,9 +12,12 @@
 //    shared memory, no ldmatrix for B): thread (g, t) of a warp holds B row g, k slots 2t, 2t + 1
 //    and 2t + 8, 2t + 9 of every 16-deep MMA, i.e. bytes 2t, 2t + 1 of every 8 quant bytes, whose
 //    low nibbles feed one MMA and high nibbles (the next sub-block) another;
-//  - the kernel is persistent: a grid of at most (blocks per SM x SMs) blocks, each walking a
-//    contiguous range of units (one tile of up to 64 slots x 128 B rows, over all of K) with the
-//    ring flowing across unit boundaries, so no block pays a pipeline prologue per unit.
+//  - the kernel is persistent: a grid of at most (blocks per SM x SMs) blocks, each walking its
+//    units (one tile of up to 64 slots x 128 B rows, over all of K) with the ring flowing across
+//    unit boundaries, so no block pays a pipeline prologue per unit. Which units a block walks is
+//    the work order (StreamedWorkOrder, below); the unit index is tile * col_blocks + col in every
+//    order, and each unit writes its own outputs with the same arithmetic, so every order gives
+//    bit-identical results.
 //
 // Geometry: 256 threads = 8 warps; warp w owns B rows 16w .. 16w + 15 of the unit (two n8 blocks)
 // and every slot of the tile (1 to 4, or 1 to 2, m16 fragments, chosen per tile from its rows at
@@ -33,6 +36,7 @@
 
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
@@ -133,6 +137,26 @@ __device__ __forceinline__ uint32_t Dequant2(uint32_t lo, uint32_t hi, uint32_t 
 
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
 
+// How the persistent blocks take their units (the unit index is tile * col_blocks + col, and the
+// tiles of one expert are consecutive, so an expert's units for one 128-row weight block are at
+// most col_blocks apart in the index):
+//  - kRanges (the order until 2026-12-01, TANDEM_PREFILL_OLD_ORDER=1): block b walks the contiguous
+//    range [U·b/G, U·(b+1)/G). The G blocks then run units about U/G apart at any moment, so at
+//    8192 tokens (3 tiles an expert, U/G ~ 47) a block re-reads an expert's weight block for its
+//    next tile 8 units later, after the other blocks streamed ~300 MB through L2: each expert's
+//    weights come from HBM once per tile (moe/PERF_NOTES.md, "work order": 3x at 8192 tokens).
+//  - kStrided: block b walks units b, b + G, b + 2G, ...: at any moment the blocks run about G
+//    consecutive units, so an expert's tiles read a weight block at about the same time (L2
+//    serves all but the first); but blocks drift apart (SMs run at different speeds), which the L2
+//    model says loses much of the gain (1.8-2x the weight bytes at 8192 tokens).
+//  - kDynamic (the default): block b starts with unit b, then takes G + a global counter's next
+//    value at each unit boundary, so the units in flight stay a window of about 2G consecutive
+//    indices whatever the blocks' speeds (weights read about once at every size in the model) and
+//    the work balances itself across SMs. The counter (two ints: next unit, blocks done) must be 0
+//    at launch; the last block to finish sets it back to 0, so one counter serves every launch in
+//    stream order.
+enum StreamedWorkOrder : int { kOrderRanges = 0, kOrderStrided = 1, kOrderDynamic = 2 };
+
 // Weight prefetch variants (PrefillKernel): kStreamed issues only the ring's 16-byte copies, each
 // a separate 80-byte piece of a B row per stage (rows 1152 bytes apart at K = 2048), so DRAM sees
 // short scattered reads; kStreamedL2Lines256 has L2 fetch the aligned 256 bytes around each copy;
@@ -147,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     StreamedQ4KGemmKernel(const PrefillTile* __restrict__ tiles, int num_tiles, const uint16_t* __restrict__ a,
                           const int32_t* __restrict__ a_index, int K, int N, int out_cols,
                           uint16_t* __restrict__ act_out, float* __restrict__ f32_out,
-                          const int* __restrict__ tile_count) {
+                          const int* __restrict__ tile_count, int order, int* __restrict__ work_counter) {
   // A device-planned call: the tiles were counted on the device; num_tiles is their bound.
   if (tile_count != nullptr) num_tiles = min(num_tiles, *tile_count);
   using R = Ring<kMaxRows>;
@@ -158,10 +182,31 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int col_blocks = N / kUnitCols;
   const int64_t units = static_cast<int64_t>(num_tiles) * col_blocks;
-  const int64_t u_begin = units * blockIdx.x / gridDim.x, u_end = units * (blockIdx.x + 1) / gridDim.x;
-  const int ksteps = K / kStageK;
+  const int ksteps = K / kStageK;  // >= 2 (K a multiple of 256): the dynamic order relies on it
   const int64_t row_bytes = static_cast<int64_t>(K / 256) * kQ4KBlockBytes;
-  const int total = static_cast<int>(u_end - u_begin) * ksteps;
+  const bool dynamic = order == kOrderDynamic;
+  // This block's units: kRanges [u_begin, u_end) step 1; kStrided from blockIdx.x step gridDim.x;
+  // kDynamic from the counter (total unknown until the counter runs past `units`: the producer
+  // then sets it, before the consumer reaches that stage).
+  int64_t u_begin = 0, u_step = 1;
+  int total = INT_MAX;  // stages this block computes
+  if (order == kOrderStrided) {
+    u_begin = blockIdx.x;
+    u_step = gridDim.x;
+    total = units > u_begin ? static_cast<int>((units - 1 - u_begin) / u_step + 1) * ksteps : 0;
+  } else if (!dynamic) {
+    u_begin = units * blockIdx.x / gridDim.x;
+    total = static_cast<int>(units * (blockIdx.x + 1) / gridDim.x - u_begin) * ksteps;
+  }
+  // kDynamic: block b's first unit is b (no atomic, no wait at the start); the counter hands out
+  // the units from G on. The unit index of this block's n-th unit (n >= 1) is in next_unit[n & 1]:
+  // thread 0 takes unit n + 1 from the counter when unit n starts (pending) and stores it into
+  // shared memory at unit n's last k-stage, so the atomic's round trip hides behind ksteps - 1
+  // stages; the main loop's barrier between that issue and the next one publishes it (prologue:
+  // see below).
+  __shared__ int next_unit[2];
+  int pending = 0;
+  int p_count = 0;  // units this block has started
 
   // ---- Producer: stage f of this block is k-stage p_ks of unit p_unit.
   int64_t p_unit = u_begin;
@@ -210,8 +255,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   auto issue = [&](int f) {
+    if (f < total && p_ks == 0) {
+      if (dynamic) {
+        p_unit = p_count == 0 ? static_cast<int64_t>(blockIdx.x) : next_unit[p_count & 1];
+        if (p_unit >= units) {
+          total = f;  // every thread reads the same index: total stays uniform
+        } else if (tid == 0) {
+          pending = static_cast<int>(gridDim.x) + atomicAdd(work_counter, 1);
+        }
+      } else if (p_count > 0) {
+        p_unit += u_step;
+      }
+      ++p_count;
+    }
     if (f < total) {
       if (p_ks == 0) setup_unit();
+      if (dynamic && tid == 0 && p_ks == ksteps - 1) next_unit[p_count & 1] = pending;
       const int slot = f % kStages;
       const uint32_t sa = smem_base + slot * (kABytes + kBBytes);
       const uint32_t sb = sa + kABytes;
@@ -240,10 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         meta[slot] = make_int4(p_tile.first_slot, p_tile.rows, static_cast<int>(p_unit % col_blocks) * kUnitCols,
                                p_ks == ksteps - 1 ? 1 : 0);
       }
-      if (++p_ks == ksteps) {
-        p_ks = 0;
-        ++p_unit;
-      }
+      if (++p_ks == ksteps) p_ks = 0;
     }
     CpAsyncCommit();  // empty groups past the end keep the wait count uniform
   };
@@ -341,7 +397,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
 #pragma unroll 1
-  for (int f = 0; f < kStages - 1; ++f) issue(f);
+  for (int f = 0; f < kStages - 1; ++f) {
+    issue(f);
+    // kDynamic: a unit boundary may fall inside the prologue (ksteps 4 < 5 stages of the 6-stage
+    // ring): thread 0's store of the next index must be visible before the next issue reads it.
+    if (dynamic) __syncthreads();
+  }
+  // total is final for every stage the loop reaches: issue(f) ran kStages - 1 iterations before
+  // the check of f, and the dynamic producer sets total at the first stage past its last unit.
 #pragma unroll 1
   for (int f = 0; f < total; ++f) {
     CpAsyncWait<kStages - 2>();
@@ -351,6 +414,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     compute(f);
   }
   CpAsyncWait<0>();
+  if (dynamic && tid == 0) {
+    // Thread 0's last atomicAdd on the counter, if any, has returned (its value ended the loop
+    // above). The last block to get here sets the counter back to 0 for the next launch.
+    __threadfence();
+    if (atomicAdd(work_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      atomicExch(work_counter, 0);
+      atomicExch(work_counter + 1, 0);
+    }
+  }
 }
 
 }  // namespace tandem::cuda::prefill_stream
