@@ -26,6 +26,13 @@ namespace tandem::gpu_backend_testing {
 // Empty when a CUDA device is usable, else why not.
 inline std::string NoGpuReason() { return CudaDeviceUnavailableReason(); }
 
+// Skips the calling test, saying why, where no CUDA device is usable (CI).
+#define TANDEM_BACKEND_SKIP_WITHOUT_GPU()                                                       \
+  do {                                                                                          \
+    if (std::string r = ::tandem::gpu_backend_testing::NoGpuReason(); !r.empty())               \
+      GTEST_SKIP() << "GPU test skipped: " << r;                                                \
+  } while (0)
+
 // The path of preset `name`'s file, generated on first use. Directory: $TANDEM_GPU_BACKEND_MODELS
 // (an existing file there is reused) or a fresh temporary directory of this process.
 inline absl::StatusOr<std::string> PresetModel(const std::string& name) {

@@ -24,12 +24,6 @@ using gpu_backend_testing::PresetModel;
 using gpu_backend_testing::RandomTokens;
 using gpu_backend_testing::RelativeL2;
 
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (std::string r = gpu_backend_testing::NoGpuReason(); !r.empty())                   \
-      GTEST_SKIP() << "GPU test skipped: " << r;                                          \
-  } while (0)
-
 constexpr int64_t kPrompt = 64;
 
 std::unique_ptr<ReferenceModel> OpenReference(const std::string& path) {
@@ -100,7 +94,7 @@ double MaxRowError(const std::vector<float>& got, const std::vector<float>& want
 class ExactTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    TANDEM_BACKEND_SKIP_WITHOUT_GPU();
     absl::StatusOr<std::string> path = PresetModel(GetParam());
     ASSERT_TRUE(path.ok()) << path.status();
     path_ = *path;
@@ -398,7 +392,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n
 class PrefillPlanTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefillPlanTest, DevicePlannedPrefillGivesTheHostPlannedLogits) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
   ASSERT_TRUE(path.ok()) << path.status();
   const bool was = cuda::HostPrefillPlan();
@@ -441,7 +435,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, PrefillPlanTest, ::testing::Values("tiny", "ti
 class PrefillGridPlanTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
   ASSERT_TRUE(path.ok()) << path.status();
   const bool was = cuda::RoutePlanGridOn();
@@ -528,7 +522,7 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
 }
 
 TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
   ASSERT_TRUE(path.ok()) << path.status();
   auto ref = OpenReference(*path);

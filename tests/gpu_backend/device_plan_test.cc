@@ -24,12 +24,6 @@
 namespace tandem::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    if (std::string r = gpu_backend_testing::NoGpuReason(); !r.empty())     \
-      GTEST_SKIP() << "GPU test skipped: " << r;                            \
-  } while (0)
-
 // Fake, never dereferenced, distinct addresses per expert and matrix.
 ExpertLocation FakeLocation(int e) {
   const uintptr_t base = 0x100000 + static_cast<uintptr_t>(e) * 0x3000;
@@ -170,7 +164,7 @@ void ExpectValidPlan(const PlanResult& r, const std::vector<int32_t>& picks, int
 }
 
 TEST(DevicePlanTest, EveryPairGetsOneSlotInAUnitOfItsExpert) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int K = 10, E = 512;
   std::vector<ExpertLocation> table(E);
   for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
@@ -191,7 +185,7 @@ TEST(DevicePlanTest, EveryPairGetsOneSlotInAUnitOfItsExpert) {
 }
 
 TEST(DevicePlanTest, PicksWithoutALocationAreFlaggedAndGetNoUnit) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int n = 3, K = 2, E = 8;
   std::vector<ExpertLocation> table(E);
   for (int e = 0; e < E; ++e) table[e] = FakeLocation(e);
@@ -209,7 +203,7 @@ TEST(DevicePlanTest, PicksWithoutALocationAreFlaggedAndGetNoUnit) {
 
 // The fused routing must pick what the route kernel picks, with the same weights.
 TEST(DevicePlanTest, FusedRoutingEqualsTheRouteKernel) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (const auto& [n, E, K] : std::vector<std::tuple<int, int, int>>{{1, 512, 10}, {7, 100, 8}, {64, 512, 10},
@@ -242,7 +236,7 @@ TEST(DevicePlanTest, FusedRoutingEqualsTheRouteKernel) {
 }
 
 TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   DeviceMoePlanArgs a;
   EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);  // n = 0, null pointers
   a.n = 1;
@@ -313,7 +307,7 @@ void ExpectReferenceRouting(const PlanResult& r, const std::vector<float>& logit
 // The route-and-plan kernel from given logits: the reference's picks and weights and a valid
 // plan, with the candidate top-K (random logits) and its K-round fallback (many equal logits).
 TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::uniform_int_distribution<int> level(0, 3);
@@ -339,7 +333,7 @@ TEST(RoutePlanTest, RoutesLikeTheReferenceAndPlansEveryPair) {
 }
 
 TEST(RoutePlanTest, RefusesShapesItCannotRoute) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   RoutePlanArgs a;
   EXPECT_EQ(LaunchRoutePlan(a, nullptr), cudaErrorInvalidValue);  // n = 0, null pointers
 }

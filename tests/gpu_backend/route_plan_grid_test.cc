@@ -30,12 +30,6 @@
 namespace tandem::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    if (std::string r = gpu_backend_testing::NoGpuReason(); !r.empty())     \
-      GTEST_SKIP() << "GPU test skipped: " << r;                            \
-  } while (0)
-
 // Fake device addresses, never dereferenced, aligned for any kernel (1 MiB apart per expert).
 ExpertLocation FakeLocation(int e) {
   const uintptr_t base = (static_cast<uintptr_t>(e) + 1) << 20;
@@ -281,7 +275,7 @@ void ExpectSamePlans(Plan& old_plan, Plan& grid, const std::vector<ExpertLocatio
 }
 
 TEST(RoutePlanGridTest, GridPlanEqualsTheOldPlanAndTheHostOrder) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int E = 512, K = 10;
   for (int n : {65, 512, 2048, 8192}) {
     for (int variant = 0; variant < 4; ++variant) {
@@ -324,7 +318,7 @@ TEST(RoutePlanGridTest, GridPlanEqualsTheOldPlanAndTheHostOrder) {
 
 // Without a tile target (the f32 path) the grid kernel writes the units and slots alone.
 TEST(RoutePlanGridTest, UnitsWithoutTiles) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int n = 300, K = 8, E = 100;
   const std::vector<float> logits = RaggedLogits(n, E, -1, 5);
   std::vector<ExpertLocation> table(E);
@@ -341,7 +335,7 @@ TEST(RoutePlanGridTest, UnitsWithoutTiles) {
 }
 
 TEST(RoutePlanGridTest, RefusesWhatItCannotPlan) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   RoutePlanGridArgs a;
   EXPECT_EQ(LaunchRoutePlanGrid(a, nullptr), cudaErrorInvalidValue);
   EXPECT_FALSE(RoutePlanGridFits(100, 10, kRoutePlanGridMaxExperts + 1));
@@ -353,7 +347,7 @@ TEST(RoutePlanGridTest, RefusesWhatItCannotPlan) {
 // (no kernels in between: launch gaps included, PDL as the backend sets it), 100 calls each.
 // Printed for the notes; never asserted.
 TEST(RoutePlanGridTest, PrintsOldAndNewTimes) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int E = 512, K = 10, kCalls = 100;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);

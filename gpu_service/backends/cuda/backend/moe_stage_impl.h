@@ -88,17 +88,26 @@ struct MoeStage::Impl {
     return a;
   }
 
+  // PlanArgs for a kernel that also routes: it reads `logits` and writes the picks and weights into
+  // the router's device outputs.
+  absl::StatusOr<DeviceMoePlanArgs> RoutingPlanArgs(int64_t n, const ExpertLocation* table, const float* logits) {
+    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
+    if (!out.ok()) return out.status();
+    DeviceMoePlanArgs a = PlanArgs(n, table);
+    a.logits = logits;
+    a.experts = a.experts_out = out->first;
+    a.weights_out = out->second;
+    return a;
+  }
+
   // Routes the n tokens' logits and plans the step on the device in one kernel (route_plan.cuh):
   // picks and weights into the router's device outputs, units, count and slots into this stage's
   // buffers.
   absl::Status LaunchRouteAndPlan(int64_t n, const ExpertLocation* table, const float* logits, cudaStream_t stream) {
-    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
-    if (!out.ok()) return out.status();
+    absl::StatusOr<DeviceMoePlanArgs> plan = RoutingPlanArgs(n, table, logits);
+    if (!plan.ok()) return plan.status();
     RoutePlanArgs rp;
-    rp.plan = PlanArgs(n, table);
-    rp.plan.logits = logits;
-    rp.plan.experts = rp.plan.experts_out = out->first;
-    rp.plan.weights_out = out->second;
+    rp.plan = *plan;
     rp.counter = reinterpret_cast<unsigned*>(plan_ints.as<int>() + 2);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlan(rp, stream));
     return absl::OkStatus();
@@ -115,13 +124,10 @@ struct MoeStage::Impl {
   // runner's tiles, tile count and slot index, from one grid-wide kernel (route_plan_grid.cuh).
   absl::Status LaunchRouteAndPlanGrid(int64_t n, const ExpertLocation* table, const float* logits,
                                       const DevicePrefillTilesArgs* tiles, cudaStream_t stream) {
-    absl::StatusOr<std::pair<int32_t*, float*>> out = router->DeviceOutputs(n);
-    if (!out.ok()) return out.status();
+    absl::StatusOr<DeviceMoePlanArgs> plan = RoutingPlanArgs(n, table, logits);
+    if (!plan.ok()) return plan.status();
     RoutePlanGridArgs rp;
-    rp.plan = PlanArgs(n, table);
-    rp.plan.logits = logits;
-    rp.plan.experts = rp.plan.experts_out = out->first;
-    rp.plan.weights_out = out->second;
+    rp.plan = *plan;
     if (tiles != nullptr) rp.tiles = *tiles;
     rp.scratch = plan_grid.as<int32_t>();
     rp.scratch_ints = plan_grid_ints;
