@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -384,6 +385,34 @@ INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n
                            return n;
                          });
 
+// Prefill logits (160 tokens, then 65 more) of `preset` in `mode` with a planner switch off and
+// on (restored after): the two planners must give them bit for bit. Prints `what` and the result.
+void ExpectPlannersGiveTheSameLogits(const std::string& preset, CudaMode mode, const std::function<void(bool)>& set,
+                                     bool was, uint64_t seed, const char* what) {
+  absl::StatusOr<std::string> path = PresetModel(preset);
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::vector<float> logits[2];
+  for (int on = 0; on < 2; ++on) {
+    set(on == 1);
+    std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode);
+    ASSERT_TRUE(b);
+    const int64_t V = b->config().vocab;
+    const SequenceSlot s = *b->CreateSequence();
+    logits[on] = GpuStep(*b, s, RandomTokens(160, V, seed), true);
+    const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, seed + 1), true);
+    logits[on].insert(logits[on].end(), more.begin(), more.end());
+  }
+  set(was);
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  const int64_t V = static_cast<int64_t>(logits[0].size() / 225);
+  const double err = MaxRowError(logits[0], logits[1], V);
+  const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+  printf("[%s] %s prefill, %s: max relative L2 %.3e, %s\n", preset.c_str(),
+         mode == CudaMode::kExact ? "exact" : "fast", what, err, same ? "bit-identical" : "NOT bit-identical");
+  EXPECT_TRUE(same);
+  EXPECT_LE(err, 1e-6);
+}
+
 // Prefill steps above 64 tokens run the routed experts from the device plan's units (no host round
 // trip per MoE layer; the shared expert beside them on the side stream) unless HostPrefillPlan,
 // which brings the units back and plans on the host. Both make the same tiles in the same order and
@@ -393,30 +422,9 @@ class PrefillPlanTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefillPlanTest, DevicePlannedPrefillGivesTheHostPlannedLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  const bool was = cuda::HostPrefillPlan();
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    std::vector<float> logits[2];
-    for (int host = 0; host < 2; ++host) {
-      cuda::SetHostPrefillPlan(host == 1);
-      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode);
-      ASSERT_TRUE(b);
-      const int64_t V = b->config().vocab;
-      const SequenceSlot s = *b->CreateSequence();
-      logits[host] = GpuStep(*b, s, RandomTokens(160, V, 11), true);
-      const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, 12), true);
-      logits[host].insert(logits[host].end(), more.begin(), more.end());
-    }
-    cuda::SetHostPrefillPlan(was);
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    const int64_t V = static_cast<int64_t>(logits[0].size() / 225);
-    const double err = MaxRowError(logits[0], logits[1], V);
-    const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-    printf("[%s] %s prefill, device-planned vs host-planned experts: max relative L2 %.3e, %s\n", GetParam().c_str(),
-           mode == CudaMode::kExact ? "exact" : "fast", err, same ? "bit-identical" : "NOT bit-identical");
-    EXPECT_TRUE(same);
-    EXPECT_LE(err, 1e-6);
+    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetHostPrefillPlan(on); },
+                                    cuda::HostPrefillPlan(), 11, "device-planned vs host-planned experts");
   }
 }
 
@@ -436,30 +444,9 @@ class PrefillGridPlanTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  const bool was = cuda::RoutePlanGridOn();
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    std::vector<float> logits[2];
-    for (int grid = 0; grid < 2; ++grid) {
-      cuda::SetRoutePlanGrid(grid == 1);
-      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode);
-      ASSERT_TRUE(b);
-      const int64_t V = b->config().vocab;
-      const SequenceSlot s = *b->CreateSequence();
-      logits[grid] = GpuStep(*b, s, RandomTokens(160, V, 21), true);
-      const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, 22), true);
-      logits[grid].insert(logits[grid].end(), more.begin(), more.end());
-    }
-    cuda::SetRoutePlanGrid(was);
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    const int64_t V = static_cast<int64_t>(logits[0].size() / 225);
-    const double err = MaxRowError(logits[1], logits[0], V);
-    const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-    printf("[%s] %s prefill, grid-planned vs old-planned: max relative L2 %.3e, %s\n", GetParam().c_str(),
-           mode == CudaMode::kExact ? "exact" : "fast", err, same ? "bit-identical" : "NOT bit-identical");
-    EXPECT_TRUE(same);
-    EXPECT_LE(err, 1e-6);
+    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetRoutePlanGrid(on); },
+                                    cuda::RoutePlanGridOn(), 21, "grid-planned vs old-planned");
   }
 }
 
