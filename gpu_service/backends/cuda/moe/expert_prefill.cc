@@ -34,72 +34,11 @@ absl::Status Alloc(DeviceBuffer& b, size_t bytes) {
 // Tiles start at this byte offset of the index upload (16-byte aligned after max_slots int32s).
 size_t TileOffset(int64_t max_slots) { return (static_cast<size_t>(max_slots) * sizeof(int32_t) + 15) / 16 * 16; }
 
-// Modelled cost of one tile beyond its rows: dequantizing a weight tile (256 chunks of 32 per
-// 64-deep step) takes about as long as the tensor-core work of this many rows. Fitted to the H200
-// timings of expert_prefill_bench (80B shapes, Q4_K): 16-row tiles best at 512 tokens, 64 at 2048,
-// 128 at 8192 (about 10, 40 and 160 rows per expert).
-constexpr int64_t kDequantCostRows = 96;
-
-// Modelled cost of each launch beyond the first (pipelined kernel, remainder tiles at their class):
-// a launch lasts at least one block's whole k-loop however few tiles it has. Fitted to the H200
-// (expert_prefill_bench, 512 tokens: 15 tiles of 32 rows in a second launch cost 0.03 ms, more than
-// the padding they saved).
-constexpr int64_t kLaunchCostRows = 2500;
-
-// Index of a height in kPrefillTileRows.
-size_t ClassIndex(int height) {
-  return static_cast<size_t>(std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), height) -
-                             std::begin(kPrefillTileRows));
-}
-
 bool ValidTileRows(int rows) {
   return std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), rows) != std::end(kPrefillTileRows);
 }
 
 }  // namespace
-
-bool UsesStreamedKernel(const ExpertDecodeRunner::Shape& shape, int tile_rows) {
-  return shape.gate_up_type == WeightType::kQ4_K && shape.down_type == WeightType::kQ4_K && shape.h % 256 == 0 &&
-         shape.inner % 256 == 0 && (2 * shape.inner) % kStreamedUnitCols == 0 && shape.h % kStreamedUnitCols == 0 &&
-         tile_rows <= kStreamedMaxTileRows;
-}
-
-bool UsesStreamedRowsKernel(const ExpertDecodeRunner::Shape& shape) {
-  return UsesStreamedKernel(shape, 0) && shape.h <= kStreamedRowsMaxK && shape.inner <= kStreamedRowsMaxK;
-}
-
-int ChooseStreamedRowsTile(std::span<const PrefillGroup> groups, bool auto_choice) {
-  int64_t tiles = 0;
-  for (const PrefillGroup& g : groups) tiles += (g.rows + 15) / 16;
-  if (auto_choice && 20 * tiles > 21 * static_cast<int64_t>(groups.size())) return 0;
-  return 16;
-}
-
-bool UsesMmqKernel(const ExpertDecodeRunner::Shape& shape) {
-  return shape.gate_up_type == WeightType::kQ4_K && shape.down_type == WeightType::kQ4_K && shape.h % 256 == 0 &&
-         shape.inner % 256 == 0 && shape.h <= kMmqMaxK && shape.inner <= kMmqMaxK;
-}
-
-int ChooseMmqTile(std::span<const PrefillGroup> groups) {
-  int64_t tiles = 0;
-  for (const PrefillGroup& g : groups) tiles += (g.rows + 15) / 16;
-  return 4 * tiles > 5 * static_cast<int64_t>(groups.size()) ? 32 : 16;
-}
-
-PrefillKernel MmqAutoKernel() {
-  static const PrefillKernel k = [] {
-    const char* v = std::getenv("TANDEM_PREFILL_MMQ");
-    const std::string_view s = v == nullptr ? "" : v;
-    if (s == "0") return PrefillKernel::kStreamedAuto;
-    if (s == "1") return PrefillKernel::kMmq;
-    if (s == "2") return PrefillKernel::kMmqL2Prefetch;
-    if (s == "3") return PrefillKernel::kMmqWarps16;
-    return PrefillKernel::kMmqLean;
-  }();
-  return k;
-}
-
-bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
 
 StreamedOrder DefaultStreamedOrder() {
   static const StreamedOrder order =
@@ -127,66 +66,6 @@ struct ExpertPrefillRunner::Blas {
 ExpertPrefillRunner::ExpertPrefillRunner(ExpertPrefillRunner&&) noexcept = default;
 ExpertPrefillRunner& ExpertPrefillRunner::operator=(ExpertPrefillRunner&&) noexcept = default;
 ExpertPrefillRunner::~ExpertPrefillRunner() = default;
-
-std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units) {
-  std::vector<PrefillGroup> groups;
-  for (const ExpertUnit& u : units) {
-    if (!groups.empty()) {
-      PrefillGroup& g = groups.back();
-      if (g.where.gate == u.gate && g.where.up == u.up && g.where.down == u.down && g.first_slot + g.rows == u.first_slot) {
-        g.rows += u.rows;
-        continue;
-      }
-    }
-    groups.push_back(PrefillGroup{ExpertLocation{u.gate, u.up, u.down}, u.first_slot, u.rows});
-  }
-  return groups;
-}
-
-int PrefillTileClass(int rows) {
-  for (int height : kPrefillTileRows) {
-    if (rows <= height) return height;
-  }
-  return kPrefillTileRows[std::size(kPrefillTileRows) - 1];
-}
-
-int ChoosePrefillTileRows(std::span<const PrefillGroup> groups, bool remainders_at_class) {
-  int best = kPrefillTileRows[0];
-  int64_t best_cost = -1;
-  for (int rows : kPrefillTileRows) {
-    int64_t cost = 0;
-    if (remainders_at_class) {
-      bool launched[std::size(kPrefillTileRows)] = {};
-      for (const PrefillGroup& g : groups) {
-        cost += g.rows / rows * (kDequantCostRows + rows);
-        if (g.rows >= rows) launched[ClassIndex(rows)] = true;
-        if (const int rest = g.rows % rows; rest != 0) {
-          cost += kDequantCostRows + PrefillTileClass(rest);
-          launched[ClassIndex(PrefillTileClass(rest))] = true;
-        }
-      }
-      const int64_t launches = std::count(std::begin(launched), std::end(launched), true);
-      cost += kLaunchCostRows * std::max<int64_t>(launches - 1, 0);
-    } else {
-      for (const PrefillGroup& g : groups) cost += (g.rows + rows - 1) / rows * (kDequantCostRows + rows);
-    }
-    if (best_cost < 0 || cost < best_cost) {
-      best = rows;
-      best_cost = cost;
-    }
-  }
-  return best;
-}
-
-std::vector<PrefillTile> MakePrefillTiles(std::span<const PrefillGroup> groups, int tile_rows) {
-  std::vector<PrefillTile> tiles;
-  for (const PrefillGroup& g : groups) {
-    for (int32_t r = 0; r < g.rows; r += tile_rows) {
-      tiles.push_back(PrefillTile{g.where.gate, g.where.up, g.where.down, g.first_slot + r, std::min(tile_rows, g.rows - r)});
-    }
-  }
-  return tiles;
-}
 
 absl::StatusOr<ExpertPrefillRunner> ExpertPrefillRunner::Create(const ExpertDecodeRunner::Shape& shape,
                                                                 int64_t max_slots, const PrefillOptions& options) {
