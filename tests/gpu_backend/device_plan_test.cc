@@ -20,32 +20,20 @@
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
+#include "tests/gpu_backend/device_arrays.h"
 
 namespace tandem::cuda {
 namespace {
+
+using gpu_backend_testing::DeviceArrayOf;
+using gpu_backend_testing::DeviceCopy;
+using gpu_backend_testing::HostCopy;
 
 // Fake, never dereferenced, distinct addresses per expert and matrix.
 ExpertLocation FakeLocation(int e) {
   const uintptr_t base = 0x100000 + static_cast<uintptr_t>(e) * 0x3000;
   return {reinterpret_cast<const void*>(base), reinterpret_cast<const void*>(base + 0x1000),
           reinterpret_cast<const void*>(base + 0x2000)};
-}
-
-template <typename T>
-T* DeviceCopy(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
-  if (!v.empty()) {
-    EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  return d;
-}
-
-template <typename T>
-std::vector<T> HostCopy(const T* d, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
 }
 
 struct PlanResult {

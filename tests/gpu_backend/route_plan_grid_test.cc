@@ -26,42 +26,20 @@
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
+#include "tests/gpu_backend/device_arrays.h"
 
 namespace tandem::cuda {
 namespace {
+
+using gpu_backend_testing::DeviceArrayOf;
+using gpu_backend_testing::DeviceCopy;
+using gpu_backend_testing::HostCopy;
 
 // Fake device addresses, never dereferenced, aligned for any kernel (1 MiB apart per expert).
 ExpertLocation FakeLocation(int e) {
   const uintptr_t base = (static_cast<uintptr_t>(e) + 1) << 20;
   return {reinterpret_cast<const void*>(base), reinterpret_cast<const void*>(base + 4096),
           reinterpret_cast<const void*>(base + 8192)};
-}
-
-// A device array of `count` T, filled with `fill` bytes (0xFF: unwritten outputs show).
-template <typename T>
-T* DeviceArrayOf(size_t count, int fill = 0xFF) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, count) * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d, fill, std::max<size_t>(1, count) * sizeof(T)), cudaSuccess);
-  return d;
-}
-
-template <typename T>
-T* DeviceCopy(const std::vector<T>& v) {
-  T* d = DeviceArrayOf<T>(v.size());
-  if (!v.empty()) {
-    EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  return d;
-}
-
-template <typename T>
-std::vector<T> HostCopy(const T* d, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) {
-    EXPECT_EQ(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return v;
 }
 
 int MaxUnits(int n, int K, int E) { return std::min(n * K, n * K / kMaxUnitRows + E); }
