@@ -10,12 +10,7 @@
 # with none). Default bench flags: --batches 1,8 --prefill 512 --decode-steps 64.
 # Example: scripts/device/ab_80b.sh --rounds 2 'new:' 'old-moe:TANDEM_OLD_MOE_DECODE=1'
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-bundle=${BUNDLE:-$root/.device-bundle}
-out=${OUT:-$root/device-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"
 rounds=1
 bench_flags="--batches 1,8 --prefill 512 --decode-steps 64"
 configs=()
@@ -37,8 +32,7 @@ dir=${MODEL_DIR:-}
 if [ -z "$dir" ]; then
   if [ -f /dev/shm/q3n-80b.gguf ]; then dir=/dev/shm
   elif [ -f /tmp/q3n-80b.gguf ]; then dir=/tmp
-  elif [ "$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 52 ] 2>/dev/null; then dir=/dev/shm
-  else dir=/tmp
+  else dir=$(new_model_dir)
   fi
 fi
 model=$dir/q3n-80b.gguf

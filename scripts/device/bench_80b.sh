@@ -5,22 +5,14 @@
 # and bf16-GEMM floors measured in the same run). Writes bench_80b.txt / bench_80b.json under $OUT.
 # Usage (device): scripts/device/bench_80b.sh [extra gpu_backend_bench flags]
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-bundle=${BUNDLE:-$root/.device-bundle}
-out=${OUT:-$root/device-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
-shm_free_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
-dir=${MODEL_DIR:-}
-if [ -z "$dir" ]; then
-  if [ "${shm_free_gb:-0}" -ge 52 ]; then dir=/dev/shm; else dir=/tmp; fi
-fi
+source "$(dirname "$0")/device_env.sh"
+free_gb=$(shm_free_gb)
+dir=${MODEL_DIR:-$(new_model_dir)}
 model=$dir/q3n-80b.gguf
 {
   echo "# bench_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; model in $dir (${shm_free_gb:-?} GB free in /dev/shm)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; model in $dir (${free_gb:-?} GB free in /dev/shm)"
 } | tee "$out/bench_80b.txt"
 if [ ! -f "$model" ]; then
   /usr/bin/time -f "gen-model: %e s, max RSS %M KB" "$bundle/bin/tandem" gen-model --preset q3n-80b --out "$model" \

@@ -8,10 +8,7 @@
 # profile_80b.csv (ncu's raw rows) under $OUT.
 # Usage (device): scripts/device/profile_80b.sh [extra gpu_backend_bench flags]
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=${BUNDLE:-$root/.device-bundle}
-out=${OUT:-$root/device-out}
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"
 model=${MODEL:-/dev/shm/q3n-80b.gguf}
 [ -f "$model" ] || model=/tmp/q3n-80b.gguf
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

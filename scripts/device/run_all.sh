@@ -15,12 +15,7 @@
 #   (AB_ROUNDS rounds, default 2): environment switches A/B'd end to end on the same model.
 #   AB_BENCH replaces ab_80b.sh's gpu_backend_bench flags.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-bundle=${BUNDLE:-$root/.device-bundle}
-out=${OUT:-$root/device-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"
 report=$out/report.txt
 json=$out/report.json
 : >"$report"

@@ -1,0 +1,18 @@
+# Sourced by the device scripts (run_all.sh, bench_80b.sh, ab_80b.sh, profile_80b.sh): the
+# repository root (made the working directory), the bundle (BUNDLE, default .device-bundle), the
+# output folder (OUT, default device-out; created), the bundle's libraries on the loader path, and
+# where a new q3n-80b model goes.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root" || exit 1
+bundle=${BUNDLE:-$root/.device-bundle}
+out=${OUT:-$root/device-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+
+# GB free in /dev/shm (empty when df cannot tell).
+shm_free_gb() { df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9; }
+
+# The folder for a new q3n-80b.gguf (47 GB): /dev/shm when it has 52 GB free, else /tmp.
+new_model_dir() {
+  if [ "$(shm_free_gb)" -ge 52 ] 2>/dev/null; then echo /dev/shm; else echo /tmp; fi
+}
