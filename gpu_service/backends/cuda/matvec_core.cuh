@@ -408,12 +408,7 @@ cudaError_t LaunchFastDense(const uint8_t* w, int cols, int rows, const float* x
   const int sms = DeviceSmCount();
   // Large matrices: a few waves of blocks that each walk many row groups (one activation load).
   const int cap = sms * 8 / static_cast<int>(gy > 8 ? 8 : gy);
-  switch (bucket) {
-    case 1: return LaunchFast<F, 1, false>(a, gy, cap, sms, stream);
-    case 2: return LaunchFast<F, 2, false>(a, gy, cap, sms, stream);
-    case 4: return LaunchFast<F, 4, false>(a, gy, cap, sms, stream);
-    default: return LaunchFast<F, 8, false>(a, gy, cap, sms, stream);
-  }
+  return ForRowBucket(bucket, [&](auto rows) { return LaunchFast<F, rows.value, false>(a, gy, cap, sms, stream); });
 }
 
 }  // namespace tandem::cuda::fastmv

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 
@@ -114,6 +115,18 @@ inline int RowBucket(int n, size_t limit, SharedBytes shared_bytes) {
   int bucket = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
   while (bucket > 1 && shared_bytes(bucket) > limit) bucket /= 2;
   return bucket;
+}
+
+// launch(std::integral_constant<int, B>{}) for the row bucket B (1, 2, 4 or 8) RowBucket chose: the
+// one switch from a run-time bucket to the kernels' compile-time row count.
+template <class Launch>
+inline cudaError_t ForRowBucket(int bucket, Launch&& launch) {
+  switch (bucket) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    default: return launch(std::integral_constant<int, 8>{});
+  }
 }
 
 // a + q·x over a quad's four lanes, summed x, y, z, w: the inner product step every matvec kernel

@@ -284,12 +284,7 @@ inline cudaError_t LaunchQ6Staged(const uint8_t* w, int64_t row_bytes, int cols,
   a.y = y;
   a.y_stride = y_stride;
   const unsigned gy = static_cast<unsigned>((n + bucket - 1) / bucket);
-  switch (bucket) {
-    case 1: return LaunchQ6StagedN<1>(a, gy, blocks_per_sm, stream);
-    case 2: return LaunchQ6StagedN<2>(a, gy, blocks_per_sm, stream);
-    case 4: return LaunchQ6StagedN<4>(a, gy, blocks_per_sm, stream);
-    default: return LaunchQ6StagedN<8>(a, gy, blocks_per_sm, stream);
-  }
+  return ForRowBucket(bucket, [&](auto rows) { return LaunchQ6StagedN<rows.value>(a, gy, blocks_per_sm, stream); });
 }
 
 }  // namespace tandem::cuda::fastmv

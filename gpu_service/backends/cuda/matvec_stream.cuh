@@ -449,12 +449,7 @@ cudaError_t LaunchStreamDense(const uint8_t* w, int64_t row_bytes, int cols, int
   a.y = y;
   a.y_stride = y_stride;
   const unsigned gy = static_cast<unsigned>((n + bucket - 1) / bucket);
-  switch (bucket) {
-    case 1: return LaunchStream<F, 1>(a, gy, tuning, stream);
-    case 2: return LaunchStream<F, 2>(a, gy, tuning, stream);
-    case 4: return LaunchStream<F, 4>(a, gy, tuning, stream);
-    default: return LaunchStream<F, 8>(a, gy, tuning, stream);
-  }
+  return ForRowBucket(bucket, [&](auto rows) { return LaunchStream<F, rows.value>(a, gy, tuning, stream); });
 }
 
 }  // namespace tandem::cuda::fastmv
