@@ -179,36 +179,48 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
   return std::nullopt;
 }
 
-absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts,
-                                                    int* error, DevicePrefillTilesArgs* target) {
+absl::StatusOr<ExpertPrefillRunner::DeviceTiles> ExpertPrefillRunner::CheckDevicePlan(int max_units, int input_rows,
+                                                                                      int slots, int64_t experts) {
   const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
   if (!choice.has_value()) {
     return absl::FailedPreconditionError("ExpertPrefillRunner: this shape or kernel choice needs the host plan");
   }
-  if (error == nullptr || target == nullptr || max_units < 1 || max_units > max_slots_ || input_rows < 1 ||
-      input_rows > options_.max_input_rows || slots > max_slots_) {
+  if (max_units < 1 || max_units > max_slots_ || input_rows < 1 || input_rows > options_.max_input_rows ||
+      slots > max_slots_) {
     return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: device plan of ", max_units, " units, ",
                                                    input_rows, " input rows, ", slots, " slots; capacity ", max_slots_,
                                                    " slots, ", options_.max_input_rows, " input rows"));
   }
-  const int T = choice->tile_rows;
+  DeviceTiles d;
+  d.choice = *choice;
   // A group of r rows has ceil(r / T) <= (r - 1) / T + 1 tiles, so the call at most slots / T + groups, groups <= units.
-  const int max_tiles = std::min(slots, slots / T + max_units);
-  int* scratch = device_plan_.as<int32_t>();
+  d.max_tiles = std::min(slots, slots / choice->tile_rows + max_units);
+  d.tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
+  d.tile_count = device_plan_.as<int32_t>() + 2 * max_slots_;
+  return d;
+}
+
+absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts,
+                                                    int* error, DevicePrefillTilesArgs* target) {
+  absl::StatusOr<DeviceTiles> d = CheckDevicePlan(max_units, input_rows, slots, experts);
+  if (!d.ok()) return d.status();
+  if (error == nullptr || target == nullptr) {
+    return absl::InvalidArgumentError("ExpertPrefillRunner: device plan without an error flag or a target");
+  }
   DevicePrefillTilesArgs b;
   b.max_units = max_units;
-  b.tile_rows = T;
+  b.tile_rows = d->choice.tile_rows;
   b.max_slots = slots;
   b.max_input_rows = input_rows;
   b.gate_up_align = KernelRowAlignment(static_cast<uint32_t>(shape_.gate_up_type));
   b.down_align = KernelRowAlignment(static_cast<uint32_t>(shape_.down_type));
-  b.tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
-  b.max_tiles = max_tiles;
-  b.num_tiles = scratch + 2 * max_slots_;
+  b.tiles = d->tiles;
+  b.max_tiles = d->max_tiles;
+  b.num_tiles = d->tile_count;
   b.index = index_.as<int32_t>();
   b.error = error;
   *target = b;
-  last_tile_rows_ = T;
+  last_tile_rows_ = d->choice.tile_rows;
   return absl::OkStatus();
 }
 
@@ -232,23 +244,15 @@ absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, cons
 
 absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts,
                                                  const float* x, float* partial, cudaStream_t stream) {
-  const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
-  if (!choice.has_value()) {
-    return absl::FailedPreconditionError("ExpertPrefillRunner: this shape or kernel choice needs the host plan");
-  }
-  if (max_units < 1 || max_units > max_slots_ || input_rows < 1 || input_rows > options_.max_input_rows ||
-      slots > max_slots_) {
-    return absl::InvalidArgumentError(absl::StrCat("ExpertPrefillRunner: device plan of ", max_units, " units, ",
-                                                   input_rows, " input rows, ", slots, " slots; capacity ", max_slots_,
-                                                   " slots, ", options_.max_input_rows, " input rows"));
-  }
+  absl::StatusOr<DeviceTiles> d = CheckDevicePlan(max_units, input_rows, slots, experts);
+  if (!d.ok()) return d.status();
   if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
     return absl::InvalidArgumentError("ExpertPrefillRunner: partial is not 8-byte aligned");
   }
-  const int T = choice->tile_rows;
-  const int max_tiles = std::min(slots, slots / T + max_units);
-  PrefillTile* tiles = reinterpret_cast<PrefillTile*>(index_.as<uint8_t>() + TileOffset(max_slots_));
-  const int* tile_count = device_plan_.as<int32_t>() + 2 * max_slots_;
+  const DevicePrefillChoice* choice = &d->choice;
+  const int T = choice->tile_rows, max_tiles = d->max_tiles;
+  const PrefillTile* tiles = d->tiles;
+  const int* tile_count = d->tile_count;
   last_tile_rows_ = T;
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   if (IsMmqKernel(choice->kernel)) {

@@ -208,6 +208,16 @@ class ExpertPrefillRunner {
   struct Blas;
   absl::Status RunGrouped(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
   absl::Status RunCublas(std::span<const ExpertUnit> units, const float* x, float* partial, cudaStream_t stream);
+  // What DeviceTilesTarget and RunDeviceTiles both need of a device-planned call of these sizes:
+  // its choice, the tile bound and where the tiles and their count live, after the checks both
+  // make (FailedPrecondition without a choice, InvalidArgument beyond this runner's sizes).
+  struct DeviceTiles {
+    DevicePrefillChoice choice;
+    int max_tiles;
+    PrefillTile* tiles;
+    int* tile_count;
+  };
+  absl::StatusOr<DeviceTiles> CheckDevicePlan(int max_units, int input_rows, int slots, int64_t experts);
 
   ExpertDecodeRunner::Shape shape_{};
   int64_t max_slots_ = 0;
