@@ -18,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "tests/gpu/bench_util.h"
 
@@ -258,6 +259,176 @@ void BenchPrefillStages() {
   for (float* p : {gate_inp_w, x, y1, y2, y3, gu, act, shared, glog}) BENCH_CHECK(cudaFree(p));
 }
 
+
+// The split-K number and reduction scheme of cuBLASLt's first algorithm for the split product
+// (m × n, K = k), and the index of the first algorithm with one K slice: which products take the
+// splitKreduce kernel at a step size (cublasGemmEx's default choice follows the same heuristic as
+// far as the Nsight profiles show; the bench prints both so the next run can check).
+std::string SplitKInfo(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, size_t ws_bytes) {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  bool ok = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, k, m, k) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, n, k) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulPreference_t pref;
+  ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                            sizeof(ws_bytes)) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t results[16];
+  int found = 0;
+  ok = ok && cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, results, &found) == CUBLAS_STATUS_SUCCESS;
+  std::string out = "heuristic failed";
+  if (ok && found > 0) {
+    auto attr = [&](int i, cublasLtMatmulAlgoConfigAttributes_t a) {
+      int32_t v = -1;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, a, &v, sizeof(v), &written);
+      return v;
+    };
+    int first_one = -1;
+    for (int i = 0; i < found && first_one < 0; ++i) {
+      if (attr(i, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) first_one = i;
+    }
+    out = "Lt #0 splitK " + std::to_string(attr(0, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " scheme " +
+          std::to_string(attr(0, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + ", first unsplit #" +
+          std::to_string(first_one) + " of " + std::to_string(found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  return out;
+}
+
+// glue512 (2026-12-01; NOT yet run on a GPU when written). (1) Every prepared split product of a
+// q3n-80b layer at 512 and 8192 tokens through the three GemmAlgo paths (the same prepared copies,
+// one DenseGemm each), with the per-step sum (36 GDN + 12 attention layers, each with the router
+// and the shared expert's stack and down product): what TANDEM_GEMM_LT / TANDEM_GEMM_NO_SPLITK
+// would change. (2) The stream norm with the inject (h 2048) then F32ToF16SplitRows, against
+// LaunchInjectRmsNormF16 writing both; per step the old path ran 48 mixer reads with one
+// conversion and 48 MoE reads with two (router, shared expert), the new one 96 fused norms.
+void BenchGlue() {
+  const int64_t max_n = 8192, h = 2048;
+  std::vector<void*> owned;
+  auto q8 = [&](int64_t cols, int64_t rows, uint64_t seed) {
+    const int64_t row_bytes = cols / 32 * 34;
+    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
+    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
+    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
+    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
+    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    owned.push_back(w);
+    return DeviceMatrix{kTypeQ8_0, w, cols, rows, row_bytes};
+  };
+  struct Product {
+    const char* name;
+    DeviceMatrix w;
+    int per_step;  // launches in one step of q3n-80b's 48 layers
+  };
+  const DeviceMatrix gate = q8(2048, 512, 109), up = q8(2048, 512, 110), gate_inp = q8(2048, 8, 111);
+  const std::vector<Product> products = {
+      {"gdn_qkv", q8(2048, 8192, 101), 36},  {"gdn_z", q8(2048, 4096, 102), 36},
+      {"gdn_ba", q8(2048, 64, 103), 36},     {"gdn_out", q8(4096, 2048, 104), 36},
+      {"attn_q", q8(2048, 8192, 105), 12},   {"attn_k", q8(2048, 512, 106), 12},
+      {"attn_v", q8(2048, 512, 107), 12},    {"attn_o", q8(4096, 2048, 108), 12},
+      {"router", q8(2048, 512, 112), 48},    {"shared_down", q8(512, 2048, 113), 48},
+  };
+  const DeviceMatrix* stack[] = {&gate, &up, &gate_inp};
+  const GemmAlgo algos[3] = {GemmAlgo::kGemmEx, GemmAlgo::kLt, GemmAlgo::kLtNoSplitK};
+  const char* algo_names[3] = {"gemmex", "lt", "lt_nosplitk"};
+  std::unique_ptr<DenseGemm> g[3];
+  int64_t R = 0;
+  for (int a = 0; a < 3; ++a) {
+    DenseGemmOptions o;
+    o.mode = GemmMode::kFastSplit;
+    o.max_n = max_n;
+    o.max_cols = 4096;
+    o.tile_bytes = 128ll << 20;
+    o.prepared_algo = algos[a];
+    auto made = DenseGemm::Create(o);
+    BENCH_OK(made.status());
+    g[a] = *std::move(made);
+    for (const Product& p : products) BENCH_OK(g[a]->Prepare(p.w));
+    absl::StatusOr<int64_t> rows = g[a]->PrepareStack(stack, GemmMode::kFastSplit);
+    BENCH_OK(rows.status());
+    R = *rows;
+  }
+  cublasLtHandle_t lt;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  float* x = RandomFloats(static_cast<size_t>(max_n * 4096), 120);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, static_cast<size_t>(max_n * 8192) * sizeof(float)));
+  for (int64_t n : {512, 8192}) {
+    double step_us[3] = {0, 0, 0};
+    auto one = [&](const char* name, int64_t m, int64_t cols, int per_step, const std::function<void(DenseGemm&)>& fn) {
+      double us[3];
+      for (int a = 0; a < 3; ++a) {
+        us[a] = TimeMs([&] { fn(*g[a]); }, 20) * 1e3;
+        step_us[a] += per_step * us[a];
+      }
+      char detail[300];
+      std::snprintf(detail, sizeof(detail), "M=%lld K=3x%lld: gemmex %.2f us, lt %.2f us, lt_nosplitk %.2f us; %s",
+                    (long long)m, (long long)cols, us[0], us[1], us[2],
+                    SplitKInfo(lt, m, n, 3 * cols, 32ull << 20).c_str());
+      Report(std::string("glue_gemm_") + name + "_n" + std::to_string(n), us[0] / us[2], "x", detail);
+    };
+    for (const Product& p : products) {
+      one(p.name, p.w.rows, p.w.cols, p.per_step, [&](DenseGemm& gg) {
+        absl::StatusOr<DenseGemm::F16Input> in = gg.ConvertInput(x, n, p.w.cols, GemmMode::kFastSplit, nullptr);
+        BENCH_OK(in.status());
+        BENCH_OK(gg.RunInput(p.w, *in, y, nullptr));
+      });
+    }
+    one("shared_stack", R, 2048, 48, [&](DenseGemm& gg) {
+      absl::StatusOr<DenseGemm::F16Input> in = gg.ConvertInput(x, n, 2048, GemmMode::kFastSplit, nullptr);
+      BENCH_OK(in.status());
+      BENCH_OK(gg.RunStack(stack, *in, y, nullptr));
+    });
+    for (int a = 0; a < 3; ++a) {
+      char detail[200];
+      std::snprintf(detail, sizeof(detail), "sum over one step's dense products (conversion included): %.1f us",
+                    step_us[a]);
+      Report(std::string("glue_gemm_step_") + algo_names[a] + "_n" + std::to_string(n), step_us[0] / step_us[a], "x",
+             detail);
+    }
+  }
+  // (2) The norm.
+  float* H0 = RandomFloats(static_cast<size_t>(max_n * h), 121);
+  float* H = RandomFloats(static_cast<size_t>(max_n * h), 121);
+  float* yb = RandomFloats(static_cast<size_t>(max_n * h), 122);
+  float* gamma = RandomFloats(static_cast<size_t>(h), 123);
+  for (int64_t n : {512, 8192}) {
+    // The inject adds into H on every call: restore it between repetitions is not needed for time
+    // (values stay finite over a few dozen adds of N(0, 1)).
+    BENCH_CHECK(cudaMemcpy(H, H0, static_cast<size_t>(n * h) * 4, cudaMemcpyDeviceToDevice));
+    uint16_t* rows = g[0]->input_scratch();
+    const double norm_us = TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNorm(H, n, 1, h, nullptr, yb, gamma, 1e-6f, x, nullptr));
+    }) * 1e3;
+    const double conv_us = TimeMs([&] { BENCH_CHECK(LaunchF32ToF16SplitRows(x, n, h, rows, nullptr)); }) * 1e3;
+    const double fused_us = TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, h, nullptr, yb, gamma, 1e-6f, x, 3, rows, nullptr));
+    }) * 1e3;
+    const double old_step = 48 * (norm_us + conv_us) + 48 * (norm_us + 2 * conv_us), new_step = 96 * fused_us;
+    // Bytes: the norm reads H, y and writes H, x (4 · 4 · n · h); the rows are 6 · n · h.
+    const double fused_bytes = (16.0 + 6.0) * n * h;
+    char detail[300];
+    std::snprintf(detail, sizeof(detail),
+                  "norm %.2f us + split rows %.2f us vs fused %.2f us (%.0f GB/s; floor at 4.5 TB/s %.2f us); per step "
+                  "old %.0f us, new %.0f us",
+                  norm_us, conv_us, fused_us, fused_bytes / (fused_us * 1e3), fused_bytes / 4.5e6, old_step, new_step);
+    Report(std::string("glue_norm_f16_rows_n") + std::to_string(n), old_step / new_step, "x", detail);
+  }
+  cublasLtDestroy(lt);
+  for (void* p : owned) BENCH_CHECK(cudaFree(p));
+  for (float* p : {x, y, H0, H, yb, gamma}) BENCH_CHECK(cudaFree(p));
+}
+
 }  // namespace
 }  // namespace tandem::cuda
 
@@ -270,8 +441,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prefill_stages_bench: no CUDA device\n");
     return 1;
   }
-  tandem::cuda::BenchPrefillStages();
-  tandem::cuda::BenchSplitAlgorithms();
+  // --glue: only BenchGlue (glue512's A/B), the quick run.
+  bool glue_only = false;
+  for (int i = 1; i < argc; ++i) glue_only |= std::strcmp(argv[i], "--glue") == 0;
+  if (!glue_only) {
+    tandem::cuda::BenchPrefillStages();
+    tandem::cuda::BenchSplitAlgorithms();
+  }
+  tandem::cuda::BenchGlue();
   tandem::bench::WriteJson(json);
   return 0;
 }

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "common/reference/streams.h"
+#include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -126,6 +128,79 @@ TEST_F(GpuStreamsTest, RegisterRowNormMatchesGeneralKernel) {
       }
     }
   }
+}
+
+// The norm that also writes the products' f16 input rows (LaunchInjectRmsNormF16, glue512) against
+// the old two launches (LaunchInjectRmsNorm, then LaunchF32ToF16SplitRows over N for kFastSplit or
+// LaunchF32ToF16 for kFast): bit for bit, for the f32 rows, the injected H and the f16 rows, with
+// and without the f32 rows (N nullptr), over the register kernels' widths, one past them (8192:
+// the two-pass kernel) and a step of 4096 inject rows (the two-pass kernel by row count).
+TEST_F(GpuStreamsTest, NormWithF16RowsIsBitIdenticalToNormThenConvert) {
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    int64_t h, S, n;
+  };
+  const Case cases[] = {{256, 1, 37}, {260, 1, 37}, {1024, 3, 37}, {2048, 1, 37}, {2048, 1, 4096},
+                        {2048, 3, 37}, {4096, 1, 37}, {8192, 1, 37}};
+  for (const Case& cs : cases) {
+    const int64_t h = cs.h, S = cs.S, n = cs.n, rows = n * S, cols = S * h;
+    for (int inject = 0; inject < 3; ++inject) {  // 0: none, 1: y with a = 1, 2: y and a
+      if (n >= 4096 && inject == 0) continue;
+      const std::vector<float> H = Random(rng, static_cast<size_t>(rows * h), 2.0f);
+      const std::vector<float> gamma_host = Random(rng, static_cast<size_t>(S * h), 0.2f, 1.0f);
+      const auto gamma = Upload(gamma_host);
+      const auto y = Upload(Random(rng, static_cast<size_t>(n * h)));
+      const auto a = Upload(Random(rng, static_cast<size_t>(rows), 0.3f, 1.0f));
+      const float* yp = inject > 0 ? y.get() : nullptr;
+      const float* ap = inject > 1 ? a.get() : nullptr;
+      for (int copies : {3, 1}) {
+        auto H_old = Upload(H), H_new = Upload(H), H_rows = Upload(H);
+        auto N_old = Poisoned<float>(static_cast<size_t>(rows * h)), N_new = Poisoned<float>(static_cast<size_t>(rows * h));
+        const size_t f16_count = static_cast<size_t>(n * copies * cols);
+        auto R_old = Poisoned<uint16_t>(f16_count), R_new = Poisoned<uint16_t>(f16_count),
+             R_only = Poisoned<uint16_t>(f16_count);
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_old.get(), n, S, h, ap, yp, gamma.get(), 1e-6f, N_old.get(), nullptr));
+        if (copies == 3) {
+          TANDEM_ASSERT_CUDA(cuda::LaunchF32ToF16SplitRows(N_old.get(), n, cols, R_old.get(), nullptr));
+        } else {
+          TANDEM_ASSERT_CUDA(cuda::LaunchF32ToF16(N_old.get(), n * cols, R_old.get(), nullptr));
+        }
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormF16(H_new.get(), n, S, h, ap, yp, gamma.get(), 1e-6f, N_new.get(),
+                                                        copies, R_new.get(), nullptr));
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormF16(H_rows.get(), n, S, h, ap, yp, gamma.get(), 1e-6f, nullptr,
+                                                        copies, R_only.get(), nullptr));
+        const std::string tag = "norm_f16_h" + std::to_string(h) + "_S" + std::to_string(S) + "_n" +
+                                std::to_string(n) + "_inject" + std::to_string(inject) + "_copies" +
+                                std::to_string(copies);
+        const std::vector<uint16_t> r_old = Download(R_old);
+        EXPECT_EQ(Download(N_new), Download(N_old)) << tag;
+        EXPECT_EQ(Download(H_new), Download(H_old)) << tag;
+        EXPECT_EQ(Download(H_rows), Download(H_old)) << tag;
+        EXPECT_EQ(Download(R_new), r_old) << tag;
+        EXPECT_EQ(Download(R_only), r_old) << tag;
+        // and the norm itself still matches the CPU reference (the rows hold real values)
+        if (inject == 0 && S == 1) {
+          HcWeights w;
+          w.norm = gamma_host;
+          std::vector<float> x(static_cast<size_t>(n * h)), wa(static_cast<size_t>(n));
+          StreamRead(w, H.data(), n, 1, h, 1e-6f, x.data(), wa.data(), nullptr);
+          std::vector<float> from_rows(static_cast<size_t>(n * h));
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t j = 0; j < h; ++j) {
+              const uint16_t* row = r_old.data() + t * copies * h;
+              from_rows[t * h + j] = Fp16ToFp32(row[j]) + (copies == 3 ? Fp16ToFp32(row[2 * h + j]) : 0.0f);
+            }
+          }
+          EXPECT_LE(gpu_testing::LogError(tag, RelL2(from_rows, x)), copies == 3 ? 1e-6 : 1e-3) << tag;
+        }
+      }
+    }
+  }
+  auto R = Poisoned<uint16_t>(64);
+  EXPECT_EQ(cuda::LaunchInjectRmsNormF16(nullptr, 1, 1, 8, nullptr, nullptr, nullptr, 1e-6f, nullptr, 2, R.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchInjectRmsNormF16(nullptr, 1, 1, 8, nullptr, nullptr, nullptr, 1e-6f, nullptr, 3, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -451,6 +452,27 @@ TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PrefillGridPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// Fast prefill steps have the stream norm before the mixer and before the MoE write the products'
+// f16 input rows itself (LaunchInjectRmsNormF16, DenseGemm::SetConverted: glue512) unless
+// TANDEM_OLD_NORM_CONVERT / SetFusedNormInput(false): the same rows, so the same logits bit for bit
+// (exact mode never takes it; run too, as the guard that it stays untouched).
+class FusedNormInputTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FusedNormInputTest, NormWrittenF16RowsGiveTheConvertedLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetFusedNormInput(on); },
+                                    cuda::FusedNormInput(), 31, "norm-written f16 rows vs norm then conversion");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, FusedNormInputTest, ::testing::Values("tiny", "tiny-q3n", "small"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

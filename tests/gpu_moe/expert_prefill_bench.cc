@@ -259,6 +259,12 @@ int Main(int argc, char** argv) {
                                            {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqWarps16}},
                                           {"mmq lean (16 warps), tiles <= 16",
                                            {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLean}},
+                                          {"mmq lean2 (unit-ahead descriptors, cp.async tile rows), tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLean2}},
+                                          {"mmq lean (16 warps) again, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLean}},
+                                          {"mmq lean2 again, tiles <= 16",
+                                           {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLean2}},
                                           {"mmq lean 8 warps x 8 stages, tiles <= 16",
                                            {PrefillAlgorithm::kGroupedTiles, 16, n, PrefillKernel::kMmqLeanWarps8}},
                                           {"mmq + L2 row prefetch (chosen)",
@@ -286,6 +292,7 @@ int Main(int argc, char** argv) {
                                           {"streamed 64, order strided again", Ordered(n, StreamedOrder::kStrided)},
                                           {"streamed 64, order dynamic (new) again", Ordered(n, StreamedOrder::kDynamic)}};
     std::vector<float> order_ref;  // the first work-order row's output at this n
+    std::vector<float> lean_ref;   // the kMmqLean row's output at this n (kMmqLean2 must equal it)
     for (const Variant& v : grouped) {
       if (!selected(v.name)) continue;
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
@@ -307,12 +314,24 @@ int Main(int argc, char** argv) {
                       std::memcmp(got.data(), order_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
         }
       }
+      if (v.options.streamed_kernel == PrefillKernel::kMmqLean || v.options.streamed_kernel == PrefillKernel::kMmqLean2) {
+        const size_t count = static_cast<size_t>(n * kK * kH);
+        std::vector<float> got(count);
+        BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        if (v.options.streamed_kernel == PrefillKernel::kMmqLean) {
+          lean_ref = std::move(got);
+        } else if (!lean_ref.empty()) {
+          std::printf("prefill n=%-5lld %s: bits %s the mmq lean row's\n", static_cast<long long>(n), v.name,
+                      std::memcmp(got.data(), lean_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
+        }
+      }
       if (n > 2048) continue;  // the L2 check copies 1.3 GB at 8192 tokens: only the smaller steps
       if (v.options.tile_rows == 0 || v.options.streamed_kernel == PrefillKernel::kStreamedRows ||
           v.options.streamed_kernel == PrefillKernel::kMmq || v.options.streamed_kernel == PrefillKernel::kMmqWarps16 ||
           v.options.streamed_kernel == PrefillKernel::kMmqWarps4 || v.options.streamed_kernel == PrefillKernel::kMmqHiOnly ||
           v.options.streamed_kernel == PrefillKernel::kMmqF32Min || v.options.streamed_kernel == PrefillKernel::kMmqL2Prefetch ||
-          v.options.streamed_kernel == PrefillKernel::kMmqLean || v.options.streamed_kernel == PrefillKernel::kMmqLeanWarps8) {
+          v.options.streamed_kernel == PrefillKernel::kMmqLean || v.options.streamed_kernel == PrefillKernel::kMmqLeanWarps8 ||
+          v.options.streamed_kernel == PrefillKernel::kMmqLean2) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count), ref(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));

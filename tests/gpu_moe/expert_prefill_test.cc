@@ -78,15 +78,18 @@ std::string Describe(const PrefillOptions& o) {
 // counts (K must be 1): expert e takes counts[e] tokens (0: none), tokens in shuffled order; n
 // must be the sum. mmq_rel_l2: the bound for runs on the integer-MMA kernel (kMmq*, or
 // kStreamedAuto where it takes kMmq), tighter than the f16 paths' 1e-2. same_bits: every option's
-// output (host- and device-planned) must equal the first option's bit for bit.
+// output (host- and device-planned) must equal the first option's bit for bit. weight_sets (0: E):
+// expert e uses weight set e % weight_sets (many experts, hence many tiles, without generating and
+// uploading E sets).
 void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
                             bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3,
-                            bool same_bits = false) {
+                            bool same_bits = false, int64_t weight_sets = 0) {
   std::mt19937 rng(std::random_device{}());
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
-  std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
+  const int64_t W = weight_sets > 0 ? std::min(weight_sets, E) : E;
+  std::vector<std::vector<uint8_t>> gate(W), up(W), down(W);
   std::vector<DeviceBuffer> dg, du, dd;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0; e < W; ++e) {
     gate[e] = RandomMatrix(rng, c.gu_type, h, I, 0.05f);
     up[e] = RandomMatrix(rng, c.gu_type, h, I, 0.05f);
     down[e] = RandomMatrix(rng, c.d_type, I, h, 0.05f);
@@ -119,13 +122,13 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
   const std::vector<float> x = testing::RandomVector(rng, n * h);
   DeviceBuffer dx = Upload(x);
   absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, K, E, [&](int32_t e) -> std::optional<ExpertLocation> {
-    return ExpertLocation{dg[e].get(), du[e].get(), dd[e].get()};
+    return ExpertLocation{dg[e % W].get(), du[e % W].get(), dd[e % W].get()};
   });
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<float> ref(static_cast<size_t>(n * K * h));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = picks[t * K + k];
+      const int32_t e = static_cast<int32_t>(picks[t * K + k] % W);
       FfnForward(testing::HostMatrix(c.gu_type, gate[e], h, I), testing::HostMatrix(c.gu_type, up[e], h, I),
                  testing::HostMatrix(c.d_type, down[e], I, h), x.data() + t * h, 1,
                  ref.data() + plan->slot[t * K + k] * h, nullptr);
@@ -374,7 +377,7 @@ TEST(ExpertPrefillTest, MmqRaggedGroupsMatchReference) {
 }
 
 // The 512-token regime on the model shapes through the usual top-k routing (10 rows per expert):
-// kMmq at its chosen bound, kMmqWarps16 and kMmqLean (the default there) beside the streamed kernels.
+// kMmq at its chosen bound, kMmqWarps16 and kMmqLean (kMmqLean2, the default there, is held to its bits below) beside the streamed kernels.
 TEST(ExpertPrefillTest, MmqModelShapesMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 24, 4, 60},
@@ -382,6 +385,53 @@ TEST(ExpertPrefillTest, MmqModelShapesMatchReference) {
                           {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqWarps16},
                           {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLean},
                           {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed}});
+}
+
+// kMmqLean2 (expert_prefill_mmq_lean2.cu, the default for small groups) against kMmqLean: the
+// same integer sums and f32 order, so the outputs must be bit-identical (same_bits; both also within
+// the MMQ bound of the reference, and the device-planned calls equal to the host-planned ones), on
+// every path of its launcher: the 80B shapes (gate/up K = 2048 compiled in, single-buffered; down
+// K = 512 compiled in, double-buffered) on ragged groups, on many small tiles and on top-k routing;
+// h 768 / I 256 (K from the argument, double-buffered both
+// ways); h 1280 / I 1280 (K from the argument, single-buffered both ways: two 1280-wide tiles do
+// not fit beside the ring).
+TEST(ExpertPrefillTest, MmqLean2BitIdenticalToLean) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLean},
+                                               {PrefillAlgorithm::kGroupedTiles, 16, 0, PrefillKernel::kMmqLean2}};
+  // Ragged groups, the 80B shapes (one expert a token: 0 to 70 rows an expert).
+  const std::vector<int> model_counts = {1, 0, 8, 9, 16, 17, 70, 0, 32, 33, 2, 24, 0, 41, 5, 63};
+  int n = 0;
+  for (int k : model_counts) n += k;
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, static_cast<int64_t>(model_counts.size()), 1, n},
+                         options, 0, false, model_counts, 2e-3, /*same_bits=*/true);
+  // Many small tiles at the 80B shapes: 600 experts (8 weight sets) taking 0 to 3 tokens each: ~450
+  // tiles, ~1800 gate/up and ~3600 down units, so every block of the persistent grid (one an SM)
+  // switches tiles several times (the buffers alternate, the descriptor read ahead crosses tiles).
+  std::vector<int> many_counts;
+  n = 0;
+  for (int e = 0; e < 600; ++e) {
+    many_counts.push_back((e * 7) % 4);
+    n += many_counts.back();
+  }
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 600, 1, n}, options, 0, false, many_counts,
+                         2e-3, /*same_bits=*/true, /*weight_sets=*/8);
+  // Top-k routing at the 80B shapes (10 experts a token, tiles of 16 slots and partial ones).
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 48, 10, 120}, options, 0, false, {}, 2e-3,
+                         /*same_bits=*/true);
+  // K from the argument: double-buffered (768 / 256) and single-buffered (1280 / 1280) kernels.
+  std::vector<int> odd_counts;
+  n = 0;
+  for (int e = 0; e < 24; ++e) {
+    odd_counts.push_back(e % 7 == 3 ? 0 : 1 + (e * 37) % 70);
+    n += odd_counts.back();
+  }
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 24, 1, n}, options, 0, false,
+                         odd_counts, 2e-3, /*same_bits=*/true);
+  n = 0;
+  for (int k : model_counts) n += k;
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 1280, 1280, static_cast<int64_t>(model_counts.size()), 1, n},
+                         options, 0, false, model_counts, 2e-3, /*same_bits=*/true, /*weight_sets=*/4);
 }
 
 // The quantizer: every element within max|x| / 16256 of s · (hi + lo / 64) of its 256-block, and

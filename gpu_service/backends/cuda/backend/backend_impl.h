@@ -169,8 +169,15 @@ class CudaBackend::Impl {
   absl::Status PrefetchToL2(std::initializer_list<const cuda::DeviceMatrix*> matrices);
   absl::Status JoinPrefetches();
   // A hyper-connection read into x (and the inject weights into a, unless a is nullptr), with the
-  // pending block output (when not nullptr) injected into H first, fused into the norm.
-  absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending);
+  // pending block output (when not nullptr) injected into H first, fused into the norm. f16_for
+  // (not kExact): a plain read's norm also writes x as the f16 input rows of products in that mode
+  // (LaunchInjectRmsNormF16 into the DenseGemm scratch, DenseGemm::SetConverted).
+  absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
+                    cuda::GemmMode f16_for = cuda::GemmMode::kExact);
+  // The mode in which the products after layer's mixer read (ffn: its MoE read) would convert x
+  // through DenseGemm::ConvertInput, for Read's f16_for; kExact when none would (small steps, exact
+  // mode, unprepared matrices, FusedNormInput() off).
+  cuda::GemmMode ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const;
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);

@@ -2,6 +2,7 @@
 // products batched over every token of the step, per-sequence kernels (GDN recurrence, indexer,
 // Engram) looped over the step's sequences.
 #include <algorithm>
+#include <array>
 #include <span>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
@@ -120,17 +122,47 @@ absl::Status CudaBackend::Impl::JoinPrefetches() {
 
 absl::Status CudaBackend::Impl::Join() { return side_fork->Join(stream.get(), side.get()); }
 
+cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const {
+  const cuda::GemmMode none = cuda::GemmMode::kExact;
+  if (!cuda::FusedNormInput() || n <= cuda::kMatVecMaxRows || gemm->mode() == cuda::GemmMode::kExact) return none;
+  if (ffn) {
+    // The router's product ("accurate": split rows) and the stacked shared expert read x so.
+    return gemm->IsPrepared(w.router, cuda::GemmMode::kFastSplit) ? cuda::GemmMode::kFastSplit : none;
+  }
+  // Products(): the mixer's input products share one conversion when all are prepared.
+  const cuda::GemmMode mode = gemm->mode();
+  const bool gdn = w.kind == LayerKind::kGdn;
+  const std::array<const cuda::DeviceMatrix*, 3> inputs = {gdn ? &w.z : &w.k, gdn ? &w.ba : &w.v, gdn ? &w.qkv : &w.q};
+  for (const cuda::DeviceMatrix* m : inputs) {
+    if (!gemm->IsPrepared(*m, mode) || m->cols != c->h) return none;
+  }
+  return mode;
+}
+
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
-                                     const float* pending) {
+                                     const float* pending, cuda::GemmMode f16_for) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
+  // x is rewritten here: the f16 rows of the previous x in the GEMM scratch no longer count.
+  gemm->ForgetConverted();
   // The pending inject (H += a·pending, a from the previous read) is fused into this read's norm;
   // the kernel reads a before this read writes the new weights below.
   const float* pending_a = pending != nullptr && !inject_is_one ? a : nullptr;
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
-    if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st),
-                                "rms norm");
-        !s.ok()) {
+    if (f16_for != cuda::GemmMode::kExact) {
+      // x and its f16 input rows in one pass, instead of a conversion per consumer (bit-identical:
+      // the same f32 values and roundings as DenseGemm::ConvertInput).
+      const int copies = f16_for == cuda::GemmMode::kFastSplit ? 3 : 1;
+      if (absl::Status s = Launch(cuda::LaunchInjectRmsNormF16(H, n, 1, h, pending_a, pending, r.norm, c->eps, out,
+                                                               copies, gemm->input_scratch(), st),
+                                  "rms norm (f16 rows)");
+          !s.ok()) {
+        return s;
+      }
+      gemm->SetConverted(out, n, h, f16_for);
+    } else if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st),
+                                       "rms norm");
+               !s.ok()) {
       return s;
     }
     if (inject == nullptr) return absl::OkStatus();
@@ -412,7 +444,10 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr); !s.ok()) return s;
+  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr, ReadF16Mode(w, T, /*ffn=*/false));
+      !s.ok()) {
+    return s;
+  }
   if (w.kind == LayerKind::kGdn) {
     t.Mark(Stage::kGdn, st);
     if (absl::Status s = RunGdn(layer, plan); !s.ok()) return s;
@@ -420,6 +455,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kAttention, st);
     if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
   }
+  gemm->ForgetConverted();  // the f16 rows of x live from their read to the end of its block
   // ... and the next layer's mixer inputs, under the MoE stage.
   if (prefetch && options.l2_prefetch >= 2 && layer + 1 < c->n_layers) {
     const cuda::GpuLayer& next = dm->layers[layer + 1];
@@ -429,7 +465,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Read(w.ffn_read, T, x, a, y); !s.ok()) return s;
+  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true)); !s.ok()) return s;
   std::vector<int32_t>* picks = nullptr;
   if (routing_sink != nullptr) picks = &(*routing_sink)[layer].experts;
   uint64_t rows = 0;
@@ -439,6 +475,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product); !s.ok()) {
     return s;
   }
+  gemm->ForgetConverted();
   local_rows += rows;
   // The MoE output is injected by the next read (the next layer's, or the head's).
   inject_pending = true;

@@ -1,15 +1,35 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 
 namespace tandem::cuda {
+
+GemmAlgo GemmAlgoFromEnv() {
+  static const GemmAlgo algo = EnvSwitch("TANDEM_GEMM_NO_SPLITK") ? GemmAlgo::kLtNoSplitK
+                               : EnvSwitch("TANDEM_GEMM_LT")      ? GemmAlgo::kLt
+                                                                  : GemmAlgo::kGemmEx;
+  return algo;
+}
+
+namespace {
+std::atomic<bool>& FusedNormInputSwitch() {
+  static std::atomic<bool> on{!EnvSwitch("TANDEM_OLD_NORM_CONVERT")};
+  return on;
+}
+}  // namespace
+
+void SetFusedNormInput(bool on) { FusedNormInputSwitch().store(on, std::memory_order_relaxed); }
+bool FusedNormInput() { return FusedNormInputSwitch().load(std::memory_order_relaxed); }
 
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -50,6 +70,9 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
       !s.ok()) {
     return s;
   }
+  if (options.mode != GemmMode::kExact && options.prepared_algo != GemmAlgo::kGemmEx) {
+    if (absl::Status s = CublasStatus(cublasLtCreate(&g->lt_), "cublasLtCreate"); !s.ok()) return s;
+  }
   // Exact mode must not let cuBLAS pick TF32 or other reduced-precision paths.
   const cublasMath_t math = options.mode == GemmMode::kExact ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
   if (absl::Status s = CublasStatus(cublasSetMathMode(g->handle_, math), "cublasSetMathMode"); !s.ok()) {
@@ -59,7 +82,16 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
 }
 
 DenseGemm::~DenseGemm() {
+  lt_plans_.clear();  // their descriptors before the handle
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+DenseGemm::LtPlan::~LtPlan() {
+  if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+  if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+  if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+  if (op != nullptr) cublasLtMatmulDescDestroy(op);
 }
 
 absl::Status DenseGemm::Run(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream,
@@ -89,6 +121,7 @@ absl::Status DenseGemm::RunTiled(const DeviceMatrix& w, const float* x, int64_t 
   // Bytes per weight in the tile: f32, f16, or f16 hi + lo.
   const int64_t elem = split ? 4 : f16 ? 2 : 4;
   const int64_t tile_rows = std::min<int64_t>(w.rows, options_.tile_bytes / (w.cols * elem));
+  ForgetConverted();  // the f16 scratch is rewritten below
   const void* b = x;
   uint16_t* x_hi = x_f16_.as<uint16_t>();
   uint16_t* x_lo = split ? x_hi + n * w.cols : nullptr;
@@ -311,6 +344,9 @@ absl::StatusOr<DenseGemm::F16Input> DenseGemm::ConvertInput(const float* x, int6
                                                    " exceed the plan"));
   }
   uint16_t* x16 = x_f16_.as<uint16_t>();
+  // A fused kernel already left exactly these rows in the scratch (SetConverted).
+  if (HoldsConverted(x, n, cols, mode)) return F16Input{x16, n, cols, mode};
+  ForgetConverted();
   if (mode == GemmMode::kFast) {
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16(x, n * cols, x16, stream));
   } else {
@@ -325,7 +361,7 @@ absl::Status DenseGemm::RunInput(const DeviceMatrix& w, const F16Input& in, floa
   if (p == nullptr) return absl::FailedPreconditionError("DenseGemm::RunInput: the matrix is not prepared for the mode");
   if (in.n == 0) return absl::OkStatus();
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
-  return Gemm16(*p, w.rows, in, y, w.rows);
+  return Gemm16(*p, w.rows, in, y, w.rows, stream);
 }
 
 absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, const F16Input& in, float* y,
@@ -337,16 +373,20 @@ absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, con
   if (absl::Status s = CheckInput(in, parts[0]->cols); !s.ok()) return s;
   if (in.n == 0) return absl::OkStatus();
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"); !s.ok()) return s;
-  return Gemm16(*p, stack_rows, in, y, stack_rows);
+  return Gemm16(*p, stack_rows, in, y, stack_rows, stream);
 }
 
-absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy) {
+absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
+                               cudaStream_t stream) {
   const int64_t cols = p.source.cols, n = in.n;
   const uint16_t* w16 = p.weights();
   const float beta0 = 0.0f, beta1 = 1.0f;
   // Column-major view: the copy is (copies · cols) × rows with the K range of one product at the
   // start of each column; the input holds n columns; y is rows × n (leading dimension ldy).
   auto gemm = [&](const uint16_t* a, int64_t lda, int64_t k, const uint16_t* b, int64_t ldb, const float* beta) {
+    if (options_.prepared_algo != GemmAlgo::kGemmEx) {
+      return GemmLt(rows, n, k, p.alpha, a, lda, b, ldb, *beta, y, ldy, stream);
+    }
     return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
                                      static_cast<int>(k), &p.alpha, a, CUDA_R_16F, static_cast<int>(lda), b,
                                      CUDA_R_16F, static_cast<int>(ldb), beta, y, CUDA_R_32F, static_cast<int>(ldy),
@@ -362,11 +402,98 @@ absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& 
   return gemm(w16, lda, cols, in.data + 2 * cols, 3 * cols, &beta1);
 }
 
+absl::StatusOr<const DenseGemm::LtPlan*> DenseGemm::FindLtPlan(const LtKey& key) {
+  if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return it->second.get();
+  if (lt_ == nullptr) return absl::FailedPreconditionError("DenseGemm: no cublasLt handle (prepared_algo is kGemmEx)");
+  const auto [m, n, k, lda, ldb, ldd, beta_zero, align_a, align_b, align_d] = key;
+  // A server sees every step size: the plans of old sizes go before they pile up (a few hundred
+  // bytes each, rebuilt on the host in microseconds).
+  if (lt_plans_.size() >= 4096) lt_plans_.clear();
+  auto plan = std::make_unique<LtPlan>();
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const auto ok = [](cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; };
+  bool made = ok(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+              ok(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) &&
+              ok(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))) &&
+              ok(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16F, static_cast<uint64_t>(k), static_cast<uint64_t>(m),
+                                            lda)) &&
+              ok(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16F, static_cast<uint64_t>(k), static_cast<uint64_t>(n),
+                                            ldb)) &&
+              ok(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
+                                            ldd));
+  if (!made) return absl::InternalError("DenseGemm: cublasLt descriptors could not be made");
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (absl::Status s = CublasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); !s.ok()) {
+    return s;
+  }
+  const size_t ws = static_cast<size_t>(options_.workspace_bytes);
+  cublasLtMatmulHeuristicResult_t results[16];
+  int found = 0;
+  cublasStatus_t hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                           sizeof(ws));
+  // Only algorithms that work with the pointers' real alignment (a part of a stack, the lo third
+  // of split rows may start off a 256-byte boundary).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attr, value] : aligns) {
+    if (hs == CUBLAS_STATUS_SUCCESS) hs = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+  }
+  if (hs == CUBLAS_STATUS_SUCCESS) {
+    // The result would be used with beta 0 or 1; beta does not enter the heuristic's query, the
+    // key keeps the two apart anyway (an in-place reduction would differ).
+    hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->a, plan->b, plan->d, plan->d, pref, 16, results, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (absl::Status s = CublasStatus(hs, "cublasLtMatmulAlgoGetHeuristic"); !s.ok()) return s;
+  if (found <= 0) return absl::InternalError(absl::StrCat("DenseGemm: cublasLt offers no algorithm for m=", m, " n=", n,
+                                                          " k=", k));
+  int pick = 0;
+  if (options_.prepared_algo == GemmAlgo::kLtNoSplitK) {
+    // The heuristic's order is its estimate of speed: the first one with a single K slice.
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      int32_t splits = 1;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                               sizeof(splits), &written) == CUBLAS_STATUS_SUCCESS &&
+          splits <= 1) {
+        pick = i;
+        break;
+      }
+    }
+  }
+  plan->algo = results[pick].algo;
+  const LtPlan* out = plan.get();
+  lt_plans_.emplace(key, std::move(plan));
+  return out;
+}
+
+absl::Status DenseGemm::GemmLt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                               const uint16_t* b, int64_t ldb, float beta, float* d, int64_t ldd, cudaStream_t stream) {
+  // The largest power of two up to 256 that divides the address.
+  const auto align = [](const void* ptr) {
+    const uintptr_t v = reinterpret_cast<uintptr_t>(ptr);
+    uint32_t a = 256;
+    while (a > 1 && v % a != 0) a /= 2;
+    return a;
+  };
+  absl::StatusOr<const LtPlan*> plan =
+      FindLtPlan(LtKey{m, n, k, lda, ldb, ldd, beta == 0.0f, align(a), align(b), align(d)});
+  if (!plan.ok()) return plan.status();
+  const LtPlan& p = **plan;
+  return CublasStatus(cublasLtMatmul(lt_, p.op, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                     workspace_.get(), static_cast<size_t>(options_.workspace_bytes), stream),
+                      "cublasLtMatmul (prepared)");
+}
+
 absl::Status DenseGemm::RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
                                     GemmMode mode) {
   absl::StatusOr<F16Input> in = ConvertInput(x, n, p.source.cols, mode, stream);
   if (!in.ok()) return in.status();
-  return Gemm16(p, p.source.rows, *in, y, p.source.rows);
+  return Gemm16(p, p.source.rows, *in, y, p.source.rows, stream);
 }
 
 }  // namespace tandem::cuda

@@ -17,12 +17,15 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GEMM_PLAN_H_
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/status/status.h"
@@ -39,6 +42,28 @@ enum class GemmMode {
   kExact,      // f32, no TF32
 };
 
+// How the products over prepared copies (RunInput, RunStack, prepared Runs) call cuBLAS:
+//   kGemmEx: cublasGemmEx with CUBLAS_GEMM_DEFAULT (cuBLAS's heuristic; at 512 tokens it takes
+//            split-K for some shapes, which costs a cublasLt::splitKreduce_kernel launch each);
+//   kLt: cublasLt with the heuristic's first algorithm (the same choice through the other API,
+//        the A/B baseline for kLtNoSplitK);
+//   kLtNoSplitK: cublasLt with the heuristic's best algorithm that has no split-K (one kernel,
+//        no reduction launch); the first algorithm when every offered one splits K.
+// All three accumulate in f32 over the same f16 operands; the sums' order differs between
+// algorithms, so the outputs agree to f32 rounding, not bit for bit.
+// NOT yet measured on a GPU (glue512, 2026-12-01): kGemmEx stays the default.
+enum class GemmAlgo { kGemmEx, kLt, kLtNoSplitK };
+
+// TANDEM_GEMM_LT=1: kLt; TANDEM_GEMM_NO_SPLITK=1: kLtNoSplitK (wins over TANDEM_GEMM_LT); else kGemmEx.
+GemmAlgo GemmAlgoFromEnv();
+
+// Whether the layer loop has the stream norm before a prefill product write that product's f16
+// input rows itself (LaunchInjectRmsNormF16 + DenseGemm::SetConverted) instead of a separate
+// F32ToF16SplitRows / F32ToF16 pass per consumer. Bit-identical to the old path. On unless
+// TANDEM_OLD_NORM_CONVERT=1; tests and benchmarks flip it in one process.
+void SetFusedNormInput(bool on);
+bool FusedNormInput();
+
 struct DenseGemmOptions {
   GemmMode mode = GemmMode::kFast;
   int64_t max_n = 8192;                   // most activation rows in one Run
@@ -49,6 +74,7 @@ struct DenseGemmOptions {
   // one product per Run; false: rows [hi | lo], 4 bytes per weight, two products per Run
   // ([hi | lo]·[hi | hi], then hi·lo added onto the output).
   bool split_one_product = true;
+  GemmAlgo prepared_algo = GemmAlgoFromEnv();  // products over prepared copies (see GemmAlgo)
 };
 
 class DenseGemm {
@@ -106,7 +132,22 @@ class DenseGemm {
   // write into the scratch. InvalidArgument for kExact, an exact plan, or n / cols beyond the plan.
   absl::StatusOr<F16Input> ConvertInput(const float* x, int64_t n, int64_t cols, GemmMode mode, cudaStream_t stream);
   // The activation scratch: room for max_n · max_cols · 3 f16 values (nullptr in a kExact plan).
-  uint16_t* input_scratch() { return x_f16_.as<uint16_t>(); }
+  // The caller is about to write it: whatever SetConverted said about it no longer holds.
+  uint16_t* input_scratch() {
+    ForgetConverted();
+    return x_f16_.as<uint16_t>();
+  }
+  // Says that input_scratch() now holds x (n × cols f32, unchanged since) converted for `mode`,
+  // written by a fused kernel (LaunchInjectRmsNormF16): until the scratch is written again
+  // (input_scratch(), a ConvertInput of anything else, a Run that converts, ForgetConverted),
+  // ConvertInput of the same (x, n, cols, mode) returns it without a launch, and so do the Runs of
+  // matrices prepared for `mode` over x. The caller calls ForgetConverted before x's values change.
+  void SetConverted(const float* x, int64_t n, int64_t cols, GemmMode mode) { converted_ = {x, n, cols, mode}; }
+  void ForgetConverted() { converted_ = {}; }
+  // Whether the scratch holds x converted for mode (tests).
+  bool HoldsConverted(const float* x, int64_t n, int64_t cols, GemmMode mode) const {
+    return x != nullptr && converted_.x == x && converted_.n == n && converted_.cols == cols && converted_.mode == mode;
+  }
   // y (n × w.rows) = in · Wᵀ from the converted input; w must be prepared for in.mode
   // (FailedPrecondition otherwise: the caller keeps its f32 path for unprepared matrices).
   absl::Status RunInput(const DeviceMatrix& w, const F16Input& in, float* y, cudaStream_t stream);
@@ -146,7 +187,12 @@ class DenseGemm {
   absl::Status CheckInput(const F16Input& in, int64_t cols) const;
   // One cuBLAS product over the prepared rows (rows of them) and converted activations, on the
   // stream the cuBLAS handle is set to.
-  absl::Status Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy);
+  absl::Status Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
+                      cudaStream_t stream);
+  // One product through cublasLt (options_.prepared_algo kLt / kLtNoSplitK): D = alpha·Aᵀ·B + beta·D,
+  // A k × m (lda), B k × n (ldb), D m × n f32 (ldd); the plan per shape made on first use.
+  absl::Status GemmLt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float beta, float* d, int64_t ldd, cudaStream_t stream);
   // InvalidArgument naming `who` when w's type, shape or width cannot be prepared.
   absl::Status CheckPreparable(const DeviceMatrix& w, const char* who) const;
   absl::Status RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
@@ -156,7 +202,27 @@ class DenseGemm {
   absl::Status RunTiled(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                         GemmMode mode);
 
+  // What SetConverted said the scratch holds (x nullptr: nothing known).
+  struct Converted {
+    const float* x = nullptr;
+    int64_t n = 0, cols = 0;
+    GemmMode mode = GemmMode::kExact;
+  };
+  // A cublasLt plan for one shape (m, n, k, lda, ldb, ldd, beta == 0) and the alignments (bytes,
+  // up to 256) of the A, B and D pointers it may take (the heuristic assumes 256 unless told).
+  struct LtPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~LtPlan();
+  };
+  using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>;
+  absl::StatusOr<const LtPlan*> FindLtPlan(const LtKey& key);
+
   DenseGemmOptions options_;
+  Converted converted_;
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;
   std::unordered_map<const void*, Prepared> prepared_;
   int64_t prepared_bytes_ = 0;
   DeviceBuffer max_bits_;  // one unsigned, Prepare's max |w|

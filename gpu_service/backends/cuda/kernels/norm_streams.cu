@@ -1,5 +1,7 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
+#include <cuda_fp16.h>
+
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -8,11 +10,35 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
+// Four normed values (token t, stream s, columns 4i..4i+3 of the stream's h) into the f16 rows a
+// prepared product reads (gemm_plan.h, DenseGemm::F16Input; a token's row spans its S streams):
+// kCopies 1: f16(v), rows of S·h; 3: [hi | hi | lo] rows of 3·S·h with hi = f16(v) and
+// lo = f16(v − hi). The same roundings (to nearest even) as F32ToF16 / F32ToF16SplitRows, so the
+// rows are bit for bit what the norm followed by that conversion leaves. 8-byte stores.
+template <int kCopies>
+__device__ __forceinline__ void StoreF16Values(uint16_t* N16, int64_t t, int64_t s, int64_t S, int64_t h, int64_t i,
+                                               float4 v) {
+  const int64_t cols = S * h;
+  uint16_t* p = N16 + t * kCopies * cols + s * h + 4 * i;
+  const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
+  const uint2 hi = make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+  *reinterpret_cast<uint2*>(p) = hi;
+  if constexpr (kCopies == 3) {
+    *reinterpret_cast<uint2*>(p + cols) = hi;
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    const __half2 l01 = __floats2half2_rn(v.x - f01.x, v.y - f01.y), l23 = __floats2half2_rn(v.z - f23.x, v.w - f23.y);
+    *reinterpret_cast<uint2*>(p + 2 * cols) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&l01), *reinterpret_cast<const uint32_t*>(&l23));
+  }
+}
+
 // One block per (token, stream) row: optional inject, then the RMS norm. The second pass re-reads
-// the row the first pass wrote, from L1/L2 (a row is a few KiB).
+// the row the first pass wrote, from L1/L2 (a row is a few KiB). kCopies > 0: also the f16 rows of
+// StoreF16Values into N16 (and N may be nullptr: no f32 rows).
+template <int kCopies>
 __global__ void __launch_bounds__(kNormThreads)
 InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                    const float* gamma, float eps, float* N) {
+                    const float* gamma, float eps, float* N, uint16_t* N16) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   __shared__ float scratch[32];
@@ -38,12 +64,14 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
   ss = BlockSum(ss, scratch);
   const float scale = rsqrtf(ss / static_cast<float>(h) + eps);
   const float4* g = reinterpret_cast<const float4*>(gamma + s * h);
-  float4* out = reinterpret_cast<float4*>(N + row * h);
+  float4* out = N != nullptr ? reinterpret_cast<float4*>(N + row * h) : nullptr;
   for (int64_t i = threadIdx.x; i < h4; i += blockDim.x) {
     const float4 v = hr[i];
     const float4 gg = g[i];
-    out[i] = make_float4(gg.x * (v.x * scale), gg.y * (v.y * scale), gg.z * (v.z * scale),
-                         gg.w * (v.w * scale));
+    const float4 r = make_float4(gg.x * (v.x * scale), gg.y * (v.y * scale), gg.z * (v.z * scale),
+                                 gg.w * (v.w * scale));
+    if (kCopies == 0 || N != nullptr) out[i] = r;
+    if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
   }
 }
 
@@ -53,10 +81,10 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
 // operations per value as InjectRmsNormKernel.
 constexpr unsigned kGeneralInjectRows = 4096;
 
-template <int kVec, int kThreads>
+template <int kVec, int kThreads, int kCopies>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                       const float* gamma, float eps, float* N) {
+                       const float* gamma, float eps, float* N, uint16_t* N16) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
   const int64_t t = row / S, s = row % S;
@@ -96,13 +124,15 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
   }
   ss = BlockSum(ss, scratch);
   const float scale = rsqrtf(ss / static_cast<float>(h) + eps);
-  float4* out = reinterpret_cast<float4*>(N + row * h);
+  float4* out = N != nullptr ? reinterpret_cast<float4*>(N + row * h) : nullptr;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
     if (i >= h4) break;
-    out[i] = make_float4(gg[k].x * (v[k].x * scale), gg[k].y * (v[k].y * scale), gg[k].z * (v[k].z * scale),
-                         gg[k].w * (v[k].w * scale));
+    const float4 r = make_float4(gg[k].x * (v[k].x * scale), gg[k].y * (v[k].y * scale), gg[k].z * (v[k].z * scale),
+                                 gg[k].w * (v[k].w * scale));
+    if (kCopies == 0 || N != nullptr) out[i] = r;
+    if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
   }
 }
 
@@ -151,33 +181,76 @@ unsigned Blocks(int64_t count, int threads) {
 
 }  // namespace
 
-cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
-                                const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  if (S <= 0 || h <= 0 || h % 4 != 0 || n * S > 0x7FFFFFFF) return cudaErrorInvalidValue;
+namespace {
+
+// The dispatch of LaunchInjectRmsNorm(F16) for one output form (kCopies 0: f32 rows only).
+template <int kCopies>
+cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
+                              const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream) {
+  return LaunchPdl(InjectRmsNormKernel<kCopies>, static_cast<unsigned>(n * S), kNormThreads, 0, stream, H, S, h, a, y,
+                   gamma, eps, N, N16);
+}
+
+template <int kCopies>
+cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, const float* gamma,
+                       float eps, float* N, uint16_t* N16, cudaStream_t stream) {
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
   // up to 4 vectors each (rows of up to 4096 floats).
   const int64_t h4 = h / 4;
   const unsigned rows = static_cast<unsigned>(n * S);
   // Long prefill steps with the inject: the two-pass kernel measured ~3% faster at 8192 rows of h
   // 2048 (4.0 against 3.9 TB/s, both at the copy ceiling); the register kernel wins below.
-  if (y != nullptr && rows >= kGeneralInjectRows) return LaunchInjectRmsNormGeneral(H, n, S, h, a, y, gamma, eps, N, stream);
-  if (h4 <= 128) return LaunchPdl(InjectRmsNormRegKernel<1, 128>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N);
-  if (h4 <= 256) return LaunchPdl(InjectRmsNormRegKernel<2, 128>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N);
-  if (h4 < 512) return LaunchPdl(InjectRmsNormRegKernel<4, 128>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N);
-  if (h4 <= 512) return LaunchPdl(InjectRmsNormRegKernel<2, 256>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N);
-  if (h4 <= 1024) return LaunchPdl(InjectRmsNormRegKernel<4, 256>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N);
-  return LaunchInjectRmsNormGeneral(H, n, S, h, a, y, gamma, eps, N, stream);
+  if (y != nullptr && rows >= kGeneralInjectRows) {
+    return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+  }
+  if (h4 <= 128) {
+    return LaunchPdl(InjectRmsNormRegKernel<1, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+  }
+  if (h4 <= 256) {
+    return LaunchPdl(InjectRmsNormRegKernel<2, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+  }
+  if (h4 < 512) {
+    return LaunchPdl(InjectRmsNormRegKernel<4, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+  }
+  if (h4 <= 512) {
+    return LaunchPdl(InjectRmsNormRegKernel<2, 256, kCopies>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+  }
+  if (h4 <= 1024) {
+    return LaunchPdl(InjectRmsNormRegKernel<4, 256, kCopies>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+  }
+  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+}
+
+bool NormShapeOk(int64_t n, int64_t S, int64_t h) { return S > 0 && h > 0 && h % 4 == 0 && n * S <= 0x7FFFFFFF; }
+
+}  // namespace
+
+cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
+                                const float* y, const float* gamma, float eps, float* N,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!NormShapeOk(n, S, h) || N == nullptr) return cudaErrorInvalidValue;
+  return LaunchNorm<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream);
+}
+
+cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
+                                   const float* gamma, float eps, float* N, int copies, uint16_t* N16,
+                                   cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchInjectRmsNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                        const float* y, const float* gamma, float eps, float* N,
                                        cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  if (S <= 0 || h <= 0 || h % 4 != 0 || n * S > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  return LaunchPdl(InjectRmsNormKernel, static_cast<unsigned>(n * S), kNormThreads, 0, stream, H, S, h, a, y, gamma,
-                                                                              eps, N);
+  if (!NormShapeOk(n, S, h) || N == nullptr) return cudaErrorInvalidValue;
+  return LaunchNormGeneral<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream);
 }
 
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,

@@ -22,6 +22,17 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream);
 
+// LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
+// (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
+// (kFast) f16(N) rows of S·h, copies 3 (kFastSplit) [hi | hi | lo] rows of 3·S·h. The f16 rows are
+// bit for bit what LaunchInjectRmsNorm followed by LaunchF32ToF16 / LaunchF32ToF16SplitRows over N
+// would leave (the same f32 values, the same roundings), in one launch instead of two and without
+// reading N back. N may be nullptr when nothing reads the f32 rows. N16 8-byte aligned, room for
+// n·copies·S·h values. cudaErrorInvalidValue for another copies.
+cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
+                                   const float* gamma, float eps, float* N, int copies, uint16_t* N16,
+                                   cudaStream_t stream);
+
 // The same with a block of 256 threads per row that reads the row twice (any h): what
 // LaunchInjectRmsNorm runs past h = 4096 and for inject steps of 4096 rows or more, and the
 // baseline its tests and benchmark compare with (LaunchInjectRmsNorm otherwise keeps rows of up to

@@ -157,18 +157,19 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
   const PrefillKernel k = options_.streamed_kernel;
   const int t = options_.tile_rows;
   const bool lean_default =
-      MmqAutoKernel() == PrefillKernel::kMmqLean || MmqAutoKernel() == PrefillKernel::kMmqLeanWarps8;
+      MmqAutoKernel() == PrefillKernel::kMmqLean || MmqAutoKernel() == PrefillKernel::kMmqLeanWarps8 ||
+      MmqAutoKernel() == PrefillKernel::kMmqLean2;
   if (k == PrefillKernel::kStreamedAuto) {
     if (t != 0) return DevicePrefillChoice{PrefillKernel::kStreamed, t};
     if (slots <= kDeviceMmqMaxMeanRows * experts) {
-      // Small groups: the host rule's kMmqLean at 16-row tiles; another MMQ kernel or none (the
+      // Small groups: the host rule's lean kernel at 16-row tiles; another MMQ kernel or none (the
       // row-streamed kernel) needs the groups.
       if (mmq_x_.get() == nullptr || !lean_default) return std::nullopt;
       return DevicePrefillChoice{MmqAutoKernel(), 16};
     }
     return DevicePrefillChoice{PrefillKernel::kStreamed, kStreamedMaxTileRows};
   }
-  if (k == PrefillKernel::kMmqLean || k == PrefillKernel::kMmqLeanWarps8) {
+  if (k == PrefillKernel::kMmqLean || k == PrefillKernel::kMmqLeanWarps8 || k == PrefillKernel::kMmqLean2) {
     if (mmq_x_.get() == nullptr || t > 16) return std::nullopt;
     return DevicePrefillChoice{k, t == 0 ? 16 : t};
   }

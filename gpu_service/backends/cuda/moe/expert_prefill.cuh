@@ -64,7 +64,10 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    sub-block instead of tf32 MMAs per super-block; kMmqL2Prefetch: kMmq with each warp's rows of
 //    its next unit prefetched into L2 as whole contiguous runs; kMmqLean (expert_prefill_mmq_lean.cu):
 //    kMmqWarps16's shape (16 warps, rings of 4, tiles <= 16) with fewer instructions per MMA;
-//    kMmqLeanWarps8: the same with 8 warps and rings of 8.
+//    kMmqLeanWarps8: the same with 8 warps and rings of 8; kMmqLean2 (expert_prefill_mmq_lean2.cu):
+//    kMmqLean with the tile descriptor read a unit ahead and the tile's rows staged by cp.async
+//    (double-buffered where two fit beside the ring), bit-identical outputs, the default for
+//    small groups (MmqAutoKernel).
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -82,13 +85,14 @@ enum class PrefillKernel {
   kMmqL2Prefetch,
   kMmqLean,
   kMmqLeanWarps8,
+  kMmqLean2,
 };
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
   return k == PrefillKernel::kMmq || k == PrefillKernel::kMmqWarps16 || k == PrefillKernel::kMmqLoadOnly ||
          k == PrefillKernel::kMmqMathOnly || k == PrefillKernel::kMmqWarps4 || k == PrefillKernel::kMmqHiOnly ||
          k == PrefillKernel::kMmqF32Min || k == PrefillKernel::kMmqL2Prefetch || k == PrefillKernel::kMmqLean ||
-         k == PrefillKernel::kMmqLeanWarps8;
+         k == PrefillKernel::kMmqLeanWarps8 || k == PrefillKernel::kMmqLean2;
 }
 
 // Bounds of kStreamedRows: a tile's rows, and K (one Q4_K super-block per warp of 8).

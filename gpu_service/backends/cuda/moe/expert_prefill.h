@@ -97,14 +97,14 @@ bool UsesMmqKernel(const ExpertDecodeRunner::Shape& shape);
 int ChooseMmqTile(std::span<const PrefillGroup> groups);
 
 // The kernel kStreamedAuto takes where the shape fits, tile_rows is 0 and ChooseMmqTile is 16 (small
-// groups, the 512-token regime): kMmqLean, kMmqWarps16's shape with ~1.5x fewer instructions per
-// MMA in its SASS, the fastest measured there (H200, 2026-12-01, expert_prefill_bench at 512
-// tokens: 0.440 ms a layer against 0.572 for kMmqWarps16, 0.70 for kStreamedRows; moe/PERF_NOTES.md
-// "kMmqLean"). TANDEM_PREFILL_MMQ (read once)
-// overrides it for A/B runs of one binary: "0": none (the streamed kernels, the old default), "1":
-// kMmq, "2": kMmqL2Prefetch, "3": kMmqWarps16 (the default before kMmqLean). Larger
-// groups keep the streamed kernels: the MMQ tiles (<= 32 rows) re-read the weights per tile and
-// lost 2x at 2048 and 8192 tokens.
+// groups, the 512-token regime): kMmqLean2, kMmqLean with its per-unit and per-tile latency steps
+// off the critical path (bit-identical outputs), the fastest measured there (H200, 2026-12-01, end to
+// end prefill 512: 13874 tok/s with kMmqLean, 14621 with kMmqLean2; kMmqLean itself was 0.440 ms a
+// layer at 512 tokens against 0.572 for kMmqWarps16; moe/PERF_NOTES.md). TANDEM_PREFILL_MMQ (read
+// once) overrides it for A/B runs of one binary: "0": none (the streamed kernels, the old default),
+// "1": kMmq, "2": kMmqL2Prefetch, "3": kMmqWarps16, "7": kMmqLean (the default before kMmqLean2).
+// Larger groups keep the streamed kernels: the MMQ tiles (<= 32 rows) re-read the weights per tile
+// and lost 2x at 2048 and 8192 tokens.
 PrefillKernel MmqAutoKernel();
 bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 
@@ -114,7 +114,7 @@ struct DevicePrefillChoice {
   int tile_rows;
 };
 
-// Device-planned calls (kStreamedAuto, tile_rows 0) take kMmqLean at 16-row tiles while the mean
+// Device-planned calls (kStreamedAuto, tile_rows 0) take MmqAutoKernel() (kMmqLean2) at 16-row tiles while the mean
 // rows per expert (slots / experts) is at most this, else kStreamed at 64: ChooseMmqTile's rule
 // (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
 // 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is

@@ -449,13 +449,16 @@ cudaError_t Launch(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles
                    const int* tile_count) {
   if (!IsMmqKernel(kernel) || tile_rows < 1 || tile_rows > kMmqMaxTileRows) return cudaErrorInvalidValue;
   // A device-side tile count: only the lean kernels read one.
-  if (tile_count != nullptr && kernel != PrefillKernel::kMmqLean && kernel != PrefillKernel::kMmqLeanWarps8) {
+  if (tile_count != nullptr && kernel != PrefillKernel::kMmqLean && kernel != PrefillKernel::kMmqLeanWarps8 &&
+      kernel != PrefillKernel::kMmqLean2) {
     return cudaErrorInvalidValue;
   }
   if (K <= 0 || K % 256 != 0 || K > kMmqMaxK || N <= 0) return cudaErrorInvalidValue;
   if (num_tiles <= 0) return cudaSuccess;
   const bool small = tile_rows <= 16;
   switch (kernel) {
+    case PrefillKernel::kMmqLean2:
+      return LaunchMmqLean2(kGateUp, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, out, stream, tile_count);
     case PrefillKernel::kMmqLean:
     case PrefillKernel::kMmqLeanWarps8:
       return LaunchMmqLean(kGateUp, kernel == PrefillKernel::kMmqLean ? 16 : 8, tile_rows, tiles, num_tiles, a, a_index,

@@ -52,6 +52,7 @@ cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivation
 //   act[s] (inner f32) = SiLU(x[index[s]]·gate^T) ⊙ (x[index[s]]·up^T), x quantized (h wide rows).
 // tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
 // device); num_tiles is then its bound and sizes the grid. kMmqLean and kMmqLeanWarps8 only
+// or kMmqLean2
 // (cudaErrorInvalidValue for the others).
 cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,
                             MmqActivations x, const int32_t* index, int h, int inner, float* act, cudaStream_t stream,
@@ -69,6 +70,14 @@ cudaError_t LaunchMmqDown(PrefillKernel kernel, int tile_rows, const PrefillTile
 cudaError_t LaunchMmqLean(bool gate_up, int warps, int tile_rows, const PrefillTile* tiles, int num_tiles,
                           MmqActivations a, const int32_t* a_index, int K, int N, int out_cols, float* out,
                           cudaStream_t stream, const int* tile_count = nullptr);
+
+// kMmqLean2 (expert_prefill_mmq_lean2.cu; the default for small groups): kMmqLean's 16 warps
+// and arithmetic (bit-identical outputs) with the per-unit descriptor read a unit ahead and the
+// per-tile activation staging by cp.async, double-buffered where two tiles fit beside the ring.
+// tile_rows 1 .. 16; the other arguments as LaunchMmqLean's.
+cudaError_t LaunchMmqLean2(bool gate_up, int tile_rows, const PrefillTile* tiles, int num_tiles, MmqActivations a,
+                           const int32_t* a_index, int K, int N, int out_cols, float* out, cudaStream_t stream,
+                           const int* tile_count = nullptr);
 
 }  // namespace tandem::cuda
 

@@ -75,7 +75,8 @@ PrefillKernel MmqAutoKernel() {
     if (s == "1") return PrefillKernel::kMmq;
     if (s == "2") return PrefillKernel::kMmqL2Prefetch;
     if (s == "3") return PrefillKernel::kMmqWarps16;
-    return PrefillKernel::kMmqLean;
+    if (s == "7") return PrefillKernel::kMmqLean;  // the default before kMmqLean2
+    return PrefillKernel::kMmqLean2;
   }();
   return k;
 }
