@@ -225,6 +225,32 @@ void Run() {
     BENCH_CHECK(cudaMemcpy(b.data(), o_ref, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
     Report(name + "_f16tc_vs_f32", RelL2(a, b), "rel_l2", "tolerance 1e-2");
   }
+
+  // Short prompts (one sequence from position 0): the tile items whole against cut into key-tile
+  // slices (AttentionPlan::tc_splits, the plan's default below one block per SM), in one process.
+  for (int n : {256, 512, 1024}) {
+    const double flops = 4.0 * n * n / 2.0 * d.nh * d.hd;
+    Step sliced = make_step(1, n, 0, AttentionPrecision::kF16TensorCores);
+    Step whole = sliced;
+    whole.plan.tc_splits = 1;
+    whole.plan.scratch_bytes = 0;
+    const std::string name = "prefill_" + std::to_string(n);
+    for (int round = 0; round < 2; ++round) {
+      const double ms_whole = TimeMs([&] { planned(whole, o_ref); }, 20);
+      const double ms_sliced = TimeMs([&] { planned(sliced, o); }, 20);
+      Report(name + "_f16tc_whole", ms_whole * 1e3, "us",
+             std::to_string(flops / (ms_whole * 1e9)) + " TFLOP/s, " + std::to_string(whole.plan.num_tile_items) +
+                 " items x " + std::to_string(d.kvh) + " kv heads");
+      Report(name + "_f16tc_sliced", ms_sliced * 1e3, "us",
+             std::to_string(flops / (ms_sliced * 1e9)) + " TFLOP/s, " + std::to_string(sliced.plan.tc_splits) +
+                 " slices per item and kv head, merge included");
+    }
+    const size_t count = static_cast<size_t>(n) * d.nh * d.hd;
+    std::vector<float> a(count), b(count);
+    BENCH_CHECK(cudaMemcpy(a.data(), o, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), o_ref, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    Report(name + "_f16tc_sliced_vs_whole", RelL2(a, b), "rel_l2", "both f16 tensor cores: ~1e-3 expected");
+  }
 }
 
 }  // namespace

@@ -197,6 +197,36 @@ TEST(AttentionPlanTest, ItemsCoverEveryTokenOnceWithinOneSequence) {
   }
 }
 
+// Tile items fewer than half a wave are sliced (a 512-token prompt of Qwen3-Next: 32 items x 2 kv
+// heads -> 2 slices each, 128 blocks); 1024 and 2048 tokens are not; max_tc_splits 1 turns it off; the scratch
+// stays within AttentionMaxScratchBytes for every prompt length and batch mix.
+TEST(AttentionPlanTest, TileSlicesFollowTheBatchShape) {
+  const cuda::AttnShape d = Shape(256, 8, 2);
+  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
+  const cuda::AttentionPlan p512 = cuda::PlanAttention(std::vector<int32_t>(512, 0), d, tc);
+  EXPECT_EQ(p512.num_tile_items, 32);
+  EXPECT_EQ(p512.tc_splits, 2);
+  EXPECT_EQ(p512.scratch_bytes, static_cast<size_t>(32 * 2 * 2) * 128 * (256 + 2) * sizeof(float));
+  EXPECT_EQ(cuda::PlanAttention(std::vector<int32_t>(1024, 0), d, tc).tc_splits, 1);
+  const cuda::AttentionPlan p2048 = cuda::PlanAttention(std::vector<int32_t>(2048, 0), d, tc);
+  EXPECT_EQ(p2048.tc_splits, 1);
+  EXPECT_EQ(p2048.scratch_bytes, 0u);
+  const cuda::AttentionPlan off = cuda::PlanAttention(std::vector<int32_t>(512, 0), d, tc, 1);
+  EXPECT_EQ(off.tc_splits, 1);
+  EXPECT_EQ(off.scratch_bytes, 0u);
+  EXPECT_EQ(off.items, p512.items);  // slicing changes the launch, never the items
+  for (const cuda::AttnShape& s : {d, Shape(64, 1, 1), Shape(128, 4, 4), Shape(64, 2, 2)}) {
+    for (int n = 64; n <= 4096; n += 61) {
+      std::vector<int32_t> seqs(static_cast<size_t>(n), 0);
+      seqs.push_back(1);  // and a decode beside it: row and tile partials share the scratch
+      const cuda::AttentionPlan p = cuda::PlanAttention(seqs, s, tc);
+      EXPECT_GE(p.tc_splits, 1);
+      EXPECT_LE(p.tc_splits, cuda::kAttnMaxTcSplits);
+      EXPECT_LE(p.scratch_bytes, cuda::AttentionMaxScratchBytes(s)) << n;
+    }
+  }
+}
+
 TEST(AttentionPlanTest, CountsDependOnlyOnTheBatchShape) {
   const cuda::AttnShape d = Shape(256, 8, 2);
   const cuda::AttentionPlan one = cuda::PlanAttention({5}, d);
@@ -267,13 +297,42 @@ TEST_P(GpuAttentionFastTest, TensorCorePrefillMatchesReference) {
   const cuda::AttentionPlan fast = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores);
   EXPECT_EQ(fast.num_row_items, 1);
   EXPECT_GT(fast.num_tile_items, 0);
+  EXPECT_GT(fast.tc_splits, 1);  // few tile items: their key tiles are cut into slices
   const std::vector<float> got = RunPlanned(c, fast);
   EXPECT_LE(gpu_testing::LogError("attn_prefill_f16tc_" + Tag(d), RelL2(got, want)), 1e-2);
+  const cuda::AttentionPlan whole =
+      cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores, /*max_tc_splits=*/1);
+  EXPECT_EQ(whole.tc_splits, 1);
+  EXPECT_LE(gpu_testing::LogError("attn_prefill_f16tc_whole_" + Tag(d), RelL2(RunPlanned(c, whole), want)), 1e-2);
   // The decode token (row 200) stays exact in fast mode.
   const size_t row = static_cast<size_t>(d.nh * d.hd);
   const std::vector<float> got_decode(got.begin() + 200 * row, got.begin() + 201 * row);
   const std::vector<float> want_decode(want.begin() + 200 * row, want.begin() + 201 * row);
   EXPECT_LE(RelL2(got_decode, want_decode), 1e-5);
+}
+
+// Prompts whose tile items are cut into key-tile slices (a fresh 512-token prompt, the 80B model's
+// short-prefill case, and a 300-token chunk after 700 cached positions): the sliced plan, the whole
+// plan and the reference agree; items that fit one slice are written by the same code either way.
+TEST_P(GpuAttentionFastTest, SlicedTileItemsMatchWholeItems) {
+  std::mt19937 rng(4242 + GetParam().hd + GetParam().groups);
+  const cuda::AttnShape d = shape();
+  for (const std::vector<SeqStep>& seqs : {std::vector<SeqStep>{{0, 512}}, std::vector<SeqStep>{{700, 300}}}) {
+    AttnCase c = MakeCase(rng, d, seqs, 17);
+    c.Upload();
+    const std::vector<float> want = Reference(c);
+    const cuda::AttentionPlan sliced = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores);
+    const cuda::AttentionPlan whole =
+        cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF16TensorCores, /*max_tc_splits=*/1);
+    EXPECT_EQ(whole.tc_splits, 1);
+    EXPECT_EQ(whole.scratch_bytes, 0u);
+    const std::string tag = Tag(d) + "_" + std::to_string(seqs[0].start) + "_" + std::to_string(seqs[0].n);
+    const std::vector<float> got_sliced = RunPlanned(c, sliced);
+    const std::vector<float> got_whole = RunPlanned(c, whole);
+    EXPECT_LE(gpu_testing::LogError("attn_tc_sliced_" + tag, RelL2(got_sliced, want)), 1e-2);
+    EXPECT_LE(gpu_testing::LogError("attn_tc_whole_" + tag, RelL2(got_whole, want)), 1e-2);
+    EXPECT_LE(gpu_testing::LogError("attn_tc_sliced_vs_whole_" + tag, RelL2(got_sliced, got_whole)), 1e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionFastTest,

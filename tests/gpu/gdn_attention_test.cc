@@ -228,5 +228,47 @@ TEST_P(GpuAttentionTest, PagedPrefillThenDecodeMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuAttentionTest, ::testing::Values(64, 128, 256));
 
+// Keys and values read as parts of wider rows ([k | v | pad] per token, one stacked product's
+// output: DenseGemm::RunStack) fill the cache with the bits of the contiguous k and v.
+TEST_P(GpuAttentionTest, KvAppendFromStridedRowsMatchesContiguous) {
+  std::mt19937 rng(std::random_device{}());
+  const cuda::AttnShape s{8, 2, GetParam(), GetParam() / 4, 1e-6f};
+  const int64_t kvw = s.kv_width(), n = 75, stride = 2 * kvw + 3;
+  const std::vector<float> k = Random(rng, static_cast<size_t>(n * kvw));
+  const std::vector<float> v = Random(rng, static_cast<size_t>(n * kvw));
+  std::vector<float> rows(static_cast<size_t>(n * stride), -7.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(k.begin() + t * kvw, kvw, rows.begin() + t * stride);
+    std::copy_n(v.begin() + t * kvw, kvw, rows.begin() + t * stride + kvw);
+  }
+  std::vector<int32_t> token_seq, token_pos;
+  for (int64_t t = 0; t < n; ++t) {
+    token_seq.push_back(t < 70 ? 0 : 1);
+    token_pos.push_back(static_cast<int32_t>(t < 70 ? t : t - 70 + 3));
+  }
+  const std::vector<int32_t> page_table = {5, 2, -1, -1, 7, -1, -1, -1};
+  const auto d_pages = Upload(page_table), d_seq = Upload(token_seq), d_pos = Upload(token_pos);
+  const auto d_inv = Upload(cuda::RopeInvFrequencies(1e7, s.rot));
+  const auto d_kn = Upload(Random(rng, static_cast<size_t>(s.hd), 0.3f, 1.0f));
+  const auto d_k = Upload(k), d_v = Upload(v), d_rows = Upload(rows);
+  const size_t cache_floats = static_cast<size_t>(8 * cuda::kKvPageSize * kvw);
+  // Poisoned caches are NaN-filled: compare only the slots written (both fill the same ones).
+  auto kc0 = Upload(std::vector<float>(cache_floats, 0.0f)), vc0 = Upload(std::vector<float>(cache_floats, 0.0f));
+  auto kc1 = Upload(std::vector<float>(cache_floats, 0.0f)), vc1 = Upload(std::vector<float>(cache_floats, 0.0f));
+  TANDEM_ASSERT_CUDA(cuda::LaunchKvAppend(d_k.get(), d_v.get(), n, s, d_kn.get(), d_inv.get(), d_seq.get(), d_pos.get(),
+                                          cuda::PagedKv{kc0.get(), vc0.get(), d_pages.get(), 4}, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchKvAppend(d_rows.get(), d_rows.get() + kvw, n, s, d_kn.get(), d_inv.get(), d_seq.get(),
+                                          d_pos.get(), cuda::PagedKv{kc1.get(), vc1.get(), d_pages.get(), 4}, nullptr,
+                                          stride));
+  const std::vector<float> want_k = Download(kc0), want_v = Download(vc0);
+  EXPECT_EQ(Download(kc1), want_k);
+  EXPECT_EQ(Download(vc1), want_v);
+  // v's values landed unchanged somewhere (the test would pass on two empty caches otherwise).
+  EXPECT_NE(std::find(want_v.begin(), want_v.end(), v[0]), want_v.end());
+  EXPECT_EQ(cuda::LaunchKvAppend(d_k.get(), d_v.get(), n, s, d_kn.get(), d_inv.get(), d_seq.get(), d_pos.get(),
+                                 cuda::PagedKv{kc1.get(), vc1.get(), d_pages.get(), 4}, nullptr, kvw - 1),
+            cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace tandem

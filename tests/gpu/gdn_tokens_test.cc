@@ -6,6 +6,7 @@
 // the norms may differ in the rounding of their sums.
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/weights/half.h"
@@ -183,6 +184,132 @@ TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
       }
     }
   }
+}
+
+// The products' rows as parts of wider rows (one stacked product's [qkv | z | ba | pad] per token,
+// DenseGemm::RunStack): the strided kernels give the bits of the contiguous ones. A row stride
+// that is a multiple of 4 keeps the vector kernels; an odd one sends them to the general kernels,
+// whose results are compared with the general kernels over contiguous rows (the same bits again).
+TEST_P(GpuGdnVecTest, StridedRowsGiveTheContiguousResults) {
+  const cuda::GdnShape d = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<int64_t> splits = {70, 2, 1, 17};
+  int64_t total = 0;
+  for (int64_t n : splits) total += n;
+  const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv, bw = 2 * static_cast<int64_t>(d.nv);
+  const std::vector<float> qkv = Random(rng, static_cast<size_t>(total * c_dim));
+  const std::vector<float> z = Random(rng, static_cast<size_t>(total * vw));
+  const std::vector<float> ba = Random(rng, static_cast<size_t>(total * bw), 2.0f);
+  const std::vector<float> o = Random(rng, static_cast<size_t>(total * vw));
+  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
+  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
+  for (float& v : a) v = -std::fabs(v);
+  const auto ssm_a = Upload(a);
+  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
+  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  const std::vector<float> history0 = Random(rng, static_cast<size_t>((d.kk - 1) * c_dim));
+  const auto qkv_dev = Upload(qkv), z_dev = Upload(z), ba_dev = Upload(ba);
+  for (const int64_t pad : {int64_t{4}, int64_t{1}}) {
+    // [qkv | z | ba] rounded up to whole 16-byte vectors, then 4 floats more (vector kernels) or 1
+    // (general kernels: every other row misaligned).
+    const int64_t stride = (c_dim + vw + bw + 3) / 4 * 4 + pad;
+    const bool vec = stride % 4 == 0 && c_dim % 4 == 0 && vw % 4 == 0;
+    std::vector<float> rows(static_cast<size_t>(total * stride), -7.0f);
+    for (int64_t t = 0; t < total; ++t) {
+      std::copy_n(qkv.begin() + t * c_dim, c_dim, rows.begin() + t * stride);
+      std::copy_n(z.begin() + t * vw, vw, rows.begin() + t * stride + c_dim);
+      std::copy_n(ba.begin() + t * bw, bw, rows.begin() + t * stride + c_dim + vw);
+    }
+    const auto rows_dev = Upload(rows);
+    const float* qkv_rows = rows_dev.get();
+    const float *z_rows = qkv_rows + c_dim, *ba_rows = z_rows + vw;
+    const std::string tag = Tag(d) + (vec ? " (vector kernels)" : " (general kernels)");
+    // Conv + prepare over the token splits (history carried).
+    struct Path {
+      gpu_testing::DeviceArray<float> history, conv, g, beta;
+    };
+    auto make = [&] {
+      return Path{Upload(history0), Poisoned<float>(static_cast<size_t>(total * c_dim)),
+                  Poisoned<float>(static_cast<size_t>(total * d.nv)), Poisoned<float>(static_cast<size_t>(total * d.nv))};
+    };
+    Path want = make(), got = make(), want_general = make(), got_general = make();
+    int64_t off = 0;
+    for (int64_t n : splits) {
+      const float* x = qkv_dev.get() + off * c_dim;
+      const float* b = ba_dev.get() + off * bw;
+      const float* xs = qkv_rows + off * stride;
+      const float* bs = ba_rows + off * stride;
+      if (vec) {
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvPrepare(x, want.history.get(), taps.get(), b, ssm_a.get(), dt_bias.get(),
+                                                      n, d, want.conv.get() + off * c_dim, want.g.get() + off * d.nv,
+                                                      want.beta.get() + off * d.nv, nullptr));
+      } else {  // what the fused launcher falls back to: the general conv, then the prepare
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvGeneral(x, want.history.get(), taps.get(), n, d,
+                                                      want.conv.get() + off * c_dim, nullptr));
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepare(want.conv.get() + off * c_dim, b, ssm_a.get(), dt_bias.get(), n, d,
+                                                  want.g.get() + off * d.nv, want.beta.get() + off * d.nv, nullptr));
+      }
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvPrepare(xs, got.history.get(), taps.get(), bs, ssm_a.get(), dt_bias.get(), n,
+                                                    d, got.conv.get() + off * c_dim, got.g.get() + off * d.nv,
+                                                    got.beta.get() + off * d.nv, nullptr, stride, stride));
+      // The general launchers themselves, contiguous and strided.
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvGeneral(x, want_general.history.get(), taps.get(), n, d,
+                                                    want_general.conv.get() + off * c_dim, nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepareGeneral(want_general.conv.get() + off * c_dim, b, ssm_a.get(),
+                                                       dt_bias.get(), n, d, want_general.g.get() + off * d.nv,
+                                                       want_general.beta.get() + off * d.nv, nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvGeneral(xs, got_general.history.get(), taps.get(), n, d,
+                                                    got_general.conv.get() + off * c_dim, nullptr, stride));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepareGeneral(got_general.conv.get() + off * c_dim, bs, ssm_a.get(),
+                                                       dt_bias.get(), n, d, got_general.g.get() + off * d.nv,
+                                                       got_general.beta.get() + off * d.nv, nullptr, stride));
+      off += n;
+    }
+    for (const auto& [w, g, what] : {std::tuple{&want, &got, "fused"}, std::tuple{&want_general, &got_general, "general"}}) {
+      EXPECT_EQ(Download(g->history), Download(w->history)) << tag << " " << what;
+      EXPECT_EQ(Download(g->conv), Download(w->conv)) << tag << " " << what;
+      EXPECT_EQ(Download(g->g), Download(w->g)) << tag << " " << what;
+      EXPECT_EQ(Download(g->beta), Download(w->beta)) << tag << " " << what;
+    }
+    // The gated norm (f32 rows, in place and general) and its f16 rows.
+    auto o_want = Upload(o), o_got = Upload(o), o_want_general = Upload(o), o_got_general = Upload(o);
+    if (vec) {
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o_want.get(), z_dev.get(), norm.get(), 1e-6f, total, d, o_want.get(),
+                                                  nullptr));
+    } else {
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormGeneral(o_want.get(), z_dev.get(), norm.get(), 1e-6f, total, d,
+                                                         o_want.get(), nullptr));
+    }
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o_got.get(), z_rows, norm.get(), 1e-6f, total, d, o_got.get(), nullptr,
+                                                stride));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormGeneral(o_want_general.get(), z_dev.get(), norm.get(), 1e-6f, total, d,
+                                                       o_want_general.get(), nullptr));
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormGeneral(o_got_general.get(), z_rows, norm.get(), 1e-6f, total, d,
+                                                       o_got_general.get(), nullptr, stride));
+    EXPECT_EQ(Download(o_got), Download(o_want)) << tag << " gated norm";
+    EXPECT_EQ(Download(o_got_general), Download(o_want_general)) << tag << " general gated norm";
+    for (bool split : {true, false}) {
+      auto o1 = Upload(o), o2 = Upload(o);
+      const size_t width = static_cast<size_t>((split ? 3 : 1) * vw);
+      auto want16 = Poisoned<uint16_t>(static_cast<size_t>(total) * width);
+      auto got16 = Poisoned<uint16_t>(static_cast<size_t>(total) * width);
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormToF16(o1.get(), z_dev.get(), norm.get(), 1e-6f, total, d, split,
+                                                       want16.get(), nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNormToF16(o2.get(), z_rows, norm.get(), 1e-6f, total, d, split, got16.get(),
+                                                       nullptr, stride));
+      // The odd stride takes the general path, the contiguous rows the vector one: their norms may
+      // round differently, so only the aligned case is compared bit for bit.
+      if (vec) {
+        EXPECT_EQ(Download(got16), Download(want16)) << tag << " gated norm f16 rows, split " << split;
+      }
+    }
+  }
+  // A stride narrower than the rows is refused.
+  EXPECT_EQ(cuda::LaunchGdnConvPrepare(qkv_dev.get(), nullptr, taps.get(), ba_dev.get(), ssm_a.get(), dt_bias.get(), 1,
+                                       d, nullptr, nullptr, nullptr, nullptr, c_dim - 1, 0),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchGdnGatedNorm(nullptr, z_dev.get(), norm.get(), 1e-6f, 1, d, nullptr, nullptr, vw - 1),
+            cudaErrorInvalidValue);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnVecTest,

@@ -3,12 +3,15 @@
 // algorithm, cublasLt without split-K) against each other and the CPU reference, and the
 // converted-input record (DenseGemm::SetConverted) that lets the stream norm write a product's f16
 // input rows itself (LaunchInjectRmsNormF16) bit for bit as the old norm-then-convert path.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/reference/matmul.h"
+#include "common/reference/weight_view.h"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
@@ -31,8 +34,9 @@ class GpuGemmGlueTest : public ::testing::Test {
   void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
 };
 
+// split_f8: the F8 form for every matrix of any size (f8_min_weights 0) unless told otherwise.
 std::unique_ptr<cuda::DenseGemm> MakeGemm(GemmMode mode, GemmAlgo algo, int64_t max_n, int64_t max_cols,
-                                          bool one_product = true) {
+                                          bool one_product = true, bool split_f8 = false, int64_t f8_min_weights = 0) {
   cuda::DenseGemmOptions o;
   o.mode = mode;
   o.max_n = max_n;
@@ -41,6 +45,8 @@ std::unique_ptr<cuda::DenseGemm> MakeGemm(GemmMode mode, GemmAlgo algo, int64_t 
   o.workspace_bytes = 32ll << 20;
   o.split_one_product = one_product;
   o.prepared_algo = algo;
+  o.split_f8 = split_f8;  // not TANDEM_GEMM_SPLIT_F8's default: each test says which it measures
+  o.split_f8_min_weights = f8_min_weights;
   auto g = cuda::DenseGemm::Create(o);
   EXPECT_TRUE(g.ok()) << g.status();
   return g.ok() ? *std::move(g) : nullptr;
@@ -149,6 +155,237 @@ TEST_F(GpuGemmGlueTest, ConvertedRecordIsUsedOnlyForItsInput) {
   auto d_o = Poisoned<float>(static_cast<size_t>(n * 16));
   ASSERT_TRUE(g->Run(other.gpu(), d_x.get(), n, d_o.get(), nullptr, GemmMode::kFastSplit).ok());
   EXPECT_FALSE(g->HoldsConverted(d_x.get(), n, cols, GemmMode::kFastSplit));
+}
+
+// Activations like a normed row with outliers: N(0, 1), every 97th column 8x, a few 40x.
+std::vector<float> OutlierActivations(std::mt19937& rng, int64_t n, int64_t cols) {
+  std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < cols; c += 97) x[t * cols + c] *= 8.0f;
+  }
+  for (size_t i = 7; i < x.size(); i += 4099) x[i] *= 40.0f;
+  return x;
+}
+
+// y = x · Wᵀ in f64 over the dequantized weights.
+std::vector<double> ProductF64(const gpu_testing::TestMatrix& w, const std::vector<float>& x, int64_t n) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  std::vector<double> y(static_cast<size_t>(n * w.rows));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeMatrixRow(w.view(), r, row.data());
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0.0;
+      for (int64_t c = 0; c < w.cols; ++c) s += static_cast<double>(x[t * w.cols + c]) * row[c];
+      y[t * w.rows + r] = s;
+    }
+  }
+  return y;
+}
+
+double RelL2F64(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// TANDEM_GEMM_SPLIT_F8 (DenseGemmOptions::split_f8): one f16 product plus one fp8 correction
+// product against an f64 reference within 3e-5 relative L2 (the prototype's 1.0e-5; the three f16
+// products' 1.3e-6 and one f16 product's ~3e-4 are logged beside it), on Q8_0 weights and
+// activations with outliers: single matrices of even, odd (1, 40: padded fp8 output) and narrow
+// (96 columns) shapes, odd and even token counts, cublasGemmEx and cublasLt for the f16 half; a
+// copy of 4 bytes per weight (+16 zero rows, the scale).
+TEST_F(GpuGemmGlueTest, SplitF8ProductMatchesF64Reference) {
+  std::mt19937 rng(std::random_device{}());
+  const std::pair<int64_t, int64_t> shapes[] = {{64, 2048}, {520, 512}, {40, 96}, {1, 512}};
+  for (const auto& [rows, cols] : shapes) {
+    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.02f);
+    const cuda::DeviceMatrix m = w.gpu();
+    for (int64_t n : {45, 512, 3}) {
+      const std::vector<float> x = OutlierActivations(rng, n, cols);
+      auto d_x = Upload(x);
+      const std::vector<double> want = ProductF64(w, x, n);
+      const std::string tag = "f8_rows" + std::to_string(rows) + "_cols" + std::to_string(cols) + "_n" +
+                              std::to_string(n);
+      double old_err = 0.0;
+      {
+        std::unique_ptr<cuda::DenseGemm> g = MakeGemm(GemmMode::kFastSplit, GemmAlgo::kGemmEx, 512, 2048);
+        ASSERT_NE(g, nullptr);
+        ASSERT_TRUE(g->Prepare(m, GemmMode::kFastSplit).ok());
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+        ASSERT_TRUE(g->Run(m, d_x.get(), n, d_y.get(), nullptr, GemmMode::kFastSplit).ok());
+        old_err = gpu_testing::LogError(tag + "_split3", RelL2F64(Download(d_y), want));
+        ASSERT_TRUE(g->Run(m, d_x.get(), n, d_y.get(), nullptr, GemmMode::kFast).ok());
+        gpu_testing::LogError(tag + "_one_f16", RelL2F64(Download(d_y), want));
+      }
+      for (GemmAlgo algo : {GemmAlgo::kGemmEx, GemmAlgo::kLt}) {
+        std::unique_ptr<cuda::DenseGemm> g = MakeGemm(GemmMode::kFastSplit, algo, 512, 2048, true, /*split_f8=*/true);
+        ASSERT_NE(g, nullptr);
+        ASSERT_TRUE(g->split_f8());
+        ASSERT_TRUE(g->Prepare(m, GemmMode::kFastSplit).ok());
+        EXPECT_TRUE(g->IsPrepared(m, GemmMode::kFastSplit));
+        EXPECT_TRUE(g->IsPrepared(m, GemmMode::kFast));  // the hi rows serve kFast
+        EXPECT_EQ(g->prepared_bytes(), (rows + 16) * cols * 4 + 256);
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+        const absl::Status s = g->Run(m, d_x.get(), n, d_y.get(), nullptr, GemmMode::kFastSplit);
+        ASSERT_TRUE(s.ok()) << s;
+        const std::vector<float> y = Download(d_y);
+        const double err = gpu_testing::LogError(tag + "_f8_algo" + std::to_string(static_cast<int>(algo)),
+                                                 RelL2F64(y, want));
+        EXPECT_LE(err, 3e-5) << tag << " (three f16 products: " << old_err << ")";
+        // kFast over the same copy: one f16 product.
+        auto d_f = Poisoned<float>(static_cast<size_t>(n * rows));
+        ASSERT_TRUE(g->Run(m, d_x.get(), n, d_f.get(), nullptr, GemmMode::kFast).ok());
+        EXPECT_LE(RelL2F64(Download(d_f), want), 1e-2) << tag;
+        // The split rows a fused writer leaves in the scratch (LaunchF32ToF16SplitRows: the same
+        // layout and roundings as ConvertInput), their fp8 rows derived by the product: the same bits.
+        TANDEM_ASSERT_CUDA(cuda::LaunchF32ToF16SplitRows(d_x.get(), n, cols, g->input_scratch(), nullptr));
+        auto d_r = Poisoned<float>(static_cast<size_t>(n * rows));
+        const cuda::DenseGemm::F16Input rows_in{g->input_scratch(), n, cols, GemmMode::kFastSplit};
+        ASSERT_TRUE(g->RunInput(m, rows_in, d_r.get(), nullptr).ok());
+        EXPECT_EQ(Download(d_r), y) << tag << ": rows written into the scratch differ from converted ones";
+        // Again over the same rows (the fp8 rows reused).
+        ASSERT_TRUE(g->RunInput(m, rows_in, d_r.get(), nullptr).ok());
+        EXPECT_EQ(Download(d_r), y) << tag << ": a second product over the same rows";
+        // Recorded rows (SetConverted, the stream norm's path): the same.
+        TANDEM_ASSERT_CUDA(cuda::LaunchF32ToF16SplitRows(d_x.get(), n, cols, g->input_scratch(), nullptr));
+        g->SetConverted(d_x.get(), n, cols, GemmMode::kFastSplit);
+        ASSERT_TRUE(g->Run(m, d_x.get(), n, d_r.get(), nullptr, GemmMode::kFastSplit).ok());
+        EXPECT_EQ(Download(d_r), y) << tag << ": recorded rows";
+      }
+    }
+  }
+}
+
+// F8 stacks (PrepareStack in a split_f8 plan): one copy for three parts of different scales and
+// rows (one part of 1 row: its own products take the padded fp8 output), RunStack and each part's
+// RunInput against the f64 reference within 3e-5, zero padding columns; the F8 product refuses
+// split rows outside the scratch; a smaller input right after keeps the accuracy (its own max);
+// zero activations give zeros (the scale of a zero maximum).
+TEST_F(GpuGemmGlueTest, SplitF8StackMatchesF64Reference) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t cols = 512, n = 45;
+  const int64_t part_rows[3] = {200, 136, 1};
+  const float stddev[3] = {0.05f, 0.02f, 0.3f};
+  std::vector<gpu_testing::TestMatrix> w;
+  for (int i = 0; i < 3; ++i) w.push_back(RandomMatrix(rng, WeightType::kQ8_0, cols, part_rows[i], stddev[i]));
+  const cuda::DeviceMatrix m[3] = {w[0].gpu(), w[1].gpu(), w[2].gpu()};
+  const cuda::DeviceMatrix* parts[3] = {&m[0], &m[1], &m[2]};
+  const std::vector<float> x = OutlierActivations(rng, n, cols);
+  auto d_x = Upload(x);
+  std::unique_ptr<cuda::DenseGemm> g = MakeGemm(GemmMode::kFastSplit, GemmAlgo::kGemmEx, 64, cols, true, true);
+  ASSERT_NE(g, nullptr);
+  absl::StatusOr<int64_t> stack_rows = g->PrepareStack(parts, GemmMode::kFastSplit);
+  ASSERT_TRUE(stack_rows.ok()) << stack_rows.status();
+  const int64_t R = *stack_rows;
+  EXPECT_EQ(R, 344);
+  EXPECT_EQ(g->prepared_bytes(), (R + 16) * cols * 4 + 256);
+  absl::StatusOr<cuda::DenseGemm::F16Input> in = g->ConvertInput(d_x.get(), n, cols, GemmMode::kFastSplit, nullptr);
+  ASSERT_TRUE(in.ok()) << in.status();
+  auto d_y = Poisoned<float>(static_cast<size_t>(n * R));
+  ASSERT_TRUE(g->RunStack(parts, *in, d_y.get(), nullptr).ok());
+  const std::vector<float> y = Download(d_y);
+  int64_t col = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<double> want = ProductF64(w[i], x, n);
+    std::vector<float> got(static_cast<size_t>(n * part_rows[i]));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < part_rows[i]; ++r) got[t * part_rows[i] + r] = y[t * R + col + r];
+    }
+    const std::string name = "f8_stack_part" + std::to_string(i);
+    EXPECT_LE(gpu_testing::LogError(name, RelL2F64(got, want)), 3e-5) << name;
+    auto d_part = Poisoned<float>(static_cast<size_t>(n * part_rows[i]));
+    const absl::Status s = g->RunInput(m[i], *in, d_part.get(), nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_LE(gpu_testing::LogError(name + "_alone", RelL2F64(Download(d_part), want)), 3e-5) << name;
+    col += part_rows[i];
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = col; r < R; ++r) ASSERT_EQ(y[t * R + r], 0.0f) << "padding column " << r;
+  }
+  // Split rows outside the scratch: refused, not written.
+  auto d_rows = Poisoned<uint16_t>(static_cast<size_t>(n * 3 * cols));
+  EXPECT_EQ(g->RunInput(m[0], cuda::DenseGemm::F16Input{d_rows.get(), n, cols, GemmMode::kFastSplit}, d_y.get(), nullptr)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Each conversion measures its own max |x| (the device max is reset after use): x · 2^-8 right
+  // after x keeps the accuracy (a stale max would push its fp8 values below e4m3's smallest
+  // subnormal; 2^-8 keeps the f16 halves themselves clear of f16's subnormals).
+  {
+    std::vector<float> small = x;
+    for (float& v : small) v = std::ldexp(v, -8);
+    auto d_small = Upload(small);
+    std::vector<double> want = ProductF64(w[0], x, n);
+    for (double& v : want) v = std::ldexp(v, -8);
+    auto d_s = Poisoned<float>(static_cast<size_t>(n * part_rows[0]));
+    ASSERT_TRUE(g->Run(m[0], d_small.get(), n, d_s.get(), nullptr, GemmMode::kFastSplit).ok());
+    EXPECT_LE(gpu_testing::LogError("f8_stack_part0_scaled_down", RelL2F64(Download(d_s), want)), 3e-5);
+  }
+  // Zero activations: zeros, no NaN from the scale.
+  auto d_zero = Upload(std::vector<float>(static_cast<size_t>(n * cols), 0.0f));
+  ASSERT_TRUE(g->Run(m[0], d_zero.get(), n, d_y.get(), nullptr, GemmMode::kFastSplit).ok());
+  const std::vector<float> z = Download(d_y);
+  for (int64_t i = 0; i < n * part_rows[0]; ++i) ASSERT_EQ(z[i], 0.0f) << i;
+}
+
+// The switches: SetSplitF8 / SetSplitF8MinWeights set the defaults of options made afterwards.
+TEST_F(GpuGemmGlueTest, SplitF8SwitchSetsTheOptionsDefault) {
+  const bool before = cuda::SplitF8();
+  const int64_t weights_before = cuda::SplitF8MinWeights();
+  cuda::SetSplitF8(true);
+  cuda::SetSplitF8MinWeights(77);
+  EXPECT_TRUE(cuda::DenseGemmOptions{}.split_f8);
+  EXPECT_EQ(cuda::DenseGemmOptions{}.split_f8_min_weights, 77);
+  cuda::SetSplitF8(false);
+  EXPECT_FALSE(cuda::DenseGemmOptions{}.split_f8);
+  cuda::SetSplitF8(before);
+  cuda::SetSplitF8MinWeights(weights_before);
+}
+
+// A split_f8 plan with a size threshold: matrices from split_f8_min_weights take the F8 form, the
+// others keep the three f16 products, over ONE converted input in any order (the split rows stay
+// intact beside the fp8 rows): the F8 ones within 3e-5 of f64, the others bit for bit as in a plan
+// without split_f8; prepared bytes 4 and 6 per weight (+ the F8 copy's padding rows and scale).
+TEST_F(GpuGemmGlueTest, SplitF8SizeThresholdMixesBothFormsOverOneInput) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t cols = 512, n = 45, big_rows = 520, small_rows = 64;
+  const gpu_testing::TestMatrix big = RandomMatrix(rng, WeightType::kQ8_0, cols, big_rows, 0.02f);
+  const gpu_testing::TestMatrix small = RandomMatrix(rng, WeightType::kQ8_0, cols, small_rows, 0.02f);
+  const cuda::DeviceMatrix mb = big.gpu(), ms = small.gpu();
+  const std::vector<float> x = OutlierActivations(rng, n, cols);
+  auto d_x = Upload(x);
+  std::unique_ptr<cuda::DenseGemm> old = MakeGemm(GemmMode::kFastSplit, GemmAlgo::kGemmEx, 64, cols);
+  ASSERT_NE(old, nullptr);
+  ASSERT_TRUE(old->Prepare(ms, GemmMode::kFastSplit).ok());
+  auto d_old = Poisoned<float>(static_cast<size_t>(n * small_rows));
+  ASSERT_TRUE(old->Run(ms, d_x.get(), n, d_old.get(), nullptr, GemmMode::kFastSplit).ok());
+  const std::vector<float> small_want = Download(d_old);
+  const std::vector<double> big_want = ProductF64(big, x, n);
+  std::unique_ptr<cuda::DenseGemm> g =
+      MakeGemm(GemmMode::kFastSplit, GemmAlgo::kGemmEx, 64, cols, true, /*split_f8=*/true, /*f8_min_weights=*/100000);
+  ASSERT_NE(g, nullptr);
+  ASSERT_TRUE(g->Prepare(mb, GemmMode::kFastSplit).ok());
+  ASSERT_TRUE(g->Prepare(ms, GemmMode::kFastSplit).ok());
+  EXPECT_EQ(g->prepared_bytes(), (big_rows + 16) * cols * 4 + 256 + small_rows * cols * 6);
+  absl::StatusOr<cuda::DenseGemm::F16Input> in = g->ConvertInput(d_x.get(), n, cols, GemmMode::kFastSplit, nullptr);
+  ASSERT_TRUE(in.ok()) << in.status();
+  auto d_b = Poisoned<float>(static_cast<size_t>(n * big_rows));
+  auto d_s = Poisoned<float>(static_cast<size_t>(n * small_rows));
+  for (int order = 0; order < 2; ++order) {  // F8 first (fp8 rows made, split rows must stay), then f16 first
+    if (order == 0) {
+      ASSERT_TRUE(g->RunInput(mb, *in, d_b.get(), nullptr).ok());
+      ASSERT_TRUE(g->RunInput(ms, *in, d_s.get(), nullptr).ok());
+    } else {
+      ASSERT_TRUE(g->RunInput(ms, *in, d_s.get(), nullptr).ok());
+      ASSERT_TRUE(g->RunInput(mb, *in, d_b.get(), nullptr).ok());
+    }
+    EXPECT_LE(gpu_testing::LogError("f8_threshold_big_order" + std::to_string(order), RelL2F64(Download(d_b), big_want)),
+              3e-5);
+    EXPECT_EQ(Download(d_s), small_want) << "the f16 triple over a split_f8 plan's rows, order " << order;
+  }
 }
 
 // The layer loop's fused read end to end at a step of 512 tokens of h 2048: the norm writing x and

@@ -339,17 +339,22 @@ void BenchGlue() {
       {"router", q8(2048, 512, 112), 48},    {"shared_down", q8(512, 2048, 113), 48},
   };
   const DeviceMatrix* stack[] = {&gate, &up, &gate_inp};
-  const GemmAlgo algos[3] = {GemmAlgo::kGemmEx, GemmAlgo::kLt, GemmAlgo::kLtNoSplitK};
-  const char* algo_names[3] = {"gemmex", "lt", "lt_nosplitk"};
-  std::unique_ptr<DenseGemm> g[3];
+  // The fourth: the split as one f16 product (cublasGemmEx) plus one fp8 correction (f8corr,
+  // DenseGemmOptions::split_f8; its conversion includes the device max |x| and the fp8 rows).
+  constexpr int kPaths = 4;
+  const GemmAlgo algos[kPaths] = {GemmAlgo::kGemmEx, GemmAlgo::kLt, GemmAlgo::kLtNoSplitK, GemmAlgo::kGemmEx};
+  const char* algo_names[kPaths] = {"gemmex", "lt", "lt_nosplitk", "f8"};
+  std::unique_ptr<DenseGemm> g[kPaths];
   int64_t R = 0;
-  for (int a = 0; a < 3; ++a) {
+  for (int a = 0; a < kPaths; ++a) {
     DenseGemmOptions o;
     o.mode = GemmMode::kFastSplit;
     o.max_n = max_n;
     o.max_cols = 4096;
     o.tile_bytes = 128ll << 20;
     o.prepared_algo = algos[a];
+    o.split_f8 = a == 3;
+    o.split_f8_min_weights = 0;  // every shape in the F8 form: the per-shape column
     auto made = DenseGemm::Create(o);
     BENCH_OK(made.status());
     g[a] = *std::move(made);
@@ -364,18 +369,23 @@ void BenchGlue() {
   float* y;
   BENCH_CHECK(cudaMalloc(&y, static_cast<size_t>(max_n * 8192) * sizeof(float)));
   for (int64_t n : {512, 8192}) {
-    double step_us[3] = {0, 0, 0};
+    double step_us[kPaths] = {0, 0, 0, 0};
+    double step_hybrid_us = 0;
     auto one = [&](const char* name, int64_t m, int64_t cols, int per_step, const std::function<void(DenseGemm&)>& fn) {
-      double us[3];
-      for (int a = 0; a < 3; ++a) {
+      double us[kPaths];
+      for (int a = 0; a < kPaths; ++a) {
         us[a] = TimeMs([&] { fn(*g[a]); }, 20) * 1e3;
         step_us[a] += per_step * us[a];
       }
+      step_hybrid_us += per_step * (m * cols >= 2048 * 2048 ? us[3] : us[0]);
       char detail[300];
-      std::snprintf(detail, sizeof(detail), "M=%lld K=3x%lld: gemmex %.2f us, lt %.2f us, lt_nosplitk %.2f us; %s",
-                    (long long)m, (long long)cols, us[0], us[1], us[2],
-                    SplitKInfo(lt, m, n, 3 * cols, 32ull << 20).c_str());
+      std::snprintf(detail, sizeof(detail),
+                    "M=%lld K=3x%lld: gemmex %.2f us, lt %.2f us, lt_nosplitk %.2f us, f8 %.2f us; %s", (long long)m,
+                    (long long)cols, us[0], us[1], us[2], us[3], SplitKInfo(lt, m, n, 3 * cols, 32ull << 20).c_str());
       Report(std::string("glue_gemm_") + name + "_n" + std::to_string(n), us[0] / us[2], "x", detail);
+      std::snprintf(detail, sizeof(detail), "M=%lld cols=%lld: 3 x f16 (gemmex) %.2f us, f16 + fp8 %.2f us",
+                    (long long)m, (long long)cols, us[0], us[3]);
+      Report(std::string("glue_gemm_f8_") + name + "_n" + std::to_string(n), us[0] / us[3], "x", detail);
     };
     for (const Product& p : products) {
       one(p.name, p.w.rows, p.w.cols, p.per_step, [&](DenseGemm& gg) {
@@ -389,7 +399,14 @@ void BenchGlue() {
       BENCH_OK(in.status());
       BENCH_OK(gg.RunStack(stack, *in, y, nullptr));
     });
-    for (int a = 0; a < 3; ++a) {
+    // The size threshold (DenseGemmOptions::split_f8_min_weights' default 2048 · 2048) from the same
+    // timings.
+    char hybrid[200];
+    std::snprintf(hybrid, sizeof(hybrid),
+                  "sum over one step: F8 for >= 2048 x 2048 weights, 3 x f16 below (from the columns above): %.1f us",
+                  step_hybrid_us);
+    Report(std::string("glue_gemm_step_f8_min_weights_n") + std::to_string(n), step_us[0] / step_hybrid_us, "x", hybrid);
+    for (int a = 0; a < kPaths; ++a) {
       char detail[200];
       std::snprintf(detail, sizeof(detail), "sum over one step's dense products (conversion included): %.1f us",
                     step_us[a]);
@@ -429,6 +446,106 @@ void BenchGlue() {
   for (float* p : {x, y, H0, H, yb, gamma}) BENCH_CHECK(cudaFree(p));
 }
 
+// stack (2026-12-01): the mixer's input products of one x in a q3n-80b layer as separate prepared
+// split products (one conversion, then RunInput each: TANDEM_UNSTACKED_PRODUCTS=1) against one
+// stacked product (PrepareStack / RunStack: GDN [qkv; z; ba] M = 12352, attention [k; v] M = 1024
+// plus q alone), kGemmEx, at 512 and 8192 tokens. Floor: 2·n·M·3·2048 FLOPs at ~800 TFLOP/s.
+void BenchStacks() {
+  const int64_t max_n = 8192, h = 2048;
+  std::vector<void*> owned;
+  auto q8 = [&](int64_t rows, uint64_t seed) {
+    const int64_t row_bytes = h / 32 * 34;
+    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
+    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
+    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
+    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
+    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    owned.push_back(w);
+    return DeviceMatrix{kTypeQ8_0, w, h, rows, row_bytes};
+  };
+  // Two copies of each matrix (different data pointers): one prepared alone, one in the stack.
+  struct Group {
+    const char* name;
+    std::vector<DeviceMatrix> alone, stacked, also_alone, also_stacked;  // also: q beside the [k; v] stack
+    int per_step;
+  };
+  std::vector<Group> groups = {
+      {"gdn_qkv_z_ba", {q8(8192, 201), q8(4096, 202), q8(64, 203)}, {q8(8192, 201), q8(4096, 202), q8(64, 203)}, {}, {},
+       36},
+      {"attn_k_v_q", {q8(512, 204), q8(512, 205)}, {q8(512, 204), q8(512, 205)}, {q8(8192, 206)}, {q8(8192, 206)}, 12},
+  };
+  DenseGemmOptions o;
+  o.mode = GemmMode::kFastSplit;
+  o.max_n = max_n;
+  o.max_cols = h;
+  o.tile_bytes = 128ll << 20;
+  auto made = DenseGemm::Create(o);
+  BENCH_OK(made.status());
+  DenseGemm& g = **made;
+  std::vector<std::vector<const DeviceMatrix*>> stacks;
+  int64_t widest = 0;
+  for (Group& gr : groups) {
+    for (const DeviceMatrix& m : gr.alone) BENCH_OK(g.Prepare(m));
+    for (const DeviceMatrix& m : gr.also_alone) BENCH_OK(g.Prepare(m));
+    for (const DeviceMatrix& m : gr.also_stacked) BENCH_OK(g.Prepare(m));
+    std::vector<const DeviceMatrix*> parts;
+    for (const DeviceMatrix& m : gr.stacked) parts.push_back(&m);
+    absl::StatusOr<int64_t> rows = g.PrepareStack(parts, GemmMode::kFastSplit);
+    BENCH_OK(rows.status());
+    widest = std::max(widest, *rows);
+    stacks.push_back(parts);
+  }
+  float* x = RandomFloats(static_cast<size_t>(max_n * h), 220);
+  float* y;
+  BENCH_CHECK(cudaMalloc(&y, static_cast<size_t>(max_n * std::max<int64_t>(widest, 3 * 8192)) * sizeof(float)));
+  for (int64_t n : {512, 8192}) {
+    double old_step = 0, new_step = 0;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const Group& gr = groups[i];
+      int64_t m = 0;
+      for (const DeviceMatrix& w : gr.alone) m += w.rows;
+      for (const DeviceMatrix& w : gr.also_alone) m += w.rows;
+      const double sep_us = TimeMs([&] {
+        absl::StatusOr<DenseGemm::F16Input> in = g.ConvertInput(x, n, h, GemmMode::kFastSplit, nullptr);
+        BENCH_OK(in.status());
+        float* out = y;
+        for (const DeviceMatrix& w : gr.alone) {
+          BENCH_OK(g.RunInput(w, *in, out, nullptr));
+          out += n * w.rows;
+        }
+        for (const DeviceMatrix& w : gr.also_alone) {
+          BENCH_OK(g.RunInput(w, *in, out, nullptr));
+          out += n * w.rows;
+        }
+      }) * 1e3;
+      const double stk_us = TimeMs([&] {
+        absl::StatusOr<DenseGemm::F16Input> in = g.ConvertInput(x, n, h, GemmMode::kFastSplit, nullptr);
+        BENCH_OK(in.status());
+        BENCH_OK(g.RunStack(stacks[i], *in, y, nullptr));
+        float* out = y + n * widest;
+        for (const DeviceMatrix& w : gr.also_stacked) BENCH_OK(g.RunInput(w, *in, out, nullptr));
+      }) * 1e3;
+      // The conversion alone (both paths run it once).
+      const double conv_us = TimeMs([&] { BENCH_CHECK(LaunchF32ToF16SplitRows(x, n, h, g.input_scratch(), nullptr)); }) * 1e3;
+      old_step += gr.per_step * (sep_us - conv_us);
+      new_step += gr.per_step * (stk_us - conv_us);
+      const double floor_us = 2.0 * n * m * 3 * h / 800e12 * 1e6;
+      char detail[300];
+      std::snprintf(detail, sizeof(detail),
+                    "M=%lld: separate %.2f us, stacked %.2f us (conversion %.2f us in both); products alone %.2f -> "
+                    "%.2f us, floor %.2f us at 800 TFLOP/s",
+                    (long long)m, sep_us, stk_us, conv_us, sep_us - conv_us, stk_us - conv_us, floor_us);
+      Report(std::string("stack_") + gr.name + "_n" + std::to_string(n), sep_us / stk_us, "x", detail);
+    }
+    char detail[200];
+    std::snprintf(detail, sizeof(detail), "per step (36 GDN + 12 attention layers, products only): %.1f -> %.1f us",
+                  old_step, new_step);
+    Report(std::string("stack_step_n") + std::to_string(n), old_step / new_step, "x", detail);
+  }
+  for (void* p : owned) BENCH_CHECK(cudaFree(p));
+  for (float* p : {x, y}) BENCH_CHECK(cudaFree(p));
+}
+
 }  // namespace
 }  // namespace tandem::cuda
 
@@ -441,9 +558,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prefill_stages_bench: no CUDA device\n");
     return 1;
   }
-  // --glue: only BenchGlue (glue512's A/B), the quick run.
-  bool glue_only = false;
-  for (int i = 1; i < argc; ++i) glue_only |= std::strcmp(argv[i], "--glue") == 0;
+  // --glue: only BenchGlue (glue512's A/B), the quick run; --stack: only BenchStacks.
+  bool glue_only = false, stack_only = false;
+  for (int i = 1; i < argc; ++i) {
+    glue_only |= std::strcmp(argv[i], "--glue") == 0;
+    stack_only |= std::strcmp(argv[i], "--stack") == 0;
+  }
+  if (stack_only) {
+    tandem::cuda::BenchStacks();
+    tandem::bench::WriteJson(json);
+    return 0;
+  }
   if (!glue_only) {
     tandem::cuda::BenchPrefillStages();
     tandem::cuda::BenchSplitAlgorithms();

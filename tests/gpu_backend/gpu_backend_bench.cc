@@ -32,6 +32,7 @@
 #include "common/gguf/gguf_file.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "tests/gpu_backend/bench_ceilings.h"
@@ -57,7 +58,8 @@ struct Args {
   // with the shared expert after the routed ones on the main stream), "narrow" (the device plan with
   // the old route-and-plan kernel's 4-warp blocks, route_plan.cuh), "oldplan" (the device plan with
   // the old route-and-plan kernel and tile builder instead of the grid kernel, route_plan_grid.cuh:
-  // TANDEM_OLD_PREFILL_PLAN).
+  // TANDEM_OLD_PREFILL_PLAN), "oldglue" (the device plan with the MoE glue as before h/moeglue:
+  // the per-element scatter-sum, the x quantization in its own launch; TANDEM_OLD_MOE_GLUE).
   std::vector<std::string> prefill_plans;
 };
 
@@ -191,6 +193,8 @@ int Run(const Args& a) {
   printf("mode: %s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
          a.pdl ? "" : ", PDL off");
   if (a.l2_prefetch >= 0) printf("l2 prefetch: %d\n", a.l2_prefetch);
+  printf("mixer input products: %s (widest stack %lld rows)\n",
+         b.stacked_mixer_rows() > 0 ? "stacked" : "separate", static_cast<long long>(b.stacked_mixer_rows()));
   Figures fig;
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
@@ -284,6 +288,7 @@ int Run(const Args& a) {
         cuda::SetPrefillSharedSerial(plan == "serial");
         cuda::SetRoutePlanPrefillWide(plan != "narrow");
         cuda::SetRoutePlanGrid(plan != "narrow" && plan != "oldplan");
+        cuda::SetOldMoeGlue(plan == "oldglue");
       }
       const std::string label = plan.empty() ? "" : absl::StrCat(" [", plan, "]");
       double best = 1e30;
@@ -350,6 +355,7 @@ int Run(const Args& a) {
     cuda::SetPrefillSharedSerial(false);
     cuda::SetRoutePlanPrefillWide(true);
     cuda::SetRoutePlanGrid(true);
+    cuda::SetOldMoeGlue(false);
   }
   if (!a.json.empty()) {
     FILE* out = fopen(a.json.c_str(), "w");
@@ -410,8 +416,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--prefill-plans") {
       for (absl::string_view p : absl::StrSplit(value(), ',')) {
-        if (p != "device" && p != "host" && p != "serial" && p != "narrow" && p != "oldplan") {
-          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial, narrow or oldplan\n",
+        if (p != "device" && p != "host" && p != "serial" && p != "narrow" && p != "oldplan" && p != "oldglue") {
+          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial, narrow, oldplan or oldglue\n",
                   std::string(p).c_str());
           return 2;
         }
@@ -427,7 +433,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow,oldplan] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow,oldplan,oldglue] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

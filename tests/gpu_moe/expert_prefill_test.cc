@@ -1,5 +1,5 @@
-// The prefill expert path (both algorithms, every tile height) against the reference FFN, and its
-// host-side tile planning.
+// The prefill expert path (both algorithms, every tile height) against the reference FFN. Its
+// host-side tile planning is tested in prefill_choice_test.cc.
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include "common/reference/moe.h"
 #include "common/weights/half.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
@@ -472,6 +473,72 @@ TEST(ExpertPrefillTest, MmqQuantizeRoundTrips) {
   }
 }
 
+// The stream norm's folded quantization (NormMmqOut): the same planes, bit for bit, as the norm
+// followed by LaunchMmqQuantize over its output, and the same f32 (and f16) rows as without it;
+// the register kernels (h 2048, 768), the two-pass kernel (h 5120; 4100 inject rows at h 2048).
+TEST(ExpertPrefillTest, MmqQuantizeFoldedIntoNormIsBitIdentical) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    int64_t n, h;
+    int copies;  // 0: LaunchInjectRmsNorm, else LaunchInjectRmsNormF16
+    bool inject;
+  };
+  for (const Case& c : {Case{37, 2048, 3, true}, Case{37, 2048, 0, true}, Case{5, 768, 1, false},
+                        Case{9, 5120, 3, true}, Case{4100, 2048, 3, true}}) {
+    const int64_t n = c.n, h = c.h;
+    const std::vector<float> H0 = testing::RandomVector(rng, n * h);
+    std::vector<float> y = testing::RandomVector(rng, n * h);
+    y[3] = 0.0f;
+    const std::vector<float> gamma = testing::UniformVector(rng, h, 0.5f, 1.5f);
+    DeviceBuffer dy = Upload(y), dg = Upload(gamma);
+    std::vector<float> N[2];
+    std::vector<uint8_t> planes[2], f16[2];
+    for (int fold = 0; fold < 2; ++fold) {
+      DeviceBuffer dH = Upload(H0);
+      DeviceBuffer dN = PoisonedBuffer(static_cast<size_t>(n * h) * sizeof(float));
+      DeviceBuffer d16 = PoisonedBuffer(static_cast<size_t>(n * 3 * h) * sizeof(uint16_t));
+      DeviceBuffer dq = PoisonedBuffer(MmqActivationBytes(n, static_cast<int>(h)));
+      const MmqActivations q = MmqActivationPlanes(dq.get(), n, static_cast<int>(h));
+      const NormMmqOut out{q.hi, q.lo, q.scale, q.sumx};
+      const NormMmqOut* qp = fold == 1 ? &out : nullptr;
+      const float* yp = c.inject ? dy.as<float>() : nullptr;
+      if (c.copies == 0) {
+        ASSERT_EQ(LaunchInjectRmsNorm(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
+                                      nullptr, qp),
+                  cudaSuccess);
+      } else {
+        ASSERT_EQ(LaunchInjectRmsNormF16(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
+                                         c.copies, d16.as<uint16_t>(), nullptr, qp),
+                  cudaSuccess);
+      }
+      if (fold == 0) {
+        ASSERT_EQ(LaunchMmqQuantize(dN.as<float>(), n, static_cast<int>(h), q, nullptr), cudaSuccess);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      N[fold] = Download<float>(dN.get(), static_cast<size_t>(n * h));
+      planes[fold] = Download<uint8_t>(dq.get(), MmqActivationBytes(n, static_cast<int>(h)));
+      if (c.copies != 0) f16[fold] = Download<uint8_t>(d16.get(), static_cast<size_t>(n * c.copies * h) * 2);
+    }
+    const std::string where = "n=" + std::to_string(n) + " h=" + std::to_string(h) + " copies=" + std::to_string(c.copies);
+    ASSERT_TRUE(testing::AllFinite(N[0])) << where;
+    EXPECT_EQ(std::memcmp(N[0].data(), N[1].data(), N[0].size() * sizeof(float)), 0) << where;
+    EXPECT_EQ(planes[0], planes[1]) << where;
+    EXPECT_EQ(f16[0], f16[1]) << where;
+  }
+  // Refused: streams (S > 1) and h not a multiple of 256.
+  DeviceBuffer H = PoisonedBuffer(2 * 512 * sizeof(float)), N = PoisonedBuffer(2 * 512 * sizeof(float));
+  DeviceBuffer g = PoisonedBuffer(2 * 512 * sizeof(float)), dq = PoisonedBuffer(MmqActivationBytes(2, 512));
+  const MmqActivations q = MmqActivationPlanes(dq.get(), 2, 512);
+  const NormMmqOut out{q.hi, q.lo, q.scale, q.sumx};
+  EXPECT_EQ(LaunchInjectRmsNorm(H.as<float>(), 1, 2, 256, nullptr, nullptr, g.as<float>(), 1e-6f, N.as<float>(), nullptr,
+                                &out),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchInjectRmsNorm(H.as<float>(), 2, 1, 320, nullptr, nullptr, g.as<float>(), 1e-6f, N.as<float>(), nullptr,
+                                &out),
+            cudaErrorInvalidValue);
+}
+
 // Which shapes kGroupedTiles sends to the streamed kernel, and what its launchers refuse.
 TEST(ExpertPrefillTest, StreamedKernelScope) {
   EXPECT_TRUE(UsesStreamedKernel({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512}, 0));
@@ -502,36 +569,6 @@ TEST(ExpertPrefillTest, StreamedKernelScope) {
             cudaErrorInvalidValue);
 }
 
-// kStreamedRows' tile bound: 16; kStreamedAuto takes kStreamed (0) once more than 1 group in 20
-// needs a second 16-row tile.
-TEST(PrefillTilesTest, StreamedRowsTileChoice) {
-  const int dummy = 0;
-  const ExpertLocation w{&dummy, &dummy, &dummy};
-  std::vector<PrefillGroup> small;
-  for (int i = 0; i < 20; ++i) small.push_back({w, 10 * i, i == 0 ? 17 : 10});  // one group in 20 splits
-  EXPECT_EQ(ChooseStreamedRowsTile(small, true), 16);
-  small[1].rows = 20;  // two in 20
-  EXPECT_EQ(ChooseStreamedRowsTile(small, true), 0);
-  EXPECT_EQ(ChooseStreamedRowsTile(small, false), 16);
-  const std::vector<PrefillGroup> medium = {{w, 0, 40}, {w, 40, 30}, {w, 70, 45}};
-  EXPECT_EQ(ChooseStreamedRowsTile(medium, true), 0);
-  EXPECT_EQ(ChooseStreamedRowsTile(medium, false), 16);
-}
-
-// kMmq's tile bound: 16 while 16-row tiles read the weights at most 1.25 times, else 32 (and
-// kStreamedAuto then keeps the streamed kernels).
-TEST(PrefillTilesTest, MmqTileChoice) {
-  const int dummy = 0;
-  const ExpertLocation w{&dummy, &dummy, &dummy};
-  std::vector<PrefillGroup> groups;
-  for (int i = 0; i < 20; ++i) groups.push_back({w, 20 * i, i < 5 ? 20 : 10});  // 25 tiles for 20 groups
-  EXPECT_EQ(ChooseMmqTile(groups), 16);
-  groups[5].rows = 17;  // 26
-  EXPECT_EQ(ChooseMmqTile(groups), 32);
-  const std::vector<PrefillGroup> large = {{w, 0, 40}, {w, 40, 160}};
-  EXPECT_EQ(ChooseMmqTile(large), 32);
-}
-
 TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   const ExpertDecodeRunner::Shape shape{WeightType::kQ4_K, WeightType::kQ4_K, 512, 256};
   EXPECT_FALSE(ExpertPrefillRunner::Create(shape, 64, {PrefillAlgorithm::kGroupedTiles, 48, 0}).ok());
@@ -546,74 +583,6 @@ TEST(ExpertPrefillTest, CreateRejectsBadOptions) {
   EXPECT_TRUE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256}));
   EXPECT_FALSE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ4_K, 4096, 512}));
   EXPECT_FALSE(UsesMmqKernel({WeightType::kQ4_K, WeightType::kQ6_K, 2048, 512}));
-}
-
-TEST(PrefillTilesTest, TileClassIsSmallestHeightHoldingTheRows) {
-  EXPECT_EQ(PrefillTileClass(1), 16);
-  EXPECT_EQ(PrefillTileClass(16), 16);
-  EXPECT_EQ(PrefillTileClass(17), 32);
-  EXPECT_EQ(PrefillTileClass(33), 64);
-  EXPECT_EQ(PrefillTileClass(100), 128);
-  EXPECT_EQ(PrefillTileClass(128), 128);
-}
-
-// Host planning of the grouped path (runs without a GPU).
-TEST(PrefillTilesTest, TilesCoverEveryGroupRowOnce) {
-  const int dummy = 0;
-  const void* a = &dummy;
-  const void* b = &dummy + 1;
-  const std::vector<PrefillGroup> groups = {{{a, a, a}, 0, 5}, {{b, b, b}, 5, 130}, {{a, a, a}, 135, 64}};
-  for (int rows : kPrefillTileRows) {
-    const std::vector<PrefillTile> tiles = MakePrefillTiles(groups, rows);
-    std::vector<int> covered(199, 0);
-    for (const PrefillTile& t : tiles) {
-      ASSERT_GE(t.rows, 1);
-      ASSERT_LE(t.rows, rows);
-      for (int r = 0; r < t.rows; ++r) ++covered[t.first_slot + r];
-      EXPECT_EQ(t.gate, t.first_slot >= 5 && t.first_slot < 135 ? b : a) << "slot " << t.first_slot;
-    }
-    for (int s = 0; s < 199; ++s) EXPECT_EQ(covered[s], 1) << "slot " << s << ", tile_rows " << rows;
-    EXPECT_EQ(tiles.size(), static_cast<size_t>(1 + (130 + rows - 1) / rows + (64 + rows - 1) / rows));
-  }
-}
-
-TEST(PrefillTilesTest, ChoosesSmallTilesForSmallGroupsAndLargeForLarge) {
-  const int dummy = 0;
-  std::vector<PrefillGroup> small, large;
-  for (int g = 0; g < 8; ++g) {
-    small.push_back({{&dummy, &dummy, &dummy}, g * 5, 5});
-    large.push_back({{&dummy, &dummy, &dummy}, g * 128, 128});
-  }
-  EXPECT_EQ(ChoosePrefillTileRows(small), kPrefillTileRows[0]);
-  EXPECT_EQ(ChoosePrefillTileRows(large), 128);
-  // 512 experts of 160 rows (8192 tokens of the 80B model): one 128-row tile plus a 32-row
-  // remainder tile (in a second launch) beats three 64-row tiles or five of 32.
-  std::vector<PrefillGroup> ragged;
-  for (int g = 0; g < 512; ++g) ragged.push_back({{&dummy, &dummy, &dummy}, g * 160, 160});
-  EXPECT_EQ(ChoosePrefillTileRows(ragged), 128);
-  EXPECT_EQ(ChoosePrefillTileRows(ragged, /*remainders_at_class=*/false), 128);
-  // Mostly 10-row groups and a few of 20: a second launch for 32-row remainder tiles costs more
-  // than two 16-row tiles for the few; padding every tile to the height (unpipelined) likewise.
-  std::vector<PrefillGroup> mostly_small;
-  for (int g = 0; g < 100; ++g) mostly_small.push_back({{&dummy, &dummy, &dummy}, g * 20, g % 30 == 0 ? 20 : 10});
-  EXPECT_EQ(ChoosePrefillTileRows(mostly_small), 16);
-  EXPECT_EQ(ChoosePrefillTileRows(mostly_small, /*remainders_at_class=*/false), 16);
-}
-
-// GroupUnits merges consecutive units of one expert with consecutive slots, and nothing else.
-TEST(PrefillTilesTest, GroupUnitsMergesConsecutiveSlotsOfOneExpert) {
-  const int dummy[2] = {0, 0};
-  auto unit = [&](int e, int first, int rows) {
-    ExpertUnit u{&dummy[e], &dummy[e], &dummy[e], rows, first, {}};
-    return u;
-  };
-  const std::vector<ExpertUnit> units = {unit(0, 0, 8), unit(0, 8, 3), unit(1, 11, 8), unit(1, 20, 2)};
-  const std::vector<PrefillGroup> groups = GroupUnits(units);
-  ASSERT_EQ(groups.size(), 3u);
-  EXPECT_EQ(groups[0].rows, 11);
-  EXPECT_EQ(groups[1].first_slot, 11);
-  EXPECT_EQ(groups[1].rows, 8);
-  EXPECT_EQ(groups[2].first_slot, 20);
 }
 
 }  // namespace

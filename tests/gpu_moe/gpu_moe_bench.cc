@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -19,6 +20,8 @@
 
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
@@ -172,12 +175,116 @@ void BenchPrefill(const Layer& layer, uint32_t gu_type, uint32_t d_type, int64_t
               static_cast<long long>(n), ms, flops / (ms * 1e-3) / 1e12, n / (ms * 1e-3));
 }
 
-int Main(bool decode_only, bool routing_only, bool one_token_only) {
+// The MoE prefill glue (h/moeglue) on the 80B shapes, old and new in one process: the scatter-sum
+// (per-element kernel against the vector kernel; slots a random permutation of n·K rows, gated
+// shared expert; bytes = partial rows + shared rows read + y written), the x quantization
+// launched plainly against with PDL (back to back), and the FFN stream norm with its f16 split
+// rows followed by LaunchMmqQuantize against the norm with the quantization folded in. Each
+// pair's outputs are compared bit for bit. only_n > 0: that token count alone (for Nsight Compute).
+void BenchGlue(int only_n) {
+  std::mt19937 rng(7);
+  for (int n : {1, 32, 512, 2048, 8192}) {
+    if (only_n > 0 && n != only_n) continue;
+    const int64_t slots = static_cast<int64_t>(n) * kK;
+    float* partial = bench::RandomFloats(static_cast<size_t>(slots) * kH, 11);
+    float* shared = bench::RandomFloats(static_cast<size_t>(n) * kH, 12);
+    float* logit = bench::RandomFloats(static_cast<size_t>(n), 13);
+    float* weights = bench::RandomFloats(static_cast<size_t>(slots), 14);
+    std::vector<int32_t> hs(static_cast<size_t>(slots));
+    for (int64_t i = 0; i < slots; ++i) hs[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::shuffle(hs.begin(), hs.end(), rng);
+    int32_t* slot = nullptr;
+    float *y0 = nullptr, *y1 = nullptr;
+    BENCH_CHECK(cudaMalloc(&slot, hs.size() * sizeof(int32_t)));
+    BENCH_CHECK(cudaMemcpy(slot, hs.data(), hs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMalloc(&y0, static_cast<size_t>(n) * kH * 4));
+    BENCH_CHECK(cudaMalloc(&y1, static_cast<size_t>(n) * kH * 4));
+    const double old_ms = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchMoeScatterSumPerElement(partial, slot, weights, n, kK, kH, shared, logit, y0, nullptr));
+    });
+    const double new_ms = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchMoeScatterSum(partial, slot, weights, n, kK, kH, shared, logit, y1, nullptr));
+    });
+    std::vector<float> a(static_cast<size_t>(n) * kH), b(a.size());
+    BENCH_CHECK(cudaMemcpy(a.data(), y0, a.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), y1, b.size() * 4, cudaMemcpyDeviceToHost));
+    const bool equal = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    const double bytes = (static_cast<double>(slots) + 2.0 * n) * kH * 4;
+    std::printf("glue scatter-sum n=%-5d K=%lld h=%lld: per-element %8.2f us (%6.0f GB/s), vector %8.2f us (%6.0f GB/s), "
+                "floor %.2f us at 4.5 TB/s, bits %s\n",
+                n, static_cast<long long>(kK), static_cast<long long>(kH), old_ms * 1e3, bytes / old_ms / 1e6, new_ms * 1e3, bytes / new_ms / 1e6, bytes / 4.5e6,
+                equal ? "EQUAL" : "DIFFER");
+    BENCH_CHECK(cudaFree(partial));
+    BENCH_CHECK(cudaFree(shared));
+    BENCH_CHECK(cudaFree(logit));
+    BENCH_CHECK(cudaFree(weights));
+    BENCH_CHECK(cudaFree(slot));
+    BENCH_CHECK(cudaFree(y0));
+    BENCH_CHECK(cudaFree(y1));
+  }
+  // The x quantization and the FFN stream norm at prefill sizes.
+  for (int n : {512, 2048}) {
+    if (only_n > 0 && n != only_n) continue;
+    float* H = bench::RandomFloats(static_cast<size_t>(n) * kH, 21);
+    float* y = bench::RandomFloats(static_cast<size_t>(n) * kH, 22);
+    float* gamma = bench::RandomFloats(kH, 23);
+    float* N = nullptr;
+    uint16_t* N16 = nullptr;
+    void *q0 = nullptr, *q1 = nullptr;
+    const size_t qbytes = MmqActivationBytes(n, kH);
+    BENCH_CHECK(cudaMalloc(&N, static_cast<size_t>(n) * kH * 4));
+    BENCH_CHECK(cudaMalloc(&N16, static_cast<size_t>(n) * 3 * kH * 2));
+    BENCH_CHECK(cudaMalloc(&q0, qbytes));
+    BENCH_CHECK(cudaMalloc(&q1, qbytes));
+    const MmqActivations p0 = MmqActivationPlanes(q0, n, kH), p1 = MmqActivationPlanes(q1, n, kH);
+    const NormMmqOut out{p1.hi, p1.lo, p1.scale, p1.sumx};
+    // y is injected into H on every call: a zero a-weight is not available, so H drifts; the
+    // timing does not depend on the values.
+    // Order (for Nsight Compute's launch counts): folded, separate, norm alone, quantize plain, PDL.
+    const double fused = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr, &out));
+    });
+    const double sep = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr));
+      BENCH_CHECK(LaunchMmqQuantize(N, n, kH, p0, nullptr));
+    });
+    const double norm_only = bench::TimeMs(
+        [&] { BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr)); });
+    SetPdlEnabled(false);
+    const double quant_plain = bench::TimeMs([&] { BENCH_CHECK(LaunchMmqQuantize(N, n, kH, p0, nullptr)); });
+    SetPdlEnabled(true);
+    const double quant_pdl = bench::TimeMs([&] { BENCH_CHECK(LaunchMmqQuantize(N, n, kH, p0, nullptr)); });
+    // Equality: one more norm with the fold, then the separate quantization of its N.
+    BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr, &out));
+    BENCH_CHECK(LaunchMmqQuantize(N, n, kH, p0, nullptr));
+    std::vector<uint8_t> a(qbytes), b(qbytes);
+    BENCH_CHECK(cudaMemcpy(a.data(), q0, qbytes, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), q1, qbytes, cudaMemcpyDeviceToHost));
+    std::printf("glue x quantize n=%-5d: plain %6.2f us, PDL %6.2f us (back to back); norm+f16 split %6.2f us, "
+                "+ quantize %6.2f us, folded %6.2f us; planes %s\n",
+                n, quant_plain * 1e3, quant_pdl * 1e3, norm_only * 1e3, sep * 1e3, fused * 1e3,
+                a == b ? "EQUAL" : "DIFFER");
+    BENCH_CHECK(cudaFree(H));
+    BENCH_CHECK(cudaFree(y));
+    BENCH_CHECK(cudaFree(gamma));
+    BENCH_CHECK(cudaFree(N));
+    BENCH_CHECK(cudaFree(N16));
+    BENCH_CHECK(cudaFree(q0));
+    BENCH_CHECK(cudaFree(q1));
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+}
+
+int Main(bool decode_only, bool routing_only, bool one_token_only, bool glue_only, int glue_n) {
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
   }
   std::mt19937 rng(12345);
+  if (glue_only) {
+    BenchGlue(glue_n);
+    return 0;
+  }
   if (one_token_only) {
     float* x = bench::RandomFloats(4096 * kH, 3);
     BenchOneToken(x, rng);
@@ -317,12 +424,17 @@ int Main(bool decode_only, bool routing_only, bool one_token_only) {
 // kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
 // graph-replayed, then the tile kernel's knob sweep.
 // --one-token-only: only BenchOneToken (the n = 1 MoE chain, old and new).
+// --glue-only: only BenchGlue (the MoE prefill glue: scatter-sum, x quantization; old and new);
+// --glue-n=N: of it only N tokens.
 int main(int argc, char** argv) {
-  bool decode_only = false, routing_only = false, one_token_only = false;
+  bool decode_only = false, routing_only = false, one_token_only = false, glue_only = false;
+  int glue_n = 0;
   for (int i = 1; i < argc; ++i) {
     decode_only |= std::string(argv[i]) == "--decode-only";
     routing_only |= std::string(argv[i]) == "--routing-only";
     one_token_only |= std::string(argv[i]) == "--one-token-only";
+    glue_only |= std::string(argv[i]) == "--glue-only";
+    if (std::string(argv[i]).rfind("--glue-n=", 0) == 0) glue_n = std::atoi(argv[i] + 9);
   }
-  return tandem::cuda::Main(decode_only, routing_only, one_token_only);
+  return tandem::cuda::Main(decode_only, routing_only, one_token_only, glue_only, glue_n);
 }

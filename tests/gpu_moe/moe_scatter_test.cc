@@ -4,6 +4,7 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -144,6 +145,61 @@ TEST(MoeScatterSumTest, ResultDoesNotDependOnWhereRowsSit) {
     }
   }
   EXPECT_LE(testing::RelativeL2(outs[0], ref), 1e-6);
+}
+
+// The vector kernel (LaunchMoeScatterSum with h a multiple of 4 and aligned rows) against the
+// per-element kernel: bit for bit the same sums (same fmaf order: picks, then the shared term),
+// with the 80B shape (K 10, h 2048, gated shared expert), more picks than one chunk of the vector
+// kernel (K 20), no shared expert, an ungated one, and h not a multiple of 4 (the per-element
+// kernel on both sides).
+TEST(MoeScatterSumTest, VectorKernelBitIdenticalToPerElement) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    int n, K, h;
+    bool shared, gated;
+  };
+  for (const Case& c : {Case{37, 10, 2048, true, true}, Case{3, 20, 1000, true, false}, Case{16, 8, 516, false, false},
+                        Case{5, 10, 1002, true, true}, Case{1, 10, 2048, true, true}}) {
+    const int n = c.n, K = c.K, h = c.h, slots = n * K + 7;  // rows no pick uses among them
+    const std::vector<float> partial = testing::RandomVector(rng, static_cast<int64_t>(slots) * h);
+    std::vector<int32_t> slot(static_cast<size_t>(slots));
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), rng);
+    slot.resize(static_cast<size_t>(n * K));
+    const std::vector<float> weights = testing::UniformVector(rng, n * K, 0.0f, 1.0f);
+    const std::vector<float> shared = testing::RandomVector(rng, static_cast<int64_t>(n) * h);
+    const std::vector<float> logit = testing::RandomVector(rng, n, 3.0f);
+    DeviceBuffer dp = Upload(partial), ds = Upload(slot), dw = Upload(weights), dsh = Upload(shared), dl = Upload(logit);
+    const float* sp = c.shared ? dsh.as<float>() : nullptr;
+    const float* lp = c.gated ? dl.as<float>() : nullptr;
+    DeviceBuffer y0 = PoisonedBuffer(static_cast<size_t>(n) * h * sizeof(float));
+    DeviceBuffer y1 = PoisonedBuffer(static_cast<size_t>(n) * h * sizeof(float));
+    ASSERT_EQ(LaunchMoeScatterSumPerElement(dp.as<float>(), ds.as<int32_t>(), dw.as<float>(), n, K, h, sp, lp,
+                                            y0.as<float>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(LaunchMoeScatterSum(dp.as<float>(), ds.as<int32_t>(), dw.as<float>(), n, K, h, sp, lp, y1.as<float>(),
+                                  nullptr),
+              cudaSuccess);
+    const std::vector<float> a = Download<float>(y0.get(), static_cast<size_t>(n) * h);
+    const std::vector<float> b = Download<float>(y1.get(), static_cast<size_t>(n) * h);
+    ASSERT_TRUE(testing::AllFinite(a)) << "n=" << n << " K=" << K << " h=" << h;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "n=" << n << " K=" << K << " h=" << h;
+    // And against the sum in double.
+    std::vector<float> ref(a.size());
+    for (int t = 0; t < n; ++t) {
+      const double g = c.gated ? 1.0 / (1.0 + std::exp(-static_cast<double>(logit[t]))) : 1.0;
+      for (int j = 0; j < h; ++j) {
+        double acc = 0.0;
+        for (int k = 0; k < K; ++k) {
+          acc += static_cast<double>(weights[t * K + k]) * partial[static_cast<size_t>(slot[t * K + k]) * h + j];
+        }
+        if (c.shared) acc += g * shared[static_cast<size_t>(t) * h + j];
+        ref[static_cast<size_t>(t) * h + j] = static_cast<float>(acc);
+      }
+    }
+    EXPECT_LE(testing::RelativeL2(b, ref), 1e-5) << "n=" << n << " K=" << K << " h=" << h;
+  }
 }
 
 }  // namespace

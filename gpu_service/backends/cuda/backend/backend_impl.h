@@ -26,6 +26,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
 namespace tandem {
 
@@ -41,6 +42,27 @@ struct SharedExpertStack {
 inline SharedExpertStack SharedExpertStackOf(const cuda::GpuLayer& l) {
   const bool gate_logit = l.shared_gate_inp.present() && l.shared_gate_inp.cols == l.shared_gate.cols;
   return {{&l.shared_gate, &l.shared_up, &l.shared_gate_inp}, gate_logit ? size_t{3} : size_t{2}};
+}
+
+// The mixer's input products over the same x stacked into one fast-prefill GEMM: GDN [qkv; z; ba]
+// (row t of its output: [qkv | z | ba]), attention [k; v] (the queries stay a product of their own:
+// their rows carry the output gate, which the attention kernels read at the row width). Prepared by
+// PrepareDenseWeights (cuda_backend.cc), run by MixerStacked (layer_loop.cc).
+struct MixerStack {
+  std::array<const cuda::DeviceMatrix*, 3> parts;
+  size_t count;
+  std::span<const cuda::DeviceMatrix* const> matrices() const { return {parts.data(), count}; }
+  // Whether every part exists (else there is nothing to stack).
+  bool present() const {
+    for (size_t i = 0; i < count; ++i) {
+      if (!parts[i]->present()) return false;
+    }
+    return true;
+  }
+};
+inline MixerStack MixerStackOf(const cuda::GpuLayer& l) {
+  if (l.kind == LayerKind::kGdn) return {{&l.qkv, &l.z, &l.ba}, 3};
+  return {{&l.k, &l.v, nullptr}, 2};
 }
 
 // One live sequence: its row in the device state arrays and page table, and its host-side history.
@@ -81,6 +103,8 @@ class CudaBackend::Impl {
   std::unique_ptr<cuda::DenseGemm> gemm;
   cuda::DeviceBuffer shared_gu;  // the stacked shared-expert GEMM's rows (max_batch_tokens × shared_stack_rows)
   int64_t shared_stack_rows = 0;  // widest stack of [shared gate; shared up; shared gate logit], 0: none
+  cuda::DeviceBuffer mixer_rows;  // the stacked mixer-input GEMM's rows (max_batch_tokens × mixer_stack_rows)
+  int64_t mixer_stack_rows = 0;   // widest MixerStack prepared as one copy, 0: none (unstacked products)
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;
   std::optional<cuda::StageTimer> timer;
@@ -159,6 +183,11 @@ class CudaBackend::Impl {
   // (MoeStage's SharedExpertFn): false when layer's copies are not stacked.
   absl::StatusOr<bool> SharedExpertStacked(int64_t layer, const float* x, int64_t n, float* shared, float* gate_logit,
                                            cudaStream_t st);
+  // A fast prefill step's MixerStack of w over x as one GEMM into mixer_rows (row stride: the value
+  // returned), then each of `also` (y = x·Wᵀ, same input) from the same f16 rows of x. 0, with
+  // nothing run, when w's stack is not prepared as one (the caller runs Products instead).
+  absl::StatusOr<int64_t> MixerStacked(const cuda::GpuLayer& w, int64_t n,
+                                       std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> also);
   // The side stream starts from the main stream's current point / the main stream waits for the
   // side stream's work so far. Independent products of small steps overlap this way (their kernels
   // are latency-bound: alone they leave most of the GPU idle).
@@ -171,9 +200,10 @@ class CudaBackend::Impl {
   // A hyper-connection read into x (and the inject weights into a, unless a is nullptr), with the
   // pending block output (when not nullptr) injected into H first, fused into the norm. f16_for
   // (not kExact): a plain read's norm also writes x as the f16 input rows of products in that mode
-  // (LaunchInjectRmsNormF16 into the DenseGemm scratch, DenseGemm::SetConverted).
+  // (LaunchInjectRmsNormF16 into the DenseGemm scratch, DenseGemm::SetConverted). xq (plain reads
+  // only, may be nullptr): the norm also writes x quantized for the MoE experts (NormMmqOut).
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
-                    cuda::GemmMode f16_for = cuda::GemmMode::kExact);
+                    cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr);
   // The mode in which the products after layer's mixer read (ffn: its MoE read) would convert x
   // through DenseGemm::ConvertInput, for Read's f16_for; kExact when none would (small steps, exact
   // mode, unprepared matrices, FusedNormInput() off).

@@ -70,6 +70,27 @@ absl::Status CudaBackend::Impl::Products(std::initializer_list<std::pair<const c
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CudaBackend::Impl::MixerStacked(
+    const cuda::GpuLayer& w, int64_t n, std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> also) {
+  const cuda::GemmMode mode = gemm->mode();
+  if (mixer_stack_rows == 0 || n <= cuda::kMatVecMaxRows || mode == cuda::GemmMode::kExact) return 0;
+  const MixerStack stack = MixerStackOf(w);
+  const int64_t rows = gemm->StackRows(stack.matrices()), cols = stack.parts[0]->cols;
+  if (rows == 0 || rows > mixer_stack_rows || !gemm->IsPrepared(*stack.parts[0], mode)) return 0;
+  for (const auto& [m, y] : also) {
+    if (!gemm->IsPrepared(*m, mode) || m->cols != cols) return 0;
+  }
+  cudaStream_t st = stream.get();
+  // One f16 conversion of x (none when the read's norm wrote the rows: Read, SetConverted).
+  absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(x, n, cols, mode, st);
+  if (!x16.ok()) return x16.status();
+  if (absl::Status s = gemm->RunStack(stack.matrices(), *x16, mixer_rows.as<float>(), st); !s.ok()) return s;
+  for (const auto& [m, y] : also) {
+    if (absl::Status s = gemm->RunInput(*m, *x16, y, st); !s.ok()) return s;
+  }
+  return rows;
+}
+
 absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const float* in, int64_t n, float* shared,
                                                             float* gate_logit, cudaStream_t st) {
   const cuda::GpuLayer& w = dm->layers[layer];
@@ -140,7 +161,7 @@ cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n
 }
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
-                                     const float* pending, cuda::GemmMode f16_for) {
+                                     const float* pending, cuda::GemmMode f16_for, const cuda::NormMmqOut* xq) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
   // x is rewritten here: the f16 rows of the previous x in the GEMM scratch no longer count.
@@ -154,14 +175,15 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
       // the same f32 values and roundings as DenseGemm::ConvertInput).
       const int copies = f16_for == cuda::GemmMode::kFastSplit ? 3 : 1;
       if (absl::Status s = Launch(cuda::LaunchInjectRmsNormF16(H, n, 1, h, pending_a, pending, r.norm, c->eps, out,
-                                                               copies, gemm->input_scratch(), st),
+                                                               copies, gemm->input_scratch(), st, xq),
                                   "rms norm (f16 rows)");
           !s.ok()) {
         return s;
       }
       gemm->SetConverted(out, n, h, f16_for);
-    } else if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st),
-                                       "rms norm");
+    } else if (absl::Status s =
+                   Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq),
+                          "rms norm");
                !s.ok()) {
       return s;
     }
@@ -199,18 +221,31 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
   // joined before the gates need ba. Larger steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
+  bool decode = true;
+  for (int64_t n : plan.counts) decode &= n == 1;
   if (overlap) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
+  // Where the prefill kernels read the products' rows: their own arrays, or the parts of the stacked
+  // product's rows [qkv | z | ba] (row stride `stride`). Decode keeps its arrays (its kernels read
+  // them contiguous).
+  const float *qkv_rows = qkv, *z_rows = zg, *ba_rows = ba;
+  int64_t qkv_stride = cd, z_stride = vw, ba_stride = 2 * nv;
+  absl::StatusOr<int64_t> stride = int64_t{0};
+  if (!overlap && !decode) stride = MixerStacked(w, T, {});
+  if (!stride.ok()) return stride.status();
   if (overlap) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
+  } else if (*stride > 0) {
+    qkv_rows = mixer_rows.as<float>();
+    z_rows = qkv_rows + w.qkv.rows;
+    ba_rows = z_rows + w.z.rows;
+    qkv_stride = z_stride = ba_stride = *stride;
   } else if (absl::Status s = Products({{&w.z, zg}, {&w.ba, ba}, {&w.qkv, qkv}}, x, T); !s.ok()) {
     return s;  // one f16 conversion of x for the three
   }
-  bool decode = true;
-  for (int64_t n : plan.counts) decode &= n == 1;
   if (overlap && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
@@ -243,9 +278,10 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     const int64_t off = plan.offsets[i], n = plan.counts[i];
     float* base = state(*plan.seqs[i]);
     // The conv and the q/k norms and gates in one pass over the qkv rows.
-    if (absl::Status s = Launch(cuda::LaunchGdnConvPrepare(qkv + off * cd, base + gdn_conv_off[layer], w.conv1d,
-                                                           ba + off * 2 * nv, w.ssm_a, w.dt_bias, n, shape,
-                                                           conv + off * cd, g + off * nv, beta + off * nv, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnConvPrepare(qkv_rows + off * qkv_stride, base + gdn_conv_off[layer],
+                                                           w.conv1d, ba_rows + off * ba_stride, w.ssm_a, w.dt_bias, n,
+                                                           shape, conv + off * cd, g + off * nv, beta + off * nv, st,
+                                                           qkv_stride, ba_stride),
                                 "gdn conv + prepare");
         !s.ok()) {
       return s;
@@ -273,15 +309,16 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if (T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode)) {
     // The norm writes the output product's f16 input rows itself (no f32 rows read back).
     uint16_t* go16 = gemm->input_scratch();
-    if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, zg, w.ssm_norm, d.eps, T, shape,
-                                                              mode == cuda::GemmMode::kFastSplit, go16, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, z_rows, w.ssm_norm, d.eps, T, shape,
+                                                              mode == cuda::GemmMode::kFastSplit, go16, st, z_stride),
                                 "gdn gated norm (f16 rows)");
         !s.ok()) {
       return s;
     }
     return gemm->RunInput(w.ssm_out, cuda::DenseGemm::F16Input{go16, T, vw, mode}, y, st);
   }
-  if (absl::Status s = Launch(cuda::LaunchGdnGatedNorm(go, zg, w.ssm_norm, d.eps, T, shape, go, st), "gdn gated norm");
+  if (absl::Status s =
+          Launch(cuda::LaunchGdnGatedNorm(go, z_rows, w.ssm_norm, d.eps, T, shape, go, st, z_stride), "gdn gated norm");
       !s.ok()) {
     return s;
   }
@@ -302,14 +339,25 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   }
   cudaStream_t kvs = overlap ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
+  // Keys and values from their arrays, or from the stacked product's rows [k | v] (row stride kv_stride).
+  const float *k_rows = kb, *v_rows = vb;
+  int64_t kv_stride = 0;
   if (!overlap) {  // one f16 conversion of x for the three products
-    if (absl::Status s = Products({{&w.k, kb}, {&w.v, vb}, {&w.q, qg}}, x, T); !s.ok()) return s;
+    absl::StatusOr<int64_t> stride = MixerStacked(w, T, {{&w.q, qg}});
+    if (!stride.ok()) return stride.status();
+    if (*stride > 0) {
+      k_rows = mixer_rows.as<float>();
+      v_rows = k_rows + w.k.rows;
+      kv_stride = *stride;
+    } else if (absl::Status s = Products({{&w.k, kb}, {&w.v, vb}, {&w.q, qg}}, x, T); !s.ok()) {
+      return s;
+    }
   } else {
     if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
     if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
   }
-  if (absl::Status s = Launch(cuda::LaunchKvAppend(kb, vb, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(), pos_dev(),
-                                                   cache, kvs),
+  if (absl::Status s = Launch(cuda::LaunchKvAppend(k_rows, v_rows, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(),
+                                                   pos_dev(), cache, kvs, kv_stride),
                               "kv append");
       !s.ok()) {
     return s;
@@ -465,14 +513,24 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true)); !s.ok()) return s;
+  // A plain read's norm also quantizes x for the MoE's integer-MMA experts when the stage would
+  // (MoeStage::MmqInput; not with TANDEM_OLD_MOE_GLUE=1): one launch fewer a layer.
+  std::optional<cuda::MmqActivations> mmq_x;
+  if (!w.ffn_read.down.present() && c->h % 256 == 0 && c->h <= 12288) mmq_x = moe->MmqInput(layer, T, *experts);
+  cuda::NormMmqOut xq;
+  if (mmq_x.has_value()) xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
+  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), mmq_x.has_value() ? &xq : nullptr);
+      !s.ok()) {
+    return s;
+  }
   std::vector<int32_t>* picks = nullptr;
   if (routing_sink != nullptr) picks = &(*routing_sink)[layer].experts;
   uint64_t rows = 0;
   auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out, cudaStream_t on) {
     return Product(m, in, n, out, /*accurate=*/true, on);
   };
-  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product); !s.ok()) {
+  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, mmq_x.has_value());
+      !s.ok()) {
     return s;
   }
   gemm->ForgetConverted();

@@ -216,9 +216,22 @@ bool SharedExpertRunsAsDenseGemms(const GpuLayer& l) {
   return true;
 }
 
+std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
+  // Run's choice of path, step by step: the device-planned prefill with its runner.
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const GpuLayer& l = m.model->layers[layer];
+  if (OldMoeGlue() || n < 1 || n > m.options.max_tokens || n <= m.plan_tokens) return std::nullopt;
+  if (!(m.options.fast && n > kMaxUnitRows) || m.prefill_units_bound <= 0 || HostPrefillPlan()) return std::nullopt;
+  if (source.DeviceTable(layer) == nullptr) return std::nullopt;
+  auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
+  if (it == m.prefill.end()) return std::nullopt;
+  return it->second.MmqInputPlanes(n, n * c.moe.K, c.moe.E);
+}
+
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                           uint64_t* local_rows, DenseProductFn product) {
+                           uint64_t* local_rows, DenseProductFn product, bool x_quantized) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -251,7 +264,8 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
       device = runner->DevicePlannedChoice(n * K, E).has_value();
     }
     if (device) {
-      return m.RunPrefillDevicePlanned(layer, x, n, y, table, runner, stream, side, timer, picks, local_rows, product);
+      return m.RunPrefillDevicePlanned(layer, x, n, y, table, runner, stream, side, timer, picks, local_rows, product,
+                                       x_quantized);
     }
   }
   // 1. Routing on the GPU; the picks (or, planned on the device, the units) come back to the host.

@@ -35,6 +35,7 @@
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
 namespace tandem::cuda {
@@ -117,7 +118,13 @@ class MoeStage {
   // routed ones, with the device planner); it is joined back before Run's last kernel.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                   uint64_t* local_rows, DenseProductFn product);
+                   uint64_t* local_rows, DenseProductFn product, bool x_quantized = false);
+
+  // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
+  // kernels (the device-planned prefill path with such a kernel), or nullopt (another path, or
+  // TANDEM_OLD_MOE_GLUE=1). A caller that writes those planes while writing x (the stream norm's
+  // NormMmqOut) passes x_quantized = true to that Run, which then does not quantize x again.
+  std::optional<MmqActivations> MmqInput(int64_t layer, int64_t n, ExpertSource& source);
 
   // The device planner flags picks it could not place (never expected from the router). Enqueue
   // the flag's read-back at the end of a step, then check it once the stream has reached it.

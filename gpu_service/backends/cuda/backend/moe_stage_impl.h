@@ -149,7 +149,7 @@ struct MoeStage::Impl {
   absl::Status RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                        const ExpertLocation* table, ExpertPrefillRunner* runner, cudaStream_t stream,
                                        cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                                       uint64_t* local_rows, DenseProductFn product);
+                                       uint64_t* local_rows, DenseProductFn product, bool x_quantized = false);
 };
 
 }  // namespace tandem::cuda

@@ -51,7 +51,8 @@ __device__ __forceinline__ int64_t CacheOffset(const PagedKv& c, int32_t seq, in
   return (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw;
 }
 
-__global__ void KvAppendKernel(const float* k, const float* v, int kvh, int hd, int rot, float eps,
+// k's and v's token rows are kv_stride floats apart (the cache's: kvh·hd).
+__global__ void KvAppendKernel(const float* k, const float* v, int64_t kv_stride, int kvh, int hd, int rot, float eps,
                                const float* k_norm, const double* inv_freq, const int32_t* token_seq,
                                const int32_t* token_pos, PagedKv cache) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
@@ -61,7 +62,7 @@ __global__ void KvAppendKernel(const float* k, const float* v, int kvh, int hd, 
   const int64_t t = blockIdx.x;
   const int g = blockIdx.y;
   const int kvw = kvh * hd;
-  const int64_t src = t * kvw + static_cast<int64_t>(g) * hd + threadIdx.x;
+  const int64_t src = t * kv_stride + static_cast<int64_t>(g) * hd + threadIdx.x;
   const int64_t pos = token_pos[t];
   const float y = NormRopeValue(k[src], k_norm, eps, hd, rot, inv_freq, pos, pair, scratch);
   const int64_t dst = CacheOffset(cache, token_seq[t], pos, kvw) + static_cast<int64_t>(g) * hd + threadIdx.x;
@@ -376,9 +377,20 @@ SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* _
   reinterpret_cast<float4*>(o + row * kHd)[c] = y;
 }
 
+size_t PartialBytes(int64_t blocks, const AttnShape& d) {
+  return static_cast<size_t>(blocks) * kRows * (d.hd + 2) * sizeof(float);
+}
+
+// The row items' partials (first in the scratch), rounded up so that the tile items' start aligned.
+size_t RowPartialBytes(int num_row_items, int num_splits, const AttnShape& d) {
+  if (num_splits <= 1) return 0;
+  return (PartialBytes(static_cast<int64_t>(num_row_items) * d.kvh * num_splits, d) + 255) / 256 * 256;
+}
+
 template <int kHd>
 cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& d, const int32_t* items,
-                              int num_row_items, int num_splits, int num_tile_items, const int32_t* token_seq,
+                              int num_row_items, int num_splits, int num_tile_items, int tc_splits,
+                              const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
                               cudaStream_t stream) {
   if (num_row_items > 0) {
@@ -410,8 +422,10 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     }
   }
   if (num_tile_items > 0) {
+    void* tc_partials = tc_splits > 1 ? static_cast<char*>(scratch) + RowPartialBytes(num_row_items, num_splits, d)
+                                      : nullptr;
     const cudaError_t e = LaunchTensorCoreAttention(q, qg, d, items + 2 * num_row_items, num_tile_items, token_seq,
-                                                    token_pos, cache, o, stream);
+                                                    token_pos, cache, o, stream, tc_splits, tc_partials);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();
@@ -435,30 +449,29 @@ void AppendItems(int32_t t, int32_t end, int per, std::vector<int32_t>& items) {
 }
 
 cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const int32_t* items, int num_row_items,
-                     int num_splits, int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
+                     int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
+                     const int32_t* token_pos,
                      const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
   switch (d.hd) {
     case 64:
-      return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+      return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
                                    cache, o, scratch, stream);
     case 128:
-      return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+      return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
                                     cache, o, scratch, stream);
     case 256:
-      return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, token_seq, token_pos,
+      return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
                                     cache, o, scratch, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-size_t PartialBytes(int64_t blocks, const AttnShape& d) {
-  return static_cast<size_t>(blocks) * kRows * (d.hd + 2) * sizeof(float);
-}
 
 }  // namespace
 
-AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision) {
+AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision,
+                            int max_tc_splits) {
   AttentionPlan plan;
   if (!AttentionShapeOk(d)) return plan;
   const int groups = d.nh / d.kvh;
@@ -481,16 +494,27 @@ AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnSha
     const int blocks = plan.num_row_items * d.kvh;
     plan.num_splits = std::clamp((kSplitTargetBlocks + blocks - 1) / blocks, 1, kMaxSplits);
   }
-  if (plan.num_splits > 1) {
-    plan.scratch_bytes = PartialBytes(static_cast<int64_t>(plan.num_row_items) * d.kvh * plan.num_splits, d);
+  if (plan.num_tile_items > 0) {
+    // As many slices as keep the launch within one wave (one block per SM): at 512 tokens of
+    // Qwen3-Next (32 items x 2 kv heads = 64 blocks) two, so the last item's 8 key tiles run as
+    // 4 + 4 on two SMs. More slices than that measured slower (a second wave; 3 slices at 512
+    // tokens: 168 us against 81 whole, with the first merge kernel).
+    const int blocks = plan.num_tile_items * d.kvh;
+    plan.tc_splits = std::clamp(kSplitTargetBlocks / blocks, 1, std::clamp(max_tc_splits, 1, kAttnMaxTcSplits));
+  }
+  plan.scratch_bytes = RowPartialBytes(plan.num_row_items, plan.num_splits, d);
+  if (plan.tc_splits > 1) {
+    plan.scratch_bytes += TensorCoreAttentionPartialBytes(
+        static_cast<int64_t>(plan.num_tile_items) * d.kvh * plan.tc_splits, d.hd);
   }
   return plan;
 }
 
 size_t AttentionMaxScratchBytes(const AttnShape& d) {
   // Splits only happen with blocks = items · kvh < kSplitTargetBlocks, and then
-  // blocks · ceil(target / blocks) < target + blocks < 2 · target.
-  return PartialBytes(2 * kSplitTargetBlocks, d);
+  // blocks · ceil(target / blocks) < target + blocks < 2 · target; tile items: blocks · slices <= target.
+  return (PartialBytes(2 * kSplitTargetBlocks, d) + 255) / 256 * 256 +
+         TensorCoreAttentionPartialBytes(2 * kSplitTargetBlocks, d.hd);
 }
 
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
@@ -499,11 +523,12 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
   if (n <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
       plan.items.size() != 2 * static_cast<size_t>(plan.num_row_items + plan.num_tile_items) ||
-      plan.num_splits < 1 || plan.num_splits > kMaxSplits || (plan.num_splits > 1 && scratch == nullptr)) {
+      plan.num_splits < 1 || plan.num_splits > kMaxSplits || plan.tc_splits < 1 ||
+      plan.tc_splits > kAttnMaxTcSplits || (plan.scratch_bytes > 0 && scratch == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, token_seq, token_pos,
-                  cache, o, scratch, stream);
+  return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
+                  token_pos, cache, o, scratch, stream);
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {
@@ -524,7 +549,7 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
                             float* o, cudaStream_t stream) {
   if (n <= 0 || num_items <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d)) return cudaErrorInvalidValue;
-  return Dispatch(q, qg, d, items, num_items, 1, 0, token_seq, token_pos, cache, o, nullptr, stream);
+  return Dispatch(q, qg, d, items, num_items, 1, 0, 1, token_seq, token_pos, cache, o, nullptr, stream);
 }
 
 std::vector<double> RopeInvFrequencies(double theta, int rot) {
@@ -545,12 +570,13 @@ cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, 
 
 cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,
                            const float* k_norm, const double* inv_freq, const int32_t* token_seq,
-                           const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream) {
+                           const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream, int64_t kv_stride) {
   if (n <= 0) return cudaSuccess;
-  if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
+  if (kv_stride == 0) kv_stride = d.kv_width();
+  if (!NormRopeShapeOk(d) || kv_stride < d.kv_width()) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.kvh));
-  return LaunchPdl(KvAppendKernel, grid, d.hd, d.hd * sizeof(float), stream, k, v, d.kvh, d.hd, d.rot, d.eps, k_norm,
-                                                               inv_freq, token_seq, token_pos, cache);
+  return LaunchPdl(KvAppendKernel, grid, d.hd, d.hd * sizeof(float), stream, k, v, kv_stride, d.kvh, d.hd, d.rot, d.eps,
+                   k_norm, inv_freq, token_seq, token_pos, cache);
 }
 
 }  // namespace tandem::cuda

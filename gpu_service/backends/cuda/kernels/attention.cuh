@@ -44,10 +44,13 @@ cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, 
                                 cudaStream_t stream);
 
 // Keys and values: k (n × kvh·hd, raw projection) is normed with k_norm and roped at the token's
-// position, then stored with v (n × kvh·hd) into the token's page of the cache.
+// position, then stored with v (n × kvh·hd) into the token's page of the cache. kv_stride: the
+// floats from one token's k (and v) row to the next, >= kvh·hd (0: kvh·hd), so that k and v can be
+// parts of the rows of one stacked product ([k | v] per token, DenseGemm::RunStack).
 cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,
                            const float* k_norm, const double* inv_freq, const int32_t* token_seq,
-                           const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream);
+                           const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream,
+                           int64_t kv_stride = 0);
 
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
 // cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences
@@ -73,14 +76,21 @@ struct AttentionPlan {
   int num_row_items = 0;
   int num_tile_items = 0;
   int num_splits = 1;          // context slices per row item and kv head
-  size_t scratch_bytes = 0;    // device scratch LaunchAttention needs (0 when num_splits == 1)
+  int tc_splits = 1;           // key-tile slices per tile item and kv head (short prompts)
+  size_t scratch_bytes = 0;    // device scratch LaunchAttention needs (0 when both splits are 1)
 };
 
 // Plans a step from its per-token sequence ids (tokens of one sequence consecutive). An invalid
 // shape (kvh <= 0, nh % kvh != 0, 8 % (nh / kvh) != 0) gives an empty plan, which LaunchAttention
-// rejects when n > 0.
+// rejects when n > 0. Tile items fewer than half a wave (one block per SM; a prompt of up to ~500
+// tokens at GQA 8) are cut into as many slices of their key tiles as fill one wave (at most
+// max_tc_splits, capped at kAttnMaxTcSplits), so that the longest item's chain of key tiles is
+// shorter and more SMs work;
+// 1 keeps every tile item whole (TANDEM_ATTN_TC_WHOLE=1 in the backend, for A/B runs).
+inline constexpr int kAttnMaxTcSplits = 4;
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d,
-                            AttentionPrecision precision = AttentionPrecision::kF32);
+                            AttentionPrecision precision = AttentionPrecision::kF32,
+                            int max_tc_splits = kAttnMaxTcSplits);
 
 // An upper bound of scratch_bytes over every plan of shape d, whatever the batch: allocate it
 // once (256-byte aligned, e.g. from cudaMalloc) and pass it to every LaunchAttention.

@@ -84,11 +84,23 @@ __device__ __forceinline__ void ConvertStagedTile(const float4* stage, __half* d
   for (int i = 0; i < T::kPer; ++i) StoreF16x4(row + i * T::kKeyStep * kStride, stage[tid + i * kPipeThreads]);
 }
 
+// The key tiles of an item ending at max_pos cut into at most `splits` slices of `per` tiles;
+// `used` of them are non-empty. The kernel and the merge compute it alike from the positions.
+struct TcSlices {
+  int tiles, per, used;
+};
+__device__ __forceinline__ TcSlices SlicesOf(int32_t max_pos, int splits) {
+  const int tiles = max_pos / kPipeKeys + 1;
+  const int per = (tiles + splits - 1) / splits;
+  return TcSlices{tiles, per, (tiles + per - 1) / per};
+}
+
 template <int kHd>
 __global__ void __launch_bounds__(kPipeThreads, 1)
 PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                                    const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
-                                   const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o) {
+                                   const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o,
+                                   int splits, float* __restrict__ part_o, float* __restrict__ part_ml) {
   constexpr int kStride = PipeSmem<kHd>::kStride;
   constexpr int kVec = kHd / 4;
   extern __shared__ float4 pipe_smem[];
@@ -100,16 +112,19 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // A sequence's items come in increasing position order: walking the grid backwards starts the
   // blocks with the most key tiles first (shorter ones fill the tail), kv heads side by side.
+  // With context slices the item's slices sit side by side (slice = linear / kvh % splits).
   const int linear = gridDim.x - 1 - blockIdx.x;
-  const int item = linear / kvh, kvhead = linear % kvh;
+  const int item = linear / (kvh * splits), kvhead = linear % kvh, slice = linear / kvh % splits;
   const int groups = nh / kvh, kvw = kvh * kHd;
   const int32_t first = items[2 * item], count = items[2 * item + 1];
   const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
   const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
-  const int num_tiles = max_pos / kPipeKeys + 1;
+  const TcSlices sl = SlicesOf(max_pos, splits);
+  const int kt_begin = slice * sl.per, kt_end = min(sl.tiles, kt_begin + sl.per);
+  if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
   auto valid_keys = [&](int kt) { return min(kPipeKeys, max_pos - kt * kPipeKeys + 1); };
 
-  StageTile<kHd>(cache.k, pages[0], kvhead, kvw, valid_keys(0), stage, tid);
+  StageTile<kHd>(cache.k, pages[kt_begin], kvhead, kvw, valid_keys(kt_begin), stage, tid);
   if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
 #pragma unroll 8
   for (int e = tid; e < kTcRows * kVec; e += kPipeThreads) {
@@ -123,7 +138,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   }
   ConvertStagedTile<kHd>(stage, ks, tid);
   __syncthreads();  // Q, K(0) and row_pos visible; the staging area is free again
-  StageTile<kHd>(cache.v, pages[0], kvhead, kvw, valid_keys(0), stage, tid);
+  StageTile<kHd>(cache.v, pages[kt_begin], kvhead, kvw, valid_keys(kt_begin), stage, tid);
 
   const float scale_log2 = 1.4426950408889634f * rsqrtf(static_cast<float>(kHd));
   const int g = lane >> 2, t4 = lane & 3;
@@ -133,8 +148,8 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
 #pragma unroll
   for (int i = 0; i < kHd / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int kt = 0; kt < num_tiles; ++kt) {
-    const bool more = kt + 1 < num_tiles;
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    const bool more = kt + 1 < kt_end;
     const int32_t next_page = more ? pages[kt + 1] : 0;  // read early: its latency hides behind S
     float s[kPipeKeys / 8][4];
 #pragma unroll
@@ -223,6 +238,16 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
     ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
     const int r = row0 + 8 * i, tok = r / groups;
     if (tok >= count) continue;
+    if (sl.used > 1) {
+      // A slice of several: the unnormalised rows, their max (base 2, scaled) and sum, for the merge.
+      const int64_t slot = ((static_cast<int64_t>(item) * kvh + kvhead) * splits + slice) * kTcRows + r;
+#pragma unroll
+      for (int nd = 0; nd < kHd / 8; ++nd) {
+        *reinterpret_cast<float2*>(part_o + slot * kHd + nd * 8 + 2 * t4) = make_float2(acc[nd][2 * i], acc[nd][2 * i + 1]);
+      }
+      if (t4 == 0) *reinterpret_cast<float2*>(part_ml + 2 * slot) = make_float2(m[i], ll);
+      continue;
+    }
     const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
     const float inv = 1.0f / ll;
     const float* gate = qg + row * 2 * kHd + kHd;
@@ -236,19 +261,81 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   }
 }
 
+// Block per (tile item, kv head, kRowsAtOnce rows): combines the slices an item's keys were cut
+// into (items that fit one slice were written by the kernel). A thread takes a float4 of one row:
+// the slices' weights exp2(m_s - max) from the (max, sum) pairs, then o = sum_s w_s · acc_s /
+// sum_s w_s · l_s, gated as the kernel gates. Many small blocks, not one per item: a block that
+// walks its item's 128 rows in turn waits on a dependent load per row (measured 2x slower).
+template <int kHd>
+constexpr int MergeRowsPerBlock() {
+  return 256 / (kHd / 4);
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(256)
+TensorCoreSliceMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items,
+                           const int32_t* __restrict__ token_pos, int splits, const float* __restrict__ part_o,
+                           const float* __restrict__ part_ml, float* __restrict__ o) {
+  constexpr int kLanes = kHd / 4;
+  const int item = blockIdx.x, kvhead = blockIdx.y, groups = nh / kvh;
+  const int r = blockIdx.z * MergeRowsPerBlock<kHd>() + static_cast<int>(threadIdx.x) / kLanes;
+  const int32_t first = items[2 * item], count = items[2 * item + 1];
+  if (r >= count * groups) return;
+  const TcSlices sl = SlicesOf(token_pos[first + count - 1], splits);
+  if (sl.used <= 1) return;
+  const int c = threadIdx.x % kLanes;
+  const int64_t slot0 = (static_cast<int64_t>(item) * kvh + kvhead) * splits * kTcRows + r;
+  float ms[kTcMaxSplits];
+  float mm = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kTcMaxSplits; ++s) {
+    ms[s] = s < sl.used ? part_ml[2 * (slot0 + s * kTcRows)] : -INFINITY;
+    mm = fmaxf(mm, ms[s]);
+  }
+  float ll = 0.0f;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < kTcMaxSplits; ++s) {
+    if (ms[s] == -INFINITY) continue;  // absent, or every key of the slice lies past this row's position
+    const int64_t slot = slot0 + s * kTcRows;
+    const float w = exp2f(ms[s] - mm);
+    ll = fmaf(w, part_ml[2 * slot + 1], ll);
+    const float4 x = reinterpret_cast<const float4*>(part_o + slot * kHd)[c];
+    a.x = fmaf(w, x.x, a.x);
+    a.y = fmaf(w, x.y, a.y);
+    a.z = fmaf(w, x.z, a.z);
+    a.w = fmaf(w, x.w, a.w);
+  }
+  const float inv = 1.0f / ll;
+  const int64_t row = static_cast<int64_t>(first + r / groups) * nh + kvhead * groups + r % groups;
+  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
+  reinterpret_cast<float4*>(o + row * kHd)[c] =
+      make_float4(a.x * inv * SigmoidF(gate[0]), a.y * inv * SigmoidF(gate[1]), a.z * inv * SigmoidF(gate[2]),
+                  a.w * inv * SigmoidF(gate[3]));
+}
+
 template <int kHd>
 cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                               int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
-                              const PagedKv& cache, float* o, cudaStream_t stream) {
+                              const PagedKv& cache, float* o, cudaStream_t stream, int splits, void* partials) {
   constexpr size_t smem = PipeSmem<kHd>::kBytes;
   // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
   static const cudaError_t attribute = cudaFuncSetAttribute(
       PipelinedTensorCoreAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attribute != cudaSuccess) return attribute;
-  const int64_t blocks = static_cast<int64_t>(num_tile_items) * d.kvh;
+  const int64_t blocks = static_cast<int64_t>(num_tile_items) * d.kvh * splits;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  float* part_o = static_cast<float*>(partials);
+  float* part_ml = splits > 1 ? part_o + blocks * kTcRows * kHd : nullptr;
   PipelinedTensorCoreAttentionKernel<kHd><<<static_cast<unsigned>(blocks), kPipeThreads, smem, stream>>>(
-      q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o);
+      q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o, splits, part_o, part_ml);
+  if (splits > 1) {
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    const dim3 grid(static_cast<unsigned>(num_tile_items), static_cast<unsigned>(d.kvh),
+                    static_cast<unsigned>(kTcRows / MergeRowsPerBlock<kHd>()));
+    TensorCoreSliceMergeKernel<kHd><<<grid, 256, 0, stream>>>(qg, d.nh, d.kvh, tile_items, token_pos, splits, part_o,
+                                                               part_ml, o);
+  }
   return cudaGetLastError();
 }
 
@@ -256,15 +343,20 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
 
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
-                                      const PagedKv& cache, float* o, cudaStream_t stream) {
+                                      const PagedKv& cache, float* o, cudaStream_t stream, int splits,
+                                      void* partials) {
   if (num_tile_items <= 0) return cudaSuccess;
+  if (splits < 1 || splits > kTcMaxSplits || (splits > 1 && partials == nullptr)) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
-      return LaunchPipelinedHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<64>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream,
+                                     splits, partials);
     case 128:
-      return LaunchPipelinedHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<128>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream,
+                                     splits, partials);
     case 256:
-      return LaunchPipelinedHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream);
+      return LaunchPipelinedHd<256>(q, qg, d, tile_items, num_tile_items, token_seq, token_pos, cache, o, stream,
+                                     splits, partials);
     default:
       return cudaErrorInvalidValue;
   }

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
@@ -17,11 +18,26 @@ namespace tandem::cuda {
 // all of them, so the item is as tall as that allows.
 inline constexpr int kTcRows = 128;
 
+// Context slices per tile item and kv head at most (AttentionPlan::tc_splits).
+inline constexpr int kTcMaxSplits = kAttnMaxTcSplits;
+
+// Device scratch for `blocks` = tile items · kv heads · splits slices of head size hd: each
+// slice's unnormalised output rows, then their (max, sum) pairs.
+inline size_t TensorCoreAttentionPartialBytes(int64_t blocks, int hd) {
+  return static_cast<size_t>(blocks) * kTcRows * (hd + 2) * sizeof(float);
+}
+
 // Runs num_tile_items (first token, count) items (device) on the tensor cores; d.hd is 64, 128 or
-// 256 (else cudaErrorInvalidValue). Same inputs and output as LaunchAttention.
+// 256 (else cudaErrorInvalidValue). Same inputs and output as LaunchAttention. With splits > 1
+// every item and kv head is cut into `splits` slices of its key tiles (computed on the device from
+// the item's last position, so the launch depends on the batch shape only): an item whose keys
+// span more than one slice writes per-slice partials to `partials` (at least
+// TensorCoreAttentionPartialBytes(num_tile_items · kvh · splits, hd) bytes) and a merge kernel
+// combines them; an item that fits one slice writes o directly, as with splits == 1.
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,
-                                      const PagedKv& cache, float* o, cudaStream_t stream);
+                                      const PagedKv& cache, float* o, cudaStream_t stream, int splits = 1,
+                                      void* partials = nullptr);
 
 }  // namespace tandem::cuda
 

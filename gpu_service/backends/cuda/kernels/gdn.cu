@@ -63,8 +63,8 @@ __global__ void GdnConvKernel(const float* qkv, float* history, const float* tap
 // Prefill: thread (channel, token) computes one output from the inputs it needs (the history for
 // positions before the chunk), in the same order of operations as GdnConvKernel, so that both give
 // the same bits. The history is updated afterwards by GdnConvShiftKernel.
-__global__ void GdnConvTokensKernel(const float* qkv, const float* history, const float* taps, int64_t n,
-                                    int c_dim, int kk, float* out) {
+__global__ void GdnConvTokensKernel(const float* qkv, int64_t qkv_stride, const float* history, const float* taps,
+                                    int64_t n, int c_dim, int kk, float* out) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -75,17 +75,17 @@ __global__ void GdnConvTokensKernel(const float* qkv, const float* history, cons
   for (int q = 0; q < kGdnMaxConvKernel; ++q) {
     if (q < kk - 1) {
       const int64_t j = t - (kk - 1) + q;  // input position; < 0 is in the history
-      const float v = j >= 0 ? qkv[j * c_dim + c] : history[(kk - 1 + j) * c_dim + c];
+      const float v = j >= 0 ? qkv[j * qkv_stride + c] : history[(kk - 1 + j) * c_dim + c];
       sum = fmaf(taps[static_cast<int64_t>(c) * kk + q], v, sum);
     }
   }
-  sum = fmaf(taps[static_cast<int64_t>(c) * kk + kk - 1], qkv[t * c_dim + c], sum);
+  sum = fmaf(taps[static_cast<int64_t>(c) * kk + kk - 1], qkv[t * qkv_stride + c], sum);
   out[t * c_dim + c] = SiluF(sum);
 }
 
 // history ← the last kk−1 inputs of (history, qkv[0..n)), oldest first. Ascending q reads slots
 // above q before they are overwritten.
-__global__ void GdnConvShiftKernel(const float* qkv, float* history, int64_t n, int c_dim, int kk) {
+__global__ void GdnConvShiftKernel(const float* qkv, int64_t qkv_stride, float* history, int64_t n, int c_dim, int kk) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -93,26 +93,29 @@ __global__ void GdnConvShiftKernel(const float* qkv, float* history, int64_t n, 
   for (int q = 0; q < kk - 1; ++q) {
     const int64_t j = q + n;  // index into (history, qkv) of the input that becomes history[q]
     history[static_cast<int64_t>(q) * c_dim + c] =
-        j < kk - 1 ? history[j * c_dim + c] : qkv[(j - (kk - 1)) * c_dim + c];
+        j < kk - 1 ? history[j * c_dim + c] : qkv[(j - (kk - 1)) * qkv_stride + c];
   }
 }
 
-__device__ void GdnGates(const float* ba, const float* ssm_a, const float* dt_bias, int64_t t, int nk, int nv,
-                         float* g, float* beta) {
-  for (int vh = threadIdx.x; vh < nv; vh += blockDim.x) GdnGate(ba, ssm_a, dt_bias, t, vh, nv / nk, nv, g, beta);
+__device__ void GdnGates(const float* ba, int64_t ba_stride, const float* ssm_a, const float* dt_bias, int64_t t, int nk,
+                         int nv, float* g, float* beta) {
+  for (int vh = threadIdx.x; vh < nv; vh += blockDim.x) {
+    GdnGate(ba, ba_stride, ssm_a, dt_bias, t, vh, nv / nk, nv, g, beta);
+  }
 }
 
 // Block per (token, q or k head): L2 normalisation in place; the block of y = 2nk computes the
 // token's gates (one launch for both: decode runs this once per layer and token).
 __global__ void GdnNormQkKernel(float* conv_out, int c_dim, int nk, int dk, float q_scale, const float* ba,
-                                const float* ssm_a, const float* dt_bias, int nv, float* g, float* beta) {
+                                int64_t ba_stride, const float* ssm_a, const float* dt_bias, int nv, float* g,
+                                float* beta) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;  // 0..nk−1: q heads, nk..2nk−1: k heads, 2nk: the gates
   if (head == 2 * nk) {
-    GdnGates(ba, ssm_a, dt_bias, t, nk, nv, g, beta);
+    GdnGates(ba, ba_stride, ssm_a, dt_bias, t, nk, nv, g, beta);
     return;
   }
   float* x = conv_out + t * c_dim + static_cast<int64_t>(head) * dk;
@@ -200,41 +203,45 @@ GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int
   for (int i = 0; i < kRows; ++i) S[static_cast<int64_t>(i) * dv] = s[i];
 }
 
-// Block per (token, value head).
-__global__ void GdnGatedNormKernel(const float* o, const float* z, const float* norm, float eps,
-                                   int dv, float* out) {
+// Block per (token, value head); z's token rows z_stride apart.
+__global__ void GdnGatedNormKernel(const float* o, const float* z, int64_t z_stride, int nv, const float* norm,
+                                   float eps, int dv, float* out) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;  // (t·nv + vh)·dv
+  const float* zr = z + static_cast<int64_t>(blockIdx.x / nv) * z_stride + static_cast<int64_t>(blockIdx.x % nv) * dv;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += o[base + i] * o[base + i];
   ss = BlockSum(ss, scratch);
   const float scale = rsqrtf(ss / static_cast<float>(dv) + eps);
   for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-    out[base + i] = norm[i] * (o[base + i] * scale) * SiluF(z[base + i]);
+    out[base + i] = norm[i] * (o[base + i] * scale) * SiluF(zr[i]);
   }
 }
 
 }  // namespace
 
 cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* taps, int64_t n,
-                                 const GdnShape& d, float* out, cudaStream_t stream) {
+                                 const GdnShape& d, float* out, cudaStream_t stream, int64_t qkv_stride) {
   if (n <= 0) return cudaSuccess;
   if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
-  if (n == 1) {
+  if (qkv_stride == 0) qkv_stride = c_dim;
+  if (qkv_stride < c_dim) return cudaErrorInvalidValue;
+  if (n == 1) {  // one row: its stride does not matter
     return LaunchPdl(GdnConvKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out, nullptr, 0);
   }
   // Several tokens: every output in parallel (one thread walking the tokens in order was latency-
   // bound: ~8 ms per layer at 8192 tokens), then the history.
   if (n > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((c_dim + 127) / 128), static_cast<unsigned>(n));
-  if (cudaError_t e = LaunchPdl(GdnConvTokensKernel, grid, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out);
+  if (cudaError_t e =
+          LaunchPdl(GdnConvTokensKernel, grid, 128, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, d.kk, out);
       e != cudaSuccess) {
     return e;
   }
-  return LaunchPdl(GdnConvShiftKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, n, c_dim, d.kk);
+  return LaunchPdl(GdnConvShiftKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, qkv_stride, history, n, c_dim, d.kk);
 }
 
 cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
@@ -248,12 +255,13 @@ cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_st
 
 cudaError_t LaunchGdnPrepareGeneral(float* conv_out, const float* ba, const float* ssm_a,
                                     const float* dt_bias, int64_t n, const GdnShape& d, float* g,
-                                    float* beta, cudaStream_t stream) {
+                                    float* beta, cudaStream_t stream, int64_t ba_stride) {
   if (n <= 0) return cudaSuccess;
-  if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  if (ba_stride == 0) ba_stride = 2 * static_cast<int64_t>(d.nv);
+  if (d.nk <= 0 || d.nv % d.nk != 0 || n > 0x7FFFFFFF || ba_stride < 2 * d.nv) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * d.nk + 1));
   return LaunchPdl(GdnNormQkKernel, grid, 128, 0, stream, conv_out, d.c_dim(), d.nk, d.dk, rsqrtf(static_cast<float>(d.dk)), ba,
-                                            ssm_a, dt_bias, d.nv, g, beta);
+                   ba_stride, ssm_a, dt_bias, d.nv, g, beta);
 }
 
 namespace {
@@ -296,9 +304,13 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
 }
 
 cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const float* norm, float eps,
-                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
+                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream, int64_t z_stride) {
   if (n <= 0) return cudaSuccess;
-  return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, norm, eps, d.dv, out);
+  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  if (z_stride == 0) z_stride = vw;
+  if (z_stride < vw || d.nv <= 0) return cudaErrorInvalidValue;
+  return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, z_stride, d.nv, norm, eps,
+                   d.dv, out);
 }
 
 }  // namespace tandem::cuda

@@ -30,17 +30,24 @@ struct GdnShape {
 // channels, when the shape and pointers allow (c_dim, dk, dv multiples of 4; dk and dv powers of
 // two <= 128 for the norms; every pointer 16-byte aligned), else on the general scalar kernels
 // (the *General launchers below): the same results either way, to rounding of the norms' sums.
+//
+// Row strides: the input rows that a dense product writes (qkv, ba, z) may be parts of wider rows,
+// the output of one stacked product of several matrices over the same input (DenseGemm::RunStack:
+// row t holds [qkv | z | ba]). qkv_stride, ba_stride and z_stride give the floats from one token's
+// row to the next (>= the part's width; 0, the default: the width, i.e. a contiguous array). Rows
+// 16-byte aligned for the vector kernels (a stride that is a multiple of 4 keeps them so).
 
 // out (n × c_dim) = SiLU(conv(qkv)) with `history` ((kk−1) × c_dim) prepended; history is then
 // replaced by the last kk−1 inputs (so a split of the tokens gives the same result). kk <= 8.
 cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, int64_t n,
-                          const GdnShape& d, float* out, cudaStream_t stream);
+                          const GdnShape& d, float* out, cudaStream_t stream, int64_t qkv_stride = 0);
 
 // LaunchGdnConv then LaunchGdnPrepare on its output, in one pass over memory when the vector
 // kernels apply (the q/k norms and the gates are computed from the conv results in registers).
 cudaError_t LaunchGdnConvPrepare(const float* qkv, float* history, const float* taps, const float* ba,
                                  const float* ssm_a, const float* dt_bias, int64_t n, const GdnShape& d,
-                                 float* out, float* g, float* beta, cudaStream_t stream);
+                                 float* out, float* g, float* beta, cudaStream_t stream, int64_t qkv_stride = 0,
+                                 int64_t ba_stride = 0);
 
 // In place on the conv output (n × c_dim): each q head ← q/√(Σq²+1e-6)/√dk, each k head ←
 // k/√(Σk²+1e-6). And per token and value head vh (group = vh / r, r = nv/nk, j = vh % r, the
@@ -48,7 +55,7 @@ cudaError_t LaunchGdnConvPrepare(const float* qkv, float* history, const float* 
 // g = ssm_a[vh]·softplus(a_j + dt_bias[vh]). ba is n × 2nv; g and beta are n × nv.
 cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_a,
                              const float* dt_bias, int64_t n, const GdnShape& d, float* g,
-                             float* beta, cudaStream_t stream);
+                             float* beta, cudaStream_t stream, int64_t ba_stride = 0);
 
 // The gated delta rule over n tokens from the prepared conv output; o is n × nv·dv. state is
 // S[nv][dk][dv], read and overwritten. dk must be 64 or 128 (each thread keeps one state column
@@ -93,10 +100,11 @@ cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, cons
                                      const GdnShape& d, float* state, int64_t row_stride, const int32_t* rows,
                                      float* o, cudaStream_t stream);
 
-// out = norm ⊙ ρ(o_head) ⊙ SiLU(z_head) per token and value head (o, z, out: n × nv·dv; out may
-// alias o).
+// out = norm ⊙ ρ(o_head) ⊙ SiLU(z_head) per token and value head (o, z, out: n × nv·dv, z's rows
+// z_stride apart; out may alias o).
 cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps,
-                               int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
+                               int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
+                               int64_t z_stride = 0);
 
 // The gated norm written as the f16 input rows of the output product (DenseGemm::F16Input in
 // gemm_plan.h): per token [f16(out)] (nv·dv values) or, split, [hi | hi | lo] (3·nv·dv), into
@@ -104,18 +112,20 @@ cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm
 // LaunchGdnGatedNorm. The general path (unaligned or odd head sizes) overwrites o with the f32
 // result on its way.
 cudaError_t LaunchGdnGatedNormToF16(float* o, const float* z, const float* norm, float eps, int64_t n,
-                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream);
+                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream,
+                                    int64_t z_stride = 0);
 
 // The general scalar kernels behind LaunchGdnConv, LaunchGdnPrepare and LaunchGdnGatedNorm (any
 // shape, any alignment; a thread per channel): what those fall back to, and the baseline that
 // tests and benchmarks compare the vector kernels with.
 cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* taps, int64_t n,
-                                 const GdnShape& d, float* out, cudaStream_t stream);
+                                 const GdnShape& d, float* out, cudaStream_t stream, int64_t qkv_stride = 0);
 cudaError_t LaunchGdnPrepareGeneral(float* conv_out, const float* ba, const float* ssm_a,
                                     const float* dt_bias, int64_t n, const GdnShape& d, float* g,
-                                    float* beta, cudaStream_t stream);
+                                    float* beta, cudaStream_t stream, int64_t ba_stride = 0);
 cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const float* norm, float eps,
-                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
+                                      int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
+                                      int64_t z_stride = 0);
 
 }  // namespace tandem::cuda
 

@@ -58,6 +58,7 @@ __device__ __forceinline__ float GroupSum(float v, int group_lanes) {
 // What the q/k norms and the gates need (LaunchGdnPrepare's arguments).
 struct GdnPrepareArgs {
   const float* ba;
+  int64_t ba_stride;  // floats from one token's ba row to the next
   const float* ssm_a;
   const float* dt_bias;
   float* g;
@@ -72,7 +73,7 @@ __device__ void GateRun(const GdnPrepareArgs& p, int64_t t0, int64_t n, int run)
   const int r = p.nv / p.nk;
   for (int i = threadIdx.x; i < run * p.nv; i += blockDim.x) {
     const int64_t t = t0 + i / p.nv;
-    if (t < n) GdnGate(p.ba, p.ssm_a, p.dt_bias, t, i % p.nv, r, p.nv, p.g, p.beta);
+    if (t < n) GdnGate(p.ba, p.ba_stride, p.ssm_a, p.dt_bias, t, i % p.nv, r, p.nv, p.g, p.beta);
   }
 }
 
@@ -93,11 +94,12 @@ __device__ __forceinline__ float4 NormQkSlice(float4 y, int c, const GdnPrepareA
 // tokens [x·kRunTokens, +kRunTokens), in the same order of operations as GdnConvKernel (the same
 // bits). Run 0 also reads the history (the inputs before the first token) and then overwrites it
 // with the last kk − 1 inputs: no other lane touches these channels' history, so no second kernel
-// is needed. kPrepare: the q/k norms of the results before they are stored, and the gates.
+// is needed. kPrepare: the q/k norms of the results before they are stored, and the gates. qkv's
+// token rows are qkv_stride floats apart (history and out: c_dim).
 template <int KK, bool kPrepare>
 __global__ void __launch_bounds__(kVecWarps * 32)
-GdnConvVecKernel(const float* __restrict__ qkv, float* history, const float* __restrict__ taps, int64_t n,
-                 int c_dim, float* __restrict__ out, GdnPrepareArgs p) {
+GdnConvVecKernel(const float* __restrict__ qkv, int64_t qkv_stride, float* history, const float* __restrict__ taps,
+                 int64_t n, int c_dim, float* __restrict__ out, GdnPrepareArgs p) {
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRunTokens;
   if (kPrepare && blockIdx.y == 0) {
     PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
@@ -131,7 +133,7 @@ GdnConvVecKernel(const float* __restrict__ qkv, float* history, const float* __r
   for (int i = 0; i < kSpan; ++i) {
     const int64_t j = t0 - (KK - 1) + i;
     x[i] = Zero4();
-    if (active && j < n) x[i] = j >= 0 ? Load4(qkv + j * c_dim + c) : Load4(history + (j + KK - 1) * c_dim + c);
+    if (active && j < n) x[i] = j >= 0 ? Load4(qkv + j * qkv_stride + c) : Load4(history + (j + KK - 1) * c_dim + c);
   }
   if (blockIdx.x == 0 && active) {
     // history[q] ← input q + n of (history, qkv): an old history row (x[q + n], when n < KK − 1)
@@ -146,7 +148,7 @@ GdnConvVecKernel(const float* __restrict__ qkv, float* history, const float* __r
           if (i == j) v = x[i];
         }
       } else {
-        v = Load4(qkv + (j - (KK - 1)) * c_dim + c);
+        v = Load4(qkv + (j - (KK - 1)) * qkv_stride + c);
       }
       Store4(history + static_cast<int64_t>(q) * c_dim + c, v);
     }
@@ -215,11 +217,11 @@ __device__ __forceinline__ uint2 PackF16x4Residual(float4& v) {
 
 // kF16 = 0: f32 rows into out. kF16 = 1 / 3: the rows of the output product's f16 input instead
 // (DenseGemm::F16Input: [f16(v)] or [hi | hi | lo] per token of nv·dv values, into out16), so that
-// no separate conversion pass reads the f32 rows back.
+// no separate conversion pass reads the f32 rows back. z's token rows are z_stride floats apart.
 template <int kRows, int kThreads, int kF16 = 0>
 __global__ void __launch_bounds__(kThreads)
-GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, const float* __restrict__ norm, float eps, int dv,
-                      int64_t rows, float* out, uint16_t* out16, int nv) {
+GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, int64_t z_stride, const float* __restrict__ norm,
+                      float eps, int dv, int64_t rows, float* out, uint16_t* out16, int nv) {
   const int lane = threadIdx.x & 31;
   const int group_lanes = dv / kLaneFloats;
   const int groups = 32 / group_lanes;  // rows per warp and step
@@ -234,7 +236,7 @@ GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, const float* 
   for (int s = 0; s < kRows; ++s) {
     const int64_t row = first + static_cast<int64_t>(s) * groups;
     ov[s] = row < rows ? Load4(o + row * dv + col) : Zero4();
-    zv[s] = row < rows ? Load4(z + row * dv + col) : Zero4();
+    zv[s] = row < rows ? Load4(z + (row / nv) * z_stride + (row % nv) * dv + col) : Zero4();
   }
 #pragma unroll
   for (int s = 0; s < kRows; ++s) {  // no early exit: the rows' shuffle chains overlap
@@ -265,8 +267,10 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // A head size the lane groups can hold: a power of two from 4 to 128.
 bool VecHeadDim(int dim) { return dim >= kLaneFloats && dim <= kWarpChannels && (dim & (dim - 1)) == 0; }
 
-bool ConvVecApplies(const float* qkv, const float* history, const float* taps, const GdnShape& d, const float* out) {
-  return d.c_dim() % kLaneFloats == 0 && Aligned16(qkv) && Aligned16(taps) && Aligned16(out) &&
+bool ConvVecApplies(const float* qkv, int64_t qkv_stride, const float* history, const float* taps, const GdnShape& d,
+                    const float* out) {
+  return d.c_dim() % kLaneFloats == 0 && qkv_stride % kLaneFloats == 0 && Aligned16(qkv) && Aligned16(taps) &&
+         Aligned16(out) &&
          (d.kk == 1 || Aligned16(history));
 }
 
@@ -275,60 +279,72 @@ unsigned Groups(int channels) {
 }
 
 template <bool kPrepare>
-cudaError_t LaunchConvVec(const float* qkv, float* history, const float* taps, int64_t n, const GdnShape& d, float* out,
-                          const GdnPrepareArgs& p, cudaStream_t stream) {
+cudaError_t LaunchConvVec(const float* qkv, int64_t qkv_stride, float* history, const float* taps, int64_t n,
+                          const GdnShape& d, float* out, const GdnPrepareArgs& p, cudaStream_t stream) {
   const int64_t runs = (n + kRunTokens - 1) / kRunTokens;
   if (runs > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(runs), (kPrepare ? 1 : 0) + Groups(d.c_dim()));
   const int c_dim = d.c_dim();
   switch (d.kk) {
-    case 1: return LaunchPdl(GdnConvVecKernel<1, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 2: return LaunchPdl(GdnConvVecKernel<2, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 3: return LaunchPdl(GdnConvVecKernel<3, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 4: return LaunchPdl(GdnConvVecKernel<4, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 5: return LaunchPdl(GdnConvVecKernel<5, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 6: return LaunchPdl(GdnConvVecKernel<6, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 7: return LaunchPdl(GdnConvVecKernel<7, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
-    case 8: return LaunchPdl(GdnConvVecKernel<8, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, history, taps, n, c_dim, out, p);
+    case 1: return LaunchPdl(GdnConvVecKernel<1, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 2: return LaunchPdl(GdnConvVecKernel<2, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 3: return LaunchPdl(GdnConvVecKernel<3, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 4: return LaunchPdl(GdnConvVecKernel<4, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 5: return LaunchPdl(GdnConvVecKernel<5, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 6: return LaunchPdl(GdnConvVecKernel<6, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 7: return LaunchPdl(GdnConvVecKernel<7, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
+    case 8: return LaunchPdl(GdnConvVecKernel<8, kPrepare>, grid, kVecWarps * 32, 0, stream, qkv, qkv_stride, history, taps, n, c_dim, out, p);
     default: return cudaErrorInvalidValue;
   }
 }
 
-GdnPrepareArgs PrepareArgs(const float* ba, const float* ssm_a, const float* dt_bias, const GdnShape& d, float* g,
-                           float* beta) {
-  return GdnPrepareArgs{ba, ssm_a, dt_bias, g, beta, d.nk, d.nv, d.dk, rsqrtf(static_cast<float>(d.dk))};
+GdnPrepareArgs PrepareArgs(const float* ba, int64_t ba_stride, const float* ssm_a, const float* dt_bias,
+                           const GdnShape& d, float* g, float* beta) {
+  return GdnPrepareArgs{ba, ba_stride, ssm_a, dt_bias, g, beta, d.nk, d.nv, d.dk, rsqrtf(static_cast<float>(d.dk))};
 }
+
+// The row strides as the kernels take them: 0 is the width; narrower than the width is refused (-1).
+int64_t Stride(int64_t stride, int64_t width) { return stride == 0 ? width : stride < width ? -1 : stride; }
 
 }  // namespace
 
 cudaError_t LaunchGdnConv(const float* qkv, float* history, const float* taps, int64_t n, const GdnShape& d, float* out,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, int64_t qkv_stride) {
   if (n <= 0) return cudaSuccess;
-  if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return cudaErrorInvalidValue;
-  if (!ConvVecApplies(qkv, history, taps, d, out)) return LaunchGdnConvGeneral(qkv, history, taps, n, d, out, stream);
-  return LaunchConvVec<false>(qkv, history, taps, n, d, out, GdnPrepareArgs{}, stream);
+  qkv_stride = Stride(qkv_stride, d.c_dim());
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || qkv_stride < 0) return cudaErrorInvalidValue;
+  if (!ConvVecApplies(qkv, qkv_stride, history, taps, d, out)) {
+    return LaunchGdnConvGeneral(qkv, history, taps, n, d, out, stream, qkv_stride);
+  }
+  return LaunchConvVec<false>(qkv, qkv_stride, history, taps, n, d, out, GdnPrepareArgs{}, stream);
 }
 
 cudaError_t LaunchGdnConvPrepare(const float* qkv, float* history, const float* taps, const float* ba,
                                  const float* ssm_a, const float* dt_bias, int64_t n, const GdnShape& d, float* out,
-                                 float* g, float* beta, cudaStream_t stream) {
+                                 float* g, float* beta, cudaStream_t stream, int64_t qkv_stride, int64_t ba_stride) {
   if (n <= 0) return cudaSuccess;
-  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || d.nk <= 0 || d.nv % d.nk != 0) return cudaErrorInvalidValue;
-  if (!ConvVecApplies(qkv, history, taps, d, out) || !VecHeadDim(d.dk)) {
-    if (cudaError_t e = LaunchGdnConv(qkv, history, taps, n, d, out, stream); e != cudaSuccess) return e;
-    return LaunchGdnPrepare(out, ba, ssm_a, dt_bias, n, d, g, beta, stream);
+  qkv_stride = Stride(qkv_stride, d.c_dim());
+  ba_stride = Stride(ba_stride, 2 * static_cast<int64_t>(d.nv));
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || d.nk <= 0 || d.nv % d.nk != 0 || qkv_stride < 0 || ba_stride < 0) {
+    return cudaErrorInvalidValue;
   }
-  return LaunchConvVec<true>(qkv, history, taps, n, d, out, PrepareArgs(ba, ssm_a, dt_bias, d, g, beta), stream);
+  if (!ConvVecApplies(qkv, qkv_stride, history, taps, d, out) || !VecHeadDim(d.dk)) {
+    if (cudaError_t e = LaunchGdnConv(qkv, history, taps, n, d, out, stream, qkv_stride); e != cudaSuccess) return e;
+    return LaunchGdnPrepare(out, ba, ssm_a, dt_bias, n, d, g, beta, stream, ba_stride);
+  }
+  return LaunchConvVec<true>(qkv, qkv_stride, history, taps, n, d, out,
+                             PrepareArgs(ba, ba_stride, ssm_a, dt_bias, d, g, beta), stream);
 }
 
 cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_a, const float* dt_bias, int64_t n,
-                             const GdnShape& d, float* g, float* beta, cudaStream_t stream) {
+                             const GdnShape& d, float* g, float* beta, cudaStream_t stream, int64_t ba_stride) {
   if (n <= 0) return cudaSuccess;
-  if (d.nk <= 0 || d.nv % d.nk != 0) return cudaErrorInvalidValue;
+  ba_stride = Stride(ba_stride, 2 * static_cast<int64_t>(d.nv));
+  if (d.nk <= 0 || d.nv % d.nk != 0 || ba_stride < 0) return cudaErrorInvalidValue;
   if (!VecHeadDim(d.dk) || d.c_dim() % kLaneFloats != 0 || !Aligned16(conv_out)) {
-    return LaunchGdnPrepareGeneral(conv_out, ba, ssm_a, dt_bias, n, d, g, beta, stream);
+    return LaunchGdnPrepareGeneral(conv_out, ba, ssm_a, dt_bias, n, d, g, beta, stream, ba_stride);
   }
-  const GdnPrepareArgs p = PrepareArgs(ba, ssm_a, dt_bias, d, g, beta);
+  const GdnPrepareArgs p = PrepareArgs(ba, ba_stride, ssm_a, dt_bias, d, g, beta);
   const unsigned rows = 1 + Groups(2 * d.nk * d.dk);
   if (n < kShortRunBelow) {
     return LaunchPdl(GdnNormQkVecKernel<1>, dim3(static_cast<unsigned>(n), rows), kVecWarps * 32, 0, stream, conv_out,
@@ -341,34 +357,41 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
 }
 
 cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm, float eps, int64_t n,
-                               const GdnShape& d, float* out, cudaStream_t stream) {
+                               const GdnShape& d, float* out, cudaStream_t stream, int64_t z_stride) {
   if (n <= 0) return cudaSuccess;
-  if (!VecHeadDim(d.dv) || !Aligned16(o) || !Aligned16(z) || !Aligned16(norm) || !Aligned16(out)) {
-    return LaunchGdnGatedNormGeneral(o, z, norm, eps, n, d, out, stream);
+  z_stride = Stride(z_stride, static_cast<int64_t>(d.nv) * d.dv);
+  if (z_stride < 0 || d.nv <= 0) return cudaErrorInvalidValue;
+  if (!VecHeadDim(d.dv) || !Aligned16(o) || !Aligned16(z) || z_stride % kLaneFloats != 0 || !Aligned16(norm) ||
+      !Aligned16(out)) {
+    return LaunchGdnGatedNormGeneral(o, z, norm, eps, n, d, out, stream, z_stride);
   }
   const int64_t rows = n * d.nv, rows_per_warp_step = 32 / (d.dv / kLaneFloats);
   if (rows < kGatedSmallRows) {
     const int64_t per_block = kGatedSmallThreads / 32 * rows_per_warp_step;
     return LaunchPdl(GdnGatedNormVecKernel<1, kGatedSmallThreads>, static_cast<unsigned>((rows + per_block - 1) / per_block),
-                     kGatedSmallThreads, 0, stream, o, z, norm, eps, d.dv, rows, out, static_cast<uint16_t*>(nullptr),
-                     1);
+                     kGatedSmallThreads, 0, stream, o, z, z_stride, norm, eps, d.dv, rows, out,
+                     static_cast<uint16_t*>(nullptr), d.nv);
   }
   const int64_t per_block = kGatedThreads / 32 * kGatedRows * rows_per_warp_step;
   const int64_t blocks = (rows + per_block - 1) / per_block;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads>, static_cast<unsigned>(blocks), kGatedThreads, 0,
-                   stream, o, z, norm, eps, d.dv, rows, out, static_cast<uint16_t*>(nullptr), 1);
+                   stream, o, z, z_stride, norm, eps, d.dv, rows, out, static_cast<uint16_t*>(nullptr), d.nv);
 }
 
 cudaError_t LaunchGdnGatedNormToF16(float* o, const float* z, const float* norm, float eps, int64_t n,
-                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream) {
+                                    const GdnShape& d, bool split, uint16_t* out16, cudaStream_t stream,
+                                    int64_t z_stride) {
   if (n <= 0) return cudaSuccess;
-  if (out16 == nullptr) return cudaErrorInvalidValue;
   const int64_t rows = n * d.nv, vw = static_cast<int64_t>(d.nv) * d.dv;
-  if (!VecHeadDim(d.dv) || !Aligned16(o) || !Aligned16(z) || !Aligned16(norm) ||
+  z_stride = Stride(z_stride, vw);
+  if (out16 == nullptr || z_stride < 0 || d.nv <= 0) return cudaErrorInvalidValue;
+  if (!VecHeadDim(d.dv) || !Aligned16(o) || !Aligned16(z) || z_stride % kLaneFloats != 0 || !Aligned16(norm) ||
       reinterpret_cast<uintptr_t>(out16) % 8 != 0) {
     // The general kernel in place, then the conversion of its rows.
-    if (cudaError_t e = LaunchGdnGatedNormGeneral(o, z, norm, eps, n, d, o, stream); e != cudaSuccess) return e;
+    if (cudaError_t e = LaunchGdnGatedNormGeneral(o, z, norm, eps, n, d, o, stream, z_stride); e != cudaSuccess) {
+      return e;
+    }
     return split ? LaunchF32ToF16SplitRows(o, n, vw, out16, stream) : LaunchF32ToF16(o, n * vw, out16, stream);
   }
   const int64_t per_block = kGatedThreads / 32 * kGatedRows * (32 / (d.dv / kLaneFloats));
@@ -376,10 +399,10 @@ cudaError_t LaunchGdnGatedNormToF16(float* o, const float* z, const float* norm,
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   if (split) {
     return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads, 3>, static_cast<unsigned>(blocks), kGatedThreads,
-                     0, stream, o, z, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
+                     0, stream, o, z, z_stride, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
   }
   return LaunchPdl(GdnGatedNormVecKernel<kGatedRows, kGatedThreads, 1>, static_cast<unsigned>(blocks), kGatedThreads, 0,
-                   stream, o, z, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
+                   stream, o, z, z_stride, norm, eps, d.dv, rows, static_cast<float*>(nullptr), out16, d.nv);
 }
 
 }  // namespace tandem::cuda

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,38 @@ std::atomic<bool>& FusedNormInputSwitch() {
 
 void SetFusedNormInput(bool on) { FusedNormInputSwitch().store(on, std::memory_order_relaxed); }
 bool FusedNormInput() { return FusedNormInputSwitch().load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<bool>& StackedProductsSwitch() {
+  static std::atomic<bool> on{!EnvSwitch("TANDEM_UNSTACKED_PRODUCTS")};
+  return on;
+}
+std::atomic<bool>& SplitF8Switch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GEMM_SPLIT_F8")};
+  return on;
+}
+}  // namespace
+
+void SetStackedProducts(bool on) { StackedProductsSwitch().store(on, std::memory_order_relaxed); }
+bool StackedProducts() { return StackedProductsSwitch().load(std::memory_order_relaxed); }
+void SetSplitF8(bool on) { SplitF8Switch().store(on, std::memory_order_relaxed); }
+bool SplitF8() { return SplitF8Switch().load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<int64_t>& SplitF8MinWeightsValue() {
+  static std::atomic<int64_t> weights{[] {
+    const char* v = std::getenv("TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS");
+    char* end = nullptr;
+    const long long parsed = v != nullptr ? std::strtoll(v, &end, 10) : 0;
+    return v != nullptr && end != v && *end == '\0' && parsed >= 0 ? static_cast<int64_t>(parsed)
+                                                                     : int64_t{2048} * 2048;
+  }()};
+  return weights;
+}
+}  // namespace
+
+void SetSplitF8MinWeights(int64_t weights) { SplitF8MinWeightsValue().store(weights, std::memory_order_relaxed); }
+int64_t SplitF8MinWeights() { return SplitF8MinWeightsValue().load(std::memory_order_relaxed); }
 
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -70,8 +103,18 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
       !s.ok()) {
     return s;
   }
-  if (options.mode != GemmMode::kExact && options.prepared_algo != GemmAlgo::kGemmEx) {
+  if (options.mode != GemmMode::kExact && (options.prepared_algo != GemmAlgo::kGemmEx || options.split_f8)) {
     if (absl::Status s = CublasStatus(cublasLtCreate(&g->lt_), "cublasLtCreate"); !s.ok()) return s;
+  }
+  if (options.mode != GemmMode::kExact && options.split_f8) {
+    absl::StatusOr<DeviceBuffer> st = DeviceBuffer::Allocate(256);
+    if (!st.ok()) return st.status();
+    g->f8_state_ = *std::move(st);
+    // The max |x| and its block counter start at 0; every conversion leaves them so.
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(g->f8_state_.get(), 0, 256));
+    absl::StatusOr<DeviceBuffer> x8 = DeviceBuffer::Allocate(static_cast<size_t>(options.max_n * options.max_cols * 2));
+    if (!x8.ok()) return x8.status();
+    g->x8_ = *std::move(x8);
   }
   // Exact mode must not let cuBLAS pick TF32 or other reduced-precision paths.
   const cublasMath_t math = options.mode == GemmMode::kExact ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
@@ -83,6 +126,7 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
 
 DenseGemm::~DenseGemm() {
   lt_plans_.clear();  // their descriptors before the handle
+  f8_plans_.clear();
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
@@ -174,6 +218,7 @@ int ScaleExponent(float max_abs) {
 
 int64_t DenseGemm::PreparedBytes(const DeviceMatrix& w, GemmMode mode, const DenseGemmOptions& options) {
   if (mode == GemmMode::kExact) return 0;
+  if (UsesF8(mode, w.rows, w.cols, options)) return F8CopyBytes(w.rows, w.cols);
   return w.rows * w.cols * 2 * PreparedCopies(mode, options);
 }
 
@@ -186,7 +231,7 @@ const DenseGemm::Prepared* DenseGemm::FindPrepared(const DeviceMatrix& w, GemmMo
       p.source.row_bytes != w.row_bytes) {
     return nullptr;
   }
-  if (mode == GemmMode::kFastSplit && p.copies < 2) return nullptr;
+  if (mode == GemmMode::kFastSplit && p.copies < 2 && !p.f8) return nullptr;
   return &p;
 }
 
@@ -213,11 +258,19 @@ absl::Status DenseGemm::Prepare(const DeviceMatrix& w, GemmMode mode, cudaStream
   p.source = w;
   p.copies = PreparedCopies(mode, options_);
   p.alpha = std::ldexp(1.0f, -e);
-  absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(PreparedBytes(w, mode, options_)));
-  if (!data.ok()) return data.status();
-  p.data = std::make_shared<DeviceBuffer>(*std::move(data));
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      LaunchDequantizeToF16Layout(w, p.copies, std::ldexp(1.0f, e), p.data->as<uint16_t>(), stream));
+  if (UsesF8(mode, w.rows, w.cols, options_)) {
+    const DeviceMatrix* parts[] = {&w};
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> copy = MakeF8Copy(parts, w.rows, e, *max_abs, stream);
+    if (!copy.ok()) return copy.status();
+    p.data = *std::move(copy);
+    SetF8Offsets(p, w.rows);
+  } else {
+    absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(PreparedBytes(w, mode, options_)));
+    if (!data.ok()) return data.status();
+    p.data = std::make_shared<DeviceBuffer>(*std::move(data));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        LaunchDequantizeToF16Layout(w, p.copies, std::ldexp(1.0f, e), p.data->as<uint16_t>(), stream));
+  }
   // Runs may come on other streams: the copy is complete before Prepare returns.
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   Erase(w.data);
@@ -280,10 +333,18 @@ absl::StatusOr<int64_t> DenseGemm::PrepareStack(std::span<const DeviceMatrix* co
   const int64_t stack_rows = (rows + 7) / 8 * 8;
   const int copies = PreparedCopies(mode, options_);
   const int e = ScaleExponent(max_abs);
-  absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(stack_rows * cols * 2 * copies));
-  if (!data.ok()) return data.status();
-  auto buffer = std::make_shared<DeviceBuffer>(*std::move(data));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->bytes(), stream));  // the padding rows
+  const bool f8 = UsesF8(mode, stack_rows, cols, options_);
+  std::shared_ptr<DeviceBuffer> buffer;
+  if (f8) {
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> copy = MakeF8Copy(parts, stack_rows, e, max_abs, stream);
+    if (!copy.ok()) return copy.status();
+    buffer = *std::move(copy);
+  } else {
+    absl::StatusOr<DeviceBuffer> data = DeviceBuffer::Allocate(static_cast<size_t>(stack_rows * cols * 2 * copies));
+    if (!data.ok()) return data.status();
+    buffer = std::make_shared<DeviceBuffer>(*std::move(data));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->bytes(), stream));  // the padding rows
+  }
   std::vector<Prepared> made;
   int64_t offset = 0;
   for (const DeviceMatrix* w : parts) {
@@ -295,8 +356,12 @@ absl::StatusOr<int64_t> DenseGemm::PrepareStack(std::span<const DeviceMatrix* co
     p.stack_first = parts[0]->data;
     p.copies = copies;
     p.alpha = std::ldexp(1.0f, -e);
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDequantizeToF16Layout(*w, copies, std::ldexp(1.0f, e),
-                                                            const_cast<uint16_t*>(p.weights()), stream));
+    if (f8) {
+      SetF8Offsets(p, stack_rows);  // MakeF8Copy wrote the rows
+    } else {
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchDequantizeToF16Layout(*w, copies, std::ldexp(1.0f, e),
+                                                              const_cast<uint16_t*>(p.weights()), stream));
+    }
     offset += w->rows;
     made.push_back(std::move(p));
   }
@@ -344,7 +409,8 @@ absl::StatusOr<DenseGemm::F16Input> DenseGemm::ConvertInput(const float* x, int6
                                                    " exceed the plan"));
   }
   uint16_t* x16 = x_f16_.as<uint16_t>();
-  // A fused kernel already left exactly these rows in the scratch (SetConverted).
+  // A fused kernel already left exactly these rows in the scratch (SetConverted). (In a split_f8
+  // plan, the F8 products derive their fp8 rows from the split rows when they first need them.)
   if (HoldsConverted(x, n, cols, mode)) return F16Input{x16, n, cols, mode};
   ForgetConverted();
   if (mode == GemmMode::kFast) {
@@ -378,6 +444,7 @@ absl::Status DenseGemm::RunStack(std::span<const DeviceMatrix* const> parts, con
 
 absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
                                cudaStream_t stream) {
+  if (p.f8 && in.mode == GemmMode::kFastSplit) return GemmF8(p, rows, in, y, ldy, stream);
   const int64_t cols = p.source.cols, n = in.n;
   const uint16_t* w16 = p.weights();
   const float beta0 = 0.0f, beta1 = 1.0f;

@@ -64,6 +64,30 @@ GemmAlgo GemmAlgoFromEnv();
 void SetFusedNormInput(bool on);
 bool FusedNormInput();
 
+// Whether the CUDA backend prepares the mixer's input products that read the same x as one stacked
+// copy each (GDN [qkv; z; ba], attention [k; v]: DenseGemm::PrepareStack) and runs each stack as one
+// GEMM in fast prefill steps (RunStack), the consumers reading the parts' strided rows. On unless
+// TANDEM_UNSTACKED_PRODUCTS=1 (separate copies, one product each, as before). Read when a backend
+// is created (its copies are made then): tests flip it before opening one.
+void SetStackedProducts(bool on);
+bool StackedProducts();
+// Whether DenseGemms created from now on (DenseGemmOptions::split_f8's default) run kFastSplit
+// products as one f16 product plus one fp8 correction product (gemm_f8_convert.cuh) instead of
+// the three f16 products. Off unless TANDEM_GEMM_SPLIT_F8=1 (read once); tests and benchmarks
+// flip it in one process before they create the DenseGemm (a plan keeps its choice).
+void SetSplitF8(bool on);
+bool SplitF8();
+// The fewest weights (rows · cols; a stack's rows for a stack) for which a split_f8 plan makes the
+// F8 copy; smaller matrices keep the three f16 products. Measured 2026-12-01 on the H200 (33fc51f,
+// prefill_stages_bench --glue, every shape in the F8 form): the fp8 pair wins 1.14-1.24x at 8192
+// tokens for the q3n-80b products of >= 2048 x 2048 weights (gdn qkv, z, out, attn q, o) and is
+// about even for them at 512, but loses 4-47% for every smaller one (router, attn k / v, gdn ba,
+// the shared expert's stack 1032 x 2048 and down 2048 x 512), where the second GEMM launch and
+// the conversion outweigh the arithmetic. TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS (read once), default
+// 2048 · 2048; the default of DenseGemmOptions::split_f8_min_weights made from now on.
+void SetSplitF8MinWeights(int64_t weights);
+int64_t SplitF8MinWeights();
+
 struct DenseGemmOptions {
   GemmMode mode = GemmMode::kFast;
   int64_t max_n = 8192;                   // most activation rows in one Run
@@ -75,6 +99,15 @@ struct DenseGemmOptions {
   // ([hi | lo]·[hi | hi], then hi·lo added onto the output).
   bool split_one_product = true;
   GemmAlgo prepared_algo = GemmAlgoFromEnv();  // products over prepared copies (see GemmAlgo)
+  // kFastSplit over prepared copies as hi·hi in f16 (K = cols, through prepared_algo) plus
+  // [x_lo8 | x_hi8]·[w_hi8 | w_lo8] in fp8 e4m3 (K = 2 · cols, cublasLt, f32 output): 4 bytes per
+  // weight ([hi] f16 rows and [hi8 | lo8] e4m3 rows), relative L2 ~1e-5 against f64 instead of
+  // ~1.3e-6 (one f16 product: ~3e-4), for matrices of at least split_f8_min_weights weights (and
+  // cols a multiple of 8); the others keep the three f16 products. The activations stay [hi | hi | lo]
+  // split rows (see F16Input); their fp8 rows go to a buffer of their own. Unprepared Runs stay
+  // tiled f16.
+  bool split_f8 = SplitF8();
+  int64_t split_f8_min_weights = SplitF8MinWeights();
 };
 
 class DenseGemm {
@@ -123,6 +156,11 @@ class DenseGemm {
   // rows of 3 · cols for kFastSplit): made once by ConvertInput for several products of the same
   // input, or written straight into input_scratch() by a fused kernel (LaunchSiluMulToF16Rows),
   // so that the f32 → f16 pass runs once instead of once per product.
+  // In a split_f8 plan, the kFastSplit rows an F8 product reads must lie in input_scratch(): the
+  // first F8 product over them derives their fp8 rows (gemm_f8_convert.cuh: the max |hi| and the
+  // fp8 rows, two launches, no host sync, the split rows untouched); later products of the same
+  // rows reuse them until the scratch is written again (input_scratch(), ConvertInput of other
+  // rows, SetConverted, ForgetConverted).
   struct F16Input {
     const uint16_t* data = nullptr;
     int64_t n = 0, cols = 0;
@@ -137,13 +175,20 @@ class DenseGemm {
     ForgetConverted();
     return x_f16_.as<uint16_t>();
   }
+  bool split_f8() const { return options_.split_f8; }
   // Says that input_scratch() now holds x (n × cols f32, unchanged since) converted for `mode`,
   // written by a fused kernel (LaunchInjectRmsNormF16): until the scratch is written again
   // (input_scratch(), a ConvertInput of anything else, a Run that converts, ForgetConverted),
   // ConvertInput of the same (x, n, cols, mode) returns it without a launch, and so do the Runs of
   // matrices prepared for `mode` over x. The caller calls ForgetConverted before x's values change.
-  void SetConverted(const float* x, int64_t n, int64_t cols, GemmMode mode) { converted_ = {x, n, cols, mode}; }
-  void ForgetConverted() { converted_ = {}; }
+  void SetConverted(const float* x, int64_t n, int64_t cols, GemmMode mode) {
+    converted_ = {x, n, cols, mode};
+    f8_rows_ = {};
+  }
+  void ForgetConverted() {
+    converted_ = {};
+    f8_rows_ = {};
+  }
   // Whether the scratch holds x converted for mode (tests).
   bool HoldsConverted(const float* x, int64_t n, int64_t cols, GemmMode mode) const {
     return x != nullptr && converted_.x == x && converted_.n == n && converted_.cols == cols && converted_.mode == mode;
@@ -171,6 +216,9 @@ class DenseGemm {
  private:
   // A prepared copy: `copies` f16 values per weight per row (1: [hi], 2: [hi | lo], 3: [hi | lo | hi]),
   // every value scaled by 1 / alpha. A part of a stack shares the stack's buffer from row_offset.
+  // An F8 copy (split_f8) has copies 1 (the hi rows of all rows_total + 16 rows) followed, from
+  // byte f8_offset, by as many rows of 2 · cols e4m3 values and, from byte scale_offset, the device
+  // float that cublasLt's A scale pointer reads (alpha / s_w).
   struct Prepared {
     DeviceMatrix source;
     std::shared_ptr<DeviceBuffer> data;
@@ -179,7 +227,11 @@ class DenseGemm {
     const void* stack_first = nullptr;  // data of the stack's first part
     int copies = 0;
     float alpha = 1.0f;
+    bool f8 = false;
+    int64_t f8_offset = 0, scale_offset = 0;
     const uint16_t* weights() const { return data->as<uint16_t>() + row_offset * copies * source.cols; }
+    const uint8_t* weights8() const { return data->as<uint8_t>() + f8_offset + row_offset * 2 * source.cols; }
+    const float* a_scale() const { return reinterpret_cast<const float*>(data->as<uint8_t>() + scale_offset); }
   };
 
   explicit DenseGemm(const DenseGemmOptions& options) : options_(options) {}
@@ -198,6 +250,28 @@ class DenseGemm {
   absl::Status RunPrepared(const Prepared& p, const float* x, int64_t n, float* y, cudaStream_t stream,
                            GemmMode mode);
   absl::StatusOr<float> MaxAbs(const DeviceMatrix& w, cudaStream_t stream);
+  // gemm_f8.cc. The F8 copy of parts (equal cols, stacked in order, total_rows >= their rows, the
+  // rest zero) under the prepared scale 2^e (max_abs: the parts' largest |w|); the caller fills the
+  // Prepared entries (copies 1, f8, the offsets below). Waits on stream.
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> MakeF8Copy(std::span<const DeviceMatrix* const> parts,
+                                                           int64_t total_rows, int e, float max_abs,
+                                                           cudaStream_t stream);
+  static void SetF8Offsets(Prepared& p, int64_t total_rows);
+  // Whether a kFastSplit copy takes the F8 form: split_f8, cols % 8 == 0 (fp8 GEMMs need K = 2 · cols
+  // and the strides in 16-byte multiples) and rows · cols >= split_f8_min_weights.
+  // (rows: the copy's rows, a stack's for a stack.)
+  static bool UsesF8(GemmMode mode, int64_t rows, int64_t cols, const DenseGemmOptions& options) {
+    return mode == GemmMode::kFastSplit && options.split_f8 && cols % 8 == 0 &&
+           rows * cols >= options.split_f8_min_weights;
+  }
+  // Bytes of an F8 copy of total_rows rows of cols: 16 more zero rows after each part (a padded
+  // fp8 product may read up to 15 rows past a part) and the A scale.
+  static int64_t F8CopyBytes(int64_t total_rows, int64_t cols) { return (total_rows + 16) * cols * 4 + 256; }
+  // Makes sure x8_ holds the fp8 rows of the split rows at data (the scratch; see F16Input).
+  absl::Status EnsureF8Rows(const uint16_t* data, int64_t n, int64_t cols, cudaStream_t stream);
+  // The F8 product: y (rows × n, ldy) = fp8 correction (beta 0), then + hi·hi (f16, beta 1).
+  absl::Status GemmF8(const Prepared& p, int64_t rows, const F16Input& in, float* y, int64_t ldy,
+                      cudaStream_t stream);
   void Erase(const void* data);  // drops w.data's entry (and its bytes once no part holds them)
   absl::Status RunTiled(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                         GemmMode mode);
@@ -218,9 +292,22 @@ class DenseGemm {
   };
   using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>;
   absl::StatusOr<const LtPlan*> FindLtPlan(const LtKey& key);
+  // The fp8 plan (e4m3 A and B, f32 D, B scale pointer set) for a key of the same form.
+  absl::StatusOr<const LtPlan*> FindF8Plan(const LtKey& key);
 
   DenseGemmOptions options_;
   Converted converted_;
+  // The split rows in the scratch whose fp8 rows x8_ holds (data nullptr: none).
+  struct F8Rows {
+    const uint16_t* data = nullptr;
+    int64_t n = 0, cols = 0;
+  };
+  F8Rows f8_rows_;
+  // split_f8: the activations' max |hi| bits and the conversion's block counter (unsigned, 0
+  // between calls), and from byte 16 the B scale (float) the fp8 product reads.
+  DeviceBuffer f8_state_;
+  DeviceBuffer x8_;  // split_f8: the activations' fp8 rows, max_n × 2 · max_cols bytes
+  std::map<LtKey, std::unique_ptr<LtPlan>> f8_plans_;
   cublasLtHandle_t lt_ = nullptr;
   std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;
   std::unordered_map<const void*, Prepared> prepared_;

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -32,13 +33,30 @@ __device__ __forceinline__ void StoreF16Values(uint16_t* N16, int64_t t, int64_t
   }
 }
 
+// The folded MMQ quantization (NormMmqOut, S = 1): the block's normed row r was staged in
+// shared memory by StageRow; after the barrier each warp quantizes 256-element groups of it with
+// LaunchMmqQuantize's body (lane l: elements 8l .. 8l + 7 of the group).
+__device__ __forceinline__ void QuantizeStagedRow(const float* row_smem, int64_t t, int64_t h, const NormMmqOut& q) {
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  const int groups = static_cast<int>(h / 256);
+  for (int g = static_cast<int>(threadIdx.x) >> 5; g < groups; g += warps) {
+    const float4 v0 = *reinterpret_cast<const float4*>(row_smem + g * 256 + lane * 8);
+    const float4 v1 = *reinterpret_cast<const float4*>(row_smem + g * 256 + lane * 8 + 4);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    mmq_quantize::QuantizeGroup(v, lane, t, g, static_cast<int>(h), q.hi, q.lo, q.scale, q.sumx);
+  }
+}
+
 // One block per (token, stream) row: optional inject, then the RMS norm. The second pass re-reads
 // the row the first pass wrote, from L1/L2 (a row is a few KiB). kCopies > 0: also the f16 rows of
 // StoreF16Values into N16 (and N may be nullptr: no f32 rows).
 template <int kCopies>
 __global__ void __launch_bounds__(kNormThreads)
 InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                    const float* gamma, float eps, float* N, uint16_t* N16) {
+                    const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
+  extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   __shared__ float scratch[32];
@@ -72,7 +90,9 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
                                  gg.w * (v.w * scale));
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
+    if (q.hi != nullptr) staged[i] = r;
   }
+  if (q.hi != nullptr) QuantizeStagedRow(reinterpret_cast<const float*>(staged), t, h, q);
 }
 
 // InjectRmsNormKernel with the row kept in registers between the sum of squares and the scaling
@@ -84,7 +104,8 @@ constexpr unsigned kGeneralInjectRows = 4096;
 template <int kVec, int kThreads, int kCopies>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                       const float* gamma, float eps, float* N, uint16_t* N16) {
+                       const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
+  extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
   const int64_t t = row / S, s = row % S;
@@ -133,7 +154,9 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
                                  gg[k].w * (v[k].w * scale));
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
+    if (q.hi != nullptr) staged[i] = r;
   }
+  if (q.hi != nullptr) QuantizeStagedRow(reinterpret_cast<const float*>(staged), t, h, q);
 }
 
 __global__ void StreamFoldKernel(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
@@ -183,17 +206,21 @@ unsigned Blocks(int64_t count, int threads) {
 
 namespace {
 
-// The dispatch of LaunchInjectRmsNorm(F16) for one output form (kCopies 0: f32 rows only).
+// The dispatch of LaunchInjectRmsNorm(F16) for one output form (kCopies 0: f32 rows only). q.hi
+// set: the row staged in `smem` bytes of shared memory for the folded quantization.
 template <int kCopies>
 cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
-                              const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream) {
-  return LaunchPdl(InjectRmsNormKernel<kCopies>, static_cast<unsigned>(n * S), kNormThreads, 0, stream, H, S, h, a, y,
-                   gamma, eps, N, N16);
+                              const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q, size_t smem,
+                              cudaStream_t stream) {
+  return LaunchPdl(InjectRmsNormKernel<kCopies>, static_cast<unsigned>(n * S), kNormThreads, smem, stream, H, S, h, a, y,
+                   gamma, eps, N, N16, q);
 }
 
 template <int kCopies>
 cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, const float* gamma,
-                       float eps, float* N, uint16_t* N16, cudaStream_t stream) {
+                       float eps, float* N, uint16_t* N16, cudaStream_t stream, const NormMmqOut* qp) {
+  const NormMmqOut q = qp != nullptr ? *qp : NormMmqOut{};
+  const size_t smem = q.hi != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
   // up to 4 vectors each (rows of up to 4096 floats).
   const int64_t h4 = h / 4;
@@ -201,24 +228,36 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   // Long prefill steps with the inject: the two-pass kernel measured ~3% faster at 8192 rows of h
   // 2048 (4.0 against 3.9 TB/s, both at the copy ceiling); the register kernel wins below.
   if (y != nullptr && rows >= kGeneralInjectRows) {
-    return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+    return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
   }
   if (h4 <= 128) {
-    return LaunchPdl(InjectRmsNormRegKernel<1, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+    return LaunchPdl(InjectRmsNormRegKernel<1, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
+                     q);
   }
   if (h4 <= 256) {
-    return LaunchPdl(InjectRmsNormRegKernel<2, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+    return LaunchPdl(InjectRmsNormRegKernel<2, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
+                     q);
   }
   if (h4 < 512) {
-    return LaunchPdl(InjectRmsNormRegKernel<4, 128, kCopies>, rows, 128, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+    return LaunchPdl(InjectRmsNormRegKernel<4, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
+                     q);
   }
   if (h4 <= 512) {
-    return LaunchPdl(InjectRmsNormRegKernel<2, 256, kCopies>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+    return LaunchPdl(InjectRmsNormRegKernel<2, 256, kCopies>, rows, 256, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
+                     q);
   }
   if (h4 <= 1024) {
-    return LaunchPdl(InjectRmsNormRegKernel<4, 256, kCopies>, rows, 256, 0, stream, H, S, h, a, y, gamma, eps, N, N16);
+    return LaunchPdl(InjectRmsNormRegKernel<4, 256, kCopies>, rows, 256, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
+                     q);
   }
-  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
+}
+
+// The folded quantization's conditions (NormMmqOut).
+bool NormMmqOk(int64_t S, int64_t h, const NormMmqOut* q) {
+  if (q == nullptr || q->hi == nullptr) return true;
+  return S == 1 && h % 256 == 0 && h <= 12288 && q->lo != nullptr && q->scale != nullptr && q->sumx != nullptr &&
+         reinterpret_cast<uintptr_t>(q->hi) % 8 == 0 && reinterpret_cast<uintptr_t>(q->lo) % 8 == 0;
 }
 
 bool NormShapeOk(int64_t n, int64_t S, int64_t h) { return S > 0 && h > 0 && h % 4 == 0 && n * S <= 0x7FFFFFFF; }
@@ -227,21 +266,21 @@ bool NormShapeOk(int64_t n, int64_t S, int64_t h) { return S > 0 && h > 0 && h %
 
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const NormMmqOut* q) {
   if (n <= 0) return cudaSuccess;
-  if (!NormShapeOk(n, S, h) || N == nullptr) return cudaErrorInvalidValue;
-  return LaunchNorm<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream);
+  if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q)) return cudaErrorInvalidValue;
+  return LaunchNorm<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream, q);
 }
 
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const NormMmqOut* q) {
   if (n <= 0) return cudaSuccess;
-  if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0) {
+  if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0 || !NormMmqOk(S, h, q)) {
     return cudaErrorInvalidValue;
   }
-  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
-  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, gamma, eps, N, N16, stream);
+  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, gamma, eps, N, N16, stream, q);
+  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, gamma, eps, N, N16, stream, q);
   return cudaErrorInvalidValue;
 }
 
@@ -250,7 +289,7 @@ cudaError_t LaunchInjectRmsNormGeneral(float* H, int64_t n, int64_t S, int64_t h
                                        cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!NormShapeOk(n, S, h) || N == nullptr) return cudaErrorInvalidValue;
-  return LaunchNormGeneral<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream);
+  return LaunchNormGeneral<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, NormMmqOut{}, 0, stream);
 }
 
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,

@@ -15,12 +15,25 @@
 
 namespace tandem::cuda {
 
+// Optional output of the plain norms below (S = 1): the normed rows also quantized as the MoE
+// experts' integer-MMA input (moe/expert_prefill_mmq.cuh MmqActivations, the planes of
+// LaunchMmqQuantize over N with K = h: hi/lo int8 [n][h], scale f32 [n][h / 256], sumx f32
+// [n][h / 32]), bit for bit what LaunchMmqQuantize over N leaves (the same device function,
+// moe/mmq_quantize.cuh), in the norm's launch instead of one more. Needs S = 1, h a multiple of
+// 256 and at most 12288 (the row is staged in shared memory), hi/lo 8-byte aligned.
+struct NormMmqOut {
+  int8_t* hi = nullptr;
+  int8_t* lo = nullptr;
+  float* scale = nullptr;
+  float* sumx = nullptr;
+};
+
 // If y is not nullptr, first H_s += a_s·y for every token and stream (a may be nullptr: a = 1);
 // then N_s = γ_s ⊙ ρ(H_s) with γ_s = gamma + s·h (gamma holds S·h values) for every token and
 // stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const NormMmqOut* q = nullptr);
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
@@ -31,7 +44,7 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
 // n·copies·S·h values. cudaErrorInvalidValue for another copies.
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const NormMmqOut* q = nullptr);
 
 // The same with a block of 256 threads per row that reads the row twice (any h): what
 // LaunchInjectRmsNorm runs past h = 4096 and for inject steps of 4096 rows or more, and the

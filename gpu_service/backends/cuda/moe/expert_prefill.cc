@@ -227,7 +227,8 @@ absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_row
 
 absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units,
                                                    int input_rows, int slots, int64_t experts, const float* x,
-                                                   float* partial, int* error, cudaStream_t stream) {
+                                                   float* partial, int* error, cudaStream_t stream,
+                                                   bool x_quantized) {
   if (units == nullptr || num_units == nullptr) {
     return absl::InvalidArgumentError("ExpertPrefillRunner: device plan without units or unit count");
   }
@@ -240,11 +241,20 @@ absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, cons
   b.num_units = num_units;
   b.scratch = device_plan_.as<int32_t>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchBuildPrefillTiles(b, stream));
-  return RunDeviceTiles(max_units, input_rows, slots, experts, x, partial, stream);
+  return RunDeviceTiles(max_units, input_rows, slots, experts, x, partial, stream, x_quantized);
+}
+
+std::optional<MmqActivations> ExpertPrefillRunner::MmqInputPlanes(int64_t input_rows, int64_t slots,
+                                                                  int64_t experts) const {
+  if (input_rows < 1 || input_rows > options_.max_input_rows || slots > max_slots_) return std::nullopt;
+  const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
+  if (!choice.has_value() || !IsMmqKernel(choice->kernel) || mmq_x_.get() == nullptr) return std::nullopt;
+  return MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, static_cast<int>(shape_.h));
 }
 
 absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts,
-                                                 const float* x, float* partial, cudaStream_t stream) {
+                                                 const float* x, float* partial, cudaStream_t stream,
+                                                 bool x_quantized) {
   absl::StatusOr<DeviceTiles> d = CheckDevicePlan(max_units, input_rows, slots, experts);
   if (!d.ok()) return d.status();
   if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
@@ -259,7 +269,9 @@ absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, 
   if (IsMmqKernel(choice->kernel)) {
     const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
     const MmqActivations aq = MmqActivationPlanes(mmq_act_q_.get(), max_slots_, I);
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(x, input_rows, h, xq, stream));
+    if (!x_quantized) {
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(x, input_rows, h, xq, stream));
+    }
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqGateUp(choice->kernel, T, tiles, max_tiles, xq, index_.as<int32_t>(), h, I,
                                                 mmq_act_.as<float>(), stream, tile_count));
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(mmq_act_.as<float>(), slots, I, aq, stream));

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
 
@@ -186,7 +187,7 @@ class ExpertPrefillRunner {
   // sizes beyond the runner's or a misaligned partial.
   absl::Status RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units, int input_rows,
                                 int slots, int64_t experts, const float* x, float* partial, int* error,
-                                cudaStream_t stream);
+                                cudaStream_t stream, bool x_quantized = false);
 
   // RunDevicePlanned in two halves, for a caller whose own kernel builds the tiles (the grid
   // route-plan kernel, route_plan_grid.cuh; the tile builder is then not launched): DeviceTilesTarget
@@ -196,8 +197,17 @@ class ExpertPrefillRunner {
   // The same errors as RunDevicePlanned.
   absl::Status DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts, int* error,
                                  DevicePrefillTilesArgs* target);
+  // x_quantized: the integer-MMA kernels' quantized x (MmqInputPlanes) was already written by the
+  // caller (the stream norm's folded quantization), so the call does not quantize x again; no
+  // effect on the f16 kernels.
   absl::Status RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts, const float* x,
-                              float* partial, cudaStream_t stream);
+                              float* partial, cudaStream_t stream, bool x_quantized = false);
+
+  // Where a device-planned call of these sizes quantizes x for the integer-MMA kernels (the planes
+  // of max_input_rows rows of h, LaunchMmqQuantize's), or nullopt when its choice is not such a
+  // kernel or input_rows is beyond this runner's: a caller that writes the first input_rows rows
+  // of them itself passes x_quantized.
+  std::optional<MmqActivations> MmqInputPlanes(int64_t input_rows, int64_t slots, int64_t experts) const;
 
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.

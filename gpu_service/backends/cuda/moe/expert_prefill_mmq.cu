@@ -34,6 +34,8 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_device.cuh"
+#include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
+#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -385,8 +387,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   CpAsyncWait<0>();
 }
 
-// One warp per 256 elements of a row: 8 per lane, sub-block j = lane / 4.
+// One warp per 256 elements of a row: 8 per lane, sub-block j = lane / 4 (mmq_quantize.cuh, the
+// body the stream norm's folded quantization runs too). Launched with PDL (the wait first).
 __global__ void QuantizeKernel(const float* __restrict__ x, int64_t rows, int K, MmqActivations q) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int KB = K / 256;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -397,30 +402,7 @@ __global__ void QuantizeKernel(const float* __restrict__ x, int64_t rows, int K,
   const float4 v0 = *reinterpret_cast<const float4*>(x + base);
   const float4 v1 = *reinterpret_cast<const float4*>(x + base + 4);
   const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-  float amax = 0.0f, sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    amax = fmaxf(amax, fabsf(v[i]));
-    sum += v[i];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  uint32_t hw[2] = {0, 0}, lw[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float y = v[i] * inv;
-    const float hi = fminf(fmaxf(rintf(y), -127.0f), 127.0f);
-    const float lo = fminf(fmaxf(rintf((y - hi) * 64.0f), -127.0f), 127.0f);
-    hw[i >> 2] |= (static_cast<uint32_t>(static_cast<int>(hi)) & 0xFFu) << (8 * (i & 3));
-    lw[i >> 2] |= (static_cast<uint32_t>(static_cast<int>(lo)) & 0xFFu) << (8 * (i & 3));
-  }
-  *reinterpret_cast<uint2*>(q.hi + base) = make_uint2(hw[0], hw[1]);
-  *reinterpret_cast<uint2*>(q.lo + base) = make_uint2(lw[0], lw[1]);
-  if ((lane & 3) == 0) q.sumx[row * (K / 32) + sb * 8 + lane / 4] = sum;
-  if (lane == 0) q.scale[row * KB + sb] = amax / 127.0f;
+  mmq_quantize::QuantizeGroup(v, lane, row, sb, K, q.hi, q.lo, q.scale, q.sumx);
 }
 
 template <bool kGateUp, int kNB, int kWarps, int kStages, int kMode, bool kTf32Min = true>
@@ -511,8 +493,12 @@ cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivation
   if (rows <= 0) return cudaSuccess;
   if (K <= 0 || K % 256 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t warps = rows * (K / 256);
-  prefill_mmq::QuantizeKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, K, q);
-  return cudaGetLastError();
+  // The old path (TANDEM_OLD_MOE_GLUE=1) launches as before, without PDL.
+  if (OldMoeGlue()) {
+    prefill_mmq::QuantizeKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, K, q);
+    return cudaGetLastError();
+  }
+  return LaunchPdl(prefill_mmq::QuantizeKernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, stream, x, rows, K, q);
 }
 
 cudaError_t LaunchMmqGateUp(PrefillKernel kernel, int tile_rows, const PrefillTile* tiles, int num_tiles,

@@ -19,6 +19,20 @@ cudaError_t LaunchMoeScatterSum(const float* partial, const int32_t* slot, const
                                 int h, const float* shared, const float* shared_gate_logit, float* y,
                                 cudaStream_t stream);
 
+// LaunchMoeScatterSum runs a vector kernel (four columns per thread, a token's partial rows
+// loaded together) when h is a multiple of 4 and partial, shared and y are 16-byte aligned, else
+// the per-element kernel; both give the same bits. TANDEM_OLD_MOE_GLUE=1 (read once; OldMoeGlue)
+// keeps the per-element kernel, and the MoE stage's other pre-glue paths (the x quantization in
+// its own launch, launched without PDL, as is the activations'), for an A/B. SetOldMoeGlue: the
+// same from a benchmark, between steps (gpu_backend_bench --prefill-plans oldglue).
+bool OldMoeGlue();
+void SetOldMoeGlue(bool on);
+
+// The per-element kernel alone, any h (the baseline for tests and benchmarks).
+cudaError_t LaunchMoeScatterSumPerElement(const float* partial, const int32_t* slot, const float* weights, int n,
+                                          int K, int h, const float* shared, const float* shared_gate_logit, float* y,
+                                          cudaStream_t stream);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_MOE_SCATTER_CUH_
