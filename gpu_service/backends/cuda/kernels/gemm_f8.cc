@@ -190,27 +190,9 @@ absl::StatusOr<const DenseGemm::LtPlan*> DenseGemm::FindF8Plan(const LtKey& key)
               ok(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
                                             ldd));
   if (!made) return absl::InternalError("DenseGemm: cublasLt fp8 descriptors could not be made");
-  cublasLtMatmulPreference_t pref = nullptr;
-  if (absl::Status s = CublasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); !s.ok()) {
-    return s;
-  }
-  const size_t ws = static_cast<size_t>(options_.workspace_bytes);
   cublasLtMatmulHeuristicResult_t results[8];
   int found = 0;
-  cublasStatus_t hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                           sizeof(ws));
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
-  for (const auto& [attr, value] : aligns) {
-    if (hs == CUBLAS_STATUS_SUCCESS) hs = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
-  }
-  if (hs == CUBLAS_STATUS_SUCCESS) {
-    hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->a, plan->b, plan->d, plan->d, pref, 8, results, &found);
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t hs = LtHeuristic(*plan, align_a, align_b, align_d, 8, results, &found);
   if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found <= 0)) {
     f8_plans_.emplace(key, nullptr);
     return nullptr;

@@ -469,6 +469,30 @@ absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& 
   return gemm(w16, lda, cols, in.data + 2 * cols, 3 * cols, &beta1);
 }
 
+cublasStatus_t DenseGemm::LtHeuristic(const LtPlan& plan, uint32_t align_a, uint32_t align_b, uint32_t align_d,
+                                      int want, cublasLtMatmulHeuristicResult_t* results, int* found) const {
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasStatus_t hs = cublasLtMatmulPreferenceCreate(&pref);
+  if (hs != CUBLAS_STATUS_SUCCESS) return hs;
+  const size_t ws = static_cast<size_t>(options_.workspace_bytes);
+  hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // Only algorithms that work with the pointers' real alignment (a part of a stack, the lo third
+  // of split rows may start off a 256-byte boundary).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attr, value] : aligns) {
+    if (hs == CUBLAS_STATUS_SUCCESS) hs = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+  }
+  if (hs == CUBLAS_STATUS_SUCCESS) {
+    hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.d, plan.d, pref, want, results, found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  return hs;
+}
+
 absl::StatusOr<const DenseGemm::LtPlan*> DenseGemm::FindLtPlan(const LtKey& key) {
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return it->second.get();
   if (lt_ == nullptr) return absl::FailedPreconditionError("DenseGemm: no cublasLt handle (prepared_algo is kGemmEx)");
@@ -489,31 +513,11 @@ absl::StatusOr<const DenseGemm::LtPlan*> DenseGemm::FindLtPlan(const LtKey& key)
               ok(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
                                             ldd));
   if (!made) return absl::InternalError("DenseGemm: cublasLt descriptors could not be made");
-  cublasLtMatmulPreference_t pref = nullptr;
-  if (absl::Status s = CublasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); !s.ok()) {
-    return s;
-  }
-  const size_t ws = static_cast<size_t>(options_.workspace_bytes);
   cublasLtMatmulHeuristicResult_t results[16];
   int found = 0;
-  cublasStatus_t hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                           sizeof(ws));
-  // Only algorithms that work with the pointers' real alignment (a part of a stack, the lo third
-  // of split rows may start off a 256-byte boundary).
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
-  for (const auto& [attr, value] : aligns) {
-    if (hs == CUBLAS_STATUS_SUCCESS) hs = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
-  }
-  if (hs == CUBLAS_STATUS_SUCCESS) {
-    // The result would be used with beta 0 or 1; beta does not enter the heuristic's query, the
-    // key keeps the two apart anyway (an in-place reduction would differ).
-    hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->a, plan->b, plan->d, plan->d, pref, 16, results, &found);
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
+  // The result would be used with beta 0 or 1; beta does not enter the heuristic's query, the key
+  // keeps the two apart anyway (an in-place reduction would differ).
+  const cublasStatus_t hs = LtHeuristic(*plan, align_a, align_b, align_d, 16, results, &found);
   if (absl::Status s = CublasStatus(hs, "cublasLtMatmulAlgoGetHeuristic"); !s.ok()) return s;
   if (found <= 0) return absl::InternalError(absl::StrCat("DenseGemm: cublasLt offers no algorithm for m=", m, " n=", n,
                                                           " k=", k));

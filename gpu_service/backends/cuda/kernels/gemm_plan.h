@@ -292,6 +292,10 @@ class DenseGemm {
   };
   using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>;
   absl::StatusOr<const LtPlan*> FindLtPlan(const LtKey& key);
+  // cublasLt's heuristic for plan's descriptors (the plan's workspace and the pointers' alignments
+  // in bytes): up to `want` results, *found of them filled. Shared by FindLtPlan and FindF8Plan.
+  cublasStatus_t LtHeuristic(const LtPlan& plan, uint32_t align_a, uint32_t align_b, uint32_t align_d, int want,
+                             cublasLtMatmulHeuristicResult_t* results, int* found) const;
   // The fp8 plan (e4m3 A and B, f32 D, B scale pointer set) for a key of the same form.
   absl::StatusOr<const LtPlan*> FindF8Plan(const LtKey& key);
 
