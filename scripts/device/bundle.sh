@@ -13,7 +13,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_ENABLE_CUDA=
 # Only what the device run needs (a full build of every CPU test is not needed there).
 targets=${TARGETS:-tandem tandem-host-worker tandem-gpu-service gpu_kernels_test gpu_moe_kernels_test gpu_backend_test
   service_integration_test gpu_kernels_bench gpu_moe_bench gpu_backend_profile gpu_backend_bench attention_bench
-  gdn_bench expert_prefill_bench prefill_stages_bench}
+  gdn_bench expert_prefill_bench prefill_stages_bench gpu_backend_timeline}
 cmake --build "$build" -j "$(nproc)" --target $targets
 out=${BUNDLE_DIR:-.device-bundle}  # a helper building its own bundle names another folder
 rm -rf "$out"
@@ -25,7 +25,7 @@ for f in "$build"/gpu_service/tandem "$build"/gpu_service/tandem-gpu-service \
 done
 for t in $targets; do
   case "$t" in
-    *_test|*_bench|*_profile) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;;
+    *_test|*_bench|*_profile|*_timeline) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;;
   esac
 done
 git rev-parse --short HEAD >"$out/COMMIT"
