@@ -187,9 +187,11 @@ int Run(const Args& a) {
   CudaBackend& b = **opened;
   const ModelConfig& c = b.config();
   const ModelBytes mb = CountModelBytes(**file, c);
-  printf("model: %s, %lld layers, E %lld K %lld; weights on the GPU %.2f GB, state+scratch %.2f GB; opened in %.1f s\n",
+  printf("model: %s, %lld layers, E %lld K %lld; weights on the GPU %.2f GB (and their prefill copies %.2f GB), "
+         "state+scratch %.2f GB; opened in %.1f s\n",
          c.name.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.moe.E),
-         static_cast<long long>(c.moe.K), b.weight_bytes() / 1e9, b.state_bytes() / 1e9, Seconds(t_open));
+         static_cast<long long>(c.moe.K), b.weight_bytes() / 1e9, b.prepared_weight_bytes() / 1e9,
+         b.state_bytes() / 1e9, Seconds(t_open));
   printf("mode: %s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
          a.pdl ? "" : ", PDL off");
   if (a.l2_prefetch >= 0) printf("l2 prefetch: %d\n", a.l2_prefetch);

@@ -33,7 +33,12 @@ uint64_t CudaBackend::parameter_count() const {
   return total;
 }
 uint64_t CudaBackend::weight_bytes() const { return impl_->dm->bytes; }
-uint64_t CudaBackend::state_bytes() const { return impl_->arena->capacity(); }
+uint64_t CudaBackend::state_bytes() const {
+  return impl_->arena->capacity() + impl_->shared_gu.bytes() + impl_->mixer_rows.bytes();
+}
+uint64_t CudaBackend::prepared_weight_bytes() const {
+  return impl_->gemm != nullptr ? static_cast<uint64_t>(impl_->gemm->prepared_bytes()) : 0;
+}
 int64_t CudaBackend::stacked_mixer_rows() const { return impl_->mixer_stack_rows; }
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
 std::string CudaDeviceUnavailableReason() {

@@ -108,9 +108,12 @@ class CudaBackend : public Backend {
   void set_profile(bool on);
   // The last step's stage line ("tokens=... total=... ms io=... head=..."), empty without profile.
   std::string last_profile() const;
-  // Device bytes held for weights, and for state and scratch.
+  // Device bytes held for the model's weights; for state and scratch (the arena, and the stacked
+  // products' row buffers beside it); for the dense weights' f16 (and fp8) copies that fast
+  // prefill multiplies (DenseGemm::prepared_bytes; 0 in exact mode).
   uint64_t weight_bytes() const;
   uint64_t state_bytes() const;
+  uint64_t prepared_weight_bytes() const;
   // Decode-step graphs captured and replayed so far.
   int64_t graph_captures() const;
   int64_t graph_replays() const;
