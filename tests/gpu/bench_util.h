@@ -132,6 +132,18 @@ inline void* RandomDevice(size_t bytes, uint64_t seed, uint64_t mask = ~0ull) {
   return d;
 }
 
+// Device Q8_0 rows (rows × cols / 32 blocks of 34 bytes) of random quants whose f16 block scales
+// are kept small and finite (bits of the scale's high byte masked), so products stay in range.
+inline void* RandomQ8_0Device(int64_t rows, int64_t cols, uint64_t seed) {
+  const size_t bytes = static_cast<size_t>(rows * (cols / 32 * 34));
+  void* w = RandomDevice(bytes, seed);
+  std::vector<uint8_t> host(bytes);
+  BENCH_CHECK(cudaMemcpy(host.data(), w, bytes, cudaMemcpyDeviceToHost));
+  for (size_t b = 0; b < bytes; b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
+  BENCH_CHECK(cudaMemcpy(w, host.data(), bytes, cudaMemcpyHostToDevice));
+  return w;
+}
+
 // The stream a benchmark's launches go to: GraphUs points it at its capturing stream while it
 // records the launches, otherwise it is the default stream (nullptr).
 inline cudaStream_t& LaunchStream() {

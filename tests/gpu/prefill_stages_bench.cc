@@ -26,6 +26,7 @@ namespace tandem::cuda {
 namespace {
 
 using bench::RandomDevice;
+using bench::RandomQ8_0Device;
 using bench::RandomFloats;
 using bench::Report;
 
@@ -144,14 +145,9 @@ void BenchPrefillStages() {
   auto new_g = make_gemm();
   std::vector<void*> owned;
   auto q8 = [&](int64_t cols, int64_t rows, uint64_t seed) {
-    const int64_t row_bytes = cols / 32 * 34;
-    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
-    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
-    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
-    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
-    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    void* w = RandomQ8_0Device(rows, cols, seed);
     owned.push_back(w);
-    return DeviceMatrix{kTypeQ8_0, w, cols, rows, row_bytes};
+    return DeviceMatrix{kTypeQ8_0, w, cols, rows, cols / 32 * 34};
   };
   const DeviceMatrix qkv = q8(2048, 8192, 71), z = q8(2048, 4096, 72), ba = q8(2048, 64, 73);
   const DeviceMatrix ssm_out = q8(4096, 2048, 74);
@@ -316,14 +312,9 @@ void BenchGlue() {
   const int64_t max_n = 8192, h = 2048;
   std::vector<void*> owned;
   auto q8 = [&](int64_t cols, int64_t rows, uint64_t seed) {
-    const int64_t row_bytes = cols / 32 * 34;
-    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
-    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
-    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
-    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
-    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    void* w = RandomQ8_0Device(rows, cols, seed);
     owned.push_back(w);
-    return DeviceMatrix{kTypeQ8_0, w, cols, rows, row_bytes};
+    return DeviceMatrix{kTypeQ8_0, w, cols, rows, cols / 32 * 34};
   };
   struct Product {
     const char* name;
@@ -454,14 +445,9 @@ void BenchStacks() {
   const int64_t max_n = 8192, h = 2048;
   std::vector<void*> owned;
   auto q8 = [&](int64_t rows, uint64_t seed) {
-    const int64_t row_bytes = h / 32 * 34;
-    void* w = RandomDevice(static_cast<size_t>(rows * row_bytes), seed);
-    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
-    BENCH_CHECK(cudaMemcpy(host.data(), w, host.size(), cudaMemcpyDeviceToHost));
-    for (size_t b = 0; b < host.size(); b += 34) host[b + 1] &= 0x1B;  // small finite f16 scales
-    BENCH_CHECK(cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice));
+    void* w = RandomQ8_0Device(rows, h, seed);
     owned.push_back(w);
-    return DeviceMatrix{kTypeQ8_0, w, h, rows, row_bytes};
+    return DeviceMatrix{kTypeQ8_0, w, h, rows, h / 32 * 34};
   };
   // Two copies of each matrix (different data pointers): one prepared alone, one in the stack.
   struct Group {
