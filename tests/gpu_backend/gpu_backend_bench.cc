@@ -35,6 +35,7 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
+#include "tests/gpu_backend/bench_args.h"
 #include "tests/gpu_backend/bench_ceilings.h"
 
 namespace tandem {
@@ -64,15 +65,6 @@ struct Args {
 };
 
 // A flag with two values: out = (v == yes); false (after saying so) for anything else.
-bool ParseChoice(const std::string& flag, const std::string& v, const char* yes, const char* no, bool& out) {
-  if (v != yes && v != no) {
-    fprintf(stderr, "%s: '%s' is not %s or %s\n", flag.c_str(), v.c_str(), yes, no);
-    return false;
-  }
-  out = v == yes;
-  return true;
-}
-
 bool ParseInts(const std::string& v, std::vector<int>& out) {
   out.clear();
   for (absl::string_view p : absl::StrSplit(v, ',')) {
@@ -379,13 +371,7 @@ int main(int argc, char** argv) {
   tandem::Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "%s needs a value\n", arg.c_str());
-        exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return tandem::NextArgValue(argc, argv, i, arg); };
     if (arg == "--model") {
       a.model = value();
     } else if (arg == "--mode") {

@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "tests/gpu_backend/backend_test_util.h"
+#include "tests/gpu_backend/bench_args.h"
 #include "tests/timeline/timeline_analysis.h"
 
 namespace tandem {
@@ -510,15 +511,6 @@ int Run(const Args& a) {
   return 0;
 }
 
-bool ParseOnOff(const std::string& flag, const std::string& v, bool& out) {
-  if (v != "on" && v != "off") {
-    fprintf(stderr, "%s: '%s' is not on or off\n", flag.c_str(), v.c_str());
-    return false;
-  }
-  out = v == "on";
-  return true;
-}
-
 }  // namespace
 }  // namespace tandem
 
@@ -527,13 +519,7 @@ int main(int argc, char** argv) {
   tandem::Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "%s needs a value\n", arg.c_str());
-        exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return tandem::NextArgValue(argc, argv, i, arg); };
     auto number = [&](int& out, int min) {
       const std::string v = value();
       if (!absl::SimpleAtoi(v, &out) || out < min) {
@@ -560,16 +546,11 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (arg == "--pdl") {
-      if (!tandem::ParseOnOff(arg, value(), a.pdl)) return 2;
+      if (!tandem::ParseChoice(arg, value(), "on", "off", a.pdl)) return 2;
     } else if (arg == "--edges") {
-      if (!tandem::ParseOnOff(arg, value(), a.edges)) return 2;
+      if (!tandem::ParseChoice(arg, value(), "on", "off", a.edges)) return 2;
     } else if (arg == "--trace-from") {
-      const std::string v = value();
-      if (v != "warm" && v != "open") {
-        fprintf(stderr, "--trace-from: '%s' is not warm or open\n", v.c_str());
-        return 2;
-      }
-      a.trace_from_open = v == "open";
+      if (!tandem::ParseChoice(arg, value(), "open", "warm", a.trace_from_open)) return 2;
     } else {
       fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;
