@@ -516,7 +516,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   // A plain read's norm also quantizes x for the MoE's integer-MMA experts when the stage would
   // (MoeStage::MmqInput; not with TANDEM_OLD_MOE_GLUE=1): one launch fewer a layer.
   std::optional<cuda::MmqActivations> mmq_x;
-  if (!w.ffn_read.down.present() && c->h % 256 == 0 && c->h <= 12288) mmq_x = moe->MmqInput(layer, T, *experts);
+  if (!w.ffn_read.down.present() && cuda::NormMmqFits(c->h)) mmq_x = moe->MmqInput(layer, T, *experts);
   cuda::NormMmqOut xq;
   if (mmq_x.has_value()) xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
   if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), mmq_x.has_value() ? &xq : nullptr);

@@ -256,7 +256,7 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
 // The folded quantization's conditions (NormMmqOut).
 bool NormMmqOk(int64_t S, int64_t h, const NormMmqOut* q) {
   if (q == nullptr || q->hi == nullptr) return true;
-  return S == 1 && h % 256 == 0 && h <= 12288 && q->lo != nullptr && q->scale != nullptr && q->sumx != nullptr &&
+  return S == 1 && NormMmqFits(h) && q->lo != nullptr && q->scale != nullptr && q->sumx != nullptr &&
          reinterpret_cast<uintptr_t>(q->hi) % 8 == 0 && reinterpret_cast<uintptr_t>(q->lo) % 8 == 0;
 }
 

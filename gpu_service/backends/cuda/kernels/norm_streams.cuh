@@ -28,6 +28,10 @@ struct NormMmqOut {
   float* sumx = nullptr;
 };
 
+// Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
+// the staged row's shared memory); callers ask before they plan the quantized planes.
+inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
+
 // If y is not nullptr, first H_s += a_s·y for every token and stream (a may be nullptr: a = 1);
 // then N_s = γ_s ⊙ ρ(H_s) with γ_s = gamma + s·h (gamma holds S·h values) for every token and
 // stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
