@@ -234,7 +234,17 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   absl::StatusOr<int64_t> stride = int64_t{0};
   if (!overlap && !decode) stride = MixerStacked(w, T, {});
   if (!stride.ok()) return stride.status();
-  if (overlap) {
+  // Decode: ba first on the side stream and a join right after it, z after that join and a second
+  // join before the gated norm, the only reader of z; so the gates and the recurrence wait for the
+  // small ba product, not for z (4096 rows). The CUPTI timeline of graph-replayed batch-1 steps
+  // (H200, 2026-12-01) had the gates start ~3.5 us after the conv ended, waiting for z then ba.
+  const bool ba_first = overlap && decode && !cuda::OldGdnDecodeOrder();
+  if (ba_first) {
+    if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Join(); !s.ok()) return s;  // ba only: recorded before z is enqueued
+    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
+  } else if (overlap) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
@@ -259,7 +269,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
         !s.ok()) {
       return s;
     }
-    if (overlap) {
+    if (overlap && !ba_first) {
       if (absl::Status s = Join(); !s.ok()) return s;
     }
     if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
@@ -304,6 +314,9 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
                !s.ok()) {
       return s;
     }
+  }
+  if (ba_first) {
+    if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
   const cuda::GemmMode mode = gemm->mode();
   if (T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode)) {

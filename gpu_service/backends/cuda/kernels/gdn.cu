@@ -1,9 +1,11 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -312,5 +314,15 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
   return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, z_stride, d.nv, norm, eps,
                    d.dv, out);
 }
+
+namespace {
+std::atomic<bool>& OldGdnDecodeOrderSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_DECODE_ORDER")};
+  return old;
+}
+}  // namespace
+
+bool OldGdnDecodeOrder() { return OldGdnDecodeOrderSwitch().load(std::memory_order_relaxed); }
+void SetOldGdnDecodeOrder(bool on) { OldGdnDecodeOrderSwitch().store(on, std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

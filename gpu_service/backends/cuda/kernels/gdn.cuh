@@ -127,6 +127,13 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
                                       int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
                                       int64_t z_stride = 0);
 
+// Decode's order of the side stream's GDN products (backend/layer_loop.cc RunGdn): ba, then z
+// after a join that the gates wait on (the default), or z then ba under one join
+// (TANDEM_OLD_GDN_DECODE_ORDER=1 or SetOldGdnDecodeOrder(true), for an A/B). Read when a step is
+// enqueued: decode graphs keep the order they were captured with.
+bool OldGdnDecodeOrder();
+void SetOldGdnDecodeOrder(bool on);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_CUH_
