@@ -61,10 +61,9 @@ std::vector<float> DecodeLogits(const std::string& path, CudaMode mode, int batc
   return out;
 }
 
-// Runs DecodeLogits with `set(false)` and with `set(true)` (restoring `set(was)` after) and
-// expects the same bits.
-void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, bool was,
-                                   const std::function<void(bool)>& set) {
+// Runs DecodeLogits with `set(false)` and with `set(true)` and expects the same bits (the caller
+// restores the switch).
+void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, const std::function<void(bool)>& set) {
   absl::StatusOr<std::string> path = PresetModel(preset);
   ASSERT_TRUE(path.ok()) << path.status();
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
@@ -73,7 +72,6 @@ void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, 
       for (int on = 0; on < 2; ++on) {
         set(on == 1);
         logits[on] = DecodeLogits(*path, mode, batch, 6);
-        set(was);
       }
       ASSERT_EQ(logits[0].size(), logits[1].size());
       ASSERT_FALSE(logits[0].empty());
@@ -87,12 +85,19 @@ void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, 
 
 class DecodeScheduleTest : public ::testing::TestWithParam<std::string> {};
 
-// GDN layers: ba on the side stream first with its own join, z after it (the default), against z
-// then ba under one join (TANDEM_OLD_GDN_DECODE_ORDER).
-TEST_P(DecodeScheduleTest, GdnBaFirstGivesTheOldOrdersLogits) {
+// GDN layers: ba first on the side stream with the gates waiting for it alone, z after it or after
+// qkv (cuda::GdnDecodeOrder kBaZ, kBaQkvZ), against z then ba under one join (kZBa).
+TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  ExpectScheduleChangesNoLogits(GetParam(), "old vs new GDN side-stream order", cuda::OldGdnDecodeOrder(),
-                                cuda::SetOldGdnDecodeOrder);
+  const cuda::GdnDecodeOrder was = cuda::GetGdnDecodeOrder();
+  for (cuda::GdnDecodeOrder order : {cuda::GdnDecodeOrder::kBaZ, cuda::GdnDecodeOrder::kBaQkvZ}) {
+    ExpectScheduleChangesNoLogits(GetParam(),
+                                  order == cuda::GdnDecodeOrder::kBaZ ? "GDN order z,ba vs ba,z" : "GDN order z,ba vs ba,qkv,z",
+                                  [&](bool on) {
+                                    cuda::SetGdnDecodeOrder(on ? order : cuda::GdnDecodeOrder::kZBa);
+                                  });
+  }
+  cuda::SetGdnDecodeOrder(was);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeScheduleTest, ::testing::Values("tiny-q3n", "small"),

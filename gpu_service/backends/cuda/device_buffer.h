@@ -139,11 +139,14 @@ class StreamFork {
  public:
   static absl::StatusOr<StreamFork> Create() {
     StreamFork f;
-    absl::StatusOr<Event> fork = Event::Create(/*timing=*/false), join = Event::Create(/*timing=*/false);
+    absl::StatusOr<Event> fork = Event::Create(/*timing=*/false), join = Event::Create(/*timing=*/false),
+                          mark = Event::Create(/*timing=*/false);
     if (!fork.ok()) return fork.status();
     if (!join.ok()) return join.status();
+    if (!mark.ok()) return mark.status();
     f.fork_ = *std::move(fork);
     f.join_ = *std::move(join);
+    f.mark_ = *std::move(mark);
     return f;
   }
   // `side` runs what is enqueued on it next after everything enqueued on `main` so far.
@@ -158,9 +161,19 @@ class StreamFork {
     TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, join_.get(), 0));
     return absl::OkStatus();
   }
+  // A join on part of the side work: Mark notes what is enqueued on `side` so far, and WaitForMark
+  // makes `main` run what is enqueued on it next after that (not after what `side` got since).
+  absl::Status Mark(cudaStream_t side) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(mark_.get(), side));
+    return absl::OkStatus();
+  }
+  absl::Status WaitForMark(cudaStream_t main) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, mark_.get(), 0));
+    return absl::OkStatus();
+  }
 
  private:
-  Event fork_, join_;
+  Event fork_, join_, mark_;
 };
 
 }  // namespace tandem::cuda

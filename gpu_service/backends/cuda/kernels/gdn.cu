@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -316,13 +317,18 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
 }
 
 namespace {
-std::atomic<bool>& OldGdnDecodeOrderSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_DECODE_ORDER")};
-  return old;
+std::atomic<GdnDecodeOrder>& GdnDecodeOrderSwitch() {
+  static std::atomic<GdnDecodeOrder> order{[] {
+    const char* v = std::getenv("TANDEM_GDN_DECODE_ORDER");
+    if (v != nullptr && std::strcmp(v, "zba") == 0) return GdnDecodeOrder::kZBa;
+    if (v != nullptr && std::strcmp(v, "baz") == 0) return GdnDecodeOrder::kBaZ;
+    return GdnDecodeOrder::kBaQkvZ;
+  }()};
+  return order;
 }
 }  // namespace
 
-bool OldGdnDecodeOrder() { return OldGdnDecodeOrderSwitch().load(std::memory_order_relaxed); }
-void SetOldGdnDecodeOrder(bool on) { OldGdnDecodeOrderSwitch().store(on, std::memory_order_relaxed); }
+GdnDecodeOrder GetGdnDecodeOrder() { return GdnDecodeOrderSwitch().load(std::memory_order_relaxed); }
+void SetGdnDecodeOrder(GdnDecodeOrder order) { GdnDecodeOrderSwitch().store(order, std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

@@ -127,12 +127,17 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
                                       int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
                                       int64_t z_stride = 0);
 
-// Decode's order of the side stream's GDN products (backend/layer_loop.cc RunGdn): ba, then z
-// after a join that the gates wait on (the default), or z then ba under one join
-// (TANDEM_OLD_GDN_DECODE_ORDER=1 or SetOldGdnDecodeOrder(true), for an A/B). Read when a step is
-// enqueued: decode graphs keep the order they were captured with.
-bool OldGdnDecodeOrder();
-void SetOldGdnDecodeOrder(bool on);
+// Decode's schedule of the GDN input products (backend/layer_loop.cc RunGdn), qkv on the main
+// stream and ba, z on the side stream:
+//   kZBa      z then ba, one join before the gates (the order before 2026-12-01);
+//   kBaZ      ba then z, the gates waiting for ba only and the gated norm for z;
+//   kBaQkvZ   as kBaZ, but z starts after qkv (it is read only by the gated norm), so that qkv has
+//             the memory to itself and z runs beside the conv, gates and recurrence. The default.
+// TANDEM_GDN_DECODE_ORDER=zba|baz selects the others (A/B). Read when a step is enqueued: decode
+// graphs keep the order they were captured with.
+enum class GdnDecodeOrder { kZBa, kBaZ, kBaQkvZ };
+GdnDecodeOrder GetGdnDecodeOrder();
+void SetGdnDecodeOrder(GdnDecodeOrder order);
 
 }  // namespace tandem::cuda
 
