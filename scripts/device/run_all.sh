@@ -13,6 +13,7 @@
 #   Nsight Compute (scripts/device/profile_80b.sh; needs the model bench_80b.sh made).
 #   --timeline-80b: a CUPTI kernel timeline of graph-replayed batch-1 decode steps and a 512-token
 #   prefill on that model (scripts/device/timeline_80b.sh: timeline_80b.txt, timeline_80b_csv.tar.xz).
+#   FILTER_<suite>='gtest filter' runs only part of that suite (e.g. FILTER_gpu_moe_kernels_test='*Shared*').
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 #   AB_80B='LABEL:VAR=V ...;LABEL2:...' then runs scripts/device/ab_80b.sh over those configurations
 #   (AB_ROUNDS rounds, default 2): environment switches A/B'd end to end on the same model.
@@ -33,7 +34,9 @@ note "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc
 run_suite() {  # name binary
   local name=$1 bin=$2
   [ -x "$bin" ] || { note "$name: missing ($bin)"; results+=("\"$name\":\"missing\""); return; }
-  "$bin" --gtest_output=json:"$out/$name.json" >"$out/$name.log" 2>&1
+  local filter_var="FILTER_$name" filter=""
+  filter=${!filter_var:-}
+  "$bin" --gtest_output=json:"$out/$name.json" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
   local rc=$?
   local summary
   summary=$(grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/$name.log" | tr '\n' ' ')
