@@ -282,9 +282,9 @@ void BenchQ6Head(double copy_gbs) {
         const double gp = GraphUs(launcher(n, {MatVecKernel::kPrevious, 0, 0}), per_graph);
         const double g1 = GraphUs(launcher(n, {MatVecKernel::kStaged, 0, 1}), per_graph);
         const double g2 = GraphUs(launcher(n, {MatVecKernel::kStaged, 0, 2}), per_graph);
-        len += std::snprintf(detail + len, sizeof(detail) - len,
-                             "; graph staged %.2f us (%.0f GB/s), previous %.2f us; staged 1 / 2 blocks per SM %.2f / %.2f us",
-                             g, bytes / (g * 1e3), gp, g1, g2);
+        std::snprintf(detail + len, sizeof(detail) - len,
+                      "; graph staged %.2f us (%.0f GB/s), previous %.2f us; staged 1 / 2 blocks per SM %.2f / %.2f us",
+                      g, bytes / (g * 1e3), gp, g1, g2);
         // The one-row head kernel (matvec_q6k_head.cuh; 2048 columns only): each variant from a
         // graph, against the staged kernel timed just above in the same process.
         if (sh.cols == 2048) {

@@ -427,7 +427,8 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
       const std::string what = "q6head_" + name + shape;
       EXPECT_LE(gpu_testing::LogError(what, RelL2(got, want)), 1e-5) << what;
       ASSERT_EQ(got.size(), staged.size());
-      EXPECT_EQ(std::memcmp(got.data(), staged.data(), got.size() * sizeof(float)), 0) << what << ": not the staged bits";
+      EXPECT_EQ(std::memcmp(got.data(), staged.data(), got.size() * sizeof(float)), 0)
+          << what << ": not the staged kernel's bits";
     }
   }
 }

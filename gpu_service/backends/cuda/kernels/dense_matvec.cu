@@ -148,7 +148,8 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
       return fastmv::LaunchQ6Head(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.rows), x, y,
                                   o.variant, o.blocks_per_sm, stream);
     }
-    if ((large || o.kernel == MatVecKernel::kStaged || o.kernel == MatVecKernel::kQ6Head) && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
+    const bool staged = large || o.kernel == MatVecKernel::kStaged || o.kernel == MatVecKernel::kQ6Head;
+    if (staged && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
       return fastmv::LaunchQ6Staged(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
                                     static_cast<int>(w.rows), x, x_stride, n, y, y_stride, o.blocks_per_sm, stream);
     }
