@@ -285,6 +285,24 @@ void BenchQ6Head(double copy_gbs) {
         std::snprintf(detail + len, sizeof(detail) - len,
                       "; graph staged %.2f us (%.0f GB/s), previous %.2f us; staged 1 / 2 blocks per SM %.2f / %.2f us",
                       g, bytes / (g * 1e3), gp, g1, g2);
+        // The one-row head kernel (matvec_q6k_head.cuh; 2048 columns only): each variant from a
+        // graph, against the staged kernel timed just above in the same process.
+        if (sh.cols == 2048) {
+          std::string heads;
+          double best = 1e30;
+          int best_v = 0;
+          for (int v = 0; v < kMatVecHeadVariants; ++v) {
+            const double h = GraphUs(launcher(n, {MatVecKernel::kQ6Head, 0, 0, v}), per_graph);
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), " v%d %.2f", v, h);
+            heads += buf;
+            if (h < best) best = h, best_v = v;
+          }
+          const double ha = GraphUs(launcher(n, {MatVecKernel::kAuto, 0, 0}), per_graph);
+          Report("q6k_head_" + shape + "_n1_headkernel", best, "us",
+                 "graph us:" + heads + "; auto " + std::to_string(ha) + "; best v" + std::to_string(best_v) + " " +
+                     std::to_string(bytes / (best * 1e3)) + " GB/s against staged " + std::to_string(g) + " us");
+        }
       }
       Report("q6k_head_" + shape + "_n" + std::to_string(n), bytes / (staged * 1e6), "GB/s", detail);
     }

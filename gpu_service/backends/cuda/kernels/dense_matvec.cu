@@ -5,11 +5,13 @@
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
+#include "gpu_service/backends/cuda/matvec_q6k_head.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
+static_assert(kMatVecHeadVariants == fastmv::kQ6HeadVariants, "dense_matvec.cuh names the head kernel's variants");
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
@@ -122,6 +124,13 @@ bool OldQ6Head() {
   return old;
 }
 
+// TANDEM_OLD_HEAD_KERNEL (environment, read once per process): kAuto keeps the one-row LM head on
+// the staged kernel instead of the head kernel (matvec_q6k_head.cuh; the A/B switch).
+bool OldHeadKernel() {
+  static const bool old = EnvSwitch("TANDEM_OLD_HEAD_KERNEL");
+  return old;
+}
+
 template <uint32_t kType>
 cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
                        const MatVecOptions& o, cudaStream_t stream) {
@@ -132,7 +141,15 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     // when asked for (kStaged).
     const bool large = w.row_bytes * w.rows >= kPreviousKernelMinBytes && o.warps_per_row == 0 &&
                        o.kernel == MatVecKernel::kAuto && !OldQ6Head();
-    if ((large || o.kernel == MatVecKernel::kStaged) && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
+    // One activation row of 2048 columns (the batch-1 head): the head kernel, which sums in the
+    // staged kernel's order (same bits) with the activations in registers.
+    if (((large && !OldHeadKernel()) || o.kernel == MatVecKernel::kQ6Head) &&
+        fastmv::Q6HeadTakes(w.data, w.cols, w.rows, w.row_bytes, n)) {
+      return fastmv::LaunchQ6Head(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.rows), x, y,
+                                  o.variant, o.blocks_per_sm, stream);
+    }
+    const bool staged = large || o.kernel == MatVecKernel::kStaged || o.kernel == MatVecKernel::kQ6Head;
+    if (staged && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
       return fastmv::LaunchQ6Staged(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
                                     static_cast<int>(w.rows), x, x_stride, n, y, y_stride, o.blocks_per_sm, stream);
     }
@@ -182,12 +199,14 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
     return cudaErrorInvalidValue;
   }
   const int wpr = o.warps_per_row;
-  if ((wpr != 0 && wpr != 1 && wpr != 2 && wpr != 4 && wpr != 8) || o.blocks_per_sm < 0) {
+  if ((wpr != 0 && wpr != 1 && wpr != 2 && wpr != 4 && wpr != 8) || o.blocks_per_sm < 0 || o.variant < 0 ||
+      o.variant >= fastmv::kQ6HeadVariants) {
     return cudaErrorInvalidValue;
   }
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
-  if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged) {
+  if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged ||
+      kernel == MatVecKernel::kQ6Head) {
     // F16 and BF16 have no streaming format: the generic kernel below.
     using StreamedTypes = WeightTypes<kTypeF32, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K, kTypeQ8_0x8>;
     if (StreamedTypes::Contains(w.type)) {

@@ -15,13 +15,17 @@
 namespace tandem::cuda {
 
 inline constexpr int kMatVecMaxRows = 8;
+// Configurations of the one-row Q6_K head kernel (MatVecOptions::variant 0..kMatVecHeadVariants - 1).
+inline constexpr int kMatVecHeadVariants = 5;
 
 // Which kernel a launch takes. Production passes kAuto; tests and benchmarks compare the others.
 enum class MatVecKernel {
   kAuto,      // the streaming kernel (matvec_stream.cuh) for Q8_0, Q4_K, Q5_K, Q6_K and F32 where
               // its alignment and shared-memory limits hold, else as kPrevious; Q6_K matrices of
-              // >= 64 MB (the LM head) take the staged kernel (matvec_q6k_staged.cuh) unless the
-              // environment switch TANDEM_OLD_Q6K_HEAD is on (read once per process); the
+              // >= 64 MB (the LM head) take the head kernel (matvec_q6k_head.cuh) at one
+              // activation row of 2048 columns unless TANDEM_OLD_HEAD_KERNEL is on, else the
+              // staged kernel (matvec_q6k_staged.cuh) unless the environment switch
+              // TANDEM_OLD_Q6K_HEAD is on (both read once per process); the
               // environment variable TANDEM_MATVEC_GENERIC (read once) turns kAuto into kGeneric
   kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
               // quantized types at their natural row stride, else the generic kernel
@@ -29,6 +33,8 @@ enum class MatVecKernel {
   kStream,    // the streaming kernel wherever it takes the matrix (also >= 64 MB), else as kPrevious
   kStaged,    // Q6_K: the staged kernel (matvec_q6k_staged.cuh) wherever it takes the matrix (any
               // size); otherwise, and for other types, as kAuto
+  kQ6Head,    // Q6_K: the one-row head kernel (matvec_q6k_head.cuh: n = 1, 2048 columns) wherever
+              // it takes the product, else as kStaged
 };
 
 // Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.
@@ -36,7 +42,9 @@ struct MatVecOptions {
   MatVecKernel kernel = MatVecKernel::kAuto;
   int warps_per_row = 0;  // 1, 2, 4 or 8 warps split each row
   int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm / activation-row chunks, capped by the rows
-                          // (also the staged Q6_K kernel's grid)
+                          // (also the staged and head Q6_K kernels' grid)
+  int variant = 0;        // the head kernel's configuration (matvec_q6k_head.cuh kQ6HeadConfigs;
+                          // 0 = the default; benchmarks)
 };
 
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at
@@ -45,8 +53,8 @@ struct MatVecOptions {
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, cudaStream_t stream);
 
-// The same with a kernel choice (cudaErrorInvalidValue also for warps_per_row not 0, 1, 2, 4, 8
-// or blocks_per_sm < 0).
+// The same with a kernel choice (cudaErrorInvalidValue also for warps_per_row not 0, 1, 2, 4, 8,
+// blocks_per_sm < 0 or a variant the head kernel does not have).
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, const MatVecOptions& options,
                               cudaStream_t stream);
