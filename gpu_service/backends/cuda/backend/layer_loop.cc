@@ -234,25 +234,16 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   absl::StatusOr<int64_t> stride = int64_t{0};
   if (!overlap && !decode) stride = MixerStacked(w, T, {});
   if (!stride.ok()) return stride.status();
-  // Decode: ba first on the side stream, the gates waiting for it alone (a mark, not a join), and
-  // z after it, joined before the gated norm, its only reader; by default z also waits for qkv, so
-  // that qkv has the memory to itself and z runs beside the conv, the gates and the recurrence
-  // (cuda::GdnDecodeOrder). The CUPTI timeline of graph-replayed batch-1 steps (H200, 2026-12-01)
-  // had the gates start ~3.5 us after the conv ended, waiting for z then ba, with z and qkv
-  // sharing the memory (10.6 and 13.4 us for 17.8 and 8.9 MB).
-  const cuda::GdnDecodeOrder order = cuda::GetGdnDecodeOrder();
-  const bool ba_first = overlap && decode && order != cuda::GdnDecodeOrder::kZBa;
+  // Decode: ba first on the side stream, the gates waiting for it alone (a mark, not a join), z
+  // after it, joined before the gated norm, its only reader (cuda::GdnDecodeOrder). The CUPTI
+  // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
+  // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
+  const bool ba_first = overlap && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
   if (ba_first) {
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = side_fork->Mark(side.get()); !s.ok()) return s;
-    if (order == cuda::GdnDecodeOrder::kBaZ) {
-      if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
-    }
+    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-    if (order == cuda::GdnDecodeOrder::kBaQkvZ) {
-      if (absl::Status s = Fork(); !s.ok()) return s;  // z after qkv
-      if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
-    }
   } else if (overlap) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;

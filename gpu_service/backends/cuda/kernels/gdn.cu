@@ -320,9 +320,7 @@ namespace {
 std::atomic<GdnDecodeOrder>& GdnDecodeOrderSwitch() {
   static std::atomic<GdnDecodeOrder> order{[] {
     const char* v = std::getenv("TANDEM_GDN_DECODE_ORDER");
-    if (v != nullptr && std::strcmp(v, "zba") == 0) return GdnDecodeOrder::kZBa;
-    if (v != nullptr && std::strcmp(v, "baz") == 0) return GdnDecodeOrder::kBaZ;
-    return GdnDecodeOrder::kBaQkvZ;
+    return v != nullptr && std::strcmp(v, "zba") == 0 ? GdnDecodeOrder::kZBa : GdnDecodeOrder::kBaZ;
   }()};
   return order;
 }
