@@ -127,7 +127,9 @@ fi
 
 (IFS=,; echo "{${results[*]}}") >"$json"
 note "summary: $(cat "$json")"
-# Only 8 files come back from a device call: the reports stay as they are, the logs go into one
-# archive (logs.tar.xz).
-(cd "$out" && find . -maxdepth 1 -type f ! -name 'report.*' ! -name 'bench_80b.*' ! -name 'profile_80b.txt' \
-  ! -name 'timeline_80b*' ! -name ab_80b.txt ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)
+# Only 8 files come back from a device call: the reports stay as they are (report.txt / .json,
+# bench_80b.txt / .json, profile_80b.txt, timeline_80b.txt and its csv archive, ab_80b.txt), every
+# log goes into one archive (logs.tar.xz).
+(cd "$out" && find . -maxdepth 1 -type f ! -name 'report.*' ! -name bench_80b.txt ! -name bench_80b.json \
+  ! -name profile_80b.txt ! -name timeline_80b.txt ! -name timeline_80b_csv.tar.xz ! -name ab_80b.txt \
+  ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)
