@@ -1,0 +1,73 @@
+// gtest helpers of the CUDA backend tests: open a backend on a preset with chosen fast parts, run
+// one step, compare rows of logits. (backend_test_util.h has the helpers that need no gtest.)
+#ifndef TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
+#define TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_backend/backend_test_util.h"
+
+namespace tandem::gpu_backend_testing {
+
+// Which parts of fast mode run reduced precision (CudaBackendOptions::fast_*).
+struct FastParts {
+  bool dense = true, experts = true, attention = true, gdn = true;
+  bool dense_split = true;  // dense products as three f16 products of hi/lo halves
+  // The split as one f16 product plus one fp8 correction for every matrix (cuda::SetSplitF8 and
+  // SetSplitF8MinWeights(0) while the backend is opened; false: the process defaults).
+  bool split_f8 = false;
+};
+
+inline std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
+                                            bool expert_gemm = true, bool graphs = true, FastParts parts = {},
+                                            bool pdl = true, int l2_prefetch = CudaBackendOptions{}.l2_prefetch) {
+  CudaBackendOptions o;
+  o.cuda_graphs = graphs;
+  o.pdl = pdl;
+  o.l2_prefetch = l2_prefetch;
+  o.fast_attention = parts.attention;
+  o.fast_gdn = parts.gdn;
+  o.fast_dense_split = parts.dense_split;
+  o.mode = mode;
+  o.fast_dense_gemm = dense_gemm;
+  o.fast_expert_gemm = expert_gemm;
+  o.max_batch_tokens = 192;
+  o.max_sequences = 6;
+  o.max_context = 256;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Open(path, o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+inline std::vector<float> GpuStep(CudaBackend& b, SequenceSlot slot, const std::vector<int32_t>& tokens, bool all) {
+  std::vector<float> logits((all ? tokens.size() : 1) * b.config().vocab);
+  const Backend::StepInput in{slot, tokens, logits.data(), all};
+  const absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
+  EXPECT_TRUE(s.ok()) << s;
+  return logits;
+}
+
+// The largest per-position relative L2 error of got against want (rows of V).
+inline double MaxRowError(const std::vector<float>& got, const std::vector<float>& want, int64_t V, int64_t* worst = nullptr) {
+  double max_err = 0;
+  for (size_t r = 0; r * V < want.size(); ++r) {
+    const double e = RelativeL2(got.data() + r * V, want.data() + r * V, V);
+    if (e > max_err || std::isnan(e)) {
+      max_err = std::isnan(e) ? INFINITY : e;
+      if (worst) *worst = static_cast<int64_t>(r);
+    }
+  }
+  return max_err;
+}
+
+}  // namespace tandem::gpu_backend_testing
+
+#endif  // TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
