@@ -19,6 +19,7 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -40,7 +41,7 @@ std::string TypeName(const ::testing::TestParamInfo<WeightType>& info) {
 }
 
 TEST_P(GpuDenseTest, EmbeddingGatherMatchesDequantizedRows) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 512, V = 61, S = 3;
   const gpu_testing::TestMatrix table = RandomMatrix(rng, GetParam(), h, V);
   const std::vector<int32_t> tokens = {5, 0, 60, 17, 5};
@@ -57,7 +58,7 @@ TEST_P(GpuDenseTest, EmbeddingGatherMatchesDequantizedRows) {
 }
 
 TEST_P(GpuDenseTest, MatVecMatchesReferenceForOneToEightRows) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t cols = 1024, rows = 301;
   const gpu_testing::TestMatrix w = RandomMatrix(rng, GetParam(), cols, rows, 0.05f);
   for (int n : {1, 2, 3, 5, 8}) {
@@ -78,7 +79,7 @@ TEST_P(GpuDenseTest, MatVecMatchesReferenceForOneToEightRows) {
 // (for the 2-byte aligned Q8_0 and Q6_K) a matrix at a 2-byte offset, whose rows alternate
 // between 4-byte aligned and not.
 TEST_P(GpuDenseTest, MatVecMatchesReferenceOnEdgeShapes) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const WeightType type = GetParam();
   const bool two_byte_aligned = type == WeightType::kQ8_0 || type == WeightType::kQ6_K;
   struct Shape {
@@ -129,7 +130,7 @@ TEST_P(GpuDenseTest, MatVecMatchesReferenceOnEdgeShapes) {
 // activation rows exceed one block's shared memory (grid.y chunks); and rows too wide for the
 // streaming kernel (the previous dispatch takes them).
 TEST_P(GpuDenseTest, MatVecKernelChoicesMatchReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const WeightType type = GetParam();
   const int64_t align = cuda::KernelRowAlignment(static_cast<uint32_t>(type));
   struct Case {
@@ -189,7 +190,7 @@ TEST_P(GpuDenseTest, MatVecKernelChoicesMatchReference) {
 }
 
 TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t cols = 512, rows = 333, n = 45;
   const gpu_testing::TestMatrix w = RandomMatrix(rng, GetParam(), cols, rows, 0.05f);
   const std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
@@ -216,7 +217,7 @@ TEST_P(GpuDenseTest, GemmExactAndFastMatchReference) {
 // kFastSplit ones (they dequantize tile by tile) until it is prepared again; kExact Runs never
 // read a copy. 320 rows of 512 columns at a 2-byte offset for the 2-byte aligned types.
 TEST_P(GpuDenseTest, GemmPreparedMatchesReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const WeightType type = GetParam();
   const int64_t cols = 512, rows = 320, n = 45;
   const gpu_testing::TestMatrix w = RandomMatrix(rng, type, cols, rows, 0.05f);
@@ -277,7 +278,7 @@ TEST_P(GpuDenseTest, GemmPreparedMatchesReference) {
 // own from the stack (RunInput and the f32 Run); the same accuracy as the separate copies: 2e-5
 // relative L2 for the split, 1e-2 for the single f16 product.
 TEST_P(GpuDenseTest, GemmStackAndConvertedInputMatchReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   using cuda::GemmMode;
   const WeightType type = GetParam();
   const int64_t cols = 512, n = 45;
@@ -380,7 +381,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, GpuDenseTest, ::testing::ValuesIn(gpu_testing
 // the host would take minutes).
 TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
   struct Case {
     int64_t rows, pad;
@@ -439,7 +440,7 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
 // scalar kernel.
 TEST(GpuDenseSiluRows, MatchesF32AndCopiesGateLogit) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (int64_t ffn : {512, 37}) {
     const int64_t n = 29, ld = 2 * ffn + 8, gate_col = 2 * ffn + 3;
     const std::vector<float> gu = Random(rng, static_cast<size_t>(n * ld), 2.0f);

@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -54,7 +55,7 @@ class GpuGdnTest : public ::testing::TestWithParam<int> {
 
 // A prefill of 70 tokens then two decode steps of one token, from an empty state.
 TEST_P(GpuGdnTest, PrefillThenDecodeMatchesRecurrentReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   GdnDims d;
   d.h = 256;
   d.nk = 2;
@@ -138,7 +139,7 @@ class GpuAttentionTest : public ::testing::TestWithParam<int> {
 // Two sequences in one step (prefill of 70 and 5 tokens), then a decode step of one token each,
 // with a scrambled page table; against AttentionForward on contiguous caches.
 TEST_P(GpuAttentionTest, PagedPrefillThenDecodeMatchesReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   AttnDims d;
   d.h = 256;
   d.nh = 8;
@@ -231,7 +232,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, GpuAttentionTest, ::testing::Values(64, 128, 
 // Keys and values read as parts of wider rows ([k | v | pad] per token, one stacked product's
 // output: DenseGemm::RunStack) fill the cache with the bits of the contiguous k and v.
 TEST_P(GpuAttentionTest, KvAppendFromStridedRowsMatchesContiguous) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const cuda::AttnShape s{8, 2, GetParam(), GetParam() / 4, 1e-6f};
   const int64_t kvw = s.kv_width(), n = 75, stride = 2 * kvw + 3;
   const std::vector<float> k = Random(rng, static_cast<size_t>(n * kvw));

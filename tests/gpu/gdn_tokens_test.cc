@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -37,7 +38,7 @@ std::string Tag(const cuda::GdnShape& d) {
 // fused vector kernel, and the unfused vector conv + prepare.
 TEST_P(GpuGdnVecTest, ConvAndPrepareMatchGeneralKernels) {
   const cuda::GdnShape d = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const std::vector<int64_t> splits = {70, 2, 1, 3, 1, 17};
   int64_t total = 0;
   for (int64_t n : splits) total += n;
@@ -101,7 +102,7 @@ TEST_P(GpuGdnVecTest, ConvAndPrepareMatchGeneralKernels) {
 // Decode-sized prepares (one token per sequence, n = batch) and prefill-sized ones, in place.
 TEST_P(GpuGdnVecTest, PrepareMatchesGeneralKernel) {
   const cuda::GdnShape d = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (int64_t n : {1, 5, 64, 133}) {
     const std::vector<float> conv = Random(rng, static_cast<size_t>(n * d.c_dim()));
     const auto ba = Upload(Random(rng, static_cast<size_t>(n * 2 * d.nv), 2.0f));
@@ -124,7 +125,7 @@ TEST_P(GpuGdnVecTest, PrepareMatchesGeneralKernel) {
 // out = norm ⊙ ρ(o) ⊙ SiLU(z) in place (out aliases o, as the backend calls it).
 TEST_P(GpuGdnVecTest, GatedNormMatchesGeneralKernel) {
   const cuda::GdnShape d = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (int64_t n : {1, 3, 70}) {
     const size_t count = static_cast<size_t>(n * d.nv * d.dv);
     const std::vector<float> o = Random(rng, count);
@@ -146,7 +147,7 @@ TEST_P(GpuGdnVecTest, GatedNormMatchesGeneralKernel) {
 // alone within f16's rounding; also through the general path (o at a 4-byte offset).
 TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
   const cuda::GdnShape d = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
   for (int64_t n : {3, 70}) {
     const size_t count = static_cast<size_t>(n * vw);
@@ -192,7 +193,7 @@ TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
 // whose results are compared with the general kernels over contiguous rows (the same bits again).
 TEST_P(GpuGdnVecTest, StridedRowsGiveTheContiguousResults) {
   const cuda::GdnShape d = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const std::vector<int64_t> splits = {70, 2, 1, 17};
   int64_t total = 0;
   for (int64_t n : splits) total += n;

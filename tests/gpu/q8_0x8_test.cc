@@ -14,6 +14,7 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -48,7 +49,7 @@ Regrouped Regroup(const gpu_testing::TestMatrix& w, int64_t pad = 0, int64_t off
 }
 
 TEST_F(GpuQ8_0x8Test, DequantizeRowsEqualsTheQ8_0Rows) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, 2304, 37);
   const Regrouped g = Regroup(w, 32, 16);
   auto d_a = Poisoned<float>(static_cast<size_t>(35 * w.cols));
@@ -67,7 +68,7 @@ TEST_F(GpuQ8_0x8Test, DequantizeRowsEqualsTheQ8_0Rows) {
 // offset with enough rows that blocks walk several groups, 4096 columns (8 activation rows run
 // as grid.y chunks), and rows too wide for the streaming kernel.
 TEST_F(GpuQ8_0x8Test, MatVecMatchesReferenceForEveryKernelChoice) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
     int64_t cols, rows, pad, offset;
   };
@@ -110,7 +111,7 @@ TEST_F(GpuQ8_0x8Test, MatVecMatchesReferenceForEveryKernelChoice) {
 }
 
 TEST_F(GpuQ8_0x8Test, GemmRunAndPreparedMatchReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t cols = 512, rows = 320, n = 45;
   const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.05f);
   const Regrouped g = Regroup(w);
@@ -141,7 +142,7 @@ TEST_F(GpuQ8_0x8Test, GemmRunAndPreparedMatchReference) {
 // Misaligned data, a row stride below the natural one, rows that are not whole super-blocks, and
 // the kernels without a Q8_0x8 reader (the embedding gather) are refused, never read.
 TEST_F(GpuQ8_0x8Test, UnsupportedUsesAreRefused) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, 512, 8);
   const Regrouped g = Regroup(w, 0, 16);
   auto d_x = Poisoned<float>(512);

@@ -7,6 +7,7 @@
 #include "gpu_service/backends/cuda/kernels/sampling_plan.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -29,7 +30,7 @@ std::vector<float> TiedLogits(std::mt19937& rng, int rows, int vocab) {
 }
 
 TEST_F(GpuSamplingTest, GreedyIsArgmaxWithTiesToLowerId) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int rows = 5, vocab = 15013;
   const std::vector<float> logits = TiedLogits(rng, rows, vocab);
   auto sampler = cuda::GpuSampler::Create(rows, vocab);
@@ -45,7 +46,7 @@ TEST_F(GpuSamplingTest, GreedyIsArgmaxWithTiesToLowerId) {
 }
 
 TEST_F(GpuSamplingTest, TemperatureTopKTopPMinPMatchCpuSampler) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int vocab = 20011;
   const std::vector<SamplingParams> cases = {
       {0.0f, 0, 1.0f, 0.0f, 1},   {0.7f, 0, 1.0f, 0.0f, 2},  {1.0f, 40, 1.0f, 0.0f, 3},

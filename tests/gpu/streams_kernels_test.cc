@@ -12,6 +12,7 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -30,7 +31,7 @@ class GpuStreamsTest : public ::testing::Test {
 // The pending inject of the previous block fused into the next read's norm, then the whole §4.1
 // read (down, SiLU, up, fold, inject weights), against StreamInject + StreamRead.
 TEST_F(GpuStreamsTest, InjectThenReadMatchesReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t S = 4, h = 256, lr = 32, n = 3, width = S * h;
   const float eps = 1e-6f;
   std::vector<float> H = Random(rng, static_cast<size_t>(n * width), 1.5f);
@@ -77,7 +78,7 @@ TEST_F(GpuStreamsTest, InjectThenReadMatchesReference) {
 }
 
 TEST_F(GpuStreamsTest, PlainNormAndUnfusedInject) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 2048, n = 5;
   std::vector<float> H = Random(rng, static_cast<size_t>(n * h), 3.0f);
   const std::vector<float> gamma = Random(rng, static_cast<size_t>(h), 0.2f, 1.0f);
@@ -105,7 +106,7 @@ TEST_F(GpuStreamsTest, PlainNormAndUnfusedInject) {
 // without the fused inject, over row widths that fill 1, 2, 4 and 8 vectors per thread, one that
 // leaves threads idle (260) and one past the register path (8192: the fallback).
 TEST_F(GpuStreamsTest, RegisterRowNormMatchesGeneralKernel) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (int64_t h : {256, 260, 1024, 2048, 4096, 8192}) {
     for (int64_t S : {1, 3}) {
       for (int inject = 0; inject < 3; ++inject) {  // 0: none, 1: y with a = 1, 2: y and a
@@ -136,7 +137,7 @@ TEST_F(GpuStreamsTest, RegisterRowNormMatchesGeneralKernel) {
 // and without the f32 rows (N nullptr), over the register kernels' widths, one past them (8192:
 // the two-pass kernel) and a step of 4096 inject rows (the two-pass kernel by row count).
 TEST_F(GpuStreamsTest, NormWithF16RowsIsBitIdenticalToNormThenConvert) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
     int64_t h, S, n;
   };

@@ -4,6 +4,7 @@
 
 #include "common/reference/engram.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -15,7 +16,7 @@ using testing::Upload;
 
 TEST(GpuEngramTest, PrefillThenDecodeMatchesEngramForward) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   EngramConfig c;
   c.max_ngram = 3;
   c.heads = 2;

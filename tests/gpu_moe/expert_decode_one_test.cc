@@ -16,6 +16,7 @@
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -150,7 +151,7 @@ void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, 
 
 TEST(OneTokenMoeTest, MatchesReferenceForEveryKUpTo16) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (const int64_t E : {128, 512}) {
     const OneTokenExperts ex(rng, 256, 256, E, 24);
     for (int K = 1; K <= 16; ++K) {
@@ -169,7 +170,7 @@ TEST(OneTokenMoeTest, MatchesReferenceForEveryKUpTo16) {
 // E not a multiple of 32, and more picks than the down kernel has warps.
 TEST(OneTokenMoeTest, MatchesReferenceOnOtherShapes) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
     int64_t h, I, E;
     int K;
@@ -190,7 +191,7 @@ TEST(OneTokenMoeTest, MatchesReferenceOnOtherShapes) {
 // same dot products and the same summation order).
 TEST(OneTokenMoeTest, EqualsThePlannedPath) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (const int64_t E : {128, 512}) {
     const int64_t h = E == 512 ? 2048 : 512, I = 512;
     const OneTokenExperts ex(rng, h, I, E, 16);
@@ -252,7 +253,7 @@ TEST(OneTokenMoeTest, EqualsThePlannedPath) {
 // the sum (the other picks still are); the picks are still published.
 TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t E = 64, h = 256, I = 256;
   const int K = 4;
   const OneTokenExperts ex(rng, h, I, E, 8, {5});

@@ -17,6 +17,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -29,7 +30,7 @@ using testing::Upload;
 // The f16 dequantizer returns DequantizeRow's values rounded to f16.
 TEST(DequantizeToF16Test, MatchesReferenceRounded) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   for (WeightType type : {WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
                           WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kF16, WeightType::kF32}) {
     const int64_t cols = 512, rows = 5;
@@ -85,7 +86,7 @@ std::string Describe(const PrefillOptions& o) {
 void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
                             bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3,
                             bool same_bits = false, int64_t weight_sets = 0) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   const int64_t W = weight_sets > 0 ? std::min(weight_sets, E) : E;
   std::vector<std::vector<uint8_t>> gate(W), up(W), down(W);
@@ -439,7 +440,7 @@ TEST(ExpertPrefillTest, MmqLean2BitIdenticalToLean) {
 // sumx the sums of 32.
 TEST(ExpertPrefillTest, MmqQuantizeRoundTrips) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t rows = 7;
   const int K = 768;
   std::vector<float> x = testing::RandomVector(rng, rows * K);
@@ -478,7 +479,7 @@ TEST(ExpertPrefillTest, MmqQuantizeRoundTrips) {
 // the register kernels (h 2048, 768), the two-pass kernel (h 5120; 4100 inject rows at h 2048).
 TEST(ExpertPrefillTest, MmqQuantizeFoldedIntoNormIsBitIdentical) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
     int64_t n, h;
     int copies;  // 0: LaunchInjectRmsNorm, else LaunchInjectRmsNormF16

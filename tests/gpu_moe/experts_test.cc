@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/moe/matvec.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -46,7 +47,7 @@ class ExpertDecodeTest : public ::testing::TestWithParam<TypePair> {};
 // live in separate device allocations (the path takes locations, not a layout).
 TEST_P(ExpertDecodeTest, MatchesReferenceFfn) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const TypePair types = GetParam();
   const int64_t h = 512, I = 256, E = 6;
   for (int64_t n : {1, 2, 9, 19}) {
@@ -103,7 +104,7 @@ INSTANTIATE_TEST_SUITE_P(
 // tokens (up to 8 rows per unit), the decode formats for gate/up and down.
 TEST(ExpertMatVecTest, MatchesReferenceOnModelShapes) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 2048, I = 512, E = 12, K = 10;
   for (const TypePair types : {TypePair{WeightType::kQ4_K, WeightType::kQ4_K}, TypePair{WeightType::kQ8_0, WeightType::kQ6_K},
                                TypePair{WeightType::kQ5_K, WeightType::kQ8_0}}) {
@@ -156,7 +157,7 @@ TEST(ExpertMatVecTest, MatchesReferenceOnModelShapes) {
 // count read on the device leave their outputs untouched; the others are computed.
 TEST(ExpertMatVecTest, DeviceUnitCountSkipsLaterUnits) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 512, I = 256;
   for (const WeightType type : {WeightType::kQ4_K, WeightType::kQ8_0, WeightType::kQ2_K}) {
     const int num_units = 4;
@@ -323,7 +324,7 @@ class ExpertDecodeKernelTest : public ::testing::TestWithParam<TypePair> {};
 TEST_P(ExpertDecodeKernelTest, MixedRowCountsMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   ASSERT_EQ(GetExpertKernelChoice(), ExpertKernelChoice::kDecode);
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const TypePair types = GetParam();
   struct Case {
     std::vector<int> rows;
@@ -354,7 +355,7 @@ TEST_P(ExpertDecodeKernelTest, MixedRowCountsMatchReference) {
 // leave act and partial untouched, the others are computed.
 TEST_P(ExpertDecodeKernelTest, DeviceUnitCountCutsMixedUnits) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const TypePair types = GetParam();
   const int64_t h = 512, I = 256, n = 4;
   const ExpertSet set(rng, types, h, I, 3);
@@ -380,7 +381,7 @@ INSTANTIATE_TEST_SUITE_P(
 // still correct on mixed units.
 TEST(ExpertMatVecTest, GenericKernelChoiceStillMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const TypePair types{WeightType::kQ4_K, WeightType::kQ6_K};
   const ExpertSet set(rng, types, 512, 256, 3);
   const std::vector<float> x = testing::RandomVector(rng, 3 * 512);
@@ -401,7 +402,7 @@ TEST(ExpertMatVecTest, GenericKernelChoiceStillMatchesReference) {
 // the previous per-piece Q4_K kernel, still selectable, stays correct.
 TEST(ExpertMatVecTest, Q4KTileStepsAndPieceChoiceMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const TypePair types{WeightType::kQ4_K, WeightType::kQ4_K};
   for (const auto& [h, I] : std::vector<std::pair<int64_t, int64_t>>{{2048, 512}, {768, 768}}) {
     const ExpertSet set(rng, types, h, I, 3);
@@ -439,7 +440,7 @@ TEST(ExpertMatVecTest, Q4KTileStepsAndPieceChoiceMatchReference) {
 }
 
 TEST(PlanMoeStepTest, SplitsGpuAndOffloadedPairsIntoDistinctSlots) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t n = 21, E = 8, K = 3;
   const std::vector<int32_t> picks = RandomPicks(rng, n, E, K);
   static const char kWeights[64] = {};

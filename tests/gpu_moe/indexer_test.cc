@@ -9,6 +9,7 @@
 #include "common/reference/ops.h"
 #include "gpu_service/backends/cuda/moe/router.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -20,7 +21,7 @@ using testing::Upload;
 
 TEST(IndexerTest, KeysQueriesAndScoresMatchReference) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   AttnDims d;
   d.h = 64;
   d.nh = 2;
@@ -118,7 +119,7 @@ TEST(IndexerTest, KeysQueriesAndScoresMatchReference) {
 // Selection on scores with many exact ties equals SelectTopBlocks, plus the own block.
 TEST(IndexerTest, SelectionMatchesSelectTopBlocks) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int cr = 4;
   for (int keep : {0, 1, 5, 64}) {
     for (int64_t start : {int64_t{0}, int64_t{37}, int64_t{4000}}) {

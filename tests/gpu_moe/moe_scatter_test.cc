@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/router.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -24,7 +25,7 @@ using testing::Upload;
 
 TEST(MoeLayerTest, GpuAndOffloadedExpertsMatchMoeForward) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 256, I = 256, Ish = 256, E = 16, K = 4;  // Q6_K rows need 256 columns
   const WeightType et = WeightType::kQ4_K, dt = WeightType::kQ6_K, st = WeightType::kQ8_0;
   const std::vector<uint8_t> router = RandomMatrix(rng, WeightType::kF32, h, E, 0.2f);
@@ -111,7 +112,7 @@ TEST(MoeLayerTest, GpuAndOffloadedExpertsMatchMoeForward) {
 // bit-identical sums.
 TEST(MoeScatterSumTest, ResultDoesNotDependOnWhereRowsSit) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int n = 5, K = 8, h = 1000;
   const std::vector<float> rows = testing::RandomVector(rng, n * K * h);  // row of pair (t, k) at t·K + k
   const std::vector<float> weights = testing::UniformVector(rng, n * K, 0.0f, 1.0f);
@@ -154,7 +155,7 @@ TEST(MoeScatterSumTest, ResultDoesNotDependOnWhereRowsSit) {
 // kernel on both sides).
 TEST(MoeScatterSumTest, VectorKernelBitIdenticalToPerElement) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
     int n, K, h;
     bool shared, gated;

@@ -7,6 +7,7 @@
 #include "common/reference/moe.h"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
 
 namespace tandem::cuda {
 namespace {
@@ -20,7 +21,7 @@ class DenseMatVecTest : public ::testing::TestWithParam<WeightType> {};
 
 TEST_P(DenseMatVecTest, MatchesReferenceMatMul) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const WeightType type = GetParam();
   const int64_t cols = 512, rows = 96;
   const std::vector<uint8_t> w = RandomMatrix(rng, type, cols, rows, 0.05f);
@@ -47,7 +48,7 @@ INSTANTIATE_TEST_SUITE_P(Types, DenseMatVecTest,
 // Routing of GPU-computed logits equals RouteTokens on the same logits: identical picks and weights.
 TEST(GpuRouterTest, PicksAndWeightsMatchRouteTokens) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 256, E = 64, K = 6, n = 11;
   const std::vector<uint8_t> router = RandomMatrix(rng, WeightType::kF32, h, E, 0.1f);
   DeviceBuffer drouter = Upload(router);
@@ -71,7 +72,7 @@ TEST(GpuRouterTest, PicksAndWeightsMatchRouteTokens) {
 // Tied logits: the lower expert id wins, as in RouteTokens.
 TEST(GpuRouterTest, TiesGoToTheLowerExpert) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t E = 512, K = 10, n = 7;
   std::uniform_int_distribution<int> level(0, 3);
   std::vector<float> logits(static_cast<size_t>(n * E));
