@@ -3,6 +3,7 @@
 #ifndef TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
 #define TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,13 @@
 #include "tests/gpu_backend/backend_test_util.h"
 
 namespace tandem::gpu_backend_testing {
+
+// The test name of a preset parameter: "tiny-q3n" -> "tiny_q3n" (gtest names take no '-').
+inline std::string PresetTestName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
 
 // Which parts of fast mode run reduced precision (CudaBackendOptions::fast_*).
 struct FastParts {
@@ -56,7 +64,8 @@ inline std::vector<float> GpuStep(CudaBackend& b, SequenceSlot slot, const std::
 }
 
 // The largest per-position relative L2 error of got against want (rows of V).
-inline double MaxRowError(const std::vector<float>& got, const std::vector<float>& want, int64_t V, int64_t* worst = nullptr) {
+inline double MaxRowError(const std::vector<float>& got, const std::vector<float>& want, int64_t V,
+                          int64_t* worst = nullptr) {
   double max_err = 0;
   for (size_t r = 0; r * V < want.size(); ++r) {
     const double e = RelativeL2(got.data() + r * V, want.data() + r * V, V);

@@ -24,6 +24,7 @@ using gpu_backend_testing::GpuStep;
 using gpu_backend_testing::MaxRowError;
 using gpu_backend_testing::OpenGpu;
 using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
 using gpu_backend_testing::RelativeL2;
 
@@ -332,12 +333,7 @@ TEST_P(ExactTest, KeepFirstEqualsAdvancingByTheKeptTokens) {
   EXPECT_TRUE(gpu_->KeepFirst(*a, 2).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 class FastTest : public ::testing::TestWithParam<std::string> {};
 
@@ -438,12 +434,7 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   EXPECT_LE(f8.max_err, 1e-2) << "f16 + fp8 correction split";
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, FastTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, FastTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 // Options are checked before any CUDA call, so this runs without a GPU too.
 TEST(CudaBackendOptionsTest, L2PrefetchOutsideZeroToTwoIsRefusedByName) {

@@ -14,26 +14,23 @@
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gtest/gtest.h"
+#include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
 namespace tandem {
 namespace {
 
+using gpu_backend_testing::OpenGpu;
 using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
 
 // Logits of a prompt per sequence, then `steps` decode steps of all `batch` sequences together
 // (tokens fixed by the step and the sequence), in one vector: the decode rows in order.
 std::vector<float> DecodeLogits(const std::string& path, CudaMode mode, int batch, int steps) {
-  CudaBackendOptions o;
-  o.mode = mode;
-  o.max_batch_tokens = 64;
-  o.max_sequences = 4;
-  o.max_context = 128;
-  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Open(path, o);
-  EXPECT_TRUE(b.ok()) << b.status();
-  if (!b.ok()) return {};
-  CudaBackend& backend = **b;
+  std::unique_ptr<CudaBackend> b = OpenGpu(path, mode);
+  if (b == nullptr) return {};
+  CudaBackend& backend = *b;
   const int64_t V = backend.config().vocab;
   std::vector<SequenceSlot> seqs;
   std::vector<float> prompt_logits(static_cast<size_t>(V));
@@ -96,12 +93,7 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
   cuda::SetGdnDecodeOrder(was);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, DecodeScheduleTest, ::testing::Values("tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, DecodeScheduleTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
 
 }  // namespace
 }  // namespace tandem

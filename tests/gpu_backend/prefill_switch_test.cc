@@ -26,6 +26,7 @@ using gpu_backend_testing::GpuStep;
 using gpu_backend_testing::MaxRowError;
 using gpu_backend_testing::OpenGpu;
 using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
 using gpu_backend_testing::RelativeL2;
 
@@ -72,12 +73,7 @@ TEST_P(PrefillPlanTest, DevicePlannedPrefillGivesTheHostPlannedLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, PrefillPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, PrefillPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 // Prefill steps planned on the device take the grid route-plan kernel (route_plan_grid.cuh) unless
 // TANDEM_OLD_PREFILL_PLAN: units in the host planner's pair order instead of the old block plan's
@@ -94,12 +90,7 @@ TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, PrefillGridPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, PrefillGridPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 // Fast prefill steps have the stream norm before the mixer and before the MoE write the products'
 // f16 input rows itself (LaunchInjectRmsNormF16, DenseGemm::SetConverted: glue512) unless
@@ -223,19 +214,9 @@ TEST_P(StackedProductsTest, StackedMixerProductsGiveTheSeparateProductsLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, StackedProductsTest, ::testing::Values("tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, StackedProductsTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
 
-INSTANTIATE_TEST_SUITE_P(Presets, FusedNormInputTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, FusedNormInputTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 // Fast prefill steps run the MoE glue of h/moeglue (the vector scatter-sum; the x quantization of
 // the integer-MMA experts folded into the stream norm, NormMmqOut, and the activations'
@@ -251,12 +232,7 @@ TEST_P(MoeGlueTest, NewGlueGivesTheOldGlueLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, MoeGlueTest, ::testing::Values("tiny", "tiny-q3n", "small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, MoeGlueTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 }  // namespace
 }  // namespace tandem
