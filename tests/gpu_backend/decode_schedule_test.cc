@@ -20,7 +20,6 @@
 namespace tandem {
 namespace {
 
-using gpu_backend_testing::OpenGpu;
 using gpu_backend_testing::PresetModel;
 using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
@@ -28,9 +27,15 @@ using gpu_backend_testing::RandomTokens;
 // Logits of a prompt per sequence, then `steps` decode steps of all `batch` sequences together
 // (tokens fixed by the step and the sequence), in one vector: the decode rows in order.
 std::vector<float> DecodeLogits(const std::string& path, CudaMode mode, int batch, int steps) {
-  std::unique_ptr<CudaBackend> b = OpenGpu(path, mode);
-  if (b == nullptr) return {};
-  CudaBackend& backend = *b;
+  CudaBackendOptions o;
+  o.mode = mode;
+  o.max_batch_tokens = 64;
+  o.max_sequences = 4;
+  o.max_context = 128;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Open(path, o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (!b.ok()) return {};
+  CudaBackend& backend = **b;
   const int64_t V = backend.config().vocab;
   std::vector<SequenceSlot> seqs;
   std::vector<float> prompt_logits(static_cast<size_t>(V));
