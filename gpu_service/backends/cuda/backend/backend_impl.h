@@ -17,11 +17,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/decode_graphs.h"
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
+#include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
@@ -29,6 +31,18 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
 namespace tandem {
+namespace backend_internal {
+
+// A kernel launcher's status: cudaErrorInvalidValue is a shape or type the kernel refused (said so,
+// naming `what`), any other error the CUDA error.
+inline absl::Status Launch(cudaError_t err, const char* what) {
+  if (err == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape or type refused by the kernel"));
+  }
+  return cuda::CudaStatus(err, what, __FILE__, __LINE__);
+}
+
+}  // namespace backend_internal
 
 // The shared expert's parts stacked into one fast-prefill GEMM: [gate; up], plus its gate logit
 // when the model has one over the same input. PrepareDenseWeights (cuda_backend.cc) prepares this

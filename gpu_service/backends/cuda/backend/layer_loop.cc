@@ -1,6 +1,7 @@
 // The blocks of one layer (docs/MODEL.md §4.2) and the head on the GPU, for a whole step's batch:
-// products batched over every token of the step, per-sequence kernels (GDN recurrence, indexer,
-// Engram) looped over the step's sequences.
+// products batched over every token of the step, per-sequence kernels (Engram) looped over the
+// step's sequences; the streams' fork and join, the L2 prefetches, the hyper-connection reads. The
+// two mixers (GDN, attention) are in mixer_layers.cc.
 #include <algorithm>
 #include <array>
 #include <span>
@@ -10,31 +11,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/reference/engram.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
-#include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
-#include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
-#include "gpu_service/backends/cuda/moe/indexer.cuh"
 
 namespace tandem {
 
 using cuda::Stage;
 
-namespace {
-
-absl::Status Launch(cudaError_t err, const char* what) {
-  if (err == cudaErrorInvalidValue) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shape or type refused by the kernel"));
-  }
-  return cuda::CudaStatus(err, what, __FILE__, __LINE__);
-}
-
-}  // namespace
+using backend_internal::Launch;
 
 absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out,
                                         bool accurate, cudaStream_t on) {
@@ -210,258 +198,6 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   if (!r.inject.present()) return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
   if (absl::Status s = Product(r.inject, N, n, inject); !s.ok()) return s;
   return Launch(cuda::LaunchInjectWeights(inject, n * S, inject, st), "inject weights");
-}
-
-absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
-  const cuda::GpuLayer& w = dm->layers[layer];
-  const GdnDims& d = c->gdn;
-  const cuda::GdnShape& shape = gdn_shape;
-  const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
-  cudaStream_t st = stream.get();
-  // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
-  // joined before the gates need ba. Larger steps go in order (GEMMs share one cuBLAS handle).
-  const bool overlap = T <= cuda::kMatVecMaxRows;
-  bool decode = true;
-  for (int64_t n : plan.counts) decode &= n == 1;
-  if (overlap) {
-    if (absl::Status s = Fork(); !s.ok()) return s;
-  }
-  // Where the prefill kernels read the products' rows: their own arrays, or the parts of the stacked
-  // product's rows [qkv | z | ba] (row stride `stride`). Decode keeps its arrays (its kernels read
-  // them contiguous).
-  const float *qkv_rows = qkv, *z_rows = zg, *ba_rows = ba;
-  int64_t qkv_stride = cd, z_stride = vw, ba_stride = 2 * nv;
-  absl::StatusOr<int64_t> stride = int64_t{0};
-  if (!overlap && !decode) stride = MixerStacked(w, T, {});
-  if (!stride.ok()) return stride.status();
-  // Decode: ba first on the side stream, the gates waiting for it alone (a mark, not a join), z
-  // after it, joined before the gated norm, its only reader (cuda::GdnDecodeOrder). The CUPTI
-  // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
-  // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
-  const bool ba_first = overlap && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
-  if (ba_first) {
-    if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
-    if (absl::Status s = side_fork->Mark(side.get()); !s.ok()) return s;
-    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
-    if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-  } else if (overlap) {
-    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
-    if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
-    if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-  } else if (*stride > 0) {
-    qkv_rows = mixer_rows.as<float>();
-    z_rows = qkv_rows + w.qkv.rows;
-    ba_rows = z_rows + w.z.rows;
-    qkv_stride = z_stride = ba_stride = *stride;
-  } else if (absl::Status s = Products({{&w.z, zg}, {&w.ba, ba}, {&w.qkv, qkv}}, x, T); !s.ok()) {
-    return s;  // one f16 conversion of x for the three
-  }
-  if (overlap && !decode) {
-    if (absl::Status s = Join(); !s.ok()) return s;
-  }
-  if (decode) {
-    // One token per sequence: one launch per kernel whatever the batch, each token finding its
-    // sequence's state through the step's row list in device memory (seq_dev), so that the launch
-    // arguments do not depend on which sequences run (decode_graphs.h).
-    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv, recurrent + gdn_conv_off[layer], recurrent_floats,
-                                                          seq_dev(), w.conv1d, T, shape, conv, st),
-                                "gdn conv (decode)");
-        !s.ok()) {
-      return s;
-    }
-    if (ba_first) {
-      if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
-    } else if (overlap) {
-      if (absl::Status s = Join(); !s.ok()) return s;
-    }
-    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
-                                "gdn prepare");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Launch(cuda::LaunchGdnRecurrentDecode(conv, g, beta, T, shape, recurrent + gdn_ssm_off[layer],
-                                                               recurrent_floats, seq_dev(), go, st),
-                                "gdn recurrent (decode)");
-        !s.ok()) {
-      return s;
-    }
-  }
-  for (size_t i = 0; i < plan.seqs.size() && !decode; ++i) {
-    const int64_t off = plan.offsets[i], n = plan.counts[i];
-    float* base = state(*plan.seqs[i]);
-    // The conv and the q/k norms and gates in one pass over the qkv rows.
-    if (absl::Status s = Launch(cuda::LaunchGdnConvPrepare(qkv_rows + off * qkv_stride, base + gdn_conv_off[layer],
-                                                           w.conv1d, ba_rows + off * ba_stride, w.ssm_a, w.dt_bias, n,
-                                                           shape, conv + off * cd, g + off * nv, beta + off * nv, st,
-                                                           qkv_stride, ba_stride),
-                                "gdn conv + prepare");
-        !s.ok()) {
-      return s;
-    }
-    // Prefill chunks through the chunked form (tensor cores in fast mode), decode token by token.
-    if (n > 1 && gdn_scratch_bytes > 0) {
-      const cuda::GdnChunkPrecision precision =
-          options.mode == CudaMode::kFast && options.fast_gdn ? cuda::GdnChunkPrecision::kTf32
-                                                              : cuda::GdnChunkPrecision::kF32;
-      if (absl::Status s = Launch(cuda::LaunchGdnChunked(conv + off * cd, g + off * nv, beta + off * nv, n, shape,
-                                                         precision, gdn_scratch, gdn_scratch_bytes,
-                                                         base + gdn_ssm_off[layer], go + off * vw, st),
-                                  "gdn chunked");
-          !s.ok()) {
-        return s;
-      }
-    } else if (absl::Status s = Launch(cuda::LaunchGdnRecurrent(conv + off * cd, g + off * nv, beta + off * nv, n,
-                                                                shape, base + gdn_ssm_off[layer], go + off * vw, st),
-                                       "gdn recurrent");
-               !s.ok()) {
-      return s;
-    }
-  }
-  if (ba_first) {
-    if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
-  }
-  const cuda::GemmMode mode = gemm->mode();
-  if (T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode)) {
-    // The norm writes the output product's f16 input rows itself (no f32 rows read back).
-    uint16_t* go16 = gemm->input_scratch();
-    if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, z_rows, w.ssm_norm, d.eps, T, shape,
-                                                              mode == cuda::GemmMode::kFastSplit, go16, st, z_stride),
-                                "gdn gated norm (f16 rows)");
-        !s.ok()) {
-      return s;
-    }
-    return gemm->RunInput(w.ssm_out, cuda::DenseGemm::F16Input{go16, T, vw, mode}, y, st);
-  }
-  if (absl::Status s =
-          Launch(cuda::LaunchGdnGatedNorm(go, z_rows, w.ssm_norm, d.eps, T, shape, go, st, z_stride), "gdn gated norm");
-      !s.ok()) {
-    return s;
-  }
-  return Product(w.ssm_out, go, T, y);
-}
-
-absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
-  const cuda::GpuLayer& w = dm->layers[layer];
-  const AttnDims& d = c->attn;
-  const cuda::AttnShape& shape = attn_shape;
-  const int64_t T = plan.tokens, slot = attn_slot[layer];
-  cudaStream_t st = stream.get();
-  // Small steps: keys and values (products and the cache append) on the side stream, beside the
-  // queries; joined before attention reads the cache.
-  const bool overlap = T <= cuda::kMatVecMaxRows;
-  if (overlap) {
-    if (absl::Status s = Fork(); !s.ok()) return s;
-  }
-  cudaStream_t kvs = overlap ? side.get() : st;
-  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
-  // Keys and values from their arrays, or from the stacked product's rows [k | v] (row stride kv_stride).
-  const float *k_rows = kb, *v_rows = vb;
-  int64_t kv_stride = 0;
-  if (!overlap) {  // one f16 conversion of x for the three products
-    absl::StatusOr<int64_t> stride = MixerStacked(w, T, {{&w.q, qg}});
-    if (!stride.ok()) return stride.status();
-    if (*stride > 0) {
-      k_rows = mixer_rows.as<float>();
-      v_rows = k_rows + w.k.rows;
-      kv_stride = *stride;
-    } else if (absl::Status s = Products({{&w.k, kb}, {&w.v, vb}, {&w.q, qg}}, x, T); !s.ok()) {
-      return s;
-    }
-  } else {
-    if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
-    if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
-  }
-  if (absl::Status s = Launch(cuda::LaunchKvAppend(k_rows, v_rows, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(),
-                                                   pos_dev(), cache, kvs, kv_stride),
-                              "kv append");
-      !s.ok()) {
-    return s;
-  }
-  if (overlap) {
-    if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
-  }
-  if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
-                              "query norm rope");
-      !s.ok()) {
-    return s;
-  }
-  if (overlap) {
-    if (absl::Status s = Join(); !s.ok()) return s;
-  }
-  if (!d.has_indexer()) {
-    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),
-                                                      cache, ao, attn_scratch, st),
-                                "attention");
-        !s.ok()) {
-      return s;
-    }
-    return Product(w.o, ao, T, y);
-  }
-
-  // Indexer: queries and raw keys, the block keys completed by this step, scores and selection,
-  // per sequence; then attention over the selected blocks for the whole batch.
-  const int ih = static_cast<int>(d.ih), di = static_cast<int>(d.di), cr = static_cast<int>(d.cr);
-  const int keep = static_cast<int>(d.keep), rot = static_cast<int>(d.rot);
-  const int64_t row_w = d.ih * d.di + d.di;
-  if (absl::Status s = Product(w.idx_qk, x, T, iqk); !s.ok()) return s;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const int64_t off = plan.offsets[i], n = plan.counts[i], start = plan.starts[i];
-    const int32_t row = plan.seqs[i]->row;
-    float* keys = index_keys[slot] + static_cast<int64_t>(row) * options.max_context * di;
-    float* bkeys = block_keys[slot] + static_cast<int64_t>(row) * block_slots * di;
-    if (absl::Status s = Launch(cuda::LaunchIndexerPrepare(iqk + off * row_w, w.idx_q_norm, static_cast<int>(n), ih, di,
-                                                           rot, d.theta, d.eps, start, iq + off * ih * di, keys, st),
-                                "indexer prepare");
-        !s.ok()) {
-      return s;
-    }
-    const int64_t first_block = start / cr, end_block = (start + n) / cr;
-    if (end_block > first_block) {
-      if (absl::Status s = Launch(cuda::LaunchIndexerBlockKeys(keys, w.idx_k_norm, first_block,
-                                                               static_cast<int>(end_block - first_block), cr, di, rot,
-                                                               d.theta, d.eps, bkeys, st),
-                                  "indexer block keys");
-          !s.ok()) {
-        return s;
-      }
-    }
-    if ((start + n - 1) / cr > 0) {
-      if (absl::Status s = Launch(cuda::LaunchIndexerScores(iq + off * ih * di, bkeys, static_cast<int>(n), ih, di, start,
-                                                            cr, scores + off * block_slots,
-                                                            static_cast<int>(block_slots), st),
-                                  "indexer scores");
-          !s.ok()) {
-        return s;
-      }
-    }
-    if (absl::Status s = Launch(cuda::LaunchIndexerSelect(scores + off * block_slots, static_cast<int>(block_slots),
-                                                          static_cast<int>(n), start, cr, keep,
-                                                          sel_blocks + off * (keep + 1), sel_counts + off, st),
-                                "indexer select");
-        !s.ok()) {
-      return s;
-    }
-  }
-  cuda::SparseAttnArgs args;
-  args.q = q;
-  args.qg = qg;
-  args.n = T;
-  args.nh = shape.nh;
-  args.kvh = shape.kvh;
-  args.hd = shape.hd;
-  args.token_seq = seq_dev();
-  args.token_pos = pos_dev();
-  args.k_cache = cache.k;
-  args.v_cache = cache.v;
-  args.page_table = page_table;
-  args.max_pages = static_cast<int>(max_pages);
-  args.blocks = sel_blocks;
-  args.counts = sel_counts;
-  args.max_selected = keep + 1;
-  args.cr = cr;
-  args.o = ao;
-  if (absl::Status s = Launch(cuda::LaunchSparseAttention(args, st), "sparse attention"); !s.ok()) return s;
-  return Product(w.o, ao, T, y);
 }
 
 absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
