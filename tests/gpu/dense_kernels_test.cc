@@ -372,68 +372,6 @@ TEST_P(GpuDenseTest, GemmStackAndConvertedInputMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, GpuDenseTest, ::testing::ValuesIn(gpu_testing::GpuTypes()), TypeName);
 
-// The one-row Q6_K head kernel (matvec_q6k_head.cuh, MatVecKernel::kQ6Head) at the LM head's shape
-// (2048 -> 151936, what kAuto sends it) and at small ones (rows not a multiple of its row groups,
-// a 16-byte padded stride, fewer rows than warps): every compiled variant, its default grid and
-// one block per SM (several row groups a warp), against the CPU reference and bit for bit against
-// the staged kernel it replaces (same sums in the same order); kAuto at the head shape too. The
-// head-sized matrix is random Q6_K bytes with small finite f16 scales (quantizing 311M values on
-// the host would take minutes).
-TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  using K = cuda::MatVecKernel;
-  struct Case {
-    int64_t rows, pad;
-  };
-  for (const Case c : {Case{151936, 0}, Case{1001, 16}, Case{37, 0}, Case{5, 16}}) {
-    const int64_t cols = 2048, natural = 1680, row_bytes = natural + c.pad;
-    std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * c.rows), 0xFF);
-    std::mt19937_64 bits(rng());
-    for (int64_t r = 0; r < c.rows; ++r) {
-      uint8_t* row = bytes.data() + r * row_bytes;
-      for (int64_t i = 0; i < natural; i += 8) {
-        const uint64_t v = bits();
-        std::memcpy(row + i, &v, 8);  // natural % 8 == 0
-      }
-      for (int64_t b = 0; b < cols / 256; ++b) {
-        const uint16_t d = static_cast<uint16_t>(0x1400u | (bits() & 0x8FFFu));  // |d| in [2^-10, 2^-7)
-        std::memcpy(row + b * 210 + 208, &d, 2);
-      }
-    }
-    auto d_w = Upload(bytes);
-    const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, c.rows, row_bytes};
-    const MatrixView view{WeightType::kQ6_K, bytes.data(), cols, c.rows, row_bytes};
-    const std::vector<float> x = Random(rng, static_cast<size_t>(cols));
-    auto d_x = Upload(x);
-    std::vector<float> want(static_cast<size_t>(c.rows));
-    MatMul(view, x.data(), 1, want.data(), nullptr);
-    auto run = [&](const cuda::MatVecOptions& o) {
-      auto d_y = Poisoned<float>(static_cast<size_t>(c.rows));
-      EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaSuccess);
-      return Download(d_y);
-    };
-    const std::vector<float> staged = run({K::kStaged, 0, 0});
-    const std::string shape = "_r" + std::to_string(c.rows) + "_pad" + std::to_string(c.pad);
-    EXPECT_LE(gpu_testing::LogError("q6head_staged" + shape, RelL2(staged, want)), 1e-5);
-    std::vector<std::pair<std::string, cuda::MatVecOptions>> runs;
-    for (int v = 0; v < cuda::kMatVecHeadVariants; ++v) {
-      const std::string name = std::string("v") + std::to_string(v);
-      runs.push_back({name, {K::kQ6Head, 0, 0, v}});
-      runs.push_back({name + "_b1", {K::kQ6Head, 0, 1, v}});
-    }
-    if (c.rows == 151936) runs.push_back({"auto", {K::kAuto, 0, 0}});
-    for (const auto& [name, o] : runs) {
-      const std::vector<float> got = run(o);
-      const std::string what = "q6head_" + name + shape;
-      EXPECT_LE(gpu_testing::LogError(what, RelL2(got, want)), 1e-5) << what;
-      ASSERT_EQ(got.size(), staged.size());
-      EXPECT_EQ(std::memcmp(got.data(), staged.data(), got.size() * sizeof(float)), 0)
-          << what << ": not the staged kernel's bits";
-    }
-  }
-}
-
 // SiLU(gate)·up of a stacked gate/up GEMM written as f16 rows for the next product
 // (LaunchSiluMulToF16Rows): hi + lo within 1e-6 of the f32 value (relative L2), hi alone within
 // f16's rounding, the stacked gate logit copied exactly; both the vector (ffn % 8 == 0) and the
