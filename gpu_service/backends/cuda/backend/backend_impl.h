@@ -1,5 +1,6 @@
-// Internals of CudaBackend shared by its two translation units (cuda_backend.cc: sequences, steps,
-// KeepFirst; layer_loop.cc: the blocks of one layer and the head). Not a public header.
+// Internals of CudaBackend shared by its translation units (cuda_backend.cc: sequences, steps,
+// KeepFirst; cuda_backend_setup.cc: loading; layer_loop.cc: the blocks of one layer and the head;
+// mixer_layers.cc: the GDN and attention mixers). Not a public header.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 
@@ -223,6 +224,7 @@ class CudaBackend::Impl {
   // mode, unprepared matrices, FusedNormInput() off).
   cuda::GemmMode ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const;
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
+  // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
   // Which rows of the step go through the head (head_first, head_rows): host only, every step.

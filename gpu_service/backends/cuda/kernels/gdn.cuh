@@ -127,7 +127,7 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
                                       int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
                                       int64_t z_stride = 0);
 
-// Decode's schedule of the GDN input products (backend/layer_loop.cc RunGdn), qkv on the main
+// Decode's schedule of the GDN input products (backend/mixer_layers.cc RunGdn), qkv on the main
 // stream and ba, z on the side stream:
 //   kZBa   z then ba, one join before the gates (the order before 2026-12-01);
 //   kBaZ   ba then z, the gates waiting for ba only (a mark) and the gated norm, z's only reader,
