@@ -44,7 +44,6 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-cp -r scripts/device "$out/scripts"
 mkdir -p "$out/repo"
 cp -r scripts "$out/repo/"
 du -sh "$out"

@@ -230,26 +230,15 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   if (y != nullptr && rows >= kGeneralInjectRows) {
     return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
   }
-  if (h4 <= 128) {
-    return LaunchPdl(InjectRmsNormRegKernel<1, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
-                     q);
-  }
-  if (h4 <= 256) {
-    return LaunchPdl(InjectRmsNormRegKernel<2, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
-                     q);
-  }
-  if (h4 < 512) {
-    return LaunchPdl(InjectRmsNormRegKernel<4, 128, kCopies>, rows, 128, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
-                     q);
-  }
-  if (h4 <= 512) {
-    return LaunchPdl(InjectRmsNormRegKernel<2, 256, kCopies>, rows, 256, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
-                     q);
-  }
-  if (h4 <= 1024) {
-    return LaunchPdl(InjectRmsNormRegKernel<4, 256, kCopies>, rows, 256, smem, stream, H, S, h, a, y, gamma, eps, N, N16,
-                     q);
-  }
+  // One register kernel per row-width bucket: (vectors a thread, threads a block).
+  auto reg = [&](auto kernel, unsigned threads) {
+    return LaunchPdl(kernel, rows, threads, smem, stream, H, S, h, a, y, gamma, eps, N, N16, q);
+  };
+  if (h4 <= 128) return reg(InjectRmsNormRegKernel<1, 128, kCopies>, 128);
+  if (h4 <= 256) return reg(InjectRmsNormRegKernel<2, 128, kCopies>, 128);
+  if (h4 < 512) return reg(InjectRmsNormRegKernel<4, 128, kCopies>, 128);
+  if (h4 <= 512) return reg(InjectRmsNormRegKernel<2, 256, kCopies>, 256);
+  if (h4 <= 1024) return reg(InjectRmsNormRegKernel<4, 256, kCopies>, 256);
   return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
 }
 
