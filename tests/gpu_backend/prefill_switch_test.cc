@@ -1,7 +1,8 @@
 // The backend's A/B switches of fast prefill (planners, the norm writing the products' f16 rows,
-// stacked mixer products, the MoE glue) against the paths they replaced, on generated presets:
-// bit-identical logits where the same sums run in the same order, else agreement to rounding at the
-// positions before the first flipped expert pick. Every case skips without a GPU (CI).
+// stacked mixer products, the MoE glue, the norm writing the streamed experts' f16 rows) against
+// the paths they replaced, on generated presets: bit-identical logits where the same sums run in
+// the same order, else agreement to rounding at the positions before the first flipped expert pick.
+// Every case skips without a GPU (CI).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -233,6 +234,25 @@ TEST_P(MoeGlueTest, NewGlueGivesTheOldGlueLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, MoeGlueTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
+
+// Fast prefill steps whose routed experts take the streamed f16 kernels (device-planned, more than
+// kDeviceMmqMaxMeanRows rows per expert: tiny-q3n at 160 and 65 tokens (E 16, K 4), small at 160
+// (E 64, K 8; its 65-token step takes the MMQ kernels)) have the FFN stream norm write the kernels'
+// f16 input rows (NormMmqOut::x16, MoeStage::StreamedF16Input) unless TANDEM_OLD_STREAMED_INPUT /
+// SetOldStreamedInput(true), which converts x in its own launch as before: the same rounding of the
+// same f32 values, so the same logits bit for bit. tiny (hyper-connection streams: no plain read)
+// and exact mode never take it; run too, as the guard that they stay untouched.
+class StreamedInputTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StreamedInputTest, NormWrittenExpertRowsGiveTheConvertedLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetOldStreamedInput(on); },
+                                    cuda::OldStreamedInput(), 51, "norm-written expert f16 rows vs conversion");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, StreamedInputTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 }  // namespace
 }  // namespace tandem

@@ -272,6 +272,51 @@ void BenchGlue(int only_n) {
     BENCH_CHECK(cudaFree(q0));
     BENCH_CHECK(cudaFree(q1));
   }
+  // The streamed experts' f16 input rows (h/normf16) at the sizes that take the streamed kernels:
+  // the FFN norm (with the router's split rows) then LaunchConvertToF16 over its N, against the
+  // norm writing them (NormMmqOut::x16). Bytes of the conversion: n·h·(4 + 2).
+  for (int n : {2048, 8192}) {
+    if (only_n > 0 && n != only_n) continue;
+    float* H = bench::RandomFloats(static_cast<size_t>(n) * kH, 31);
+    float* y = bench::RandomFloats(static_cast<size_t>(n) * kH, 32);
+    float* gamma = bench::RandomFloats(kH, 33);
+    float* N = nullptr;
+    uint16_t *N16 = nullptr, *x0 = nullptr, *x1 = nullptr;
+    BENCH_CHECK(cudaMalloc(&N, static_cast<size_t>(n) * kH * 4));
+    BENCH_CHECK(cudaMalloc(&N16, static_cast<size_t>(n) * 3 * kH * 2));
+    BENCH_CHECK(cudaMalloc(&x0, static_cast<size_t>(n) * kH * 2));
+    BENCH_CHECK(cudaMalloc(&x1, static_cast<size_t>(n) * kH * 2));
+    NormMmqOut out;
+    out.x16 = x1;
+    const double fused = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr, &out));
+    });
+    const double sep = bench::TimeMs([&] {
+      BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr));
+      BENCH_CHECK(LaunchConvertToF16(N, static_cast<int64_t>(n) * kH, x0, nullptr));
+    });
+    const double norm_only = bench::TimeMs(
+        [&] { BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr)); });
+    const double convert = bench::TimeMs(
+        [&] { BENCH_CHECK(LaunchConvertToF16(N, static_cast<int64_t>(n) * kH, x0, nullptr)); });
+    // Equality: one more norm writing the rows, then the conversion of its N.
+    BENCH_CHECK(LaunchInjectRmsNormF16(H, n, 1, kH, nullptr, y, gamma, 1e-6f, N, 3, N16, nullptr, &out));
+    BENCH_CHECK(LaunchConvertToF16(N, static_cast<int64_t>(n) * kH, x0, nullptr));
+    std::vector<uint16_t> a(static_cast<size_t>(n) * kH), b(a.size());
+    BENCH_CHECK(cudaMemcpy(a.data(), x0, a.size() * 2, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), x1, b.size() * 2, cudaMemcpyDeviceToHost));
+    const double cbytes = static_cast<double>(n) * kH * 6;
+    std::printf("glue expert f16 rows n=%-5d: convert %7.2f us (floor %.2f us at 4.5 TB/s); norm+f16 split %7.2f us, "
+                "+ convert %7.2f us, norm writing the rows %7.2f us; rows %s\n",
+                n, convert * 1e3, cbytes / 4.5e6, norm_only * 1e3, sep * 1e3, fused * 1e3, a == b ? "EQUAL" : "DIFFER");
+    BENCH_CHECK(cudaFree(H));
+    BENCH_CHECK(cudaFree(y));
+    BENCH_CHECK(cudaFree(gamma));
+    BENCH_CHECK(cudaFree(N));
+    BENCH_CHECK(cudaFree(N16));
+    BENCH_CHECK(cudaFree(x0));
+    BENCH_CHECK(cudaFree(x1));
+  }
   BENCH_CHECK(cudaDeviceSynchronize());
 }
 
@@ -424,7 +469,7 @@ int Main(bool decode_only, bool routing_only, bool one_token_only, bool glue_onl
 // kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
 // graph-replayed, then the tile kernel's knob sweep.
 // --one-token-only: only BenchOneToken (the n = 1 MoE chain, old and new).
-// --glue-only: only BenchGlue (the MoE prefill glue: scatter-sum, x quantization; old and new);
+// --glue-only: only BenchGlue (the MoE prefill glue: scatter-sum, x quantization, expert f16 rows; old and new);
 // --glue-n=N: of it only N tokens.
 int main(int argc, char** argv) {
   bool decode_only = false, routing_only = false, one_token_only = false, glue_only = false;

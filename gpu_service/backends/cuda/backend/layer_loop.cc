@@ -264,13 +264,22 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
-  // A plain read's norm also quantizes x for the MoE's integer-MMA experts when the stage would
-  // (MoeStage::MmqInput; not with TANDEM_OLD_MOE_GLUE=1): one launch fewer a layer.
+  // A plain read's norm also writes x in the form the MoE's experts read it when the stage would
+  // make it: quantized for the integer-MMA experts (MoeStage::MmqInput; not with
+  // TANDEM_OLD_MOE_GLUE=1), or as f16 rows for the streamed ones (StreamedF16Input; not with
+  // TANDEM_OLD_STREAMED_INPUT=1): one launch fewer a layer.
   std::optional<cuda::MmqActivations> mmq_x;
-  if (!w.ffn_read.down.present() && cuda::NormMmqFits(c->h)) mmq_x = moe->MmqInput(layer, T, *experts);
   cuda::NormMmqOut xq;
-  if (mmq_x.has_value()) xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
-  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), mmq_x.has_value() ? &xq : nullptr);
+  if (!w.ffn_read.down.present()) {
+    if (cuda::NormMmqFits(c->h)) mmq_x = moe->MmqInput(layer, T, *experts);
+    if (mmq_x.has_value()) {
+      xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
+    } else {
+      xq.x16 = moe->StreamedF16Input(layer, T, *experts);
+    }
+  }
+  const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
+  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
       !s.ok()) {
     return s;
   }
@@ -280,7 +289,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out, cudaStream_t on) {
     return Product(m, in, n, out, /*accurate=*/true, on);
   };
-  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, mmq_x.has_value());
+  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready);
       !s.ok()) {
     return s;
   }

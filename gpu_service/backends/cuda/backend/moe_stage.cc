@@ -42,6 +42,11 @@ std::atomic<bool>& HostPrefillPlanSwitch() {
   return host;
 }
 
+std::atomic<bool>& OldStreamedInputSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_STREAMED_INPUT")};
+  return old;
+}
+
 }  // namespace
 
 namespace moe_stage_internal {
@@ -60,6 +65,8 @@ void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory
 bool HostPrefillPlan() { return HostPrefillPlanSwitch().load(std::memory_order_relaxed); }
 void SetPrefillSharedSerial(bool on) { PrefillSharedSerialSwitch().store(on, std::memory_order_relaxed); }
 bool PrefillSharedSerial() { return PrefillSharedSerialSwitch().load(std::memory_order_relaxed); }
+void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memory_order_relaxed); }
+bool OldStreamedInput() { return OldStreamedInputSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -216,22 +223,33 @@ bool SharedExpertRunsAsDenseGemms(const GpuLayer& l) {
   return true;
 }
 
-std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
+const ExpertPrefillRunner* MoeStage::Impl::DevicePlannedRunner(int64_t layer, int64_t n, ExpertSource& source) const {
   // Run's choice of path, step by step: the device-planned prefill with its runner.
-  Impl& m = *impl_;
-  const ModelConfig& c = m.config;
-  const GpuLayer& l = m.model->layers[layer];
-  if (OldMoeGlue() || n < 1 || n > m.options.max_tokens || n <= m.plan_tokens) return std::nullopt;
-  if (!(m.options.fast && n > kMaxUnitRows) || m.prefill_units_bound <= 0 || HostPrefillPlan()) return std::nullopt;
-  if (source.DeviceTable(layer) == nullptr) return std::nullopt;
-  auto it = m.prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, c.expert_ffn});
-  if (it == m.prefill.end()) return std::nullopt;
-  return it->second.MmqInputPlanes(n, n * c.moe.K, c.moe.E);
+  const GpuLayer& l = model->layers[layer];
+  if (n < 1 || n > options.max_tokens || n <= plan_tokens) return nullptr;
+  if (!(options.fast && n > kMaxUnitRows) || prefill_units_bound <= 0 || HostPrefillPlan()) return nullptr;
+  if (source.DeviceTable(layer) == nullptr) return nullptr;
+  auto it = prefill.find(ShapeKey{l.gate_exps.type, l.down_exps.type, config.expert_ffn});
+  return it == prefill.end() ? nullptr : &it->second;
+}
+
+std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
+  if (OldMoeGlue()) return std::nullopt;
+  const ExpertPrefillRunner* runner = impl_->DevicePlannedRunner(layer, n, source);
+  if (runner == nullptr) return std::nullopt;
+  return runner->MmqInputPlanes(n, n * impl_->config.moe.K, impl_->config.moe.E);
+}
+
+uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& source) {
+  if (OldStreamedInput()) return nullptr;
+  const ExpertPrefillRunner* runner = impl_->DevicePlannedRunner(layer, n, source);
+  if (runner == nullptr) return nullptr;
+  return runner->StreamedF16Input(n, n * impl_->config.moe.K, impl_->config.moe.E);
 }
 
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                           uint64_t* local_rows, DenseProductFn product, bool x_quantized) {
+                           uint64_t* local_rows, DenseProductFn product, bool x_ready) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -265,7 +283,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     }
     if (device) {
       return m.RunPrefillDevicePlanned(layer, x, n, y, table, runner, stream, side, timer, picks, local_rows, product,
-                                       x_quantized);
+                                       x_ready);
     }
   }
   // 1. Routing on the GPU; the picks (or, planned on the device, the units) come back to the host.

@@ -80,6 +80,12 @@ bool HostPrefillPlan();
 // TANDEM_PREFILL_SHARED_SERIAL on at start-up turns it on.
 void SetPrefillSharedSerial(bool on);
 bool PrefillSharedSerial();
+// Process-wide A/B switch: StreamedF16Input answers nullptr, so the streamed expert kernels'
+// input is converted by its own launch (ConvertF16Kernel, the path before h/normf16) instead of
+// being written by the stream norm. Off by default; TANDEM_OLD_STREAMED_INPUT on at start-up turns
+// it on.
+void SetOldStreamedInput(bool on);
+bool OldStreamedInput();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -115,16 +121,22 @@ class MoeStage {
   // (routing order; this waits for them whichever planner runs). Counts the rows computed on the
   // device into *local_rows. product computes the router and shared-gate logits.
   // side (may be nullptr): a second stream for work that can overlap (the shared expert beside the
-  // routed ones, with the device planner); it is joined back before Run's last kernel.
+  // routed ones, with the device planner); it is joined back before Run's last kernel. x_ready: the
+  // caller already wrote the experts' form of x that MmqInput or StreamedF16Input named.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                   uint64_t* local_rows, DenseProductFn product, bool x_quantized = false);
+                   uint64_t* local_rows, DenseProductFn product, bool x_ready = false);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
   // kernels (the device-planned prefill path with such a kernel), or nullopt (another path, or
   // TANDEM_OLD_MOE_GLUE=1). A caller that writes those planes while writing x (the stream norm's
-  // NormMmqOut) passes x_quantized = true to that Run, which then does not quantize x again.
+  // NormMmqOut) passes x_ready = true to that Run, which then does not quantize x again.
   std::optional<MmqActivations> MmqInput(int64_t layer, int64_t n, ExpertSource& source);
+  // The same for the streamed f16 expert kernels (the device-planned prefill path with kStreamed*:
+  // 2048 and 8192 tokens on the 80B model): where Run would convert x to f16 rows (n rows of h,
+  // round to nearest even), or nullptr (another path, or OldStreamedInput). A caller that writes
+  // them while writing x (NormMmqOut::x16) passes x_ready = true, and Run does not convert x again.
+  uint16_t* StreamedF16Input(int64_t layer, int64_t n, ExpertSource& source);
 
   // The device planner flags picks it could not place (never expected from the router). Enqueue
   // the flag's read-back at the end of a step, then check it once the stream has reached it.

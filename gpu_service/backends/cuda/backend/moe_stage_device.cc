@@ -82,7 +82,7 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
                                                      const ExpertLocation* table, ExpertPrefillRunner* runner,
                                                      cudaStream_t stream, cudaStream_t side, StageTimer& timer,
                                                      std::vector<int32_t>* picks, uint64_t* local_rows,
-                                                     DenseProductFn product, bool x_quantized) {
+                                                     DenseProductFn product, bool x_ready) {
   const ModelConfig& c = config;
   const GpuLayer& l = model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
@@ -141,9 +141,9 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
   if (runner != nullptr) {
     const absl::Status s =
         grid ? runner->RunDeviceTiles(bound, static_cast<int>(n), static_cast<int>(n * K), E, x, partial.as<float>(),
-                                      stream, x_quantized)
+                                      stream, x_ready)
              : runner->RunDevicePlanned(plan_units.as<ExpertUnit>(), count, bound, static_cast<int>(n),
-                                        static_cast<int>(n * K), E, x, partial.as<float>(), error, stream, x_quantized);
+                                        static_cast<int>(n * K), E, x, partial.as<float>(), error, stream, x_ready);
     if (!s.ok()) return s;
   } else {
     const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.gate_exps.type),

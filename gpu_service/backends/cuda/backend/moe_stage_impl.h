@@ -149,7 +149,10 @@ struct MoeStage::Impl {
   absl::Status RunPrefillDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                        const ExpertLocation* table, ExpertPrefillRunner* runner, cudaStream_t stream,
                                        cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                                       uint64_t* local_rows, DenseProductFn product, bool x_quantized = false);
+                                       uint64_t* local_rows, DenseProductFn product, bool x_ready = false);
+  // The prefill runner Run(layer, x, n, ...) with this source hands x to through
+  // RunPrefillDevicePlanned, or nullptr for any other path (MmqInput, StreamedF16Input).
+  const ExpertPrefillRunner* DevicePlannedRunner(int64_t layer, int64_t n, ExpertSource& source) const;
 };
 
 }  // namespace tandem::cuda

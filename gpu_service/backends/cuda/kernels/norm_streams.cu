@@ -90,6 +90,7 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
                                  gg.w * (v.w * scale));
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
+    if (q.x16 != nullptr) StoreF16Values<1>(q.x16, t, 0, 1, h, i, r);  // S = 1 (NormMmqOk)
     if (q.hi != nullptr) staged[i] = r;
   }
   if (q.hi != nullptr) QuantizeStagedRow(reinterpret_cast<const float*>(staged), t, h, q);
@@ -154,6 +155,7 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
                                  gg[k].w * (v[k].w * scale));
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
+    if (q.x16 != nullptr) StoreF16Values<1>(q.x16, t, 0, 1, h, i, r);  // S = 1 (NormMmqOk)
     if (q.hi != nullptr) staged[i] = r;
   }
   if (q.hi != nullptr) QuantizeStagedRow(reinterpret_cast<const float*>(staged), t, h, q);
@@ -242,9 +244,11 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
 }
 
-// The folded quantization's conditions (NormMmqOut).
+// The folded quantization's and the MoE f16 rows' conditions (NormMmqOut).
 bool NormMmqOk(int64_t S, int64_t h, const NormMmqOut* q) {
-  if (q == nullptr || q->hi == nullptr) return true;
+  if (q == nullptr) return true;
+  if (q->x16 != nullptr && (S != 1 || reinterpret_cast<uintptr_t>(q->x16) % 8 != 0)) return false;
+  if (q->hi == nullptr) return true;
   return S == 1 && NormMmqFits(h) && q->lo != nullptr && q->scale != nullptr && q->sumx != nullptr &&
          reinterpret_cast<uintptr_t>(q->hi) % 8 == 0 && reinterpret_cast<uintptr_t>(q->lo) % 8 == 0;
 }

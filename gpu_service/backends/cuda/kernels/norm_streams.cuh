@@ -21,11 +21,17 @@ namespace tandem::cuda {
 // [n][h / 32]), bit for bit what LaunchMmqQuantize over N leaves (the same device function,
 // moe/mmq_quantize.cuh), in the norm's launch instead of one more. Needs S = 1, h a multiple of
 // 256 and at most 12288 (the row is staged in shared memory), hi/lo 8-byte aligned.
+// x16 (set alone or with the planes; the planes' fields may then stay nullptr): the normed rows
+// rounded to f16 (nearest even), [n][h], bit for bit what LaunchConvertToF16 (moe/expert_prefill.cuh)
+// over N leaves: the streamed Q4_K expert kernels' input (ExpertPrefillRunner's x_f16_), written
+// here instead of by one more launch that reads N back (98.5 us a layer at 8192 tokens of h 2048).
+// Needs S = 1 and x16 8-byte aligned; any h the norm takes.
 struct NormMmqOut {
   int8_t* hi = nullptr;
   int8_t* lo = nullptr;
   float* scale = nullptr;
   float* sumx = nullptr;
+  uint16_t* x16 = nullptr;
 };
 
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:

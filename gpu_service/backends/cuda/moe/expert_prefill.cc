@@ -228,7 +228,7 @@ absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_row
 absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units,
                                                    int input_rows, int slots, int64_t experts, const float* x,
                                                    float* partial, int* error, cudaStream_t stream,
-                                                   bool x_quantized) {
+                                                   bool x_ready) {
   if (units == nullptr || num_units == nullptr) {
     return absl::InvalidArgumentError("ExpertPrefillRunner: device plan without units or unit count");
   }
@@ -241,7 +241,7 @@ absl::Status ExpertPrefillRunner::RunDevicePlanned(const ExpertUnit* units, cons
   b.num_units = num_units;
   b.scratch = device_plan_.as<int32_t>();
   TANDEM_CUDA_RETURN_IF_ERROR(LaunchBuildPrefillTiles(b, stream));
-  return RunDeviceTiles(max_units, input_rows, slots, experts, x, partial, stream, x_quantized);
+  return RunDeviceTiles(max_units, input_rows, slots, experts, x, partial, stream, x_ready);
 }
 
 std::optional<MmqActivations> ExpertPrefillRunner::MmqInputPlanes(int64_t input_rows, int64_t slots,
@@ -252,9 +252,18 @@ std::optional<MmqActivations> ExpertPrefillRunner::MmqInputPlanes(int64_t input_
   return MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, static_cast<int>(shape_.h));
 }
 
+uint16_t* ExpertPrefillRunner::StreamedF16Input(int64_t input_rows, int64_t slots, int64_t experts) const {
+  if (input_rows < 1 || input_rows > options_.max_input_rows || slots > max_slots_) return nullptr;
+  const std::optional<DevicePrefillChoice> choice = DevicePlannedChoice(slots, experts);
+  // Every device-planned choice that is not an integer-MMA kernel is a streamed f16 kernel reading
+  // x_f16_ (RunDeviceTiles).
+  if (!choice.has_value() || IsMmqKernel(choice->kernel) || x_f16_.get() == nullptr) return nullptr;
+  return x_f16_.as<uint16_t>();
+}
+
 absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts,
                                                  const float* x, float* partial, cudaStream_t stream,
-                                                 bool x_quantized) {
+                                                 bool x_ready) {
   absl::StatusOr<DeviceTiles> d = CheckDevicePlan(max_units, input_rows, slots, experts);
   if (!d.ok()) return d.status();
   if (reinterpret_cast<uintptr_t>(partial) % 8 != 0) {
@@ -269,7 +278,7 @@ absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, 
   if (IsMmqKernel(choice->kernel)) {
     const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
     const MmqActivations aq = MmqActivationPlanes(mmq_act_q_.get(), max_slots_, I);
-    if (!x_quantized) {
+    if (!x_ready) {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqQuantize(x, input_rows, h, xq, stream));
     }
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchMmqGateUp(choice->kernel, T, tiles, max_tiles, xq, index_.as<int32_t>(), h, I,
@@ -279,7 +288,10 @@ absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, 
     return absl::OkStatus();
   }
   uint16_t* xb = x_f16_.as<uint16_t>();
-  TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
+  // x_ready: the stream norm wrote these rows (StreamedF16Input), the same bits.
+  if (!x_ready) {
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchConvertToF16(x, static_cast<int64_t>(input_rows) * h, xb, stream));
+  }
   uint16_t* act = act_.as<uint16_t>();
   const uint32_t gu_type = static_cast<uint32_t>(shape_.gate_up_type);
   const uint32_t d_type = static_cast<uint32_t>(shape_.down_type);

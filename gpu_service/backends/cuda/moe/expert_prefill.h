@@ -187,7 +187,7 @@ class ExpertPrefillRunner {
   // sizes beyond the runner's or a misaligned partial.
   absl::Status RunDevicePlanned(const ExpertUnit* units, const int* num_units, int max_units, int input_rows,
                                 int slots, int64_t experts, const float* x, float* partial, int* error,
-                                cudaStream_t stream, bool x_quantized = false);
+                                cudaStream_t stream, bool x_ready = false);
 
   // RunDevicePlanned in two halves, for a caller whose own kernel builds the tiles (the grid
   // route-plan kernel, route_plan_grid.cuh; the tile builder is then not launched): DeviceTilesTarget
@@ -197,17 +197,23 @@ class ExpertPrefillRunner {
   // The same errors as RunDevicePlanned.
   absl::Status DeviceTilesTarget(int max_units, int input_rows, int slots, int64_t experts, int* error,
                                  DevicePrefillTilesArgs* target);
-  // x_quantized: the integer-MMA kernels' quantized x (MmqInputPlanes) was already written by the
-  // caller (the stream norm's folded quantization), so the call does not quantize x again; no
-  // effect on the f16 kernels.
+  // x_ready: the call's own form of x was already written by the caller (the stream norm's NormMmqOut):
+  // the integer-MMA kernels' quantized planes (MmqInputPlanes) or the streamed kernels' f16 rows
+  // (StreamedF16Input), so the call neither quantizes nor converts x again.
   absl::Status RunDeviceTiles(int max_units, int input_rows, int slots, int64_t experts, const float* x,
-                              float* partial, cudaStream_t stream, bool x_quantized = false);
+                              float* partial, cudaStream_t stream, bool x_ready = false);
 
   // Where a device-planned call of these sizes quantizes x for the integer-MMA kernels (the planes
   // of max_input_rows rows of h, LaunchMmqQuantize's), or nullopt when its choice is not such a
   // kernel or input_rows is beyond this runner's: a caller that writes the first input_rows rows
-  // of them itself passes x_quantized.
+  // of them itself passes x_ready.
   std::optional<MmqActivations> MmqInputPlanes(int64_t input_rows, int64_t slots, int64_t experts) const;
+
+  // Where a device-planned call of these sizes converts x to f16 rows for the streamed (f16 MMA)
+  // kernels (max_input_rows rows of h, LaunchConvertToF16's: round to nearest even), or nullptr when
+  // its choice is an integer-MMA kernel or input_rows is beyond this runner's: a caller that writes
+  // the first input_rows rows itself (the stream norm's NormMmqOut::x16) passes x_ready.
+  uint16_t* StreamedF16Input(int64_t input_rows, int64_t slots, int64_t experts) const;
 
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.
