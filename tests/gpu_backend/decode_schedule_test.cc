@@ -13,6 +13,7 @@
 
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -96,6 +97,19 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
     cuda::SetGdnDecodeOrder(on ? cuda::GdnDecodeOrder::kBaZ : cuda::GdnDecodeOrder::kZBa);
   });
   cuda::SetGdnDecodeOrder(was);
+}
+
+// GDN layers: the fused decode kernel (conv, norms, gates and recurrence in one launch; 2: with the
+// gated norm too) against the four kernels (TANDEM_GDN_DECODE_FUSED=0). Both presets' GDN shapes
+// fit the fused kernel (tiny-q3n: clusters of 4 blocks, small: 8).
+TEST_P(DecodeScheduleTest, GdnDecodeFusedGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const int was = cuda::GetGdnDecodeFused();
+  ExpectScheduleChangesNoLogits(GetParam(), "GDN decode four kernels vs fused",
+                                [](bool on) { cuda::SetGdnDecodeFused(on ? 1 : 0); });
+  ExpectScheduleChangesNoLogits(GetParam(), "GDN decode four kernels vs fused with gated norm",
+                                [](bool on) { cuda::SetGdnDecodeFused(on ? 2 : 0); });
+  cuda::SetGdnDecodeFused(was);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeScheduleTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
