@@ -57,6 +57,11 @@ bool OldMoeDecode() {
   return old;
 }
 
+bool OldSharedGate() {
+  static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
+  return old;
+}
+
 }  // namespace moe_stage_internal
 
 using moe_stage_internal::MaxPlanUnits;

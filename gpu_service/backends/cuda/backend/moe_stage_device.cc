@@ -27,6 +27,7 @@ namespace tandem::cuda {
 
 using moe_stage_internal::MaxPlanUnits;
 using moe_stage_internal::OldMoeDecode;
+using moe_stage_internal::OldSharedGate;
 
 absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
                                           cudaStream_t stream, const float** shared_out, const float** gate_out) {
@@ -196,8 +197,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // launch instead of two, and one fewer on the side chain that the down kernel waits for. (More
   // tokens keep the E-row router: their logits are n rows of E, which the routing kernels read.)
   const bool old_chain = OldSharedChain();
-  const bool gate_in_router = !old_chain && n == 1 && has_shared && l.shared_gate_inp.present() &&
-                              l.router_and_gate.present() && l.router_and_gate.rows == E + 1;
+  const bool gate_in_router = !old_chain && !OldSharedGate() && n == 1 && has_shared &&
+                              l.shared_gate_inp.present() && l.router_and_gate.present() &&
+                              l.router_and_gate.rows == E + 1;
   float* logits = m.logits.as<float>();
   if (has_shared) {
     if (overlap) {

@@ -39,6 +39,11 @@ inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, p
 // kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
 bool OldMoeDecode();
 
+// TANDEM_OLD_SHARED_GATE=1 (read once): of the new shared chain (OldSharedChain off), keep only the
+// unit table; one-token steps compute the gate logit as its own one-row product on the side stream
+// again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.
+bool OldSharedGate();
+
 }  // namespace moe_stage_internal
 
 struct MoeStage::Impl {
