@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/router.cuh"
 #include "gtest/gtest.h"
@@ -231,6 +232,31 @@ TEST(DevicePlanTest, RefusesShapesItCannotPlan) {
   a.K = 1;
   a.E = kDevicePlanMaxExperts + 1;
   EXPECT_EQ(LaunchPlanMoeOnDevice(a, nullptr), cudaErrorInvalidValue);
+}
+
+// The shared expert's units that MoeStage builds once on the host for its decode table
+// (DenseExpertUnits; unless TANDEM_OLD_SHARED_CHAIN) are those the unit kernel writes every step.
+TEST(DevicePlanTest, HostDenseUnitsEqualTheUnitKernels) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const ExpertLocation where = FakeLocation(7);
+  for (int n = 1; n <= 64; ++n) {
+    SCOPED_TRACE(n);
+    const size_t count = static_cast<size_t>((n + kMaxUnitRows - 1) / kMaxUnitRows);
+    ExpertUnit* d_units = DeviceArrayOf<ExpertUnit>(count);
+    ASSERT_EQ(LaunchDenseUnitsOnDevice(where, n, d_units, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<ExpertUnit> got = HostCopy(d_units, count);
+    const std::vector<ExpertUnit> want = DenseExpertUnits(where, n, 0);
+    ASSERT_EQ(want.size(), count);
+    for (size_t i = 0; i < count; ++i) {
+      EXPECT_EQ(got[i].gate, want[i].gate);
+      EXPECT_EQ(got[i].up, want[i].up);
+      EXPECT_EQ(got[i].down, want[i].down);
+      EXPECT_EQ(got[i].rows, want[i].rows);
+      EXPECT_EQ(got[i].first_slot, want[i].first_slot);
+      for (int r = 0; r < want[i].rows; ++r) EXPECT_EQ(got[i].input_row[r], want[i].input_row[r]) << "unit " << i;
+    }
+  }
 }
 
 

@@ -379,15 +379,14 @@ struct StreamTuning {
   int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm (capped by the row groups)
 };
 
+// The split and grid LaunchStream gives a launch of a.cols × a.out_rows with grid_y activation-row
+// chunks (a one-wave grid from the kernel's registers and shared memory). Separate from the launch
+// so that a caller can ask which split a shape gets (StreamOneRowWarpsPerRow).
 template <class F, int kN>
-cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuning, cudaStream_t stream) {
-  auto kernel = StreamMatVecKernel<F, kN>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
-  if (attr != cudaSuccess) return attr;
-  static const int regs = [&] {
+StreamSplit StreamLaunchSplit(const StreamArgs& a, unsigned grid_y, const StreamTuning& tuning) {
+  static const int regs = [] {
     cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.numRegs : 64;
+    return cudaFuncGetAttributes(&fa, StreamMatVecKernel<F, kN>) == cudaSuccess ? fa.numRegs : 64;
   }();
   const size_t smem = StreamSharedBytes<F, kN>(a.cols);
   const int sms = DeviceSmCount();
@@ -399,9 +398,18 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
   const int rpb1 = kWarps * (32 / lpr) * kStreamSlots<F, kN>;
   const int forced_blocks = tuning.blocks_per_sm > 0 ? (sms * tuning.blocks_per_sm + gy - 1) / gy : 0;
   constexpr bool kQ8x8One = std::is_same_v<F, FmtQ8_0x8> && kN == 1;  // ChooseStreamSplit's `sms`
-  const StreamSplit split =
-      ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN> + (kQ8x8One ? 1 : 0), rpb1, a.out_rows,
-                        capacity, tuning.warps_per_row, forced_blocks, kQ8x8One ? sms : 0);
+  return ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN> + (kQ8x8One ? 1 : 0), rpb1, a.out_rows,
+                           capacity, tuning.warps_per_row, forced_blocks, kQ8x8One ? sms : 0);
+}
+
+template <class F, int kN>
+cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuning, cudaStream_t stream) {
+  auto kernel = StreamMatVecKernel<F, kN>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
+  if (attr != cudaSuccess) return attr;
+  const size_t smem = StreamSharedBytes<F, kN>(a.cols);
+  const StreamSplit split = StreamLaunchSplit<F, kN>(a, grid_y, tuning);
   a.wpr = split.wpr;
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream, a);
 }
@@ -450,6 +458,19 @@ cudaError_t LaunchStreamDense(const uint8_t* w, int64_t row_bytes, int cols, int
   a.y_stride = y_stride;
   const unsigned gy = static_cast<unsigned>((n + bucket - 1) / bucket);
   return ForRowBucket(bucket, [&](auto rows) { return LaunchStream<F, rows.value>(a, gy, tuning, stream); });
+}
+
+// The warps per row LaunchStreamDense with no overrides gives a one-activation-row product of a
+// cols × rows matrix (StreamTakes must hold). The split depends on the row count (ChooseStreamSplit),
+// and a row's sum order on the split: a taller view forced to this split sums the first rows as the
+// shorter matrix's own launch does.
+template <class F>
+int StreamOneRowWarpsPerRow(int cols, int rows) {
+  StreamArgs a;
+  a.cols = cols;
+  a.out_rows = rows;
+  a.n = 1;
+  return StreamLaunchSplit<F, 1>(a, 1, StreamTuning{}).wpr;
 }
 
 }  // namespace tandem::cuda::fastmv

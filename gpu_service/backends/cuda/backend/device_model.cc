@@ -111,6 +111,20 @@ class Placer {
   std::string problems_;
 };
 
+// router (E rows) and gate (one row) as one (E + 1)-row matrix when gate starts where router ends
+// with the same type, width and row stride; absent otherwise (and in Bind's counting pass, which
+// places nothing).
+DeviceMatrix RouterAndGate(const DeviceMatrix& router, const DeviceMatrix& gate) {
+  if (!router.present() || !gate.present() || router.data == nullptr || gate.rows != 1 || gate.type != router.type ||
+      gate.cols != router.cols || gate.row_bytes != router.row_bytes ||
+      static_cast<const uint8_t*>(router.data) + router.rows * router.row_bytes != gate.data) {
+    return DeviceMatrix{};
+  }
+  DeviceMatrix both = router;
+  both.rows = router.rows + 1;
+  return both;
+}
+
 void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>& inv_freq, Placer& p,
           DeviceModel& m) {
   m.token_embd = p.Matrix("token_embd", w.token_embd);
@@ -144,8 +158,11 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       g.idx_q_norm = p.Vector(lw.attn.idx_q_norm);
       g.idx_k_norm = p.Vector(lw.attn.idx_k_norm);
     }
+    // The shared gate vector right after the router (no tensor between them): back to back when
+    // the router's bytes are a multiple of Put's 256-byte alignment (E·h a multiple of 64).
     g.router = p.Matrix("ffn_gate_inp", lw.moe.router);
     g.shared_gate_inp = p.Matrix("ffn_gate_inp_shexp", lw.moe.shared_gate_inp);
+    g.router_and_gate = RouterAndGate(g.router, g.shared_gate_inp);
     g.shared_gate = p.Matrix("ffn_gate_shexp", lw.moe.shared_gate, /*dense=*/false);
     g.shared_up = p.Matrix("ffn_up_shexp", lw.moe.shared_up, false);
     g.shared_down = p.Matrix("ffn_down_shexp", lw.moe.shared_down, false);

@@ -51,6 +51,10 @@ struct GpuLayer {
   const float* idx_k_norm = nullptr;
   // MoE.
   DeviceMatrix router, shared_gate_inp, shared_gate, shared_up, shared_down;
+  // The router's E rows and the shared expert's gate vector as one (E + 1)-row matrix, where the
+  // upload placed them back to back with one type and row stride (absent otherwise): one product
+  // gives a decode token's routing logits and its shared-expert gate logit (MoeStage).
+  DeviceMatrix router_and_gate;
   GpuExperts gate_exps, up_exps, down_exps;
   // Engram (the table engram_embd stays on the host).
   bool has_engram = false;

@@ -12,6 +12,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
@@ -37,6 +38,11 @@ std::atomic<bool>& PrefillSharedSerialSwitch() {
   return serial;
 }
 
+std::atomic<bool>& OldSharedChainSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_SHARED_CHAIN")};
+  return old;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -56,6 +62,11 @@ bool OldMoeDecode() {
   return old;
 }
 
+bool OldSharedGate() {
+  static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
+  return old;
+}
+
 }  // namespace moe_stage_internal
 
 using moe_stage_internal::MaxPlanUnits;
@@ -67,6 +78,8 @@ void SetPrefillSharedSerial(bool on) { PrefillSharedSerialSwitch().store(on, std
 bool PrefillSharedSerial() { return PrefillSharedSerialSwitch().load(std::memory_order_relaxed); }
 void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memory_order_relaxed); }
 bool OldStreamedInput() { return OldStreamedInputSwitch().load(std::memory_order_relaxed); }
+void SetOldSharedChain(bool on) { OldSharedChainSwitch().store(on, std::memory_order_relaxed); }
+bool OldSharedChain() { return OldSharedChainSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -117,7 +130,8 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   impl->shared_runner.emplace(*std::move(sr));
 
   struct Buf { DeviceBuffer* buf; absl::StatusOr<DeviceBuffer> made; };
-  Buf bufs[] = {{&impl->logits, DeviceArray<float>(T * E)},
+  // One more float: a one-token step's (E + 1)-row router product ends with the shared gate logit.
+  Buf bufs[] = {{&impl->logits, DeviceArray<float>(T * E + 1)},
                 {&impl->act, DeviceArray<float>(T * std::max<int64_t>(K, 1) * inner)},
                 {&impl->partial, DeviceArray<float>(T * K * h)},
                 {&impl->shared, DeviceArray<float>(T * h)},
@@ -155,6 +169,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
       if (!b.made.ok()) return b.made.status();
       *b.buf = *std::move(b.made);
     }
+    if (absl::Status s = impl->BuildSharedUnitTable(); !s.ok()) return s;
     absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
     if (!readback.ok()) return readback.status();
     impl->error_readback = *std::move(readback);
@@ -214,6 +229,34 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     }
   }
   return std::unique_ptr<MoeStage>(new MoeStage(std::move(impl)));
+}
+
+absl::Status MoeStage::Impl::BuildSharedUnitTable() {
+  const int64_t layers = static_cast<int64_t>(model->layers.size()), P = plan_tokens;
+  std::vector<ExpertUnit> table;
+  shared_units_at.assign(static_cast<size_t>(layers * (P + 1)), -1);
+  router_wpr.assign(static_cast<size_t>(layers), 0);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const GpuLayer& l = model->layers[layer];
+    if (l.router_and_gate.present()) router_wpr[layer] = DenseMatVecF32WarpsPerRow(l.router);
+    if (!l.shared_gate.present()) continue;
+    const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
+    for (int64_t n = 1; n <= P; ++n) {
+      shared_units_at[static_cast<size_t>(layer * (P + 1) + n)] = static_cast<int64_t>(table.size());
+      const std::vector<ExpertUnit> units = DenseExpertUnits(where, n, 0);
+      table.insert(table.end(), units.begin(), units.end());
+    }
+  }
+  if (table.empty()) return absl::OkStatus();
+  absl::StatusOr<DeviceBuffer> dev = DeviceArray<ExpertUnit>(static_cast<int64_t>(table.size()));
+  if (!dev.ok()) return dev.status();
+  shared_unit_table = *std::move(dev);
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(shared_unit_table.get(), table.data(), table.size() * sizeof(ExpertUnit), cudaMemcpyHostToDevice));
+  // Complete before any step's stream reads it (a pageable copy may return before its DMA ends,
+  // and non-blocking streams do not wait for the legacy stream).
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
 }
 
 bool SharedExpertRunsAsDenseGemms(const GpuLayer& l) {

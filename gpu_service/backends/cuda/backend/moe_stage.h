@@ -86,6 +86,13 @@ bool PrefillSharedSerial();
 // it on.
 void SetOldStreamedInput(bool on);
 bool OldStreamedInput();
+// Process-wide A/B switch: device-planned decode steps keep the shared expert's side chain of
+// before 2026-12-01 (the unit kernel writing its units, and at one token the gate logit as its own
+// one-row product) instead of units built at creation and, at one token, the gate logit as the
+// router product's last row. Off by default; TANDEM_OLD_SHARED_CHAIN on at start-up turns it on.
+// Read at each step's enqueue: flip it only between backends, not while graphs are live.
+void SetOldSharedChain(bool on);
+bool OldSharedChain();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -11,6 +11,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
@@ -26,6 +27,7 @@ namespace tandem::cuda {
 
 using moe_stage_internal::MaxPlanUnits;
 using moe_stage_internal::OldMoeDecode;
+using moe_stage_internal::OldSharedGate;
 
 absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
                                           cudaStream_t stream, const float** shared_out, const float** gate_out) {
@@ -189,14 +191,28 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const float* shared = nullptr;
   const float* gate_logit = nullptr;
   const bool gate_on_side = overlap && n <= kMaxUnitRows;
+  // Unless TANDEM_OLD_SHARED_CHAIN: the side chain is the shared expert's two kernels alone. Its
+  // units come from the table built at creation (no unit kernel), and at one token its gate logit
+  // is the last row of one (E + 1)-row router product on the main stream (router_and_gate): one
+  // launch instead of two, and one fewer on the side chain that the down kernel waits for. (More
+  // tokens keep the E-row router: their logits are n rows of E, which the routing kernels read.)
+  const bool old_chain = OldSharedChain();
+  const bool gate_in_router = !old_chain && !OldSharedGate() && n == 1 && has_shared &&
+                              l.shared_gate_inp.present() && l.router_and_gate.present() &&
+                              l.router_and_gate.rows == E + 1;
+  float* logits = m.logits.as<float>();
   if (has_shared) {
     if (overlap) {
       if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
     }
     timer.Mark(Stage::kShared, stream);
-    const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
-    ExpertUnit* units = m.plan_shared_units.as<ExpertUnit>();
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDenseUnitsOnDevice(where, static_cast<int>(n), units, ss));
+    const ExpertUnit* units = old_chain ? nullptr : m.SharedUnits(layer, n);
+    if (units == nullptr) {
+      const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
+      ExpertUnit* written = m.plan_shared_units.as<ExpertUnit>();
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchDenseUnitsOnDevice(where, static_cast<int>(n), written, ss));
+      units = written;
+    }
     const ExpertDecodeRunner::Shape shape{static_cast<WeightType>(l.shared_gate.type),
                                           static_cast<WeightType>(l.shared_down.type), h, c.shared_ffn};
     const int count = static_cast<int>((n + kMaxUnitRows - 1) / kMaxUnitRows);
@@ -206,7 +222,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       return s;
     }
     shared = m.shared.as<float>();
-    if (l.shared_gate_inp.present()) {
+    if (gate_in_router) {
+      gate_logit = logits + E;  // written by the router product below
+    } else if (l.shared_gate_inp.present()) {
       if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), gate_on_side ? ss : stream);
           !s.ok()) {
         return s;
@@ -216,9 +234,17 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   }
   // Routing and the plan, on the GPU only: no host wait.
   timer.Mark(Stage::kRoute, stream);
-  float* logits = m.logits.as<float>();
   DeviceMoePlanArgs a = m.PlanArgs(n, table);
-  if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) return s;
+  if (gate_in_router) {
+    // The layer loop's one-row product (LaunchDenseMatVec, kAuto) over E + 1 rows, split as the
+    // E-row router's own launch is (router_wpr): the routing logits keep their bits whatever split
+    // the taller matrix would get.
+    MatVecOptions mv;
+    mv.warps_per_row = m.router_wpr[static_cast<size_t>(layer)];
+    TANDEM_CUDA_RETURN_IF_ERROR(LaunchDenseMatVec(l.router_and_gate, x, h, 1, logits, E + 1, mv, stream));
+  } else if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) {
+    return s;
+  }
   // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
   // with no plan kernel and no scatter-sum; Q4_K routed experts only.
   if (n == 1 && !OldMoeDecode() && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&

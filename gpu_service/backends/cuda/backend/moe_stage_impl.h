@@ -39,6 +39,11 @@ inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, p
 // kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
 bool OldMoeDecode();
 
+// TANDEM_OLD_SHARED_GATE=1 (read once): of the new shared chain (OldSharedChain off), keep only the
+// unit table; one-token steps compute the gate logit as its own one-row product on the side stream
+// again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.
+bool OldSharedGate();
+
 }  // namespace moe_stage_internal
 
 struct MoeStage::Impl {
@@ -69,6 +74,16 @@ struct MoeStage::Impl {
   DeviceBuffer plan_grid;
   int64_t plan_grid_ints = 0;
   DeviceBuffer shared_act;  // the shared expert's SiLU(g)·u rows when it runs beside the routed experts
+  // The shared expert's units of every device-planned step (unless OldSharedChain): for each layer
+  // with a shared expert and each n in 1..plan_tokens, DenseExpertUnits(its matrices, n, 0), written
+  // once at creation (before any graph capture; never written by a step). shared_units_at[layer ·
+  // (plan_tokens + 1) + n] is the index of the first of them (-1: the layer has none).
+  DeviceBuffer shared_unit_table;
+  std::vector<int64_t> shared_units_at;
+  // Per layer with router_and_gate: the warps per row of its E-row router's own one-row product
+  // (DenseMatVecF32WarpsPerRow; 0: not the streaming kernel), forced on the (E + 1)-row product so
+  // that the routing logits keep their bits.
+  std::vector<int> router_wpr;
   std::optional<StreamFork> fork;  // the shared expert's side stream: starts after x, rejoined at the scatter
   SharedExpertFn shared_fn;  // SetSharedExpertFn
   std::vector<std::optional<GpuEngramLayer>> engram;  // per layer
@@ -133,6 +148,17 @@ struct MoeStage::Impl {
     rp.scratch_ints = plan_grid_ints;
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlanGrid(rp, stream));
     return absl::OkStatus();
+  }
+
+  // Fills shared_unit_table, shared_units_at and router_wpr (Create, once plan_tokens is set).
+  absl::Status BuildSharedUnitTable();
+
+  // The device table's units of layer's shared expert for an n-token device-planned step (n in
+  // 1..plan_tokens), or nullptr (none built).
+  const ExpertUnit* SharedUnits(int64_t layer, int64_t n) const {
+    if (n < 1 || n > plan_tokens || shared_units_at.empty()) return nullptr;
+    const int64_t at = shared_units_at[static_cast<size_t>(layer * (plan_tokens + 1) + n)];
+    return at < 0 ? nullptr : shared_unit_table.as<ExpertUnit>() + at;
   }
 
   // The gated shared expert of an n-row step of Run's planned paths on `stream`: *shared_out (n × h)

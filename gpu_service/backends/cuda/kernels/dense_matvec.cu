@@ -229,4 +229,13 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
   });
 }
 
+int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
+  // LaunchDenseMatVec's kAuto route for F32: the streaming kernel where it takes w, else generic.
+  if (w.type != kTypeF32 || w.rows <= 0 || w.cols % RowLengthMultiple(w.type) != 0 || fastmv::ForceGeneric() ||
+      !fastmv::StreamTakes<fastmv::FmtF32>(w.data, w.cols, w.rows, w.row_bytes)) {
+    return 0;
+  }
+  return fastmv::StreamOneRowWarpsPerRow<fastmv::FmtF32>(static_cast<int>(w.cols), static_cast<int>(w.rows));
+}
+
 }  // namespace tandem::cuda

@@ -59,6 +59,14 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
                               float* y, int64_t y_stride, const MatVecOptions& options,
                               cudaStream_t stream);
 
+// The warps per row (1, 2, 4 or 8) over which a kAuto launch of the F32 matrix w at one activation
+// row splits each row: the streaming kernel's own choice, which depends on w.rows. 0 when that
+// launch takes another kernel (whose sums do not depend on the row count) or w is not F32. A
+// launch over a taller view that starts with w's rows, with MatVecOptions::warps_per_row set to
+// this (0: none), gives those rows the same bits as w's own kAuto launch (the MoE stage's router
+// product with the shared expert's gate row after it).
+int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_
