@@ -113,6 +113,7 @@ void Run() {
   BENCH_CHECK(cudaMalloc(&o_ref, static_cast<size_t>(n_max) * d.nh * d.hd * sizeof(float)));
   void* scratch = nullptr;
   BENCH_CHECK(cudaMalloc(&scratch, AttentionMaxScratchBytes(d)));
+  BENCH_CHECK(cudaMemset(scratch, 0, AttentionMaxScratchBytes(d)));  // the split tickets start at zero
 
   struct Step {
     std::vector<int32_t> seq, pos;
@@ -185,7 +186,8 @@ void Run() {
 
   // The split count's effect at batch 1 (the plan's choice is printed above): plans edited by
   // hand, scratch within AttentionMaxScratchBytes (at most 264 blocks).
-  for (int ctx : {4096, 32768}) {
+  // ctx 128: the end-to-end bench's decode context (gpu_backend_bench: 3 + 128 + 4 steps).
+  for (int ctx : {128, 4096, 32768}) {
     Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
     const double bytes = 2.0 * ctx * kvw * sizeof(float);
     for (int splits : {8, 16, 33, 66, 128}) {
