@@ -200,6 +200,29 @@ void Run() {
     }
   }
 
+  // The slices merged by their last block (the default) against SplitAttention + the merge launch
+  // (TANDEM_OLD_ATTN_DECODE=1), batch 1 at the plan's split count, GPU-side time of 20 launches
+  // replayed from one graph (PDL edges as in a captured decode step); L2-warm cache.
+  for (int ctx : {128, 520, 4096, 32768}) {
+    Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
+    const bool saved = OldAttnDecode();
+    double us[2];
+    for (int old = 0; old < 2; ++old) {
+      SetOldAttnDecode(old == 1);
+      auto launch = [&] {
+        BENCH_CHECK(LaunchAttention(q, qg, 1, d, s.plan, s.d_items, s.d_seq, s.d_pos, cache, o, scratch,
+                                    bench::LaunchStream()));
+      };
+      launch();  // outside the capture: the kernels' one-time attributes
+      us[old] = bench::GraphUs(launch);
+    }
+    SetOldAttnDecode(saved);
+    char detail[120];
+    std::snprintf(detail, sizeof(detail), "%d splits; merge launch (TANDEM_OLD_ATTN_DECODE=1): %.2f us",
+                  s.plan.num_splits, us[1]);
+    Report("decode_b1_ctx" + std::to_string(ctx) + "_merged_in_block", us[0], "us", detail);
+  }
+
   // Prefill from position 0: one sequence of 4096 and of 8192 tokens, and 16 sequences of 512
   // batched (disjoint page-table rows). The tensor-core plan runs on the pipelined kernel
   // (LaunchAttention) and, for comparison, on the earlier 64-row kernel over the same items.
