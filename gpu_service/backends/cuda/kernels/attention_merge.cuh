@@ -90,6 +90,7 @@ SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* _
 constexpr int kTicketCount = static_cast<int>(kAttnTicketBytes / sizeof(unsigned));
 static_assert(kTicketCount >= kSplitTargetBlocks, "splits > 1 only below kSplitTargetBlocks blocks");
 static_assert(kSplitWarps == kRows, "the in-kernel merge gives each row a warp");
+static_assert(kMaxSplits % 32 == 0, "the in-kernel merge's lanes hold kMaxSplits / 32 slices each");
 
 // The in-kernel merge (kMergeHere): every slice block of a (row item, kv head) publishes its
 // partials and takes a ticket; the last one to arrive combines all slices exactly as
@@ -116,16 +117,31 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
   float* inv_l = smem + kRows * kMaxSplits;  // rows
   const int64_t slot0 = pair * splits;
   const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
-  if (r / groups < count) {  // SplitMergeKernel's first warp, for row r
+  if (r / groups < count) {  // SplitMergeKernel's first warp, for row r, in its order
+    // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the
+    // merge kernel's two passes over the same values.
+    constexpr int kPerLane = kMaxSplits / 32;
+    float2 ml[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      ml[i] = s < splits ? __ldcg(reinterpret_cast<const float2*>(part_ml + ((slot0 + s) * kRows + r) * 2))
+                         : make_float2(-INFINITY, 0.0f);
+    }
     float mm = -INFINITY;
-    for (int s = lane; s < splits; s += 32) mm = fmaxf(mm, __ldcg(part_ml + ((slot0 + s) * kRows + r) * 2));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + 32 * i < splits) mm = fmaxf(mm, ml[i].x);
+    }
     mm = WarpMax(mm);
     float ll = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float ms = __ldcg(part_ml + ((slot0 + s) * kRows + r) * 2);
-      const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      if (s >= splits) break;
+      const float f = ml[i].x == -INFINITY ? 0.0f : expf(ml[i].x - mm);
       weight[r * kMaxSplits + s] = f;
-      ll = fmaf(f, __ldcg(part_ml + ((slot0 + s) * kRows + r) * 2 + 1), ll);
+      ll = fmaf(f, ml[i].y, ll);
     }
     ll = WarpSum(ll);
     if (lane == 0) inv_l[r] = 1.0f / ll;
