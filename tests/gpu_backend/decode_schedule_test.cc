@@ -1,7 +1,8 @@
 // Decode's stream schedule (which stream runs a product, where the streams join) is a choice of
 // order only: each kernel reads the same inputs and sums in the same order whatever the schedule,
 // so a schedule switch must give bit-identical logits, in exact and fast mode, at batch 1 (the
-// captured graphs of decode) and at a batch of three. Skips without a GPU (CI).
+// captured graphs of decode) and at a batch of three. Also the attention decode launches
+// (TANDEM_OLD_ATTN_DECODE), which regroup the same operations. Skips without a GPU (CI).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
@@ -96,6 +98,17 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
     cuda::SetGdnDecodeOrder(on ? cuda::GdnDecodeOrder::kBaZ : cuda::GdnDecodeOrder::kZBa);
   });
   cuda::SetGdnDecodeOrder(was);
+}
+
+// Attention layers: the q/k norm, RoPE and cache append in one launch after the q/k/v products, and
+// the split attention's slices merged by their last block (the default), against QueryNormRope +
+// KvAppend and the merge launch (TANDEM_OLD_ATTN_DECODE=1): the same operations in the same order.
+TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OldAttnDecode();
+  ExpectScheduleChangesNoLogits(GetParam(), "attention decode one prep + in-block merge vs old launches",
+                                [](bool on) { cuda::SetOldAttnDecode(!on); });
+  cuda::SetOldAttnDecode(was);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeScheduleTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
