@@ -113,6 +113,7 @@ void Run() {
   BENCH_CHECK(cudaMalloc(&o_ref, static_cast<size_t>(n_max) * d.nh * d.hd * sizeof(float)));
   void* scratch = nullptr;
   BENCH_CHECK(cudaMalloc(&scratch, AttentionMaxScratchBytes(d)));
+  BENCH_CHECK(cudaMemset(scratch, 0, AttentionMaxScratchBytes(d)));  // the split tickets start at zero
 
   struct Step {
     std::vector<int32_t> seq, pos;
@@ -185,7 +186,8 @@ void Run() {
 
   // The split count's effect at batch 1 (the plan's choice is printed above): plans edited by
   // hand, scratch within AttentionMaxScratchBytes (at most 264 blocks).
-  for (int ctx : {4096, 32768}) {
+  // ctx 128: the end-to-end bench's decode context (gpu_backend_bench: 3 + 128 + 4 steps).
+  for (int ctx : {128, 4096, 32768}) {
     Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
     const double bytes = 2.0 * ctx * kvw * sizeof(float);
     for (int splits : {8, 16, 33, 66, 128}) {
@@ -196,6 +198,29 @@ void Run() {
                     100.0 * bytes / (ms * 1e6) / copy_gbs);
       Report("decode_b1_ctx" + std::to_string(ctx) + "_splits" + std::to_string(splits), ms * 1e3, "us", detail);
     }
+  }
+
+  // The slices merged by their last block (the default) against SplitAttention + the merge launch
+  // (TANDEM_OLD_ATTN_DECODE=1), batch 1 at the plan's split count, GPU-side time of 20 launches
+  // replayed from one graph (PDL edges as in a captured decode step); L2-warm cache.
+  for (int ctx : {128, 520, 4096, 32768}) {
+    Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
+    const bool saved = OldAttnDecode();
+    double us[2];
+    for (int old = 0; old < 2; ++old) {
+      SetOldAttnDecode(old == 1);
+      auto launch = [&] {
+        BENCH_CHECK(LaunchAttention(q, qg, 1, d, s.plan, s.d_items, s.d_seq, s.d_pos, cache, o, scratch,
+                                    bench::LaunchStream()));
+      };
+      launch();  // outside the capture: the kernels' one-time attributes
+      us[old] = bench::GraphUs(launch);
+    }
+    SetOldAttnDecode(saved);
+    char detail[120];
+    std::snprintf(detail, sizeof(detail), "%d splits; merge launch (TANDEM_OLD_ATTN_DECODE=1): %.2f us",
+                  s.plan.num_splits, us[1]);
+    Report("decode_b1_ctx" + std::to_string(ctx) + "_merged_in_block", us[0], "us", detail);
   }
 
   // Prefill from position 0: one sequence of 4096 and of 8192 tokens, and 16 sequences of 512

@@ -141,7 +141,8 @@ std::vector<float> Reference(const AttnCase& c) {
 std::vector<float> RunPlanned(const AttnCase& c, const cuda::AttentionPlan& plan) {
   EXPECT_LE(plan.scratch_bytes, cuda::AttentionMaxScratchBytes(c.d));
   auto d_items = Upload(plan.items);
-  auto scratch = Alloc<uint8_t>(plan.scratch_bytes);
+  auto scratch = Alloc<uint8_t>(plan.scratch_bytes);  // zeroed once: its head holds the split tickets
+  EXPECT_EQ(cudaMemset(scratch.get(), 0, std::max<size_t>(plan.scratch_bytes, 1)), cudaSuccess);
   auto d_o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
   EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, d_items.get(), c.d_seq.get(),
                                   c.d_pos.get(), c.cache(), d_o.get(), scratch.get(), nullptr),
@@ -206,7 +207,8 @@ TEST(AttentionPlanTest, TileSlicesFollowTheBatchShape) {
   const cuda::AttentionPlan p512 = cuda::PlanAttention(std::vector<int32_t>(512, 0), d, tc);
   EXPECT_EQ(p512.num_tile_items, 32);
   EXPECT_EQ(p512.tc_splits, 2);
-  EXPECT_EQ(p512.scratch_bytes, static_cast<size_t>(32 * 2 * 2) * 128 * (256 + 2) * sizeof(float));
+  EXPECT_EQ(p512.scratch_bytes,
+            cuda::kAttnTicketBytes + static_cast<size_t>(32 * 2 * 2) * 128 * (256 + 2) * sizeof(float));
   EXPECT_EQ(cuda::PlanAttention(std::vector<int32_t>(1024, 0), d, tc).tc_splits, 1);
   const cuda::AttentionPlan p2048 = cuda::PlanAttention(std::vector<int32_t>(2048, 0), d, tc);
   EXPECT_EQ(p2048.tc_splits, 1);
@@ -232,7 +234,8 @@ TEST(AttentionPlanTest, CountsDependOnlyOnTheBatchShape) {
   const cuda::AttentionPlan one = cuda::PlanAttention({5}, d);
   EXPECT_EQ(one.num_row_items, 1);
   EXPECT_GT(one.num_splits, 1);  // a single decode spreads its context over many blocks
-  EXPECT_EQ(one.scratch_bytes, static_cast<size_t>(one.num_splits) * 2 * 8 * (256 + 2) * sizeof(float));
+  EXPECT_EQ(one.scratch_bytes,
+            cuda::kAttnTicketBytes + static_cast<size_t>(one.num_splits) * 2 * 8 * (256 + 2) * sizeof(float));
   const cuda::AttentionPlan again = cuda::PlanAttention({9}, d);
   EXPECT_EQ(again.num_splits, one.num_splits);
   EXPECT_EQ(again.scratch_bytes, one.scratch_bytes);
@@ -358,6 +361,7 @@ TEST(GpuAttentionGraphTest, ReplayReadsEveryStepValueFromDeviceMemory) {
   ASSERT_EQ(plan_a.num_row_items, plan_b.num_row_items);
   auto d_items = Upload(plan_a.items);
   auto scratch = Alloc<uint8_t>(cuda::AttentionMaxScratchBytes(d));
+  ASSERT_EQ(cudaMemset(scratch.get(), 0, cuda::AttentionMaxScratchBytes(d)), cudaSuccess);  // the split tickets
   auto d_o = Poisoned<float>(static_cast<size_t>(a.n * d.nh * d.hd));
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);

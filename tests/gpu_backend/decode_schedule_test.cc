@@ -19,6 +19,7 @@
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -115,6 +116,17 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
     cuda::SetGdnDecodeOrder(on ? cuda::GdnDecodeOrder::kBaZ : cuda::GdnDecodeOrder::kZBa);
   });
   cuda::SetGdnDecodeOrder(was);
+}
+
+// Attention layers: the q/k norm, RoPE and cache append in one launch after the q/k/v products, and
+// the split attention's slices merged by their last block (the default), against QueryNormRope +
+// KvAppend and the merge launch (TANDEM_OLD_ATTN_DECODE=1): the same operations in the same order.
+TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OldAttnDecode();
+  ExpectScheduleChangesNoLogits(GetParam(), "attention decode one prep + in-block merge vs old launches",
+                                [](bool on) { cuda::SetOldAttnDecode(!on); });
+  cuda::SetOldAttnDecode(was);
 }
 
 // GDN layers: the fused decode kernel (conv, norms, gates and recurrence in one launch; 2: with the

@@ -320,6 +320,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   if (!hl.ok()) return hl.status();
   m.host_logits = *std::move(hl);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(m.page_table, 0, static_cast<size_t>(options.max_sequences * m.max_pages) * 4));
+  // The attention scratch starts with the split tickets, which must start at zero (attention.cuh).
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(m.attn_scratch, 0, cuda::AttentionMaxScratchBytes(m.attn_shape)));
 
   for (int64_t r = options.max_sequences - 1; r >= 0; --r) m.free_rows.push_back(static_cast<int32_t>(r));
   for (int64_t p = m.total_pages - 1; p >= 0; --p) m.free_pages.push_back(static_cast<int32_t>(p));

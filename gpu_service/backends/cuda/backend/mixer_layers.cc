@@ -223,22 +223,39 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
     if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
   }
-  if (absl::Status s = Launch(cuda::LaunchKvAppend(k_rows, v_rows, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(),
-                                                   pos_dev(), cache, kvs, kv_stride),
-                              "kv append");
-      !s.ok()) {
-    return s;
+  // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three
+  // products are joined (LaunchQkvNormRopeAppend, same bits), instead of KvAppend on the side stream
+  // and QueryNormRope on the main one; TANDEM_OLD_ATTN_DECODE=1 keeps the two launches.
+  const bool one_prep = overlap && !cuda::OldAttnDecode();
+  if (!one_prep) {
+    if (absl::Status s = Launch(cuda::LaunchKvAppend(k_rows, v_rows, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(),
+                                                     pos_dev(), cache, kvs, kv_stride),
+                                "kv append");
+        !s.ok()) {
+      return s;
+    }
   }
   if (overlap) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
-  if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
-                              "query norm rope");
-      !s.ok()) {
-    return s;
+  if (!one_prep) {
+    if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
+                                "query norm rope");
+        !s.ok()) {
+      return s;
+    }
   }
   if (overlap) {
     if (absl::Status s = Join(); !s.ok()) return s;
+  }
+  if (one_prep) {
+    const cuda::QkvRows rows{qg, 0, k_rows, kv_stride, v_rows, kv_stride};
+    if (absl::Status s = Launch(cuda::LaunchQkvNormRopeAppend(rows, T, shape, w.q_norm, w.k_norm, dm->rope_inv_freq,
+                                                              seq_dev(), pos_dev(), q, cache, st),
+                                "q/k norm rope + kv append");
+        !s.ok()) {
+      return s;
+    }
   }
   if (!d.has_indexer()) {
     if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),

@@ -3,9 +3,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
@@ -13,62 +16,6 @@
 
 namespace tandem::cuda {
 namespace {
-
-// y = RoPE_pos(gamma ⊙ ρ(x)) for one head of hd values, one thread per value (blockDim.x == hd).
-// The rotation is computed in f64 like the CPU reference. `pair` is hd floats of shared memory.
-__device__ float NormRopeValue(float x, const float* gamma, float eps, int hd, int rot,
-                               const double* inv_freq, int64_t pos, float* pair, float* scratch) {
-  const int i = threadIdx.x;
-  const float ss = BlockSum(x * x, scratch);
-  const float y = gamma[i] * (x * rsqrtf(ss / static_cast<float>(hd) + eps));
-  pair[i] = y;
-  __syncthreads();
-  const int half = rot / 2;
-  if (i >= rot) return y;
-  const int f = i < half ? i : i - half;
-  double s, c;
-  sincos(static_cast<double>(pos) * inv_freq[f], &s, &c);
-  if (i < half) return static_cast<float>(static_cast<double>(y) * c - static_cast<double>(pair[i + half]) * s);
-  return static_cast<float>(static_cast<double>(pair[i - half]) * s + static_cast<double>(y) * c);
-}
-
-__global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, float eps,
-                                    const float* q_norm, const double* inv_freq,
-                                    const int32_t* token_pos, float* q_out) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
-  extern __shared__ float pair[];
-  __shared__ float scratch[32];
-  const int64_t t = blockIdx.x;
-  const int h = blockIdx.y;
-  const float x = qg[(t * nh + h) * 2 * hd + threadIdx.x];
-  const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
-  q_out[(t * nh + h) * hd + threadIdx.x] = y;
-}
-
-__device__ __forceinline__ int64_t CacheOffset(const PagedKv& c, int32_t seq, int64_t pos, int kvw) {
-  const int32_t page = c.page_table[static_cast<int64_t>(seq) * c.max_pages + pos / kKvPageSize];
-  return (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw;
-}
-
-// k's and v's token rows are kv_stride floats apart (the cache's: kvh·hd).
-__global__ void KvAppendKernel(const float* k, const float* v, int64_t kv_stride, int kvh, int hd, int rot, float eps,
-                               const float* k_norm, const double* inv_freq, const int32_t* token_seq,
-                               const int32_t* token_pos, PagedKv cache) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
-  extern __shared__ float pair[];
-  __shared__ float scratch[32];
-  const int64_t t = blockIdx.x;
-  const int g = blockIdx.y;
-  const int kvw = kvh * hd;
-  const int64_t src = t * kv_stride + static_cast<int64_t>(g) * hd + threadIdx.x;
-  const int64_t pos = token_pos[t];
-  const float y = NormRopeValue(k[src], k_norm, eps, hd, rot, inv_freq, pos, pair, scratch);
-  const int64_t dst = CacheOffset(cache, token_seq[t], pos, kvw) + static_cast<int64_t>(g) * hd + threadIdx.x;
-  cache.k[dst] = y;
-  cache.v[dst] = v[src];
-}
 
 // ---- Exact split-KV attention (row items) ----
 //
@@ -78,13 +25,10 @@ __global__ void KvAppendKernel(const float* k, const float* v, int64_t kv_stride
 // rows and of the output accumulators. K and V rows travel through a per-lane cp.async ring in
 // shared memory (each lane reads only what it copied, so no warp synchronisation is needed):
 // loads of the next batches overlap the arithmetic of the current one.
-constexpr int kRows = 8;            // rows of a row item
-constexpr int kSplitWarps = 8;
+// kRows, kSplitWarps, kSplitTargetBlocks, kMaxSplits: attention_merge.cuh.
 constexpr int kWarpKeys = 4;        // keys per warp per step: kRows · kWarpKeys == 32 lanes
 constexpr int kBlockKeys = kSplitWarps * kWarpKeys;
 constexpr int kRingStages = 3;
-constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
-constexpr int kMaxSplits = 128;
 
 template <int kHd>
 constexpr size_t SplitSmemBytes() {
@@ -152,13 +96,16 @@ __device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
 }
 
 // Without scratch (gridDim.z == 1) the block writes o directly; otherwise it writes its slice's
-// unnormalised accumulator, max and sum per row to part_o / part_ml for SplitMergeKernel.
-template <int kHd>
+// unnormalised accumulator, max and sum per row to part_o / part_ml, for SplitMergeKernel
+// (kMergeHere false) or for the last slice block of its (row item, kv head) (kMergeHere true:
+// MergeSlicesIfLast; then a slice past the context writes only its max and sum, -inf and 0, since
+// a weight of 0 keeps the merge from reading its accumulator).
+template <int kHd, bool kMergeHere>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
 SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
-                     float* __restrict__ part_ml, float* __restrict__ o) {
+                     float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   constexpr int kPer = kHd / 32;
@@ -176,6 +123,18 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
   const int64_t chunk = ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
   const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
   const int kvw = kvh * kHd;
+  __shared__ unsigned is_last;
+  if constexpr (kMergeHere) {
+    if (begin >= end) {  // a slice past the context (short contexts: most of them)
+      if (threadIdx.x < kRows) {
+        const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + threadIdx.x;
+        part_ml[slot * 2] = -INFINITY;
+        part_ml[slot * 2 + 1] = 0.0f;
+      }
+      MergeSlicesIfLast<kHd>(qg, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+      return;
+    }
+  }
   const float scale = rsqrtf(static_cast<float>(kHd));
 
   float qr[kRows][kPer];
@@ -312,76 +271,17 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
       }
     }
   }
-}
-
-// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. Groups of
-// kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
-template <int kHd>
-__global__ void __launch_bounds__(256)
-SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
-                 const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
-  constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
-  __shared__ float weight[kMaxSplits];
-  __shared__ float4 red[256];
-  __shared__ float inv_l;
-  const int groups = nh / kvh, kvhead = blockIdx.y, r = blockIdx.z;
-  const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
-  const int tok = r / groups;
-  if (tok >= count) return;
-  const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
-  if (threadIdx.x < 32) {
-    float mm = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) mm = fmaxf(mm, part_ml[((slot0 + s) * kRows + r) * 2]);
-    mm = WarpMax(mm);
-    float ll = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      const float ms = part_ml[((slot0 + s) * kRows + r) * 2];
-      const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
-      weight[s] = f;
-      ll = fmaf(f, part_ml[((slot0 + s) * kRows + r) * 2 + 1], ll);
-    }
-    ll = WarpSum(ll);
-    if (threadIdx.x == 0) inv_l = 1.0f / ll;
+  if constexpr (kMergeHere) {
+    MergeSlicesIfLast<kHd>(qg, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
   }
-  __syncthreads();
-  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = sg; s < splits; s += kSliceGroups) {
-    const float w = weight[s];
-    if (w == 0.0f) continue;
-    const float4 x = reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c];
-    a.x = fmaf(w, x.x, a.x);
-    a.y = fmaf(w, x.y, a.y);
-    a.z = fmaf(w, x.z, a.z);
-    a.w = fmaf(w, x.w, a.w);
-  }
-  red[threadIdx.x] = a;
-  __syncthreads();
-  if (sg != 0) return;
-  for (int g = 1; g < kSliceGroups; ++g) {
-    const float4 x = red[g * kLanes + c];
-    a.x += x.x;
-    a.y += x.y;
-    a.z += x.z;
-    a.w += x.w;
-  }
-  const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
-  float4 y;
-  y.x = a.x * inv_l * SigmoidF(gate[0]);
-  y.y = a.y * inv_l * SigmoidF(gate[1]);
-  y.z = a.z * inv_l * SigmoidF(gate[2]);
-  y.w = a.w * inv_l * SigmoidF(gate[3]);
-  reinterpret_cast<float4*>(o + row * kHd)[c] = y;
 }
 
 size_t PartialBytes(int64_t blocks, const AttnShape& d) {
   return static_cast<size_t>(blocks) * kRows * (d.hd + 2) * sizeof(float);
 }
 
-// The row items' partials (first in the scratch), rounded up so that the tile items' start aligned.
+// The row items' partials (first in the scratch after the tickets), rounded up so that the tile
+// items' start aligned.
 size_t RowPartialBytes(int num_row_items, int num_splits, const AttnShape& d) {
   if (num_splits <= 1) return 0;
   return (PartialBytes(static_cast<int64_t>(num_row_items) * d.kvh * num_splits, d) + 255) / 256 * 256;
@@ -397,22 +297,35 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     constexpr size_t smem = SplitSmemBytes<kHd>();
     // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
     static const cudaError_t attribute = cudaFuncSetAttribute(
-        SplitAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        SplitAttentionKernel<kHd, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (attribute != cudaSuccess) return attribute;
+    static const cudaError_t attribute_merge = cudaFuncSetAttribute(
+        SplitAttentionKernel<kHd, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attribute_merge != cudaSuccess) return attribute_merge;
     float* part_o = nullptr;
     float* part_ml = nullptr;
+    unsigned* tickets = nullptr;
     if (num_splits > 1) {
-      part_o = static_cast<float*>(scratch);
+      tickets = static_cast<unsigned*>(scratch);
+      part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kAttnTicketBytes);
       part_ml = part_o + static_cast<int64_t>(num_row_items) * d.kvh * num_splits * kRows * kHd;
     }
+    // The slices merged by their last block (no merge launch) unless TANDEM_OLD_ATTN_DECODE=1, or a
+    // hand-made plan with more (item, kv head) pairs than tickets.
+    // TANDEM_OLD_ATTN_MERGE=1 keeps only the merge launch (the one-launch q/k prep stays): an A/B of
+    // the merge alone, which reads every slice's partials through one SM at long contexts.
+    static const bool old_merge = EnvSwitch("TANDEM_OLD_ATTN_MERGE");
+    const bool merge_here =
+        num_splits > 1 && !OldAttnDecode() && !old_merge && num_row_items * d.kvh <= kTicketCount;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    if (cudaError_t e = LaunchPdl(SplitAttentionKernel<kHd>, grid, kSplitWarps * 32, smem, stream, q, qg, d.nh, d.kvh,
-                                  items, token_seq, token_pos, cache, part_o, part_ml, o);
+    if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
+                                  kSplitWarps * 32, smem, stream, q, qg, d.nh, d.kvh, items, token_seq, token_pos,
+                                  cache, part_o, part_ml, o, tickets);
         e != cudaSuccess) {
       return e;
     }
-    if (num_splits > 1) {
+    if (num_splits > 1 && !merge_here) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
       if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, d.nh, d.kvh, items, num_splits,
                                     part_o, part_ml, o);
@@ -422,17 +335,14 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     }
   }
   if (num_tile_items > 0) {
-    void* tc_partials = tc_splits > 1 ? static_cast<char*>(scratch) + RowPartialBytes(num_row_items, num_splits, d)
-                                      : nullptr;
+    void* tc_partials =
+        tc_splits > 1 ? static_cast<char*>(scratch) + kAttnTicketBytes + RowPartialBytes(num_row_items, num_splits, d)
+                      : nullptr;
     const cudaError_t e = LaunchTensorCoreAttention(q, qg, d, items + 2 * num_row_items, num_tile_items, token_seq,
                                                     token_pos, cache, o, stream, tc_splits, tc_partials);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();
-}
-
-bool NormRopeShapeOk(const AttnShape& d) {
-  return d.hd > 0 && d.hd <= 1024 && d.hd % 32 == 0 && d.rot >= 0 && d.rot % 2 == 0 && d.rot <= d.hd;
 }
 
 bool AttentionShapeOk(const AttnShape& d) {
@@ -468,7 +378,15 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
 }
 
 
+std::atomic<bool>& OldAttnDecodeSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_DECODE")};
+  return old;
+}
+
 }  // namespace
+
+bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relaxed); }
+void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
 
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision,
                             int max_tc_splits) {
@@ -507,13 +425,14 @@ AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnSha
     plan.scratch_bytes += TensorCoreAttentionPartialBytes(
         static_cast<int64_t>(plan.num_tile_items) * d.kvh * plan.tc_splits, d.hd);
   }
+  if (plan.scratch_bytes > 0) plan.scratch_bytes += kAttnTicketBytes;  // the tickets lead the scratch
   return plan;
 }
 
 size_t AttentionMaxScratchBytes(const AttnShape& d) {
   // Splits only happen with blocks = items · kvh < kSplitTargetBlocks, and then
   // blocks · ceil(target / blocks) < target + blocks < 2 · target; tile items: blocks · slices <= target.
-  return (PartialBytes(2 * kSplitTargetBlocks, d) + 255) / 256 * 256 +
+  return kAttnTicketBytes + (PartialBytes(2 * kSplitTargetBlocks, d) + 255) / 256 * 256 +
          TensorCoreAttentionPartialBytes(2 * kSplitTargetBlocks, d.hd);
 }
 
@@ -550,33 +469,6 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
   if (n <= 0 || num_items <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d)) return cudaErrorInvalidValue;
   return Dispatch(q, qg, d, items, num_items, 1, 0, 1, token_seq, token_pos, cache, o, nullptr, stream);
-}
-
-std::vector<double> RopeInvFrequencies(double theta, int rot) {
-  std::vector<double> f(static_cast<size_t>(rot / 2));
-  for (int i = 0; i < rot / 2; ++i) f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
-  return f;
-}
-
-cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, const float* q_norm,
-                                const double* inv_freq, const int32_t* token_pos, float* q_out,
-                                cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.nh));
-  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, d.nh, d.hd, d.rot, d.eps, q_norm,
-                                                                    inv_freq, token_pos, q_out);
-}
-
-cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,
-                           const float* k_norm, const double* inv_freq, const int32_t* token_seq,
-                           const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream, int64_t kv_stride) {
-  if (n <= 0) return cudaSuccess;
-  if (kv_stride == 0) kv_stride = d.kv_width();
-  if (!NormRopeShapeOk(d) || kv_stride < d.kv_width()) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.kvh));
-  return LaunchPdl(KvAppendKernel, grid, d.hd, d.hd * sizeof(float), stream, k, v, kv_stride, d.kvh, d.hd, d.rot, d.eps,
-                   k_norm, inv_freq, token_seq, token_pos, cache);
 }
 
 }  // namespace tandem::cuda

@@ -52,6 +52,36 @@ cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const Attn
                            const int32_t* token_pos, const PagedKv& cache, cudaStream_t stream,
                            int64_t kv_stride = 0);
 
+// The rows the q/k/v products wrote: qg (per token nh × 2hd: per head hd query values then hd gate
+// values), k and v (kvh·hd each). Strides: floats from one token's row to the next (0: packed,
+// nh·2hd for qg and kvh·hd for k and v), so that the three may be parts of one stacked product's
+// rows ([q | k | v] per token).
+struct QkvRows {
+  const float* qg = nullptr;
+  int64_t qg_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+};
+
+// LaunchQueryNormRope and LaunchKvAppend in one launch (grid n × (nh + kvh)): bit-identical q_out
+// and cache rows, one kernel fewer on the decode path. Needs q, k and v all written (run it after
+// the three products). Not used when OldAttnDecode().
+cudaError_t LaunchQkvNormRopeAppend(const QkvRows& rows, int64_t n, const AttnShape& d, const float* q_norm,
+                                    const float* k_norm, const double* inv_freq, const int32_t* token_seq,
+                                    const int32_t* token_pos, float* q_out, const PagedKv& cache,
+                                    cudaStream_t stream);
+
+// TANDEM_OLD_ATTN_DECODE=1 (read once; settable for tests): the decode path as before this switch:
+// QueryNormRope and KvAppend as two launches (the backend), and the split attention's slices
+// combined by a separate SplitMergeKernel launch (LaunchAttention). Off (the default):
+// LaunchQkvNormRopeAppend, and the last block of each (row item, kv head) to finish combines the
+// slices itself (a ticket counter in the scratch), in SplitMergeKernel's order: the same bits.
+// TANDEM_OLD_ATTN_MERGE=1 (read once) keeps only the merge launch, for an A/B of the merge alone.
+bool OldAttnDecode();
+void SetOldAttnDecode(bool on);
+
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
 // cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences
 // with many tokens in the step (prefill) run on f16 tensor cores (Q, K, V rounded to f16 in
@@ -88,18 +118,22 @@ struct AttentionPlan {
 // shorter and more SMs work;
 // 1 keeps every tile item whole (TANDEM_ATTN_TC_WHOLE=1 in the backend, for A/B runs).
 inline constexpr int kAttnMaxTcSplits = 4;
+inline constexpr size_t kAttnTicketBytes = 1024;
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d,
                             AttentionPrecision precision = AttentionPrecision::kF32,
                             int max_tc_splits = kAttnMaxTcSplits);
 
 // An upper bound of scratch_bytes over every plan of shape d, whatever the batch: allocate it
-// once (256-byte aligned, e.g. from cudaMalloc) and pass it to every LaunchAttention.
+// once (256-byte aligned, e.g. from cudaMalloc), ZERO IT ONCE (cudaMemset) and pass it to every
+// LaunchAttention. Its first kAttnTicketBytes hold the split tickets (one counter per row item and
+// kv head), which every launch leaves at zero again; the rest is rewritten by every launch.
 size_t AttentionMaxScratchBytes(const AttnShape& d);
 
 // o[t][h] = softmax_j(<q[t][h], K_j>/sqrt(hd))·V_j over positions j <= token_pos[t] of the token's
 // sequence (kv head h / groups), times sigma(gate) taken from qg (n × nh × 2hd). `items` is the
 // device copy of plan.items; `scratch` holds at least plan.scratch_bytes (may be null when that is
-// 0). Every per-step value is read from device memory; only the plan's counts are host values.
+// 0; zeroed once when allocated, see AttentionMaxScratchBytes). Every per-step value is read from
+// device memory; only the plan's counts are host values.
 // hd must be 64, 128 or 256.
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,

@@ -1,0 +1,226 @@
+// The two ways the exact split-KV attention's context slices are combined (attention.cu): the
+// merge kernel (SplitMergeKernel, its own launch; TANDEM_OLD_ATTN_DECODE=1 / TANDEM_OLD_ATTN_MERGE=1)
+// and the merge by the last slice block of each (row item, kv head) to finish (MergeSlicesIfLast,
+// no launch), which repeats the merge kernel's f32 operations in the same order: same bits.
+// Device-only; only kernels/attention.cu includes this header (hence the unnamed namespace).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kRows = 8;  // rows of a row item
+constexpr int kSplitWarps = 8;
+constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
+constexpr int kMaxSplits = 128;
+
+// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. Groups of
+// kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
+template <int kHd>
+__global__ void __launch_bounds__(256)
+SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
+                 const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
+  constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float4 red[256];
+  __shared__ float inv_l;
+  const int groups = nh / kvh, kvhead = blockIdx.y, r = blockIdx.z;
+  const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
+  const int tok = r / groups;
+  if (tok >= count) return;
+  const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
+  if (threadIdx.x < 32) {
+    float mm = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) mm = fmaxf(mm, part_ml[((slot0 + s) * kRows + r) * 2]);
+    mm = WarpMax(mm);
+    float ll = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float ms = part_ml[((slot0 + s) * kRows + r) * 2];
+      const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
+      weight[s] = f;
+      ll = fmaf(f, part_ml[((slot0 + s) * kRows + r) * 2 + 1], ll);
+    }
+    ll = WarpSum(ll);
+    if (threadIdx.x == 0) inv_l = 1.0f / ll;
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = sg; s < splits; s += kSliceGroups) {
+    const float w = weight[s];
+    if (w == 0.0f) continue;
+    const float4 x = reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c];
+    a.x = fmaf(w, x.x, a.x);
+    a.y = fmaf(w, x.y, a.y);
+    a.z = fmaf(w, x.z, a.z);
+    a.w = fmaf(w, x.w, a.w);
+  }
+  red[threadIdx.x] = a;
+  __syncthreads();
+  if (sg != 0) return;
+  for (int g = 1; g < kSliceGroups; ++g) {
+    const float4 x = red[g * kLanes + c];
+    a.x += x.x;
+    a.y += x.y;
+    a.z += x.z;
+    a.w += x.w;
+  }
+  const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
+  float4 y;
+  y.x = a.x * inv_l * SigmoidF(gate[0]);
+  y.y = a.y * inv_l * SigmoidF(gate[1]);
+  y.z = a.z * inv_l * SigmoidF(gate[2]);
+  y.w = a.w * inv_l * SigmoidF(gate[3]);
+  reinterpret_cast<float4*>(o + row * kHd)[c] = y;
+}
+
+// One ticket counter per (row item, kv head) in the scratch's first kAttnTicketBytes.
+constexpr int kTicketCount = static_cast<int>(kAttnTicketBytes / sizeof(unsigned));
+static_assert(kTicketCount >= kSplitTargetBlocks, "splits > 1 only below kSplitTargetBlocks blocks");
+static_assert(kSplitWarps == kRows, "the in-kernel merge gives each row a warp");
+static_assert(kMaxSplits % 32 == 0, "the in-kernel merge's lanes hold kMaxSplits / 32 slices each");
+
+// The in-kernel merge (kMergeHere): every slice block of a (row item, kv head) publishes its
+// partials and takes a ticket; the last one to arrive combines all slices exactly as
+// SplitMergeKernel does (same weights, same slice groups, same order of every f32 operation), so o
+// has the same bits without the merge launch, and resets the ticket so that the next launch (a
+// graph replay) starts from zero. Block-uniform: every thread of the block calls it. `smem` is the
+// block's ring, free by now; `is_last` a shared flag. Partials are read with ld.global.cg (L2): they
+// were written by other blocks of this grid.
+template <int kHd>
+__device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, int nh, int kvh, int kvhead,
+                                                  int32_t first, int32_t count, int splits,
+                                                  const float* part_o, const float* part_ml, float* __restrict__ o,
+                                                  unsigned* __restrict__ tickets, float* smem, unsigned& is_last) {
+  const int groups = nh / kvh;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kvh + kvhead;
+  __threadfence();  // this block's partials are visible device-wide before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&tickets[pair], 1u) == static_cast<unsigned>(splits - 1) ? 1u : 0u;
+  __syncthreads();
+  if (is_last == 0) return;
+  __threadfence();  // the other slices' partials (published before their tickets) are seen
+  if (threadIdx.x == 0) tickets[pair] = 0;  // every slice has taken its ticket
+  float* weight = smem;                      // rows × kMaxSplits
+  float* inv_l = smem + kRows * kMaxSplits;  // rows
+  const int64_t slot0 = pair * splits;
+  const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+  if (r / groups < count) {  // SplitMergeKernel's first warp, for row r, in its order
+    // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the
+    // merge kernel's two passes over the same values.
+    constexpr int kPerLane = kMaxSplits / 32;
+    float2 ml[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      ml[i] = s < splits ? __ldcg(reinterpret_cast<const float2*>(part_ml + ((slot0 + s) * kRows + r) * 2))
+                         : make_float2(-INFINITY, 0.0f);
+    }
+    float mm = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + 32 * i < splits) mm = fmaxf(mm, ml[i].x);
+    }
+    mm = WarpMax(mm);
+    float ll = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      if (s >= splits) break;
+      const float f = ml[i].x == -INFINITY ? 0.0f : expf(ml[i].x - mm);
+      weight[r * kMaxSplits + s] = f;
+      ll = fmaf(f, ml[i].y, ll);
+    }
+    ll = WarpSum(ll);
+    if (lane == 0) inv_l[r] = 1.0f / ll;
+  }
+  __syncthreads();
+  // SplitMergeKernel: kGroups groups of kLanes threads (a float4 of dims each), group g summing
+  // slices g, g + kGroups, ... in order, then group 0 adding groups 1.. in order. Here a thread
+  // keeps all kGroups sums of each of its kPairs (row, float4) pairs and adds them in the same
+  // order. All of a step's loads (kPairs × kGroups float4) are issued before their FMAs, so that a
+  // long context (every slice with keys: rows × slices × hd floats from L2) is not one L2 round
+  // trip per slice.
+  constexpr int kLanes = kHd / 4, kGroups = 256 / kLanes;
+  constexpr int kThreads = kSplitWarps * 32;
+  constexpr int kPairs = (kRows * kLanes + kThreads - 1) / kThreads;
+  int rr[kPairs], cc[kPairs];
+  bool live[kPairs];
+  float4 acc[kPairs][kGroups];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int p = threadIdx.x + j * kThreads;
+    rr[j] = p / kLanes;
+    cc[j] = p % kLanes;
+    live[j] = p < kRows * kLanes && rr[j] / groups < count;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) acc[j][g] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int s0 = 0; s0 < splits; s0 += kGroups) {
+    float w[kPairs][kGroups];
+    float4 x[kPairs][kGroups];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const int s = s0 + g;
+        w[j][g] = live[j] && s < splits ? weight[rr[j] * kMaxSplits + s] : 0.0f;
+        // A zero weight (an empty slice, or past the slices) is skipped as SplitMergeKernel skips
+        // it: its accumulator may be unwritten.
+        x[j][g] = w[j][g] != 0.0f
+                      ? __ldcg(reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + rr[j]) * kHd) + cc[j])
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        if (w[j][g] == 0.0f) continue;
+        acc[j][g].x = fmaf(w[j][g], x[j][g].x, acc[j][g].x);
+        acc[j][g].y = fmaf(w[j][g], x[j][g].y, acc[j][g].y);
+        acc[j][g].z = fmaf(w[j][g], x[j][g].z, acc[j][g].z);
+        acc[j][g].w = fmaf(w[j][g], x[j][g].w, acc[j][g].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    if (!live[j]) continue;
+    float4 a = acc[j][0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) {
+      a.x += acc[j][g].x;
+      a.y += acc[j][g].y;
+      a.z += acc[j][g].z;
+      a.w += acc[j][g].w;
+    }
+    const int tok = rr[j] / groups;
+    const float il = inv_l[rr[j]];
+    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + rr[j] % groups;
+    const float* gate = qg + row * 2 * kHd + kHd + 4 * cc[j];
+    float4 y;
+    y.x = a.x * il * SigmoidF(gate[0]);
+    y.y = a.y * il * SigmoidF(gate[1]);
+    y.z = a.z * il * SigmoidF(gate[2]);
+    y.w = a.w * il * SigmoidF(gate[3]);
+    reinterpret_cast<float4*>(o + row * kHd)[cc[j]] = y;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
