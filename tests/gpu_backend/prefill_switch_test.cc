@@ -253,6 +253,45 @@ TEST_P(StreamedInputTest, NormWrittenExpertRowsGiveTheConvertedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, StreamedInputTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
+// The prefill kernels that were plain launches until 2026-12-01 (the GDN chunked passes, the f16
+// and fp8 row conversions, the expert prefill kernels, tensor-core attention) go through
+// LaunchPrefillPdl (pdl.cuh): with the backend's PDL on they start early and wait for the kernel
+// before them; with it off (or TANDEM_OLD_PREFILL_LAUNCH) they are plain launches. The same kernels
+// in the same order either way, so the same logits bit for bit: prompts of 300 and 65 tokens, every
+// dense matrix in the fp8-corrected form (threshold 0) so that its row conversions run too.
+class PrefillPdlTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status();
+  const bool was_f8 = cuda::SplitF8();
+  const int64_t was_min = cuda::SplitF8MinWeights();
+  cuda::SetSplitF8(true);
+  cuda::SetSplitF8MinWeights(0);
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    std::vector<float> logits[2];
+    for (int pdl = 0; pdl < 2; ++pdl) {  // plain launches first, so that PDL is on again afterwards
+      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode, true, true, true, {}, /*pdl=*/pdl == 1);
+      ASSERT_TRUE(b);
+      const int64_t V = b->config().vocab;
+      const SequenceSlot s = *b->CreateSequence();
+      logits[pdl] = GpuStep(*b, s, RandomTokens(300, V, 51), true);
+      const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, 52), true);
+      logits[pdl].insert(logits[pdl].end(), more.begin(), more.end());
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    ASSERT_FALSE(logits[0].empty());
+    const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+    printf("[%s] %s prefill, PDL vs plain launches: %s\n", GetParam().c_str(),
+           mode == CudaMode::kExact ? "exact" : "fast", same ? "bit-identical" : "NOT bit-identical");
+    EXPECT_TRUE(same);
+  }
+  cuda::SetSplitF8(was_f8);
+  cuda::SetSplitF8MinWeights(was_min);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PrefillPdlTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
 
 }  // namespace
 }  // namespace tandem

@@ -25,6 +25,8 @@
 #include <atomic>
 #include <utility>
 
+#include "gpu_service/backends/cuda/env_switch.h"
+
 namespace tandem::cuda {
 
 __device__ __forceinline__ void PdlWaitForPrevious() {
@@ -75,6 +77,30 @@ cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The kernels of the prefill path that were plain launches until 2026-12-01 (the GDN chunked
+// passes, the fp8 and f16 row conversions, the expert prefill kernels, tensor-core attention):
+// LaunchPrefillPdl gives them PDL like the rest unless TANDEM_OLD_PREFILL_LAUNCH=1 (read once),
+// the A/B switch. A prefill step is not a graph: between two plain launches on a stream the GPU
+// idled ~1.3-1.9 us (CUPTI timeline of a 512-token step, H200, 2026-12-01: ~30 us a layer).
+inline bool OldPrefillLaunch() {
+  static const bool old = EnvSwitch("TANDEM_OLD_PREFILL_LAUNCH");
+  return old;
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchPrefillPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                             cudaStream_t stream, Args&&... args) {
+  if (OldPrefillLaunch()) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  }
+  return LaunchPdl(kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace tandem::cuda

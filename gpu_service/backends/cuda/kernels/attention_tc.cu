@@ -4,6 +4,7 @@
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -101,6 +102,8 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
                                    const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                                    const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o,
                                    int splits, float* __restrict__ part_o, float* __restrict__ part_ml) {
+  PdlWaitForPrevious();  // pdl.cuh: q, the cache and the items are the step's
+  PdlAllowNext();
   constexpr int kStride = PipeSmem<kHd>::kStride;
   constexpr int kVec = kHd / 4;
   extern __shared__ float4 pipe_smem[];
@@ -276,6 +279,8 @@ __global__ void __launch_bounds__(256)
 TensorCoreSliceMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items,
                            const int32_t* __restrict__ token_pos, int splits, const float* __restrict__ part_o,
                            const float* __restrict__ part_ml, float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: the partials are the step's
+  PdlAllowNext();
   constexpr int kLanes = kHd / 4;
   const int item = blockIdx.x, kvhead = blockIdx.y, groups = nh / kvh;
   const int r = blockIdx.z * MergeRowsPerBlock<kHd>() + static_cast<int>(threadIdx.x) / kLanes;
@@ -327,16 +332,19 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   float* part_o = static_cast<float*>(partials);
   float* part_ml = splits > 1 ? part_o + blocks * kTcRows * kHd : nullptr;
-  PipelinedTensorCoreAttentionKernel<kHd><<<static_cast<unsigned>(blocks), kPipeThreads, smem, stream>>>(
-      q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o, splits, part_o, part_ml);
+  if (const cudaError_t e = LaunchPrefillPdl(PipelinedTensorCoreAttentionKernel<kHd>, static_cast<unsigned>(blocks),
+                                             kPipeThreads, smem, stream, q, qg, d.nh, d.kvh, tile_items, token_seq,
+                                             token_pos, cache, o, splits, part_o, part_ml);
+      e != cudaSuccess) {
+    return e;
+  }
   if (splits > 1) {
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     const dim3 grid(static_cast<unsigned>(num_tile_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(kTcRows / MergeRowsPerBlock<kHd>()));
-    TensorCoreSliceMergeKernel<kHd><<<grid, 256, 0, stream>>>(qg, d.nh, d.kvh, tile_items, token_pos, splits, part_o,
-                                                               part_ml, o);
+    return LaunchPrefillPdl(TensorCoreSliceMergeKernel<kHd>, grid, 256, 0, stream, qg, d.nh, d.kvh, tile_items, token_pos,
+                            splits, part_o, part_ml, o);
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_prep.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_chunked_mma_scan.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -132,6 +133,8 @@ GdnChunkPrepareKernel(const float* __restrict__ conv_out, const float* __restric
                       const float* __restrict__ beta, int64_t n, int c_dim, int nk, int nv,
                       float* __restrict__ w_out, float* __restrict__ u_out, float* __restrict__ aqk_out,
                       float* __restrict__ decay_out) {
+  PdlWaitForPrevious();  // pdl.cuh: the conv rows, gates and state are the step's
+  PdlAllowNext();
   constexpr int C = kGdnChunk, LD = kD + 4, LT = kChunkLdT;
   static_assert(C * (kD / 4) % kChunkThreads == 0, "the copy loops have a fixed trip count");
   extern __shared__ __align__(128) float4 prep_smem[];
@@ -216,6 +219,8 @@ GdnChunkScanKernel(const float* __restrict__ conv_out, int64_t n, int c_dim, int
                    const float* __restrict__ w_in, const float* __restrict__ u_in,
                    const float* __restrict__ aqk_in, const float* __restrict__ decay_in, float* state,
                    float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: the conv rows, gates and state are the step's
+  PdlAllowNext();
   constexpr int C = kGdnChunk, LD = kD + 4, LT = kChunkLdT, TV = kScanCols, LV = kScanLd;
   static_assert(kD * (TV / 4) % kChunkThreads == 0 && C * (TV / 4) % kChunkThreads == 0, "fixed trip counts");
   extern __shared__ __align__(128) float4 scan_smem[];
@@ -344,12 +349,19 @@ cudaError_t RunChunked(const float* conv_out, const float* g, const float* beta,
     // The mma prepare kernel's grid is (nv, chunks): value heads sharing q and k run side by side.
     const dim3 prep_grid = kFast ? dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(chunks))
                                     : dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(d.nv));
-    prep<<<prep_grid, prep_threads, prep_bytes, stream>>>(x, g + t0 * d.nv, beta + t0 * d.nv, np, c_dim, d.nk, d.nv,
-                                                          w, u, aqk, decay);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    scan<<<dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / scan_cols)), scan_threads, scan_bytes,
-           stream>>>(x, np, c_dim, d.nk, d.nv, w, u, aqk, decay, state, o + t0 * d.nv * d.dv);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    // PDL launches (pdl.cuh): each kernel waits for the one before it at its start, so the launch
+    // latency between the conv, the passes and the gated norm overlaps the previous kernel's tail.
+    if (cudaError_t e = LaunchPrefillPdl(prep, prep_grid, prep_threads, prep_bytes, stream, x, g + t0 * d.nv, beta + t0 * d.nv,
+                                  np, c_dim, d.nk, d.nv, w, u, aqk, decay);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (cudaError_t e = LaunchPrefillPdl(scan, dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / scan_cols)),
+                                  scan_threads, scan_bytes, stream, x, np, c_dim, d.nk, d.nv, w, u, aqk, decay, state,
+                                  o + t0 * d.nv * d.dv);
+        e != cudaSuccess) {
+      return e;
+    }
   }
   return cudaSuccess;
 }

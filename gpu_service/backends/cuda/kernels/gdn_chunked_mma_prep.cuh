@@ -165,6 +165,8 @@ GdnChunkPrepareMmaKernel(const float* __restrict__ conv_out, const float* __rest
                          const float* __restrict__ beta, int64_t n, int c_dim, int nk, int nv,
                          float* __restrict__ w_out, float* __restrict__ u_out, float* __restrict__ aqk_out,
                          float* __restrict__ decay_out) {
+  PdlWaitForPrevious();  // pdl.cuh: the conv rows and gates are the step's
+  PdlAllowNext();
   using L = Layout<kD>;
   constexpr int C = kGdnChunk, LK = L::LK, LT = L::LT;
   static_assert(C == 64 && C * kD / 4 % kThreads == 0, "four 16-row blocks; fixed copy trip counts");

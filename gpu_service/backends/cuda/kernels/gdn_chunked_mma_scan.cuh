@@ -19,6 +19,7 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::gdn_mma_scan {
 
@@ -78,6 +79,8 @@ GdnChunkScanMmaKernel(const float* __restrict__ conv_out, int64_t n, int c_dim, 
                       const float* __restrict__ w_in, const float* __restrict__ u_in,
                       const float* __restrict__ aqk_in, const float* __restrict__ decay_in, float* state,
                       float* __restrict__ o) {
+  PdlWaitForPrevious();  // pdl.cuh: the prepared chunks and the state are the step's
+  PdlAllowNext();
   using L = Layout<kD>;
   constexpr int C = kGdnChunk, LW = L::LW, LK = L::LK, LA = L::LA, LS = L::LS;
   constexpr int kSWarpsPerRowTile = 8 * 16 / kD;  // warps sharing 16 state rows: 1 (dk 128) or 2

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -54,6 +55,8 @@ __global__ void DequantizeRowsKernel(const uint8_t* w, int64_t row_bytes, int64_
 }
 
 __global__ void F32ToF16Kernel(const float* src, int64_t count, uint16_t* dst, uint16_t* dst_lo) {
+  PdlWaitForPrevious();  // pdl.cuh: src is the step's
+  PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const __half b = __float2half_rn(src[i]);
@@ -120,6 +123,8 @@ __global__ void MaxAbsKernel(const uint8_t* w, int64_t row_bytes, int64_t chunks
 // row length and the source allow them.
 template <bool kVector>
 __global__ void F32ToF16SplitRowsKernel(const float* src, int64_t n, int64_t cols, uint16_t* dst) {
+  PdlWaitForPrevious();  // pdl.cuh: src is the step's
+  PdlAllowNext();
   const int64_t groups = kVector ? cols / 8 : cols;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * groups) return;
@@ -197,8 +202,7 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
 
 cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream, uint16_t* dst_lo) {
   if (count <= 0) return cudaSuccess;
-  F32ToF16Kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(src, count, dst, dst_lo);
-  return cudaGetLastError();
+  return LaunchPrefillPdl(F32ToF16Kernel, static_cast<unsigned>((count + 255) / 256), 256, 0, stream, src, count, dst, dst_lo);
 }
 
 }  // namespace tandem::cuda
@@ -227,12 +231,8 @@ cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, u
                       reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   const int64_t work = vector ? n * (cols / 8) : n * cols;
   const unsigned blocks = static_cast<unsigned>((work + threads - 1) / threads);
-  if (vector) {
-    F32ToF16SplitRowsKernel<true><<<blocks, threads, 0, stream>>>(src, n, cols, dst);
-  } else {
-    F32ToF16SplitRowsKernel<false><<<blocks, threads, 0, stream>>>(src, n, cols, dst);
-  }
-  return cudaGetLastError();
+  return vector ? LaunchPrefillPdl(F32ToF16SplitRowsKernel<true>, blocks, threads, 0, stream, src, n, cols, dst)
+                : LaunchPrefillPdl(F32ToF16SplitRowsKernel<false>, blocks, threads, 0, stream, src, n, cols, dst);
 }
 
 }  // namespace tandem::cuda
@@ -245,6 +245,8 @@ namespace {
 template <bool kVector>
 __global__ void SiluMulToF16RowsKernel(const float* gu, int64_t n, int64_t ld, int64_t ffn, bool split, uint16_t* dst,
                                        int64_t gate_col, float* gate_out) {
+  PdlWaitForPrevious();  // pdl.cuh: gu is the step's
+  PdlAllowNext();
   constexpr int kPer = kVector ? 8 : 1;
   const int64_t groups = ffn / kPer;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -297,12 +299,12 @@ cudaError_t LaunchSiluMulToF16Rows(const float* gu, int64_t n, int64_t ld, int64
                       reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   const int64_t work = vector ? n * (ffn / 8) : n * ffn;
   const unsigned blocks = static_cast<unsigned>((work + threads - 1) / threads);
-  if (vector) {
-    SiluMulToF16RowsKernel<true><<<blocks, threads, 0, stream>>>(gu, n, ld, ffn, split, dst, gate_col, gate_out);
-  } else {
-    SiluMulToF16RowsKernel<false><<<blocks, threads, 0, stream>>>(gu, n, ld, ffn, split, dst, gate_col, gate_out);
-  }
-  return cudaGetLastError();
+  const cudaError_t err =
+      vector ? LaunchPrefillPdl(SiluMulToF16RowsKernel<true>, blocks, threads, 0, stream, gu, n, ld, ffn, split, dst, gate_col,
+                         gate_out)
+             : LaunchPrefillPdl(SiluMulToF16RowsKernel<false>, blocks, threads, 0, stream, gu, n, ld, ffn, split, dst, gate_col,
+                         gate_out);
+  return err;
 }
 
 }  // namespace tandem::cuda

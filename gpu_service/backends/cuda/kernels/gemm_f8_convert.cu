@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -69,6 +70,8 @@ __device__ __forceinline__ void UnpackF16x8(uint4 p, float* v) {
 
 // Grid-stride max of |hi| over groups of 8, one atomicMax per block.
 __global__ void F8AmaxKernel(const uint16_t* rows, int64_t n, int64_t cols, unsigned int* amax_bits) {
+  PdlWaitForPrevious();  // pdl.cuh: the rows are the step's
+  PdlAllowNext();
   __shared__ float scratch[32];
   const int64_t groups = cols / 8, total = n * groups;
   float m = 0.0f;
@@ -91,6 +94,8 @@ __global__ void F8AmaxKernel(const uint16_t* rows, int64_t n, int64_t cols, unsi
 // The F8 row of each split row from its first (hi) and last (lo) thirds.
 __global__ void SplitRowsToF8Kernel(const uint16_t* rows, int64_t n, int64_t cols, unsigned int* amax_bits,
                                     unsigned int* done, uint8_t* dst8, float* b_scale) {
+  PdlWaitForPrevious();  // pdl.cuh: amax and the rows are the step's
+  PdlAllowNext();
   const int e = TakeF8ScaleExponent(amax_bits, done);
   const int64_t groups = cols / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -138,8 +143,7 @@ cudaError_t LaunchF8AmaxSplitRows(const uint16_t* rows, int64_t n, int64_t cols,
   if (rows == nullptr || amax_bits == nullptr || cols <= 0 || cols % 8 != 0 || !Aligned16(rows)) {
     return cudaErrorInvalidValue;
   }
-  F8AmaxKernel<<<AmaxBlocks(n * cols / 8), kThreads, 0, stream>>>(rows, n, cols, amax_bits);
-  return cudaGetLastError();
+  return LaunchPrefillPdl(F8AmaxKernel, AmaxBlocks(n * cols / 8), kThreads, 0, stream, rows, n, cols, amax_bits);
 }
 
 cudaError_t LaunchSplitRowsToF8(const uint16_t* rows, int64_t n, int64_t cols, unsigned int* amax_bits,
@@ -149,8 +153,8 @@ cudaError_t LaunchSplitRowsToF8(const uint16_t* rows, int64_t n, int64_t cols, u
       cols <= 0 || cols % 8 != 0 || !Aligned16(rows) || !Aligned16(dst8)) {
     return cudaErrorInvalidValue;
   }
-  SplitRowsToF8Kernel<<<Blocks(n * cols / 8), kThreads, 0, stream>>>(rows, n, cols, amax_bits, done, dst8, b_scale);
-  return cudaGetLastError();
+  return LaunchPrefillPdl(SplitRowsToF8Kernel, Blocks(n * cols / 8), kThreads, 0, stream, rows, n, cols, amax_bits, done, dst8,
+                   b_scale);
 }
 
 cudaError_t LaunchSplitWeightsToF8(const uint16_t* src, int64_t rows, int64_t cols, float s_w, uint16_t* hi_dst,

@@ -95,9 +95,8 @@ cudaError_t LaunchStreamedRing(const PrefillTile* tiles, int num_tiles, const ui
   int order = prefill_stream::kOrderRanges;
   if (schedule.order == StreamedOrder::kStrided) order = prefill_stream::kOrderStrided;
   if (schedule.order == StreamedOrder::kDynamic) order = prefill_stream::kOrderDynamic;
-  kernel<<<static_cast<unsigned>(blocks), prefill_stream::kThreads, smem, stream>>>(
-      tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, tile_count, order, schedule.counter);
-  return cudaGetLastError();
+  return LaunchPrefillPdl(kernel, static_cast<unsigned>(blocks), prefill_stream::kThreads, smem, stream, tiles, num_tiles,
+                          a, a_index, K, N, out_cols, act_out, f32_out, tile_count, order, schedule.counter);
 }
 
 // Tiles of up to 32 slots run the ring with more stages (prefill_stream::Ring).

@@ -40,6 +40,7 @@
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_device.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace prefill_mmq_lean2 {
@@ -176,6 +177,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     MmqLean2Kernel(const PrefillTile* __restrict__ tiles, int num_tiles, MmqActivations a,
                    const int32_t* __restrict__ a_index, int k_arg, int N, int out_cols, float* __restrict__ out,
                    const int* __restrict__ tile_count) {
+  PdlWaitForPrevious();  // pdl.cuh: the tiles, their count and the activations are the step's
+  PdlAllowNext();
   const int K = kFixedK != 0 ? kFixedK : k_arg;
   if (tile_count != nullptr) num_tiles = min(num_tiles, *tile_count);
   static_assert((kStages & (kStages - 1)) == 0, "ring stages: a power of two");
@@ -458,9 +461,8 @@ cudaError_t LaunchKernel(const PrefillTile* tiles, int num_tiles, MmqActivations
   if (cudaError_t e = mmq_device::PersistentBlocks<kernel>(kWarps * 32, smem, units, &blocks); e != cudaSuccess) {
     return e;
   }
-  kernel<<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(tiles, num_tiles, a, a_index, K, N, out_cols,
-                                                                         out, tile_count);
-  return cudaGetLastError();
+  return LaunchPrefillPdl(kernel, static_cast<unsigned>(blocks), kWarps * 32, smem, stream, tiles, num_tiles, a, a_index,
+                          K, N, out_cols, out, tile_count);
 }
 
 constexpr int kWarps = 16, kStages = 4;

@@ -172,6 +172,9 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const int32_t* __restrict__ a_index, int K, int N, int out_cols,
                           uint16_t* __restrict__ act_out, float* __restrict__ f32_out,
                           const int* __restrict__ tile_count, int order, int* __restrict__ work_counter) {
+  // pdl.cuh: the tiles, their count, the activations and the work counter are the step's.
+  PdlWaitForPrevious();
+  PdlAllowNext();
   // A device-planned call: the tiles were counted on the device; num_tiles is their bound.
   if (tile_count != nullptr) num_tiles = min(num_tiles, *tile_count);
   using R = Ring<kMaxRows>;
