@@ -5,6 +5,7 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -37,6 +38,12 @@ struct GpuHcRead {
 struct GpuLayer {
   LayerKind kind = LayerKind::kGdn;
   GpuHcRead attn_read, ffn_read;
+  // Decode's input products of the mixer as one matrix-vector product (RunGdn, RunAttention): a
+  // Q8_0x8 view over the rows of [qkv; z; ba] (GDN) or [q; k; v] (attention), whose parts were
+  // uploaded adjacent, so that output row t of one product holds [qkv | z | ba] or [q | k | v].
+  // The parts keep their own views over the same bytes (no weight byte is stored twice). Absent
+  // when the parts do not stack (types, cols, layout) or with TANDEM_OLD_DECODE_INPUTS=1.
+  DeviceMatrix mixer_in;
   // Gated DeltaNet.
   DeviceMatrix qkv, z, ba, ssm_out;
   const float* conv1d = nullptr;  // c_dim × kk
@@ -69,6 +76,17 @@ struct DeviceModel {
   const double* rope_inv_freq = nullptr;  // rot/2 f64, as the CPU reference computes them
   uint64_t bytes = 0;
 };
+
+// Whether UploadModel stacks each layer's mixer input matrices for decode (GpuLayer::mixer_in).
+// TANDEM_OLD_DECODE_INPUTS=1 (read once) starts it off: today's separate matrices (ba in plain
+// Q8_0) and launches. Tests flip it between two uploads in one process.
+bool StackedDecodeInputs();
+void SetStackedDecodeInputs(bool on);
+
+// Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
+// aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte
+// boundary (a Q8_0x8 row is cols / 256 · 272 bytes). Host arithmetic only.
+bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count);
 
 // Uploads the main layers' tensors. InvalidArgument naming a tensor whose type has no GPU kernel.
 absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& config,

@@ -1,8 +1,9 @@
 // The two token mixers of a layer on the GPU (docs/MODEL.md §4.2), for a whole step's batch:
 // Gated DeltaNet (RunGdn: the input products, conv, gates, chunked or recurrent scan, gated norm,
 // output product) and attention (RunAttention: q/k/v products, cache append, dense or sparse
-// attention with the indexer, output product). Small steps overlap their independent products on
-// the side stream (layer_loop.cc: Fork, Join).
+// attention with the indexer, output product). Small steps run their input products as one
+// matrix-vector product over the layer's stacked inputs (GpuLayer::mixer_in) when the upload made
+// one, else overlap their independent products on the side stream (layer_loop.cc: Fork, Join).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -29,17 +30,20 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const cuda::GdnShape& shape = gdn_shape;
   const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
   cudaStream_t st = stream.get();
-  // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
-  // joined before the gates need ba. Larger steps go in order (GEMMs share one cuBLAS handle).
+  // Small steps: one matrix-vector product over the stacked [qkv; z; ba] (stacked_in), or z and ba
+  // on the side stream, beside qkv and the conv, joined before the gates need ba (side_products).
+  // Larger steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
+  const bool stacked_in = overlap && StackedInputs(w);
+  const bool side_products = overlap && !stacked_in;
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
-  if (overlap) {
+  if (side_products) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  // Where the prefill kernels read the products' rows: their own arrays, or the parts of the stacked
-  // product's rows [qkv | z | ba] (row stride `stride`). Decode keeps its arrays (its kernels read
-  // them contiguous).
+  // Where the kernels read the products' rows: their own arrays, or the parts of the stacked
+  // product's rows [qkv | z | ba] (row stride: the stack's width), from the prefill GEMM (MixerStacked)
+  // or from the small steps' one matrix-vector product (stacked_in).
   const float *qkv_rows = qkv, *z_rows = zg, *ba_rows = ba;
   int64_t qkv_stride = cd, z_stride = vw, ba_stride = 2 * nv;
   absl::StatusOr<int64_t> stride = int64_t{0};
@@ -49,13 +53,19 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // after it, joined before the gated norm, its only reader (cuda::GdnDecodeOrder). The CUPTI
   // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
   // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
-  const bool ba_first = overlap && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
-  if (ba_first) {
+  const bool ba_first = side_products && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
+  if (stacked_in) {
+    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    qkv_rows = mixer_rows.as<float>();
+    z_rows = qkv_rows + w.qkv.rows;
+    ba_rows = z_rows + w.z.rows;
+    qkv_stride = z_stride = ba_stride = w.mixer_in.rows;
+  } else if (ba_first) {
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = side_fork->Mark(side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-  } else if (overlap) {
+  } else if (side_products) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
@@ -67,25 +77,26 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   } else if (absl::Status s = Products({{&w.z, zg}, {&w.ba, ba}, {&w.qkv, qkv}}, x, T); !s.ok()) {
     return s;  // one f16 conversion of x for the three
   }
-  if (overlap && !decode) {
+  if (side_products && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   if (decode) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
     // sequence's state through the step's row list in device memory (seq_dev), so that the launch
     // arguments do not depend on which sequences run (decode_graphs.h).
-    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv, recurrent + gdn_conv_off[layer], recurrent_floats,
-                                                          seq_dev(), w.conv1d, T, shape, conv, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv_rows, recurrent + gdn_conv_off[layer], recurrent_floats,
+                                                          seq_dev(), w.conv1d, T, shape, conv, st, qkv_stride),
                                 "gdn conv (decode)");
         !s.ok()) {
       return s;
     }
     if (ba_first) {
       if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
-    } else if (overlap) {
+    } else if (side_products) {
       if (absl::Status s = Join(); !s.ok()) return s;
     }
-    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba_rows, w.ssm_a, w.dt_bias, T, shape, g, beta, st,
+                                                       ba_stride),
                                 "gdn prepare");
         !s.ok()) {
       return s;
@@ -157,18 +168,29 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const cuda::AttnShape& shape = attn_shape;
   const int64_t T = plan.tokens, slot = attn_slot[layer];
   cudaStream_t st = stream.get();
-  // Small steps: keys and values (products and the cache append) on the side stream, beside the
-  // queries; joined before attention reads the cache.
+  // Small steps: one matrix-vector product over the stacked [q; k; v] (stacked_in; the sparse
+  // attention of the indexer reads the gate at the dense row width, so with an indexer only at one
+  // token), or keys and values (products and the cache append) on the side stream, beside the
+  // queries, joined before attention reads the cache (side_products).
   const bool overlap = T <= cuda::kMatVecMaxRows;
-  if (overlap) {
+  const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
+  const bool side_products = overlap && !stacked_in;
+  if (side_products) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  cudaStream_t kvs = overlap ? side.get() : st;
+  cudaStream_t kvs = side_products ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
-  // Keys and values from their arrays, or from the stacked product's rows [k | v] (row stride kv_stride).
-  const float *k_rows = kb, *v_rows = vb;
-  int64_t kv_stride = 0;
-  if (!overlap) {  // one f16 conversion of x for the three products
+  // Queries (with their gates), keys and values from their arrays, or from a stacked product's rows:
+  // [k | v] of the prefill GEMM (row stride kv_stride), [q | k | v] of stacked_in (qg_stride, kv_stride).
+  const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
+  int64_t qg_stride = 0, kv_stride = 0;
+  if (stacked_in) {
+    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    qg_rows = mixer_rows.as<float>();
+    k_rows = qg_rows + w.q.rows;
+    v_rows = k_rows + w.k.rows;
+    qg_stride = kv_stride = w.mixer_in.rows;
+  } else if (!overlap) {  // one f16 conversion of x for the three products
     absl::StatusOr<int64_t> stride = MixerStacked(w, T, {{&w.q, qg}});
     if (!stride.ok()) return stride.status();
     if (*stride > 0) {
@@ -188,20 +210,21 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       !s.ok()) {
     return s;
   }
-  if (overlap) {
+  if (side_products) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
-  if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
+  if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg_rows, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q,
+                                                        st, qg_stride),
                               "query norm rope");
       !s.ok()) {
     return s;
   }
-  if (overlap) {
+  if (side_products) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   if (!d.has_indexer()) {
-    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),
-                                                      cache, ao, attn_scratch, st),
+    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg_rows, T, shape, plan.attn, items_dev(), seq_dev(),
+                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride),
                                 "attention");
         !s.ok()) {
       return s;
@@ -255,7 +278,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   }
   cuda::SparseAttnArgs args;
   args.q = q;
-  args.qg = qg;
+  args.qg = qg_rows;  // one token when stacked (stacked_in): its row only
   args.n = T;
   args.nh = shape.nh;
   args.kvh = shape.kvh;

@@ -32,7 +32,8 @@ __device__ float NormRopeValue(float x, const float* gamma, float eps, int hd, i
   return static_cast<float>(static_cast<double>(pair[i - half]) * s + static_cast<double>(y) * c);
 }
 
-__global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, float eps,
+// qg's token rows are qg_stride floats apart (at least nh·2hd).
+__global__ void QueryNormRopeKernel(const float* qg, int64_t qg_stride, int nh, int hd, int rot, float eps,
                                     const float* q_norm, const double* inv_freq,
                                     const int32_t* token_pos, float* q_out) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
@@ -41,7 +42,7 @@ __global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, fl
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
-  const float x = qg[(t * nh + h) * 2 * hd + threadIdx.x];
+  const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
   const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
   q_out[(t * nh + h) * hd + threadIdx.x] = y;
 }
@@ -155,7 +156,7 @@ __device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
 // unnormalised accumulator, max and sum per row to part_o / part_ml for SplitMergeKernel.
 template <int kHd>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
-SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o) {
@@ -301,8 +302,9 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     if (splits == 1) {
       const int tok = r / groups;
       if (tok >= count) continue;
-      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-      o[row * kHd + dd] = a / ll * SigmoidF(qg[row * 2 * kHd + kHd + dd]);
+      const int head = kvhead * groups + r % groups;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+      o[row * kHd + dd] = a / ll * SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
     } else {
       const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
       part_o[slot * kHd + dd] = a;
@@ -318,8 +320,9 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
 // kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
 template <int kHd>
 __global__ void __launch_bounds__(256)
-SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
-                 const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
+SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
+                 int splits, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                 float* __restrict__ o) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
@@ -367,8 +370,9 @@ SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* _
     a.z += x.z;
     a.w += x.w;
   }
-  const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
+  const int head = kvhead * groups + r % groups;
+  const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+  const float* gate = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * c;
   float4 y;
   y.x = a.x * inv_l * SigmoidF(gate[0]);
   y.y = a.y * inv_l * SigmoidF(gate[1]);
@@ -392,7 +396,9 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                               int num_row_items, int num_splits, int num_tile_items, int tc_splits,
                               const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int64_t qg_stride) {
+  // The tensor-core kernels read the gate at the dense row width only.
+  if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
     constexpr size_t smem = SplitSmemBytes<kHd>();
     // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
@@ -407,15 +413,15 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     }
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    if (cudaError_t e = LaunchPdl(SplitAttentionKernel<kHd>, grid, kSplitWarps * 32, smem, stream, q, qg, d.nh, d.kvh,
-                                  items, token_seq, token_pos, cache, part_o, part_ml, o);
+    if (cudaError_t e = LaunchPdl(SplitAttentionKernel<kHd>, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride,
+                                  d.nh, d.kvh, items, token_seq, token_pos, cache, part_o, part_ml, o);
         e != cudaSuccess) {
       return e;
     }
     if (num_splits > 1) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
-      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, d.nh, d.kvh, items, num_splits,
-                                    part_o, part_ml, o);
+      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, qg_stride, d.nh, d.kvh,
+                                    items, num_splits, part_o, part_ml, o);
           e != cudaSuccess) {
         return e;
       }
@@ -451,17 +457,19 @@ void AppendItems(int32_t t, int32_t end, int per, std::vector<int32_t>& items) {
 cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const int32_t* items, int num_row_items,
                      int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
                      const int32_t* token_pos,
-                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0) {
+  if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
+  if (qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
       return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                   cache, o, scratch, stream);
+                                   cache, o, scratch, stream, qg_stride);
     case 128:
       return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream);
+                                    cache, o, scratch, stream, qg_stride);
     case 256:
       return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream);
+                                    cache, o, scratch, stream, qg_stride);
     default:
       return cudaErrorInvalidValue;
   }
@@ -519,7 +527,7 @@ size_t AttentionMaxScratchBytes(const AttnShape& d) {
 
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
                             const int32_t* items, const int32_t* token_seq, const int32_t* token_pos,
-                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride) {
   if (n <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
       plan.items.size() != 2 * static_cast<size_t>(plan.num_row_items + plan.num_tile_items) ||
@@ -528,7 +536,7 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
     return cudaErrorInvalidValue;
   }
   return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
-                  token_pos, cache, o, scratch, stream);
+                  token_pos, cache, o, scratch, stream, qg_stride);
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {
@@ -560,12 +568,13 @@ std::vector<double> RopeInvFrequencies(double theta, int rot) {
 
 cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, const float* q_norm,
                                 const double* inv_freq, const int32_t* token_pos, float* q_out,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, int64_t qg_stride) {
   if (n <= 0) return cudaSuccess;
-  if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
+  if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
+  if (!NormRopeShapeOk(d) || qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.nh));
-  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, d.nh, d.hd, d.rot, d.eps, q_norm,
-                                                                    inv_freq, token_pos, q_out);
+  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, qg_stride, d.nh, d.hd, d.rot,
+                   d.eps, q_norm, inv_freq, token_pos, q_out);
 }
 
 cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,
