@@ -120,9 +120,25 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
 // the layers carry to the logits.
 TEST_P(DecodeScheduleTest, StackedDecodeInputsGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::StackedDecodeInputs();
+  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide();
+  cuda::SetGdnStackedZSide(false);  // the one product over [z; qkv; ba]
   ExpectScheduleChangesNoLogits(
       GetParam(), "separate vs stacked decode inputs", [](bool on) { cuda::SetStackedDecodeInputs(on); }, 1e-5);
+  cuda::SetGdnStackedZSide(was_z);
+  cuda::SetStackedDecodeInputs(was);
+}
+
+// GDN layers with stacked decode inputs: the product over [qkv; ba] with z on the side stream
+// (cuda::GdnStackedZSide, read when a step is enqueued) against the one product over [z; qkv; ba].
+// Within 1e-5 like the test above (the two products' rows may differ in the last place).
+TEST_P(DecodeScheduleTest, GdnStackedZSideGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide();
+  cuda::SetStackedDecodeInputs(true);
+  ExpectScheduleChangesNoLogits(
+      GetParam(), "GDN stacked [z; qkv; ba] vs [qkv; ba] + z aside", [](bool on) { cuda::SetGdnStackedZSide(on); },
+      1e-5);
+  cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
 }
 

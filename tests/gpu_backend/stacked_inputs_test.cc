@@ -1,5 +1,6 @@
 // The decode input stacks of the upload (cuda::GpuLayer::mixer_in, device_model.h): each layer's
-// view covers its parts' rows ([qkv; z; ba] or [q; k; v]) adjacent and complete, no weight byte is
+// view covers its parts' rows ([z; qkv; ba] or [q; k; v]) adjacent and complete (and GDN's qkv_ba
+// view the rows of [qkv; ba]), no weight byte is
 // stored twice, TANDEM_OLD_DECODE_INPUTS (SetStackedDecodeInputs(false)) makes none, and the
 // stacked product gives each part's rows what the part's own product gives (to the last place or
 // within 1e-6: the stream kernel's split of a row may depend on the row count, and ba alone stays
@@ -13,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/model/reference_model.h"
@@ -38,7 +40,7 @@ bool Adjacent(int64_t cols, std::vector<int64_t> rows) { return Q8_0x8PartsAdjac
 
 // A Q8_0x8 row of 2048 columns is 2176 bytes: 2 rows end on a 256-byte boundary (4352 = 17·256), 1 does not.
 TEST(StackedInputsPlacement, PartsStayAdjacentOnlyWhenEachEndsOnABoundary) {
-  EXPECT_TRUE(Adjacent(2048, {8192, 4096, 64}));  // q3n-80b GDN: qkv, z, ba
+  EXPECT_TRUE(Adjacent(2048, {4096, 8192, 64}));  // q3n-80b GDN: z, qkv, ba
   EXPECT_TRUE(Adjacent(2048, {8192, 512, 512}));  // q3n-80b attention: q, k, v
   EXPECT_TRUE(Adjacent(2048, {2, 3}));            // the last part may end anywhere
   EXPECT_FALSE(Adjacent(2048, {3, 2}));
@@ -52,8 +54,9 @@ TEST(StackedInputsPlacement, PartsStayAdjacentOnlyWhenEachEndsOnABoundary) {
 struct Parts {
   std::array<const DeviceMatrix*, 3> m;
 };
+// The parts of a layer's stack in their placement order.
 Parts PartsOf(const GpuLayer& l) {
-  if (l.kind == LayerKind::kGdn) return {{&l.qkv, &l.z, &l.ba}};
+  if (l.kind == LayerKind::kGdn) return {{&l.z, &l.qkv, &l.ba}};
   return {{&l.q, &l.k, &l.v}};
 }
 
@@ -105,33 +108,50 @@ TEST_P(StackedInputsTest, ViewsAreAdjacentCompleteAndGiveThePartsRows) {
       rows += m->rows;
     }
     EXPECT_EQ(in.rows, rows) << "layer " << i;
-    // The stacked product against each part's own product of the old layout, at 1 and 3 rows.
-    for (int n : {1, 3}) {
-      std::vector<float> x(static_cast<size_t>(n * in.cols));
-      for (float& v : x) v = uni(rng);
-      float* dx = DeviceCopy(x);
-      float* dy = DeviceArrayOf<float>(static_cast<size_t>(n * in.rows));
-      ASSERT_EQ(LaunchDenseMatVec(in, dx, in.cols, n, dy, in.rows, nullptr), cudaSuccess);
-      const std::vector<float> y = HostCopy(dy, static_cast<size_t>(n * in.rows));
-      int64_t first = 0;
-      for (size_t k = 0; k < 3; ++k) {
-        const DeviceMatrix& part = *q.m[k];
-        float* dp = DeviceArrayOf<float>(static_cast<size_t>(n * part.rows));
-        ASSERT_EQ(LaunchDenseMatVec(part, dx, part.cols, n, dp, part.rows, nullptr), cudaSuccess);
-        const std::vector<float> want = HostCopy(dp, static_cast<size_t>(n * part.rows));
-        for (int t = 0; t < n; ++t) {
-          const float* got = y.data() + t * in.rows + first;
-          const float* ref = want.data() + t * part.rows;
-          identical &= std::memcmp(got, ref, static_cast<size_t>(part.rows) * sizeof(float)) == 0;
-          const double e = RelativeL2(got, ref, part.rows);
-          worst = std::max(worst, e);
-          EXPECT_LE(e, 1e-6) << "layer " << i << " part " << k << " n " << n << " token " << t;
+    if (on.kind == LayerKind::kGdn) {
+      EXPECT_EQ(on.qkv_ba.type, kTypeQ8_0x8);
+      EXPECT_EQ(on.qkv_ba.data, on.qkv.data);
+      EXPECT_EQ(on.qkv_ba.rows, on.qkv.rows + on.ba.rows);
+      EXPECT_EQ(on.qkv_ba.row_bytes, in.row_bytes);
+    } else {
+      EXPECT_FALSE(on.qkv_ba.present());
+    }
+    EXPECT_FALSE(off.qkv_ba.present());
+    // The stacked products (mixer_in; qkv_ba) against each part's own product of the old layout,
+    // at 1 and 3 rows.
+    std::vector<std::pair<const DeviceMatrix*, std::vector<const DeviceMatrix*>>> views = {
+        {&in, {q.m[0], q.m[1], q.m[2]}}};
+    if (on.qkv_ba.present()) views.push_back({&on.qkv_ba, {&off.qkv, &off.ba}});
+    for (const auto& [view, parts] : views) {
+      for (int n : {1, 3}) {
+        std::vector<float> x(static_cast<size_t>(n * view->cols));
+        for (float& v : x) v = uni(rng);
+        float* dx = DeviceCopy(x);
+        float* dy = DeviceArrayOf<float>(static_cast<size_t>(n * view->rows));
+        ASSERT_EQ(LaunchDenseMatVec(*view, dx, view->cols, n, dy, view->rows, nullptr), cudaSuccess);
+        const std::vector<float> y = HostCopy(dy, static_cast<size_t>(n * view->rows));
+        int64_t first = 0;
+        for (size_t k = 0; k < parts.size(); ++k) {
+          const DeviceMatrix& part = *parts[k];
+          float* dp = DeviceArrayOf<float>(static_cast<size_t>(n * part.rows));
+          ASSERT_EQ(LaunchDenseMatVec(part, dx, part.cols, n, dp, part.rows, nullptr), cudaSuccess);
+          const std::vector<float> want = HostCopy(dp, static_cast<size_t>(n * part.rows));
+          for (int t = 0; t < n; ++t) {
+            const float* got = y.data() + t * view->rows + first;
+            const float* ref = want.data() + t * part.rows;
+            identical &= std::memcmp(got, ref, static_cast<size_t>(part.rows) * sizeof(float)) == 0;
+            const double e = RelativeL2(got, ref, part.rows);
+            worst = std::max(worst, e);
+            EXPECT_LE(e, 1e-6) << "layer " << i << " view of " << view->rows << " rows, part " << k << ", n " << n
+                               << ", token " << t;
+          }
+          first += part.rows;
+          cudaFree(dp);
         }
-        first += part.rows;
-        cudaFree(dp);
+        EXPECT_EQ(first, view->rows);
+        cudaFree(dx);
+        cudaFree(dy);
       }
-      cudaFree(dx);
-      cudaFree(dy);
     }
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -40,6 +40,11 @@ std::atomic<bool>& StackedDecodeInputsSwitch() {
   return on;
 }
 
+std::atomic<bool>& GdnStackedZSideSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_DECODE_Z_SIDE")};
+  return on;
+}
+
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
 // (base == nullptr), then to copy and hand out device addresses. stack_inputs: StackedDecodeInputs(),
 // read once per upload so that both passes make the same layout.
@@ -174,12 +179,19 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
     g.attn_read = p.Read("attn read", lw.attn_read);
     g.ffn_read = p.Read("ffn read", lw.ffn_read);
     if (lw.kind == LayerKind::kGdn) {
-      // qkv, z and ba adjacent (nothing placed between them) when they stack: GpuLayer::mixer_in.
-      const bool stack = p.Stackable({&lw.gdn.qkv, &lw.gdn.gate, &lw.gdn.ba});
-      g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true, stack);
-      g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true, stack);
-      g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true, stack);
-      if (stack) g.mixer_in = p.StackView({&g.qkv, &g.z, &g.ba});
+      // z, qkv and ba adjacent in that order (nothing placed between them) when they stack:
+      // GpuLayer::mixer_in and qkv_ba. Else in the order of before.
+      if (p.Stackable({&lw.gdn.gate, &lw.gdn.qkv, &lw.gdn.ba})) {
+        g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true, true);
+        g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true, true);
+        g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true, true);
+        g.mixer_in = p.StackView({&g.z, &g.qkv, &g.ba});
+        if (g.mixer_in.present()) g.qkv_ba = p.StackView({&g.qkv, &g.ba});
+      } else {
+        g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true);
+        g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true);
+        g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
+      }
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
       g.conv1d = p.Vector(lw.gdn.conv1d);
       g.ssm_a = p.Vector(lw.gdn.a);
@@ -223,6 +235,8 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
 
 bool StackedDecodeInputs() { return StackedDecodeInputsSwitch().load(std::memory_order_relaxed); }
 void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std::memory_order_relaxed); }
+bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
+void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
 
 bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {
   if (cols <= 0 || cols % 256 != 0 || count == 0) return false;

@@ -39,11 +39,13 @@ struct GpuLayer {
   LayerKind kind = LayerKind::kGdn;
   GpuHcRead attn_read, ffn_read;
   // Decode's input products of the mixer as one matrix-vector product (RunGdn, RunAttention): a
-  // Q8_0x8 view over the rows of [qkv; z; ba] (GDN) or [q; k; v] (attention), whose parts were
-  // uploaded adjacent, so that output row t of one product holds [qkv | z | ba] or [q | k | v].
-  // The parts keep their own views over the same bytes (no weight byte is stored twice). Absent
-  // when the parts do not stack (types, cols, layout) or with TANDEM_OLD_DECODE_INPUTS=1.
-  DeviceMatrix mixer_in;
+  // Q8_0x8 view over the rows of [z; qkv; ba] (GDN) or [q; k; v] (attention), whose parts were
+  // uploaded adjacent in that order, so that output row t of one product holds [z | qkv | ba] or
+  // [q | k | v]. The parts keep their own views over the same bytes (no weight byte is stored
+  // twice). Absent when the parts do not stack (types, cols, layout) or with
+  // TANDEM_OLD_DECODE_INPUTS=1. GDN's z comes first so that [qkv; ba] is a view too (qkv_ba: the
+  // schedule that keeps z on the side stream, GdnStackedZSide).
+  DeviceMatrix mixer_in, qkv_ba;
   // Gated DeltaNet.
   DeviceMatrix qkv, z, ba, ssm_out;
   const float* conv1d = nullptr;  // c_dim × kk
@@ -82,6 +84,15 @@ struct DeviceModel {
 // Q8_0) and launches. Tests flip it between two uploads in one process.
 bool StackedDecodeInputs();
 void SetStackedDecodeInputs(bool on);
+
+// With stacked decode inputs, how GDN layers run them: false (the default) one product over
+// mixer_in; true the product over qkv_ba on the main stream and z's own product on the side
+// stream, joined before the gated norm, its only reader (z's 4096 rows of q3n-80b then stay off
+// the path through the conv and the recurrence, as before the stack). TANDEM_GDN_DECODE_Z_SIDE=1
+// turns it on (A/B); read when a step is enqueued (decode graphs keep the schedule they were
+// captured with).
+bool GdnStackedZSide();
+void SetGdnStackedZSide(bool on);
 
 // Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
 // aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte

@@ -30,20 +30,22 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const cuda::GdnShape& shape = gdn_shape;
   const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
   cudaStream_t st = stream.get();
-  // Small steps: one matrix-vector product over the stacked [qkv; z; ba] (stacked_in), or z and ba
-  // on the side stream, beside qkv and the conv, joined before the gates need ba (side_products).
-  // Larger steps go in order (GEMMs share one cuBLAS handle).
+  // Small steps: one matrix-vector product over the stacked [z; qkv; ba] (stacked_in), or over
+  // [qkv; ba] with z on the side stream, joined before the gated norm (z_side), or z and ba on the
+  // side stream, beside qkv and the conv, joined before the gates need ba (side_products). Larger
+  // steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w);
+  const bool z_side = stacked_in && w.qkv_ba.present() && cuda::GdnStackedZSide();
   const bool side_products = overlap && !stacked_in;
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
-  if (side_products) {
+  if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  // Where the kernels read the products' rows: their own arrays, or the parts of the stacked
-  // product's rows [qkv | z | ba] (row stride: the stack's width), from the prefill GEMM (MixerStacked)
-  // or from the small steps' one matrix-vector product (stacked_in).
+  // Where the kernels read the products' rows: their own arrays, or the parts of a stacked
+  // product's rows (row stride: the stack's width): [qkv | z | ba] of the prefill GEMM
+  // (MixerStacked), [z | qkv | ba] or [qkv | ba] of the small steps' matrix-vector product.
   const float *qkv_rows = qkv, *z_rows = zg, *ba_rows = ba;
   int64_t qkv_stride = cd, z_stride = vw, ba_stride = 2 * nv;
   absl::StatusOr<int64_t> stride = int64_t{0};
@@ -54,11 +56,17 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
   // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
   const bool ba_first = side_products && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
-  if (stacked_in) {
-    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+  if (z_side) {
+    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Product(w.qkv_ba, x, T, mixer_rows.as<float>()); !s.ok()) return s;
     qkv_rows = mixer_rows.as<float>();
-    z_rows = qkv_rows + w.qkv.rows;
-    ba_rows = z_rows + w.z.rows;
+    ba_rows = qkv_rows + w.qkv.rows;
+    qkv_stride = ba_stride = w.qkv_ba.rows;
+  } else if (stacked_in) {
+    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    z_rows = mixer_rows.as<float>();
+    qkv_rows = z_rows + w.z.rows;
+    ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = z_stride = ba_stride = w.mixer_in.rows;
   } else if (ba_first) {
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
@@ -139,7 +147,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       return s;
     }
   }
-  if (ba_first) {
+  if (ba_first || z_side) {
     if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
   const cuda::GemmMode mode = gemm->mode();
@@ -168,17 +176,18 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const cuda::AttnShape& shape = attn_shape;
   const int64_t T = plan.tokens, slot = attn_slot[layer];
   cudaStream_t st = stream.get();
-  // Small steps: one matrix-vector product over the stacked [q; k; v] (stacked_in; the sparse
-  // attention of the indexer reads the gate at the dense row width, so with an indexer only at one
-  // token), or keys and values (products and the cache append) on the side stream, beside the
-  // queries, joined before attention reads the cache (side_products).
+  // Small steps: one matrix-vector product over the stacked [q; k; v], then the cache append on the
+  // side stream beside the query norm (stacked_in; the sparse attention of the indexer reads the
+  // gate at the dense row width, so with an indexer only at one token), or keys and values
+  // (products and the cache append) on the side stream beside the queries (side_products); joined
+  // before attention reads the cache.
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
   const bool side_products = overlap && !stacked_in;
   if (side_products) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  cudaStream_t kvs = side_products ? side.get() : st;
+  cudaStream_t kvs = overlap ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
   // Queries (with their gates), keys and values from their arrays, or from a stacked product's rows:
   // [k | v] of the prefill GEMM (row stride kv_stride), [q | k | v] of stacked_in (qg_stride, kv_stride).
@@ -186,6 +195,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   int64_t qg_stride = 0, kv_stride = 0;
   if (stacked_in) {
     if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    if (absl::Status s = Fork(); !s.ok()) return s;  // the append waits for the product
     qg_rows = mixer_rows.as<float>();
     k_rows = qg_rows + w.q.rows;
     v_rows = k_rows + w.k.rows;
@@ -219,7 +229,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       !s.ok()) {
     return s;
   }
-  if (side_products) {
+  if (overlap) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   if (!d.has_indexer()) {
