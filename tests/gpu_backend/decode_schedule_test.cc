@@ -120,24 +120,32 @@ TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
 // the layers carry to the logits.
 TEST_P(DecodeScheduleTest, StackedDecodeInputsGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide();
-  cuda::SetGdnStackedZSide(false);  // the one product over [z; qkv; ba]
+  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide(), was_kv = cuda::AttnStackedKvSide();
+  cuda::SetGdnStackedZSide(false);  // one product over [z; qkv; ba], one over [q; k; v]
+  cuda::SetAttnStackedKvSide(false);
   ExpectScheduleChangesNoLogits(
       GetParam(), "separate vs stacked decode inputs", [](bool on) { cuda::SetStackedDecodeInputs(on); }, 1e-5);
+  cuda::SetAttnStackedKvSide(was_kv);
   cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
 }
 
-// GDN layers with stacked decode inputs: the product over [qkv; ba] with z on the side stream
-// (cuda::GdnStackedZSide, read when a step is enqueued) against the one product over [z; qkv; ba].
-// Within 1e-5 like the test above (the two products' rows may differ in the last place).
-TEST_P(DecodeScheduleTest, GdnStackedZSideGivesTheSameLogits) {
+// Stacked decode inputs with a part on the side stream: GDN's product over [qkv; ba] with z aside
+// (cuda::GdnStackedZSide) and attention's q with [k; v] aside (cuda::AttnStackedKvSide), both read
+// when a step is enqueued, against the one product per layer. Within 1e-5 like the test above (the
+// products' rows may differ in the last place).
+TEST_P(DecodeScheduleTest, StackedInputsWithPartsAsideGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide();
+  const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide(), was_kv = cuda::AttnStackedKvSide();
   cuda::SetStackedDecodeInputs(true);
   ExpectScheduleChangesNoLogits(
-      GetParam(), "GDN stacked [z; qkv; ba] vs [qkv; ba] + z aside", [](bool on) { cuda::SetGdnStackedZSide(on); },
+      GetParam(), "one stacked product vs z and [k; v] aside",
+      [](bool on) {
+        cuda::SetGdnStackedZSide(on);
+        cuda::SetAttnStackedKvSide(on);
+      },
       1e-5);
+  cuda::SetAttnStackedKvSide(was_kv);
   cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
 }

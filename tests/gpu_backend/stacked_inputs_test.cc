@@ -1,6 +1,6 @@
 // The decode input stacks of the upload (cuda::GpuLayer::mixer_in, device_model.h): each layer's
-// view covers its parts' rows ([z; qkv; ba] or [q; k; v]) adjacent and complete (and GDN's qkv_ba
-// view the rows of [qkv; ba]), no weight byte is
+// view covers its parts' rows ([z; qkv; ba] or [q; k; v]) adjacent and complete (and the qkv_ba and
+// kv views the rows of [qkv; ba] and [k; v]), no weight byte is
 // stored twice, TANDEM_OLD_DECODE_INPUTS (SetStackedDecodeInputs(false)) makes none, and the
 // stacked product gives each part's rows what the part's own product gives (to the last place or
 // within 1e-6: the stream kernel's split of a row may depend on the row count, and ba alone stays
@@ -108,20 +108,22 @@ TEST_P(StackedInputsTest, ViewsAreAdjacentCompleteAndGiveThePartsRows) {
       rows += m->rows;
     }
     EXPECT_EQ(in.rows, rows) << "layer " << i;
-    if (on.kind == LayerKind::kGdn) {
-      EXPECT_EQ(on.qkv_ba.type, kTypeQ8_0x8);
-      EXPECT_EQ(on.qkv_ba.data, on.qkv.data);
-      EXPECT_EQ(on.qkv_ba.rows, on.qkv.rows + on.ba.rows);
-      EXPECT_EQ(on.qkv_ba.row_bytes, in.row_bytes);
-    } else {
-      EXPECT_FALSE(on.qkv_ba.present());
-    }
+    // The second view: GDN's [qkv; ba], attention's [k; v].
+    const bool gdn = on.kind == LayerKind::kGdn;
+    const DeviceMatrix& tail = gdn ? on.qkv_ba : on.kv;
+    EXPECT_EQ(tail.type, kTypeQ8_0x8);
+    EXPECT_EQ(tail.data, p.m[1]->data);
+    EXPECT_EQ(tail.rows, p.m[1]->rows + p.m[2]->rows);
+    EXPECT_EQ(tail.cols, in.cols);
+    EXPECT_EQ(tail.row_bytes, in.row_bytes);
+    EXPECT_FALSE((gdn ? on.kv : on.qkv_ba).present());
     EXPECT_FALSE(off.qkv_ba.present());
-    // The stacked products (mixer_in; qkv_ba) against each part's own product of the old layout,
+    EXPECT_FALSE(off.kv.present());
+    // The stacked products (mixer_in; qkv_ba or kv) against each part's own product of the old layout,
     // at 1 and 3 rows.
     std::vector<std::pair<const DeviceMatrix*, std::vector<const DeviceMatrix*>>> views = {
         {&in, {q.m[0], q.m[1], q.m[2]}}};
-    if (on.qkv_ba.present()) views.push_back({&on.qkv_ba, {&off.qkv, &off.ba}});
+    views.push_back({&tail, {q.m[1], q.m[2]}});
     for (const auto& [view, parts] : views) {
       for (int n : {1, 3}) {
         std::vector<float> x(static_cast<size_t>(n * view->cols));

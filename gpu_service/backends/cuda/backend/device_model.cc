@@ -45,6 +45,11 @@ std::atomic<bool>& GdnStackedZSideSwitch() {
   return on;
 }
 
+std::atomic<bool>& AttnStackedKvSideSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_DECODE_KV_SIDE")};
+  return on;
+}
+
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
 // (base == nullptr), then to copy and hand out device addresses. stack_inputs: StackedDecodeInputs(),
 // read once per upload so that both passes make the same layout.
@@ -204,6 +209,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       g.k = p.Matrix("attn_k", lw.attn.k, true, true, stack);
       g.v = p.Matrix("attn_v", lw.attn.v, true, true, stack);
       if (stack) g.mixer_in = p.StackView({&g.q, &g.k, &g.v});
+      if (g.mixer_in.present()) g.kv = p.StackView({&g.k, &g.v});
       g.o = p.Matrix("attn_output", lw.attn.output, true, true);
       g.q_norm = p.Vector(lw.attn.q_norm);
       g.k_norm = p.Vector(lw.attn.k_norm);
@@ -237,6 +243,8 @@ bool StackedDecodeInputs() { return StackedDecodeInputsSwitch().load(std::memory
 void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std::memory_order_relaxed); }
 bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
+bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
+void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 
 bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {
   if (cols <= 0 || cols % 256 != 0 || count == 0) return false;

@@ -44,8 +44,9 @@ struct GpuLayer {
   // [q | k | v]. The parts keep their own views over the same bytes (no weight byte is stored
   // twice). Absent when the parts do not stack (types, cols, layout) or with
   // TANDEM_OLD_DECODE_INPUTS=1. GDN's z comes first so that [qkv; ba] is a view too (qkv_ba: the
-  // schedule that keeps z on the side stream, GdnStackedZSide).
-  DeviceMatrix mixer_in, qkv_ba;
+  // schedule that keeps z on the side stream, GdnStackedZSide); attention's [k; v] is one too (kv:
+  // AttnStackedKvSide). Present exactly when mixer_in is, for their layer kind.
+  DeviceMatrix mixer_in, qkv_ba, kv;
   // Gated DeltaNet.
   DeviceMatrix qkv, z, ba, ssm_out;
   const float* conv1d = nullptr;  // c_dim × kk
@@ -93,6 +94,13 @@ void SetStackedDecodeInputs(bool on);
 // captured with).
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
+
+// The same for attention layers: false (the default) one product over mixer_in ([q; k; v]), then
+// the cache append on the side stream; true q's own product on the main stream and the product
+// over kv ([k; v]) then the cache append on the side stream (as before the stack, one product
+// fewer). TANDEM_ATTN_DECODE_KV_SIDE=1 turns it on (A/B); read when a step is enqueued.
+bool AttnStackedKvSide();
+void SetAttnStackedKvSide(bool on);
 
 // Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
 // aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte

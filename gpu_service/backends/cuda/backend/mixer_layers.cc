@@ -178,22 +178,30 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   cudaStream_t st = stream.get();
   // Small steps: one matrix-vector product over the stacked [q; k; v], then the cache append on the
   // side stream beside the query norm (stacked_in; the sparse attention of the indexer reads the
-  // gate at the dense row width, so with an indexer only at one token), or keys and values
-  // (products and the cache append) on the side stream beside the queries (side_products); joined
-  // before attention reads the cache.
+  // gate at the dense row width, so with an indexer only at one token); or the product over [k; v]
+  // and the append on the side stream beside the queries' product (kv_side); or keys and values
+  // (products and the append) on the side stream beside the queries (side_products). Joined before
+  // attention reads the cache.
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
+  const bool kv_side = stacked_in && w.kv.present() && cuda::AttnStackedKvSide();
   const bool side_products = overlap && !stacked_in;
-  if (side_products) {
+  if (side_products || kv_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
   cudaStream_t kvs = overlap ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
   // Queries (with their gates), keys and values from their arrays, or from a stacked product's rows:
-  // [k | v] of the prefill GEMM (row stride kv_stride), [q | k | v] of stacked_in (qg_stride, kv_stride).
+  // [k | v] of the prefill GEMM or of kv_side (row stride kv_stride), [q | k | v] of stacked_in
+  // (qg_stride, kv_stride).
   const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
   int64_t qg_stride = 0, kv_stride = 0;
-  if (stacked_in) {
+  if (kv_side) {
+    if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) return s;
+    k_rows = mixer_rows.as<float>();
+    v_rows = k_rows + w.k.rows;
+    kv_stride = w.kv.rows;
+  } else if (stacked_in) {
     if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
     if (absl::Status s = Fork(); !s.ok()) return s;  // the append waits for the product
     qg_rows = mixer_rows.as<float>();
@@ -220,7 +228,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       !s.ok()) {
     return s;
   }
-  if (side_products) {
+  if (side_products || kv_side) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
   if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg_rows, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q,
