@@ -82,7 +82,10 @@ struct DeviceModel {
 
 // Whether UploadModel stacks each layer's mixer input matrices for decode (GpuLayer::mixer_in).
 // TANDEM_OLD_DECODE_INPUTS=1 (read once) starts it off: today's separate matrices (ba in plain
-// Q8_0) and launches. Tests flip it between two uploads in one process.
+// Q8_0) and launches. Tests flip it between two uploads in one process. Not bit-identical: the
+// stream matvec picks its row split (ChooseStreamSplit's wpr) from the row count, so a part can be
+// summed in another order inside the stack (q3n-80b at one row, by the cost model: qkv, z and q
+// keep wpr 1, k and v alone take wpr 4 and 1 in the stack; ba alone is plain Q8_0, another kernel).
 bool StackedDecodeInputs();
 void SetStackedDecodeInputs(bool on);
 
@@ -91,7 +94,9 @@ void SetStackedDecodeInputs(bool on);
 // stream, joined before the gated norm, its only reader (z's 4096 rows of q3n-80b then stay off
 // the path through the conv and the recurrence, as before the stack). TANDEM_GDN_DECODE_Z_SIDE=1
 // turns it on (A/B); read when a step is enqueued (decode graphs keep the schedule they were
-// captured with).
+// captured with). Why both: at one row the stream kernel's cost model gives the whole q3n-80b
+// stack (12352 rows, 386 groups of 32 rows) two groups for its busiest block where qkv (8192) or
+// [qkv; ba] (8256) take one, if a wave holds 2 blocks per SM (132 SMs); not measured yet.
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
 
