@@ -96,7 +96,8 @@ void SetStackedDecodeInputs(bool on);
 // turns it on (A/B); read when a step is enqueued (decode graphs keep the schedule they were
 // captured with). Why both: at one row the stream kernel's cost model gives the whole q3n-80b
 // stack (12352 rows, 386 groups of 32 rows) two groups for its busiest block where qkv (8192) or
-// [qkv; ba] (8256) take one, if a wave holds 2 blocks per SM (132 SMs); not measured yet.
+// [qkv; ba] (8256) take one (a wave: 2 blocks per SM, the Q8_0x8 n = 1 kernel using 128 registers,
+// on 132 SMs); likewise attention's [q; k; v] (9216 rows) against q alone. Not measured yet.
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
 
