@@ -2,6 +2,8 @@
 // attention.h): the whole mixer from x to y, the projections through the exact-mode GEMM or the
 // matvec, and the state (GDN conv history and S, the paged KV cache) carried across calls.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
@@ -18,6 +20,7 @@
 namespace tandem {
 namespace {
 
+using gpu_testing::Alloc;
 using gpu_testing::DeviceArray;
 using gpu_testing::Download;
 using gpu_testing::F32TestMatrix;
@@ -127,6 +130,37 @@ TEST_P(GpuGdnTest, PrefillThenDecodeMatchesRecurrentReference) {
     EXPECT_LE(gpu_testing::LogError(tag + "_conv", RelL2(Download(d_conv_state), conv_state)), 1e-6);
     EXPECT_LE(gpu_testing::LogError(tag + "_ssm", RelL2(Download(d_ssm), ssm_state)), 1e-5);
   }
+}
+
+// The decode conv reading its qkv rows as parts of wider rows ([qkv | z | ba] per token: the
+// stacked decode product's output, GpuLayer::mixer_in) gives the contiguous rows' bits, in its
+// outputs and in the sequences' conv histories.
+TEST_P(GpuGdnTest, ConvDecodeFromStridedRowsMatchesContiguous) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const cuda::GdnShape d{2, 4, GetParam(), GetParam(), 4};
+  const int64_t c_dim = d.c_dim(), n = 3, stride = c_dim + 4 * GetParam() + 8 + 4;
+  const int64_t state_stride = 5 * c_dim;  // per sequence row: (kk − 1) · c_dim of history and more
+  const std::vector<int32_t> seq_rows = {2, 0, 4};
+  const std::vector<float> history = Random(rng, static_cast<size_t>(5 * state_stride));
+  const std::vector<float> qkv = Random(rng, static_cast<size_t>(n * c_dim));
+  std::vector<float> wide(static_cast<size_t>(n * stride), -7.0f);
+  for (int64_t t = 0; t < n; ++t) std::copy_n(qkv.begin() + t * c_dim, c_dim, wide.begin() + t * stride);
+  const auto d_rows = Upload(seq_rows);
+  const auto d_qkv = Upload(qkv), d_wide = Upload(wide);
+  const auto d_taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
+  auto hist0 = Upload(history), hist1 = Upload(history);
+  auto out0 = Poisoned<float>(static_cast<size_t>(n * c_dim)), out1 = Poisoned<float>(static_cast<size_t>(n * c_dim));
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvDecode(d_qkv.get(), hist0.get(), state_stride, d_rows.get(), d_taps.get(), n, d,
+                                               out0.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvDecode(d_wide.get(), hist1.get(), state_stride, d_rows.get(), d_taps.get(), n,
+                                               d, out1.get(), nullptr, stride));
+  const std::vector<float> want = Download(out0);
+  EXPECT_EQ(Download(out1), want);
+  EXPECT_EQ(Download(hist1), Download(hist0));
+  EXPECT_TRUE(std::all_of(want.begin(), want.end(), [](float x) { return std::isfinite(x); }));
+  EXPECT_EQ(cuda::LaunchGdnConvDecode(d_wide.get(), hist1.get(), state_stride, d_rows.get(), d_taps.get(), n, d,
+                                      out1.get(), nullptr, c_dim - 1),
+            cudaErrorInvalidValue);
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuGdnTest, ::testing::Values(64, 128));
@@ -268,6 +302,94 @@ TEST_P(GpuAttentionTest, KvAppendFromStridedRowsMatchesContiguous) {
   EXPECT_NE(std::find(want_v.begin(), want_v.end(), v[0]), want_v.end());
   EXPECT_EQ(cuda::LaunchKvAppend(d_k.get(), d_v.get(), n, s, d_kn.get(), d_inv.get(), d_seq.get(), d_pos.get(),
                                  cuda::PagedKv{kc1.get(), vc1.get(), d_pages.get(), 4}, nullptr, kvw - 1),
+            cudaErrorInvalidValue);
+}
+
+// Queries and gates read as a part of wider rows ([q·gate | k | v | pad] per token: the stacked
+// decode product's output, GpuLayer::mixer_in) give the bits of the contiguous qg, through the
+// query norm and the split attention with its merge; tile items refuse a wider stride.
+TEST_P(GpuAttentionTest, QueriesFromStridedRowsMatchContiguous) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const cuda::AttnShape s{8, 2, GetParam(), GetParam() / 4, 1e-6f};
+  const int64_t kvw = s.kv_width(), qw = static_cast<int64_t>(s.nh) * 2 * s.hd, stride = qw + 2 * kvw + 4;
+  // The cache: 300 positions of sequence 0 (pages 5, 2, 0, 3, 6) and 9 of sequence 1 (page 7).
+  const std::vector<int32_t> page_table = {5, 2, 0, 3, 6, 7, -1, -1, -1, -1};
+  const int max_pages = 5;
+  const int64_t n0 = 300, n1 = 9, nc = n0 + n1;
+  std::vector<int32_t> fill_seq, fill_pos;
+  for (int64_t t = 0; t < nc; ++t) {
+    fill_seq.push_back(t < n0 ? 0 : 1);
+    fill_pos.push_back(static_cast<int32_t>(t < n0 ? t : t - n0));
+  }
+  const auto d_pages = Upload(page_table), d_fseq = Upload(fill_seq), d_fpos = Upload(fill_pos);
+  const auto d_inv = Upload(cuda::RopeInvFrequencies(1e7, s.rot));
+  const auto d_kn = Upload(Random(rng, static_cast<size_t>(s.hd), 0.3f, 1.0f));
+  const auto d_qn = Upload(Random(rng, static_cast<size_t>(s.hd), 0.3f, 1.0f));
+  const auto d_k = Upload(Random(rng, static_cast<size_t>(nc * kvw)));
+  const auto d_v = Upload(Random(rng, static_cast<size_t>(nc * kvw)));
+  const size_t cache_floats = static_cast<size_t>(8 * cuda::kKvPageSize * kvw);
+  auto kc = Upload(std::vector<float>(cache_floats, 0.0f)), vc = Upload(std::vector<float>(cache_floats, 0.0f));
+  const cuda::PagedKv cache{kc.get(), vc.get(), d_pages.get(), max_pages};
+  TANDEM_ASSERT_CUDA(cuda::LaunchKvAppend(d_k.get(), d_v.get(), nc, s, d_kn.get(), d_inv.get(), d_fseq.get(),
+                                          d_fpos.get(), cache, nullptr));
+  // A decode-sized step over the filled cache: 3 tokens of sequence 0 (positions 297..299) and one of
+  // sequence 1 (position 8), queries as contiguous rows and as parts of wider rows.
+  const std::vector<int32_t> token_seq = {0, 0, 0, 1}, token_pos = {297, 298, 299, 8};
+  const int64_t n = 4;
+  const std::vector<float> qg = Random(rng, static_cast<size_t>(n * qw));
+  std::vector<float> rows(static_cast<size_t>(n * stride), -7.0f);
+  for (int64_t t = 0; t < n; ++t) std::copy_n(qg.begin() + t * qw, qw, rows.begin() + t * stride);
+  const auto d_seq = Upload(token_seq), d_pos = Upload(token_pos);
+  const auto d_qg = Upload(qg), d_rows = Upload(rows);
+  const bool was_old = cuda::OldAttnDecode();
+  // The slices merged by their last block (the default) and by the merge launch
+  // (TANDEM_OLD_ATTN_DECODE=1): both read the gates at qg_stride.
+  for (bool old_merge : {false, true}) {
+    for (int max_splits : {1, 0}) {  // 1: one slice per item (no merge); 0: the plan's split (merge)
+      cuda::SetOldAttnDecode(old_merge);
+      cuda::AttentionPlan plan = cuda::PlanAttention(token_seq, s);
+      if (max_splits == 1) {
+        plan.num_splits = 1;
+        plan.scratch_bytes = 0;
+      }
+      ASSERT_GT(plan.num_row_items, 0);
+      ASSERT_EQ(plan.num_tile_items, 0);
+      const auto d_items = Upload(plan.items);
+      const size_t scratch_bytes = std::max<size_t>(1, cuda::AttentionMaxScratchBytes(s));
+      auto scratch = Alloc<uint8_t>(scratch_bytes);
+      ASSERT_EQ(cudaMemset(scratch.get(), 0, scratch_bytes), cudaSuccess);  // the merge tickets start at 0
+      std::vector<float> out[2];
+      for (int strided = 0; strided < 2; ++strided) {
+        const float* src = strided ? d_rows.get() : d_qg.get();
+        const int64_t qg_stride = strided ? stride : 0;
+        auto d_q = Poisoned<float>(static_cast<size_t>(n * s.nh * s.hd));
+        auto d_o = Poisoned<float>(static_cast<size_t>(n * s.nh * s.hd));
+        TANDEM_ASSERT_CUDA(cuda::LaunchQueryNormRope(src, n, s, d_qn.get(), d_inv.get(), d_pos.get(), d_q.get(),
+                                                     nullptr, qg_stride));
+        TANDEM_ASSERT_CUDA(cuda::LaunchAttention(d_q.get(), src, n, s, plan, d_items.get(), d_seq.get(), d_pos.get(),
+                                                 cache, d_o.get(), scratch.get(), nullptr, qg_stride));
+        out[strided] = Download(d_o);
+      }
+      printf("hd %d, %d splits, %s: strided queries %s\n", s.hd, plan.num_splits,
+             old_merge ? "merge launch" : "in-block merge", out[0] == out[1] ? "bit-identical" : "DIFFERENT");
+      EXPECT_EQ(out[0], out[1]) << "splits " << plan.num_splits << (old_merge ? ", merge launch" : ", in-block merge");
+      EXPECT_TRUE(std::all_of(out[0].begin(), out[0].end(), [](float x) { return std::isfinite(x); }));
+    }
+  }
+  cuda::SetOldAttnDecode(was_old);
+  // Too narrow a stride, and tile items (tensor-core attention) with a wider one, are refused.
+  auto d_q = Poisoned<float>(static_cast<size_t>(n * s.nh * s.hd));
+  EXPECT_EQ(cuda::LaunchQueryNormRope(d_rows.get(), n, s, d_qn.get(), d_inv.get(), d_pos.get(), d_q.get(), nullptr,
+                                      qw - 4),
+            cudaErrorInvalidValue);
+  std::vector<int32_t> long_seq(80, 0), long_pos(80);
+  std::iota(long_pos.begin(), long_pos.end(), 0);
+  const cuda::AttentionPlan tc = cuda::PlanAttention(long_seq, s, cuda::AttentionPrecision::kF16TensorCores);
+  ASSERT_GT(tc.num_tile_items, 0);
+  const auto d_tc_items = Upload(tc.items);
+  auto tc_scratch = Alloc<uint8_t>(std::max<size_t>(1, cuda::AttentionMaxScratchBytes(s)));
+  EXPECT_EQ(cuda::LaunchAttention(d_q.get(), d_rows.get(), 80, s, tc, d_tc_items.get(), d_seq.get(), d_pos.get(), cache,
+                                  d_q.get(), tc_scratch.get(), nullptr, stride),
             cudaErrorInvalidValue);
 }
 

@@ -120,6 +120,10 @@ class CudaBackend::Impl {
   int64_t shared_stack_rows = 0;  // widest stack of [shared gate; shared up; shared gate logit], 0: none
   cuda::DeviceBuffer mixer_rows;  // the stacked mixer-input GEMM's rows (max_batch_tokens × mixer_stack_rows)
   int64_t mixer_stack_rows = 0;   // widest MixerStack prepared as one copy, 0: none (unstacked products)
+  // Widest GpuLayer::mixer_in, 0: none. Small steps' stacked input products write their rows into
+  // mixer_rows too (min(max_batch_tokens, kMatVecMaxRows) × decode_in_rows at least), never in a
+  // layer that runs MixerStacked (larger steps only).
+  int64_t decode_in_rows = 0;
   std::unique_ptr<cuda::MoeStage> moe;
   std::unique_ptr<cuda::ResidentExperts> experts;
   std::optional<cuda::StageTimer> timer;
@@ -224,6 +228,11 @@ class CudaBackend::Impl {
   // mode, unprepared matrices, FusedNormInput() off).
   cuda::GemmMode ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const;
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
+  // Whether a small step runs layer w's mixer input products as the one product over w.mixer_in
+  // (into mixer_rows, sized for it at setup).
+  bool StackedInputs(const cuda::GpuLayer& w) const {
+    return w.mixer_in.present() && w.mixer_in.rows <= decode_in_rows;
+  }
   // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);

@@ -199,6 +199,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   if (!gemm.ok()) return gemm.status();
   m.gemm = *std::move(gemm);
   if (absl::Status s = PrepareDenseWeights(m); !s.ok()) return s;
+  // Small steps' stacked mixer input products (GpuLayer::mixer_in) write their rows into mixer_rows,
+  // grown here when the prefill stacks did not make it large enough (no allocation in a step).
+  int64_t in_rows = 0;
+  for (const cuda::GpuLayer& l : m.dm->layers) in_rows = std::max(in_rows, l.mixer_in.rows);
+  if (in_rows > 0) {
+    const size_t need = static_cast<size_t>(std::min<int64_t>(T, cuda::kMatVecMaxRows) * in_rows) * sizeof(float);
+    if (m.mixer_rows.bytes() < need) {
+      absl::StatusOr<cuda::DeviceBuffer> rows = cuda::DeviceBuffer::Allocate(need);
+      if (!rows.ok()) return rows.status();
+      m.mixer_rows = *std::move(rows);
+    }
+    m.decode_in_rows = in_rows;
+  }
   absl::StatusOr<std::unique_ptr<cuda::MoeStage>> moe =
       cuda::MoeStage::Create(c, *m.dm, {options.mode == CudaMode::kFast && options.fast_expert_gemm, T});
   if (!moe.ok()) return moe.status();

@@ -2,8 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -33,11 +35,27 @@ bool RegroupQ8_0() {
   return on;
 }
 
+std::atomic<bool>& StackedDecodeInputsSwitch() {
+  static std::atomic<bool> on{!EnvSwitch("TANDEM_OLD_DECODE_INPUTS")};
+  return on;
+}
+
+std::atomic<bool>& GdnStackedZSideSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_DECODE_Z_SIDE")};
+  return on;
+}
+
+std::atomic<bool>& AttnStackedKvSideSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_DECODE_KV_SIDE")};
+  return on;
+}
+
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
-// (base == nullptr), then to copy and hand out device addresses.
+// (base == nullptr), then to copy and hand out device addresses. stack_inputs: StackedDecodeInputs(),
+// read once per upload so that both passes make the same layout.
 class Placer {
  public:
-  explicit Placer(char* base) : base_(base) {}
+  Placer(char* base, bool stack_inputs) : base_(base), stack_inputs_(stack_inputs) {}
   const void* Put(const void* src, size_t bytes) {
     const size_t off = (used_ + 255) / 256 * 256;
     used_ = off + bytes;
@@ -54,7 +72,9 @@ class Placer {
   // LaunchDenseMatVec / DenseGemm (Run, Prepare), which take Q8_0x8: a Q8_0 matrix of whole
   // super-blocks is regrouped. Others (embedding table, router, shared expert, engram) keep
   // ggml's layout, which their kernels read.
-  DeviceMatrix Matrix(const char* name, const MatrixView& m, bool dense = true, bool product_only = false) {
+  // stacked: a part of a decode input stack (Stackable), regrouped whatever its size.
+  DeviceMatrix Matrix(const char* name, const MatrixView& m, bool dense = true, bool product_only = false,
+                      bool stacked = false) {
     DeviceMatrix g;
     if (!m.present()) return g;
     if (dense && !DenseTypeOk(m.type) && problems_.empty()) {
@@ -66,7 +86,7 @@ class Placer {
     g.rows = m.rows;
     g.row_bytes = m.row_bytes;
     if (product_only && g.type == kTypeQ8_0 && m.cols % 256 == 0 && m.row_bytes >= m.cols / 32 * 34 &&
-        m.rows * m.row_bytes >= kRegroupMinBytes && RegroupQ8_0()) {
+        (stacked || m.rows * m.row_bytes >= kRegroupMinBytes) && RegroupQ8_0()) {
       g.type = kTypeQ8_0x8;
       g.row_bytes = Q8_0x8RowBytes(m.cols);
       const size_t bytes = static_cast<size_t>(m.rows * g.row_bytes);
@@ -81,6 +101,44 @@ class Placer {
     }
     g.data = Put(m.data, static_cast<size_t>(m.rows * m.row_bytes));
     return g;
+  }
+  // Whether the mixer input matrices `parts` (uploaded next, in this order, by Matrix(..., true,
+  // true, true) with nothing placed between them) become one Q8_0x8 matrix: all Q8_0 of whole
+  // super-blocks over the same cols, each part but the last ending on a placement boundary. The
+  // same answer in both passes (host values only), so both lay the model out alike.
+  bool Stackable(std::initializer_list<const MatrixView*> parts) const {
+    if (!stack_inputs_ || !RegroupQ8_0() || parts.size() < 2) return false;
+    std::vector<int64_t> rows;
+    const int64_t cols = (*parts.begin())->cols;
+    for (const MatrixView* m : parts) {
+      if (!m->present() || m->type != WeightType::kQ8_0 || m->cols != cols || cols % 256 != 0 || m->rows <= 0 ||
+          m->row_bytes < cols / 32 * 34) {
+        return false;
+      }
+      rows.push_back(m->rows);
+    }
+    return Q8_0x8PartsAdjacent(cols, rows.data(), rows.size());
+  }
+  // The view over the rows of `parts` (placed by Matrix after Stackable said yes), checked: every
+  // part Q8_0x8 of the same row length, each starting where the previous one ends. Absent while
+  // counting, after an upload error, or when a check fails (the parts then stay separate products).
+  DeviceMatrix StackView(std::initializer_list<const DeviceMatrix*> parts) const {
+    DeviceMatrix v;
+    if (base_ == nullptr || !status_.ok()) return v;
+    const DeviceMatrix& first = **parts.begin();
+    const uint8_t* next = static_cast<const uint8_t*>(first.data);
+    for (const DeviceMatrix* m : parts) {
+      if (m->type != kTypeQ8_0x8 || m->cols != first.cols || m->row_bytes != first.row_bytes || m->data != next) {
+        return DeviceMatrix{};
+      }
+      next += m->rows * m->row_bytes;
+      v.rows += m->rows;
+    }
+    v.type = kTypeQ8_0x8;
+    v.cols = first.cols;
+    v.row_bytes = first.row_bytes;
+    v.data = first.data;
+    return v;
   }
   GpuExperts Experts(const ExpertMatrixView& m) {
     GpuExperts g;
@@ -106,6 +164,7 @@ class Placer {
 
  private:
   char* base_;
+  bool stack_inputs_;
   size_t used_ = 0;
   absl::Status status_;
   std::string problems_;
@@ -139,18 +198,32 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
     g.attn_read = p.Read("attn read", lw.attn_read);
     g.ffn_read = p.Read("ffn read", lw.ffn_read);
     if (lw.kind == LayerKind::kGdn) {
-      g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true);
-      g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true);
-      g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
+      // z, qkv and ba adjacent in that order (nothing placed between them) when they stack:
+      // GpuLayer::mixer_in and qkv_ba. Else in the order of before.
+      if (p.Stackable({&lw.gdn.gate, &lw.gdn.qkv, &lw.gdn.ba})) {
+        g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true, true);
+        g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true, true);
+        g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true, true);
+        g.mixer_in = p.StackView({&g.z, &g.qkv, &g.ba});
+        if (g.mixer_in.present()) g.qkv_ba = p.StackView({&g.qkv, &g.ba});
+      } else {
+        g.qkv = p.Matrix("attn_qkv", lw.gdn.qkv, true, true);
+        g.z = p.Matrix("attn_gate", lw.gdn.gate, true, true);
+        g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
+      }
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
       g.conv1d = p.Vector(lw.gdn.conv1d);
       g.ssm_a = p.Vector(lw.gdn.a);
       g.dt_bias = p.Vector(lw.gdn.dt_bias);
       g.ssm_norm = p.Vector(lw.gdn.norm);
     } else {
-      g.q = p.Matrix("attn_q", lw.attn.q, true, true);
-      g.k = p.Matrix("attn_k", lw.attn.k, true, true);
-      g.v = p.Matrix("attn_v", lw.attn.v, true, true);
+      // q, k and v likewise (GpuLayer::mixer_in).
+      const bool stack = p.Stackable({&lw.attn.q, &lw.attn.k, &lw.attn.v});
+      g.q = p.Matrix("attn_q", lw.attn.q, true, true, stack);
+      g.k = p.Matrix("attn_k", lw.attn.k, true, true, stack);
+      g.v = p.Matrix("attn_v", lw.attn.v, true, true, stack);
+      if (stack) g.mixer_in = p.StackView({&g.q, &g.k, &g.v});
+      if (g.mixer_in.present()) g.kv = p.StackView({&g.k, &g.v});
       g.o = p.Matrix("attn_output", lw.attn.output, true, true);
       g.q_norm = p.Vector(lw.attn.q_norm);
       g.k_norm = p.Vector(lw.attn.k_norm);
@@ -183,19 +256,35 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
 
 }  // namespace
 
+bool StackedDecodeInputs() { return StackedDecodeInputsSwitch().load(std::memory_order_relaxed); }
+void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std::memory_order_relaxed); }
+bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
+void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
+bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
+void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
+
+bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {
+  if (cols <= 0 || cols % 256 != 0 || count == 0) return false;
+  for (size_t i = 0; i + 1 < count; ++i) {
+    if (rows[i] <= 0 || rows[i] * Q8_0x8RowBytes(cols) % 256 != 0) return false;
+  }
+  return rows[count - 1] > 0;
+}
+
 absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& config,
                                                          const ModelWeights& weights) {
   auto m = std::make_unique<DeviceModel>();
   const std::vector<double> inv_freq =
       RopeInvFrequencies(config.attn.theta, static_cast<int>(config.attn.rot));
-  Placer count(nullptr);
+  const bool stack_inputs = StackedDecodeInputs();
+  Placer count(nullptr, stack_inputs);
   Bind(config, weights, inv_freq, count, *m);
   if (!count.problems().empty()) return absl::InvalidArgumentError(count.problems());
   absl::StatusOr<DeviceBuffer> storage = DeviceBuffer::Allocate(count.used());
   if (!storage.ok()) return storage.status();
   m->storage = *std::move(storage);
   m->bytes = count.used();
-  Placer place(m->storage.as<char>());
+  Placer place(m->storage.as<char>(), stack_inputs);
   Bind(config, weights, inv_freq, place, *m);
   if (!place.status().ok()) return place.status();
   return m;

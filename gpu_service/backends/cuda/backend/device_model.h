@@ -5,6 +5,7 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_DEVICE_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -37,6 +38,15 @@ struct GpuHcRead {
 struct GpuLayer {
   LayerKind kind = LayerKind::kGdn;
   GpuHcRead attn_read, ffn_read;
+  // Decode's input products of the mixer as one matrix-vector product (RunGdn, RunAttention): a
+  // Q8_0x8 view over the rows of [z; qkv; ba] (GDN) or [q; k; v] (attention), whose parts were
+  // uploaded adjacent in that order, so that output row t of one product holds [z | qkv | ba] or
+  // [q | k | v]. The parts keep their own views over the same bytes (no weight byte is stored
+  // twice). Absent when the parts do not stack (types, cols, layout) or with
+  // TANDEM_OLD_DECODE_INPUTS=1. GDN's z comes first so that [qkv; ba] is a view too (qkv_ba: the
+  // schedule that keeps z on the side stream, GdnStackedZSide); attention's [k; v] is one too (kv:
+  // AttnStackedKvSide). Present exactly when mixer_in is, for their layer kind.
+  DeviceMatrix mixer_in, qkv_ba, kv;
   // Gated DeltaNet.
   DeviceMatrix qkv, z, ba, ssm_out;
   const float* conv1d = nullptr;  // c_dim × kk
@@ -73,6 +83,39 @@ struct DeviceModel {
   const double* rope_inv_freq = nullptr;  // rot/2 f64, as the CPU reference computes them
   uint64_t bytes = 0;
 };
+
+// Whether UploadModel stacks each layer's mixer input matrices for decode (GpuLayer::mixer_in).
+// TANDEM_OLD_DECODE_INPUTS=1 (read once) starts it off: today's separate matrices (ba in plain
+// Q8_0) and launches. Tests flip it between two uploads in one process. Not bit-identical: the
+// stream matvec picks its row split (ChooseStreamSplit's wpr) from the row count, so a part can be
+// summed in another order inside the stack (q3n-80b at one row, by the cost model: qkv, z and q
+// keep wpr 1, k and v alone take wpr 4 and 1 in the stack; ba alone is plain Q8_0, another kernel).
+bool StackedDecodeInputs();
+void SetStackedDecodeInputs(bool on);
+
+// With stacked decode inputs, how GDN layers run them: false (the default) one product over
+// mixer_in; true the product over qkv_ba on the main stream and z's own product on the side
+// stream, joined before the gated norm, its only reader (z's 4096 rows of q3n-80b then stay off
+// the path through the conv and the recurrence, as before the stack). TANDEM_GDN_DECODE_Z_SIDE=1
+// turns it on (A/B); read when a step is enqueued (decode graphs keep the schedule they were
+// captured with). Why both: at one row the stream kernel's cost model gives the whole q3n-80b
+// stack (12352 rows, 386 groups of 32 rows) two groups for its busiest block where qkv (8192) or
+// [qkv; ba] (8256) take one (a wave: 2 blocks per SM, the Q8_0x8 n = 1 kernel using 128 registers,
+// on 132 SMs); likewise attention's [q; k; v] (9216 rows) against q alone. Not measured yet.
+bool GdnStackedZSide();
+void SetGdnStackedZSide(bool on);
+
+// The same for attention layers: false (the default) one product over mixer_in ([q; k; v]), then
+// the cache append on the side stream; true q's own product on the main stream and the product
+// over kv ([k; v]) then the cache append on the side stream (as before the stack, one product
+// fewer). TANDEM_ATTN_DECODE_KV_SIDE=1 turns it on (A/B); read when a step is enqueued.
+bool AttnStackedKvSide();
+void SetAttnStackedKvSide(bool on);
+
+// Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
+// aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte
+// boundary (a Q8_0x8 row is cols / 256 · 272 bytes). Host arithmetic only.
+bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count);
 
 // Uploads the main layers' tensors. InvalidArgument naming a tensor whose type has no GPU kernel.
 absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& config,

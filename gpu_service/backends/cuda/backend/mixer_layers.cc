@@ -1,8 +1,9 @@
 // The two token mixers of a layer on the GPU (docs/MODEL.md §4.2), for a whole step's batch:
 // Gated DeltaNet (RunGdn: the input products, conv, gates, chunked or recurrent scan, gated norm,
 // output product) and attention (RunAttention: q/k/v products, cache append, dense or sparse
-// attention with the indexer, output product). Small steps overlap their independent products on
-// the side stream (layer_loop.cc: Fork, Join).
+// attention with the indexer, output product). Small steps run their input products as one
+// matrix-vector product over the layer's stacked inputs (GpuLayer::mixer_in) when the upload made
+// one, else overlap their independent products on the side stream (layer_loop.cc: Fork, Join).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -30,17 +31,22 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const cuda::GdnShape& shape = gdn_shape;
   const int64_t T = plan.tokens, cd = d.c_dim(), nv = d.nv, vw = d.nv * d.dv;
   cudaStream_t st = stream.get();
-  // Small steps: z and ba (matrix-vector products) on the side stream, beside qkv and the conv;
-  // joined before the gates need ba. Larger steps go in order (GEMMs share one cuBLAS handle).
+  // Small steps: one matrix-vector product over the stacked [z; qkv; ba] (stacked_in), or over
+  // [qkv; ba] with z on the side stream, joined before the gated norm (z_side), or z and ba on the
+  // side stream, beside qkv and the conv, joined before the gates need ba (side_products). Larger
+  // steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
+  const bool stacked_in = overlap && StackedInputs(w);
+  const bool z_side = stacked_in && w.qkv_ba.present() && cuda::GdnStackedZSide();
+  const bool side_products = overlap && !stacked_in;
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
-  if (overlap) {
+  if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
-  // Where the prefill kernels read the products' rows: their own arrays, or the parts of the stacked
-  // product's rows [qkv | z | ba] (row stride `stride`). Decode keeps its arrays (its kernels read
-  // them contiguous).
+  // Where the kernels read the products' rows: their own arrays, or the parts of a stacked
+  // product's rows (row stride: the stack's width): [qkv | z | ba] of the prefill GEMM
+  // (MixerStacked), [z | qkv | ba] or [qkv | ba] of the small steps' matrix-vector product.
   const float *qkv_rows = qkv, *z_rows = zg, *ba_rows = ba;
   int64_t qkv_stride = cd, z_stride = vw, ba_stride = 2 * nv;
   absl::StatusOr<int64_t> stride = int64_t{0};
@@ -50,13 +56,25 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // after it, joined before the gated norm, its only reader (cuda::GdnDecodeOrder). The CUPTI
   // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
   // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
-  const bool ba_first = overlap && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
-  if (ba_first) {
+  const bool ba_first = side_products && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
+  if (z_side) {
+    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
+    if (absl::Status s = Product(w.qkv_ba, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    qkv_rows = mixer_rows.as<float>();
+    ba_rows = qkv_rows + w.qkv.rows;
+    qkv_stride = ba_stride = w.qkv_ba.rows;
+  } else if (stacked_in) {
+    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    z_rows = mixer_rows.as<float>();
+    qkv_rows = z_rows + w.z.rows;
+    ba_rows = qkv_rows + w.qkv.rows;
+    qkv_stride = z_stride = ba_stride = w.mixer_in.rows;
+  } else if (ba_first) {
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = side_fork->Mark(side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
-  } else if (overlap) {
+  } else if (side_products) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.ba, x, T, ba, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv, x, T, qkv); !s.ok()) return s;
@@ -68,7 +86,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   } else if (absl::Status s = Products({{&w.z, zg}, {&w.ba, ba}, {&w.qkv, qkv}}, x, T); !s.ok()) {
     return s;  // one f16 conversion of x for the three
   }
-  if (overlap && !decode) {
+  if (side_products && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   // The gated norm writes the output product's f16 input rows itself (no f32 rows read back) on
@@ -81,20 +99,24 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // so it is not used where the gated norm writes f16 rows.
   int fused = decode && cuda::GdnDecodeFusedFits(shape) ? cuda::GetGdnDecodeFused() : 0;
   if (fused == 2 && norm_to_f16) fused = 1;
+  // What the side stream holds here: z and ba (side_products; ba first and marked with ba_first),
+  // z alone (z_side: ba is in the main product [qkv; ba]), or nothing (the one stacked product).
   bool joined = false;  // the side stream (z) has been joined
   if (fused != 0) {
-    if (fused == 2 && overlap) {
-      if (absl::Status s = Join(); !s.ok()) return s;  // ba and z
+    if (fused == 2 && (side_products || z_side)) {
+      if (absl::Status s = Join(); !s.ok()) return s;  // ba and z, or z
       joined = true;
     } else if (ba_first) {
       if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
-    } else if (overlap) {
+    } else if (side_products) {
       if (absl::Status s = Join(); !s.ok()) return s;
       joined = true;
     }
     cuda::GdnDecodeFusedArgs args;
-    args.qkv = qkv;
-    args.ba = ba;
+    args.qkv = qkv_rows;
+    args.qkv_stride = qkv_stride;
+    args.ba = ba_rows;
+    args.ba_stride = ba_stride;
     args.taps = w.conv1d;
     args.ssm_a = w.ssm_a;
     args.dt_bias = w.dt_bias;
@@ -115,19 +137,20 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
     // sequence's state through the step's row list in device memory (seq_dev), so that the launch
     // arguments do not depend on which sequences run (decode_graphs.h).
-    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv, recurrent + gdn_conv_off[layer], recurrent_floats,
-                                                          seq_dev(), w.conv1d, T, shape, conv, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnConvDecode(qkv_rows, recurrent + gdn_conv_off[layer], recurrent_floats,
+                                                          seq_dev(), w.conv1d, T, shape, conv, st, qkv_stride),
                                 "gdn conv (decode)");
         !s.ok()) {
       return s;
     }
     if (ba_first) {
       if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
-    } else if (overlap) {
+    } else if (side_products) {
       if (absl::Status s = Join(); !s.ok()) return s;
       joined = true;
     }
-    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba, w.ssm_a, w.dt_bias, T, shape, g, beta, st),
+    if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba_rows, w.ssm_a, w.dt_bias, T, shape, g, beta, st,
+                                                       ba_stride),
                                 "gdn prepare");
         !s.ok()) {
       return s;
@@ -170,7 +193,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       return s;
     }
   }
-  if (ba_first && !joined) {
+  if ((ba_first || z_side) && !joined) {
     if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
   if (fused == 2) return Product(w.ssm_out, go, T, y);  // go holds the gated rows
@@ -198,18 +221,49 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const cuda::AttnShape& shape = attn_shape;
   const int64_t T = plan.tokens, slot = attn_slot[layer];
   cudaStream_t st = stream.get();
-  // Small steps: keys and values (products and the cache append) on the side stream, beside the
-  // queries; joined before attention reads the cache.
+  // Small steps: one matrix-vector product over the stacked [q; k; v] (stacked_in; the sparse
+  // attention of the indexer reads the gate at the dense row width, so with an indexer only at one
+  // token), then the one q/k prep launch reading its parts (or, TANDEM_OLD_ATTN_DECODE=1, the cache
+  // append on the side stream beside the query norm); or the product over [k; v] on the side stream
+  // (with the append unless one_prep) beside the queries' product (kv_side); or keys and values
+  // (products, and the append unless one_prep) on the side stream beside the queries
+  // (side_products). Joined before the prep launch or before attention reads the cache.
   const bool overlap = T <= cuda::kMatVecMaxRows;
-  if (overlap) {
+  const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
+  const bool kv_side = stacked_in && w.kv.present() && cuda::AttnStackedKvSide();
+  const bool side_products = overlap && !stacked_in;
+  // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three
+  // products are joined (LaunchQkvNormRopeAppend, same bits), instead of KvAppend on the side stream
+  // and QueryNormRope on the main one; TANDEM_OLD_ATTN_DECODE=1 keeps the two launches.
+  const bool one_prep = overlap && !cuda::OldAttnDecode();
+  // The side stream runs: keys and values (side_products), [k; v] (kv_side, with the append unless
+  // one_prep), or the append alone after the one [q; k; v] product (stacked_in, two launches only).
+  const bool forked = side_products || kv_side || (stacked_in && !one_prep);
+  if (side_products || kv_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
   cudaStream_t kvs = overlap ? side.get() : st;
   const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
-  // Keys and values from their arrays, or from the stacked product's rows [k | v] (row stride kv_stride).
-  const float *k_rows = kb, *v_rows = vb;
-  int64_t kv_stride = 0;
-  if (!overlap) {  // one f16 conversion of x for the three products
+  // Queries (with their gates), keys and values from their arrays, or from a stacked product's rows:
+  // [k | v] of the prefill GEMM or of kv_side (row stride kv_stride), [q | k | v] of stacked_in
+  // (qg_stride, kv_stride).
+  const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
+  int64_t qg_stride = 0, kv_stride = 0;
+  if (kv_side) {
+    if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) return s;
+    k_rows = mixer_rows.as<float>();
+    v_rows = k_rows + w.k.rows;
+    kv_stride = w.kv.rows;
+  } else if (stacked_in) {
+    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    if (!one_prep) {
+      if (absl::Status s = Fork(); !s.ok()) return s;  // the append (side stream) waits for the product
+    }
+    qg_rows = mixer_rows.as<float>();
+    k_rows = qg_rows + w.q.rows;
+    v_rows = k_rows + w.k.rows;
+    qg_stride = kv_stride = w.mixer_in.rows;
+  } else if (!overlap) {  // one f16 conversion of x for the three products
     absl::StatusOr<int64_t> stride = MixerStacked(w, T, {{&w.q, qg}});
     if (!stride.ok()) return stride.status();
     if (*stride > 0) {
@@ -223,10 +277,6 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     if (absl::Status s = Product(w.k, x, T, kb, false, kvs); !s.ok()) return s;
     if (absl::Status s = Product(w.v, x, T, vb, false, kvs); !s.ok()) return s;
   }
-  // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three
-  // products are joined (LaunchQkvNormRopeAppend, same bits), instead of KvAppend on the side stream
-  // and QueryNormRope on the main one; TANDEM_OLD_ATTN_DECODE=1 keeps the two launches.
-  const bool one_prep = overlap && !cuda::OldAttnDecode();
   if (!one_prep) {
     if (absl::Status s = Launch(cuda::LaunchKvAppend(k_rows, v_rows, T, shape, w.k_norm, dm->rope_inv_freq, seq_dev(),
                                                      pos_dev(), cache, kvs, kv_stride),
@@ -235,21 +285,22 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       return s;
     }
   }
-  if (overlap) {
+  if (side_products || kv_side) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
   if (!one_prep) {
-    if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(), q, st),
+    if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg_rows, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(),
+                                                          q, st, qg_stride),
                                 "query norm rope");
         !s.ok()) {
       return s;
     }
   }
-  if (overlap) {
+  if (forked) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   if (one_prep) {
-    const cuda::QkvRows rows{qg, 0, k_rows, kv_stride, v_rows, kv_stride};
+    const cuda::QkvRows rows{qg_rows, qg_stride, k_rows, kv_stride, v_rows, kv_stride};
     if (absl::Status s = Launch(cuda::LaunchQkvNormRopeAppend(rows, T, shape, w.q_norm, w.k_norm, dm->rope_inv_freq,
                                                               seq_dev(), pos_dev(), q, cache, st),
                                 "q/k norm rope + kv append");
@@ -258,8 +309,8 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     }
   }
   if (!d.has_indexer()) {
-    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg, T, shape, plan.attn, items_dev(), seq_dev(), pos_dev(),
-                                                      cache, ao, attn_scratch, st),
+    if (absl::Status s = Launch(cuda::LaunchAttention(q, qg_rows, T, shape, plan.attn, items_dev(), seq_dev(),
+                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride),
                                 "attention");
         !s.ok()) {
       return s;
@@ -313,7 +364,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   }
   cuda::SparseAttnArgs args;
   args.q = q;
-  args.qg = qg;
+  args.qg = qg_rows;  // one token when stacked (stacked_in): its row only
   args.n = T;
   args.nh = shape.nh;
   args.kvh = shape.kvh;

@@ -102,7 +102,7 @@ __device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
 // a weight of 0 keeps the merge from reading its accumulator).
 template <int kHd, bool kMergeHere>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
-SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets) {
@@ -131,7 +131,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
         part_ml[slot * 2] = -INFINITY;
         part_ml[slot * 2 + 1] = 0.0f;
       }
-      MergeSlicesIfLast<kHd>(qg, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+      MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
       return;
     }
   }
@@ -260,8 +260,9 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     if (splits == 1) {
       const int tok = r / groups;
       if (tok >= count) continue;
-      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-      o[row * kHd + dd] = a / ll * SigmoidF(qg[row * 2 * kHd + kHd + dd]);
+      const int head = kvhead * groups + r % groups;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+      o[row * kHd + dd] = a / ll * SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
     } else {
       const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
       part_o[slot * kHd + dd] = a;
@@ -272,7 +273,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     }
   }
   if constexpr (kMergeHere) {
-    MergeSlicesIfLast<kHd>(qg, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+    MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
   }
 }
 
@@ -292,7 +293,9 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                               int num_row_items, int num_splits, int num_tile_items, int tc_splits,
                               const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int64_t qg_stride) {
+  // The tensor-core kernels read the gate at the dense row width only.
+  if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
     constexpr size_t smem = SplitSmemBytes<kHd>();
     // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
@@ -320,14 +323,14 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
     if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
-                                  kSplitWarps * 32, smem, stream, q, qg, d.nh, d.kvh, items, token_seq, token_pos,
+                                  kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items, token_seq, token_pos,
                                   cache, part_o, part_ml, o, tickets);
         e != cudaSuccess) {
       return e;
     }
     if (num_splits > 1 && !merge_here) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
-      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, d.nh, d.kvh, items, num_splits,
+      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, qg_stride, d.nh, d.kvh, items, num_splits,
                                     part_o, part_ml, o);
           e != cudaSuccess) {
         return e;
@@ -361,17 +364,19 @@ void AppendItems(int32_t t, int32_t end, int per, std::vector<int32_t>& items) {
 cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const int32_t* items, int num_row_items,
                      int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
                      const int32_t* token_pos,
-                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0) {
+  if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
+  if (qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
       return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                   cache, o, scratch, stream);
+                                   cache, o, scratch, stream, qg_stride);
     case 128:
       return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream);
+                                    cache, o, scratch, stream, qg_stride);
     case 256:
       return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream);
+                                    cache, o, scratch, stream, qg_stride);
     default:
       return cudaErrorInvalidValue;
   }
@@ -438,7 +443,7 @@ size_t AttentionMaxScratchBytes(const AttnShape& d) {
 
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
                             const int32_t* items, const int32_t* token_seq, const int32_t* token_pos,
-                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream) {
+                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride) {
   if (n <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
       plan.items.size() != 2 * static_cast<size_t>(plan.num_row_items + plan.num_tile_items) ||
@@ -447,7 +452,7 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
     return cudaErrorInvalidValue;
   }
   return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
-                  token_pos, cache, o, scratch, stream);
+                  token_pos, cache, o, scratch, stream, qg_stride);
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {

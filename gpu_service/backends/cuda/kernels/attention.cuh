@@ -38,10 +38,12 @@ std::vector<double> RopeInvFrequencies(double theta, int rot);
 
 // Queries: for every token t and head h, q_out[t][h] = RoPE_pos(q_norm ⊙ ρ(qg[t][h][0:hd])), with
 // qg laid out n × nh × 2hd (per head hd query values then hd gate values, as attn_q writes them).
-// inv_freq holds rot/2 doubles in device memory. hd <= 1024.
+// inv_freq holds rot/2 doubles in device memory. hd <= 1024. qg_stride: the floats from one token's
+// qg row to the next, >= nh·2hd (0: nh·2hd), so that qg can be a part of the rows of one stacked
+// decode product ([q | k | v] per token, GpuLayer::mixer_in).
 cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, const float* q_norm,
                                 const double* inv_freq, const int32_t* token_pos, float* q_out,
-                                cudaStream_t stream);
+                                cudaStream_t stream, int64_t qg_stride = 0);
 
 // Keys and values: k (n × kvh·hd, raw projection) is normed with k_norm and roped at the token's
 // position, then stored with v (n × kvh·hd) into the token's page of the cache. kv_stride: the
@@ -134,11 +136,12 @@ size_t AttentionMaxScratchBytes(const AttnShape& d);
 // device copy of plan.items; `scratch` holds at least plan.scratch_bytes (may be null when that is
 // 0; zeroed once when allocated, see AttentionMaxScratchBytes). Every per-step value is read from
 // device memory; only the plan's counts are host values.
-// hd must be 64, 128 or 256.
+// hd must be 64, 128 or 256. qg_stride: qg's token rows as for LaunchQueryNormRope (0: nh·2hd); a
+// wider stride is for row items only (a plan with tile items refuses it: cudaErrorInvalidValue).
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,
                             const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                            cudaStream_t stream);
+                            cudaStream_t stream, int64_t qg_stride = 0);
 
 // The earlier interface, kept for existing callers: the row items of PlanAttention (kF32) as
 // int32 pairs, and the exact kernel over them with one block per item and kv head (no context

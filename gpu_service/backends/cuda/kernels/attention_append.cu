@@ -30,7 +30,8 @@ __device__ float NormRopeValue(float x, const float* gamma, float eps, int hd, i
   return static_cast<float>(static_cast<double>(pair[i - half]) * s + static_cast<double>(y) * c);
 }
 
-__global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, float eps,
+// qg's token rows are qg_stride floats apart (at least nh·2hd).
+__global__ void QueryNormRopeKernel(const float* qg, int64_t qg_stride, int nh, int hd, int rot, float eps,
                                     const float* q_norm, const double* inv_freq,
                                     const int32_t* token_pos, float* q_out) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
@@ -39,7 +40,7 @@ __global__ void QueryNormRopeKernel(const float* qg, int nh, int hd, int rot, fl
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
-  const float x = qg[(t * nh + h) * 2 * hd + threadIdx.x];
+  const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
   const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
   q_out[(t * nh + h) * hd + threadIdx.x] = y;
 }
@@ -114,12 +115,13 @@ std::vector<double> RopeInvFrequencies(double theta, int rot) {
 
 cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, const float* q_norm,
                                 const double* inv_freq, const int32_t* token_pos, float* q_out,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, int64_t qg_stride) {
   if (n <= 0) return cudaSuccess;
-  if (!NormRopeShapeOk(d)) return cudaErrorInvalidValue;
+  if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
+  if (!NormRopeShapeOk(d) || qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.nh));
-  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, d.nh, d.hd, d.rot, d.eps, q_norm,
-                                                                    inv_freq, token_pos, q_out);
+  return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, qg_stride, d.nh, d.hd, d.rot,
+                   d.eps, q_norm, inv_freq, token_pos, q_out);
 }
 
 cudaError_t LaunchKvAppend(const float* k, const float* v, int64_t n, const AttnShape& d,

@@ -23,12 +23,14 @@ constexpr int kSplitWarps = 8;
 constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
 constexpr int kMaxSplits = 128;
 
-// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. Groups of
+// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. qg's token rows
+// are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows). Groups of
 // kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
 template <int kHd>
 __global__ void __launch_bounds__(256)
-SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* __restrict__ items, int splits,
-                 const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ o) {
+SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
+                 int splits, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                 float* __restrict__ o) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
@@ -76,8 +78,9 @@ SplitMergeKernel(const float* __restrict__ qg, int nh, int kvh, const int32_t* _
     a.z += x.z;
     a.w += x.w;
   }
-  const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-  const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
+  const int head = kvhead * groups + r % groups;
+  const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+  const float* gate = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * c;
   float4 y;
   y.x = a.x * inv_l * SigmoidF(gate[0]);
   y.y = a.y * inv_l * SigmoidF(gate[1]);
@@ -100,7 +103,7 @@ static_assert(kMaxSplits % 32 == 0, "the in-kernel merge's lanes hold kMaxSplits
 // block's ring, free by now; `is_last` a shared flag. Partials are read with ld.global.cg (L2): they
 // were written by other blocks of this grid.
 template <int kHd>
-__device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, int nh, int kvh, int kvhead,
+__device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, int kvhead,
                                                   int32_t first, int32_t count, int splits,
                                                   const float* part_o, const float* part_ml, float* __restrict__ o,
                                                   unsigned* __restrict__ tickets, float* smem, unsigned& is_last) {
@@ -209,8 +212,9 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
     }
     const int tok = rr[j] / groups;
     const float il = inv_l[rr[j]];
-    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + rr[j] % groups;
-    const float* gate = qg + row * 2 * kHd + kHd + 4 * cc[j];
+    const int head = kvhead * groups + rr[j] % groups;
+    const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+    const float* gate = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * cc[j];
     float4 y;
     y.x = a.x * il * SigmoidF(gate[0]);
     y.y = a.y * il * SigmoidF(gate[1]);

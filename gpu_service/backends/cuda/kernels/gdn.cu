@@ -16,9 +16,10 @@ namespace {
 
 // One thread per channel walks the tokens in order, so the history update needs no other thread.
 // With rows (decode of several sequences, one token each): grid.y is the token, whose history is at
-// history + rows[t]·row_stride.
+// history + rows[t]·row_stride and its qkv row at qkv + t·qkv_stride.
 __global__ void GdnConvKernel(const float* qkv, float* history, const float* taps, int64_t n,
-                              int c_dim, int kk, float* out, const int32_t* rows, int64_t row_stride) {
+                              int c_dim, int kk, float* out, const int32_t* rows, int64_t row_stride,
+                              int64_t qkv_stride) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -26,7 +27,7 @@ __global__ void GdnConvKernel(const float* qkv, float* history, const float* tap
   if (rows != nullptr) {
     const int64_t t = blockIdx.y;
     history += rows[t] * row_stride;
-    qkv += t * c_dim;
+    qkv += t * qkv_stride;
     out += t * c_dim;
   }
   float win[kGdnMaxConvKernel];  // win[q] = input at token t − (kk−1−q)
@@ -233,7 +234,8 @@ cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* 
   if (qkv_stride == 0) qkv_stride = c_dim;
   if (qkv_stride < c_dim) return cudaErrorInvalidValue;
   if (n == 1) {  // one row: its stride does not matter
-    return LaunchPdl(GdnConvKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out, nullptr, 0);
+    return LaunchPdl(GdnConvKernel, (c_dim + 127) / 128, 128, 0, stream, qkv, history, taps, n, c_dim, d.kk, out,
+                     nullptr, 0, int64_t{c_dim});
   }
   // Several tokens: every output in parallel (one thread walking the tokens in order was latency-
   // bound: ~8 ms per layer at 8192 tokens), then the history.
@@ -248,12 +250,17 @@ cudaError_t LaunchGdnConvGeneral(const float* qkv, float* history, const float* 
 }
 
 cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
-                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream) {
+                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
+                                int64_t qkv_stride) {
   if (n <= 0) return cudaSuccess;
-  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || rows == nullptr || n > 65535) return cudaErrorInvalidValue;
   const int c_dim = d.c_dim();
+  if (qkv_stride == 0) qkv_stride = c_dim;
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel || rows == nullptr || n > 65535 || qkv_stride < c_dim) {
+    return cudaErrorInvalidValue;
+  }
   const dim3 grid(static_cast<unsigned>((c_dim + 127) / 128), static_cast<unsigned>(n));
-  return LaunchPdl(GdnConvKernel, grid, 128, 0, stream, qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride);
+  return LaunchPdl(GdnConvKernel, grid, 128, 0, stream, qkv, history, taps, 1, c_dim, d.kk, out, rows, row_stride,
+                   qkv_stride);
 }
 
 cudaError_t LaunchGdnPrepareGeneral(float* conv_out, const float* ba, const float* ssm_a,

@@ -94,8 +94,10 @@ cudaError_t LaunchGdnChunked(const float* conv_out, const float* g, const float*
 // token of the sequence whose conv history and state start at history + rows[t]·row_stride and
 // state + rows[t]·row_stride; rows is device memory, n entries, distinct). The same results as
 // LaunchGdnConv / LaunchGdnRecurrent with n = 1 per sequence, in one launch each. n <= 65535.
+// qkv_stride: the floats from one token's qkv row to the next (0: c_dim; see "Row strides" above).
 cudaError_t LaunchGdnConvDecode(const float* qkv, float* history, int64_t row_stride, const int32_t* rows,
-                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream);
+                                const float* taps, int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
+                                int64_t qkv_stride = 0);
 cudaError_t LaunchGdnRecurrentDecode(const float* conv_out, const float* g, const float* beta, int64_t n,
                                      const GdnShape& d, float* state, int64_t row_stride, const int32_t* rows,
                                      float* o, cudaStream_t stream);
