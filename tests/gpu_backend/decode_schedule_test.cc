@@ -25,7 +25,6 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
-#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -180,30 +179,15 @@ TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
   cuda::SetOldAttnDecode(was);
 }
 
-// GDN layers: the fused decode kernel (conv, norms, gates and recurrence in one launch; 2: with the
-// gated norm too) against the four kernels (TANDEM_GDN_DECODE_FUSED=0). Both presets' GDN shapes
-// fit the fused kernel (tiny-q3n: clusters of 4 blocks, small: 8).
-TEST_P(DecodeScheduleTest, GdnDecodeFusedGivesTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const int was = cuda::GetGdnDecodeFused();
-  ExpectScheduleChangesNoLogits(GetParam(), "GDN decode four kernels vs fused",
-                                [](bool on) { cuda::SetGdnDecodeFused(on ? 1 : 0); });
-  ExpectScheduleChangesNoLogits(GetParam(), "GDN decode four kernels vs fused with gated norm",
-                                [](bool on) { cuda::SetGdnDecodeFused(on ? 2 : 0); });
-  cuda::SetGdnDecodeFused(was);
-}
-
 // Every decode input layout (the separate products of TANDEM_OLD_DECODE_INPUTS, the one stacked
-// product, the stacked product with z and [k; v] aside) with every decode kernel path: the GDN
-// four kernels (TANDEM_GDN_DECODE_FUSED=0) and the fused kernel with the gated norm (2) against the
-// fused kernel (1), and the two attention prep launches with the merge launch
-// (TANDEM_OLD_ATTN_DECODE=1) against the one prep launch and the in-block merge. Within a layout
-// the kernels read the same rows (at the layout's strides) in the same order: bit-identical. This
-// also runs each path's joins (which stream waits for which product) in graph-captured decode.
+// product, the stacked product with z and [k; v] aside) with both attention decode paths: the two
+// prep launches with the merge launch (TANDEM_OLD_ATTN_DECODE=1) against the one prep launch and the
+// in-block merge. Within a layout the kernels read the same rows (at the layout's strides) in the
+// same order: bit-identical. This also runs each path's joins (which stream waits for which
+// product) in graph-captured decode.
 TEST_P(DecodeScheduleTest, DecodePathsGiveTheSameLogitsWithEveryInputLayout) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide(), was_kv = cuda::AttnStackedKvSide();
-  const int was_fused = cuda::GetGdnDecodeFused();
   const bool was_attn = cuda::OldAttnDecode();
   struct Layout {
     const char* name;
@@ -214,12 +198,6 @@ TEST_P(DecodeScheduleTest, DecodePathsGiveTheSameLogitsWithEveryInputLayout) {
     cuda::SetStackedDecodeInputs(l.stacked);
     cuda::SetGdnStackedZSide(l.aside);
     cuda::SetAttnStackedKvSide(l.aside);
-    for (int other : {0, 2}) {
-      const std::string what = std::string(l.name) + ": GDN decode fused vs " + std::to_string(other);
-      ExpectScheduleChangesNoLogits(GetParam(), what.c_str(),
-                                    [other](bool on) { cuda::SetGdnDecodeFused(on ? 1 : other); });
-    }
-    cuda::SetGdnDecodeFused(was_fused);
     const std::string what = std::string(l.name) + ": attention decode one prep vs old launches";
     ExpectScheduleChangesNoLogits(GetParam(), what.c_str(), [](bool on) { cuda::SetOldAttnDecode(!on); });
     cuda::SetOldAttnDecode(was_attn);

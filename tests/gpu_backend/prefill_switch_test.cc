@@ -257,7 +257,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, StreamedInputTest, ::testing::Values("tiny", "
 // and fp8 row conversions, the expert prefill kernels, tensor-core attention) go through
 // LaunchPrefillPdl (pdl.cuh): with the backend's PDL on they start early and wait for the kernel
 // before them; with it off (or TANDEM_OLD_PREFILL_LAUNCH) they are plain launches. The same kernels
-// in the same order either way, so the same logits bit for bit: prompts of 300 and 65 tokens, every
+// in the same order either way, so the same logits bit for bit: prompts of 160 and 65 tokens, every
 // dense matrix in the fp8-corrected form (threshold 0) so that its row conversions run too.
 class PrefillPdlTest : public ::testing::TestWithParam<std::string> {};
 
@@ -276,7 +276,7 @@ TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
       ASSERT_TRUE(b);
       const int64_t V = b->config().vocab;
       const SequenceSlot s = *b->CreateSequence();
-      logits[pdl] = GpuStep(*b, s, RandomTokens(300, V, 51), true);
+      logits[pdl] = GpuStep(*b, s, RandomTokens(160, V, 51), true);
       const std::vector<float> more = GpuStep(*b, s, RandomTokens(65, V, 52), true);
       logits[pdl].insert(logits[pdl].end(), more.begin(), more.end());
     }
