@@ -27,10 +27,16 @@ using gpu_testing::Poisoned;
 using gpu_testing::Random;
 using gpu_testing::Upload;
 
-// Restores the process-wide switch when a test ends (tests flip it to run both paths).
+// Restores the process-wide switches when a test ends (tests flip OldAttnDecode to run both paths;
+// the new path here includes the in-block merge, which is off by default).
 struct OldDecodeGuard {
   bool saved = cuda::OldAttnDecode();
-  ~OldDecodeGuard() { cuda::SetOldAttnDecode(saved); }
+  bool saved_in_block = cuda::AttnMergeInBlock();
+  OldDecodeGuard() { cuda::SetAttnMergeInBlock(true); }
+  ~OldDecodeGuard() {
+    cuda::SetOldAttnDecode(saved);
+    cuda::SetAttnMergeInBlock(saved_in_block);
+  }
 };
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -342,7 +342,9 @@ TEST_P(GpuAttentionTest, QueriesFromStridedRowsMatchContiguous) {
   const auto d_seq = Upload(token_seq), d_pos = Upload(token_pos);
   const auto d_qg = Upload(qg), d_rows = Upload(rows);
   const bool was_old = cuda::OldAttnDecode();
-  // The slices merged by their last block (the default) and by the merge launch
+  const bool was_in_block = cuda::AttnMergeInBlock();
+  cuda::SetAttnMergeInBlock(true);
+  // The slices merged by their last block (AttnMergeInBlock) and by the merge launch
   // (TANDEM_OLD_ATTN_DECODE=1): both read the gates at qg_stride.
   for (bool old_merge : {false, true}) {
     for (int max_splits : {1, 0}) {  // 1: one slice per item (no merge); 0: the plan's split (merge)
@@ -377,6 +379,7 @@ TEST_P(GpuAttentionTest, QueriesFromStridedRowsMatchContiguous) {
     }
   }
   cuda::SetOldAttnDecode(was_old);
+  cuda::SetAttnMergeInBlock(was_in_block);
   // Too narrow a stride, and tile items (tensor-core attention) with a wider one, are refused.
   auto d_q = Poisoned<float>(static_cast<size_t>(n * s.nh * s.hd));
   EXPECT_EQ(cuda::LaunchQueryNormRope(d_rows.get(), n, s, d_qn.get(), d_inv.get(), d_pos.get(), d_q.get(), nullptr,

@@ -173,9 +173,13 @@ TEST_P(DecodeScheduleTest, StackedInputsWithPartsAsideGiveTheSameLogits) {
 // KvAppend and the merge launch (TANDEM_OLD_ATTN_DECODE=1): the same operations in the same order.
 TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::OldAttnDecode();
+  const bool was = cuda::OldAttnDecode(), was_in_block = cuda::AttnMergeInBlock();
+  ExpectScheduleChangesNoLogits(GetParam(), "attention decode one prep vs old launches",
+                                [](bool on) { cuda::SetOldAttnDecode(!on); });
+  cuda::SetAttnMergeInBlock(true);  // off by default (attention.cuh)
   ExpectScheduleChangesNoLogits(GetParam(), "attention decode one prep + in-block merge vs old launches",
                                 [](bool on) { cuda::SetOldAttnDecode(!on); });
+  cuda::SetAttnMergeInBlock(was_in_block);
   cuda::SetOldAttnDecode(was);
 }
 

@@ -93,22 +93,24 @@ struct DeviceModel {
 bool StackedDecodeInputs();
 void SetStackedDecodeInputs(bool on);
 
-// With stacked decode inputs, how GDN layers run them: false (the default) one product over
-// mixer_in; true the product over qkv_ba on the main stream and z's own product on the side
-// stream, joined before the gated norm, its only reader (z's 4096 rows of q3n-80b then stay off
-// the path through the conv and the recurrence, as before the stack). TANDEM_GDN_DECODE_Z_SIDE=1
-// turns it on (A/B); read when a step is enqueued (decode graphs keep the schedule they were
-// captured with). Why both: at one row the stream kernel's cost model gives the whole q3n-80b
-// stack (12352 rows, 386 groups of 32 rows) two groups for its busiest block where qkv (8192) or
-// [qkv; ba] (8256) take one (a wave: 2 blocks per SM, the Q8_0x8 n = 1 kernel using 128 registers,
-// on 132 SMs); likewise attention's [q; k; v] (9216 rows) against q alone. Not measured yet.
+// With stacked decode inputs, how GDN layers run them: true (the default) the product over qkv_ba
+// on the main stream and z's own product on the side stream, joined before the gated norm, its
+// only reader (z's 4096 rows of q3n-80b then stay off the path through the conv and the
+// recurrence); false one product over mixer_in. TANDEM_GDN_DECODE_Z_SIDE=0 turns it off (A/B);
+// read when a step is enqueued (decode graphs keep the schedule they were captured with). Why:
+// at one row the stream kernel's cost model gives the whole q3n-80b stack (12352 rows, 386
+// groups of 32 rows) two groups for its busiest block where [qkv; ba] (8256) takes one (a wave:
+// 2 blocks per SM, the Q8_0x8 n = 1 kernel using 128 registers, on 132 SMs). Measured on the H200
+// (2026-12-01, q3n-80b decode at batch 1, two rounds, with AttnStackedKvSide alike): 337.5 tok/s
+// with both parts aside against 328.4 for the one-product stacks and 327.9 for the separate
+// products of TANDEM_OLD_DECODE_INPUTS.
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
 
-// The same for attention layers: false (the default) one product over mixer_in ([q; k; v]), then
-// the cache append on the side stream; true q's own product on the main stream and the product
-// over kv ([k; v]) then the cache append on the side stream (as before the stack, one product
-// fewer). TANDEM_ATTN_DECODE_KV_SIDE=1 turns it on (A/B); read when a step is enqueued.
+// The same for attention layers: true (the default) q's own product on the main stream and the
+// product over kv ([k; v]) on the side stream (as before the stack, one product fewer); false one
+// product over mixer_in ([q; k; v]). TANDEM_ATTN_DECODE_KV_SIDE=0 turns it off (A/B); read when a
+// step is enqueued.
 bool AttnStackedKvSide();
 void SetAttnStackedKvSide(bool on);
 

@@ -313,13 +313,11 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
       part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kAttnTicketBytes);
       part_ml = part_o + static_cast<int64_t>(num_row_items) * d.kvh * num_splits * kRows * kHd;
     }
-    // The slices merged by their last block (no merge launch) unless TANDEM_OLD_ATTN_DECODE=1, or a
-    // hand-made plan with more (item, kv head) pairs than tickets.
-    // TANDEM_OLD_ATTN_MERGE=1 keeps only the merge launch (the one-launch q/k prep stays): an A/B of
-    // the merge alone, which reads every slice's partials through one SM at long contexts.
-    static const bool old_merge = EnvSwitch("TANDEM_OLD_ATTN_MERGE");
+    // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (off by
+    // default: measured slower end to end, attention.cuh), not with TANDEM_OLD_ATTN_DECODE=1, and
+    // not for a hand-made plan with more (item, kv head) pairs than tickets.
     const bool merge_here =
-        num_splits > 1 && !OldAttnDecode() && !old_merge && num_row_items * d.kvh <= kTicketCount;
+        num_splits > 1 && !OldAttnDecode() && AttnMergeInBlock() && num_row_items * d.kvh <= kTicketCount;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
     if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
@@ -388,10 +386,17 @@ std::atomic<bool>& OldAttnDecodeSwitch() {
   return old;
 }
 
+std::atomic<bool>& AttnMergeInBlockSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
+  return on;
+}
+
 }  // namespace
 
 bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relaxed); }
 void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
+bool AttnMergeInBlock() { return AttnMergeInBlockSwitch().load(std::memory_order_relaxed); }
+void SetAttnMergeInBlock(bool on) { AttnMergeInBlockSwitch().store(on, std::memory_order_relaxed); }
 
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision,
                             int max_tc_splits) {
