@@ -178,8 +178,8 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   cudaStream_t st = stream.get();
   // Small steps: one matrix-vector product over the stacked [q; k; v] (stacked_in; the sparse
   // attention of the indexer reads the gate at the dense row width, so with an indexer only at one
-  // token), then the one q/k prep launch reading its parts (or, TANDEM_OLD_ATTN_DECODE=1, the cache
-  // append on the side stream beside the query norm); or the product over [k; v] on the side stream
+  // token), then the cache append on the side stream beside the query norm (the default; or the
+  // one q/k prep launch reading its parts, attention.cuh); or the product over [k; v] on the side stream
   // (with the append unless one_prep) beside the queries' product (kv_side); or keys and values
   // (products, and the append unless one_prep) on the side stream beside the queries
   // (side_products). Joined before the prep launch or before attention reads the cache.
@@ -189,7 +189,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const bool side_products = overlap && !stacked_in;
   // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three
   // products are joined (LaunchQkvNormRopeAppend, same bits), instead of KvAppend on the side stream
-  // and QueryNormRope on the main one; TANDEM_OLD_ATTN_DECODE=1 keeps the two launches.
+  // and QueryNormRope on the main one; the two launches are the default (attention.cuh).
   const bool one_prep = overlap && !cuda::OldAttnDecode();
   // The side stream runs: keys and values (side_products), [k; v] (kv_side, with the append unless
   // one_prep), or the append alone after the one [q; k; v] product (stacked_in, two launches only).

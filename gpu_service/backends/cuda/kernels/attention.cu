@@ -314,7 +314,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
       part_ml = part_o + static_cast<int64_t>(num_row_items) * d.kvh * num_splits * kRows * kHd;
     }
     // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (off by
-    // default: measured slower end to end, attention.cuh), not with TANDEM_OLD_ATTN_DECODE=1, and
+    // default: measured slower end to end, attention.cuh), only with the one-launch prep, and
     // not for a hand-made plan with more (item, kv head) pairs than tickets.
     const bool merge_here =
         num_splits > 1 && !OldAttnDecode() && AttnMergeInBlock() && num_row_items * d.kvh <= kTicketCount;
@@ -382,7 +382,7 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
 
 
 std::atomic<bool>& OldAttnDecodeSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_DECODE")};
+  static std::atomic<bool> old{!EnvSwitch("TANDEM_ATTN_DECODE_ONE_PREP")};  // attention.cuh: the two launches by default
   return old;
 }
 

@@ -75,12 +75,15 @@ cudaError_t LaunchQkvNormRopeAppend(const QkvRows& rows, int64_t n, const AttnSh
                                     const int32_t* token_pos, float* q_out, const PagedKv& cache,
                                     cudaStream_t stream);
 
-// TANDEM_OLD_ATTN_DECODE=1 (read once; settable for tests): the decode path as before this switch:
-// QueryNormRope and KvAppend as two launches (the backend). Off (the default):
-// LaunchQkvNormRopeAppend, the same operations in one launch.
+// Whether attention decode runs QueryNormRope and KvAppend as two launches (true, the default) or
+// LaunchQkvNormRopeAppend, the same operations in one launch (TANDEM_ATTN_DECODE_ONE_PREP=1, read
+// once; SetOldAttnDecode(false) in tests). The two launches stay the default: with k and v on the
+// side stream (AttnStackedKvSide) QueryNormRope runs on the main stream beside the cache append,
+// and on the H200 (2026-12-01, q3n-80b decode at batch 1, two rounds) they measured 344.1 / 344.3
+// tok/s against 335.2 / 343.8 for the one launch.
 bool OldAttnDecode();
 void SetOldAttnDecode(bool on);
-// TANDEM_ATTN_MERGE_IN_BLOCK=1 (read once; settable for tests), with OldAttnDecode off: the last
+// TANDEM_ATTN_MERGE_IN_BLOCK=1 (read once; settable for tests), with the one-launch prep: the last
 // block of each (row item, kv head) to finish combines the split attention's slices itself (a
 // ticket counter in the scratch), in SplitMergeKernel's order (the same bits), instead of the
 // SplitMergeKernel launch. Off by default: on the H200 (2026-12-01, q3n-80b decode at batch 1, two
