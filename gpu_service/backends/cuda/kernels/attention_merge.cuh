@@ -1,7 +1,7 @@
 // The two ways the exact split-KV attention's context slices are combined (attention.cu): the
 // merge kernel (SplitMergeKernel, its own launch: the default) and, with TANDEM_ATTN_MERGE_IN_BLOCK=1
-// and TANDEM_ATTN_DECODE_ONE_PREP=1 (attention.cuh), the merge by the last slice block of each (row item, kv head) to finish (MergeSlicesIfLast,
-// no launch), which repeats the merge kernel's f32 operations in the same order: same bits.
+// and TANDEM_ATTN_DECODE_ONE_PREP=1 (attention.cuh), the merge by the last slice block of each (row
+// item, kv head) to finish (MergeSlicesIfLast, no launch), which repeats the merge kernel's f32 operations in the same order: same bits.
 // Device-only; only kernels/attention.cu includes this header (hence the unnamed namespace).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
