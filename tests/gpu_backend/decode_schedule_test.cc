@@ -253,17 +253,16 @@ TEST_P(DecodeScheduleTest, SharedChainGivesTheSameLogitsAndPicks) {
 // (batch 3 does not take the one-token path: unchanged either way). With both shared chains (the
 // gate logit as the router's last row, and TANDEM_OLD_SHARED_CHAIN's own product on the side
 // stream). Graph-replayed steps for the logits, then eager steps (the routing sink) for the picks.
-TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+void ExpectDownJoinChangesNothing(const std::string& preset) {
   const bool was = cuda::OldDownJoin(), was_chain = cuda::OldSharedChain();
   for (const bool old_chain : {false, true}) {
     cuda::SetOldSharedChain(old_chain);
     const std::string what =
         std::string("down join old vs new") + (old_chain ? " (old shared chain)" : "");
-    ExpectScheduleChangesNoLogits(GetParam(), what.c_str(), [](bool on) { cuda::SetOldDownJoin(!on); });
+    ExpectScheduleChangesNoLogits(preset, what.c_str(), [](bool on) { cuda::SetOldDownJoin(!on); });
   }
   cuda::SetOldSharedChain(was_chain);
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  absl::StatusOr<std::string> path = PresetModel(preset);
   ASSERT_TRUE(path.ok()) << path.status();
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
     for (int batch : {1, 3}) {
@@ -276,7 +275,7 @@ TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
       ASSERT_FALSE(picks[0].empty());
       ASSERT_EQ(logits[0].size(), logits[1].size());
       const bool same_logits = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-      printf("[%s] %s eager decode, batch %d, down join old vs new: picks %s, logits %s\n", GetParam().c_str(),
+      printf("[%s] %s eager decode, batch %d, down join old vs new: picks %s, logits %s\n", preset.c_str(),
              mode == CudaMode::kExact ? "exact" : "fast", batch, picks[0] == picks[1] ? "same" : "DIFFERENT",
              same_logits ? "bit-identical" : "DIFFERENT");
       EXPECT_EQ(picks[0], picks[1]) << "batch " << batch;
@@ -284,6 +283,19 @@ TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
     }
   }
   cuda::SetOldDownJoin(was);
+}
+
+TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectDownJoinChangesNothing(GetParam());
+}
+
+// The same on the tiny preset: four hyper-connection streams (the term added by the stream norm
+// of a read with S = 4 and inject weights) and Engram layers (by LaunchStreamInject before the
+// Engram update). Its steps run without graphs (Engram).
+TEST(DownJoinTest, StreamsAndEngramGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectDownJoinChangesNothing("tiny");
 }
 
 // y (rows) = w·x through the layer loop's one-row launch (kAuto, or forced warps per row).
