@@ -1,6 +1,7 @@
 // Parity of the stream read / inject kernels (norm_streams.cuh, docs/MODEL.md §4.1) with the CPU
 // reference: the pending inject fused into the next read's norm, the plain norm, the register-row
 // norm. Fresh random inputs, outputs poisoned before every run.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -202,6 +203,118 @@ TEST_F(GpuStreamsTest, NormWithF16RowsIsBitIdenticalToNormThenConvert) {
             cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchInjectRmsNormF16(nullptr, 1, 1, 8, nullptr, nullptr, nullptr, 1e-6f, nullptr, 3, nullptr, nullptr),
             cudaErrorInvalidValue);
+}
+
+// The one-token MoE step's shared term left to y's consumer (cuda::PendingShared): every launch
+// that injects y (LaunchInjectRmsNorm on the register and the two-pass kernels, LaunchInjectRmsNormF16,
+// LaunchInjectRmsNormGeneral, LaunchStreamInject) given y and {shared, gate logit} against the same
+// launch given y_eff = fmaf(1 / (1 + exp(-gate)), shared, y) computed here on the host (the down
+// kernel's expression). Bit for bit when the gate needs no exponential rounding (no gate: g = 1;
+// gate logits 0: g = 0.5, exact on both sides; fmaf is correctly rounded on both); within 1e-6
+// for random gate logits, where the host's expf may differ from the device's in the last place
+// (the device-only bit-identity with the down kernel's own sum is OneTokenMoeTest's).
+TEST_F(GpuStreamsTest, PendingSharedTermEqualsNormOfYWithTheTerm) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  struct Case {
+    int64_t h, S, n;
+  };
+  const Case cases[] = {{256, 1, 1}, {2048, 1, 1}, {2048, 1, 3}, {2048, 3, 2}, {4096, 1, 1}, {8192, 1, 2}, {2048, 1, 4096}};
+  enum Gate { kNoGate, kZeroGate, kRandomGate };
+  for (const Case& cs : cases) {
+    const int64_t h = cs.h, S = cs.S, n = cs.n, rows = n * S;
+    for (const Gate gate : {kNoGate, kZeroGate, kRandomGate}) {
+      for (const bool with_a : {false, true}) {
+        const std::vector<float> H = Random(rng, static_cast<size_t>(rows * h), 2.0f);
+        const auto gamma = Upload(Random(rng, static_cast<size_t>(S * h), 0.2f, 1.0f));
+        const std::vector<float> y = Random(rng, static_cast<size_t>(n * h));
+        const std::vector<float> shared = Random(rng, static_cast<size_t>(n * h), 0.1f);
+        std::vector<float> logit = Random(rng, static_cast<size_t>(n));
+        if (gate == kZeroGate) std::fill(logit.begin(), logit.end(), 0.0f);
+        std::vector<float> y_eff(y.size());
+        for (int64_t t = 0; t < n; ++t) {
+          float g = 1.0f;
+          if (gate != kNoGate) g = 1.0f / (1.0f + std::exp(-logit[static_cast<size_t>(t)]));
+          for (int64_t j = 0; j < h; ++j) {
+            const size_t i = static_cast<size_t>(t * h + j);
+            y_eff[i] = std::fma(g, shared[i], y[i]);  // the float overload: fmaf
+          }
+        }
+        const auto d_y = Upload(y), d_y_eff = Upload(y_eff), d_shared = Upload(shared), d_logit = Upload(logit);
+        const auto d_a = Upload(Random(rng, static_cast<size_t>(rows), 0.3f, 1.0f));
+        const float* ap = with_a ? d_a.get() : nullptr;
+        cuda::PendingShared sh;
+        sh.shared = d_shared.get();
+        sh.gate_logit = gate == kNoGate ? nullptr : d_logit.get();
+        const std::string tag = "pending_shared_h" + std::to_string(h) + "_S" + std::to_string(S) + "_n" +
+                                std::to_string(n) + "_gate" + std::to_string(static_cast<int>(gate)) +
+                                (with_a ? "_a" : "");
+        const bool exact = gate != kRandomGate;
+        auto expect_same = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+          if (exact) {
+            EXPECT_EQ(got, want) << tag << " " << what;
+          } else {
+            EXPECT_LE(gpu_testing::LogError(tag + "_" + what, RelL2(got, want)), 1e-6);
+          }
+        };
+        // LaunchInjectRmsNorm (the register kernel, or the two-pass one past h 4096 or at 4096 rows).
+        {
+          auto H_new = Upload(H), H_old = Upload(H);
+          auto N_new = Poisoned<float>(static_cast<size_t>(rows * h)), N_old = Poisoned<float>(static_cast<size_t>(rows * h));
+          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_new.get(), n, S, h, ap, d_y.get(), gamma.get(), 1e-6f,
+                                                       N_new.get(), nullptr, nullptr, &sh));
+          TANDEM_ASSERT_CUDA(
+              cuda::LaunchInjectRmsNorm(H_old.get(), n, S, h, ap, d_y_eff.get(), gamma.get(), 1e-6f, N_old.get(), nullptr));
+          expect_same(Download(N_new), Download(N_old), "norm_N");
+          expect_same(Download(H_new), Download(H_old), "norm_H");
+        }
+        // LaunchInjectRmsNormGeneral (the two-pass kernel at every width).
+        {
+          auto H_new = Upload(H), H_old = Upload(H);
+          auto N_new = Poisoned<float>(static_cast<size_t>(rows * h)), N_old = Poisoned<float>(static_cast<size_t>(rows * h));
+          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormGeneral(H_new.get(), n, S, h, ap, d_y.get(), gamma.get(), 1e-6f,
+                                                              N_new.get(), nullptr, &sh));
+          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormGeneral(H_old.get(), n, S, h, ap, d_y_eff.get(), gamma.get(), 1e-6f,
+                                                              N_old.get(), nullptr));
+          expect_same(Download(N_new), Download(N_old), "general_N");
+          expect_same(Download(H_new), Download(H_old), "general_H");
+        }
+        // LaunchInjectRmsNormF16 (split rows, with the f32 rows).
+        {
+          auto H_new = Upload(H), H_old = Upload(H);
+          auto N_new = Poisoned<float>(static_cast<size_t>(rows * h)), N_old = Poisoned<float>(static_cast<size_t>(rows * h));
+          const size_t f16_count = static_cast<size_t>(n * 3 * S * h);
+          auto R_new = Poisoned<uint16_t>(f16_count), R_old = Poisoned<uint16_t>(f16_count);
+          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormF16(H_new.get(), n, S, h, ap, d_y.get(), gamma.get(), 1e-6f,
+                                                          N_new.get(), 3, R_new.get(), nullptr, nullptr, &sh));
+          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNormF16(H_old.get(), n, S, h, ap, d_y_eff.get(), gamma.get(), 1e-6f,
+                                                          N_old.get(), 3, R_old.get(), nullptr));
+          expect_same(Download(N_new), Download(N_old), "f16_N");
+          expect_same(Download(H_new), Download(H_old), "f16_H");
+          if (exact) {
+            EXPECT_EQ(Download(R_new), Download(R_old)) << tag << " f16 rows";
+          }
+        }
+        // LaunchStreamInject (no norm follows).
+        {
+          auto H_new = Upload(H), H_old = Upload(H);
+          TANDEM_ASSERT_CUDA(cuda::LaunchStreamInject(H_new.get(), n, S, h, ap, d_y.get(), nullptr, &sh));
+          TANDEM_ASSERT_CUDA(cuda::LaunchStreamInject(H_old.get(), n, S, h, ap, d_y_eff.get(), nullptr));
+          expect_same(Download(H_new), Download(H_old), "inject_H");
+        }
+      }
+    }
+  }
+  // A shared term needs the y it is added to; a PendingShared without shared is no term.
+  auto H = Poisoned<float>(256), N = Poisoned<float>(256), g = Upload(std::vector<float>(256, 1.0f));
+  auto sv = Upload(std::vector<float>(256, 0.5f));
+  cuda::PendingShared sh;
+  sh.shared = sv.get();
+  EXPECT_EQ(cuda::LaunchInjectRmsNorm(H.get(), 1, 1, 256, nullptr, nullptr, g.get(), 1e-6f, N.get(), nullptr, nullptr, &sh),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchStreamInject(H.get(), 1, 1, 256, nullptr, nullptr, nullptr, &sh), cudaErrorInvalidValue);
+  const cuda::PendingShared none;
+  TANDEM_ASSERT_CUDA(
+      cuda::LaunchInjectRmsNorm(H.get(), 1, 1, 256, nullptr, nullptr, g.get(), 1e-6f, N.get(), nullptr, nullptr, &none));
 }
 
 }  // namespace

@@ -246,6 +246,58 @@ TEST_P(DecodeScheduleTest, SharedChainGivesTheSameLogitsAndPicks) {
   cuda::SetOldSharedChain(was);
 }
 
+// The one-token MoE step's shared term in the next injecting launch (the next layer's stream norm,
+// the head's norm; MoeStage::Run's `deferred`) with the down kernel following the gate/up kernel
+// directly and the side chain joined after it, against the term in the down kernel after the join
+// (cuda::SetOldDownJoin, TANDEM_OLD_DOWN_JOIN=1): the same fmaf on the same values, so the same bits
+// (batch 3 does not take the one-token path: unchanged either way). With both shared chains (the
+// gate logit as the router's last row, and TANDEM_OLD_SHARED_CHAIN's own product on the side
+// stream). Graph-replayed steps for the logits, then eager steps (the routing sink) for the picks.
+void ExpectDownJoinChangesNothing(const std::string& preset) {
+  const bool was = cuda::OldDownJoin(), was_chain = cuda::OldSharedChain();
+  for (const bool old_chain : {false, true}) {
+    cuda::SetOldSharedChain(old_chain);
+    const std::string what =
+        std::string("down join old vs new") + (old_chain ? " (old shared chain)" : "");
+    ExpectScheduleChangesNoLogits(preset, what.c_str(), [](bool on) { cuda::SetOldDownJoin(!on); });
+  }
+  cuda::SetOldSharedChain(was_chain);
+  absl::StatusOr<std::string> path = PresetModel(preset);
+  ASSERT_TRUE(path.ok()) << path.status();
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    for (int batch : {1, 3}) {
+      std::vector<int32_t> picks[2];
+      std::vector<float> logits[2];
+      for (int on = 0; on < 2; ++on) {
+        cuda::SetOldDownJoin(on == 0);
+        logits[on] = DecodeLogits(*path, mode, batch, 4, &picks[on]);
+      }
+      ASSERT_FALSE(picks[0].empty());
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      const bool same_logits = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+      printf("[%s] %s eager decode, batch %d, down join old vs new: picks %s, logits %s\n", preset.c_str(),
+             mode == CudaMode::kExact ? "exact" : "fast", batch, picks[0] == picks[1] ? "same" : "DIFFERENT",
+             same_logits ? "bit-identical" : "DIFFERENT");
+      EXPECT_EQ(picks[0], picks[1]) << "batch " << batch;
+      EXPECT_TRUE(same_logits) << "batch " << batch;
+    }
+  }
+  cuda::SetOldDownJoin(was);
+}
+
+TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectDownJoinChangesNothing(GetParam());
+}
+
+// The same on the tiny preset: four hyper-connection streams (the term added by the stream norm
+// of a read with S = 4 and inject weights) and Engram layers (by LaunchStreamInject before the
+// Engram update). Its steps run without graphs (Engram).
+TEST(DownJoinTest, StreamsAndEngramGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectDownJoinChangesNothing("tiny");
+}
+
 // y (rows) = w·x through the layer loop's one-row launch (kAuto, or forced warps per row).
 std::vector<float> OneRowProduct(const cuda::DeviceMatrix& w, const float* d_x, int wpr) {
   std::vector<float> y(static_cast<size_t>(w.rows));

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
@@ -276,6 +277,79 @@ TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
   }
   ASSERT_TRUE(testing::AllFinite(got));
   EXPECT_LE(testing::RelativeL2(got, want), 1e-5);
+}
+
+// The shared term moved out of the down kernel into y's consumer (MoeStage::Run's `deferred`,
+// TANDEM_OLD_DOWN_JOIN=0): the down kernel without the shared term, then the next stream norm
+// given {shared, gate logit} (norm_streams.cuh's PendingShared), leaves the same H and normed rows
+// bit for bit as the down kernel with the shared term followed by the plain inject-and-norm; and
+// y without the term plus the term is the kernel's y with it (the same fmaf). Gated and ungated,
+// the 80B shape and a small one, with the inject weights a = 1 (one stream) and random (Engram's
+// LaunchStreamInject too).
+TEST(OneTokenMoeTest, SharedTermInTheNextNormIsBitIdentical) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  struct Case {
+    int64_t h, I, E;
+    int K;
+  };
+  for (const Case c : {Case{2048, 512, 512, 10}, Case{512, 256, 128, 4}}) {
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    for (const Shared sh : {Shared::kGated, Shared::kUngated}) {
+      for (const bool with_a : {false, true}) {
+        const std::vector<float> logits = Logits(rng, c.E, false);
+        const std::vector<float> x = testing::RandomVector(rng, c.h);
+        const std::vector<float> shared = testing::RandomVector(rng, c.h, 0.1f);
+        const float gate_logit = testing::RandomVector(rng, 1)[0];
+        const std::vector<float> H = testing::RandomVector(rng, c.h, 2.0f);
+        const std::vector<float> gamma = testing::RandomVector(rng, c.h, 0.2f);
+        const DeviceBuffer d_gamma = Upload(gamma);
+        const DeviceBuffer d_a = Upload(std::vector<float>{0.75f + 0.5f * testing::RandomVector(rng, 1, 0.1f)[0]});
+        const float* ap = with_a ? d_a.as<float>() : nullptr;
+        const std::string what = absl::StrCat("h=", c.h, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh),
+                                              with_a ? " a" : "");
+        // Before: the term in the down kernel, the plain inject-and-norm.
+        OneTokenStep old_step(ex, c.K, logits, x, shared, gate_logit);
+        const OneTokenMoeArgs old_args = old_step.Args(ex, c.K, sh);
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(old_args, nullptr));
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(old_args, nullptr));
+        DeviceBuffer H_old = Upload(H), H_old_inject = Upload(H);
+        DeviceBuffer N_old = PoisonedBuffer(static_cast<size_t>(c.h) * sizeof(float));
+        TANDEM_ASSERT_CUDA(LaunchInjectRmsNorm(H_old.as<float>(), 1, 1, c.h, ap, old_step.y.as<float>(),
+                                               d_gamma.as<float>(), 1e-6f, N_old.as<float>(), nullptr));
+        TANDEM_ASSERT_CUDA(LaunchStreamInject(H_old_inject.as<float>(), 1, 1, c.h, ap, old_step.y.as<float>(), nullptr));
+        // After: no term in the down kernel, the norm adds it.
+        OneTokenStep new_step(ex, c.K, logits, x, shared, gate_logit);
+        const OneTokenMoeArgs new_args = new_step.Args(ex, c.K, Shared::kNone);
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(new_args, nullptr));
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(new_args, nullptr));
+        PendingShared pending;
+        pending.shared = new_step.shared.as<float>();
+        pending.gate_logit = sh == Shared::kGated ? new_step.gate.as<float>() : nullptr;
+        DeviceBuffer H_new = Upload(H), H_new_inject = Upload(H);
+        DeviceBuffer N_new = PoisonedBuffer(static_cast<size_t>(c.h) * sizeof(float));
+        TANDEM_ASSERT_CUDA(LaunchInjectRmsNorm(H_new.as<float>(), 1, 1, c.h, ap, new_step.y.as<float>(),
+                                               d_gamma.as<float>(), 1e-6f, N_new.as<float>(), nullptr, nullptr,
+                                               &pending));
+        TANDEM_ASSERT_CUDA(
+            LaunchStreamInject(H_new_inject.as<float>(), 1, 1, c.h, ap, new_step.y.as<float>(), nullptr, &pending));
+        const size_t hn = static_cast<size_t>(c.h);
+        const std::vector<float> n_old = Download<float>(N_old.get(), hn), n_new = Download<float>(N_new.get(), hn);
+        const std::vector<float> h_old = Download<float>(H_old.get(), hn), h_new = Download<float>(H_new.get(), hn);
+        ASSERT_TRUE(testing::AllFinite(n_new)) << what;
+        const bool same = n_old == n_new && h_old == h_new;
+        printf("[shared term in the norm] %s: %s\n", what.c_str(), same ? "bit-identical" : "DIFFERENT");
+        EXPECT_EQ(n_new, n_old) << what << " (normed rows)";
+        EXPECT_EQ(h_new, h_old) << what << " (H)";
+        EXPECT_EQ(Download<float>(H_new_inject.get(), hn), Download<float>(H_old_inject.get(), hn))
+            << what << " (LaunchStreamInject)";
+        // The routed part alone is the same kernel's: its picks and weights are unchanged.
+        EXPECT_EQ(Download<int32_t>(new_step.picks.get(), static_cast<size_t>(2 * c.K)),
+                  Download<int32_t>(old_step.picks.get(), static_cast<size_t>(2 * c.K)))
+            << what;
+      }
+    }
+  }
 }
 
 TEST(OneTokenMoeTest, RefusesShapesItCannotRun) {

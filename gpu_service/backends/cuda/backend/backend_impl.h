@@ -175,6 +175,9 @@ class CudaBackend::Impl {
   // (the next read does it), and the inject weights in `a` are all 1 (one stream: not written).
   bool inject_pending = false;
   bool inject_is_one = false;
+  // With inject_pending: the shared expert's term the MoE stage left out of y (MoeStage::Run's
+  // `deferred`, one-token decode), added by whichever launch injects y; {} when y is complete.
+  cuda::PendingShared pending_shared;
 
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;
@@ -221,8 +224,18 @@ class CudaBackend::Impl {
   // (not kExact): a plain read's norm also writes x as the f16 input rows of products in that mode
   // (LaunchInjectRmsNormF16 into the DenseGemm scratch, DenseGemm::SetConverted). xq (plain reads
   // only, may be nullptr): the norm also writes x quantized for the MoE experts (NormMmqOut).
+  // pending_shared (with pending only, may be nullptr): a shared term to add to pending first.
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
-                    cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr);
+                    cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr,
+                    const cuda::PendingShared* pending_shared = nullptr);
+  // The pending shared term for the launch that injects y now (nullptr: none), and forgets it.
+  const cuda::PendingShared* TakePendingShared() {
+    if (pending_shared.shared == nullptr) return nullptr;
+    taken_shared = pending_shared;
+    pending_shared = {};
+    return &taken_shared;
+  }
+  cuda::PendingShared taken_shared;  // TakePendingShared's answer, alive until the next call
   // The mode in which the products after layer's mixer read (ffn: its MoE read) would convert x
   // through DenseGemm::ConvertInput, for Read's f16_for; kExact when none would (small steps, exact
   // mode, unprepared matrices, FusedNormInput() off).

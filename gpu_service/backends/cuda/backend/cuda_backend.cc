@@ -248,6 +248,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   if (routing_sink != nullptr) routing_sink->assign(static_cast<size_t>(c->n_layers), MoeRouting{});
   inject_pending = false;
   inject_is_one = false;
+  pending_shared = {};
   for (int64_t layer = 0; layer < c->n_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
   }

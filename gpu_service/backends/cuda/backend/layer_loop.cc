@@ -149,7 +149,8 @@ cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n
 }
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
-                                     const float* pending, cuda::GemmMode f16_for, const cuda::NormMmqOut* xq) {
+                                     const float* pending, cuda::GemmMode f16_for, const cuda::NormMmqOut* xq,
+                                     const cuda::PendingShared* pending_shared) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
   // x is rewritten here: the f16 rows of the previous x in the GEMM scratch no longer count.
@@ -157,20 +158,21 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   // The pending inject (H += a·pending, a from the previous read) is fused into this read's norm;
   // the kernel reads a before this read writes the new weights below.
   const float* pending_a = pending != nullptr && !inject_is_one ? a : nullptr;
+  const cuda::PendingShared* psh = pending != nullptr ? pending_shared : nullptr;
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
     if (f16_for != cuda::GemmMode::kExact) {
       // x and its f16 input rows in one pass, instead of a conversion per consumer (bit-identical:
       // the same f32 values and roundings as DenseGemm::ConvertInput).
       const int copies = f16_for == cuda::GemmMode::kFastSplit ? 3 : 1;
       if (absl::Status s = Launch(cuda::LaunchInjectRmsNormF16(H, n, 1, h, pending_a, pending, r.norm, c->eps, out,
-                                                               copies, gemm->input_scratch(), st, xq),
+                                                               copies, gemm->input_scratch(), st, xq, psh),
                                   "rms norm (f16 rows)");
           !s.ok()) {
         return s;
       }
       gemm->SetConverted(out, n, h, f16_for);
     } else if (absl::Status s =
-                   Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq),
+                   Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq, psh),
                           "rms norm");
                !s.ok()) {
       return s;
@@ -184,7 +186,8 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
     return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
   }
   const int64_t lr = r.down.rows;
-  if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, pending_a, pending, r.norm, c->eps, N, st),
+  if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, pending_a, pending, r.norm, c->eps, N, st,
+                                                        nullptr, psh),
                               "stream norm");
       !s.ok()) {
     return s;
@@ -210,7 +213,8 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kEngram, st);
     // Engram adds to H: the previous block's output goes in first, as in the reference.
     if (inject_pending) {
-      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st),
+      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st,
+                                                           TakePendingShared()),
                                   "stream inject");
           !s.ok()) {
         return s;
@@ -243,7 +247,8 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
-  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr, ReadF16Mode(w, T, /*ffn=*/false));
+  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr, ReadF16Mode(w, T, /*ffn=*/false),
+                            nullptr, inject_pending ? TakePendingShared() : nullptr);
       !s.ok()) {
     return s;
   }
@@ -289,7 +294,10 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   auto product = [this](const cuda::DeviceMatrix& m, const float* in, int64_t n, float* out, cudaStream_t on) {
     return Product(m, in, n, out, /*accurate=*/true, on);
   };
-  if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready);
+  // The stage may leave its shared expert's term out of y (one-token decode): pending_shared, added
+  // by the launch that injects y (the next read's norm, Engram's inject or the head's norm).
+  if (absl::Status s =
+          moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready, &pending_shared);
       !s.ok()) {
     return s;
   }
@@ -306,7 +314,11 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
   timer->Mark(Stage::kHead, st);
   // Only the rows whose logits are wanted go through the output matrix (PlanHead chose them).
   if (head_rows == 0) return absl::OkStatus();
-  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? y : nullptr); !s.ok()) return s;
+  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? y : nullptr,
+                            cuda::GemmMode::kExact, nullptr, inject_pending ? TakePendingShared() : nullptr);
+      !s.ok()) {
+    return s;
+  }
   inject_pending = false;
   int64_t R = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -43,6 +43,11 @@ std::atomic<bool>& OldSharedChainSwitch() {
   return old;
 }
 
+std::atomic<bool>& OldDownJoinSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_DOWN_JOIN")};
+  return old;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -80,6 +85,8 @@ void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memo
 bool OldStreamedInput() { return OldStreamedInputSwitch().load(std::memory_order_relaxed); }
 void SetOldSharedChain(bool on) { OldSharedChainSwitch().store(on, std::memory_order_relaxed); }
 bool OldSharedChain() { return OldSharedChainSwitch().load(std::memory_order_relaxed); }
+void SetOldDownJoin(bool on) { OldDownJoinSwitch().store(on, std::memory_order_relaxed); }
+bool OldDownJoin() { return OldDownJoinSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -292,8 +299,10 @@ uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& sou
 
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                           uint64_t* local_rows, DenseProductFn product, bool x_ready) {
+                           uint64_t* local_rows, DenseProductFn product, bool x_ready,
+                           PendingShared* deferred) {
   Impl& m = *impl_;
+  if (deferred != nullptr) *deferred = PendingShared{};  // y complete unless the one-token path says otherwise
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
@@ -302,7 +311,8 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   }
   const ExpertLocation* table = source.DeviceTable(layer);
   if (table != nullptr && n <= m.plan_tokens) {
-    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr);
+    if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr,
+                                         deferred);
         !s.ok()) {
       return s;
     }

@@ -35,6 +35,7 @@
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
@@ -93,6 +94,14 @@ bool OldStreamedInput();
 // Read at each step's enqueue: flip it only between backends, not while graphs are live.
 void SetOldSharedChain(bool on);
 bool OldSharedChain();
+// Process-wide A/B switch: one-token decode steps that Run may leave the shared term to y's
+// consumer (Run's `deferred`) add it in the down kernel again, with the side stream joined before
+// that kernel (the order before 2026-12-01: the down kernel could start, route and fetch its rows
+// only once the shared expert's chain had ended). Off by default; TANDEM_OLD_DOWN_JOIN on at
+// start-up turns it on. Read at each step's enqueue: flip it only between backends, not while
+// graphs are live.
+void SetOldDownJoin(bool on);
+bool OldDownJoin();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -128,11 +137,21 @@ class MoeStage {
   // (routing order; this waits for them whichever planner runs). Counts the rows computed on the
   // device into *local_rows. product computes the router and shared-gate logits.
   // side (may be nullptr): a second stream for work that can overlap (the shared expert beside the
-  // routed ones, with the device planner); it is joined back before Run's last kernel. x_ready: the
+  // routed ones, with the device planner); it is joined back before Run's last kernel (after it
+  // when the shared term is deferred, below), always before Run returns. x_ready: the
   // caller already wrote the experts' form of x that MmqInput or StreamedF16Input named.
+  // deferred (may be nullptr: y always complete): always written. A one-token step on the two
+  // one-token kernels (expert_decode_one.cuh) with a shared expert, unless OldDownJoin, leaves the
+  // gated shared term out of y and names it here instead (*deferred = {shared, gate logit}; else
+  // {}): its down kernel then follows the gate/up kernel directly (PDL) instead of waiting for the
+  // shared expert's side chain, which is joined after it. The caller adds the term where it reads
+  // y (norm_streams.cuh's PendingShared: the same bits as the down kernel's sum). The pointers are
+  // this stage's buffers, valid until its next Run; their producers are ordered before Run's end
+  // on `stream`.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
-                   uint64_t* local_rows, DenseProductFn product, bool x_ready = false);
+                   uint64_t* local_rows, DenseProductFn product, bool x_ready = false,
+                   PendingShared* deferred = nullptr);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
   // kernels (the device-planned prefill path with such a kernel), or nullopt (another path, or
@@ -164,7 +183,7 @@ class MoeStage {
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
                                 cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
-                                bool copy_picks);
+                                bool copy_picks, PendingShared* deferred);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -177,7 +177,8 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
 
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
-                                        StageTimer& timer, DenseProductFn product, bool copy_picks) {
+                                        StageTimer& timer, DenseProductFn product, bool copy_picks,
+                                        PendingShared* deferred) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -264,15 +265,25 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.experts_out = out->first;
     o.weights_out = out->second;
     o.error = a.error;
-    o.shared = shared;
-    o.shared_gate_logit = gate_logit;
+    // Unless TANDEM_OLD_DOWN_JOIN: the shared term goes to y's consumer (Run's `deferred`), so the
+    // down kernel reads nothing of the side chain and follows the gate/up kernel directly: it
+    // routes and starts the copies of its rows (before its PDL wait) while gate/up runs, instead of
+    // after the shared expert's last kernel. The side stream is joined after it (the consumer
+    // reads shared and, at !gate_in_router, the side chain's gate logit).
+    const bool defer = deferred != nullptr && shared != nullptr && !OldDownJoin();
+    o.shared = defer ? nullptr : shared;
+    o.shared_gate_logit = defer ? nullptr : gate_logit;
     o.y = y;
     timer.Mark(Stage::kExperts, stream);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
-    if (overlap) {
+    if (overlap && !defer) {
       if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
     }
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeDown(o, stream));
+    if (overlap && defer) {
+      if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+    }
+    if (defer) *deferred = PendingShared{shared, gate_logit};
     // After the down kernel, not between the two: a copy there would cut their overlap.
     if (copy_picks) {
       if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;

@@ -49,13 +49,26 @@ __device__ __forceinline__ void QuantizeStagedRow(const float* row_smem, int64_t
   }
 }
 
+// PendingShared's gate σ(gate logit of token t): OneDownKernel's expression (expert_decode_one.cu),
+// written the same way so that it compiles to the same operations and the same bits.
+__device__ __forceinline__ float SharedGate(const float* sg, int64_t t) {
+  float g = 1.0f;
+  if (sg != nullptr) g = 1.0f / (1.0f + expf(-sg[t]));
+  return g;
+}
+
+// y + g·shared for four values, as OneDownKernel's last step: fmaf(g, shared, y).
+__device__ __forceinline__ float4 AddShared(float4 d, float g, float4 s) {
+  return make_float4(fmaf(g, s.x, d.x), fmaf(g, s.y, d.y), fmaf(g, s.z, d.z), fmaf(g, s.w, d.w));
+}
+
 // One block per (token, stream) row: optional inject, then the RMS norm. The second pass re-reads
 // the row the first pass wrote, from L1/L2 (a row is a few KiB). kCopies > 0: also the f16 rows of
 // StoreF16Values into N16 (and N may be nullptr: no f32 rows).
 template <int kCopies>
 __global__ void __launch_bounds__(kNormThreads)
-InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                    const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
+InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
+                    const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
   extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
@@ -64,13 +77,17 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
   const int64_t t = row / S, s = row % S;
   float4* hr = reinterpret_cast<float4*>(H + row * h);
   const float4* yr = y ? reinterpret_cast<const float4*>(y + t * h) : nullptr;
+  // The shared term left out of y (PendingShared; the launch ensures y with it).
+  const float4* sr = y && sh ? reinterpret_cast<const float4*>(sh + t * h) : nullptr;
+  const float gs = sr ? SharedGate(sg, t) : 1.0f;
   const float as = (y && a) ? a[row] : 1.0f;
   const int64_t h4 = h / 4;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < h4; i += blockDim.x) {
     float4 v = hr[i];
     if (yr) {
-      const float4 d = yr[i];
+      float4 d = yr[i];
+      if (sr) d = AddShared(d, gs, sr[i]);
       v.x += as * d.x;
       v.y += as * d.y;
       v.z += as * d.z;
@@ -104,8 +121,8 @@ constexpr unsigned kGeneralInjectRows = 4096;
 
 template <int kVec, int kThreads, int kCopies>
 __global__ void __launch_bounds__(kThreads)
-InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                       const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
+InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
+                       const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
   extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
@@ -122,12 +139,22 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
   PdlAllowNext();
   float4* hr = reinterpret_cast<float4*>(H + row * h);
   const float4* yr = y ? reinterpret_cast<const float4*>(y + t * h) : nullptr;
+  // The shared term left out of y (PendingShared; the launch ensures y with it).
+  const float4* sr = y && sh ? reinterpret_cast<const float4*>(sh + t * h) : nullptr;
   float4 v[kVec], d[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
     v[k] = i < h4 ? hr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     d[k] = yr && i < h4 ? yr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if (sr) {
+    const float gs = SharedGate(sg, t);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t i = threadIdx.x + k * kThreads;
+      if (i < h4) d[k] = AddShared(d[k], gs, sr[i]);
+    }
   }
   const float as = (y && a) ? a[row] : 1.0f;
   float ss = 0.0f;
@@ -190,14 +217,17 @@ __global__ void InjectWeightsKernel(const float* c, int64_t count, float* a) {
   if (i < count) a[i] = c ? 2.0f * SigmoidF(c[i]) : 1.0f;
 }
 
-__global__ void StreamInjectKernel(float* H, int64_t S, int64_t h, const float* a, const float* y,
-                                   int64_t total) {
+__global__ void StreamInjectKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
+                                   const float* sg, int64_t total) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t row = i / h, j = i % h;  // row = t·S + s
-  H[i] += (a != nullptr ? a[row] : 1.0f) * y[(row / S) * h + j];
+  const int64_t t = row / S;
+  float d = y[t * h + j];
+  if (sh != nullptr) d = fmaf(SharedGate(sg, t), sh[t * h + j], d);  // PendingShared
+  H[i] += (a != nullptr ? a[row] : 1.0f) * d;
 }
 
 unsigned Blocks(int64_t count, int threads) {
@@ -212,15 +242,16 @@ namespace {
 // set: the row staged in `smem` bytes of shared memory for the folded quantization.
 template <int kCopies>
 cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
-                              const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q, size_t smem,
-                              cudaStream_t stream) {
+                              PendingShared sh, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q,
+                              size_t smem, cudaStream_t stream) {
   return LaunchPdl(InjectRmsNormKernel<kCopies>, static_cast<unsigned>(n * S), kNormThreads, smem, stream, H, S, h, a, y,
-                   gamma, eps, N, N16, q);
+                   sh.shared, sh.gate_logit, gamma, eps, N, N16, q);
 }
 
 template <int kCopies>
-cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, const float* gamma,
-                       float eps, float* N, uint16_t* N16, cudaStream_t stream, const NormMmqOut* qp) {
+cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, PendingShared sh,
+                       const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream,
+                       const NormMmqOut* qp) {
   const NormMmqOut q = qp != nullptr ? *qp : NormMmqOut{};
   const size_t smem = q.hi != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
@@ -230,18 +261,19 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   // Long prefill steps with the inject: the two-pass kernel measured ~3% faster at 8192 rows of h
   // 2048 (4.0 against 3.9 TB/s, both at the copy ceiling); the register kernel wins below.
   if (y != nullptr && rows >= kGeneralInjectRows) {
-    return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
+    return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
   }
   // One register kernel per row-width bucket: (vectors a thread, threads a block).
   auto reg = [&](auto kernel, unsigned threads) {
-    return LaunchPdl(kernel, rows, threads, smem, stream, H, S, h, a, y, gamma, eps, N, N16, q);
+    return LaunchPdl(kernel, rows, threads, smem, stream, H, S, h, a, y, sh.shared, sh.gate_logit, gamma, eps, N, N16,
+                     q);
   };
   if (h4 <= 128) return reg(InjectRmsNormRegKernel<1, 128, kCopies>, 128);
   if (h4 <= 256) return reg(InjectRmsNormRegKernel<2, 128, kCopies>, 128);
   if (h4 < 512) return reg(InjectRmsNormRegKernel<4, 128, kCopies>, 128);
   if (h4 <= 512) return reg(InjectRmsNormRegKernel<2, 256, kCopies>, 256);
   if (h4 <= 1024) return reg(InjectRmsNormRegKernel<4, 256, kCopies>, 256);
-  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, gamma, eps, N, N16, q, smem, stream);
+  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
 }
 
 // The folded quantization's and the MoE f16 rows' conditions (NormMmqOut).
@@ -255,34 +287,47 @@ bool NormMmqOk(int64_t S, int64_t h, const NormMmqOut* q) {
 
 bool NormShapeOk(int64_t n, int64_t S, int64_t h) { return S > 0 && h > 0 && h % 4 == 0 && n * S <= 0x7FFFFFFF; }
 
+// The launches' PendingShared (none for nullptr or a null shared); false when it names a term
+// but there is no y to add it to.
+bool SharedOk(const float* y, const PendingShared* sh, PendingShared* out) {
+  *out = sh != nullptr && sh->shared != nullptr ? *sh : PendingShared{};
+  return out->shared == nullptr || y != nullptr;
+}
+
 }  // namespace
 
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream, const NormMmqOut* q) {
+                                cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh) {
   if (n <= 0) return cudaSuccess;
-  if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q)) return cudaErrorInvalidValue;
-  return LaunchNorm<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, stream, q);
+  PendingShared shared;
+  if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q) || !SharedOk(y, sh, &shared)) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q);
 }
 
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
-                                   cudaStream_t stream, const NormMmqOut* q) {
+                                   cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh) {
   if (n <= 0) return cudaSuccess;
-  if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0 || !NormMmqOk(S, h, q)) {
+  PendingShared shared;
+  if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0 || !NormMmqOk(S, h, q) ||
+      !SharedOk(y, sh, &shared)) {
     return cudaErrorInvalidValue;
   }
-  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, gamma, eps, N, N16, stream, q);
-  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, gamma, eps, N, N16, stream, q);
+  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q);
+  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q);
   return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchInjectRmsNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                        const float* y, const float* gamma, float eps, float* N,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, const PendingShared* sh) {
   if (n <= 0) return cudaSuccess;
-  if (!NormShapeOk(n, S, h) || N == nullptr) return cudaErrorInvalidValue;
-  return LaunchNormGeneral<0>(H, n, S, h, a, y, gamma, eps, N, nullptr, NormMmqOut{}, 0, stream);
+  PendingShared shared;
+  if (!NormShapeOk(n, S, h) || N == nullptr || !SharedOk(y, sh, &shared)) return cudaErrorInvalidValue;
+  return LaunchNormGeneral<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, NormMmqOut{}, 0, stream);
 }
 
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
@@ -303,10 +348,13 @@ cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStr
 }
 
 cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
-                               const float* y, cudaStream_t stream) {
+                               const float* y, cudaStream_t stream, const PendingShared* sh) {
   const int64_t total = n * S * h;
   if (total <= 0) return cudaSuccess;
-  return LaunchPdl(StreamInjectKernel, Blocks(total, 256), 256, 0, stream, H, S, h, a, y, total);
+  PendingShared shared;
+  if (!SharedOk(y, sh, &shared)) return cudaErrorInvalidValue;
+  return LaunchPdl(StreamInjectKernel, Blocks(total, 256), 256, 0, stream, H, S, h, a, y, shared.shared,
+                   shared.gate_logit, total);
 }
 
 }  // namespace tandem::cuda

@@ -34,16 +34,30 @@ struct NormMmqOut {
   uint16_t* x16 = nullptr;
 };
 
+// The gated shared expert's term that the one-token MoE step left out of its output y (the down
+// kernel no longer waits for the shared expert: expert_decode_one.cuh, MoeStage::Run's
+// MoeDeferredShared) for y's consumer to add: the inject then uses, per token t and column j,
+//   y_eff[t·h + j] = fmaf(g_t, shared[t·h + j], y[t·h + j]),  g_t = 1.0f / (1.0f + expf(-gate_logit[t]))
+// (g_t = 1 when gate_logit is nullptr): OneDownKernel's very expression and operations, so y_eff
+// has the bits that y had when the down kernel added the term itself. shared nullptr: no term.
+// Read after the kernels' PDL wait (the caller orders their producers before the launch).
+struct PendingShared {
+  const float* shared = nullptr;      // n × h
+  const float* gate_logit = nullptr;  // n, or nullptr (ungated)
+};
+
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
 // the staged row's shared memory); callers ask before they plan the quantized planes.
 inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 
-// If y is not nullptr, first H_s += a_s·y for every token and stream (a may be nullptr: a = 1);
+// If y is not nullptr, first H_s += a_s·y for every token and stream (a may be nullptr: a = 1;
+// y with the PendingShared term added when sh names one: sh needs y);
 // then N_s = γ_s ⊙ ρ(H_s) with γ_s = gamma + s·h (gamma holds S·h values) for every token and
 // stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream, const NormMmqOut* q = nullptr);
+                                cudaStream_t stream, const NormMmqOut* q = nullptr,
+                                const PendingShared* sh = nullptr);
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
@@ -54,7 +68,8 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
 // n·copies·S·h values. cudaErrorInvalidValue for another copies.
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
-                                   cudaStream_t stream, const NormMmqOut* q = nullptr);
+                                   cudaStream_t stream, const NormMmqOut* q = nullptr,
+                                const PendingShared* sh = nullptr);
 
 // The same with a block of 256 threads per row that reads the row twice (any h): what
 // LaunchInjectRmsNorm runs past h = 4096 and for inject steps of 4096 rows or more, and the
@@ -62,7 +77,7 @@ cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, co
 // 4096 floats in registers).
 cudaError_t LaunchInjectRmsNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                        const float* y, const float* gamma, float eps, float* N,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, const PendingShared* sh = nullptr);
 
 // x_j = (2/S)·Σ_s σ(m_{s,j})·N_{s,j} per token; m and N are n × S × h.
 cudaError_t LaunchStreamFold(const float* N, const float* m, int64_t n, int64_t S, int64_t h,
@@ -75,9 +90,9 @@ cudaError_t LaunchSiluInPlace(float* v, int64_t count, cudaStream_t stream);
 cudaError_t LaunchInjectWeights(const float* c, int64_t count, float* a, cudaStream_t stream);
 
 // H_s ← H_s + a_s·y for every token and stream (the unfused inject: after the last layer, or when
-// no norm follows). a may be nullptr: a = 1.
+// no norm follows). a may be nullptr: a = 1. sh: y with that shared term added (PendingShared).
 cudaError_t LaunchStreamInject(float* H, int64_t n, int64_t S, int64_t h, const float* a,
-                               const float* y, cudaStream_t stream);
+                               const float* y, cudaStream_t stream, const PendingShared* sh = nullptr);
 
 }  // namespace tandem::cuda
 

@@ -59,7 +59,10 @@ bool OneTokenMoeFits(int E, int K, int h, int inner);
 // Kernel 1 (gate/up with routing) and kernel 2 (down with the weighted sum). cudaErrorInvalidValue
 // for a shape OneTokenMoeFits refuses or a null required pointer (shared and shared_gate_logit may
 // be null). Kernel 2 reads shared and shared_gate_logit after its wait: the caller orders their
-// producers before it (a join of the side stream between the two launches is fine).
+// producers before it (a join of the side stream between the two launches is fine). The decode
+// stage passes none (MoeStage::Run's `deferred`, unless TANDEM_OLD_DOWN_JOIN=1): kernel 2 then
+// reads nothing of the shared expert's side chain and follows kernel 1 directly, and the next
+// stream norm adds σ(gate)·shared with the same fmaf (norm_streams.cuh, PendingShared).
 cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& args, cudaStream_t stream);
 cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& args, cudaStream_t stream);
 
