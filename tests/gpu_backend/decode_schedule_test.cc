@@ -115,6 +115,32 @@ void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, 
   }
 }
 
+// Eager decode steps (the routing sink records the picks) of `preset` with `set(false)` and
+// `set(true)`, exact and fast, batch 1 and 3: the same picks and bit-identical logits. Prints `what`.
+void ExpectEagerPicksAndLogitsUnchanged(const std::string& preset, const char* what,
+                                        const std::function<void(bool)>& set) {
+  absl::StatusOr<std::string> path = PresetModel(preset);
+  ASSERT_TRUE(path.ok()) << path.status();
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    for (int batch : {1, 3}) {
+      std::vector<int32_t> picks[2];
+      std::vector<float> logits[2];
+      for (int on = 0; on < 2; ++on) {
+        set(on == 1);
+        logits[on] = DecodeLogits(*path, mode, batch, 4, &picks[on]);
+      }
+      ASSERT_FALSE(picks[0].empty());
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      const bool same_logits = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+      printf("[%s] %s eager decode, batch %d, %s: picks %s, logits %s\n", preset.c_str(),
+             mode == CudaMode::kExact ? "exact" : "fast", batch, what, picks[0] == picks[1] ? "same" : "DIFFERENT",
+             same_logits ? "bit-identical" : "DIFFERENT");
+      EXPECT_EQ(picks[0], picks[1]) << what << ", batch " << batch;
+      EXPECT_TRUE(same_logits) << what << ", batch " << batch;
+    }
+  }
+}
+
 class DecodeScheduleTest : public ::testing::TestWithParam<std::string> {};
 
 // GDN layers: ba first on the side stream with the gates waiting for it alone and z after it
@@ -223,26 +249,8 @@ TEST_P(DecodeScheduleTest, SharedChainGivesTheSameLogitsAndPicks) {
   const bool was = cuda::OldSharedChain();
   ExpectScheduleChangesNoLogits(GetParam(), "shared chain old vs new",
                                 [](bool on) { cuda::SetOldSharedChain(!on); });
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    for (int batch : {1, 3}) {
-      std::vector<int32_t> picks[2];
-      std::vector<float> logits[2];
-      for (int on = 0; on < 2; ++on) {
-        cuda::SetOldSharedChain(on == 0);
-        logits[on] = DecodeLogits(*path, mode, batch, 4, &picks[on]);
-      }
-      ASSERT_FALSE(picks[0].empty());
-      ASSERT_EQ(logits[0].size(), logits[1].size());
-      const bool same_logits = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-      printf("[%s] %s eager decode, batch %d, shared chain old vs new: picks %s, logits %s\n", GetParam().c_str(),
-             mode == CudaMode::kExact ? "exact" : "fast", batch, picks[0] == picks[1] ? "same" : "DIFFERENT",
-             same_logits ? "bit-identical" : "DIFFERENT");
-      EXPECT_EQ(picks[0], picks[1]) << "batch " << batch;
-      EXPECT_TRUE(same_logits) << "batch " << batch;
-    }
-  }
+  ExpectEagerPicksAndLogitsUnchanged(GetParam(), "shared chain old vs new",
+                                     [](bool on) { cuda::SetOldSharedChain(!on); });
   cuda::SetOldSharedChain(was);
 }
 
@@ -262,26 +270,7 @@ void ExpectDownJoinChangesNothing(const std::string& preset) {
     ExpectScheduleChangesNoLogits(preset, what.c_str(), [](bool on) { cuda::SetOldDownJoin(!on); });
   }
   cuda::SetOldSharedChain(was_chain);
-  absl::StatusOr<std::string> path = PresetModel(preset);
-  ASSERT_TRUE(path.ok()) << path.status();
-  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    for (int batch : {1, 3}) {
-      std::vector<int32_t> picks[2];
-      std::vector<float> logits[2];
-      for (int on = 0; on < 2; ++on) {
-        cuda::SetOldDownJoin(on == 0);
-        logits[on] = DecodeLogits(*path, mode, batch, 4, &picks[on]);
-      }
-      ASSERT_FALSE(picks[0].empty());
-      ASSERT_EQ(logits[0].size(), logits[1].size());
-      const bool same_logits = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-      printf("[%s] %s eager decode, batch %d, down join old vs new: picks %s, logits %s\n", preset.c_str(),
-             mode == CudaMode::kExact ? "exact" : "fast", batch, picks[0] == picks[1] ? "same" : "DIFFERENT",
-             same_logits ? "bit-identical" : "DIFFERENT");
-      EXPECT_EQ(picks[0], picks[1]) << "batch " << batch;
-      EXPECT_TRUE(same_logits) << "batch " << batch;
-    }
-  }
+  ExpectEagerPicksAndLogitsUnchanged(preset, "down join old vs new", [](bool on) { cuda::SetOldDownJoin(!on); });
   cuda::SetOldDownJoin(was);
 }
 
