@@ -1,0 +1,307 @@
+// One launch for a GDN layer's decode middle (gdn_decode_fused.cuh). Every value is computed with
+// the operations, in the order, of the kernel it replaces, so that the outputs, the conv history
+// and the state are the same bits as the four-kernel path:
+//   conv          GdnConvKernel (gdn.cu) for one token: fmaf over the history taps, then the
+//                 token's tap, SiLU;
+//   q/k norms     GdnNormQkVecKernel<1> (gdn_tokens.cu): lane l of a head's dk/4 lanes holds
+//                 channels [4l, 4l+4), SumSquares of the four, the xor-butterfly GroupSum over the
+//                 head's lanes, rsqrtf(ss + 1e-6), q's scale rsqrtf(dk) computed on the host;
+//   gates         GdnGate (gdn_gates.cuh);
+//   recurrence    GdnRecurrentKernel<dk, 8> (gdn.cu), same block shape and the same fixed-order
+//                 sums over the warps;
+//   gated norm    GdnGatedNormVecKernel (gdn_tokens.cu): a value head's dv/4 lane partials (each
+//                 the SumSquares of 4 consecutive outputs) are spread over the head's dv/32 blocks
+//                 of the cluster; each block reads them all through distributed shared memory and
+//                 runs the same butterfly.
+// Cluster barriers: the q and k channels of a key head group are read by every block of its
+// cluster, so their history is rewritten only after all have arrived (by the cluster's rank 0); a
+// block's 32 v channels are its own. The gated variant also waits for the partial sums, and once
+// more before exit, so that no block leaves while another still reads its shared memory.
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
+
+#include <cooperative_groups.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 8;  // GdnRecurrentKernel's kRecurrentWarps: the same partial sums
+constexpr int kThreads = 32 * kWarps;
+constexpr int kCols = 32;  // value columns a block (a lane each)
+constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
+constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexes them by value head)
+
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// gdn_tokens.cu's helpers, the same expressions (so the same contractions into fma).
+__device__ __forceinline__ float SumSquares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float GroupSum(float v, int group_lanes) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    if (o < group_lanes) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  }
+  return v;
+}
+
+// Channel c's taps (a constant weight: read before the PDL wait); unused taps, and all of a thread
+// without the channel (valid false), 0. Written unconditionally so that the arrays stay in registers.
+// `last` is tap kk − 1 once more, loaded by itself: selecting w[kk − 1] in an unrolled loop was
+// folded by the compiler into a dynamically indexed array in local memory.
+__device__ __forceinline__ void LoadTaps(const float* taps, bool valid, int c, int kk, float (&w)[kGdnMaxConvKernel],
+                                         float& last) {
+#pragma unroll
+  for (int q = 0; q < kGdnMaxConvKernel; ++q) w[q] = valid && q < kk ? taps[static_cast<int64_t>(c) * kk + q] : 0.0f;
+  last = valid ? taps[static_cast<int64_t>(c) * kk + kk - 1] : 0.0f;
+}
+
+// GdnConvKernel's operations for one token of channel c: returns SiLU(conv), with h the channel's
+// old history (kk − 1 inputs, oldest first) and x its input, which StoreHistory shifts into the new
+// history. A thread without the channel (valid false) reads nothing and gets zeros. (No shifted
+// window array as in GdnConvKernel: its conditional shift over a runtime kk compiled to a loop
+// over local memory.)
+__device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
+                                           float (&h)[kGdnMaxConvKernel], float& x, const float* history,
+                                           const float* x_row, bool valid, int c_dim, int c, int kk) {
+#pragma unroll
+  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+    h[q] = valid && q < kk - 1 ? history[static_cast<int64_t>(q) * c_dim + c] : 0.0f;
+  }
+  x = valid ? x_row[c] : 0.0f;
+  float sum = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
+    if (q < kk - 1) sum = fmaf(w[q], h[q], sum);
+  }
+  sum = fmaf(last, x, sum);
+  return SiluF(sum);
+}
+
+// history ← the last kk − 1 inputs: old rows 1.. kk − 2, then x.
+__device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel], float x, float* history, int c_dim,
+                                             int c, int kk) {
+#pragma unroll
+  for (int q = 0; q + 1 < kGdnMaxConvKernel; ++q) {
+    if (q < kk - 1) history[static_cast<int64_t>(q) * c_dim + c] = q == kk - 2 ? x : h[q + 1];
+  }
+}
+
+// Block (vh, y, t): value head vh, columns [32y, 32y + 32), token t. The block convolves the
+// 2·kDk q/k channels of its key head group (channel index i < kDk: q, < 2kDk: k) and its 32 v
+// channels (i − 2kDk), a channel per thread plus a second one for the first threads when kDk is 128.
+template <int kDk, bool kGated>
+__global__ void __launch_bounds__(kThreads)
+GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale) {
+  constexpr int kQk = 2 * kDk;
+  constexpr int kConv = kQk + kCols;
+  constexpr int kRows = kDk / kWarps;
+  static_assert(kConv <= 2 * kThreads, "two channels a thread at most");
+  __shared__ __align__(16) float qk[kQk];  // the group's q then k head: conv outputs, normalised in place
+  __shared__ float vs[kCols];
+  __shared__ float kv_part[kWarps][32], out_part[kWarps][32];
+  __shared__ float gate_g[kMaxNv], gate_beta[kMaxNv];
+  __shared__ __align__(16) float o_sh[kCols];  // gated: the block's outputs
+  __shared__ float sq_part[kCols / 4];          // gated: their sums of squares, 4 outputs each
+  const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  const int vh = blockIdx.x, r = nv / nk, group = vh / r;
+  const int col = blockIdx.y * kCols + lane;
+  const int c_dim = 2 * nk * kDk + nv * dv;
+  auto channel = [&](int i) {
+    if (i < kDk) return group * kDk + i;
+    if (i < kQk) return nk * kDk + group * kDk + (i - kDk);
+    return 2 * nk * kDk + vh * dv + static_cast<int>(blockIdx.y) * kCols + (i - kQk);
+  };
+  const int i0 = tid, i1 = tid + kThreads;
+  const bool has0 = i0 < kConv, has1 = i1 < kConv;
+  const int c0 = channel(i0), c1 = channel(i1);  // meaningful only with has0 / has1
+  float w0[kGdnMaxConvKernel], w1[kGdnMaxConvKernel], last0, last1;
+  LoadTaps(a.taps, has0, c0, kk, w0, last0);
+  LoadTaps(a.taps, has1, c1, kk, w1, last1);
+  const float gamma = kGated ? a.norm[col] : 0.0f;  // a weight too
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
+  const int64_t t = blockIdx.z;
+  const int64_t seq = a.rows[t];
+  float* history = a.history + seq * a.row_stride;
+  // The state column first: its loads are the longest, in flight during the conv and the norms.
+  float* S = a.state + seq * a.row_stride + (static_cast<int64_t>(vh) * kDk + warp * kRows) * dv + col;
+  float s[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) s[i] = S[static_cast<int64_t>(i) * dv];
+  const float zv = kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
+  const float* x = a.qkv + t * c_dim;
+  float h0[kGdnMaxConvKernel], h1[kGdnMaxConvKernel], x0, x1;
+  const float y0 = ConvToken(w0, last0, h0, x0, history, x, has0, c_dim, c0, kk);
+  const float y1 = ConvToken(w1, last1, h1, x1, history, x, has1, c_dim, c1, kk);
+  if (has0) {
+    if (i0 < kQk) qk[i0] = y0; else vs[i0 - kQk] = y0;
+  }
+  if (has1) {
+    if (i1 < kQk) qk[i1] = y1; else vs[i1 - kQk] = y1;
+  }
+  // This block has read its history (release); rank 0 overwrites the group's q/k history only after
+  // every block of the cluster has arrived.
+  if constexpr (!kGated) ClusterArrive();
+  __syncthreads();
+  // q/k norms: threads [0, kQk/4) (whole warps) as the lanes of GdnNormQkVecKernel<1>.
+  if (tid < kQk / 4) {
+    float4 y = *reinterpret_cast<const float4*>(qk + 4 * tid);
+    const float ss = GroupSum(SumSquares(y), kDk / 4);
+    float scale = rsqrtf(ss + 1e-6f);
+    if (4 * tid < kDk) scale *= q_scale;
+    y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
+    *reinterpret_cast<float4*>(qk + 4 * tid) = y;
+  } else if (tid == kThreads - 1) {
+    GdnGate(a.ba + t * a.ba_stride, 0, a.ssm_a, a.dt_bias, 0, vh, r, nv, gate_g, gate_beta);
+  }
+  __syncthreads();
+  // GdnRecurrentKernel<kDk, 8> for one token.
+  const float* qs = qk;
+  const float* ks = qk + kDk;
+  const int r0 = warp * kRows;
+  const float decay = expf(gate_g[vh]);
+  const float b = gate_beta[vh];
+  const float v = vs[lane];
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    s[i] *= decay;
+    kv = fmaf(ks[r0 + i], s[i], kv);
+  }
+  kv_part[warp][lane] = kv;
+  __syncthreads();
+  kv = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) kv += kv_part[w][lane];
+  const float delta = b * (v - kv);
+  float out = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    s[i] = fmaf(ks[r0 + i], delta, s[i]);
+    out = fmaf(qs[r0 + i], s[i], out);
+  }
+  out_part[warp][lane] = out;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) S[static_cast<int64_t>(i) * dv] = s[i];
+  __syncthreads();
+  float* o = a.o + t * nv * dv + static_cast<int64_t>(vh) * dv + col;
+  if (warp == 0) {
+    out = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) out += out_part[w][lane];
+    if constexpr (kGated) {
+      o_sh[lane] = out;
+    } else {
+      *o = out;
+    }
+  }
+  const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
+  if constexpr (kGated) {
+    __syncthreads();
+    if (tid < kCols / 4) sq_part[tid] = SumSquares(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
+    // The partial sums are visible to the cluster (and every block has read its history).
+    ClusterArrive();
+    ClusterWait();
+    if (warp == 0) {
+      // Lane l of GdnGatedNormVecKernel's dv/4-lane group: outputs [4l, 4l + 4) of the head, held
+      // by the head's block l / 8 (cluster rank vh % r + (l / 8)·r: x varies fastest).
+      const int head_lanes = dv / 4;
+      float p = 0.0f;
+      if (lane < head_lanes) {
+        const unsigned rank = static_cast<unsigned>(vh % r + (lane / (kCols / 4)) * r);
+        p = cg::this_cluster().map_shared_rank(sq_part, rank)[lane % (kCols / 4)];
+      }
+      const float ss = GroupSum(p, head_lanes);
+      const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
+      *o = gamma * (o_sh[lane] * scale) * SiluF(zv);
+    }
+  } else {
+    ClusterWait();
+  }
+  if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
+  if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
+  if constexpr (kGated) {
+    // No block exits while another may still read its sq_part.
+    ClusterArrive();
+    ClusterWait();
+  }
+}
+
+template <int kDk, bool kGated>
+cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
+  config.blockDim = dim3(32, kWarps);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
+  attribute[0].val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
+  attribute[0].val.clusterDim.z = 1;
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as LaunchPdl (pdl.cuh)
+  attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 2;
+  // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
+  const float q_scale = rsqrtf(static_cast<float>(d.dk));
+  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale);
+}
+
+}  // namespace
+
+bool GdnDecodeFusedFits(const GdnShape& d) {
+  if (d.dk != 64 && d.dk != 128) return false;
+  if (d.dv != 32 && d.dv != 64 && d.dv != 128) return false;
+  if (d.nk <= 0 || d.nv <= 0 || d.nv % d.nk != 0 || d.nv > kMaxNv) return false;
+  if (d.kk < 1 || d.kk > kGdnMaxConvKernel) return false;
+  return (d.nv / d.nk) * (d.dv / kCols) <= kMaxClusterBlocks;
+}
+
+cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& args, int64_t n, const GdnShape& d, bool gated_norm,
+                                 cudaStream_t stream) {
+  if (!GdnDecodeFusedFits(d)) return cudaErrorNotSupported;
+  if (n <= 0) return cudaSuccess;
+  GdnDecodeFusedArgs a = args;
+  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
+  if (a.z_stride == 0) a.z_stride = vw;
+  if (n > 65535 || a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr ||
+      a.dt_bias == nullptr || a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.o == nullptr ||
+      a.ba_stride < 2 * d.nv) {
+    return cudaErrorInvalidValue;
+  }
+  if (gated_norm && (a.z == nullptr || a.norm == nullptr || a.z_stride < vw)) return cudaErrorInvalidValue;
+  if (d.dk == 128) {
+    return gated_norm ? Launch<128, true>(a, n, d, stream) : Launch<128, false>(a, n, d, stream);
+  }
+  return gated_norm ? Launch<64, true>(a, n, d, stream) : Launch<64, false>(a, n, d, stream);
+}
+
+namespace {
+std::atomic<int>& GdnDecodeFusedSwitch() {
+  static std::atomic<int> mode{[] {
+    const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
+    if (v == nullptr || v[0] == '\0') return 1;
+    const int m = std::atoi(v);
+    return m >= 0 && m <= 2 ? m : 1;
+  }()};
+  return mode;
+}
+}  // namespace
+
+int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }
+void SetGdnDecodeFused(int mode) { GdnDecodeFusedSwitch().store(mode, std::memory_order_relaxed); }
+
+}  // namespace tandem::cuda

@@ -1,0 +1,71 @@
+// The middle of a GDN layer's decode step in one launch (gdn_decode_fused.cu): the causal conv of
+// the token's qkv row with its history, the q/k L2 norms (q also scaled by 1/√dk), the gates g and
+// β, the delta-rule recurrence over the state, and optionally the gated norm. The same bits as the
+// four kernels it replaces, in order LaunchGdnConvDecode → LaunchGdnPrepare →
+// LaunchGdnRecurrentDecode → LaunchGdnGatedNorm (gdn.cuh), with the same history and state
+// updates. Why one launch: at batch-1 decode each of those kernels moves little (the state is
+// 2 MiB a layer on q3n-80b) and costs ~2-3 us of fixed latency on the critical path; the
+// CUPTI timeline (docs/PERF.md, eighth session) had the four take ~11 us a GDN layer.
+//
+// Grid (nv, dv/32, n) of (32, 8) threads as GdnRecurrentKernel's decode launch, in thread block
+// clusters of (nv/nk, dv/32, 1): the blocks of a cluster are the value heads of one key head group
+// (and all their columns), so each block can compute the conv and the norms of its group's q and k
+// heads itself, and the history of those channels is rewritten once, after a cluster barrier, by
+// the cluster's first block. The gated-norm variant exchanges the per-block sums of squares of a
+// value head through distributed shared memory.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DECODE_FUSED_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DECODE_FUSED_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+
+namespace tandem::cuda {
+
+// What LaunchGdnDecodeFused reads and writes. Token t's rows: qkv + t·c_dim, ba + t·ba_stride
+// (2nv gate inputs), z + t·z_stride (gated norm only), o + t·nv·dv; its sequence's conv history and
+// state at history + rows[t]·row_stride and state + rows[t]·row_stride (rows in device memory).
+struct GdnDecodeFusedArgs {
+  const float* qkv = nullptr;
+  const float* ba = nullptr;
+  int64_t ba_stride = 0;  // 0: 2nv
+  const float* taps = nullptr;
+  const float* ssm_a = nullptr;
+  const float* dt_bias = nullptr;
+  float* history = nullptr;
+  float* state = nullptr;
+  int64_t row_stride = 0;
+  const int32_t* rows = nullptr;
+  // The gated norm (gated_norm = true): o ← norm ⊙ ρ(o_head) ⊙ SiLU(z_head), as LaunchGdnGatedNorm.
+  const float* z = nullptr;
+  int64_t z_stride = 0;  // 0: nv·dv
+  const float* norm = nullptr;
+  float eps = 0.0f;
+  float* o = nullptr;  // n × nv·dv: the recurrence's output, or the gated norm's with gated_norm
+};
+
+// Whether the fused kernel takes shape d: dk 64 or 128, dv 32, 64 or 128, nv a multiple of nk,
+// nv <= 256, a cluster of (nv/nk)·(dv/32) <= 8 blocks (the portable cluster size), 1 <= kk <= 8.
+bool GdnDecodeFusedFits(const GdnShape& d);
+
+// Decode of n sequences, one token each (n <= 65535). Returns cudaErrorNotSupported, launching
+// nothing, for a shape GdnDecodeFusedFits refuses (the caller runs the four kernels instead), and
+// cudaErrorInvalidValue for bad arguments.
+cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, bool gated_norm,
+                                 cudaStream_t stream);
+
+// The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
+//   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
+//   1  the fused kernel without the gated norm, launched once ba is ready; the gated norm after z
+//      joins (the default);
+//   2  the fused kernel with the gated norm, launched after z joins.
+// Shapes the kernel does not take run the four kernels whatever the switch. Read when a step is
+// enqueued: decode graphs keep the mode they were captured with.
+int GetGdnDecodeFused();
+void SetGdnDecodeFused(int mode);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DECODE_FUSED_CUH_

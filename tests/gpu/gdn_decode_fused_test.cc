@@ -1,0 +1,179 @@
+// The fused GDN decode kernel (gdn_decode_fused.cu: LaunchGdnDecodeFused) against the four kernels
+// it replaces, run in sequence on copies of the same inputs and per-sequence states, as the backend
+// runs them (LaunchGdnConvDecode, LaunchGdnPrepare, LaunchGdnRecurrentDecode, LaunchGdnGatedNorm):
+// the output (the recurrence's, or the gated norm's), the conv histories and the recurrent states
+// must be the same bits. One and three tokens of sequences at scattered rows of a shared state
+// buffer (the rows not in the step must stay untouched), two steps in a row (the second reads the
+// history the first rewrote). Also: shapes the kernel does not take are refused, launching nothing.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+using gpu_testing::Upload;
+
+std::string Tag(const cuda::GdnShape& d) {
+  return "nk" + std::to_string(d.nk) + "_nv" + std::to_string(d.nv) + "_dk" + std::to_string(d.dk) + "_dv" +
+         std::to_string(d.dv) + "_kk" + std::to_string(d.kk);
+}
+
+// EXPECTs the same bits; on a difference prints the first differing index and both values.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+  if (!same) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+        std::printf("[ differs  ] %s: first at index %zu of %zu: fused %.9g, four kernels %.9g\n", what.c_str(), i,
+                    got.size(), got[i], want[i]);
+        break;
+      }
+    }
+  }
+  EXPECT_TRUE(same) << what << ": not bit-identical";
+}
+
+class GpuGdnDecodeFusedTest : public ::testing::TestWithParam<cuda::GdnShape> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
+  const cuda::GdnShape d = GetParam();
+  ASSERT_TRUE(cuda::GdnDecodeFusedFits(d)) << Tag(d);
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
+  // Per sequence row: the conv history ((kk − 1) × c_dim) then the state (nv × dk × dv) and a gap,
+  // as the backend's recurrent buffer (conv and state offsets within a row of row_stride floats).
+  constexpr int kSeqs = 7;
+  const int64_t conv_off = 0, ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
+  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
+  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
+  for (float& v : a) v = -std::fabs(v);
+  const auto ssm_a = Upload(a);
+  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
+  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  const float eps = 1e-6f;
+  for (const std::vector<int32_t>& row_list : {std::vector<int32_t>{5}, std::vector<int32_t>{4, 0, 6}}) {
+    const int64_t n = static_cast<int64_t>(row_list.size());
+    const auto rows = Upload(row_list);
+    const std::vector<float> state0 = Random(rng, static_cast<size_t>(kSeqs * row_stride), 0.3f);
+    auto rec_four = Upload(state0), rec_fused = Upload(state0), rec_gated = Upload(state0);
+    for (int step = 0; step < 2; ++step) {
+      const std::string tag = Tag(d) + " n=" + std::to_string(n) + " step " + std::to_string(step);
+      const auto qkv = Upload(Random(rng, static_cast<size_t>(n * c_dim)));
+      const auto ba = Upload(Random(rng, static_cast<size_t>(n * 2 * d.nv), 2.0f));
+      const auto z = Upload(Random(rng, static_cast<size_t>(n * vw)));
+      // The four kernels, as RunGdn's decode block and the gated norm after it.
+      auto conv = Poisoned<float>(static_cast<size_t>(n * c_dim));
+      auto g = Poisoned<float>(static_cast<size_t>(n * d.nv)), beta = Poisoned<float>(static_cast<size_t>(n * d.nv));
+      auto o = Poisoned<float>(static_cast<size_t>(n * vw)), gated = Poisoned<float>(static_cast<size_t>(n * vw));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnConvDecode(qkv.get(), rec_four.get() + conv_off, row_stride, rows.get(),
+                                                   taps.get(), n, d, conv.get(), nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnPrepare(conv.get(), ba.get(), ssm_a.get(), dt_bias.get(), n, d, g.get(),
+                                                beta.get(), nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnRecurrentDecode(conv.get(), g.get(), beta.get(), n, d,
+                                                        rec_four.get() + ssm_off, row_stride, rows.get(), o.get(),
+                                                        nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o.get(), z.get(), norm.get(), eps, n, d, gated.get(), nullptr));
+      // The fused kernel, without and with the gated norm, on copies of the states.
+      cuda::GdnDecodeFusedArgs args;
+      args.qkv = qkv.get();
+      args.ba = ba.get();
+      args.taps = taps.get();
+      args.ssm_a = ssm_a.get();
+      args.dt_bias = dt_bias.get();
+      args.row_stride = row_stride;
+      args.rows = rows.get();
+      args.z = z.get();
+      args.norm = norm.get();
+      args.eps = eps;
+      auto o_fused = Poisoned<float>(static_cast<size_t>(n * vw));
+      auto o_gated = Poisoned<float>(static_cast<size_t>(n * vw));
+      args.history = rec_fused.get() + conv_off;
+      args.state = rec_fused.get() + ssm_off;
+      args.o = o_fused.get();
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, n, d, false, nullptr));
+      args.history = rec_gated.get() + conv_off;
+      args.state = rec_gated.get() + ssm_off;
+      args.o = o_gated.get();
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, n, d, true, nullptr));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> want_rec = Download(rec_four);
+      ExpectSameBits(Download(o_fused), Download(o), tag + ": o");
+      ExpectSameBits(Download(rec_fused), want_rec, tag + ": histories and states (fused)");
+      ExpectSameBits(Download(o_gated), Download(gated), tag + ": gated output");
+      ExpectSameBits(Download(rec_gated), want_rec, tag + ": histories and states (fused with gated norm)");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeFusedTest,
+                         ::testing::Values(cuda::GdnShape{16, 32, 128, 128, 4},  // Qwen3-Next-80B: clusters of 8
+                                           cuda::GdnShape{2, 4, 64, 64, 4},      // tiny-q3n: clusters of 4
+                                           cuda::GdnShape{2, 4, 128, 128, 8},    // the longest conv
+                                           cuda::GdnShape{1, 4, 64, 32, 3},      // one column block a head
+                                           cuda::GdnShape{4, 8, 128, 64, 1}),    // no history; dk != dv
+                         [](const ::testing::TestParamInfo<cuda::GdnShape>& info) { return Tag(info.param); });
+
+// Shapes outside the kernel's reach are refused with cudaErrorNotSupported before anything is
+// launched (the backend runs the four kernels for them): clusters over the portable 8 blocks, key
+// dimensions the recurrence does not hold, value heads the gated norm's lanes do not cover.
+TEST(GdnDecodeFusedRefusalTest, UnsupportedShapesAreRefusedWithoutLaunching) {
+  const std::vector<cuda::GdnShape> refused = {
+      {1, 16, 128, 128, 4},  // 16 value heads a key head: a cluster of 64 blocks
+      {2, 8, 128, 128, 4},   // 4 value heads a key head × 4 column blocks: 16
+      {2, 4, 32, 32, 4},     // dk 32
+      {2, 4, 256, 128, 4},   // dk 256
+      {2, 2, 128, 256, 4},   // dv 256
+      {2, 4, 64, 48, 4},     // dv not a power of two
+      {3, 4, 64, 64, 4},     // nv not a multiple of nk
+      {2, 4, 64, 64, 9},     // conv kernel over 8
+  };
+  const bool gpu = gpu_testing::NoGpuReason().empty();
+  for (const cuda::GdnShape& d : refused) {
+    EXPECT_FALSE(cuda::GdnDecodeFusedFits(d)) << Tag(d);
+    cuda::GdnDecodeFusedArgs args;  // never dereferenced: the shape is refused first
+    if (!gpu) {
+      EXPECT_EQ(cuda::LaunchGdnDecodeFused(args, 1, d, false, nullptr), cudaErrorNotSupported) << Tag(d);
+      continue;
+    }
+    const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+    auto o = Poisoned<float>(static_cast<size_t>(vw));
+    args.o = o.get();
+    for (bool gated : {false, true}) {
+      EXPECT_EQ(cuda::LaunchGdnDecodeFused(args, 1, d, gated, nullptr), cudaErrorNotSupported) << Tag(d);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    // Nothing ran: o keeps its poison (all bytes 0xFF).
+    const std::vector<float> got = Download(o);
+    std::vector<float> poison(got.size());
+    std::memset(poison.data(), 0xFF, poison.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(got.data(), poison.data(), got.size() * sizeof(float)), 0) << Tag(d);
+  }
+  // A shape it takes, with a missing pointer: an argument error, not a launch.
+  EXPECT_TRUE(cuda::GdnDecodeFusedFits(cuda::GdnShape{16, 32, 128, 128, 4}));
+  EXPECT_EQ(cuda::LaunchGdnDecodeFused(cuda::GdnDecodeFusedArgs{}, 1, cuda::GdnShape{16, 32, 128, 128, 4}, false,
+                                       nullptr),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem
