@@ -4,7 +4,8 @@
 // the output (the recurrence's, or the gated norm's), the conv histories and the recurrent states
 // must be the same bits. One and three tokens of sequences at scattered rows of a shared state
 // buffer (the rows not in the step must stay untouched), two steps in a row (the second reads the
-// history the first rewrote). Also: shapes the kernel does not take are refused, launching nothing.
+// history the first rewrote), also replayed from a captured CUDA graph. Also: shapes the kernel does
+// not take are refused, launching nothing.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -74,7 +75,7 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
     const int64_t n = static_cast<int64_t>(row_list.size());
     const auto rows = Upload(row_list);
     const std::vector<float> state0 = Random(rng, static_cast<size_t>(kSeqs * row_stride), 0.3f);
-    auto rec_four = Upload(state0), rec_fused = Upload(state0), rec_gated = Upload(state0);
+    auto rec_four = Upload(state0), rec_fused = Upload(state0), rec_gated = Upload(state0), rec_graph = Upload(state0);
     for (int step = 0; step < 2; ++step) {
       const std::string tag = Tag(d) + " n=" + std::to_string(n) + " step " + std::to_string(step);
       const auto qkv = Upload(Random(rng, static_cast<size_t>(n * c_dim)));
@@ -114,12 +115,36 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
       args.state = rec_gated.get() + ssm_off;
       args.o = o_gated.get();
       TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, n, d, true, nullptr));
+      // Once more captured into a CUDA graph (decode steps replay graphs): a cluster launch with the
+      // PDL attribute on a capturing stream.
+      auto o_graph = Poisoned<float>(static_cast<size_t>(n * vw));
+      args.history = rec_graph.get() + conv_off;
+      args.state = rec_graph.get() + ssm_off;
+      args.o = o_graph.get();
+      {
+        cudaStream_t stream;
+        TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        TANDEM_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const cudaError_t launched = cuda::LaunchGdnDecodeFused(args, n, d, false, stream);
+        TANDEM_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+        TANDEM_ASSERT_CUDA(launched);
+        cudaGraphExec_t exec;
+        TANDEM_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        TANDEM_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+        TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+        TANDEM_ASSERT_CUDA(cudaGraphExecDestroy(exec));
+        TANDEM_ASSERT_CUDA(cudaGraphDestroy(graph));
+        TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
+      }
       TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
       const std::vector<float> want_rec = Download(rec_four);
       ExpectSameBits(Download(o_fused), Download(o), tag + ": o");
       ExpectSameBits(Download(rec_fused), want_rec, tag + ": histories and states (fused)");
       ExpectSameBits(Download(o_gated), Download(gated), tag + ": gated output");
       ExpectSameBits(Download(rec_gated), want_rec, tag + ": histories and states (fused with gated norm)");
+      ExpectSameBits(Download(o_graph), Download(o), tag + ": o (graph)");
+      ExpectSameBits(Download(rec_graph), want_rec, tag + ": histories and states (graph)");
     }
   }
 }
