@@ -4,8 +4,9 @@
 // the output (the recurrence's, or the gated norm's), the conv histories and the recurrent states
 // must be the same bits. One and three tokens of sequences at scattered rows of a shared state
 // buffer (the rows not in the step must stay untouched), two steps in a row (the second reads the
-// history the first rewrote), also replayed from a captured CUDA graph. Also: shapes the kernel does
-// not take are refused, launching nothing.
+// history the first rewrote), also replayed from a captured CUDA graph; and the inputs read at row
+// strides from one stacked product's rows (bit-identical to packed rows). Also: shapes the kernel
+// does not take are refused, launching nothing.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -145,6 +146,75 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
       ExpectSameBits(Download(rec_gated), want_rec, tag + ": histories and states (fused with gated norm)");
       ExpectSameBits(Download(o_graph), Download(o), tag + ": o (graph)");
       ExpectSameBits(Download(rec_graph), want_rec, tag + ": histories and states (graph)");
+    }
+  }
+}
+
+// The inputs as parts of one stacked decode product's rows (the backend's GpuLayer::mixer_in:
+// [z | qkv | ba] per token, row stride vw + c_dim + 2nv, plus a gap here so that no part happens to
+// sit at its packed offset): qkv_stride, ba_stride and z_stride. The same bits as the packed rows,
+// without and with the gated norm, and the same histories and states.
+TEST_P(GpuGdnDecodeFusedTest, StridedStackedRowsGiveTheSameBits) {
+  const cuda::GdnShape d = GetParam();
+  ASSERT_TRUE(cuda::GdnDecodeFusedFits(d)) << Tag(d);
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv, nb = 2 * static_cast<int64_t>(d.nv);
+  const int64_t stride = vw + c_dim + nb + 5;
+  constexpr int kSeqs = 5;
+  const int64_t ssm_off = (d.kk - 1) * c_dim + 8;
+  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv;
+  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
+  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
+  for (float& v : a) v = -std::fabs(v);
+  const auto ssm_a = Upload(a);
+  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
+  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  for (const std::vector<int32_t>& row_list : {std::vector<int32_t>{3}, std::vector<int32_t>{4, 0, 2}}) {
+    const int64_t n = static_cast<int64_t>(row_list.size());
+    const std::string tag = Tag(d) + " n=" + std::to_string(n);
+    const auto rows = Upload(row_list);
+    const std::vector<float> qkv_h = Random(rng, static_cast<size_t>(n * c_dim));
+    const std::vector<float> ba_h = Random(rng, static_cast<size_t>(n * nb), 2.0f);
+    const std::vector<float> z_h = Random(rng, static_cast<size_t>(n * vw));
+    std::vector<float> stacked_h = Random(rng, static_cast<size_t>(n * stride));  // the gaps: garbage
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(&stacked_h[t * stride], &z_h[t * vw], vw * sizeof(float));
+      std::memcpy(&stacked_h[t * stride + vw], &qkv_h[t * c_dim], c_dim * sizeof(float));
+      std::memcpy(&stacked_h[t * stride + vw + c_dim], &ba_h[t * nb], nb * sizeof(float));
+    }
+    const auto qkv = Upload(qkv_h), ba = Upload(ba_h), z = Upload(z_h), stacked = Upload(stacked_h);
+    const std::vector<float> state0 = Random(rng, static_cast<size_t>(kSeqs * row_stride), 0.3f);
+    for (bool gated : {false, true}) {
+      auto rec_packed = Upload(state0), rec_strided = Upload(state0);
+      auto o_packed = Poisoned<float>(static_cast<size_t>(n * vw));
+      auto o_strided = Poisoned<float>(static_cast<size_t>(n * vw));
+      cuda::GdnDecodeFusedArgs args;
+      args.taps = taps.get();
+      args.ssm_a = ssm_a.get();
+      args.dt_bias = dt_bias.get();
+      args.row_stride = row_stride;
+      args.rows = rows.get();
+      args.norm = norm.get();
+      args.eps = 1e-6f;
+      args.qkv = qkv.get();
+      args.ba = ba.get();
+      args.z = z.get();
+      args.history = rec_packed.get();
+      args.state = rec_packed.get() + ssm_off;
+      args.o = o_packed.get();
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, n, d, gated, nullptr));
+      args.z = stacked.get();
+      args.qkv = stacked.get() + vw;
+      args.ba = stacked.get() + vw + c_dim;
+      args.qkv_stride = args.ba_stride = args.z_stride = stride;
+      args.history = rec_strided.get();
+      args.state = rec_strided.get() + ssm_off;
+      args.o = o_strided.get();
+      TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, n, d, gated, nullptr));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::string what = tag + (gated ? " gated" : "");
+      ExpectSameBits(Download(o_strided), Download(o_packed), what + ": o (strided vs packed)");
+      ExpectSameBits(Download(rec_strided), Download(rec_packed), what + ": histories and states (strided vs packed)");
     }
   }
 }

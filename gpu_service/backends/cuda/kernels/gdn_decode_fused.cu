@@ -140,7 +140,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
 #pragma unroll
   for (int i = 0; i < kRows; ++i) s[i] = S[static_cast<int64_t>(i) * dv];
   const float zv = kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
-  const float* x = a.qkv + t * c_dim;
+  const float* x = a.qkv + t * a.qkv_stride;
   float h0[kGdnMaxConvKernel], h1[kGdnMaxConvKernel], x0, x1;
   const float y0 = ConvToken(w0, last0, h0, x0, history, x, has0, c_dim, c0, kk);
   const float y1 = ConvToken(w1, last1, h1, x1, history, x, has1, c_dim, c1, kk);
@@ -275,11 +275,13 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& args, int64_t n, cons
   if (n <= 0) return cudaSuccess;
   GdnDecodeFusedArgs a = args;
   const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  const int64_t c_dim = d.c_dim();
+  if (a.qkv_stride == 0) a.qkv_stride = c_dim;
   if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
   if (a.z_stride == 0) a.z_stride = vw;
   if (n > 65535 || a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr ||
       a.dt_bias == nullptr || a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.o == nullptr ||
-      a.ba_stride < 2 * d.nv) {
+      a.qkv_stride < c_dim || a.ba_stride < 2 * d.nv) {
     return cudaErrorInvalidValue;
   }
   if (gated_norm && (a.z == nullptr || a.norm == nullptr || a.z_stride < vw)) return cudaErrorInvalidValue;

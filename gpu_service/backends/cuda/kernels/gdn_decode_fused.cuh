@@ -24,11 +24,13 @@
 
 namespace tandem::cuda {
 
-// What LaunchGdnDecodeFused reads and writes. Token t's rows: qkv + t·c_dim, ba + t·ba_stride
+// What LaunchGdnDecodeFused reads and writes. Token t's rows: qkv + t·qkv_stride, ba + t·ba_stride
 // (2nv gate inputs), z + t·z_stride (gated norm only), o + t·nv·dv; its sequence's conv history and
-// state at history + rows[t]·row_stride and state + rows[t]·row_stride (rows in device memory).
+// state at history + rows[t]·row_stride and state + rows[t]·row_stride (rows in device memory). The
+// input strides let qkv, ba and z be parts of one stacked decode product's rows (GpuLayer::mixer_in).
 struct GdnDecodeFusedArgs {
   const float* qkv = nullptr;
+  int64_t qkv_stride = 0;  // 0: c_dim
   const float* ba = nullptr;
   int64_t ba_stride = 0;  // 0: 2nv
   const float* taps = nullptr;
