@@ -4,9 +4,10 @@
 // the output (the recurrence's, or the gated norm's), the conv histories and the recurrent states
 // must be the same bits. One and three tokens of sequences at scattered rows of a shared state
 // buffer (the rows not in the step must stay untouched), two steps in a row (the second reads the
-// history the first rewrote), also replayed from a captured CUDA graph; and the inputs read at row
-// strides from one stacked product's rows (bit-identical to packed rows). Also: shapes the kernel
-// does not take are refused, launching nothing.
+// history the first rewrote), also replayed from a captured CUDA graph; batches just below and
+// above kGdnPrepareShortRunBelow tokens (where LaunchGdnPrepare changes kernels); and the inputs
+// read at row strides from one stacked product's rows (bit-identical to packed rows). Also: shapes
+// the kernel does not take are refused, launching nothing.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -55,14 +56,17 @@ class GpuGdnDecodeFusedTest : public ::testing::TestWithParam<cuda::GdnShape> {
   void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
 };
 
-TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
-  const cuda::GdnShape d = GetParam();
+// The fused kernel, without and with the gated norm (and, with_graph, replayed from a captured
+// graph), against the four kernels for `steps` steps of each row list (tokens of the sequences at
+// those rows of a buffer of `seqs` sequence rows): the outputs and the whole buffer, bit for bit.
+void ExpectTheFourKernelsBits(const cuda::GdnShape& d, int64_t seqs, const std::vector<std::vector<int32_t>>& row_lists,
+                              int steps, bool with_graph) {
   ASSERT_TRUE(cuda::GdnDecodeFusedFits(d)) << Tag(d);
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
   // Per sequence row: the conv history ((kk − 1) × c_dim) then the state (nv × dk × dv) and a gap,
   // as the backend's recurrent buffer (conv and state offsets within a row of row_stride floats).
-  constexpr int kSeqs = 7;
+  const int64_t kSeqs = seqs;
   const int64_t conv_off = 0, ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
   const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
   const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
@@ -72,12 +76,12 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
   const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
   const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
   const float eps = 1e-6f;
-  for (const std::vector<int32_t>& row_list : {std::vector<int32_t>{5}, std::vector<int32_t>{4, 0, 6}}) {
+  for (const std::vector<int32_t>& row_list : row_lists) {
     const int64_t n = static_cast<int64_t>(row_list.size());
     const auto rows = Upload(row_list);
     const std::vector<float> state0 = Random(rng, static_cast<size_t>(kSeqs * row_stride), 0.3f);
     auto rec_four = Upload(state0), rec_fused = Upload(state0), rec_gated = Upload(state0), rec_graph = Upload(state0);
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < steps; ++step) {
       const std::string tag = Tag(d) + " n=" + std::to_string(n) + " step " + std::to_string(step);
       const auto qkv = Upload(Random(rng, static_cast<size_t>(n * c_dim)));
       const auto ba = Upload(Random(rng, static_cast<size_t>(n * 2 * d.nv), 2.0f));
@@ -122,7 +126,7 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
       args.history = rec_graph.get() + conv_off;
       args.state = rec_graph.get() + ssm_off;
       args.o = o_graph.get();
-      {
+      if (with_graph) {
         cudaStream_t stream;
         TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         cudaGraph_t graph;
@@ -144,10 +148,28 @@ TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
       ExpectSameBits(Download(rec_fused), want_rec, tag + ": histories and states (fused)");
       ExpectSameBits(Download(o_gated), Download(gated), tag + ": gated output");
       ExpectSameBits(Download(rec_gated), want_rec, tag + ": histories and states (fused with gated norm)");
-      ExpectSameBits(Download(o_graph), Download(o), tag + ": o (graph)");
-      ExpectSameBits(Download(rec_graph), want_rec, tag + ": histories and states (graph)");
+      if (with_graph) {
+        ExpectSameBits(Download(o_graph), Download(o), tag + ": o (graph)");
+        ExpectSameBits(Download(rec_graph), want_rec, tag + ": histories and states (graph)");
+      }
     }
   }
+}
+
+TEST_P(GpuGdnDecodeFusedTest, MatchesTheFourKernelsBitForBit) {
+  ExpectTheFourKernelsBits(GetParam(), 7, {{5}, {4, 0, 6}}, 2, true);
+}
+
+// A batch of kGdnPrepareShortRunBelow tokens and more, where LaunchGdnPrepare switches to its
+// kernel of token runs (whose sums of squares round the other product first; gdn_decode_fused.cu
+// SumSquaresXFirst/YFirst), and the batch just below it. The sequences in reverse order, one row
+// left out (it must stay untouched).
+TEST_P(GpuGdnDecodeFusedTest, LargeBatchesMatchTheFourKernelsBitForBit) {
+  constexpr int64_t kAt = cuda::kGdnPrepareShortRunBelow;
+  std::vector<int32_t> at, below;
+  for (int64_t i = kAt + 1; i >= 1; --i) at.push_back(static_cast<int32_t>(i));  // kAt + 1 tokens, row 0 not
+  for (int64_t i = kAt - 1; i >= 1; --i) below.push_back(static_cast<int32_t>(i));
+  ExpectTheFourKernelsBits(GetParam(), kAt + 2, {at, below}, 1, false);
 }
 
 // The inputs as parts of one stacked decode product's rows (the backend's GpuLayer::mixer_in:

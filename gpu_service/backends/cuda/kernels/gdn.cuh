@@ -57,6 +57,11 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
                              const float* dt_bias, int64_t n, const GdnShape& d, float* g,
                              float* beta, cudaStream_t stream, int64_t ba_stride = 0);
 
+// Below this many tokens LaunchGdnPrepare's vector path runs one token a warp (decode batches),
+// from it on runs of tokens: two kernels whose sums of squares the compiler contracts differently,
+// which the fused decode kernel (gdn_decode_fused.cu) follows to keep their bits.
+inline constexpr int64_t kGdnPrepareShortRunBelow = 128;
+
 // The gated delta rule over n tokens from the prepared conv output; o is n × nv·dv. state is
 // S[nv][dk][dv], read and overwritten. dk must be 64 or 128 (each thread keeps one state column
 // of dk values in registers); dv a multiple of 32.

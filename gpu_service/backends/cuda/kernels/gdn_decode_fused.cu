@@ -3,16 +3,18 @@
 // and the state are the same bits as the four-kernel path:
 //   conv          GdnConvKernel (gdn.cu) for one token: fmaf over the history taps, then the
 //                 token's tap, SiLU;
-//   q/k norms     GdnNormQkVecKernel<1> (gdn_tokens.cu): lane l of a head's dk/4 lanes holds
-//                 channels [4l, 4l+4), SumSquares of the four, the xor-butterfly GroupSum over the
-//                 head's lanes, rsqrtf(ss + 1e-6), q's scale rsqrtf(dk) computed on the host;
+//   q/k norms     GdnNormQkVecKernel<1> (gdn_tokens.cu), or <8> from kGdnPrepareShortRunBelow
+//                 tokens on: lane l of a head's dk/4 lanes holds channels [4l, 4l+4), the sum of
+//                 their squares (contracted into fma as that kernel is: SumSquaresXFirst/YFirst),
+//                 the xor-butterfly GroupSum over the head's lanes, rsqrtf(ss + 1e-6), q's scale
+//                 rsqrtf(dk) computed on the host;
 //   gates         GdnGate (gdn_gates.cuh);
 //   recurrence    GdnRecurrentKernel<dk, 8> (gdn.cu), same block shape and the same fixed-order
 //                 sums over the warps;
 //   gated norm    GdnGatedNormVecKernel (gdn_tokens.cu): a value head's dv/4 lane partials (each
 //                 the SumSquares of 4 consecutive outputs) are spread over the head's dv/32 blocks
-//                 of the cluster; each block reads them all through distributed shared memory and
-//                 runs the same butterfly.
+//                 of the cluster; each block reads them all through distributed shared memory,
+//                 runs the same butterfly and gives the sum to all its 32 columns.
 // Cluster barriers: the q and k channels of a key head group are read by every block of its
 // cluster, so their history is rewritten only after all have arrived (by the cluster's rank 0); a
 // block's 32 v channels are its own. The gated variant also waits for the partial sums, and once
@@ -45,8 +47,25 @@ __device__ __forceinline__ void ClusterArrive() {
 }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// gdn_tokens.cu's helpers, the same expressions (so the same contractions into fma).
-__device__ __forceinline__ float SumSquares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+// The sums of squares of four values, with the fma contraction of the kernel each replaces pinned.
+// gdn_tokens.cu writes v.x·v.x + v.y·v.y + v.z·v.z + v.w·v.w and leaves the contraction to the
+// compiler, which (CUDA 13.0, sm_90a, checked in the PTX) rounds a different product first in
+// different kernels: GdnNormQkVecKernel<1> (LaunchGdnPrepare below kGdnPrepareShortRunBelow tokens)
+// rounds v.x·v.x and fuses v.y·v.y into it (SumSquaresXFirst); GdnNormQkVecKernel<8> (from that
+// many tokens on) and GdnGatedNormVecKernel round v.y·v.y and fuse v.x·v.x (SumSquaresYFirst).
+// The same expression here had compiled to the second form in the q/k norms, so the sums differed
+// in the last place now and then, and with them q, k, o and the states (the first device run,
+// 2026-12-01). Explicit roundings and fmaf leave the compiler nothing to choose; the test
+// (gdn_decode_fused_test.cc) compares the bits with the four kernels at both batch ranges.
+__device__ __forceinline__ float SumSquaresXFirst(float4 v) {
+  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+__device__ __forceinline__ float SumSquaresYFirst(float4 v) {
+  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.x, v.x, __fmul_rn(v.y, v.y))));
+}
+
+// gdn_tokens.cu's butterfly: every lane of a group ends with the same sum (each step adds the same
+// two values on both lanes, a + b = b + a exactly).
 __device__ __forceinline__ float GroupSum(float v, int group_lanes) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -102,7 +121,7 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // channels (i − 2kDk), a channel per thread plus a second one for the first threads when kDk is 128.
 template <int kDk, bool kGated>
 __global__ void __launch_bounds__(kThreads)
-GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale) {
+GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first) {
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
@@ -157,7 +176,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // q/k norms: threads [0, kQk/4) (whole warps) as the lanes of GdnNormQkVecKernel<1>.
   if (tid < kQk / 4) {
     float4 y = *reinterpret_cast<const float4*>(qk + 4 * tid);
-    const float ss = GroupSum(SumSquares(y), kDk / 4);
+    const float ss = GroupSum(qk_x_first ? SumSquaresXFirst(y) : SumSquaresYFirst(y), kDk / 4);
     float scale = rsqrtf(ss + 1e-6f);
     if (4 * tid < kDk) scale *= q_scale;
     y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
@@ -209,7 +228,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
   if constexpr (kGated) {
     __syncthreads();
-    if (tid < kCols / 4) sq_part[tid] = SumSquares(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
+    if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
     ClusterArrive();
     ClusterWait();
@@ -222,7 +241,11 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
         const unsigned rank = static_cast<unsigned>(vh % r + (lane / (kCols / 4)) * r);
         p = cg::this_cluster().map_shared_rank(sq_part, rank)[lane % (kCols / 4)];
       }
-      const float ss = GroupSum(p, head_lanes);
+      // The head's sum ends in lanes [0, head_lanes) only: with dv < 128 (head_lanes < 32) the
+      // butterfly stays inside groups of head_lanes lanes, and the lanes past the first group,
+      // whose p is 0, summed to 0 (scale rsqrt(eps): the wrong gated outputs of dv 32 and 64 on the
+      // first device run). Lane 0's sum to all 32 columns of the block.
+      const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
       const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
       *o = gamma * (o_sh[lane] * scale) * SiluF(zv);
     }
@@ -240,6 +263,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
 
 template <int kDk, bool kGated>
 cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream) {
+  // The q/k norms' sums of squares as the LaunchGdnPrepare kernel of n tokens forms them.
+  const bool qk_x_first = n < kGdnPrepareShortRunBelow;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
   config.blockDim = dim3(32, kWarps);
@@ -256,7 +281,8 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.numAttrs = 2;
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
-  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale);
+  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
+                            qk_x_first);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ constexpr int kVecWarps = 4;                       // warps per block of the con
 constexpr int kRunTokens = 8;
 // Below this many tokens the q/k kernel runs one token per warp: decode batches need the blocks
 // spread over the SMs more than they need loads in flight per warp.
-constexpr int64_t kShortRunBelow = 128;
+constexpr int64_t kShortRunBelow = kGdnPrepareShortRunBelow;  // gdn.cuh
 // The gated norm: rows per lane group and threads per block for prefill, and below
 // kGatedSmallRows rows (decode) one row per lane group in blocks of 64 threads (more blocks).
 constexpr int kGatedRows = 4;
