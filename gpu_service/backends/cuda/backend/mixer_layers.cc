@@ -16,6 +16,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
@@ -88,7 +89,51 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if (side_products && !decode) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
-  if (decode) {
+  // The gated norm writes the output product's f16 input rows itself (no f32 rows read back) on
+  // larger fast-mode steps; else it writes f32 rows in place.
+  const cuda::GemmMode mode = gemm->mode();
+  const bool norm_to_f16 =
+      T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode);
+  // Decode's conv, q/k norms, gates and recurrence (1), and the gated norm too (2), in one launch
+  // (cuda::GetGdnDecodeFused; 0 and shapes the fused kernel does not take: the four kernels below).
+  // It reads qkv and ba where the products left them: with the default [qkv; ba] product on this
+  // stream (z_side) or the one stacked product it waits for nothing else. Mode 2 also needs z (the
+  // side stream's, joined first) and writes f32 rows, so not where the gated norm writes f16 rows.
+  int fused = decode && cuda::GdnDecodeFusedFits(shape) ? cuda::GetGdnDecodeFused() : 0;
+  if (fused == 2 && norm_to_f16) fused = 1;
+  bool joined = false;  // the side stream's products have been joined
+  if (fused != 0) {
+    if (fused == 2 && (side_products || z_side)) {
+      if (absl::Status s = Join(); !s.ok()) return s;  // z (and ba)
+      joined = true;
+    } else if (ba_first) {
+      if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
+    } else if (side_products) {
+      if (absl::Status s = Join(); !s.ok()) return s;  // z and ba
+      joined = true;
+    }
+    cuda::GdnDecodeFusedArgs args;
+    args.qkv = qkv_rows;
+    args.qkv_stride = qkv_stride;
+    args.ba = ba_rows;
+    args.ba_stride = ba_stride;
+    args.taps = w.conv1d;
+    args.ssm_a = w.ssm_a;
+    args.dt_bias = w.dt_bias;
+    args.history = recurrent + gdn_conv_off[layer];
+    args.state = recurrent + gdn_ssm_off[layer];
+    args.row_stride = recurrent_floats;
+    args.rows = seq_dev();
+    args.z = z_rows;
+    args.z_stride = z_stride;
+    args.norm = w.ssm_norm;
+    args.eps = d.eps;
+    args.o = go;
+    if (absl::Status s = Launch(cuda::LaunchGdnDecodeFused(args, T, shape, fused == 2, st), "gdn decode (fused)");
+        !s.ok()) {
+      return s;
+    }
+  } else if (decode) {
     // One token per sequence: one launch per kernel whatever the batch, each token finding its
     // sequence's state through the step's row list in device memory (seq_dev), so that the launch
     // arguments do not depend on which sequences run (decode_graphs.h).
@@ -147,12 +192,11 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       return s;
     }
   }
-  if (ba_first || z_side) {
+  if ((ba_first || z_side) && !joined) {
     if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
-  const cuda::GemmMode mode = gemm->mode();
-  if (T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode)) {
-    // The norm writes the output product's f16 input rows itself (no f32 rows read back).
+  if (fused == 2) return Product(w.ssm_out, go, T, y);  // go holds the gated rows
+  if (norm_to_f16) {
     uint16_t* go16 = gemm->input_scratch();
     if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, z_rows, w.ssm_norm, d.eps, T, shape,
                                                               mode == cuda::GemmMode::kFastSplit, go16, st, z_stride),

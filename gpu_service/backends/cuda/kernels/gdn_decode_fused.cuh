@@ -60,9 +60,11 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const G
 
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
-//   1  the fused kernel without the gated norm, launched once ba is ready; the gated norm after z
-//      joins (the default);
-//   2  the fused kernel with the gated norm, launched after z joins.
+//   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
+//      main stream's [qkv; ba] or stacked product; after ba's mark or the join with the separate
+//      products); the gated norm after z joins (the default);
+//   2  the fused kernel with the gated norm, launched after z joins (f32 rows only: where the
+//      gated norm would write f16 rows, 1).
 // Shapes the kernel does not take run the four kernels whatever the switch. Read when a step is
 // enqueued: decode graphs keep the mode they were captured with.
 int GetGdnDecodeFused();
