@@ -252,8 +252,9 @@ void Run() {
       SetOldAttnSplit(saved_old);
       SetAttnShortKeys(saved_keys);
       char detail[160];
-      std::snprintf(detail, sizeof(detail), "bound %d keys; split+merge (TANDEM_OLD_ATTN_SPLIT=1) %.2f us; whole %.2f us; %d splits",
-                    saved_keys, us[1], us[2], s.plan.num_splits);
+      std::snprintf(detail, sizeof(detail),
+                    "bound %d keys; split+merge (TANDEM_OLD_ATTN_SPLIT=1) %.2f us; whole %.2f us; %d splits", saved_keys,
+                    us[1], us[2], s.plan.num_splits);
       Report("decode_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_short", us[0], "us", detail);
     }
   }

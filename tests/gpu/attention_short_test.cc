@@ -1,10 +1,11 @@
 // Short decode contexts in one block (attention.cuh, AttnShortKeys / TANDEM_OLD_ATTN_SPLIT): a row
 // item of at most AttnShortKeys() keys is walked whole by its first slice block, which writes o;
 // the other slices and the merge exit at once. Against the split + merge path (bit-identical up to
-// 32 keys and above the bound, within 1e-6 relative L2 per token in between) and a host reference
-// in double, for contexts 1 to 8192, batch 1 and 3 over a scrambled row list and a sequence with
-// several new tokens, with the merge launch and the in-block merge; and a graph captured at a short
-// context replayed with contexts growing past the bound.
+// 32 keys and above the bound, in between within 1e-6 relative L2 per token up to 1024 keys and 2e-6
+// above: ExpectMatchesSplit) and a host reference in double, for contexts 1 to 8192, batch 1 and 3
+// over a scrambled row list and a sequence with several new tokens, with the merge launch and the
+// in-block merge; and a graph captured at a short context replayed with contexts growing past the
+// bound.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -119,7 +120,11 @@ std::vector<int64_t> ItemContexts(const cuda::AttentionPlan& plan, const std::ve
 
 // got (short path at `bound`) against want (split path), token by token: the same bits where the
 // token's item has at most 32 keys or more than `bound` (the same sums in the same order), else
-// within 1e-6 relative L2 over the token's nh·hd outputs. Returns the tokens that were bit-equal.
+// within 1e-6 relative L2 over the token's nh·hd outputs up to 1024 keys and 2e-6 above (only with
+// the bound forced up: each warp of the whole walk accumulates ctx / 8 keys in sequence against
+// ctx / 528 per warp in the split path, so its rounding grows with sqrt(ctx); an f32 emulation of
+// both paths' operations gave 1.8e-7 at 256 keys, 2.7e-7 at 1000, 6.8e-7 at 8192). Returns the
+// tokens that were bit-equal.
 int ExpectMatchesSplit(const std::vector<float>& got, const std::vector<float>& want, const std::vector<int64_t>& ctx,
                        int64_t bound, int row_floats, const std::string& what) {
   int equal = 0;
@@ -132,7 +137,7 @@ int ExpectMatchesSplit(const std::vector<float>& got, const std::vector<float>& 
       EXPECT_TRUE(attn_testing::SameBits(g, w))
           << what << " token " << t << " (ctx " << ctx[t] << "): differs at " << FirstDifference(g, w);
     } else {
-      EXPECT_LE(RelL2(g, w), 1e-6) << what << " token " << t << " (ctx " << ctx[t] << ")";
+      EXPECT_LE(RelL2(g, w), ctx[t] <= 1024 ? 1e-6 : 2e-6) << what << " token " << t << " (ctx " << ctx[t] << ")";
     }
   }
   return equal;

@@ -30,7 +30,8 @@ constexpr int kMaxSplits = 128;
 template <int kHd>
 __global__ void __launch_bounds__(256)
 SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
-                 const int32_t* __restrict__ token_pos, int short_keys, int splits, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                 const int32_t* __restrict__ token_pos, int short_keys, int splits,
+                 const float* __restrict__ part_o, const float* __restrict__ part_ml,
                  float* __restrict__ o) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
