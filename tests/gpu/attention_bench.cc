@@ -4,7 +4,8 @@
 // split-KV path, with the KV bytes read as a share of a measured device copy; prefill of 4096 and
 // 8192 tokens (causal, one sequence) and of 16 × 512 tokens on the exact path, the f16
 // tensor-core path and the earlier tensor-core kernel in TFLOP/s (4·n²/2·nh·hd flops per
-// sequence), and the relative L2 of each fast output against the exact one. Timing: CUDA events
+// sequence), and the relative L2 of each fast output against the exact one; short decode contexts
+// in one block against the split path (decode_b{1,3}_ctxN_short). Timing: CUDA events
 // around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 
@@ -186,7 +187,10 @@ void Run() {
 
   // The split count's effect at batch 1 (the plan's choice is printed above): plans edited by
   // hand, scratch within AttentionMaxScratchBytes (at most 264 blocks).
-  // ctx 128: the end-to-end bench's decode context (gpu_backend_bench: 3 + 128 + 4 steps).
+  // ctx 128: the end-to-end bench's decode context (gpu_backend_bench: 3 + 128 + 4 steps). This and
+  // the next section time the split path at every context (TANDEM_OLD_ATTN_SPLIT=1).
+  const bool saved_old_split = OldAttnSplit();
+  SetOldAttnSplit(true);
   for (int ctx : {128, 4096, 32768}) {
     Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
     const double bytes = 2.0 * ctx * kvw * sizeof(float);
@@ -221,6 +225,38 @@ void Run() {
     std::snprintf(detail, sizeof(detail), "%d splits; merge launch (TANDEM_OLD_ATTN_DECODE=1): %.2f us",
                   s.plan.num_splits, us[1]);
     Report("decode_b1_ctx" + std::to_string(ctx) + "_merged_in_block", us[0], "us", detail);
+  }
+  SetOldAttnSplit(saved_old_split);
+
+  // Short contexts in one block (AttnShortKeys, the default) against the split + merge path at every
+  // context (TANDEM_OLD_ATTN_SPLIT=1) and the whole-context walk forced at every context (bound
+  // 2^30): GPU-side us per launch, 20 launches replayed from one graph (PDL edges as in a captured
+  // decode step), merge launch (the default merge mode); L2-warm cache. Batch 1 and batch 3 (rows
+  // 0..2, the same context). The crossover of "split" and "whole" is where the bound belongs.
+  for (int batch : {1, 3}) {
+    for (int ctx : {1, 32, 64, 128, 135, 192, 256, 384, 512, 1024, 2048, 4096, 8192}) {
+      Step s = make_step(batch, 1, ctx - 1, AttentionPrecision::kF32);
+      const bool saved_old = OldAttnSplit();
+      const int saved_keys = AttnShortKeys();
+      double us[3];  // default, split path, whole forced
+      for (int variant = 0; variant < 3; ++variant) {
+        SetOldAttnSplit(variant == 1);
+        SetAttnShortKeys(variant == 2 ? (1 << 30) : saved_keys);
+        auto launch = [&] {
+          BENCH_CHECK(LaunchAttention(q, qg, batch, d, s.plan, s.d_items, s.d_seq, s.d_pos, cache, o, scratch,
+                                      bench::LaunchStream()));
+        };
+        launch();  // outside the capture: the kernels' one-time attributes
+        us[variant] = bench::GraphUs(launch);
+      }
+      SetOldAttnSplit(saved_old);
+      SetAttnShortKeys(saved_keys);
+      char detail[160];
+      std::snprintf(detail, sizeof(detail),
+                    "bound %d keys; split+merge (TANDEM_OLD_ATTN_SPLIT=1) %.2f us; whole %.2f us; %d splits", saved_keys,
+                    us[1], us[2], s.plan.num_splits);
+      Report("decode_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_short", us[0], "us", detail);
+    }
   }
 
   // Prefill from position 0: one sequence of 4096 and of 8192 tokens, and 16 sequences of 512

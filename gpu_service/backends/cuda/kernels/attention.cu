@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
@@ -100,12 +101,19 @@ __device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
 // (kMergeHere false) or for the last slice block of its (row item, kv head) (kMergeHere true:
 // MergeSlicesIfLast; then a slice past the context writes only its max and sum, -inf and 0, since
 // a weight of 0 keeps the merge from reading its accumulator).
+// Short contexts (ctx <= short_keys, decided per row item from token_pos on the device, so that a
+// captured graph is right at every context): slice 0 walks the whole context and writes o itself,
+// the other slices exit at once and SplitMergeKernel (given the same short_keys) exits too: no
+// partials, no merge work. o = a · (1/l) · σ(gate), the merge's operations on one slice, so that up
+// to 32 keys (where the split path has a single slice with keys) the bits equal the split path's.
+// short_keys 0: never (TANDEM_OLD_ATTN_SPLIT=1, and plans without splits).
 template <int kHd, bool kMergeHere>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
 SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
-                     float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets) {
+                     float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets,
+                     int short_keys) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
   constexpr int kPer = kHd / 32;
@@ -120,7 +128,10 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
   const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
   const int32_t seq = token_seq[first];
   const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
-  const int64_t chunk = ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  const bool whole = ctx <= short_keys;  // block-uniform
+  if (whole && split != 0) return;       // touches nothing after the wait
+  const int64_t chunk =
+      whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
   const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
   const int kvw = kvh * kHd;
   __shared__ unsigned is_last;
@@ -257,12 +268,13 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
         ll = fmaf(f, wml[(w * kRows + r) * 2 + 1], ll);
       }
     }
-    if (splits == 1) {
+    if (splits == 1 || whole) {
       const int tok = r / groups;
       if (tok >= count) continue;
       const int head = kvhead * groups + r % groups;
       const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
-      o[row * kHd + dd] = a / ll * SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
+      const float gate = SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
+      o[row * kHd + dd] = whole ? a * (1.0f / ll) * gate : a / ll * gate;
     } else {
       const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
       part_o[slot * kHd + dd] = a;
@@ -273,7 +285,10 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     }
   }
   if constexpr (kMergeHere) {
-    MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+    if (!whole) {  // block-uniform; a whole-context block took no ticket
+      MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring,
+                             is_last);
+    }
   }
 }
 
@@ -318,18 +333,20 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     // not for a hand-made plan with more (item, kv head) pairs than tickets.
     const bool merge_here =
         num_splits > 1 && !OldAttnDecode() && AttnMergeInBlock() && num_row_items * d.kvh <= kTicketCount;
+    // Short contexts in one block per (row item, kv head), chosen on the device (see the kernel).
+    const int short_keys = num_splits > 1 && !OldAttnSplit() ? AttnShortKeys() : 0;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
     if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
                                   kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items, token_seq, token_pos,
-                                  cache, part_o, part_ml, o, tickets);
+                                  cache, part_o, part_ml, o, tickets, short_keys);
         e != cudaSuccess) {
       return e;
     }
     if (num_splits > 1 && !merge_here) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
-      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, qg_stride, d.nh, d.kvh, items, num_splits,
-                                    part_o, part_ml, o);
+      if (cudaError_t e = LaunchPdl(SplitMergeKernel<kHd>, merge_grid, 256, 0, stream, qg, qg_stride, d.nh, d.kvh, items,
+                                    token_pos, short_keys, num_splits, part_o, part_ml, o);
           e != cudaSuccess) {
         return e;
       }
@@ -391,12 +408,33 @@ std::atomic<bool>& AttnMergeInBlockSwitch() {
   return on;
 }
 
+std::atomic<bool>& OldAttnSplitSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_SPLIT")};
+  return old;
+}
+
+// TANDEM_ATTN_SHORT_KEYS: a non-negative integer (anything else: the default).
+std::atomic<int>& AttnShortKeysValue() {
+  static std::atomic<int> keys{[] {
+    const char* v = std::getenv("TANDEM_ATTN_SHORT_KEYS");
+    if (v == nullptr || v[0] == '\0') return kAttnShortKeysDefault;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end == '\0' && n >= 0 && n <= (1 << 30) ? static_cast<int>(n) : kAttnShortKeysDefault;
+  }()};
+  return keys;
+}
+
 }  // namespace
 
 bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relaxed); }
 void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
 bool AttnMergeInBlock() { return AttnMergeInBlockSwitch().load(std::memory_order_relaxed); }
 void SetAttnMergeInBlock(bool on) { AttnMergeInBlockSwitch().store(on, std::memory_order_relaxed); }
+bool OldAttnSplit() { return OldAttnSplitSwitch().load(std::memory_order_relaxed); }
+void SetOldAttnSplit(bool on) { OldAttnSplitSwitch().store(on, std::memory_order_relaxed); }
+int AttnShortKeys() { return AttnShortKeysValue().load(std::memory_order_relaxed); }
+void SetAttnShortKeys(int keys) { AttnShortKeysValue().store(std::max(keys, 0), std::memory_order_relaxed); }
 
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision,
                             int max_tc_splits) {

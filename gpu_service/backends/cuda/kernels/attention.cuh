@@ -91,6 +91,25 @@ void SetOldAttnDecode(bool on);
 bool AttnMergeInBlock();
 void SetAttnMergeInBlock(bool on);
 
+// Short decode contexts in one block: with splits (row items fewer than one block per SM, e.g.
+// batch-1 decode: 66 context slices per kv head), a row item whose context (token_pos of its last
+// token + 1, read on the device) is at most AttnShortKeys() keys is attended to by its first slice
+// block alone, which writes o; the other slice blocks and the merge kernel's blocks of that item
+// exit at once (no partials). Longer contexts take the split + merge path unchanged. The choice is
+// made per item at run time, so a graph captured at any context replays correctly at every other.
+// Bits: equal to the split path up to 32 keys (one slice with keys there, and the same operations);
+// above, the keys' sums are split differently (one slice against several merged), both exact f32:
+// an f32 emulation of both gave 1.8e-7 relative L2 at 256 keys (6.8e-7 at 8192 with the bound
+// forced up: each warp of the one block sums ctx / 8 keys in sequence). TANDEM_OLD_ATTN_SPLIT=1
+// (read once; settable for tests) gives the split + merge path at every context.
+// TANDEM_ATTN_SHORT_KEYS=N (read once; settable) sets the bound (0: never), for timing; a launch
+// uses the bound current when it is made (a captured graph keeps it).
+inline constexpr int kAttnShortKeysDefault = 256;
+bool OldAttnSplit();
+void SetOldAttnSplit(bool on);
+int AttnShortKeys();
+void SetAttnShortKeys(int keys);
+
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
 // cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences
 // with many tokens in the step (prefill) run on f16 tensor cores (Q, K, V rounded to f16 in

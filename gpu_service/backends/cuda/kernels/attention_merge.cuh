@@ -23,13 +23,15 @@ constexpr int kSplitWarps = 8;
 constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
 constexpr int kMaxSplits = 128;
 
-// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel. qg's token rows
+// Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
+// an item of at most short_keys keys: its slice 0 wrote o, and no partials). qg's token rows
 // are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows). Groups of
 // kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
 template <int kHd>
 __global__ void __launch_bounds__(256)
 SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
-                 int splits, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                 const int32_t* __restrict__ token_pos, int short_keys, int splits,
+                 const float* __restrict__ part_o, const float* __restrict__ part_ml,
                  float* __restrict__ o) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
@@ -41,6 +43,7 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
   const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
   const int tok = r / groups;
   if (tok >= count) return;
+  if (static_cast<int64_t>(token_pos[first + count - 1]) + 1 <= short_keys) return;  // the kernel's `whole`
   const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
   if (threadIdx.x < 32) {
     float mm = -INFINITY;

@@ -1,0 +1,98 @@
+// Shared by the attention decode tests (attention_decode_test.cc, attention_short_test.cc): bit
+// comparisons and a decode-like step over a scrambled paged cache.
+#ifndef TANDEM_TESTS_GPU_ATTENTION_DECODE_UTIL_H_
+#define TANDEM_TESTS_GPU_ATTENTION_DECODE_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tandem::attn_testing {
+
+using gpu_testing::Alloc;
+using gpu_testing::DeviceArray;
+using gpu_testing::Random;
+using gpu_testing::Upload;
+
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+inline int64_t FirstDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
+  }
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
+}
+
+inline bool AllFinite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+inline DeviceArray<uint8_t> ZeroedScratch(size_t bytes) {
+  DeviceArray<uint8_t> s = Alloc<uint8_t>(bytes);
+  EXPECT_EQ(cudaMemset(s.get(), 0, std::max<size_t>(bytes, 1)), cudaSuccess);
+  return s;
+}
+
+// A decode-like step over a paged cache filled on the device: sequence i (page-table row rows[i])
+// has ctx[i] positions cached including its new tokens, the last new[i] of which are in the step.
+// Unused positions and pages hold NaN, so a read of them shows.
+struct DecodeCase {
+  cuda::AttnShape d;
+  int max_pages = 0;
+  int64_t n = 0;
+  std::vector<int32_t> token_seq, token_pos;
+  DeviceArray<float> d_k, d_v, d_q, d_qg;
+  DeviceArray<int32_t> d_seq, d_pos, d_table;
+  cuda::PagedKv cache() const { return cuda::PagedKv{d_k.get(), d_v.get(), d_table.get(), max_pages}; }
+};
+
+inline DecodeCase MakeDecodeCase(std::mt19937& rng, const cuda::AttnShape& d, const std::vector<int32_t>& rows,
+                                 const std::vector<int>& ctx, const std::vector<int>& fresh) {
+  DecodeCase c;
+  c.d = d;
+  const int kvw = d.kv_width();
+  const int num_rows = *std::max_element(rows.begin(), rows.end()) + 1;
+  c.max_pages = (*std::max_element(ctx.begin(), ctx.end()) + cuda::kKvPageSize - 1) / cuda::kKvPageSize;
+  const int num_pages = num_rows * c.max_pages;
+  std::vector<int32_t> physical(static_cast<size_t>(num_pages));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(num_pages), -1);
+  std::vector<float> kp(static_cast<size_t>(num_pages) * cuda::kKvPageSize * kvw, NAN), vp = kp;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int next = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int p = 0; p < (ctx[i] + cuda::kKvPageSize - 1) / cuda::kKvPageSize; ++p) {
+      table[rows[i] * c.max_pages + p] = physical[next++];
+    }
+    for (int pos = 0; pos < ctx[i]; ++pos) {
+      const int64_t dst =
+          (static_cast<int64_t>(table[rows[i] * c.max_pages + pos / cuda::kKvPageSize]) * cuda::kKvPageSize +
+           pos % cuda::kKvPageSize) * kvw;
+      for (int e = 0; e < kvw; ++e) kp[dst + e] = normal(rng), vp[dst + e] = normal(rng);
+    }
+    for (int t = ctx[i] - fresh[i]; t < ctx[i]; ++t) c.token_seq.push_back(rows[i]), c.token_pos.push_back(t);
+  }
+  c.n = static_cast<int64_t>(c.token_seq.size());
+  c.d_k = Upload(kp);
+  c.d_v = Upload(vp);
+  c.d_q = Upload(Random(rng, static_cast<size_t>(c.n * d.nh * d.hd)));
+  c.d_qg = Upload(Random(rng, static_cast<size_t>(c.n * d.nh * 2 * d.hd)));
+  c.d_seq = Upload(c.token_seq);
+  c.d_pos = Upload(c.token_pos);
+  c.d_table = Upload(table);
+  return c;
+}
+
+}  // namespace tandem::attn_testing
+
+#endif  // TANDEM_TESTS_GPU_ATTENTION_DECODE_UTIL_H_
