@@ -62,11 +62,6 @@ std::atomic<bool>& OldStreamedInputSwitch() {
 
 namespace moe_stage_internal {
 
-bool OldMoeDecode() {
-  static const bool old = EnvSwitch("TANDEM_OLD_MOE_DECODE");
-  return old;
-}
-
 bool OldSharedGate() {
   static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
   return old;

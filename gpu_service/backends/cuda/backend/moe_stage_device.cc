@@ -26,7 +26,6 @@
 namespace tandem::cuda {
 
 using moe_stage_internal::MaxPlanUnits;
-using moe_stage_internal::OldMoeDecode;
 using moe_stage_internal::OldSharedGate;
 
 absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
@@ -247,8 +246,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     return s;
   }
   // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
-  // with no plan kernel and no scatter-sum; Q4_K routed experts only.
-  if (n == 1 && !OldMoeDecode() && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+  // with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and shapes take
+  // the planned path below).
+  if (n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
       GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
       OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h), static_cast<int>(c.expert_ffn))) {
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(1);
