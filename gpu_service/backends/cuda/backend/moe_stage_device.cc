@@ -292,7 +292,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   }
   // One-token steps keep the one-warp plan kernel (LaunchPlanMoeOnDevice): measured faster in the
   // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
-  if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
+  // It also takes the shapes the route-and-plan kernel refuses.
+  if (n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
     // One kernel: routing and the plan.
     if (absl::Status s = m.LaunchRouteAndPlan(n, table, logits, stream); !s.ok()) return s;
   } else {
