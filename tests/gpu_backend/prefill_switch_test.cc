@@ -93,20 +93,6 @@ TEST_P(PrefillGridPlanTest, GridPlannedPrefillGivesTheOldPlannedLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, PrefillGridPlanTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
-// Fast prefill steps have the stream norm before the mixer and before the MoE write the products'
-// f16 input rows itself (LaunchInjectRmsNormF16, DenseGemm::SetConverted: glue512) unless
-// TANDEM_OLD_NORM_CONVERT / SetFusedNormInput(false): the same rows, so the same logits bit for bit
-// (exact mode never takes it; run too, as the guard that it stays untouched).
-class FusedNormInputTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(FusedNormInputTest, NormWrittenF16RowsGiveTheConvertedLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetFusedNormInput(on); },
-                                    cuda::FusedNormInput(), 31, "norm-written f16 rows vs norm then conversion");
-  }
-}
-
 // Fast prefill steps run the mixer's input products of one x as one stacked GEMM (GDN [qkv; z; ba],
 // attention [k; v]; the kernels after them read the parts' strided rows) unless
 // TANDEM_UNSTACKED_PRODUCTS / SetStackedProducts(false). The same f16 operands either way (the
@@ -216,8 +202,6 @@ TEST_P(StackedProductsTest, StackedMixerProductsGiveTheSeparateProductsLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, StackedProductsTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
-
-INSTANTIATE_TEST_SUITE_P(Presets, FusedNormInputTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 // Fast prefill steps run the MoE glue of h/moeglue (the vector scatter-sum; the x quantization of
 // the integer-MMA experts folded into the stream norm, NormMmqOut, and the activations'

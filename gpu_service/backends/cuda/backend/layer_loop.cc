@@ -133,7 +133,7 @@ absl::Status CudaBackend::Impl::Join() { return side_fork->Join(stream.get(), si
 
 cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const {
   const cuda::GemmMode none = cuda::GemmMode::kExact;
-  if (!cuda::FusedNormInput() || n <= cuda::kMatVecMaxRows || gemm->mode() == cuda::GemmMode::kExact) return none;
+  if (n <= cuda::kMatVecMaxRows || gemm->mode() == cuda::GemmMode::kExact) return none;
   if (ffn) {
     // The router's product ("accurate": split rows) and the stacked shared expert read x so.
     return gemm->IsPrepared(w.router, cuda::GemmMode::kFastSplit) ? cuda::GemmMode::kFastSplit : none;

@@ -24,16 +24,6 @@ GemmAlgo GemmAlgoFromEnv() {
 }
 
 namespace {
-std::atomic<bool>& FusedNormInputSwitch() {
-  static std::atomic<bool> on{!EnvSwitch("TANDEM_OLD_NORM_CONVERT")};
-  return on;
-}
-}  // namespace
-
-void SetFusedNormInput(bool on) { FusedNormInputSwitch().store(on, std::memory_order_relaxed); }
-bool FusedNormInput() { return FusedNormInputSwitch().load(std::memory_order_relaxed); }
-
-namespace {
 std::atomic<bool>& StackedProductsSwitch() {
   static std::atomic<bool> on{!EnvSwitch("TANDEM_UNSTACKED_PRODUCTS")};
   return on;
