@@ -58,8 +58,7 @@ struct Args {
   // "host" (HostPrefillPlan: the units back to the host once per layer), "serial" (the device plan
   // with the shared expert after the routed ones on the main stream), "oldplan" (the device plan with
   // the old route-and-plan kernel and tile builder instead of the grid kernel, route_plan_grid.cuh:
-  // TANDEM_OLD_PREFILL_PLAN), "oldglue" (the device plan with the MoE glue as before h/moeglue:
-  // the per-element scatter-sum, the x quantization in its own launch; TANDEM_OLD_MOE_GLUE).
+  // TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
 };
 
@@ -280,7 +279,6 @@ int Run(const Args& a) {
         cuda::SetHostPrefillPlan(plan == "host");
         cuda::SetPrefillSharedSerial(plan == "serial");
         cuda::SetRoutePlanGrid(plan != "oldplan");
-        cuda::SetOldMoeGlue(plan == "oldglue");
       }
       const std::string label = plan.empty() ? "" : absl::StrCat(" [", plan, "]");
       double best = 1e30;
@@ -346,7 +344,6 @@ int Run(const Args& a) {
     cuda::SetHostPrefillPlan(false);
     cuda::SetPrefillSharedSerial(false);
     cuda::SetRoutePlanGrid(true);
-    cuda::SetOldMoeGlue(false);
   }
   if (!a.json.empty()) {
     FILE* out = fopen(a.json.c_str(), "w");
@@ -401,8 +398,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--prefill-plans") {
       for (absl::string_view p : absl::StrSplit(value(), ',')) {
-        if (p != "device" && p != "host" && p != "serial" && p != "oldplan" && p != "oldglue") {
-          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial, oldplan or oldglue\n",
+        if (p != "device" && p != "host" && p != "serial" && p != "oldplan") {
+          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial or oldplan\n",
                   std::string(p).c_str());
           return 2;
         }
@@ -418,7 +415,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,oldplan,oldglue] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,oldplan] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

@@ -117,22 +117,6 @@ TEST_P(StackedProductsTest, MixerStacksArePreparedInFastModeOnly) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, StackedProductsTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);
 
-// Fast prefill steps run the MoE glue of h/moeglue (the vector scatter-sum; the x quantization of
-// the integer-MMA experts folded into the stream norm, NormMmqOut, and the activations'
-// quantization launched with PDL) unless TANDEM_OLD_MOE_GLUE / SetOldMoeGlue(true): the same sums
-// in the same order and the same quantized planes, so the same logits bit for bit.
-class MoeGlueTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(MoeGlueTest, NewGlueGivesTheOldGlueLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
-    ExpectPlannersGiveTheSameLogits(GetParam(), mode, [](bool on) { cuda::SetOldMoeGlue(on); }, cuda::OldMoeGlue(), 41,
-                                    "new MoE glue vs old");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Presets, MoeGlueTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
-
 // Fast prefill steps whose routed experts take the streamed f16 kernels (device-planned, more than
 // kDeviceMmqMaxMeanRows rows per expert: tiny-q3n at 160 and 65 tokens (E 16, K 4), small at 160
 // (E 64, K 8; its 65-token step takes the MMQ kernels)) have the FFN stream norm write the kernels'

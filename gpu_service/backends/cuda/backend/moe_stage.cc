@@ -279,7 +279,6 @@ const ExpertPrefillRunner* MoeStage::Impl::DevicePlannedRunner(int64_t layer, in
 }
 
 std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
-  if (OldMoeGlue()) return std::nullopt;
   const ExpertPrefillRunner* runner = impl_->DevicePlannedRunner(layer, n, source);
   if (runner == nullptr) return std::nullopt;
   return runner->MmqInputPlanes(n, n * impl_->config.moe.K, impl_->config.moe.E);

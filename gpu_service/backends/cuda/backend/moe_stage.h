@@ -154,8 +154,7 @@ class MoeStage {
                    PendingShared* deferred = nullptr);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
-  // kernels (the device-planned prefill path with such a kernel), or nullopt (another path, or
-  // TANDEM_OLD_MOE_GLUE=1). A caller that writes those planes while writing x (the stream norm's
+  // kernels (the device-planned prefill path with such a kernel), or nullopt (another path). A caller that writes those planes while writing x (the stream norm's
   // NormMmqOut) passes x_ready = true to that Run, which then does not quantize x again.
   std::optional<MmqActivations> MmqInput(int64_t layer, int64_t n, ExpertSource& source);
   // The same for the streamed f16 expert kernels (the device-planned prefill path with kStreamed*:
