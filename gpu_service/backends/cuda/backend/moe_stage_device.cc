@@ -92,8 +92,7 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
   // gate_logit and shared_gemm, which the routed experts do not touch (the grouped forms share act
   // or a prefill runner with them). Their cuBLAS handle is used on the main stream only before the
   // fork (the router product) and after the join.
-  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) &&
-                       !PrefillSharedSerial();
+  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l);
   timer.Mark(Stage::kRoute, stream);
   float* router_logits = logits.as<float>();
   if (absl::Status s = product(l.router, x, n, router_logits, stream); !s.ok()) return s;
