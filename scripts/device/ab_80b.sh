@@ -8,7 +8,7 @@
 #   scripts/device/ab_80b.sh [--rounds N] [--bench "gpu_backend_bench flags"] 'LABEL:VAR=V VAR2=V' ...
 # A configuration is a label, a colon and the environment assignments for that run ('new:' runs
 # with none). Default bench flags: --batches 1,8 --prefill 512 --decode-steps 64.
-# Example: scripts/device/ab_80b.sh --rounds 2 'new:' 'old-moe:TANDEM_OLD_MOE_DECODE=1'
+# Example: scripts/device/ab_80b.sh --rounds 2 'new:' 'old-join:TANDEM_OLD_DOWN_JOIN=1'
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 rounds=1
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#configs[@]} -eq 0 ]; then
-  echo "ab_80b: no configurations given (e.g. 'new:' 'old:TANDEM_OLD_MOE_DECODE=1')" >&2
+  echo "ab_80b: no configurations given (e.g. 'new:' 'old:TANDEM_OLD_DOWN_JOIN=1')" >&2
   exit 2
 fi
 case "$rounds" in ''|*[!0-9]*|0) echo "ab_80b: --rounds must be a positive integer, not '$rounds'" >&2; exit 2 ;; esac

@@ -439,7 +439,7 @@ void BenchGlue() {
 }
 
 // stack (2026-12-01): the mixer's input products of one x in a q3n-80b layer as separate prepared
-// split products (one conversion, then RunInput each: TANDEM_UNSTACKED_PRODUCTS=1) against one
+// split products (one conversion, then RunInput each: the backend's path before the stacks) against one
 // stacked product (PrepareStack / RunStack: GDN [qkv; z; ba] M = 12352, attention [k; v] M = 1024
 // plus q alone), kGemmEx, at 512 and 8192 tokens. Floor: 2·n·M·3·2048 FLOPs at ~800 TFLOP/s.
 void BenchStacks() {

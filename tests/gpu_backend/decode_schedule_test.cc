@@ -144,20 +144,6 @@ void ExpectEagerPicksAndLogitsUnchanged(const std::string& preset, const char* w
 
 class DecodeScheduleTest : public ::testing::TestWithParam<std::string> {};
 
-// GDN layers: ba first on the side stream with the gates waiting for it alone and z after it
-// (cuda::GdnDecodeOrder::kBaZ, the default), against z then ba under one join (kZBa).
-TEST_P(DecodeScheduleTest, GdnProductOrdersGiveTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const cuda::GdnDecodeOrder was = cuda::GetGdnDecodeOrder();
-  const bool stacked = cuda::StackedDecodeInputs();
-  cuda::SetStackedDecodeInputs(false);  // the order is of the separate products' launches
-  ExpectScheduleChangesNoLogits(GetParam(), "GDN order z,ba vs ba,z", [](bool on) {
-    cuda::SetGdnDecodeOrder(on ? cuda::GdnDecodeOrder::kBaZ : cuda::GdnDecodeOrder::kZBa);
-  });
-  cuda::SetGdnDecodeOrder(was);
-  cuda::SetStackedDecodeInputs(stacked);
-}
-
 // GDN and attention layers: the input products as one matrix-vector product over the stacked
 // weights (cuda::StackedDecodeInputs, read at upload: each DecodeLogits opens its own backend)
 // against the separate products of TANDEM_OLD_DECODE_INPUTS. Within 1e-5 (the f32 tolerance): the

@@ -55,12 +55,9 @@ struct Args {
   int l2_prefetch = -1;     // CudaBackendOptions::l2_prefetch (-1: the backend's default)
   bool nvtx = false;        // one more decode / prefill step each inside an NVTX range (profile_80b.sh)
   // Prefill A/B of the MoE stage's planning (moe_stage.h), in this order: "device" (the default),
-  // "host" (HostPrefillPlan: the units back to the host once per layer), "serial" (the device plan
-  // with the shared expert after the routed ones on the main stream), "narrow" (the device plan with
-  // the old route-and-plan kernel's 4-warp blocks, route_plan.cuh), "oldplan" (the device plan with
-  // the old route-and-plan kernel and tile builder instead of the grid kernel, route_plan_grid.cuh:
-  // TANDEM_OLD_PREFILL_PLAN), "oldglue" (the device plan with the MoE glue as before h/moeglue:
-  // the per-element scatter-sum, the x quantization in its own launch; TANDEM_OLD_MOE_GLUE).
+  // "host" (HostPrefillPlan: the units back to the host once per layer), "oldplan" (the device
+  // plan with the old route-and-plan kernel and tile builder instead of the grid kernel,
+  // route_plan_grid.cuh: TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
 };
 
@@ -279,10 +276,7 @@ int Run(const Args& a) {
     for (const std::string& plan : plans) {
       if (!plan.empty()) {
         cuda::SetHostPrefillPlan(plan == "host");
-        cuda::SetPrefillSharedSerial(plan == "serial");
-        cuda::SetRoutePlanPrefillWide(plan != "narrow");
-        cuda::SetRoutePlanGrid(plan != "narrow" && plan != "oldplan");
-        cuda::SetOldMoeGlue(plan == "oldglue");
+        cuda::SetRoutePlanGrid(plan != "oldplan");
       }
       const std::string label = plan.empty() ? "" : absl::StrCat(" [", plan, "]");
       double best = 1e30;
@@ -346,10 +340,7 @@ int Run(const Args& a) {
   }
   if (!a.prefill_plans.empty()) {
     cuda::SetHostPrefillPlan(false);
-    cuda::SetPrefillSharedSerial(false);
-    cuda::SetRoutePlanPrefillWide(true);
     cuda::SetRoutePlanGrid(true);
-    cuda::SetOldMoeGlue(false);
   }
   if (!a.json.empty()) {
     FILE* out = fopen(a.json.c_str(), "w");
@@ -404,8 +395,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--prefill-plans") {
       for (absl::string_view p : absl::StrSplit(value(), ',')) {
-        if (p != "device" && p != "host" && p != "serial" && p != "narrow" && p != "oldplan" && p != "oldglue") {
-          fprintf(stderr, "--prefill-plans: '%s' is not device, host, serial, narrow, oldplan or oldglue\n",
+        if (p != "device" && p != "host" && p != "oldplan") {
+          fprintf(stderr, "--prefill-plans: '%s' is not device, host or oldplan\n",
                   std::string(p).c_str());
           return 2;
         }
@@ -421,7 +412,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,serial,narrow,oldplan,oldglue] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,oldplan] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

@@ -1,7 +1,7 @@
 // The batch-1 Q6_K LM-head kernel: y = W·x for ONE f32 activation row and 2048 columns (the
 // q3n-80b head, 2048 -> 151936, 255 MB), W in the ggml Q6_K layout with 16-byte aligned rows.
-// kernels/dense_matvec.cu sends the head here at n = 1 (kAuto; TANDEM_OLD_HEAD_KERNEL=1 keeps the
-// staged kernel, MatVecKernel::kQ6Head asks for it at any size).
+// kernels/dense_matvec.cu sends the head here at n = 1 (kAuto; MatVecKernel::kStaged asks for the
+// staged kernel, MatVecKernel::kQ6Head for this one at any size).
 //
 // It is the staged kernel (matvec_q6k_staged.cuh) with the shared-memory traffic of the
 // activations taken out, a deeper copy ring and a cheaper final reduction:

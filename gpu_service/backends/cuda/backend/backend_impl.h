@@ -238,7 +238,9 @@ class CudaBackend::Impl {
   cuda::PendingShared taken_shared;  // TakePendingShared's answer, alive until the next call
   // The mode in which the products after layer's mixer read (ffn: its MoE read) would convert x
   // through DenseGemm::ConvertInput, for Read's f16_for; kExact when none would (small steps, exact
-  // mode, unprepared matrices, FusedNormInput() off).
+  // mode, unprepared matrices). Else the stream norm before the product writes its f16 input rows
+  // itself (LaunchInjectRmsNormF16 + DenseGemm::SetConverted), bit-identical to a separate
+  // conversion and measured faster (TANDEM_OLD_NORM_CONVERT, its A/B switch, removed 2026-12-01).
   cuda::GemmMode ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const;
   absl::Status RunLayer(int64_t layer, const StepPlan& plan);
   // Whether a small step runs layer w's mixer input products as the one product over w.mixer_in

@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
@@ -189,14 +188,12 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
       token_seq[r] = s.row;
     }
   }
-  // TANDEM_ATTN_TC_WHOLE=1 keeps every tensor-core tile item whole (no key-tile slices): the A/B
-  // switch of the sliced short-prompt attention.
-  static const int max_tc_splits = cuda::EnvSwitch("TANDEM_ATTN_TC_WHOLE") ? 1 : cuda::kAttnMaxTcSplits;
+  // Short prompts' tensor-core tile items cut into key-tile slices (PlanAttention's default
+  // max_tc_splits; measured faster than whole items, docs/PERF.md "Seventh session").
   plan.attn = cuda::PlanAttention(token_seq, m.attn_shape,
                                   m.options.mode == CudaMode::kFast && m.options.fast_attention
                                       ? cuda::AttentionPrecision::kF16TensorCores
-                                      : cuda::AttentionPrecision::kF32,
-                                  max_tc_splits);
+                                      : cuda::AttentionPrecision::kF32);
   const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.step_ints, host_ints, (3 * T_max + items.size()) * sizeof(int32_t),

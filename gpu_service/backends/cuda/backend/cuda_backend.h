@@ -117,7 +117,7 @@ class CudaBackend : public Backend {
   // Decode-step graphs captured and replayed so far.
   int64_t graph_captures() const;
   int64_t graph_replays() const;
-  // Rows of the widest mixer-input stack prepared as one GEMM (cuda::StackedProducts), 0: none.
+  // Rows of the widest mixer-input stack prepared as one GEMM (fast mode), 0: none.
   int64_t stacked_mixer_rows() const;
 
   class Impl;

@@ -111,7 +111,7 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
     }
     // The mixer's input products of one x as one stacked copy (MixerStacked); refused stacks (scales
     // far apart, cols differ) fall back to separate copies, made below like all the others.
-    if (const MixerStack stack = MixerStackOf(l); cuda::StackedProducts() && stack.present()) {
+    if (const MixerStack stack = MixerStackOf(l); stack.present()) {
       absl::StatusOr<int64_t> rows = m.gemm->PrepareStack(stack.matrices(), m.gemm->mode(), st);
       if (rows.ok()) {
         m.mixer_stack_rows = std::max(m.mixer_stack_rows, *rows);

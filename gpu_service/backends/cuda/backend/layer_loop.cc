@@ -133,7 +133,7 @@ absl::Status CudaBackend::Impl::Join() { return side_fork->Join(stream.get(), si
 
 cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n, bool ffn) const {
   const cuda::GemmMode none = cuda::GemmMode::kExact;
-  if (!cuda::FusedNormInput() || n <= cuda::kMatVecMaxRows || gemm->mode() == cuda::GemmMode::kExact) return none;
+  if (n <= cuda::kMatVecMaxRows || gemm->mode() == cuda::GemmMode::kExact) return none;
   if (ffn) {
     // The router's product ("accurate": split rows) and the stacked shared expert read x so.
     return gemm->IsPrepared(w.router, cuda::GemmMode::kFastSplit) ? cuda::GemmMode::kFastSplit : none;
@@ -270,8 +270,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
   // A plain read's norm also writes x in the form the MoE's experts read it when the stage would
-  // make it: quantized for the integer-MMA experts (MoeStage::MmqInput; not with
-  // TANDEM_OLD_MOE_GLUE=1), or as f16 rows for the streamed ones (StreamedF16Input; not with
+  // make it: quantized for the integer-MMA experts (MoeStage::MmqInput), or as f16 rows for the streamed ones (StreamedF16Input; not with
   // TANDEM_OLD_STREAMED_INPUT=1): one launch fewer a layer.
   std::optional<cuda::MmqActivations> mmq_x;
   cuda::NormMmqOut xq;

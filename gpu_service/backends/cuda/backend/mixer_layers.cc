@@ -53,10 +53,12 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if (!overlap && !decode) stride = MixerStacked(w, T, {});
   if (!stride.ok()) return stride.status();
   // Decode: ba first on the side stream, the gates waiting for it alone (a mark, not a join), z
-  // after it, joined before the gated norm, its only reader (cuda::GdnDecodeOrder). The CUPTI
-  // timeline of graph-replayed batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after
-  // the conv ended, waiting for z (4096 rows) and then ba (64 rows).
-  const bool ba_first = side_products && decode && cuda::GetGdnDecodeOrder() == cuda::GdnDecodeOrder::kBaZ;
+  // after it, joined before the gated norm, its only reader. The CUPTI timeline of graph-replayed
+  // batch-1 steps (H200, 2026-12-01) had the gates start ~3.5 us after the conv ended, waiting for
+  // z (4096 rows) and then ba (64 rows) under one join; ba first measured faster (q3n-80b batch-1
+  // decode 306.9 -> 313.0 tok/s, docs/PERF.md "Eighth session"; the z-then-ba order's switch,
+  // TANDEM_GDN_DECODE_ORDER, was removed in the ninth session).
+  const bool ba_first = side_products && decode;
   if (z_side) {
     if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
     if (absl::Status s = Product(w.qkv_ba, x, T, mixer_rows.as<float>()); !s.ok()) return s;
@@ -145,8 +147,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     }
     if (ba_first) {
       if (absl::Status s = side_fork->WaitForMark(stream.get()); !s.ok()) return s;  // ba
-    } else if (side_products) {
-      if (absl::Status s = Join(); !s.ok()) return s;
     }
     if (absl::Status s = Launch(cuda::LaunchGdnPrepare(conv, ba_rows, w.ssm_a, w.dt_bias, T, shape, g, beta, st,
                                                        ba_stride),

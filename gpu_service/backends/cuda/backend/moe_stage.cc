@@ -33,11 +33,6 @@ absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
   return DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T));
 }
 
-std::atomic<bool>& PrefillSharedSerialSwitch() {
-  static std::atomic<bool> serial{EnvSwitch("TANDEM_PREFILL_SHARED_SERIAL")};
-  return serial;
-}
-
 std::atomic<bool>& OldSharedChainSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_SHARED_CHAIN")};
   return old;
@@ -62,11 +57,6 @@ std::atomic<bool>& OldStreamedInputSwitch() {
 
 namespace moe_stage_internal {
 
-bool OldMoeDecode() {
-  static const bool old = EnvSwitch("TANDEM_OLD_MOE_DECODE");
-  return old;
-}
-
 bool OldSharedGate() {
   static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
   return old;
@@ -79,8 +69,6 @@ using moe_stage_internal::ShapeKey;
 
 void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory_order_relaxed); }
 bool HostPrefillPlan() { return HostPrefillPlanSwitch().load(std::memory_order_relaxed); }
-void SetPrefillSharedSerial(bool on) { PrefillSharedSerialSwitch().store(on, std::memory_order_relaxed); }
-bool PrefillSharedSerial() { return PrefillSharedSerialSwitch().load(std::memory_order_relaxed); }
 void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memory_order_relaxed); }
 bool OldStreamedInput() { return OldStreamedInputSwitch().load(std::memory_order_relaxed); }
 void SetOldSharedChain(bool on) { OldSharedChainSwitch().store(on, std::memory_order_relaxed); }
@@ -284,7 +272,6 @@ const ExpertPrefillRunner* MoeStage::Impl::DevicePlannedRunner(int64_t layer, in
 }
 
 std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
-  if (OldMoeGlue()) return std::nullopt;
   const ExpertPrefillRunner* runner = impl_->DevicePlannedRunner(layer, n, source);
   if (runner == nullptr) return std::nullopt;
   return runner->MmqInputPlanes(n, n * impl_->config.moe.K, impl_->config.moe.E);

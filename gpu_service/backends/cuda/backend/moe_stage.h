@@ -76,11 +76,6 @@ inline constexpr int64_t kDevicePlanMaxTokens = 64;
 // TANDEM_HOST_PREFILL_PLAN on at start-up (env_switch.h) turns it on.
 void SetHostPrefillPlan(bool on);
 bool HostPrefillPlan();
-// Process-wide A/B switch: device-planned prefill steps run the shared expert on the main stream
-// after the routed experts instead of beside them on the side stream. Off by default;
-// TANDEM_PREFILL_SHARED_SERIAL on at start-up turns it on.
-void SetPrefillSharedSerial(bool on);
-bool PrefillSharedSerial();
 // Process-wide A/B switch: StreamedF16Input answers nullptr, so the streamed expert kernels'
 // input is converted by its own launch (ConvertF16Kernel, the path before h/normf16) instead of
 // being written by the stream norm. Off by default; TANDEM_OLD_STREAMED_INPUT on at start-up turns
@@ -154,8 +149,7 @@ class MoeStage {
                    PendingShared* deferred = nullptr);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
-  // kernels (the device-planned prefill path with such a kernel), or nullopt (another path, or
-  // TANDEM_OLD_MOE_GLUE=1). A caller that writes those planes while writing x (the stream norm's
+  // kernels (the device-planned prefill path with such a kernel), or nullopt (another path). A caller that writes those planes while writing x (the stream norm's
   // NormMmqOut) passes x_ready = true to that Run, which then does not quantize x again.
   std::optional<MmqActivations> MmqInput(int64_t layer, int64_t n, ExpertSource& source);
   // The same for the streamed f16 expert kernels (the device-planned prefill path with kStreamed*:

@@ -26,7 +26,6 @@
 namespace tandem::cuda {
 
 using moe_stage_internal::MaxPlanUnits;
-using moe_stage_internal::OldMoeDecode;
 using moe_stage_internal::OldSharedGate;
 
 absl::Status MoeStage::Impl::SharedExpert(int64_t layer, const float* x, int64_t n, bool gemm, DenseProductFn product,
@@ -93,8 +92,7 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
   // gate_logit and shared_gemm, which the routed experts do not touch (the grouped forms share act
   // or a prefill runner with them). Their cuBLAS handle is used on the main stream only before the
   // fork (the router product) and after the join.
-  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l) &&
-                       !PrefillSharedSerial();
+  const bool overlap = side != nullptr && l.shared_gate.present() && gemm && SharedExpertRunsAsDenseGemms(l);
   timer.Mark(Stage::kRoute, stream);
   float* router_logits = logits.as<float>();
   if (absl::Status s = product(l.router, x, n, router_logits, stream); !s.ok()) return s;
@@ -247,8 +245,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     return s;
   }
   // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
-  // with no plan kernel and no scatter-sum; Q4_K routed experts only.
-  if (n == 1 && !OldMoeDecode() && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+  // with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and shapes take
+  // the planned path below).
+  if (n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
       GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
       OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h), static_cast<int>(c.expert_ffn))) {
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(1);
@@ -292,7 +291,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   }
   // One-token steps keep the one-warp plan kernel (LaunchPlanMoeOnDevice): measured faster in the
   // decode chain than the route-and-plan kernel with the router product inside (route_plan.cuh).
-  if (RoutePlanFused() && n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
+  // It also takes the shapes the route-and-plan kernel refuses.
+  if (n > 1 && E <= kRoutePlanMaxExperts && K <= 32) {
     // One kernel: routing and the plan.
     if (absl::Status s = m.LaunchRouteAndPlan(n, table, logits, stream); !s.ok()) return s;
   } else {

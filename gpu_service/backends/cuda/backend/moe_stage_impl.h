@@ -34,11 +34,6 @@ using ShapeKey = std::tuple<uint32_t, uint32_t, int64_t>;  // gate/up type, down
 // ceil(rows / kMaxUnitRows), at most pairs / kMaxUnitRows + (experts named) in all.
 inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, pairs / kMaxUnitRows + E); }
 
-// TANDEM_OLD_MOE_DECODE=1 (read once, at the first MoE step) keeps one-token steps on the planned
-// path (router product, plan kernel, gate/up, down, scatter-sum) instead of the two one-token
-// kernels of expert_decode_one.cuh: the A/B switch for benchmarks.
-bool OldMoeDecode();
-
 // TANDEM_OLD_SHARED_GATE=1 (read once): of the new shared chain (OldSharedChain off), keep only the
 // unit table; one-token steps compute the gate logit as its own one-row product on the side stream
 // again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.

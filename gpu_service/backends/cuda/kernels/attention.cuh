@@ -144,7 +144,7 @@ struct AttentionPlan {
 // tokens at GQA 8) are cut into as many slices of their key tiles as fill one wave (at most
 // max_tc_splits, capped at kAttnMaxTcSplits), so that the longest item's chain of key tiles is
 // shorter and more SMs work;
-// 1 keeps every tile item whole (TANDEM_ATTN_TC_WHOLE=1 in the backend, for A/B runs).
+// 1 keeps every tile item whole (tests and benchmarks: the layout before the slices).
 inline constexpr int kAttnMaxTcSplits = 4;
 inline constexpr size_t kAttnTicketBytes = 1024;
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d,

@@ -117,20 +117,6 @@ constexpr int64_t kPreviousKernelMinBytes = int64_t{64} << 20;
 // The streaming kernel when it takes the matrix, else the previous dispatch; large quantized
 // matrices take the previous fast kernel when its activation bucket for n fits the streaming
 // kernel's shared-memory cap (so that it keeps several blocks per SM).
-// TANDEM_OLD_Q6K_HEAD (environment, read once per process): kAuto keeps large Q6_K matrices on
-// the previous fast kernel instead of the staged one (the A/B switch for benchmarks).
-bool OldQ6Head() {
-  static const bool old = EnvSwitch("TANDEM_OLD_Q6K_HEAD");
-  return old;
-}
-
-// TANDEM_OLD_HEAD_KERNEL (environment, read once per process): kAuto keeps the one-row LM head on
-// the staged kernel instead of the head kernel (matvec_q6k_head.cuh; the A/B switch).
-bool OldHeadKernel() {
-  static const bool old = EnvSwitch("TANDEM_OLD_HEAD_KERNEL");
-  return old;
-}
-
 template <uint32_t kType>
 cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, int n, float* y, int64_t y_stride,
                        const MatVecOptions& o, cudaStream_t stream) {
@@ -140,10 +126,10 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     // faster there than on the previous kernel (tests/gpu/NOTES.md); smaller Q6_K matrices only
     // when asked for (kStaged).
     const bool large = w.row_bytes * w.rows >= kPreviousKernelMinBytes && o.warps_per_row == 0 &&
-                       o.kernel == MatVecKernel::kAuto && !OldQ6Head();
+                       o.kernel == MatVecKernel::kAuto;
     // One activation row of 2048 columns (the batch-1 head): the head kernel, which sums in the
     // staged kernel's order (same bits) with the activations in registers.
-    if (((large && !OldHeadKernel()) || o.kernel == MatVecKernel::kQ6Head) &&
+    if ((large || o.kernel == MatVecKernel::kQ6Head) &&
         fastmv::Q6HeadTakes(w.data, w.cols, w.rows, w.row_bytes, n)) {
       return fastmv::LaunchQ6Head(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.rows), x, y,
                                   o.variant, o.blocks_per_sm, stream);

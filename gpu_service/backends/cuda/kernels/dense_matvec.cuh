@@ -23,10 +23,8 @@ enum class MatVecKernel {
   kAuto,      // the streaming kernel (matvec_stream.cuh) for Q8_0, Q4_K, Q5_K, Q6_K and F32 where
               // its alignment and shared-memory limits hold, else as kPrevious; Q6_K matrices of
               // >= 64 MB (the LM head) take the head kernel (matvec_q6k_head.cuh) at one
-              // activation row of 2048 columns unless TANDEM_OLD_HEAD_KERNEL is on, else the
-              // staged kernel (matvec_q6k_staged.cuh) unless the environment switch
-              // TANDEM_OLD_Q6K_HEAD is on (both read once per process); the
-              // environment variable TANDEM_MATVEC_GENERIC (read once) turns kAuto into kGeneric
+              // activation row of 2048 columns, else the staged kernel (matvec_q6k_staged.cuh);
+              // the environment variable TANDEM_MATVEC_GENERIC (read once) turns kAuto into kGeneric
   kPrevious,  // the dispatch before the streaming kernel: matvec_core.cuh's fast kernel for the
               // quantized types at their natural row stride, else the generic kernel
   kGeneric,   // the generic one-warp-per-row kernel, every type

@@ -1,9 +1,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
@@ -322,18 +320,5 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
   return LaunchPdl(GdnGatedNormKernel, static_cast<unsigned>(n * d.nv), 128, 0, stream, o, z, z_stride, d.nv, norm, eps,
                    d.dv, out);
 }
-
-namespace {
-std::atomic<GdnDecodeOrder>& GdnDecodeOrderSwitch() {
-  static std::atomic<GdnDecodeOrder> order{[] {
-    const char* v = std::getenv("TANDEM_GDN_DECODE_ORDER");
-    return v != nullptr && std::strcmp(v, "zba") == 0 ? GdnDecodeOrder::kZBa : GdnDecodeOrder::kBaZ;
-  }()};
-  return order;
-}
-}  // namespace
-
-GdnDecodeOrder GetGdnDecodeOrder() { return GdnDecodeOrderSwitch().load(std::memory_order_relaxed); }
-void SetGdnDecodeOrder(GdnDecodeOrder order) { GdnDecodeOrderSwitch().store(order, std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

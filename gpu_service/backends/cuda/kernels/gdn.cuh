@@ -134,18 +134,6 @@ cudaError_t LaunchGdnGatedNormGeneral(const float* o, const float* z, const floa
                                       int64_t n, const GdnShape& d, float* out, cudaStream_t stream,
                                       int64_t z_stride = 0);
 
-// Decode's schedule of the GDN input products (backend/mixer_layers.cc RunGdn), qkv on the main
-// stream and ba, z on the side stream:
-//   kZBa   z then ba, one join before the gates (the order before 2026-12-01);
-//   kBaZ   ba then z, the gates waiting for ba only (a mark) and the gated norm, z's only reader,
-//          for z (a join). The default: q3n-80b batch-1 decode 306.9 -> 313.0 tok/s on the H200
-//          (2026-12-01, same binary and call). Starting z only after qkv measured no faster (307.2).
-// TANDEM_GDN_DECODE_ORDER=zba selects kZBa (A/B). Read when a step is enqueued: decode graphs keep
-// the order they were captured with.
-enum class GdnDecodeOrder { kZBa, kBaZ };
-GdnDecodeOrder GetGdnDecodeOrder();
-void SetGdnDecodeOrder(GdnDecodeOrder order);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_CUH_

@@ -24,20 +24,6 @@ GemmAlgo GemmAlgoFromEnv() {
 }
 
 namespace {
-std::atomic<bool>& FusedNormInputSwitch() {
-  static std::atomic<bool> on{!EnvSwitch("TANDEM_OLD_NORM_CONVERT")};
-  return on;
-}
-}  // namespace
-
-void SetFusedNormInput(bool on) { FusedNormInputSwitch().store(on, std::memory_order_relaxed); }
-bool FusedNormInput() { return FusedNormInputSwitch().load(std::memory_order_relaxed); }
-
-namespace {
-std::atomic<bool>& StackedProductsSwitch() {
-  static std::atomic<bool> on{!EnvSwitch("TANDEM_UNSTACKED_PRODUCTS")};
-  return on;
-}
 std::atomic<bool>& SplitF8Switch() {
   // On unless TANDEM_GEMM_SPLIT_F8=0 (measured faster end to end; gemm_plan.h).
   static std::atomic<bool> on{[] {
@@ -48,8 +34,6 @@ std::atomic<bool>& SplitF8Switch() {
 }
 }  // namespace
 
-void SetStackedProducts(bool on) { StackedProductsSwitch().store(on, std::memory_order_relaxed); }
-bool StackedProducts() { return StackedProductsSwitch().load(std::memory_order_relaxed); }
 void SetSplitF8(bool on) { SplitF8Switch().store(on, std::memory_order_relaxed); }
 bool SplitF8() { return SplitF8Switch().load(std::memory_order_relaxed); }
 

@@ -57,20 +57,6 @@ enum class GemmAlgo { kGemmEx, kLt, kLtNoSplitK };
 // TANDEM_GEMM_LT=1: kLt; TANDEM_GEMM_NO_SPLITK=1: kLtNoSplitK (wins over TANDEM_GEMM_LT); else kGemmEx.
 GemmAlgo GemmAlgoFromEnv();
 
-// Whether the layer loop has the stream norm before a prefill product write that product's f16
-// input rows itself (LaunchInjectRmsNormF16 + DenseGemm::SetConverted) instead of a separate
-// F32ToF16SplitRows / F32ToF16 pass per consumer. Bit-identical to the old path. On unless
-// TANDEM_OLD_NORM_CONVERT=1; tests and benchmarks flip it in one process.
-void SetFusedNormInput(bool on);
-bool FusedNormInput();
-
-// Whether the CUDA backend prepares the mixer's input products that read the same x as one stacked
-// copy each (GDN [qkv; z; ba], attention [k; v]: DenseGemm::PrepareStack) and runs each stack as one
-// GEMM in fast prefill steps (RunStack), the consumers reading the parts' strided rows. On unless
-// TANDEM_UNSTACKED_PRODUCTS=1 (separate copies, one product each, as before). Read when a backend
-// is created (its copies are made then): tests flip it before opening one.
-void SetStackedProducts(bool on);
-bool StackedProducts();
 // Whether DenseGemms created from now on (DenseGemmOptions::split_f8's default) run kFastSplit
 // products as one f16 product plus one fp8 correction product (gemm_f8_convert.cuh) instead of
 // the three f16 products. On unless TANDEM_GEMM_SPLIT_F8=0 (read once): measured on the H200

@@ -9,7 +9,6 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
@@ -40,11 +39,7 @@ bool ValidTileRows(int rows) {
 
 }  // namespace
 
-StreamedOrder DefaultStreamedOrder() {
-  static const StreamedOrder order =
-      EnvSwitch("TANDEM_PREFILL_OLD_ORDER") ? StreamedOrder::kRanges : StreamedOrder::kDynamic;
-  return order;
-}
+StreamedOrder DefaultStreamedOrder() { return StreamedOrder::kDynamic; }
 
 StreamedSchedule ExpertPrefillRunner::Schedule(bool down) const {
   StreamedSchedule s;

@@ -146,9 +146,9 @@ struct PrefillOptions {
 };
 
 // The work order of the streamed kernels when PrefillOptions::work_order is not set: kDynamic (an
-// expert's tiles run at the same time, so its weights come from HBM about once; model in
-// moe/PERF_NOTES.md "work order", NOT YET MEASURED ON A GPU), or kRanges (the order until
-// 2026-12-01) where TANDEM_PREFILL_OLD_ORDER=1 (read once) for A/B runs of one binary.
+// expert's tiles run at the same time, so its weights come from HBM about once; moe/PERF_NOTES.md
+// "work order"; measured faster than kRanges, the order until 2026-12-01: docs/PERF.md, sixth
+// session; its A/B switch TANDEM_PREFILL_OLD_ORDER was removed in the ninth).
 StreamedOrder DefaultStreamedOrder();
 
 class ExpertPrefillRunner {

@@ -35,7 +35,6 @@
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_device.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
-#include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -493,11 +492,6 @@ cudaError_t LaunchMmqQuantize(const float* x, int64_t rows, int K, MmqActivation
   if (rows <= 0) return cudaSuccess;
   if (K <= 0 || K % 256 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t warps = rows * (K / 256);
-  // The old path (TANDEM_OLD_MOE_GLUE=1) launches as before, without PDL.
-  if (OldMoeGlue()) {
-    prefill_mmq::QuantizeKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, K, q);
-    return cudaGetLastError();
-  }
   return LaunchPdl(prefill_mmq::QuantizeKernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, stream, x, rows, K, q);
 }
 

@@ -140,7 +140,7 @@ __device__ __forceinline__ float SiluTimes(float g, float u) { return g * (1.0f 
 // How the persistent blocks take their units (the unit index is tile * col_blocks + col, and the
 // tiles of one expert are consecutive, so an expert's units for one 128-row weight block are at
 // most col_blocks apart in the index):
-//  - kRanges (the order until 2026-12-01, TANDEM_PREFILL_OLD_ORDER=1): block b walks the contiguous
+//  - kRanges (the backend's order until 2026-12-01): block b walks the contiguous
 //    range [U·b/G, U·(b+1)/G). The G blocks then run units about U/G apart at any moment, so at
 //    8192 tokens (3 tiles an expert, U/G ~ 47) a block re-reads an expert's weight block for its
 //    next tile 8 units later, after the other blocks streamed ~300 MB through L2: each expert's

@@ -1,10 +1,9 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 
-#include <atomic>
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
+
 namespace tandem::cuda {
 namespace {
 
@@ -16,8 +15,8 @@ __device__ __forceinline__ float SharedGate(const float* shared_gate_logit, int 
   return shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-shared_gate_logit[t])) : 1.0f;
 }
 
-// The per-element kernel (TANDEM_OLD_MOE_GLUE=1, and any h or pointer the vector kernel does not
-// take): grid (ceil(h / 256), n), one thread per output element. Each iteration's slot load and
+// The per-element kernel (any h or pointer the vector kernel does not take; the default before
+// h/moeglue): grid (ceil(h / 256), n), one thread per output element. Each iteration's slot load and
 // then its partial load depend on each other, and nothing unrolls a runtime K: a thread has one
 // gather in flight at a time, so the kernel ran at ~45% of HBM bandwidth at 512 tokens.
 __global__ void __launch_bounds__(kThreads) ScatterSumKernel(const float* partial, const int32_t* slot,
@@ -96,16 +95,6 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-namespace {
-std::atomic<bool>& OldMoeGlueSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_MOE_GLUE")};
-  return old;
-}
-}  // namespace
-
-bool OldMoeGlue() { return OldMoeGlueSwitch().load(std::memory_order_relaxed); }
-void SetOldMoeGlue(bool on) { OldMoeGlueSwitch().store(on, std::memory_order_relaxed); }
-
 cudaError_t LaunchMoeScatterSumPerElement(const float* partial, const int32_t* slot, const float* weights, int n, int K,
                                           int h, const float* shared, const float* shared_gate_logit, float* y,
                                           cudaStream_t stream) {
@@ -119,7 +108,7 @@ cudaError_t LaunchMoeScatterSum(const float* partial, const int32_t* slot, const
                                 const float* shared, const float* shared_gate_logit, float* y, cudaStream_t stream) {
   if (n <= 0 || h <= 0) return cudaSuccess;
   if (K < 0) return cudaErrorInvalidValue;
-  const bool vec = !OldMoeGlue() && h % 4 == 0 && Aligned16(partial) && Aligned16(y) &&
+  const bool vec = h % 4 == 0 && Aligned16(partial) && Aligned16(y) &&
                    (shared == nullptr || Aligned16(shared));
   if (!vec) {
     return LaunchMoeScatterSumPerElement(partial, slot, weights, n, K, h, shared, shared_gate_logit, y, stream);

@@ -21,12 +21,8 @@ cudaError_t LaunchMoeScatterSum(const float* partial, const int32_t* slot, const
 
 // LaunchMoeScatterSum runs a vector kernel (four columns per thread, a token's partial rows
 // loaded together) when h is a multiple of 4 and partial, shared and y are 16-byte aligned, else
-// the per-element kernel; both give the same bits. TANDEM_OLD_MOE_GLUE=1 (read once; OldMoeGlue)
-// keeps the per-element kernel, and the MoE stage's other pre-glue paths (the x quantization in
-// its own launch, launched without PDL, as is the activations'), for an A/B. SetOldMoeGlue: the
-// same from a benchmark, between steps (gpu_backend_bench --prefill-plans oldglue).
-bool OldMoeGlue();
-void SetOldMoeGlue(bool on);
+// the per-element kernel; both give the same bits. (Its A/B switch with the MoE stage's other
+// pre-glue paths, TANDEM_OLD_MOE_GLUE, was removed in the ninth session, 2026-12-01.)
 
 // The per-element kernel alone, any h (the baseline for tests and benchmarks).
 cudaError_t LaunchMoeScatterSumPerElement(const float* partial, const int32_t* slot, const float* weights, int n,

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32, 1) RoutePlanPrefillKernel(
 
 template <int kPer>
 cudaError_t Launch(const RoutePlanArgs& a, cudaStream_t stream) {
-  if (a.plan.n > kRoutePlanDecodeMaxTokens && RoutePlanPrefillWide()) {
+  if (a.plan.n > kRoutePlanDecodeMaxTokens) {
     return LaunchPdl(RoutePlanPrefillKernel<kPer>, (a.plan.n + kPrefillWarps - 1) / kPrefillWarps,
                      kPrefillWarps * 32, 0, stream, a);
   }

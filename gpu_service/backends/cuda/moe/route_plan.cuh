@@ -17,11 +17,9 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 
 namespace tandem::cuda {
@@ -39,30 +37,12 @@ struct RoutePlanArgs {
   unsigned* counter = nullptr;
 };
 
-// Process-wide A/B switch for the device-planned MoE stage (moe_stage.cc): this kernel (on by
-// default) or LaunchPlanMoeOnDevice for every step size. The environment variable
-// TANDEM_OLD_ROUTE_PLAN on at start-up (env_switch.h) turns it off, so that end-to-end benchmarks can compare.
-inline std::atomic<bool>& RoutePlanSwitch() {
-  static std::atomic<bool> fused{!EnvSwitch("TANDEM_OLD_ROUTE_PLAN")};
-  return fused;
-}
-inline void SetRoutePlanFused(bool on) { RoutePlanSwitch().store(on, std::memory_order_relaxed); }
-inline bool RoutePlanFused() { return RoutePlanSwitch().load(std::memory_order_relaxed); }
-
 // Steps of at most this many tokens are the decode path's; longer ones are prefill steps (moe_stage.h's
 // kDevicePlanMaxTokens).
 inline constexpr int kRoutePlanDecodeMaxTokens = 64;
 
-// Process-wide A/B switch: prefill steps run the kernel with blocks of 16 warps (the last block
-// plans with 512 threads) instead of 4 (on by default). TANDEM_ROUTE_PLAN_NARROW on at start-up
-// turns it off.
-inline std::atomic<bool>& RoutePlanPrefillWideSwitch() {
-  static std::atomic<bool> wide{!EnvSwitch("TANDEM_ROUTE_PLAN_NARROW")};
-  return wide;
-}
-inline void SetRoutePlanPrefillWide(bool on) { RoutePlanPrefillWideSwitch().store(on, std::memory_order_relaxed); }
-inline bool RoutePlanPrefillWide() { return RoutePlanPrefillWideSwitch().load(std::memory_order_relaxed); }
-
+// Prefill steps (more than kRoutePlanDecodeMaxTokens tokens) run the kernel with blocks of 16 warps
+// (the last block plans with 512 threads) instead of 4: measured faster (docs/PERF.md, sixth session).
 // cudaErrorInvalidValue for n < 1, K outside [1, min(E, 32)], E above kRoutePlanMaxExperts, a null
 // required pointer or plan.experts != plan.experts_out.
 cudaError_t LaunchRoutePlan(const RoutePlanArgs& args, cudaStream_t stream);
