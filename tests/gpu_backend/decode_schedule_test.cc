@@ -226,28 +226,23 @@ TEST_P(DecodeScheduleTest, DecodePathsGiveTheSameLogitsWithEveryInputLayout) {
 
 // GDN layers: the fused decode kernel (conv, q/k norms, gates and recurrence in one launch; mode 2
 // with the gated norm too) against the four kernels (TANDEM_GDN_DECODE_FUSED=0), with every decode
-// input layout: the separate products in both orders (ba first under a mark, z and ba under one
-// join), the one stacked product, and [qkv; ba] with z aside (the default). Within a layout both
-// paths read the same rows and the fused kernel keeps the four kernels' operations: bit-identical.
-// This also runs each path's waits (a mark, a join, none) in graph-captured decode. Both presets'
-// GDN shapes fit the fused kernel (tiny-q3n: clusters of 4 blocks, small: 8).
+// input layout: the separate products (ba first under a mark, z joined before the gated norm), the
+// one stacked product, and [qkv; ba] with z aside (the default). Within a layout both paths read
+// the same rows and the fused kernel keeps the four kernels' operations: bit-identical. This also
+// runs each path's waits (a mark, a join, none) in graph-captured decode. Both presets' GDN shapes
+// fit the fused kernel (tiny-q3n: clusters of 4 blocks, small: 8).
 TEST_P(DecodeScheduleTest, GdnDecodeFusedGivesTheSameLogitsWithEveryInputLayout) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide();
-  const cuda::GdnDecodeOrder was_order = cuda::GetGdnDecodeOrder();
   const int was_fused = cuda::GetGdnDecodeFused();
   struct Layout {
     const char* name;
     bool stacked, aside;
-    cuda::GdnDecodeOrder order;
   };
-  for (const Layout& l : {Layout{"separate inputs, ba first", false, false, cuda::GdnDecodeOrder::kBaZ},
-                          Layout{"separate inputs, z and ba joined", false, false, cuda::GdnDecodeOrder::kZBa},
-                          Layout{"one stacked product", true, false, cuda::GdnDecodeOrder::kBaZ},
-                          Layout{"stacked [qkv; ba], z aside", true, true, cuda::GdnDecodeOrder::kBaZ}}) {
+  for (const Layout& l : {Layout{"separate inputs, ba first", false, false}, Layout{"one stacked product", true, false},
+                          Layout{"stacked [qkv; ba], z aside", true, true}}) {
     cuda::SetStackedDecodeInputs(l.stacked);
     cuda::SetGdnStackedZSide(l.aside);
-    cuda::SetGdnDecodeOrder(l.order);
     for (int mode : {1, 2}) {
       const std::string what = std::string(l.name) + ": GDN decode four kernels vs fused" +
                                (mode == 2 ? " with the gated norm" : "");
@@ -256,7 +251,6 @@ TEST_P(DecodeScheduleTest, GdnDecodeFusedGivesTheSameLogitsWithEveryInputLayout)
     }
   }
   cuda::SetGdnDecodeFused(was_fused);
-  cuda::SetGdnDecodeOrder(was_order);
   cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
 }
