@@ -41,12 +41,12 @@ std::atomic<bool>& StackedDecodeInputsSwitch() {
 }
 
 std::atomic<bool>& GdnStackedZSideSwitch() {
-  static std::atomic<bool> on{std::getenv("TANDEM_GDN_DECODE_Z_SIDE") == nullptr || EnvSwitch("TANDEM_GDN_DECODE_Z_SIDE")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_DECODE_Z_SIDE")};
   return on;
 }
 
 std::atomic<bool>& AttnStackedKvSideSwitch() {
-  static std::atomic<bool> on{std::getenv("TANDEM_ATTN_DECODE_KV_SIDE") == nullptr || EnvSwitch("TANDEM_ATTN_DECODE_KV_SIDE")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE")};
   return on;
 }
 
