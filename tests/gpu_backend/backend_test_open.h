@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/reference_model.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -23,6 +24,16 @@ inline std::string PresetTestName(const ::testing::TestParamInfo<std::string>& i
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
+}
+
+// The CPU reference model of the file at `path` with `threads` worker threads (0: every hardware
+// thread; tests that only read its weights take 1), or nullptr after a test failure.
+inline std::unique_ptr<ReferenceModel> OpenReference(const std::string& path, int threads = 0) {
+  ReferenceModelOptions o;
+  o.threads = threads;
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Open(path, o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
 }
 
 // Which parts of fast mode run reduced precision (CudaBackendOptions::fast_*).

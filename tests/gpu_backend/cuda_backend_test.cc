@@ -23,18 +23,13 @@ using gpu_backend_testing::FastParts;
 using gpu_backend_testing::GpuStep;
 using gpu_backend_testing::MaxRowError;
 using gpu_backend_testing::OpenGpu;
+using gpu_backend_testing::OpenReference;
 using gpu_backend_testing::PresetModel;
 using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
 using gpu_backend_testing::RelativeL2;
 
 constexpr int64_t kPrompt = 64;
-
-std::unique_ptr<ReferenceModel> OpenReference(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Open(path, {});
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *std::move(m) : nullptr;
-}
 
 // Logits of every position of `tokens` from one reference Forward; routing when asked.
 std::vector<float> ReferencePrefill(ReferenceModel& m, SequenceState* seq, const std::vector<int32_t>& tokens,

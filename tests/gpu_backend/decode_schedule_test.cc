@@ -35,6 +35,7 @@ namespace tandem {
 namespace {
 
 using gpu_backend_testing::MaxRowError;
+using gpu_backend_testing::OpenReference;
 using gpu_backend_testing::PresetModel;
 using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
@@ -334,12 +335,10 @@ TEST_P(DecodeScheduleTest, RouterAndGateProductKeepsTheRoutersBits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
   ASSERT_TRUE(path.ok()) << path.status();
-  ReferenceModelOptions ro;
-  ro.threads = 1;
-  absl::StatusOr<std::unique_ptr<ReferenceModel>> model = ReferenceModel::Open(*path, ro);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const ModelConfig& c = (*model)->config();
-  absl::StatusOr<std::unique_ptr<cuda::DeviceModel>> dm = cuda::UploadModel(c, (*model)->weights());
+  const std::unique_ptr<ReferenceModel> model = OpenReference(*path, /*threads=*/1);  // its weights only
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  absl::StatusOr<std::unique_ptr<cuda::DeviceModel>> dm = cuda::UploadModel(c, model->weights());
   ASSERT_TRUE(dm.ok()) << dm.status();
   std::mt19937 rng = ::tandem::testing::SeededRng();
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -32,6 +32,7 @@ namespace {
 using gpu_backend_testing::DeviceArrayOf;
 using gpu_backend_testing::DeviceCopy;
 using gpu_backend_testing::HostCopy;
+using gpu_backend_testing::OpenReference;
 using gpu_backend_testing::PresetModel;
 using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RelativeL2;
@@ -66,15 +67,13 @@ TEST_P(StackedInputsTest, ViewsAreAdjacentCompleteAndGiveThePartsRows) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
   ASSERT_TRUE(path.ok()) << path.status();
-  ReferenceModelOptions ro;
-  ro.threads = 1;
-  absl::StatusOr<std::unique_ptr<ReferenceModel>> model = ReferenceModel::Open(*path, ro);
-  ASSERT_TRUE(model.ok()) << model.status();
+  const std::unique_ptr<ReferenceModel> model = OpenReference(*path, /*threads=*/1);  // its weights only
+  ASSERT_TRUE(model);
   const bool was = StackedDecodeInputs();
   std::unique_ptr<DeviceModel> dm[2];
   for (int on = 0; on < 2; ++on) {
     SetStackedDecodeInputs(on == 1);
-    absl::StatusOr<std::unique_ptr<DeviceModel>> m = UploadModel((*model)->config(), (*model)->weights());
+    absl::StatusOr<std::unique_ptr<DeviceModel>> m = UploadModel(model->config(), model->weights());
     ASSERT_TRUE(m.ok()) << m.status();
     dm[on] = *std::move(m);
   }

@@ -23,6 +23,7 @@ namespace tandem::cuda {
 namespace {
 
 using testing::Download;
+using testing::LaunchReadNorm;
 using testing::PoisonedBuffer;
 using testing::RandomMatrix;
 using testing::Upload;
@@ -504,15 +505,9 @@ TEST(ExpertPrefillTest, MmqQuantizeFoldedIntoNormIsBitIdentical) {
       const NormMmqOut out{q.hi, q.lo, q.scale, q.sumx};
       const NormMmqOut* qp = fold == 1 ? &out : nullptr;
       const float* yp = c.inject ? dy.as<float>() : nullptr;
-      if (c.copies == 0) {
-        ASSERT_EQ(LaunchInjectRmsNorm(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
-                                      nullptr, qp),
-                  cudaSuccess);
-      } else {
-        ASSERT_EQ(LaunchInjectRmsNormF16(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
-                                         c.copies, d16.as<uint16_t>(), nullptr, qp),
-                  cudaSuccess);
-      }
+      ASSERT_EQ(
+          LaunchReadNorm(dH.as<float>(), n, h, yp, dg.as<float>(), dN.as<float>(), c.copies, d16.as<uint16_t>(), qp),
+          cudaSuccess);
       if (fold == 0) {
         ASSERT_EQ(LaunchMmqQuantize(dN.as<float>(), n, static_cast<int>(h), q, nullptr), cudaSuccess);
       }

@@ -20,6 +20,7 @@ namespace tandem::cuda {
 namespace {
 
 using testing::Download;
+using testing::LaunchReadNorm;
 using testing::PoisonedBuffer;
 using testing::Upload;
 
@@ -61,15 +62,9 @@ TEST(NormMoeInputTest, NormWrittenF16RowsAreTheConvertedRows) {
       if (fold == 1) out.x16 = dx16.as<uint16_t>();
       const NormMmqOut* qp = (c.mmq || fold == 1) ? &out : nullptr;
       const float* yp = c.inject ? dy.as<float>() : nullptr;
-      if (c.copies == 0) {
-        ASSERT_EQ(LaunchInjectRmsNorm(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
-                                      nullptr, qp),
-                  cudaSuccess);
-      } else {
-        ASSERT_EQ(LaunchInjectRmsNormF16(dH.as<float>(), n, 1, h, nullptr, yp, dg.as<float>(), 1e-6f, dN.as<float>(),
-                                         c.copies, d16.as<uint16_t>(), nullptr, qp),
-                  cudaSuccess);
-      }
+      ASSERT_EQ(
+          LaunchReadNorm(dH.as<float>(), n, h, yp, dg.as<float>(), dN.as<float>(), c.copies, d16.as<uint16_t>(), qp),
+          cudaSuccess);
       if (fold == 0) {
         ASSERT_EQ(LaunchConvertToF16(dN.as<float>(), n * h, dx16.as<uint16_t>(), nullptr), cudaSuccess);
       }

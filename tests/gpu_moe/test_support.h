@@ -14,6 +14,7 @@
 #include "common/reference/weight_view.h"
 #include "common/weights/weight_types.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "tests/reference/test_util.h"
 
 namespace tandem::cuda::testing {
@@ -35,6 +36,16 @@ inline bool HaveGpu() {
   } while (0)
 
 #define TANDEM_ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+// The layer loop's plain read norm of n rows of h (one stream, no inject weights, eps 1e-6, the
+// pending inject y when not nullptr) on the legacy stream: the f32 rows alone (copies 0,
+// LaunchInjectRmsNorm) or with the f16 input rows of a prepared product (copies 1 or 3 into N16,
+// LaunchInjectRmsNormF16); q as the norm's NormMmqOut.
+inline cudaError_t LaunchReadNorm(float* H, int64_t n, int64_t h, const float* y, const float* gamma, float* N,
+                                  int copies, uint16_t* N16, const NormMmqOut* q) {
+  if (copies == 0) return LaunchInjectRmsNorm(H, n, 1, h, nullptr, y, gamma, 1e-6f, N, nullptr, q);
+  return LaunchInjectRmsNormF16(H, n, 1, h, nullptr, y, gamma, 1e-6f, N, copies, N16, nullptr, q);
+}
 
 // A device buffer holding `bytes` of 0xFF (NaN in every float) so that unwritten outputs show.
 inline DeviceBuffer PoisonedBuffer(size_t bytes) {

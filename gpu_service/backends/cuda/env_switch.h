@@ -15,6 +15,10 @@ inline bool EnvSwitch(const char* name) {
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
+// A switch that is on unless the environment variable `name` is set to "" or "0" (VAR=0 turns it
+// off): the A/B switches whose new path became the default.
+inline bool EnvSwitchDefaultOn(const char* name) { return std::getenv(name) == nullptr || EnvSwitch(name); }
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_ENV_SWITCH_H_

@@ -61,11 +61,11 @@ inline std::atomic<bool>& PdlSwitch() {
 inline void SetPdlEnabled(bool on) { PdlSwitch().store(on, std::memory_order_relaxed); }
 inline bool PdlEnabled() { return PdlSwitch().load(std::memory_order_relaxed); }
 
-// Launches `kernel` on `stream`, with programmatic stream serialization when PDL is enabled.
-// Returns the launch error (cudaSuccess when the launch was accepted).
+// Launches `kernel` on `stream`, with programmatic stream serialization when `pdl` (a plain
+// launch otherwise). Returns the launch error (cudaSuccess when the launch was accepted).
 template <typename... KernelArgs, typename... Args>
-cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
-                      cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchWithPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -73,10 +73,17 @@ cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attribute[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Launches `kernel` on `stream`, with programmatic stream serialization when PDL is enabled.
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  return LaunchWithPdl(PdlEnabled(), kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 // The kernels of the prefill path that were plain launches until 2026-12-01 (the GDN chunked
@@ -92,15 +99,8 @@ inline bool OldPrefillLaunch() {
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchPrefillPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
                              cudaStream_t stream, Args&&... args) {
-  if (OldPrefillLaunch()) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = shared_bytes;
-    config.stream = stream;
-    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  }
-  return LaunchPdl(kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+  return LaunchWithPdl(PdlEnabled() && !OldPrefillLaunch(), kernel, grid, block, shared_bytes, stream,
+                       std::forward<Args>(args)...);
 }
 
 }  // namespace tandem::cuda

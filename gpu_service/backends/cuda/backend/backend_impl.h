@@ -228,14 +228,9 @@ class CudaBackend::Impl {
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
                     cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr,
                     const cuda::PendingShared* pending_shared = nullptr);
-  // The pending shared term for the launch that injects y now (nullptr: none), and forgets it.
-  const cuda::PendingShared* TakePendingShared() {
-    if (pending_shared.shared == nullptr) return nullptr;
-    taken_shared = pending_shared;
-    pending_shared = {};
-    return &taken_shared;
-  }
-  cuda::PendingShared taken_shared;  // TakePendingShared's answer, alive until the next call
+  // The pending shared term for the launch that injects y now ({}: none; the launches take a null
+  // shared as none), and forgets it.
+  cuda::PendingShared TakePendingShared() { return std::exchange(pending_shared, cuda::PendingShared{}); }
   // The mode in which the products after layer's mixer read (ffn: its MoE read) would convert x
   // through DenseGemm::ConvertInput, for Read's f16_for; kExact when none would (small steps, exact
   // mode, unprepared matrices). Else the stream norm before the product writes its f16 input rows

@@ -41,13 +41,35 @@ std::atomic<bool>& StackedDecodeInputsSwitch() {
 }
 
 std::atomic<bool>& GdnStackedZSideSwitch() {
-  static std::atomic<bool> on{std::getenv("TANDEM_GDN_DECODE_Z_SIDE") == nullptr || EnvSwitch("TANDEM_GDN_DECODE_Z_SIDE")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_DECODE_Z_SIDE")};
   return on;
 }
 
 std::atomic<bool>& AttnStackedKvSideSwitch() {
-  static std::atomic<bool> on{std::getenv("TANDEM_ATTN_DECODE_KV_SIDE") == nullptr || EnvSwitch("TANDEM_ATTN_DECODE_KV_SIDE")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE")};
   return on;
+}
+
+// One matrix over the rows of `parts` when they are placed (data not null) back to back in this
+// order with the same type, width and row stride: each starts where the previous one ends. Absent
+// otherwise.
+DeviceMatrix AdjacentView(std::initializer_list<const DeviceMatrix*> parts) {
+  const DeviceMatrix& first = **parts.begin();
+  const uint8_t* next = static_cast<const uint8_t*>(first.data);
+  DeviceMatrix v;
+  for (const DeviceMatrix* m : parts) {
+    if (m->data == nullptr || m->type != first.type || m->cols != first.cols || m->row_bytes != first.row_bytes ||
+        m->data != next) {
+      return DeviceMatrix{};
+    }
+    next += m->rows * m->row_bytes;
+    v.rows += m->rows;
+  }
+  v.type = first.type;
+  v.cols = first.cols;
+  v.row_bytes = first.row_bytes;
+  v.data = first.data;
+  return v;
 }
 
 // Lays tensors out in one allocation. Run twice over the same binding code: first to count bytes
@@ -123,22 +145,8 @@ class Placer {
   // part Q8_0x8 of the same row length, each starting where the previous one ends. Absent while
   // counting, after an upload error, or when a check fails (the parts then stay separate products).
   DeviceMatrix StackView(std::initializer_list<const DeviceMatrix*> parts) const {
-    DeviceMatrix v;
-    if (base_ == nullptr || !status_.ok()) return v;
-    const DeviceMatrix& first = **parts.begin();
-    const uint8_t* next = static_cast<const uint8_t*>(first.data);
-    for (const DeviceMatrix* m : parts) {
-      if (m->type != kTypeQ8_0x8 || m->cols != first.cols || m->row_bytes != first.row_bytes || m->data != next) {
-        return DeviceMatrix{};
-      }
-      next += m->rows * m->row_bytes;
-      v.rows += m->rows;
-    }
-    v.type = kTypeQ8_0x8;
-    v.cols = first.cols;
-    v.row_bytes = first.row_bytes;
-    v.data = first.data;
-    return v;
+    if (base_ == nullptr || !status_.ok() || (*parts.begin())->type != kTypeQ8_0x8) return DeviceMatrix{};
+    return AdjacentView(parts);
   }
   GpuExperts Experts(const ExpertMatrixView& m) {
     GpuExperts g;
@@ -174,14 +182,8 @@ class Placer {
 // with the same type, width and row stride; absent otherwise (and in Bind's counting pass, which
 // places nothing).
 DeviceMatrix RouterAndGate(const DeviceMatrix& router, const DeviceMatrix& gate) {
-  if (!router.present() || !gate.present() || router.data == nullptr || gate.rows != 1 || gate.type != router.type ||
-      gate.cols != router.cols || gate.row_bytes != router.row_bytes ||
-      static_cast<const uint8_t*>(router.data) + router.rows * router.row_bytes != gate.data) {
-    return DeviceMatrix{};
-  }
-  DeviceMatrix both = router;
-  both.rows = router.rows + 1;
-  return both;
+  if (!router.present() || gate.rows != 1) return DeviceMatrix{};
+  return AdjacentView({&router, &gate});
 }
 
 void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>& inv_freq, Placer& p,

@@ -213,8 +213,8 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kEngram, st);
     // Engram adds to H: the previous block's output goes in first, as in the reference.
     if (inject_pending) {
-      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st,
-                                                           TakePendingShared()),
+      const cuda::PendingShared shared_term = TakePendingShared();
+      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st, &shared_term),
                                   "stream inject");
           !s.ok()) {
         return s;
@@ -247,8 +247,9 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
+  const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
   if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr, ReadF16Mode(w, T, /*ffn=*/false),
-                            nullptr, inject_pending ? TakePendingShared() : nullptr);
+                            nullptr, &attn_shared_term);
       !s.ok()) {
     return s;
   }
@@ -313,8 +314,9 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
   timer->Mark(Stage::kHead, st);
   // Only the rows whose logits are wanted go through the output matrix (PlanHead chose them).
   if (head_rows == 0) return absl::OkStatus();
+  const cuda::PendingShared shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
   if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? y : nullptr,
-                            cuda::GemmMode::kExact, nullptr, inject_pending ? TakePendingShared() : nullptr);
+                            cuda::GemmMode::kExact, nullptr, &shared_term);
       !s.ok()) {
     return s;
   }

@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
       if (!b.made.ok()) return b.made.status();
       *b.buf = *std::move(b.made);
     }
-    if (absl::Status s = impl->BuildSharedUnitTable(); !s.ok()) return s;
+    if (absl::Status s = impl->BuildDecodeTables(); !s.ok()) return s;
     absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
     if (!readback.ok()) return readback.status();
     impl->error_readback = *std::move(readback);
@@ -226,7 +226,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   return std::unique_ptr<MoeStage>(new MoeStage(std::move(impl)));
 }
 
-absl::Status MoeStage::Impl::BuildSharedUnitTable() {
+absl::Status MoeStage::Impl::BuildDecodeTables() {
   const int64_t layers = static_cast<int64_t>(model->layers.size()), P = plan_tokens;
   std::vector<ExpertUnit> table;
   shared_units_at.assign(static_cast<size_t>(layers * (P + 1)), -1);

@@ -146,7 +146,7 @@ struct MoeStage::Impl {
   }
 
   // Fills shared_unit_table, shared_units_at and router_wpr (Create, once plan_tokens is set).
-  absl::Status BuildSharedUnitTable();
+  absl::Status BuildDecodeTables();
 
   // The device table's units of layer's shared expert for an n-token device-planned step (n in
   // 1..plan_tokens), or nullptr (none built).

@@ -1,7 +1,8 @@
 // The two ways the exact split-KV attention's context slices are combined (attention.cu): the
 // merge kernel (SplitMergeKernel, its own launch: the default) and, with TANDEM_ATTN_MERGE_IN_BLOCK=1
 // and TANDEM_ATTN_DECODE_ONE_PREP=1 (attention.cuh), the merge by the last slice block of each (row
-// item, kv head) to finish (MergeSlicesIfLast, no launch), which repeats the merge kernel's f32 operations in the same order: same bits.
+// item, kv head) to finish (MergeSlicesIfLast, no launch), which repeats the merge kernel's f32
+// operations in the same order: same bits.
 // Device-only; only kernels/attention.cu includes this header (hence the unnamed namespace).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
@@ -22,6 +23,21 @@ constexpr int kRows = 8;  // rows of a row item
 constexpr int kSplitWarps = 8;
 constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
 constexpr int kMaxSplits = 128;
+
+// Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
+// gate σ(qg) (the gate half of the token's qg row, qg_stride floats apart).
+template <int kHd>
+__device__ __forceinline__ void StoreGatedOutput(const float* __restrict__ qg, int64_t qg_stride, int nh,
+                                                 int64_t token, int head, int c, float4 a, float inv_l,
+                                                 float* __restrict__ o) {
+  const float* gate = qg + token * qg_stride + head * 2 * kHd + kHd + 4 * c;
+  float4 y;
+  y.x = a.x * inv_l * SigmoidF(gate[0]);
+  y.y = a.y * inv_l * SigmoidF(gate[1]);
+  y.z = a.z * inv_l * SigmoidF(gate[2]);
+  y.w = a.w * inv_l * SigmoidF(gate[3]);
+  reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
+}
 
 // Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
 // an item of at most short_keys keys: its slice 0 wrote o, and no partials). qg's token rows
@@ -81,15 +97,7 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
     a.z += x.z;
     a.w += x.w;
   }
-  const int head = kvhead * groups + r % groups;
-  const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
-  const float* gate = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * c;
-  float4 y;
-  y.x = a.x * inv_l * SigmoidF(gate[0]);
-  y.y = a.y * inv_l * SigmoidF(gate[1]);
-  y.z = a.z * inv_l * SigmoidF(gate[2]);
-  y.w = a.w * inv_l * SigmoidF(gate[3]);
-  reinterpret_cast<float4*>(o + row * kHd)[c] = y;
+  StoreGatedOutput<kHd>(qg, qg_stride, nh, first + tok, kvhead * groups + r % groups, c, a, inv_l, o);
 }
 
 // One ticket counter per (row item, kv head) in the scratch's first kAttnTicketBytes.
@@ -213,17 +221,8 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
       a.z += acc[j][g].z;
       a.w += acc[j][g].w;
     }
-    const int tok = rr[j] / groups;
-    const float il = inv_l[rr[j]];
-    const int head = kvhead * groups + rr[j] % groups;
-    const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
-    const float* gate = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * cc[j];
-    float4 y;
-    y.x = a.x * il * SigmoidF(gate[0]);
-    y.y = a.y * il * SigmoidF(gate[1]);
-    y.z = a.z * il * SigmoidF(gate[2]);
-    y.w = a.w * il * SigmoidF(gate[3]);
-    reinterpret_cast<float4*>(o + row * kHd)[cc[j]] = y;
+    StoreGatedOutput<kHd>(qg, qg_stride, nh, first + rr[j] / groups, kvhead * groups + rr[j] % groups, cc[j], a,
+                          inv_l[rr[j]], o);
   }
 }
 
