@@ -68,6 +68,12 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    kMmqLean with the tile descriptor read a unit ahead and the tile's rows staged by cp.async
 //    (double-buffered where two fit beside the ring), bit-identical outputs, the default for
 //    small groups (MmqAutoKernel).
+//  - kWgmma (expert_prefill_wgexp.cu), Q4_K only: warpgroup MMAs (sm_90a) with the weights
+//    dequantized from a raw-Q4_K cp.async ring straight into the register A operand and the tile's
+//    tokens as N (up to 256); tiles of up to kWgmmaMaxTileRows (tile_rows is that bound, 1 .. 256),
+//    units of 128 weight rows. Needs K a multiple of 256 and N a multiple of 128. Reads a device
+//    tile count. kStreamedAuto's choice for large groups (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
+//    turns it off).
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -86,6 +92,7 @@ enum class PrefillKernel {
   kMmqLean,
   kMmqLeanWarps8,
   kMmqLean2,
+  kWgmma,
 };
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
@@ -132,7 +139,7 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 // positive multiple of 32 (and of the type's block); cudaErrorInvalidValue otherwise, for an
 // unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
 // tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
-// device); num_tiles is then its bound and sizes the grid. The kStreamed variants only
+// device); num_tiles is then its bound and sizes the grid. The kStreamed variants and kWgmma only
 // (cudaErrorInvalidValue for the others). schedule: the kStreamed variants' work order (ignored by
 // the other kernels); cudaErrorInvalidValue for kDynamic without a counter.
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,
