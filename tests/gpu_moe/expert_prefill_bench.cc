@@ -10,9 +10,10 @@
 // sanity line; the tests decide correctness). Not a test.
 //
 // wgmma rows (2026-12-01, branch h/wgexp): "wgmma weights-as-A, tiles <= 256" (PrefillKernel::kWgmma,
-// expert_prefill_wgexp.cu) beside "streamed 64 (old default)", each twice in alternation, with the
-// relative L2 of the wgmma output to the first streamed row's at every n; "default (auto)" takes
-// kWgmma where the groups average >= 64 rows (8192 tokens) unless TANDEM_PREFILL_WGMMA=0.
+// expert_prefill_wgexp.cu) beside "streamed 64 (old default)", each twice in alternation, then
+// "wgmma overlap" (kWgmmaOverlap) twice, with the relative L2 of each wgmma output to the first
+// streamed row's at every n; "default (auto)" takes kWgmma where the groups average >= 64 rows
+// (8192 tokens) unless TANDEM_PREFILL_WGMMA=0 (kStreamed) or =2 (kWgmmaOverlap).
 // Work-order rows (2026-12-01): "streamed 64, order ranges/strided/dynamic"
 // time the streamed kernel at tiles <= 64 with each StreamedOrder in one process (ranges: the order
 // until 2026-12-01; dynamic: the new default), each twice in alternation so that drift shows.
@@ -255,6 +256,10 @@ int Main(int argc, char** argv) {
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
                                           {"wgmma weights-as-A again, tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"wgmma overlap (next unit's fill under the epilogue), tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
+                                          {"wgmma overlap again, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
                                           {"rows-streamed (chosen)",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedRows}},
                                           {"rows-streamed, tiles <= 16",
@@ -337,7 +342,7 @@ int Main(int argc, char** argv) {
         }
       }
       if ((v.options.streamed_kernel == PrefillKernel::kStreamed && streamed_ref.empty()) ||
-          v.options.streamed_kernel == PrefillKernel::kWgmma) {
+          IsWgmmaKernel(v.options.streamed_kernel)) {
         // kWgmma against kStreamed at every n (8192 too: the only check of real 8192-token routing).
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count);

@@ -209,7 +209,7 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
       const std::vector<PrefillGroup> groups = GroupUnits(plan->units);
       const bool rows_fit = UsesStreamedRowsKernel({c.gu_type, c.d_type, h, I});
       int expected = kStreamedMaxTileRows;
-      if (options.streamed_kernel == PrefillKernel::kWgmma) {
+      if (IsWgmmaKernel(options.streamed_kernel)) {
         expected = kWgmmaMaxTileRows;
       } else if (on_mmq) {
         expected = ChooseMmqTile(groups);
@@ -331,8 +331,9 @@ TEST(ExpertPrefillTest, StreamedDynamicOrderNeedsCounter) {
             cudaErrorInvalidValue);
 }
 
-// The weights-as-A wgmma kernel (kWgmma, expert_prefill_wgexp.cu) against the CPU reference and
-// against kStreamed (the first option: the same f16 weights and activations, so the two differ
+// The weights-as-A wgmma kernels (kWgmma at its chosen bound and at 64, kWgmmaOverlap at its
+// chosen bound and at 32; expert_prefill_wgexp.cu) against the CPU reference and against
+// kStreamed (the first option: the same f16 weights and activations, so the two differ
 // only in f32 summation order and the f16 rounding of SiLU·up it moves: relative L2 within 2e-3 of
 // each other, the reference's 1e-2 each), beside kStreamedAuto (which takes kWgmma where the
 // groups average >= kWgmmaMinMeanRows rows on an sm_90 device, unless TANDEM_PREFILL_WGMMA=0).
@@ -351,6 +352,8 @@ TEST(ExpertPrefillTest, WgmmaKernelMatchesReferenceAndStreamed) {
   const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
                                                {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kWgmma},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kWgmmaOverlap},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedAuto}};
   constexpr double kCross = 2e-3;
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
@@ -368,7 +371,7 @@ TEST(ExpertPrefillTest, WgmmaKernelMatchesReferenceAndStreamed) {
                          0, kCross);
 }
 
-// kWgmma's operand layouts, directly (no runner): one down tile whose activation rows are one-hot
+// kWgmma's and kWgmmaOverlap's operand layouts, directly (no runner): one down tile whose activation rows are one-hot
 // (row m has 1 at k = 4m: with 256 rows every k-stage of K = 1024, four super-blocks, is hit), so
 // output (m, n) must be the f16 weight (n, 4m) as LaunchDequantizeToF16 gives it (to a few f16
 // ulps: the factors are rounded differently), for N = 256 (two units) and tiles of 1, 7, 64, 160,
@@ -389,15 +392,17 @@ TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
   float wmax = 0.0f;
   for (float v : wv) wmax = std::max(wmax, std::fabs(v));
   DeviceBuffer count = Upload(std::vector<int32_t>{1});
-  for (int rows : {1, 7, 64, 160, 200, 256}) {
-    SCOPED_TRACE("tile rows " + std::to_string(rows));
+  for (int variant = 0; variant < 12; ++variant) {
+    const int rows = std::vector<int>{1, 7, 64, 160, 200, 256}[variant % 6];
+    const PrefillKernel kernel = variant < 6 ? PrefillKernel::kWgmma : PrefillKernel::kWgmmaOverlap;
+    SCOPED_TRACE("tile rows " + std::to_string(rows) + (variant < 6 ? "" : " (overlap)"));
     std::vector<uint16_t> act(static_cast<size_t>(2 * rows) * K, 0);
     for (int m = 0; m < 2 * rows; ++m) act[static_cast<size_t>(m) * K + 4 * (m % rows)] = 0x3C00;  // f16 1.0
     DeviceBuffer da = Upload(act);
     DeviceBuffer dt = Upload(std::vector<PrefillTile>{{nullptr, nullptr, dw.get(), 0, rows},
                                                       {nullptr, nullptr, dw.get(), rows, rows}});
     DeviceBuffer out = PoisonedBuffer(static_cast<size_t>(2 * rows) * N * sizeof(float));
-    ASSERT_EQ(LaunchPrefillDown(PrefillKernel::kWgmma, kTypeQ4_K, kWgmmaMaxTileRows, dt.as<PrefillTile>(), 2,
+    ASSERT_EQ(LaunchPrefillDown(kernel, kTypeQ4_K, kWgmmaMaxTileRows, dt.as<PrefillTile>(), 2,
                                 da.as<uint16_t>(), N, K, out.as<float>(), nullptr, count.as<int>()),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -430,6 +435,31 @@ TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
     EXPECT_EQ(std::count(tail.begin(), tail.end(), 0xFFFFFFFFu), static_cast<std::ptrdiff_t>(tail.size()))
         << "a tile past the device tile count was written";
   }
+}
+
+// kWgmmaOverlap (the next unit's index and first stages issued before a unit's epilogue; down
+// stored from the accumulators) against kWgmma: the same sums, so bit-identical outputs, with
+// blocks that walk many units (the overlap crosses every unit boundary and tile switch):
+//  - the 80B shapes, 600 experts (8 weight sets) of 0 to 3 tokens: ~450 tiles of N 32, ~3600
+//    gate/up and ~7200 down units over one block an SM;
+//  - the 80B shapes, top-10 routing of 120 tokens over 48 experts (~25 rows a tile, 384 gate/up units);
+//  - h 512 / I 256, uneven groups (1 to ~120 rows: tiles of N 32 to 128 alternate in a block).
+TEST(ExpertPrefillTest, WgmmaOverlapBitIdenticalToWgmma) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap}};
+  std::vector<int> many_counts;
+  int n = 0;
+  for (int e = 0; e < 600; ++e) {
+    many_counts.push_back((e * 7) % 4);
+    n += many_counts.back();
+  }
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 600, 1, n}, options, 0, false, many_counts,
+                         2e-3, /*same_bits=*/true, /*weight_sets=*/8);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 48, 10, 120}, options, 0, false, {}, 2e-3,
+                         /*same_bits=*/true);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
+                         2e-3, /*same_bits=*/true);
 }
 
 // kWgmma's launch scope: Q4_K only, N a multiple of 128, K of 256, tiles of at most 256 rows; the

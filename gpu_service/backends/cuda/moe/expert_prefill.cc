@@ -164,11 +164,11 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
     }
     // Large groups: the weights-as-A wgmma kernel (the host rule's ChooseWgmmaTile on the mean).
     if (WgmmaByDefault() && slots >= kWgmmaMinMeanRows * experts) {
-      return DevicePrefillChoice{PrefillKernel::kWgmma, kWgmmaMaxTileRows};
+      return DevicePrefillChoice{WgmmaAutoKernel(), kWgmmaMaxTileRows};
     }
     return DevicePrefillChoice{PrefillKernel::kStreamed, kStreamedMaxTileRows};
   }
-  if (k == PrefillKernel::kWgmma) return DevicePrefillChoice{k, t == 0 ? kWgmmaMaxTileRows : t};
+  if (IsWgmmaKernel(k)) return DevicePrefillChoice{k, t == 0 ? kWgmmaMaxTileRows : t};
   if (k == PrefillKernel::kMmqLean || k == PrefillKernel::kMmqLeanWarps8 || k == PrefillKernel::kMmqLean2) {
     if (mmq_x_.get() == nullptr || t > 16) return std::nullopt;
     return DevicePrefillChoice{k, t == 0 ? 16 : t};
@@ -366,11 +366,11 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   // (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0 keeps kStreamed).
   if (kernel == PrefillKernel::kStreamed && options_.streamed_kernel == PrefillKernel::kStreamedAuto && tile_rows == 0) {
     if (const int wgmma_tile = ChooseWgmmaTile(shape_, groups); wgmma_tile != 0) {
-      kernel = PrefillKernel::kWgmma;
+      kernel = WgmmaAutoKernel();
       tile_rows = wgmma_tile;
     }
   }
-  if (kernel == PrefillKernel::kWgmma && tile_rows == 0) tile_rows = kWgmmaMaxTileRows;
+  if (IsWgmmaKernel(kernel) && tile_rows == 0) tile_rows = kWgmmaMaxTileRows;
   // Streamed: one launch of tiles of at most tile_rows (64 by default; kWgmma 256) rows. Pipelined with a
   // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
   // fixed height: every tile at tile_rows.

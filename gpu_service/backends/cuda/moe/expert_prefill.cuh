@@ -73,7 +73,10 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    tokens as N (up to 256); tiles of up to kWgmmaMaxTileRows (tile_rows is that bound, 1 .. 256),
 //    units of 128 weight rows. Needs K a multiple of 256 and N a multiple of 128. Reads a device
 //    tile count. kStreamedAuto's choice for large groups (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
-//    turns it off).
+//    turns it off). kWgmmaOverlap: kWgmma with the next unit's index and first ring stages issued
+//    before a unit's epilogue (gate/up staging beside the ring, down stored from the accumulators),
+//    so a unit's pipeline fill overlaps the previous unit's stores; bit-identical outputs
+//    (TANDEM_PREFILL_WGMMA=2 makes it kStreamedAuto's choice).
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -93,7 +96,12 @@ enum class PrefillKernel {
   kMmqLeanWarps8,
   kMmqLean2,
   kWgmma,
+  kWgmmaOverlap,
 };
+
+inline constexpr bool IsWgmmaKernel(PrefillKernel k) {
+  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaOverlap;
+}
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
   return k == PrefillKernel::kMmq || k == PrefillKernel::kMmqWarps16 || k == PrefillKernel::kMmqLoadOnly ||

@@ -116,10 +116,13 @@ bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 // kStreamedAuto (tile_rows 0) takes it, at tiles of up to kWgmmaMaxTileRows rows, where kStreamed
 // would run and the groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
 // kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
-// no). WgmmaByDefault: TANDEM_PREFILL_WGMMA is not "0" or "" (EnvSwitchDefaultOn, read once: the
-// A/B switch; =0 gives back kStreamed) and the device is sm_90 (the kernel is sm_90a code).
-// ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes kWgmma for these groups, else 0.
+// no). WgmmaAutoKernel (read once): kWgmma, or kWgmmaOverlap with TANDEM_PREFILL_WGMMA=2, or
+// kStreamedAuto (none: kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B
+// switch, on by default as EnvSwitchDefaultOn) or where the device is not sm_90 (the kernel is
+// sm_90a code). WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
+// ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
 inline constexpr int kWgmmaMinMeanRows = 64;
+PrefillKernel WgmmaAutoKernel();
 bool WgmmaByDefault();
 int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups);
 
@@ -151,8 +154,8 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
-  // kWgmma: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto with tile_rows 0 takes it
-  // where ChooseWgmmaTile is not 0.
+  // kWgmma, kWgmmaOverlap: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto with
+  // tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
   // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
   // kStreamed.
@@ -189,7 +192,7 @@ class ExpertPrefillRunner {
   // The kernel and tile bound RunDevicePlanned takes for a call of `slots` slots over `experts`
   // experts, chosen from those sizes alone (kDeviceMmqMaxMeanRows); nullopt where this runner's
   // shape or options need the groups on the host (then call Run): shapes off the streamed
-  // kernels, kernels other than kStreamed*, kWgmma and kMmqLean*, and kStreamedAuto's small-group choices
+  // kernels, kernels other than kStreamed*, kWgmma* and kMmqLean*, and kStreamedAuto's small-group choices
   // off kMmqLean (TANDEM_PREFILL_MMQ set to another kernel or off).
   std::optional<DevicePrefillChoice> DevicePlannedChoice(int64_t slots, int64_t experts) const;
 

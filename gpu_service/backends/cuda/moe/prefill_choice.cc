@@ -86,18 +86,22 @@ PrefillKernel MmqAutoKernel() {
 
 bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
 
-bool WgmmaByDefault() {
-  static const bool on = [] {
-    if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return false;
+PrefillKernel WgmmaAutoKernel() {
+  static const PrefillKernel k = [] {
+    if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return PrefillKernel::kStreamedAuto;
     int device = 0, major = 0, minor = 0;
     const bool queried = cudaGetDevice(&device) == cudaSuccess &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
     if (!queried) (void)cudaGetLastError();  // no device: no error left for a later launch check to find
-    return queried && major == 9 && minor == 0;  // the kernel is sm_90a machine code
+    if (!queried || major != 9 || minor != 0) return PrefillKernel::kStreamedAuto;  // the kernel is sm_90a code
+    const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
+    return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
   }();
-  return on;
+  return k;
 }
+
+bool WgmmaByDefault() { return IsWgmmaKernel(WgmmaAutoKernel()); }
 
 int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups) {
   if (!WgmmaByDefault() || !UsesStreamedKernel(shape, 0) || groups.empty()) return 0;
