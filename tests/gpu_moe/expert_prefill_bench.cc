@@ -9,6 +9,11 @@
 // in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
 // sanity line; the tests decide correctness). Not a test.
 //
+// wgmma rows (2026-12-01, branch h/wgexp): "wgmma weights-as-A, tiles <= 256" (PrefillKernel::kWgmma,
+// expert_prefill_wgexp.cu) beside "streamed 64 (old default)", each twice in alternation, then
+// "wgmma overlap" (kWgmmaOverlap) twice, with the relative L2 of each wgmma output to the first
+// streamed row's at every n; "default (auto)" takes kWgmma where the groups average >= 64 rows
+// (8192 tokens) unless TANDEM_PREFILL_WGMMA=0 (kStreamed) or =2 (kWgmmaOverlap).
 // Work-order rows (2026-12-01): "streamed 64, order ranges/strided/dynamic"
 // time the streamed kernel at tiles <= 64 with each StreamedOrder in one process (ranges: the order
 // until 2026-12-01; dynamic: the new default), each twice in alternation so that drift shows.
@@ -245,6 +250,16 @@ int Main(int argc, char** argv) {
     const std::vector<Variant> grouped = {{"pipelined tiles (before)", {PrefillAlgorithm::kGroupedTilesPipelined, 0, n}},
                                           {"streamed 64 (old default)",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
+                                          {"wgmma weights-as-A, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"streamed 64 again",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
+                                          {"wgmma weights-as-A again, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"wgmma overlap (next unit's fill under the epilogue), tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
+                                          {"wgmma overlap again, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
                                           {"rows-streamed (chosen)",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedRows}},
                                           {"rows-streamed, tiles <= 16",
@@ -293,6 +308,7 @@ int Main(int argc, char** argv) {
                                           {"streamed 64, order dynamic (new) again", Ordered(n, StreamedOrder::kDynamic)}};
     std::vector<float> order_ref;  // the first work-order row's output at this n
     std::vector<float> lean_ref;   // the kMmqLean row's output at this n (kMmqLean2 must equal it)
+    std::vector<float> streamed_ref;  // the first kStreamed row's output at this n (kWgmma within f32 order of it)
     for (const Variant& v : grouped) {
       if (!selected(v.name)) continue;
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
@@ -323,6 +339,19 @@ int Main(int argc, char** argv) {
         } else if (!lean_ref.empty()) {
           std::printf("prefill n=%-5lld %s: bits %s the mmq lean row's\n", static_cast<long long>(n), v.name,
                       std::memcmp(got.data(), lean_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
+        }
+      }
+      if ((v.options.streamed_kernel == PrefillKernel::kStreamed && streamed_ref.empty()) ||
+          IsWgmmaKernel(v.options.streamed_kernel)) {
+        // kWgmma against kStreamed at every n (8192 too: the only check of real 8192-token routing).
+        const size_t count = static_cast<size_t>(n * kK * kH);
+        std::vector<float> got(count);
+        BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        if (v.options.streamed_kernel == PrefillKernel::kStreamed) {
+          streamed_ref = std::move(got);
+        } else if (!streamed_ref.empty()) {
+          std::printf("prefill n=%-5lld %s vs streamed 64: relative L2 %.2e\n", static_cast<long long>(n), v.name,
+                      RelativeL2(got, streamed_ref));
         }
       }
       if (n > 2048) continue;  // the L2 check copies 1.3 GB at 8192 tokens: only the smaller steps

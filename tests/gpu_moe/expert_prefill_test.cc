@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu_moe/test_support.h"
 #include "tests/test_seed.h"
@@ -83,10 +84,11 @@ std::string Describe(const PrefillOptions& o) {
 // kStreamedAuto where it takes kMmq), tighter than the f16 paths' 1e-2. same_bits: every option's
 // output (host- and device-planned) must equal the first option's bit for bit. weight_sets (0: E):
 // expert e uses weight set e % weight_sets (many experts, hence many tiles, without generating and
-// uploading E sets).
+// uploading E sets). cross_rel_l2 (0: unchecked): every option's output within this relative L2 of
+// the first option's (kernels on the same f16 weights and activations, differing in f32 order).
 void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptions>& all, int expected_tile_rows = 0,
                             bool skewed = false, const std::vector<int>& counts = {}, double mmq_rel_l2 = 2e-3,
-                            bool same_bits = false, int64_t weight_sets = 0) {
+                            bool same_bits = false, int64_t weight_sets = 0, double cross_rel_l2 = 0) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = c.h, I = c.I, E = c.E, K = c.K, n = c.n;
   const int64_t W = weight_sets > 0 ? std::min(weight_sets, E) : E;
@@ -154,6 +156,13 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
       EXPECT_EQ(std::memcmp(got.data(), first_got.data(), got.size() * sizeof(float)), 0)
           << "differs bit-wise from the first option's output";
     }
+    if (cross_rel_l2 > 0) {
+      if (first_got.empty()) first_got = got;
+      const double cross = testing::RelativeL2(got, first_got);
+      std::printf("  %s: relative L2 %.3e to the reference, %.3e to the first option\n", Describe(options).c_str(), l2,
+                  cross);
+      EXPECT_LE(cross, cross_rel_l2) << "differs from the first option's output";
+    }
     // The device-planned call on the same units (in device memory, with a device count): the
     // reference's tolerance, and the host call's bits where the options fix the kernel and tile
     // bound (both then run the same kernel on the same tiles).
@@ -200,13 +209,18 @@ void ExpectMatchesReference(const PrefillCase& c, const std::vector<PrefillOptio
       const std::vector<PrefillGroup> groups = GroupUnits(plan->units);
       const bool rows_fit = UsesStreamedRowsKernel({c.gu_type, c.d_type, h, I});
       int expected = kStreamedMaxTileRows;
-      if (on_mmq) {
+      if (IsWgmmaKernel(options.streamed_kernel)) {
+        expected = kWgmmaMaxTileRows;
+      } else if (on_mmq) {
         expected = ChooseMmqTile(groups);
       } else if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedRows) {
         expected = ChooseStreamedRowsTile(groups, /*auto_choice=*/false);
       } else if (rows_fit && options.streamed_kernel == PrefillKernel::kStreamedAuto &&
                  ChooseStreamedRowsTile(groups, /*auto_choice=*/true) != 0) {
         expected = ChooseStreamedRowsTile(groups, /*auto_choice=*/true);
+      } else if (options.streamed_kernel == PrefillKernel::kStreamedAuto &&
+                 ChooseWgmmaTile({c.gu_type, c.d_type, h, I}, groups) != 0) {
+        expected = kWgmmaMaxTileRows;  // the wgmma kernel for large groups (sm_90, TANDEM_PREFILL_WGMMA not 0)
       }
       EXPECT_EQ(runner->last_tile_rows(), expected);
     }
@@ -315,6 +329,156 @@ TEST(ExpertPrefillTest, StreamedDynamicOrderNeedsCounter) {
   EXPECT_EQ(LaunchPrefillDown(PrefillKernel::kStreamed, kTypeQ4_K, 64, no_tiles, 1, nullptr, 512, 256, nullptr, nullptr,
                               nullptr, dynamic),
             cudaErrorInvalidValue);
+}
+
+// The weights-as-A wgmma kernels (kWgmma at its chosen bound and at 64, kWgmmaOverlap at its
+// chosen bound and at 32; expert_prefill_wgexp.cu) against the CPU reference and against
+// kStreamed (the first option: the same f16 weights and activations, so the two differ
+// only in f32 summation order and the f16 rounding of SiLU·up it moves: relative L2 within 2e-3 of
+// each other, the reference's 1e-2 each), beside kStreamedAuto (which takes kWgmma where the
+// groups average >= kWgmmaMinMeanRows rows on an sm_90 device, unless TANDEM_PREFILL_WGMMA=0).
+// Every runner also runs device-planned (the device tile builder at 256 and the device tile count;
+// bits equal to the host-planned call for the fixed kernels):
+//  - uneven groups (expert e drawn with weight 2e + 1: 1 to ~120 rows, tiles of every N share a
+//    launch, 20+ units a block); h 512 / I 256 (gate/up 8 k-stages, down 4) and h 768 (three
+//    super-blocks; 2·I = 512: four gate/up units);
+//  - tiles of 1, 7, 64, 160, 256 rows and a split group (300 rows: 256 + 44), one expert a token
+//    in shuffled order (the gather through the slot index), N = 32, 32, 64, 160, 256, 64;
+//  - groups > 256 rows (~400 rows an expert: tiles of 256 and a remainder);
+//  - the 80B shapes (h 2048, I 512: gate/up 32 k-stages, down 8), 160 rows an expert as at 8192
+//    tokens (320 tokens to keep the CPU reference short).
+TEST(ExpertPrefillTest, WgmmaKernelMatchesReferenceAndStreamed) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
+                                               {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kWgmma},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kWgmmaOverlap},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedAuto}};
+  constexpr double kCross = 2e-3;
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
+                         2e-3, false, 0, kCross);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 12, 3, 90}, options, 0, /*skewed=*/true, {},
+                         2e-3, false, 0, kCross);
+  const std::vector<int> counts = {1, 7, 64, 160, 256, 0, 300, 33};
+  int n = 0;
+  for (int k : counts) n += k;
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, static_cast<int64_t>(counts.size()), 1, n},
+                         options, 0, false, counts, 2e-3, false, 0, kCross);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 768, 256, 3, 2, 600}, options, 0, false, {}, 2e-3, false,
+                         0, kCross);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 8, 4, 320}, options, 0, false, {}, 2e-3, false,
+                         0, kCross);
+}
+
+// kWgmma's and kWgmmaOverlap's operand layouts, directly (no runner): one down tile whose activation rows are one-hot
+// (row m has 1 at k = 4m: with 256 rows every k-stage of K = 1024, four super-blocks, is hit), so
+// output (m, n) must be the f16 weight (n, 4m) as LaunchDequantizeToF16 gives it (to a few f16
+// ulps: the factors are rounded differently), for N = 256 (two units) and tiles of 1, 7, 64, 160,
+// 200 and 256 rows (wgmma N 32, 32, 64, 160, 224, 256). A second tile behind it is beyond the device
+// tile count (1): its rows must stay unwritten. On a mismatch it prints where the value came from,
+// to tell a swizzle or fragment-layout error from a value error.
+TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int K = 1024, N = 256;
+  const std::vector<uint8_t> w = RandomMatrix(rng, WeightType::kQ4_K, K, N, 1.0f);
+  DeviceBuffer dw = Upload(w);
+  DeviceBuffer wf = PoisonedBuffer(static_cast<size_t>(K) * N * 2);
+  ASSERT_EQ(LaunchDequantizeToF16(kTypeQ4_K, dw.get(), K, N, wf.as<uint16_t>(), nullptr), cudaSuccess);
+  const std::vector<uint16_t> wbits = Download<uint16_t>(wf.get(), static_cast<size_t>(K) * N);
+  std::vector<float> wv(wbits.size());
+  for (size_t i = 0; i < wbits.size(); ++i) wv[i] = Fp16ToFp32(wbits[i]);
+  float wmax = 0.0f;
+  for (float v : wv) wmax = std::max(wmax, std::fabs(v));
+  DeviceBuffer count = Upload(std::vector<int32_t>{1});
+  for (int variant = 0; variant < 12; ++variant) {
+    const int rows = std::vector<int>{1, 7, 64, 160, 200, 256}[variant % 6];
+    const PrefillKernel kernel = variant < 6 ? PrefillKernel::kWgmma : PrefillKernel::kWgmmaOverlap;
+    SCOPED_TRACE("tile rows " + std::to_string(rows) + (variant < 6 ? "" : " (overlap)"));
+    std::vector<uint16_t> act(static_cast<size_t>(2 * rows) * K, 0);
+    for (int m = 0; m < 2 * rows; ++m) act[static_cast<size_t>(m) * K + 4 * (m % rows)] = 0x3C00;  // f16 1.0
+    DeviceBuffer da = Upload(act);
+    DeviceBuffer dt = Upload(std::vector<PrefillTile>{{nullptr, nullptr, dw.get(), 0, rows},
+                                                      {nullptr, nullptr, dw.get(), rows, rows}});
+    DeviceBuffer out = PoisonedBuffer(static_cast<size_t>(2 * rows) * N * sizeof(float));
+    ASSERT_EQ(LaunchPrefillDown(kernel, kTypeQ4_K, kWgmmaMaxTileRows, dt.as<PrefillTile>(), 2,
+                                da.as<uint16_t>(), N, K, out.as<float>(), nullptr, count.as<int>()),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = Download<float>(out.get(), static_cast<size_t>(2 * rows) * N);
+    int bad = 0;
+    for (int m = 0; m < rows; ++m) {
+      for (int n = 0; n < N; ++n) {
+        const float want = wv[static_cast<size_t>(n) * K + 4 * m], g = got[static_cast<size_t>(m) * N + n];
+        if (std::fabs(g - want) <= std::fabs(want) * 1e-2f + wmax * 1e-3f) continue;
+        if (++bad <= 6) {
+          std::string from = "nowhere";
+          for (int n2 = 0; n2 < N && from == "nowhere"; ++n2) {
+            for (int k2 = 0; k2 < K; ++k2) {
+              const float v = wv[static_cast<size_t>(n2) * K + k2];
+              if (v != 0.0f && std::fabs(v - g) <= std::fabs(v) * 2e-3f) {
+                from = "weight (n " + std::to_string(n2) + ", k " + std::to_string(k2) + ")";
+                break;
+              }
+            }
+          }
+          std::printf("  wgmma probe rows %d: out (m %d, n %d) = %g, want %g; value found at %s\n", rows, m, n, g, want,
+                      from.c_str());
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    // The second tile is past the device count: still 0xFF (NaN).
+    std::vector<uint32_t> tail(static_cast<size_t>(rows) * N);
+    std::memcpy(tail.data(), got.data() + static_cast<size_t>(rows) * N, tail.size() * sizeof(float));
+    EXPECT_EQ(std::count(tail.begin(), tail.end(), 0xFFFFFFFFu), static_cast<std::ptrdiff_t>(tail.size()))
+        << "a tile past the device tile count was written";
+  }
+}
+
+// kWgmmaOverlap (the next unit's index and first stages issued before a unit's epilogue; down
+// stored from the accumulators) against kWgmma: the same sums, so bit-identical outputs, with
+// blocks that walk many units (the overlap crosses every unit boundary and tile switch):
+//  - the 80B shapes, 600 experts (8 weight sets) of 0 to 3 tokens: ~450 tiles of N 32, ~3600
+//    gate/up and ~7200 down units over one block an SM;
+//  - the 80B shapes, top-10 routing of 120 tokens over 48 experts (~25 rows a tile, 384 gate/up units);
+//  - h 512 / I 256, uneven groups (1 to ~120 rows: tiles of N 32 to 128 alternate in a block).
+TEST(ExpertPrefillTest, WgmmaOverlapBitIdenticalToWgmma) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap}};
+  std::vector<int> many_counts;
+  int n = 0;
+  for (int e = 0; e < 600; ++e) {
+    many_counts.push_back((e * 7) % 4);
+    n += many_counts.back();
+  }
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 600, 1, n}, options, 0, false, many_counts,
+                         2e-3, /*same_bits=*/true, /*weight_sets=*/8);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 48, 10, 120}, options, 0, false, {}, 2e-3,
+                         /*same_bits=*/true);
+  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
+                         2e-3, /*same_bits=*/true);
+}
+
+// kWgmma's launch scope: Q4_K only, N a multiple of 128, K of 256, tiles of at most 256 rows; the
+// launchers refuse before touching any pointer.
+TEST(ExpertPrefillTest, WgmmaKernelScope) {
+  const PrefillTile* no_tiles = nullptr;
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kWgmma, kTypeQ6_K, 256, no_tiles, 1, nullptr, nullptr, 512, 256, nullptr,
+                                nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kWgmma, kTypeQ4_K, 257, no_tiles, 1, nullptr, nullptr, 512, 256, nullptr,
+                                nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefillGateUp(PrefillKernel::kWgmma, kTypeQ4_K, 256, no_tiles, 1, nullptr, nullptr, 512, 96, nullptr,
+                                nullptr),
+            cudaErrorInvalidValue);  // N = 2·96 = 192: not a multiple of 128
+  EXPECT_EQ(LaunchPrefillDown(PrefillKernel::kWgmma, kTypeQ4_K, 256, no_tiles, 1, nullptr, 320, 256, nullptr, nullptr),
+            cudaErrorInvalidValue);  // N = h = 320: not a multiple of 128
+  EXPECT_EQ(LaunchPrefillDown(PrefillKernel::kWgmma, kTypeQ4_K, 0, no_tiles, 1, nullptr, 512, 256, nullptr, nullptr),
+            cudaErrorInvalidValue);  // tile_rows 0
 }
 
 // The row-streamed kernel (kStreamedRows) at both tile bounds and chosen, against the old

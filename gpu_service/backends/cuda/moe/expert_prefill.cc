@@ -162,8 +162,13 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
       if (mmq_x_.get() == nullptr || !lean_default) return std::nullopt;
       return DevicePrefillChoice{MmqAutoKernel(), 16};
     }
+    // Large groups: the weights-as-A wgmma kernel (the host rule's ChooseWgmmaTile on the mean).
+    if (WgmmaByDefault() && slots >= kWgmmaMinMeanRows * experts) {
+      return DevicePrefillChoice{WgmmaAutoKernel(), kWgmmaMaxTileRows};
+    }
     return DevicePrefillChoice{PrefillKernel::kStreamed, kStreamedMaxTileRows};
   }
+  if (IsWgmmaKernel(k)) return DevicePrefillChoice{k, t == 0 ? kWgmmaMaxTileRows : t};
   if (k == PrefillKernel::kMmqLean || k == PrefillKernel::kMmqLeanWarps8 || k == PrefillKernel::kMmqLean2) {
     if (mmq_x_.get() == nullptr || t > 16) return std::nullopt;
     return DevicePrefillChoice{k, t == 0 ? 16 : t};
@@ -357,7 +362,16 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     kernel = rows_tile != 0 ? PrefillKernel::kStreamedRows : PrefillKernel::kStreamed;
     if (rows_tile != 0) tile_rows = rows_tile;
   }
-  // Streamed: one launch of tiles of at most tile_rows (64 by default) rows. Pipelined with a
+  // Large groups (the 8192-token regime): kStreamedAuto takes the weights-as-A wgmma kernel
+  // (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0 keeps kStreamed).
+  if (kernel == PrefillKernel::kStreamed && options_.streamed_kernel == PrefillKernel::kStreamedAuto && tile_rows == 0) {
+    if (const int wgmma_tile = ChooseWgmmaTile(shape_, groups); wgmma_tile != 0) {
+      kernel = WgmmaAutoKernel();
+      tile_rows = wgmma_tile;
+    }
+  }
+  if (IsWgmmaKernel(kernel) && tile_rows == 0) tile_rows = kWgmmaMaxTileRows;
+  // Streamed: one launch of tiles of at most tile_rows (64 by default; kWgmma 256) rows. Pipelined with a
   // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
   // fixed height: every tile at tile_rows.
   const bool by_class = !streamed && options_.tile_rows == 0;

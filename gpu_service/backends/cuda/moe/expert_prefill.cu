@@ -8,6 +8,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill_gemm.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_rows.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -160,7 +161,7 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
   if (num_tiles <= 0 || N <= 0) return cudaSuccess;
   // A device-side tile count: only the kStreamed variants read one.
   const bool streamed = which == PrefillKernel::kStreamed || which == PrefillKernel::kStreamedL2Lines256 ||
-                        which == PrefillKernel::kStreamedUnitPrefetch;
+                        which == PrefillKernel::kStreamedUnitPrefetch || IsWgmmaKernel(which);
   if (tile_count != nullptr && !streamed) return cudaErrorInvalidValue;
   if (KernelRowAlignment(type) == 0 || K <= 0 || K % 32 != 0 || K % RowLengthMultiple(type) != 0) {
     return cudaErrorInvalidValue;
@@ -168,6 +169,11 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
   if (which == PrefillKernel::kStreamedRows) {
     if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedRowsMaxTileRows) return cudaErrorInvalidValue;
     return LaunchRows<kGateUp>(tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream);
+  }
+  if (IsWgmmaKernel(which)) {
+    if (type != kTypeQ4_K) return cudaErrorInvalidValue;
+    return LaunchWgmmaQ4KGemm(kGateUp, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream,
+                              tile_count, which == PrefillKernel::kWgmmaOverlap);
   }
   if (which != PrefillKernel::kPipelined) {
     if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedMaxTileRows) return cudaErrorInvalidValue;

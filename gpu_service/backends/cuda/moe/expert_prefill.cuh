@@ -68,6 +68,15 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    kMmqLean with the tile descriptor read a unit ahead and the tile's rows staged by cp.async
 //    (double-buffered where two fit beside the ring), bit-identical outputs, the default for
 //    small groups (MmqAutoKernel).
+//  - kWgmma (expert_prefill_wgexp.cu), Q4_K only: warpgroup MMAs (sm_90a) with the weights
+//    dequantized from a raw-Q4_K cp.async ring straight into the register A operand and the tile's
+//    tokens as N (up to 256); tiles of up to kWgmmaMaxTileRows (tile_rows is that bound, 1 .. 256),
+//    units of 128 weight rows. Needs K a multiple of 256 and N a multiple of 128. Reads a device
+//    tile count. kStreamedAuto's choice for large groups (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
+//    turns it off). kWgmmaOverlap: kWgmma with the next unit's index and first ring stages issued
+//    before a unit's epilogue (gate/up staging beside the ring, down stored from the accumulators),
+//    so a unit's pipeline fill overlaps the previous unit's stores; bit-identical outputs
+//    (TANDEM_PREFILL_WGMMA=2 makes it kStreamedAuto's choice).
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -86,7 +95,13 @@ enum class PrefillKernel {
   kMmqLean,
   kMmqLeanWarps8,
   kMmqLean2,
+  kWgmma,
+  kWgmmaOverlap,
 };
+
+inline constexpr bool IsWgmmaKernel(PrefillKernel k) {
+  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaOverlap;
+}
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
   return k == PrefillKernel::kMmq || k == PrefillKernel::kMmqWarps16 || k == PrefillKernel::kMmqLoadOnly ||
@@ -132,7 +147,7 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 // positive multiple of 32 (and of the type's block); cudaErrorInvalidValue otherwise, for an
 // unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
 // tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
-// device); num_tiles is then its bound and sizes the grid. The kStreamed variants only
+// device); num_tiles is then its bound and sizes the grid. The kStreamed variants and kWgmma only
 // (cudaErrorInvalidValue for the others). schedule: the kStreamed variants' work order (ignored by
 // the other kernels); cudaErrorInvalidValue for kDynamic without a counter.
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,

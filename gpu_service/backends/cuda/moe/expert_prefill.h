@@ -13,8 +13,10 @@
 //    nearly every expert has at most 16 rows (512 tokens on the 80B model) and h, I <= 2048, the
 //    row-streamed kernel instead (expert_prefill_rows.cuh, PrefillOptions::streamed_kernel);
 //    and where nearly every expert has at most 16 rows and h, I <= 2048 (ChooseMmqTile 16), the
-//    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel). Otherwise as
-//    kGroupedTilesPipelined.
+//    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel); and where the
+//    groups average at least kWgmmaMinMeanRows rows (8192 tokens on the 80B model), the
+//    weights-as-A wgmma kernel (expert_prefill_wgexp.cu, ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
+//    keeps kStreamed). Otherwise as kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
 //    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
 //    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
@@ -37,6 +39,7 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/prefill_tiles_device.cuh"
 
@@ -109,6 +112,20 @@ int ChooseMmqTile(std::span<const PrefillGroup> groups);
 PrefillKernel MmqAutoKernel();
 bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 
+// The weights-as-A wgmma kernel (PrefillKernel::kWgmma, expert_prefill_wgexp.cu) for large groups:
+// kStreamedAuto (tile_rows 0) takes it, at tiles of up to kWgmmaMaxTileRows rows, where kStreamed
+// would run and the groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
+// kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
+// no). WgmmaAutoKernel (read once): kWgmma, or kWgmmaOverlap with TANDEM_PREFILL_WGMMA=2, or
+// kStreamedAuto (none: kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B
+// switch, on by default as EnvSwitchDefaultOn) or where the device is not sm_90 (the kernel is
+// sm_90a code). WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
+// ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
+inline constexpr int kWgmmaMinMeanRows = 64;
+PrefillKernel WgmmaAutoKernel();
+bool WgmmaByDefault();
+int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups);
+
 // The kernel and tile bound of a device-planned call (ExpertPrefillRunner::RunDevicePlanned).
 struct DevicePrefillChoice {
   PrefillKernel kernel;
@@ -120,7 +137,8 @@ struct DevicePrefillChoice {
 // (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
 // 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is
 // MMQ at 512 tokens (mean 10) and kStreamed at 2048 and 8192 (40, 160), as the host rule picks
-// under uniform routing.
+// under uniform routing; kWgmma at 256 from a mean of kWgmmaMinMeanRows (8192) unless
+// TANDEM_PREFILL_WGMMA=0.
 inline constexpr int kDeviceMmqMaxMeanRows = 12;
 
 struct PrefillOptions {
@@ -136,6 +154,8 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
+  // kWgmma, kWgmmaOverlap: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto with
+  // tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
   // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
   // kStreamed.
@@ -172,7 +192,7 @@ class ExpertPrefillRunner {
   // The kernel and tile bound RunDevicePlanned takes for a call of `slots` slots over `experts`
   // experts, chosen from those sizes alone (kDeviceMmqMaxMeanRows); nullopt where this runner's
   // shape or options need the groups on the host (then call Run): shapes off the streamed
-  // kernels, kernels other than kStreamed* and kMmqLean*, and kStreamedAuto's small-group choices
+  // kernels, kernels other than kStreamed*, kWgmma* and kMmqLean*, and kStreamedAuto's small-group choices
   // off kMmqLean (TANDEM_PREFILL_MMQ set to another kernel or off).
   std::optional<DevicePrefillChoice> DevicePlannedChoice(int64_t slots, int64_t experts) const;
 

@@ -1,8 +1,10 @@
 // The expert prefill's host-side choices (expert_prefill.h): which kernel a step's shape and groups
 // take (UsesStreamedKernel, UsesMmqKernel, MmqAutoKernel, the tile heights) and the host-planned
-// tile list (GroupUnits, ChoosePrefillTileRows, MakePrefillTiles). The runner (expert_prefill.cc)
-// applies them; the device-planned path builds the same tiles on the GPU (prefill_tiles_device.cuh,
+// tile list (GroupUnits, ChoosePrefillTileRows, MakePrefillTiles), and ChooseWgmmaTile. The runner
+// (expert_prefill.cc) applies them; the device-planned path builds the same tiles on the GPU (prefill_tiles_device.cuh,
 // route_plan_grid.cuh).
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
@@ -82,6 +85,30 @@ PrefillKernel MmqAutoKernel() {
 }
 
 bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
+
+PrefillKernel WgmmaAutoKernel() {
+  static const PrefillKernel k = [] {
+    if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return PrefillKernel::kStreamedAuto;
+    int device = 0, major = 0, minor = 0;
+    const bool queried = cudaGetDevice(&device) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+    if (!queried) (void)cudaGetLastError();  // no device: no error left for a later launch check to find
+    if (!queried || major != 9 || minor != 0) return PrefillKernel::kStreamedAuto;  // the kernel is sm_90a code
+    const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
+    return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
+  }();
+  return k;
+}
+
+bool WgmmaByDefault() { return IsWgmmaKernel(WgmmaAutoKernel()); }
+
+int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups) {
+  if (!WgmmaByDefault() || !UsesStreamedKernel(shape, 0) || groups.empty()) return 0;
+  int64_t rows = 0;
+  for (const PrefillGroup& g : groups) rows += g.rows;
+  return rows >= kWgmmaMinMeanRows * static_cast<int64_t>(groups.size()) ? kWgmmaMaxTileRows : 0;
+}
 
 std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units) {
   std::vector<PrefillGroup> groups;

@@ -1,0 +1,444 @@
+// The weights-as-A wgmma Q4_K prefill GEMM (PrefillKernel::kWgmma): warpgroup MMAs whose A operand
+// is the dequantized weights, straight from registers, and whose B operand is the tile's tokens.
+//
+// Why: at 8192 tokens (~160 rows an expert) the streamed kernel (expert_prefill_stream.cuh,
+// mma.sync, tiles of <= 64 tokens x 128 weight rows) runs the routed experts at ~170 TFLOP/s. The
+// first wgmma kernel (branch h/xlarge, expert_prefill_wide.cu) put the tokens in M and dequantized
+// every weight stage into a swizzled f16 tile in shared memory (B): 3.0 ms a layer, bound by the
+// dequantize + st.shared + two barriers a stage, not by the tensor cores. Here the roles are
+// swapped: each consumer warp dequantizes its own 16 weight rows from the raw Q4_K bytes in the
+// cp.async ring straight into its wgmma A fragment (no f16 weight tile, no st.shared, no barrier
+// between the dequantization and the MMA), and the tokens (up to 256 rows, one tile an expert at
+// 8192 tokens) are wgmma's N, read from shared memory by descriptor.
+//
+// Geometry: 256 threads = 2 warpgroups, one block an SM (__launch_bounds__(256, 1)). A unit is one
+// tile x 128 weight rows (warp w: rows 16w .. 16w + 15; warpgroup v: m64 rows 64v ..); the
+// persistent grid walks the units tile-major with stride gridDim.x (unit = tile · col_blocks +
+// col), so the blocks at any moment run consecutive units: an expert's units together, its
+// activation rows and weights shared in L2. Per unit the wgmma N is the tile's rows rounded up to
+// 32 (WgmmaRegA<N>, eight instantiations), so a 160-row tile pays 160, not 256.
+//  - gate/up: unit c is features 64c .. 64c + 63; warp w's A rows 0-7 are the gate rows of features
+//    64c + 8w .. + 7, rows 8-15 their up rows, so thread (g, q) holds gate (accumulator row g) and
+//    up (row g + 8) of the same feature for the same tokens: SiLU(gate)·up in registers, rounded
+//    to f16, staged through shared memory as [token][64 features] for 128-byte stores.
+//  - down: unit c is output features 128c .. 128c + 127 (K = inner); the f32 partial rows are
+//    staged as [token][128] the same way.
+// Ring: a stage is 64 deep (one 32-byte quant chunk of a Q4_K super-block: sub-blocks 2c, 2c + 1):
+// the tile's activations (N rows x 128 bytes, K-major, 128-byte swizzle, exactly h/xlarge's layout
+// and descriptor; gathered rows through the slot index for gate/up) and the raw bytes of the 128
+// weight rows (16-byte head re-copied every stage, 32 quant bytes). 5 stages. The A registers are
+// double-buffered: stage f's four k16 wgmmas are one commit group; while they run, each warp
+// dequantizes stage f + 1 into the other register set (the set stage f − 1 read: wait_group 1
+// first), with one barrier a stage for slot reuse. The ring does not flow across units (each unit
+// pays its prologue; with 5 stages and 8 (down) or 32 (gate/up) stages a unit, the next step).
+//
+// Values: exactly the streamed kernel's f16 weights (a weight is f16(d·sc)·q + f16(−dmin·m) in one
+// f16 FMA, q exact from the nibble; expert_prefill_stream.cuh "Values"), f16 activations, f32
+// accumulation: results differ from the other f16 kernels only in the f32 summation order.
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/mma_f16.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
+#include "gpu_service/backends/cuda/moe/wgmma_f16.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace prefill_wgexp {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnitRows = kWgmmaUnitRows;  // weight rows of a unit: M of the block
+constexpr int kMaxN = kWgmmaMaxTileRows;   // token rows of a tile: wgmma N <= 256
+constexpr int kStageK = 64;
+constexpr int kQ4KBlockBytes = 144;
+constexpr int kRawRowBytes = 48;                        // 16-byte head + 32 quant bytes
+constexpr int kBBytes = kMaxN * 128;                    // activation tile: 32 KB
+constexpr int kRawBytes = kUnitRows * kRawRowBytes;     // 6 KB
+constexpr int kStageBytes = kBBytes + kRawBytes;        // multiple of 1024: every swizzle atom aligned
+constexpr int kStages = 5;
+constexpr int kRingBytes = kStages * kStageBytes;
+// kOverlap: the gate/up staging beside the ring (swizzled rows of 64 f16, no pad), so the next
+// unit's prologue copies can be in flight during this unit's epilogue (down stores from registers).
+constexpr int kOverlapStagingOffset = kRingBytes;
+constexpr int kOverlapStagingBytes = kMaxN * 128;
+// int32 [2][kMaxN]: the a row of each tile row, for this unit and the next.
+template <bool kOverlap>
+constexpr int kIndexOffset = kOverlap ? kOverlapStagingOffset + kOverlapStagingBytes : kRingBytes;
+template <bool kOverlap>
+constexpr int kSmemBytes = kIndexOffset<kOverlap> + 2 * kMaxN * 4 + 1024;  // + slack for the 1024-byte alignment
+constexpr int kRawTasks = kUnitRows * 3;                // head + two 16-byte quant pieces a row
+constexpr int kRawLoads = (kRawTasks + kThreads - 1) / kThreads;
+// Epilogue staging (aliases the ring once the unit's MMAs and copies are done): gate/up
+// [token][kActStride] f16, down [token][kDownStride] f32; the pads spread a warp's accumulator
+// stores (tokens 2q apart, features g) over all 32 banks.
+constexpr int kActStride = 72;
+constexpr int kDownStride = 132;
+static_assert(kStageBytes % 1024 == 0, "aligned swizzle atoms");
+static_assert(kMaxN * kDownStride * 4 <= kRingBytes && kMaxN * kActStride * 2 <= kRingBytes, "staging fits the ring");
+static_assert(kSmemBytes<true> <= 227 * 1024 && kSmemBytes<false> <= 227 * 1024, "one block an SM");
+static_assert(kThreads / 32 * 16 == kUnitRows, "eight warps of 16 weight rows");
+
+struct Args {
+  const PrefillTile* tiles;
+  int num_tiles;
+  const uint16_t* a;
+  const int32_t* a_index;
+  int K, N, out_cols;
+  uint16_t* act_out;
+  float* f32_out;
+  const int* tile_count;
+};
+
+// half2(f16(d·sc_j), f16(−dmin·m_j)) of sub-block j of the super-block whose 16-byte head is `head`
+// (UnpackKScaleMin of common/weights/block_layouts.h; the streamed kernel's StageFactors for one j,
+// h/xlarge's SubBlockFactors).
+__device__ __forceinline__ uint32_t SubBlockFactors(const uint4& head, int j) {
+  uint32_t sc, m;
+  if (j < 4) {
+    sc = head.y & 0x3F3F3F3Fu;
+    m = head.z & 0x3F3F3F3Fu;
+  } else {
+    sc = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+    m = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+  }
+  const uint32_t i = static_cast<uint32_t>(j & 3);
+  // Bytes: sc_i, sc_i, m_i, m_i; the high byte of each half is replaced by 0x64: 1024 + value.
+  const uint32_t pair = __byte_perm(sc, m, i | (i << 4) | ((4 + i) << 8) | ((4 + i) << 12));
+  const __half2 scm =
+      __hsub2(AsHalf2(prefill_stream::AndOr(pair, 0x00FF00FFu, 0x64006400u)), __float2half2_rn(1024.0f));
+  return Half2Bits(__hmul2(AsHalf2(head.x ^ 0x80000000u), scm));
+}
+
+// The copies of k-stage f (< K / 64) of a unit (tile, rows <= kBLoads · 32, col) into ring slot
+// f % kStages, committed as one cp.async group (an empty group for f >= K / 64, so that the wait
+// counts stay uniform). s_rows: the a row of each tile row.
+template <bool kGateUp, int kBLoads>
+__device__ __forceinline__ void IssueStage(const Args& p, const PrefillTile& tile, int rows, int col, int f,
+                                           const int32_t* s_rows, uint32_t smem_base) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int K = p.K;
+  if (f < K / kStageK) {
+    const uint32_t sb = smem_base + static_cast<uint32_t>((f % kStages) * kStageBytes);
+    const int k0 = f * kStageK;
+    // Activations: 16-byte chunk tid % 8 of tile rows tid / 8 + 32 i.
+#pragma unroll
+    for (int i = 0; i < kBLoads; ++i) {
+      const int r = (tid >> 3) + 32 * i;
+      if (r < rows) {
+        CpAsync16(sb + wgmma::SwizzledOffset(r, tid & 7), p.a + static_cast<int64_t>(s_rows[r]) * K + k0 + (tid & 7) * 8);
+      }
+    }
+    // Raw weights: task tid + 256 i = (ring row task / 3, piece task % 3).
+    const int64_t row_bytes = static_cast<int64_t>(K / 256) * kQ4KBlockBytes;
+    const int64_t block_off = static_cast<int64_t>(f >> 2) * kQ4KBlockBytes;
+#pragma unroll
+    for (int i = 0; i < kRawLoads; ++i) {
+      const int task = tid + i * kThreads;
+      if (task < kRawTasks) {
+        const int r = task / 3, piece = task % 3;
+        const uint8_t* src;
+        if constexpr (kGateUp) {
+          // Ring row r: warp r / 16's A row r % 16: gate (r % 16 < 8) or up row of feature 8 (r / 16) + r % 8.
+          const int feature = col * (kUnitRows / 2) + (r >> 4) * 8 + (r & 7);
+          src = static_cast<const uint8_t*>((r & 8) != 0 ? tile.up : tile.gate) + feature * row_bytes;
+        } else {
+          src = static_cast<const uint8_t*>(tile.down) + static_cast<int64_t>(col * kUnitRows + r) * row_bytes;
+        }
+        // d, dmin, scales; or half of quant chunk f % 4
+        const int off = piece == 0 ? 0 : 16 * piece + 32 * (f & 3);
+        CpAsync16(sb + kBBytes + r * kRawRowBytes + 16 * piece, src + block_off + off);
+      }
+    }
+  }
+  CpAsyncCommit();
+}
+
+// One unit (tile x 128 weight rows, all of K) at wgmma N = kN (kN >= tile rows). s_rows: the a row
+// of each tile row (shared memory, written before the call). kOverlap: the caller has issued the
+// unit's first kStages − 1 stages (IssueStage), and `after_mmas` (run by every thread once the
+// unit's wgmmas and copies are done, before the epilogue) may issue the next unit's; the gate/up
+// staging is its own region and down stores straight from the accumulators. Otherwise the unit
+// issues its own prologue, after_mmas is not called and the staging aliases the ring.
+template <bool kGateUp, int kN, bool kOverlap, typename AfterMmas>
+__device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, int rows, int col, uint8_t* smem,
+                                        uint32_t smem_base, const int32_t* s_rows, AfterMmas&& after_mmas) {
+  static_assert(kN % 32 == 0 && kN <= kMaxN, "N in steps of 32");
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int K = p.K, ksteps = K / kStageK;  // a multiple of 4 (K % 256 == 0): the loop takes two at a time
+  auto issue = [&](int f) { IssueStage<kGateUp, kN / 32>(p, tile, rows, col, f, s_rows, smem_base); };
+
+  // Stage f's A fragments of this warp (rows g and g + 8 of its 16): k16 slice kk of the stage is
+  // the low nibbles of quant bytes 16kk .. (kk 0, 1; sub-block 2c) or the high nibbles of bytes
+  // 16(kk − 2) .. (kk 2, 3; sub-block 2c + 1); lane (g, q) needs bytes 2q, 2q + 1 of every 8 (k 2q,
+  // 2q + 1 and 2q + 8, 2q + 9 of the slice): the streamed kernel's byte selector.
+  const uint32_t sel = static_cast<uint32_t>((2 * q) | ((2 * q) << 4) | ((2 * q + 1) << 8) | ((2 * q + 1) << 12));
+  auto dequant = [&](int f, uint32_t(&dst)[4][4]) {
+    const uint8_t* raw = smem + (f % kStages) * kStageBytes + kBBytes + (warp * 16 + g) * kRawRowBytes;
+    const int c = f & 3;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {  // A rows g, g + 8: registers ri, 2 + ri of each slice
+      const uint8_t* row = raw + ri * 8 * kRawRowBytes;
+      const uint4 head = *reinterpret_cast<const uint4*>(row);
+      const uint4 qa = *reinterpret_cast<const uint4*>(row + 16);
+      const uint4 qb = *reinterpret_cast<const uint4*>(row + 32);
+      const uint32_t flo = SubBlockFactors(head, 2 * c), fhi = SubBlockFactors(head, 2 * c + 1);
+      const uint32_t p0 = __byte_perm(qa.x, qa.y, sel), p1 = __byte_perm(qa.z, qa.w, sel);
+      const uint32_t p2 = __byte_perm(qb.x, qb.y, sel), p3 = __byte_perm(qb.z, qb.w, sel);
+      dst[0][ri] = prefill_stream::DequantNibblePair<false>(p0, flo);
+      dst[0][2 + ri] = prefill_stream::DequantNibblePair<false>(p1, flo);
+      dst[1][ri] = prefill_stream::DequantNibblePair<false>(p2, flo);
+      dst[1][2 + ri] = prefill_stream::DequantNibblePair<false>(p3, flo);
+      dst[2][ri] = prefill_stream::DequantNibblePair<true>(p0, fhi);
+      dst[2][2 + ri] = prefill_stream::DequantNibblePair<true>(p1, fhi);
+      dst[3][ri] = prefill_stream::DequantNibblePair<true>(p2, fhi);
+      dst[3][2 + ri] = prefill_stream::DequantNibblePair<true>(p3, fhi);
+    }
+  };
+
+  // Accumulators (CLayout_64xN): thread (warp w % 4 of its warpgroup, g, q) holds for n8 block j
+  // acc[4j + e] at (A row g, token 8j + 2q + e) and acc[4j + 2 + e] at (A row g + 8, same token).
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+  auto mma = [&](int f, const uint32_t(&src)[4][4]) {
+    const uint32_t sb = smem_base + static_cast<uint32_t>((f % kStages) * kStageBytes);
+    wgmma::FenceOperands(acc);
+    wgmma::Fence();  // the A registers written by dequant, before the wgmmas read them
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma::WgmmaRegA<kN>::Run(acc, src[kk], wgmma::SwizzledDesc(sb + 32 * kk), f == 0 && kk == 0 ? 0 : 1);
+    }
+    wgmma::Commit();
+    wgmma::FenceOperands(acc);
+  };
+
+  // Stage f: its wgmmas (A set cur) go out; then, once stage f − 1's wgmmas are done in this
+  // warpgroup (so A set `next` and ring slot (f − 1) % kStages are free after the barrier) and
+  // stage f + 1 has landed, the copies of stage f + kStages − 1 into that slot and the
+  // dequantization of stage f + 1 into `next` run while the tensor cores work on stage f.
+  auto step = [&](int f, const uint32_t(&cur)[4][4], uint32_t(&next)[4][4]) {
+    mma(f, cur);
+    wgmma::Wait<1>();
+    wgmma::FenceOperands(acc);
+    CpAsyncWait<kStages - 3>();
+    wgmma::FenceProxyAsync();  // this thread's landed activations, for the async proxy of the wgmmas
+    __syncthreads();
+    issue(f + kStages - 1);
+    if (f + 1 < ksteps) dequant(f + 1, next);
+  };
+
+  if constexpr (!kOverlap) {
+#pragma unroll 1
+    for (int f = 0; f < kStages - 1; ++f) issue(f);
+  }
+  CpAsyncWait<kStages - 2>();
+  wgmma::FenceProxyAsync();
+  __syncthreads();
+  uint32_t a0[4][4], a1[4][4];
+  dequant(0, a0);
+#pragma unroll 1
+  for (int f = 0; f < ksteps; f += 2) {
+    step(f, a0, a1);
+    step(f + 1, a1, a0);
+  }
+  wgmma::Wait<0>();
+  wgmma::FenceOperands(acc);
+  CpAsyncWait<0>();
+  __syncthreads();  // every warpgroup's wgmmas done, every copy landed: the ring is free
+  if constexpr (kOverlap) after_mmas();
+
+  const int64_t first_slot = tile.first_slot;
+  if constexpr (kOverlap && kGateUp) {
+    // Rows of 64 f16 (128 bytes), 16-byte chunk c of row t at chunk c ^ (t % 8): a warp's stores
+    // (chunk w, tokens 2q + e apart) spread over all banks without a pad.
+    uint16_t* st = reinterpret_cast<uint16_t*>(smem + kOverlapStagingOffset);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        st[t * 64 + ((warp ^ (t & 7)) << 3) + g] =
+            __half_as_ushort(__float2half_rn(prefill_stream::SiluTimes(acc[4 * j + e], acc[4 * j + 2 + e])));
+      }
+    }
+    __syncthreads();
+    for (int task = tid; task < rows * 8; task += kThreads) {
+      const int t = task >> 3, chunk = task & 7;
+      *reinterpret_cast<uint4*>(p.act_out + (first_slot + t) * p.out_cols + col * (kUnitRows / 2) + chunk * 8) =
+          *reinterpret_cast<const uint4*>(st + t * 64 + ((chunk ^ (t & 7)) << 3));
+    }
+    // The next write of the staging is the next unit's epilogue, many barriers later.
+  } else if constexpr (kOverlap) {
+    // Down from the accumulators: a warp's store covers 8 consecutive features (32 bytes) of 4 tokens.
+    float* out = p.f32_out + col * kUnitRows + 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        if (t < rows) {
+          float* o = out + (first_slot + t) * p.out_cols;
+          o[0] = acc[4 * j + e];
+          o[8] = acc[4 * j + 2 + e];
+        }
+      }
+    }
+  } else if constexpr (kGateUp) {
+    uint16_t* st = reinterpret_cast<uint16_t*>(smem);
+    const int feature = 8 * warp + g;  // of the unit's 64
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        st[t * kActStride + feature] =
+            __half_as_ushort(__float2half_rn(prefill_stream::SiluTimes(acc[4 * j + e], acc[4 * j + 2 + e])));
+      }
+    }
+    __syncthreads();
+    for (int task = tid; task < rows * 8; task += kThreads) {
+      const int t = task >> 3, chunk = task & 7;
+      *reinterpret_cast<uint4*>(p.act_out + (first_slot + t) * p.out_cols + col * (kUnitRows / 2) + chunk * 8) =
+          *reinterpret_cast<const uint4*>(st + t * kActStride + chunk * 8);
+    }
+  } else {
+    float* st = reinterpret_cast<float*>(smem);
+    const int feature = 16 * warp + g;  // of the unit's 128
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        st[t * kDownStride + feature] = acc[4 * j + e];
+        st[t * kDownStride + feature + 8] = acc[4 * j + 2 + e];
+      }
+    }
+    __syncthreads();
+    // float2: partial is only 8-byte aligned (ExpertPrefillRunner::Run's contract).
+    for (int task = tid; task < rows * 64; task += kThreads) {
+      const int t = task >> 6, pair = task & 63;
+      *reinterpret_cast<float2*>(p.f32_out + (first_slot + t) * p.out_cols + col * kUnitRows + 2 * pair) =
+          *reinterpret_cast<const float2*>(st + t * kDownStride + 2 * pair);
+    }
+  }
+  if constexpr (!kOverlap) __syncthreads();  // the staging is read before the next unit's copies overwrite the ring
+}
+
+// Weight rows n < N (gate/up: N = 2·inner, unit c = features 64c .. 64c + 63; down: N = h),
+// K % 256 == 0, tiles of at most 256 rows. kOverlap: see RunUnit.
+template <bool kGateUp, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
+  // pdl.cuh: the tiles, their count, the activations and the slot index are the step's.
+  PdlWaitForPrevious();
+  PdlAllowNext();
+  int num_tiles = p.num_tiles;
+  if (p.tile_count != nullptr) num_tiles = min(num_tiles, *p.tile_count);
+  extern __shared__ uint8_t smem_raw[];
+  // The swizzled activation tiles need 1024-byte alignment.
+  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  const uint32_t smem_base = SmemAddr(smem);
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kIndexOffset<kOverlap>);  // [2][kMaxN]
+  const int col_blocks = p.N / kUnitRows;
+  const int64_t units = static_cast<int64_t>(num_tiles) * col_blocks;
+  // Unit `unit`'s tile, rows and column block, and its a rows into s_rows buffer b (a barrier
+  // must follow before they are read).
+  auto prepare = [&](int64_t unit, int b, PrefillTile& tile, int& rows, int& col) {
+    tile = p.tiles[unit / col_blocks];
+    col = static_cast<int>(unit % col_blocks);
+    rows = min(tile.rows, kMaxN);
+    for (int r = static_cast<int>(threadIdx.x); r < rows; r += kThreads) {
+      const int slot = tile.first_slot + r;
+      s_rows[b * kMaxN + r] = p.a_index != nullptr ? p.a_index[slot] : slot;
+    }
+  };
+  auto prologue = [&](const PrefillTile& tile, int rows, int col, const int32_t* rows_of) {
+#pragma unroll 1
+    for (int f = 0; f < kStages - 1; ++f) IssueStage<kGateUp, kMaxN / 32>(p, tile, rows, col, f, rows_of, smem_base);
+  };
+  int64_t u = blockIdx.x;
+  PrefillTile tile{};
+  int rows = 0, col = 0, buf = 0;
+  if (u < units) {
+    prepare(u, 0, tile, rows, col);
+    __syncthreads();
+    if constexpr (kOverlap) prologue(tile, rows, col, s_rows);
+  }
+#pragma unroll 1
+  while (u < units) {
+    const int64_t next = u + gridDim.x;
+    PrefillTile next_tile{};
+    int next_rows = 0, next_col = 0;
+    // kOverlap: the next unit's index and first stages, while this unit's epilogue runs.
+    auto after_mmas = [&] {
+      if (next < units) {
+        prepare(next, buf ^ 1, next_tile, next_rows, next_col);
+        __syncthreads();
+        prologue(next_tile, next_rows, next_col, s_rows + (buf ^ 1) * kMaxN);
+      }
+    };
+    const int32_t* rows_of = s_rows + buf * kMaxN;
+    switch ((rows + 31) >> 5) {  // block-uniform: wgmma N = rows rounded up to 32
+      case 1: RunUnit<kGateUp, 32, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 2: RunUnit<kGateUp, 64, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 3: RunUnit<kGateUp, 96, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 4: RunUnit<kGateUp, 128, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 5: RunUnit<kGateUp, 160, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 6: RunUnit<kGateUp, 192, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 7: RunUnit<kGateUp, 224, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      default: RunUnit<kGateUp, 256, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+    }
+    if constexpr (!kOverlap) {
+      if (next < units) {
+        prepare(next, buf ^ 1, next_tile, next_rows, next_col);
+        __syncthreads();
+      }
+    }
+    u = next;
+    tile = next_tile;
+    rows = next_rows;
+    col = next_col;
+    buf ^= 1;
+  }
+}
+
+template <bool kGateUp, bool kOverlap>
+cudaError_t Launch(const Args& args, cudaStream_t stream) {
+  auto* kernel = WgmmaQ4KGemmKernel<kGateUp, kOverlap>;
+  constexpr int kSmem = kSmemBytes<kOverlap>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      e != cudaSuccess) {
+    return e;
+  }
+  int device = 0, sms = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  // Persistent: one block an SM (at most one a unit of the tile bound).
+  const int64_t units = static_cast<int64_t>(args.num_tiles) * (args.N / kUnitRows);
+  const int64_t blocks = std::min<int64_t>(units, std::max(sms, 1));
+  return LaunchPrefillPdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, args);
+}
+
+}  // namespace
+}  // namespace prefill_wgexp
+
+cudaError_t LaunchWgmmaQ4KGemm(bool gate_up, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
+                               const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
+                               cudaStream_t stream, const int* tile_count, bool overlap) {
+  if (K <= 0 || K % 256 != 0 || N <= 0 || N % kWgmmaUnitRows != 0 || tile_rows < 1 || tile_rows > kWgmmaMaxTileRows) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_tiles <= 0) return cudaSuccess;
+  const prefill_wgexp::Args args{tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, tile_count};
+  if (overlap) {
+    return gate_up ? prefill_wgexp::Launch<true, true>(args, stream) : prefill_wgexp::Launch<false, true>(args, stream);
+  }
+  return gate_up ? prefill_wgexp::Launch<true, false>(args, stream) : prefill_wgexp::Launch<false, false>(args, stream);
+}
+
+}  // namespace tandem::cuda
