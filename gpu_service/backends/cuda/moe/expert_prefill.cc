@@ -163,7 +163,7 @@ std::optional<DevicePrefillChoice> ExpertPrefillRunner::DevicePlannedChoice(int6
       return DevicePrefillChoice{MmqAutoKernel(), 16};
     }
     // Large groups: the weights-as-A wgmma kernel (the host rule's ChooseWgmmaTile on the mean).
-    if (WgmmaByDefault() && slots >= kWgmmaMinMeanRows * experts) {
+    if (WgmmaByDefault() && slots >= WgmmaMinMeanRows() * experts) {
       return DevicePrefillChoice{WgmmaAutoKernel(), kWgmmaMaxTileRows};
     }
     return DevicePrefillChoice{PrefillKernel::kStreamed, kStreamedMaxTileRows};

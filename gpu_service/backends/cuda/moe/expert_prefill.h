@@ -121,7 +121,10 @@ bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 // switch, on by default as EnvSwitchDefaultOn) or where the device is not sm_90 (the kernel is
 // sm_90a code). WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
 // ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
+// WgmmaMinMeanRows: kWgmmaMinMeanRows, or TANDEM_PREFILL_WGMMA_MIN_ROWS (a positive integer, read
+// once; anything else: the default), to time the choice's bound (e.g. 2048 tokens, 40 rows).
 inline constexpr int kWgmmaMinMeanRows = 64;
+int WgmmaMinMeanRows();
 PrefillKernel WgmmaAutoKernel();
 bool WgmmaByDefault();
 int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups);

@@ -103,11 +103,22 @@ PrefillKernel WgmmaAutoKernel() {
 
 bool WgmmaByDefault() { return IsWgmmaKernel(WgmmaAutoKernel()); }
 
+int WgmmaMinMeanRows() {
+  static const int rows = [] {
+    const char* v = std::getenv("TANDEM_PREFILL_WGMMA_MIN_ROWS");
+    if (v == nullptr) return kWgmmaMinMeanRows;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return end != v && *end == '\0' && n >= 1 && n <= 1 << 20 ? static_cast<int>(n) : kWgmmaMinMeanRows;
+  }();
+  return rows;
+}
+
 int ChooseWgmmaTile(const ExpertDecodeRunner::Shape& shape, std::span<const PrefillGroup> groups) {
   if (!WgmmaByDefault() || !UsesStreamedKernel(shape, 0) || groups.empty()) return 0;
   int64_t rows = 0;
   for (const PrefillGroup& g : groups) rows += g.rows;
-  return rows >= kWgmmaMinMeanRows * static_cast<int64_t>(groups.size()) ? kWgmmaMaxTileRows : 0;
+  return rows >= WgmmaMinMeanRows() * static_cast<int64_t>(groups.size()) ? kWgmmaMaxTileRows : 0;
 }
 
 std::vector<PrefillGroup> GroupUnits(std::span<const ExpertUnit> units) {
