@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -174,24 +175,7 @@ GdnRecurrentKernel(const float* conv_out, const float* g, const float* beta, int
     const float decay = expf(g[t * nv + vh]);
     const float b = beta[t * nv + vh];
     const float v = row[2 * nk * kDk + static_cast<int64_t>(vh) * dv + col];
-    float kv = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      s[i] *= decay;
-      kv = fmaf(ks[i0 + i], s[i], kv);
-    }
-    kv_part[warp][lane] = kv;
-    __syncthreads();
-    kv = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) kv += kv_part[w][lane];
-    const float delta = b * (v - kv);
-    float out = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      s[i] = fmaf(ks[i0 + i], delta, s[i]);
-      out = fmaf(qs[i0 + i], s[i], out);
-    }
+    float out = DeltaRuleColumnStep<kRows, kWarps>(s, qs + i0, ks + i0, decay, b, v, kv_part, warp, lane);
     out_part[warp][lane] = out;
     __syncthreads();
     if (warp == 0) {

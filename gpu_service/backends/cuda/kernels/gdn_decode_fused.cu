@@ -28,6 +28,7 @@
 #include <cstdlib>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -192,24 +193,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const float decay = expf(gate_g[vh]);
   const float b = gate_beta[vh];
   const float v = vs[lane];
-  float kv = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    s[i] *= decay;
-    kv = fmaf(ks[r0 + i], s[i], kv);
-  }
-  kv_part[warp][lane] = kv;
-  __syncthreads();
-  kv = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) kv += kv_part[w][lane];
-  const float delta = b * (v - kv);
-  float out = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    s[i] = fmaf(ks[r0 + i], delta, s[i]);
-    out = fmaf(qs[r0 + i], s[i], out);
-  }
+  float out = DeltaRuleColumnStep<kRows, kWarps>(s, qs + r0, ks + r0, decay, b, v, kv_part, warp, lane);
   out_part[warp][lane] = out;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) S[static_cast<int64_t>(i) * dv] = s[i];
