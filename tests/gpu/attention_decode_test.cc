@@ -32,6 +32,7 @@ using attn_testing::DecodeCase;
 using attn_testing::FirstDifference;
 using attn_testing::MakeDecodeCase;
 using attn_testing::SameBits;
+using attn_testing::ShapeName;
 using attn_testing::ZeroedScratch;
 
 // Restores the process-wide switches when a test ends (tests flip OldAttnDecode to run both paths;
@@ -61,22 +62,7 @@ bool TicketsZero(const DeviceArray<uint8_t>& scratch) {
   return std::all_of(head.begin(), head.end(), [](uint8_t b) { return b == 0; });
 }
 
-struct ShapeParam {
-  int nh, kvh, hd, rot;
-};
-
-std::string ShapeName(const ShapeParam& p) {
-  return "nh" + std::to_string(p.nh) + "_kvh" + std::to_string(p.kvh) + "_hd" + std::to_string(p.hd);
-}
-
-class GpuAttentionDecodeTest : public ::testing::TestWithParam<ShapeParam> {
- protected:
-  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
-  cuda::AttnShape shape() const {
-    const ShapeParam& p = GetParam();
-    return cuda::AttnShape{p.nh, p.kvh, p.hd, p.rot, 1e-6f};
-  }
-};
+class GpuAttentionDecodeTest : public attn_testing::AttentionShapeTest {};
 
 // ---- q/k norm + RoPE + cache append in one launch ----
 
@@ -203,10 +189,8 @@ TEST_P(GpuAttentionDecodeTest, MergedSlicesMatchSplitMergeBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionDecodeTest,
-                         ::testing::Values(ShapeParam{16, 2, 256, 64},  // Qwen3-Next-80B attention
-                                           ShapeParam{4, 2, 64, 16}, ShapeParam{8, 2, 128, 32}),
-                         [](const ::testing::TestParamInfo<ShapeParam>& info) { return ShapeName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionDecodeTest, ::testing::ValuesIn(attn_testing::kDecodeShapes),
+                         attn_testing::ShapeTestName);
 
 // A batch-1 decode captured once as a graph (merge in the last block) and replayed three times
 // with growing contexts (the positions and cache rewritten in device memory): each replay gives

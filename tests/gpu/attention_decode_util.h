@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
@@ -92,6 +93,33 @@ inline DecodeCase MakeDecodeCase(std::mt19937& rng, const cuda::AttnShape& d, co
   c.d_table = Upload(table);
   return c;
 }
+
+// The head shapes the decode tests run: (query heads, kv heads, head dim, rotary dims).
+struct ShapeParam {
+  int nh, kvh, hd, rot;
+};
+
+inline std::string ShapeName(const ShapeParam& p) {
+  return "nh" + std::to_string(p.nh) + "_kvh" + std::to_string(p.kvh) + "_hd" + std::to_string(p.hd);
+}
+
+inline const ShapeParam kDecodeShapes[] = {
+    {16, 2, 256, 64},  // Qwen3-Next-80B attention
+    {4, 2, 64, 16},
+    {8, 2, 128, 32},
+};
+
+inline std::string ShapeTestName(const ::testing::TestParamInfo<ShapeParam>& info) { return ShapeName(info.param); }
+
+// A test over kDecodeShapes: skipped without a GPU; shape() is the parameter's AttnShape.
+class AttentionShapeTest : public ::testing::TestWithParam<ShapeParam> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+  cuda::AttnShape shape() const {
+    const ShapeParam& p = GetParam();
+    return cuda::AttnShape{p.nh, p.kvh, p.hd, p.rot, 1e-6f};
+  }
+};
 
 }  // namespace tandem::attn_testing
 

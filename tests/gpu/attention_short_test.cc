@@ -26,6 +26,7 @@ using attn_testing::AllFinite;
 using attn_testing::DecodeCase;
 using attn_testing::FirstDifference;
 using attn_testing::MakeDecodeCase;
+using attn_testing::ShapeName;
 using attn_testing::ZeroedScratch;
 using gpu_testing::DeviceArray;
 using gpu_testing::Download;
@@ -143,22 +144,7 @@ int ExpectMatchesSplit(const std::vector<float>& got, const std::vector<float>& 
   return equal;
 }
 
-struct ShapeParam {
-  int nh, kvh, hd, rot;
-};
-
-std::string ShapeName(const ShapeParam& p) {
-  return "nh" + std::to_string(p.nh) + "_kvh" + std::to_string(p.kvh) + "_hd" + std::to_string(p.hd);
-}
-
-class GpuAttentionShortTest : public ::testing::TestWithParam<ShapeParam> {
- protected:
-  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
-  cuda::AttnShape shape() const {
-    const ShapeParam& p = GetParam();
-    return cuda::AttnShape{p.nh, p.kvh, p.hd, p.rot, 1e-6f};
-  }
-};
+class GpuAttentionShortTest : public attn_testing::AttentionShapeTest {};
 
 // Contexts 1, 31, 32, 33, 135, 1000, 4097 and 8192; batch 1, batch 3 over rows {6, 1, 3} (contexts
 // ctx, ctx / 2, 65: items on both sides of the bound in one launch) and a sequence with several new
@@ -215,10 +201,8 @@ TEST_P(GpuAttentionShortTest, WholeContextMatchesSplitPathAndReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionShortTest,
-                         ::testing::Values(ShapeParam{16, 2, 256, 64},  // Qwen3-Next-80B attention
-                                           ShapeParam{4, 2, 64, 16}, ShapeParam{8, 2, 128, 32}),
-                         [](const ::testing::TestParamInfo<ShapeParam>& info) { return ShapeName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionShortTest, ::testing::ValuesIn(attn_testing::kDecodeShapes),
+                         attn_testing::ShapeTestName);
 
 // A decode step captured once as a graph at a short context (batch 1, and batch 3 over rows
 // {6, 1, 3}), replayed with contexts growing past the bound (positions rewritten in device memory):
