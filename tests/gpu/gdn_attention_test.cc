@@ -14,6 +14,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
 
@@ -70,8 +71,7 @@ TEST_P(GpuGdnTest, PrefillThenDecodeMatchesRecurrentReference) {
   const std::vector<float> gate = Random(rng, static_cast<size_t>(d.h * vdim), 0.08f);
   const std::vector<float> ba = Random(rng, static_cast<size_t>(d.h * 2 * d.nv), 0.1f);
   const std::vector<float> conv1d = Random(rng, static_cast<size_t>(d.kk * c_dim), 0.5f);
-  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
-  for (float& v : a) v = -std::fabs(v);
+  const std::vector<float> a = gdn_testing::RandomSsmA(rng, d.nv);
   const std::vector<float> dt_bias = Random(rng, static_cast<size_t>(d.nv), 0.5f);
   const std::vector<float> norm = Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f);
   const std::vector<float> out = Random(rng, static_cast<size_t>(vdim * d.h), 0.05f);

@@ -19,6 +19,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gtest/gtest.h"
+#include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
 
@@ -69,12 +70,7 @@ void ExpectTheFourKernelsBits(const cuda::GdnShape& d, int64_t seqs, const std::
   const int64_t kSeqs = seqs;
   const int64_t conv_off = 0, ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
   const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
-  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
-  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
-  for (float& v : a) v = -std::fabs(v);
-  const auto ssm_a = Upload(a);
-  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
-  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
   const float eps = 1e-6f;
   for (const std::vector<int32_t>& row_list : row_lists) {
     const int64_t n = static_cast<int64_t>(row_list.size());
@@ -185,12 +181,7 @@ TEST_P(GpuGdnDecodeFusedTest, StridedStackedRowsGiveTheSameBits) {
   constexpr int kSeqs = 5;
   const int64_t ssm_off = (d.kk - 1) * c_dim + 8;
   const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv;
-  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
-  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
-  for (float& v : a) v = -std::fabs(v);
-  const auto ssm_a = Upload(a);
-  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
-  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
   for (const std::vector<int32_t>& row_list : {std::vector<int32_t>{3}, std::vector<int32_t>{4, 0, 2}}) {
     const int64_t n = static_cast<int64_t>(row_list.size());
     const std::string tag = Tag(d) + " n=" + std::to_string(n);

@@ -12,6 +12,7 @@
 #include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gtest/gtest.h"
+#include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
 
@@ -46,9 +47,7 @@ TEST_P(GpuGdnVecTest, ConvAndPrepareMatchGeneralKernels) {
   const auto qkv = Upload(Random(rng, static_cast<size_t>(total * c_dim)));
   const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
   const auto ba = Upload(Random(rng, static_cast<size_t>(total * 2 * d.nv), 2.0f));
-  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
-  for (float& v : a) v = -std::fabs(v);
-  const auto ssm_a = Upload(a);
+  const auto ssm_a = Upload(gdn_testing::RandomSsmA(rng, d.nv));
   const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
   const std::vector<float> history0 = Random(rng, static_cast<size_t>((d.kk - 1) * c_dim));
   struct Path {
@@ -202,12 +201,7 @@ TEST_P(GpuGdnVecTest, StridedRowsGiveTheContiguousResults) {
   const std::vector<float> z = Random(rng, static_cast<size_t>(total * vw));
   const std::vector<float> ba = Random(rng, static_cast<size_t>(total * bw), 2.0f);
   const std::vector<float> o = Random(rng, static_cast<size_t>(total * vw));
-  const auto taps = Upload(Random(rng, static_cast<size_t>(c_dim * d.kk), 0.5f));
-  std::vector<float> a = Random(rng, static_cast<size_t>(d.nv), 0.5f, -1.0f);
-  for (float& v : a) v = -std::fabs(v);
-  const auto ssm_a = Upload(a);
-  const auto dt_bias = Upload(Random(rng, static_cast<size_t>(d.nv), 0.5f));
-  const auto norm = Upload(Random(rng, static_cast<size_t>(d.dv), 0.2f, 1.0f));
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
   const std::vector<float> history0 = Random(rng, static_cast<size_t>((d.kk - 1) * c_dim));
   const auto qkv_dev = Upload(qkv), z_dev = Upload(z), ba_dev = Upload(ba);
   for (const int64_t pad : {int64_t{4}, int64_t{1}}) {
