@@ -24,7 +24,8 @@
 // and stores each dim's 8 keys as one 16-byte chunk of Vt. Both mappings keep the cp.async,
 // stage reads and swizzled stores free of bank conflicts (the V stage slots are XOR-swizzled by
 // key octet for that). The pipeline is the old kernel's: V(t) lands during S(t), K(t+1) during the
-// softmax and O += P·V(t).
+// softmax and O += P·V(t); in addition V(t) is converted while the tensor cores run S(t), and
+// K(t+1) while they run O += P·V(t).
 #include <cuda_fp16.h>
 
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
@@ -138,6 +139,16 @@ __device__ __forceinline__ void ConvertV(uint8_t* smem, int tid) {
   }
 }
 
+// Uses the register A fragments after the wgmma wait: the compiler keeps them (and gives their
+// registers to nothing else) until the asynchronous wgmmas that read them have completed.
+__device__ __forceinline__ void KeepLive(uint32_t (&a)[kKeys / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < kKeys / 16; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
 WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                                const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
@@ -202,11 +213,13 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
                       wgmma::SwizzledDesc(base + kKOff + (kk >> 2) * kKSlab + k_off), kk > 0);
     }
     wgmma::Commit();
+    // V(kt) into Vt while the tensor cores run S: Vt(kt - 1) is free (both warpgroups waited for
+    // their O += P·V before the last barrier) and S reads only Q and K.
+    ConvertV(smem, tid);
+    wgmma::FenceProxyAsync();  // for O += P·V's async reads
     wgmma::Wait<0>();
     wgmma::FenceOperands(s);
-    ConvertV(smem, tid);       // V(kt)
-    wgmma::FenceProxyAsync();  // for O += P·V's async reads
-    __syncthreads();           // V(kt) visible; both warpgroups are done with K(kt) and the stage
+    __syncthreads();  // V(kt) visible; both warpgroups are done with K(kt) and the stage
     if (more) StageK(cache.k, next_page, kvhead, kvw, valid_keys(kt + 1), base, tid);
 
     // Online softmax in base 2; masking only where the tile reaches past the first row's position.
@@ -264,12 +277,17 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
       wgmma::WgmmaRegA<kHd>::Run(acc, a[kk], wgmma::SwizzledDesc(base + kVOff + 32 * kk), 1);
     }
     wgmma::Commit();
+    if (more) {
+      // K(kt + 1) into K while the tensor cores run O += P·V: both warpgroups' S(kt) completed
+      // before the last barrier, and O += P·V reads only Vt.
+      ConvertK(smem, tid);
+      wgmma::FenceProxyAsync();  // for the next S's async reads
+    }
     wgmma::Wait<0>();
     wgmma::FenceOperands(acc);
+    KeepLive(a);  // the A registers stay untouched until the wgmmas reading them have completed
     if (more) {
-      ConvertK(smem, tid);       // K(kt + 1)
-      wgmma::FenceProxyAsync();  // for the next S's async reads
-      __syncthreads();           // K(kt + 1) visible; both warpgroups are done with Vt(kt) and the stage
+      __syncthreads();  // K(kt + 1) visible; both warpgroups are done with Vt(kt) and the stage
       StageV(cache.v, next_page, kvhead, kvw, valid_keys(kt + 1), base, tid);
     }
   }
