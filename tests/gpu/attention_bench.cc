@@ -3,10 +3,10 @@
 // on the unsplit path (the earlier interface: one block per item and kv head) and the planned
 // split-KV path, with the KV bytes read as a share of a measured device copy; prefill of 4096 and
 // 8192 tokens (causal, one sequence) and of 16 × 512 tokens on the exact path, the f16
-// tensor-core path and the earlier tensor-core kernel in TFLOP/s (4·n²/2·nh·hd flops per
-// sequence), and the relative L2 of each fast output against the exact one; short decode contexts
-// in one block against the split path (decode_b{1,3}_ctxN_short). Timing: CUDA events
-// around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
+// tensor-core path (the mma.sync pipelined kernel, and at hd 256 the wgmma kernel beside it) in
+// TFLOP/s (4·n²/2·nh·hd flops per sequence), and the relative L2 of each fast output against the
+// exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short).
+// Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -276,6 +276,8 @@ void Run() {
     const double ms_exact = TimeMs([&] { planned(exact, o_ref); }, 1);
     Report(name + "_f32", flops / (ms_exact * 1e9), "TFLOP/s",
            std::to_string(ms_exact) + " ms, exact split kernel, 1 block per token and kv head");
+    const bool wgmma_default = AttnTcWgmma();
+    SetAttnTcWgmma(false);  // _f16tc: the mma.sync pipelined kernel, whatever TANDEM_ATTN_TC_WGMMA says
     const double ms_fast = TimeMs([&] { planned(fast, o); }, 5);
     Report(name + "_f16tc", flops / (ms_fast * 1e9), "TFLOP/s",
            std::to_string(ms_fast) + " ms, pipelined kernel, " + std::to_string(fast.plan.num_tile_items) +
@@ -285,6 +287,19 @@ void Run() {
     BENCH_CHECK(cudaMemcpy(a.data(), o, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
     BENCH_CHECK(cudaMemcpy(b.data(), o_ref, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
     Report(name + "_f16tc_vs_f32", RelL2(a, b), "rel_l2", "tolerance 1e-2");
+    if (d.hd == 256) {
+      // The wgmma kernel (attention_tc_wgmma.cu) on the same plan and items.
+      SetAttnTcWgmma(true);
+      const double ms_wg = TimeMs([&] { planned(fast, o); }, 5);
+      Report(name + "_f16tc_wgmma", flops / (ms_wg * 1e9), "TFLOP/s",
+             std::to_string(ms_wg) + " ms, wgmma kernel (TANDEM_ATTN_TC_WGMMA=1), " +
+                 std::to_string(ms_fast / ms_wg) + "x the pipelined kernel");
+      std::vector<float> w(count);
+      BENCH_CHECK(cudaMemcpy(w.data(), o, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      Report(name + "_f16tc_wgmma_vs_f32", RelL2(w, b), "rel_l2", "tolerance 1e-2, ~ the pipelined kernel's");
+      Report(name + "_f16tc_wgmma_vs_mma", RelL2(w, a), "rel_l2", "same f16 roundings: << 1e-3 expected");
+    }
+    SetAttnTcWgmma(wgmma_default);
   }
 
   // Short prompts (one sequence from position 0): the tile items whole against cut into key-tile

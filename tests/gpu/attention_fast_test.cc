@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -345,6 +346,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionFastTest,
                            return "hd" + std::to_string(info.param.hd) + "_g" + std::to_string(info.param.groups) +
                                   "_kvh" + std::to_string(info.param.kvh);
                          });
+
+// The wgmma kernel (AttnTcWgmma, attention_tc_wgmma.cu; hd 256, GQA 8, causal) on the prefill
+// cases above: the mixed step (prefill chunk after cached positions, a decode, a fresh prefill), a
+// fresh 512-token prompt (32 items), a 300-token chunk after 700 cached positions, and two prompts
+// in one step, each with the plan's key-tile slices (partials + merge) and whole. Against the
+// reference within the tensor-core tolerance, and against the mma.sync kernel on the same plan:
+// both round Q, K, V and P to f16 alike and differ only in the f32 summation order (and the rare
+// P element that this flips), so they agree far closer than either does with the reference.
+TEST(GpuAttentionWgmmaTest, MatchesPipelinedKernelAndReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const cuda::AttnShape d = Shape(256, 8, 2);
+  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
+  struct Restore {
+    bool was = cuda::AttnTcWgmma();
+    ~Restore() { cuda::SetAttnTcWgmma(was); }
+  } restore;
+  const std::vector<std::vector<SeqStep>> cases = {
+      {{130, 200}, {500, 1}, {0, 70}}, {{0, 512}}, {{700, 300}}, {{0, 200}, {64, 130}}};
+  for (const std::vector<SeqStep>& seqs : cases) {
+    AttnCase c = MakeCase(rng, d, seqs, 17);
+    c.Upload();
+    const std::vector<float> want = Reference(c);
+    std::string tag = "hd256_g8";
+    for (const SeqStep& s : seqs) {
+      tag.append("_").append(std::to_string(s.start)).append("+").append(std::to_string(s.n));
+    }
+    for (int max_splits : {cuda::kAttnMaxTcSplits, 1}) {
+      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, tc, max_splits);
+      ASSERT_GT(plan.num_tile_items, 0);
+      std::string name = tag;
+      name.append(plan.tc_splits > 1 ? "_sliced" : "_whole");
+      if (plan.tc_splits > 1) name.append(std::to_string(plan.tc_splits));
+      cuda::SetAttnTcWgmma(false);
+      const std::vector<float> mma = RunPlanned(c, plan);
+      cuda::SetAttnTcWgmma(true);
+      const std::vector<float> wg = RunPlanned(c, plan);
+      const double err_mma = RelL2(mma, want);
+      const double err_wg = gpu_testing::LogError("attn_wgmma_" + name, RelL2(wg, want));
+      EXPECT_LE(err_wg, 1e-2) << name;
+      EXPECT_LE(err_wg, 1.2 * err_mma + 1e-4) << name << ": mma.sync kernel " << err_mma;
+      EXPECT_LE(gpu_testing::LogError("attn_wgmma_vs_mma_" + name, RelL2(wg, mma)), 1e-3) << name;
+    }
+  }
+}
 
 // A batch-of-3 decode step captured once as a graph; replayed after overwriting positions, page
 // table, items and cache contents in device memory with a different step of the same shape.

@@ -110,6 +110,13 @@ void SetOldAttnSplit(bool on);
 int AttnShortKeys();
 void SetAttnShortKeys(int keys);
 
+// The hd-256 tensor-core prefill (kF16TensorCores tile items) on Hopper's wgmma
+// (attention_tc_wgmma.cu) instead of the mma.sync pipelined kernel: same items, plan, partials and
+// merge. Off by default until A/B-timed on the H200; TANDEM_ATTN_TC_WGMMA=1 turns it on (read once;
+// settable for tests and benchmarks; a launch uses the choice current when it is made).
+bool AttnTcWgmma();
+void SetAttnTcWgmma(bool on);
+
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
 // cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences
 // with many tokens in the step (prefill) run on f16 tensor cores (Q, K, V rounded to f16 in

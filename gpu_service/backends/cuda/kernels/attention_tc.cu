@@ -2,12 +2,20 @@
 
 #include <cuda_fp16.h>
 
+#include <atomic>
+
+#include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/attention_tc_common.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
+
+using attn_tc::CpAsync16OrZero;
+using attn_tc::SlicesOf;
+using attn_tc::TcSlices;
 
 constexpr int kTcKeys = 64;
 static_assert(kTcKeys == kKvPageSize, "a key tile is one cache page");
@@ -39,12 +47,6 @@ struct PipeSmem {
   static constexpr size_t kKv = sizeof(__half) * kPipeKeys * kStride;
   static constexpr size_t kBytes = kStage + kQ + 2 * kKv;
 };
-
-// 16 bytes global -> shared, bypassing L1; zeros instead when !valid (nothing is read).
-__device__ __forceinline__ void CpAsync16OrZero(uint32_t dst, const float* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 // This thread's share of one K or V tile (`page`, the kv head's slice) into the staging area, as
 // one cp.async group. Keys from valid_keys on are zero-filled: unwritten cache may hold NaN.
@@ -83,17 +85,6 @@ __device__ __forceinline__ void ConvertStagedTile(const float4* stage, __half* d
   __half* row = dst + (tid / T::kVec) * kStride + 4 * (tid % T::kVec);
 #pragma unroll
   for (int i = 0; i < T::kPer; ++i) StoreF16x4(row + i * T::kKeyStep * kStride, stage[tid + i * kPipeThreads]);
-}
-
-// The key tiles of an item ending at max_pos cut into at most `splits` slices of `per` tiles;
-// `used` of them are non-empty. The kernel and the merge compute it alike from the positions.
-struct TcSlices {
-  int tiles, per, used;
-};
-__device__ __forceinline__ TcSlices SlicesOf(int32_t max_pos, int splits) {
-  const int tiles = max_pos / kPipeKeys + 1;
-  const int per = (tiles + splits - 1) / splits;
-  return TcSlices{tiles, per, (tiles + per - 1) / per};
 }
 
 template <int kHd>
@@ -332,12 +323,16 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   float* part_o = static_cast<float*>(partials);
   float* part_ml = splits > 1 ? part_o + blocks * kTcRows * kHd : nullptr;
-  if (const cudaError_t e = LaunchPrefillPdl(PipelinedTensorCoreAttentionKernel<kHd>, static_cast<unsigned>(blocks),
-                                             kPipeThreads, smem, stream, q, qg, d.nh, d.kvh, tile_items, token_seq,
-                                             token_pos, cache, o, splits, part_o, part_ml);
-      e != cudaSuccess) {
-    return e;
+  cudaError_t e;
+  if (kHd == 256 && AttnTcWgmma()) {
+    e = LaunchWgmmaTensorCoreAttention256(q, qg, d, tile_items, static_cast<unsigned>(blocks), token_seq, token_pos,
+                                          cache, o, stream, splits, part_o, part_ml);
+  } else {
+    e = LaunchPrefillPdl(PipelinedTensorCoreAttentionKernel<kHd>, static_cast<unsigned>(blocks), kPipeThreads, smem,
+                         stream, q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o, splits, part_o,
+                         part_ml);
   }
+  if (e != cudaSuccess) return e;
   if (splits > 1) {
     const dim3 grid(static_cast<unsigned>(num_tile_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(kTcRows / MergeRowsPerBlock<kHd>()));
@@ -347,7 +342,15 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   return cudaSuccess;
 }
 
+std::atomic<bool>& AttnTcWgmmaSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_TC_WGMMA")};
+  return on;
+}
+
 }  // namespace
+
+bool AttnTcWgmma() { return AttnTcWgmmaSwitch().load(std::memory_order_relaxed); }
+void SetAttnTcWgmma(bool on) { AttnTcWgmmaSwitch().store(on, std::memory_order_relaxed); }
 
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,

@@ -39,6 +39,15 @@ cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const Att
                                       const PagedKv& cache, float* o, cudaStream_t stream, int splits = 1,
                                       void* partials = nullptr);
 
+// The wgmma kernel of attention_tc_wgmma.cu (hd 256 only; LaunchTensorCoreAttention runs it when
+// AttnTcWgmma(), attention.cuh): `blocks` = num_tile_items · kvh · splits blocks over the same
+// items, writing o, or with splits > 1 the same partials as the pipelined kernel (part_o, part_ml)
+// for the caller's merge launch.
+cudaError_t LaunchWgmmaTensorCoreAttention256(const float* q, const float* qg, const AttnShape& d,
+                                              const int32_t* tile_items, unsigned blocks, const int32_t* token_seq,
+                                              const int32_t* token_pos, const PagedKv& cache, float* o,
+                                              cudaStream_t stream, int splits, float* part_o, float* part_ml);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_

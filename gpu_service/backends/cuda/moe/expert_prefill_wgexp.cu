@@ -45,7 +45,7 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
-#include "gpu_service/backends/cuda/moe/wgmma_f16.cuh"
+#include "gpu_service/backends/cuda/wgmma_f16.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {

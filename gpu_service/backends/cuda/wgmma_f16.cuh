@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) pieces: shared-memory matrix descriptors for K-major f16
 // tiles in the 128-byte swizzle, the f16 x f16 -> f32 m64nNk16 MMA with both operands in shared
-// memory (N = 256, 128; from branch h/xlarge, whose wide kernel verified the descriptors on the
+// memory (N = 256, 128, 64; from branch h/xlarge, whose wide kernel verified the descriptors on the
 // H200) and with A in registers (WgmmaRegA, N = 32 .. 256 in steps of 32: the weights-as-A kernel,
 // expert_prefill_wgexp.cu), and the group fences. Device code only; every function needs sm_90a.
 //
@@ -10,8 +10,8 @@
 // c ^ (r % 8) of that row (the hardware applies the same XOR to address bits 4-6 from bits 7-9, so
 // every atom must be 1024-byte aligned). The k16 slice kk of the tile starts 32·kk bytes into the
 // atom (the descriptor's start address moves; the swizzle is applied to the full address).
-#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_WGMMA_F16_CUH_
-#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_WGMMA_F16_CUH_
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_WGMMA_F16_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_WGMMA_F16_CUH_
 
 #include <cstdint>
 
@@ -112,6 +112,22 @@ __device__ __forceinline__ void WgmmaN128(float (&d)[64], uint64_t desc_a, uint6
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// d (64 x 64 f32, 32 a thread) (+)= A (smem, 64 x 16) * B (smem, 16 x 64); both K-major, 128-byte swizzle
+// (the S = Q·K^T tile of the wgmma attention, kernels/attention_tc_wgmma.cu).
+__device__ __forceinline__ void WgmmaN64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  TANDEM_WGMMA_ASM(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -327,4 +343,4 @@ struct WgmmaRegA<256> {
 
 }  // namespace tandem::cuda::wgmma
 
-#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_WGMMA_F16_CUH_
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_WGMMA_F16_CUH_
