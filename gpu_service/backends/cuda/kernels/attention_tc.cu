@@ -14,6 +14,7 @@ namespace tandem::cuda {
 namespace {
 
 using attn_tc::CpAsync16OrZero;
+using attn_tc::OnlineSoftmaxTile;
 using attn_tc::SlicesOf;
 using attn_tc::TcSlices;
 
@@ -167,37 +168,10 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
 
     // Online softmax in base 2; masking only where the tile reaches past the first row's position.
     const bool mask = kt * kPipeKeys + kPipeKeys - 1 > min_pos;
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nb = 0; nb < kPipeKeys / 8; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float v = s[nb][c] * scale_log2;
-        if (mask && kt * kPipeKeys + nb * 8 + 2 * t4 + (c & 1) > (c < 2 ? pos_lo : pos_hi)) v = -INFINITY;
-        s[nb][c] = v;
-        mx[c >> 1] = fmaxf(mx[c >> 1], v);
-      }
-    }
-    float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
-      corr[i] = mx[i] == -INFINITY ? 1.0f : exp2f(m[i] - mx[i]);
-      m[i] = mx[i];
-    }
-#pragma unroll
-    for (int nb = 0; nb < kPipeKeys / 8; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float mm = m[c >> 1];
-        const float p = mm == -INFINITY ? 0.0f : exp2f(s[nb][c] - mm);
-        s[nb][c] = p;
-        sum[c >> 1] += p;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * corr[i] + sum[i];
+    float corr[2];
+    // s[kPipeKeys / 8][4] is the layout's s[4nb + c] (OnlineSoftmaxTile) as rows of 4: the same floats.
+    OnlineSoftmaxTile<kPipeKeys>(reinterpret_cast<float(&)[kPipeKeys / 2]>(s), m, l, corr, scale_log2, mask,
+                                 kt * kPipeKeys, t4, pos_lo, pos_hi);
 #pragma unroll
     for (int nd = 0; nd < kHd / 8; ++nd) {
       acc[nd][0] *= corr[0];

@@ -39,6 +39,7 @@ namespace tandem::cuda {
 namespace {
 
 using attn_tc::CpAsync16OrZero;
+using attn_tc::OnlineSoftmaxTile;
 using attn_tc::SlicesOf;
 using attn_tc::TcSlices;
 
@@ -224,37 +225,8 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
 
     // Online softmax in base 2; masking only where the tile reaches past the first row's position.
     const bool mask = kt * kKeys + kKeys - 1 > min_pos;
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nb = 0; nb < kKeys / 8; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float v = s[4 * nb + c] * scale_log2;
-        if (mask && kt * kKeys + nb * 8 + 2 * t4 + (c & 1) > (c < 2 ? pos_lo : pos_hi)) v = -INFINITY;
-        s[4 * nb + c] = v;
-        mx[c >> 1] = fmaxf(mx[c >> 1], v);
-      }
-    }
-    float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
-      corr[i] = mx[i] == -INFINITY ? 1.0f : exp2f(m[i] - mx[i]);
-      m[i] = mx[i];
-    }
-#pragma unroll
-    for (int nb = 0; nb < kKeys / 8; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float mm = m[c >> 1];
-        const float p = mm == -INFINITY ? 0.0f : exp2f(s[4 * nb + c] - mm);
-        s[4 * nb + c] = p;
-        sum[c >> 1] += p;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * corr[i] + sum[i];
+    float corr[2];
+    OnlineSoftmaxTile<kKeys>(s, m, l, corr, scale_log2, mask, kt * kKeys, t4, pos_lo, pos_hi);
 #pragma unroll
     for (int nd = 0; nd < kHd / 8; ++nd) {
       acc[4 * nd] *= corr[0];
