@@ -39,18 +39,10 @@ using attn_testing::ZeroedScratch;
 // the new path here includes the in-block merge, which is off by default).
 // The split path at every context (TANDEM_OLD_ATTN_SPLIT): the short-context walk, which would
 // take contexts up to AttnShortKeys() past both merges, is tested in attention_short_test.cc.
-struct OldDecodeGuard {
-  bool saved = cuda::OldAttnDecode();
-  bool saved_in_block = cuda::AttnMergeInBlock();
-  bool saved_split = cuda::OldAttnSplit();
+struct OldDecodeGuard : attn_testing::AttnSwitchGuard {
   OldDecodeGuard() {
     cuda::SetAttnMergeInBlock(true);
     cuda::SetOldAttnSplit(true);
-  }
-  ~OldDecodeGuard() {
-    cuda::SetOldAttnDecode(saved);
-    cuda::SetAttnMergeInBlock(saved_in_block);
-    cuda::SetOldAttnSplit(saved_split);
   }
 };
 

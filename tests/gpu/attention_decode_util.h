@@ -94,6 +94,21 @@ inline DecodeCase MakeDecodeCase(std::mt19937& rng, const cuda::AttnShape& d, co
   return c;
 }
 
+// Restores the process-wide decode-attention switches a test flips (the split at every length,
+// the short-walk bound, the old two-launch prep, the in-block merge) when the test ends.
+struct AttnSwitchGuard {
+  bool old_split = cuda::OldAttnSplit();
+  int short_keys = cuda::AttnShortKeys();
+  bool old_decode = cuda::OldAttnDecode();
+  bool in_block = cuda::AttnMergeInBlock();
+  ~AttnSwitchGuard() {
+    cuda::SetOldAttnSplit(old_split);
+    cuda::SetAttnShortKeys(short_keys);
+    cuda::SetOldAttnDecode(old_decode);
+    cuda::SetAttnMergeInBlock(in_block);
+  }
+};
+
 // The head shapes the decode tests run: (query heads, kv heads, head dim, rotary dims).
 struct ShapeParam {
   int nh, kvh, hd, rot;

@@ -34,19 +34,6 @@ using gpu_testing::Poisoned;
 using gpu_testing::RelL2;
 using gpu_testing::Upload;
 
-// Restores the process-wide switches a test flips.
-struct SwitchGuard {
-  bool old_split = cuda::OldAttnSplit();
-  int short_keys = cuda::AttnShortKeys();
-  bool old_decode = cuda::OldAttnDecode();
-  bool in_block = cuda::AttnMergeInBlock();
-  ~SwitchGuard() {
-    cuda::SetOldAttnSplit(old_split);
-    cuda::SetAttnShortKeys(short_keys);
-    cuda::SetOldAttnDecode(old_decode);
-    cuda::SetAttnMergeInBlock(in_block);
-  }
-};
 
 // The merge mode of the split path: the merge launch (the default) or the last slice block
 // (TANDEM_ATTN_MERGE_IN_BLOCK=1, which needs the one-launch prep: OldAttnDecode() false).
@@ -151,7 +138,7 @@ class GpuAttentionShortTest : public attn_testing::AttentionShapeTest {};
 // tokens; the bound at its default and at 8192 (every context walked whole); the merge launch and
 // the in-block merge for the split path.
 TEST_P(GpuAttentionShortTest, WholeContextMatchesSplitPathAndReference) {
-  SwitchGuard guard;
+  attn_testing::AttnSwitchGuard guard;
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const cuda::AttnShape d = shape();
   const int groups = d.nh / d.kvh, row_floats = d.nh * d.hd;
@@ -209,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionShortTest, ::testing::ValuesIn(attn
 // each replay gives the bits of the same launch made eagerly, and matches the split path as above.
 TEST(GpuAttentionShortGraphTest, ReplaysAcrossTheBound) {
   TANDEM_SKIP_WITHOUT_GPU();
-  SwitchGuard guard;
+  attn_testing::AttnSwitchGuard guard;
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const cuda::AttnShape d{16, 2, 256, 64, 1e-6f};
   const int bound = cuda::kAttnShortKeysDefault, row_floats = d.nh * d.hd;
