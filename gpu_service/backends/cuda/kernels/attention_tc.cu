@@ -9,6 +9,7 @@
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/sm90a_device.h"
 
 namespace tandem::cuda {
 namespace {
@@ -316,20 +317,9 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   return cudaSuccess;
 }
 
-// On unless TANDEM_ATTN_TC_WGMMA is "0" or "", and only on a compute capability 9.0 device: the
-// kernel is sm_90a code (its wgmma instructions trap in the compute_90 PTX that other parts JIT).
-bool AttnTcWgmmaDefault() {
-  if (!EnvSwitchDefaultOn("TANDEM_ATTN_TC_WGMMA")) return false;
-  int device = 0, major = 0, minor = 0;
-  const bool queried = cudaGetDevice(&device) == cudaSuccess &&
-                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-  if (!queried) (void)cudaGetLastError();  // no device: leave no error for a later launch check to find
-  return queried && major == 9 && minor == 0;
-}
-
+// On unless TANDEM_ATTN_TC_WGMMA is "0" or "", and only where the sm_90a code runs.
 std::atomic<bool>& AttnTcWgmmaSwitch() {
-  static std::atomic<bool> on{AttnTcWgmmaDefault()};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_TC_WGMMA") && CurrentDeviceRunsSm90a()};
   return on;
 }
 

@@ -3,8 +3,6 @@
 // tile list (GroupUnits, ChoosePrefillTileRows, MakePrefillTiles), and ChooseWgmmaTile. The runner
 // (expert_prefill.cc) applies them; the device-planned path builds the same tiles on the GPU (prefill_tiles_device.cuh,
 // route_plan_grid.cuh).
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
+#include "gpu_service/backends/cuda/sm90a_device.h"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -89,12 +88,7 @@ bool MmqByDefault() { return MmqAutoKernel() != PrefillKernel::kStreamedAuto; }
 PrefillKernel WgmmaAutoKernel() {
   static const PrefillKernel k = [] {
     if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return PrefillKernel::kStreamedAuto;
-    int device = 0, major = 0, minor = 0;
-    const bool queried = cudaGetDevice(&device) == cudaSuccess &&
-                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-    if (!queried) (void)cudaGetLastError();  // no device: no error left for a later launch check to find
-    if (!queried || major != 9 || minor != 0) return PrefillKernel::kStreamedAuto;  // the kernel is sm_90a code
+    if (!CurrentDeviceRunsSm90a()) return PrefillKernel::kStreamedAuto;
     const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
     return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
   }();
