@@ -415,13 +415,8 @@ std::atomic<bool>& OldAttnSplitSwitch() {
 
 // TANDEM_ATTN_SHORT_KEYS: a non-negative integer (anything else: the default).
 std::atomic<int>& AttnShortKeysValue() {
-  static std::atomic<int> keys{[] {
-    const char* v = std::getenv("TANDEM_ATTN_SHORT_KEYS");
-    if (v == nullptr || v[0] == '\0') return kAttnShortKeysDefault;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return *end == '\0' && n >= 0 && n <= (1 << 30) ? static_cast<int>(n) : kAttnShortKeysDefault;
-  }()};
+  static std::atomic<int> keys{
+      static_cast<int>(EnvInteger("TANDEM_ATTN_SHORT_KEYS", kAttnShortKeysDefault, 0, 1 << 30))};
   return keys;
 }
 

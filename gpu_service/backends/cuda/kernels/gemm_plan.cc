@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -39,13 +40,8 @@ bool SplitF8() { return SplitF8Switch().load(std::memory_order_relaxed); }
 
 namespace {
 std::atomic<int64_t>& SplitF8MinWeightsValue() {
-  static std::atomic<int64_t> weights{[] {
-    const char* v = std::getenv("TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS");
-    char* end = nullptr;
-    const long long parsed = v != nullptr ? std::strtoll(v, &end, 10) : 0;
-    return v != nullptr && end != v && *end == '\0' && parsed >= 0 ? static_cast<int64_t>(parsed)
-                                                                     : int64_t{2048} * 2048;
-  }()};
+  static std::atomic<int64_t> weights{static_cast<int64_t>(
+      EnvInteger("TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS", int64_t{2048} * 2048, 0, std::numeric_limits<long long>::max()))};
   return weights;
 }
 }  // namespace

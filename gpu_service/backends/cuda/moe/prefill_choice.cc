@@ -98,13 +98,8 @@ PrefillKernel WgmmaAutoKernel() {
 bool WgmmaByDefault() { return IsWgmmaKernel(WgmmaAutoKernel()); }
 
 int WgmmaMinMeanRows() {
-  static const int rows = [] {
-    const char* v = std::getenv("TANDEM_PREFILL_WGMMA_MIN_ROWS");
-    if (v == nullptr) return kWgmmaMinMeanRows;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return end != v && *end == '\0' && n >= 1 && n <= 1 << 20 ? static_cast<int>(n) : kWgmmaMinMeanRows;
-  }();
+  static const int rows =
+      static_cast<int>(EnvInteger("TANDEM_PREFILL_WGMMA_MIN_ROWS", kWgmmaMinMeanRows, 1, 1 << 20));
   return rows;
 }
 
