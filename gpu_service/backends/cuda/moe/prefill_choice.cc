@@ -96,7 +96,10 @@ PrefillKernel WgmmaAutoKernel() {
     if (!queried) (void)cudaGetLastError();  // no device: no error left for a later launch check to find
     if (!queried || major != 9 || minor != 0) return PrefillKernel::kStreamedAuto;  // the kernel is sm_90a code
     const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
-    return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
+    const std::string_view s = v == nullptr ? "" : v;
+    if (s == "2") return PrefillKernel::kWgmmaOverlap;
+    if (s == "4") return PrefillKernel::kWgmmaWs;  // 3 was h/wgpipe's kWgmmaPipe (not merged)
+    return PrefillKernel::kWgmma;
   }();
   return k;
 }
