@@ -13,7 +13,9 @@
 // expert_prefill_wgexp.cu) beside "streamed 64 (old default)", each twice in alternation, then
 // "wgmma overlap" (kWgmmaOverlap) twice, with the relative L2 of each wgmma output to the first
 // streamed row's at every n; "default (auto)" takes kWgmma where the groups average >= 64 rows
-// (8192 tokens) unless TANDEM_PREFILL_WGMMA=0 (kStreamed) or =2 (kWgmmaOverlap).
+// (8192 tokens) unless TANDEM_PREFILL_WGMMA=0 (kStreamed) or =2 (kWgmmaOverlap) or =4 (kWgmmaWs).
+// "wgmma warp-specialized" rows (2026-12-01, branch h/wgws): kWgmmaWs (expert_prefill_wgws.cu),
+// each after a kWgmma row, with "bits EQUAL to the first wgmma row's" (every later wgmma row too).
 // Work-order rows (2026-12-01): "streamed 64, order ranges/strided/dynamic"
 // time the streamed kernel at tiles <= 64 with each StreamedOrder in one process (ranges: the order
 // until 2026-12-01; dynamic: the new default), each twice in alternation so that drift shows.
@@ -252,10 +254,14 @@ int Main(int argc, char** argv) {
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
                                           {"wgmma weights-as-A, tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"wgmma warp-specialized (producer warpgroup), tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaWs}},
                                           {"streamed 64 again",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
                                           {"wgmma weights-as-A again, tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"wgmma warp-specialized again, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaWs}},
                                           {"wgmma overlap (next unit's fill under the epilogue), tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
                                           {"wgmma overlap again, tiles <= 256",
@@ -309,6 +315,7 @@ int Main(int argc, char** argv) {
     std::vector<float> order_ref;  // the first work-order row's output at this n
     std::vector<float> lean_ref;   // the kMmqLean row's output at this n (kMmqLean2 must equal it)
     std::vector<float> streamed_ref;  // the first kStreamed row's output at this n (kWgmma within f32 order of it)
+    std::vector<float> wgmma_ref;     // the first kWgmma row's output at this n (the other wgmma kernels equal it)
     for (const Variant& v : grouped) {
       if (!selected(v.name)) continue;
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
@@ -347,6 +354,12 @@ int Main(int argc, char** argv) {
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        if (v.options.streamed_kernel == PrefillKernel::kWgmma && wgmma_ref.empty()) {
+          wgmma_ref = got;
+        } else if (IsWgmmaKernel(v.options.streamed_kernel) && !wgmma_ref.empty()) {
+          std::printf("prefill n=%-5lld %s: bits %s the first wgmma row's\n", static_cast<long long>(n), v.name,
+                      std::memcmp(got.data(), wgmma_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
+        }
         if (v.options.streamed_kernel == PrefillKernel::kStreamed) {
           streamed_ref = std::move(got);
         } else if (!streamed_ref.empty()) {

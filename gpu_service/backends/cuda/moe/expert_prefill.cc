@@ -222,6 +222,7 @@ absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_row
   b.error = error;
   *target = b;
   last_tile_rows_ = d->choice.tile_rows;
+  last_kernel_ = d->choice.kernel;
   return absl::OkStatus();
 }
 
@@ -274,6 +275,7 @@ absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, 
   const PrefillTile* tiles = d->tiles;
   const int* tile_count = d->tile_count;
   last_tile_rows_ = T;
+  last_kernel_ = choice->kernel;
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   if (IsMmqKernel(choice->kernel)) {
     const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
@@ -378,6 +380,7 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
   if (tile_rows == 0) tile_rows = streamed ? kStreamedMaxTileRows : ChoosePrefillTileRows(groups, by_class);
   std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
   last_tile_rows_ = tile_rows;
+  last_kernel_ = kernel;
   struct Launch {  // `count` tiles from `first`, at `height`
     int height, first, count;
   };

@@ -76,7 +76,10 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    turns it off). kWgmmaOverlap: kWgmma with the next unit's index and first ring stages issued
 //    before a unit's epilogue (gate/up staging beside the ring, down stored from the accumulators),
 //    so a unit's pipeline fill overlaps the previous unit's stores; bit-identical outputs
-//    (TANDEM_PREFILL_WGMMA=2 makes it kStreamedAuto's choice).
+//    (TANDEM_PREFILL_WGMMA=2 makes it kStreamedAuto's choice). kWgmmaWs (expert_prefill_wgws.cu):
+//    kWgmma warp-specialized: a producer warpgroup issues every copy into an mbarrier-paced ring
+//    that flows across units, two consumer warpgroups only dequantize, MMA and store; bit-identical
+//    outputs (TANDEM_PREFILL_WGMMA=4 makes it kStreamedAuto's choice).
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -97,10 +100,11 @@ enum class PrefillKernel {
   kMmqLean2,
   kWgmma,
   kWgmmaOverlap,
+  kWgmmaWs,
 };
 
 inline constexpr bool IsWgmmaKernel(PrefillKernel k) {
-  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaOverlap;
+  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaOverlap || k == PrefillKernel::kWgmmaWs;
 }
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {

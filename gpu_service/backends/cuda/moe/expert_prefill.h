@@ -117,9 +117,10 @@ bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 // would run and the groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
 // kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
 // no). WgmmaAutoKernel (read once): kWgmma, or kWgmmaOverlap with TANDEM_PREFILL_WGMMA=2, or
-// kStreamedAuto (none: kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B
-// switch, on by default as EnvSwitchDefaultOn) or where the device is not sm_90 (the kernel is
-// sm_90a code). WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
+// kWgmmaWs (expert_prefill_wgws.cu) with TANDEM_PREFILL_WGMMA=4, or kStreamedAuto (none:
+// kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B switch, on by default as
+// EnvSwitchDefaultOn) or where the device is not sm_90 (the kernels are sm_90a code).
+// WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
 // ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
 // WgmmaMinMeanRows: kWgmmaMinMeanRows, or TANDEM_PREFILL_WGMMA_MIN_ROWS (a positive integer, read
 // once; anything else: the default), to time the choice's bound (e.g. 2048 tokens, 40 rows).
@@ -157,8 +158,8 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
-  // kWgmma, kWgmmaOverlap: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto with
-  // tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
+  // kWgmma, kWgmmaOverlap, kWgmmaWs: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto
+  // with tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
   // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
   // kStreamed.
@@ -241,6 +242,10 @@ class ExpertPrefillRunner {
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.
   int last_tile_rows() const { return last_tile_rows_; }
+  // The kernel the last grouped call resolved to (kPipelined for the pipelined tile kernel; with
+  // kStreamedAuto resolved, e.g. WgmmaAutoKernel() for large groups), host- or device-planned;
+  // kStreamedAuto before one. Lets tests and benches confirm an A/B switch reached its kernel.
+  PrefillKernel last_kernel() const { return last_kernel_; }
 
  private:
   ExpertPrefillRunner() = default;
@@ -262,6 +267,7 @@ class ExpertPrefillRunner {
   int64_t max_slots_ = 0;
   PrefillOptions options_;
   int last_tile_rows_ = 0;
+  PrefillKernel last_kernel_ = PrefillKernel::kStreamedAuto;
   // Both algorithms.
   DeviceBuffer act_;        // f16 [max_slots × I]
   DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles

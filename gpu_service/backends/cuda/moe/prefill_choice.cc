@@ -90,7 +90,10 @@ PrefillKernel WgmmaAutoKernel() {
     if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return PrefillKernel::kStreamedAuto;
     if (!CurrentDeviceRunsSm90a()) return PrefillKernel::kStreamedAuto;
     const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
-    return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
+    const std::string_view s = v == nullptr ? "" : v;
+    if (s == "2") return PrefillKernel::kWgmmaOverlap;
+    if (s == "4") return PrefillKernel::kWgmmaWs;  // 3 was h/wgpipe's kWgmmaPipe (not merged)
+    return PrefillKernel::kWgmma;
   }();
   return k;
 }
