@@ -332,12 +332,13 @@ TEST(ExpertPrefillTest, StreamedDynamicOrderNeedsCounter) {
             cudaErrorInvalidValue);
 }
 
-// The weights-as-A wgmma kernels (kWgmma at its chosen bound and at 64, kWgmmaOverlap at its
-// chosen bound and at 32; expert_prefill_wgexp.cu) against the CPU reference and against
-// kStreamed (the first option: the same f16 weights and activations, so the two differ
+// The weights-as-A wgmma kernels (kWgmma, expert_prefill_wgexp.cu, at its chosen bound and at 64;
+// kWgmmaWs, expert_prefill_wgws.cu, at its chosen bound and at 32) against the CPU reference and
+// against kStreamed (the first option: the same f16 weights and activations, so the two differ
 // only in f32 summation order and the f16 rounding of SiLU·up it moves: relative L2 within 2e-3 of
-// each other, the reference's 1e-2 each), beside kStreamedAuto (which takes kWgmma where the
-// groups average >= kWgmmaMinMeanRows rows on an sm_90 device, unless TANDEM_PREFILL_WGMMA=0).
+// each other, the reference's 1e-2 each), beside kStreamedAuto (which takes WgmmaAutoKernel(),
+// kWgmmaWs by default, where the groups average >= kWgmmaMinMeanRows rows on an sm_90 device,
+// unless TANDEM_PREFILL_WGMMA=0).
 // Every runner also runs device-planned (the device tile builder at 256 and the device tile count;
 // bits equal to the host-planned call for the fixed kernels):
 //  - uneven groups (expert e drawn with weight 2e + 1: 1 to ~120 rows, tiles of every N share a
@@ -353,8 +354,8 @@ TEST(ExpertPrefillTest, WgmmaKernelMatchesReferenceAndStreamed) {
   const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamed},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
                                                {PrefillAlgorithm::kGroupedTiles, 64, 0, PrefillKernel::kWgmma},
-                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap},
-                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kWgmmaOverlap},
+                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaWs},
+                                               {PrefillAlgorithm::kGroupedTiles, 32, 0, PrefillKernel::kWgmmaWs},
                                                {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kStreamedAuto}};
   constexpr double kCross = 2e-3;
   ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
@@ -372,14 +373,13 @@ TEST(ExpertPrefillTest, WgmmaKernelMatchesReferenceAndStreamed) {
                          0, kCross);
 }
 
-// kWgmma's, kWgmmaOverlap's and kWgmmaWs's operand layouts, directly (no runner): one down tile whose activation
-// rows are one-hot
-// (row m has 1 at k = 4m: with 256 rows every k-stage of K = 1024, four super-blocks, is hit), so
-// output (m, n) must be the f16 weight (n, 4m) as LaunchDequantizeToF16 gives it (to a few f16
-// ulps: the factors are rounded differently), for N = 256 (two units) and tiles of 1, 7, 64, 160,
-// 200 and 256 rows (wgmma N 32, 32, 64, 160, 224, 256). A second tile behind it is beyond the device
-// tile count (1): its rows must stay unwritten. On a mismatch it prints where the value came from,
-// to tell a swizzle or fragment-layout error from a value error.
+// kWgmma's and kWgmmaWs's operand layouts, directly (no runner): one down tile whose activation
+// rows are one-hot (row m has 1 at k = 4m: with 256 rows every k-stage of K = 1024, four
+// super-blocks, is hit), so output (m, n) must be the f16 weight (n, 4m) as LaunchDequantizeToF16
+// gives it (to a few f16 ulps: the factors are rounded differently), for N = 256 (two units) and
+// tiles of 1, 7, 64, 160, 200 and 256 rows (wgmma N 32, 32, 64, 160, 224, 256). A second tile
+// behind it is beyond the device tile count (1): its rows must stay unwritten. On a mismatch it
+// prints where the value came from, to tell a swizzle or fragment-layout error from a value error.
 TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -394,12 +394,10 @@ TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
   float wmax = 0.0f;
   for (float v : wv) wmax = std::max(wmax, std::fabs(v));
   DeviceBuffer count = Upload(std::vector<int32_t>{1});
-  for (int variant = 0; variant < 18; ++variant) {
+  for (int variant = 0; variant < 12; ++variant) {
     const int rows = std::vector<int>{1, 7, 64, 160, 200, 256}[variant % 6];
-    const PrefillKernel kernel = variant < 6    ? PrefillKernel::kWgmma
-                                 : variant < 12 ? PrefillKernel::kWgmmaOverlap
-                                                : PrefillKernel::kWgmmaWs;
-    const char* const which = variant < 6 ? "" : variant < 12 ? " (overlap)" : " (warp-specialized)";
+    const PrefillKernel kernel = variant < 6 ? PrefillKernel::kWgmma : PrefillKernel::kWgmmaWs;
+    const char* const which = variant < 6 ? "" : " (warp-specialized)";
     SCOPED_TRACE("tile rows " + std::to_string(rows) + which);
     std::vector<uint16_t> act(static_cast<size_t>(2 * rows) * K, 0);
     for (int m = 0; m < 2 * rows; ++m) act[static_cast<size_t>(m) * K + 4 * (m % rows)] = 0x3C00;  // f16 1.0
@@ -440,31 +438,6 @@ TEST(ExpertPrefillTest, WgmmaKernelOneHotProbe) {
     EXPECT_EQ(std::count(tail.begin(), tail.end(), 0xFFFFFFFFu), static_cast<std::ptrdiff_t>(tail.size()))
         << "a tile past the device tile count was written";
   }
-}
-
-// kWgmmaOverlap (the next unit's index and first stages issued before a unit's epilogue; down
-// stored from the accumulators) against kWgmma: the same sums, so bit-identical outputs, with
-// blocks that walk many units (the overlap crosses every unit boundary and tile switch):
-//  - the 80B shapes, 600 experts (8 weight sets) of 0 to 3 tokens: ~450 tiles of N 32, ~3600
-//    gate/up and ~7200 down units over one block an SM;
-//  - the 80B shapes, top-10 routing of 120 tokens over 48 experts (~25 rows a tile, 384 gate/up units);
-//  - h 512 / I 256, uneven groups (1 to ~120 rows: tiles of N 32 to 128 alternate in a block).
-TEST(ExpertPrefillTest, WgmmaOverlapBitIdenticalToWgmma) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const std::vector<PrefillOptions> options = {{PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmma},
-                                               {PrefillAlgorithm::kGroupedTiles, 0, 0, PrefillKernel::kWgmmaOverlap}};
-  std::vector<int> many_counts;
-  int n = 0;
-  for (int e = 0; e < 600; ++e) {
-    many_counts.push_back((e * 7) % 4);
-    n += many_counts.back();
-  }
-  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 600, 1, n}, options, 0, false, many_counts,
-                         2e-3, /*same_bits=*/true, /*weight_sets=*/8);
-  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 2048, 512, 48, 10, 120}, options, 0, false, {}, 2e-3,
-                         /*same_bits=*/true);
-  ExpectMatchesReference({WeightType::kQ4_K, WeightType::kQ4_K, 512, 256, 40, 4, 400}, options, 0, /*skewed=*/true, {},
-                         2e-3, /*same_bits=*/true);
 }
 
 // kWgmmaWs (expert_prefill_wgws.cu: a producer warpgroup issues every copy into a 5-slot ring of
@@ -516,12 +489,12 @@ TEST(ExpertPrefillTest, WgmmaWsBitIdenticalToWgmma) {
                          2e-3, /*same_bits=*/true);
 }
 
-// The switch reaches the kernel: TANDEM_PREFILL_WGMMA (read once; unset or 1: kWgmma, 2:
-// kWgmmaOverlap, 4: kWgmmaWs, 0 or "": none) sets WgmmaAutoKernel() on an sm_90 device, and a
-// kStreamedAuto runner (the server's default options) runs it on large groups (128 rows an expert
-// here, >= kWgmmaMinMeanRows unless TANDEM_PREFILL_WGMMA_MIN_ROWS says otherwise) both host- and
-// device-planned (ExpertPrefillRunner::last_kernel); with the switch off, kStreamed. Run it once
-// per value of the switch.
+// The switch reaches the kernel: TANDEM_PREFILL_WGMMA (read once; unset, or any value but 1, 0
+// and "" (4 included): kWgmmaWs, the default; 1: kWgmma; 0 or "": none) sets WgmmaAutoKernel() on
+// an sm_90 device, and a kStreamedAuto runner (the server's default options) runs it on large
+// groups (128 rows an expert here, >= kWgmmaMinMeanRows unless TANDEM_PREFILL_WGMMA_MIN_ROWS says
+// otherwise) both host- and device-planned (ExpertPrefillRunner::last_kernel); with the switch
+// off, kStreamed. Run it once per value of the switch (unset, 1, 0).
 TEST(ExpertPrefillTest, WgmmaSwitchReachesRunner) {
   TANDEM_SKIP_WITHOUT_GPU();
   int device = 0, major = 0, minor = 0;
@@ -529,15 +502,13 @@ TEST(ExpertPrefillTest, WgmmaSwitchReachesRunner) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
   const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
-  const std::string s = v == nullptr ? "1" : v;
-  PrefillKernel want = PrefillKernel::kWgmma;
-  if (s.empty() || s == "0" || major != 9 || minor != 0) {
+  PrefillKernel want = PrefillKernel::kWgmmaWs;  // unset: the default
+  if (v != nullptr && (v[0] == '\0' || std::string(v) == "0")) {
     want = PrefillKernel::kStreamedAuto;
-  } else if (s == "2") {
-    want = PrefillKernel::kWgmmaOverlap;
-  } else if (s == "4") {
-    want = PrefillKernel::kWgmmaWs;
+  } else if (v != nullptr && std::string(v) == "1") {
+    want = PrefillKernel::kWgmma;
   }
+  if (major != 9 || minor != 0) want = PrefillKernel::kStreamedAuto;
   std::printf("  TANDEM_PREFILL_WGMMA=%s: WgmmaAutoKernel %d, want %d\n", v == nullptr ? "(unset)" : v,
               static_cast<int>(WgmmaAutoKernel()), static_cast<int>(want));
   EXPECT_EQ(WgmmaAutoKernel(), want);

@@ -364,8 +364,8 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     kernel = rows_tile != 0 ? PrefillKernel::kStreamedRows : PrefillKernel::kStreamed;
     if (rows_tile != 0) tile_rows = rows_tile;
   }
-  // Large groups (the 8192-token regime): kStreamedAuto takes the weights-as-A wgmma kernel
-  // (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0 keeps kStreamed).
+  // Large groups (the 8192-token regime): kStreamedAuto takes WgmmaAutoKernel() (kWgmmaWs;
+  // ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=1 takes kWgmma, =0 keeps kStreamed).
   if (kernel == PrefillKernel::kStreamed && options_.streamed_kernel == PrefillKernel::kStreamedAuto && tile_rows == 0) {
     if (const int wgmma_tile = ChooseWgmmaTile(shape_, groups); wgmma_tile != 0) {
       kernel = WgmmaAutoKernel();
@@ -373,7 +373,7 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     }
   }
   if (IsWgmmaKernel(kernel) && tile_rows == 0) tile_rows = kWgmmaMaxTileRows;
-  // Streamed: one launch of tiles of at most tile_rows (64 by default; kWgmma 256) rows. Pipelined with a
+  // Streamed: one launch of tiles of at most tile_rows (64 by default; the wgmma kernels 256) rows. Pipelined with a
   // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
   // fixed height: every tile at tile_rows.
   const bool by_class = !streamed && options_.tile_rows == 0;

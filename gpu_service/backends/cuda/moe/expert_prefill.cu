@@ -178,7 +178,7 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
                                   stream, tile_count);
     }
     return LaunchWgmmaQ4KGemm(kGateUp, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream,
-                              tile_count, which == PrefillKernel::kWgmmaOverlap);
+                              tile_count);
   }
   if (which != PrefillKernel::kPipelined) {
     if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedMaxTileRows) return cudaErrorInvalidValue;

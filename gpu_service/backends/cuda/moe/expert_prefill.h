@@ -15,8 +15,8 @@
 //    and where nearly every expert has at most 16 rows and h, I <= 2048 (ChooseMmqTile 16), the
 //    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel); and where the
 //    groups average at least kWgmmaMinMeanRows rows (8192 tokens on the 80B model), the
-//    weights-as-A wgmma kernel (expert_prefill_wgexp.cu, ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
-//    keeps kStreamed). Otherwise as kGroupedTilesPipelined.
+//    warp-specialized weights-as-A wgmma kernel (kWgmmaWs, expert_prefill_wgws.cu, ChooseWgmmaTile;
+//    TANDEM_PREFILL_WGMMA=1 takes kWgmma, =0 keeps kStreamed). Otherwise as kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
 //    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
 //    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
@@ -112,14 +112,15 @@ int ChooseMmqTile(std::span<const PrefillGroup> groups);
 PrefillKernel MmqAutoKernel();
 bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 
-// The weights-as-A wgmma kernel (PrefillKernel::kWgmma, expert_prefill_wgexp.cu) for large groups:
-// kStreamedAuto (tile_rows 0) takes it, at tiles of up to kWgmmaMaxTileRows rows, where kStreamed
-// would run and the groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
+// The weights-as-A wgmma kernels (PrefillKernel::kWgmmaWs, expert_prefill_wgws.cu, and kWgmma,
+// expert_prefill_wgexp.cu; the same bits) for large groups: kStreamedAuto (tile_rows 0) takes
+// WgmmaAutoKernel(), at tiles of up to kWgmmaMaxTileRows rows, where kStreamed would run and the
+// groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
 // kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
-// no). WgmmaAutoKernel (read once): kWgmma, or kWgmmaOverlap with TANDEM_PREFILL_WGMMA=2, or
-// kWgmmaWs (expert_prefill_wgws.cu) with TANDEM_PREFILL_WGMMA=4, or kStreamedAuto (none:
-// kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B switch, on by default as
-// EnvSwitchDefaultOn) or where the device is not sm_90 (the kernels are sm_90a code).
+// no). WgmmaAutoKernel (read once), by TANDEM_PREFILL_WGMMA: unset (the default) or any value but
+// those below (4 included, which chose kWgmmaWs before it was the default): kWgmmaWs; 1: kWgmma
+// (the default until 2026-12-02, for A/B); 0 or "": kStreamedAuto (none: kStreamed, the old
+// choice). kStreamedAuto also where the device is not sm_90 (the kernels are sm_90a code).
 // WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
 // ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
 // WgmmaMinMeanRows: kWgmmaMinMeanRows, or TANDEM_PREFILL_WGMMA_MIN_ROWS (a positive integer, read
@@ -141,8 +142,8 @@ struct DevicePrefillChoice {
 // (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
 // 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is
 // MMQ at 512 tokens (mean 10) and kStreamed at 2048 and 8192 (40, 160), as the host rule picks
-// under uniform routing; kWgmma at 256 from a mean of kWgmmaMinMeanRows (8192) unless
-// TANDEM_PREFILL_WGMMA=0.
+// under uniform routing; WgmmaAutoKernel() (kWgmmaWs) at 256 from a mean of kWgmmaMinMeanRows
+// (8192) unless TANDEM_PREFILL_WGMMA=0.
 inline constexpr int kDeviceMmqMaxMeanRows = 12;
 
 struct PrefillOptions {
@@ -158,7 +159,7 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
-  // kWgmma, kWgmmaOverlap, kWgmmaWs: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto
+  // kWgmma, kWgmmaWs: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto
   // with tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
   // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs

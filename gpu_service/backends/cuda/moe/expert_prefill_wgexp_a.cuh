@@ -3,9 +3,9 @@
 // stage of a warp's 16 Q4_K weight rows from their raw ring bytes straight into wgmma A fragments.
 // The same operations as kWgmma's SubBlockFactors and dequant lambda (expert_prefill_wgexp.cu), so
 // both feed the tensor cores the same f16 bits (their outputs are compared bit for bit). kWgmma
-// keeps its own copy while it is the A/B baseline: calling this from it changed its register
-// allocation (gate/up 221 -> 222, kWgmmaOverlap 249/232 -> 253/239); fold the two when one of the
-// kernels is retired. Device code only.
+// keeps its own copy while it is the A/B baseline (TANDEM_PREFILL_WGMMA=1): calling this from it
+// changed its register allocation (gate/up 221 -> 222); fold the two when kWgmma is retired.
+// Device code only.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_WGEXP_A_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_WGEXP_A_CUH_
 

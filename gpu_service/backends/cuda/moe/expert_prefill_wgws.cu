@@ -28,10 +28,11 @@
 // producer runs ahead into the next unit's stages while the consumers finish the epilogue: no
 // per-unit pipeline fill, no barrier re-initialization, no block-wide barrier after the start.
 // The depth is fixed (not h/wgpipe's Stages(N)): a flowing ring needs one slot size for every N.
-// Epilogues: gate/up staged (SiLU(gate)·up rounded to f16, rows of 64 f16 swizzled as
-// kWgmmaOverlap's) in a region of its own beside the ring, between two consumer-only named
+// Epilogues: gate/up staged (SiLU(gate)·up rounded to f16, rows of 64 f16, 16-byte chunks
+// swizzled by row, no pad) in a region of its own beside the ring, between two consumer-only named
 // barriers (the first: the previous unit's staging has been read by every consumer); down stored
-// straight from the accumulators (kWgmmaOverlap's stores).
+// straight from the accumulators. (The layout of the retired kWgmmaOverlap; kWgmma stages both
+// in the ring, which here is still being filled with the next unit's stages.)
 // Shared memory: ring 5 x 38 KB + staging 32 KB + index 2 KB + barriers: 224 KB.
 #include "gpu_service/backends/cuda/moe/expert_prefill_wgws.cuh"
 
@@ -252,7 +253,8 @@ __device__ __forceinline__ void ConsumeUnit(const Args& p, int64_t first_slot, i
   release(ksteps - 1);
 
   if constexpr (kGateUp) {
-    // Rows of 64 f16 (128 bytes), 16-byte chunk c of row t at chunk c ^ (t % 8) (kWgmmaOverlap's).
+    // Rows of 64 f16 (128 bytes), 16-byte chunk c of row t at chunk c ^ (t % 8): a warp's stores
+    // (chunk w, tokens 2q + e apart) spread over all banks without a pad.
     uint16_t* st = reinterpret_cast<uint16_t*>(smem + kStagingOffset);
     NamedBarrierSync(kConsumerBar, kConsumerThreads);  // every consumer has read the previous unit's staging
 #pragma unroll
