@@ -9,11 +9,14 @@
 // in the same run. Also prints the relative L2 of the grouped outputs against the cuBLAS path (a
 // sanity line; the tests decide correctness). Not a test.
 //
-// wgmma rows (2026-12-01, branch h/wgexp): "wgmma weights-as-A, tiles <= 256" (PrefillKernel::kWgmma,
-// expert_prefill_wgexp.cu) beside "streamed 64 (old default)", each twice in alternation, then
-// "wgmma overlap" (kWgmmaOverlap) twice, with the relative L2 of each wgmma output to the first
-// streamed row's at every n; "default (auto)" takes kWgmma where the groups average >= 64 rows
-// (8192 tokens) unless TANDEM_PREFILL_WGMMA=0 (kStreamed) or =2 (kWgmmaOverlap).
+// wgmma rows (2026-12-01, branches h/wgexp, h/wgws): "wgmma weights-as-A, tiles <= 256"
+// (PrefillKernel::kWgmma, expert_prefill_wgexp.cu) and "wgmma warp-specialized" (kWgmmaWs,
+// expert_prefill_wgws.cu) beside "streamed 64 (old default)", each twice in alternation, with the
+// relative L2 of each wgmma output to the first streamed row's at every n and "bits EQUAL to the
+// first wgmma row's" for every later wgmma row. "default (auto)" prints the kernel it ran:
+// kWgmmaWs where the groups average >= 64 rows (8192 tokens; the default since 2026-12-02), kWgmma
+// with TANDEM_PREFILL_WGMMA=1, kStreamed with =0; where that is a wgmma kernel, its bits line too
+// (e.g. `--tokens=8192 --only=wgmma --only=default`).
 // Work-order rows (2026-12-01): "streamed 64, order ranges/strided/dynamic"
 // time the streamed kernel at tiles <= 64 with each StreamedOrder in one process (ranges: the order
 // until 2026-12-01; dynamic: the new default), each twice in alternation so that drift shows.
@@ -72,6 +75,18 @@ void FillQ4K(uint8_t* dst, size_t bytes, std::mt19937& rng) {
   }
   for (size_t off = 0; off < bytes; off += host.size()) {
     BENCH_CHECK(cudaMemcpy(dst + off, host.data(), std::min(host.size(), bytes - off), cudaMemcpyHostToDevice));
+  }
+}
+
+// The kernels the runner's default (kStreamedAuto) can resolve to, by name (ExpertPrefillRunner::last_kernel).
+const char* KernelName(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kStreamed: return "kStreamed";
+    case PrefillKernel::kStreamedRows: return "kStreamedRows";
+    case PrefillKernel::kWgmma: return "kWgmma";
+    case PrefillKernel::kWgmmaWs: return "kWgmmaWs";
+    case PrefillKernel::kMmqLean2: return "kMmqLean2";
+    default: return IsMmqKernel(k) ? "an MMQ kernel" : "another kernel";
   }
 }
 
@@ -252,14 +267,14 @@ int Main(int argc, char** argv) {
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
                                           {"wgmma weights-as-A, tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
+                                          {"wgmma warp-specialized (producer warpgroup), tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaWs}},
                                           {"streamed 64 again",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamed}},
                                           {"wgmma weights-as-A again, tiles <= 256",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmma}},
-                                          {"wgmma overlap (next unit's fill under the epilogue), tiles <= 256",
-                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
-                                          {"wgmma overlap again, tiles <= 256",
-                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaOverlap}},
+                                          {"wgmma warp-specialized again, tiles <= 256",
+                                           {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kWgmmaWs}},
                                           {"rows-streamed (chosen)",
                                            {PrefillAlgorithm::kGroupedTiles, 0, n, PrefillKernel::kStreamedRows}},
                                           {"rows-streamed, tiles <= 16",
@@ -309,6 +324,7 @@ int Main(int argc, char** argv) {
     std::vector<float> order_ref;  // the first work-order row's output at this n
     std::vector<float> lean_ref;   // the kMmqLean row's output at this n (kMmqLean2 must equal it)
     std::vector<float> streamed_ref;  // the first kStreamed row's output at this n (kWgmma within f32 order of it)
+    std::vector<float> wgmma_ref;     // the first kWgmma row's output at this n (the other wgmma kernels equal it)
     for (const Variant& v : grouped) {
       if (!selected(v.name)) continue;
       absl::StatusOr<ExpertPrefillRunner> runner = ExpertPrefillRunner::Create(shape, n * kK, v.options);
@@ -341,12 +357,26 @@ int Main(int argc, char** argv) {
                       std::memcmp(got.data(), lean_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
         }
       }
-      if ((v.options.streamed_kernel == PrefillKernel::kStreamed && streamed_ref.empty()) ||
-          IsWgmmaKernel(v.options.streamed_kernel)) {
-        // kWgmma against kStreamed at every n (8192 too: the only check of real 8192-token routing).
+      const bool automatic = v.options.streamed_kernel == PrefillKernel::kStreamedAuto;
+      if (automatic) {
+        std::printf("prefill n=%-5lld %s: ran %s\n", static_cast<long long>(n), v.name,
+                    KernelName(runner->last_kernel()));
+      }
+      const bool wgmma = IsWgmmaKernel(automatic ? runner->last_kernel() : v.options.streamed_kernel);
+      if ((v.options.streamed_kernel == PrefillKernel::kStreamed && streamed_ref.empty()) || wgmma) {
+        // The wgmma kernels against kStreamed at every n (8192 too: the only check of real
+        // 8192-token routing), and against the first kWgmma row (kWgmmaWs, the default's choice too:
+        // the same bits).
         const size_t count = static_cast<size_t>(n * kK * kH);
         std::vector<float> got(count);
         BENCH_CHECK(cudaMemcpy(got.data(), partial, count * sizeof(float), cudaMemcpyDeviceToHost));
+        if (v.options.streamed_kernel == PrefillKernel::kWgmma && wgmma_ref.empty()) {
+          wgmma_ref = got;
+        } else if (wgmma && !wgmma_ref.empty()) {
+          std::printf("prefill n=%-5lld %s (%s): bits %s the first wgmma row's\n", static_cast<long long>(n), v.name,
+                      KernelName(runner->last_kernel()),
+                      std::memcmp(got.data(), wgmma_ref.data(), count * sizeof(float)) == 0 ? "EQUAL to" : "DIFFER from");
+        }
         if (v.options.streamed_kernel == PrefillKernel::kStreamed) {
           streamed_ref = std::move(got);
         } else if (!streamed_ref.empty()) {

@@ -222,6 +222,7 @@ absl::Status ExpertPrefillRunner::DeviceTilesTarget(int max_units, int input_row
   b.error = error;
   *target = b;
   last_tile_rows_ = d->choice.tile_rows;
+  last_kernel_ = d->choice.kernel;
   return absl::OkStatus();
 }
 
@@ -274,6 +275,7 @@ absl::Status ExpertPrefillRunner::RunDeviceTiles(int max_units, int input_rows, 
   const PrefillTile* tiles = d->tiles;
   const int* tile_count = d->tile_count;
   last_tile_rows_ = T;
+  last_kernel_ = choice->kernel;
   const int h = static_cast<int>(shape_.h), I = static_cast<int>(shape_.inner);
   if (IsMmqKernel(choice->kernel)) {
     const MmqActivations xq = MmqActivationPlanes(mmq_x_.get(), options_.max_input_rows, h);
@@ -362,8 +364,8 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     kernel = rows_tile != 0 ? PrefillKernel::kStreamedRows : PrefillKernel::kStreamed;
     if (rows_tile != 0) tile_rows = rows_tile;
   }
-  // Large groups (the 8192-token regime): kStreamedAuto takes the weights-as-A wgmma kernel
-  // (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0 keeps kStreamed).
+  // Large groups (the 8192-token regime): kStreamedAuto takes WgmmaAutoKernel() (kWgmmaWs;
+  // ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=1 takes kWgmma, =0 keeps kStreamed).
   if (kernel == PrefillKernel::kStreamed && options_.streamed_kernel == PrefillKernel::kStreamedAuto && tile_rows == 0) {
     if (const int wgmma_tile = ChooseWgmmaTile(shape_, groups); wgmma_tile != 0) {
       kernel = WgmmaAutoKernel();
@@ -371,13 +373,14 @@ absl::Status ExpertPrefillRunner::RunGrouped(std::span<const ExpertUnit> units, 
     }
   }
   if (IsWgmmaKernel(kernel) && tile_rows == 0) tile_rows = kWgmmaMaxTileRows;
-  // Streamed: one launch of tiles of at most tile_rows (64 by default; kWgmma 256) rows. Pipelined with a
+  // Streamed: one launch of tiles of at most tile_rows (64 by default; the wgmma kernels 256) rows. Pipelined with a
   // chosen height: each tile at its PrefillTileClass (tiles ordered by falling height); with a
   // fixed height: every tile at tile_rows.
   const bool by_class = !streamed && options_.tile_rows == 0;
   if (tile_rows == 0) tile_rows = streamed ? kStreamedMaxTileRows : ChoosePrefillTileRows(groups, by_class);
   std::vector<PrefillTile> tiles = MakePrefillTiles(groups, tile_rows);
   last_tile_rows_ = tile_rows;
+  last_kernel_ = kernel;
   struct Launch {  // `count` tiles from `first`, at `height`
     int height, first, count;
   };

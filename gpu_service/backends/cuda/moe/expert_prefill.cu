@@ -9,6 +9,7 @@
 #include "gpu_service/backends/cuda/moe/expert_prefill_rows.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgws.cuh"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -172,8 +173,12 @@ cudaError_t LaunchGemmTyped(PrefillKernel which, uint32_t type, int tile_rows, c
   }
   if (IsWgmmaKernel(which)) {
     if (type != kTypeQ4_K) return cudaErrorInvalidValue;
+    if (which == PrefillKernel::kWgmmaWs) {
+      return LaunchWgmmaWsQ4KGemm(kGateUp, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out,
+                                  stream, tile_count);
+    }
     return LaunchWgmmaQ4KGemm(kGateUp, tile_rows, tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, stream,
-                              tile_count, which == PrefillKernel::kWgmmaOverlap);
+                              tile_count);
   }
   if (which != PrefillKernel::kPipelined) {
     if (type != kTypeQ4_K || tile_rows < 1 || tile_rows > kStreamedMaxTileRows) return cudaErrorInvalidValue;

@@ -72,11 +72,13 @@ inline constexpr int kPrefillTileRows[] = {16, 32, 64, 128};
 //    dequantized from a raw-Q4_K cp.async ring straight into the register A operand and the tile's
 //    tokens as N (up to 256); tiles of up to kWgmmaMaxTileRows (tile_rows is that bound, 1 .. 256),
 //    units of 128 weight rows. Needs K a multiple of 256 and N a multiple of 128. Reads a device
-//    tile count. kStreamedAuto's choice for large groups (ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
-//    turns it off). kWgmmaOverlap: kWgmma with the next unit's index and first ring stages issued
-//    before a unit's epilogue (gate/up staging beside the ring, down stored from the accumulators),
-//    so a unit's pipeline fill overlaps the previous unit's stores; bit-identical outputs
-//    (TANDEM_PREFILL_WGMMA=2 makes it kStreamedAuto's choice).
+//    tile count. kStreamedAuto's choice for large groups with TANDEM_PREFILL_WGMMA=1 (the default
+//    until 2026-12-02; ChooseWgmmaTile, WgmmaAutoKernel). kWgmmaWs (expert_prefill_wgws.cu):
+//    kWgmma warp-specialized: a producer warpgroup issues every copy into an mbarrier-paced ring
+//    that flows across units, two consumer warpgroups only dequantize, MMA and store; bit-identical
+//    outputs, kStreamedAuto's choice for large groups by default (TANDEM_PREFILL_WGMMA=0 turns the
+//    wgmma kernels off). (kWgmmaOverlap, kWgmma with the next unit's first stages issued under a
+//    unit's epilogue, measured even with kWgmma and was removed on 2026-12-02.)
 enum class PrefillKernel {
   kPipelined,
   kStreamed,
@@ -96,11 +98,11 @@ enum class PrefillKernel {
   kMmqLeanWarps8,
   kMmqLean2,
   kWgmma,
-  kWgmmaOverlap,
+  kWgmmaWs,
 };
 
 inline constexpr bool IsWgmmaKernel(PrefillKernel k) {
-  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaOverlap;
+  return k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaWs;
 }
 
 inline constexpr bool IsMmqKernel(PrefillKernel k) {
@@ -147,7 +149,7 @@ cudaError_t LaunchConvertToF16(const float* x, int64_t count, uint16_t* out, cud
 // positive multiple of 32 (and of the type's block); cudaErrorInvalidValue otherwise, for an
 // unsupported type or tile_rows, or a shape kStreamed refuses (see PrefillKernel).
 // tile_count (device, may be null): the number of tiles, read by the kernel (a plan made on the
-// device); num_tiles is then its bound and sizes the grid. The kStreamed variants and kWgmma only
+// device); num_tiles is then its bound and sizes the grid. The kStreamed and wgmma kernels only
 // (cudaErrorInvalidValue for the others). schedule: the kStreamed variants' work order (ignored by
 // the other kernels); cudaErrorInvalidValue for kDynamic without a counter.
 cudaError_t LaunchPrefillGateUp(PrefillKernel kernel, uint32_t type, int tile_rows, const PrefillTile* tiles, int num_tiles,

@@ -15,8 +15,8 @@
 //    and where nearly every expert has at most 16 rows and h, I <= 2048 (ChooseMmqTile 16), the
 //    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel); and where the
 //    groups average at least kWgmmaMinMeanRows rows (8192 tokens on the 80B model), the
-//    weights-as-A wgmma kernel (expert_prefill_wgexp.cu, ChooseWgmmaTile; TANDEM_PREFILL_WGMMA=0
-//    keeps kStreamed). Otherwise as kGroupedTilesPipelined.
+//    warp-specialized weights-as-A wgmma kernel (kWgmmaWs, expert_prefill_wgws.cu, ChooseWgmmaTile;
+//    TANDEM_PREFILL_WGMMA=1 takes kWgmma, =0 keeps kStreamed). Otherwise as kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
 //    full tiles of one chosen height and, per group, one remainder tile launched at the smallest
 //    compiled height that holds it (PrefillTileClass), one launch per height present; the weights
@@ -112,14 +112,16 @@ int ChooseMmqTile(std::span<const PrefillGroup> groups);
 PrefillKernel MmqAutoKernel();
 bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 
-// The weights-as-A wgmma kernel (PrefillKernel::kWgmma, expert_prefill_wgexp.cu) for large groups:
-// kStreamedAuto (tile_rows 0) takes it, at tiles of up to kWgmmaMaxTileRows rows, where kStreamed
-// would run and the groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
+// The weights-as-A wgmma kernels (PrefillKernel::kWgmmaWs, expert_prefill_wgws.cu, and kWgmma,
+// expert_prefill_wgexp.cu; the same bits) for large groups: kStreamedAuto (tile_rows 0) takes
+// WgmmaAutoKernel(), at tiles of up to kWgmmaMaxTileRows rows, where kStreamed would run and the
+// groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
 // kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
-// no). WgmmaAutoKernel (read once): kWgmma, or kWgmmaOverlap with TANDEM_PREFILL_WGMMA=2, or
-// kStreamedAuto (none: kStreamed, the old choice) with TANDEM_PREFILL_WGMMA=0 or "" (the A/B
-// switch, on by default as EnvSwitchDefaultOn) or where the device is not sm_90 (the kernel is
-// sm_90a code). WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
+// no). WgmmaAutoKernel (read once), by TANDEM_PREFILL_WGMMA: unset (the default) or any value but
+// those below (4 included, which chose kWgmmaWs before it was the default): kWgmmaWs; 1: kWgmma
+// (the default until 2026-12-02, for A/B); 0 or "": kStreamedAuto (none: kStreamed, the old
+// choice). kStreamedAuto also where the device is not sm_90 (the kernels are sm_90a code).
+// WgmmaByDefault: WgmmaAutoKernel() is a wgmma kernel.
 // ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
 // WgmmaMinMeanRows: kWgmmaMinMeanRows, or TANDEM_PREFILL_WGMMA_MIN_ROWS (a positive integer, read
 // once; anything else: the default), to time the choice's bound (e.g. 2048 tokens, 40 rows).
@@ -140,8 +142,8 @@ struct DevicePrefillChoice {
 // (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
 // 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is
 // MMQ at 512 tokens (mean 10) and kStreamed at 2048 and 8192 (40, 160), as the host rule picks
-// under uniform routing; kWgmma at 256 from a mean of kWgmmaMinMeanRows (8192) unless
-// TANDEM_PREFILL_WGMMA=0.
+// under uniform routing; WgmmaAutoKernel() (kWgmmaWs) at 256 from a mean of kWgmmaMinMeanRows
+// (8192) unless TANDEM_PREFILL_WGMMA=0.
 inline constexpr int kDeviceMmqMaxMeanRows = 12;
 
 struct PrefillOptions {
@@ -157,8 +159,8 @@ struct PrefillOptions {
   // with tile_rows 0: kStreamedRows at ChooseStreamedRowsTile's bound (auto) where that is not 0 and
   // the shape fits (UsesStreamedRowsKernel), else kStreamed; with a fixed tile_rows: kStreamed.
   // kStreamedRows on a shape it does not fit runs kStreamed.
-  // kWgmma, kWgmmaOverlap: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto with
-  // tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
+  // kWgmma, kWgmmaWs: tile_rows 0 (kWgmmaMaxTileRows) or 16 .. 64; kStreamedAuto
+  // with tile_rows 0 takes WgmmaAutoKernel() where ChooseWgmmaTile is not 0.
   // kMmq* (integer MMAs): tile_rows 0 (ChooseMmqTile), or 1 .. 32; kStreamedAuto with tile_rows 0
   // takes kMmq where UsesMmqKernel and MmqByDefault hold; kMmq* on a shape it does not fit runs
   // kStreamed.
@@ -241,6 +243,10 @@ class ExpertPrefillRunner {
   // Tile height of the full tiles of the last grouped call (0 before one, or with kCublasPerExpert);
   // for the streamed kernel, the bound on its tiles' rows.
   int last_tile_rows() const { return last_tile_rows_; }
+  // The kernel the last grouped call resolved to (kPipelined for the pipelined tile kernel; with
+  // kStreamedAuto resolved, e.g. WgmmaAutoKernel() for large groups), host- or device-planned;
+  // kStreamedAuto before one. Lets tests and benches confirm an A/B switch reached its kernel.
+  PrefillKernel last_kernel() const { return last_kernel_; }
 
  private:
   ExpertPrefillRunner() = default;
@@ -262,6 +268,7 @@ class ExpertPrefillRunner {
   int64_t max_slots_ = 0;
   PrefillOptions options_;
   int last_tile_rows_ = 0;
+  PrefillKernel last_kernel_ = PrefillKernel::kStreamedAuto;
   // Both algorithms.
   DeviceBuffer act_;        // f16 [max_slots × I]
   DeviceBuffer index_;      // int32 [max_slots]: input row of each slot; then (grouped) the tiles

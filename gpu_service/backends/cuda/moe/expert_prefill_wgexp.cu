@@ -1,5 +1,8 @@
 // The weights-as-A wgmma Q4_K prefill GEMM (PrefillKernel::kWgmma): warpgroup MMAs whose A operand
 // is the dequantized weights, straight from registers, and whose B operand is the tile's tokens.
+// Since 2026-12-02 its warp-specialized form kWgmmaWs (expert_prefill_wgws.cu: the same arithmetic,
+// the same bits, 1.80 against 1.96-2.13 ms a layer at 8192 tokens) is the default; this kernel is
+// the reference the tests compare kWgmmaWs with and the TANDEM_PREFILL_WGMMA=1 fallback.
 //
 // Why: at 8192 tokens (~160 rows an expert) the streamed kernel (expert_prefill_stream.cuh,
 // mma.sync, tiles of <= 64 tokens x 128 weight rows) runs the routed experts at ~170 TFLOP/s. The
@@ -30,7 +33,7 @@
 // double-buffered: stage f's four k16 wgmmas are one commit group; while they run, each warp
 // dequantizes stage f + 1 into the other register set (the set stage f − 1 read: wait_group 1
 // first), with one barrier a stage for slot reuse. The ring does not flow across units (each unit
-// pays its prologue; with 5 stages and 8 (down) or 32 (gate/up) stages a unit, the next step).
+// pays its prologue; with 5 stages and 8 (down) or 32 (gate/up) stages a unit): kWgmmaWs's does.
 //
 // Values: exactly the streamed kernel's f16 weights (a weight is f16(d·sc)·q + f16(−dmin·m) in one
 // f16 FMA, q exact from the nibble; expert_prefill_stream.cuh "Values"), f16 activations, f32
@@ -63,15 +66,9 @@ constexpr int kRawBytes = kUnitRows * kRawRowBytes;     // 6 KB
 constexpr int kStageBytes = kBBytes + kRawBytes;        // multiple of 1024: every swizzle atom aligned
 constexpr int kStages = 5;
 constexpr int kRingBytes = kStages * kStageBytes;
-// kOverlap: the gate/up staging beside the ring (swizzled rows of 64 f16, no pad), so the next
-// unit's prologue copies can be in flight during this unit's epilogue (down stores from registers).
-constexpr int kOverlapStagingOffset = kRingBytes;
-constexpr int kOverlapStagingBytes = kMaxN * 128;
 // int32 [2][kMaxN]: the a row of each tile row, for this unit and the next.
-template <bool kOverlap>
-constexpr int kIndexOffset = kOverlap ? kOverlapStagingOffset + kOverlapStagingBytes : kRingBytes;
-template <bool kOverlap>
-constexpr int kSmemBytes = kIndexOffset<kOverlap> + 2 * kMaxN * 4 + 1024;  // + slack for the 1024-byte alignment
+constexpr int kIndexOffset = kRingBytes;
+constexpr int kSmemBytes = kIndexOffset + 2 * kMaxN * 4 + 1024;  // + slack for the 1024-byte alignment
 constexpr int kRawTasks = kUnitRows * 3;                // head + two 16-byte quant pieces a row
 constexpr int kRawLoads = (kRawTasks + kThreads - 1) / kThreads;
 // Epilogue staging (aliases the ring once the unit's MMAs and copies are done): gate/up
@@ -81,7 +78,7 @@ constexpr int kActStride = 72;
 constexpr int kDownStride = 132;
 static_assert(kStageBytes % 1024 == 0, "aligned swizzle atoms");
 static_assert(kMaxN * kDownStride * 4 <= kRingBytes && kMaxN * kActStride * 2 <= kRingBytes, "staging fits the ring");
-static_assert(kSmemBytes<true> <= 227 * 1024 && kSmemBytes<false> <= 227 * 1024, "one block an SM");
+static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
 static_assert(kThreads / 32 * 16 == kUnitRows, "eight warps of 16 weight rows");
 
 struct Args {
@@ -160,14 +157,11 @@ __device__ __forceinline__ void IssueStage(const Args& p, const PrefillTile& til
 }
 
 // One unit (tile x 128 weight rows, all of K) at wgmma N = kN (kN >= tile rows). s_rows: the a row
-// of each tile row (shared memory, written before the call). kOverlap: the caller has issued the
-// unit's first kStages − 1 stages (IssueStage), and `after_mmas` (run by every thread once the
-// unit's wgmmas and copies are done, before the epilogue) may issue the next unit's; the gate/up
-// staging is its own region and down stores straight from the accumulators. Otherwise the unit
-// issues its own prologue, after_mmas is not called and the staging aliases the ring.
-template <bool kGateUp, int kN, bool kOverlap, typename AfterMmas>
+// of each tile row (shared memory, written before the call). The unit issues its own prologue and
+// its epilogue staging aliases the ring.
+template <bool kGateUp, int kN>
 __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, int rows, int col, uint8_t* smem,
-                                        uint32_t smem_base, const int32_t* s_rows, AfterMmas&& after_mmas) {
+                                        uint32_t smem_base, const int32_t* s_rows) {
   static_assert(kN % 32 == 0 && kN <= kMaxN, "N in steps of 32");
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   const int K = p.K, ksteps = K / kStageK;  // a multiple of 4 (K % 256 == 0): the loop takes two at a time
@@ -233,10 +227,8 @@ __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, 
     if (f + 1 < ksteps) dequant(f + 1, next);
   };
 
-  if constexpr (!kOverlap) {
 #pragma unroll 1
-    for (int f = 0; f < kStages - 1; ++f) issue(f);
-  }
+  for (int f = 0; f < kStages - 1; ++f) issue(f);
   CpAsyncWait<kStages - 2>();
   wgmma::FenceProxyAsync();
   __syncthreads();
@@ -251,45 +243,9 @@ __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, 
   wgmma::FenceOperands(acc);
   CpAsyncWait<0>();
   __syncthreads();  // every warpgroup's wgmmas done, every copy landed: the ring is free
-  if constexpr (kOverlap) after_mmas();
 
   const int64_t first_slot = tile.first_slot;
-  if constexpr (kOverlap && kGateUp) {
-    // Rows of 64 f16 (128 bytes), 16-byte chunk c of row t at chunk c ^ (t % 8): a warp's stores
-    // (chunk w, tokens 2q + e apart) spread over all banks without a pad.
-    uint16_t* st = reinterpret_cast<uint16_t*>(smem + kOverlapStagingOffset);
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * j + 2 * q + e;
-        st[t * 64 + ((warp ^ (t & 7)) << 3) + g] =
-            __half_as_ushort(__float2half_rn(prefill_stream::SiluTimes(acc[4 * j + e], acc[4 * j + 2 + e])));
-      }
-    }
-    __syncthreads();
-    for (int task = tid; task < rows * 8; task += kThreads) {
-      const int t = task >> 3, chunk = task & 7;
-      *reinterpret_cast<uint4*>(p.act_out + (first_slot + t) * p.out_cols + col * (kUnitRows / 2) + chunk * 8) =
-          *reinterpret_cast<const uint4*>(st + t * 64 + ((chunk ^ (t & 7)) << 3));
-    }
-    // The next write of the staging is the next unit's epilogue, many barriers later.
-  } else if constexpr (kOverlap) {
-    // Down from the accumulators: a warp's store covers 8 consecutive features (32 bytes) of 4 tokens.
-    float* out = p.f32_out + col * kUnitRows + 16 * warp + g;
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * j + 2 * q + e;
-        if (t < rows) {
-          float* o = out + (first_slot + t) * p.out_cols;
-          o[0] = acc[4 * j + e];
-          o[8] = acc[4 * j + 2 + e];
-        }
-      }
-    }
-  } else if constexpr (kGateUp) {
+  if constexpr (kGateUp) {
     uint16_t* st = reinterpret_cast<uint16_t*>(smem);
     const int feature = 8 * warp + g;  // of the unit's 64
 #pragma unroll
@@ -327,12 +283,12 @@ __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, 
           *reinterpret_cast<const float2*>(st + t * kDownStride + 2 * pair);
     }
   }
-  if constexpr (!kOverlap) __syncthreads();  // the staging is read before the next unit's copies overwrite the ring
+  __syncthreads();  // the staging is read before the next unit's copies overwrite the ring
 }
 
 // Weight rows n < N (gate/up: N = 2·inner, unit c = features 64c .. 64c + 63; down: N = h),
-// K % 256 == 0, tiles of at most 256 rows. kOverlap: see RunUnit.
-template <bool kGateUp, bool kOverlap>
+// K % 256 == 0, tiles of at most 256 rows.
+template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
   // pdl.cuh: the tiles, their count, the activations and the slot index are the step's.
   PdlWaitForPrevious();
@@ -343,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
   // The swizzled activation tiles need 1024-byte alignment.
   uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   const uint32_t smem_base = SmemAddr(smem);
-  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kIndexOffset<kOverlap>);  // [2][kMaxN]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kIndexOffset);  // [2][kMaxN]
   const int col_blocks = p.N / kUnitRows;
   const int64_t units = static_cast<int64_t>(num_tiles) * col_blocks;
   // Unit `unit`'s tile, rows and column block, and its a rows into s_rows buffer b (a barrier
@@ -357,47 +313,32 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
       s_rows[b * kMaxN + r] = p.a_index != nullptr ? p.a_index[slot] : slot;
     }
   };
-  auto prologue = [&](const PrefillTile& tile, int rows, int col, const int32_t* rows_of) {
-#pragma unroll 1
-    for (int f = 0; f < kStages - 1; ++f) IssueStage<kGateUp, kMaxN / 32>(p, tile, rows, col, f, rows_of, smem_base);
-  };
   int64_t u = blockIdx.x;
   PrefillTile tile{};
   int rows = 0, col = 0, buf = 0;
   if (u < units) {
     prepare(u, 0, tile, rows, col);
     __syncthreads();
-    if constexpr (kOverlap) prologue(tile, rows, col, s_rows);
   }
 #pragma unroll 1
   while (u < units) {
     const int64_t next = u + gridDim.x;
     PrefillTile next_tile{};
     int next_rows = 0, next_col = 0;
-    // kOverlap: the next unit's index and first stages, while this unit's epilogue runs.
-    auto after_mmas = [&] {
-      if (next < units) {
-        prepare(next, buf ^ 1, next_tile, next_rows, next_col);
-        __syncthreads();
-        prologue(next_tile, next_rows, next_col, s_rows + (buf ^ 1) * kMaxN);
-      }
-    };
     const int32_t* rows_of = s_rows + buf * kMaxN;
     switch ((rows + 31) >> 5) {  // block-uniform: wgmma N = rows rounded up to 32
-      case 1: RunUnit<kGateUp, 32, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 2: RunUnit<kGateUp, 64, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 3: RunUnit<kGateUp, 96, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 4: RunUnit<kGateUp, 128, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 5: RunUnit<kGateUp, 160, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 6: RunUnit<kGateUp, 192, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      case 7: RunUnit<kGateUp, 224, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
-      default: RunUnit<kGateUp, 256, kOverlap>(p, tile, rows, col, smem, smem_base, rows_of, after_mmas); break;
+      case 1: RunUnit<kGateUp, 32>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 2: RunUnit<kGateUp, 64>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 3: RunUnit<kGateUp, 96>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 4: RunUnit<kGateUp, 128>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 5: RunUnit<kGateUp, 160>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 6: RunUnit<kGateUp, 192>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      case 7: RunUnit<kGateUp, 224>(p, tile, rows, col, smem, smem_base, rows_of); break;
+      default: RunUnit<kGateUp, 256>(p, tile, rows, col, smem, smem_base, rows_of); break;
     }
-    if constexpr (!kOverlap) {
-      if (next < units) {
-        prepare(next, buf ^ 1, next_tile, next_rows, next_col);
-        __syncthreads();
-      }
+    if (next < units) {
+      prepare(next, buf ^ 1, next_tile, next_rows, next_col);
+      __syncthreads();
     }
     u = next;
     tile = next_tile;
@@ -407,10 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
   }
 }
 
-template <bool kGateUp, bool kOverlap>
+template <bool kGateUp>
 cudaError_t Launch(const Args& args, cudaStream_t stream) {
-  auto* kernel = WgmmaQ4KGemmKernel<kGateUp, kOverlap>;
-  constexpr int kSmem = kSmemBytes<kOverlap>;
+  auto* kernel = WgmmaQ4KGemmKernel<kGateUp>;
+  constexpr int kSmem = kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       e != cudaSuccess) {
     return e;
@@ -429,16 +370,13 @@ cudaError_t Launch(const Args& args, cudaStream_t stream) {
 
 cudaError_t LaunchWgmmaQ4KGemm(bool gate_up, int tile_rows, const PrefillTile* tiles, int num_tiles, const uint16_t* a,
                                const int32_t* a_index, int K, int N, int out_cols, uint16_t* act_out, float* f32_out,
-                               cudaStream_t stream, const int* tile_count, bool overlap) {
+                               cudaStream_t stream, const int* tile_count) {
   if (K <= 0 || K % 256 != 0 || N <= 0 || N % kWgmmaUnitRows != 0 || tile_rows < 1 || tile_rows > kWgmmaMaxTileRows) {
     return cudaErrorInvalidValue;
   }
   if (num_tiles <= 0) return cudaSuccess;
   const prefill_wgexp::Args args{tiles, num_tiles, a, a_index, K, N, out_cols, act_out, f32_out, tile_count};
-  if (overlap) {
-    return gate_up ? prefill_wgexp::Launch<true, true>(args, stream) : prefill_wgexp::Launch<false, true>(args, stream);
-  }
-  return gate_up ? prefill_wgexp::Launch<true, false>(args, stream) : prefill_wgexp::Launch<false, false>(args, stream);
+  return gate_up ? prefill_wgexp::Launch<true>(args, stream) : prefill_wgexp::Launch<false>(args, stream);
 }
 
 }  // namespace tandem::cuda

@@ -90,7 +90,12 @@ PrefillKernel WgmmaAutoKernel() {
     if (!EnvSwitchDefaultOn("TANDEM_PREFILL_WGMMA")) return PrefillKernel::kStreamedAuto;
     if (!CurrentDeviceRunsSm90a()) return PrefillKernel::kStreamedAuto;
     const char* v = std::getenv("TANDEM_PREFILL_WGMMA");
-    return v != nullptr && std::string_view(v) == "2" ? PrefillKernel::kWgmmaOverlap : PrefillKernel::kWgmma;
+    const std::string_view s = v == nullptr ? "" : v;
+    // 1: kWgmma, the default until 2026-12-02, for A/B. Any other value (unset, 4, which selected
+    // kWgmmaWs while kWgmma was the default, or the retired 2 (kWgmmaOverlap) and 3, 5 (unmerged
+    // variants)): kWgmmaWs, 1.80 against kWgmma's 1.96-2.13 ms a layer at 8192 tokens, same bits.
+    if (s == "1") return PrefillKernel::kWgmma;
+    return PrefillKernel::kWgmmaWs;
   }();
   return k;
 }
