@@ -14,6 +14,7 @@
 namespace tandem::cuda {
 namespace {
 
+using attn_tc::BlockOf;
 using attn_tc::CpAsync16OrZero;
 using attn_tc::GatedOutput;
 using attn_tc::OnlineSoftmaxTile;
@@ -21,6 +22,7 @@ using attn_tc::QueryRow;
 using attn_tc::RescaleRows;
 using attn_tc::SlicesOf;
 using attn_tc::StoreRows;
+using attn_tc::TcBlock;
 using attn_tc::TcSlices;
 
 constexpr int kTcKeys = 64;
@@ -110,17 +112,11 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   __half* vs = ks + kPipeKeys * kStride;
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // A sequence's items come in increasing position order: walking the grid backwards starts the
-  // blocks with the most key tiles first (shorter ones fill the tail), kv heads side by side.
-  // With context slices the item's slices sit side by side (slice = linear / kvh % splits).
-  const int linear = gridDim.x - 1 - blockIdx.x;
-  const int item = linear / (kvh * splits), kvhead = linear % kvh, slice = linear / kvh % splits;
-  const int groups = nh / kvh, kvw = kvh * kHd;
-  const int32_t first = items[2 * item], count = items[2 * item + 1];
-  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
-  const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
-  const TcSlices sl = SlicesOf(max_pos, splits);
-  const int kt_begin = slice * sl.per, kt_end = min(sl.tiles, kt_begin + sl.per);
+  const TcBlock blk = BlockOf(nh, kvh, splits, items, token_seq, token_pos, cache);  // attention_tc_common.cuh
+  const int kvhead = blk.kvhead, groups = blk.groups, kvw = kvh * kHd;
+  const int32_t first = blk.first, count = blk.count, min_pos = blk.min_pos, max_pos = blk.max_pos;
+  const int32_t* pages = blk.pages;
+  const int kt_begin = blk.kt_begin, kt_end = blk.kt_end;
   if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
   auto valid_keys = [&](int kt) { return min(kPipeKeys, max_pos - kt * kPipeKeys + 1); };
 
@@ -199,8 +195,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
     }
   }
 
-  StoreRows<kHd>(accessor, m, l, row0, t4, first, count, nh, kvh, kvhead, groups, item, splits, slice, sl.used,
-                 qg, o, part_o, part_ml);
+  StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
 }
 
 // Block per (tile item, kv head, kRowsAtOnce rows): combines the slices an item's keys were cut

@@ -35,6 +35,37 @@ __device__ __forceinline__ TcSlices SlicesOf(int32_t max_pos, int splits) {
   return TcSlices{tiles, per, (tiles + per - 1) / per};
 }
 
+// What block blockIdx.x of a kernel's grid (tile items × kv heads × slices) works on. A
+// sequence's items come in increasing position order: walking the grid backwards starts the
+// blocks with the most key tiles first (shorter ones fill the tail), kv heads side by side, and an
+// item's slices side by side (slice = linear / kvh % splits). Its key tiles are kt_begin ..
+// kt_end - 1; none (kt_begin >= kt_end) for a short item's trailing slices.
+struct TcBlock {
+  int item, kvhead, slice, groups;
+  int32_t first, count, min_pos, max_pos;  // the item's first token, its tokens, their first and last position
+  const int32_t* pages;                    // the item's sequence's page table row
+  TcSlices sl;
+  int kt_begin, kt_end;
+};
+__device__ __forceinline__ TcBlock BlockOf(int nh, int kvh, int splits, const int32_t* items,
+                                           const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache) {
+  TcBlock b;
+  const int linear = gridDim.x - 1 - blockIdx.x;
+  b.item = linear / (kvh * splits);
+  b.kvhead = linear % kvh;
+  b.slice = linear / kvh % splits;
+  b.groups = nh / kvh;
+  b.first = items[2 * b.item];
+  b.count = items[2 * b.item + 1];
+  b.min_pos = token_pos[b.first];
+  b.max_pos = token_pos[b.first + b.count - 1];
+  b.pages = cache.page_table + static_cast<int64_t>(token_seq[b.first]) * cache.max_pages;
+  b.sl = SlicesOf(b.max_pos, splits);
+  b.kt_begin = b.slice * b.sl.per;
+  b.kt_end = min(b.sl.tiles, b.kt_begin + b.sl.per);
+  return b;
+}
+
 // Row r of a tile item's kTcRows (token first + tok, tok = r / groups; head kvhead·groups + r % groups):
 // its index among the (token, head) rows of q, o and the gate halves of qg. tok comes from the
 // caller, which has it already: recomputed here, the compiler reassociates the sum differently and
@@ -108,23 +139,24 @@ __device__ __forceinline__ void RescaleRows(Acc acc, const float (&corr)[2]) {
   }
 }
 
-// The end of a block (item, kvhead, slice) for the thread's rows row0 and row0 + 8 of the item's
-// kTcRows, where they hold a token (< count): the row sums l over the quad, then, where the
-// item's keys span several slices (slices_used = TcSlices::used > 1), the unnormalised rows and
-// their (max, sum) pair into slot (item, kvhead, slice, row) of part_o and part_ml for the merge,
-// else o = acc · (1/l) · σ(gate) (the gate half of the row's qg) into the row of o.
+// The end of block b for the thread's rows row0 and row0 + 8 of its item's kTcRows, where they
+// hold a token (< b.count): the row sums l over the quad, then, where the item's keys span several
+// slices (b.sl.used > 1), the unnormalised rows and their (max, sum) pair into slot (item, kvhead,
+// slice, row) of part_o and part_ml for the merge, else o = acc · (1/l) · σ(gate) (the gate half
+// of the row's qg) into the row of o.
 template <int kHd, typename Acc>
 __device__ __forceinline__ void StoreRows(Acc acc, const float (&m)[2], const float (&l)[2], int row0, int t4,
-                                          int32_t first, int32_t count, int nh, int kvh, int kvhead, int groups,
-                                          int item, int splits, int slice, int slices_used, const float* qg, float* o,
+                                          const TcBlock& b, int nh, int kvh, int splits, const float* qg, float* o,
                                           float* part_o, float* part_ml) {
+  const int item = b.item, kvhead = b.kvhead, slice = b.slice, groups = b.groups;
+  const int32_t first = b.first, count = b.count;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float ll = l[i] + __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
     ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
     const int r = row0 + 8 * i, tok = r / groups;
     if (tok >= count) continue;
-    if (slices_used > 1) {
+    if (b.sl.used > 1) {
       // A slice of several: the unnormalised rows, their max (base 2, scaled) and sum, for the merge.
       const int64_t slot = ((static_cast<int64_t>(item) * kvh + kvhead) * splits + slice) * kTcRows + r;
 #pragma unroll

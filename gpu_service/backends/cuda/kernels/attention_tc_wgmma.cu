@@ -38,13 +38,13 @@
 namespace tandem::cuda {
 namespace {
 
+using attn_tc::BlockOf;
 using attn_tc::CpAsync16OrZero;
 using attn_tc::OnlineSoftmaxTile;
 using attn_tc::QueryRow;
 using attn_tc::RescaleRows;
-using attn_tc::SlicesOf;
 using attn_tc::StoreRows;
-using attn_tc::TcSlices;
+using attn_tc::TcBlock;
 
 constexpr int kHd = 256, kKeys = attn_tc::kTileKeys, kThreads = 256, kWgRows = 64;
 static_assert(kTcRows == 2 * kWgRows, "two warpgroups of 64 query rows");
@@ -165,15 +165,11 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
   const uint32_t base = SmemAddr(smem);  // the stage is at offset 0
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-  // Grid order and slices as the pipelined kernel (attention_tc.cu).
-  const int linear = gridDim.x - 1 - blockIdx.x;
-  const int item = linear / (kvh * splits), kvhead = linear % kvh, slice = linear / kvh % splits;
-  const int groups = nh / kvh, kvw = kvh * kHd;
-  const int32_t first = items[2 * item], count = items[2 * item + 1];
-  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
-  const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
-  const TcSlices sl = SlicesOf(max_pos, splits);
-  const int kt_begin = slice * sl.per, kt_end = min(sl.tiles, kt_begin + sl.per);
+  const TcBlock blk = BlockOf(nh, kvh, splits, items, token_seq, token_pos, cache);  // attention_tc_common.cuh
+  const int kvhead = blk.kvhead, groups = blk.groups, kvw = kvh * kHd;
+  const int32_t first = blk.first, count = blk.count, min_pos = blk.min_pos, max_pos = blk.max_pos;
+  const int32_t* pages = blk.pages;
+  const int kt_begin = blk.kt_begin, kt_end = blk.kt_end;
   if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
   auto valid_keys = [&](int kt) { return min(kKeys, max_pos - kt * kKeys + 1); };
 
@@ -261,8 +257,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     }
   }
 
-  StoreRows<kHd>(accessor, m, l, row0, t4, first, count, nh, kvh, kvhead, groups, item, splits, slice, sl.used,
-                 qg, o, part_o, part_ml);
+  StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
 }
 
 }  // namespace
