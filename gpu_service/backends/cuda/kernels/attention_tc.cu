@@ -14,9 +14,15 @@
 namespace tandem::cuda {
 namespace {
 
+using attn_tc::BlockOf;
 using attn_tc::CpAsync16OrZero;
+using attn_tc::GatedOutput;
 using attn_tc::OnlineSoftmaxTile;
+using attn_tc::QueryRow;
+using attn_tc::RescaleRows;
 using attn_tc::SlicesOf;
+using attn_tc::StoreRows;
+using attn_tc::TcBlock;
 using attn_tc::TcSlices;
 
 constexpr int kTcKeys = 64;
@@ -106,17 +112,11 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   __half* vs = ks + kPipeKeys * kStride;
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // A sequence's items come in increasing position order: walking the grid backwards starts the
-  // blocks with the most key tiles first (shorter ones fill the tail), kv heads side by side.
-  // With context slices the item's slices sit side by side (slice = linear / kvh % splits).
-  const int linear = gridDim.x - 1 - blockIdx.x;
-  const int item = linear / (kvh * splits), kvhead = linear % kvh, slice = linear / kvh % splits;
-  const int groups = nh / kvh, kvw = kvh * kHd;
-  const int32_t first = items[2 * item], count = items[2 * item + 1];
-  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
-  const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
-  const TcSlices sl = SlicesOf(max_pos, splits);
-  const int kt_begin = slice * sl.per, kt_end = min(sl.tiles, kt_begin + sl.per);
+  const TcBlock blk = BlockOf(nh, kvh, splits, items, token_seq, token_pos, cache);  // attention_tc_common.cuh
+  const int kvhead = blk.kvhead, groups = blk.groups, kvw = kvh * kHd;
+  const int32_t first = blk.first, count = blk.count, min_pos = blk.min_pos, max_pos = blk.max_pos;
+  const int32_t* pages = blk.pages;
+  const int kt_begin = blk.kt_begin, kt_end = blk.kt_end;
   if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
   auto valid_keys = [&](int kt) { return min(kPipeKeys, max_pos - kt * kPipeKeys + 1); };
 
@@ -127,8 +127,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
     const int r = e / kVec, c = e % kVec, tok = r / groups;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (tok < count) {
-      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-      x = *reinterpret_cast<const float4*>(q + row * kHd + 4 * c);
+      x = *reinterpret_cast<const float4*>(q + QueryRow(first, tok, r, groups, nh, kvhead) * kHd + 4 * c);
     }
     StoreF16x4(qs + r * kStride + 4 * c, x);
   }
@@ -143,6 +142,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
   float acc[kHd / 8][4];
 #pragma unroll
   for (int i = 0; i < kHd / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  const auto accessor = [&acc](int nd, int c) -> float& { return acc[nd][c]; };  // StoreRows' acc(nd, c)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const bool more = kt + 1 < kt_end;
@@ -173,13 +173,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
     // s[kPipeKeys / 8][4] is the layout's s[4nb + c] (OnlineSoftmaxTile) as rows of 4: the same floats.
     OnlineSoftmaxTile<kPipeKeys>(reinterpret_cast<float(&)[kPipeKeys / 2]>(s), m, l, corr, scale_log2, mask,
                                  kt * kPipeKeys, t4, pos_lo, pos_hi);
-#pragma unroll
-    for (int nd = 0; nd < kHd / 8; ++nd) {
-      acc[nd][0] *= corr[0];
-      acc[nd][1] *= corr[0];
-      acc[nd][2] *= corr[1];
-      acc[nd][3] *= corr[1];
-    }
+    RescaleRows<kHd>(accessor, corr);
 
 #pragma unroll
     for (int kk = 0; kk < kPipeKeys / 16; ++kk) {
@@ -201,33 +195,7 @@ PipelinedTensorCoreAttentionKernel(const float* __restrict__ q, const float* __r
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float ll = l[i] + __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
-    ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
-    const int r = row0 + 8 * i, tok = r / groups;
-    if (tok >= count) continue;
-    if (sl.used > 1) {
-      // A slice of several: the unnormalised rows, their max (base 2, scaled) and sum, for the merge.
-      const int64_t slot = ((static_cast<int64_t>(item) * kvh + kvhead) * splits + slice) * kTcRows + r;
-#pragma unroll
-      for (int nd = 0; nd < kHd / 8; ++nd) {
-        *reinterpret_cast<float2*>(part_o + slot * kHd + nd * 8 + 2 * t4) = make_float2(acc[nd][2 * i], acc[nd][2 * i + 1]);
-      }
-      if (t4 == 0) *reinterpret_cast<float2*>(part_ml + 2 * slot) = make_float2(m[i], ll);
-      continue;
-    }
-    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-    const float inv = 1.0f / ll;
-    const float* gate = qg + row * 2 * kHd + kHd;
-#pragma unroll
-    for (int nd = 0; nd < kHd / 8; ++nd) {
-      const int d = nd * 8 + 2 * t4;
-      const float2 y = make_float2(acc[nd][2 * i] * inv * SigmoidF(gate[d]),
-                                   acc[nd][2 * i + 1] * inv * SigmoidF(gate[d + 1]));
-      *reinterpret_cast<float2*>(o + row * kHd + d) = y;
-    }
-  }
+  StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
 }
 
 // Block per (tile item, kv head, kRowsAtOnce rows): combines the slices an item's keys were cut
@@ -278,11 +246,11 @@ TensorCoreSliceMergeKernel(const float* __restrict__ qg, int nh, int kvh, const 
     a.w = fmaf(w, x.w, a.w);
   }
   const float inv = 1.0f / ll;
-  const int64_t row = static_cast<int64_t>(first + r / groups) * nh + kvhead * groups + r % groups;
+  const int64_t row = QueryRow(first, r / groups, r, groups, nh, kvhead);
   const float* gate = qg + row * 2 * kHd + kHd + 4 * c;
   reinterpret_cast<float4*>(o + row * kHd)[c] =
-      make_float4(a.x * inv * SigmoidF(gate[0]), a.y * inv * SigmoidF(gate[1]), a.z * inv * SigmoidF(gate[2]),
-                  a.w * inv * SigmoidF(gate[3]));
+      make_float4(GatedOutput(a.x * inv, gate[0]), GatedOutput(a.y * inv, gate[1]), GatedOutput(a.z * inv, gate[2]),
+                  GatedOutput(a.w * inv, gate[3]));
 }
 
 template <int kHd>

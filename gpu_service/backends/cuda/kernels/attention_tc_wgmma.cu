@@ -38,10 +38,13 @@
 namespace tandem::cuda {
 namespace {
 
+using attn_tc::BlockOf;
 using attn_tc::CpAsync16OrZero;
 using attn_tc::OnlineSoftmaxTile;
-using attn_tc::SlicesOf;
-using attn_tc::TcSlices;
+using attn_tc::QueryRow;
+using attn_tc::RescaleRows;
+using attn_tc::StoreRows;
+using attn_tc::TcBlock;
 
 constexpr int kHd = 256, kKeys = attn_tc::kTileKeys, kThreads = 256, kWgRows = 64;
 static_assert(kTcRows == 2 * kWgRows, "two warpgroups of 64 query rows");
@@ -162,15 +165,11 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
   const uint32_t base = SmemAddr(smem);  // the stage is at offset 0
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-  // Grid order and slices as the pipelined kernel (attention_tc.cu).
-  const int linear = gridDim.x - 1 - blockIdx.x;
-  const int item = linear / (kvh * splits), kvhead = linear % kvh, slice = linear / kvh % splits;
-  const int groups = nh / kvh, kvw = kvh * kHd;
-  const int32_t first = items[2 * item], count = items[2 * item + 1];
-  const int32_t min_pos = token_pos[first], max_pos = token_pos[first + count - 1];
-  const int32_t* pages = cache.page_table + static_cast<int64_t>(token_seq[first]) * cache.max_pages;
-  const TcSlices sl = SlicesOf(max_pos, splits);
-  const int kt_begin = slice * sl.per, kt_end = min(sl.tiles, kt_begin + sl.per);
+  const TcBlock blk = BlockOf(nh, kvh, splits, items, token_seq, token_pos, cache);  // attention_tc_common.cuh
+  const int kvhead = blk.kvhead, groups = blk.groups, kvw = kvh * kHd;
+  const int32_t first = blk.first, count = blk.count, min_pos = blk.min_pos, max_pos = blk.max_pos;
+  const int32_t* pages = blk.pages;
+  const int kt_begin = blk.kt_begin, kt_end = blk.kt_end;
   if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
   auto valid_keys = [&](int kt) { return min(kKeys, max_pos - kt * kKeys + 1); };
 
@@ -181,8 +180,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     const int r = e / (kHd / 4), c = e % (kHd / 4), tok = r / groups;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (tok < count) {
-      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-      x = *reinterpret_cast<const float4*>(q + row * kHd + 4 * c);
+      x = *reinterpret_cast<const float4*>(q + QueryRow(first, tok, r, groups, nh, kvhead) * kHd + 4 * c);
     }
     StoreF16x4(smem, kQOff + SwizzledQuad(r, c, kQSlab), x);
   }
@@ -199,6 +197,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
   float acc[kHd / 2];  // n8 block nd (dims 8nd ..): acc[4nd], [4nd + 1] row0; [4nd + 2], [4nd + 3] row0 + 8
 #pragma unroll
   for (int i = 0; i < kHd / 2; ++i) acc[i] = 0.0f;
+  const auto accessor = [&acc](int nd, int c) -> float& { return acc[4 * nd + c]; };  // StoreRows' acc(nd, c)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const bool more = kt + 1 < kt_end;
@@ -227,13 +226,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     const bool mask = kt * kKeys + kKeys - 1 > min_pos;
     float corr[2];
     OnlineSoftmaxTile<kKeys>(s, m, l, corr, scale_log2, mask, kt * kKeys, t4, pos_lo, pos_hi);
-#pragma unroll
-    for (int nd = 0; nd < kHd / 8; ++nd) {
-      acc[4 * nd] *= corr[0];
-      acc[4 * nd + 1] *= corr[0];
-      acc[4 * nd + 2] *= corr[1];
-      acc[4 * nd + 3] *= corr[1];
-    }
+    RescaleRows<kHd>(accessor, corr);
     // P as the register A fragments of its 4 k16 slices (wgmma_f16.cuh, WgmmaRegA).
     uint32_t a[kKeys / 16][4];
 #pragma unroll
@@ -264,34 +257,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float ll = l[i] + __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
-    ll += __shfl_xor_sync(0xFFFFFFFFu, ll, 2);
-    const int r = row0 + 8 * i, tok = r / groups;
-    if (tok >= count) continue;
-    if (sl.used > 1) {
-      // A slice of several: the unnormalised rows, their max (base 2, scaled) and sum, for the merge.
-      const int64_t slot = ((static_cast<int64_t>(item) * kvh + kvhead) * splits + slice) * kTcRows + r;
-#pragma unroll
-      for (int nd = 0; nd < kHd / 8; ++nd) {
-        *reinterpret_cast<float2*>(part_o + slot * kHd + nd * 8 + 2 * t4) =
-            make_float2(acc[4 * nd + 2 * i], acc[4 * nd + 2 * i + 1]);
-      }
-      if (t4 == 0) *reinterpret_cast<float2*>(part_ml + 2 * slot) = make_float2(m[i], ll);
-      continue;
-    }
-    const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-    const float inv = 1.0f / ll;
-    const float* gate = qg + row * 2 * kHd + kHd;
-#pragma unroll
-    for (int nd = 0; nd < kHd / 8; ++nd) {
-      const int d = nd * 8 + 2 * t4;
-      const float2 y = make_float2(acc[4 * nd + 2 * i] * inv * SigmoidF(gate[d]),
-                                   acc[4 * nd + 2 * i + 1] * inv * SigmoidF(gate[d + 1]));
-      *reinterpret_cast<float2*>(o + row * kHd + d) = y;
-    }
-  }
+  StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
 }
 
 }  // namespace
