@@ -43,6 +43,9 @@ struct FastParts {
   // The split as one f16 product plus one fp8 correction for every matrix (cuda::SetSplitF8 and
   // SetSplitF8MinWeights(0) while the backend is opened; false: the process defaults).
   bool split_f8 = false;
+  // The mixers' output products (ssm_out, o) as one f16 product (CudaBackendOptions::
+  // fast_dense_out_single; TANDEM_DENSE_OUT_SINGLE=1 turns it on for every backend opened).
+  bool dense_out_single = false;
 };
 
 inline std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,
@@ -55,6 +58,7 @@ inline std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mo
   o.fast_attention = parts.attention;
   o.fast_gdn = parts.gdn;
   o.fast_dense_split = parts.dense_split;
+  o.fast_dense_out_single = parts.dense_out_single;
   o.mode = mode;
   o.fast_dense_gemm = dense_gemm;
   o.fast_expert_gemm = expert_gemm;

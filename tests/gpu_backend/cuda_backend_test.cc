@@ -4,6 +4,7 @@
 // Every case skips when no GPU is present (CI builds this binary but has no GPU).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -403,6 +404,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing);
   // The default fast mode (every part reduced precision) is what the acceptance checks; the
   // variants that keep one part f32 are measured alongside to show where the routing flips come from.
+  // TANDEM_DENSE_OUT_SINGLE=1 in the environment puts every variant's output products in one f16
+  // product ("all fast" then measures the switch; so does its own variant at any time).
   struct Variant {
     const char* name;
     FastParts parts;
@@ -410,6 +413,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   FastResult main, f8;
   for (const Variant& v : {Variant{"all fast", {}},
                            Variant{"all fast, split as f16 + fp8 correction", {true, true, true, true, true, true}},
+                           Variant{"all fast, output products (ssm_out, o) in one f16 product",
+                                   {true, true, true, true, true, false, true}},
                            Variant{"f16 dense in one product", {true, true, true, true, false}},
                            Variant{"f32 dense", {false, true, true, true}},
                            Variant{"f32 experts", {true, false, true, true}},
@@ -427,6 +432,55 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   // TANDEM_GEMM_SPLIT_F8 must keep the acceptance's routing agreement too.
   EXPECT_GE(f8.agreement, 0.99) << "f16 + fp8 correction split";
   EXPECT_LE(f8.max_err, 1e-2) << "f16 + fp8 correction split";
+}
+
+// TANDEM_DENSE_OUT_SINGLE reaches the backend at Open: with it, fast mode prepares the mixers'
+// output products (ssm_out, o) as f16 hi copies (2 bytes per weight) instead of split copies,
+// every other prepared matrix unchanged; exact mode ignores it. Opens only, no step.
+TEST_P(FastTest, DenseOutSingleSwitchPreparesTheOutputProductsInOneF16Copy) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto ref = OpenReference(*path, 1);
+  ASSERT_TRUE(ref);
+  const ModelConfig& c = ref->config();
+  // The bytes the switch saves: split copy minus f16 copy of every output product, under the
+  // process's split settings (the backend's DenseGemm takes the same defaults).
+  const cuda::DenseGemmOptions go;
+  int64_t drop = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = ref->weights().layers[l];
+    const MatrixView& v = c.is_gdn(l) ? lw.gdn.out : lw.attn.output;
+    if (!v.present()) continue;
+    cuda::DeviceMatrix d;
+    d.rows = v.rows;
+    d.cols = v.cols;
+    drop += cuda::DenseGemm::PreparedBytes(d, cuda::GemmMode::kFastSplit, go) -
+            cuda::DenseGemm::PreparedBytes(d, cuda::GemmMode::kFast, go);
+  }
+  ASSERT_GT(drop, 0);
+  constexpr const char* kVar = "TANDEM_DENSE_OUT_SINGLE";
+  const char* was = std::getenv(kVar);
+  const std::string saved = was != nullptr ? was : "";
+  unsetenv(kVar);
+  auto off = OpenGpu(*path, CudaMode::kFast);
+  setenv(kVar, "1", 1);
+  auto on = OpenGpu(*path, CudaMode::kFast);
+  auto exact = OpenGpu(*path, CudaMode::kExact);
+  if (was != nullptr) {
+    setenv(kVar, saved.c_str(), 1);
+  } else {
+    unsetenv(kVar);
+  }
+  ASSERT_TRUE(off && on && exact);
+  EXPECT_FALSE(off->dense_out_single());
+  EXPECT_TRUE(on->dense_out_single());
+  EXPECT_FALSE(exact->dense_out_single());
+  printf("[%s] prepared dense copies: %llu bytes split, %llu bytes with TANDEM_DENSE_OUT_SINGLE=1 (expected %lld less)\n",
+         GetParam().c_str(), static_cast<unsigned long long>(off->prepared_weight_bytes()),
+         static_cast<unsigned long long>(on->prepared_weight_bytes()), static_cast<long long>(drop));
+  EXPECT_EQ(static_cast<int64_t>(off->prepared_weight_bytes()) - static_cast<int64_t>(on->prepared_weight_bytes()),
+            drop);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, FastTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);

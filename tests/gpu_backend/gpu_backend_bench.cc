@@ -181,8 +181,8 @@ int Run(const Args& a) {
          c.name.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.moe.E),
          static_cast<long long>(c.moe.K), b.weight_bytes() / 1e9, b.prepared_weight_bytes() / 1e9,
          b.state_bytes() / 1e9, Seconds(t_open));
-  printf("mode: %s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
-         a.pdl ? "" : ", PDL off");
+  printf("mode: %s%s%s%s\n", a.mode.c_str(), a.mode == "fast" ? (a.dense_split ? " (dense f16 hi/lo split)" : " (dense f16)") : "",
+         b.dense_out_single() ? ", mixer output products (ssm_out, o) in one f16 product" : "", a.pdl ? "" : ", PDL off");
   if (a.l2_prefetch >= 0) printf("l2 prefetch: %d\n", a.l2_prefetch);
   printf("mixer input products: %s (widest stack %lld rows)\n",
          b.stacked_mixer_rows() > 0 ? "stacked" : "separate", static_cast<long long>(b.stacked_mixer_rows()));

@@ -116,6 +116,9 @@ class CudaBackend::Impl {
   std::optional<cuda::StreamFork> prefetch_fork;
   bool prefetch_pending = false;     // prefetch_stream has work the main stream has not joined
   std::unique_ptr<cuda::DenseGemm> gemm;
+  // The mode of the mixers' output products (ssm_out, o) in prefill: gemm's mode, or kFast under
+  // fast_dense_out_single / TANDEM_DENSE_OUT_SINGLE=1 with a kFastSplit plan (set at Create).
+  cuda::GemmMode out_mode = cuda::GemmMode::kExact;
   cuda::DeviceBuffer shared_gu;  // the stacked shared-expert GEMM's rows (max_batch_tokens × shared_stack_rows)
   int64_t shared_stack_rows = 0;  // widest stack of [shared gate; shared up; shared gate logit], 0: none
   cuda::DeviceBuffer mixer_rows;  // the stacked mixer-input GEMM's rows (max_batch_tokens × mixer_stack_rows)
@@ -196,6 +199,9 @@ class CudaBackend::Impl {
   // would flip routing picks).
   absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
+  // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
+  // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
+  absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);
   // y_i = x·W_iᵀ for several matrices of one input: GEMM-sized steps convert x to f16 once when
   // every matrix has a prepared copy in the plan's mode (DenseGemm::ConvertInput / RunInput), else
   // one Product each (same results either way: the same conversion and product).

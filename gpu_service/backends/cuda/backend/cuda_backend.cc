@@ -39,6 +39,10 @@ uint64_t CudaBackend::prepared_weight_bytes() const {
   return impl_->gemm != nullptr ? static_cast<uint64_t>(impl_->gemm->prepared_bytes()) : 0;
 }
 int64_t CudaBackend::stacked_mixer_rows() const { return impl_->mixer_stack_rows; }
+bool CudaBackend::dense_out_single() const {
+  return impl_->gemm != nullptr && impl_->gemm->mode() == cuda::GemmMode::kFastSplit &&
+         impl_->out_mode == cuda::GemmMode::kFast;
+}
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
 std::string CudaDeviceUnavailableReason() {
   int count = 0;

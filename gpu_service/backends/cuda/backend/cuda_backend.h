@@ -56,6 +56,11 @@ struct CudaBackendOptions {
   // kFast only: which prefill products run as bf16 GEMMs (the others stay f32 exact).
   bool fast_dense_gemm = true;     // projections, stream reads, head
   bool fast_dense_split = true;    // ... as three f16 products of hi/lo halves (near-f32 accuracy)
+  // With fast_dense_split: the mixers' output products (GDN ssm_out, attention o), whose outputs
+  // are added to the residual stream, as ONE f16 product (their f16 copy and inputs only), every
+  // other dense product staying split. Also on with TANDEM_DENSE_OUT_SINGLE=1 (read at Create).
+  // Off by default: NOT yet measured on a GPU (routing agreement, 8192-token prefill).
+  bool fast_dense_out_single = false;
   bool fast_expert_gemm = true;    // routed and shared experts (steps above 64 tokens)
   bool fast_attention = true;      // f16 tensor-core attention for sequences with >= 64 new tokens
   bool fast_gdn = true;            // tf32 tensor cores in the chunked delta rule
@@ -119,6 +124,10 @@ class CudaBackend : public Backend {
   int64_t graph_replays() const;
   // Rows of the widest mixer-input stack prepared as one GEMM (fast mode), 0: none.
   int64_t stacked_mixer_rows() const;
+  // Whether fast prefill runs the mixers' output products (ssm_out, o) as one f16 product while
+  // the other dense products are split (CudaBackendOptions::fast_dense_out_single or
+  // TANDEM_DENSE_OUT_SINGLE=1, with fast_dense_split); false otherwise.
+  bool dense_out_single() const;
 
   class Impl;
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
@@ -79,7 +80,9 @@ namespace {
 // The persistent f16 copies of every dense matrix that prefill multiplies through the GEMM
 // (CudaBackendOptions::prepare_dense_weights): the mixer and stream-read products in the plan's
 // mode; the router, the shared-expert gate and the shared expert itself (when it runs as dense
-// GEMMs) as near-f32 triples (the layer loop runs them "accurate"). Not the head: a prefill step sends only a few rows through it.
+// GEMMs) as near-f32 triples (the layer loop runs them "accurate"); the mixers' output products
+// (ssm_out, o) in out_mode (only their f16 hi copy under TANDEM_DENSE_OUT_SINGLE, as OutProduct
+// reads). Not the head: a prefill step sends only a few rows through it.
 absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
   const CudaBackendOptions& o = m.options;
   if (o.mode != CudaMode::kFast || !o.fast_dense_gemm || !o.prepare_dense_weights ||
@@ -120,7 +123,12 @@ absl::Status PrepareDenseWeights(CudaBackend::Impl& m) {
       }
     }
     for (const cuda::DeviceMatrix* w : {&l.qkv, &l.z, &l.ba, &l.ssm_out, &l.q, &l.k, &l.v, &l.o, &l.idx_qk}) {
-      if (absl::Status s = prepare(*w, false); !s.ok()) return s;
+      if (w == &l.ssm_out || w == &l.o) {  // the output products: in out_mode
+        if (!w->present()) continue;
+        if (absl::Status s = m.gemm->Prepare(*w, m.out_mode, st); !s.ok()) return s;
+      } else if (absl::Status s = prepare(*w, false); !s.ok()) {
+        return s;
+      }
     }
     for (const cuda::DeviceMatrix* w : {&l.router, &l.shared_gate_inp}) {
       if (absl::Status s = prepare(*w, true); !s.ok()) return s;
@@ -198,6 +206,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   absl::StatusOr<std::unique_ptr<cuda::DenseGemm>> gemm = cuda::DenseGemm::Create(go);
   if (!gemm.ok()) return gemm.status();
   m.gemm = *std::move(gemm);
+  // The output products' mode (OutProduct), set before their copies are prepared in it.
+  m.options.fast_dense_out_single |= cuda::EnvSwitch("TANDEM_DENSE_OUT_SINGLE");
+  m.out_mode = go.mode == cuda::GemmMode::kFastSplit && m.options.fast_dense_out_single ? cuda::GemmMode::kFast
+                                                                                         : go.mode;
   if (absl::Status s = PrepareDenseWeights(m); !s.ok()) return s;
   // Small steps' stacked mixer input products (GpuLayer::mixer_in) write their rows into mixer_rows,
   // grown here when the prefill stacks did not make it large enough (no allocation in a step).

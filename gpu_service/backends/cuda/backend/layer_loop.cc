@@ -36,6 +36,11 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
 }
 
+absl::Status CudaBackend::Impl::OutProduct(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
+  if (n <= cuda::kMatVecMaxRows) return Product(w, in, n, out);
+  return gemm->Run(w, in, n, out, stream.get(), out_mode);
+}
+
 absl::Status CudaBackend::Impl::Products(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
                                          const float* in, int64_t n) {
   const cuda::GemmMode mode = gemm->mode();

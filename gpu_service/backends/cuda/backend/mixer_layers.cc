@@ -92,8 +92,10 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
   // The gated norm writes the output product's f16 input rows itself (no f32 rows read back) on
-  // larger fast-mode steps; else it writes f32 rows in place.
-  const cuda::GemmMode mode = gemm->mode();
+  // larger fast-mode steps; else it writes f32 rows in place. The rows are in the output products'
+  // mode (out_mode): [hi | hi | lo] split rows (and, with an F8 copy, their fp8 rows derived by
+  // the product) for kFastSplit, only the hi rows under TANDEM_DENSE_OUT_SINGLE (kFast).
+  const cuda::GemmMode mode = out_mode;
   const bool norm_to_f16 =
       T > cuda::kMatVecMaxRows && mode != cuda::GemmMode::kExact && gemm->IsPrepared(w.ssm_out, mode);
   // Decode's conv, q/k norms, gates and recurrence (1), and the gated norm too (2), in one launch
@@ -195,7 +197,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if ((ba_first || z_side) && !joined) {
     if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
-  if (fused == 2) return Product(w.ssm_out, go, T, y);  // go holds the gated rows
+  if (fused == 2) return OutProduct(w.ssm_out, go, T, y);  // go holds the gated rows
   if (norm_to_f16) {
     uint16_t* go16 = gemm->input_scratch();
     if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, z_rows, w.ssm_norm, d.eps, T, shape,
@@ -211,7 +213,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       !s.ok()) {
     return s;
   }
-  return Product(w.ssm_out, go, T, y);
+  return OutProduct(w.ssm_out, go, T, y);
 }
 
 absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
@@ -314,7 +316,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
         !s.ok()) {
       return s;
     }
-    return Product(w.o, ao, T, y);
+    return OutProduct(w.o, ao, T, y);
   }
 
   // Indexer: queries and raw keys, the block keys completed by this step, scores and selection,
@@ -380,7 +382,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   args.cr = cr;
   args.o = ao;
   if (absl::Status s = Launch(cuda::LaunchSparseAttention(args, st), "sparse attention"); !s.ok()) return s;
-  return Product(w.o, ao, T, y);
+  return OutProduct(w.o, ao, T, y);
 }
 
 }  // namespace tandem
