@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenCudaBackend(const ServiceBackendOpt
   options.max_context = max_context;
   options.cuda_graphs = o.cuda_graphs;
   options.fast_dense_split = o.cuda_dense_split;
+  options.fast_dense_out_single = o.cuda_dense_out_single;
   options.pdl = o.cuda_pdl;
   options.prepare_dense_weights = o.cuda_dense_copies;
   options.l2_prefetch = o.cuda_l2_prefetch;

@@ -78,6 +78,10 @@ ABSL_FLAG(bool, cuda_dense_copies, true,
 ABSL_FLAG(bool, cuda_dense_split, true,
           "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
           "(near-f32 accuracy; false: one f16 product, less accurate and faster)");
+ABSL_FLAG(bool, cuda_dense_out_single, true,
+          "CUDA backend, fast mode with --cuda-dense-split: the mixers' output products (GDN ssm_out, "
+          "attention o) as one f16 product, the other dense products split (false: those split too; "
+          "docs/VALIDATION.md has the routing agreement of both)");
 ABSL_FLAG(int64_t, kv_pages, 0,
           "CUDA backend: KV-cache pages of 64 positions shared by all requests (0: enough for every "
           "running request at the full context, --max-running x --max-context / 64)");
@@ -170,6 +174,7 @@ ServiceBackendOptions BackendOptionsFromFlags() {
   o.cuda_l2_prefetch = absl::GetFlag(FLAGS_cuda_l2_prefetch);
   o.cuda_dense_copies = absl::GetFlag(FLAGS_cuda_dense_copies);
   o.cuda_dense_split = absl::GetFlag(FLAGS_cuda_dense_split);
+  o.cuda_dense_out_single = absl::GetFlag(FLAGS_cuda_dense_out_single);
   o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   o.log = Log;
   return o;

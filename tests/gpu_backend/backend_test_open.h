@@ -44,8 +44,9 @@ struct FastParts {
   // SetSplitF8MinWeights(0) while the backend is opened; false: the process defaults).
   bool split_f8 = false;
   // The mixers' output products (ssm_out, o) as one f16 product (CudaBackendOptions::
-  // fast_dense_out_single; TANDEM_DENSE_OUT_SINGLE=1 turns it on for every backend opened).
-  bool dense_out_single = false;
+  // fast_dense_out_single, the default; TANDEM_DENSE_OUT_SINGLE, where set, overrides it for every
+  // backend opened).
+  bool dense_out_single = true;
 };
 
 inline std::unique_ptr<CudaBackend> OpenGpu(const std::string& path, CudaMode mode, bool dense_gemm = true,

@@ -404,8 +404,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing);
   // The default fast mode (every part reduced precision) is what the acceptance checks; the
   // variants that keep one part f32 are measured alongside to show where the routing flips come from.
-  // TANDEM_DENSE_OUT_SINGLE=1 in the environment puts every variant's output products in one f16
-  // product ("all fast" then measures the switch; so does its own variant at any time).
+  // TANDEM_DENSE_OUT_SINGLE in the environment overrides every variant's choice for the output
+  // products (0: split, 1: one f16 product); unset, each variant's own choice holds.
   struct Variant {
     const char* name;
     FastParts parts;
@@ -413,8 +413,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   FastResult main, f8;
   for (const Variant& v : {Variant{"all fast", {}},
                            Variant{"all fast, split as f16 + fp8 correction", {true, true, true, true, true, true}},
-                           Variant{"all fast, output products (ssm_out, o) in one f16 product",
-                                   {true, true, true, true, true, false, true}},
+                           Variant{"all fast, output products (ssm_out, o) split too",
+                                   {true, true, true, true, true, false, false}},
                            Variant{"f16 dense in one product", {true, true, true, true, false}},
                            Variant{"f32 dense", {false, true, true, true}},
                            Variant{"f32 experts", {true, false, true, true}},
@@ -434,9 +434,10 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   EXPECT_LE(f8.max_err, 1e-2) << "f16 + fp8 correction split";
 }
 
-// TANDEM_DENSE_OUT_SINGLE reaches the backend at Open: with it, fast mode prepares the mixers'
-// output products (ssm_out, o) as f16 hi copies (2 bytes per weight) instead of split copies,
-// every other prepared matrix unchanged; exact mode ignores it. Opens only, no step.
+// The output products' default and TANDEM_DENSE_OUT_SINGLE reach the backend at Open: by default
+// (and with =1) fast mode prepares the mixers' output products (ssm_out, o) as f16 hi copies (2
+// bytes per weight); with =0 as split copies, every other prepared matrix unchanged; exact mode
+// ignores it. Opens only, no step.
 TEST_P(FastTest, DenseOutSingleSwitchPreparesTheOutputProductsInOneF16Copy) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
@@ -462,21 +463,26 @@ TEST_P(FastTest, DenseOutSingleSwitchPreparesTheOutputProductsInOneF16Copy) {
   constexpr const char* kVar = "TANDEM_DENSE_OUT_SINGLE";
   const char* was = std::getenv(kVar);
   const std::string saved = was != nullptr ? was : "";
-  unsetenv(kVar);
+  setenv(kVar, "0", 1);
   auto off = OpenGpu(*path, CudaMode::kFast);
   setenv(kVar, "1", 1);
   auto on = OpenGpu(*path, CudaMode::kFast);
   auto exact = OpenGpu(*path, CudaMode::kExact);
+  unsetenv(kVar);
+  auto by_default = OpenGpu(*path, CudaMode::kFast);
   if (was != nullptr) {
     setenv(kVar, saved.c_str(), 1);
   } else {
     unsetenv(kVar);
   }
-  ASSERT_TRUE(off && on && exact);
+  ASSERT_TRUE(off && on && exact && by_default);
   EXPECT_FALSE(off->dense_out_single());
   EXPECT_TRUE(on->dense_out_single());
   EXPECT_FALSE(exact->dense_out_single());
-  printf("[%s] prepared dense copies: %llu bytes split, %llu bytes with TANDEM_DENSE_OUT_SINGLE=1 (expected %lld less)\n",
+  EXPECT_TRUE(by_default->dense_out_single());
+  EXPECT_EQ(by_default->prepared_weight_bytes(), on->prepared_weight_bytes());
+  printf("[%s] prepared dense copies: %llu bytes with TANDEM_DENSE_OUT_SINGLE=0, %llu bytes with it 1 or unset "
+         "(expected %lld less)\n",
          GetParam().c_str(), static_cast<unsigned long long>(off->prepared_weight_bytes()),
          static_cast<unsigned long long>(on->prepared_weight_bytes()), static_cast<long long>(drop));
   EXPECT_EQ(static_cast<int64_t>(off->prepared_weight_bytes()) - static_cast<int64_t>(on->prepared_weight_bytes()),

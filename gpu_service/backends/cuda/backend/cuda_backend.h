@@ -58,9 +58,11 @@ struct CudaBackendOptions {
   bool fast_dense_split = true;    // ... as three f16 products of hi/lo halves (near-f32 accuracy)
   // With fast_dense_split: the mixers' output products (GDN ssm_out, attention o), whose outputs
   // are added to the residual stream, as ONE f16 product (their f16 copy and inputs only), every
-  // other dense product staying split. Also on with TANDEM_DENSE_OUT_SINGLE=1 (read at Create).
-  // Off by default: NOT yet measured on a GPU (routing agreement, 8192-token prefill).
-  bool fast_dense_out_single = false;
+  // other dense product staying split. On by default since 2026-12-02 (H200, q3n-80b: prefill
+  // +3.4% at 512 tokens, +4.4% at 2048 and 8192; routing agreement on the test models 1.0000 /
+  // 1.0000 / 0.9980 against 1.0000 / 1.0000 / 0.9990 with them split: docs/VALIDATION.md).
+  // TANDEM_DENSE_OUT_SINGLE, where set, overrides it at Create (0: split, 1: one product).
+  bool fast_dense_out_single = true;
   bool fast_expert_gemm = true;    // routed and shared experts (steps above 64 tokens)
   bool fast_attention = true;      // f16 tensor-core attention for sequences with >= 64 new tokens
   bool fast_gdn = true;            // tf32 tensor cores in the chunked delta rule

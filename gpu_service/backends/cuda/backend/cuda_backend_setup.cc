@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -207,7 +208,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   if (!gemm.ok()) return gemm.status();
   m.gemm = *std::move(gemm);
   // The output products' mode (OutProduct), set before their copies are prepared in it.
-  m.options.fast_dense_out_single |= cuda::EnvSwitch("TANDEM_DENSE_OUT_SINGLE");
+  // TANDEM_DENSE_OUT_SINGLE, where set, overrides the option (the A/B switch: 0 gives the split).
+  if (std::getenv("TANDEM_DENSE_OUT_SINGLE") != nullptr) {
+    m.options.fast_dense_out_single = cuda::EnvSwitch("TANDEM_DENSE_OUT_SINGLE");
+  }
   m.out_mode = go.mode == cuda::GemmMode::kFastSplit && m.options.fast_dense_out_single ? cuda::GemmMode::kFast
                                                                                          : go.mode;
   if (absl::Status s = PrepareDenseWeights(m); !s.ok()) return s;
