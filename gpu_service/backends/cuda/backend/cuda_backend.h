@@ -59,8 +59,9 @@ struct CudaBackendOptions {
   // With fast_dense_split: the mixers' output products (GDN ssm_out, attention o), whose outputs
   // are added to the residual stream, as ONE f16 product (their f16 copy and inputs only), every
   // other dense product staying split. On by default since 2026-12-02 (H200, q3n-80b: prefill
-  // +3.4% at 512 tokens, +4.4% at 2048 and 8192; routing agreement on the test models 1.0000 /
-  // 1.0000 / 0.9980 against 1.0000 / 1.0000 / 0.9990 with them split: docs/VALIDATION.md).
+  // +3.4% at 512 tokens, +4.4% at 2048 and 8192; routing agreement on the test models tiny /
+  // tiny-q3n / small 1.0000 / 1.0000 / 0.9980 against 1.0000 / 1.0000 / 0.9971 with them split,
+  // in the same run: docs/VALIDATION.md).
   // TANDEM_DENSE_OUT_SINGLE, where set, overrides it at Create (0: split, 1: one product).
   bool fast_dense_out_single = true;
   bool fast_expert_gemm = true;    // routed and shared experts (steps above 64 tokens)
