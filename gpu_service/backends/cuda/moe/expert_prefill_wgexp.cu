@@ -48,6 +48,7 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp_a.cuh"
 #include "gpu_service/backends/cuda/wgmma_f16.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -56,16 +57,9 @@ namespace prefill_wgexp {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnitRows = kWgmmaUnitRows;  // weight rows of a unit: M of the block
-constexpr int kMaxN = kWgmmaMaxTileRows;   // token rows of a tile: wgmma N <= 256
-constexpr int kStageK = 64;
-constexpr int kQ4KBlockBytes = 144;
-constexpr int kRawRowBytes = 48;                        // 16-byte head + 32 quant bytes
-constexpr int kBBytes = kMaxN * 128;                    // activation tile: 32 KB
-constexpr int kRawBytes = kUnitRows * kRawRowBytes;     // 6 KB
-constexpr int kStageBytes = kBBytes + kRawBytes;        // multiple of 1024: every swizzle atom aligned
-constexpr int kStages = 5;
-constexpr int kRingBytes = kStages * kStageBytes;
+// The ring and its geometry: wgexp_a (expert_prefill_wgexp_a.cuh).
+using wgexp_a::kBBytes, wgexp_a::kMaxN, wgexp_a::kQ4KBlockBytes, wgexp_a::kRawBytes, wgexp_a::kRawRowBytes;
+using wgexp_a::kRingBytes, wgexp_a::kStageBytes, wgexp_a::kStageK, wgexp_a::kStages, wgexp_a::kUnitRows;
 // int32 [2][kMaxN]: the a row of each tile row, for this unit and the next.
 constexpr int kIndexOffset = kRingBytes;
 constexpr int kSmemBytes = kIndexOffset + 2 * kMaxN * 4 + 1024;  // + slack for the 1024-byte alignment
@@ -76,41 +70,11 @@ constexpr int kRawLoads = (kRawTasks + kThreads - 1) / kThreads;
 // stores (tokens 2q apart, features g) over all 32 banks.
 constexpr int kActStride = 72;
 constexpr int kDownStride = 132;
-static_assert(kStageBytes % 1024 == 0, "aligned swizzle atoms");
 static_assert(kMaxN * kDownStride * 4 <= kRingBytes && kMaxN * kActStride * 2 <= kRingBytes, "staging fits the ring");
 static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
 static_assert(kThreads / 32 * 16 == kUnitRows, "eight warps of 16 weight rows");
 
-struct Args {
-  const PrefillTile* tiles;
-  int num_tiles;
-  const uint16_t* a;
-  const int32_t* a_index;
-  int K, N, out_cols;
-  uint16_t* act_out;
-  float* f32_out;
-  const int* tile_count;
-};
-
-// half2(f16(d·sc_j), f16(−dmin·m_j)) of sub-block j of the super-block whose 16-byte head is `head`
-// (UnpackKScaleMin of common/weights/block_layouts.h; the streamed kernel's StageFactors for one j,
-// h/xlarge's SubBlockFactors).
-__device__ __forceinline__ uint32_t SubBlockFactors(const uint4& head, int j) {
-  uint32_t sc, m;
-  if (j < 4) {
-    sc = head.y & 0x3F3F3F3Fu;
-    m = head.z & 0x3F3F3F3Fu;
-  } else {
-    sc = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
-    m = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
-  }
-  const uint32_t i = static_cast<uint32_t>(j & 3);
-  // Bytes: sc_i, sc_i, m_i, m_i; the high byte of each half is replaced by 0x64: 1024 + value.
-  const uint32_t pair = __byte_perm(sc, m, i | (i << 4) | ((4 + i) << 8) | ((4 + i) << 12));
-  const __half2 scm =
-      __hsub2(AsHalf2(prefill_stream::AndOr(pair, 0x00FF00FFu, 0x64006400u)), __float2half2_rn(1024.0f));
-  return Half2Bits(__hmul2(AsHalf2(head.x ^ 0x80000000u), scm));
-}
+using Args = wgexp_a::KernelArgs;
 
 // The copies of k-stage f (< K / 64) of a unit (tile, rows <= kBLoads · 32, col) into ring slot
 // f % kStages, committed as one cp.async group (an empty group for f >= K / 64, so that the wait
@@ -167,32 +131,11 @@ __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, 
   const int K = p.K, ksteps = K / kStageK;  // a multiple of 4 (K % 256 == 0): the loop takes two at a time
   auto issue = [&](int f) { IssueStage<kGateUp, kN / 32>(p, tile, rows, col, f, s_rows, smem_base); };
 
-  // Stage f's A fragments of this warp (rows g and g + 8 of its 16): k16 slice kk of the stage is
-  // the low nibbles of quant bytes 16kk .. (kk 0, 1; sub-block 2c) or the high nibbles of bytes
-  // 16(kk − 2) .. (kk 2, 3; sub-block 2c + 1); lane (g, q) needs bytes 2q, 2q + 1 of every 8 (k 2q,
-  // 2q + 1 and 2q + 8, 2q + 9 of the slice): the streamed kernel's byte selector.
-  const uint32_t sel = static_cast<uint32_t>((2 * q) | ((2 * q) << 4) | ((2 * q + 1) << 8) | ((2 * q + 1) << 12));
+  // Stage f's A fragments of this warp (rows g and g + 8 of its 16; wgexp_a::DequantStage).
+  const uint32_t sel = wgexp_a::LaneSelector(q);
   auto dequant = [&](int f, uint32_t(&dst)[4][4]) {
-    const uint8_t* raw = smem + (f % kStages) * kStageBytes + kBBytes + (warp * 16 + g) * kRawRowBytes;
-    const int c = f & 3;
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {  // A rows g, g + 8: registers ri, 2 + ri of each slice
-      const uint8_t* row = raw + ri * 8 * kRawRowBytes;
-      const uint4 head = *reinterpret_cast<const uint4*>(row);
-      const uint4 qa = *reinterpret_cast<const uint4*>(row + 16);
-      const uint4 qb = *reinterpret_cast<const uint4*>(row + 32);
-      const uint32_t flo = SubBlockFactors(head, 2 * c), fhi = SubBlockFactors(head, 2 * c + 1);
-      const uint32_t p0 = __byte_perm(qa.x, qa.y, sel), p1 = __byte_perm(qa.z, qa.w, sel);
-      const uint32_t p2 = __byte_perm(qb.x, qb.y, sel), p3 = __byte_perm(qb.z, qb.w, sel);
-      dst[0][ri] = prefill_stream::DequantNibblePair<false>(p0, flo);
-      dst[0][2 + ri] = prefill_stream::DequantNibblePair<false>(p1, flo);
-      dst[1][ri] = prefill_stream::DequantNibblePair<false>(p2, flo);
-      dst[1][2 + ri] = prefill_stream::DequantNibblePair<false>(p3, flo);
-      dst[2][ri] = prefill_stream::DequantNibblePair<true>(p0, fhi);
-      dst[2][2 + ri] = prefill_stream::DequantNibblePair<true>(p1, fhi);
-      dst[3][ri] = prefill_stream::DequantNibblePair<true>(p2, fhi);
-      dst[3][2 + ri] = prefill_stream::DequantNibblePair<true>(p3, fhi);
-    }
+    wgexp_a::DequantStage(smem + (f % kStages) * kStageBytes + kBBytes + (warp * 16 + g) * kRawRowBytes, f & 3, sel,
+                          dst);
   };
 
   // Accumulators (CLayout_64xN): thread (warp w % 4 of its warpgroup, g, q) holds for n8 block j
@@ -201,15 +144,7 @@ __device__ __forceinline__ void RunUnit(const Args& p, const PrefillTile& tile, 
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
   auto mma = [&](int f, const uint32_t(&src)[4][4]) {
-    const uint32_t sb = smem_base + static_cast<uint32_t>((f % kStages) * kStageBytes);
-    wgmma::FenceOperands(acc);
-    wgmma::Fence();  // the A registers written by dequant, before the wgmmas read them
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wgmma::WgmmaRegA<kN>::Run(acc, src[kk], wgmma::SwizzledDesc(sb + 32 * kk), f == 0 && kk == 0 ? 0 : 1);
-    }
-    wgmma::Commit();
-    wgmma::FenceOperands(acc);
+    wgexp_a::StageMma<kN>(acc, src, smem_base + static_cast<uint32_t>((f % kStages) * kStageBytes), f == 0);
   };
 
   // Stage f: its wgmmas (A set cur) go out; then, once stage f − 1's wgmmas are done in this
@@ -350,19 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaQ4KGemmKernel(Args p) {
 
 template <bool kGateUp>
 cudaError_t Launch(const Args& args, cudaStream_t stream) {
-  auto* kernel = WgmmaQ4KGemmKernel<kGateUp>;
-  constexpr int kSmem = kSmemBytes;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      e != cudaSuccess) {
-    return e;
-  }
-  int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-  // Persistent: one block an SM (at most one a unit of the tile bound).
-  const int64_t units = static_cast<int64_t>(args.num_tiles) * (args.N / kUnitRows);
-  const int64_t blocks = std::min<int64_t>(units, std::max(sms, 1));
-  return LaunchPrefillPdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, args);
+  return wgexp_a::LaunchPersistentWgmma(WgmmaQ4KGemmKernel<kGateUp>, args, kThreads, kSmemBytes, stream);
 }
 
 }  // namespace

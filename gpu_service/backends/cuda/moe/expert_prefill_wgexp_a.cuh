@@ -1,25 +1,53 @@
-// The A operand of the warp-specialized weights-as-A wgmma kernel kWgmmaWs (expert_prefill_wgws.cu;
-// this header is branch h/wgpipe's, written for kWgmmaPipe): the dequantization of one 64-deep
-// stage of a warp's 16 Q4_K weight rows from their raw ring bytes straight into wgmma A fragments.
-// The same operations as kWgmma's SubBlockFactors and dequant lambda (expert_prefill_wgexp.cu), so
-// both feed the tensor cores the same f16 bits (their outputs are compared bit for bit). kWgmma
-// keeps its own copy while it is the A/B baseline (TANDEM_PREFILL_WGMMA=1): calling this from it
-// changed its register allocation (gate/up 221 -> 222); fold the two when kWgmma is retired.
-// Device code only.
+// What the two weights-as-A wgmma expert kernels share, kWgmma (expert_prefill_wgexp.cu) and
+// kWgmmaWs (expert_prefill_wgws.cu): the dequantization of one 64-deep stage of a warp's 16 Q4_K
+// weight rows from their raw ring bytes straight into wgmma A fragments (DequantStage), the
+// stage's four wgmmas (StageMma) and the persistent launch (LaunchPersistentWgmma). Sharing them
+// makes both kernels feed the tensor cores the same f16 bits in the same order (their outputs are
+// compared bit for bit).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_WGEXP_A_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_PREFILL_WGEXP_A_CUH_
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_stream.cuh"
+#include "gpu_service/backends/cuda/moe/expert_prefill_wgexp.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/wgmma_f16.cuh"
 
 namespace tandem::cuda::wgexp_a {
 
+// The ring both kernels stream a unit through, one 64-deep k-stage a slot: the stage's slice of
+// the unit's token tile (kMaxN rows of 64 f16, 128-byte swizzled: 32 KB), then the raw Q4_K bytes
+// of the unit's kUnitRows weight rows (6 KB).
+inline constexpr int kUnitRows = kWgmmaUnitRows;  // weight rows of a unit: M of the block
+inline constexpr int kMaxN = kWgmmaMaxTileRows;   // token rows of a tile: wgmma N <= 256
+inline constexpr int kStageK = 64;
+inline constexpr int kQ4KBlockBytes = 144;
 // Bytes of one weight row in a ring stage: the 16-byte super-block head, then 32 quant bytes.
 inline constexpr int kRawRowBytes = 48;
+inline constexpr int kBBytes = kMaxN * 128;                 // activation tile: 32 KB
+inline constexpr int kRawBytes = kUnitRows * kRawRowBytes;  // 6 KB
+inline constexpr int kStageBytes = kBBytes + kRawBytes;     // multiple of 1024: every swizzle atom aligned
+inline constexpr int kStages = 5;
+inline constexpr int kRingBytes = kStages * kStageBytes;
+static_assert(kStageBytes % 1024 == 0, "aligned swizzle atoms");
+
+// Both kernels' arguments (LaunchWgmmaQ4KGemm / LaunchWgmmaWsQ4KGemm in expert_prefill_wgexp.cuh
+// and expert_prefill_wgws.cuh say what they are).
+struct KernelArgs {
+  const PrefillTile* tiles;
+  int num_tiles;
+  const uint16_t* a;
+  const int32_t* a_index;
+  int K, N, out_cols;
+  uint16_t* act_out;
+  float* f32_out;
+  const int* tile_count;
+};
 
 // half2(f16(d·sc_j), f16(−dmin·m_j)) of sub-block j of the super-block whose 16-byte head is `head`
 // (UnpackKScaleMin of common/weights/block_layouts.h; the streamed kernel's StageFactors for one j,
@@ -69,6 +97,38 @@ __device__ __forceinline__ void DequantStage(const uint8_t* raw, int c, uint32_t
     dst[3][ri] = prefill_stream::DequantNibblePair<true>(p2, fhi);
     dst[3][2 + ri] = prefill_stream::DequantNibblePair<true>(p3, fhi);
   }
+}
+
+// The four k16 wgmmas of one 64-deep stage: A from registers (DequantStage's fragments), B the
+// stage's swizzled activation tile at shared address sb; acc accumulated into unless `first` (the
+// unit's first stage overwrites it). Fenced as both kernels need: the A registers written before
+// the wgmmas read them, acc ordered around the asynchronous MMAs. Committed as one group.
+template <int kN>
+__device__ __forceinline__ void StageMma(float (&acc)[kN / 2], const uint32_t (&src)[4][4], uint32_t sb, bool first) {
+  wgmma::FenceOperands(acc);
+  wgmma::Fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma::WgmmaRegA<kN>::Run(acc, src[kk], wgmma::SwizzledDesc(sb + 32 * kk), first && kk == 0 ? 0 : 1);
+  }
+  wgmma::Commit();
+  wgmma::FenceOperands(acc);
+}
+
+// Launches a persistent wgmma expert kernel under PDL: one block an SM, at most one a unit (tile x
+// kWgmmaUnitRows weight rows: num_tiles x N / kWgmmaUnitRows units), `smem` bytes of dynamic shared
+// memory (opted in here). Args: the kernel's argument struct, with num_tiles and N.
+template <typename Args>
+cudaError_t LaunchPersistentWgmma(void (*kernel)(Args), const Args& args, int threads, int smem, cudaStream_t stream) {
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
+    return e;
+  }
+  int device = 0, sms = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  const int64_t units = static_cast<int64_t>(args.num_tiles) * (args.N / kWgmmaUnitRows);
+  const int64_t blocks = std::min<int64_t>(units, std::max(sms, 1));
+  return LaunchPrefillPdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, stream, args);
 }
 
 }  // namespace tandem::cuda::wgexp_a

@@ -63,16 +63,9 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 // (sm_90a SASS: the producer uses R0-R37, the consumers up to R204; no spills).
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-constexpr int kUnitRows = kWgmmaUnitRows;  // weight rows of a unit: M of the block
-constexpr int kMaxN = kWgmmaMaxTileRows;   // token rows of a tile: wgmma N <= 256
-constexpr int kStageK = 64;
-constexpr int kQ4KBlockBytes = 144;
-constexpr int kRawRowBytes = wgexp_a::kRawRowBytes;  // 16-byte head + 32 quant bytes
-constexpr int kBBytes = kMaxN * 128;                 // activation tile: 32 KB
-constexpr int kRawBytes = kUnitRows * kRawRowBytes;  // 6 KB
-constexpr int kStageBytes = kBBytes + kRawBytes;     // multiple of 1024: every swizzle atom aligned
-constexpr int kStages = 5;
-constexpr int kRingBytes = kStages * kStageBytes;
+// The ring and its geometry: wgexp_a (expert_prefill_wgexp_a.cuh).
+using wgexp_a::kBBytes, wgexp_a::kMaxN, wgexp_a::kQ4KBlockBytes, wgexp_a::kRawBytes, wgexp_a::kRawRowBytes;
+using wgexp_a::kRingBytes, wgexp_a::kStageBytes, wgexp_a::kStageK, wgexp_a::kStages, wgexp_a::kUnitRows;
 constexpr int kStagingOffset = kRingBytes;  // gate/up: [kMaxN][64] f16, swizzled
 constexpr int kStagingBytes = kMaxN * 128;
 constexpr int kIndexOffset = kStagingOffset + kStagingBytes;  // int32 [2][kMaxN]: the a row of each tile row
@@ -88,16 +81,7 @@ static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
 static_assert(kConsumerWarps * 16 == kUnitRows, "eight consumer warps of 16 weight rows");
 static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register file");
 
-struct Args {
-  const PrefillTile* tiles;
-  int num_tiles;
-  const uint16_t* a;
-  const int32_t* a_index;
-  int K, N, out_cols;
-  uint16_t* act_out;
-  float* f32_out;
-  const int* tile_count;
-};
+using Args = wgexp_a::KernelArgs;
 
 __device__ __forceinline__ uint32_t FullBar(uint32_t bars, uint32_t slot) { return bars + 8u * slot; }
 __device__ __forceinline__ uint32_t EmptyBar(uint32_t bars, uint32_t slot) { return bars + 8u * (kStages + slot); }
@@ -220,15 +204,7 @@ __device__ __forceinline__ void ConsumeUnit(const Args& p, int64_t first_slot, i
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
   auto mma = [&](int f, const uint32_t(&src)[4][4]) {
-    const uint32_t sb = smem_base + ((stage0 + static_cast<uint32_t>(f)) % kStages) * kStageBytes;
-    wgmma::FenceOperands(acc);
-    wgmma::Fence();  // the A registers written by dequant, before the wgmmas read them
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wgmma::WgmmaRegA<kN>::Run(acc, src[kk], wgmma::SwizzledDesc(sb + 32 * kk), f == 0 && kk == 0 ? 0 : 1);
-    }
-    wgmma::Commit();
-    wgmma::FenceOperands(acc);
+    wgexp_a::StageMma<kN>(acc, src, smem_base + ((stage0 + static_cast<uint32_t>(f)) % kStages) * kStageBytes, f == 0);
   };
   // Stage f: its wgmmas (A set cur) go out; once stage f − 1's are done in this warpgroup (A set
   // `next` free, slot of f − 1 released), stage f + 1 is dequantized into `next` while the tensor
@@ -346,18 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaWsQ4KGemmKernel(Args p) {
 
 template <bool kGateUp>
 cudaError_t Launch(const Args& args, cudaStream_t stream) {
-  auto* kernel = WgmmaWsQ4KGemmKernel<kGateUp>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      e != cudaSuccess) {
-    return e;
-  }
-  int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-  // Persistent: one block an SM (at most one a unit of the tile bound).
-  const int64_t units = static_cast<int64_t>(args.num_tiles) * (args.N / kUnitRows);
-  const int64_t blocks = std::min<int64_t>(units, std::max(sms, 1));
-  return LaunchPrefillPdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmemBytes, stream, args);
+  return wgexp_a::LaunchPersistentWgmma(WgmmaWsQ4KGemmKernel<kGateUp>, args, kThreads, kSmemBytes, stream);
 }
 
 }  // namespace
