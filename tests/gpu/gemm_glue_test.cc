@@ -37,8 +37,11 @@ class GpuGemmGlueTest : public ::testing::Test {
 };
 
 // split_f8: the F8 form for every matrix of any size (f8_min_weights 0) unless told otherwise.
+// f8_terms: both halves of the fp8 correction unless told otherwise (not TANDEM_GEMM_F8_TERMS's
+// default: the tolerances below are the two-term form's).
 std::unique_ptr<cuda::DenseGemm> MakeGemm(GemmMode mode, GemmAlgo algo, int64_t max_n, int64_t max_cols,
-                                          bool one_product = true, bool split_f8 = false, int64_t f8_min_weights = 0) {
+                                          bool one_product = true, bool split_f8 = false, int64_t f8_min_weights = 0,
+                                          cuda::F8Terms f8_terms = cuda::F8Terms::kBoth) {
   cuda::DenseGemmOptions o;
   o.mode = mode;
   o.max_n = max_n;
@@ -49,6 +52,7 @@ std::unique_ptr<cuda::DenseGemm> MakeGemm(GemmMode mode, GemmAlgo algo, int64_t 
   o.prepared_algo = algo;
   o.split_f8 = split_f8;  // not TANDEM_GEMM_SPLIT_F8's default: each test says which it measures
   o.split_f8_min_weights = f8_min_weights;
+  o.f8_terms = f8_terms;
   auto g = cuda::DenseGemm::Create(o);
   EXPECT_TRUE(g.ok()) << g.status();
   return g.ok() ? *std::move(g) : nullptr;
@@ -263,6 +267,25 @@ TEST_F(GpuGemmGlueTest, SplitF8ProductMatchesF64Reference) {
         g->SetConverted(d_x.get(), n, cols, GemmMode::kFastSplit);
         ASSERT_TRUE(g->Run(m, d_x.get(), n, d_r.get(), nullptr, GemmMode::kFastSplit).ok());
         EXPECT_EQ(Download(d_r), y) << tag << ": recorded rows";
+      }
+      // One correction term (DenseGemmOptions::f8_terms, TANDEM_GEMM_F8_TERMS): one rounding of
+      // the two left uncorrected, so between the two-term form and one f16 product: below one f16
+      // product's error wherever enough outputs average the near-cancelling sums away (a wrong
+      // pairing of the halves, e.g. hi8·hi8 added, would be far above it), within 2x of it for the
+      // few-output cases (see above).
+      for (cuda::F8Terms terms : {cuda::F8Terms::kActivationLo, cuda::F8Terms::kWeightLo}) {
+        std::unique_ptr<cuda::DenseGemm> g =
+            MakeGemm(GemmMode::kFastSplit, GemmAlgo::kGemmEx, 512, 2048, true, /*split_f8=*/true, 0, terms);
+        ASSERT_NE(g, nullptr);
+        ASSERT_TRUE(g->Prepare(m, GemmMode::kFastSplit).ok());
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+        const absl::Status s = g->Run(m, d_x.get(), n, d_y.get(), nullptr, GemmMode::kFastSplit);
+        ASSERT_TRUE(s.ok()) << s;
+        const double err = gpu_testing::LogError(
+            tag + (terms == cuda::F8Terms::kActivationLo ? "_f8_xlo" : "_f8_wlo"), RelL2F64(Download(d_y), want));
+        EXPECT_LE(err, rows * n >= 64 ? one_err : 2 * one_err)
+            << tag << " one term " << static_cast<int>(terms) << " (two-term bound 3e-5, one f16 product " << one_err
+            << ")";
       }
     }
   }

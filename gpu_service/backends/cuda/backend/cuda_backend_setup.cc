@@ -313,7 +313,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     plan.Want(&m.ba, T * 2 * gd.nv);
     plan.Want(&m.g, T * gd.nv);
     plan.Want(&m.beta, T * gd.nv);
-    // Prefill runs the chunked delta rule in passes of up to 2048 tokens through this scratch.
+    // Prefill runs the chunked delta rule in passes of up to 2048 tokens through this scratch (one
+    // pass over 8192 tokens measured even end to end on the H200, 2026-12-02, for 253 MB more).
     m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(m.gdn_shape, std::min<int64_t>(T, 2048)) : 0;
     if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
   }

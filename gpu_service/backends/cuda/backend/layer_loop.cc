@@ -12,6 +12,7 @@
 #include "common/reference/engram.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
@@ -91,19 +92,30 @@ absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const
   const SharedExpertStack stack = SharedExpertStackOf(w);
   // A gate logit the stack does not carry (none, or over another input) is not this path's.
   if (w.shared_gate_inp.present() && !stack.with_gate_logit()) return false;
-  const int64_t rows = gemm->StackRows(stack.matrices()), ffn = w.shared_gate.rows;
-  // The shared expert's products are "accurate" (near f32) like the router's.
-  const cuda::GemmMode mode = cuda::GemmMode::kFastSplit;
+  const int64_t rows = gemm->StackRows(stack.matrices()), ffn = w.shared_gate.rows, cols = w.shared_gate.cols;
+  // The shared expert's products are "accurate" (near f32 f16 triples) like the router's, unless
+  // TANDEM_SHARED_SINGLE=1: one f16 product each (K = cols instead of 3 · cols), like the routed
+  // experts' f16 products; the stack (and the gate logit in it) then reads the hi thirds of the
+  // router's split rows. The copies are the split ones either way (they serve kFast products).
+  // Measured on the H200 (2026-12-02): 8192-token prefill +2.4% (+2.0% beside the one-term fp8
+  // correction), routing agreement over eight prompts 0.9941 on small against 0.9926; but on
+  // `tiny` one position where every pick agreed moved its logits by 2.2e-2 (acceptance 1e-2) in
+  // some runs: not the default until that is traced (a flipped sparse-attention block selection
+  // is suspected: tiny keeps 4 blocks of 8; docs/VALIDATION.md).
+  static const bool single = cuda::EnvSwitch("TANDEM_SHARED_SINGLE");
+  const cuda::GemmMode mode = single ? cuda::GemmMode::kFast : cuda::GemmMode::kFastSplit;
   if (rows == 0 || rows > shared_stack_rows || w.shared_up.rows != ffn || !gemm->IsPrepared(w.shared_down, mode) ||
       w.shared_down.cols != ffn) {
     return false;
   }
-  absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, w.shared_gate.cols, mode, st);
+  // The split rows (usually left by the router's product: no launch), read whole or as hi thirds.
+  absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, cols, cuda::GemmMode::kFastSplit, st);
   if (!x16.ok()) return x16.status();
+  if (single) *x16 = cuda::DenseGemm::F16Input{x16->data, n, cols, cuda::GemmMode::kFast, 3 * cols};
   float* gu = shared_gu.as<float>();
   if (absl::Status s = gemm->RunStack(stack.matrices(), *x16, gu, st); !s.ok()) return s;
   // SiLU(g)·u straight into the f16 rows of the down product (the GEMM above has read x16).
-  if (absl::Status s = Launch(cuda::LaunchSiluMulToF16Rows(gu, n, rows, ffn, /*split=*/true, gemm->input_scratch(),
+  if (absl::Status s = Launch(cuda::LaunchSiluMulToF16Rows(gu, n, rows, ffn, /*split=*/!single, gemm->input_scratch(),
                                                            2 * ffn, stack.with_gate_logit() ? gate_logit : nullptr, st),
                               "shared silu to f16");
       !s.ok()) {

@@ -101,12 +101,23 @@ absl::Status DenseGemm::GemmF8(const Prepared& p, int64_t rows, const F16Input& 
   if (n == 0) return absl::OkStatus();
   if (absl::Status s = EnsureF8Rows(in.data, n, cols, stream); !s.ok()) return s;
   // The correction [x_lo8 | x_hi8]·[w_hi8 | w_lo8]ᵀ (K = 2 · cols) writes y; the activations' fp8
-  // rows are x8_'s (row stride 2 · cols bytes).
+  // rows are x8_'s (row stride 2 · cols bytes). One term (options_.f8_terms) reads one half of
+  // both rows (K = cols, the same strides): x_lo8·w_hi8 from the first halves, x_hi8·w_lo8 from
+  // the second.
   const uint8_t* a = p.weights8();
   const uint8_t* b = x8_.as<uint8_t>();
+  // (cols % 16 != 0: both terms, K = 2 · cols, which e4m3 products take for any cols % 8 == 0.)
+  int64_t k = 2 * cols;
+  if (options_.f8_terms != F8Terms::kBoth && cols % 16 == 0) {
+    k = cols;
+    if (options_.f8_terms == F8Terms::kWeightLo) {
+      a += cols;
+      b += cols;
+    }
+  }
   // The documented tensor-core rule (16-byte multiples of m and ldd, 16-byte aligned D) first.
   const bool direct_shape = rows % 4 == 0 && ldy % 4 == 0 && Alignment(y) >= 16;
-  absl::StatusOr<const LtPlan*> plan = direct_shape ? FindF8Plan(LtKey{rows, n, 2 * cols, 2 * cols, 2 * cols, ldy, true,
+  absl::StatusOr<const LtPlan*> plan = direct_shape ? FindF8Plan(LtKey{rows, n, k, 2 * cols, 2 * cols, ldy, true,
                                                                        Alignment(a), Alignment(b), Alignment(y)})
                                                     : absl::StatusOr<const LtPlan*>(nullptr);
   if (!plan.ok()) return plan.status();
@@ -124,12 +135,12 @@ absl::Status DenseGemm::GemmF8(const Prepared& p, int64_t rows, const F16Input& 
       return absl::InvalidArgumentError(absl::StrCat("DenseGemm: the fp8 product of ", rows, " rows x ", n,
                                                      " tokens needs a padded output beyond the tile"));
     }
-    plan = FindF8Plan(LtKey{m, n, 2 * cols, 2 * cols, 2 * cols, ldd, true, Alignment(a), Alignment(b), Alignment(d)});
+    plan = FindF8Plan(LtKey{m, n, k, 2 * cols, 2 * cols, ldd, true, Alignment(a), Alignment(b), Alignment(d)});
     if (!plan.ok()) return plan.status();
     lp = *plan;
     if (lp == nullptr) {
       return absl::InternalError(absl::StrCat("DenseGemm: cublasLt has no fp8 algorithm for m=", m, " n=", n,
-                                              " k=", 2 * cols));
+                                              " k=", k));
     }
   }
   const float* a_scale = p.a_scale();  // set per call: the plan is shared by matrices of one shape

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -22,6 +23,18 @@ GemmAlgo GemmAlgoFromEnv() {
                                : EnvSwitch("TANDEM_GEMM_LT")      ? GemmAlgo::kLt
                                                                   : GemmAlgo::kGemmEx;
   return algo;
+}
+
+F8Terms F8TermsFromEnv() {
+  static const F8Terms terms = [] {
+    const char* v = std::getenv("TANDEM_GEMM_F8_TERMS");
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "xlo") == 0) return F8Terms::kActivationLo;
+    if (std::strcmp(v, "both") == 0) return F8Terms::kBoth;
+    if (std::strcmp(v, "wlo") == 0) return F8Terms::kWeightLo;
+    fprintf(stderr, "TANDEM_GEMM_F8_TERMS=%s is not one of xlo, both, wlo: xlo\n", v);
+    return F8Terms::kActivationLo;
+  }();
+  return terms;
 }
 
 namespace {
@@ -377,7 +390,8 @@ int64_t DenseGemm::StackRows(std::span<const DeviceMatrix* const> parts) const {
 }
 
 absl::Status DenseGemm::CheckInput(const F16Input& in, int64_t cols) const {
-  if (in.mode == GemmMode::kExact || in.data == nullptr || in.cols != cols || in.n < 0 || in.n > options_.max_n) {
+  if (in.mode == GemmMode::kExact || in.data == nullptr || in.cols != cols || in.n < 0 || in.n > options_.max_n ||
+      (in.ld != 0 && (in.mode != GemmMode::kFast || in.ld < cols))) {
     return absl::InvalidArgumentError(absl::StrCat("DenseGemm: converted input of ", in.n, " x ", in.cols,
                                                    " does not fit a product of ", cols, " columns"));
   }
@@ -446,7 +460,7 @@ absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& 
                         "cublasGemmEx (prepared)");
   };
   const int64_t lda = p.copies * cols;
-  if (in.mode == GemmMode::kFast) return gemm(w16, lda, cols, in.data, cols, &beta0);
+  if (in.mode == GemmMode::kFast) return gemm(w16, lda, cols, in.data, in.ld > 0 ? in.ld : cols, &beta0);
   // [hi | hi | lo] activation rows against [hi | lo | hi] (one product: hi·hi + lo·hi + hi·lo) or
   // [hi | lo] (the first two thirds, then hi·lo onto the output).
   if (p.copies == 3) return gemm(w16, lda, 3 * cols, in.data, 3 * cols, &beta0);

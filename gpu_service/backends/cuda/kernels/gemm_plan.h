@@ -77,6 +77,19 @@ bool SplitF8();
 void SetSplitF8MinWeights(int64_t weights);
 int64_t SplitF8MinWeights();
 
+// Which terms the fp8 correction of a split_f8 product computes (TANDEM_GEMM_F8_TERMS, read once):
+//   kActivationLo (unset or "xlo", the default): x_lo·w_hi only (K = cols): the activations' f16
+//       rounding corrected, the weights' (~2^-12 relative) left;
+//   kBoth ("both"): x_lo·w_hi + x_hi·w_lo (K = 2 · cols), close to f32;
+//   kWeightLo ("wlo"): x_hi·w_lo only: the other way round.
+// Measured on the H200 (2026-12-02, docs/PERF.md "Twelfth session"): one term makes the 8192-token
+// q3n-80b prefill 5.8% faster (the fp8 product's arithmetic halved) with the same fast-mode routing
+// agreement over eight prompts (small 0.9928 against 0.9926 with both terms; docs/VALIDATION.md).
+// Its kernel error: 2.1e-4 relative L2 against f64 on Q8_0 weights (both terms 1.0e-5, one f16
+// product 2.9e-4).
+enum class F8Terms { kBoth, kActivationLo, kWeightLo };
+F8Terms F8TermsFromEnv();
+
 struct DenseGemmOptions {
   GemmMode mode = GemmMode::kFast;
   int64_t max_n = 8192;                   // most activation rows in one Run
@@ -89,14 +102,16 @@ struct DenseGemmOptions {
   bool split_one_product = true;
   GemmAlgo prepared_algo = GemmAlgoFromEnv();  // products over prepared copies (see GemmAlgo)
   // kFastSplit over prepared copies as hi·hi in f16 (K = cols, through prepared_algo) plus
-  // [x_lo8 | x_hi8]·[w_hi8 | w_lo8] in fp8 e4m3 (K = 2 · cols, cublasLt, f32 output): 4 bytes per
-  // weight ([hi] f16 rows and [hi8 | lo8] e4m3 rows), relative L2 ~1e-5 against f64 instead of
-  // ~1.3e-6 (one f16 product: ~3e-4), for matrices of at least split_f8_min_weights weights (and
+  // [x_lo8 | x_hi8]·[w_hi8 | w_lo8] in fp8 e4m3 (K = 2 · cols, cublasLt, f32 output; by default
+  // only its x_lo8·w_hi8 half, f8_terms): 4 bytes per weight ([hi] f16 rows and [hi8 | lo8] e4m3
+  // rows), relative L2 ~1e-5 against f64 with both terms (~0.7x one f16 product's with one) instead
+  // of ~1.3e-6 (one f16 product: ~3e-4), for matrices of at least split_f8_min_weights weights (and
   // cols a multiple of 8); the others keep the three f16 products. The activations stay [hi | hi | lo]
   // split rows (see F16Input); their fp8 rows go to a buffer of their own. Unprepared Runs stay
   // tiled f16.
   bool split_f8 = SplitF8();
   int64_t split_f8_min_weights = SplitF8MinWeights();
+  F8Terms f8_terms = F8TermsFromEnv();  // which terms the fp8 correction computes (see F8Terms)
 };
 
 class DenseGemm {
@@ -154,6 +169,9 @@ class DenseGemm {
     const uint16_t* data = nullptr;
     int64_t n = 0, cols = 0;
     GemmMode mode = GemmMode::kFast;
+    // Row stride in f16 values for a kFast input; 0: cols. (3 · cols reads the hi thirds of split
+    // rows [hi | hi | lo] as a kFast input, with no conversion.) kFastSplit inputs: always 3 · cols.
+    int64_t ld = 0;
   };
   // Converts x (n × cols f32) into input_scratch(); valid until the next Run / ConvertInput /
   // write into the scratch. InvalidArgument for kExact, an exact plan, or n / cols beyond the plan.
