@@ -101,8 +101,14 @@ absl::Status ReferenceModel::RunLayer(int64_t layer, std::span<Step> steps,
       GdnForward(w.gdn, c.gdn, seq->gdn(layer), x.data() + off * h, n, y.data() + off * h, go,
                  &threads_);
     } else {
+      float* margins = nullptr;
+      if (options.select_margins != nullptr) {
+        std::vector<float>& m = (*options.select_margins)[static_cast<size_t>(layer)];
+        m.resize(static_cast<size_t>(T));
+        margins = m.data() + off;
+      }
       AttentionForward(w.attn, c.attn, seq->attention(layer), starts[i], x.data() + off * h, n,
-                       y.data() + off * h, &threads_);
+                       y.data() + off * h, &threads_, margins);
     }
     off += n;
   }
@@ -157,6 +163,7 @@ absl::Status ReferenceModel::Forward(std::span<Step> steps, const ForwardOptions
   Embed(weights_.token_embd, all_tokens, H.data());
 
   if (options.routing != nullptr) options.routing->assign(c.n_layers, MoeRouting{});
+  if (options.select_margins != nullptr) options.select_margins->assign(c.n_layers, std::vector<float>{});
   for (int64_t layer = 0; layer < c.n_layers; ++layer) {
     MoeRouting* routing = options.routing ? &(*options.routing)[layer] : nullptr;
     if (absl::Status s = RunLayer(layer, steps, starts, H.data(), T, options, routing); !s.ok()) {

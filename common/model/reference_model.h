@@ -70,6 +70,10 @@ class ReferenceModel {
     // When non-null, receives the routing of every MoE layer: (*routing)[layer] for the batch's
     // tokens in step order.
     std::vector<MoeRouting>* routing = nullptr;
+    // When non-null, receives every attention layer's block-selection margins
+    // (AttentionForward's select_margin): (*select_margins)[layer] for the batch's tokens in step
+    // order (empty for the other layers).
+    std::vector<std::vector<float>>* select_margins = nullptr;
   };
 
   // Advances every step's sequence by its tokens, the sequences batched through each layer. Before

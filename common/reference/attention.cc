@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -86,8 +88,16 @@ void MaybeWriteBlockKey(const AttnWeights& w, const AttnDims& d, AttentionCache&
 
 }  // namespace
 
+float SelectMargin(std::span<const float> scores, int64_t keep) {
+  std::vector<float> sorted(scores.begin(), scores.end());
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  const float kept = sorted[static_cast<size_t>(keep - 1)], next = sorted[static_cast<size_t>(keep)];
+  return (kept - next) / std::max(std::fabs(kept), 1e-30f);
+}
+
 void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& cache,
-                      int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool) {
+                      int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool,
+                      float* select_margin) {
   if (n <= 0) return;
   const int64_t hd = d.hd;
   const int64_t kvw = d.kv_width();
@@ -145,11 +155,13 @@ void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& c
       if (!d.has_indexer() || p / d.cr <= d.keep) {
         pos.resize(static_cast<size_t>(p + 1));
         std::iota(pos.begin(), pos.end(), 0);
+        if (select_margin != nullptr) select_margin[t] = std::numeric_limits<float>::infinity();
         continue;
       }
       const int64_t nb = p / d.cr;
       scores.resize(static_cast<size_t>(nb));
       IndexerBlockScores(d, cache, iqk.data() + t * (iqw + d.di), nb, scores.data());
+      if (select_margin != nullptr) select_margin[t] = SelectMargin(scores, d.keep);
       for (int64_t b : SelectTopBlocks(scores, d.keep)) {
         for (int64_t j = b * d.cr; j < (b + 1) * d.cr; ++j) pos.push_back(j);
       }

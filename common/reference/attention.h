@@ -86,8 +86,17 @@ std::vector<int64_t> SelectTopBlocks(std::span<const float> scores, int64_t keep
 // Appends positions start_pos .. start_pos + n − 1 (x: n × h) to `cache` (K and V after norm and
 // RoPE; with the indexer the raw index keys, and the block key of every block completed) and writes
 // their causal attention outputs y (n × h). Earlier positions must already be in the cache.
+// select_margin, when non-null, receives n floats: for a position that selects blocks, how close
+// the selection came to another one, (s_keep − s_keep+1) / max(|s_keep|, 1e-30) of its sorted
+// block scores (0 for a tie); +inf where every block is attended (no indexer, or p / cr <= keep).
+// A rounding difference of that relative size in the scores can flip the selection (tests compare
+// fast-mode logits only where nothing could have flipped).
 void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& cache,
-                      int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool);
+                      int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool,
+                      float* select_margin = nullptr);
+
+// The select_margin of AttentionForward for one position's block scores (more than keep of them).
+float SelectMargin(std::span<const float> scores, int64_t keep);
 
 }  // namespace tandem
 

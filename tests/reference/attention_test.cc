@@ -42,6 +42,16 @@ TEST(IndexerTest, SelectTopBlocksTiesGoToLowerBlock) {
   EXPECT_EQ(SelectTopBlocks(zeros, 2), std::vector<int64_t>({0, 1}));
 }
 
+// The selection margin: the relative gap between the keep-th and the next highest score, 0 at a
+// tie (then a rounding difference decides the selection).
+TEST(IndexerTest, SelectMarginIsTheRelativeGapAtTheKeepBoundary) {
+  const std::vector<float> scores = {1.0f, 4.0f, 3.0f, 2.0f, 3.0f};
+  EXPECT_FLOAT_EQ(SelectMargin(scores, 1), 0.25f);  // 4 kept, 3 next
+  EXPECT_FLOAT_EQ(SelectMargin(scores, 2), 0.0f);   // 3 kept, 3 next: a tie
+  EXPECT_FLOAT_EQ(SelectMargin(scores, 3), 1.0f / 3.0f);
+  EXPECT_FLOAT_EQ(SelectMargin(scores, 4), 0.5f);
+}
+
 // Random attention weights; the indexer part is optional.
 struct AttnFixture {
   AttnDims d;
@@ -180,6 +190,19 @@ TEST(AttentionTest, PrefillEqualsSinglePositionCalls) {
     AttentionForward(f.w, f.d, single, p, x.data() + p * f.d.h, 1, y_single.data() + p * f.d.h, nullptr);
   }
   EXPECT_EQ(y_whole, y_single);
+  // The margins: +inf while every block is attended (p / cr <= keep), then the gap of that
+  // position's block scores; the same whether asked for or not (y unchanged).
+  ContiguousAttentionCache again(f.d, n);
+  std::vector<float> y_again(x.size()), margins(n, -1.0f);
+  AttentionForward(f.w, f.d, again, 0, x.data(), n, y_again.data(), nullptr, margins.data());
+  EXPECT_EQ(y_again, y_whole);
+  for (int64_t p = 0; p < n; ++p) {
+    if (p / f.d.cr <= f.d.keep) {
+      EXPECT_TRUE(std::isinf(margins[p]) && margins[p] > 0) << p;
+    } else {
+      EXPECT_TRUE(std::isfinite(margins[p]) && margins[p] >= 0.0f) << p;
+    }
+  }
   for (int64_t b = 0; b < n / f.d.cr; ++b) {
     EXPECT_EQ(std::vector<float>(whole.block_key(b), whole.block_key(b) + f.d.di),
               std::vector<float>(single.block_key(b), single.block_key(b) + f.d.di));
