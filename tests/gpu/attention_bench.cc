@@ -3,7 +3,8 @@
 // on the unsplit path (the earlier interface: one block per item and kv head) and the planned
 // split-KV path, with the KV bytes read as a share of a measured device copy; prefill of 4096 and
 // 8192 tokens (causal, one sequence) and of 16 × 512 tokens on the exact path, the f16
-// tensor-core path (the mma.sync pipelined kernel, and at hd 256 the wgmma kernel beside it) in
+// tensor-core path (the mma.sync pipelined kernel, and at hd 256 the wgmma kernel and its f16-tile
+// form, TANDEM_ATTN_KV16, with a count of output floats whose bits differ, beside it) in
 // TFLOP/s (4·n²/2·nh·hd flops per sequence), and the relative L2 of each fast output against the
 // exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short).
 // Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -142,6 +144,14 @@ void Run() {
   auto planned = [&](const Step& s, float* out) {
     BENCH_CHECK(LaunchAttention(q, qg, static_cast<int64_t>(s.seq.size()), d, s.plan, s.d_items, s.d_seq, s.d_pos,
                                 cache, out, scratch, nullptr));
+  };
+  // The same cache with the f16 tiles (AttnKv16: the tile conversion once per call, then the
+  // wgmma kernel copying f16 tiles), for the prefill rows below.
+  PagedKv cache16 = cache;
+  BENCH_CHECK(cudaMalloc(&cache16.f16_tiles, AttnKv16ScratchBytes(d, total_pages)));
+  auto planned16 = [&](const Step& s, float* out) {
+    BENCH_CHECK(LaunchAttention(q, qg, static_cast<int64_t>(s.seq.size()), d, s.plan, s.d_items, s.d_seq, s.d_pos,
+                                cache16, out, scratch, nullptr));
   };
   // The earlier interface: the same exact kernel, one block per item and kv head (no split).
   auto unsplit = [&](const Step& s, float* out) {
@@ -298,6 +308,22 @@ void Run() {
       BENCH_CHECK(cudaMemcpy(w.data(), o, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
       Report(name + "_f16tc_wgmma_vs_f32", RelL2(w, b), "rel_l2", "tolerance 1e-2, ~ the pipelined kernel's");
       Report(name + "_f16tc_wgmma_vs_mma", RelL2(w, a), "rel_l2", "same f16 roundings: << 1e-3 expected");
+      // The f16-tile path (TANDEM_ATTN_KV16=1, attention_kv16.cu; its conversion launch included)
+      // on the same plan: bit-identical to the wgmma kernel (w), so its row counts the output
+      // floats whose bits differ (0 expected).
+      const bool kv16_default = AttnKv16();
+      SetAttnKv16(true);
+      const double ms_kv16 = TimeMs([&] { planned16(fast, o); }, 5);
+      Report(name + "_f16tc_wgmma_kv16", flops / (ms_kv16 * 1e9), "TFLOP/s",
+             std::to_string(ms_kv16) + " ms, f16 tiles converted once (TANDEM_ATTN_KV16=1), " +
+                 std::to_string(ms_wg / ms_kv16) + "x the wgmma kernel");
+      SetAttnKv16(kv16_default);
+      std::vector<float> k16(count);
+      BENCH_CHECK(cudaMemcpy(k16.data(), o, k16.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      size_t differ = 0;
+      for (size_t i = 0; i < count; ++i) differ += std::memcmp(&k16[i], &w[i], sizeof(float)) != 0;
+      Report(name + "_f16tc_wgmma_kv16_bits_differ", static_cast<double>(differ), "floats",
+             "of " + std::to_string(count) + " output floats against the wgmma kernel's: 0 expected");
     }
     SetAttnTcWgmma(wgmma_default);
   }

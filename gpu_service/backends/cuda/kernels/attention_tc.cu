@@ -267,7 +267,10 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   float* part_o = static_cast<float*>(partials);
   float* part_ml = splits > 1 ? part_o + blocks * kTcRows * kHd : nullptr;
   cudaError_t e;
-  if (kHd == 256 && AttnTcWgmma()) {
+  if (kHd == 256 && AttnTcWgmma() && AttnKv16() && cache.f16_tiles != nullptr) {
+    e = LaunchWgmmaKv16Attention256(q, qg, d, tile_items, num_tile_items, static_cast<unsigned>(blocks), token_seq,
+                                    token_pos, cache, o, stream, splits, part_o, part_ml);
+  } else if (kHd == 256 && AttnTcWgmma()) {
     e = LaunchWgmmaTensorCoreAttention256(q, qg, d, tile_items, static_cast<unsigned>(blocks), token_seq, token_pos,
                                           cache, o, stream, splits, part_o, part_ml);
   } else {
@@ -291,7 +294,15 @@ std::atomic<bool>& AttnTcWgmmaSwitch() {
   return on;
 }
 
+std::atomic<bool>& AttnKv16Switch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_KV16")};
+  return on;
+}
+
 }  // namespace
+
+bool AttnKv16() { return AttnKv16Switch().load(std::memory_order_relaxed); }
+void SetAttnKv16(bool on) { AttnKv16Switch().store(on, std::memory_order_relaxed); }
 
 bool AttnTcWgmma() { return AttnTcWgmmaSwitch().load(std::memory_order_relaxed); }
 void SetAttnTcWgmma(bool on) { AttnTcWgmmaSwitch().store(on, std::memory_order_relaxed); }
