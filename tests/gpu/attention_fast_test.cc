@@ -401,8 +401,8 @@ TEST(GpuAttentionWgmmaTest, MatchesPipelinedKernelAndReference) {
 
 // The f16-tile path (AttnKv16, attention_kv16.cu) against the wgmma kernel that converts in the
 // block: every output float's bits equal, on the wgmma test's cases (sliced and whole) and on
-// prompts whose contexts end inside a tile (1000 fresh tokens, 100 after 37 cached, GQA 8:1),
-// and within the tensor-core tolerance of the reference. The tile buffer starts as NaN; after a
+// prompts whose contexts end inside a tile (1000 fresh tokens, 100 after 37 cached, GQA 8:1) and
+// of exactly one tile (64 tokens), and within the tensor-core tolerance of the reference. The tile buffer starts as NaN; after a
 // run every converted tile must hold the f16 (round to nearest) of the cache's keys and values in
 // the slabs' swizzled layouts, zeros past the sequence's last position.
 TEST(GpuAttentionWgmmaTest, Kv16TilesBitIdenticalToWgmmaKernel) {
@@ -419,7 +419,8 @@ TEST(GpuAttentionWgmmaTest, Kv16TilesBitIdenticalToWgmmaKernel) {
   } restore;
   cuda::SetAttnTcWgmma(true);
   const std::vector<std::vector<SeqStep>> cases = {{{130, 200}, {500, 1}, {0, 70}}, {{0, 512}}, {{700, 300}},
-                                                   {{0, 200}, {64, 130}}, {{0, 1000}}, {{37, 100}}};
+                                                   {{0, 200}, {64, 130}}, {{0, 1000}}, {{37, 100}},
+                                                   {{0, 64}}};
   const int max_pages = 17;
   for (const std::vector<SeqStep>& seqs : cases) {
     AttnCase c = MakeCase(rng, d, seqs, max_pages);

@@ -10,7 +10,8 @@
 // (f16_tiles: [page][kv head] {K 32 KiB, Vt 32 KiB}, attention_tc_wgmma.cuh's layouts) with the
 // conversions of ConvertK / ConvertV (PackF16x2, round to nearest; keys past the sequence's last
 // position zero). Tiles are indexed by physical page, so the kernel needs no per-sequence offset
-// and any batch of sequences fits a scratch sized for the pool.
+// and any batch of sequences fits a scratch sized for the pool; a page belongs to one sequence
+// (the backend's pages are never shared), so no two blocks write the same tile.
 //
 // WgmmaKv16AttentionKernel is the wgmma kernel with the f32 stage gone: each tile is 2 x 2048
 // cp.async chunks of 16 bytes straight into a K and a Vt slab, and the freed 64 KiB hold a second
