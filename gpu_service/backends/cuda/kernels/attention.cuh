@@ -132,8 +132,15 @@ void SetAttnTcWgmma(bool on);
 // shared slabs (attention_kv16.cu), and the kernel copies them into shared memory as they are:
 // no f32 staging, no conversion per block, half the bytes per tile, and a second K / Vt buffer
 // in the freed shared memory. The same f16 operand bytes, the same wgmmas: bit-identical outputs.
+// TANDEM_ATTN_KV16=2: the same path with FlashAttention-3's intra-warpgroup overlap (each
+// warpgroup issues S(t + 1) = Q·K(t + 1)^T before the online softmax and O += P·V of tile t, so
+// the tensor cores run it during the softmax; attention_kv16.cu); the same operations in the same
+// order per output element: bit-identical outputs again. AttnKv16() is AttnKv16Mode() != 0;
+// SetAttnKv16(on) sets mode 1 or 0.
 bool AttnKv16();
 void SetAttnKv16(bool on);
+int AttnKv16Mode();  // 0 off, 1 the f16-tile kernel, 2 its overlapped form
+void SetAttnKv16Mode(int mode);
 
 // Bytes of PagedKv::f16_tiles for a pool of `pages` physical pages: per page and kv head a K and a
 // Vt tile of 64 keys x hd f16 (hd 256 only; 0 otherwise). Half of one layer's f32 K + V pool.

@@ -188,24 +188,36 @@ __device__ __forceinline__ void CpAsync16Partial(uint32_t dst, const void* src, 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// This thread's chunks of one tile (K image into the K slab at k_dst, Vt image into the Vt slab
-// at v_dst), one cp.async group: chunks tid + 256i, i < 8, of each. K chunk L holds 8 dims of key
-// (L % 512) / 8; Vt chunk L holds keys 8b .. 8b + 7 of dim L / 8, b = (L % 8) ^ (L / 8 % 8), the
-// same octet for all of the thread's chunks. Keys from `valid` on are zero-filled.
-__device__ __forceinline__ void CopyTile(const uint8_t* src, int valid, uint32_t k_dst, uint32_t v_dst, int tid) {
-  const int octet = (tid & 7) ^ ((tid >> 3) & 7);
-  const int v_bytes = 2 * max(0, min(8, valid - 8 * octet));
+// This thread's chunks of one tile's K image into the K slab at k_dst: chunks tid + 256i, i < 8;
+// K chunk L holds 8 dims of key (L % 512) / 8. Keys from `valid` on are zero-filled. No commit.
+__device__ __forceinline__ void CopyK(const uint8_t* src, int valid, uint32_t k_dst, int tid) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint32_t at = 16 * (tid + kThreads * i);
     CpAsync16Partial(k_dst + at, src + at, (tid >> 3) + 32 * (i & 1) < valid ? 16 : 0);
   }
+}
+
+// The same for the Vt image (at src + kTileBytes) into the Vt slab at v_dst: Vt chunk L holds keys
+// 8b .. 8b + 7 of dim L / 8, b = (L % 8) ^ (L / 8 % 8), the same octet for all of the thread's
+// chunks; keys from `valid` on are zero-filled. No commit.
+__device__ __forceinline__ void CopyV(const uint8_t* src, int valid, uint32_t v_dst, int tid) {
+  const int octet = (tid & 7) ^ ((tid >> 3) & 7);
+  const int v_bytes = 2 * max(0, min(8, valid - 8 * octet));
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint32_t at = 16 * (tid + kThreads * i);
     CpAsync16Partial(v_dst + at, src + kTileBytes + at, v_bytes);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// This thread's chunks of one tile (K and Vt), one cp.async group.
+__device__ __forceinline__ void CopyTile(const uint8_t* src, int valid, uint32_t k_dst, uint32_t v_dst, int tid) {
+  CopyK(src, valid, k_dst, tid);
+  CopyV(src, valid, v_dst, tid);
+  CpAsyncCommit();
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -280,6 +292,122 @@ WgmmaKv16AttentionKernel(const float* __restrict__ q, const float* __restrict__ 
   StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
 }
 
+// ---- The overlapped form (AttnKv16Mode() == 2) ----
+//
+// FlashAttention-3's intra-warpgroup overlap: in WgmmaKv16AttentionKernel a warpgroup's tensor cores
+// idle during its online softmax (S(t) waited, O += P·V(t) not yet issued). Here each warpgroup
+// issues S(t + 1) = Q·K(t + 1)^T before the softmax of tile t and waits for it only after issuing
+// O += P·V(t), so the S wgmmas run during the softmax. Tile t's K and Vt slabs: (t − kt_begin) % 2.
+//   Before the loop: group 1 = K(b) (b = kt_begin); group 2 = V(b), K(b + 1); S(b) issued, waited.
+//   Iteration t, S(t) in registers:
+//     wait for this thread's last group (V(t), K(t + 1)); barrier: both visible, and both
+//       warpgroups have completed S(t) and O += P·V(t − 1), so K(t)'s and Vt(t − 1)'s slabs are free
+//     issue S(t + 1) from K(t + 1)'s slab into the other S set (async)
+//     copy K(t + 2) into K(t)'s slab and V(t + 1) into Vt(t − 1)'s slab (one group: lands during tile t)
+//     online softmax of S(t), rescale O, P, issue O += P·V(t)
+//     wait for both wgmma groups
+// K is copied two tiles ahead, V one: two K and two Vt slabs suffice (the same 193 KiB), one
+// barrier per tile. Every output element gets the same S wgmmas on the same bytes, the same
+// softmax of the same S in tile order and the same P·V wgmmas into its accumulators in tile order:
+// bit-identical to WgmmaKv16AttentionKernel. Two S sets (32 registers each): the loop is unrolled
+// by two with their roles swapped, so S(t + 1) is never moved into the set the softmax reads.
+__global__ void __launch_bounds__(kThreads, 1)
+WgmmaKv16OverlapAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
+                                const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
+                                const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ o,
+                                int splits, float* __restrict__ part_o, float* __restrict__ part_ml) {
+  PdlWaitForPrevious();  // pdl.cuh: q, the f16 tiles (KvTilesF16Kernel) and the items are the step's
+  PdlAllowNext();
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  const uint32_t base = SmemAddr(smem);
+  __shared__ int32_t row_pos[kTcRows];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+  const TcBlock blk = BlockOf(nh, kvh, splits, items, token_seq, token_pos, cache);  // attention_tc_common.cuh
+  const int kvhead = blk.kvhead, groups = blk.groups;
+  const int32_t first = blk.first, count = blk.count, min_pos = blk.min_pos, max_pos = blk.max_pos;
+  const int32_t* pages = blk.pages;
+  const int kt_begin = blk.kt_begin, kt_end = blk.kt_end;
+  if (kt_begin >= kt_end) return;  // an empty slice (short item): uniform over the block
+  const uint8_t* tiles = static_cast<const uint8_t*>(cache.f16_tiles) + static_cast<int64_t>(kvhead) * kPageHeadBytes;
+  const int64_t page_stride = static_cast<int64_t>(kvh) * kPageHeadBytes;
+  auto valid = [&](int kt) { return min(kKeys, max_pos - kt * kKeys + 1); };
+  auto k_slab = [&](int kt) { return base + kKOff + ((kt - kt_begin) & 1) * kKBytes; };
+  auto v_slab = [&](int kt) { return base + kVOff + ((kt - kt_begin) & 1) * kVtBytes; };
+
+  {
+    const uint8_t* src = tiles + pages[kt_begin] * page_stride;
+    CopyK(src, valid(kt_begin), k_slab(kt_begin), tid);
+    CpAsyncCommit();
+    CopyV(src, valid(kt_begin), v_slab(kt_begin), tid);
+    if (kt_begin + 1 < kt_end) {
+      CopyK(tiles + pages[kt_begin + 1] * page_stride, valid(kt_begin + 1), k_slab(kt_begin + 1), tid);
+    }
+    CpAsyncCommit();
+  }
+  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+  attn_wg::LoadQ(smem, kQOff, q, first, count, groups, nh, kvhead, tid);
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's chunks of K(kt_begin)
+  wgmma::FenceProxyAsync();  // the copies and Q for the wgmmas' async proxy
+  __syncthreads();           // Q, K(kt_begin) and row_pos visible
+
+  const float scale_log2 = 1.4426950408889634f * rsqrtf(static_cast<float>(kHd));
+  const int g = lane >> 2, t4 = lane & 3;
+  const int row0 = wg * kWgRows + (warp & 3) * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const int32_t pos_lo = row_pos[row0], pos_hi = row_pos[row0 + 8];
+  const uint32_t q_wg = base + kQOff + wg * kWgRows * 128;  // this warpgroup's 64 rows of each Q slab
+  float acc[kHd / 2];  // n8 block nd (dims 8nd ..): acc[4nd], [4nd + 1] row0; [4nd + 2], [4nd + 3] row0 + 8
+#pragma unroll
+  for (int i = 0; i < kHd / 2; ++i) acc[i] = 0.0f;
+  const auto accessor = [&acc](int nd, int c) -> float& { return acc[4 * nd + c]; };  // StoreRows' acc(nd, c)
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  float s0[kKeys / 2], s1[kKeys / 2];  // the two S sets: n8 block nb (keys 8nb ..): s[4nb + c] as acc
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) s0[i] = 0.0f;
+  attn_wg::IssueScores(s0, q_wg, k_slab(kt_begin));
+  wgmma::Wait<0>();
+  wgmma::FenceOperands(s0);
+
+  // Tile kt with S(kt) in sc; S(kt + 1) into sn.
+  auto step = [&](float (&sc)[kKeys / 2], float (&sn)[kKeys / 2], int kt) {
+    const bool more = kt + 1 < kt_end, more2 = kt + 2 < kt_end;
+    const int32_t page1 = more ? pages[kt + 1] : 0, page2 = more2 ? pages[kt + 2] : 0;  // before the wait
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // this thread's chunks of V(kt), K(kt + 1)
+    wgmma::FenceProxyAsync();
+    __syncthreads();  // V(kt), K(kt + 1) visible; both warpgroups are done with K(kt) and Vt(kt - 1)
+    if (more) {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) sn[i] = 0.0f;
+      attn_wg::IssueScores(sn, q_wg, k_slab(kt + 1));  // runs during the softmax below
+      CopyV(tiles + page1 * page_stride, valid(kt + 1), v_slab(kt + 1), tid);
+    }
+    if (more2) CopyK(tiles + page2 * page_stride, valid(kt + 2), k_slab(kt + 2), tid);
+    CpAsyncCommit();  // (empty on the last tiles: the wait above then returns at once)
+
+    // Online softmax in base 2; masking only where the tile reaches past the first row's position.
+    const bool mask = kt * kKeys + kKeys - 1 > min_pos;
+    float corr[2];
+    OnlineSoftmaxTile<kKeys>(sc, m, l, corr, scale_log2, mask, kt * kKeys, t4, pos_lo, pos_hi);
+    RescaleRows<kHd>(accessor, corr);
+    uint32_t a[kKeys / 16][4];  // P as the register A fragments of its 4 k16 slices
+    attn_wg::PackP(sc, a);
+    attn_wg::IssuePv(acc, a, v_slab(kt));
+    wgmma::Wait<0>();  // S(kt + 1) and O += P·V(kt)
+    wgmma::FenceOperands(acc);
+    if (more) wgmma::FenceOperands(sn);
+    attn_wg::KeepLive(a);  // the A registers stay untouched until the wgmmas reading them have completed
+  };
+  int kt = kt_begin;
+  for (; kt + 1 < kt_end; kt += 2) {
+    step(s0, s1, kt);
+    step(s1, s0, kt + 1);
+  }
+  if (kt < kt_end) step(s0, s1, kt);
+
+  StoreRows<kHd>(accessor, m, l, row0, t4, blk, nh, kvh, splits, qg, o, part_o, part_ml);
+}
+
 // Blocks of the conversion: 2 per SM (queried once; 105 registers x 256 threads: 2 fit an SM).
 unsigned ConvertBlocks() {
   static const unsigned blocks = [] {
@@ -303,21 +431,26 @@ size_t AttnKv16ScratchBytes(const AttnShape& d, int64_t pages) {
 cudaError_t LaunchWgmmaKv16Attention256(const float* q, const float* qg, const AttnShape& d,
                                         const int32_t* tile_items, int num_tile_items, unsigned blocks,
                                         const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
-                                        float* o, cudaStream_t stream, int splits, float* part_o, float* part_ml) {
+                                        float* o, cudaStream_t stream, int splits, float* part_o, float* part_ml,
+                                        bool overlap) {
   if (d.hd != kHd || cache.f16_tiles == nullptr) return cudaErrorInvalidValue;
   if (num_tile_items <= 0) return cudaSuccess;
-  // Above 48 KiB a kernel needs the opt-in; done once (thread-safe static).
+  // Above 48 KiB a kernel needs the opt-in; done once per kernel (thread-safe statics).
   static const cudaError_t attribute = cudaFuncSetAttribute(
       WgmmaKv16AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  static const cudaError_t attribute_ovl = cudaFuncSetAttribute(
+      WgmmaKv16OverlapAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
   if (attribute != cudaSuccess) return attribute;
+  if (attribute_ovl != cudaSuccess) return attribute_ovl;
   if (cudaError_t e = LaunchPrefillPdl(KvTilesF16Kernel, ConvertBlocks(), kConvertThreads, 0, stream, tile_items,
                                        num_tile_items, token_seq, token_pos, cache, d.kvh,
                                        static_cast<uint8_t*>(cache.f16_tiles));
       e != cudaSuccess) {
     return e;
   }
-  return LaunchPrefillPdl(WgmmaKv16AttentionKernel, blocks, kThreads, kSmemBytes, stream, q, qg, d.nh, d.kvh,
-                          tile_items, token_seq, token_pos, cache, o, splits, part_o, part_ml);
+  return LaunchPrefillPdl(overlap ? WgmmaKv16OverlapAttentionKernel : WgmmaKv16AttentionKernel, blocks, kThreads,
+                          kSmemBytes, stream, q, qg, d.nh, d.kvh, tile_items, token_seq, token_pos, cache, o, splits,
+                          part_o, part_ml);
 }
 
 }  // namespace tandem::cuda
