@@ -485,6 +485,72 @@ TEST(GpuAttentionWgmmaTest, Kv16TilesBitIdenticalToWgmmaKernel) {
   }
 }
 
+// The overlapped f16-tile kernel (AttnKv16Mode() == 2: S(t + 1) issued before the softmax of
+// tile t, attention_kv16.cu) against the f16-tile kernel (mode 1) and the wgmma kernel that
+// converts in the block (mode 0): every output float's bits equal, sliced and whole, on the
+// Kv16 test's cases plus prompts whose blocks attend 2 and 3 tiles (128, 192 tokens at GQA 1:1,
+// for the two-tile unrolled loop's even and odd ends) and a GQA 2:1 shape; and within the
+// tensor-core tolerance of the reference.
+TEST(GpuAttentionWgmmaTest, Kv16OverlapBitIdenticalToKv16AndWgmmaKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
+  struct Restore {
+    bool wgmma = cuda::AttnTcWgmma();
+    int kv16 = cuda::AttnKv16Mode();
+    ~Restore() {
+      cuda::SetAttnTcWgmma(wgmma);
+      cuda::SetAttnKv16Mode(kv16);
+    }
+  } restore;
+  cuda::SetAttnTcWgmma(true);
+  struct Case {
+    cuda::AttnShape d;
+    std::vector<SeqStep> seqs;
+  };
+  const std::vector<Case> cases = {
+      {Shape(256, 8, 2), {{130, 200}, {500, 1}, {0, 70}}}, {Shape(256, 8, 2), {{0, 512}}},
+      {Shape(256, 8, 2), {{700, 300}}},  {Shape(256, 8, 2), {{0, 200}, {64, 130}}},
+      {Shape(256, 8, 2), {{0, 1000}}},   {Shape(256, 8, 2), {{37, 100}}},
+      {Shape(256, 8, 2), {{0, 64}}},     {Shape(256, 1, 2), {{0, 128}}},
+      {Shape(256, 1, 2), {{0, 192}}},    {Shape(256, 1, 2), {{0, 1000}, {3, 250}}},
+      {Shape(256, 2, 2), {{0, 700}, {100, 333}}}};
+  const int max_pages = 17;
+  for (const Case& k : cases) {
+    const cuda::AttnShape& d = k.d;
+    AttnCase c = MakeCase(rng, d, k.seqs, max_pages);
+    c.Upload();
+    const std::vector<float> want = Reference(c);
+    const int pages = static_cast<int>(k.seqs.size()) * max_pages;
+    auto tiles = Poisoned<uint8_t>(cuda::AttnKv16ScratchBytes(d, pages));
+    std::string tag = Tag(d);
+    for (const SeqStep& s : k.seqs) {
+      tag.append("_").append(std::to_string(s.start)).append("+").append(std::to_string(s.n));
+    }
+    for (int max_splits : {cuda::kAttnMaxTcSplits, 1}) {
+      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, tc, max_splits);
+      ASSERT_GT(plan.num_tile_items, 0) << tag;
+      const std::string name = tag + (plan.tc_splits > 1 ? "_sliced" + std::to_string(plan.tc_splits) : "_whole");
+      cuda::SetAttnKv16Mode(0);
+      const std::vector<float> wg = RunPlanned(c, plan, tiles.get());
+      cuda::SetAttnKv16Mode(1);
+      const std::vector<float> kv16 = RunPlanned(c, plan, tiles.get());
+      cuda::SetAttnKv16Mode(2);
+      const std::vector<float> ovl = RunPlanned(c, plan, tiles.get());
+      ASSERT_EQ(ovl.size(), wg.size());
+      ASSERT_EQ(ovl.size(), kv16.size());
+      size_t differ_kv16 = 0, differ_wg = 0;
+      for (size_t i = 0; i < ovl.size(); ++i) {
+        differ_kv16 += std::memcmp(&ovl[i], &kv16[i], sizeof(float)) != 0;
+        differ_wg += std::memcmp(&ovl[i], &wg[i], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(differ_kv16, 0u) << name << ": output floats whose bits differ from the f16-tile kernel's";
+      EXPECT_EQ(differ_wg, 0u) << name << ": output floats whose bits differ from the wgmma kernel's";
+      EXPECT_LE(gpu_testing::LogError("attn_kv16ovl_" + name, RelL2(ovl, want)), 1e-2) << name;
+    }
+  }
+}
+
 // A batch-of-3 decode step captured once as a graph; replayed after overwriting positions, page
 // table, items and cache contents in device memory with a different step of the same shape.
 TEST(GpuAttentionGraphTest, ReplayReadsEveryStepValueFromDeviceMemory) {
