@@ -8,6 +8,10 @@
 2. Work split: KvTilesF16Kernel's units (chunks of 256 items, block scan, grid stride) cover every
    (sequence, key tile <= last position / 64, kv head, K or V) exactly once, for random batches
    (more than 256 items included) and grid sizes.
+3. Schedule of the overlapped kernel (TANDEM_ATTN_KV16=2, WgmmaKv16OverlapAttentionKernel): per
+   block barrier epoch, the slabs the wgmmas read hold the right tile, written and waited in an
+   earlier epoch, and no copy of the epoch writes a slab a wgmma of the epoch reads; every S(t) and
+   O += P·V(t) runs once, in tile order; for blocks of 1 .. 9 tiles.
 No GPU, no numpy. Run: python3 scripts/check_attn_kv16_model.py
 """
 import math
@@ -133,3 +137,44 @@ for trial in range(30):
     many = many or len(items) > 256
 assert many, "no batch with more than 256 items"
 print("work split OK")
+
+
+# 3. The overlapped kernel's slab schedule. An epoch runs from one block barrier to the next; a
+# wgmma issued in an epoch is waited in it (every step ends with wgmma wait 0), a cp.async group
+# issued in an epoch is waited before the barrier that ends it (wait_group 0 at the next step's
+# top; the prologue's group 1 = K(b) is waited before the prologue barrier, group 2 before step b's).
+def overlap_schedule(b, e):
+    slab = lambda t: (t - b) & 1
+    held = {}  # ('K'|'V', slab) -> tile, as visible to wgmmas (writes of finished epochs)
+    epochs = []  # (reads, writes): reads [(kind, slab, tile, op)], writes [(kind, slab, tile)]
+    # prologue epoch 0: writes K(b) (waited in it); epoch 1 (after the prologue barrier): S(b)
+    epochs.append(([], [('K', slab(b), b)], True))
+    w = [('V', slab(b), b)] + ([('K', slab(b + 1), b + 1)] if b + 1 < e else [])
+    epochs.append(([('K', slab(b), b, ('S', b))], w, False))
+    for t in range(b, e):  # step t: after its barrier
+        reads = [('V', slab(t), t, ('PV', t))]
+        if t + 1 < e: reads.append(('K', slab(t + 1), t + 1, ('S', t + 1)))
+        writes = ([('V', slab(t + 1), t + 1)] if t + 1 < e else []) + ([('K', slab(t + 2), t + 2)] if t + 2 < e else [])
+        epochs.append((reads, writes, False))
+    ops = []
+    for i, (reads, writes, same_epoch_visible) in enumerate(epochs):
+        if same_epoch_visible:  # epoch 0: K(b) is waited and fenced before the barrier, read after it
+            for k, sl, tile in writes: held[(k, sl)] = tile
+            continue
+        read_slabs = {(k, sl) for k, sl, _, _ in reads}
+        for k, sl, tile in writes:
+            assert (k, sl) not in read_slabs, (b, e, i, k, sl)  # no copy into a slab a wgmma reads
+        for k, sl, tile, op in reads:
+            assert held.get((k, sl)) == tile, (b, e, i, k, sl, tile, held)
+            ops.append(op)
+        for k, sl, tile in writes: held[(k, sl)] = tile  # landed and visible from the next epoch on
+    s_ops = [t for k, t in ops if k == 'S']; pv_ops = [t for k, t in ops if k == 'PV']
+    assert s_ops == list(range(b, e)) and pv_ops == list(range(b, e)), (b, e, ops)
+    for t in range(b, e):  # S(t) completes in an earlier epoch than O += P·V(t) (the softmax between)
+        assert ops.index(('S', t)) < ops.index(('PV', t))
+
+
+for b in range(0, 4):
+    for n in range(1, 10):
+        overlap_schedule(b, b + n)
+print("overlap schedule OK")

@@ -20,6 +20,9 @@
 // src-size: whole K chunks, and the first 2·(valid − 8b) bytes of a Vt chunk of key octet b), as
 // the stage's zero fill did, so the slabs hold exactly the f32 kernel's bytes, and S, softmax,
 // P and O are computed by the same instructions (attention_tc_wgmma.cuh): bit-identical outputs.
+//
+// WgmmaKv16OverlapAttentionKernel (TANDEM_ATTN_KV16=2) is that kernel with FlashAttention-3's
+// intra-warpgroup overlap: S(t + 1) is issued before the softmax of tile t (see its comment).
 #include <cuda_fp16.h>
 
 #include <algorithm>
