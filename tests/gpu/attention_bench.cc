@@ -3,7 +3,9 @@
 // on the unsplit path (the earlier interface: one block per item and kv head) and the planned
 // split-KV path, with the KV bytes read as a share of a measured device copy; prefill of 4096 and
 // 8192 tokens (causal, one sequence) and of 16 × 512 tokens on the exact path, the f16
-// tensor-core path (the mma.sync pipelined kernel, and at hd 256 the wgmma kernel beside it) in
+// tensor-core path (the mma.sync pipelined kernel, and at hd 256 the wgmma kernel and its f16-tile
+// form, TANDEM_ATTN_KV16=1, and that form's overlapped kernel, TANDEM_ATTN_KV16=2, each with a
+// count of output floats whose bits differ, beside it) in
 // TFLOP/s (4·n²/2·nh·hd flops per sequence), and the relative L2 of each fast output against the
 // exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short).
 // Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -142,6 +145,14 @@ void Run() {
   auto planned = [&](const Step& s, float* out) {
     BENCH_CHECK(LaunchAttention(q, qg, static_cast<int64_t>(s.seq.size()), d, s.plan, s.d_items, s.d_seq, s.d_pos,
                                 cache, out, scratch, nullptr));
+  };
+  // The same cache with the f16 tiles (AttnKv16: the tile conversion once per call, then the
+  // wgmma kernel copying f16 tiles), for the prefill rows below.
+  PagedKv cache16 = cache;
+  BENCH_CHECK(cudaMalloc(&cache16.f16_tiles, AttnKv16ScratchBytes(d, total_pages)));
+  auto planned16 = [&](const Step& s, float* out) {
+    BENCH_CHECK(LaunchAttention(q, qg, static_cast<int64_t>(s.seq.size()), d, s.plan, s.d_items, s.d_seq, s.d_pos,
+                                cache16, out, scratch, nullptr));
   };
   // The earlier interface: the same exact kernel, one block per item and kv head (no split).
   auto unsplit = [&](const Step& s, float* out) {
@@ -298,6 +309,40 @@ void Run() {
       BENCH_CHECK(cudaMemcpy(w.data(), o, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
       Report(name + "_f16tc_wgmma_vs_f32", RelL2(w, b), "rel_l2", "tolerance 1e-2, ~ the pipelined kernel's");
       Report(name + "_f16tc_wgmma_vs_mma", RelL2(w, a), "rel_l2", "same f16 roundings: << 1e-3 expected");
+      // The f16-tile path (TANDEM_ATTN_KV16=1, attention_kv16.cu; its conversion launch included)
+      // on the same plan: bit-identical to the wgmma kernel (w), so its row counts the output
+      // floats whose bits differ (0 expected).
+      const int kv16_default = AttnKv16Mode();
+      SetAttnKv16Mode(1);
+      const double ms_kv16 = TimeMs([&] { planned16(fast, o); }, 5);
+      Report(name + "_f16tc_wgmma_kv16", flops / (ms_kv16 * 1e9), "TFLOP/s",
+             std::to_string(ms_kv16) + " ms, f16 tiles converted once (TANDEM_ATTN_KV16=1), " +
+                 std::to_string(ms_wg / ms_kv16) + "x the wgmma kernel");
+      std::vector<float> k16(count);
+      BENCH_CHECK(cudaMemcpy(k16.data(), o, k16.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      size_t differ = 0;
+      for (size_t i = 0; i < count; ++i) differ += std::memcmp(&k16[i], &w[i], sizeof(float)) != 0;
+      Report(name + "_f16tc_wgmma_kv16_bits_differ", static_cast<double>(differ), "floats",
+             "of " + std::to_string(count) + " output floats against the wgmma kernel's: 0 expected");
+      // Its overlapped form (TANDEM_ATTN_KV16=2: S(t + 1) issued before the softmax of tile t),
+      // bit-identical to both.
+      SetAttnKv16Mode(2);
+      const double ms_ovl = TimeMs([&] { planned16(fast, o); }, 5);
+      Report(name + "_f16tc_wgmma_kv16ovl", flops / (ms_ovl * 1e9), "TFLOP/s",
+             std::to_string(ms_ovl) + " ms, f16 tiles, S(t+1) during the softmax (TANDEM_ATTN_KV16=2), " +
+                 std::to_string(ms_kv16 / ms_ovl) + "x the kv16 kernel, " + std::to_string(ms_wg / ms_ovl) +
+                 "x the wgmma kernel");
+      SetAttnKv16Mode(kv16_default);
+      std::vector<float> ovl(count);
+      BENCH_CHECK(cudaMemcpy(ovl.data(), o, ovl.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      size_t differ_wg = 0, differ_kv16 = 0;
+      for (size_t i = 0; i < count; ++i) {
+        differ_wg += std::memcmp(&ovl[i], &w[i], sizeof(float)) != 0;
+        differ_kv16 += std::memcmp(&ovl[i], &k16[i], sizeof(float)) != 0;
+      }
+      Report(name + "_f16tc_wgmma_kv16ovl_bits_differ", static_cast<double>(differ_wg), "floats",
+             "of " + std::to_string(count) + " output floats against the wgmma kernel's (" +
+                 std::to_string(differ_kv16) + " against the kv16 kernel's): 0 expected");
     }
     SetAttnTcWgmma(wgmma_default);
   }

@@ -150,6 +150,9 @@ class CudaBackend::Impl {
   float *H = nullptr, *N = nullptr, *x = nullptr, *y = nullptr, *a = nullptr, *hz = nullptr, *hm = nullptr;
   float *qkv = nullptr, *zg = nullptr, *ba = nullptr, *conv = nullptr, *g = nullptr, *beta = nullptr, *go = nullptr;
   float* attn_scratch = nullptr;   // split-context partials of full attention (AttentionMaxScratchBytes)
+  // The f16 K / V tiles of the tensor-core prefill (TANDEM_ATTN_KV16=1 at setup, hd 256, fast
+  // attention; else null): AttnKv16ScratchBytes over the pool's pages, shared by the attention layers.
+  uint8_t* attn_f16_tiles = nullptr;
   float* gdn_scratch = nullptr;    // the chunked delta rule's scratch (prefill), gdn_scratch_bytes long
   int64_t gdn_scratch_bytes = 0;
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;

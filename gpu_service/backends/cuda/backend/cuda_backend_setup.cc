@@ -319,6 +319,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
   }
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
+  // One f16 tile set for every attention layer: each call converts the tiles it reads (attention.cuh).
+  if (cuda::AttnKv16() && options.mode == CudaMode::kFast && options.fast_attention) {
+    const size_t bytes = cuda::AttnKv16ScratchBytes(m.attn_shape, m.total_pages);
+    if (bytes > 0) plan.Want(&m.attn_f16_tiles, static_cast<int64_t>(bytes));
+  }
   plan.Want(&m.qg, T * ad.nh * 2 * ad.hd);
   plan.Want(&m.q, T * ad.nh * ad.hd);
   plan.Want(&m.ao, T * ad.nh * ad.hd);

@@ -244,7 +244,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
   cudaStream_t kvs = overlap ? side.get() : st;
-  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages)};
+  const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages), attn_f16_tiles};
   // Queries (with their gates), keys and values from their arrays, or from a stacked product's rows:
   // [k | v] of the prefill GEMM or of kv_side (row stride kv_stride), [q | k | v] of stacked_in
   // (qg_stride, kv_stride).

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct PagedKv {
   float* v = nullptr;                 // pages × 64 × kv_width
   const int32_t* page_table = nullptr;  // sequences × max_pages physical page ids
   int max_pages = 0;
+  // Optional f16 tile scratch of the hd-256 wgmma prefill (AttnKv16(); at least
+  // AttnKv16ScratchBytes(d, pages) bytes for physical pages 0 .. pages - 1, 16-byte aligned; one
+  // buffer may serve every layer: each attention call rewrites the tiles it reads). Null: the
+  // kernel stages and converts the f32 tiles itself.
+  void* f16_tiles = nullptr;
 };
 
 // The RoPE inverse frequencies θ^(−2i/rot), i < rot/2, computed in f64 on the host exactly as the
@@ -118,6 +124,27 @@ void SetAttnShortKeys(int keys);
 // kernel (read once; settable for tests and benchmarks; a launch uses the choice current when made).
 bool AttnTcWgmma();
 void SetAttnTcWgmma(bool on);
+
+// TANDEM_ATTN_KV16=1 (read once; settable for tests and benchmarks; off by default, not yet
+// measured): with AttnTcWgmma() and a cache that carries f16_tiles, the hd-256 tensor-core prefill
+// first converts, once per call, every K and V tile its tile items attend (each sequence's keys
+// 0 .. last position, from the paged f32 cache) into f16 tiles laid out as the wgmma kernel's
+// shared slabs (attention_kv16.cu), and the kernel copies them into shared memory as they are:
+// no f32 staging, no conversion per block, half the bytes per tile, and a second K / Vt buffer
+// in the freed shared memory. The same f16 operand bytes, the same wgmmas: bit-identical outputs.
+// TANDEM_ATTN_KV16=2: the same path with FlashAttention-3's intra-warpgroup overlap (each
+// warpgroup issues S(t + 1) = Q·K(t + 1)^T before the online softmax and O += P·V of tile t, so
+// the tensor cores run it during the softmax; attention_kv16.cu); the same operations in the same
+// order per output element: bit-identical outputs again. AttnKv16() is AttnKv16Mode() != 0;
+// SetAttnKv16(on) sets mode 1 or 0.
+bool AttnKv16();
+void SetAttnKv16(bool on);
+int AttnKv16Mode();  // 0 off, 1 the f16-tile kernel, 2 its overlapped form
+void SetAttnKv16Mode(int mode);
+
+// Bytes of PagedKv::f16_tiles for a pool of `pages` physical pages: per page and kv head a K and a
+// Vt tile of 64 keys x hd f16 (hd 256 only; 0 otherwise). Half of one layer's f32 K + V pool.
+size_t AttnKv16ScratchBytes(const AttnShape& d, int64_t pages);
 
 // How LaunchAttention computes. kF32 is exact (f32 scores, softmax and accumulation on the CUDA
 // cores; within ~1e-6 of the CPU reference). kF16TensorCores is the backend's fast mode: sequences

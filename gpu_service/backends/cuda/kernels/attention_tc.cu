@@ -267,7 +267,10 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
   float* part_o = static_cast<float*>(partials);
   float* part_ml = splits > 1 ? part_o + blocks * kTcRows * kHd : nullptr;
   cudaError_t e;
-  if (kHd == 256 && AttnTcWgmma()) {
+  if (const int kv16 = AttnKv16Mode(); kHd == 256 && AttnTcWgmma() && kv16 != 0 && cache.f16_tiles != nullptr) {
+    e = LaunchWgmmaKv16Attention256(q, qg, d, tile_items, num_tile_items, static_cast<unsigned>(blocks), token_seq,
+                                    token_pos, cache, o, stream, splits, part_o, part_ml, /*overlap=*/kv16 == 2);
+  } else if (kHd == 256 && AttnTcWgmma()) {
     e = LaunchWgmmaTensorCoreAttention256(q, qg, d, tile_items, static_cast<unsigned>(blocks), token_seq, token_pos,
                                           cache, o, stream, splits, part_o, part_ml);
   } else {
@@ -291,7 +294,20 @@ std::atomic<bool>& AttnTcWgmmaSwitch() {
   return on;
 }
 
+// 0 where TANDEM_ATTN_KV16 is unset, "" or "0"; 2 where it is "2"; else 1 (any other value turns
+// the f16 tiles on, as the boolean switch did).
+std::atomic<int>& AttnKv16Switch() {
+  static std::atomic<int> mode{EnvSwitch("TANDEM_ATTN_KV16") ? static_cast<int>(EnvInteger("TANDEM_ATTN_KV16", 1, 1, 2))
+                                                             : 0};
+  return mode;
+}
+
 }  // namespace
+
+bool AttnKv16() { return AttnKv16Mode() != 0; }
+void SetAttnKv16(bool on) { SetAttnKv16Mode(on ? 1 : 0); }
+int AttnKv16Mode() { return AttnKv16Switch().load(std::memory_order_relaxed); }
+void SetAttnKv16Mode(int mode) { AttnKv16Switch().store(mode >= 0 && mode <= 2 ? mode : 1, std::memory_order_relaxed); }
 
 bool AttnTcWgmma() { return AttnTcWgmmaSwitch().load(std::memory_order_relaxed); }
 void SetAttnTcWgmma(bool on) { AttnTcWgmmaSwitch().store(on, std::memory_order_relaxed); }

@@ -48,6 +48,17 @@ cudaError_t LaunchWgmmaTensorCoreAttention256(const float* q, const float* qg, c
                                               const int32_t* token_pos, const PagedKv& cache, float* o,
                                               cudaStream_t stream, int splits, float* part_o, float* part_ml);
 
+// The same with the f16 tiles (AttnKv16(), attention_kv16.cu): converts the tiles the
+// num_tile_items items attend into cache.f16_tiles (one launch), then runs the kernel that copies
+// them into shared memory unconverted. Same arguments, items, partials and bits as
+// LaunchWgmmaTensorCoreAttention256; cudaErrorInvalidValue without cache.f16_tiles. overlap: the
+// kernel that issues S(t + 1) before the softmax of tile t (AttnKv16Mode() == 2), same bits.
+cudaError_t LaunchWgmmaKv16Attention256(const float* q, const float* qg, const AttnShape& d,
+                                        const int32_t* tile_items, int num_tile_items, unsigned blocks,
+                                        const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
+                                        float* o, cudaStream_t stream, int splits, float* part_o, float* part_ml,
+                                        bool overlap);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_CUH_

@@ -30,6 +30,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc_common.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_tc_wgmma.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -41,31 +42,24 @@ namespace {
 using attn_tc::BlockOf;
 using attn_tc::CpAsync16OrZero;
 using attn_tc::OnlineSoftmaxTile;
-using attn_tc::QueryRow;
 using attn_tc::RescaleRows;
 using attn_tc::StoreRows;
 using attn_tc::TcBlock;
 
-constexpr int kHd = 256, kKeys = attn_tc::kTileKeys, kThreads = 256, kWgRows = 64;
-static_assert(kTcRows == 2 * kWgRows, "two warpgroups of 64 query rows");
-static_assert(kKeys == 64 && kThreads == 4 * kKeys, "the staging mappings assume 64 keys and 256 threads");
+using attn_wg::KeepLive;
+using attn_wg::kHd;
+using attn_wg::kKeys;
+using attn_wg::kKSlab;
+using attn_wg::kQSlab;
+using attn_wg::kThreads;
+using attn_wg::kWgRows;
+using attn_wg::StoreF16x4;
+using attn_wg::SwizzledQuad;
 
 constexpr uint32_t kStageBytes = sizeof(float) * kKeys * kHd;
-constexpr uint32_t kQSlab = kTcRows * 128, kKSlab = kKeys * 128;
-constexpr uint32_t kQOff = kStageBytes, kKOff = kQOff + (kHd / 64) * kQSlab, kVOff = kKOff + (kHd / 64) * kKSlab;
-constexpr uint32_t kSmemBytes = kVOff + kHd * 128 + 1024;  // + slack for the 1024-byte alignment
+constexpr uint32_t kQOff = kStageBytes, kKOff = kQOff + attn_wg::kQBytes, kVOff = kKOff + attn_wg::kKBytes;
+constexpr uint32_t kSmemBytes = kVOff + attn_wg::kVtBytes + 1024;  // + slack for the 1024-byte alignment
 static_assert(kQOff % 1024 == 0 && kKOff % 1024 == 0 && kVOff % 1024 == 0, "aligned swizzle atoms");
-
-// 4 f32 as f16 at shared byte offset `at` of `smem` (8 bytes).
-__device__ __forceinline__ void StoreF16x4(uint8_t* smem, uint32_t at, float4 v) {
-  *reinterpret_cast<uint2*>(smem + at) = make_uint2(PackF16x2(v.x, v.y), PackF16x2(v.z, v.w));
-}
-
-// Byte offset, in a K-major swizzled tile of `slab` bytes per 64 columns, of f16 columns 4c .. 4c + 3 of
-// row r (8 bytes: half of a 16-byte chunk).
-__device__ __forceinline__ uint32_t SwizzledQuad(int r, int c, uint32_t slab) {
-  return (c >> 4) * slab + wgmma::SwizzledOffset(r, (c & 15) >> 1) + ((c & 1) << 3);
-}
 
 // K: thread tid copies float4 column c = tid % 64 of keys j0 + 4i (j0 = tid / 64, i < 16): a warp
 // reads 512 contiguous bytes of one key. Stage slot (key j, column c) = j·64 + c. Keys from
@@ -143,16 +137,6 @@ __device__ __forceinline__ void ConvertV(uint8_t* smem, int tid) {
   }
 }
 
-// Uses the register A fragments after the wgmma wait: the compiler keeps them (and gives their
-// registers to nothing else) until the asynchronous wgmmas that read them have completed.
-__device__ __forceinline__ void KeepLive(uint32_t (&a)[kKeys / 16][4]) {
-#pragma unroll
-  for (int i = 0; i < kKeys / 16; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-  }
-}
-
 __global__ void __launch_bounds__(kThreads, 1)
 WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int nh, int kvh,
                                const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
@@ -175,15 +159,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
 
   StageK(cache.k, pages[kt_begin], kvhead, kvw, valid_keys(kt_begin), base, tid);
   if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
-#pragma unroll 8
-  for (int e = tid; e < kTcRows * (kHd / 4); e += kThreads) {
-    const int r = e / (kHd / 4), c = e % (kHd / 4), tok = r / groups;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (tok < count) {
-      x = *reinterpret_cast<const float4*>(q + QueryRow(first, tok, r, groups, nh, kvhead) * kHd + 4 * c);
-    }
-    StoreF16x4(smem, kQOff + SwizzledQuad(r, c, kQSlab), x);
-  }
+  attn_wg::LoadQ(smem, kQOff, q, first, count, groups, nh, kvhead, tid);
   ConvertK(smem, tid);
   wgmma::FenceProxyAsync();  // Q and K(0), written by this thread, for the wgmmas' async proxy
   __syncthreads();           // Q, K(0) and row_pos visible; the staging area is free again
@@ -205,14 +181,7 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     float s[kKeys / 2];  // n8 block nb (keys 8nb ..): s[4nb + c] as acc
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < kHd / 16; ++kk) {
-      const uint32_t k_off = 32 * (kk & 3);  // k16 slice kk % 4 within slab kk / 4 (64 dims)
-      wgmma::WgmmaN64(s, wgmma::SwizzledDesc(q_wg + (kk >> 2) * kQSlab + k_off),
-                      wgmma::SwizzledDesc(base + kKOff + (kk >> 2) * kKSlab + k_off), kk > 0);
-    }
-    wgmma::Commit();
+    attn_wg::IssueScores(s, q_wg, base + kKOff);
     // V(kt) into Vt while the tensor cores run S: Vt(kt - 1) is free (both warpgroups waited for
     // their O += P·V before the last barrier) and S reads only Q and K.
     ConvertV(smem, tid);
@@ -227,21 +196,9 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
     float corr[2];
     OnlineSoftmaxTile<kKeys>(s, m, l, corr, scale_log2, mask, kt * kKeys, t4, pos_lo, pos_hi);
     RescaleRows<kHd>(accessor, corr);
-    // P as the register A fragments of its 4 k16 slices (wgmma_f16.cuh, WgmmaRegA).
-    uint32_t a[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      a[kk][0] = PackF16x2(s[8 * kk], s[8 * kk + 1]);
-      a[kk][1] = PackF16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      a[kk][2] = PackF16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      a[kk][3] = PackF16x2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      wgmma::WgmmaRegA<kHd>::Run(acc, a[kk], wgmma::SwizzledDesc(base + kVOff + 32 * kk), 1);
-    }
-    wgmma::Commit();
+    uint32_t a[kKeys / 16][4];  // P as the register A fragments of its 4 k16 slices
+    attn_wg::PackP(s, a);
+    attn_wg::IssuePv(acc, a, base + kVOff);
     if (more) {
       // K(kt + 1) into K while the tensor cores run O += P·V: both warpgroups' S(kt) completed
       // before the last barrier, and O += P·V reads only Vt.
