@@ -479,9 +479,13 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
   auto ref = OpenReference(*path);
   ASSERT_TRUE(ref);
   constexpr int kPrompts = 8;
-  FastResult sum[2];
-  int worst_prompt[2] = {0, 0};
-  double worst[2] = {1.0, 1.0};
+  // Variant 2 (printed only, not asserted): one f16 product for every dense product that is not
+  // "accurate" (fast_dense_split = false: the mixers' input products included), the measure for
+  // TANDEM_DENSE_SPLIT=0.
+  constexpr int kVariants = 3;
+  FastResult sum[kVariants];
+  int worst_prompt[kVariants] = {0, 0, 0};
+  double worst[kVariants] = {1.0, 1.0, 1.0};
   for (int p = 0; p < kPrompts; ++p) {
     const std::vector<int32_t> prompt = RandomTokens(128, ref->config().vocab, 101 + p);
     auto seq = ref->NewSequence();
@@ -489,8 +493,10 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
     std::vector<MoeRouting> ref_routing;
     std::vector<std::vector<float>> margins;
     const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing, &margins);
-    const FastParts parts[2] = {FastParts{}, FastParts{true, true, true, true, true, true}};
-    for (int v = 0; v < 2; ++v) {
+    FastParts single_dense;
+    single_dense.dense_split = false;
+    const FastParts parts[kVariants] = {FastParts{}, FastParts{true, true, true, true, true, true}, single_dense};
+    for (int v = 0; v < kVariants; ++v) {
       const FastResult r = MeasureFast(*path, parts[v], prompt, want, ref_routing, &margins);
       sum[v].agreement += r.agreement / kPrompts;  // every prompt has the same number of pairs
       sum[v].compared += r.compared;
@@ -503,15 +509,16 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
       }
     }
   }
-  const char* names[2] = {"all fast", "all fast, split as f16 + fp8 correction"};
-  for (int v = 0; v < 2; ++v) {
+  const char* names[kVariants] = {"all fast", "all fast, split as f16 + fp8 correction",
+                                  "all fast, one f16 product per dense GEMM but the accurate ones (not asserted)"};
+  for (int v = 0; v < kVariants; ++v) {
     printf("[%s] fast prefill, %d prompts of 128 tokens (%s): routing agreement %.4f over all pairs (lowest %.4f, "
            "prompt %d), %lld positions with all picks agreed, max relative L2 there %.3e; of them %lld before any "
            "block selection near a tie (margin < %.0e), max relative L2 there %.3e\n",
            GetParam().c_str(), kPrompts, names[v], sum[v].agreement, worst[v], worst_prompt[v],
            static_cast<long long>(sum[v].compared), sum[v].max_err, static_cast<long long>(sum[v].compared_untied),
            static_cast<double>(kNearTie), sum[v].max_err_untied);
-    EXPECT_GE(sum[v].agreement, 0.99) << names[v];
+    if (v < 2) EXPECT_GE(sum[v].agreement, 0.99) << names[v];
   }
   EXPECT_LE(sum[0].max_err, 1e-2) << names[0];
 }

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention_tc_common.cuh"
@@ -294,11 +295,17 @@ std::atomic<bool>& AttnTcWgmmaSwitch() {
   return on;
 }
 
-// 0 where TANDEM_ATTN_KV16 is unset, "" or "0"; 2 where it is "2"; else 1 (any other value turns
-// the f16 tiles on, as the boolean switch did).
+// Unset: 2 where the sm_90a code runs (the default since 2026-12-02: H200, 8192 tokens, attention
+// kernel 2.25 -> 1.58 ms a layer, end to end +3.0%, docs/PERF.md "Thirteenth session"), else 0.
+// Set: 0 where "" or "0"; 2 where "2"; else 1 (any other value turns the f16 tiles on, as the
+// boolean switch did).
+int AttnKv16FromEnv() {
+  if (std::getenv("TANDEM_ATTN_KV16") == nullptr) return CurrentDeviceRunsSm90a() ? 2 : 0;
+  return EnvSwitch("TANDEM_ATTN_KV16") ? static_cast<int>(EnvInteger("TANDEM_ATTN_KV16", 1, 1, 2)) : 0;
+}
+
 std::atomic<int>& AttnKv16Switch() {
-  static std::atomic<int> mode{EnvSwitch("TANDEM_ATTN_KV16") ? static_cast<int>(EnvInteger("TANDEM_ATTN_KV16", 1, 1, 2))
-                                                             : 0};
+  static std::atomic<int> mode{AttnKv16FromEnv()};
   return mode;
 }
 
