@@ -44,7 +44,7 @@ struct ServiceBackendOptions {
   bool cuda_pdl = true;
   int32_t cuda_l2_prefetch = 0;
   bool cuda_dense_copies = true;
-  bool cuda_dense_split = true;
+  bool cuda_dense_split = false;
   bool cuda_dense_out_single = true;
   int64_t kv_pages = 0;
   ServiceLogFn log;  // required

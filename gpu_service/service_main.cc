@@ -75,9 +75,10 @@ ABSL_FLAG(int32_t, cuda_l2_prefetch, 0,
 ABSL_FLAG(bool, cuda_dense_copies, true,
           "CUDA backend, fast mode: persistent f16 copies of the dense matrices for prefill products "
           "(no per-step dequantization; 6 bytes per weight with --cuda-dense-split, else 2)");
-ABSL_FLAG(bool, cuda_dense_split, true,
-          "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves "
-          "(near-f32 accuracy; false: one f16 product, less accurate and faster)");
+ABSL_FLAG(bool, cuda_dense_split, false,
+          "CUDA backend, fast mode: dense prefill products as three f16 products of hi/lo halves, or "
+          "one f16 product plus an fp8 correction for large matrices (near-f32 accuracy, slower; "
+          "false, the default: one f16 product each; the router and shared expert stay split)");
 ABSL_FLAG(bool, cuda_dense_out_single, true,
           "CUDA backend, fast mode with --cuda-dense-split: the mixers' output products (GDN ssm_out, "
           "attention o) as one f16 product, the other dense products split (false: those split too; "

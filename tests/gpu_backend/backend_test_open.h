@@ -39,7 +39,9 @@ inline std::unique_ptr<ReferenceModel> OpenReference(const std::string& path, in
 // Which parts of fast mode run reduced precision (CudaBackendOptions::fast_*).
 struct FastParts {
   bool dense = true, experts = true, attention = true, gdn = true;
-  bool dense_split = true;  // dense products as three f16 products of hi/lo halves
+  // Dense products split (three f16 products of hi/lo halves; f16 + fp8 at >= 2048 x 2048 weights),
+  // CudaBackendOptions::fast_dense_split; false, the backend's default: one f16 product each.
+  bool dense_split = false;
   // The split as one f16 product plus one fp8 correction for every matrix (cuda::SetSplitF8 and
   // SetSplitF8MinWeights(0) while the backend is opened; false: the process defaults).
   bool split_f8 = false;

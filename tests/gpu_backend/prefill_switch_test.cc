@@ -23,6 +23,7 @@
 namespace tandem {
 namespace {
 
+using gpu_backend_testing::FastParts;
 using gpu_backend_testing::GpuStep;
 using gpu_backend_testing::MaxRowError;
 using gpu_backend_testing::OpenGpu;
@@ -139,8 +140,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, StreamedInputTest, ::testing::Values("tiny", "
 // and fp8 row conversions, the expert prefill kernels, tensor-core attention) go through
 // LaunchPrefillPdl (pdl.cuh): with the backend's PDL on they start early and wait for the kernel
 // before them; with it off (or TANDEM_OLD_PREFILL_LAUNCH) they are plain launches. The same kernels
-// in the same order either way, so the same logits bit for bit: prompts of 160 and 65 tokens, every
-// dense matrix in the fp8-corrected form (threshold 0) so that its row conversions run too.
+// in the same order either way, so the same logits bit for bit: prompts of 160 and 65 tokens; fast
+// mode as by default (one f16 product per dense matrix) and with every dense matrix split in the
+// fp8-corrected form (threshold 0) so that its row conversions run too.
 class PrefillPdlTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
@@ -151,10 +153,13 @@ TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
   const int64_t was_min = cuda::SplitF8MinWeights();
   cuda::SetSplitF8(true);
   cuda::SetSplitF8MinWeights(0);
-  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+  for (int config = 0; config < 3; ++config) {
+    const CudaMode mode = config == 0 ? CudaMode::kExact : CudaMode::kFast;
+    FastParts parts;
+    parts.dense_split = config == 2;
     std::vector<float> logits[2];
     for (int pdl = 0; pdl < 2; ++pdl) {  // plain launches first, so that PDL is on again afterwards
-      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode, true, true, true, {}, /*pdl=*/pdl == 1);
+      std::unique_ptr<CudaBackend> b = OpenGpu(*path, mode, true, true, true, parts, /*pdl=*/pdl == 1);
       ASSERT_TRUE(b);
       const int64_t V = b->config().vocab;
       const SequenceSlot s = *b->CreateSequence();
@@ -166,7 +171,7 @@ TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
     ASSERT_FALSE(logits[0].empty());
     const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
     printf("[%s] %s prefill, PDL vs plain launches: %s\n", GetParam().c_str(),
-           mode == CudaMode::kExact ? "exact" : "fast", same ? "bit-identical" : "NOT bit-identical");
+           config == 0 ? "exact" : config == 1 ? "fast" : "fast, dense split", same ? "bit-identical" : "NOT bit-identical");
     EXPECT_TRUE(same);
   }
   cuda::SetSplitF8(was_f8);

@@ -55,8 +55,15 @@ struct CudaBackendOptions {
   int device = 0;                  // CUDA device ordinal
   // kFast only: which prefill products run as bf16 GEMMs (the others stay f32 exact).
   bool fast_dense_gemm = true;     // projections, stream reads, head
-  bool fast_dense_split = true;    // ... as three f16 products of hi/lo halves (near-f32 accuracy)
-  // With fast_dense_split: the mixers' output products (GDN ssm_out, attention o), whose outputs
+  // ... as three f16 products of hi/lo halves, or one f16 product plus one fp8 correction for
+  // matrices of >= 2048 x 2048 (near-f32 accuracy; the router's and the shared expert's products are
+  // split whatever this says). Off by default since 2026-12-02: one f16 product each (H200, q3n-80b:
+  // prefill +6.2% at 512 tokens, +11.2% at 8192; routing agreement over eight prompts tiny /
+  // tiny-q3n / small 0.9956 / 0.9985 / 0.9912 against 0.9982 / 0.9993 / 0.9928 split, logits where
+  // every pick agreed <= 1.7e-3: docs/VALIDATION.md). TANDEM_DENSE_SPLIT, where set, overrides it
+  // at Create (the A/B switch: 1 split, 0 one product).
+  bool fast_dense_split = false;
+  // With fast_dense_split on: the mixers' output products (GDN ssm_out, attention o), whose outputs
   // are added to the residual stream, as ONE f16 product (their f16 copy and inputs only), every
   // other dense product staying split. On by default since 2026-12-02 (H200, q3n-80b: prefill
   // +3.4% at 512 tokens, +4.4% at 2048 and 8192; routing agreement on the test models tiny /

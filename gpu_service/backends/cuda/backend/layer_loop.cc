@@ -314,13 +314,8 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   };
   // The stage may leave its shared expert's term out of y (one-token decode): pending_shared, added
   // by the launch that injects y (the next read's norm, Engram's inject or the head's norm).
-  // TANDEM_SHARED_INLINE=1 (an A/B switch, off): a prefill step's shared expert on the main stream
-  // after the routed experts instead of beside them on the side stream, where its GEMMs hold SMs
-  // the persistent expert kernel waits for (with TANDEM_SHARED_SINGLE=1 its products are short).
-  static const bool shared_inline = cuda::EnvSwitch("TANDEM_SHARED_INLINE");
-  cudaStream_t moe_side = shared_inline && T > cuda::kDevicePlanMaxTokens ? nullptr : side.get();
   if (absl::Status s =
-          moe->Run(layer, x, T, y, *experts, st, moe_side, t, picks, &rows, product, x_ready, &pending_shared);
+          moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready, &pending_shared);
       !s.ok()) {
     return s;
   }
