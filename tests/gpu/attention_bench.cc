@@ -22,6 +22,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "tests/gpu/bench_util.h"
 
 namespace tandem::cuda {
@@ -374,10 +375,76 @@ void Run() {
   }
 }
 
+// The attention layer's prefill glue (glue13), old kernel against new at 8192 tokens on q3n-80b
+// shapes: the query norm + RoPE (nh 16, hd 256, rot 64; bytes: the q half of qg read, q written)
+// and the f32 → f16 conversion of the attention output (8192 × 4096, with and without the lo
+// residual), in us and as a share of the device copy rate; and whether both give the same bits.
+void RunGlue() {
+  const double copy_gbs = CopyGbs();
+  const AttnShape d{16, 2, 256, 64, 1e-6f};
+  const int64_t n = 8192, qw = static_cast<int64_t>(d.nh) * 2 * d.hd, qn = n * d.nh * d.hd;
+  float* qg = RandomFloats(static_cast<size_t>(n * qw), 21);
+  float* q_norm = RandomFloats(static_cast<size_t>(d.hd), 22);
+  const double* inv = UploadVector(RopeInvFrequencies(1e7, d.rot));
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(t);
+  const int32_t* d_pos = UploadVector(pos);
+  float* q[2];
+  for (float*& p : q) BENCH_CHECK(cudaMalloc(&p, static_cast<size_t>(qn) * sizeof(float)));
+  double us[2];
+  for (int old = 1; old >= 0; --old) {
+    SetOldQueryRope(old == 1);
+    us[old] = TimeMs([&] { BENCH_CHECK(LaunchQueryNormRope(qg, n, d, q_norm, inv, d_pos, q[old], nullptr)); }, 20) *
+              1e3;
+  }
+  std::vector<float> a(static_cast<size_t>(qn)), b(a.size());
+  BENCH_CHECK(cudaMemcpy(a.data(), q[0], a.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(b.data(), q[1], b.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  const double q_floor = 2.0 * qn * sizeof(float) / (copy_gbs * 1e3);
+  Report("glue_query_norm_rope_n8192", us[0], "us",
+         "old " + std::to_string(us[1]) + " us; copy-rate floor " + std::to_string(q_floor) + " us; " +
+             (a == b ? "bit-identical" : "DIFFERENT"));
+  SetOldQueryRope(false);
+  // The conversion: 8192 × 4096 attention outputs (q[0] as the source).
+  const int64_t count = n * 4096;
+  uint16_t *hi[2], *lo[2];
+  for (int i = 0; i < 2; ++i) {
+    BENCH_CHECK(cudaMalloc(&hi[i], static_cast<size_t>(count) * 2));
+    BENCH_CHECK(cudaMalloc(&lo[i], static_cast<size_t>(count) * 2));
+  }
+  for (bool with_lo : {false, true}) {
+    for (int old = 1; old >= 0; --old) {
+      SetOldF32ToF16(old == 1);
+      us[old] = TimeMs([&] { BENCH_CHECK(LaunchF32ToF16(q[0], count, hi[old], nullptr, with_lo ? lo[old] : nullptr)); },
+                       20) * 1e3;
+    }
+    std::vector<uint16_t> h0(static_cast<size_t>(count)), h1(h0.size()), l0(h0.size()), l1(h0.size());
+    BENCH_CHECK(cudaMemcpy(h0.data(), hi[0], h0.size() * 2, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(h1.data(), hi[1], h1.size() * 2, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(l0.data(), lo[0], l0.size() * 2, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(l1.data(), lo[1], l1.size() * 2, cudaMemcpyDeviceToHost));
+    const bool same = h0 == h1 && (!with_lo || l0 == l1);
+    const double bytes = static_cast<double>(count) * (4 + 2 + (with_lo ? 2 : 0));
+    Report(std::string("glue_f32_to_f16_8192x4096") + (with_lo ? "_lo" : ""), us[0], "us",
+           "old " + std::to_string(us[1]) + " us; copy-rate floor " + std::to_string(bytes / (copy_gbs * 1e3)) +
+               " us; " + (same ? "bit-identical" : "DIFFERENT"));
+  }
+  SetOldF32ToF16(false);
+  for (const void* p : {static_cast<const void*>(qg), static_cast<const void*>(q_norm), static_cast<const void*>(inv),
+                        static_cast<const void*>(d_pos), static_cast<const void*>(q[0]), static_cast<const void*>(q[1]),
+                        static_cast<const void*>(hi[0]), static_cast<const void*>(hi[1]),
+                        static_cast<const void*>(lo[0]), static_cast<const void*>(lo[1])}) {
+    BENCH_CHECK(cudaFree(const_cast<void*>(p)));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cuda
 
-int main() {
-  tandem::cuda::Run();
+// --glue: only RunGlue (the prefill glue's A/B), a few seconds.
+int main(int argc, char** argv) {
+  const bool glue_only = argc > 1 && std::string(argv[1]) == "--glue";
+  if (!glue_only) tandem::cuda::Run();
+  tandem::cuda::RunGlue();
   return 0;
 }

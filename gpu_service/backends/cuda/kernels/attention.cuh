@@ -51,6 +51,14 @@ cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, 
                                 const double* inv_freq, const int32_t* token_pos, float* q_out,
                                 cudaStream_t stream, int64_t qg_stride = 0);
 
+// Which kernel LaunchQueryNormRope runs: by default, for hd in {32, 64, 128, 256} and rot a
+// multiple of 64, one warp per (token, head) (8 heads a block, no barriers), else and with
+// TANDEM_OLD_QUERY_ROPE=1 (read once; SetOldQueryRope in tests) one block per (token, head). Both
+// give the same bits (the warp kernel repeats the block kernel's reduction and expressions, and
+// LaunchQkvNormRopeAppend's per-head code is the block kernel's).
+bool OldQueryRope();
+void SetOldQueryRope(bool on);
+
 // Keys and values: k (n × kvh·hd, raw projection) is normed with k_norm and roped at the token's
 // position, then stored with v (n × kvh·hd) into the token's page of the cache. kv_stride: the
 // floats from one token's k (and v) row to the next, >= kvh·hd (0: kvh·hd), so that k and v can be

@@ -3,8 +3,10 @@
 // LaunchKvAppend) or as one launch over both (LaunchQkvNormRopeAppend: the decode path, one launch
 // fewer on the attention layer's critical path). Every block computes one head of one token with
 // the same device code in either form, so both give the same bits.
+#include <atomic>
 #include <cmath>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -43,6 +45,111 @@ __global__ void QueryNormRopeKernel(const float* qg, int64_t qg_stride, int nh, 
   const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
   const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
   q_out[(t * nh + h) * hd + threadIdx.x] = y;
+}
+
+// QueryNormRopeKernel's bits with one warp per (token, head) instead of one block: no barriers,
+// no shared memory, kJ = hd/32 coalesced loads in flight per lane (the block kernel has one per
+// thread and two __syncthreads per head: ~214 us for 8192 tokens × 16 heads of 256 on the H200,
+// ~60 us of bytes). Lane l holds values 32j + l in x[j], the values thread 32j + l holds there:
+//   - the sum of squares repeats BlockSum's operations: per j the butterfly of the block's warp j
+//     (WarpSum over x[j]·x[j], the same per-lane expressions, so the same contraction), the value
+//     of its lane 0 (what BlockSum stores in scratch[j]; the lanes of a butterfly may differ when
+//     the first add is contracted into an fma) taken by lane j, the others 0, then WarpSum;
+//   - then NormRopeValue's expressions in its order: ss / hd with hd a run-time value (the
+//     division stays div.rn, as there), gamma[i] * (x * rsqrtf(..)), and the f64 rotation with
+//     the roundings the compiler gives it there (below). kH = half/32: the partner i ± half of
+//     register j is register j ± kH of the same lane, and one sincos per lane and frequency serves
+//     both halves (the block kernel computes the same sincos in two threads).
+// Shapes: hd = 32·kJ, rot = 64·kH (half a multiple of 32); others take QueryNormRopeKernel.
+template <int kJ, int kH>
+__global__ void __launch_bounds__(256) QueryNormRopeWarpKernel(const float* qg, int64_t qg_stride, int64_t n, int nh,
+                                                               int hd, float eps, const float* q_norm,
+                                                               const double* inv_freq, const int32_t* token_pos,
+                                                               float* q_out) {
+  static_assert(kJ >= 1 && kH >= 0 && 2 * kH <= kJ);
+  const int lane = threadIdx.x & 31;
+  // The weights (q_norm, inv_freq: no kernel of the step writes them) before the wait.
+  float gamma[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) gamma[j] = q_norm[32 * j + lane];
+  double freq[kH > 0 ? kH : 1];
+#pragma unroll
+  for (int j = 0; j < kH; ++j) freq[j] = inv_freq[32 * j + lane];
+  PdlWaitForPrevious();  // pdl.cuh: every block waits before reading the step's rows
+  PdlAllowNext();
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);  // t·nh + h
+  if (w >= n * nh) return;
+  const int64_t t = w / nh;
+  const int h = static_cast<int>(w - t * nh);
+  const float* src = qg + t * qg_stride + static_cast<int64_t>(h) * 2 * hd + lane;
+  float x[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) x[j] = src[32 * j];
+  const int64_t pos = token_pos[t];
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const float warp_j = __shfl_sync(0xFFFFFFFFu, WarpSum(x[j] * x[j]), 0);
+    if (lane == j) total = warp_j;
+  }
+  const float ss = WarpSum(total);
+  const float r = rsqrtf(ss / static_cast<float>(hd) + eps);
+  float y[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) y[j] = gamma[j] * (x[j] * r);
+#pragma unroll
+  for (int j = 0; j < kH; ++j) {
+    double s, c;
+    sincos(static_cast<double>(pos) * freq[j], &s, &c);
+    const float lo = y[j], hi = y[j + kH];
+    // NormRopeValue's two expressions as nvcc 13 compiles them there (SASS of QueryNormRopeKernel,
+    // sm_90a): i < half (y = lo, partner hi) as DFMA(y, c, −DMUL(partner, s)) (ptxas contracts the
+    // PTX's mul, mul, sub), i >= half (y = hi, partner lo) as fma.rn(c, y, rn(s · partner)) (nvcc
+    // contracts it in PTX). Spelled out here: the same source in this kernel was contracted the
+    // other way for i >= half. gpu_kernels_test's GpuGlueKernelsTest compares the bits.
+    const double lo_d = static_cast<double>(lo), hi_d = static_cast<double>(hi);
+    y[j] = static_cast<float>(__fma_rn(lo_d, c, -__dmul_rn(hi_d, s)));
+    y[j + kH] = static_cast<float>(__fma_rn(c, hi_d, __dmul_rn(s, lo_d)));
+  }
+  float* dst = q_out + w * hd + lane;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) dst[32 * j] = y[j];
+}
+
+// The shapes QueryNormRopeWarpKernel is instantiated for; nullptr for the others.
+using WarpKernelFn = void (*)(const float*, int64_t, int64_t, int, int, float, const float*, const double*,
+                              const int32_t*, float*);
+template <int kJ>
+WarpKernelFn WarpKernelForRot(int kh) {
+  if constexpr (kJ >= 2) {
+    if (kh == kJ / 2) return QueryNormRopeWarpKernel<kJ, kJ / 2>;
+  }
+  if constexpr (kJ >= 8) {
+    if (kh == 3) return QueryNormRopeWarpKernel<kJ, 3>;
+  }
+  if constexpr (kJ >= 4) {
+    if (kh == 2) return QueryNormRopeWarpKernel<kJ, 2>;
+    if (kh == 1) return QueryNormRopeWarpKernel<kJ, 1>;
+  }
+  if (kh == 0) return QueryNormRopeWarpKernel<kJ, 0>;
+  return nullptr;
+}
+
+WarpKernelFn QueryNormRopeWarpKernelFor(const AttnShape& d) {
+  if (d.rot % 64 != 0) return nullptr;  // half a multiple of 32 (rot <= hd is checked before)
+  const int kh = d.rot / 64;
+  switch (d.hd) {
+    case 32: return WarpKernelForRot<1>(kh);
+    case 64: return WarpKernelForRot<2>(kh);
+    case 128: return WarpKernelForRot<4>(kh);
+    case 256: return WarpKernelForRot<8>(kh);
+    default: return nullptr;
+  }
+}
+
+std::atomic<bool>& OldQueryRopeSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_QUERY_ROPE")};
+  return old;
 }
 
 __device__ __forceinline__ int64_t CacheOffset(const PagedKv& c, int32_t seq, int64_t pos, int kvw) {
@@ -107,6 +214,9 @@ bool NormRopeShapeOk(const AttnShape& d) {
 
 }  // namespace
 
+bool OldQueryRope() { return OldQueryRopeSwitch().load(std::memory_order_relaxed); }
+void SetOldQueryRope(bool on) { OldQueryRopeSwitch().store(on, std::memory_order_relaxed); }
+
 std::vector<double> RopeInvFrequencies(double theta, int rot) {
   std::vector<double> f(static_cast<size_t>(rot / 2));
   for (int i = 0; i < rot / 2; ++i) f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
@@ -119,6 +229,13 @@ cudaError_t LaunchQueryNormRope(const float* qg, int64_t n, const AttnShape& d, 
   if (n <= 0) return cudaSuccess;
   if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
   if (!NormRopeShapeOk(d) || qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
+  if (WarpKernelFn warp_kernel = QueryNormRopeWarpKernelFor(d); warp_kernel != nullptr && !OldQueryRope()) {
+    constexpr int kWarps = 8;  // heads a block
+    const int64_t blocks = (n * d.nh + kWarps - 1) / kWarps;
+    if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+    return LaunchPdl(warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0, stream, qg, qg_stride,
+                     n, d.nh, d.hd, d.eps, q_norm, inv_freq, token_pos, q_out);
+  }
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(d.nh));
   return LaunchPdl(QueryNormRopeKernel, grid, d.hd, d.hd * sizeof(float), stream, qg, qg_stride, d.nh, d.hd, d.rot,
                    d.eps, q_norm, inv_freq, token_pos, q_out);

@@ -21,6 +21,11 @@ cudaError_t LaunchDequantizeRows(const DeviceMatrix& w, int64_t row_begin, int64
 // dst[i] = f16(src[i]) for count values (round to nearest even); with dst_lo, also the residuals.
 cudaError_t LaunchF32ToF16(const float* src, int64_t count, uint16_t* dst, cudaStream_t stream,
                            uint16_t* dst_lo = nullptr);
+// LaunchF32ToF16 converts 8 values a thread with 16-byte loads and stores where count % 8 == 0 and
+// src, dst and dst_lo are 16-byte aligned, else (and with TANDEM_OLD_F32_TO_F16=1, read once;
+// SetOldF32ToF16 in tests) one value a thread: the same bits either way.
+bool OldF32ToF16();
+void SetOldF32ToF16(bool on);
 
 // The persistent f16 copy of a whole weight matrix that DenseGemm::Prepare keeps: row r at
 // dst + r · copies · w.cols holds f16(s·w_r) ("hi"); with copies >= 2 followed by the residuals
