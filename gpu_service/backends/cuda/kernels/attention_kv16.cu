@@ -231,7 +231,7 @@ WgmmaKv16AttentionKernel(const float* __restrict__ q, const float* __restrict__ 
   PdlWaitForPrevious();  // pdl.cuh: q, the f16 tiles (KvTilesF16Kernel) and the items are the step's
   PdlAllowNext();
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* smem = attn_wg::AlignedSmem(smem_raw);
   const uint32_t base = SmemAddr(smem);
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
@@ -249,7 +249,7 @@ WgmmaKv16AttentionKernel(const float* __restrict__ q, const float* __restrict__ 
   };
 
   copy_tile(kt_begin, pages[kt_begin], 0);
-  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+  attn_wg::LoadRowPositions(row_pos, tid, groups, count, token_pos, first);
   attn_wg::LoadQ(smem, kQOff, q, first, count, groups, nh, kvhead, tid);
   __syncthreads();  // row_pos visible (Q and tile kt_begin: the loop's first barrier)
 
@@ -322,7 +322,7 @@ WgmmaKv16OverlapAttentionKernel(const float* __restrict__ q, const float* __rest
   PdlWaitForPrevious();  // pdl.cuh: q, the f16 tiles (KvTilesF16Kernel) and the items are the step's
   PdlAllowNext();
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* smem = attn_wg::AlignedSmem(smem_raw);
   const uint32_t base = SmemAddr(smem);
   __shared__ int32_t row_pos[kTcRows];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
@@ -348,7 +348,7 @@ WgmmaKv16OverlapAttentionKernel(const float* __restrict__ q, const float* __rest
     }
     CpAsyncCommit();
   }
-  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+  attn_wg::LoadRowPositions(row_pos, tid, groups, count, token_pos, first);
   attn_wg::LoadQ(smem, kQOff, q, first, count, groups, nh, kvhead, tid);
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's chunks of K(kt_begin)
   wgmma::FenceProxyAsync();  // the copies and Q for the wgmmas' async proxy

@@ -145,6 +145,8 @@ WgmmaTensorCoreAttentionKernel(const float* __restrict__ q, const float* __restr
   PdlWaitForPrevious();  // pdl.cuh: q, the cache and the items are the step's
   PdlAllowNext();
   extern __shared__ uint8_t smem_raw[];
+  // attn_wg::AlignedSmem and LoadRowPositions (below) written out: calling them reschedules this
+  // kernel's SASS (nvcc 13, checked 2026-12-02), and this is the measured, bit-tested code.
   uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   const uint32_t base = SmemAddr(smem);  // the stage is at offset 0
   __shared__ int32_t row_pos[kTcRows];

@@ -98,6 +98,19 @@ __device__ __forceinline__ void KeepLive(uint32_t (&a)[kKeys / 16][4]) {
   }
 }
 
+// The dynamic shared memory's start rounded up to 1024 bytes, where the 128-byte swizzle's pattern
+// starts over (the launches ask for 1024 bytes of slack).
+__device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
+  return raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023)) & 1023);
+}
+
+// The position of each of the block's kTcRows query rows (row r: token r / groups of the item, -1
+// past its count), for the causal mask.
+__device__ __forceinline__ void LoadRowPositions(int32_t* row_pos, int tid, int groups, int32_t count,
+                                                 const int32_t* token_pos, int32_t first) {
+  if (tid < kTcRows) row_pos[tid] = tid / groups < count ? token_pos[first + tid / groups] : -1;
+}
+
 }  // namespace tandem::cuda::attn_wg
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_TC_WGMMA_CUH_
