@@ -472,10 +472,10 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
 // prompt of `small` has 1024 pairs, and a flipped pick flips more after it (later layers and
 // tokens see it), so one prompt's agreement is a noisy sample (0.9805 to 0.9980 on small for the
 // same code). The fp8-everywhere variant (not a shipped configuration: below 2048 · 2048 weights
-// the default keeps the three f16 products) has its logits error printed only: on `tiny` it gave
-// 2e-2 to 4e-2 at one position in some runs with the one-term fp8 correction or
-// TANDEM_SHARED_SINGLE=1, 1e-3 without (not traced yet: tiny's sparse attention keeps 4 blocks of
-// 8, and a flipped block selection is not a routing pick; the default's stays ~1e-3).
+// the split keeps the three f16 products) has its logits error printed only: on `tiny` it gave
+// 2e-2 to 4e-2 at one position in some runs, as TANDEM_SHARED_SINGLE=1 did, ~1e-3 elsewhere; that
+// position comes after a block selection within kNearTie of a tie (tiny's sparse attention keeps
+// 4 blocks of 8, and a flipped block selection is not a routing pick; docs/VALIDATION.md).
 TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());
@@ -487,6 +487,9 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
   FastResult sum[kVariants];
   int worst_prompt[kVariants] = {0, 0, 0};
   double worst[kVariants] = {1.0, 1.0, 1.0};
+  FastParts split;
+  split.dense_split = true;
+  const FastParts parts[kVariants] = {FastParts{}, FastParts{true, true, true, true, true, true}, split};
   for (int p = 0; p < kPrompts; ++p) {
     const std::vector<int32_t> prompt = RandomTokens(128, ref->config().vocab, 101 + p);
     auto seq = ref->NewSequence();
@@ -494,9 +497,6 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
     std::vector<MoeRouting> ref_routing;
     std::vector<std::vector<float>> margins;
     const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing, &margins);
-    FastParts split;
-    split.dense_split = true;
-    const FastParts parts[kVariants] = {FastParts{}, FastParts{true, true, true, true, true, true}, split};
     for (int v = 0; v < kVariants; ++v) {
       const FastResult r = MeasureFast(*path, parts[v], prompt, want, ref_routing, &margins);
       sum[v].agreement += r.agreement / kPrompts;  // every prompt has the same number of pairs
@@ -526,9 +526,9 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
 }
 
 // The output products' default and TANDEM_DENSE_OUT_SINGLE reach the backend at Open: with the
-// dense products split (--cuda-dense-split), by default (and with =1) fast mode prepares the mixers' output products (ssm_out, o) as f16 hi copies (2
-// bytes per weight); with =0 as split copies, every other prepared matrix unchanged; exact mode
-// ignores it. Opens only, no step.
+// dense products split (--cuda-dense-split), by default (and with =1) fast mode prepares the
+// mixers' output products (ssm_out, o) as f16 hi copies (2 bytes per weight); with =0 as split
+// copies, every other prepared matrix unchanged; exact mode ignores it. Opens only, no step.
 TEST_P(FastTest, DenseOutSingleSwitchPreparesTheOutputProductsInOneF16Copy) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> path = PresetModel(GetParam());

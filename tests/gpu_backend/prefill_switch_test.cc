@@ -170,8 +170,9 @@ TEST_P(PrefillPdlTest, PdlLaunchesGiveThePlainLaunchesLogits) {
     ASSERT_EQ(logits[0].size(), logits[1].size());
     ASSERT_FALSE(logits[0].empty());
     const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
-    printf("[%s] %s prefill, PDL vs plain launches: %s\n", GetParam().c_str(),
-           config == 0 ? "exact" : config == 1 ? "fast" : "fast, dense split", same ? "bit-identical" : "NOT bit-identical");
+    const char* name = config == 0 ? "exact" : config == 1 ? "fast" : "fast, dense split";
+    printf("[%s] %s prefill, PDL vs plain launches: %s\n", GetParam().c_str(), name,
+           same ? "bit-identical" : "NOT bit-identical");
     EXPECT_TRUE(same);
   }
   cuda::SetSplitF8(was_f8);

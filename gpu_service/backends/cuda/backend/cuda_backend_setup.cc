@@ -200,10 +200,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   // TANDEM_DENSE_SPLIT, where set, overrides fast_dense_split (an A/B switch: 0 gives one f16
   // product for every dense product that is not "accurate", the mixers' input products included).
   if (std::getenv("TANDEM_DENSE_SPLIT") != nullptr) m.options.fast_dense_split = cuda::EnvSwitch("TANDEM_DENSE_SPLIT");
-  const CudaBackendOptions& options_now = m.options;
   cuda::DenseGemmOptions go;
-  go.mode = options_now.mode == CudaMode::kFast && options_now.fast_dense_gemm
-                ? (options_now.fast_dense_split ? cuda::GemmMode::kFastSplit : cuda::GemmMode::kFast)
+  go.mode = options.mode == CudaMode::kFast && options.fast_dense_gemm
+                ? (m.options.fast_dense_split ? cuda::GemmMode::kFastSplit : cuda::GemmMode::kFast)
                 : cuda::GemmMode::kExact;
   go.max_n = T;
   go.max_cols = std::max<int64_t>(MaxCols(*m.dm), 256);

@@ -97,12 +97,12 @@ absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const
   // TANDEM_SHARED_SINGLE=1: one f16 product each (K = cols instead of 3 · cols), like the routed
   // experts' f16 products; the stack (and the gate logit in it) then reads the hi thirds of the
   // router's split rows. The copies are the split ones either way (they serve kFast products).
-  // Measured on the H200 (2026-12-02): 8192-token prefill +2.4% alone, +0.4% beside the one-term
-  // fp8 correction (docs/PERF.md, fifth call), routing agreement over eight prompts 0.9941 on
-  // small against 0.9926; but on
-  // `tiny` one position where every pick agreed moved its logits by 2.2e-2 (acceptance 1e-2) in
-  // some runs: not the default until that is traced (a flipped sparse-attention block selection
-  // is suspected: tiny keeps 4 blocks of 8; docs/VALIDATION.md).
+  // Measured on the H200 (2026-12-02): 8192-token prefill +2.3% with the dense products split, +2.1%
+  // with them as one f16 product (and this shared expert inline: docs/PERF.md, thirteenth session,
+  // third call); but on `tiny` one position where every routing pick agreed moved its logits by
+  // 2.2e-2 (acceptance 1e-2). It comes after a sparse-attention block selection within 1e-2 of a
+  // tie in the reference (docs/VALIDATION.md); not the default until the GPU's selections are
+  // compared too.
   static const bool single = cuda::EnvSwitch("TANDEM_SHARED_SINGLE");
   const cuda::GemmMode mode = single ? cuda::GemmMode::kFast : cuda::GemmMode::kFastSplit;
   if (rows == 0 || rows > shared_stack_rows || w.shared_up.rows != ffn || !gemm->IsPrepared(w.shared_down, mode) ||

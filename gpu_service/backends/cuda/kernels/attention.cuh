@@ -133,9 +133,9 @@ void SetAttnShortKeys(int keys);
 bool AttnTcWgmma();
 void SetAttnTcWgmma(bool on);
 
-// TANDEM_ATTN_KV16=1 (read once; settable for tests and benchmarks; unset means 2, the default, where
-// the sm_90a code runs): with AttnTcWgmma() and a cache that carries f16_tiles, the hd-256 tensor-core prefill
-// first converts, once per call, every K and V tile its tile items attend (each sequence's keys
+// TANDEM_ATTN_KV16=1 (read once; settable for tests and benchmarks; unset means 2, the default,
+// where the sm_90a code runs): with AttnTcWgmma() and a cache that carries f16_tiles, the hd-256
+// tensor-core prefill first converts, once per call, every K and V tile its tile items attend (each sequence's keys
 // 0 .. last position, from the paged f32 cache) into f16 tiles laid out as the wgmma kernel's
 // shared slabs (attention_kv16.cu), and the kernel copies them into shared memory as they are:
 // no f32 staging, no conversion per block, half the bytes per tile, and a second K / Vt buffer

@@ -72,19 +72,9 @@ __global__ void F32ToF16Kernel(const float* src, int64_t count, uint16_t* dst, u
 
 // F32ToF16Kernel over 8 values a thread (count / 8 threads): two 16-byte loads, one 16-byte store
 // (and one for dst_lo), for 16-byte aligned pointers and count % 8 == 0. The same per-value
-// expressions as F32ToF16Kernel (__float2half_rn of the value, then of value − hi), so the same
-// bits; F32ToF16Kernel's one 4-byte load and 2-byte store per thread left it at ~160 us for
+// roundings as F32ToF16Kernel (f16 of the value, then of value − hi: PackF16x8, Residual8), so the
+// same bits; F32ToF16Kernel's one 4-byte load and 2-byte store per thread left it at ~160 us for
 // 8192 × 4096 values on the H200 (~45 us of bytes).
-// Eight f16 values into 16 bytes (element e in the low half of word e / 2 when e is even).
-__device__ __forceinline__ uint4 PackHalves(const __half* h) {
-  uint32_t p[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    p[e] = __half_as_ushort(h[2 * e]) | (static_cast<uint32_t>(__half_as_ushort(h[2 * e + 1])) << 16);
-  }
-  return make_uint4(p[0], p[1], p[2], p[3]);
-}
-
 __global__ void F32ToF16x8Kernel(const float* src, int64_t groups, uint16_t* dst, uint16_t* dst_lo) {
   PdlWaitForPrevious();  // pdl.cuh: src is the step's
   PdlAllowNext();
@@ -92,16 +82,11 @@ __global__ void F32ToF16x8Kernel(const float* src, int64_t groups, uint16_t* dst
   if (i >= groups) return;
   const float4* s = reinterpret_cast<const float4*>(src) + 2 * i;
   const float4 a = s[0], b = s[1];
-  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  __half hi[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) hi[e] = __float2half_rn(v[e]);
-  reinterpret_cast<uint4*>(dst)[i] = PackHalves(hi);
+  float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  reinterpret_cast<uint4*>(dst)[i] = PackF16x8(v);
   if (dst_lo != nullptr) {
-    __half lo[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) lo[e] = __float2half_rn(v[e] - __half2float(hi[e]));
-    reinterpret_cast<uint4*>(dst_lo)[i] = PackHalves(lo);
+    Residual8(v);
+    reinterpret_cast<uint4*>(dst_lo)[i] = PackF16x8(v);
   }
 }
 
