@@ -14,7 +14,7 @@
 //    row-streamed kernel instead (expert_prefill_rows.cuh, PrefillOptions::streamed_kernel);
 //    and where nearly every expert has at most 16 rows and h, I <= 2048 (ChooseMmqTile 16), the
 //    integer-MMA kernel before either (expert_prefill_mmq.cu, MmqAutoKernel); and where the
-//    groups average at least kWgmmaMinMeanRows rows (8192 tokens on the 80B model), the
+//    groups average at least kWgmmaMinMeanRows rows (from ~820 tokens on the 80B model), the
 //    warp-specialized weights-as-A wgmma kernel (kWgmmaWs, expert_prefill_wgws.cu, ChooseWgmmaTile;
 //    TANDEM_PREFILL_WGMMA=1 takes kWgmma, =0 keeps kStreamed). Otherwise as kGroupedTilesPipelined.
 //  - kGroupedTilesPipelined (the default until 2026-12-01, and the path of every other type):
@@ -116,8 +116,8 @@ bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 // expert_prefill_wgexp.cu; the same bits) for large groups: kStreamedAuto (tile_rows 0) takes
 // WgmmaAutoKernel(), at tiles of up to kWgmmaMaxTileRows rows, where kStreamed would run and the
 // groups average at least kWgmmaMinMeanRows rows (device-planned calls: slots >=
-// kWgmmaMinMeanRows · experts; on the 80B model 8192 tokens (160 rows an expert) yes, 2048 (40)
-// no). WgmmaAutoKernel (read once), by TANDEM_PREFILL_WGMMA: unset (the default) or any value but
+// kWgmmaMinMeanRows · experts; on the 80B model 1024 tokens (20 rows an expert), 2048 (40) and
+// 8192 (160) yes, 512 (10: the MMQ kernel) no). WgmmaAutoKernel (read once), by TANDEM_PREFILL_WGMMA: unset (the default) or any value but
 // those below (4 included, which chose kWgmmaWs before it was the default): kWgmmaWs; 1: kWgmma
 // (the default until 2026-12-02, for A/B); 0 or "": kStreamedAuto (none: kStreamed, the old
 // choice). kStreamedAuto also where the device is not sm_90 (the kernels are sm_90a code).
@@ -125,7 +125,10 @@ bool MmqByDefault();  // MmqAutoKernel() is an MMQ kernel
 // ChooseWgmmaTile: kWgmmaMaxTileRows where kStreamedAuto takes it for these groups, else 0.
 // WgmmaMinMeanRows: kWgmmaMinMeanRows, or TANDEM_PREFILL_WGMMA_MIN_ROWS (a positive integer, read
 // once; anything else: the default), to time the choice's bound (e.g. 2048 tokens, 40 rows).
-inline constexpr int kWgmmaMinMeanRows = 64;
+// 16 since 2026-12-02 (64 before): on the H200, q3n-80b shapes, kWgmmaWs against kStreamed at 64
+// rows a tile: 0.785 against 0.947 ms a layer at 1024 tokens, 0.926 against 1.034 at 2048
+// (expert_prefill_bench); end to end +9% at 1024 tokens, +5.6% at 2048 (docs/PERF.md).
+inline constexpr int kWgmmaMinMeanRows = 16;
 int WgmmaMinMeanRows();
 PrefillKernel WgmmaAutoKernel();
 bool WgmmaByDefault();
@@ -141,9 +144,9 @@ struct DevicePrefillChoice {
 // rows per expert (slots / experts) is at most this, else kStreamed at 64: ChooseMmqTile's rule
 // (16-row tiles, at most 1.25 per group) on Poisson-distributed rows holds up to a mean of about
 // 13 (at 12, about 1 group in 10 needs a second tile). On the 80B model (E = 512, K = 10) that is
-// MMQ at 512 tokens (mean 10) and kStreamed at 2048 and 8192 (40, 160), as the host rule picks
+// MMQ at 512 tokens (mean 10) and else kStreamed (2048, 8192: 40, 160 rows), as the host rule picks
 // under uniform routing; WgmmaAutoKernel() (kWgmmaWs) at 256 from a mean of kWgmmaMinMeanRows
-// (8192) unless TANDEM_PREFILL_WGMMA=0.
+// (1024 tokens and up) unless TANDEM_PREFILL_WGMMA=0.
 inline constexpr int kDeviceMmqMaxMeanRows = 12;
 
 struct PrefillOptions {
