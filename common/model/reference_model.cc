@@ -107,8 +107,17 @@ absl::Status ReferenceModel::RunLayer(int64_t layer, std::span<Step> steps,
         m.resize(static_cast<size_t>(T));
         margins = m.data() + off;
       }
+      int32_t *sel_blocks = nullptr, *sel_counts = nullptr;
+      if (options.selections != nullptr && c.attn.has_indexer()) {
+        BlockSelection& sel = (*options.selections)[static_cast<size_t>(layer)];
+        sel.keep = c.attn.keep;
+        sel.blocks.resize(static_cast<size_t>(T * c.attn.keep), -1);
+        sel.counts.resize(static_cast<size_t>(T), 0);
+        sel_blocks = sel.blocks.data() + off * c.attn.keep;
+        sel_counts = sel.counts.data() + off;
+      }
       AttentionForward(w.attn, c.attn, seq->attention(layer), starts[i], x.data() + off * h, n,
-                       y.data() + off * h, &threads_, margins);
+                       y.data() + off * h, &threads_, margins, sel_blocks, sel_counts);
     }
     off += n;
   }
@@ -164,6 +173,7 @@ absl::Status ReferenceModel::Forward(std::span<Step> steps, const ForwardOptions
 
   if (options.routing != nullptr) options.routing->assign(c.n_layers, MoeRouting{});
   if (options.select_margins != nullptr) options.select_margins->assign(c.n_layers, std::vector<float>{});
+  if (options.selections != nullptr) options.selections->assign(c.n_layers, BlockSelection{});
   for (int64_t layer = 0; layer < c.n_layers; ++layer) {
     MoeRouting* routing = options.routing ? &(*options.routing)[layer] : nullptr;
     if (absl::Status s = RunLayer(layer, steps, starts, H.data(), T, options, routing); !s.ok()) {

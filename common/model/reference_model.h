@@ -22,6 +22,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "common/model/state_pool.h"
+#include "common/reference/attention.h"
 #include "common/reference/gdn.h"
 #include "common/reference/moe.h"
 #include "common/reference/thread_pool.h"
@@ -74,6 +75,10 @@ class ReferenceModel {
     // (AttentionForward's select_margin): (*select_margins)[layer] for the batch's tokens in step
     // order (empty for the other layers).
     std::vector<std::vector<float>>* select_margins = nullptr;
+    // When non-null, receives every attention layer's block selections (AttentionForward's
+    // selected blocks): (*selections)[layer] for the batch's tokens in step order, keep = the
+    // indexer's keep; empty (keep 0, no entries) for GDN layers and attention without an indexer.
+    std::vector<BlockSelection>* selections = nullptr;
   };
 
   // Advances every step's sequence by its tokens, the sequences batched through each layer. Before

@@ -97,7 +97,7 @@ float SelectMargin(std::span<const float> scores, int64_t keep) {
 
 void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& cache,
                       int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool,
-                      float* select_margin) {
+                      float* select_margin, int32_t* selected_blocks, int32_t* selected_counts) {
   if (n <= 0) return;
   const int64_t hd = d.hd;
   const int64_t kvw = d.kv_width();
@@ -156,13 +156,26 @@ void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& c
         pos.resize(static_cast<size_t>(p + 1));
         std::iota(pos.begin(), pos.end(), 0);
         if (select_margin != nullptr) select_margin[t] = std::numeric_limits<float>::infinity();
+        if (selected_counts != nullptr) {
+          // Every earlier block (none without an indexer: there are no blocks).
+          const int64_t nb = d.has_indexer() ? p / d.cr : 0;
+          for (int64_t b = 0; b < nb; ++b) selected_blocks[t * d.keep + b] = static_cast<int32_t>(b);
+          selected_counts[t] = static_cast<int32_t>(nb);
+        }
         continue;
       }
       const int64_t nb = p / d.cr;
       scores.resize(static_cast<size_t>(nb));
       IndexerBlockScores(d, cache, iqk.data() + t * (iqw + d.di), nb, scores.data());
       if (select_margin != nullptr) select_margin[t] = SelectMargin(scores, d.keep);
-      for (int64_t b : SelectTopBlocks(scores, d.keep)) {
+      const std::vector<int64_t> chosen = SelectTopBlocks(scores, d.keep);
+      if (selected_counts != nullptr) {
+        for (size_t i = 0; i < chosen.size(); ++i) {
+          selected_blocks[t * d.keep + static_cast<int64_t>(i)] = static_cast<int32_t>(chosen[i]);
+        }
+        selected_counts[t] = static_cast<int32_t>(chosen.size());
+      }
+      for (int64_t b : chosen) {
         for (int64_t j = b * d.cr; j < (b + 1) * d.cr; ++j) pos.push_back(j);
       }
       for (int64_t j = nb * d.cr; j <= p; ++j) pos.push_back(j);

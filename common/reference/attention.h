@@ -83,6 +83,19 @@ void IndexerBlockScores(const AttnDims& d, AttentionCache& cache, const float* i
 // else the keep highest scores (ties: the lower block).
 std::vector<int64_t> SelectTopBlocks(std::span<const float> scores, int64_t keep);
 
+// The blocks each of n positions of one attention layer attends besides its own block, positions in
+// step order: position t's ids, ascending, are blocks[t·keep .. t·keep + counts[t]): SelectTopBlocks
+// of its block scores, or every earlier block (counts[t] = p / cr) where p / cr <= keep. A block
+// selection is a discrete choice like a routing pick; tests compare the ids as sets.
+struct BlockSelection {
+  int64_t keep = 0;
+  std::vector<int32_t> blocks;  // n × keep
+  std::vector<int32_t> counts;  // n
+  std::span<const int32_t> of(int64_t t) const {
+    return std::span<const int32_t>(blocks).subspan(static_cast<size_t>(t * keep), static_cast<size_t>(counts[t]));
+  }
+};
+
 // Appends positions start_pos .. start_pos + n − 1 (x: n × h) to `cache` (K and V after norm and
 // RoPE; with the indexer the raw index keys, and the block key of every block completed) and writes
 // their causal attention outputs y (n × h). Earlier positions must already be in the cache.
@@ -91,9 +104,13 @@ std::vector<int64_t> SelectTopBlocks(std::span<const float> scores, int64_t keep
 // block scores (0 for a tie); +inf where every block is attended (no indexer, or p / cr <= keep).
 // A rounding difference of that relative size in the scores can flip the selection (tests compare
 // fast-mode logits only where nothing could have flipped).
+// selected_blocks / selected_counts, when non-null (both or neither), receive the attended blocks
+// besides the own one in BlockSelection's layout: n × keep ids (ascending, unused entries left
+// alone) and n counts; without an indexer every count is 0.
 void AttentionForward(const AttnWeights& w, const AttnDims& d, AttentionCache& cache,
                       int64_t start_pos, const float* x, int64_t n, float* y, ThreadPool* pool,
-                      float* select_margin = nullptr);
+                      float* select_margin = nullptr, int32_t* selected_blocks = nullptr,
+                      int32_t* selected_counts = nullptr);
 
 // The select_margin of AttentionForward for one position's block scores (more than keep of them).
 float SelectMargin(std::span<const float> scores, int64_t keep);

@@ -32,15 +32,18 @@ using gpu_backend_testing::RelativeL2;
 
 constexpr int64_t kPrompt = 64;
 
-// Logits of every position of `tokens` from one reference Forward; routing when asked.
+// Logits of every position of `tokens` from one reference Forward; routing, block-selection
+// margins and block selections when asked.
 std::vector<float> ReferencePrefill(ReferenceModel& m, SequenceState* seq, const std::vector<int32_t>& tokens,
                                     std::vector<MoeRouting>* routing = nullptr,
-                                    std::vector<std::vector<float>>* select_margins = nullptr) {
+                                    std::vector<std::vector<float>>* select_margins = nullptr,
+                                    std::vector<BlockSelection>* selections = nullptr) {
   std::vector<float> logits(tokens.size() * m.config().vocab);
   ReferenceModel::Step step{seq, tokens, logits.data(), true};
   ReferenceModel::ForwardOptions fo;
   fo.routing = routing;
   fo.select_margins = select_margins;
+  fo.selections = selections;
   EXPECT_TRUE(m.Forward(std::span<ReferenceModel::Step>(&step, 1), fo).ok());
   return logits;
 }
@@ -114,6 +117,71 @@ TEST_P(ExactTest, RoutingSinkReportsThePicksOfBothPlanners) {
     printf("[%s] exact routing of %lld tokens (%s planner): agreement %.4f\n", GetParam().c_str(),
            static_cast<long long>(n), n <= 64 ? "device" : "host", agreement);
     EXPECT_GE(agreement, 0.99);
+  }
+}
+
+// The selection sink reports each sparse-attention layer's block selections in the reference's
+// layout (the blocks besides the own one, step order), for a batched step of two sequences (rows at
+// their step offsets) and a later step of one (positions from its start): in exact mode the sets
+// equal the reference's (a flip needs two block scores within ~1e-6 relative). Presets without an
+// indexer report every layer empty, as the reference does.
+TEST_P(ExactTest, SelectionSinkReportsTheReferencesBlockSelections) {
+  const int64_t L = gpu_->config().n_layers;
+  const std::vector<int32_t> a = RandomTokens(100, V_, 51), b = RandomTokens(60, V_, 52), more = RandomTokens(3, V_, 53);
+  auto ra = ref_->NewSequence();
+  auto rb = ref_->NewSequence();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  std::vector<BlockSelection> want[2], got[2];
+  {
+    std::vector<float> la(V_), lb(V_);
+    ReferenceModel::Step steps[2] = {{ra->get(), a, la.data(), false}, {rb->get(), b, lb.data(), false}};
+    ReferenceModel::ForwardOptions fo;
+    fo.selections = &want[0];
+    ASSERT_TRUE(ref_->Forward(std::span<ReferenceModel::Step>(steps, 2), fo).ok());
+  }
+  ReferencePrefill(*ref_, ra->get(), more, nullptr, nullptr, &want[1]);
+  const SequenceSlot ga = *gpu_->CreateSequence(), gb = *gpu_->CreateSequence();
+  std::vector<float> ignored(2 * V_);
+  const std::vector<Backend::StepInput> both = {{ga, a, ignored.data(), false}, {gb, b, ignored.data() + V_, false}};
+  gpu_->set_selection_sink(&got[0]);
+  ASSERT_TRUE(gpu_->Step(both).ok());
+  gpu_->set_selection_sink(&got[1]);
+  GpuStep(*gpu_, ga, more, false);
+  gpu_->set_selection_sink(nullptr);
+  gpu_->ReleaseSequence(ga);
+  gpu_->ReleaseSequence(gb);
+  const bool indexer = gpu_->config().attn.has_indexer();
+  for (int step = 0; step < 2; ++step) {
+    const int64_t T = step == 0 ? 160 : 3;
+    ASSERT_EQ(got[step].size(), static_cast<size_t>(L));
+    ASSERT_EQ(want[step].size(), static_cast<size_t>(L));
+    int64_t agree = 0, pairs = 0, sparse = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      const BlockSelection &g = got[step][l], &w = want[step][l];
+      ASSERT_EQ(g.keep, w.keep) << "layer " << l;
+      ASSERT_EQ(g.counts.size(), w.counts.size()) << "layer " << l;
+      if (w.counts.empty()) continue;
+      ASSERT_EQ(g.counts.size(), static_cast<size_t>(T)) << "layer " << l;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> x(g.of(t).begin(), g.of(t).end()), y(w.of(t).begin(), w.of(t).end());
+        std::sort(x.begin(), x.end());
+        std::sort(y.begin(), y.end());
+        agree += x == y;
+        const int64_t pos = step == 1 ? 100 + t : t < 100 ? t : t - 100;
+        sparse += pos / gpu_->config().attn.cr > w.keep;
+        ++pairs;
+      }
+    }
+    printf("[%s] exact block selections of %s: %lld (token, sparse layer) pairs, agreement %.4f\n", GetParam().c_str(),
+           step == 0 ? "a batch of 100 + 60 tokens" : "3 more tokens at position 100", static_cast<long long>(pairs),
+           pairs > 0 ? static_cast<double>(agree) / static_cast<double>(pairs) : 1.0);
+    if (!indexer) {
+      EXPECT_EQ(pairs, 0);
+      continue;
+    }
+    ASSERT_GT(pairs, 0);
+    EXPECT_GT(sparse, 0) << "no position chose among more than keep blocks: the sparse path is not covered";
+    EXPECT_GE(static_cast<double>(agree) / static_cast<double>(pairs), 0.99);
   }
 }
 
@@ -344,16 +412,27 @@ struct FastResult {
   // a flipped block selection is a discrete change the routing comparison does not see.
   int64_t compared_untied = 0;
   double max_err_untied = 0;
+  // The GPU's sparse-attention block selections (CudaBackend::set_selection_sink) against the
+  // reference's, as sets, per (token, layer with an indexer): their agreement (1 without an
+  // indexer), how many positions had one or more flipped selections, and the logits error over
+  // the positions at and before which every routing pick AND every block selection agreed (a
+  // flipped selection is a discrete change like a flipped pick; equal to compared without an
+  // indexer).
+  double selection_agreement = 1;
+  int64_t selection_flips = 0;
+  int64_t compared_all = 0;
+  double max_err_all = 0;
 };
 
 // A block selection whose keep-th and next scores are closer than this (relative) may come out
 // the other way under fast mode's rounding (the scores move by ~1e-3 relative with the residual).
 constexpr float kNearTie = 1e-2f;
 
-// One fast-mode prefill of `prompt` against the reference's logits and routing (and, when given,
-// its block-selection margins).
+// One fast-mode prefill of `prompt` against the reference's logits, routing and block selections
+// (and, when given, its block-selection margins).
 FastResult MeasureFast(const std::string& path, const FastParts& parts, const std::vector<int32_t>& prompt,
                        const std::vector<float>& want, const std::vector<MoeRouting>& ref_routing,
+                       const std::vector<BlockSelection>& ref_selections,
                        const std::vector<std::vector<float>>* margins = nullptr) {
   FastResult r;
   const bool f8_before = cuda::SplitF8();
@@ -369,14 +448,22 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
   const int64_t V = gpu->config().vocab, K = gpu->config().moe.K, L = gpu->config().n_layers;
   const int64_t n = static_cast<int64_t>(prompt.size());
   std::vector<MoeRouting> gpu_routing;
+  std::vector<BlockSelection> gpu_selections;
   gpu->set_routing_sink(&gpu_routing);
+  gpu->set_selection_sink(&gpu_selections);
   absl::StatusOr<SequenceSlot> slot = gpu->CreateSequence();
   EXPECT_TRUE(slot.ok());
   if (!slot.ok()) return r;
   const std::vector<float> got = GpuStep(*gpu, *slot, prompt, true);
   gpu->set_routing_sink(nullptr);
+  gpu->set_selection_sink(nullptr);
   EXPECT_EQ(gpu_routing.size(), static_cast<size_t>(L));
-  if (gpu_routing.size() != static_cast<size_t>(L)) return r;
+  EXPECT_EQ(gpu_selections.size(), static_cast<size_t>(L));
+  EXPECT_EQ(ref_selections.size(), static_cast<size_t>(L));
+  if (gpu_routing.size() != static_cast<size_t>(L) || gpu_selections.size() != static_cast<size_t>(L) ||
+      ref_selections.size() != static_cast<size_t>(L)) {
+    return r;
+  }
   int64_t agree = 0, pairs = 0;
   std::vector<bool> all_agree(static_cast<size_t>(n), true);
   for (int64_t l = 0; l < L; ++l) {
@@ -394,6 +481,31 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
       }
     }
   }
+  // Block selections: the same layers carry them on both sides (the attention layers with an
+  // indexer), compared as sets of block ids.
+  std::vector<bool> all_sel_agree(static_cast<size_t>(n), true), flipped(static_cast<size_t>(n), false);
+  int64_t sel_agree = 0, sel_pairs = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const BlockSelection &g = gpu_selections[l], &w = ref_selections[l];
+    EXPECT_EQ(g.counts.size(), w.counts.size()) << "layer " << l;
+    if (g.counts.empty() || g.counts.size() != w.counts.size()) continue;
+    EXPECT_EQ(g.counts.size(), static_cast<size_t>(n)) << "layer " << l;
+    for (int64_t t = 0; t < n && t < static_cast<int64_t>(g.counts.size()); ++t) {
+      std::vector<int32_t> a(g.of(t).begin(), g.of(t).end()), b(w.of(t).begin(), w.of(t).end());
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      ++sel_pairs;
+      if (a == b) {
+        ++sel_agree;
+      } else {
+        flipped[t] = true;
+        // Later positions see the flipped selection's output through the caches and state.
+        for (int64_t u = t; u < n; ++u) all_sel_agree[u] = false;
+      }
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) r.selection_flips += flipped[t];
+  if (sel_pairs > 0) r.selection_agreement = static_cast<double>(sel_agree) / static_cast<double>(sel_pairs);
   std::vector<bool> untied(static_cast<size_t>(n), true);
   if (margins != nullptr) {
     for (const std::vector<float>& m : *margins) {
@@ -409,11 +521,18 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
     const double err = RelativeL2(got.data() + t * V, want.data() + t * V, V);
     ++r.compared;
     r.max_err = std::max(r.max_err, err);
+    if (all_sel_agree[t]) {
+      ++r.compared_all;
+      r.max_err_all = std::max(r.max_err_all, err);
+    }
     if (!untied[t]) continue;
     ++r.compared_untied;
     r.max_err_untied = std::max(r.max_err_untied, err);
   }
   r.agreement = static_cast<double>(agree) / static_cast<double>(pairs);
+  if (!gpu->config().attn.has_indexer()) {
+    EXPECT_EQ(r.compared_all, r.compared) << "no indexer: no block selections to flip";
+  }
   return r;
 }
 
@@ -428,7 +547,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   auto seq = ref->NewSequence();
   ASSERT_TRUE(seq.ok());
   std::vector<MoeRouting> ref_routing;
-  const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing);
+  std::vector<BlockSelection> ref_selections;
+  const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing, nullptr, &ref_selections);
   // The default fast mode (every part reduced precision) is what the acceptance checks; the
   // variants that keep one part f32 are measured alongside to show where the routing flips come from.
   // TANDEM_DENSE_OUT_SINGLE in the environment overrides every variant's choice for the output
@@ -447,10 +567,13 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
                            Variant{"f32 experts", {true, false, true, true}},
                            Variant{"f32 attention", {true, true, false, true}},
                            Variant{"f32 GDN", {true, true, true, false}}}) {
-    const FastResult r = MeasureFast(*path, v.parts, prompt, want, ref_routing);
+    const FastResult r = MeasureFast(*path, v.parts, prompt, want, ref_routing, ref_selections);
     printf("[%s] fast prefill of 128 tokens (%s): routing agreement %.4f, %lld positions with all picks agreed so far, "
-           "max relative L2 there %.3e\n",
-           GetParam().c_str(), v.name, r.agreement, static_cast<long long>(r.compared), r.max_err);
+           "max relative L2 there %.3e; block selections: agreement %.4f, %lld positions with a flipped selection, "
+           "%lld positions with all picks and selections agreed so far, max relative L2 there %.3e\n",
+           GetParam().c_str(), v.name, r.agreement, static_cast<long long>(r.compared), r.max_err,
+           r.selection_agreement, static_cast<long long>(r.selection_flips), static_cast<long long>(r.compared_all),
+           r.max_err_all);
     if (std::string(v.name) == "all fast") main = r;
     if (v.parts.split_f8) f8 = r;
     if (std::string(v.name) == "dense split (--cuda-dense-split)") split = r;
@@ -460,6 +583,8 @@ TEST_P(FastTest, RoutingAgreesAndLogitsMatchWhereRoutingAgreed) {
   // gave 0.9805 to 0.9980 over eight prompts with the same code, 2026-12-02), so one prompt's
   // figure above is a sample, not the acceptance's measure.
   EXPECT_LE(main.max_err, 1e-2);
+  // The acceptance's "every pick agreed" with the block selections counted as picks.
+  EXPECT_LE(main.max_err_all, 1e-2) << "where routing picks and block selections agreed";
   EXPECT_LE(f8.max_err, 1e-2) << "f16 + fp8 correction split";
   EXPECT_LE(split.max_err, 1e-2) << "dense split";
 }
@@ -485,6 +610,7 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
   constexpr int kPrompts = 8;
   constexpr int kVariants = 3;
   FastResult sum[kVariants];
+  for (FastResult& s : sum) s.selection_agreement = 0;  // a mean over the prompts
   int worst_prompt[kVariants] = {0, 0, 0};
   double worst[kVariants] = {1.0, 1.0, 1.0};
   FastParts split;
@@ -496,14 +622,19 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
     ASSERT_TRUE(seq.ok());
     std::vector<MoeRouting> ref_routing;
     std::vector<std::vector<float>> margins;
-    const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing, &margins);
+    std::vector<BlockSelection> ref_selections;
+    const std::vector<float> want = ReferencePrefill(*ref, seq->get(), prompt, &ref_routing, &margins, &ref_selections);
     for (int v = 0; v < kVariants; ++v) {
-      const FastResult r = MeasureFast(*path, parts[v], prompt, want, ref_routing, &margins);
+      const FastResult r = MeasureFast(*path, parts[v], prompt, want, ref_routing, ref_selections, &margins);
       sum[v].agreement += r.agreement / kPrompts;  // every prompt has the same number of pairs
       sum[v].compared += r.compared;
       sum[v].max_err = std::max(sum[v].max_err, r.max_err);
       sum[v].compared_untied += r.compared_untied;
       sum[v].max_err_untied = std::max(sum[v].max_err_untied, r.max_err_untied);
+      sum[v].selection_agreement += r.selection_agreement / kPrompts;  // the same pairs per prompt
+      sum[v].selection_flips += r.selection_flips;
+      sum[v].compared_all += r.compared_all;
+      sum[v].max_err_all = std::max(sum[v].max_err_all, r.max_err_all);
       if (r.agreement < worst[v]) {
         worst[v] = r.agreement;
         worst_prompt[v] = p;
@@ -519,9 +650,16 @@ TEST_P(FastTest, RoutingAgreementOverEightPrompts) {
            GetParam().c_str(), kPrompts, names[v], sum[v].agreement, worst[v], worst_prompt[v],
            static_cast<long long>(sum[v].compared), sum[v].max_err, static_cast<long long>(sum[v].compared_untied),
            static_cast<double>(kNearTie), sum[v].max_err_untied);
+    printf("[%s] fast prefill, %d prompts of 128 tokens (%s): block selections: agreement %.4f over all (token, "
+           "sparse layer) pairs, %lld positions with a flipped selection; %lld positions with all picks and "
+           "selections agreed so far, max relative L2 there %.3e\n",
+           GetParam().c_str(), kPrompts, names[v], sum[v].selection_agreement,
+           static_cast<long long>(sum[v].selection_flips), static_cast<long long>(sum[v].compared_all),
+           sum[v].max_err_all);
     EXPECT_GE(sum[v].agreement, 0.99) << names[v];
   }
   EXPECT_LE(sum[0].max_err, 1e-2) << names[0];
+  EXPECT_LE(sum[0].max_err_all, 1e-2) << names[0] << ", where routing picks and block selections agreed";
   EXPECT_LE(sum[2].max_err, 1e-2) << names[2];
 }
 

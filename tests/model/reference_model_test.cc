@@ -1,6 +1,8 @@
 // The CPU reference engine end to end on generated models (issue "The model", acceptance).
 #include "common/model/reference_model.h"
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "common/gguf/gguf_writer.h"
@@ -99,6 +101,73 @@ TEST(ReferenceModelTest, BatchEqualsSolo) {
   ASSERT_TRUE(m->Forward(std::span(steps)).ok());
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_LE(RelativeL2(batched[i].data(), solo[i].data(), V), 1e-5) << "sequence " << i;
+  }
+}
+
+// ForwardOptions::selections: per attention layer with an indexer, keep ids and a count per token
+// of the batch (step order), the same selections as each sequence alone; the other layers empty
+// (all of them for tiny-q3n, which has no indexer); the logits the same as without the sink.
+TEST(ReferenceModelTest, SelectionSinkReportsEachLayersBlocksAndChangesNothing) {
+  for (const char* preset : {"tiny", "tiny-q3n"}) {
+    std::unique_ptr<ReferenceModel> m = OpenModel(GeneratedModel(preset), GdnMode::kChunked);
+    ASSERT_NE(m, nullptr);
+    const ModelConfig& c = m->config();
+    const int64_t V = c.vocab;
+    const std::vector<int32_t> prompt = TestPrompt(*m, 90);
+    // Two fresh sequences (each from position 0): 70 tokens (sparse from position 40 on tiny) and 20.
+    const std::vector<std::span<const int32_t>> parts = {std::span(prompt).first(70), std::span(prompt).subspan(70)};
+    ReferenceModel::ForwardOptions fo;
+    std::vector<std::vector<BlockSelection>> solo(parts.size());
+    std::vector<std::vector<float>> plain(parts.size(), std::vector<float>(V)), with(parts.size(), std::vector<float>(V));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      auto a = m->NewSequence();
+      auto b = m->NewSequence();
+      ASSERT_TRUE(a.ok() && b.ok());
+      ReferenceModel::Step step{a->get(), parts[i], plain[i].data(), false};
+      ASSERT_TRUE(m->Forward(std::span(&step, 1)).ok());
+      step = {b->get(), parts[i], with[i].data(), false};
+      fo.selections = &solo[i];
+      ASSERT_TRUE(m->Forward(std::span(&step, 1), fo).ok());
+      EXPECT_EQ(with[i], plain[i]) << preset << " sequence " << i;
+    }
+    std::vector<std::unique_ptr<SequenceState>> seqs;
+    std::vector<std::vector<float>> batched(parts.size(), std::vector<float>(V));
+    std::vector<ReferenceModel::Step> steps;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      seqs.push_back(*m->NewSequence());
+      steps.push_back({seqs.back().get(), parts[i], batched[i].data(), false});
+    }
+    std::vector<BlockSelection> sel;
+    fo.selections = &sel;
+    ASSERT_TRUE(m->Forward(std::span(steps), fo).ok());
+    ASSERT_EQ(sel.size(), static_cast<size_t>(c.n_layers));
+    const int64_t T = static_cast<int64_t>(prompt.size());
+    int64_t indexed = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const BlockSelection& s = sel[l];
+      if (c.is_gdn(l) || !c.attn.has_indexer()) {
+        EXPECT_TRUE(s.blocks.empty() && s.counts.empty() && s.keep == 0) << preset << " layer " << l;
+        continue;
+      }
+      ++indexed;
+      ASSERT_EQ(s.keep, c.attn.keep);
+      ASSERT_EQ(s.counts.size(), static_cast<size_t>(T));
+      ASSERT_EQ(s.blocks.size(), static_cast<size_t>(T * s.keep));
+      int64_t off = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        for (int64_t t = 0; t < static_cast<int64_t>(parts[i].size()); ++t) {
+          const std::span<const int32_t> got = s.of(off + t);
+          const std::span<const int32_t> want = solo[i][l].of(t);
+          EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end())) << preset << " layer " << l;
+          EXPECT_EQ(got.size(), static_cast<size_t>(std::min<int64_t>(t / c.attn.cr, c.attn.keep)));
+          EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+        }
+        off += static_cast<int64_t>(parts[i].size());
+      }
+    }
+    if (std::string(preset) == "tiny") {
+      EXPECT_GT(indexed, 0) << "tiny has sparse attention";
+    }
   }
 }
 

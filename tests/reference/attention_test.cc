@@ -1,11 +1,15 @@
 #include "common/reference/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "common/reference/matmul.h"
 #include "common/reference/ops.h"
 #include "gtest/gtest.h"
 #include "tests/reference/test_util.h"
+#include "tests/test_seed.h"
 
 namespace tandem {
 namespace {
@@ -192,10 +196,22 @@ TEST(AttentionTest, PrefillEqualsSinglePositionCalls) {
   EXPECT_EQ(y_whole, y_single);
   // The margins: +inf while every block is attended (p / cr <= keep), then the gap of that
   // position's block scores; the same whether asked for or not (y unchanged).
-  ContiguousAttentionCache again(f.d, n);
+  // The block selections likewise leave y alone, and one prefill selects what the single calls do.
+  ContiguousAttentionCache again(f.d, n), single_sel(f.d, n);
   std::vector<float> y_again(x.size()), margins(n, -1.0f);
-  AttentionForward(f.w, f.d, again, 0, x.data(), n, y_again.data(), nullptr, margins.data());
+  std::vector<int32_t> blocks(n * f.d.keep, -1), counts(n, -1);
+  std::vector<int32_t> single_blocks(blocks.size(), -1), single_counts(n, -1);
+  AttentionForward(f.w, f.d, again, 0, x.data(), n, y_again.data(), nullptr, margins.data(), blocks.data(),
+                   counts.data());
   EXPECT_EQ(y_again, y_whole);
+  for (int64_t p = 0; p < n; ++p) {
+    AttentionForward(f.w, f.d, single_sel, p, x.data() + p * f.d.h, 1, y_single.data() + p * f.d.h, nullptr, nullptr,
+                     single_blocks.data() + p * f.d.keep, single_counts.data() + p);
+  }
+  EXPECT_EQ(y_single, y_whole);
+  EXPECT_EQ(single_counts, counts);
+  EXPECT_EQ(single_blocks, blocks);
+  for (int64_t p = 0; p < n; ++p) EXPECT_EQ(counts[p], std::min<int64_t>(p / f.d.cr, f.d.keep)) << p;
   for (int64_t p = 0; p < n; ++p) {
     if (p / f.d.cr <= f.d.keep) {
       EXPECT_TRUE(std::isinf(margins[p]) && margins[p] > 0) << p;
@@ -282,7 +298,8 @@ TEST(IndexerTest, HandBuiltSelectionAttendsExactlyTheChosenBlocks) {
   }
   ContiguousAttentionCache cache(f.d, n);
   std::vector<float> y(x.size());
-  AttentionForward(f.w, f.d, cache, 0, x.data(), n, y.data(), nullptr);
+  std::vector<int32_t> blocks(n * f.d.keep, -1), counts(n, -1);
+  AttentionForward(f.w, f.d, cache, 0, x.data(), n, y.data(), nullptr, nullptr, blocks.data(), counts.data());
 
   // Scores of the six complete blocks as seen from position 25.
   std::vector<float> iq(static_cast<size_t>(2 * di), 0.0f);
@@ -308,7 +325,59 @@ TEST(IndexerTest, HandBuiltSelectionAttendsExactlyTheChosenBlocks) {
       for (int64_t j : Range(nb * f.d.cr, p + 1)) positions.push_back(j);
     }
     EXPECT_LE(RelativeL2(Row(y, p, h), NaiveAttention(f, x, p, positions)), 1e-5) << "p=" << p;
+    // The reported selection: every earlier block while nb <= keep, else the hand-chosen blocks
+    // (the exact tie of blocks 1 and 5 at nb = 6 reported as the lower one, as attended).
+    const std::vector<int32_t> got(blocks.begin() + p * f.d.keep, blocks.begin() + p * f.d.keep + counts[p]);
+    std::vector<int32_t> want;
+    if (nb <= f.d.keep) {
+      for (int64_t b = 0; b < nb; ++b) want.push_back(static_cast<int32_t>(b));
+    } else {
+      for (int64_t b : chosen[nb]) want.push_back(static_cast<int32_t>(b));
+    }
+    EXPECT_EQ(got, want) << "p=" << p;
   }
+}
+
+// The selection AttentionForward reports is SelectTopBlocks (keep highest scores, ties to the lower
+// block, ascending) of the block scores IndexerBlockScores gives for each position's index queries,
+// recomputed here with the same f32 operations (the same bits), for random weights and inputs; and
+// asking for it leaves y alone.
+TEST(IndexerTest, ReportedSelectionIsTheTopKeepOfTheBlockScores) {
+  std::mt19937 rng = testing::SeededRng();
+  const AttnFixture f(rng, AttnDims{.h = 16, .nh = 2, .kvh = 1, .hd = 8, .rot = 4, .theta = 1e4, .eps = 1e-6f,
+                                    .ih = 3, .di = 8, .cr = 2, .keep = 3});
+  ASSERT_TRUE(CheckAttnWeights(f.w, f.d).ok());
+  const AttnDims& d = f.d;
+  const int64_t n = 41;  // 20 complete blocks: most positions choose 3 of many
+  const std::vector<float> x = RandomVector(rng, n * d.h);
+  ContiguousAttentionCache cache(d, n), plain_cache(d, n);
+  std::vector<float> y(x.size()), y_plain(x.size());
+  std::vector<int32_t> blocks(n * d.keep, -1), counts(n, -1);
+  AttentionForward(f.w, d, cache, 0, x.data(), n, y.data(), nullptr, nullptr, blocks.data(), counts.data());
+  AttentionForward(f.w, d, plain_cache, 0, x.data(), n, y_plain.data(), nullptr);
+  EXPECT_EQ(y, y_plain);
+
+  const int64_t width = d.ih * d.di + d.di;
+  std::vector<float> iqk(static_cast<size_t>(n * width));
+  MatMul(f.w.idx_qk, x.data(), n, iqk.data(), nullptr);
+  int64_t sparse = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t nb = p / d.cr;
+    float* iq = iqk.data() + p * width;
+    for (int64_t j = 0; j < d.ih; ++j) {
+      RmsNorm(iq + j * d.di, d.di, d.eps, f.iqn.data(), iq + j * d.di);
+      RopeNeox(iq + j * d.di, d.rot, d.theta, p);
+    }
+    std::vector<float> scores(static_cast<size_t>(nb));
+    IndexerBlockScores(d, cache, iq, nb, scores.data());
+    const std::vector<int64_t> top = SelectTopBlocks(scores, d.keep);  // every block while nb <= keep
+    const std::vector<int32_t> want(top.begin(), top.end());
+    ASSERT_EQ(counts[p], static_cast<int32_t>(want.size())) << "p=" << p;
+    const std::vector<int32_t> got(blocks.begin() + p * d.keep, blocks.begin() + p * d.keep + counts[p]);
+    EXPECT_EQ(got, want) << "p=" << p;
+    sparse += nb > d.keep;
+  }
+  EXPECT_GT(sparse, n / 2);
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ class CudaBackend::Impl {
 
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;
+  std::vector<BlockSelection>* selection_sink = nullptr;  // CudaBackend::set_selection_sink
   mutable std::mutex profile_mu;
   std::string profile_line;
 
@@ -255,6 +256,9 @@ class CudaBackend::Impl {
   // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
+  // With selection_sink: waits for the step's block selections of layer (sel_blocks, sel_counts)
+  // and writes them into (*selection_sink)[layer] without each token's own block.
+  absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);
   // Which rows of the step go through the head (head_first, head_rows): host only, every step.
   void PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
   // The head for the rows PlanHead chose, and their copy into host_logits (no wait).

@@ -44,6 +44,9 @@ bool CudaBackend::dense_out_single() const {
          impl_->out_mode == cuda::GemmMode::kFast;
 }
 void CudaBackend::set_routing_sink(std::vector<MoeRouting>* routing) { impl_->routing_sink = routing; }
+void CudaBackend::set_selection_sink(std::vector<BlockSelection>* selections) {
+  impl_->selection_sink = selections;
+}
 std::string CudaDeviceUnavailableReason() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -247,6 +250,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
     return s;
   }
   if (routing_sink != nullptr) routing_sink->assign(static_cast<size_t>(c->n_layers), MoeRouting{});
+  if (selection_sink != nullptr) selection_sink->assign(static_cast<size_t>(c->n_layers), BlockSelection{});
   inject_pending = false;
   inject_is_one = false;
   pending_shared = {};
@@ -261,8 +265,11 @@ bool CudaBackend::Impl::GraphKey(const StepPlan& plan, std::span<const Backend::
                                  std::vector<int32_t>* key) const {
   // Only steps whose every layer plans on the device and whose kernels take nothing per step from
   // the host: decode (one token per sequence), no Engram (host-gathered rows), no indexer (block
-  // counts as launch arguments), no profiling or routing capture (both wait on the host).
-  if (timer->enabled() || routing_sink != nullptr || has_engram || c->attn.has_indexer()) return false;
+  // counts as launch arguments), no profiling, routing or selection capture (they wait on the host).
+  if (timer->enabled() || routing_sink != nullptr || selection_sink != nullptr || has_engram ||
+      c->attn.has_indexer()) {
+    return false;
+  }
   if (plan.tokens > cuda::kDevicePlanMaxTokens) return false;
   // The kernels find each token's sequence state through device memory (seq_dev), so the key is the
   // batch size and which rows want logits, not which sequences run.

@@ -119,6 +119,12 @@ class CudaBackend : public Backend {
   // When set (not null), the next Steps write each MoE layer's picks (n × K, step order) here:
   // (*routing)[layer].experts. For parity tests against ReferenceModel's ForwardOptions::routing.
   void set_routing_sink(std::vector<MoeRouting>* routing);
+  // When set (not null), the next Steps write each sparse-attention layer's block selections here
+  // in ReferenceModel's ForwardOptions::selections layout ((*selections)[layer], step order: the
+  // blocks besides the query's own, ascending; empty for GDN layers and without an indexer), copied
+  // to the host after each such layer with a wait (tests only; no decode graphs while set). For
+  // parity tests: a flipped block selection is a discrete change like a flipped routing pick.
+  void set_selection_sink(std::vector<BlockSelection>* selections);
   // Switches the per-stage timing on or off from the next Step (options.profile is the initial value).
   void set_profile(bool on);
   // The last step's stage line ("tokens=... total=... ms io=... head=..."), empty without profile.

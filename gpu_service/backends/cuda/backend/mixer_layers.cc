@@ -363,6 +363,9 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       return s;
     }
   }
+  if (selection_sink != nullptr) {
+    if (absl::Status s = CopySelectionsToSink(layer, plan); !s.ok()) return s;
+  }
   cuda::SparseAttnArgs args;
   args.q = q;
   args.qg = qg_rows;  // one token when stacked (stacked_in): its row only
@@ -383,6 +386,39 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   args.o = ao;
   if (absl::Status s = Launch(cuda::LaunchSparseAttention(args, st), "sparse attention"); !s.ok()) return s;
   return OutProduct(w.o, ao, T, y);
+}
+
+absl::Status CudaBackend::Impl::CopySelectionsToSink(int64_t layer, const StepPlan& plan) {
+  const int64_t T = plan.tokens, keep = c->attn.keep, cr = c->attn.cr, row = keep + 1;
+  std::vector<int32_t> blocks(static_cast<size_t>(T * row)), counts(static_cast<size_t>(T));
+  cudaStream_t st = stream.get();
+  // Tests only: a wait per sparse layer is fine (the graph path is off while the sink is set).
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(blocks.data(), sel_blocks, blocks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(counts.data(), sel_counts, counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  BlockSelection& out = (*selection_sink)[static_cast<size_t>(layer)];
+  out.keep = keep;
+  out.blocks.assign(static_cast<size_t>(T * keep), -1);
+  out.counts.assign(static_cast<size_t>(T), 0);
+  // The kernels' format (moe/indexer.cuh): counts[t] ids, ascending, the last the query's own
+  // block p / cr, which the reference's selection does not list.
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    for (int64_t t = 0; t < plan.counts[i]; ++t) {
+      const int64_t r = plan.offsets[i] + t, p = plan.starts[i] + t;
+      const int32_t n = counts[static_cast<size_t>(r)];
+      const int32_t* ids = blocks.data() + r * row;
+      if (n < 1 || n > row || ids[n - 1] != p / cr) {
+        return absl::InternalError(absl::StrCat("layer ", layer, " position ", p, ": the block selection lists ", n,
+                                                " blocks, the last ", n >= 1 && n <= row ? ids[n - 1] : -1,
+                                                "; expected 1 to ", row, " ending with the own block ", p / cr));
+      }
+      std::copy(ids, ids + n - 1, out.blocks.begin() + r * keep);
+      out.counts[static_cast<size_t>(r)] = n - 1;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem
