@@ -14,6 +14,7 @@
 #include "common/reference/moe.h"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
 #include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "tests/gpu_moe/test_support.h"
@@ -366,6 +367,59 @@ TEST(OneTokenMoeTest, RefusesShapesItCannotRun) {
   a.inner = 512;
   EXPECT_EQ(LaunchOneTokenMoeGateUp(a, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(LaunchOneTokenMoeDown(a, nullptr), cudaErrorInvalidValue);
+}
+
+// The probed instantiations (expert_decode_one_probe.h) compute what the kernels compute: the same
+// y bits, picks and weights at the 80B shape; every block of both launches takes a slot and stamps
+// its phases in order, on a real SM, with its block index; past the capacity nothing is written.
+TEST(OneTokenMoeTest, ProbedKernelsGiveTheSameBitsAndOrderedStamps) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const OneTokenExperts ex(rng, 2048, 512, 512, 4);
+  const int K = 10;
+  const std::vector<float> logits = Logits(rng, ex.E, false);
+  const std::vector<float> x = testing::RandomVector(rng, ex.h);
+  const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+  OneTokenStep plain(ex, K, logits, x, shared, 0.3f), probed(ex, K, logits, x, shared, 0.3f);
+  const OneTokenMoeArgs a = plain.Args(ex, K, Shared::kGated), b = probed.Args(ex, K, Shared::kGated);
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+  const int gate_blocks = 512 / 16 * K, down_blocks = 2048 / 16;
+  const unsigned capacity = static_cast<unsigned>(gate_blocks);
+  const size_t words = 2 * static_cast<size_t>(capacity) * kOneTokenProbeWords;
+  DeviceBuffer stamps = Upload(std::vector<unsigned long long>(words, 0));
+  TANDEM_ASSERT_CUDA(SetOneTokenProbe(stamps.as<unsigned long long>(), capacity, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUpProbed(b, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDownProbed(b, nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  TANDEM_ASSERT_CUDA(SetOneTokenProbe(nullptr, 0, nullptr));
+  const std::vector<float> want = Download<float>(plain.y.get(), static_cast<size_t>(ex.h));
+  const std::vector<float> got = Download<float>(probed.y.get(), static_cast<size_t>(ex.h));
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << "y bits";
+  EXPECT_EQ(Download<int32_t>(plain.picks.get(), 2 * K), Download<int32_t>(probed.picks.get(), 2 * K));
+  const std::vector<unsigned long long> h = Download<unsigned long long>(stamps.get(), words);
+  int sm_count = 0;
+  TANDEM_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  for (int kernel = 0; kernel < 2; ++kernel) {
+    const int blocks = kernel == 0 ? gate_blocks : down_blocks;
+    const int last_phase = kernel == 0 ? 4 : 5;
+    std::vector<bool> seen(static_cast<size_t>(blocks), false);
+    for (unsigned slot = 0; slot < capacity; ++slot) {
+      const unsigned long long* r = h.data() + (static_cast<size_t>(kernel) * capacity + slot) * kOneTokenProbeWords;
+      if (static_cast<int>(slot) >= blocks) {
+        for (int w = 0; w < kOneTokenProbeWords; ++w) EXPECT_EQ(r[w], 0u) << "kernel " << kernel << " slot " << slot;
+        continue;
+      }
+      ASSERT_LT(r[7], static_cast<unsigned long long>(blocks));
+      EXPECT_FALSE(seen[r[7]]) << "block " << r[7] << " twice";
+      seen[r[7]] = true;
+      EXPECT_LT(r[6], static_cast<unsigned long long>(sm_count));
+      for (int p = 1; p <= last_phase; ++p) {
+        EXPECT_NE(r[p], 0u) << "kernel " << kernel << " phase " << p;  // no block leaves early here
+        EXPECT_GE(r[p], r[p - 1]) << "kernel " << kernel << " phase " << p;
+      }
+    }
+  }
 }
 
 }  // namespace

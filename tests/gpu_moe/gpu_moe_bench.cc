@@ -46,6 +46,7 @@ using moe_bench::kH;
 using moe_bench::kI;
 using moe_bench::kK;
 using moe_bench::BenchOneToken;
+using moe_bench::BenchOneTokenProbe;
 using moe_bench::BenchRouting;
 using moe_bench::Layer;
 using moe_bench::Median;
@@ -320,7 +321,7 @@ void BenchGlue(int only_n) {
   BENCH_CHECK(cudaDeviceSynchronize());
 }
 
-int Main(bool decode_only, bool routing_only, bool one_token_only, bool glue_only, int glue_n) {
+int Main(bool decode_only, bool routing_only, bool one_token_only, bool one_token_probe, bool glue_only, int glue_n) {
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
     return 0;
@@ -330,9 +331,13 @@ int Main(bool decode_only, bool routing_only, bool one_token_only, bool glue_onl
     BenchGlue(glue_n);
     return 0;
   }
-  if (one_token_only) {
+  if (one_token_only || one_token_probe) {
     float* x = bench::RandomFloats(4096 * kH, 3);
-    BenchOneToken(x, rng);
+    if (one_token_probe) {
+      BenchOneTokenProbe(x, rng);
+    } else {
+      BenchOneToken(x, rng);
+    }
     BENCH_CHECK(cudaFree(x));
     return 0;
   }
@@ -469,17 +474,19 @@ int Main(bool decode_only, bool routing_only, bool one_token_only, bool glue_onl
 // kernel, the per-piece decode kernel and the routed default (the Q4_K tile kernel), eager and
 // graph-replayed, then the tile kernel's knob sweep.
 // --one-token-only: only BenchOneToken (the n = 1 MoE chain, old and new).
+// --one-token-probe: only BenchOneTokenProbe (the phases of the n = 1 chain's kernels, stamped).
 // --glue-only: only BenchGlue (the MoE prefill glue: scatter-sum, x quantization, expert f16 rows; old and new);
 // --glue-n=N: of it only N tokens.
 int main(int argc, char** argv) {
-  bool decode_only = false, routing_only = false, one_token_only = false, glue_only = false;
+  bool decode_only = false, routing_only = false, one_token_only = false, one_token_probe = false, glue_only = false;
   int glue_n = 0;
   for (int i = 1; i < argc; ++i) {
     decode_only |= std::string(argv[i]) == "--decode-only";
     routing_only |= std::string(argv[i]) == "--routing-only";
     one_token_only |= std::string(argv[i]) == "--one-token-only";
+    one_token_probe |= std::string(argv[i]) == "--one-token-probe";
     glue_only |= std::string(argv[i]) == "--glue-only";
     if (std::string(argv[i]).rfind("--glue-n=", 0) == 0) glue_n = std::atoi(argv[i] + 9);
   }
-  return tandem::cuda::Main(decode_only, routing_only, one_token_only, glue_only, glue_n);
+  return tandem::cuda::Main(decode_only, routing_only, one_token_only, one_token_probe, glue_only, glue_n);
 }

@@ -80,9 +80,11 @@ inline std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
   return picks;
 }
 
-// The routing and one-token chain benchmarks (moe_chain_bench.cc).
+// The routing and one-token chain benchmarks (moe_chain_bench.cc), and the one-token chain's
+// phase stamps (one_token_probe_bench.cc).
 void BenchRouting(const float* x, std::mt19937& rng);
 void BenchOneToken(const float* x, std::mt19937& rng);
+void BenchOneTokenProbe(const float* x, std::mt19937& rng);
 
 }  // namespace tandem::cuda::moe_bench
 

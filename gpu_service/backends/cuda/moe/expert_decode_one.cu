@@ -5,6 +5,7 @@
 // rps = 32 / nsb rows; the warp copies its rows' raw bytes into shared memory with cp.async and
 // decodes from there; activations are staged in shared memory with their sub-block sums.
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
 
 #include <atomic>
 #include <cfloat>
@@ -105,6 +106,43 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
   return picked_sum;
 }
 
+// expert_decode_one_probe.h's state and stamps (compiled into the kProbe instantiations only).
+struct ProbeState {
+  unsigned long long* stamps;
+  unsigned capacity;
+  unsigned count[2];
+};
+__device__ ProbeState g_probe;
+
+template <bool kProbe>
+struct PhaseProbe {
+  unsigned long long* row = nullptr;
+  __device__ explicit PhaseProbe(int kernel) {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0) {
+        const unsigned slot = atomicAdd(&g_probe.count[kernel], 1u);
+        if (g_probe.stamps != nullptr && slot < g_probe.capacity) {
+          row = g_probe.stamps + (static_cast<unsigned long long>(kernel) * g_probe.capacity + slot) * kOneTokenProbeWords;
+          unsigned smid;
+          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+          row[6] = smid;
+          row[7] = blockIdx.x + blockIdx.y * gridDim.x;
+          Stamp(0);
+        }
+      }
+    }
+  }
+  __device__ void Stamp(int phase) const {
+    if constexpr (kProbe) {
+      if (row != nullptr) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        row[phase] = t;
+      }
+    }
+  }
+};
+
 // Whether pick e names a computable expert (the plan's test: in [0, E) with a location).
 __device__ __forceinline__ bool PickValid(const ExpertLocation* table, int E, int e) {
   return e >= 0 && e < E && table[e].gate != nullptr;
@@ -128,8 +166,9 @@ __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sx
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:
 // [weights: warp, matrix (gate, up), rps rows][x: nsb padded super-blocks][Σx: nsb × 8]
 // [gate pointers: E][up pointers: E].
-template <int kPer>
+template <int kPer, bool kProbe = false>
 __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoeArgs a) {
+  const PhaseProbe<kProbe> probe(0);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float s_p[kPer * 32];
   __shared__ float s_red[kGateUpWarps];
@@ -157,6 +196,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   }
   // The logits are the previous kernel's output; x is read after the wait too (pdl.cuh's rule).
   PdlWaitForPrevious();
+  probe.Stamp(1);
   PdlAllowNext();
   StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
   // Block (0, K - 1) routes all K picks anyway: it publishes them for the routing sink, the host
@@ -165,6 +205,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const double picked_sum = BlockRoute<kPer>(a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs, [&] {
     SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
   });
+  probe.Stamp(2);
   if (writer && warp == 0 && lane < a.K) {
     const int e = s_ids[lane];
     a.experts_out[lane] = e;
@@ -184,6 +225,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncwarp();  // the other lanes' copies are visible
+  probe.Stamp(3);
   if (nrows <= 0) return;  // warp-uniform
   const int row = row0 + rho;
   const bool valid = rho < rps && rho < nrows;
@@ -200,13 +242,15 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
     }
   }
   if (valid && sb == 0) a.act[static_cast<int64_t>(k) * a.inner + row] = SiluQ4K(acc[0][0]) * acc[1][0];
+  probe.Stamp(4);
 }
 
 // Kernel 2. grid ceil(h / rps) (rps for the inner-wide rows), W = min(K, kDownMaxWarps) warps;
 // warp w computes picks w, w + W, ... Shared memory: [weights: K picks × rps rows][act: W warps ×
 // nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps].
-template <int kPer>
+template <int kPer, bool kProbe = false>
 __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeArgs a) {
+  const PhaseProbe<kProbe> probe(1);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float s_p[kPer * 32];
   __shared__ float s_red[kDownMaxWarps];
@@ -242,11 +286,14 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     for (int c = lane; c < chunks; c += 32) CpAsync16(dst + 16 * c, src + 16 * c);
   }
   CpAsyncCommit();
+  probe.Stamp(1);
 
   PdlWaitForPrevious();  // act (kernel 1), shared and its gate logit are read from here on
+  probe.Stamp(2);
   PdlAllowNext();
   CpAsyncWait<0>();
   __syncwarp();
+  probe.Stamp(3);
   for (int k = warp; k < a.K; k += W) {
     if (!s_ok[k]) continue;  // warp-uniform
     StageRow(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xs, lane, 0, 32);
@@ -267,6 +314,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     __syncwarp();  // xs and sxs are restaged for the warp's next pick
   }
   __syncthreads();
+  probe.Stamp(4);
   const int t = threadIdx.x;
   if (t < nrows) {
     // moe_scatter.cu's sum: picks in order, then the shared term.
@@ -281,6 +329,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     }
     a.y[row0 + t] = acc;
   }
+  probe.Stamp(5);
 }
 
 size_t GateUpSmem(int h, int E) {
@@ -301,23 +350,27 @@ constexpr size_t kMaxSmem = 227 * 1024;
 
 bool Tiles(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256 <= 32; }
 
-template <int kPer>
+template <int kPer, bool kProbe = false>
 cudaError_t LaunchGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = GateUpSmem(a.h, a.E);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneGateUpKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneGateUpKernel<kPer, kProbe>, smem, raised); err != cudaSuccess) {
+    return err;
+  }
   const int rows_per_block = kGateUpWarps * (32 / (a.h / 256));
   const dim3 grid(static_cast<unsigned>((a.inner + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(a.K));
-  return LaunchPdl(OneGateUpKernel<kPer>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
+  return LaunchPdl(OneGateUpKernel<kPer, kProbe>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
 }
 
-template <int kPer>
+template <int kPer, bool kProbe = false>
 cudaError_t LaunchDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = DownSmem(a.K, a.inner);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer>, smem, raised); err != cudaSuccess) return err;
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer, kProbe>, smem, raised); err != cudaSuccess) {
+    return err;
+  }
   const int rps = 32 / (a.inner / 256);
-  return LaunchPdl(OneDownKernel<kPer>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)), dim3(32 * DownWarps(a.K)),
+  return LaunchPdl(OneDownKernel<kPer, kProbe>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)), dim3(32 * DownWarps(a.K)),
                    smem, stream, a);
 }
 
@@ -351,6 +404,23 @@ cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& a, cudaStream_t strea
 cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   if (!ArgsOk(a)) return cudaErrorInvalidValue;
   return DispatchPer(a.E, [&](auto per) { return LaunchDown<decltype(per)::value>(a, stream); });
+}
+
+cudaError_t SetOneTokenProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  const ProbeState state{stamps, capacity, {0u, 0u}};
+  return cudaMemcpyToSymbolAsync(g_probe, &state, sizeof(state), 0, cudaMemcpyHostToDevice, stream);
+}
+
+cudaError_t LaunchOneTokenMoeGateUpProbed(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  if (!ArgsOk(a)) return cudaErrorInvalidValue;
+  if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;
+  return LaunchGateUp<16, true>(a, stream);
+}
+
+cudaError_t LaunchOneTokenMoeDownProbed(const OneTokenMoeArgs& a, cudaStream_t stream) {
+  if (!ArgsOk(a)) return cudaErrorInvalidValue;
+  if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;
+  return LaunchDown<16, true>(a, stream);
 }
 
 }  // namespace tandem::cuda

@@ -1,0 +1,213 @@
+// gpu_moe_bench --one-token-probe: where a layer's time goes inside the one-token MoE chain. The
+// 48-layer graph of BenchOneToken (router product, gate/up, down; the same buffers and steps) with
+// the probed instantiations of the two kernels (expert_decode_one_probe.h), replayed once with the
+// stamps on; per layer, the phases of its gate/up and down blocks relative to the previous layer's
+// last down block, medians over layers 1..47. Not a test.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
+#include "gpu_service/backends/cuda/pdl.cuh"
+#include "tests/gpu/bench_util.h"
+#include "tests/gpu_moe/moe_bench_util.h"
+
+namespace tandem::cuda::moe_bench {
+namespace {
+
+using Stamp = unsigned long long;
+constexpr int kW = kOneTokenProbeWords;
+
+// Median of v (v not empty; copied).
+double Med(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Blocks {
+  std::vector<const Stamp*> rows;  // one per block of the launch
+  // Over the blocks with phase p stamped: min, median or max of (stamp - t0) in us.
+  double Of(int p, Stamp t0, int which) const {
+    std::vector<double> v;
+    for (const Stamp* r : rows) {
+      if (r[p] != 0) v.push_back((static_cast<double>(r[p]) - static_cast<double>(t0)) * 1e-3);
+    }
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return which < 0 ? v.front() : which > 0 ? v.back() : v[v.size() / 2];
+  }
+  int MaxPerSm() const {
+    std::vector<int> n(1024, 0);
+    int m = 0;
+    for (const Stamp* r : rows) m = std::max(m, ++n[r[6] % 1024]);
+    return m;
+  }
+};
+
+void Report(const std::vector<Stamp>& stamps, unsigned capacity, int layers, int gate_blocks, int down_blocks,
+            const char* what) {
+  const Stamp* g = stamps.data();
+  const Stamp* d = stamps.data() + static_cast<size_t>(capacity) * kW;
+  std::vector<std::vector<double>> col(20);
+  std::vector<double> down_early;
+  for (int l = 1; l < layers; ++l) {
+    Blocks gu, dn, prev;
+    for (int b = 0; b < gate_blocks; ++b) gu.rows.push_back(g + (static_cast<size_t>(l) * gate_blocks + b) * kW);
+    for (int b = 0; b < down_blocks; ++b) {
+      dn.rows.push_back(d + (static_cast<size_t>(l) * down_blocks + b) * kW);
+      prev.rows.push_back(d + (static_cast<size_t>(l - 1) * down_blocks + b) * kW);
+    }
+    Stamp t0 = 0;
+    for (const Stamp* r : prev.rows) t0 = std::max(t0, r[5]);
+    if (t0 == 0) continue;
+    int c = 0;
+    for (int which : {-1, 0, 1}) col[c++].push_back(gu.Of(0, t0, which));  // gate/up entry
+    for (int which : {-1, 1}) col[c++].push_back(gu.Of(1, t0, which));     // after wait
+    col[c++].push_back(gu.Of(2, t0, 1));                                    // routed (last)
+    for (int which : {0, 1}) col[c++].push_back(gu.Of(3, t0, which));      // copies landed
+    col[c++].push_back(gu.Of(4, t0, 1));                                    // act written (last)
+    for (int which : {-1, 0, 1}) col[c++].push_back(dn.Of(0, t0, which));  // down entry
+    col[c++].push_back(dn.Of(1, t0, 1));                                    // routed + copies issued
+    for (int which : {-1, 1}) col[c++].push_back(dn.Of(2, t0, which));     // after wait
+    col[c++].push_back(dn.Of(3, t0, 1));                                    // copies landed
+    col[c++].push_back(dn.Of(4, t0, 1));                                    // summed
+    col[c++].push_back(dn.Of(5, t0, 1));                                    // y written
+    col[c++].push_back(gu.MaxPerSm());
+    col[c++].push_back(dn.MaxPerSm());
+    const double gate_end = gu.Of(4, t0, 1);
+    int early = 0;
+    for (const Stamp* r : dn.rows) early += r[0] != 0 && (static_cast<double>(r[0]) - t0) * 1e-3 < gate_end;
+    down_early.push_back(early);
+  }
+  if (col[0].empty()) {
+    std::printf("one-token probe (%s): no complete layer recorded\n", what);
+    return;
+  }
+  const char* names[] = {"gate/up entry, first",     "gate/up entry, median",     "gate/up entry, last",
+                         "gate/up after wait, first", "gate/up after wait, last",  "gate/up routed, last",
+                         "gate/up copies landed, median", "gate/up copies landed, last", "gate/up act written, last",
+                         "down entry, first",         "down entry, median",        "down entry, last",
+                         "down routed + copies issued, last", "down after wait, first", "down after wait, last",
+                         "down copies landed, last",  "down summed, last",         "down y written, last",
+                         "gate/up blocks on one SM, most", "down blocks on one SM, most"};
+  std::printf("one-token probe (%s), us after the previous layer's last down block, median over %zu layers:\n", what,
+              col[0].size());
+  for (int c = 0; c < 20; ++c) std::printf("  %-36s %8.2f\n", names[c], Med(col[c]));
+  std::printf("  %-36s %8.0f of %d\n", "down blocks entered before gate/up's end", Med(down_early), down_blocks);
+}
+
+}  // namespace
+
+void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
+  const int routers = 24, steps = 48;
+  const Layer layer = RandomLayer(kTypeQ4_K, kTypeQ4_K, rng);
+  std::vector<ExpertLocation> htable(kE);
+  for (int64_t e = 0; e < kE; ++e) htable[e] = layer.Expert(e);
+  ExpertLocation* table;
+  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
+  BENCH_CHECK(cudaMemcpy(table, htable.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  std::vector<float*> mats(routers);
+  for (int i = 0; i < routers; ++i) mats[i] = bench::RandomFloats(kE * kH, 100 + i);
+  float *logits, *act, *shared, *gate_logit, *y;
+  int32_t* picks;
+  int* ints;
+  BENCH_CHECK(cudaMalloc(&logits, kE * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&act, kK * kI * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&shared, kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&gate_logit, sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&y, kH * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&picks, 2 * kK * sizeof(int32_t)));
+  BENCH_CHECK(cudaMalloc(&ints, 4 * sizeof(int)));
+  BENCH_CHECK(cudaMemset(ints, 0, 4 * sizeof(int)));
+  BENCH_CHECK(cudaMemcpy(shared, x + kH, kH * sizeof(float), cudaMemcpyDeviceToDevice));
+  BENCH_CHECK(cudaMemcpy(gate_logit, x + 2 * kH, sizeof(float), cudaMemcpyDeviceToDevice));
+  // The launch geometry of expert_decode_one.cu at these shapes (4 warps of 4 rows; 16 down rows).
+  const int gate_blocks = static_cast<int>(kI / 16 * kK), down_blocks = static_cast<int>(kH / 16);
+  const unsigned capacity = static_cast<unsigned>(steps * std::max(gate_blocks, down_blocks));
+  Stamp* stamps;
+  const size_t stamp_bytes = 2 * static_cast<size_t>(capacity) * kW * sizeof(Stamp);
+  BENCH_CHECK(cudaMalloc(&stamps, stamp_bytes));
+  int step = 0;
+  auto chain = [&](bool with_product) {
+    cudaStream_t s = bench::LaunchStream();
+    if (with_product) {
+      BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
+                                    x + (step % 4096) * kH, kH, 1, logits, kE, s));
+    }
+    OneTokenMoeArgs o;
+    o.logits = logits;
+    o.E = kE;
+    o.K = kK;
+    o.table = table;
+    o.h = kH;
+    o.inner = kI;
+    o.x = x + (step % 4096) * kH;
+    o.act = act;
+    o.experts_out = picks;
+    o.weights_out = reinterpret_cast<float*>(picks + kK);
+    o.error = ints + 1;
+    o.shared = shared;
+    o.shared_gate_logit = gate_logit;
+    o.y = y;
+    BENCH_CHECK(LaunchOneTokenMoeGateUpProbed(o, s));
+    BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
+    ++step;
+  };
+  for (const bool with_product : {true, false}) {
+    BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr));
+    step = 0;
+    chain(with_product);  // once outside capture (attributes)
+    BENCH_CHECK(cudaDeviceSynchronize());
+    step = 0;
+    const double us = bench::GraphUs([&] { chain(with_product); }, steps);  // stamps off
+    cudaStream_t s;
+    BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    step = 0;
+    BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    bench::LaunchStream() = s;
+    for (int i = 0; i < steps; ++i) chain(with_product);
+    bench::LaunchStream() = nullptr;
+    BENCH_CHECK(cudaStreamEndCapture(s, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, s));
+    BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, s));
+    BENCH_CHECK(SetOneTokenProbe(stamps, capacity, s));
+    cudaEvent_t e0, e1;
+    BENCH_CHECK(cudaEventCreate(&e0));
+    BENCH_CHECK(cudaEventCreate(&e1));
+    BENCH_CHECK(cudaEventRecord(e0, s));
+    BENCH_CHECK(cudaGraphLaunch(exec, s));
+    BENCH_CHECK(cudaEventRecord(e1, s));
+    BENCH_CHECK(cudaStreamSynchronize(s));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::vector<Stamp> host(stamp_bytes / sizeof(Stamp));
+    BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
+    const char* what = with_product ? "router product + chain" : "chain without router product";
+    std::printf("one-token probe (%s): graph %.2f us/layer unprobed, %.2f us/layer in the probed replay\n", what, us,
+                ms * 1e3 / steps);
+    Report(host, capacity, steps, gate_blocks, down_blocks, what);
+    BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr));
+    BENCH_CHECK(cudaEventDestroy(e0));
+    BENCH_CHECK(cudaEventDestroy(e1));
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    BENCH_CHECK(cudaStreamDestroy(s));
+  }
+  for (float* m : mats) BENCH_CHECK(cudaFree(m));
+  for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
+                                              y, picks, ints, stamps}) {
+    BENCH_CHECK(cudaFree(p));
+  }
+}
+
+}  // namespace tandem::cuda::moe_bench
