@@ -402,7 +402,9 @@ TEST(OneTokenMoeTest, ProbedKernelsGiveTheSameBitsAndOrderedStamps) {
   TANDEM_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   for (int kernel = 0; kernel < 2; ++kernel) {
     const int blocks = kernel == 0 ? gate_blocks : down_blocks;
-    const int last_phase = kernel == 0 ? 4 : 5;
+    // expert_decode_one_probe.h's phases in the order a block passes them.
+    const std::vector<int> order = kernel == 0 ? std::vector<int>{0, 1, 5, 6, 7, 2, 3, 4}
+                                               : std::vector<int>{0, 8, 9, 10, 1, 2, 3, 11, 12, 13, 4, 5};
     std::vector<bool> seen(static_cast<size_t>(blocks), false);
     for (unsigned slot = 0; slot < capacity; ++slot) {
       const unsigned long long* r = h.data() + (static_cast<size_t>(kernel) * capacity + slot) * kOneTokenProbeWords;
@@ -410,13 +412,14 @@ TEST(OneTokenMoeTest, ProbedKernelsGiveTheSameBitsAndOrderedStamps) {
         for (int w = 0; w < kOneTokenProbeWords; ++w) EXPECT_EQ(r[w], 0u) << "kernel " << kernel << " slot " << slot;
         continue;
       }
-      ASSERT_LT(r[7], static_cast<unsigned long long>(blocks));
-      EXPECT_FALSE(seen[r[7]]) << "block " << r[7] << " twice";
-      seen[r[7]] = true;
-      EXPECT_LT(r[6], static_cast<unsigned long long>(sm_count));
-      for (int p = 1; p <= last_phase; ++p) {
-        EXPECT_NE(r[p], 0u) << "kernel " << kernel << " phase " << p;  // no block leaves early here
-        EXPECT_GE(r[p], r[p - 1]) << "kernel " << kernel << " phase " << p;
+      const unsigned long long block = r[kOneTokenProbeWords - 1], sm = r[kOneTokenProbeWords - 2];
+      ASSERT_LT(block, static_cast<unsigned long long>(blocks));
+      EXPECT_FALSE(seen[block]) << "block " << block << " twice";
+      seen[block] = true;
+      EXPECT_LT(sm, static_cast<unsigned long long>(sm_count));
+      for (size_t i = 1; i < order.size(); ++i) {
+        EXPECT_NE(r[order[i]], 0u) << "kernel " << kernel << " phase " << order[i];  // no block leaves early here
+        EXPECT_GE(r[order[i]], r[order[i - 1]]) << "kernel " << kernel << " phase " << order[i];
       }
     }
   }

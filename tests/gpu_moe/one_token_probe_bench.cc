@@ -46,61 +46,79 @@ struct Blocks {
   int MaxPerSm() const {
     std::vector<int> n(1024, 0);
     int m = 0;
-    for (const Stamp* r : rows) m = std::max(m, ++n[r[6] % 1024]);
+    for (const Stamp* r : rows) m = std::max(m, ++n[r[kW - 2] % 1024]);
     return m;
   }
 };
 
 void Report(const std::vector<Stamp>& stamps, unsigned capacity, int layers, int gate_blocks, int down_blocks,
             const char* what) {
-  const Stamp* g = stamps.data();
-  const Stamp* d = stamps.data() + static_cast<size_t>(capacity) * kW;
-  std::vector<std::vector<double>> col(20);
-  std::vector<double> down_early;
+  struct Phase {
+    int kernel, word;
+    const char* name;
+  };
+  // expert_decode_one_probe.h's phases in the order a block passes them.
+  const Phase phases[] = {{0, 0, "gate/up entry"},
+                          {0, 1, "gate/up after the PDL wait"},
+                          {0, 5, "gate/up routing: max known"},
+                          {0, 6, "gate/up routing: exponentials"},
+                          {0, 7, "gate/up routing: sum, inverse"},
+                          {0, 2, "gate/up routed"},
+                          {0, 3, "gate/up copies landed (warp 0)"},
+                          {0, 4, "gate/up act written"},
+                          {1, 0, "down entry"},
+                          {1, 8, "down routing: max known"},
+                          {1, 9, "down routing: exponentials"},
+                          {1, 10, "down routing: sum, inverse"},
+                          {1, 1, "down routed, copies issued"},
+                          {1, 2, "down after the PDL wait"},
+                          {1, 3, "down copies landed"},
+                          {1, 11, "down act staged (warp 0)"},
+                          {1, 12, "down sub-block sums (warp 0)"},
+                          {1, 13, "down dots done (warp 0)"},
+                          {1, 4, "down summed (block barrier)"},
+                          {1, 5, "down y written"}};
+  constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
+  std::vector<std::vector<double>> first(kPhases), median(kPhases), last(kPhases);
+  std::vector<double> gate_per_sm, down_per_sm, down_early;
   for (int l = 1; l < layers; ++l) {
-    Blocks gu, dn, prev;
-    for (int b = 0; b < gate_blocks; ++b) gu.rows.push_back(g + (static_cast<size_t>(l) * gate_blocks + b) * kW);
+    Blocks launch[2], prev;
+    for (int b = 0; b < gate_blocks; ++b) {
+      launch[0].rows.push_back(stamps.data() + (static_cast<size_t>(l) * gate_blocks + b) * kW);
+    }
     for (int b = 0; b < down_blocks; ++b) {
-      dn.rows.push_back(d + (static_cast<size_t>(l) * down_blocks + b) * kW);
-      prev.rows.push_back(d + (static_cast<size_t>(l - 1) * down_blocks + b) * kW);
+      launch[1].rows.push_back(stamps.data() + (static_cast<size_t>(capacity) + l * down_blocks + b) * kW);
+      prev.rows.push_back(stamps.data() + (static_cast<size_t>(capacity) + (l - 1) * down_blocks + b) * kW);
     }
     Stamp t0 = 0;
     for (const Stamp* r : prev.rows) t0 = std::max(t0, r[5]);
     if (t0 == 0) continue;
-    int c = 0;
-    for (int which : {-1, 0, 1}) col[c++].push_back(gu.Of(0, t0, which));  // gate/up entry
-    for (int which : {-1, 1}) col[c++].push_back(gu.Of(1, t0, which));     // after wait
-    col[c++].push_back(gu.Of(2, t0, 1));                                    // routed (last)
-    for (int which : {0, 1}) col[c++].push_back(gu.Of(3, t0, which));      // copies landed
-    col[c++].push_back(gu.Of(4, t0, 1));                                    // act written (last)
-    for (int which : {-1, 0, 1}) col[c++].push_back(dn.Of(0, t0, which));  // down entry
-    col[c++].push_back(dn.Of(1, t0, 1));                                    // routed + copies issued
-    for (int which : {-1, 1}) col[c++].push_back(dn.Of(2, t0, which));     // after wait
-    col[c++].push_back(dn.Of(3, t0, 1));                                    // copies landed
-    col[c++].push_back(dn.Of(4, t0, 1));                                    // summed
-    col[c++].push_back(dn.Of(5, t0, 1));                                    // y written
-    col[c++].push_back(gu.MaxPerSm());
-    col[c++].push_back(dn.MaxPerSm());
-    const double gate_end = gu.Of(4, t0, 1);
+    for (int p = 0; p < kPhases; ++p) {
+      const Blocks& blocks = launch[phases[p].kernel];
+      first[p].push_back(blocks.Of(phases[p].word, t0, -1));
+      median[p].push_back(blocks.Of(phases[p].word, t0, 0));
+      last[p].push_back(blocks.Of(phases[p].word, t0, 1));
+    }
+    gate_per_sm.push_back(launch[0].MaxPerSm());
+    down_per_sm.push_back(launch[1].MaxPerSm());
+    const double gate_end = launch[0].Of(4, t0, 1);
     int early = 0;
-    for (const Stamp* r : dn.rows) early += r[0] != 0 && (static_cast<double>(r[0]) - t0) * 1e-3 < gate_end;
+    for (const Stamp* r : launch[1].rows) early += r[0] != 0 && (static_cast<double>(r[0]) - t0) * 1e-3 < gate_end;
     down_early.push_back(early);
   }
-  if (col[0].empty()) {
+  if (gate_per_sm.empty()) {
     std::printf("one-token probe (%s): no complete layer recorded\n", what);
     return;
   }
-  const char* names[] = {"gate/up entry, first",     "gate/up entry, median",     "gate/up entry, last",
-                         "gate/up after wait, first", "gate/up after wait, last",  "gate/up routed, last",
-                         "gate/up copies landed, median", "gate/up copies landed, last", "gate/up act written, last",
-                         "down entry, first",         "down entry, median",        "down entry, last",
-                         "down routed + copies issued, last", "down after wait, first", "down after wait, last",
-                         "down copies landed, last",  "down summed, last",         "down y written, last",
-                         "gate/up blocks on one SM, most", "down blocks on one SM, most"};
-  std::printf("one-token probe (%s), us after the previous layer's last down block, median over %zu layers:\n", what,
-              col[0].size());
-  for (int c = 0; c < 20; ++c) std::printf("  %-36s %8.2f\n", names[c], Med(col[c]));
-  std::printf("  %-36s %8.0f of %d\n", "down blocks entered before gate/up's end", Med(down_early), down_blocks);
+  std::printf("one-token probe (%s): us after the previous layer's last down block (%%globaltimer), median over %zu "
+              "layers of the first / median / last block:\n",
+              what, gate_per_sm.size());
+  for (int p = 0; p < kPhases; ++p) {
+    std::printf("  %-34s %8.2f %8.2f %8.2f\n", phases[p].name, Med(first[p]), Med(median[p]), Med(last[p]));
+  }
+  std::printf("  most blocks on one SM: gate/up %.0f, down %.0f; down blocks entered before gate/up's last act row: "
+              "%.0f of %d\n",
+              Med(gate_per_sm), Med(down_per_sm), Med(down_early), down_blocks);
 }
 
 }  // namespace
@@ -160,8 +178,10 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
     ++step;
   };
-  for (const bool with_product : {true, false}) {
-    BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr));
+  for (const int variant : {0, 1, 2}) {
+    // 0: the chain; 1: the down kernel's routing and copies after its wait; 2: no router product.
+    const bool with_product = variant != 2, down_late = variant == 1;
+    BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr, down_late));
     step = 0;
     chain(with_product);  // once outside capture (attributes)
     BENCH_CHECK(cudaDeviceSynchronize());
@@ -180,7 +200,7 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, s));
     BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, s));
-    BENCH_CHECK(SetOneTokenProbe(stamps, capacity, s));
+    BENCH_CHECK(SetOneTokenProbe(stamps, capacity, s, down_late));
     cudaEvent_t e0, e1;
     BENCH_CHECK(cudaEventCreate(&e0));
     BENCH_CHECK(cudaEventCreate(&e1));
@@ -192,8 +212,10 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     std::vector<Stamp> host(stamp_bytes / sizeof(Stamp));
     BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
-    const char* what = with_product ? "router product + chain" : "chain without router product";
-    std::printf("one-token probe (%s): graph %.2f us/layer unprobed, %.2f us/layer in the probed replay\n", what, us,
+    const char* what = variant == 0   ? "router product + chain"
+                       : variant == 1 ? "router product + chain, down routes and copies after its wait"
+                                      : "chain without router product";
+    std::printf("one-token probe (%s): graph %.2f us/layer with the stamps off, %.2f us/layer in the stamped replay\n", what, us,
                 ms * 1e3 / steps);
     Report(host, capacity, steps, gate_blocks, down_blocks, what);
     BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr));

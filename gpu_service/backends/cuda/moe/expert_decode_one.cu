@@ -42,9 +42,9 @@ constexpr int kDownMaxWarps = 16;
 // warps other than 0 (in warp 0 when the block is one warp) while warp 0 picks. Returns, in warp 0,
 // the f64 sum of the picked probabilities in pick order (the renormaliser once rounds == K).
 // A NaN logit is never picked here; RouteToken could pick it or an expert twice (garbage either way).
-template <int kPer, typename Overlap>
+template <int kPer, typename Overlap, typename Stamp = void (*)(int)>
 __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p, float* s_red, int* ids, float* probs,
-                             Overlap&& overlap) {
+                             Overlap&& overlap, Stamp&& stamp = [](int) {}) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
   float mx = -FLT_MAX;
   for (int i = t; i < E; i += blockDim.x) {
@@ -57,8 +57,10 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
   __syncthreads();
   mx = s_red[0];
   for (int w = 1; w < warps; ++w) mx = fmaxf(mx, s_red[w]);  // fmaxf is exact: any order gives RouteToken's max
+  stamp(0);
   for (int i = t; i < E; i += blockDim.x) s_p[i] = static_cast<float>(exp(static_cast<double>(s_p[i] - mx)));
   __syncthreads();
+  stamp(1);
   double picked_sum = 0.0;
   if (warp == 0) {
     float p[kPer];
@@ -71,6 +73,7 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
     }
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
     const float inv = static_cast<float>(1.0 / sum);
+    stamp(2);
     unsigned key[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -111,6 +114,7 @@ struct ProbeState {
   unsigned long long* stamps;
   unsigned capacity;
   unsigned count[2];
+  unsigned down_late;
 };
 __device__ ProbeState g_probe;
 
@@ -125,8 +129,8 @@ struct PhaseProbe {
           row = g_probe.stamps + (static_cast<unsigned long long>(kernel) * g_probe.capacity + slot) * kOneTokenProbeWords;
           unsigned smid;
           asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-          row[6] = smid;
-          row[7] = blockIdx.x + blockIdx.y * gridDim.x;
+          row[kOneTokenProbeWords - 2] = smid;
+          row[kOneTokenProbeWords - 1] = blockIdx.x + blockIdx.y * gridDim.x;
           Stamp(0);
         }
       }
@@ -202,9 +206,10 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   // Block (0, K - 1) routes all K picks anyway: it publishes them for the routing sink, the host
   // copy and the tests. The others stop at their own pick.
   const bool writer = blockIdx.x == 0 && k == a.K - 1;
-  const double picked_sum = BlockRoute<kPer>(a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs, [&] {
-    SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
-  });
+  const double picked_sum = BlockRoute<kPer>(
+      a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
+      [&] { SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32); },
+      [&](int sub) { probe.Stamp(5 + sub); });
   probe.Stamp(2);
   if (writer && warp == 0 && lane < a.K) {
     const int e = s_ids[lane];
@@ -272,25 +277,33 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
 
   // Before the wait: routing from the logits (complete before kernel 1 passed its own wait and
   // let this grid start) and the copies of the down rows (constant weights).
-  const double picked_sum = BlockRoute<kPer>(a.logits, a.E, a.K, s_p, s_red, s_ids, s_w, [] {});
-  if (warp == 0 && lane < a.K) {
-    s_w[lane] = static_cast<float>(s_w[lane] / picked_sum);
-    s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
-  }
-  __syncthreads();
-  for (int k = warp; k < a.K; k += W) {
-    if (!s_ok[k]) continue;
-    const uint8_t* src = static_cast<const uint8_t*>(a.table[s_ids[k]].down) + static_cast<int64_t>(row0) * row_bytes;
-    uint8_t* dst = smem + k * mat_bytes;
-    const int chunks = nrows * row_bytes / 16;
-    for (int c = lane; c < chunks; c += 32) CpAsync16(dst + 16 * c, src + 16 * c);
-  }
-  CpAsyncCommit();
-  probe.Stamp(1);
+  auto route_and_copy = [&] {
+    const double picked_sum =
+        BlockRoute<kPer>(a.logits, a.E, a.K, s_p, s_red, s_ids, s_w, [] {}, [&](int sub) { probe.Stamp(8 + sub); });
+    if (warp == 0 && lane < a.K) {
+      s_w[lane] = static_cast<float>(s_w[lane] / picked_sum);
+      s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
+    }
+    __syncthreads();
+    for (int k = warp; k < a.K; k += W) {
+      if (!s_ok[k]) continue;
+      const uint8_t* src = static_cast<const uint8_t*>(a.table[s_ids[k]].down) + static_cast<int64_t>(row0) * row_bytes;
+      uint8_t* dst = smem + k * mat_bytes;
+      const int chunks = nrows * row_bytes / 16;
+      for (int c = lane; c < chunks; c += 32) CpAsync16(dst + 16 * c, src + 16 * c);
+    }
+    CpAsyncCommit();
+    probe.Stamp(1);
+  };
+  // The probe's A/B (SetOneTokenProbe's down_late): routing and copies after the wait instead.
+  bool late = false;
+  if constexpr (kProbe) late = g_probe.down_late != 0;
+  if (!late) route_and_copy();
 
   PdlWaitForPrevious();  // act (kernel 1), shared and its gate logit are read from here on
   probe.Stamp(2);
   PdlAllowNext();
+  if (late) route_and_copy();
   CpAsyncWait<0>();
   __syncwarp();
   probe.Stamp(3);
@@ -298,8 +311,10 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     if (!s_ok[k]) continue;  // warp-uniform
     StageRow(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xs, lane, 0, 32);
     __syncwarp();
+    if (k == 0) probe.Stamp(11);
     SubBlockSums(xs, nsb, sxs, lane, 32);
     __syncwarp();
+    if (k == 0) probe.Stamp(12);
     const bool valid = rho < rps && rho < nrows;
     float acc[1][1] = {{0.0f}};
     if (valid) {
@@ -312,6 +327,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     }
     if (valid && sb == 0) res[k * rps + rho] = acc[0][0];
     __syncwarp();  // xs and sxs are restaged for the warp's next pick
+    if (k == 0) probe.Stamp(13);
   }
   __syncthreads();
   probe.Stamp(4);
@@ -406,8 +422,8 @@ cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& a, cudaStream_t stream)
   return DispatchPer(a.E, [&](auto per) { return LaunchDown<decltype(per)::value>(a, stream); });
 }
 
-cudaError_t SetOneTokenProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const ProbeState state{stamps, capacity, {0u, 0u}};
+cudaError_t SetOneTokenProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream, bool down_late) {
+  const ProbeState state{stamps, capacity, {0u, 0u}, down_late ? 1u : 0u};
   return cudaMemcpyToSymbolAsync(g_probe, &state, sizeof(state), 0, cudaMemcpyHostToDevice, stream);
 }
 
