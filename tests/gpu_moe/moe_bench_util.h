@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 #include "tests/gpu/bench_util.h"
@@ -78,6 +79,29 @@ inline std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
     picks.insert(picks.end(), ids.begin(), ids.begin() + kK);
   }
   return picks;
+}
+
+// The one-token kernels' arguments at the 80B shapes (kE, kK, kH, kI) over a benchmark's buffers:
+// picks holds the K expert ids then the K weights, ints[1] is the error flag.
+inline OneTokenMoeArgs OneTokenBenchArgs(const float* logits, const ExpertLocation* table, const float* x, float* act,
+                                         int32_t* picks, int* ints, const float* shared, const float* gate_logit,
+                                         float* y) {
+  OneTokenMoeArgs o;
+  o.logits = logits;
+  o.E = kE;
+  o.K = kK;
+  o.table = table;
+  o.h = kH;
+  o.inner = kI;
+  o.x = x;
+  o.act = act;
+  o.experts_out = picks;
+  o.weights_out = reinterpret_cast<float*>(picks + kK);
+  o.error = ints + 1;
+  o.shared = shared;
+  o.shared_gate_logit = gate_logit;
+  o.y = y;
+  return o;
 }
 
 // The routing and one-token chain benchmarks (moe_chain_bench.cc), and the one-token chain's

@@ -270,21 +270,8 @@ void BenchOneToken(const float* x, std::mt19937& rng) {
   auto new_chain = [&](bool with_product) {
     cudaStream_t s = bench::LaunchStream();
     if (with_product) product(s);
-    OneTokenMoeArgs o;
-    o.logits = logits;
-    o.E = kE;
-    o.K = kK;
-    o.table = table;
-    o.h = kH;
-    o.inner = kI;
-    o.x = x + (step % 4096) * kH;
-    o.act = act;
-    o.experts_out = picks;
-    o.weights_out = reinterpret_cast<float*>(picks + kK);
-    o.error = ints + 1;
-    o.shared = shared;
-    o.shared_gate_logit = gate_logit;
-    o.y = y_new;
+    const OneTokenMoeArgs o =
+        OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, shared, gate_logit, y_new);
     BENCH_CHECK(LaunchOneTokenMoeGateUp(o, s));
     BENCH_CHECK(LaunchOneTokenMoeDown(o, s));
     ++step;

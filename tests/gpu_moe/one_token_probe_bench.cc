@@ -159,21 +159,8 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
       BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
                                     x + (step % 4096) * kH, kH, 1, logits, kE, s));
     }
-    OneTokenMoeArgs o;
-    o.logits = logits;
-    o.E = kE;
-    o.K = kK;
-    o.table = table;
-    o.h = kH;
-    o.inner = kI;
-    o.x = x + (step % 4096) * kH;
-    o.act = act;
-    o.experts_out = picks;
-    o.weights_out = reinterpret_cast<float*>(picks + kK);
-    o.error = ints + 1;
-    o.shared = shared;
-    o.shared_gate_logit = gate_logit;
-    o.y = y;
+    const OneTokenMoeArgs o =
+        OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, shared, gate_logit, y);
     BENCH_CHECK(LaunchOneTokenMoeGateUpProbed(o, s));
     BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
     ++step;

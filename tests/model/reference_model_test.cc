@@ -76,6 +76,19 @@ TEST(ReferenceModelTest, RecurrentPrefillEqualsDecodeTiny) {
   CheckPrefillEqualsDecode("tiny", GdnMode::kRecurrent, 48, 17);
 }
 
+// One step per part, each on a new sequence (kept in *seqs) writing its logits into (*outputs)[i].
+std::vector<ReferenceModel::Step> BatchSteps(ReferenceModel& m, const std::vector<std::span<const int32_t>>& parts,
+                                             std::vector<std::unique_ptr<SequenceState>>* seqs,
+                                             std::vector<std::vector<float>>* outputs) {
+  outputs->assign(parts.size(), std::vector<float>(static_cast<size_t>(m.config().vocab)));
+  std::vector<ReferenceModel::Step> steps;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    seqs->push_back(*m.NewSequence());
+    steps.push_back({seqs->back().get(), parts[i], (*outputs)[i].data(), false});
+  }
+  return steps;
+}
+
 // A batch of several sequences gives each the logits it gets alone.
 TEST(ReferenceModelTest, BatchEqualsSolo) {
   std::unique_ptr<ReferenceModel> m = OpenModel(GeneratedModel("tiny"), GdnMode::kChunked);
@@ -92,12 +105,8 @@ TEST(ReferenceModelTest, BatchEqualsSolo) {
     ASSERT_TRUE(m->Forward(std::span(&step, 1)).ok());
   }
   std::vector<std::unique_ptr<SequenceState>> seqs;
-  std::vector<std::vector<float>> batched(parts.size(), std::vector<float>(V));
-  std::vector<ReferenceModel::Step> steps;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    seqs.push_back(*m->NewSequence());
-    steps.push_back({seqs.back().get(), parts[i], batched[i].data(), false});
-  }
+  std::vector<std::vector<float>> batched;
+  std::vector<ReferenceModel::Step> steps = BatchSteps(*m, parts, &seqs, &batched);
   ASSERT_TRUE(m->Forward(std::span(steps)).ok());
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_LE(RelativeL2(batched[i].data(), solo[i].data(), V), 1e-5) << "sequence " << i;
@@ -131,12 +140,8 @@ TEST(ReferenceModelTest, SelectionSinkReportsEachLayersBlocksAndChangesNothing) 
       EXPECT_EQ(with[i], plain[i]) << preset << " sequence " << i;
     }
     std::vector<std::unique_ptr<SequenceState>> seqs;
-    std::vector<std::vector<float>> batched(parts.size(), std::vector<float>(V));
-    std::vector<ReferenceModel::Step> steps;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      seqs.push_back(*m->NewSequence());
-      steps.push_back({seqs.back().get(), parts[i], batched[i].data(), false});
-    }
+    std::vector<std::vector<float>> batched;
+    std::vector<ReferenceModel::Step> steps = BatchSteps(*m, parts, &seqs, &batched);
     std::vector<BlockSelection> sel;
     fo.selections = &sel;
     ASSERT_TRUE(m->Forward(std::span(steps), fo).ok());
