@@ -81,6 +81,16 @@ inline std::vector<int32_t> RandomPicks(std::mt19937& rng, int64_t n) {
   return picks;
 }
 
+// The layer's kE expert locations in device memory (cudaFree when done).
+inline ExpertLocation* UploadTable(const Layer& layer) {
+  std::vector<ExpertLocation> host(kE);
+  for (int64_t e = 0; e < kE; ++e) host[e] = layer.Expert(e);
+  ExpertLocation* table;
+  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
+  BENCH_CHECK(cudaMemcpy(table, host.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  return table;
+}
+
 // The one-token kernels' arguments at the 80B shapes (kE, kK, kH, kI) over a benchmark's buffers:
 // picks holds the K expert ids then the K weights, ints[1] is the error flag.
 inline OneTokenMoeArgs OneTokenBenchArgs(const float* logits, const ExpertLocation* table, const float* x, float* act,

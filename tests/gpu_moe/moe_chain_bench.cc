@@ -205,11 +205,7 @@ void BenchRouting(const float* x, std::mt19937& rng) {
 void BenchOneToken(const float* x, std::mt19937& rng) {
   const int routers = 24, steps = 48;
   const Layer layer = RandomLayer(kTypeQ4_K, kTypeQ4_K, rng);
-  std::vector<ExpertLocation> htable(kE);
-  for (int64_t e = 0; e < kE; ++e) htable[e] = layer.Expert(e);
-  ExpertLocation* table;
-  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
-  BENCH_CHECK(cudaMemcpy(table, htable.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  ExpertLocation* table = UploadTable(layer);
   const int64_t router_bytes = kE * kH * sizeof(float);
   std::vector<float*> mats(routers);
   {

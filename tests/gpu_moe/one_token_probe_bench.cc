@@ -126,11 +126,7 @@ void Report(const std::vector<Stamp>& stamps, unsigned capacity, int layers, int
 void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   const int routers = 24, steps = 48;
   const Layer layer = RandomLayer(kTypeQ4_K, kTypeQ4_K, rng);
-  std::vector<ExpertLocation> htable(kE);
-  for (int64_t e = 0; e < kE; ++e) htable[e] = layer.Expert(e);
-  ExpertLocation* table;
-  BENCH_CHECK(cudaMalloc(&table, kE * sizeof(ExpertLocation)));
-  BENCH_CHECK(cudaMemcpy(table, htable.data(), kE * sizeof(ExpertLocation), cudaMemcpyHostToDevice));
+  ExpertLocation* table = UploadTable(layer);
   std::vector<float*> mats(routers);
   for (int i = 0; i < routers; ++i) mats[i] = bench::RandomFloats(kE * kH, 100 + i);
   float *logits, *act, *shared, *gate_logit, *y;
