@@ -22,16 +22,8 @@ using gpu_testing::DeviceArray;
 using gpu_testing::Random;
 using gpu_testing::Upload;
 
-inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-inline int64_t FirstDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
-  }
-  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
-}
+using gpu_testing::FirstDifference;
+using gpu_testing::SameBits;
 
 inline bool AllFinite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });

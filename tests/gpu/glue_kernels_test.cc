@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/reference/ops.h"
+#include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gtest/gtest.h"
@@ -25,32 +26,12 @@ namespace tandem {
 namespace {
 
 using gpu_testing::Download;
+using gpu_testing::FirstDifference;
 using gpu_testing::Poisoned;
 using gpu_testing::Random;
 using gpu_testing::RelL2;
+using gpu_testing::SameBits;
 using gpu_testing::Upload;
-
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-template <typename T>
-int64_t FirstDifference(const std::vector<T>& a, const std::vector<T>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  }
-  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
-}
-
-// An f16 bit pattern as a float (exact).
-float HalfToFloat(uint16_t b) {
-  const int e = (b >> 10) & 31, m = b & 1023;
-  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -24)
-                    : e == 31 ? (m == 0 ? INFINITY : NAN)
-                              : std::ldexp(static_cast<float>(1024 + m), e - 25);
-  return (b & 0x8000) ? -mag : mag;
-}
 
 // Restores the two switches when a test ends.
 struct GlueSwitchGuard {
@@ -214,7 +195,7 @@ TEST_F(GpuGlueKernelsTest, F32ToF16VectorKernelMatchesScalarBits) {
         continue;
       }
       const float x = src[c.src_off + i - c.dst_off];
-      const float h = HalfToFloat(hi[0][i]);
+      const float h = Fp16ToFp32(hi[0][i]);
       if (std::isnan(x)) {
         EXPECT_TRUE(std::isnan(h)) << what << " at " << i;
       } else if (std::fabs(x) >= 65520.0f) {
@@ -224,7 +205,7 @@ TEST_F(GpuGlueKernelsTest, F32ToF16VectorKernelMatchesScalarBits) {
             << what << ": hi at " << i << " of " << x;
         if (c.lo) {
           const int64_t j = i - c.dst_off + c.lo_off;
-          ASSERT_LE(std::fabs(static_cast<double>(h) + HalfToFloat(lo[0][j]) - x),
+          ASSERT_LE(std::fabs(static_cast<double>(h) + Fp16ToFp32(lo[0][j]) - x),
                     std::max(std::ldexp(std::fabs(static_cast<double>(x)), -21), std::ldexp(1.0, -25)))
               << what << ": hi + lo at " << i << " of " << x;
         }

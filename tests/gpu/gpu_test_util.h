@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -162,6 +163,22 @@ inline cuda::DenseGemmOptions SmallGemmOptions(cuda::GemmMode mode, int64_t cols
   options.tile_bytes = 100 * cols * 4;
   options.workspace_bytes = 4 << 20;
   return options;
+}
+
+// Whether a and b hold the same bits (and length).
+template <typename T>
+bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The first index where a and b differ in bits (the shorter length when one is a prefix of the
+// other), or -1 when they are the same.
+template <typename T>
+int64_t FirstDifference(const std::vector<T>& a, const std::vector<T>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  }
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
 }  // namespace tandem::gpu_testing

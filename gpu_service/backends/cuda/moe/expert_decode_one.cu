@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -138,11 +139,7 @@ struct PhaseProbe {
   }
   __device__ void Stamp(int phase) const {
     if constexpr (kProbe) {
-      if (row != nullptr) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        row[phase] = t;
-      }
+      if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
 };

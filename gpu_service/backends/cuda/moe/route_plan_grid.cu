@@ -28,6 +28,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda/functional>
 
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/moe/plan_units.cuh"
 #include "gpu_service/backends/cuda/moe/route_warp.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -66,12 +67,6 @@ __device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-__device__ __forceinline__ unsigned long long GlobalTimerNs() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 // Every block waits until all gridDim.x have arrived; global writes before the call are visible
