@@ -58,9 +58,10 @@ struct EventTimer {
 };
 
 // The median of timings (the upper one of an even count).
-inline double Median(std::vector<float> v) {
+template <typename T>
+double Median(std::vector<T> v) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return static_cast<double>(v[v.size() / 2]);
 }
 
 // True, after printing "device: NAME, N SMs, L2 M MiB", when a CUDA device is present.

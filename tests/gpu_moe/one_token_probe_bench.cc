@@ -25,12 +25,6 @@ namespace {
 using Stamp = unsigned long long;
 constexpr int kW = kOneTokenProbeWords;
 
-// Median of v (v not empty; copied).
-double Med(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 struct Blocks {
   std::vector<const Stamp*> rows;  // one per block of the launch
   // Over the blocks with phase p stamped: min, median or max of (stamp - t0) in us.
@@ -114,11 +108,11 @@ void Report(const std::vector<Stamp>& stamps, unsigned capacity, int layers, int
               "layers of the first / median / last block:\n",
               what, gate_per_sm.size());
   for (int p = 0; p < kPhases; ++p) {
-    std::printf("  %-34s %8.2f %8.2f %8.2f\n", phases[p].name, Med(first[p]), Med(median[p]), Med(last[p]));
+    std::printf("  %-34s %8.2f %8.2f %8.2f\n", phases[p].name, Median(first[p]), Median(median[p]), Median(last[p]));
   }
   std::printf("  most blocks on one SM: gate/up %.0f, down %.0f; down blocks entered before gate/up's last act row: "
               "%.0f of %d\n",
-              Med(gate_per_sm), Med(down_per_sm), Med(down_early), down_blocks);
+              Median(gate_per_sm), Median(down_per_sm), Median(down_early), down_blocks);
 }
 
 }  // namespace
