@@ -298,6 +298,85 @@ TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
   ExpectDownJoinChangesNothing(GetParam());
 }
 
+// The one-activation-row products on the stationary kernel (weights copied into shared memory
+// before the PDL wait, cuda::SetMatVecStationary, the default) against the streaming kernel: each
+// row is summed in the streaming kernel's order at the same split, so the logits keep their bits,
+// exact and fast, graph-replayed batch 1 (batch 3 never takes it), with the router's taller
+// [router; shared gate] view included.
+TEST_P(DecodeScheduleTest, StationaryMatVecGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::MatVecStationary();
+  ExpectScheduleChangesNoLogits(GetParam(), "stationary vs streaming matvec",
+                                [](bool on) { cuda::SetMatVecStationary(on); });
+  cuda::SetMatVecStationary(was);
+}
+
+// The one-token MoE kernels with int16 activations (cuda::SetOneTokenInt16, the fast mode's
+// default) against their f32 products: exact mode never takes them (bit-identical logits); in
+// fast mode batch 1 takes them (different bits, so the path ran) and batch 3 does not (planned
+// path: bit-identical). Eager steps with the routing sink: the picks agree at >= 99% of (step,
+// layer, pick) entries and, up to the first step whose picks differ, every row of logits is within
+// 1e-3 relative L2 of the f32 path's (the quantization's error is ~1e-5 a product); graph-replayed
+// steps then give the eager steps' logits.
+TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status();
+  const bool was = cuda::OneTokenInt16();
+  constexpr int kSteps = 8;
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    for (int batch : {1, 3}) {
+      std::vector<int32_t> picks[2];
+      std::vector<float> logits[2];
+      for (int on = 0; on < 2; ++on) {
+        cuda::SetOneTokenInt16(on == 1);
+        logits[on] = DecodeLogits(*path, mode, batch, kSteps, &picks[on]);
+      }
+      ASSERT_FALSE(picks[0].empty());
+      ASSERT_EQ(picks[0].size(), picks[1].size());
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
+      const bool taken = mode == CudaMode::kFast && batch == 1;
+      const char* what = mode == CudaMode::kExact ? "exact" : "fast";
+      if (!taken) {
+        printf("[%s] %s decode, batch %d, int16 one-token MoE on vs off: %s\n", GetParam().c_str(), what, batch,
+               same ? "bit-identical" : "DIFFERENT");
+        EXPECT_TRUE(same) << what << ", batch " << batch;
+        EXPECT_EQ(picks[0], picks[1]) << what << ", batch " << batch;
+        continue;
+      }
+      const size_t per_step = picks[0].size() / kSteps;
+      int64_t agree = 0;
+      int first_flip = kSteps;
+      for (size_t i = 0; i < picks[0].size(); ++i) {
+        agree += picks[0][i] == picks[1][i];
+        if (picks[0][i] != picks[1][i]) first_flip = std::min(first_flip, static_cast<int>(i / per_step));
+      }
+      const int64_t V = static_cast<int64_t>(logits[0].size()) / kSteps;
+      const std::vector<float> a(logits[0].begin(), logits[0].begin() + first_flip * V),
+          b(logits[1].begin(), logits[1].begin() + first_flip * V);
+      const double err = first_flip > 0 ? MaxRowError(b, a, V) : 0.0;
+      const double agreement = static_cast<double>(agree) / static_cast<double>(picks[0].size());
+      printf("[%s] fast decode, batch 1, int16 one-token MoE on vs off: logits %s, picks agree %.4f, first step with "
+             "a different pick %d of %d, max row relative L2 before it %.3g\n",
+             GetParam().c_str(), same ? "bit-identical" : "different", agreement, first_flip, kSteps, err);
+      EXPECT_FALSE(same) << "the int16 kernels did not run";
+      EXPECT_GE(agreement, 0.99);
+      EXPECT_GE(first_flip, 1);
+      EXPECT_LE(err, 1e-3);
+    }
+  }
+  // Graph-replayed fast batch-1 steps (no routing sink) give the eager steps' logits.
+  cuda::SetOneTokenInt16(true);
+  std::vector<int32_t> eager_picks;
+  const std::vector<float> eager = DecodeLogits(*path, CudaMode::kFast, 1, kSteps, &eager_picks);
+  const std::vector<float> graphed = DecodeLogits(*path, CudaMode::kFast, 1, kSteps);
+  ASSERT_EQ(eager.size(), graphed.size());
+  EXPECT_EQ(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)), 0)
+      << "int16 one-token MoE: graphs changed the logits";
+  cuda::SetOneTokenInt16(was);
+}
+
 // The same on the tiny preset: four hyper-connection streams (the term added by the stream norm
 // of a read with S = 4 and inject weights) and Engram layers (by LaunchStreamInject before the
 // Engram update). Its steps run without graphs (Engram).

@@ -126,15 +126,19 @@ std::vector<float> ReferenceY(const OneTokenExperts& ex, int K, const std::vecto
   return y;
 }
 
-// Runs the two kernels and checks picks, weights and y against the reference.
+// Runs the two kernels and checks picks, weights and y against the reference (y within relative
+// L2 `tol`). int16: the kernels' int16-activation form (OneTokenMoeArgs::int16_activations);
+// zero_x: x all zeros (every act row zero: the int16 form's zero-scale blocks).
 void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh,
-                           const std::string& what) {
+                           const std::string& what, bool int16 = false, double tol = 1e-5, bool zero_x = false) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
-  const std::vector<float> x = testing::RandomVector(rng, ex.h);
+  std::vector<float> x = testing::RandomVector(rng, ex.h);
+  if (zero_x) std::fill(x.begin(), x.end(), 0.0f);
   const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
   const float gate_logit = testing::RandomVector(rng, 1)[0];
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
-  const OneTokenMoeArgs a = step.Args(ex, K, sh);
+  OneTokenMoeArgs a = step.Args(ex, K, sh);
+  a.int16_activations = int16;
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
   const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
@@ -148,7 +152,9 @@ void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, 
   for (int k = 0; k < K; ++k) EXPECT_NEAR(weights[k], want_weights[k], 1e-6) << what << " pick " << k;
   EXPECT_EQ(err[0], 0) << what;
   ASSERT_TRUE(testing::AllFinite(got)) << "unwritten rows of y, " << what;
-  EXPECT_LE(testing::RelativeL2(got, want), 1e-5) << what;
+  const double err_l2 = testing::RelativeL2(got, want);
+  EXPECT_LE(err_l2, tol) << what;
+  if (int16) std::printf("int16 activations, %s: y relative L2 %.3e\n", what.c_str(), err_l2);
 }
 
 TEST(OneTokenMoeTest, MatchesReferenceForEveryKUpTo16) {
@@ -184,6 +190,42 @@ TEST(OneTokenMoeTest, MatchesReferenceOnOtherShapes) {
     for (const Shared sh : {Shared::kNone, Shared::kGated}) {
       CheckAgainstReference(rng, ex, c.K, false, sh,
                             absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh)));
+    }
+  }
+}
+
+// The fast mode's form: x and act quantized to int16 per 256 elements, the Q4_K products on dp2a.
+// The routing is the same code (picks and weights as exact as above); y within 2e-4 relative L2
+// of the f32 reference (the quantization's bound is ~1.5e-5 of each block's largest element; the
+// kernel tolerance for quantized-activation paths is 2e-2), on the 80B shape, odd shapes, several
+// K, ties, every shared form, and an all-zero x (zero-scale blocks give zero products).
+TEST(OneTokenMoeTest, Int16ActivationsMatchReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  {
+    const OneTokenExperts ex(rng, 256, 256, 128, 24);
+    for (const int K : {1, 5, 16}) {
+      for (const bool ties : {false, true}) {
+        for (const Shared sh : {Shared::kNone, Shared::kUngated, Shared::kGated}) {
+          CheckAgainstReference(rng, ex, K, ties, sh,
+                                absl::StrCat("E=128 K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh)),
+                                /*int16=*/true, 2e-4);
+        }
+      }
+    }
+    CheckAgainstReference(rng, ex, 4, false, Shared::kGated, "E=128 K=4 x = 0", true, 2e-4, /*zero_x=*/true);
+  }
+  struct Case {
+    int64_t h, I, E;
+    int K;
+  };
+  for (const Case c : {Case{2048, 512, 512, 10}, Case{768, 768, 100, 8}, Case{512, 1024, 1000, 24},
+                       Case{1024, 512, 64, 32}}) {
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    for (const Shared sh : {Shared::kNone, Shared::kGated}) {
+      CheckAgainstReference(rng, ex, c.K, false, sh,
+                            absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh)),
+                            true, 2e-4);
     }
   }
 }

@@ -143,21 +143,24 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   const size_t stamp_bytes = 2 * static_cast<size_t>(capacity) * kW * sizeof(Stamp);
   BENCH_CHECK(cudaMalloc(&stamps, stamp_bytes));
   int step = 0;
+  bool int16 = false;
   auto chain = [&](bool with_product) {
     cudaStream_t s = bench::LaunchStream();
     if (with_product) {
       BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
                                     x + (step % 4096) * kH, kH, 1, logits, kE, s));
     }
-    const OneTokenMoeArgs o =
-        OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, shared, gate_logit, y);
+    OneTokenMoeArgs o = OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, shared, gate_logit, y);
+    o.int16_activations = int16;
     BENCH_CHECK(LaunchOneTokenMoeGateUpProbed(o, s));
     BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
     ++step;
   };
-  for (const int variant : {0, 1, 2}) {
-    // 0: the chain; 1: the down kernel's routing and copies after its wait; 2: no router product.
+  for (const int variant : {0, 1, 2, 3}) {
+    // 0: the chain; 1: the down kernel's routing and copies after its wait; 2: no router product;
+    // 3: the chain with int16 activations (the fast mode's dp2a dot products).
     const bool with_product = variant != 2, down_late = variant == 1;
+    int16 = variant == 3;
     BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr, down_late));
     step = 0;
     chain(with_product);  // once outside capture (attributes)
@@ -191,7 +194,8 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
     const char* what = variant == 0   ? "router product + chain"
                        : variant == 1 ? "router product + chain, down routes and copies after its wait"
-                                      : "chain without router product";
+                       : variant == 2 ? "chain without router product"
+                                      : "router product + chain, int16 activations";
     std::printf("one-token probe (%s): graph %.2f us/layer with the stamps off, %.2f us/layer in the stamped replay\n", what, us,
                 ms * 1e3 / steps);
     Report(host, capacity, steps, gate_blocks, down_blocks, what);

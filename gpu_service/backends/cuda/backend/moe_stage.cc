@@ -43,6 +43,11 @@ std::atomic<bool>& OldDownJoinSwitch() {
   return old;
 }
 
+std::atomic<bool>& OneTokenInt16Switch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_INT16")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -75,6 +80,8 @@ void SetOldSharedChain(bool on) { OldSharedChainSwitch().store(on, std::memory_o
 bool OldSharedChain() { return OldSharedChainSwitch().load(std::memory_order_relaxed); }
 void SetOldDownJoin(bool on) { OldDownJoinSwitch().store(on, std::memory_order_relaxed); }
 bool OldDownJoin() { return OldDownJoinSwitch().load(std::memory_order_relaxed); }
+void SetOneTokenInt16(bool on) { OneTokenInt16Switch().store(on, std::memory_order_relaxed); }
+bool OneTokenInt16() { return OneTokenInt16Switch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -97,6 +97,13 @@ bool OldSharedChain();
 // graphs are live.
 void SetOldDownJoin(bool on);
 bool OldDownJoin();
+// Process-wide switch: fast-mode one-token decode steps (MoeStageOptions::fast) run the one-token
+// MoE kernels with int16 activations (OneTokenMoeArgs::int16_activations: x and act quantized per
+// 256 elements, the Q4_K products on dp2a; ~1e-5 relative error) instead of f32 products. On by
+// default; TANDEM_ONE_TOKEN_INT16=0 at start-up turns it off. Exact mode never uses it. Read at each
+// step's enqueue: flip it only between backends, not while graphs are live.
+void SetOneTokenInt16(bool on);
+bool OneTokenInt16();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -116,7 +123,8 @@ using SharedExpertFn = std::function<absl::StatusOr<bool>(int64_t layer, const f
                                                           float* gate_logit, cudaStream_t stream)>;
 
 struct MoeStageOptions {
-  bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units)
+  bool fast = false;       // prefill experts through bf16 GEMMs (else f32 matvec units); one-token decode
+                           // with int16 activations (OneTokenInt16)
   int64_t max_tokens = 0;  // most tokens of one step
 };
 

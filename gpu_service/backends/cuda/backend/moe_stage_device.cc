@@ -273,6 +273,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.shared = defer ? nullptr : shared;
     o.shared_gate_logit = defer ? nullptr : gate_logit;
     o.y = y;
+    o.int16_activations = m.options.fast && OneTokenInt16();  // fast mode only: exact keeps f32 products
     timer.Mark(Stage::kExperts, stream);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
     if (overlap && !defer) {

@@ -24,6 +24,10 @@ namespace {
 
 using q4k::CpAsync16;
 using q4k::DotSuperBlock;
+using q4k::DotSuperBlockI16;
+using q4k::I16Inverse;
+using q4k::I16Scale;
+using q4k::PackI16;
 using q4k::kSbBytes;
 using q4k::kXSbStride;
 using q4k::SiluQ4K;
@@ -164,10 +168,66 @@ __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sx
   for (int i = t; i < nsb * 8; i += nt) sxs[i] = q4k::StagedSubBlockSum(xs, i);
 }
 
+// int16 activations (q4k_dot.cuh's DotSuperBlockI16): the staged row xs (nsb super-blocks padded
+// to kXSbStride) quantized per super-block into xq[256·sb + i] and xsc[sb], with its f32
+// sub-block sums sxs[8·sb + j]. Warp w of nw takes super-blocks w, w + nw, ...; lane l eight
+// elements.
+__device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int16_t* xq, float* xsc, float* sxs, int w,
+                                                  int nw, int lane) {
+  for (int sb = w; sb < nsb; sb += nw) {
+    const float4* p = reinterpret_cast<const float4*>(xs + sb * kXSbStride + 8 * lane);
+    const float4 u = p[0], v = p[1];
+    float mx = fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
+                     fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // four lanes hold a sub-block of 32
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+    const float inv = I16Inverse(mx);
+    const uint4 q = make_uint4(PackI16(u.x, u.y, inv), PackI16(u.z, u.w, inv), PackI16(v.x, v.y, inv),
+                               PackI16(v.z, v.w, inv));
+    *reinterpret_cast<uint4*>(xq + sb * 256 + 8 * lane) = q;
+    if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
+    if (lane == 0) xsc[sb] = I16Scale(mx);
+  }
+}
+
+// int16 activations, one warp: `cols` f32 activations read from global src, quantized per
+// super-block into xq / xsc with their f32 sub-block sums sxs (as QuantizeStagedI16). Lane l
+// takes 16 elements of each 512.
+__device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int16_t* xq, float* xsc, float* sxs,
+                                                 int lane) {
+  for (int c0 = 0; c0 < cols; c0 += 512) {
+    const int c = c0 + 16 * lane;
+    const bool in = c < cols;  // cols is a multiple of 256: a half-warp is in or out
+    float4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = in ? reinterpret_cast<const float4*>(src + c)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float mx = 0.0f, s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+      s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // two lanes hold a sub-block of 32
+    for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));  // 16 a super-block
+    if (in) {
+      const float inv = I16Inverse(mx);
+      uint4* dst = reinterpret_cast<uint4*>(xq + c);
+      dst[0] = make_uint4(PackI16(v[0].x, v[0].y, inv), PackI16(v[0].z, v[0].w, inv), PackI16(v[1].x, v[1].y, inv),
+                          PackI16(v[1].z, v[1].w, inv));
+      dst[1] = make_uint4(PackI16(v[2].x, v[2].y, inv), PackI16(v[2].z, v[2].w, inv), PackI16(v[3].x, v[3].y, inv),
+                          PackI16(v[3].z, v[3].w, inv));
+      if ((lane & 1) == 0) sxs[c >> 5] = s;
+      if ((lane & 15) == 0) xsc[c >> 8] = I16Scale(mx);
+    }
+  }
+}
+
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:
 // [weights: warp, matrix (gate, up), rps rows][x: nsb padded super-blocks][Σx: nsb × 8]
-// [gate pointers: E][up pointers: E].
-template <int kPer, bool kProbe = false>
+// [gate pointers: E][up pointers: E], and with kI16 [x as int16: nsb × 256][x scales: nsb].
+template <int kPer, bool kProbe = false, bool kI16 = false>
 __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoeArgs a) {
   const PhaseProbe<kProbe> probe(0);
   extern __shared__ __align__(16) uint8_t smem[];
@@ -186,6 +246,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   float* sxs = xs + nsb * kXSbStride;
   const void** tgate = reinterpret_cast<const void**>(sxs + nsb * 8);
   const void** tup = tgate + a.E;
+  [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(tup + a.E);  // kI16 only
+  [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * 256);
   const int k = blockIdx.y;
   const int row0 = (blockIdx.x * kGateUpWarps + warp) * rps;
 
@@ -205,7 +267,13 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const bool writer = blockIdx.x == 0 && k == a.K - 1;
   const double picked_sum = BlockRoute<kPer>(
       a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
-      [&] { SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32); },
+      [&] {
+        if constexpr (kI16) {
+          QuantizeStagedI16(xs, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
+        } else {
+          SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
+        }
+      },
       [&](int sub) { probe.Stamp(5 + sub); });
   probe.Stamp(2);
   if (writer && warp == 0 && lane < a.K) {
@@ -234,7 +302,14 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   float acc[2][1] = {{0.0f}, {0.0f}};
   if (valid) {
     const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
-    DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+    if constexpr (kI16) {
+      float acc2[2] = {0.0f, 0.0f};
+      DotSuperBlockI16<2>(wsb, xq + sb * 256, xsc[sb], sxs + sb * 8, acc2);
+      acc[0][0] = acc2[0];
+      acc[1][0] = acc2[1];
+    } else {
+      DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+    }
   }
   for (int off = 1; off < nsb; off <<= 1) {
 #pragma unroll
@@ -249,8 +324,9 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
 
 // Kernel 2. grid ceil(h / rps) (rps for the inner-wide rows), W = min(K, kDownMaxWarps) warps;
 // warp w computes picks w, w + W, ... Shared memory: [weights: K picks × rps rows][act: W warps ×
-// nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps].
-template <int kPer, bool kProbe = false>
+// nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps]; with kI16 a warp's act region
+// holds its int16 act (nsb × 256) and their scales (nsb) instead.
+template <int kPer, bool kProbe = false, bool kI16 = false>
 __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeArgs a) {
   const PhaseProbe<kProbe> probe(1);
   extern __shared__ __align__(16) uint8_t smem[];
@@ -306,17 +382,31 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   probe.Stamp(3);
   for (int k = warp; k < a.K; k += W) {
     if (!s_ok[k]) continue;  // warp-uniform
-    StageRow(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xs, lane, 0, 32);
-    __syncwarp();
-    if (k == 0) probe.Stamp(11);
-    SubBlockSums(xs, nsb, sxs, lane, 32);
+    [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(xs);
+    [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * 256);
+    if constexpr (kI16) {
+      StageQuantizeI16(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xq, xsc, sxs, lane);
+      __syncwarp();
+      if (k == 0) probe.Stamp(11);
+    } else {
+      StageRow(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xs, lane, 0, 32);
+      __syncwarp();
+      if (k == 0) probe.Stamp(11);
+      SubBlockSums(xs, nsb, sxs, lane, 32);
+    }
     __syncwarp();
     if (k == 0) probe.Stamp(12);
     const bool valid = rho < rps && rho < nrows;
     float acc[1][1] = {{0.0f}};
     if (valid) {
       const uint8_t* wsb[1] = {smem + k * mat_bytes + rho * row_bytes + sb * kSbBytes};
-      DotSuperBlock<1, 1>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+      if constexpr (kI16) {
+        float acc1[1] = {0.0f};
+        DotSuperBlockI16<1>(wsb, xq + sb * 256, xsc[sb], sxs + sb * 8, acc1);
+        acc[0][0] = acc1[0];
+      } else {
+        DotSuperBlock<1, 1>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+      }
     }
     for (int off = 1; off < nsb; off <<= 1) {
       const float o = __shfl_down_sync(0xFFFFFFFFu, acc[0][0], off);
@@ -345,10 +435,10 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   probe.Stamp(5);
 }
 
-size_t GateUpSmem(int h, int E) {
+size_t GateUpSmem(int h, int E, bool i16) {
   const int nsb = h / 256, rps = 32 / nsb;
   return static_cast<size_t>(kGateUpWarps) * 2 * rps * nsb * kSbBytes + static_cast<size_t>(nsb) * (kXSbStride + 8) * 4 +
-         static_cast<size_t>(E) * 2 * sizeof(void*);
+         static_cast<size_t>(E) * 2 * sizeof(void*) + (i16 ? static_cast<size_t>(nsb) * (256 * 2 + 4) : 0);
 }
 
 int DownWarps(int K) { return K < kDownMaxWarps ? K : kDownMaxWarps; }
@@ -363,28 +453,28 @@ constexpr size_t kMaxSmem = 227 * 1024;
 
 bool Tiles(int cols) { return cols >= 256 && cols % 256 == 0 && cols / 256 <= 32; }
 
-template <int kPer, bool kProbe = false>
+template <int kPer, bool kProbe = false, bool kI16 = false>
 cudaError_t LaunchGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
-  const size_t smem = GateUpSmem(a.h, a.E);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneGateUpKernel<kPer, kProbe>, smem, raised); err != cudaSuccess) {
+  const size_t smem = GateUpSmem(a.h, a.E, kI16);
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneGateUpKernel<kPer, kProbe, kI16>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int rows_per_block = kGateUpWarps * (32 / (a.h / 256));
   const dim3 grid(static_cast<unsigned>((a.inner + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(a.K));
-  return LaunchPdl(OneGateUpKernel<kPer, kProbe>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
+  return LaunchPdl(OneGateUpKernel<kPer, kProbe, kI16>, grid, dim3(kGateUpWarps * 32), smem, stream, a);
 }
 
-template <int kPer, bool kProbe = false>
+template <int kPer, bool kProbe = false, bool kI16 = false>
 cudaError_t LaunchDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = DownSmem(a.K, a.inner);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer, kProbe>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer, kProbe, kI16>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int rps = 32 / (a.inner / 256);
-  return LaunchPdl(OneDownKernel<kPer, kProbe>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)), dim3(32 * DownWarps(a.K)),
-                   smem, stream, a);
+  return LaunchPdl(OneDownKernel<kPer, kProbe, kI16>, dim3(static_cast<unsigned>((a.h + rps - 1) / rps)),
+                   dim3(32 * DownWarps(a.K)), smem, stream, a);
 }
 
 bool ArgsOk(const OneTokenMoeArgs& a) {
@@ -406,17 +496,23 @@ cudaError_t DispatchPer(int E, F&& f) {
 
 bool OneTokenMoeFits(int E, int K, int h, int inner) {
   return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && Tiles(h) &&
-         Tiles(inner) && GateUpSmem(h, E) <= kMaxSmem && DownSmem(K, inner) <= kMaxSmem;
+         Tiles(inner) && GateUpSmem(h, E, true) <= kMaxSmem && DownSmem(K, inner) <= kMaxSmem;
 }
 
 cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
   if (!ArgsOk(a)) return cudaErrorInvalidValue;
-  return DispatchPer(a.E, [&](auto per) { return LaunchGateUp<decltype(per)::value>(a, stream); });
+  return DispatchPer(a.E, [&](auto per) {
+    return a.int16_activations ? LaunchGateUp<decltype(per)::value, false, true>(a, stream)
+                               : LaunchGateUp<decltype(per)::value>(a, stream);
+  });
 }
 
 cudaError_t LaunchOneTokenMoeDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   if (!ArgsOk(a)) return cudaErrorInvalidValue;
-  return DispatchPer(a.E, [&](auto per) { return LaunchDown<decltype(per)::value>(a, stream); });
+  return DispatchPer(a.E, [&](auto per) {
+    return a.int16_activations ? LaunchDown<decltype(per)::value, false, true>(a, stream)
+                               : LaunchDown<decltype(per)::value>(a, stream);
+  });
 }
 
 cudaError_t SetOneTokenProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream, bool down_late) {
@@ -427,13 +523,13 @@ cudaError_t SetOneTokenProbe(unsigned long long* stamps, unsigned capacity, cuda
 cudaError_t LaunchOneTokenMoeGateUpProbed(const OneTokenMoeArgs& a, cudaStream_t stream) {
   if (!ArgsOk(a)) return cudaErrorInvalidValue;
   if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;
-  return LaunchGateUp<16, true>(a, stream);
+  return a.int16_activations ? LaunchGateUp<16, true, true>(a, stream) : LaunchGateUp<16, true>(a, stream);
 }
 
 cudaError_t LaunchOneTokenMoeDownProbed(const OneTokenMoeArgs& a, cudaStream_t stream) {
   if (!ArgsOk(a)) return cudaErrorInvalidValue;
   if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;
-  return LaunchDown<16, true>(a, stream);
+  return a.int16_activations ? LaunchDown<16, true, true>(a, stream) : LaunchDown<16, true>(a, stream);
 }
 
 }  // namespace tandem::cuda

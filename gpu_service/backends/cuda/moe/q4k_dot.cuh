@@ -145,6 +145,112 @@ __device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats]
   }
 }
 
+// --- int16 activations (the fast mode's one-token kernels, expert_decode_one.cu) ---
+//
+// Activations quantized per 256 (one super-block of the row): x ≈ scale·q with q = rint(x / scale)
+// in [-32767, 32767], scale = max|x| / 32767, so an element's error is at most max|x| / 65534
+// (about 1.5e-5 of the block's largest value; the dot products' relative error is ~1e-5 on
+// random data, far inside the fast mode's bounds). The 4-bit weights times int16 activations are
+// dp2a instructions (two products a cycle-slot, exact int32 sums): about 0.9 instructions per
+// weight against ~2.5 for the f32 decode above, whose byte-to-float permutes and FMAs made the
+// one-token kernels issue-bound (moe/PERF_NOTES.md, the one-token probe).
+
+// dp2a without `volatile` (the CUDA header's intrinsics are volatile asm, which the compiler may
+// not reorder against other volatile asm): a 16-bit pair of `a` times bytes 0-1 (lo) or 2-3 (hi)
+// of `b`, plus c, signed.
+__device__ __forceinline__ int Dp2aLo(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int Dp2aHi(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Two activations as one word of int16 (a in the low half) at inverse scale inv.
+__device__ __forceinline__ uint32_t PackI16(float a, float b, float inv) {
+  const uint32_t qa = static_cast<uint16_t>(static_cast<int16_t>(__float2int_rn(a * inv)));
+  const uint32_t qb = static_cast<uint16_t>(static_cast<int16_t>(__float2int_rn(b * inv)));
+  return qa | (qb << 16);
+}
+
+// The per-256 scale of max|x| = mx and its inverse (both 0 for an all-zero block).
+__device__ __forceinline__ float I16Scale(float mx) { return mx / 32767.0f; }
+__device__ __forceinline__ float I16Inverse(float mx) { return mx > 0.0f ? 32767.0f / mx : 0.0f; }
+
+// acc[m] += Σ_i w_m[i]·x[i] over one super-block with x as int16: xq its 256 quantized values
+// (16-byte aligned), xscale their scale, sx its 8 f32 sub-block sums (the min term's Σx).
+// Σ w·x = d·sc·Σ q·x − dmin·m·Σx per sub-block, Σ q·x = xscale · Σ q·xq (int32, exact).
+template <int kMats>
+__device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMats], const int16_t* xq, float xscale,
+                                                 const float* sx, float (&acc)[kMats]) {
+  float dx[kMats], dmin[kMats];
+  uint32_t sc_lo[kMats], m_lo[kMats], sc_hi[kMats], m_hi[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    const uint4 head = *reinterpret_cast<const uint4*>(wsb[m]);
+    dx[m] = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF)) * xscale;
+    dmin[m] = HalfBits(static_cast<uint16_t>(head.x >> 16));
+    sc_lo[m] = head.y & 0x3F3F3F3Fu;
+    m_lo[m] = head.z & 0x3F3F3F3Fu;
+    sc_hi[m] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+    m_hi[m] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+  }
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    // Word k of qs bytes 32g .. 32g + 31: low nibbles are elements 64g + 4k .. + 3, high nibbles
+    // elements 64g + 32 + 4k .. + 3; activation word w of a half holds elements 2w and 2w + 1.
+    uint32_t q[kMats][8];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const uint4 a = *reinterpret_cast<const uint4*>(wsb[m] + 16 + 32 * g);
+      const uint4 b = *reinterpret_cast<const uint4*>(wsb[m] + 32 + 32 * g);
+      q[m][0] = a.x; q[m][1] = a.y; q[m][2] = a.z; q[m][3] = a.w;
+      q[m][4] = b.x; q[m][5] = b.y; q[m][6] = b.z; q[m][7] = b.w;
+    }
+    uint32_t xl[16], xh[16];
+    const uint4* xp = reinterpret_cast<const uint4*>(xq + 64 * g);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 l = xp[i], h = xp[4 + i];
+      xl[4 * i] = l.x; xl[4 * i + 1] = l.y; xl[4 * i + 2] = l.z; xl[4 * i + 3] = l.w;
+      xh[4 * i] = h.x; xh[4 * i + 1] = h.y; xh[4 * i + 2] = h.z; xh[4 * i + 3] = h.w;
+    }
+    int s_lo[kMats], s_hi[kMats];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) s_lo[m] = s_hi[m] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const uint32_t lo = q[m][k] & 0x0F0F0F0Fu;
+        const uint32_t hi = (q[m][k] >> 4) & 0x0F0F0F0Fu;
+        s_lo[m] = Dp2aLo(xl[2 * k], lo, s_lo[m]);
+        s_lo[m] = Dp2aHi(xl[2 * k + 1], lo, s_lo[m]);
+        s_hi[m] = Dp2aLo(xh[2 * k], hi, s_hi[m]);
+        s_hi[m] = Dp2aHi(xh[2 * k + 1], hi, s_hi[m]);
+      }
+    }
+    const int j0 = 2 * g, j1 = 2 * g + 1;
+    const float2 sums = *reinterpret_cast<const float2*>(sx + j0);
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const float sc0 = ByteAsFloat(j0 < 4 ? sc_lo[m] : sc_hi[m], j0 & 3);
+      const float mn0 = ByteAsFloat(j0 < 4 ? m_lo[m] : m_hi[m], j0 & 3);
+      const float sc1 = ByteAsFloat(j1 < 4 ? sc_lo[m] : sc_hi[m], j1 & 3);
+      const float mn1 = ByteAsFloat(j1 < 4 ? m_lo[m] : m_hi[m], j1 & 3);
+      float a = acc[m];
+      a = fmaf(dx[m] * sc0, static_cast<float>(s_lo[m]), a);
+      a = fmaf(-dmin[m] * mn0, sums.x, a);
+      a = fmaf(dx[m] * sc1, static_cast<float>(s_hi[m]), a);
+      a = fmaf(-dmin[m] * mn1, sums.y, a);
+      acc[m] = a;
+    }
+  }
+}
+
 }  // namespace tandem::cuda::q4k
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_Q4K_DOT_CUH_
