@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -137,12 +138,16 @@ __global__ void __launch_bounds__(kStationaryThreads, 1) StationaryMatVecKernel(
 
 // Rows per block of a stationary launch over `rows` rows (one block per SM, rows spread evenly),
 // or 0 when a block's rows do not fit kStationaryMaxShared.
+// TANDEM_MATVEC_STATIONARY_MAX_KB (read once; 1..227, default 227) lowers that bound: an A/B knob
+// for which products take the kernel (a block of the q3n-80b router's holds 32 KB of rows, of the
+// output product and z 67 KB, of the stacked GDN inputs 136 KB).
 template <class F>
 inline int StationaryRowsPerBlock(int cols, int rows) {
   if (!kStationaryFormat<F> || rows <= 0) return 0;
+  static const size_t limit = static_cast<size_t>(EnvInteger("TANDEM_MATVEC_STATIONARY_MAX_KB", 227, 1, 227)) * 1024;
   const int sms = DeviceSmCount();
   const int per_block = (rows + sms - 1) / sms;
-  return StationarySharedBytes<F>(cols, per_block) <= kStationaryMaxShared ? per_block : 0;
+  return StationarySharedBytes<F>(cols, per_block) <= limit ? per_block : 0;
 }
 
 // y = W·x for one activation row (StreamTakes<F> must hold), each row summed as the streaming

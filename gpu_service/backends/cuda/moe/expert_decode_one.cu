@@ -168,8 +168,13 @@ __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sx
   for (int i = t; i < nsb * 8; i += nt) sxs[i] = q4k::StagedSubBlockSum(xs, i);
 }
 
+// int16 activations in shared memory: super-block sb at xq + kXqSbStride·sb. The padding keeps the
+// lanes of one row (one super-block each, reading at the same offset) on distinct banks, as
+// kXSbStride does for f32 (256 int16 would put all eight 512 bytes apart: an 8-way conflict).
+constexpr int kXqSbStride = 264;
+
 // int16 activations (q4k_dot.cuh's DotSuperBlockI16): the staged row xs (nsb super-blocks padded
-// to kXSbStride) quantized per super-block into xq[256·sb + i] and xsc[sb], with its f32
+// to kXSbStride) quantized per super-block into xq[kXqSbStride·sb + i] and xsc[sb], with its f32
 // sub-block sums sxs[8·sb + j]. Warp w of nw takes super-blocks w, w + nw, ...; lane l eight
 // elements.
 __device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int16_t* xq, float* xsc, float* sxs, int w,
@@ -186,7 +191,7 @@ __device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int1
     const float inv = I16Inverse(mx);
     const uint4 q = make_uint4(PackI16(u.x, u.y, inv), PackI16(u.z, u.w, inv), PackI16(v.x, v.y, inv),
                                PackI16(v.z, v.w, inv));
-    *reinterpret_cast<uint4*>(xq + sb * 256 + 8 * lane) = q;
+    *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = q;
     if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
     if (lane == 0) xsc[sb] = I16Scale(mx);
   }
@@ -213,7 +218,7 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
     for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));  // 16 a super-block
     if (in) {
       const float inv = I16Inverse(mx);
-      uint4* dst = reinterpret_cast<uint4*>(xq + c);
+      uint4* dst = reinterpret_cast<uint4*>(xq + (c >> 8) * kXqSbStride + (c & 255));
       dst[0] = make_uint4(PackI16(v[0].x, v[0].y, inv), PackI16(v[0].z, v[0].w, inv), PackI16(v[1].x, v[1].y, inv),
                           PackI16(v[1].z, v[1].w, inv));
       dst[1] = make_uint4(PackI16(v[2].x, v[2].y, inv), PackI16(v[2].z, v[2].w, inv), PackI16(v[3].x, v[3].y, inv),
@@ -226,7 +231,7 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
 
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:
 // [weights: warp, matrix (gate, up), rps rows][x: nsb padded super-blocks][Σx: nsb × 8]
-// [gate pointers: E][up pointers: E], and with kI16 [x as int16: nsb × 256][x scales: nsb].
+// [gate pointers: E][up pointers: E], and with kI16 [x as int16: nsb × kXqSbStride][x scales: nsb].
 template <int kPer, bool kProbe = false, bool kI16 = false>
 __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoeArgs a) {
   const PhaseProbe<kProbe> probe(0);
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const void** tgate = reinterpret_cast<const void**>(sxs + nsb * 8);
   const void** tup = tgate + a.E;
   [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(tup + a.E);  // kI16 only
-  [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * 256);
+  [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * kXqSbStride);
   const int k = blockIdx.y;
   const int row0 = (blockIdx.x * kGateUpWarps + warp) * rps;
 
@@ -304,7 +309,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
     const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
     if constexpr (kI16) {
       float acc2[2] = {0.0f, 0.0f};
-      DotSuperBlockI16<2>(wsb, xq + sb * 256, xsc[sb], sxs + sb * 8, acc2);
+      DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc2);
       acc[0][0] = acc2[0];
       acc[1][0] = acc2[1];
     } else {
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
 // Kernel 2. grid ceil(h / rps) (rps for the inner-wide rows), W = min(K, kDownMaxWarps) warps;
 // warp w computes picks w, w + W, ... Shared memory: [weights: K picks × rps rows][act: W warps ×
 // nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps]; with kI16 a warp's act region
-// holds its int16 act (nsb × 256) and their scales (nsb) instead.
+// holds its int16 act (nsb × kXqSbStride) and their scales (nsb) instead.
 template <int kPer, bool kProbe = false, bool kI16 = false>
 __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeArgs a) {
   const PhaseProbe<kProbe> probe(1);
@@ -383,7 +388,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   for (int k = warp; k < a.K; k += W) {
     if (!s_ok[k]) continue;  // warp-uniform
     [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(xs);
-    [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * 256);
+    [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * kXqSbStride);
     if constexpr (kI16) {
       StageQuantizeI16(a.act + static_cast<int64_t>(k) * a.inner, a.inner, xq, xsc, sxs, lane);
       __syncwarp();
@@ -402,7 +407,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
       const uint8_t* wsb[1] = {smem + k * mat_bytes + rho * row_bytes + sb * kSbBytes};
       if constexpr (kI16) {
         float acc1[1] = {0.0f};
-        DotSuperBlockI16<1>(wsb, xq + sb * 256, xsc[sb], sxs + sb * 8, acc1);
+        DotSuperBlockI16<1>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc1);
         acc[0][0] = acc1[0];
       } else {
         DotSuperBlock<1, 1>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
@@ -438,7 +443,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
 size_t GateUpSmem(int h, int E, bool i16) {
   const int nsb = h / 256, rps = 32 / nsb;
   return static_cast<size_t>(kGateUpWarps) * 2 * rps * nsb * kSbBytes + static_cast<size_t>(nsb) * (kXSbStride + 8) * 4 +
-         static_cast<size_t>(E) * 2 * sizeof(void*) + (i16 ? static_cast<size_t>(nsb) * (256 * 2 + 4) : 0);
+         static_cast<size_t>(E) * 2 * sizeof(void*) + (i16 ? static_cast<size_t>(nsb) * (kXqSbStride * 2 + 4) : 0);
 }
 
 int DownWarps(int K) { return K < kDownMaxWarps ? K : kDownMaxWarps; }
