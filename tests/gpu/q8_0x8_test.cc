@@ -4,7 +4,6 @@
 // from, and the kernels that do not take it refuse it.
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "common/reference/matmul.h"
@@ -137,63 +136,6 @@ TEST_F(GpuQ8_0x8Test, GemmRunAndPreparedMatchReference) {
                 plan == GemmMode::kFast ? 1e-2 : plan == GemmMode::kFastSplit ? 2e-5 : 1e-5)
           << name;
     }
-  }
-}
-
-// The stationary kernel (weights in shared memory, matvec_stationary.cuh) against the streaming
-// kernel at one activation row: the same bits at every split (each row is summed in the streaming
-// kernel's order), for Q8_0x8 (padded and offset rows, the q3n-80b decode shapes: 2048 -> 8256
-// stacked inputs, 4096 -> 2048 output product) and F32 (the router's 2048 -> 513); both within 1e-5
-// of the reference. A matrix whose per-block rows overflow shared memory is not taken, and
-// kStationary then gives the streaming kernel's result.
-TEST_F(GpuQ8_0x8Test, StationaryKernelGivesTheStreamKernelsBits) {
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  using K = cuda::MatVecKernel;
-  auto check = [&](const cuda::DeviceMatrix& m, const std::vector<float>& want, const std::string& name, bool taken) {
-    EXPECT_EQ(cuda::StationaryMatVecTakes(m, 1), taken) << name;
-    EXPECT_FALSE(cuda::StationaryMatVecTakes(m, 2)) << name;
-    const std::vector<float> x = Random(rng, static_cast<size_t>(m.cols));
-    auto d_x = Upload(x);
-    std::vector<float> want_y(static_cast<size_t>(m.rows), 0.0f);
-    for (int64_t r = 0; r < m.rows; ++r) {
-      double acc = 0;
-      for (int64_t c = 0; c < m.cols; ++c) acc += static_cast<double>(want[r * m.cols + c]) * x[c];
-      want_y[r] = static_cast<float>(acc);
-    }
-    for (const int wpr : {0, 1, 2, 4, 8}) {
-      auto d_stream = Poisoned<float>(static_cast<size_t>(m.rows) + 1);
-      auto d_stat = Poisoned<float>(static_cast<size_t>(m.rows) + 1);
-      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), m.cols, 1, d_stream.get(), m.rows, {K::kStream, wpr, 0},
-                                                 nullptr));
-      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), m.cols, 1, d_stat.get(), m.rows,
-                                                 {K::kStationary, wpr, 0}, nullptr));
-      const std::vector<float> a = Download(d_stream), b = Download(d_stat);
-      const std::string what = name + "_wpr" + std::to_string(wpr);
-      EXPECT_TRUE(std::isnan(b[m.rows])) << what << ": wrote past the last row";
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(m.rows) * sizeof(float)), 0)
-          << what << ": the stationary kernel's bits differ from the streaming kernel's";
-      const std::vector<float> got(b.begin(), b.begin() + m.rows);
-      EXPECT_LE(gpu_testing::LogError("stationary_" + what, RelL2(got, want_y)), 1e-5) << what;
-    }
-  };
-  struct Case {
-    int64_t cols, rows, pad, offset;
-    bool taken;
-  };
-  for (const Case c : {Case{256, 37, 0, 0, true}, Case{512, 129, 16, 16, true}, Case{2048, 8256, 0, 0, true},
-                       Case{4096, 2048, 0, 0, true}, Case{2048, 1031, 16, 16, true}, Case{20480, 2048, 0, 0, false}}) {
-    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
-    const Regrouped g = Regroup(w, c.pad, c.offset);
-    std::vector<float> dense(static_cast<size_t>(c.cols * c.rows));
-    for (int64_t r = 0; r < c.rows; ++r) DequantizeMatrixRow(w.view(), r, dense.data() + r * c.cols);
-    check(g.m, dense, "q8_0x8_c" + std::to_string(c.cols) + "_r" + std::to_string(c.rows), c.taken);
-  }
-  for (const int64_t rows : {int64_t{513}, int64_t{7}}) {
-    const int64_t cols = 2048;
-    const std::vector<float> f = Random(rng, static_cast<size_t>(cols * rows));
-    auto d_f = Upload(f);
-    const cuda::DeviceMatrix m{cuda::kTypeF32, d_f.get(), cols, rows, cols * 4};
-    check(m, f, "f32_c2048_r" + std::to_string(rows), true);
   }
 }
 

@@ -298,19 +298,6 @@ TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
   ExpectDownJoinChangesNothing(GetParam());
 }
 
-// The one-activation-row products on the stationary kernel (weights copied into shared memory
-// before the PDL wait, cuda::SetMatVecStationary, the default) against the streaming kernel: each
-// row is summed in the streaming kernel's order at the same split, so the logits keep their bits,
-// exact and fast, graph-replayed batch 1 (batch 3 never takes it), with the router's taller
-// [router; shared gate] view included.
-TEST_P(DecodeScheduleTest, StationaryMatVecGivesTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::MatVecStationary();
-  ExpectScheduleChangesNoLogits(GetParam(), "stationary vs streaming matvec",
-                                [](bool on) { cuda::SetMatVecStationary(on); });
-  cuda::SetMatVecStationary(was);
-}
-
 // The one-token MoE kernels with int16 activations (cuda::SetOneTokenInt16, the fast mode's
 // default) against their f32 products: exact mode never takes them (bit-identical logits); in
 // fast mode batch 1 takes them (different bits, so the path ran) and batch 3 does not (planned

@@ -1,6 +1,5 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
-#include <atomic>
 #include <cstdlib>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
@@ -8,18 +7,12 @@
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_head.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
-#include "gpu_service/backends/cuda/matvec_stationary.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 static_assert(kMatVecHeadVariants == fastmv::kQ6HeadVariants, "dense_matvec.cuh names the head kernel's variants");
 namespace {
-
-std::atomic<bool>& MatVecStationarySwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_MATVEC_STATIONARY")};
-  return on;
-}
 
 constexpr int kWarpsPerBlock = 8;
 
@@ -160,20 +153,6 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
       stream_kernel = false;
     }
   }
-  if constexpr (fastmv::kStationaryFormat<F>) {
-    // One activation row: the stationary kernel at the streaming kernel's own split (same bits).
-    const bool asked = o.kernel == MatVecKernel::kStationary || (o.kernel == MatVecKernel::kAuto && MatVecStationary());
-    if (stream_kernel && asked && n == 1 && o.blocks_per_sm == 0 &&
-        fastmv::StationaryRowsPerBlock<F>(static_cast<int>(w.cols), static_cast<int>(w.rows)) > 0) {
-      fastmv::StreamArgs sa;
-      sa.cols = static_cast<int>(w.cols);
-      sa.out_rows = static_cast<int>(w.rows);
-      sa.n = 1;
-      const int wpr = fastmv::StreamLaunchSplit<F, 1>(sa, 1, fastmv::StreamTuning{o.warps_per_row, 0}).wpr;
-      return fastmv::LaunchStationary<F>(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
-                                         static_cast<int>(w.rows), x, y, wpr, stream);
-    }
-  }
   if (stream_kernel) {
     const fastmv::StreamTuning tuning{o.warps_per_row, o.blocks_per_sm};
     return fastmv::LaunchStreamDense<F>(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
@@ -213,7 +192,7 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
   if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged ||
-      kernel == MatVecKernel::kQ6Head || kernel == MatVecKernel::kStationary) {
+      kernel == MatVecKernel::kQ6Head) {
     // F16 and BF16 have no streaming format: the generic kernel below.
     using StreamedTypes = WeightTypes<kTypeF32, kTypeQ8_0, kTypeQ4_K, kTypeQ5_K, kTypeQ6_K, kTypeQ8_0x8>;
     if (StreamedTypes::Contains(w.type)) {
@@ -244,19 +223,5 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
   }
   return fastmv::StreamOneRowWarpsPerRow<fastmv::FmtF32>(static_cast<int>(w.cols), static_cast<int>(w.rows));
 }
-
-bool StationaryMatVecTakes(const DeviceMatrix& w, int n) {
-  if (n != 1 || w.rows <= 0 || (w.type != kTypeQ8_0x8 && w.type != kTypeF32) || w.cols % RowLengthMultiple(w.type) != 0) {
-    return false;
-  }
-  return DispatchOnType(w.type, WeightTypes<kTypeF32, kTypeQ8_0x8>{}, false, [&](auto t) {
-    using F = typename fastmv::StreamFormatOf<decltype(t)::value>::Type;
-    return fastmv::StreamTakes<F>(w.data, w.cols, w.rows, w.row_bytes) &&
-           fastmv::StationaryRowsPerBlock<F>(static_cast<int>(w.cols), static_cast<int>(w.rows)) > 0;
-  });
-}
-
-void SetMatVecStationary(bool on) { MatVecStationarySwitch().store(on, std::memory_order_relaxed); }
-bool MatVecStationary() { return MatVecStationarySwitch().load(std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

@@ -33,9 +33,6 @@ enum class MatVecKernel {
               // size); otherwise, and for other types, as kAuto
   kQ6Head,    // Q6_K: the one-row head kernel (matvec_q6k_head.cuh: n = 1, 2048 columns) wherever
               // it takes the product, else as kStaged
-  kStationary,  // Q8_0x8 and F32 at one activation row: the weights-in-shared-memory kernel
-                // (matvec_stationary.cuh) wherever it takes the product (StationaryMatVecTakes), else
-                // as kStream. kAuto takes it too while SetMatVecStationary is on (the default).
 };
 
 // Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.
@@ -67,18 +64,6 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
 // this (0: none), gives those rows the same bits as w's own kAuto launch (the MoE stage's router
 // product with the shared expert's gate row after it).
 int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
-
-// Whether a kAuto (or kStationary) launch of w at n activation rows takes the stationary kernel
-// (matvec_stationary.cuh: Q8_0x8 or F32, n = 1, the streaming kernel's alignment, one block's
-// rows within its shared memory), ignoring SetMatVecStationary. Its rows have the streaming
-// kernel's bits at the same warps per row, so the choice only moves time.
-bool StationaryMatVecTakes(const DeviceMatrix& w, int n);
-
-// Process-wide switch: kAuto launches take the stationary kernel where it takes the product. On
-// by default; TANDEM_MATVEC_STATIONARY=0 at start-up turns it off (the streaming kernel, same
-// bits). Read at each launch: flip it only between backends, not while graphs are live.
-void SetMatVecStationary(bool on);
-bool MatVecStationary();
 
 }  // namespace tandem::cuda
 
