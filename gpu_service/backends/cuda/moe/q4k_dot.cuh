@@ -46,6 +46,36 @@ __device__ __forceinline__ float NibbleValue(uint32_t shifted, int b) {
   return __uint_as_float(__byte_perm(shifted, 0x3F000000u, 0x7044 | (b << 8)));
 }
 
+// A Q4_K super-block's 16-byte head: f16 d and dmin, and the 8 six-bit scales and 8 mins of ggml's
+// get_scale_min_k4 packed four to a word (sub-blocks 0..3 and 4..7).
+struct Q4KHead {
+  float d, dmin;
+  uint32_t sc_lo, m_lo, sc_hi, m_hi;
+};
+__device__ __forceinline__ Q4KHead LoadQ4KHead(const uint8_t* sb) {
+  const uint4 head = *reinterpret_cast<const uint4*>(sb);
+  Q4KHead h;
+  h.d = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF));
+  h.dmin = HalfBits(static_cast<uint16_t>(head.x >> 16));
+  h.sc_lo = head.y & 0x3F3F3F3Fu;
+  h.m_lo = head.z & 0x3F3F3F3Fu;
+  h.sc_hi = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+  h.m_hi = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+  return h;
+}
+// Sub-block j's scale and min as exact floats.
+__device__ __forceinline__ float SubScale(const Q4KHead& h, int j) { return ByteAsFloat(j < 4 ? h.sc_lo : h.sc_hi, j & 3); }
+__device__ __forceinline__ float SubMin(const Q4KHead& h, int j) { return ByteAsFloat(j < 4 ? h.m_lo : h.m_hi, j & 3); }
+
+// qs bytes 32g .. 32g + 31 of a super-block as eight words: low nibbles are elements 64g + i
+// (sub-block 2g), high nibbles elements 64g + 32 + i (sub-block 2g + 1).
+__device__ __forceinline__ void LoadQ4KQs(const uint8_t* sb, int g, uint32_t (&q)[8]) {
+  const uint4 a = *reinterpret_cast<const uint4*>(sb + 16 + 32 * g);
+  const uint4 b = *reinterpret_cast<const uint4*>(sb + 32 + 32 * g);
+  q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w;
+  q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
+}
+
 // Accumulates one super-block of kMats matrices (the lane's rows) against kR activation rows:
 // acc[m][r] += Σ_i w_m[i]·x_r[i] over its 256 elements. wsb[m]: the super-block in shared memory;
 // xsb: activation row 0's 256 elements (row r at + r·xstride); sx: its 8 sub-block sums (row r
@@ -53,34 +83,20 @@ __device__ __forceinline__ float NibbleValue(uint32_t shifted, int b) {
 template <int kR, int kMats>
 __device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats], const float* xsb, int xstride,
                                               const float* sx, int sxstride, int nr, float (&acc)[kMats][kR]) {
-  // Per matrix: d·32, d·16, dmin and the 8 scale and 8 min bytes of ggml's get_scale_min_k4 packed
-  // four to a word (sub-blocks 0..3 and 4..7).
-  float d32[kMats], d16[kMats], dmin[kMats];
-  uint32_t sc_lo[kMats], m_lo[kMats], sc_hi[kMats], m_hi[kMats];
+  // Per matrix: its head, d·32 and d·16.
+  Q4KHead hd[kMats];
+  float d32[kMats], d16[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
-    const uint4 head = *reinterpret_cast<const uint4*>(wsb[m]);
-    const float d = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF));
-    d32[m] = 32.0f * d;
-    d16[m] = 16.0f * d;
-    dmin[m] = HalfBits(static_cast<uint16_t>(head.x >> 16));
-    sc_lo[m] = head.y & 0x3F3F3F3Fu;
-    m_lo[m] = head.z & 0x3F3F3F3Fu;
-    sc_hi[m] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
-    m_hi[m] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+    hd[m] = LoadQ4KHead(wsb[m]);
+    d32[m] = 32.0f * hd[m].d;
+    d16[m] = 16.0f * hd[m].d;
   }
 #pragma unroll
   for (int g = 0; g < 4; ++g) {
-    // qs bytes 32g .. 32g + 31: low nibbles are elements 64g + i (sub-block 2g), high nibbles
-    // elements 64g + 32 + i (sub-block 2g + 1).
     uint32_t q[kMats][8];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const uint4 a = *reinterpret_cast<const uint4*>(wsb[m] + 16 + 32 * g);
-      const uint4 b = *reinterpret_cast<const uint4*>(wsb[m] + 32 + 32 * g);
-      q[m][0] = a.x; q[m][1] = a.y; q[m][2] = a.z; q[m][3] = a.w;
-      q[m][4] = b.x; q[m][5] = b.y; q[m][6] = b.z; q[m][7] = b.w;
-    }
+    for (int m = 0; m < kMats; ++m) LoadQ4KQs(wsb[m], g, q[m]);
     float s_lo[kMats][kR], s_hi[kMats][kR];
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
@@ -123,12 +139,10 @@ __device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats]
     const int j0 = 2 * g, j1 = 2 * g + 1;
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
-      const float sc0 = ByteAsFloat(j0 < 4 ? sc_lo[m] : sc_hi[m], j0 & 3);
-      const float mn0 = ByteAsFloat(j0 < 4 ? m_lo[m] : m_hi[m], j0 & 3);
-      const float sc1 = ByteAsFloat(j1 < 4 ? sc_lo[m] : sc_hi[m], j1 & 3);
-      const float mn1 = ByteAsFloat(j1 < 4 ? m_lo[m] : m_hi[m], j1 & 3);
-      const float c1_lo = d32[m] * sc0, c2_lo = fmaf(d16[m], sc0, dmin[m] * mn0);
-      const float c1_hi = d32[m] * sc1, c2_hi = fmaf(d16[m], sc1, dmin[m] * mn1);
+      const float sc0 = SubScale(hd[m], j0), mn0 = SubMin(hd[m], j0);
+      const float sc1 = SubScale(hd[m], j1), mn1 = SubMin(hd[m], j1);
+      const float c1_lo = d32[m] * sc0, c2_lo = fmaf(d16[m], sc0, hd[m].dmin * mn0);
+      const float c1_hi = d32[m] * sc1, c2_hi = fmaf(d16[m], sc1, hd[m].dmin * mn1);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         if (r < nr) {
@@ -186,17 +200,12 @@ __device__ __forceinline__ float I16Inverse(float mx) { return mx > 0.0f ? 32767
 template <int kMats>
 __device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMats], const int16_t* xq, float xscale,
                                                  const float* sx, float (&acc)[kMats]) {
-  float dx[kMats], dmin[kMats];
-  uint32_t sc_lo[kMats], m_lo[kMats], sc_hi[kMats], m_hi[kMats];
+  Q4KHead hd[kMats];
+  float dx[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
-    const uint4 head = *reinterpret_cast<const uint4*>(wsb[m]);
-    dx[m] = HalfBits(static_cast<uint16_t>(head.x & 0xFFFF)) * xscale;
-    dmin[m] = HalfBits(static_cast<uint16_t>(head.x >> 16));
-    sc_lo[m] = head.y & 0x3F3F3F3Fu;
-    m_lo[m] = head.z & 0x3F3F3F3Fu;
-    sc_hi[m] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
-    m_hi[m] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+    hd[m] = LoadQ4KHead(wsb[m]);
+    dx[m] = hd[m].d * xscale;
   }
 #pragma unroll
   for (int g = 0; g < 4; ++g) {
@@ -204,12 +213,7 @@ __device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMa
     // elements 64g + 32 + 4k .. + 3; activation word w of a half holds elements 2w and 2w + 1.
     uint32_t q[kMats][8];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const uint4 a = *reinterpret_cast<const uint4*>(wsb[m] + 16 + 32 * g);
-      const uint4 b = *reinterpret_cast<const uint4*>(wsb[m] + 32 + 32 * g);
-      q[m][0] = a.x; q[m][1] = a.y; q[m][2] = a.z; q[m][3] = a.w;
-      q[m][4] = b.x; q[m][5] = b.y; q[m][6] = b.z; q[m][7] = b.w;
-    }
+    for (int m = 0; m < kMats; ++m) LoadQ4KQs(wsb[m], g, q[m]);
     uint32_t xl[16], xh[16];
     const uint4* xp = reinterpret_cast<const uint4*>(xq + 64 * g);
 #pragma unroll
@@ -237,15 +241,13 @@ __device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMa
     const float2 sums = *reinterpret_cast<const float2*>(sx + j0);
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
-      const float sc0 = ByteAsFloat(j0 < 4 ? sc_lo[m] : sc_hi[m], j0 & 3);
-      const float mn0 = ByteAsFloat(j0 < 4 ? m_lo[m] : m_hi[m], j0 & 3);
-      const float sc1 = ByteAsFloat(j1 < 4 ? sc_lo[m] : sc_hi[m], j1 & 3);
-      const float mn1 = ByteAsFloat(j1 < 4 ? m_lo[m] : m_hi[m], j1 & 3);
+      const float sc0 = SubScale(hd[m], j0), mn0 = SubMin(hd[m], j0);
+      const float sc1 = SubScale(hd[m], j1), mn1 = SubMin(hd[m], j1);
       float a = acc[m];
       a = fmaf(dx[m] * sc0, static_cast<float>(s_lo[m]), a);
-      a = fmaf(-dmin[m] * mn0, sums.x, a);
+      a = fmaf(-hd[m].dmin * mn0, sums.x, a);
       a = fmaf(dx[m] * sc1, static_cast<float>(s_hi[m]), a);
-      a = fmaf(-dmin[m] * mn1, sums.y, a);
+      a = fmaf(-hd[m].dmin * mn1, sums.y, a);
       acc[m] = a;
     }
   }
