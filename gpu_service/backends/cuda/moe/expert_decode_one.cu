@@ -27,7 +27,8 @@ using q4k::DotSuperBlock;
 using q4k::DotSuperBlockI16;
 using q4k::I16Inverse;
 using q4k::I16Scale;
-using q4k::PackI16;
+using q4k::MaxAbs4;
+using q4k::PackI16x8;
 using q4k::kSbBytes;
 using q4k::kXSbStride;
 using q4k::SiluQ4K;
@@ -182,16 +183,12 @@ __device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int1
   for (int sb = w; sb < nsb; sb += nw) {
     const float4* p = reinterpret_cast<const float4*>(xs + sb * kXSbStride + 8 * lane);
     const float4 u = p[0], v = p[1];
-    float mx = fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
-                     fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
     float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // four lanes hold a sub-block of 32
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-    const float inv = I16Inverse(mx);
-    const uint4 q = make_uint4(PackI16(u.x, u.y, inv), PackI16(u.z, u.w, inv), PackI16(v.x, v.y, inv),
-                               PackI16(v.z, v.w, inv));
-    *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = q;
+    *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = PackI16x8(u, v, I16Inverse(mx));
     if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
     if (lane == 0) xsc[sb] = I16Scale(mx);
   }
@@ -211,7 +208,7 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
     float mx = 0.0f, s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+      mx = fmaxf(mx, MaxAbs4(v[i]));
       s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
     }
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // two lanes hold a sub-block of 32
@@ -219,10 +216,8 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
     if (in) {
       const float inv = I16Inverse(mx);
       uint4* dst = reinterpret_cast<uint4*>(xq + (c >> 8) * kXqSbStride + (c & 255));
-      dst[0] = make_uint4(PackI16(v[0].x, v[0].y, inv), PackI16(v[0].z, v[0].w, inv), PackI16(v[1].x, v[1].y, inv),
-                          PackI16(v[1].z, v[1].w, inv));
-      dst[1] = make_uint4(PackI16(v[2].x, v[2].y, inv), PackI16(v[2].z, v[2].w, inv), PackI16(v[3].x, v[3].y, inv),
-                          PackI16(v[3].z, v[3].w, inv));
+      dst[0] = PackI16x8(v[0], v[1], inv);
+      dst[1] = PackI16x8(v[2], v[3], inv);
       if ((lane & 1) == 0) sxs[c >> 5] = s;
       if ((lane & 15) == 0) xsc[c >> 8] = I16Scale(mx);
     }
@@ -308,10 +303,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   if (valid) {
     const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
     if constexpr (kI16) {
-      float acc2[2] = {0.0f, 0.0f};
-      DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc2);
-      acc[0][0] = acc2[0];
-      acc[1][0] = acc2[1];
+      DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc);
     } else {
       DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
     }
@@ -406,9 +398,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     if (valid) {
       const uint8_t* wsb[1] = {smem + k * mat_bytes + rho * row_bytes + sb * kSbBytes};
       if constexpr (kI16) {
-        float acc1[1] = {0.0f};
-        DotSuperBlockI16<1>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc1);
-        acc[0][0] = acc1[0];
+        DotSuperBlockI16<1>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc);
       } else {
         DotSuperBlock<1, 1>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
       }

@@ -190,16 +190,27 @@ __device__ __forceinline__ uint32_t PackI16(float a, float b, float inv) {
   return qa | (qb << 16);
 }
 
+// Eight activations (u then v) as four words of int16 at inverse scale inv.
+__device__ __forceinline__ uint4 PackI16x8(float4 u, float4 v, float inv) {
+  return make_uint4(PackI16(u.x, u.y, inv), PackI16(u.z, u.w, inv), PackI16(v.x, v.y, inv), PackI16(v.z, v.w, inv));
+}
+
+// max |v.i| (fmaxf is exact: any grouping gives the same value).
+__device__ __forceinline__ float MaxAbs4(float4 v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
 // The per-256 scale of max|x| = mx and its inverse (both 0 for an all-zero block).
 __device__ __forceinline__ float I16Scale(float mx) { return mx / 32767.0f; }
 __device__ __forceinline__ float I16Inverse(float mx) { return mx > 0.0f ? 32767.0f / mx : 0.0f; }
 
-// acc[m] += Σ_i w_m[i]·x[i] over one super-block with x as int16: xq its 256 quantized values
-// (16-byte aligned), xscale their scale, sx its 8 f32 sub-block sums (the min term's Σx).
+// acc[m][0] += Σ_i w_m[i]·x[i] over one super-block with x (one activation row, DotSuperBlock's
+// acc layout at kR = 1) as int16: xq its 256 quantized values (16-byte aligned), xscale their
+// scale, sx its 8 f32 sub-block sums (the min term's Σx).
 // Σ w·x = d·sc·Σ q·x − dmin·m·Σx per sub-block, Σ q·x = xscale · Σ q·xq (int32, exact).
 template <int kMats>
 __device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMats], const int16_t* xq, float xscale,
-                                                 const float* sx, float (&acc)[kMats]) {
+                                                 const float* sx, float (&acc)[kMats][1]) {
   Q4KHead hd[kMats];
   float dx[kMats];
 #pragma unroll
@@ -243,12 +254,12 @@ __device__ __forceinline__ void DotSuperBlockI16(const uint8_t* const (&wsb)[kMa
     for (int m = 0; m < kMats; ++m) {
       const float sc0 = SubScale(hd[m], j0), mn0 = SubMin(hd[m], j0);
       const float sc1 = SubScale(hd[m], j1), mn1 = SubMin(hd[m], j1);
-      float a = acc[m];
+      float a = acc[m][0];
       a = fmaf(dx[m] * sc0, static_cast<float>(s_lo[m]), a);
       a = fmaf(-hd[m].dmin * mn0, sums.x, a);
       a = fmaf(dx[m] * sc1, static_cast<float>(s_hi[m]), a);
       a = fmaf(-hd[m].dmin * mn1, sums.y, a);
-      acc[m] = a;
+      acc[m][0] = a;
     }
   }
 }
