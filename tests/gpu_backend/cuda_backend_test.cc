@@ -30,6 +30,13 @@ using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RandomTokens;
 using gpu_backend_testing::RelativeL2;
 
+// Whether two lists hold the same ids, in any order (routing picks, block selections).
+bool SameIds(std::vector<int32_t> a, std::vector<int32_t> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return a == b;
+}
+
 constexpr int64_t kPrompt = 64;
 
 // Logits of every position of `tokens` from one reference Forward; routing, block-selection
@@ -105,11 +112,8 @@ TEST_P(ExactTest, RoutingSinkReportsThePicksOfBothPlanners) {
     for (int64_t l = 0; l < L; ++l) {
       ASSERT_EQ(got[l].experts.size(), static_cast<size_t>(n * K));
       for (int64_t t = 0; t < n; ++t) {
-        std::vector<int32_t> a(got[l].experts.begin() + t * K, got[l].experts.begin() + (t + 1) * K);
-        std::vector<int32_t> b(want[l].experts.begin() + t * K, want[l].experts.begin() + (t + 1) * K);
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        agree += a == b;
+        agree += SameIds({got[l].experts.begin() + t * K, got[l].experts.begin() + (t + 1) * K},
+                         {want[l].experts.begin() + t * K, want[l].experts.begin() + (t + 1) * K});
         ++pairs;
       }
     }
@@ -163,10 +167,7 @@ TEST_P(ExactTest, SelectionSinkReportsTheReferencesBlockSelections) {
       if (w.counts.empty()) continue;
       ASSERT_EQ(g.counts.size(), static_cast<size_t>(T)) << "layer " << l;
       for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> x(g.of(t).begin(), g.of(t).end()), y(w.of(t).begin(), w.of(t).end());
-        std::sort(x.begin(), x.end());
-        std::sort(y.begin(), y.end());
-        agree += x == y;
+        agree += SameIds({g.of(t).begin(), g.of(t).end()}, {w.of(t).begin(), w.of(t).end()});
         const int64_t pos = step == 1 ? 100 + t : t < 100 ? t : t - 100;
         sparse += pos / gpu_->config().attn.cr > w.keep;
         ++pairs;
@@ -468,12 +469,9 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
   std::vector<bool> all_agree(static_cast<size_t>(n), true);
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t t = 0; t < n; ++t) {
-      std::vector<int32_t> a(gpu_routing[l].experts.begin() + t * K, gpu_routing[l].experts.begin() + (t + 1) * K);
-      std::vector<int32_t> b(ref_routing[l].experts.begin() + t * K, ref_routing[l].experts.begin() + (t + 1) * K);
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
       ++pairs;
-      if (a == b) {
+      if (SameIds({gpu_routing[l].experts.begin() + t * K, gpu_routing[l].experts.begin() + (t + 1) * K},
+                  {ref_routing[l].experts.begin() + t * K, ref_routing[l].experts.begin() + (t + 1) * K})) {
         ++agree;
       } else {
         // Later positions see the flipped pick through the attention cache and recurrent state.
@@ -491,11 +489,8 @@ FastResult MeasureFast(const std::string& path, const FastParts& parts, const st
     if (g.counts.empty() || g.counts.size() != w.counts.size()) continue;
     EXPECT_EQ(g.counts.size(), static_cast<size_t>(n)) << "layer " << l;
     for (int64_t t = 0; t < n && t < static_cast<int64_t>(g.counts.size()); ++t) {
-      std::vector<int32_t> a(g.of(t).begin(), g.of(t).end()), b(w.of(t).begin(), w.of(t).end());
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
       ++sel_pairs;
-      if (a == b) {
+      if (SameIds({g.of(t).begin(), g.of(t).end()}, {w.of(t).begin(), w.of(t).end()})) {
         ++sel_agree;
       } else {
         flipped[t] = true;
