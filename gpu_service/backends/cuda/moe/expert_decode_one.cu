@@ -174,14 +174,14 @@ __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sx
 // kXSbStride does for f32 (256 int16 would put all eight 512 bytes apart: an 8-way conflict).
 constexpr int kXqSbStride = 264;
 
-// int16 activations (q4k_dot.cuh's DotSuperBlockI16): the staged row xs (nsb super-blocks padded
-// to kXSbStride) quantized per super-block into xq[kXqSbStride·sb + i] and xsc[sb], with its f32
-// sub-block sums sxs[8·sb + j]. Warp w of nw takes super-blocks w, w + nw, ...; lane l eight
-// elements.
-__device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int16_t* xq, float* xsc, float* sxs, int w,
-                                                  int nw, int lane) {
+// int16 activations (q4k_dot.cuh's DotSuperBlockI16): a row of nsb super-blocks (super-block sb
+// at src + stride·sb: global memory, 256, or a staged copy, kXSbStride) quantized per super-block
+// into xq[kXqSbStride·sb + i] and xsc[sb], with its f32 sub-block sums sxs[8·sb + j]. Warp w of
+// nw takes super-blocks w, w + nw, ...; lane l eight elements.
+__device__ __forceinline__ void QuantizeI16(const float* src, int stride, int nsb, int16_t* xq, float* xsc, float* sxs,
+                                            int w, int nw, int lane) {
   for (int sb = w; sb < nsb; sb += nw) {
-    const float4* p = reinterpret_cast<const float4*>(xs + sb * kXSbStride + 8 * lane);
+    const float4* p = reinterpret_cast<const float4*>(src + sb * stride + 8 * lane);
     const float4 u = p[0], v = p[1];
     float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
     float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
@@ -195,7 +195,7 @@ __device__ __forceinline__ void QuantizeStagedI16(const float* xs, int nsb, int1
 }
 
 // int16 activations, one warp: `cols` f32 activations read from global src, quantized per
-// super-block into xq / xsc with their f32 sub-block sums sxs (as QuantizeStagedI16). Lane l
+// super-block into xq / xsc with their f32 sub-block sums sxs (as QuantizeI16). Lane l
 // takes 16 elements of each 512.
 __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int16_t* xq, float* xsc, float* sxs,
                                                  int lane) {
@@ -226,7 +226,9 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
 
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:
 // [weights: warp, matrix (gate, up), rps rows][x: nsb padded super-blocks][Σx: nsb × 8]
-// [gate pointers: E][up pointers: E], and with kI16 [x as int16: nsb × kXqSbStride][x scales: nsb].
+// [gate pointers: E][up pointers: E]; with kI16 no f32 x (x is quantized straight from global
+// memory: ~8 KB less a block at the 80B shape, so that a down block fits beside three gate/up
+// blocks and enters early) and after the pointers [x as int16: nsb × kXqSbStride][x scales: nsb].
 template <int kPer, bool kProbe = false, bool kI16 = false>
 __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoeArgs a) {
   const PhaseProbe<kProbe> probe(0);
@@ -242,8 +244,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const int rho = lane / nsb, sb = lane - rho * nsb;
   const int mat_bytes = rps * row_bytes;
   uint8_t* wsm = smem + warp * 2 * mat_bytes;
-  float* xs = reinterpret_cast<float*>(smem + kGateUpWarps * 2 * mat_bytes);
-  float* sxs = xs + nsb * kXSbStride;
+  float* xs = reinterpret_cast<float*>(smem + kGateUpWarps * 2 * mat_bytes);  // f32 only
+  float* sxs = xs + (kI16 ? 0 : nsb * kXSbStride);
   const void** tgate = reinterpret_cast<const void**>(sxs + nsb * 8);
   const void** tup = tgate + a.E;
   [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(tup + a.E);  // kI16 only
@@ -261,7 +263,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   PdlWaitForPrevious();
   probe.Stamp(1);
   PdlAllowNext();
-  StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
+  // With kI16 no f32 copy: x is quantized straight from global memory during the routing below.
+  if constexpr (!kI16) StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
   // Block (0, K - 1) routes all K picks anyway: it publishes them for the routing sink, the host
   // copy and the tests. The others stop at their own pick.
   const bool writer = blockIdx.x == 0 && k == a.K - 1;
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
       a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
       [&] {
         if constexpr (kI16) {
-          QuantizeStagedI16(xs, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
+          QuantizeI16(a.x, 256, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
         } else {
           SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
         }
@@ -319,6 +322,13 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   probe.Stamp(4);
 }
 
+// Bytes of a down warp's act region: nsb padded f32 super-blocks, or with int16 activations nsb
+// padded int16 super-blocks and their scales (half as much: with the f32 form's region a down block
+// did not fit beside three int16 gate/up blocks), a multiple of 16.
+__host__ __device__ constexpr int DownActBytes(int nsb, bool i16) {
+  return i16 ? (nsb * (kXqSbStride * 2 + 4) + 15) / 16 * 16 : nsb * kXSbStride * 4;
+}
+
 // Kernel 2. grid ceil(h / rps) (rps for the inner-wide rows), W = min(K, kDownMaxWarps) warps;
 // warp w computes picks w, w + W, ... Shared memory: [weights: K picks × rps rows][act: W warps ×
 // nsb padded super-blocks][Σact: W × nsb × 8][results: K × rps]; with kI16 a warp's act region
@@ -339,9 +349,10 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rho = lane / nsb, sb = lane - rho * nsb;
   const int mat_bytes = rps * row_bytes;
-  float* xs = reinterpret_cast<float*>(smem + a.K * mat_bytes) + warp * nsb * kXSbStride;
-  float* sxs = reinterpret_cast<float*>(smem + a.K * mat_bytes) + W * nsb * kXSbStride + warp * nsb * 8;
-  float* res = reinterpret_cast<float*>(smem + a.K * mat_bytes) + W * nsb * (kXSbStride + 8);
+  const int xr = DownActBytes(nsb, kI16);  // a warp's act region
+  float* xs = reinterpret_cast<float*>(smem + a.K * mat_bytes + warp * xr);
+  float* sxs = reinterpret_cast<float*>(smem + a.K * mat_bytes + W * xr) + warp * nsb * 8;
+  float* res = reinterpret_cast<float*>(smem + a.K * mat_bytes + W * xr) + W * nsb * 8;
   const int row0 = blockIdx.x * rps;
   const int nrows = min(rps, a.h - row0);
 
@@ -432,16 +443,17 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
 
 size_t GateUpSmem(int h, int E, bool i16) {
   const int nsb = h / 256, rps = 32 / nsb;
-  return static_cast<size_t>(kGateUpWarps) * 2 * rps * nsb * kSbBytes + static_cast<size_t>(nsb) * (kXSbStride + 8) * 4 +
-         static_cast<size_t>(E) * 2 * sizeof(void*) + (i16 ? static_cast<size_t>(nsb) * (kXqSbStride * 2 + 4) : 0);
+  return static_cast<size_t>(kGateUpWarps) * 2 * rps * nsb * kSbBytes +
+         static_cast<size_t>(nsb) * ((i16 ? 0 : kXSbStride) + 8) * 4 + static_cast<size_t>(E) * 2 * sizeof(void*) +
+         (i16 ? static_cast<size_t>(nsb) * (kXqSbStride * 2 + 4) : 0);
 }
 
 int DownWarps(int K) { return K < kDownMaxWarps ? K : kDownMaxWarps; }
 
-size_t DownSmem(int K, int inner) {
+size_t DownSmem(int K, int inner, bool i16) {
   const int nsb = inner / 256, rps = 32 / nsb;
   return static_cast<size_t>(K) * rps * nsb * kSbBytes +
-         static_cast<size_t>(DownWarps(K)) * nsb * (kXSbStride + 8) * 4 + static_cast<size_t>(K) * rps * 4;
+         static_cast<size_t>(DownWarps(K)) * (DownActBytes(nsb, i16) + nsb * 8 * 4) + static_cast<size_t>(K) * rps * 4;
 }
 
 constexpr size_t kMaxSmem = 227 * 1024;
@@ -463,7 +475,7 @@ cudaError_t LaunchGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
 template <int kPer, bool kProbe = false, bool kI16 = false>
 cudaError_t LaunchDown(const OneTokenMoeArgs& a, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
-  const size_t smem = DownSmem(a.K, a.inner);
+  const size_t smem = DownSmem(a.K, a.inner, kI16);
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneDownKernel<kPer, kProbe, kI16>, smem, raised); err != cudaSuccess) {
     return err;
   }
@@ -491,7 +503,8 @@ cudaError_t DispatchPer(int E, F&& f) {
 
 bool OneTokenMoeFits(int E, int K, int h, int inner) {
   return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && Tiles(h) &&
-         Tiles(inner) && GateUpSmem(h, E, true) <= kMaxSmem && DownSmem(K, inner) <= kMaxSmem;
+         Tiles(inner) && GateUpSmem(h, E, false) <= kMaxSmem && GateUpSmem(h, E, true) <= kMaxSmem &&
+         DownSmem(K, inner, false) <= kMaxSmem;
 }
 
 cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {
