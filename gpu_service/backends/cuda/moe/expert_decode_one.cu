@@ -8,13 +8,14 @@
 #include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
 
 #include <atomic>
-#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
+#include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/smem_limit.h"
@@ -25,95 +26,12 @@ namespace {
 using q4k::CpAsync16;
 using q4k::DotSuperBlock;
 using q4k::DotSuperBlockI16;
-using q4k::I16Inverse;
-using q4k::I16Scale;
-using q4k::MaxAbs4;
-using q4k::PackI16x8;
 using q4k::kSbBytes;
 using q4k::kXSbStride;
 using q4k::SiluQ4K;
 
 constexpr int kGateUpWarps = 4;  // the tile kernel's measured best at one token (PERF_NOTES.md)
 constexpr int kDownMaxWarps = 16;
-
-// Routes the token with the whole block, to the same picks and bit-identical weights as
-// device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
-// (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
-// RouteToken's order (lane l: experts l, l + 32, ... in turn, then the xor butterfly), scales them
-// to f32 probabilities and takes `rounds` picks. A round is two warp reductions (redux.sync)
-// instead of WarpTakeFirst's five shuffle steps of (value, id): the probabilities are >= 0, so
-// their bits + 1 order them as floats (0 marks a taken, absent or NaN entry), and the lowest id
-// holding the largest key wins, RouteBefore's tie-break. Lane 0 writes pick r's expert to ids[r]
-// and its probability to probs[r]. Every thread of the block must call it; `overlap` runs in the
-// warps other than 0 (in warp 0 when the block is one warp) while warp 0 picks. Returns, in warp 0,
-// the f64 sum of the picked probabilities in pick order (the renormaliser once rounds == K).
-// A NaN logit is never picked here; RouteToken could pick it or an expert twice (garbage either way).
-template <int kPer, typename Overlap, typename Stamp = void (*)(int)>
-__device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p, float* s_red, int* ids, float* probs,
-                             Overlap&& overlap, Stamp&& stamp = [](int) {}) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
-  float mx = -FLT_MAX;
-  for (int i = t; i < E; i += blockDim.x) {
-    const float v = logits[i];
-    s_p[i] = v;
-    mx = fmaxf(mx, v);
-  }
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
-  if (lane == 0) s_red[warp] = mx;
-  __syncthreads();
-  mx = s_red[0];
-  for (int w = 1; w < warps; ++w) mx = fmaxf(mx, s_red[w]);  // fmaxf is exact: any order gives RouteToken's max
-  stamp(0);
-  for (int i = t; i < E; i += blockDim.x) s_p[i] = static_cast<float>(exp(static_cast<double>(s_p[i] - mx)));
-  __syncthreads();
-  stamp(1);
-  double picked_sum = 0.0;
-  if (warp == 0) {
-    float p[kPer];
-    double sum = 0.0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = lane + 32 * j;
-      p[j] = i < E ? s_p[i] : 0.0f;
-      sum += p[j];
-    }
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
-    const float inv = static_cast<float>(1.0 / sum);
-    stamp(2);
-    unsigned key[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float q = p[j] * inv;
-      key[j] = lane + 32 * j < E && !(q != q) ? __float_as_uint(q) + 1u : 0u;
-    }
-    for (int r = 0; r < rounds; ++r) {
-      unsigned best = 0u, best_id = 0xFFFFFFFFu;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
-          best = key[j];
-          best_id = lane + 32 * j;
-        }
-      }
-      const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
-      const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
-      const float bv = top != 0u ? __uint_as_float(top - 1u) : -FLT_MAX;
-      if (lane == 0) {
-        ids[r] = top != 0u ? static_cast<int>(id) : E;
-        probs[r] = bv;
-      }
-      picked_sum += bv;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
-      }
-    }
-    __syncwarp();  // ids / probs written by lane 0
-  }
-  if (warp != 0 || warps == 1) overlap();
-  __syncthreads();
-  return picked_sum;
-}
 
 // expert_decode_one_probe.h's state and stamps (compiled into the kProbe instantiations only).
 struct ProbeState {
@@ -152,76 +70,6 @@ struct PhaseProbe {
 // Whether pick e names a computable expert (the plan's test: in [0, E) with a location).
 __device__ __forceinline__ bool PickValid(const ExpertLocation* table, int E, int e) {
   return e >= 0 && e < E && table[e].gate != nullptr;
-}
-
-// Stages `cols` activations from global `src` into xs (super-blocks padded to kXSbStride) with
-// threads [t0, t0 + nt) of the block.
-__device__ __forceinline__ void StageRow(const float* src, int cols, float* xs, int t, int t0, int nt) {
-  const float4* xr = reinterpret_cast<const float4*>(src);
-  for (int qd = t - t0; qd < (cols >> 2); qd += nt) {
-    const int e = 4 * qd;
-    *reinterpret_cast<float4*>(xs + (e >> 8) * kXSbStride + (e & 255)) = xr[qd];
-  }
-}
-
-// Sub-block sums of a staged row (the tile kernel's order): sxs[sb · 8 + j] for nsb super-blocks.
-__device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sxs, int t, int nt) {
-  for (int i = t; i < nsb * 8; i += nt) sxs[i] = q4k::StagedSubBlockSum(xs, i);
-}
-
-// int16 activations in shared memory: super-block sb at xq + kXqSbStride·sb. The padding keeps the
-// lanes of one row (one super-block each, reading at the same offset) on distinct banks, as
-// kXSbStride does for f32 (256 int16 would put all eight 512 bytes apart: an 8-way conflict).
-constexpr int kXqSbStride = 264;
-
-// int16 activations (q4k_dot.cuh's DotSuperBlockI16): a row of nsb super-blocks (super-block sb
-// at src + stride·sb: global memory, 256, or a staged copy, kXSbStride) quantized per super-block
-// into xq[kXqSbStride·sb + i] and xsc[sb], with its f32 sub-block sums sxs[8·sb + j]. Warp w of
-// nw takes super-blocks w, w + nw, ...; lane l eight elements.
-__device__ __forceinline__ void QuantizeI16(const float* src, int stride, int nsb, int16_t* xq, float* xsc, float* sxs,
-                                            int w, int nw, int lane) {
-  for (int sb = w; sb < nsb; sb += nw) {
-    const float4* p = reinterpret_cast<const float4*>(src + sb * stride + 8 * lane);
-    const float4 u = p[0], v = p[1];
-    float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
-    float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
-    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // four lanes hold a sub-block of 32
-    s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-    *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = PackI16x8(u, v, I16Inverse(mx));
-    if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
-    if (lane == 0) xsc[sb] = I16Scale(mx);
-  }
-}
-
-// int16 activations, one warp: `cols` f32 activations read from global src, quantized per
-// super-block into xq / xsc with their f32 sub-block sums sxs (as QuantizeI16). Lane l
-// takes 16 elements of each 512.
-__device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int16_t* xq, float* xsc, float* sxs,
-                                                 int lane) {
-  for (int c0 = 0; c0 < cols; c0 += 512) {
-    const int c = c0 + 16 * lane;
-    const bool in = c < cols;  // cols is a multiple of 256: a half-warp is in or out
-    float4 v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = in ? reinterpret_cast<const float4*>(src + c)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    float mx = 0.0f, s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      mx = fmaxf(mx, MaxAbs4(v[i]));
-      s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
-    }
-    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // two lanes hold a sub-block of 32
-    for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));  // 16 a super-block
-    if (in) {
-      const float inv = I16Inverse(mx);
-      uint4* dst = reinterpret_cast<uint4*>(xq + (c >> 8) * kXqSbStride + (c & 255));
-      dst[0] = PackI16x8(v[0], v[1], inv);
-      dst[1] = PackI16x8(v[2], v[3], inv);
-      if ((lane & 1) == 0) sxs[c >> 5] = s;
-      if ((lane & 15) == 0) xsc[c >> 8] = I16Scale(mx);
-    }
-  }
 }
 
 // Kernel 1. grid (ceil(inner / (kGateUpWarps · rps)), K), kGateUpWarps warps. Shared memory:

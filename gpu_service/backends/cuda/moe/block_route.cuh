@@ -1,0 +1,97 @@
+// BlockRoute: one block routes one token (softmax over the E router logits, top-K picks with
+// RouteBefore's tie-break, weights renormalised in f64), bit-identical to device_plan.cu's
+// RouteToken; the one-token MoE kernels (expert_decode_one.cu) route with it. Device code only
+// (include from .cu files); internal linkage, as in matvec_core.cuh.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_BLOCK_ROUTE_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_BLOCK_ROUTE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+namespace tandem::cuda {
+namespace {
+
+// Routes the token with the whole block, to the same picks and bit-identical weights as
+// device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
+// (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
+// RouteToken's order (lane l: experts l, l + 32, ... in turn, then the xor butterfly), scales them
+// to f32 probabilities and takes `rounds` picks. A round is two warp reductions (redux.sync)
+// instead of WarpTakeFirst's five shuffle steps of (value, id): the probabilities are >= 0, so
+// their bits + 1 order them as floats (0 marks a taken, absent or NaN entry), and the lowest id
+// holding the largest key wins, RouteBefore's tie-break. Lane 0 writes pick r's expert to ids[r]
+// and its probability to probs[r]. Every thread of the block must call it; `overlap` runs in the
+// warps other than 0 (in warp 0 when the block is one warp) while warp 0 picks. Returns, in warp 0,
+// the f64 sum of the picked probabilities in pick order (the renormaliser once rounds == K).
+// A NaN logit is never picked here; RouteToken could pick it or an expert twice (garbage either way).
+template <int kPer, typename Overlap, typename Stamp = void (*)(int)>
+__device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p, float* s_red, int* ids, float* probs,
+                             Overlap&& overlap, Stamp&& stamp = [](int) {}) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
+  float mx = -FLT_MAX;
+  for (int i = t; i < E; i += blockDim.x) {
+    const float v = logits[i];
+    s_p[i] = v;
+    mx = fmaxf(mx, v);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+  if (lane == 0) s_red[warp] = mx;
+  __syncthreads();
+  mx = s_red[0];
+  for (int w = 1; w < warps; ++w) mx = fmaxf(mx, s_red[w]);  // fmaxf is exact: any order gives RouteToken's max
+  stamp(0);
+  for (int i = t; i < E; i += blockDim.x) s_p[i] = static_cast<float>(exp(static_cast<double>(s_p[i] - mx)));
+  __syncthreads();
+  stamp(1);
+  double picked_sum = 0.0;
+  if (warp == 0) {
+    float p[kPer];
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      p[j] = i < E ? s_p[i] : 0.0f;
+      sum += p[j];
+    }
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+    const float inv = static_cast<float>(1.0 / sum);
+    stamp(2);
+    unsigned key[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float q = p[j] * inv;
+      key[j] = lane + 32 * j < E && !(q != q) ? __float_as_uint(q) + 1u : 0u;
+    }
+    for (int r = 0; r < rounds; ++r) {
+      unsigned best = 0u, best_id = 0xFFFFFFFFu;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
+          best = key[j];
+          best_id = lane + 32 * j;
+        }
+      }
+      const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
+      const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+      const float bv = top != 0u ? __uint_as_float(top - 1u) : -FLT_MAX;
+      if (lane == 0) {
+        ids[r] = top != 0u ? static_cast<int>(id) : E;
+        probs[r] = bv;
+      }
+      picked_sum += bv;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
+      }
+    }
+    __syncwarp();  // ids / probs written by lane 0
+  }
+  if (warp != 0 || warps == 1) overlap();
+  __syncthreads();
+  return picked_sum;
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_BLOCK_ROUTE_CUH_
