@@ -9,6 +9,8 @@ void BenchLaunchFloor();
 void BenchMatVec(double copy_gbs);
 void BenchQ8Layouts(double copy_gbs);
 void BenchQ6Head(double copy_gbs);
+// matvec_probe_bench.cc (--matvec-probe): phase stamps of the batch-1 streaming products in a PDL chain.
+void BenchMatVecProbe();
 
 }  // namespace tandem::cuda
 

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -183,8 +185,66 @@ __device__ __forceinline__ void StreamRows(const uint8_t* const* rows, int piece
   }
 }
 
-template <class F, int kN>
+// dense_matvec_probe.h's state and stamps: read only by the kProbe instantiation (set by
+// SetStreamMatVecProbe in kernels/dense_matvec_probe.cu, the one file that launches it).
+struct StreamProbeState {
+  unsigned long long* stamps;
+  unsigned capacity;
+  unsigned count;
+};
+__device__ StreamProbeState g_stream_probe;
+
+// Thread 0 keeps the block's stamps in shared memory and takes its slot with an atomic issued at
+// entry whose answer is first needed at exit, when it copies them out: the probe adds no global
+// round trip to the block's path (an atomic answered before the first weight loads held warp 0's
+// loads back by its latency).
+template <bool kProbe>
+struct StreamProbe {
+  unsigned slot = 0;
+  __device__ static unsigned long long* Shared() {
+    __shared__ unsigned long long stamps[kStreamProbeStamps];
+    return stamps;
+  }
+  __device__ StreamProbe() {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0) {
+        Shared()[kStreamProbeEntry] = GlobalTimerNs();
+        slot = atomicAdd(&g_stream_probe.count, 1u);
+      }
+    }
+  }
+  __device__ void Stamp(int phase) const {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0) Shared()[phase] = GlobalTimerNs();
+    }
+  }
+  // The exit stamp, then the block's row of stamps, SM id and block index (slots past the
+  // capacity, or no buffer: nothing).
+  __device__ void Finish() const {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0) {
+        const unsigned long long* s = Shared();
+        const unsigned long long exit = GlobalTimerNs();
+        unsigned long long* stamps = g_stream_probe.stamps;
+        if (stamps != nullptr && slot < g_stream_probe.capacity) {
+          unsigned long long* row = stamps + static_cast<unsigned long long>(slot) * kStreamProbeWords;
+          for (int p = 0; p < kStreamProbeExit; ++p) row[p] = s[p];
+          row[kStreamProbeExit] = exit;
+          unsigned smid;
+          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+          row[kStreamProbeSm] = smid;
+          row[kStreamProbeBlock] = blockIdx.x + blockIdx.y * gridDim.x;
+        }
+      }
+    }
+  }
+};
+
+// kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
+// `if constexpr`: the production instantiations compile as without it).
+template <class F, int kN, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMatVecKernel(const StreamArgs a) {
+  [[maybe_unused]] const StreamProbe<kProbe> probe;  // thread 0: the entry stamp, its slot
   extern __shared__ float4 smem4[];
   constexpr int kS = kStreamSlots<F, kN>;
   constexpr int kD = kStreamDepth<F, kN>;
@@ -219,8 +279,10 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   typename F::Raw ring[kD][kS];
   int row0 = row_ptrs(g < groups ? g : 0);
   if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
+  if constexpr (kProbe) probe.Stamp(kStreamProbeRingIssued);
   // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
   PdlWaitForPrevious();
+  if constexpr (kProbe) probe.Stamp(kStreamProbeAfterWait);
   PdlAllowNext();
 
   // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
@@ -244,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
     }
   }
   __syncthreads();
+  if constexpr (kProbe) probe.Stamp(kStreamProbeStaged);
 
   float* out = a.y + static_cast<int64_t>(t0) * a.y_stride;
   while (g < groups) {
@@ -254,6 +317,10 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
       for (int t = 0; t < kN; ++t) acc[s][t] = 0.0f;
     }
     StreamRows<F, kS, kN, kD>(rows, pieces, p0, step, ring, xs4, quads, xsum, sums, acc);
+    if constexpr (kProbe) {
+      if (g == static_cast<int>(blockIdx.x)) probe.Stamp(kStreamProbeFirstGroup);
+      if (g + static_cast<int>(gridDim.x) >= groups) probe.Stamp(kStreamProbeLastGroup);
+    }
     // The next group's loads go out before this group's reduction.
     const int done_row0 = row0;
     g += gridDim.x;
@@ -288,6 +355,9 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
       }
       __syncthreads();
     }
+    if constexpr (kProbe) {
+      if (g >= groups) probe.Stamp(kStreamProbeLastWrite);
+    }
     if (member == 0 && sl == 0) {
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -301,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
       }
     }
   }
+  if constexpr (kProbe) probe.Finish();
 }
 
 }  // namespace
@@ -402,9 +473,10 @@ StreamSplit StreamLaunchSplit(const StreamArgs& a, unsigned grid_y, const Stream
                            capacity, tuning.warps_per_row, forced_blocks, kQ8x8One ? sms : 0);
 }
 
-template <class F, int kN>
+// kProbe: dense_matvec_probe.h's stamped kernel, with the split and grid of the production one.
+template <class F, int kN, bool kProbe = false>
 cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuning, cudaStream_t stream) {
-  auto kernel = StreamMatVecKernel<F, kN>;
+  auto kernel = StreamMatVecKernel<F, kN, kProbe>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
   if (attr != cudaSuccess) return attr;
