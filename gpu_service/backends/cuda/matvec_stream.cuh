@@ -186,13 +186,15 @@ __device__ __forceinline__ void StreamRows(const uint8_t* const* rows, int piece
 }
 
 // dense_matvec_probe.h's state and stamps: read only by the kProbe instantiation (set by
-// SetStreamMatVecProbe in kernels/dense_matvec_probe.cu, the one file that launches it).
-struct StreamProbeState {
+// SetStreamMatVecProbe in kernels/dense_matvec_probe.cu, the one file that launches it). The
+// buffer and capacity sit in constant memory: read at a block's exit, they hit the SM's constant
+// cache (a global load there cost the block a round trip before it could complete).
+struct StreamProbeConfig {
   unsigned long long* stamps;
   unsigned capacity;
-  unsigned count;
 };
-__device__ StreamProbeState g_stream_probe;
+__constant__ StreamProbeConfig g_stream_probe_config;
+__device__ unsigned g_stream_probe_count;
 
 // Thread 0 keeps the block's stamps in shared memory and takes its slot with an atomic issued at
 // entry whose answer is first needed at exit, when it copies them out: the probe adds no global
@@ -209,7 +211,7 @@ struct StreamProbe {
     if constexpr (kProbe) {
       if (threadIdx.x == 0) {
         Shared()[kStreamProbeEntry] = GlobalTimerNs();
-        slot = atomicAdd(&g_stream_probe.count, 1u);
+        slot = atomicAdd(&g_stream_probe_count, 1u);
       }
     }
   }
@@ -225,8 +227,8 @@ struct StreamProbe {
       if (threadIdx.x == 0) {
         const unsigned long long* s = Shared();
         const unsigned long long exit = GlobalTimerNs();
-        unsigned long long* stamps = g_stream_probe.stamps;
-        if (stamps != nullptr && slot < g_stream_probe.capacity) {
+        unsigned long long* stamps = g_stream_probe_config.stamps;
+        if (stamps != nullptr && slot < g_stream_probe_config.capacity) {
           unsigned long long* row = stamps + static_cast<unsigned long long>(slot) * kStreamProbeWords;
           for (int p = 0; p < kStreamProbeExit; ++p) row[p] = s[p];
           row[kStreamProbeExit] = exit;

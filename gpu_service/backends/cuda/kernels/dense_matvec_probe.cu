@@ -68,8 +68,15 @@ __global__ void StreamProbeProducerKernel(const float* src, float* x, int count,
 }  // namespace
 
 cudaError_t SetStreamMatVecProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const fastmv::StreamProbeState state{stamps, capacity, 0u};
-  return cudaMemcpyToSymbolAsync(fastmv::g_stream_probe, &state, sizeof(state), 0, cudaMemcpyHostToDevice, stream);
+  const fastmv::StreamProbeConfig config{stamps, capacity};
+  static const unsigned kZero = 0;
+  if (const cudaError_t e = cudaMemcpyToSymbolAsync(fastmv::g_stream_probe_count, &kZero, sizeof(kZero), 0,
+                                                    cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaMemcpyToSymbolAsync(fastmv::g_stream_probe_config, &config, sizeof(config), 0, cudaMemcpyHostToDevice,
+                                 stream);
 }
 
 cudaError_t StreamMatVecProbeGrid(const DeviceMatrix& w, StreamProbeGrid* grid) {

@@ -11,8 +11,8 @@
 // in a PDL chain where a kernel in between waits on each product), keeps %globaltimer (ns) at each
 // phase in shared memory, and at its exit writes them to stamps[slot · kStreamProbeWords + phase]
 // (StreamProbePhase), then its SM id and block index (blockIdx.x + blockIdx.y · gridDim.x). Its
-// exit waits for one load (the probe state) before those writes: a probed block completes a few
-// hundred ns after its exit stamp. Host-compiler safe.
+// exit reads the buffer's address from constant memory before those writes (a constant-cache hit
+// but for an SM's first probed block after SetStreamMatVecProbe). Host-compiler safe.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_PROBE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_PROBE_H_
 
