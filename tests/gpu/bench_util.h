@@ -182,6 +182,57 @@ inline double GraphUs(const std::function<void()>& fn, int per_graph = 20) {
   return us;
 }
 
+// The probe benchmarks' statistic: over the rows (one per block, %globaltimer stamps in ns) with
+// word p stamped, the first (which < 0), median (0) or last (> 0) of (stamp - t0) in us; 0 when
+// no row has it.
+inline double StampUs(const std::vector<const unsigned long long*>& rows, int p, unsigned long long t0, int which) {
+  std::vector<double> v;
+  for (const unsigned long long* r : rows) {
+    if (r[p] != 0) v.push_back((static_cast<double>(r[p]) - static_cast<double>(t0)) * 1e-3);
+  }
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return which < 0 ? v.front() : which > 0 ? v.back() : v[v.size() / 2];
+}
+
+// Milliseconds of one replay of a CUDA graph of `per_graph` calls of fn (launches made on
+// LaunchStream()), the probe benchmarks' stamped replay: the graph is captured on its own stream,
+// replayed three times, then arm(stream) (e.g. clear the stamp buffer and switch the probe on)
+// runs, one replay is timed with events, and disarm(stream) runs before the graph is destroyed.
+// fn must have run once outside capture.
+inline float StampedReplayMs(const std::function<void()>& fn, int per_graph, const std::function<void(cudaStream_t)>& arm,
+                             const std::function<void(cudaStream_t)>& disarm) {
+  cudaStream_t s;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  LaunchStream() = s;
+  for (int i = 0; i < per_graph; ++i) fn();
+  LaunchStream() = nullptr;
+  BENCH_CHECK(cudaStreamEndCapture(s, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, s));
+  arm(s);
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  BENCH_CHECK(cudaEventRecord(e0, s));
+  BENCH_CHECK(cudaGraphLaunch(exec, s));
+  BENCH_CHECK(cudaEventRecord(e1, s));
+  BENCH_CHECK(cudaStreamSynchronize(s));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  disarm(s);
+  BENCH_CHECK(cudaStreamSynchronize(s));
+  BENCH_CHECK(cudaEventDestroy(e0));
+  BENCH_CHECK(cudaEventDestroy(e1));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaStreamDestroy(s));
+  return ms;
+}
+
 // The results reported so far, one JSON object each.
 inline std::vector<std::string>& JsonResults() {
   static std::vector<std::string> results;

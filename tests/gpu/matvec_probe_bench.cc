@@ -30,15 +30,7 @@ constexpr unsigned kSpinNs = 2000;
 constexpr double kFloorBytesPerUs = 4.4e6;  // 4.4 TB/s
 
 // Over the blocks with word p stamped: the first, median or last of (stamp - t0) in us.
-double Of(const std::vector<const Stamp*>& rows, int p, Stamp t0, int which) {
-  std::vector<double> v;
-  for (const Stamp* r : rows) {
-    if (r[p] != 0) v.push_back((static_cast<double>(r[p]) - static_cast<double>(t0)) * 1e-3);
-  }
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return which < 0 ? v.front() : which > 0 ? v.back() : v[v.size() / 2];
-}
+double Of(const std::vector<const Stamp*>& rows, int p, Stamp t0, int which) { return bench::StampUs(rows, p, t0, which); }
 
 // stamps: kLayers · blocks product rows (layer l's blocks in slots [l · blocks, (l + 1) · blocks):
 // each layer's producer waits for the previous product, so one product's blocks all start before
@@ -167,31 +159,14 @@ void RunCase(const Case& c, int sms) {
   // The stamped replay: the probed chain captured once, warmed up, replayed with the stamps on.
   kind = 2;
   layer = 0;
-  cudaStream_t s;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  bench::LaunchStream() = s;
-  for (int i = 0; i < kLayers; ++i) step();
-  bench::LaunchStream() = nullptr;
-  BENCH_CHECK(cudaStreamEndCapture(s, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, s));
-  BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, s));
-  BENCH_CHECK(cudaMemsetAsync(span, 0, span_bytes, s));
-  BENCH_CHECK(SetStreamMatVecProbe(stamps, capacity, s));
-  cudaEvent_t e0, e1;
-  BENCH_CHECK(cudaEventCreate(&e0));
-  BENCH_CHECK(cudaEventCreate(&e1));
-  BENCH_CHECK(cudaEventRecord(e0, s));
-  BENCH_CHECK(cudaGraphLaunch(exec, s));
-  BENCH_CHECK(cudaEventRecord(e1, s));
-  BENCH_CHECK(cudaStreamSynchronize(s));
-  float ms = 0;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  BENCH_CHECK(SetStreamMatVecProbe(nullptr, 0, s));
-  BENCH_CHECK(cudaStreamSynchronize(s));
+  const float ms = bench::StampedReplayMs(
+      step, kLayers,
+      [&](cudaStream_t st) {
+        BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, st));
+        BENCH_CHECK(cudaMemsetAsync(span, 0, span_bytes, st));
+        BENCH_CHECK(SetStreamMatVecProbe(stamps, capacity, st));
+      },
+      [&](cudaStream_t st) { BENCH_CHECK(SetStreamMatVecProbe(nullptr, 0, st)); });
   std::vector<Stamp> host(stamp_bytes / sizeof(Stamp)), host_span(span_bytes / sizeof(Stamp));
   BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
   BENCH_CHECK(cudaMemcpy(host_span.data(), span, span_bytes, cudaMemcpyDeviceToHost));
@@ -205,11 +180,6 @@ void RunCase(const Case& c, int sms) {
               us[0], us[1], us[1] - us[0], us[2], ms * 1e3 / kLayers);
   Report(host, host_span, grid.blocks, sms);
   std::fflush(stdout);
-  BENCH_CHECK(cudaEventDestroy(e0));
-  BENCH_CHECK(cudaEventDestroy(e1));
-  BENCH_CHECK(cudaGraphExecDestroy(exec));
-  BENCH_CHECK(cudaGraphDestroy(graph));
-  BENCH_CHECK(cudaStreamDestroy(s));
   for (void* p : {static_cast<void*>(w), static_cast<void*>(src), static_cast<void*>(x), static_cast<void*>(y),
                   static_cast<void*>(stamps), static_cast<void*>(span)}) {
     BENCH_CHECK(cudaFree(p));

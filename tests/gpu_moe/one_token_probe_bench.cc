@@ -28,15 +28,7 @@ constexpr int kW = kOneTokenProbeWords;
 struct Blocks {
   std::vector<const Stamp*> rows;  // one per block of the launch
   // Over the blocks with phase p stamped: min, median or max of (stamp - t0) in us.
-  double Of(int p, Stamp t0, int which) const {
-    std::vector<double> v;
-    for (const Stamp* r : rows) {
-      if (r[p] != 0) v.push_back((static_cast<double>(r[p]) - static_cast<double>(t0)) * 1e-3);
-    }
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return which < 0 ? v.front() : which > 0 ? v.back() : v[v.size() / 2];
-  }
+  double Of(int p, Stamp t0, int which) const { return bench::StampUs(rows, p, t0, which); }
   int MaxPerSm() const {
     std::vector<int> n(1024, 0);
     int m = 0;
@@ -167,29 +159,14 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaDeviceSynchronize());
     step = 0;
     const double us = bench::GraphUs([&] { chain(with_product); }, steps);  // stamps off
-    cudaStream_t s;
-    BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
     step = 0;
-    BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    bench::LaunchStream() = s;
-    for (int i = 0; i < steps; ++i) chain(with_product);
-    bench::LaunchStream() = nullptr;
-    BENCH_CHECK(cudaStreamEndCapture(s, &graph));
-    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, s));
-    BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, s));
-    BENCH_CHECK(SetOneTokenProbe(stamps, capacity, s, down_late));
-    cudaEvent_t e0, e1;
-    BENCH_CHECK(cudaEventCreate(&e0));
-    BENCH_CHECK(cudaEventCreate(&e1));
-    BENCH_CHECK(cudaEventRecord(e0, s));
-    BENCH_CHECK(cudaGraphLaunch(exec, s));
-    BENCH_CHECK(cudaEventRecord(e1, s));
-    BENCH_CHECK(cudaStreamSynchronize(s));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const float ms = bench::StampedReplayMs(
+        [&] { chain(with_product); }, steps,
+        [&](cudaStream_t st) {
+          BENCH_CHECK(cudaMemsetAsync(stamps, 0, stamp_bytes, st));
+          BENCH_CHECK(SetOneTokenProbe(stamps, capacity, st, down_late));
+        },
+        [&](cudaStream_t st) { BENCH_CHECK(SetOneTokenProbe(nullptr, 0, st)); });
     std::vector<Stamp> host(stamp_bytes / sizeof(Stamp));
     BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
     const char* what = variant == 0   ? "router product + chain"
@@ -199,12 +176,6 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     std::printf("one-token probe (%s): graph %.2f us/layer with the stamps off, %.2f us/layer in the stamped replay\n", what, us,
                 ms * 1e3 / steps);
     Report(host, capacity, steps, gate_blocks, down_blocks, what);
-    BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr));
-    BENCH_CHECK(cudaEventDestroy(e0));
-    BENCH_CHECK(cudaEventDestroy(e1));
-    BENCH_CHECK(cudaGraphExecDestroy(exec));
-    BENCH_CHECK(cudaGraphDestroy(graph));
-    BENCH_CHECK(cudaStreamDestroy(s));
   }
   for (float* m : mats) BENCH_CHECK(cudaFree(m));
   for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
