@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
       a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
       [&] {
         if constexpr (kI16) {
-          QuantizeI16(a.x, 256, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
+          QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
         } else {
           SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
         }
@@ -352,7 +352,7 @@ cudaError_t DispatchPer(int E, F&& f) {
 bool OneTokenMoeFits(int E, int K, int h, int inner) {
   return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && Tiles(h) &&
          Tiles(inner) && GateUpSmem(h, E, false) <= kMaxSmem && GateUpSmem(h, E, true) <= kMaxSmem &&
-         DownSmem(K, inner, false) <= kMaxSmem;
+         DownSmem(K, inner, false) <= kMaxSmem && DownSmem(K, inner, true) <= kMaxSmem;
 }
 
 cudaError_t LaunchOneTokenMoeGateUp(const OneTokenMoeArgs& a, cudaStream_t stream) {

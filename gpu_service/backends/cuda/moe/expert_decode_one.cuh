@@ -60,8 +60,8 @@ struct OneTokenMoeArgs {
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
-// kOneTokenMaxPicks)], h and inner multiples of 256 with at most 32 super-blocks, and the down
-// kernel's shared memory (K picks' rows) fits.
+// kOneTokenMaxPicks)], h and inner multiples of 256 with at most 32 super-blocks, and both
+// kernels' shared memory fits with either activation form (f32, int16).
 bool OneTokenMoeFits(int E, int K, int h, int inner);
 
 // Kernel 1 (gate/up with routing) and kernel 2 (down with the weighted sum). cudaErrorInvalidValue

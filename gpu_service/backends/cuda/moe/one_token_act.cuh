@@ -41,14 +41,14 @@ __device__ __forceinline__ void SubBlockSums(const float* xs, int nsb, float* sx
 // kXSbStride does for f32 (256 int16 would put all eight 512 bytes apart: an 8-way conflict).
 constexpr int kXqSbStride = 264;
 
-// int16 activations (q4k_dot.cuh's DotSuperBlockI16): a row of nsb super-blocks (super-block sb
-// at src + stride·sb: global memory, 256, or a staged copy, kXSbStride) quantized per super-block
-// into xq[kXqSbStride·sb + i] and xsc[sb], with its f32 sub-block sums sxs[8·sb + j]. Warp w of
-// nw takes super-blocks w, w + nw, ...; lane l eight elements.
-__device__ __forceinline__ void QuantizeI16(const float* src, int stride, int nsb, int16_t* xq, float* xsc, float* sxs,
-                                            int w, int nw, int lane) {
+// int16 activations (q4k_dot.cuh's DotSuperBlockI16): a row of nsb super-blocks read from global
+// src (contiguous) quantized per super-block into xq[kXqSbStride·sb + i] and xsc[sb], with its f32
+// sub-block sums sxs[8·sb + j]. Warp w of nw takes super-blocks w, w + nw, ...; lane l eight
+// elements.
+__device__ __forceinline__ void QuantizeI16(const float* src, int nsb, int16_t* xq, float* xsc, float* sxs, int w,
+                                            int nw, int lane) {
   for (int sb = w; sb < nsb; sb += nw) {
-    const float4* p = reinterpret_cast<const float4*>(src + sb * stride + 8 * lane);
+    const float4* p = reinterpret_cast<const float4*>(src + sb * 256 + 8 * lane);
     const float4 u = p[0], v = p[1];
     float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
     float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
