@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "tests/gpu/bench_util.h"
@@ -268,6 +269,43 @@ void Run() {
                     "bound %d keys; split+merge (TANDEM_OLD_ATTN_SPLIT=1) %.2f us; whole %.2f us; %d splits", saved_keys,
                     us[1], us[2], s.plan.num_splits);
       Report("decode_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_short", us[0], "us", detail);
+    }
+  }
+
+  // Decode in one launch (LaunchDecodeAttention: norms, RoPE, append, split attention and merge)
+  // against the launches it replaces on one stream (QueryNormRope, KvAppend, LaunchAttention: split
+  // + merge launch), batch 1 from one stacked [qg | k | v] row: GPU-side us per step, 20 steps
+  // replayed from one graph (PDL edges as in a captured decode step); L2-warm cache.
+  {
+    const int64_t qgw = static_cast<int64_t>(d.nh) * 2 * d.hd, stride = qgw + 2 * kvw;
+    float* qkv = RandomFloats(static_cast<size_t>(stride), 5);
+    float* q_norm = RandomFloats(static_cast<size_t>(d.hd), 6);
+    float* k_norm = RandomFloats(static_cast<size_t>(d.hd), 7);
+    double* inv_freq = UploadVector(RopeInvFrequencies(1e7, d.rot));
+    float* q_out = nullptr;
+    BENCH_CHECK(cudaMalloc(&q_out, static_cast<size_t>(d.nh) * d.hd * sizeof(float)));
+    const QkvRows rows{qkv, stride, qkv + qgw, stride, qkv + qgw + kvw, stride};
+    for (int ctx : {1, 128, 544, 1024, 4096}) {
+      Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
+      auto unfused = [&] {
+        const cudaStream_t st = bench::LaunchStream();
+        BENCH_CHECK(LaunchQueryNormRope(qkv, 1, d, q_norm, inv_freq, s.d_pos, q_out, st, stride));
+        BENCH_CHECK(LaunchKvAppend(qkv + qgw, qkv + qgw + kvw, 1, d, k_norm, inv_freq, s.d_seq, s.d_pos, cache, st,
+                                   stride));
+        BENCH_CHECK(LaunchAttention(q_out, qkv, 1, d, s.plan, s.d_items, s.d_seq, s.d_pos, cache, o, scratch, st,
+                                    stride));
+      };
+      auto fused = [&] {
+        BENCH_CHECK(LaunchDecodeAttention(rows, 1, d, q_norm, k_norm, inv_freq, s.plan, s.d_items, s.d_seq, s.d_pos,
+                                          cache, o, scratch, bench::LaunchStream()));
+      };
+      unfused();  // outside the capture: the kernels' one-time attributes
+      fused();
+      const double us_unfused = bench::GraphUs(unfused), us_fused = bench::GraphUs(fused);
+      char detail[160];
+      std::snprintf(detail, sizeof(detail), "the four launches it replaces %.2f us; %d splits, short-walk bound %d",
+                    us_unfused, s.plan.num_splits, AttnShortKeys());
+      Report("decode_b1_ctx" + std::to_string(ctx) + "_fused", us_fused, "us", detail);
     }
   }
 

@@ -23,6 +23,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -204,6 +205,27 @@ TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
                                 [](bool on) { cuda::SetOldAttnDecode(!on); });
   cuda::SetAttnMergeInBlock(was_in_block);
   cuda::SetOldAttnDecode(was);
+}
+
+// Attention layers in one decode launch (TANDEM_ATTN_DECODE_FUSED, attention_decode.cuh) against the
+// launches it replaces, both after the one product over [q; k; v] (AttnStackedKvSide off, so that
+// both read the same rows): the same operations in the same order, bit-identical logits, with the
+// short-context walk (these contexts are below its bound) and with the split forced at every
+// context (TANDEM_OLD_ATTN_SPLIT).
+TEST_P(DecodeScheduleTest, FusedAttentionDecodeGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnDecodeFused(), was_kv = cuda::AttnStackedKvSide(), was_split = cuda::OldAttnSplit();
+  cuda::SetAttnStackedKvSide(false);
+  for (bool split_always : {false, true}) {
+    cuda::SetOldAttnSplit(split_always);
+    ExpectScheduleChangesNoLogits(GetParam(),
+                                  split_always ? "fused attention decode vs its launches, split always"
+                                               : "fused attention decode vs its launches",
+                                  [](bool on) { cuda::SetAttnDecodeFused(on); });
+  }
+  cuda::SetOldAttnSplit(was_split);
+  cuda::SetAttnStackedKvSide(was_kv);
+  cuda::SetAttnDecodeFused(was);
 }
 
 // Every decode input layout (the separate products of TANDEM_OLD_DECODE_INPUTS, the one stacked

@@ -14,6 +14,7 @@
 #include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -231,6 +232,24 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   // (side_products). Joined before the prep launch or before attention reads the cache.
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
+  // Decode in one attention launch (TANDEM_ATTN_DECODE_FUSED, attention_decode.cuh): the one
+  // product over [q; k; v], then the norms, RoPE, the cache append, the split attention and its
+  // merge in one kernel, then the output product; no side stream.
+  if (stacked_in && !d.has_indexer() && cuda::AttnDecodeFused() && cuda::DecodeAttentionFits(plan.attn, shape)) {
+    float* rows = mixer_rows.as<float>();
+    if (absl::Status s = Product(w.mixer_in, x, T, rows); !s.ok()) return s;
+    const int64_t stride = w.mixer_in.rows;
+    const cuda::QkvRows qkv{rows, stride, rows + w.q.rows, stride, rows + w.q.rows + w.k.rows, stride};
+    const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages), attn_f16_tiles};
+    if (absl::Status s = Launch(cuda::LaunchDecodeAttention(qkv, T, shape, w.q_norm, w.k_norm, dm->rope_inv_freq,
+                                                            plan.attn, items_dev(), seq_dev(), pos_dev(), cache, ao,
+                                                            attn_scratch, st),
+                                "decode attention");
+        !s.ok()) {
+      return s;
+    }
+    return OutProduct(w.o, ao, T, y);
+  }
   const bool kv_side = stacked_in && w.kv.present() && cuda::AttnStackedKvSide();
   const bool side_products = overlap && !stacked_in;
   // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three

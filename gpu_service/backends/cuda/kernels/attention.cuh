@@ -180,6 +180,9 @@ struct AttentionPlan {
   int num_splits = 1;          // context slices per row item and kv head
   int tc_splits = 1;           // key-tile slices per tile item and kv head (short prompts)
   size_t scratch_bytes = 0;    // device scratch LaunchAttention needs (0 when both splits are 1)
+  // Row items only, and each sequence's tokens in one of them (decode, short drafts): the plans
+  // LaunchDecodeAttention (attention_decode.cuh) takes.
+  bool one_item_per_sequence = false;
 };
 
 // Plans a step from its per-token sequence ids (tokens of one sequence consecutive). An invalid

@@ -1,0 +1,358 @@
+// The exact split-KV attention's block (row items of attention.cuh's plan), shared by
+// SplitAttentionKernel (attention.cu) and the fused decode kernel (attention_decode.cu, which
+// prepares the queries and the step's new keys in the block instead of reading them from
+// global memory). Device-only; included by those two files (hence the unnamed namespace).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_SPLIT_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_SPLIT_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
+#include "gpu_service/backends/cuda/mma_f16.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+// ---- Exact split-KV attention (row items) ----
+//
+// Block per (row item, kv head, context slice). The item's up to 8 rows r = (token first + r /
+// groups, head kvhead·groups + r % groups) share the keys. Warp w takes 4 keys at a time, keys
+// base + 32i + 4w .. +3 of the slice; lane l holds dims [l·kPer, l·kPer + kPer) of q for all 8
+// rows and of the output accumulators. K and V rows travel through a per-lane cp.async ring in
+// shared memory (each lane reads only what it copied, so no warp synchronisation is needed):
+// loads of the next batches overlap the arithmetic of the current one.
+// kRows, kSplitWarps, kSplitTargetBlocks, kMaxSplits: attention_merge.cuh.
+constexpr int kWarpKeys = 4;        // keys per warp per step: kRows · kWarpKeys == 32 lanes
+constexpr int kBlockKeys = kSplitWarps * kWarpKeys;
+constexpr int kRingStages = 3;
+
+template <int kHd>
+constexpr size_t SplitSmemBytes() {
+  constexpr size_t ring = sizeof(float) * kSplitWarps * kRingStages * kWarpKeys * 2 * kHd;
+  constexpr size_t merge = sizeof(float) * kSplitWarps * kRows * kHd;  // reuses the ring
+  return (ring > merge ? ring : merge) + sizeof(float) * kSplitWarps * (kRows * 2 + 40);
+}
+
+// Copies kPer floats (8, 16 or 32 bytes) global -> shared, zero-filled when !valid.
+template <int kPer>
+__device__ __forceinline__ void CopyLane(float* dst, const float* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  if constexpr (kPer == 2) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+                 "r"(valid ? 8 : 0)
+                 : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst + 4 * i)), "l"(src + 4 * i),
+                   "r"(bytes)
+                   : "memory");
+    }
+  }
+}
+
+template <int kPer>
+__device__ __forceinline__ void LoadLane(const float* p, float (&x)[kPer]) {
+  if constexpr (kPer == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    x[0] = v.x;
+    x[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(p + 4 * i);
+      x[4 * i] = v.x;
+      x[4 * i + 1] = v.y;
+      x[4 * i + 2] = v.z;
+      x[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// Each lane holds 32 partial values; returns to lane l the warp-wide sum of value l (31 shuffles
+// instead of 32 · 5: each step halves the values a lane keeps).
+template <int kWidth>
+__device__ __forceinline__ void TransposeReduceStep(float (&v)[32], int lane) {
+  const bool upper = (lane & kWidth) != 0;
+#pragma unroll
+  for (int i = 0; i < kWidth; ++i) {
+    const float send = upper ? v[i] : v[i + kWidth];
+    const float keep = upper ? v[i + kWidth] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, kWidth);
+  }
+}
+__device__ __forceinline__ float TransposeReduce(float (&v)[32]) {
+  const int lane = threadIdx.x & 31;
+  TransposeReduceStep<16>(v, lane);
+  TransposeReduceStep<8>(v, lane);
+  TransposeReduceStep<4>(v, lane);
+  TransposeReduceStep<2>(v, lane);
+  TransposeReduceStep<1>(v, lane);
+  return v[0];
+}
+
+// Stores kPer floats from shared memory (src) into this lane's ring slot: the fused decode
+// kernel's new keys and values, which are not in the cache yet.
+template <int kPer>
+__device__ __forceinline__ void StoreLane(float* dst, const float* src) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) dst[i] = src[i];
+}
+
+// Where the fused decode kernel's prep put its rows (shared memory): q, the item's kRows query rows
+// normed and roped (unscaled), and kv, per new token of the item its k (normed and roped) and v
+// rows (2·kHd floats); positions >= from are the new tokens (row pos - from).
+struct FreshRows {
+  const float* q = nullptr;
+  const float* kv = nullptr;
+  int64_t from = 0;
+};
+
+// The split path's scratch (attention.cuh: tickets first, then the row items' partials): the
+// ticket counters, each slice block's unnormalised output rows and its (max, sum) per row; all
+// null without splits.
+struct SplitScratch {
+  unsigned* tickets = nullptr;
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
+};
+inline SplitScratch SplitScratchOf(void* scratch, int num_row_items, int kvh, int num_splits, int hd) {
+  SplitScratch s;
+  if (num_splits <= 1) return s;
+  s.tickets = static_cast<unsigned*>(scratch);
+  s.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kAttnTicketBytes);
+  s.part_ml = s.part_o + static_cast<int64_t>(num_row_items) * kvh * num_splits * kRows * hd;
+  return s;
+}
+
+// SplitAttentionKernel's prep: nothing to prepare.
+struct NoPrep {
+  __device__ __forceinline__ FreshRows operator()(int32_t, int32_t, int32_t, int64_t, int64_t) const {
+    return FreshRows{};
+  }
+};
+
+// The work of one block of the split attention's grid (row item blockIdx.x, kv head blockIdx.y,
+// context slice blockIdx.z), after the kernel's PDL wait. Without scratch (gridDim.z == 1) the
+// block writes o directly; otherwise it writes its slice's unnormalised accumulator, max and sum per row to part_o / part_ml, for SplitMergeKernel
+// (kMergeHere false) or for the last slice block of its (row item, kv head) (kMergeHere true:
+// MergeSlicesIfLast; then a slice past the context writes only its max and sum, -inf and 0, since
+// a weight of 0 keeps the merge from reading its accumulator).
+// Short contexts (ctx <= short_keys, decided per row item from token_pos on the device, so that a
+// captured graph is right at every context): slice 0 walks the whole context and writes o itself,
+// the other slices exit at once and SplitMergeKernel (given the same short_keys) exits too: no
+// partials, no merge work. o = a · (1/l) · σ(gate), the merge's operations on one slice, so that up
+// to 32 keys (where the split path has a single slice with keys) the bits equal the split path's.
+// short_keys 0: never (TANDEM_OLD_ATTN_SPLIT=1, and plans without splits).
+// prep(first, count, seq, begin, end) runs once the block knows its slice and has keys to attend
+// to, before q is read: SplitAttentionKernel's does nothing (kFresh false: q and every key from
+// global memory); the fused decode kernel's (attention_decode.cu, kFresh true) computes the
+// queries and the step's new keys and values in shared memory and returns where they are.
+template <int kHd, bool kMergeHere, bool kFresh, typename Prep>
+__device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, const float* __restrict__ qg,
+                                                 int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
+                                                 const int32_t* __restrict__ token_seq,
+                                                 const int32_t* __restrict__ token_pos, PagedKv cache,
+                                                 float* __restrict__ part_o, float* __restrict__ part_ml,
+                                                 float* __restrict__ o, unsigned* __restrict__ tickets,
+                                                 int short_keys, Prep prep) {
+  constexpr int kPer = kHd / 32;
+  constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
+  extern __shared__ float4 split_smem[];
+  float* ring = reinterpret_cast<float*>(split_smem);
+  float* tail = ring + SplitSmemBytes<kHd>() / sizeof(float) - kSplitWarps * (kRows * 2 + 40);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* wml = tail;                                     // warps × rows × (max, sum)
+  float* pw = tail + kSplitWarps * kRows * 2 + warp * 40;  // this warp's 32 p and 8 corrections
+  const int groups = nh / kvh, kvhead = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
+  const int32_t seq = token_seq[first];
+  const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
+  const bool whole = ctx <= short_keys;  // block-uniform
+  if (whole && split != 0) return;       // touches nothing after the wait
+  const int64_t chunk =
+      whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
+  const int kvw = kvh * kHd;
+  __shared__ unsigned is_last;
+  if constexpr (kMergeHere) {
+    if (begin >= end) {  // a slice past the context (short contexts: most of them)
+      if (threadIdx.x < kRows) {
+        const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + threadIdx.x;
+        part_ml[slot * 2] = -INFINITY;
+        part_ml[slot * 2 + 1] = 0.0f;
+      }
+      MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+      return;
+    }
+  }
+  // The fused decode kernel's preparation (queries, the step's new keys and values, their append)
+  // for the slice [begin, end) of a context of ctx keys; nothing for SplitAttentionKernel.
+  const FreshRows fresh = prep(first, count, seq, begin, end);
+  const float scale = rsqrtf(static_cast<float>(kHd));
+
+  float qr[kRows][kPer];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int tok = r / groups;
+    if (tok < count) {
+      if constexpr (kFresh) {
+        LoadLane<kPer>(fresh.q + r * kHd + lane * kPer, qr[r]);
+      } else {
+        const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+        LoadLane<kPer>(q + row * kHd + lane * kPer, qr[r]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) qr[r][i] *= scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
+    }
+  }
+  const int my_row = lane & 7;  // the row of this lane's score, and of its max and sum
+  const int64_t my_pos = my_row / groups < count ? token_pos[first + my_row / groups] : -1;
+  float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;
+
+  float* my_ring = ring + warp * kRingStages * kStageFloats + lane * kPer;
+  auto issue = [&](int64_t base, int stage) {
+    float* dst = my_ring + stage * kStageFloats;
+    int64_t off = 0;
+    if (base < end) {
+      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + base / kKvPageSize];
+      off = (static_cast<int64_t>(page) * kKvPageSize + base % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
+    }
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      const bool valid = base + k < end;
+      if constexpr (kFresh) {
+        if (valid && base + k >= fresh.from) {  // a new token's row: from shared memory, not the cache
+          const float* row = fresh.kv + (base + k - fresh.from) * 2 * kHd + lane * kPer;
+          StoreLane<kPer>(dst + (2 * k) * kHd, row);
+          StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
+          continue;
+        }
+      }
+      CopyLane<kPer>(dst + (2 * k) * kHd, valid ? cache.k + off + k * kvw : cache.k, valid);
+      CopyLane<kPer>(dst + (2 * k + 1) * kHd, valid ? cache.v + off + k * kvw : cache.v, valid);
+    }
+    CpAsyncCommit();  // empty groups too: the wait counts below stay uniform
+  };
+  const int64_t first_base = begin + warp * kWarpKeys;
+#pragma unroll
+  for (int s = 0; s < kRingStages - 1; ++s) issue(first_base + s * kBlockKeys, s);
+  int stage = 0;
+  for (int64_t base = first_base; base < end; base += kBlockKeys) {
+    issue(base + (kRingStages - 1) * kBlockKeys, (stage + kRingStages - 1) % kRingStages);
+    CpAsyncWait<kRingStages - 1>();
+    const float* src = my_ring + stage * kStageFloats;
+    stage = (stage + 1) % kRingStages;
+    float sv[32];
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      float kr[kPer];
+      LoadLane<kPer>(src + (2 * k) * kHd, kr);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) d = fmaf(qr[r][i], kr[i], d);
+        sv[k * kRows + r] = d;
+      }
+    }
+    float sc = TransposeReduce(sv);  // lane l: key l / 8, row l % 8
+    const int64_t kp = base + (lane >> 3);
+    if (kp >= end || kp > my_pos) sc = -INFINITY;
+    float mx = fmaxf(sc, __shfl_xor_sync(0xFFFFFFFFu, sc, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+    const float m_new = fmaxf(m, mx);
+    const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    const float p = m_new == -INFINITY ? 0.0f : expf(sc - m_new);
+    float ps = p + __shfl_xor_sync(0xFFFFFFFFu, p, 8);
+    ps += __shfl_xor_sync(0xFFFFFFFFu, ps, 16);
+    l = l * corr + ps;
+    m = m_new;
+    __syncwarp();  // the previous step's p and corrections have been read
+    pw[lane] = p;
+    if (lane < kRows) pw[32 + lane] = corr;
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float c = pw[32 + r];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[r][i] *= c;
+    }
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      float vr[kPer];
+      LoadLane<kPer>(src + (2 * k + 1) * kHd, vr);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pk = pw[k * kRows + r];
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pk, vr[i], acc[r][i]);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // every warp is done with the ring: reuse it for the block merge
+
+  float* wacc = ring;  // warps × rows × kHd
+  if (lane < kRows) {
+    wml[(warp * kRows + lane) * 2] = m;
+    wml[(warp * kRows + lane) * 2 + 1] = l;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) wacc[(warp * kRows + r) * kHd + lane * kPer + i] = acc[r][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRows * kHd; e += blockDim.x) {
+    const int r = e / kHd, dd = e % kHd;
+    float mm = -INFINITY;
+    for (int w = 0; w < kSplitWarps; ++w) mm = fmaxf(mm, wml[(w * kRows + r) * 2]);
+    float a = 0.0f, ll = 0.0f;
+    if (mm != -INFINITY) {
+      for (int w = 0; w < kSplitWarps; ++w) {
+        const float mw = wml[(w * kRows + r) * 2];
+        const float f = mw == -INFINITY ? 0.0f : expf(mw - mm);
+        a = fmaf(f, wacc[(w * kRows + r) * kHd + dd], a);
+        ll = fmaf(f, wml[(w * kRows + r) * 2 + 1], ll);
+      }
+    }
+    if (splits == 1 || whole) {
+      const int tok = r / groups;
+      if (tok >= count) continue;
+      const int head = kvhead * groups + r % groups;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
+      const float gate = SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
+      o[row * kHd + dd] = whole ? a * (1.0f / ll) * gate : a / ll * gate;
+    } else {
+      const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
+      part_o[slot * kHd + dd] = a;
+      if (dd == 0) {
+        part_ml[slot * 2] = mm;
+        part_ml[slot * 2 + 1] = ll;
+      }
+    }
+  }
+  if constexpr (kMergeHere) {
+    if (!whole) {  // block-uniform; a whole-context block took no ticket
+      MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring,
+                             is_last);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_SPLIT_CUH_
