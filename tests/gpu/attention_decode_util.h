@@ -87,13 +87,16 @@ inline DecodeCase MakeDecodeCase(std::mt19937& rng, const cuda::AttnShape& d, co
 }
 
 // Restores the process-wide decode-attention switches a test flips (the split at every length,
-// the short-walk bound, the old two-launch prep, the in-block merge) when the test ends.
+// the short-walk bound, the old two-launch prep, the in-block merge, the keys copied after the
+// wait) when the test ends.
 struct AttnSwitchGuard {
   bool old_split = cuda::OldAttnSplit();
   int short_keys = cuda::AttnShortKeys();
   bool old_decode = cuda::OldAttnDecode();
   bool in_block = cuda::AttnMergeInBlock();
+  bool old_early_kv = cuda::OldAttnEarlyKv();
   ~AttnSwitchGuard() {
+    cuda::SetOldAttnEarlyKv(old_early_kv);
     cuda::SetOldAttnSplit(old_split);
     cuda::SetAttnShortKeys(short_keys);
     cuda::SetOldAttnDecode(old_decode);

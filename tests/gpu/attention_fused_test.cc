@@ -3,7 +3,8 @@
 // cache rows and the same o, bit for bit, for the 80B and small head shapes, contexts 1 to 2100
 // (the short-context walk and the split path, with the split forced at every context too), batch 1
 // and 3 over a scrambled row list, and items of several new tokens (drafts); the ticket counters
-// back at zero after every launch; and the plans it refuses.
+// back at zero after every launch; and the plans it refuses. Also the split attention's keys copied
+// before its PDL wait (TANDEM_OLD_ATTN_EARLY_KV) against after it: the same bits.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -112,6 +113,48 @@ TEST_P(GpuAttentionFusedTest, MatchesTheLaunchesItReplacesBits) {
     ExpectFusedMatches(drafts, w, rng, mode + " drafts of " + std::to_string(draft));
     const DecodeCase short_draft = MakeDecodeCase(rng, d, {2}, {draft}, {draft});  // every key is new
     ExpectFusedMatches(short_draft, w, rng, mode + " a draft from position 0");
+  }
+}
+
+// The split attention with the cached keys copied into its ring before the PDL wait (the default
+// for one-item-a-sequence plans) against every key copied after it (TANDEM_OLD_ATTN_EARLY_KV):
+// the same values in the same slots, the same bits, for the contexts and batches above, with the
+// merge launch and the in-block merge.
+TEST_P(GpuAttentionFusedTest, EarlyKeysGiveTheSameBits) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const cuda::AttnShape d = shape();
+  const int draft = 8 / (d.nh / d.kvh);
+  attn_testing::AttnSwitchGuard guard;
+  std::vector<DecodeCase> cases;
+  for (int ctx : {1, 33, 257, 600, 2100}) cases.push_back(MakeDecodeCase(rng, d, {3}, {ctx}, {1}));
+  cases.push_back(MakeDecodeCase(rng, d, {5, 0, 2}, {700, 1, 130}, {1, 1, 1}));
+  cases.push_back(MakeDecodeCase(rng, d, {1, 4}, {300, std::max(draft, 40)}, {draft, draft}));
+  for (bool split_always : {false, true}) {
+    for (bool in_block : {false, true}) {
+      cuda::SetOldAttnSplit(split_always);
+      cuda::SetAttnMergeInBlock(in_block);
+      cuda::SetOldAttnDecode(!in_block);  // the in-block merge needs the one-launch prep's flag
+      for (const DecodeCase& c : cases) {
+        const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d);
+        ASSERT_TRUE(plan.one_item_per_sequence);
+        const auto d_items = Upload(plan.items);
+        const DeviceArray<uint8_t> scratch = ZeroedScratch(cuda::AttentionMaxScratchBytes(d));
+        std::vector<float> out[2];
+        for (int early = 0; early < 2; ++early) {
+          cuda::SetOldAttnEarlyKv(early == 0);
+          auto o = Poisoned<float>(static_cast<size_t>(c.n * d.nh * d.hd));
+          TANDEM_ASSERT_CUDA(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, d, plan, d_items.get(),
+                                                   c.d_seq.get(), c.d_pos.get(), c.cache(), o.get(), scratch.get(),
+                                                   nullptr));
+          out[early] = Download(o);
+        }
+        const std::string what = ShapeName(GetParam()) + " n=" + std::to_string(c.n) + " pos " +
+                                 std::to_string(c.token_pos.back()) + (split_always ? " split always" : "") +
+                                 (in_block ? " in-block merge" : "");
+        ASSERT_TRUE(attn_testing::AllFinite(out[0])) << what;
+        EXPECT_TRUE(SameBits(out[1], out[0])) << what << ": differs at " << FirstDifference(out[1], out[0]);
+      }
+    }
   }
 }
 

@@ -228,6 +228,22 @@ TEST_P(DecodeScheduleTest, FusedAttentionDecodeGivesTheSameLogits) {
   cuda::SetAttnDecodeFused(was);
 }
 
+// The split attention's cached keys copied before its PDL wait (the default at decode) against
+// after it (TANDEM_OLD_ATTN_EARLY_KV=1): the same values in the same slots, bit-identical logits.
+TEST_P(DecodeScheduleTest, EarlyAttentionKeysGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OldAttnEarlyKv(), was_split = cuda::OldAttnSplit();
+  for (bool split_always : {false, true}) {
+    cuda::SetOldAttnSplit(split_always);
+    ExpectScheduleChangesNoLogits(GetParam(),
+                                  split_always ? "attention keys before the wait vs after, split always"
+                                               : "attention keys before the wait vs after",
+                                  [](bool on) { cuda::SetOldAttnEarlyKv(!on); });
+  }
+  cuda::SetOldAttnSplit(was_split);
+  cuda::SetOldAttnEarlyKv(was);
+}
+
 // Every decode input layout (the separate products of TANDEM_OLD_DECODE_INPUTS, the one stacked
 // product, the stacked product with z and [k; v] aside) with both attention decode paths: the two
 // prep launches with the merge launch (TANDEM_OLD_ATTN_DECODE=1) against the one prep launch and the

@@ -15,18 +15,16 @@ namespace tandem::cuda {
 namespace {
 
 // The split attention's kernel: SplitAttendBlock (attention_split.cuh) reading q and every key
-// from global memory.
+// from global memory (it waits for the previous kernel itself).
 template <int kHd, bool kMergeHere>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
 SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets,
-                     int short_keys) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
+                     int short_keys, bool early_kv) {
   SplitAttendBlock<kHd, kMergeHere, false>(q, qg, qg_stride, nh, kvh, items, token_seq, token_pos, cache, part_o,
-                                           part_ml, o, tickets, short_keys, NoPrep{});
+                                           part_ml, o, tickets, short_keys, early_kv, NoPrep{});
 }
 
 size_t PartialBytes(int64_t blocks, const AttnShape& d) {
@@ -45,7 +43,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                               int num_row_items, int num_splits, int num_tile_items, int tc_splits,
                               const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                              cudaStream_t stream, int64_t qg_stride) {
+                              cudaStream_t stream, int64_t qg_stride, bool early_kv) {
   // The tensor-core kernels read the gate at the dense row width only.
   if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
@@ -72,7 +70,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                     static_cast<unsigned>(num_splits));
     if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
                                   kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items, token_seq, token_pos,
-                                  cache, part_o, part_ml, o, tickets, short_keys);
+                                  cache, part_o, part_ml, o, tickets, short_keys, early_kv);
         e != cudaSuccess) {
       return e;
     }
@@ -112,19 +110,20 @@ void AppendItems(int32_t t, int32_t end, int per, std::vector<int32_t>& items) {
 cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const int32_t* items, int num_row_items,
                      int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
                      const int32_t* token_pos,
-                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0) {
+                     const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0,
+                     bool early_kv = false) {
   if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
   if (qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
       return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                   cache, o, scratch, stream, qg_stride);
+                                   cache, o, scratch, stream, qg_stride, early_kv);
     case 128:
       return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride);
+                                    cache, o, scratch, stream, qg_stride, early_kv);
     case 256:
       return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride);
+                                    cache, o, scratch, stream, qg_stride, early_kv);
     default:
       return cudaErrorInvalidValue;
   }
@@ -139,6 +138,11 @@ std::atomic<bool>& OldAttnDecodeSwitch() {
 std::atomic<bool>& AttnMergeInBlockSwitch() {
   static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
   return on;
+}
+
+std::atomic<bool>& OldAttnEarlyKvSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_EARLY_KV")};
+  return old;
 }
 
 std::atomic<bool>& OldAttnSplitSwitch() {
@@ -159,6 +163,8 @@ bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relax
 void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
 bool AttnMergeInBlock() { return AttnMergeInBlockSwitch().load(std::memory_order_relaxed); }
 void SetAttnMergeInBlock(bool on) { AttnMergeInBlockSwitch().store(on, std::memory_order_relaxed); }
+bool OldAttnEarlyKv() { return OldAttnEarlyKvSwitch().load(std::memory_order_relaxed); }
+void SetOldAttnEarlyKv(bool on) { OldAttnEarlyKvSwitch().store(on, std::memory_order_relaxed); }
 bool OldAttnSplit() { return OldAttnSplitSwitch().load(std::memory_order_relaxed); }
 void SetOldAttnSplit(bool on) { OldAttnSplitSwitch().store(on, std::memory_order_relaxed); }
 int AttnShortKeys() { return AttnShortKeysValue().load(std::memory_order_relaxed); }
@@ -227,7 +233,7 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
     return cudaErrorInvalidValue;
   }
   return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
-                  token_pos, cache, o, scratch, stream, qg_stride);
+                  token_pos, cache, o, scratch, stream, qg_stride, plan.one_item_per_sequence && !OldAttnEarlyKv());
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {

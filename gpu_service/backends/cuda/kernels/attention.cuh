@@ -105,6 +105,16 @@ void SetOldAttnDecode(bool on);
 bool AttnMergeInBlock();
 void SetAttnMergeInBlock(bool on);
 
+// The split attention's blocks (row items) read the step's items, rows, positions and page table
+// before their PDL wait (the host writes them before the step), and, for plans where each
+// sequence's tokens are one item (AttentionPlan::one_item_per_sequence: decode), copy the keys and
+// values of positions before the item's first token (earlier steps' appends) into their ring
+// before it too; the item's new keys (this step's append) follow after the wait. The same values
+// in the same slots: the same bits. TANDEM_OLD_ATTN_EARLY_KV=1 (read once; settable) copies every
+// key after the wait, for A/B.
+bool OldAttnEarlyKv();
+void SetOldAttnEarlyKv(bool on);
+
 // Short decode contexts in one block: with splits (row items fewer than one block per SM, e.g.
 // batch-1 decode: 66 context slices per kv head), a row item whose context (token_pos of its last
 // token + 1, read on the device) is at most AttnShortKeys() keys is attended to by its first slice

@@ -66,11 +66,6 @@ __device__ __forceinline__ void WarpNormRopeRow(const float (&x)[kJ], const floa
   __syncwarp();
 }
 
-// Asks L2 for the 128-byte line at p (no copy, nothing to wait for).
-__device__ __forceinline__ void PrefetchLine(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Grid (row items, kv heads, slices) of kSplitWarps warps, as SplitAttentionKernel's; kMergeHere
 // when the plan has slices (the last block of each (item, kv head) merges them).
 template <int kHd, bool kMergeHere>
@@ -94,26 +89,12 @@ DecodeAttentionKernel(QkvRows rows, int nh, int kvh, int rot, float eps, const f
     gk[j] = k_norm[i];
     freq[j] = i < rot ? inv_freq[i < half ? i : i - half] : 0.0;
   }
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
   extern __shared__ float4 split_smem[];
   float* qs = reinterpret_cast<float*>(split_smem) + SplitSmemBytes<kHd>() / sizeof(float);  // kRows × kHd
   float* fresh_kv = qs + kRows * kHd;                                                       // tokens × 2kHd
   auto prep = [&](int32_t first, int32_t count, int32_t seq, int64_t begin, int64_t end) {
     const int groups = nh / kvh, kvhead = blockIdx.y, kvw = kvh * kHd;
     const int64_t from = token_pos[first];  // the item's new tokens hold positions from .. from + count - 1
-    // The slice's cached keys and values, asked of L2 now: the ring copies them once the rows
-    // below are ready.
-    constexpr int kLines = kHd * static_cast<int>(sizeof(float)) / 128;  // 128-byte lines a row
-    const int64_t cached = min(end, from) - begin;
-    for (int64_t e = threadIdx.x; e < cached * 2 * kLines; e += blockDim.x) {
-      const int64_t pos = begin + e / (2 * kLines);
-      const int part = static_cast<int>(e % (2 * kLines));
-      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + pos / kKvPageSize];
-      const int64_t off = (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw + kvhead * kHd +
-                          (part % kLines) * (128 / sizeof(float));
-      PrefetchLine((part < kLines ? cache.k : cache.v) + off);
-    }
     // Query row `warp`: head kvhead·groups + warp % groups of token warp / groups.
     if (warp / groups < count) {
       const int tok = warp / groups;
@@ -156,8 +137,10 @@ DecodeAttentionKernel(QkvRows rows, int nh, int kvh, int rot, float eps, const f
     __syncthreads();  // the rows are in shared memory for every warp
     return FreshRows{qs, fresh_kv, from};
   };
+  // The block waits for the previous kernel inside, once its cached keys are on their way
+  // (early_kv: each sequence's tokens are one item here, DecodeAttentionFits).
   SplitAttendBlock<kHd, kMergeHere, true>(nullptr, rows.qg, rows.qg_stride, nh, kvh, items, token_seq, token_pos,
-                                          cache, part_o, part_ml, o, tickets, short_keys, prep);
+                                          cache, part_o, part_ml, o, tickets, short_keys, true, prep);
 }
 
 template <int kHd>

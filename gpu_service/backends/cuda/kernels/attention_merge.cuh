@@ -26,17 +26,24 @@ constexpr int kMaxSplits = 128;
 
 // Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
 // gate σ(qg) (the gate half of the token's qg row, qg_stride floats apart).
+// StoreGatedOutput with the four raw gate values already loaded (g: qg's floats 4c .. 4c + 3 of the
+// head's gate half).
+template <int kHd>
+__device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t token, int head, int c, float4 a,
+                                                     float inv_l, float* __restrict__ o) {
+  float4 y;
+  y.x = a.x * inv_l * SigmoidF(g.x);
+  y.y = a.y * inv_l * SigmoidF(g.y);
+  y.z = a.z * inv_l * SigmoidF(g.z);
+  y.w = a.w * inv_l * SigmoidF(g.w);
+  reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
+}
 template <int kHd>
 __device__ __forceinline__ void StoreGatedOutput(const float* __restrict__ qg, int64_t qg_stride, int nh,
                                                  int64_t token, int head, int c, float4 a, float inv_l,
                                                  float* __restrict__ o) {
   const float* gate = qg + token * qg_stride + head * 2 * kHd + kHd + 4 * c;
-  float4 y;
-  y.x = a.x * inv_l * SigmoidF(gate[0]);
-  y.y = a.y * inv_l * SigmoidF(gate[1]);
-  y.z = a.z * inv_l * SigmoidF(gate[2]);
-  y.w = a.w * inv_l * SigmoidF(gate[3]);
-  reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
+  StoreGatedOutputWith<kHd>(make_float4(gate[0], gate[1], gate[2], gate[3]), nh, token, head, c, a, inv_l, o);
 }
 
 // Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
@@ -49,17 +56,27 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
                  const int32_t* __restrict__ token_pos, int short_keys, int splits,
                  const float* __restrict__ part_o, const float* __restrict__ part_ml,
                  float* __restrict__ o) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
   constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
   __shared__ float weight[kMaxSplits];
   __shared__ float4 red[256];
   __shared__ float inv_l;
   const int groups = nh / kvh, kvhead = blockIdx.y, r = blockIdx.z;
+  // Items and positions come from the host (before the step): read before the wait. Every block
+  // still waits, so that the grid cannot complete before the split kernel it follows.
   const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
   const int tok = r / groups;
-  if (tok >= count) return;
-  if (static_cast<int64_t>(token_pos[first + count - 1]) + 1 <= short_keys) return;  // the kernel's `whole`
+  const bool whole = tok < count && static_cast<int64_t>(token_pos[first + count - 1]) + 1 <= short_keys;
+  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  PdlAllowNext();
+  if (tok >= count || whole) return;  // whole: the split kernel's slice 0 wrote o
+  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
+  const int head = kvhead * groups + r % groups;
+  // The gate of this thread's float4 of the output, read now rather than after the sums.
+  float4 gate = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (sg == 0) {  // four floats: qg_stride need not keep float4 alignment
+    const float* g = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * c;
+    gate = make_float4(g[0], g[1], g[2], g[3]);
+  }
   const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
   if (threadIdx.x < 32) {
     float mm = -INFINITY;
@@ -76,7 +93,6 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
     if (threadIdx.x == 0) inv_l = 1.0f / ll;
   }
   __syncthreads();
-  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s = sg; s < splits; s += kSliceGroups) {
     const float w = weight[s];
@@ -97,7 +113,7 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
     a.z += x.z;
     a.w += x.w;
   }
-  StoreGatedOutput<kHd>(qg, qg_stride, nh, first + tok, kvhead * groups + r % groups, c, a, inv_l, o);
+  StoreGatedOutputWith<kHd>(gate, nh, first + tok, head, c, a, inv_l, o);
 }
 
 // One ticket counter per (row item, kv head) in the scratch's first kAttnTicketBytes.

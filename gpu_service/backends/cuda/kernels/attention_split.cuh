@@ -104,6 +104,18 @@ __device__ __forceinline__ void StoreLane(float* dst, const float* src) {
   for (int i = 0; i < kPer; ++i) dst[i] = src[i];
 }
 
+// Copies kPer floats global -> shared through registers, read from L2 (ld.global.cg: rows this
+// step's append wrote, which no earlier read of this block left in L1).
+template <int kPer>
+__device__ __forceinline__ void LoadLaneL2(float* dst, const float* src) {
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(src + i));
+    dst[i] = v.x;
+    dst[i + 1] = v.y;
+  }
+}
+
 // Where the fused decode kernel's prep put its rows (shared memory): q, the item's kRows query rows
 // normed and roped (unscaled), and kv, per new token of the item its k (normed and roped) and v
 // rows (2·kHd floats); positions >= from are the new tokens (row pos - from).
@@ -149,6 +161,12 @@ struct NoPrep {
 // partials, no merge work. o = a · (1/l) · σ(gate), the merge's operations on one slice, so that up
 // to 32 keys (where the split path has a single slice with keys) the bits equal the split path's.
 // short_keys 0: never (TANDEM_OLD_ATTN_SPLIT=1, and plans without splits).
+// The block waits for the previous kernel (PdlWaitForPrevious) itself, after reading what the
+// host wrote before the step (items, rows, positions, page table) and, with early_kv, after
+// copying the keys and values of positions before its item's first token (earlier steps' appends)
+// into its ring: those reads then overlap the previous kernel. early_kv needs each sequence's
+// tokens in one item (AttentionPlan::one_item_per_sequence): else an earlier item of the same
+// sequence appends keys in this step.
 // prep(first, count, seq, begin, end) runs once the block knows its slice and has keys to attend
 // to, before q is read: SplitAttentionKernel's does nothing (kFresh false: q and every key from
 // global memory); the fused decode kernel's (attention_decode.cu, kFresh true) computes the
@@ -160,7 +178,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
                                                  const int32_t* __restrict__ token_pos, PagedKv cache,
                                                  float* __restrict__ part_o, float* __restrict__ part_ml,
                                                  float* __restrict__ o, unsigned* __restrict__ tickets,
-                                                 int short_keys, Prep prep) {
+                                                 int short_keys, bool early_kv, Prep prep) {
   constexpr int kPer = kHd / 32;
   constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
   extern __shared__ float4 split_smem[];
@@ -170,15 +188,59 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   float* wml = tail;                                     // warps × rows × (max, sum)
   float* pw = tail + kSplitWarps * kRows * 2 + warp * 40;  // this warp's 32 p and 8 corrections
   const int groups = nh / kvh, kvhead = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  // The step's items, rows and positions come from the host (copied before the step), so they are
+  // read before the PDL wait (pdl.cuh: no kernel of the step writes them).
   const int32_t first = items[2 * blockIdx.x], count = items[2 * blockIdx.x + 1];
   const int32_t seq = token_seq[first];
   const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
   const bool whole = ctx <= short_keys;  // block-uniform
-  if (whole && split != 0) return;       // touches nothing after the wait
+  if (whole && split != 0) return;       // touches no data of the step: no wait needed
   const int64_t chunk =
       whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
   const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
   const int kvw = kvh * kHd;
+  const int my_row = lane & 7;  // the row of this lane's score, and of its max and sum
+  const int64_t my_pos = my_row / groups < count ? token_pos[first + my_row / groups] : -1;
+  // Keys before the item's first token were appended by earlier steps; with early_kv (each
+  // sequence's tokens in one item, so that no other item of this step appends any of them) the
+  // ring's first stages copy them before the wait, and the item's own new keys after it.
+  const int64_t defer_from = early_kv ? static_cast<int64_t>(token_pos[first]) : -1;
+  float* my_ring = ring + warp * kRingStages * kStageFloats + lane * kPer;
+  // Stage `stage` <- keys base .. base + 3 (this warp's next batch): cp.async from the cache,
+  // zero-filled past the slice; with `early`, keys at or after defer_from are left for
+  // FillDeferred after the wait. Without `early`, the fused kernel's new keys (kFresh, positions
+  // >= fresh.from) come from its shared rows.
+  auto issue_keys = [&](int64_t base, int stage, bool early, const FreshRows& fresh) {
+    float* dst = my_ring + stage * kStageFloats;
+    int64_t off = 0;
+    if (base < end) {
+      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + base / kKvPageSize];
+      off = (static_cast<int64_t>(page) * kKvPageSize + base % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
+    }
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      const bool valid = base + k < end;
+      if (early && valid && base + k >= defer_from) continue;
+      if constexpr (kFresh) {
+        if (!early && valid && base + k >= fresh.from) {  // a new token's row: from shared memory
+          const float* row = fresh.kv + (base + k - fresh.from) * 2 * kHd + lane * kPer;
+          StoreLane<kPer>(dst + (2 * k) * kHd, row);
+          StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
+          continue;
+        }
+      }
+      CopyLane<kPer>(dst + (2 * k) * kHd, valid ? cache.k + off + k * kvw : cache.k, valid);
+      CopyLane<kPer>(dst + (2 * k + 1) * kHd, valid ? cache.v + off + k * kvw : cache.v, valid);
+    }
+    CpAsyncCommit();  // empty groups too: the wait counts below stay uniform
+  };
+  const int64_t first_base = begin + warp * kWarpKeys;
+  if (early_kv && begin < end) {
+#pragma unroll
+    for (int s = 0; s < kRingStages - 1; ++s) issue_keys(first_base + s * kBlockKeys, s, true, FreshRows{});
+  }
+  PdlWaitForPrevious();  // pdl.cuh: the step's rows (q, the new keys, the gates) only after it
+  PdlAllowNext();
   __shared__ unsigned is_last;
   if constexpr (kMergeHere) {
     if (begin >= end) {  // a slice past the context (short contexts: most of them)
@@ -214,44 +276,43 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
       for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
     }
   }
-  const int my_row = lane & 7;  // the row of this lane's score, and of its max and sum
-  const int64_t my_pos = my_row / groups < count ? token_pos[first + my_row / groups] : -1;
   float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;
 
-  float* my_ring = ring + warp * kRingStages * kStageFloats + lane * kPer;
-  auto issue = [&](int64_t base, int stage) {
-    float* dst = my_ring + stage * kStageFloats;
-    int64_t off = 0;
-    if (base < end) {
-      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + base / kKvPageSize];
-      off = (static_cast<int64_t>(page) * kKvPageSize + base % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
-    }
+  if (early_kv) {
+    // The new keys of the stages copied before the wait (the cache rows this step's append wrote,
+    // or the fused kernel's shared rows), into the slots that copy left alone.
 #pragma unroll
-    for (int k = 0; k < kWarpKeys; ++k) {
-      const bool valid = base + k < end;
-      if constexpr (kFresh) {
-        if (valid && base + k >= fresh.from) {  // a new token's row: from shared memory, not the cache
-          const float* row = fresh.kv + (base + k - fresh.from) * 2 * kHd + lane * kPer;
+    for (int s = 0; s < kRingStages - 1; ++s) {
+      const int64_t base = first_base + s * kBlockKeys;
+      float* dst = my_ring + s * kStageFloats;
+#pragma unroll
+      for (int k = 0; k < kWarpKeys; ++k) {
+        const int64_t pos = base + k;
+        if (pos >= end || pos < defer_from) continue;
+        if constexpr (kFresh) {
+          const float* row = fresh.kv + (pos - fresh.from) * 2 * kHd + lane * kPer;
           StoreLane<kPer>(dst + (2 * k) * kHd, row);
           StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
-          continue;
+        } else {
+          const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + pos / kKvPageSize];
+          const int64_t off =
+              (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
+          LoadLaneL2<kPer>(dst + (2 * k) * kHd, cache.k + off);
+          LoadLaneL2<kPer>(dst + (2 * k + 1) * kHd, cache.v + off);
         }
       }
-      CopyLane<kPer>(dst + (2 * k) * kHd, valid ? cache.k + off + k * kvw : cache.k, valid);
-      CopyLane<kPer>(dst + (2 * k + 1) * kHd, valid ? cache.v + off + k * kvw : cache.v, valid);
     }
-    CpAsyncCommit();  // empty groups too: the wait counts below stay uniform
-  };
-  const int64_t first_base = begin + warp * kWarpKeys;
+  } else {
 #pragma unroll
-  for (int s = 0; s < kRingStages - 1; ++s) issue(first_base + s * kBlockKeys, s);
+    for (int s = 0; s < kRingStages - 1; ++s) issue_keys(first_base + s * kBlockKeys, s, false, fresh);
+  }
   int stage = 0;
   for (int64_t base = first_base; base < end; base += kBlockKeys) {
-    issue(base + (kRingStages - 1) * kBlockKeys, (stage + kRingStages - 1) % kRingStages);
+    issue_keys(base + (kRingStages - 1) * kBlockKeys, (stage + kRingStages - 1) % kRingStages, false, fresh);
     CpAsyncWait<kRingStages - 1>();
     const float* src = my_ring + stage * kStageFloats;
     stage = (stage + 1) % kRingStages;
