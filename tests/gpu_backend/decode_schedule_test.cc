@@ -208,20 +208,22 @@ TEST_P(DecodeScheduleTest, AttentionDecodeLaunchesGiveTheSameLogits) {
 }
 
 // Attention layers in one decode launch (TANDEM_ATTN_DECODE_FUSED, attention_decode.cuh) against the
-// launches it replaces, both after the one product over [q; k; v] (AttnStackedKvSide off, so that
-// both read the same rows): the same operations in the same order, bit-identical logits, with the
-// short-context walk (these contexts are below its bound) and with the split forced at every
-// context (TANDEM_OLD_ATTN_SPLIT).
+// launches it replaces, both after the same input products (the one product over [q; k; v], and
+// q's and [k; v]'s products of AttnStackedKvSide): the same operations in the same order,
+// bit-identical logits, with the short-context walk (these contexts are below its bound) and with
+// the split forced at every context (TANDEM_OLD_ATTN_SPLIT).
 TEST_P(DecodeScheduleTest, FusedAttentionDecodeGivesTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::AttnDecodeFused(), was_kv = cuda::AttnStackedKvSide(), was_split = cuda::OldAttnSplit();
-  cuda::SetAttnStackedKvSide(false);
-  for (bool split_always : {false, true}) {
-    cuda::SetOldAttnSplit(split_always);
-    ExpectScheduleChangesNoLogits(GetParam(),
-                                  split_always ? "fused attention decode vs its launches, split always"
-                                               : "fused attention decode vs its launches",
-                                  [](bool on) { cuda::SetAttnDecodeFused(on); });
+  for (bool kv_side : {false, true}) {
+    cuda::SetAttnStackedKvSide(kv_side);
+    for (bool split_always : {false, true}) {
+      cuda::SetOldAttnSplit(split_always);
+      const std::string what = std::string("fused attention decode vs its launches") +
+                               (kv_side ? ", [k; v] aside" : ", one [q; k; v] product") +
+                               (split_always ? ", split always" : "");
+      ExpectScheduleChangesNoLogits(GetParam(), what.c_str(), [](bool on) { cuda::SetAttnDecodeFused(on); });
+    }
   }
   cuda::SetOldAttnSplit(was_split);
   cuda::SetAttnStackedKvSide(was_kv);

@@ -232,14 +232,24 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   // (side_products). Joined before the prep launch or before attention reads the cache.
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w) && (!d.has_indexer() || T == 1);
-  // Decode in one attention launch (TANDEM_ATTN_DECODE_FUSED, attention_decode.cuh): the one
-  // product over [q; k; v], then the norms, RoPE, the cache append, the split attention and its
-  // merge in one kernel, then the output product; no side stream.
+  // Decode in one attention launch (TANDEM_ATTN_DECODE_FUSED, attention_decode.cuh): the input
+  // products (q's on the main stream and [k; v]'s on the side stream, joined, as the unfused path
+  // runs them with AttnStackedKvSide; else the one product over [q; k; v]), then the norms, RoPE,
+  // the cache append, the split attention and its merge in one kernel, then the output product.
   if (stacked_in && !d.has_indexer() && cuda::AttnDecodeFused() && cuda::DecodeAttentionFits(plan.attn, shape)) {
     float* rows = mixer_rows.as<float>();
-    if (absl::Status s = Product(w.mixer_in, x, T, rows); !s.ok()) return s;
-    const int64_t stride = w.mixer_in.rows;
-    const cuda::QkvRows qkv{rows, stride, rows + w.q.rows, stride, rows + w.q.rows + w.k.rows, stride};
+    cuda::QkvRows qkv;
+    if (w.kv.present() && cuda::AttnStackedKvSide()) {
+      if (absl::Status s = Fork(); !s.ok()) return s;
+      if (absl::Status s = Product(w.kv, x, T, rows, false, side.get()); !s.ok()) return s;
+      if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+      if (absl::Status s = Join(); !s.ok()) return s;
+      qkv = cuda::QkvRows{qg, 0, rows, w.kv.rows, rows + w.k.rows, w.kv.rows};
+    } else {
+      if (absl::Status s = Product(w.mixer_in, x, T, rows); !s.ok()) return s;
+      const int64_t stride = w.mixer_in.rows;
+      qkv = cuda::QkvRows{rows, stride, rows + w.q.rows, stride, rows + w.q.rows + w.k.rows, stride};
+    }
     const cuda::PagedKv cache{k_pool[slot], v_pool[slot], page_table, static_cast<int>(max_pages), attn_f16_tiles};
     if (absl::Status s = Launch(cuda::LaunchDecodeAttention(qkv, T, shape, w.q_norm, w.k_norm, dm->rope_inv_freq,
                                                             plan.attn, items_dev(), seq_dev(), pos_dev(), cache, ao,
