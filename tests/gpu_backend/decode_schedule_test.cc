@@ -27,6 +27,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -228,6 +229,26 @@ TEST_P(DecodeScheduleTest, FusedAttentionDecodeGivesTheSameLogits) {
   cuda::SetOldAttnSplit(was_split);
   cuda::SetAttnStackedKvSide(was_kv);
   cuda::SetAttnDecodeFused(was);
+}
+
+// The norms with an inject reading H's rows before their PDL wait (the default) against after it
+// (TANDEM_OLD_NORM_EARLY_H=1): the same values, bit-identical logits.
+TEST_P(DecodeScheduleTest, EarlyNormRowsGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OldNormEarlyH();
+  ExpectScheduleChangesNoLogits(GetParam(), "norm H rows before the wait vs after",
+                                [](bool on) { cuda::SetOldNormEarlyH(!on); });
+  cuda::SetOldNormEarlyH(was);
+}
+
+// The fused GDN decode kernel's state column and conv history read before its PDL wait (the
+// default) against after it (TANDEM_OLD_GDN_EARLY_STATE=1): the same values, bit-identical logits.
+TEST_P(DecodeScheduleTest, EarlyGdnStateGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OldGdnEarlyState();
+  ExpectScheduleChangesNoLogits(GetParam(), "GDN state before the wait vs after",
+                                [](bool on) { cuda::SetOldGdnEarlyState(!on); });
+  cuda::SetOldGdnEarlyState(was);
 }
 
 // The split attention's cached keys copied before its PDL wait (the default at decode) against

@@ -177,20 +177,26 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   // the kernel reads a before this read writes the new weights below.
   const float* pending_a = pending != nullptr && !inject_is_one ? a : nullptr;
   const cuda::PendingShared* psh = pending != nullptr ? pending_shared : nullptr;
+  // With an inject pending, H's rows were last written by the previous read's norm (before the
+  // first, by the embedding or Engram), several kernels back: the norm may read them before its
+  // PDL wait (norm_streams.cuh). Without one, the kernel just before (the embedding, Engram) may
+  // have written them.
+  const bool h_earlier = pending != nullptr;
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
     if (f16_for != cuda::GemmMode::kExact) {
       // x and its f16 input rows in one pass, instead of a conversion per consumer (bit-identical:
       // the same f32 values and roundings as DenseGemm::ConvertInput).
       const int copies = f16_for == cuda::GemmMode::kFastSplit ? 3 : 1;
       if (absl::Status s = Launch(cuda::LaunchInjectRmsNormF16(H, n, 1, h, pending_a, pending, r.norm, c->eps, out,
-                                                               copies, gemm->input_scratch(), st, xq, psh),
+                                                               copies, gemm->input_scratch(), st, xq, psh, h_earlier),
                                   "rms norm (f16 rows)");
           !s.ok()) {
         return s;
       }
       gemm->SetConverted(out, n, h, f16_for);
     } else if (absl::Status s =
-                   Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq, psh),
+                   Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq, psh,
+                                                    h_earlier),
                           "rms norm");
                !s.ok()) {
       return s;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
@@ -91,13 +92,18 @@ __device__ __forceinline__ void LoadTaps(const float* taps, bool valid, int c, i
 // history. A thread without the channel (valid false) reads nothing and gets zeros. (No shifted
 // window array as in GdnConvKernel: its conditional shift over a runtime kk compiled to a loop
 // over local memory.)
-__device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
-                                           float (&h)[kGdnMaxConvKernel], float& x, const float* history,
-                                           const float* x_row, bool valid, int c_dim, int c, int kk) {
+// The channel's last kk − 1 inputs (earlier steps' history rows), read before the token's x.
+__device__ __forceinline__ void LoadHistory(float (&h)[kGdnMaxConvKernel], const float* history, bool valid, int c_dim,
+                                            int c, int kk) {
 #pragma unroll
   for (int q = 0; q < kGdnMaxConvKernel; ++q) {
     h[q] = valid && q < kk - 1 ? history[static_cast<int64_t>(q) * c_dim + c] : 0.0f;
   }
+}
+
+__device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
+                                           const float (&h)[kGdnMaxConvKernel], float& x, const float* x_row,
+                                           bool valid, int c, int kk) {
   x = valid ? x_row[c] : 0.0f;
   float sum = 0.0f;
 #pragma unroll
@@ -122,7 +128,8 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // channels (i − 2kDk), a channel per thread plus a second one for the first threads when kDk is 128.
 template <int kDk, bool kGated>
 __global__ void __launch_bounds__(kThreads)
-GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first) {
+GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
+                     bool early_state) {
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
@@ -149,21 +156,31 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   LoadTaps(a.taps, has0, c0, kk, w0, last0);
   LoadTaps(a.taps, has1, c1, kk, w1, last1);
   const float gamma = kGated ? a.norm[col] : 0.0f;  // a weight too
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
+  // The token's state row (the host writes the rows before the step) and, with early_state, its
+  // state column and conv history, which only this kernel writes, in earlier steps: read before
+  // the PDL wait, so that they overlap the product before (pdl.cuh; the step's rows qkv, ba and z
+  // only after the wait). Without early_state (TANDEM_OLD_GDN_EARLY_STATE=1) after it, the state
+  // column first: its loads are the longest, in flight during the conv and the norms.
   const int64_t t = blockIdx.z;
   const int64_t seq = a.rows[t];
   float* history = a.history + seq * a.row_stride;
-  // The state column first: its loads are the longest, in flight during the conv and the norms.
   float* S = a.state + seq * a.row_stride + (static_cast<int64_t>(vh) * kDk + warp * kRows) * dv + col;
-  float s[kRows];
+  float s[kRows], h0[kGdnMaxConvKernel], h1[kGdnMaxConvKernel];
+  auto load_old = [&] {
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) s[i] = S[static_cast<int64_t>(i) * dv];
+    for (int i = 0; i < kRows; ++i) s[i] = S[static_cast<int64_t>(i) * dv];
+    LoadHistory(h0, history, has0, c_dim, c0, kk);
+    LoadHistory(h1, history, has1, c_dim, c1, kk);
+  };
+  if (early_state) load_old();
+  PdlWaitForPrevious();  // pdl.cuh
+  PdlAllowNext();
+  if (!early_state) load_old();
   const float zv = kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
   const float* x = a.qkv + t * a.qkv_stride;
-  float h0[kGdnMaxConvKernel], h1[kGdnMaxConvKernel], x0, x1;
-  const float y0 = ConvToken(w0, last0, h0, x0, history, x, has0, c_dim, c0, kk);
-  const float y1 = ConvToken(w1, last1, h1, x1, history, x, has1, c_dim, c1, kk);
+  float x0, x1;
+  const float y0 = ConvToken(w0, last0, h0, x0, x, has0, c0, kk);
+  const float y1 = ConvToken(w1, last1, h1, x1, x, has1, c1, kk);
   if (has0) {
     if (i0 < kQk) qk[i0] = y0; else vs[i0 - kQk] = y0;
   }
@@ -266,7 +283,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
-                            qk_x_first);
+                            qk_x_first, !OldGdnEarlyState());
 }
 
 }  // namespace
@@ -311,8 +328,15 @@ std::atomic<int>& GdnDecodeFusedSwitch() {
   }()};
   return mode;
 }
+
+std::atomic<bool>& OldGdnEarlyStateSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE")};
+  return old;
+}
 }  // namespace
 
+bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }
+void SetOldGdnEarlyState(bool on) { OldGdnEarlyStateSwitch().store(on, std::memory_order_relaxed); }
 int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }
 void SetGdnDecodeFused(int mode) { GdnDecodeFusedSwitch().store(mode, std::memory_order_relaxed); }
 

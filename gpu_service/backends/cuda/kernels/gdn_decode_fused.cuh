@@ -70,6 +70,13 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const G
 int GetGdnDecodeFused();
 void SetGdnDecodeFused(int mode);
 
+// The fused kernel reads its token's recurrent state column and conv history (which only it
+// writes, in earlier steps) before its PDL wait, overlapping the product before it; the same
+// values, the same bits. TANDEM_OLD_GDN_EARLY_STATE=1 (read once; settable; read at launch, so a
+// captured graph keeps it) reads them after the wait, for A/B.
+bool OldGdnEarlyState();
+void SetOldGdnEarlyState(bool on);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DECODE_FUSED_CUH_

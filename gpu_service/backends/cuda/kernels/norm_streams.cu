@@ -2,6 +2,9 @@
 
 #include <cuda_fp16.h>
 
+#include <atomic>
+
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -122,7 +125,8 @@ constexpr unsigned kGeneralInjectRows = 4096;
 template <int kVec, int kThreads, int kCopies>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
-                       const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q) {
+                       const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q,
+                       bool h_early) {
   extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
@@ -135,17 +139,27 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
     const int64_t i = threadIdx.x + k * kThreads;
     gg[k] = i < h4 ? g[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
   float4* hr = reinterpret_cast<float4*>(H + row * h);
+  float4 v[kVec], d[kVec];
+  auto load_h = [&] {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t i = threadIdx.x + k * kThreads;
+      v[k] = i < h4 ? hr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  // h_early: H's row was last written two or more kernels back (LaunchInjectRmsNorm), so it is
+  // read before the wait, overlapping the kernel before (it may have left L2 since).
+  if (h_early) load_h();
+  PdlWaitForPrevious();  // pdl.cuh: nothing else of the step is read or written before
+  PdlAllowNext();
+  if (!h_early) load_h();
   const float4* yr = y ? reinterpret_cast<const float4*>(y + t * h) : nullptr;
   // The shared term left out of y (PendingShared; the launch ensures y with it).
   const float4* sr = y && sh ? reinterpret_cast<const float4*>(sh + t * h) : nullptr;
-  float4 v[kVec], d[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
-    v[k] = i < h4 ? hr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     d[k] = yr && i < h4 ? yr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   if (sr) {
@@ -251,7 +265,7 @@ cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const f
 template <int kCopies>
 cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, PendingShared sh,
                        const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream,
-                       const NormMmqOut* qp) {
+                       const NormMmqOut* qp, bool h_early) {
   const NormMmqOut q = qp != nullptr ? *qp : NormMmqOut{};
   const size_t smem = q.hi != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
@@ -266,7 +280,7 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   // One register kernel per row-width bucket: (vectors a thread, threads a block).
   auto reg = [&](auto kernel, unsigned threads) {
     return LaunchPdl(kernel, rows, threads, smem, stream, H, S, h, a, y, sh.shared, sh.gate_logit, gamma, eps, N, N16,
-                     q);
+                     q, h_early && !OldNormEarlyH());
   };
   if (h4 <= 128) return reg(InjectRmsNormRegKernel<1, 128, kCopies>, 128);
   if (h4 <= 256) return reg(InjectRmsNormRegKernel<2, 128, kCopies>, 128);
@@ -294,30 +308,40 @@ bool SharedOk(const float* y, const PendingShared* sh, PendingShared* out) {
   return out->shared == nullptr || y != nullptr;
 }
 
+std::atomic<bool>& OldNormEarlyHSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_NORM_EARLY_H")};
+  return old;
+}
+
 }  // namespace
+
+bool OldNormEarlyH() { return OldNormEarlyHSwitch().load(std::memory_order_relaxed); }
+void SetOldNormEarlyH(bool on) { OldNormEarlyHSwitch().store(on, std::memory_order_relaxed); }
 
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
-                                cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh) {
+                                cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh,
+                                bool h_written_earlier) {
   if (n <= 0) return cudaSuccess;
   PendingShared shared;
   if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q) || !SharedOk(y, sh, &shared)) {
     return cudaErrorInvalidValue;
   }
-  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q);
+  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q, h_written_earlier);
 }
 
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
-                                   cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh) {
+                                   cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh,
+                                   bool h_written_earlier) {
   if (n <= 0) return cudaSuccess;
   PendingShared shared;
   if (!NormShapeOk(n, S, h) || N16 == nullptr || reinterpret_cast<uintptr_t>(N16) % 8 != 0 || !NormMmqOk(S, h, q) ||
       !SharedOk(y, sh, &shared)) {
     return cudaErrorInvalidValue;
   }
-  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q);
-  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q);
+  if (copies == 1) return LaunchNorm<1>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q, h_written_earlier);
+  if (copies == 3) return LaunchNorm<3>(H, n, S, h, a, y, shared, gamma, eps, N, N16, stream, q, h_written_earlier);
   return cudaErrorInvalidValue;
 }
 

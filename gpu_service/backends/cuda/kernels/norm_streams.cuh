@@ -57,7 +57,7 @@ inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q = nullptr,
-                                const PendingShared* sh = nullptr);
+                                const PendingShared* sh = nullptr, bool h_written_earlier = false);
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
@@ -69,7 +69,15 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,
                                    const float* gamma, float eps, float* N, int copies, uint16_t* N16,
                                    cudaStream_t stream, const NormMmqOut* q = nullptr,
-                                const PendingShared* sh = nullptr);
+                                   const PendingShared* sh = nullptr, bool h_written_earlier = false);
+
+// h_written_earlier (both launches above): the caller knows that no kernel since the one two
+// launches back wrote H's rows (the backend's norms with an inject: the last writer of H is the
+// previous norm), so the register kernel reads them before its PDL wait, overlapping the kernel
+// before; the same values, the same bits. TANDEM_OLD_NORM_EARLY_H=1 (read once; settable; read at
+// launch) reads them after the wait, for A/B.
+bool OldNormEarlyH();
+void SetOldNormEarlyH(bool on);
 
 // The same with a block of 256 threads per row that reads the row twice (any h): what
 // LaunchInjectRmsNorm runs past h = 4096 and for inject steps of 4096 rows or more, and the
