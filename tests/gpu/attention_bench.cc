@@ -7,7 +7,9 @@
 // form, TANDEM_ATTN_KV16=1, and that form's overlapped kernel, TANDEM_ATTN_KV16=2, each with a
 // count of output floats whose bits differ, beside it) in
 // TFLOP/s (4·n²/2·nh·hd flops per sequence), and the relative L2 of each fast output against the
-// exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short).
+// exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short);
+// decode in one launch (LaunchDecodeAttention) against the four launches it replaces
+// (decode_b1_ctxN_fused).
 // Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 

@@ -7,11 +7,20 @@
 //
 // The rule for a kernel launched through LaunchPdl (tested by gpu_kernels_test's PdlTest and by
 // gpu_backend_test's LaunchOverlapAndL2PrefetchChangeNoLogits):
-//   - before PdlWaitForPrevious it reads only data no kernel of the step writes (weights, shapes)
-//     and writes nothing in global memory;
-//   - every block that reads or writes step data calls PdlWaitForPrevious first (a block may exit
-//     early without it only if it touches no global memory at all), so the grid cannot complete
-//     before the one it follows: a later kernel that waits on this one has waited on all before;
+//   - before PdlWaitForPrevious it reads only data the kernel just before it on the stream does not
+//     write: weights and shapes, the step's inputs the host copied before the step (tokens, rows,
+//     positions, page tables, attention items), and data that only earlier kernels wrote — earlier
+//     steps' KV cache rows, GDN state and conv history, H's rows when the norm's caller knows their
+//     writer is two or more launches back (attention_split.cuh, gdn_decode_fused.cu,
+//     norm_streams.cuh). When a kernel's blocks start, every block of the kernel before has passed
+//     its own wait (the next rule: it allows its successor only after its wait), so the kernel two
+//     back has completed and its writes are visible. Before the wait it writes nothing in global
+//     memory;
+//   - every block that reads data the kernel before may write, or writes anything, calls
+//     PdlWaitForPrevious first (a block may exit early without it when it has read only what the
+//     first rule allows and written nothing, and other blocks of its grid wait), so the grid cannot
+//     complete before the one it follows: a later kernel that waits on this one has waited on all
+//     before;
 //   - PdlAllowNext (after the wait) lets the next kernel's blocks be scheduled early; calling it
 //     after the wait keeps at most one kernel waiting ahead of the running one.
 // Both device calls are no-ops when the kernel was launched normally, so a kernel written to the

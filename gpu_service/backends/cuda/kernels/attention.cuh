@@ -127,8 +127,12 @@ void SetOldAttnEarlyKv(bool on);
 // forced up: each warp of the one block sums ctx / 8 keys in sequence). TANDEM_OLD_ATTN_SPLIT=1
 // (read once; settable for tests) gives the split + merge path at every context.
 // TANDEM_ATTN_SHORT_KEYS=N (read once; settable) sets the bound (0: never), for timing; a launch
-// uses the bound current when it is made (a captured graph keeps it).
-inline constexpr int kAttnShortKeysDefault = 256;
+// uses the bound current when it is made (a captured graph keeps it). The default was 256 keys
+// until the split blocks copied their keys before the PDL wait (OldAttnEarlyKv): since then
+// attention_bench has the split + merge path faster at every context from 64 keys (H200,
+// 2026-12-02, batch 1, us per launch, whole / split: ctx 64 15.6 / 13.5, 128 19.2 / 13.7, 256
+// 24.6 / 13.8) and within 0.5 us below, where the two give the same bits.
+inline constexpr int kAttnShortKeysDefault = 32;
 bool OldAttnSplit();
 void SetOldAttnSplit(bool on);
 int AttnShortKeys();

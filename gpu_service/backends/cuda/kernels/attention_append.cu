@@ -86,13 +86,7 @@ __global__ void __launch_bounds__(256) QueryNormRopeWarpKernel(const float* qg, 
 #pragma unroll
   for (int j = 0; j < kJ; ++j) x[j] = src[32 * j];
   const int64_t pos = token_pos[t];
-  float total = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const float warp_j = __shfl_sync(0xFFFFFFFFu, WarpSum(x[j] * x[j]), 0);
-    if (lane == j) total = warp_j;
-  }
-  const float ss = WarpSum(total);
+  const float ss = WarpSumSquaresAsBlock<kJ>(x);
   const float r = rsqrtf(ss / static_cast<float>(hd) + eps);
   float y[kJ];
 #pragma unroll

@@ -31,13 +31,7 @@ __device__ __forceinline__ void WarpNormRopeRow(const float (&x)[kJ], const floa
                                                 const double (&freq)[kJ], int hd, float eps, int rot, int64_t pos,
                                                 float* row) {
   const int lane = threadIdx.x & 31;
-  float total = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const float warp_j = __shfl_sync(0xFFFFFFFFu, WarpSum(x[j] * x[j]), 0);
-    if (lane == j) total = warp_j;
-  }
-  const float ss = WarpSum(total);
+  const float ss = WarpSumSquaresAsBlock<kJ>(x);
   const float r = rsqrtf(ss / static_cast<float>(hd) + eps);
   float y[kJ];
 #pragma unroll

@@ -39,7 +39,9 @@ cudaError_t LaunchDecodeAttention(const QkvRows& rows, int64_t n, const AttnShap
 
 // Whether the backend's decode steps use LaunchDecodeAttention where it fits
 // (TANDEM_ATTN_DECODE_FUSED=1; read once; settable for tests and benchmarks; read when a step is
-// enqueued, so a captured decode graph keeps the path it was captured with).
+// enqueued, so a captured decode graph keeps the path it was captured with). Off by default: on
+// the H200 (2026-12-02, q3n-80b decode at batch 1, four rounds) 377.6 tok/s against 392.6 for the
+// launches it replaces, and no faster alone in attention_bench (docs/PERF.md, Seventeenth session).
 bool AttnDecodeFused();
 void SetAttnDecodeFused(bool on);
 

@@ -33,6 +33,22 @@ __device__ __forceinline__ T BlockSum(T v, T* scratch) {
   return WarpSum(total);
 }
 
+// BlockSum of x² over a block of 32·kJ threads, formed by one warp whose lane l holds thread
+// 32j + l's value in x[j]: per j warp j's butterfly (WarpSum, the same per-lane expressions),
+// lane 0's value taken by lane j, then WarpSum, as BlockSum adds its scratch. Every lane gets it.
+// For kernels that keep a block kernel's bits with a warp a row (the query and key norms).
+template <int kJ>
+__device__ __forceinline__ float WarpSumSquaresAsBlock(const float (&x)[kJ]) {
+  const int lane = threadIdx.x & 31;
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const float warp_j = __shfl_sync(0xFFFFFFFFu, WarpSum(x[j] * x[j]), 0);
+    if (lane == j) total = warp_j;
+  }
+  return WarpSum(total);
+}
+
 template <typename T>
 __device__ __forceinline__ T BlockMax(T v, T* scratch, T lowest) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
