@@ -150,8 +150,9 @@ struct NoPrep {
 };
 
 // The work of one block of the split attention's grid (row item blockIdx.x, kv head blockIdx.y,
-// context slice blockIdx.z), after the kernel's PDL wait. Without scratch (gridDim.z == 1) the
-// block writes o directly; otherwise it writes its slice's unnormalised accumulator, max and sum per row to part_o / part_ml, for SplitMergeKernel
+// context slice blockIdx.z), PDL wait included (below). Without scratch (gridDim.z == 1) the block
+// writes o directly; otherwise it writes its slice's unnormalised accumulator, max and sum per row
+// to part_o / part_ml, for SplitMergeKernel
 // (kMergeHere false) or for the last slice block of its (row item, kv head) (kMergeHere true:
 // MergeSlicesIfLast; then a slice past the context writes only its max and sum, -inf and 0, since
 // a weight of 0 keeps the merge from reading its accumulator).
@@ -207,9 +208,9 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   const int64_t defer_from = early_kv ? static_cast<int64_t>(token_pos[first]) : -1;
   float* my_ring = ring + warp * kRingStages * kStageFloats + lane * kPer;
   // Stage `stage` <- keys base .. base + 3 (this warp's next batch): cp.async from the cache,
-  // zero-filled past the slice; with `early`, keys at or after defer_from are left for
-  // FillDeferred after the wait. Without `early`, the fused kernel's new keys (kFresh, positions
-  // >= fresh.from) come from its shared rows.
+  // zero-filled past the slice; with `early`, keys at or after defer_from are left alone, for the
+  // fill after the wait below. Without `early`, the fused kernel's new keys (kFresh, positions >=
+  // fresh.from) come from its shared rows.
   auto issue_keys = [&](int64_t base, int stage, bool early, const FreshRows& fresh) {
     float* dst = my_ring + stage * kStageFloats;
     int64_t off = 0;
