@@ -9,6 +9,7 @@
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -144,11 +145,6 @@ WarpKernelFn QueryNormRopeWarpKernelFor(const AttnShape& d) {
 std::atomic<bool>& OldQueryRopeSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_QUERY_ROPE")};
   return old;
-}
-
-__device__ __forceinline__ int64_t CacheOffset(const PagedKv& c, int32_t seq, int64_t pos, int kvw) {
-  const int32_t page = c.page_table[static_cast<int64_t>(seq) * c.max_pages + pos / kKvPageSize];
-  return (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw;
 }
 
 // k's and v's token rows are kv_stride floats apart (the cache's: kvh·hd).

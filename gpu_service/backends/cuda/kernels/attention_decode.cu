@@ -7,6 +7,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -115,12 +116,7 @@ DecodeAttentionKernel(QkvRows rows, int nh, int kvh, int rot, float eps, const f
       }
       float* krow = fresh_kv + static_cast<int64_t>(t) * 2 * kHd;
       WarpNormRopeRow<kJ>(x, gk, freq, kHd, eps, rot, pos, krow);
-      const int64_t dst = (static_cast<int64_t>(cache.page_table[static_cast<int64_t>(seq) * cache.max_pages +
-                                                                 pos / kKvPageSize]) *
-                               kKvPageSize +
-                           pos % kKvPageSize) *
-                              kvw +
-                          col;
+      const int64_t dst = CacheOffset(cache, seq, pos, kvw) + col;
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         krow[kHd + 32 * j + lane] = v[j];

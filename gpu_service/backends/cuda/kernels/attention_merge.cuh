@@ -24,8 +24,6 @@ constexpr int kSplitWarps = 8;
 constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
 constexpr int kMaxSplits = 128;
 
-// Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
-// gate σ(qg) (the gate half of the token's qg row, qg_stride floats apart).
 // StoreGatedOutput with the four raw gate values already loaded (g: qg's floats 4c .. 4c + 3 of the
 // head's gate half).
 template <int kHd>
@@ -38,6 +36,9 @@ __device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t t
   y.w = a.w * inv_l * SigmoidF(g.w);
   reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
 }
+
+// Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
+// gate σ(qg) (the gate half of the token's qg row, qg_stride floats apart).
 template <int kHd>
 __device__ __forceinline__ void StoreGatedOutput(const float* __restrict__ qg, int64_t qg_stride, int nh,
                                                  int64_t token, int head, int c, float4 a, float inv_l,

@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
+#include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 
 namespace tandem::cuda {
@@ -142,6 +143,16 @@ inline SplitScratch SplitScratchOf(void* scratch, int num_row_items, int kvh, in
   return s;
 }
 
+// Key k of a ring stage (dst: this lane's slot of the stage) <- the fused kernel's shared rows of
+// the new token at position pos: this lane's kHd / 32 floats of its key and of its value.
+template <int kHd>
+__device__ __forceinline__ void StoreFreshKey(float* dst, int k, const FreshRows& fresh, int64_t pos, int lane) {
+  constexpr int kPer = kHd / 32;
+  const float* row = fresh.kv + (pos - fresh.from) * 2 * kHd + lane * kPer;
+  StoreLane<kPer>(dst + (2 * k) * kHd, row);
+  StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
+}
+
 // SplitAttentionKernel's prep: nothing to prepare.
 struct NoPrep {
   __device__ __forceinline__ FreshRows operator()(int32_t, int32_t, int32_t, int64_t, int64_t) const {
@@ -213,20 +224,14 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   // fresh.from) come from its shared rows.
   auto issue_keys = [&](int64_t base, int stage, bool early, const FreshRows& fresh) {
     float* dst = my_ring + stage * kStageFloats;
-    int64_t off = 0;
-    if (base < end) {
-      const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + base / kKvPageSize];
-      off = (static_cast<int64_t>(page) * kKvPageSize + base % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
-    }
+    const int64_t off = base < end ? CacheOffset(cache, seq, base, kvw) + kvhead * kHd + lane * kPer : 0;
 #pragma unroll
     for (int k = 0; k < kWarpKeys; ++k) {
       const bool valid = base + k < end;
       if (early && valid && base + k >= defer_from) continue;
       if constexpr (kFresh) {
         if (!early && valid && base + k >= fresh.from) {  // a new token's row: from shared memory
-          const float* row = fresh.kv + (base + k - fresh.from) * 2 * kHd + lane * kPer;
-          StoreLane<kPer>(dst + (2 * k) * kHd, row);
-          StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
+          StoreFreshKey<kHd>(dst, k, fresh, base + k, lane);
           continue;
         }
       }
@@ -295,13 +300,9 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
         const int64_t pos = base + k;
         if (pos >= end || pos < defer_from) continue;
         if constexpr (kFresh) {
-          const float* row = fresh.kv + (pos - fresh.from) * 2 * kHd + lane * kPer;
-          StoreLane<kPer>(dst + (2 * k) * kHd, row);
-          StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
+          StoreFreshKey<kHd>(dst, k, fresh, pos, lane);
         } else {
-          const int32_t page = cache.page_table[static_cast<int64_t>(seq) * cache.max_pages + pos / kKvPageSize];
-          const int64_t off =
-              (static_cast<int64_t>(page) * kKvPageSize + pos % kKvPageSize) * kvw + kvhead * kHd + lane * kPer;
+          const int64_t off = CacheOffset(cache, seq, pos, kvw) + kvhead * kHd + lane * kPer;
           LoadLaneL2<kPer>(dst + (2 * k) * kHd, cache.k + off);
           LoadLaneL2<kPer>(dst + (2 * k + 1) * kHd, cache.v + off);
         }
