@@ -368,25 +368,24 @@ TEST_P(DecodeScheduleTest, SharedTermInTheNextNormGivesTheSameLogits) {
   ExpectDownJoinChangesNothing(GetParam());
 }
 
-// The one-token MoE kernels with int16 activations (cuda::SetOneTokenInt16, the fast mode's
-// default) against their f32 products: exact mode never takes them (bit-identical logits); in
-// fast mode batch 1 takes them (different bits, so the path ran) and batch 3 does not (planned
-// path: bit-identical). Eager steps with the routing sink: the picks agree at >= 99% of (step,
-// layer, pick) entries and, up to the first step whose picks differ, every row of logits is within
-// 1e-3 relative L2 of the f32 path's (the quantization's error is ~1e-5 a product); graph-replayed
-// steps then give the eager steps' logits.
-TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
+// A fast-mode switch of the one-token MoE kernels (`set`) that changes their rounding, against it
+// off: exact mode never takes them (bit-identical logits); in fast mode batch 1 takes them
+// (different bits, so the path ran) and batch 3 does not (planned path: bit-identical). Eager steps
+// with the routing sink: the picks agree at >= 99% of (step, layer, pick) entries and, up to the
+// first step whose picks differ, every row of logits is within 1e-3 relative L2 of the path without
+// it; graph-replayed steps then give the eager steps' logits. Leaves `set(true)` (the caller
+// restores the switch).
+void ExpectOneTokenSwitchKeepsLogitsClose(const std::string& preset, const char* what,
+                                          const std::function<void(bool)>& set) {
+  absl::StatusOr<std::string> path = PresetModel(preset);
   ASSERT_TRUE(path.ok()) << path.status();
-  const bool was = cuda::OneTokenInt16();
   constexpr int kSteps = 8;
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
     for (int batch : {1, 3}) {
       std::vector<int32_t> picks[2];
       std::vector<float> logits[2];
       for (int on = 0; on < 2; ++on) {
-        cuda::SetOneTokenInt16(on == 1);
+        set(on == 1);
         logits[on] = DecodeLogits(*path, mode, batch, kSteps, &picks[on]);
       }
       ASSERT_FALSE(picks[0].empty());
@@ -394,12 +393,12 @@ TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
       ASSERT_EQ(logits[0].size(), logits[1].size());
       const bool same = std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0;
       const bool taken = mode == CudaMode::kFast && batch == 1;
-      const char* what = mode == CudaMode::kExact ? "exact" : "fast";
+      const char* m = mode == CudaMode::kExact ? "exact" : "fast";
       if (!taken) {
-        printf("[%s] %s decode, batch %d, int16 one-token MoE on vs off: %s\n", GetParam().c_str(), what, batch,
+        printf("[%s] %s decode, batch %d, %s on vs off: %s\n", preset.c_str(), m, batch, what,
                same ? "bit-identical" : "DIFFERENT");
-        EXPECT_TRUE(same) << what << ", batch " << batch;
-        EXPECT_EQ(picks[0], picks[1]) << what << ", batch " << batch;
+        EXPECT_TRUE(same) << what << ", " << m << ", batch " << batch;
+        EXPECT_EQ(picks[0], picks[1]) << what << ", " << m << ", batch " << batch;
         continue;
       }
       const size_t per_step = picks[0].size() / kSteps;
@@ -414,24 +413,57 @@ TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
           b(logits[1].begin(), logits[1].begin() + first_flip * V);
       const double err = first_flip > 0 ? MaxRowError(b, a, V) : 0.0;
       const double agreement = static_cast<double>(agree) / static_cast<double>(picks[0].size());
-      printf("[%s] fast decode, batch 1, int16 one-token MoE on vs off: logits %s, picks agree %.4f, first step with "
-             "a different pick %d of %d, max row relative L2 before it %.3g\n",
-             GetParam().c_str(), same ? "bit-identical" : "different", agreement, first_flip, kSteps, err);
-      EXPECT_FALSE(same) << "the int16 kernels did not run";
-      EXPECT_GE(agreement, 0.99);
-      EXPECT_GE(first_flip, 1);
-      EXPECT_LE(err, 1e-3);
+      printf("[%s] fast decode, batch 1, %s on vs off: logits %s, picks agree %.4f, first step with a different "
+             "pick %d of %d, max row relative L2 before it %.3g\n",
+             preset.c_str(), what, same ? "bit-identical" : "different", agreement, first_flip, kSteps, err);
+      EXPECT_FALSE(same) << what << ": the path did not run";
+      EXPECT_GE(agreement, 0.99) << what;
+      EXPECT_GE(first_flip, 1) << what;
+      EXPECT_LE(err, 1e-3) << what;
     }
   }
   // Graph-replayed fast batch-1 steps (no routing sink) give the eager steps' logits.
-  cuda::SetOneTokenInt16(true);
+  set(true);
   std::vector<int32_t> eager_picks;
   const std::vector<float> eager = DecodeLogits(*path, CudaMode::kFast, 1, kSteps, &eager_picks);
   const std::vector<float> graphed = DecodeLogits(*path, CudaMode::kFast, 1, kSteps);
   ASSERT_EQ(eager.size(), graphed.size());
   EXPECT_EQ(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)), 0)
-      << "int16 one-token MoE: graphs changed the logits";
+      << what << ": graphs changed the logits";
+}
+
+// The one-token MoE kernels with int16 activations (cuda::SetOneTokenInt16, the fast mode's
+// default) against their f32 products (the quantization's error is ~1e-5 a product).
+TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OneTokenInt16();
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "int16 one-token MoE", [](bool on) { cuda::SetOneTokenInt16(on); });
   cuda::SetOneTokenInt16(was);
+}
+
+// The one-token kernels' routing by the top-K logits (cuda::SetOneTokenLogitRoute, the fast mode's
+// default) against the f64 softmax that is bit-identical to the planned path's (the weights differ
+// in the last bits).
+TEST_P(DecodeScheduleTest, LogitRouteKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::OneTokenLogitRoute();
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "one-token logit routing",
+                                       [](bool on) { cuda::SetOneTokenLogitRoute(on); });
+  cuda::SetOneTokenLogitRoute(was);
+}
+
+// The one-token gate/up kernel's x staged before its PDL wait and the down kernel's per-pick
+// completion counts (cuda::SetOneTokenEarlyX, cuda::SetOneTokenPickCounts, both on by default)
+// against neither: the same values in the same order, bit-identical logits.
+TEST_P(DecodeScheduleTest, EarlyXAndPickCountsGiveTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was_x = cuda::OneTokenEarlyX(), was_counts = cuda::OneTokenPickCounts();
+  ExpectScheduleChangesNoLogits(GetParam(), "one-token early x and pick counts on vs off", [](bool on) {
+    cuda::SetOneTokenEarlyX(on);
+    cuda::SetOneTokenPickCounts(on);
+  });
+  cuda::SetOneTokenPickCounts(was_counts);
+  cuda::SetOneTokenEarlyX(was_x);
 }
 
 // The same on the tiny preset: four hyper-connection streams (the term added by the stream norm

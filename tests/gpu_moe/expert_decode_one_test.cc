@@ -126,11 +126,27 @@ std::vector<float> ReferenceY(const OneTokenExperts& ex, int K, const std::vecto
   return y;
 }
 
+// The kernels' options (OneTokenMoeArgs): int16 activations, routing by the logits, x staged before
+// the wait, per-pick completion counts (`counts`: K + 1 zeroed ints the caller owns).
+struct Variant {
+  bool int16 = false;
+  bool logit_route = false;
+  bool x_early = false;
+  int* counts = nullptr;
+  void Apply(OneTokenMoeArgs& a) const {
+    a.int16_activations = int16;
+    a.logit_route = logit_route;
+    a.x_written_earlier = x_early;
+    a.pick_counts = counts;
+  }
+};
+
 // Runs the two kernels and checks picks, weights and y against the reference (y within relative
-// L2 `tol`). int16: the kernels' int16-activation form (OneTokenMoeArgs::int16_activations);
+// L2 `tol`). v.int16: the kernels' int16-activation form (OneTokenMoeArgs::int16_activations);
 // zero_x: x all zeros (every act row zero: the int16 form's zero-scale blocks).
 void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh,
-                           const std::string& what, bool int16 = false, double tol = 1e-5, bool zero_x = false) {
+                           const std::string& what, Variant v = {}, double tol = 1e-5, bool zero_x = false) {
+  const bool int16 = v.int16;
   const std::vector<float> logits = Logits(rng, ex.E, ties);
   std::vector<float> x = testing::RandomVector(rng, ex.h);
   if (zero_x) std::fill(x.begin(), x.end(), 0.0f);
@@ -138,7 +154,7 @@ void CheckAgainstReference(std::mt19937& rng, const OneTokenExperts& ex, int K, 
   const float gate_logit = testing::RandomVector(rng, 1)[0];
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
   OneTokenMoeArgs a = step.Args(ex, K, sh);
-  a.int16_activations = int16;
+  v.Apply(a);
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
   const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
@@ -183,14 +199,14 @@ struct ShapeCase {
 constexpr ShapeCase kOtherShapes[] = {{2048, 512, 512, 10}, {768, 768, 100, 8}, {512, 1024, 1000, 24}, {1024, 512, 64, 32}};
 
 // CheckAgainstReference over kOtherShapes, without and with a gated shared expert.
-void CheckOtherShapes(std::mt19937& rng, bool int16, double tol) {
+void CheckOtherShapes(std::mt19937& rng, Variant v, double tol) {
   for (const ShapeCase& c : kOtherShapes) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
     ASSERT_TRUE(OneTokenMoeFits(static_cast<int>(c.E), c.K, static_cast<int>(c.h), static_cast<int>(c.I)));
     for (const Shared sh : {Shared::kNone, Shared::kGated}) {
       CheckAgainstReference(rng, ex, c.K, false, sh,
                             absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh)),
-                            int16, tol);
+                            v, tol);
     }
   }
 }
@@ -198,7 +214,7 @@ void CheckOtherShapes(std::mt19937& rng, bool int16, double tol) {
 TEST(OneTokenMoeTest, MatchesReferenceOnOtherShapes) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  CheckOtherShapes(rng, false, 1e-5);
+  CheckOtherShapes(rng, Variant{}, 1e-5);
 }
 
 // The fast mode's form: x and act quantized to int16 per 256 elements, the Q4_K products on dp2a.
@@ -217,13 +233,91 @@ TEST(OneTokenMoeTest, Int16ActivationsMatchReference) {
         for (const Shared sh : {Shared::kNone, Shared::kUngated, Shared::kGated}) {
           CheckAgainstReference(rng, ex, K, ties, sh,
                                 absl::StrCat("E=128 K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh)),
-                                /*int16=*/true, 5e-4);
+                                Variant{.int16 = true}, 5e-4);
         }
       }
     }
-    CheckAgainstReference(rng, ex, 4, false, Shared::kGated, "E=128 K=4 x = 0", true, 5e-4, /*zero_x=*/true);
+    CheckAgainstReference(rng, ex, 4, false, Shared::kGated, "E=128 K=4 x = 0", Variant{.int16 = true}, 5e-4,
+                          /*zero_x=*/true);
   }
-  CheckOtherShapes(rng, true, 5e-4);
+  CheckOtherShapes(rng, Variant{.int16 = true}, 5e-4);
+}
+
+// The fast mode's routing by the top-K logits (OneTokenMoeArgs::logit_route, block_route.cuh's
+// WarpPickLogits and PickWeights): the reference's picks (ties on a coarse grid included: equal
+// logits give equal probabilities, the lowest id first in both), its weights within 1e-6 (the
+// check's bound), y as close as with its routing; f32 and int16 products, every shared form,
+// kOtherShapes.
+TEST(OneTokenMoeTest, LogitRouteMatchesReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  for (const int64_t E : {128, 512}) {
+    const OneTokenExperts ex(rng, 256, 256, E, 24);
+    for (const int K : {1, 2, 7, 10, 16}) {
+      for (const bool ties : {false, true}) {
+        for (const Shared sh : {Shared::kNone, Shared::kGated}) {
+          const std::string what = absl::StrCat("E=", E, " K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh));
+          CheckAgainstReference(rng, ex, K, ties, sh, what, Variant{.logit_route = true});
+          CheckAgainstReference(rng, ex, K, ties, sh, what + " int16", Variant{.int16 = true, .logit_route = true}, 5e-4);
+        }
+      }
+    }
+  }
+  CheckOtherShapes(rng, Variant{.logit_route = true}, 1e-5);
+  CheckOtherShapes(rng, Variant{.int16 = true, .logit_route = true}, 5e-4);
+}
+
+// x staged before the gate/up kernel's wait and the per-pick completion counts change no bit: y,
+// the picks and the weights equal the plain launches' for every combination with int16 and logit
+// routing, at the 80B shape and kOtherShapes, in a PDL chain on one stream (the down kernel's
+// blocks start while gate/up runs) repeated so that each launch finds the counts zeroed by the
+// last; the counts are zero after every pair.
+TEST(OneTokenMoeTest, EarlyXAndPickCountsGiveTheSameBits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  cudaStream_t stream = nullptr;
+  TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer counts = Upload(std::vector<int32_t>(kOneTokenMaxPicks + 1, 0));
+  for (const ShapeCase& c : kOtherShapes) {
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    const std::vector<float> logits = Logits(rng, ex.E, false);
+    const std::vector<float> x = testing::RandomVector(rng, ex.h);
+    const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+    for (const bool int16 : {false, true}) {
+      for (const bool logit_route : {false, true}) {
+        OneTokenStep plain(ex, c.K, logits, x, shared, 0.4f);
+        OneTokenMoeArgs a = plain.Args(ex, c.K, Shared::kGated);
+        Variant{.int16 = int16, .logit_route = logit_route}.Apply(a);
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, stream));
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, stream));
+        TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+        const std::vector<float> want = Download<float>(plain.y.get(), static_cast<size_t>(ex.h));
+        const std::vector<int32_t> want_picks = Download<int32_t>(plain.picks.get(), static_cast<size_t>(2 * c.K));
+        for (const int form : {1, 2, 3}) {  // x early, counts, both
+          const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, int16 ? " int16" : "",
+                                                logit_route ? " logit route" : "", form & 1 ? " x early" : "",
+                                                form & 2 ? " counts" : "");
+          OneTokenStep step(ex, c.K, logits, x, shared, 0.4f);
+          OneTokenMoeArgs b = step.Args(ex, c.K, Shared::kGated);
+          Variant{.int16 = int16, .logit_route = logit_route, .x_early = (form & 1) != 0,
+                  .counts = (form & 2) != 0 ? counts.as<int32_t>() : nullptr}
+              .Apply(b);
+          for (int rep = 0; rep < 3; ++rep) {
+            TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(b, stream));
+            TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(b, stream));
+          }
+          TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+          const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << what << ": y bits";
+          EXPECT_EQ(Download<int32_t>(step.picks.get(), static_cast<size_t>(2 * c.K)), want_picks) << what;
+          EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 0) << what;
+          EXPECT_EQ(Download<int32_t>(counts.get(), kOneTokenMaxPicks + 1), std::vector<int32_t>(kOneTokenMaxPicks + 1, 0))
+              << what << ": counts left";
+        }
+      }
+    }
+  }
+  TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
 }
 
 // The same step through the planned path (plan kernel with fused routing, the unit kernels with
@@ -290,7 +384,9 @@ TEST(OneTokenMoeTest, EqualsThePlannedPath) {
 }
 
 // A pick of an expert without a location sets the error flag, computes nothing and is left out of
-// the sum (the other picks still are); the picks are still published.
+// the sum (the other picks still are); the picks are still published. The same with routing by the
+// logits and with per-pick counts (the pick's gate/up blocks still count: the down kernel does not
+// wait forever), and the counts are left zero.
 TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -300,22 +396,27 @@ TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
   std::vector<float> logits = testing::RandomVector(rng, E, 0.1f);
   logits[5] = 3.0f;  // expert 5 is the first pick
   const std::vector<float> x = testing::RandomVector(rng, h);
-  OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
-  const OneTokenMoeArgs a = step.Args(ex, K, Shared::kNone);
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
-  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
-  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
-  EXPECT_EQ(picks[0], 5);
-  EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1);
-  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
-  std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
-  for (int k = 1; k < K; ++k) {
-    ex.Reference(picks[k], x.data(), row.data());
-    for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
+  DeviceBuffer counts = Upload(std::vector<int32_t>(K + 1, 0));
+  for (const bool variants : {false, true}) {
+    OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
+    OneTokenMoeArgs a = step.Args(ex, K, Shared::kNone);
+    if (variants) Variant{.logit_route = true, .x_early = true, .counts = counts.as<int32_t>()}.Apply(a);
+    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+    const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+    const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
+    EXPECT_EQ(picks[0], 5) << variants;
+    EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1) << variants;
+    const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
+    std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
+    for (int k = 1; k < K; ++k) {
+      ex.Reference(picks[k], x.data(), row.data());
+      for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
+    }
+    ASSERT_TRUE(testing::AllFinite(got)) << variants;
+    EXPECT_LE(testing::RelativeL2(got, want), 1e-5) << variants;
   }
-  ASSERT_TRUE(testing::AllFinite(got));
-  EXPECT_LE(testing::RelativeL2(got, want), 1e-5);
+  EXPECT_EQ(Download<int32_t>(counts.get(), K + 1), std::vector<int32_t>(K + 1, 0));
 }
 
 // The shared term moved out of the down kernel into y's consumer (MoeStage::Run's `deferred`,

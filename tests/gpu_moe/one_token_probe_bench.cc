@@ -2,7 +2,8 @@
 // 48-layer graph of BenchOneToken (router product, gate/up, down; the same buffers and steps) with
 // the probed instantiations of the two kernels (expert_decode_one_probe.h), replayed once with the
 // stamps on; per layer, the phases of its gate/up and down blocks relative to the previous layer's
-// last down block, medians over layers 1..47. Not a test.
+// last down block, medians over layers 1..47; for each of the kernels' forms (f32 / int16
+// activations, f64 / logit routing, x before the wait, per-pick counts). Not a test.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -134,8 +135,11 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   Stamp* stamps;
   const size_t stamp_bytes = 2 * static_cast<size_t>(capacity) * kW * sizeof(Stamp);
   BENCH_CHECK(cudaMalloc(&stamps, stamp_bytes));
+  int* counts;
+  BENCH_CHECK(cudaMalloc(&counts, (kK + 1) * sizeof(int)));
+  BENCH_CHECK(cudaMemset(counts, 0, (kK + 1) * sizeof(int)));
   int step = 0;
-  bool int16 = false;
+  bool int16 = false, logit_route = false, x_early = false, pick_counts = false;
   auto chain = [&](bool with_product) {
     cudaStream_t s = bench::LaunchStream();
     if (with_product) {
@@ -144,15 +148,33 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     }
     OneTokenMoeArgs o = OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, shared, gate_logit, y);
     o.int16_activations = int16;
+    o.logit_route = logit_route;
+    o.x_written_earlier = x_early;  // x is never written here
+    o.pick_counts = pick_counts ? counts : nullptr;
     BENCH_CHECK(LaunchOneTokenMoeGateUpProbed(o, s));
     BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
     ++step;
   };
-  for (const int variant : {0, 1, 2, 3}) {
-    // 0: the chain; 1: the down kernel's routing and copies after its wait; 2: no router product;
-    // 3: the chain with int16 activations (the fast mode's dp2a dot products).
-    const bool with_product = variant != 2, down_late = variant == 1;
-    int16 = variant == 3;
+  struct Variant {
+    const char* what;
+    bool with_product, down_late, int16, logit_route, x_early, pick_counts;
+  };
+  const Variant variants[] = {
+      {"router product + chain", true, false, false, false, false, false},
+      {"router product + chain, down routes and copies after its wait", true, true, false, false, false, false},
+      {"chain without router product", false, false, false, false, false, false},
+      {"router product + chain, int16 activations", true, false, true, false, false, false},
+      {"int16, logit routing", true, false, true, true, false, false},
+      {"int16, logit routing, x early", true, false, true, true, true, false},
+      {"int16, pick counts", true, false, true, false, false, true},
+      {"int16, logit routing, x early, pick counts (the fast default)", true, false, true, true, true, true},
+  };
+  for (const Variant& v : variants) {
+    const bool with_product = v.with_product, down_late = v.down_late;
+    int16 = v.int16;
+    logit_route = v.logit_route;
+    x_early = v.x_early;
+    pick_counts = v.pick_counts;
     BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr, down_late));
     step = 0;
     chain(with_product);  // once outside capture (attributes)
@@ -169,17 +191,14 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
         [&](cudaStream_t st) { BENCH_CHECK(SetOneTokenProbe(nullptr, 0, st)); });
     std::vector<Stamp> host(stamp_bytes / sizeof(Stamp));
     BENCH_CHECK(cudaMemcpy(host.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost));
-    const char* what = variant == 0   ? "router product + chain"
-                       : variant == 1 ? "router product + chain, down routes and copies after its wait"
-                       : variant == 2 ? "chain without router product"
-                                      : "router product + chain, int16 activations";
+    const char* what = v.what;
     std::printf("one-token probe (%s): graph %.2f us/layer with the stamps off, %.2f us/layer in the stamped replay\n", what, us,
                 ms * 1e3 / steps);
     Report(host, capacity, steps, gate_blocks, down_blocks, what);
   }
   for (float* m : mats) BENCH_CHECK(cudaFree(m));
   for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
-                                              y, picks, ints, stamps}) {
+                                              y, picks, ints, stamps, counts}) {
     BENCH_CHECK(cudaFree(p));
   }
 }

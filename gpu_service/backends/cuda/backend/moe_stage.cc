@@ -48,6 +48,21 @@ std::atomic<bool>& OneTokenInt16Switch() {
   return on;
 }
 
+std::atomic<bool>& OneTokenLogitRouteSwitch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_LOGIT_ROUTE")};
+  return on;
+}
+
+std::atomic<bool>& OneTokenEarlyXSwitch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_X_EARLY")};
+  return on;
+}
+
+std::atomic<bool>& OneTokenPickCountsSwitch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_PICK_COUNTS")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -82,6 +97,12 @@ void SetOldDownJoin(bool on) { OldDownJoinSwitch().store(on, std::memory_order_r
 bool OldDownJoin() { return OldDownJoinSwitch().load(std::memory_order_relaxed); }
 void SetOneTokenInt16(bool on) { OneTokenInt16Switch().store(on, std::memory_order_relaxed); }
 bool OneTokenInt16() { return OneTokenInt16Switch().load(std::memory_order_relaxed); }
+void SetOneTokenLogitRoute(bool on) { OneTokenLogitRouteSwitch().store(on, std::memory_order_relaxed); }
+bool OneTokenLogitRoute() { return OneTokenLogitRouteSwitch().load(std::memory_order_relaxed); }
+void SetOneTokenEarlyX(bool on) { OneTokenEarlyXSwitch().store(on, std::memory_order_relaxed); }
+bool OneTokenEarlyX() { return OneTokenEarlyXSwitch().load(std::memory_order_relaxed); }
+void SetOneTokenPickCounts(bool on) { OneTokenPickCountsSwitch().store(on, std::memory_order_relaxed); }
+bool OneTokenPickCounts() { return OneTokenPickCountsSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -138,11 +159,13 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
                 {&impl->partial, DeviceArray<float>(T * K * h)},
                 {&impl->shared, DeviceArray<float>(T * h)},
                 {&impl->gate_logit, DeviceArray<float>(T)},
-                {&impl->slot, DeviceArray<int32_t>(T * K)}};
+                {&impl->slot, DeviceArray<int32_t>(T * K)},
+                {&impl->pick_counts, DeviceArray<int32_t>(K + 1)}};
   for (Buf& b : bufs) {
     if (!b.made.ok()) return b.made.status();
     *b.buf = *std::move(b.made);
   }
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pick_counts.get(), 0, static_cast<size_t>(K + 1) * sizeof(int32_t)));
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
   if (options.fast && shared_gemms && T > kMaxUnitRows) {

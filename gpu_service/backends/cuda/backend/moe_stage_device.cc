@@ -274,12 +274,20 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.shared_gate_logit = defer ? nullptr : gate_logit;
     o.y = y;
     o.int16_activations = m.options.fast && OneTokenInt16();  // fast mode only: exact keeps f32 products
+    o.logit_route = m.options.fast && OneTokenLogitRoute();    // exact keeps the planned path's bits
+    // x was written before the router product just launched (the stream norm, or earlier).
+    o.x_written_earlier = OneTokenEarlyX();
+    o.pick_counts = OneTokenPickCounts() ? m.pick_counts.as<int32_t>() : nullptr;
     timer.Mark(Stage::kExperts, stream);
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
     if (overlap && !defer) {
       if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
     }
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeDown(o, stream));
+    if (const cudaError_t err = LaunchOneTokenMoeDown(o, stream); err != cudaSuccess) {
+      // The gate/up blocks will count; no down kernel zeroes the counts: do it after them.
+      if (o.pick_counts != nullptr) (void)cudaMemsetAsync(o.pick_counts, 0, static_cast<size_t>(K + 1) * sizeof(int32_t), stream);
+      return CudaStatus(err, "LaunchOneTokenMoeDown(o, stream)", __FILE__, __LINE__);
+    }
     if (overlap && defer) {
       if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
     }

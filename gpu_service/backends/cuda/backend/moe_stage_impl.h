@@ -51,6 +51,9 @@ struct MoeStage::Impl {
   std::optional<ExpertDecodeRunner> routed_runner, shared_runner;
   std::map<ShapeKey, ExpertPrefillRunner> prefill;  // fast mode: per expert shape
   DeviceBuffer logits, act, partial, shared, gate_logit, slot;
+  // The one-token kernels' per-pick completion counts (K + 1 ints, zeroed here, left zero by every
+  // down kernel: OneTokenMoeArgs::pick_counts).
+  DeviceBuffer pick_counts;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cmath>
 
 namespace tandem::cuda {
 namespace {
@@ -89,6 +90,61 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
   if (warp != 0 || warps == 1) overlap();
   __syncthreads();
   return picked_sum;
+}
+
+// The fast mode's routing (OneTokenMoeArgs::logit_route), one warp: the top `rounds` router logits
+// themselves, not their softmax. Softmax is monotonic and the model renormalises the K picked
+// probabilities, so the full sum over E cancels: w_k = exp(l_k - l_0) / Σ_j exp(l_j - l_0) over
+// the picks alone (PickWeights). That skips BlockRoute's E f64 exponentials, its f64 sum and a
+// block barrier (~3 us of every gate/up block's routing at E = 512, the probe's phases 5-7). The
+// picks equal RouteToken's but where two logits round to one probability (then RouteToken takes
+// the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
+// bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
+// RouteBefore); 0 marks a taken or NaN entry. Lane 0 writes pick r's expert to ids[r] (E when none
+// is left) and its logit to picked[r] (-inf then). Call from every lane of one warp.
+template <int kPer>
+__device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked) {
+  const int lane = threadIdx.x & 31;
+  unsigned key[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    const float v = i < E ? logits[i] + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
+    const unsigned u = __float_as_uint(v);
+    key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+  }
+  for (int r = 0; r < rounds; ++r) {
+    unsigned best = 0u, best_id = 0xFFFFFFFFu;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
+        best = key[j];
+        best_id = lane + 32 * j;
+      }
+    }
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
+    const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+    if (lane == 0) {
+      ids[r] = top != 0u ? static_cast<int>(id) : E;
+      picked[r] = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
+    }
+  }
+  __syncwarp();  // ids / picked written by lane 0
+}
+
+// The renormalised weights of WarpPickLogits' K picks (K <= 32), one warp: lane k < K returns
+// exp(picked[k] - picked[0]) / Σ_j exp(picked[j] - picked[0]) (the xor-butterfly sum, the same
+// bits in every kernel that calls it); other lanes return 0.
+__device__ __forceinline__ float PickWeights(const float* picked, int K) {
+  const int lane = threadIdx.x & 31;
+  const float e = lane < K ? expf(picked[lane] - picked[0]) : 0.0f;
+  float sum = e;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+  return lane < K ? e / sum : 0.0f;
 }
 
 }  // namespace

@@ -67,6 +67,30 @@ struct PhaseProbe {
   }
 };
 
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// A spin wait longer than this is a bug (a gate/up block that never counted): trap rather than hang.
+constexpr unsigned long long kPickWaitTimeoutNs = 2'000'000'000ull;
+
+// One warp waits until `need` gate/up blocks have counted themselves done in *count
+// (OneTokenMoeArgs::pick_counts); their act rows are then visible to every lane (lane 0's acquire,
+// then the warp barrier). Every gate/up block is resident or done by now (this grid started only
+// after each had passed its PDL wait), so the count completes.
+__device__ __forceinline__ void WaitPickCount(const int* count, int need) {
+  if ((threadIdx.x & 31) == 0 && LoadAcquire(count) < need) {
+    const unsigned long long start = GlobalTimerNs();
+    while (LoadAcquire(count) < need) {
+      __nanosleep(64);
+      if (GlobalTimerNs() - start > kPickWaitTimeoutNs) __trap();
+    }
+  }
+  __syncwarp();
+}
+
 // Whether pick e names a computable expert (the plan's test: in [0, E) with a location).
 __device__ __forceinline__ bool PickValid(const ExpertLocation* table, int E, int e) {
   return e >= 0 && e < E && table[e].gate != nullptr;
@@ -102,72 +126,115 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const int row0 = (blockIdx.x * kGateUpWarps + warp) * rps;
 
   // Before the wait: the expert table's gate and up pointers (constant), so that the pick's
-  // matrices are known from shared memory as soon as it is made.
+  // matrices are known from shared memory as soon as it is made; x too when its writer is two or
+  // more launches back (pdl.cuh's rule).
   for (int i = threadIdx.x; i < a.E; i += kGateUpWarps * 32) {
     tgate[i] = a.table[i].gate;
     tup[i] = a.table[i].up;
   }
-  // The logits are the previous kernel's output; x is read after the wait too (pdl.cuh's rule).
+  const bool x_early = a.x_written_earlier;
+  if (x_early) {
+    if constexpr (kI16) {
+      QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kGateUpWarps, lane);
+    } else {
+      StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
+      __syncthreads();
+      SubBlockSums(xs, nsb, sxs, threadIdx.x, kGateUpWarps * 32);
+    }
+  }
+  // The logits are the previous kernel's output (and x, unless x_early).
   PdlWaitForPrevious();
   probe.Stamp(1);
   PdlAllowNext();
   // With kI16 no f32 copy: x is quantized straight from global memory during the routing below.
-  if constexpr (!kI16) StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
+  if constexpr (!kI16) {
+    if (!x_early) StageRow(a.x, a.h, xs, threadIdx.x, 0, kGateUpWarps * 32);
+  }
   // Block (0, K - 1) routes all K picks anyway: it publishes them for the routing sink, the host
   // copy and the tests. The others stop at their own pick.
   const bool writer = blockIdx.x == 0 && k == a.K - 1;
-  const double picked_sum = BlockRoute<kPer>(
-      a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
-      [&] {
-        if constexpr (kI16) {
-          QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
-        } else {
-          SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
-        }
-      },
-      [&](int sub) { probe.Stamp(5 + sub); });
+  double picked_sum = 0.0;
+  if (a.logit_route) {
+    if (warp == 0) {
+      WarpPickLogits<kPer>(a.logits, a.E, writer ? a.K : k + 1, s_ids, s_probs);
+    } else if (!x_early) {
+      if constexpr (kI16) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
+    }
+    __syncthreads();
+    if constexpr (!kI16) {
+      if (!x_early) {
+        SubBlockSums(xs, nsb, sxs, threadIdx.x, kGateUpWarps * 32);
+        __syncthreads();
+      }
+    }
+  } else {
+    picked_sum = BlockRoute<kPer>(
+        a.logits, a.E, k + 1, s_p, s_red, s_ids, s_probs,
+        [&] {
+          if (x_early) return;
+          if constexpr (kI16) {
+            QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kGateUpWarps - 1, lane);
+          } else {
+            SubBlockSums(xs, nsb, sxs, threadIdx.x - 32, (kGateUpWarps - 1) * 32);
+          }
+        },
+        [&](int sub) { probe.Stamp(5 + sub); });
+  }
   probe.Stamp(2);
-  if (writer && warp == 0 && lane < a.K) {
-    const int e = s_ids[lane];
-    a.experts_out[lane] = e;
-    a.weights_out[lane] = static_cast<float>(s_probs[lane] / picked_sum);
-    if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
+  if (writer && warp == 0) {
+    const float w = a.logit_route ? PickWeights(s_probs, a.K) : 0.0f;  // every lane of the warp
+    if (lane < a.K) {
+      const int e = s_ids[lane];
+      a.experts_out[lane] = e;
+      a.weights_out[lane] = a.logit_route ? w : static_cast<float>(s_probs[lane] / picked_sum);
+      if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
+    }
   }
   const int e = s_ids[k];
-  if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) return;  // uniform over the block; flagged by the writer
   const int nrows = min(rps, a.inner - row0);
-  const int chunks = nrows > 0 ? nrows * row_bytes / 16 : 0;
-  const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
-  const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-  for (int c = lane; c < chunks; c += 32) {
-    CpAsync16(wsm + 16 * c, g + 16 * c);
-    CpAsync16(wsm + mat_bytes + 16 * c, u + 16 * c);
-  }
-  CpAsyncCommit();
-  CpAsyncWait<0>();
-  __syncwarp();  // the other lanes' copies are visible
-  probe.Stamp(3);
-  if (nrows <= 0) return;  // warp-uniform
-  const int row = row0 + rho;
-  const bool valid = rho < rps && rho < nrows;
-  float acc[2][1] = {{0.0f}, {0.0f}};
-  if (valid) {
-    const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
-    if constexpr (kI16) {
-      DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc);
-    } else {
-      DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+  // A flagged pick computes nothing (uniform over the block); nrows is warp-uniform.
+  if (e >= 0 && e < a.E && tgate[e] != nullptr && nrows > 0) {
+    const int chunks = nrows * row_bytes / 16;
+    const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
+    const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
+    for (int c = lane; c < chunks; c += 32) {
+      CpAsync16(wsm + 16 * c, g + 16 * c);
+      CpAsync16(wsm + mat_bytes + 16 * c, u + 16 * c);
     }
-  }
-  for (int off = 1; off < nsb; off <<= 1) {
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncwarp();  // the other lanes' copies are visible
+    probe.Stamp(3);
+    const int row = row0 + rho;
+    const bool valid = rho < rps && rho < nrows;
+    float acc[2][1] = {{0.0f}, {0.0f}};
+    if (valid) {
+      const uint8_t* wsb[2] = {wsm + rho * row_bytes + sb * kSbBytes, wsm + mat_bytes + rho * row_bytes + sb * kSbBytes};
+      if constexpr (kI16) {
+        DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc);
+      } else {
+        DotSuperBlock<1, 2>(wsb, xs + sb * kXSbStride, 0, sxs + sb * 8, 0, 1, acc);
+      }
+    }
+    for (int off = 1; off < nsb; off <<= 1) {
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const float o = __shfl_down_sync(0xFFFFFFFFu, acc[m][0], off);
-      if (sb + off < nsb) acc[m][0] += o;
+      for (int m = 0; m < 2; ++m) {
+        const float o = __shfl_down_sync(0xFFFFFFFFu, acc[m][0], off);
+        if (sb + off < nsb) acc[m][0] += o;
+      }
+    }
+    if (valid && sb == 0) a.act[static_cast<int64_t>(k) * a.inner + row] = SiluQ4K(acc[0][0]) * acc[1][0];
+    probe.Stamp(4);
+  }
+  if (a.pick_counts != nullptr) {
+    // Release this block's act rows to the down warps of pick k (OneTokenMoeArgs::pick_counts):
+    // every block counts, whether its pick was computable or not.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(a.pick_counts + k, 1);
     }
   }
-  if (valid && sb == 0) a.act[static_cast<int64_t>(k) * a.inner + row] = SiluQ4K(acc[0][0]) * acc[1][0];
-  probe.Stamp(4);
 }
 
 // Bytes of a down warp's act region: nsb padded f32 super-blocks, or with int16 activations nsb
@@ -207,11 +274,23 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   // Before the wait: routing from the logits (complete before kernel 1 passed its own wait and
   // let this grid start) and the copies of the down rows (constant weights).
   auto route_and_copy = [&] {
-    const double picked_sum =
-        BlockRoute<kPer>(a.logits, a.E, a.K, s_p, s_red, s_ids, s_w, [] {}, [&](int sub) { probe.Stamp(8 + sub); });
-    if (warp == 0 && lane < a.K) {
-      s_w[lane] = static_cast<float>(s_w[lane] / picked_sum);
-      s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
+    if (a.logit_route) {
+      if (warp == 0) {
+        WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w);
+        const float w = PickWeights(s_w, a.K);
+        __syncwarp();  // every lane has read s_w
+        if (lane < a.K) {
+          s_w[lane] = w;
+          s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
+        }
+      }
+    } else {
+      const double picked_sum =
+          BlockRoute<kPer>(a.logits, a.E, a.K, s_p, s_red, s_ids, s_w, [] {}, [&](int sub) { probe.Stamp(8 + sub); });
+      if (warp == 0 && lane < a.K) {
+        s_w[lane] = static_cast<float>(s_w[lane] / picked_sum);
+        s_ok[lane] = PickValid(a.table, a.E, s_ids[lane]);
+      }
     }
     __syncthreads();
     for (int k = warp; k < a.K; k += W) {
@@ -229,15 +308,29 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
   if constexpr (kProbe) late = g_probe.down_late != 0;
   if (!late) route_and_copy();
 
-  PdlWaitForPrevious();  // act (kernel 1), shared and its gate logit are read from here on
-  probe.Stamp(2);
-  PdlAllowNext();
+  // With pick counts each warp waits for its own pick's gate/up blocks instead (below), and the
+  // block waits for the whole gate/up grid only before it reads shared and writes y. Allowing the
+  // next kernel before that wait keeps pdl.cuh's rule: this grid started once every gate/up block
+  // had passed its wait, so the kernels before gate/up have completed, and this grid completes
+  // only after its own wait.
+  const bool counted = a.pick_counts != nullptr && !late;
+  if (counted) {
+    PdlAllowNext();
+  } else {
+    PdlWaitForPrevious();  // act (kernel 1), shared and its gate logit are read from here on
+    probe.Stamp(2);
+    PdlAllowNext();
+  }
   if (late) route_and_copy();
   CpAsyncWait<0>();
   __syncwarp();
   probe.Stamp(3);
+  // Gate/up blocks a pick (the gate/up kernel's grid.x).
+  const int gate_up_rows = kGateUpWarps * (32 / (a.h >> 8));
+  const int gate_up_blocks = (a.inner + gate_up_rows - 1) / gate_up_rows;
   for (int k = warp; k < a.K; k += W) {
     if (!s_ok[k]) continue;  // warp-uniform
+    if (counted) WaitPickCount(a.pick_counts + k, gate_up_blocks);
     [[maybe_unused]] int16_t* xq = reinterpret_cast<int16_t*>(xs);
     [[maybe_unused]] float* xsc = reinterpret_cast<float*>(xq + nsb * kXqSbStride);
     if constexpr (kI16) {
@@ -271,6 +364,10 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     if (k == 0) probe.Stamp(13);
   }
   __syncthreads();
+  if (counted) {
+    PdlWaitForPrevious();  // gate/up has completed: shared and its gate logit are read below
+    probe.Stamp(2);
+  }
   probe.Stamp(4);
   const int t = threadIdx.x;
   if (t < nrows) {
@@ -287,6 +384,14 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) OneDownKernel(OneTokenMoeA
     a.y[row0 + t] = acc;
   }
   probe.Stamp(5);
+  if (a.pick_counts != nullptr && t == 0) {
+    // Every warp of this block has seen its picks' counts complete (before the block barrier), or
+    // waited for the whole gate/up grid: the last block to get here zeroes them for the next
+    // launch, which starts after this grid ends.
+    if (atomicAdd(a.pick_counts + a.K, 1) == static_cast<int>(gridDim.x) - 1) {
+      for (int k = 0; k <= a.K; ++k) a.pick_counts[k] = 0;
+    }
+  }
 }
 
 size_t GateUpSmem(int h, int E, bool i16) {

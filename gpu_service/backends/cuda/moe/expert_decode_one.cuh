@@ -57,6 +57,20 @@ struct OneTokenMoeArgs {
   // q4k_dot.cuh's DotSuperBlockI16; ~1e-5 relative error). Else f32 products, bit-identical to
   // the tile kernels'.
   bool int16_activations = false;
+  // Fast mode: both kernels route by the top-K logits (block_route.cuh's WarpPickLogits and
+  // PickWeights: no softmax over E) instead of RouteToken's bit-identical f64 softmax; the picks
+  // agree but where two logits round to one probability, the weights in the last bits.
+  bool logit_route = false;
+  // x was written two or more launches before the gate/up kernel (the decode stage: the stream norm,
+  // then the router product): the kernel stages x before its PDL wait (pdl.cuh's rule).
+  bool x_written_earlier = false;
+  // K + 1 ints (device), zero before the first launch and left zero by every down kernel, or
+  // nullptr. When given, each gate/up block counts itself done in pick_counts[k] (after its act rows
+  // are written, release), and each down warp starts its pick once that pick's count is complete
+  // (acquire) instead of waiting for the whole gate/up grid; the down block waits for the grid
+  // (PDL) only before its weighted sum. pick_counts[K] counts finished down blocks; the last one
+  // zeroes all K + 1. The same results as without.
+  int* pick_counts = nullptr;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

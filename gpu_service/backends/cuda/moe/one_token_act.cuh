@@ -22,12 +22,14 @@ using q4k::MaxAbs4;
 using q4k::PackI16x8;
 
 // Stages `cols` activations from global `src` into xs (super-blocks padded to kXSbStride) with
-// threads [t0, t0 + nt) of the block.
+// threads [t0, t0 + nt) of the block. Read through L2 (__ldcg), as StageQuantizeI16: the down
+// kernel may read act rows that other blocks of a running grid wrote (OneTokenMoeArgs::pick_counts),
+// and this SM's L1 may hold the previous layer's.
 __device__ __forceinline__ void StageRow(const float* src, int cols, float* xs, int t, int t0, int nt) {
   const float4* xr = reinterpret_cast<const float4*>(src);
   for (int qd = t - t0; qd < (cols >> 2); qd += nt) {
     const int e = 4 * qd;
-    *reinterpret_cast<float4*>(xs + (e >> 8) * kXSbStride + (e & 255)) = xr[qd];
+    *reinterpret_cast<float4*>(xs + (e >> 8) * kXSbStride + (e & 255)) = __ldcg(xr + qd);
   }
 }
 
@@ -61,7 +63,7 @@ __device__ __forceinline__ void QuantizeI16(const float* src, int nsb, int16_t* 
   }
 }
 
-// int16 activations, one warp: `cols` f32 activations read from global src, quantized per
+// int16 activations, one warp: `cols` f32 activations read from global src (through L2), quantized per
 // super-block into xq / xsc with their f32 sub-block sums sxs (as QuantizeI16). Lane l
 // takes 16 elements of each 512.
 __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int16_t* xq, float* xsc, float* sxs,
@@ -71,7 +73,7 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
     const bool in = c < cols;  // cols is a multiple of 256: a half-warp is in or out
     float4 v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = in ? reinterpret_cast<const float4*>(src + c)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < 4; ++i) v[i] = in ? __ldcg(reinterpret_cast<const float4*>(src + c) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
     float mx = 0.0f, s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
