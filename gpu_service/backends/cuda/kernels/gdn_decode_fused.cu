@@ -172,9 +172,19 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     LoadHistory(h0, history, has0, c_dim, c0, kk);
     LoadHistory(h1, history, has1, c_dim, c1, kk);
   };
+  // The gates' thread (the block's last) holds its head's weights before the wait and loads its b
+  // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence.
+  const bool gate_thread = tid == kThreads - 1;
+  const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
+  float gate_b = 0.0f, gate_a = 0.0f;
+  if (gate_thread) {
+    const float* row = a.ba + t * a.ba_stride + static_cast<int64_t>(group) * 2 * r;
+    gate_b = row[vh % r];
+    gate_a = row[r + vh % r];
+  }
   if (!early_state) load_old();
   const float zv = kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
   const float* x = a.qkv + t * a.qkv_stride;
@@ -187,6 +197,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has1) {
     if (i1 < kQk) qk[i1] = y1; else vs[i1 - kQk] = y1;
   }
+  if (gate_thread) GdnGateOf(gate_b, gate_a, gate_dt_bias, gate_ssm_a, gate_g[vh], gate_beta[vh]);  // GdnGate's operations
   // This block has read its history (release); rank 0 overwrites the group's q/k history only after
   // every block of the cluster has arrived.
   if constexpr (!kGated) ClusterArrive();
@@ -199,8 +210,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     if (4 * tid < kDk) scale *= q_scale;
     y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
     *reinterpret_cast<float4*>(qk + 4 * tid) = y;
-  } else if (tid == kThreads - 1) {
-    GdnGate(a.ba + t * a.ba_stride, 0, a.ssm_a, a.dt_bias, 0, vh, r, nv, gate_g, gate_beta);
   }
   __syncthreads();
   // GdnRecurrentKernel<kDk, 8> for one token.
