@@ -13,12 +13,37 @@
 namespace tandem::cuda {
 namespace {
 
+// `rounds` picks from a warp's keys (lane l holds ids l, l + 32, ...; 0: taken or absent): each
+// round two warp reductions (redux.sync) give the largest key and the lowest id holding it, which
+// is then taken; every lane calls take(r, key, id) (key 0: nothing was left). Call from every lane.
+template <int kPer, typename Take>
+__device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, Take&& take) {
+  const int lane = threadIdx.x & 31;
+  for (int r = 0; r < rounds; ++r) {
+    unsigned best = 0u, best_id = 0xFFFFFFFFu;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
+        best = key[j];
+        best_id = lane + 32 * j;
+      }
+    }
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
+    const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+    take(r, top, id);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
+    }
+  }
+}
+
 // Routes the token with the whole block, to the same picks and bit-identical weights as
 // device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
 // (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
 // RouteToken's order (lane l: experts l, l + 32, ... in turn, then the xor butterfly), scales them
-// to f32 probabilities and takes `rounds` picks. A round is two warp reductions (redux.sync)
-// instead of WarpTakeFirst's five shuffle steps of (value, id): the probabilities are >= 0, so
+// to f32 probabilities and takes `rounds` picks (WarpTakeKeys: two warp reductions a round
+// instead of WarpTakeFirst's five shuffle steps of (value, id)): the probabilities are >= 0, so
 // their bits + 1 order them as floats (0 marks a taken, absent or NaN entry), and the lowest id
 // holding the largest key wins, RouteBefore's tie-break. Lane 0 writes pick r's expert to ids[r]
 // and its probability to probs[r]. Every thread of the block must call it; `overlap` runs in the
@@ -63,28 +88,14 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
       const float q = p[j] * inv;
       key[j] = lane + 32 * j < E && !(q != q) ? __float_as_uint(q) + 1u : 0u;
     }
-    for (int r = 0; r < rounds; ++r) {
-      unsigned best = 0u, best_id = 0xFFFFFFFFu;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
-          best = key[j];
-          best_id = lane + 32 * j;
-        }
-      }
-      const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
-      const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+    WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
       const float bv = top != 0u ? __uint_as_float(top - 1u) : -FLT_MAX;
       if (lane == 0) {
         ids[r] = top != 0u ? static_cast<int>(id) : E;
         probs[r] = bv;
       }
       picked_sum += bv;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
-      }
-    }
+    });
     __syncwarp();  // ids / probs written by lane 0
   }
   if (warp != 0 || warps == 1) overlap();
@@ -113,26 +124,12 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
     const unsigned u = __float_as_uint(v);
     key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
   }
-  for (int r = 0; r < rounds; ++r) {
-    unsigned best = 0u, best_id = 0xFFFFFFFFu;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
-        best = key[j];
-        best_id = lane + 32 * j;
-      }
-    }
-    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
-    const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
+  WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
     if (lane == 0) {
       ids[r] = top != 0u ? static_cast<int>(id) : E;
       picked[r] = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
     }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
-    }
-  }
+  });
   __syncwarp();  // ids / picked written by lane 0
 }
 
