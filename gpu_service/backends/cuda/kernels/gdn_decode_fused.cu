@@ -129,7 +129,7 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 template <int kDk, bool kGated>
 __global__ void __launch_bounds__(kThreads)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
-                     bool early_state) {
+                     bool early_state, bool early_gate) {
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
@@ -173,8 +173,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     LoadHistory(h1, history, has1, c_dim, c1, kk);
   };
   // The gates' thread (the block's last) holds its head's weights before the wait and loads its b
-  // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence.
-  const bool gate_thread = tid == kThreads - 1;
+  // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence
+  // (early_gate; TANDEM_OLD_GDN_GATE=1: GdnGate after the conv's block barrier, as before).
+  const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
   PdlWaitForPrevious();  // pdl.cuh
@@ -210,6 +211,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     if (4 * tid < kDk) scale *= q_scale;
     y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
     *reinterpret_cast<float4*>(qk + 4 * tid) = y;
+  } else if (!early_gate && tid == kThreads - 1) {
+    GdnGate(a.ba + t * a.ba_stride, 0, a.ssm_a, a.dt_bias, 0, vh, r, nv, gate_g, gate_beta);
   }
   __syncthreads();
   // GdnRecurrentKernel<kDk, 8> for one token.
@@ -292,7 +295,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
-                            qk_x_first, !OldGdnEarlyState());
+                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate());
 }
 
 }  // namespace
@@ -342,8 +345,14 @@ std::atomic<bool>& OldGdnEarlyStateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE")};
   return old;
 }
+std::atomic<bool>& OldGdnEarlyGateSwitch() {
+  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
+  return old;
+}
 }  // namespace
 
+bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
+void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyState(bool on) { OldGdnEarlyStateSwitch().store(on, std::memory_order_relaxed); }
 int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }

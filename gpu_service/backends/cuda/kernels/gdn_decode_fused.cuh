@@ -77,6 +77,13 @@ void SetGdnDecodeFused(int mode);
 bool OldGdnEarlyState();
 void SetOldGdnEarlyState(bool on);
 
+// The fused kernel's gate thread loads its head's b and a right after the PDL wait, beside the
+// conv's x, and computes the gates before the conv's block barrier; TANDEM_OLD_GDN_GATE=1 (read
+// once; settable; read at launch) computes them after that barrier, loading b and a there (the
+// same operations, the same bits), for A/B.
+bool OldGdnEarlyGate();
+void SetOldGdnEarlyGate(bool on);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DECODE_FUSED_CUH_
