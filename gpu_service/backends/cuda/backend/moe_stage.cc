@@ -59,7 +59,9 @@ std::atomic<bool>& OneTokenEarlyXSwitch() {
 }
 
 std::atomic<bool>& OneTokenPickCountsSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_PICK_COUNTS")};
+  // Off by default: the chain alone gains ~0.5 us a layer (gpu_moe_bench --one-token-probe), but
+  // end to end it measured 0.7-1.4% slower (docs/PERF.md, eighteenth session).
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ONE_TOKEN_PICK_COUNTS")};
   return on;
 }
 

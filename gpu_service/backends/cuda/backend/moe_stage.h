@@ -104,15 +104,16 @@ bool OldDownJoin();
 // step's enqueue: flip it only between backends, not while graphs are live.
 void SetOneTokenInt16(bool on);
 bool OneTokenInt16();
-// Process-wide switches of the one-token MoE kernels (OneTokenMoeArgs), each on by default and
-// turned off by its variable =0 at start-up; read at each step's enqueue (flip them only between
-// backends, not while graphs are live):
-//   - TANDEM_ONE_TOKEN_LOGIT_ROUTE, fast mode only: route by the top-K logits (logit_route) instead
-//     of the f64 softmax that is bit-identical to the planned path's routing;
-//   - TANDEM_ONE_TOKEN_X_EARLY: the gate/up kernel stages x before its PDL wait (x_written_earlier:
-//     the stream norm wrote x before the router product);
-//   - TANDEM_ONE_TOKEN_PICK_COUNTS: the down kernel starts each pick once that pick's gate/up
-//     blocks are done (pick_counts) instead of after the whole gate/up grid.
+// Process-wide switches of the one-token MoE kernels (OneTokenMoeArgs), read at each step's
+// enqueue (flip them only between backends, not while graphs are live); set at start-up by their
+// variables (=0 off, =1 on):
+//   - TANDEM_ONE_TOKEN_LOGIT_ROUTE, on by default, fast mode only: route by the top-K logits
+//     (logit_route) instead of the f64 softmax that is bit-identical to the planned path's routing;
+//   - TANDEM_ONE_TOKEN_X_EARLY, on by default: the gate/up kernel stages x before its PDL wait
+//     (x_written_earlier: the stream norm wrote x before the router product);
+//   - TANDEM_ONE_TOKEN_PICK_COUNTS, off by default (measured slower end to end): the down kernel
+//     starts each pick once that pick's gate/up blocks are done (pick_counts) instead of after the
+//     whole gate/up grid.
 // The last two give the same bits as without.
 void SetOneTokenLogitRoute(bool on);
 bool OneTokenLogitRoute();
