@@ -3,7 +3,8 @@
 // the probed instantiations of the two kernels (expert_decode_one_probe.h), replayed once with the
 // stamps on; per layer, the phases of its gate/up and down blocks relative to the previous layer's
 // last down block, medians over layers 1..47; for each of the kernels' forms (f32 / int16
-// activations, f64 / logit routing, x before the wait, per-pick counts). Not a test.
+// activations, f64 / logit routing, x before the wait, per-pick counts), alone and with the shared
+// expert's two unit kernels on a side stream beside them (as the decode stage runs them). Not a test.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+#include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
+#include "gpu_service/backends/cuda/moe/experts.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "tests/gpu/bench_util.h"
 #include "tests/gpu_moe/moe_bench_util.h"
@@ -138,10 +141,45 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   int* counts;
   BENCH_CHECK(cudaMalloc(&counts, (kK + 1) * sizeof(int)));
   BENCH_CHECK(cudaMemset(counts, 0, (kK + 1) * sizeof(int)));
+  // The shared expert as the decode stage runs it: one expert of the dense type (Q8_0, h × I) through
+  // the unit kernels on a side stream, forked before the router product and joined after the down
+  // kernel. Zero bytes (the timing does not depend on the values).
+  void *shared_gate, *shared_up, *shared_down;
+  const size_t sgu_bytes = static_cast<size_t>(kI * RowBytesOf(kTypeQ8_0, kH));
+  const size_t sd_bytes = static_cast<size_t>(kH * RowBytesOf(kTypeQ8_0, kI));
+  BENCH_CHECK(cudaMalloc(&shared_gate, sgu_bytes));
+  BENCH_CHECK(cudaMalloc(&shared_up, sgu_bytes));
+  BENCH_CHECK(cudaMalloc(&shared_down, sd_bytes));
+  BENCH_CHECK(cudaMemset(shared_gate, 0, sgu_bytes));
+  BENCH_CHECK(cudaMemset(shared_up, 0, sgu_bytes));
+  BENCH_CHECK(cudaMemset(shared_down, 0, sd_bytes));
+  float *shared_act, *shared_out;
+  BENCH_CHECK(cudaMalloc(&shared_act, kI * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&shared_out, kH * sizeof(float)));
+  ExpertUnit* shared_units;
+  BENCH_CHECK(cudaMalloc(&shared_units, sizeof(ExpertUnit)));
+  BENCH_CHECK(LaunchDenseUnitsOnDevice({shared_gate, shared_up, shared_down}, 1, shared_units, nullptr));
+  BENCH_CHECK(cudaDeviceSynchronize());
+  absl::StatusOr<ExpertDecodeRunner> shared_runner = ExpertDecodeRunner::Create(1);
+  BENCH_OK(shared_runner.status());
+  const ExpertDecodeRunner::Shape shared_shape{static_cast<WeightType>(kTypeQ8_0), static_cast<WeightType>(kTypeQ8_0),
+                                               kH, kI};
+  cudaStream_t side;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork_event, join_event;
+  BENCH_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
+  BENCH_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
   int step = 0;
-  bool int16 = false, logit_route = false, x_early = false, pick_counts = false;
+  bool int16 = false, logit_route = false, x_early = false, pick_counts = false, with_shared = false;
   auto chain = [&](bool with_product) {
     cudaStream_t s = bench::LaunchStream();
+    if (with_shared) {
+      BENCH_CHECK(cudaEventRecord(fork_event, s));
+      BENCH_CHECK(cudaStreamWaitEvent(side, fork_event));
+      BENCH_OK(shared_runner->RunPlanned(shared_units, 1, nullptr, 1, shared_shape, x + (step % 4096) * kH, shared_act,
+                                         shared_out, side));
+      BENCH_CHECK(cudaEventRecord(join_event, side));
+    }
     if (with_product) {
       BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
                                     x + (step % 4096) * kH, kH, 1, logits, kE, s));
@@ -153,21 +191,26 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     o.pick_counts = pick_counts ? counts : nullptr;
     BENCH_CHECK(LaunchOneTokenMoeGateUpProbed(o, s));
     BENCH_CHECK(LaunchOneTokenMoeDownProbed(o, s));
+    if (with_shared) BENCH_CHECK(cudaStreamWaitEvent(s, join_event));
     ++step;
   };
   struct Variant {
     const char* what;
-    bool with_product, down_late, int16, logit_route, x_early, pick_counts;
+    bool with_product, down_late, int16, logit_route, x_early, pick_counts, with_shared;
   };
   const Variant variants[] = {
-      {"router product + chain", true, false, false, false, false, false},
-      {"router product + chain, down routes and copies after its wait", true, true, false, false, false, false},
-      {"chain without router product", false, false, false, false, false, false},
-      {"router product + chain, int16 activations", true, false, true, false, false, false},
-      {"int16, logit routing", true, false, true, true, false, false},
-      {"int16, logit routing, x early", true, false, true, true, true, false},
-      {"int16, pick counts", true, false, true, false, false, true},
-      {"int16, logit routing, x early, pick counts (the fast default)", true, false, true, true, true, true},
+      {"router product + chain", true, false, false, false, false, false, false},
+      {"router product + chain, down routes and copies after its wait", true, true, false, false, false, false, false},
+      {"chain without router product", false, false, false, false, false, false, false},
+      {"router product + chain, int16 activations", true, false, true, false, false, false, false},
+      {"int16, logit routing", true, false, true, true, false, false, false},
+      {"int16, logit routing, x early (the fast default)", true, false, true, true, true, false, false},
+      {"int16, pick counts", true, false, true, false, false, true, false},
+      {"int16, logit routing, x early, pick counts", true, false, true, true, true, true, false},
+      // The shared expert on the side stream, as in the model: what its blocks cost the chain.
+      {"int16, shared expert beside", true, false, true, false, false, false, true},
+      {"int16, logit routing, x early (the fast default), shared expert beside", true, false, true, true, true, false, true},
+      {"int16, logit routing, x early, pick counts, shared expert beside", true, false, true, true, true, true, true},
   };
   for (const Variant& v : variants) {
     const bool with_product = v.with_product, down_late = v.down_late;
@@ -175,6 +218,7 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     logit_route = v.logit_route;
     x_early = v.x_early;
     pick_counts = v.pick_counts;
+    with_shared = v.with_shared;
     BENCH_CHECK(SetOneTokenProbe(nullptr, 0, nullptr, down_late));
     step = 0;
     chain(with_product);  // once outside capture (attributes)
@@ -198,9 +242,13 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   }
   for (float* m : mats) BENCH_CHECK(cudaFree(m));
   for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
-                                              y, picks, ints, stamps, counts}) {
+                                              y, picks, ints, stamps, counts, shared_gate, shared_up, shared_down,
+                                              shared_act, shared_out, shared_units}) {
     BENCH_CHECK(cudaFree(p));
   }
+  BENCH_CHECK(cudaEventDestroy(fork_event));
+  BENCH_CHECK(cudaEventDestroy(join_event));
+  BENCH_CHECK(cudaStreamDestroy(side));
 }
 
 }  // namespace tandem::cuda::moe_bench
