@@ -13,6 +13,7 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
@@ -66,12 +67,6 @@ struct PhaseProbe {
     }
   }
 };
-
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // A spin wait longer than this is a bug (a gate/up block that never counted): trap rather than hang.
 constexpr unsigned long long kPickWaitTimeoutNs = 2'000'000'000ull;

@@ -29,6 +29,7 @@
 #include <cuda/functional>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/plan_units.cuh"
 #include "gpu_service/backends/cuda/moe/route_warp.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -62,12 +63,6 @@ struct Shared {
   int group_tile[kE];    // group g's first tile
   typename Scan::TempStorage scan;
 };
-
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // Every block waits until all gridDim.x have arrived; global writes before the call are visible
 // to every block after it. words[0] counts arrivals (back to 0 when the barrier opens, so the
