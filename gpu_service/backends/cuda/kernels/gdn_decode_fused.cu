@@ -182,7 +182,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   PdlAllowNext();
   float gate_b = 0.0f, gate_a = 0.0f;
   if (gate_thread) {
-    const float* row = a.ba + t * a.ba_stride + static_cast<int64_t>(group) * 2 * r;
+    const float* row = GdnBaRow(a.ba, a.ba_stride, t, vh, r);
     gate_b = row[vh % r];
     gate_a = row[r + vh % r];
   }

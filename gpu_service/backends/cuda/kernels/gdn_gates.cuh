@@ -11,9 +11,6 @@
 
 namespace tandem::cuda {
 
-// beta = σ(b_j), g = ssm_a[vh]·softplus(a_j + dt_bias[vh]) for token t and value head vh, with
-// group = vh / r, j = vh % r (r = nv / nk) and the group's ba entries [b_0..b_{r−1}, a_0..a_{r−1}]
-// (ba is n rows of 2nv values, row stride ba_stride; g and beta are n × nv).
 // GdnGate's operations on values already loaded: b_j, a_j, dt_bias[vh], ssm_a[vh].
 __device__ __forceinline__ void GdnGateOf(float b, float a, float dt_bias, float ssm_a, float& g, float& beta) {
   beta = SigmoidF(b);
@@ -22,10 +19,18 @@ __device__ __forceinline__ void GdnGateOf(float b, float a, float dt_bias, float
   g = ssm_a * sp;
 }
 
+// Token t's ba entries of value head vh's group (b_j at [j], a_j at [r + j], j = vh % r).
+__device__ __forceinline__ const float* GdnBaRow(const float* ba, int64_t ba_stride, int64_t t, int vh, int r) {
+  return ba + t * ba_stride + static_cast<int64_t>(vh / r) * 2 * r;
+}
+
+// beta = σ(b_j), g = ssm_a[vh]·softplus(a_j + dt_bias[vh]) for token t and value head vh, with
+// group = vh / r, j = vh % r (r = nv / nk) and the group's ba entries [b_0..b_{r−1}, a_0..a_{r−1}]
+// (ba is n rows of 2nv values, row stride ba_stride; g and beta are n × nv).
 __device__ __forceinline__ void GdnGate(const float* ba, int64_t ba_stride, const float* ssm_a, const float* dt_bias,
                                         int64_t t, int vh, int r, int nv, float* g, float* beta) {
-  const int group = vh / r, j = vh % r;
-  const float* row = ba + t * ba_stride + static_cast<int64_t>(group) * 2 * r;
+  const float* row = GdnBaRow(ba, ba_stride, t, vh, r);
+  const int j = vh % r;
   const int64_t i = t * nv + vh;
   GdnGateOf(row[j], row[r + j], dt_bias[vh], ssm_a[vh], g[i], beta[i]);
 }
