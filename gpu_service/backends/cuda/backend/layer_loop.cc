@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/reference/engram.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
+#include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
@@ -272,12 +273,16 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
   const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
-  if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr, ReadF16Mode(w, T, /*ffn=*/false),
-                            nullptr, &attn_shared_term);
-      !s.ok()) {
+  if (cuda::Ablated(cuda::Ablate::kMixerNorm, T)) {
+    // decode_ablation.h: timing only.
+  } else if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr,
+                                   ReadF16Mode(w, T, /*ffn=*/false), nullptr, &attn_shared_term);
+             !s.ok()) {
     return s;
   }
-  if (w.kind == LayerKind::kGdn) {
+  if (cuda::Ablated(cuda::Ablate::kMixer, T)) {
+    // decode_ablation.h: timing only.
+  } else if (w.kind == LayerKind::kGdn) {
     t.Mark(Stage::kGdn, st);
     if (absl::Status s = RunGdn(layer, plan); !s.ok()) return s;
   } else {
@@ -308,8 +313,10 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     }
   }
   const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
-  if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
-      !s.ok()) {
+  if (cuda::Ablated(cuda::Ablate::kFfnNorm, T)) {
+    // decode_ablation.h: timing only.
+  } else if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
+             !s.ok()) {
     return s;
   }
   std::vector<int32_t>* picks = nullptr;
@@ -320,9 +327,11 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   };
   // The stage may leave its shared expert's term out of y (one-token decode): pending_shared, added
   // by the launch that injects y (the next read's norm, Engram's inject or the head's norm).
-  if (absl::Status s =
-          moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready, &pending_shared);
-      !s.ok()) {
+  if (cuda::Ablated(cuda::Ablate::kMoe, T)) {
+    // decode_ablation.h: timing only.
+  } else if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready,
+                                       &pending_shared);
+             !s.ok()) {
     return s;
   }
   gemm->ForgetConverted();

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
+#include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
@@ -60,9 +61,12 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // decode 306.9 -> 313.0 tok/s, docs/PERF.md "Eighth session"; the z-then-ba order's switch,
   // TANDEM_GDN_DECODE_ORDER, was removed in the ninth session).
   const bool ba_first = side_products && decode;
+  const bool skip_in = cuda::Ablated(cuda::Ablate::kGdnIn, T);  // decode_ablation.h: timing only
   if (z_side) {
-    if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
-    if (absl::Status s = Product(w.qkv_ba, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    if (!skip_in) {
+      if (absl::Status s = Product(w.z, x, T, zg, false, side.get()); !s.ok()) return s;
+      if (absl::Status s = Product(w.qkv_ba, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    }
     qkv_rows = mixer_rows.as<float>();
     ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = ba_stride = w.qkv_ba.rows;
@@ -134,8 +138,10 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     args.norm = w.ssm_norm;
     args.eps = d.eps;
     args.o = go;
-    if (absl::Status s = Launch(cuda::LaunchGdnDecodeFused(args, T, shape, fused == 2, st), "gdn decode (fused)");
-        !s.ok()) {
+    if (cuda::Ablated(cuda::Ablate::kGdnCore, T)) {
+      // decode_ablation.h: timing only.
+    } else if (absl::Status s = Launch(cuda::LaunchGdnDecodeFused(args, T, shape, fused == 2, st), "gdn decode (fused)");
+               !s.ok()) {
       return s;
     }
   } else if (decode) {
@@ -198,7 +204,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   if ((ba_first || z_side) && !joined) {
     if (absl::Status s = Join(); !s.ok()) return s;  // z, for the gated norm
   }
-  if (fused == 2) return OutProduct(w.ssm_out, go, T, y);  // go holds the gated rows
+  const bool skip_out = cuda::Ablated(cuda::Ablate::kGdnOut, T);  // decode_ablation.h: timing only
+  if (fused == 2) return skip_out ? absl::OkStatus() : OutProduct(w.ssm_out, go, T, y);  // go holds the gated rows
   if (norm_to_f16) {
     uint16_t* go16 = gemm->input_scratch();
     if (absl::Status s = Launch(cuda::LaunchGdnGatedNormToF16(go, z_rows, w.ssm_norm, d.eps, T, shape,
@@ -214,7 +221,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       !s.ok()) {
     return s;
   }
-  return OutProduct(w.ssm_out, go, T, y);
+  return skip_out ? absl::OkStatus() : OutProduct(w.ssm_out, go, T, y);
 }
 
 absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {

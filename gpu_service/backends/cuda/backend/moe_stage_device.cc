@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
@@ -184,7 +185,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // The shared expert needs only x: on the side stream (when given) it runs beside the routing and
   // the routed experts instead of after them. Its gate logit too, when that is a matrix-vector
   // product (a GEMM would share the cuBLAS handle with the main stream's router product).
-  const bool has_shared = l.shared_gate.present();
+  const bool has_shared = l.shared_gate.present() && !Ablated(Ablate::kShared, n);  // decode_ablation.h
   const bool overlap = side != nullptr && has_shared;
   cudaStream_t ss = overlap ? side : stream;
   const float* shared = nullptr;
@@ -234,7 +235,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // Routing and the plan, on the GPU only: no host wait.
   timer.Mark(Stage::kRoute, stream);
   DeviceMoePlanArgs a = m.PlanArgs(n, table);
-  if (gate_in_router) {
+  if (Ablated(Ablate::kRouter, n)) {
+    // decode_ablation.h: timing only.
+  } else if (gate_in_router) {
     // The layer loop's one-row product (LaunchDenseMatVec, kAuto) over E + 1 rows, split as the
     // E-row router's own launch is (router_wpr): the routing logits keep their bits whatever split
     // the taller matrix would get.
