@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -32,28 +34,45 @@ enum class Ablate : unsigned {
   kMoe = 1u << 8,
 };
 
-// The set named by TANDEM_DECODE_ABLATE (empty when unset).
+// The names of a TANDEM_DECODE_ABLATE value (comma-separated; empty items skipped) as a mask of
+// Ablate bits, and the names that are none of them.
+struct DecodeAblation {
+  unsigned mask = 0;
+  std::vector<std::string> unknown;
+};
+inline DecodeAblation ParseDecodeAblation(absl::string_view spec) {
+  constexpr std::pair<absl::string_view, Ablate> kNames[] = {
+      {"mixer_norm", Ablate::kMixerNorm}, {"ffn_norm", Ablate::kFfnNorm}, {"mixer", Ablate::kMixer},
+      {"gdn_in", Ablate::kGdnIn},         {"gdn_core", Ablate::kGdnCore}, {"gdn_out", Ablate::kGdnOut},
+      {"router", Ablate::kRouter},        {"shared", Ablate::kShared},    {"moe", Ablate::kMoe}};
+  DecodeAblation out;
+  for (absl::string_view name : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    bool known = false;
+    for (const auto& [n, bit] : kNames) {
+      if (n == name) {
+        out.mask |= static_cast<unsigned>(bit);
+        known = true;
+      }
+    }
+    if (!known) out.unknown.emplace_back(name);
+  }
+  return out;
+}
+
+// The set named by TANDEM_DECODE_ABLATE (empty when unset), read once; says on stderr what it
+// leaves out and which names it ignored.
 inline unsigned DecodeAblationMask() {
   static const unsigned mask = [] {
     const char* v = std::getenv("TANDEM_DECODE_ABLATE");
     if (v == nullptr) return 0u;
-    constexpr std::pair<absl::string_view, Ablate> kNames[] = {
-        {"mixer_norm", Ablate::kMixerNorm}, {"ffn_norm", Ablate::kFfnNorm}, {"mixer", Ablate::kMixer},
-        {"gdn_in", Ablate::kGdnIn},         {"gdn_core", Ablate::kGdnCore}, {"gdn_out", Ablate::kGdnOut},
-        {"router", Ablate::kRouter},        {"shared", Ablate::kShared},    {"moe", Ablate::kMoe}};
-    unsigned m = 0;
-    for (absl::string_view name : absl::StrSplit(v, ',', absl::SkipEmpty())) {
-      bool known = false;
-      for (const auto& [n, bit] : kNames) {
-        if (n == name) {
-          m |= static_cast<unsigned>(bit);
-          known = true;
-        }
-      }
-      if (!known) std::fprintf(stderr, "TANDEM_DECODE_ABLATE: unknown name '%.*s' ignored\n", static_cast<int>(name.size()), name.data());
+    const DecodeAblation parsed = ParseDecodeAblation(v);
+    for (const std::string& name : parsed.unknown) {
+      std::fprintf(stderr, "TANDEM_DECODE_ABLATE: unknown name '%s' ignored\n", name.c_str());
     }
-    if (m != 0) std::fprintf(stderr, "TANDEM_DECODE_ABLATE=%s: one-token steps leave launches out; logits are wrong\n", v);
-    return m;
+    if (parsed.mask != 0) {
+      std::fprintf(stderr, "TANDEM_DECODE_ABLATE=%s: one-token steps leave launches out; logits are wrong\n", v);
+    }
+    return parsed.mask;
   }();
   return mask;
 }
