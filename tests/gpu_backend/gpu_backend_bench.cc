@@ -32,6 +32,7 @@
 #include "common/gguf/gguf_file.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
@@ -193,7 +194,15 @@ int Run(const Args& a) {
     for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
     return t;
   };
-  std::vector<float> logits(static_cast<size_t>(max_batch) * c.vocab);
+  // The logits in page-locked memory, as llama.cpp's output buffer is on a CUDA build (what
+  // llama-bench times): the backend copies the head's rows straight into it.
+  absl::StatusOr<cuda::PinnedBuffer> logits_buffer =
+      cuda::PinnedBuffer::Allocate(static_cast<size_t>(max_batch) * c.vocab * sizeof(float));
+  if (!logits_buffer.ok()) {
+    fprintf(stderr, "logits: %s\n", logits_buffer.status().ToString().c_str());
+    return 1;
+  }
+  float* const logits = logits_buffer->as<float>();
 
   // Decode at each batch size.
   for (int B : a.batches) {
@@ -211,7 +220,7 @@ int Run(const Args& a) {
       std::vector<Backend::StepInput> in;
       for (int i = 0; i < B; ++i) {
         // Not rewindable, as the engine steps: no KeepFirst checkpoint copy.
-        in.push_back({slots[i], std::span<const int32_t>(&toks[i], 1), logits.data() + static_cast<size_t>(i) * c.vocab,
+        in.push_back({slots[i], std::span<const int32_t>(&toks[i], 1), logits + static_cast<size_t>(i) * c.vocab,
                       false, false});
       }
       b.set_routing_sink(sink);
@@ -286,7 +295,7 @@ int Run(const Args& a) {
         absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
         if (!slot.ok()) return 1;
         const std::vector<int32_t> prompt = random_tokens(n);
-        Backend::StepInput in{*slot, prompt, logits.data(), false, false};
+        Backend::StepInput in{*slot, prompt, logits, false, false};
         if (r == reps) b.set_routing_sink(&routing);
         const auto t0 = Clock::now();
         absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1));
@@ -320,7 +329,7 @@ int Run(const Args& a) {
       absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
       if (!slot.ok()) return 1;
       const std::vector<int32_t> prompt = random_tokens(n);
-      Backend::StepInput in{*slot, prompt, logits.data(), false};
+      Backend::StepInput in{*slot, prompt, logits, false};
       if (absl::Status s = b.Step(std::span<const Backend::StepInput>(&in, 1)); !s.ok()) return 1;
       printf("  profile: %s\n", b.last_profile().c_str());
       b.set_profile(false);

@@ -176,6 +176,8 @@ class CudaBackend::Impl {
   // Rows of the head's output (and so of host_logits) per input, −1 when it wants none (EnqueueHead).
   std::vector<int64_t> head_first;
   int64_t head_rows = 0;
+  // Per input: its logits came straight from the device (EnqueueLogitsCopy).
+  std::vector<bool> logits_direct;
 
   // Step-time flags of the layer loop: the last block's output (y) still has to be injected into H
   // (the next read does it), and the inject weights in `a` are all 1 (one stream: not written).
@@ -261,9 +263,12 @@ class CudaBackend::Impl {
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);
   // Which rows of the step go through the head (head_first, head_rows): host only, every step.
   void PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
-  // The head for the rows PlanHead chose, and their copy into host_logits (no wait).
+  // The head for the rows PlanHead chose (no wait).
   absl::Status EnqueueHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
-  // After the step's stream is done: host_logits into each input's logits.
+  // After the forward (graph or not): the head's rows to each input's logits when those are
+  // page-locked (logits_direct), else to host_logits (no wait).
+  absl::Status EnqueueLogitsCopy(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // After the step's stream is done: host_logits into each input's logits that were not direct.
   void CopyLogitsOut(const StepPlan& plan, std::span<const Backend::StepInput> inputs) const;
   // Everything of a step after its inputs are on the device: embedding, layers, head.
   absl::Status EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs);

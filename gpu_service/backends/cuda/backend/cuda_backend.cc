@@ -225,6 +225,7 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
   if (!ran) {
     if (absl::Status s = m.EnqueueForward(plan, inputs); !s.ok()) return s;
   }
+  if (absl::Status s = m.EnqueueLogitsCopy(plan, inputs); !s.ok()) return s;
   if (absl::Status s = m.moe->EnqueueErrorReadback(st); !s.ok()) return s;
   if (absl::Status s = m.timer->Finish(st); !s.ok()) return s;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));

@@ -342,7 +342,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
 }
 
 absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
-  const int64_t h = c->h, V = c->vocab;
+  const int64_t h = c->h;
   cudaStream_t st = stream.get();
   timer->Mark(Stage::kHead, st);
   // Only the rows whose logits are wanted go through the output matrix (PlanHead chose them).
@@ -366,9 +366,65 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
   }
   if (absl::Status s = Product(dm->output, xh, R, logits); !s.ok()) return s;
   timer->Mark(Stage::kIo, st);
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.get(), logits, static_cast<size_t>(R * V) * sizeof(float),
-                                              cudaMemcpyDeviceToHost, st));
   return absl::OkStatus();
+}
+
+namespace {
+
+// Whether [p, p + bytes) is page-locked host memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister),
+// judged by its first and last byte. A failed query counts as "no" (and its error is cleared).
+bool PinnedHost(const void* p, size_t bytes) {
+  for (const void* q : {p, static_cast<const void*>(static_cast<const char*>(p) + bytes - 1)}) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (attr.type != cudaMemoryTypeHost) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Impl::EnqueueLogitsCopy(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
+  const int64_t V = c->vocab;
+  cudaStream_t st = stream.get();
+  logits_direct.assign(inputs.size(), false);
+  // A caller's logits in page-locked memory get the head's rows straight from the device, as
+  // llama.cpp's pinned output buffer does; pageable ones through host_logits and CopyLogitsOut
+  // (one host copy more: ~60 us a step for one 152k-entry row on the H200's host, where one
+  // thread reads ~10 GB/s). TANDEM_OLD_LOGITS_COPY=1 stages every row (an A/B switch).
+  static const bool old = cuda::EnvSwitch("TANDEM_OLD_LOGITS_COPY");
+  // Adjacent rows whose destinations are adjacent too go in one copy.
+  const float* run_src = nullptr;
+  float* run_dst = nullptr;
+  int64_t run_len = 0;
+  auto flush = [&]() -> absl::Status {
+    if (run_len > 0) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(run_dst, run_src, static_cast<size_t>(run_len) * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, st));
+    }
+    run_len = 0;
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (head_first[i] < 0) continue;
+    const int64_t len = (inputs[i].all_positions ? plan.counts[i] : 1) * V;
+    const bool direct = !old && PinnedHost(inputs[i].logits, static_cast<size_t>(len) * sizeof(float));
+    logits_direct[i] = direct;
+    const float* src = logits + head_first[i] * V;
+    float* dst = direct ? inputs[i].logits : host_logits.as<float>() + head_first[i] * V;
+    if (run_len > 0 && run_src + run_len == src && run_dst + run_len == dst) {
+      run_len += len;
+      continue;
+    }
+    if (absl::Status s = flush(); !s.ok()) return s;
+    run_src = src;
+    run_dst = dst;
+    run_len = len;
+  }
+  return flush();
 }
 
 void CudaBackend::Impl::PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
@@ -384,7 +440,7 @@ void CudaBackend::Impl::PlanHead(const StepPlan& plan, std::span<const Backend::
 void CudaBackend::Impl::CopyLogitsOut(const StepPlan& plan, std::span<const Backend::StepInput> inputs) const {
   const int64_t V = c->vocab;
   for (size_t i = 0; i < inputs.size() && i < head_first.size(); ++i) {
-    if (head_first[i] < 0) continue;
+    if (head_first[i] < 0 || (i < logits_direct.size() && logits_direct[i])) continue;
     const int64_t n = plan.counts[i];
     const int64_t rows = inputs[i].all_positions ? n : 1;
     std::copy(host_logits.as<float>() + head_first[i] * V, host_logits.as<float>() + (head_first[i] + rows) * V,

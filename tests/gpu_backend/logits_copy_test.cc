@@ -1,0 +1,106 @@
+// The head's rows reach each input's logits straight from the device when the caller's buffer is
+// page-locked (CudaBackend::Impl::EnqueueLogitsCopy), else through the backend's staging buffer:
+// the same bits either way, for prefill rows of every position and for graph-replayed decode steps,
+// with pinned and pageable inputs mixed in one step (adjacent pinned rows go in one copy, the
+// others alone).
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpu_service/backends/cuda/device_buffer.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_backend/backend_test_open.h"
+#include "tests/gpu_backend/backend_test_util.h"
+
+namespace tandem {
+namespace {
+
+using gpu_backend_testing::OpenGpu;
+using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::RandomTokens;
+
+constexpr int kSeqs = 3;
+constexpr int64_t kPrompt = 12;
+constexpr int kDecodeSteps = 3;
+
+// Every row the three sequences produce over one prefill (all positions) and kDecodeSteps decode
+// steps, sequence by sequence; `pinned[i]` says whether sequence i's logits live in page-locked
+// memory. Both buffers have one layout: the prefill rows of sequences 0, 1, 2 one after another (so
+// that pinned neighbours take one copy, as their rows are neighbours in the head's output), then
+// each decode step's rows in sequence order, while the decode steps put the sequences in the order
+// 1, 0, 2 (neither their head rows nor their destinations adjacent).
+std::vector<std::vector<float>> RunSteps(CudaBackend& b, const std::vector<std::vector<int32_t>>& prompts,
+                                         const bool (&pinned)[kSeqs]) {
+  const int64_t V = b.config().vocab;
+  const size_t total = static_cast<size_t>(kSeqs * (kPrompt + kDecodeSteps) * V);
+  absl::StatusOr<cuda::PinnedBuffer> pinned_buf = cuda::PinnedBuffer::Allocate(total * sizeof(float));
+  EXPECT_TRUE(pinned_buf.ok()) << pinned_buf.status();
+  if (!pinned_buf.ok()) return {};
+  std::vector<float> pageable(total);
+  auto base = [&](int i) { return pinned[i] ? pinned_buf->as<float>() : pageable.data(); };
+  auto prefill_rows = [&](int i) { return base(i) + i * kPrompt * V; };
+  auto decode_row = [&](int i, int step) { return base(i) + (kSeqs * kPrompt + step * kSeqs + i) * V; };
+  std::vector<SequenceSlot> slots;
+  for (int i = 0; i < kSeqs; ++i) {
+    absl::StatusOr<SequenceSlot> s = b.CreateSequence();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return {};
+    slots.push_back(*s);
+  }
+  std::vector<Backend::StepInput> in;
+  for (int i = 0; i < kSeqs; ++i) in.push_back({slots[i], prompts[i], prefill_rows(i), true});
+  const absl::Status prefill = b.Step(in);
+  EXPECT_TRUE(prefill.ok()) << prefill;
+  const int order[kSeqs] = {1, 0, 2};
+  for (int step = 0; step < kDecodeSteps; ++step) {
+    std::vector<int32_t> tokens(kSeqs);
+    in.clear();
+    for (int j = 0; j < kSeqs; ++j) {
+      const int i = order[j];
+      tokens[j] = static_cast<int32_t>((31 * i + 7 * step + 5) % V);
+      in.push_back({slots[i], std::span<const int32_t>(&tokens[j], 1), decode_row(i, step), false});
+    }
+    const absl::Status s = b.Step(in);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  std::vector<std::vector<float>> out(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    out[i].assign(prefill_rows(i), prefill_rows(i) + kPrompt * V);
+    for (int step = 0; step < kDecodeSteps; ++step) {
+      out[i].insert(out[i].end(), decode_row(i, step), decode_row(i, step) + V);
+    }
+  }
+  for (SequenceSlot s : slots) b.ReleaseSequence(s);
+  return out;
+}
+
+TEST(LogitsCopyTest, PinnedAndPageableLogitsGetTheSameBits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> path = PresetModel("tiny-q3n");
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::unique_ptr<CudaBackend> b = OpenGpu(*path, CudaMode::kExact);
+  ASSERT_NE(b, nullptr);
+  const int64_t V = b->config().vocab;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kSeqs; ++i) prompts.push_back(RandomTokens(kPrompt, V, 40 + i));
+  const bool none[kSeqs] = {false, false, false};
+  const std::vector<std::vector<float>> want = RunSteps(*b, prompts, none);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSeqs));
+  const bool mixes[][kSeqs] = {{false, true, true}, {true, true, true}, {true, false, true}};
+  for (const auto& pinned : mixes) {
+    const std::vector<std::vector<float>> got = RunSteps(*b, prompts, pinned);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kSeqs));
+    for (int i = 0; i < kSeqs; ++i) {
+      ASSERT_EQ(got[i].size(), want[i].size());
+      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0)
+          << "sequence " << i << " (pinned " << pinned[0] << pinned[1] << pinned[2] << ")";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
