@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 
@@ -81,6 +83,20 @@ class Backend {
   // the slots named in `inputs` are in an unspecified state (the engine ends their requests);
   // other slots are untouched.
   virtual absl::Status Step(std::span<const StepInput> inputs) = 0;
+
+  // Host memory for StepInput::logits, `floats` long, of the kind this backend fills fastest: the
+  // CUDA backend's is page-locked (the head's rows are copied straight into it instead of through a
+  // staging buffer and a host copy); the default is plain heap memory. Null when none can be had.
+  struct LogitsDeleter {
+    void (*free)(float*) = nullptr;
+    void operator()(float* p) const {
+      if (free != nullptr) free(p);
+    }
+  };
+  using LogitsBuffer = std::unique_ptr<float[], LogitsDeleter>;
+  virtual LogitsBuffer AllocateLogits(size_t floats) {
+    return LogitsBuffer(new (std::nothrow) float[floats], LogitsDeleter{[](float* p) { delete[] p; }});
+  }
 
   // Keeps only the first m positions of the slot's last Step chunk (speculative verification).
   virtual absl::Status KeepFirst(SequenceSlot slot, int64_t m) = 0;

@@ -194,7 +194,24 @@ void Engine::RunStep(StepPlan& plan) {
   std::vector<bool> samples;
   size_t sampling = 0;
   for (const StepPlan::Chunk& c : plan.chunks) sampling += c.samples ? 1 : 0;
-  logits_.resize(sampling * static_cast<size_t>(V));
+  if (const size_t need = sampling * static_cast<size_t>(V); need > logits_floats_) {
+    // Doubling: a page-locked allocation costs milliseconds, so it should happen a few times only.
+    const size_t floats = std::max(need, 2 * logits_floats_);
+    logits_ = backend_->AllocateLogits(floats);
+    logits_floats_ = logits_ != nullptr ? floats : 0;
+    if (logits_ == nullptr) {
+      for (const StepPlan::Chunk& c : plan.chunks) {
+        Request* r = static_cast<Request*>(c.seq);
+        if (!r->slot.has_value()) continue;  // dropped below
+        Finish(r, {}, FinishReason::kError, absl::StrCat("no host memory for ", floats, " logits"),
+               absl::StatusCode::kResourceExhausted);
+      }
+      for (Request* r : dropped) {
+        Finish(r, {}, FinishReason::kError, "no state slot is free (the state pool is full)");
+      }
+      return;
+    }
+  }
   size_t row = 0;
   for (const StepPlan::Chunk& c : plan.chunks) {
     Request* r = static_cast<Request*>(c.seq);
@@ -202,7 +219,7 @@ void Engine::RunStep(StepPlan& plan) {
     Backend::StepInput in;
     in.slot = *r->slot;
     in.tokens = std::span<const int32_t>(r->tokens).subspan(c.start, c.count);
-    in.logits = c.samples ? logits_.data() + (row++) * V : nullptr;
+    in.logits = c.samples ? logits_.get() + (row++) * V : nullptr;
     in.rewindable = false;  // the engine never calls KeepFirst: spare the backend its checkpoint
     inputs.push_back(in);
     batch.push_back(r);

@@ -84,7 +84,10 @@ class Engine {
   uint64_t next_id_ = 1;
   bool admitting_ = true;
   bool stopping_ = false;
-  std::vector<float> logits_;  // engine thread only: one vocab row per sampling chunk
+  // Engine thread only: one vocab row per sampling chunk, from the backend (AllocateLogits), grown
+  // when a step samples more chunks than it holds.
+  Backend::LogitsBuffer logits_;
+  size_t logits_floats_ = 0;
   std::thread thread_;
 };
 

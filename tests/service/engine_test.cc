@@ -104,6 +104,39 @@ TEST(EngineTest, GeneratesMaxNewTokensAndFreesState) {
   EXPECT_EQ(sink->text(), *text);
 }
 
+TEST(EngineTest, LogitsRowsComeFromTheBackendsBuffer) {
+  FakeBackend backend;
+  Engine engine(&backend, {}, nullptr);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine.Submit(Spec({300, 301 + i}, 5), sinks.back()).ok());
+  }
+  for (auto& s : sinks) EXPECT_EQ(s->WaitFinal().reason, FinishReason::kMaxTokens);
+  EXPECT_TRUE(engine.WaitUntilIdle(SteadyTime::max()));
+  // Every row the backend filled lay in the buffer it handed out (page-locked for the CUDA
+  // backend), allocated once per growth (at most 1, 2, 4 rows: three times).
+  EXPECT_EQ(backend.foreign_logits.load(), 0);
+  EXPECT_GE(backend.logits_allocations.load(), 1);
+  EXPECT_LE(backend.logits_allocations.load(), 3);
+}
+
+TEST(EngineTest, NoHostMemoryForLogitsEndsTheStepsRequestsWithAnError) {
+  FakeBackend backend;
+  backend.refuse_logits = true;
+  Engine engine(&backend, {}, nullptr);
+  auto sink = RunAlone(engine, Spec({300, 301}, 5));
+  const GenerationFinal f = sink->WaitFinal();
+  EXPECT_EQ(f.reason, FinishReason::kError);
+  EXPECT_EQ(f.error_code, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(f.error.find("logits"), std::string::npos) << f.error;
+  EXPECT_TRUE(engine.WaitUntilIdle(SteadyTime::max()));
+  EXPECT_EQ(backend.state_usage().pages_in_use, 0);
+  // The engine serves again once memory is there.
+  backend.refuse_logits = false;
+  EXPECT_EQ(RunAlone(engine, Spec({300, 302}, 3))->WaitFinal().reason, FinishReason::kMaxTokens);
+}
+
 TEST(EngineTest, SeededSamplingIsTheSameAloneAndBatched) {
   FakeBackend backend;
   EngineOptions options;

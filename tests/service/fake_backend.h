@@ -63,10 +63,24 @@ class FakeBackend : public Backend {
       if (it == slots_.end()) return absl::InvalidArgumentError("unknown slot");
       it->second.insert(it->second.end(), in.tokens.begin(), in.tokens.end());
       counts.push_back(static_cast<int64_t>(in.tokens.size()));
-      if (in.logits != nullptr) Logits(it->second, in.logits);
+      if (in.logits != nullptr) {
+        if (in.logits < logits_begin_ || in.logits + config_.vocab > logits_end_) ++foreign_logits;
+        Logits(it->second, in.logits);
+      }
     }
     batches_.push_back(counts);
     return absl::OkStatus();
+  }
+  // Plain heap memory as the default's, remembered so that Step can tell whether the engine's
+  // logits rows come from it (foreign_logits counts the rows that do not).
+  LogitsBuffer AllocateLogits(size_t floats) override {
+    ++logits_allocations;
+    if (refuse_logits.load()) return LogitsBuffer();
+    LogitsBuffer b = Backend::AllocateLogits(floats);
+    std::lock_guard<std::mutex> lock(mu_);
+    logits_begin_ = b.get();
+    logits_end_ = b.get() + floats;
+    return b;
   }
   absl::Status KeepFirst(SequenceSlot, int64_t) override {
     return absl::UnimplementedError("fake backend: no speculation");
@@ -88,6 +102,10 @@ class FakeBackend : public Backend {
   // ResourceExhausted and changes nothing; exhausted_steps counts those.
   std::atomic<int64_t> token_capacity{0};
   std::atomic<int64_t> exhausted_steps{0};
+  // AllocateLogits calls; when refuse_logits, it returns null (no host memory).
+  std::atomic<int64_t> logits_allocations{0};
+  std::atomic<bool> refuse_logits{false};
+  std::atomic<int64_t> foreign_logits{0};
 
  private:
   // Logits from a hash of the whole history; EOS far down unless eos_at_length says otherwise.
@@ -116,6 +134,8 @@ class FakeBackend : public Backend {
   std::map<SequenceSlot, std::vector<int32_t>> slots_;
   SequenceSlot next_ = 1;
   std::vector<std::vector<int64_t>> batches_;
+  const float* logits_begin_ = nullptr;  // the last AllocateLogits buffer
+  const float* logits_end_ = nullptr;
 };
 
 }  // namespace tandem

@@ -102,6 +102,15 @@ ExpertPlacementTotals CudaBackend::placement() const {
   return t;
 }
 
+Backend::LogitsBuffer CudaBackend::AllocateLogits(size_t floats) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, floats * sizeof(float)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Backend::AllocateLogits(floats);  // pageable: Step stages its rows
+  }
+  return LogitsBuffer(static_cast<float*>(p), LogitsDeleter{[](float* q) { (void)cudaFreeHost(q); }});
+}
+
 absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
   Impl& m = *impl_;
   const ModelConfig& c = *m.c;

@@ -112,6 +112,8 @@ class CudaBackend : public Backend {
   absl::StatusOr<SequenceSlot> CreateSequence() override;
   void ReleaseSequence(SequenceSlot slot) override;
   absl::Status Step(std::span<const StepInput> inputs) override;
+  // Page-locked (cudaMallocHost): Step copies the head's rows straight into it.
+  LogitsBuffer AllocateLogits(size_t floats) override;
   absl::Status KeepFirst(SequenceSlot slot, int64_t m) override;
   StateUsage state_usage() const override;
   ExpertPlacementTotals placement() const override;
