@@ -194,6 +194,10 @@ void Engine::RunStep(StepPlan& plan) {
   std::vector<bool> samples;
   size_t sampling = 0;
   for (const StepPlan::Chunk& c : plan.chunks) sampling += c.samples ? 1 : 0;
+  // Admitted requests that got no state end after the loops over the chunks, which still read them.
+  auto end_dropped = [&] {
+    for (Request* r : dropped) Finish(r, {}, FinishReason::kError, "no state slot is free (the state pool is full)");
+  };
   if (const size_t need = sampling * static_cast<size_t>(V); need > logits_floats_) {
     // Doubling: a page-locked allocation costs milliseconds, so it should happen a few times only.
     const size_t floats = std::max(need, 2 * logits_floats_);
@@ -202,13 +206,11 @@ void Engine::RunStep(StepPlan& plan) {
     if (logits_ == nullptr) {
       for (const StepPlan::Chunk& c : plan.chunks) {
         Request* r = static_cast<Request*>(c.seq);
-        if (!r->slot.has_value()) continue;  // dropped below
+        if (!r->slot.has_value()) continue;  // dropped
         Finish(r, {}, FinishReason::kError, absl::StrCat("no host memory for ", floats, " logits"),
                absl::StatusCode::kResourceExhausted);
       }
-      for (Request* r : dropped) {
-        Finish(r, {}, FinishReason::kError, "no state slot is free (the state pool is full)");
-      }
+      end_dropped();
       return;
     }
   }
@@ -225,9 +227,7 @@ void Engine::RunStep(StepPlan& plan) {
     batch.push_back(r);
     samples.push_back(c.samples);
   }
-  for (Request* r : dropped) {
-    Finish(r, {}, FinishReason::kError, "no state slot is free (the state pool is full)");
-  }
+  end_dropped();
   if (inputs.empty()) return;
   absl::Status s = backend_->Step(inputs);
   if (absl::IsResourceExhausted(s) && batch.size() > 1) {
