@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
@@ -240,6 +241,43 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
                 ms * 1e3 / steps);
     Report(host, capacity, steps, gate_blocks, down_blocks, what);
   }
+  // The one-kernel form (expert_decode_fused.cuh): the router product and one launch a layer, each
+  // layer adding into its own y, all zeroed once before the 48 layers (as the decode stage does at
+  // a step's start). No stamps: the graph's time a layer only.
+  float* ys;
+  BENCH_CHECK(cudaMalloc(&ys, static_cast<size_t>(steps) * kH * sizeof(float)));
+  for (const bool beside : {false, true}) {
+    with_shared = beside;
+    auto fused = [&] {
+      cudaStream_t s = bench::LaunchStream();
+      if (step % steps == 0) BENCH_CHECK(cudaMemsetAsync(ys, 0, static_cast<size_t>(steps) * kH * sizeof(float), s));
+      if (with_shared) {
+        BENCH_CHECK(cudaEventRecord(fork_event, s));
+        BENCH_CHECK(cudaStreamWaitEvent(side, fork_event));
+        BENCH_OK(shared_runner->RunPlanned(shared_units, 1, nullptr, 1, shared_shape, x + (step % 4096) * kH,
+                                           shared_act, shared_out, side));
+        BENCH_CHECK(cudaEventRecord(join_event, side));
+      }
+      BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
+                                    x + (step % 4096) * kH, kH, 1, logits, kE, s));
+      OneTokenMoeArgs o = OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, nullptr, nullptr,
+                                            ys + (step % steps) * kH);
+      o.int16_activations = true;
+      o.logit_route = true;
+      o.x_written_earlier = true;
+      BENCH_CHECK(LaunchOneTokenMoeFused(o, s));
+      if (with_shared) BENCH_CHECK(cudaStreamWaitEvent(s, join_event));
+      ++step;
+    };
+    step = 0;
+    fused();
+    BENCH_CHECK(cudaDeviceSynchronize());
+    step = 0;
+    const double us = bench::GraphUs(fused, steps);
+    std::printf("one-token probe (one fused kernel, int16, logit routing, x early%s): graph %.2f us/layer\n",
+                beside ? ", shared expert beside" : "", us);
+  }
+  BENCH_CHECK(cudaFree(ys));
   for (float* m : mats) BENCH_CHECK(cudaFree(m));
   for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
                                               y, picks, ints, stamps, counts, shared_gate, shared_up, shared_down,

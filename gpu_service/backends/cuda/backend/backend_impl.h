@@ -186,6 +186,10 @@ class CudaBackend::Impl {
   // With inject_pending: the shared expert's term the MoE stage left out of y (MoeStage::Run's
   // `deferred`, one-token decode), added by whichever launch injects y; {} when y is complete.
   cuda::PendingShared pending_shared;
+  // With inject_pending after a MoE stage: where its output is (MoeStage::Run's y_written: y, or the
+  // stage's fused one-token buffer); nullptr: y.
+  const float* moe_y = nullptr;
+  const float* PendingY() const { return moe_y != nullptr ? moe_y : y; }
 
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;

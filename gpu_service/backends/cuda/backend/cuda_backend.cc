@@ -252,6 +252,8 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
 
 absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   cudaStream_t st = stream.get();
+  // Before the first kernel: a memset here does not stand between two kernels of the PDL chain.
+  if (absl::Status s = moe->PrepareStep(plan.tokens, st); !s.ok()) return s;
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(
           cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, st),
@@ -264,6 +266,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   inject_pending = false;
   inject_is_one = false;
   pending_shared = {};
+  moe_y = nullptr;
   for (int64_t layer = 0; layer < c->n_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
   }

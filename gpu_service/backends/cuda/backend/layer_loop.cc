@@ -239,7 +239,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     // Engram adds to H: the previous block's output goes in first, as in the reference.
     if (inject_pending) {
       const cuda::PendingShared shared_term = TakePendingShared();
-      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, y, st, &shared_term),
+      if (absl::Status s = Launch(cuda::LaunchStreamInject(H, T, S, h, inject_is_one ? nullptr : a, PendingY(), st, &shared_term),
                                   "stream inject");
           !s.ok()) {
         return s;
@@ -275,7 +275,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
   if (cuda::Ablated(cuda::Ablate::kMixerNorm, T)) {
     // decode_ablation.h: timing only.
-  } else if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? y : nullptr,
+  } else if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? PendingY() : nullptr,
                                    ReadF16Mode(w, T, /*ffn=*/false), nullptr, &attn_shared_term);
              !s.ok()) {
     return s;
@@ -330,7 +330,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   if (cuda::Ablated(cuda::Ablate::kMoe, T)) {
     // decode_ablation.h: timing only.
   } else if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready,
-                                       &pending_shared);
+                                       &pending_shared, &moe_y);
              !s.ok()) {
     return s;
   }
@@ -348,7 +348,7 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
   // Only the rows whose logits are wanted go through the output matrix (PlanHead chose them).
   if (head_rows == 0) return absl::OkStatus();
   const cuda::PendingShared shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
-  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? y : nullptr,
+  if (absl::Status s = Read(dm->output_read, plan.tokens, x, nullptr, inject_pending ? PendingY() : nullptr,
                             cuda::GemmMode::kExact, nullptr, &shared_term);
       !s.ok()) {
     return s;

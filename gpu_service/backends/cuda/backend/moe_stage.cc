@@ -65,6 +65,11 @@ std::atomic<bool>& OneTokenPickCountsSwitch() {
   return on;
 }
 
+std::atomic<bool>& OneTokenFusedSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ONE_TOKEN_FUSED")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -105,6 +110,8 @@ void SetOneTokenEarlyX(bool on) { OneTokenEarlyXSwitch().store(on, std::memory_o
 bool OneTokenEarlyX() { return OneTokenEarlyXSwitch().load(std::memory_order_relaxed); }
 void SetOneTokenPickCounts(bool on) { OneTokenPickCountsSwitch().store(on, std::memory_order_relaxed); }
 bool OneTokenPickCounts() { return OneTokenPickCountsSwitch().load(std::memory_order_relaxed); }
+void SetOneTokenFused(bool on) { OneTokenFusedSwitch().store(on, std::memory_order_relaxed); }
+bool OneTokenFused() { return OneTokenFusedSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -168,6 +175,11 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     *b.buf = *std::move(b.made);
   }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pick_counts.get(), 0, static_cast<size_t>(K + 1) * sizeof(int32_t)));
+  if (options.fast) {
+    absl::StatusOr<DeviceBuffer> fused_y = DeviceArray<float>(c.n_layers * h);
+    if (!fused_y.ok()) return fused_y.status();
+    impl->fused_y = *std::move(fused_y);
+  }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
   if (options.fast && shared_gemms && T > kMaxUnitRows) {
@@ -319,9 +331,10 @@ uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& sou
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                            uint64_t* local_rows, DenseProductFn product, bool x_ready,
-                           PendingShared* deferred) {
+                           PendingShared* deferred, const float** y_written) {
   Impl& m = *impl_;
   if (deferred != nullptr) *deferred = PendingShared{};  // y complete unless the one-token path says otherwise
+  if (y_written != nullptr) *y_written = y;               // y unless the fused one-token kernel says otherwise
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
@@ -331,7 +344,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   const ExpertLocation* table = source.DeviceTable(layer);
   if (table != nullptr && n <= m.plan_tokens) {
     if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr,
-                                         deferred);
+                                         deferred, y_written);
         !s.ok()) {
       return s;
     }
@@ -447,6 +460,16 @@ absl::Status MoeStage::CheckDeviceErrors() {
   return absl::InternalError(
       "the device MoE planner met a routing pick outside [0, E) or an expert without a location, or the device "
       "prefill plan a unit it could not run");
+}
+
+absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream) {
+  Impl& m = *impl_;
+  m.fused_step = n == 1 && m.options.fast && OneTokenFused() && OneTokenInt16() && OneTokenLogitRoute() &&
+                 m.fused_y.get() != nullptr;
+  if (m.fused_step) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.fused_y.get(), 0, m.fused_y.bytes(), stream));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MoeStage::RunEngram(int64_t layer, const MatrixView& embd, std::span<const int64_t> rows, float* H,

@@ -121,6 +121,11 @@ void SetOneTokenEarlyX(bool on);
 bool OneTokenEarlyX();
 void SetOneTokenPickCounts(bool on);
 bool OneTokenPickCounts();
+// TANDEM_ONE_TOKEN_FUSED=1: fast-mode one-token steps run each layer's routed experts as one kernel
+// of clusters (expert_decode_fused.cuh) that adds into a per-layer buffer of the stage, zeroed by
+// PrepareStep, instead of the two one-token kernels. Off by default until measured.
+void SetOneTokenFused(bool on);
+bool OneTokenFused();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -168,10 +173,18 @@ class MoeStage {
   // y (norm_streams.cuh's PendingShared: the same bits as the down kernel's sum). The pointers are
   // this stage's buffers, valid until its next Run; their producers are ordered before Run's end
   // on `stream`.
+  // y_written (may be nullptr: then y is always the output): always written; where the layer's
+  // output is, y or, for a one-token step on the fused kernel (OneTokenFused, after PrepareStep),
+  // a buffer of this stage that stays valid until the next PrepareStep.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                    uint64_t* local_rows, DenseProductFn product, bool x_ready = false,
-                   PendingShared* deferred = nullptr);
+                   PendingShared* deferred = nullptr, const float** y_written = nullptr);
+
+  // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
+  // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets
+  // this step's Run calls take that kernel; any other step takes the two-kernel path.
+  absl::Status PrepareStep(int64_t n, cudaStream_t stream);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
   // kernels (the device-planned prefill path with such a kernel), or nullopt (another path). A caller that writes those planes while writing x (the stream norm's
@@ -202,7 +215,7 @@ class MoeStage {
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
                                 cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
-                                bool copy_picks, PendingShared* deferred);
+                                bool copy_picks, PendingShared* deferred, const float** y_written);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -177,7 +178,7 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
                                         StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred) {
+                                        PendingShared* deferred, const float** y_written) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -282,6 +283,27 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.x_written_earlier = OneTokenEarlyX();
     o.pick_counts = OneTokenPickCounts() ? m.pick_counts.as<int32_t>() : nullptr;
     timer.Mark(Stage::kExperts, stream);
+    // The fused kernel (OneTokenFused, after PrepareStep zeroed this step's buffers): one launch
+    // that adds the layer's routed sum into its own zeroed buffer, which the caller then reads.
+    if (m.fused_step && y_written != nullptr && o.int16_activations && o.logit_route &&
+        OneTokenFusedFits(o.E, o.K, o.h, o.inner)) {
+      o.y = m.fused_y.as<float>() + layer * h;
+      o.pick_counts = nullptr;
+      // Without `defer` the kernel reads the side chain's shared term: join first.
+      if (overlap && !defer) {
+        if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+      }
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, stream));
+      *y_written = o.y;
+      if (overlap && defer) {
+        if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
+      }
+      if (defer) *deferred = PendingShared{shared, gate_logit};
+      if (copy_picks) {
+        if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    }
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
     if (overlap && !defer) {
       if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;

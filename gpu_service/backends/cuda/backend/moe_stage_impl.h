@@ -54,6 +54,10 @@ struct MoeStage::Impl {
   // The one-token kernels' per-pick completion counts (K + 1 ints, zeroed here, left zero by every
   // down kernel: OneTokenMoeArgs::pick_counts).
   DeviceBuffer pick_counts;
+  // Fast mode: the fused one-token kernel's outputs, n_layers × h floats (layer l at l·h), zeroed
+  // by PrepareStep before a step that uses them; fused_step: this step may use them.
+  DeviceBuffer fused_y;
+  bool fused_step = false;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

@@ -1,0 +1,57 @@
+// The one-token MoE layer in one kernel (fast-mode decode at batch 1, Q4_K routed experts): the
+// gate/up → down dependency is kept inside thread-block clusters instead of between two grids.
+//
+// Why: the two-kernel form (expert_decode_one.cuh) spends ~6 us a layer between the gate/up
+// grid's last act row and the down grid's sums (its PDL wait, act re-read from L2, the dot
+// products of a whole super-block per lane), against ~1.3 us of down bytes (PERF.md, the one-token
+// probe). Here the down product is split along its input (inner) dimension instead of its rows,
+// so that a block needs only the act values its own cluster computed:
+//   - inner is cut into slices of kFusedSliceCols = 128 columns (half a Q4_K super-block of a down
+//     row); a cluster of kFusedCluster = 8 blocks owns (pick k, slice s);
+//   - block rank c of the cluster computes gate/up rows s·128 + 16c .. + 15 of pick k (act =
+//     SiLU(gate·x) ⊙ up·x, int16 x and dp2a as the two-kernel form), puts them in its shared
+//     memory, and after one cluster barrier reads the slice's 128 act values from the 8 blocks
+//     (distributed shared memory);
+//   - it then computes the slice's part of down rows c·h/8 .. + h/8 − 1, i.e. Σ over the slice's
+//     128 columns (act quantized to int16 with one scale for the slice), and adds w_k times it
+//     into y with atomics (red.global.add.f32).
+// Every block routes the token itself (the fast mode's top-K logits, block_route.cuh), before any
+// weight is known; the down rows' copies are issued with the gate/up rows', right after routing, so
+// the layer's 17.7 MB (80B shapes) are all in flight at once.
+//
+// y is accumulated, not written: it must hold zeros (or the terms to add to) before the launch,
+// and the order of the K · inner/128 atomic additions into each y[j] is not fixed, so y's last
+// bits may differ between runs (the fast mode only; the exact mode keeps the two-kernel f32 form).
+// The shared expert's term, when given, is added once (by the blocks of pick 0, slice 0).
+//
+// Host-compiler safe (no device code).
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_CUH_
+
+#include <cuda_runtime.h>
+
+#include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+
+namespace tandem::cuda {
+
+inline constexpr int kFusedCluster = 8;      // blocks of one (pick, slice)
+inline constexpr int kFusedSliceCols = 128;  // inner columns of one slice
+
+// True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
+// kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
+// 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
+// fits.
+bool OneTokenFusedFits(int E, int K, int h, int inner);
+
+// The whole one-token MoE layer: reads args.logits (top-K logits routing: args.logit_route must be
+// set), args.table, args.x (int16 activations: args.int16_activations must be set), writes
+// args.experts_out / weights_out / error as LaunchOneTokenMoeGateUp does, and adds the routed
+// experts' weighted sum (and σ(gate)·shared when args.shared is given) into args.y, which must
+// hold zeros. args.act and args.pick_counts are not used. Launched as one PDL grid of clusters.
+// cudaErrorInvalidValue for a shape OneTokenFusedFits refuses, a null required pointer, or
+// without int16_activations and logit_route.
+cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_CUH_

@@ -1,0 +1,182 @@
+// The one-kernel one-token MoE (expert_decode_fused.cuh) against the CPU reference: the fast
+// mode's routing (top-K logits: the reference's picks, weights within 1e-6), y within 5e-4
+// relative L2 of the f32 reference (int16 x per 256 and int16 act per 128-column slice, as the
+// two-kernel int16 form's bound), the shared term, accumulation into y, a pick without a location,
+// and the shapes it refuses.
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/gpu_moe/one_token_support.h"
+#include "tests/gpu_moe/test_support.h"
+#include "tests/test_seed.h"
+
+namespace tandem::cuda {
+namespace {
+
+using one_token_testing::Logits;
+using one_token_testing::OneTokenExperts;
+using one_token_testing::OneTokenStep;
+using one_token_testing::ReferenceY;
+using one_token_testing::Shared;
+using testing::Download;
+
+constexpr double kTol = 5e-4;
+
+// The fused kernel's arguments for a step: the fast mode's forms, y zeroed first (it accumulates).
+OneTokenMoeArgs FusedArgs(OneTokenStep& step, const OneTokenExperts& ex, int K, Shared sh, bool x_early) {
+  OneTokenMoeArgs a = step.Args(ex, K, sh);
+  a.int16_activations = true;
+  a.logit_route = true;
+  a.x_written_earlier = x_early;
+  EXPECT_EQ(cudaMemset(step.y.get(), 0, static_cast<size_t>(ex.h) * sizeof(float)), cudaSuccess);
+  return a;
+}
+
+void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
+                const std::string& what) {
+  const std::vector<float> logits = Logits(rng, ex.E, ties);
+  const std::vector<float> x = testing::RandomVector(rng, ex.h);
+  const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+  const float gate_logit = testing::RandomVector(rng, 1)[0];
+  OneTokenStep step(ex, K, logits, x, shared, gate_logit);
+  const OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
+  ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
+  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
+  std::vector<int32_t> want_picks;
+  std::vector<float> want_weights;
+  const std::vector<float> want = ReferenceY(ex, K, logits, x, shared, gate_logit, sh, &want_picks, &want_weights);
+  EXPECT_EQ(picks, want_picks) << what;
+  for (int k = 0; k < K; ++k) EXPECT_NEAR(weights[k], want_weights[k], 1e-6) << what << " pick " << k;
+  EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 0) << what;
+  ASSERT_TRUE(testing::AllFinite(got)) << what;
+  const double err = testing::RelativeL2(got, want);
+  EXPECT_LE(err, kTol) << what;
+  std::printf("fused one-token MoE, %s: y relative L2 %.3e\n", what.c_str(), err);
+}
+
+// Several K, ties on a coarse grid, every shared form, x staged before or after the wait.
+TEST(OneTokenFusedTest, MatchesReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const OneTokenExperts ex(rng, 256, 256, 128, 24);
+  for (const int K : {1, 5, 16}) {
+    for (const bool ties : {false, true}) {
+      for (const Shared sh : {Shared::kNone, Shared::kUngated, Shared::kGated}) {
+        for (const bool x_early : {false, true}) {
+          CheckFused(rng, ex, K, ties, sh, x_early,
+                     absl::StrCat("h=256 I=256 E=128 K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh),
+                                  x_early ? " x early" : ""));
+        }
+      }
+    }
+  }
+}
+
+// The 80B shape (8 lanes a gate/up row, 256 down rows a block, two slices a down super-block),
+// h of 2 and 4 super-blocks, E not a multiple of 32, more picks than 16, inner of 4 super-blocks.
+TEST(OneTokenFusedTest, MatchesReferenceOnOtherShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  struct Case {
+    int64_t h, I, E;
+    int K;
+  };
+  for (const Case& c : {Case{2048, 512, 512, 10}, Case{512, 1024, 1000, 24}, Case{1024, 512, 64, 32},
+                        Case{1024, 256, 100, 8}}) {
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    for (const Shared sh : {Shared::kNone, Shared::kGated}) {
+      CheckFused(rng, ex, c.K, false, sh, true,
+                 absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared=", static_cast<int>(sh)));
+    }
+  }
+}
+
+// y is added to, not written: two launches on one y give twice the sum (within the bound), in a
+// PDL chain on one stream.
+TEST(OneTokenFusedTest, AddsIntoY) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const OneTokenExperts ex(rng, 2048, 512, 512, 10);
+  const int K = 10;
+  const std::vector<float> logits = Logits(rng, ex.E, false);
+  const std::vector<float> x = testing::RandomVector(rng, ex.h);
+  const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+  OneTokenStep step(ex, K, logits, x, shared, 0.3f);
+  const OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, true);
+  cudaStream_t stream = nullptr;
+  TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, stream));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, stream));
+  TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
+  std::vector<int32_t> picks;
+  std::vector<float> weights;
+  std::vector<float> want = ReferenceY(ex, K, logits, x, shared, 0.3f, Shared::kGated, &picks, &weights);
+  for (float& v : want) v *= 2.0f;
+  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
+  ASSERT_TRUE(testing::AllFinite(got));
+  EXPECT_LE(testing::RelativeL2(got, want), kTol);
+}
+
+// A pick of an expert without a location sets the error flag and adds nothing; the other picks
+// still do, and the picks are published.
+TEST(OneTokenFusedTest, PickWithoutALocationIsFlaggedAndSkipped) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t E = 64, h = 256, I = 256;
+  const int K = 4;
+  const OneTokenExperts ex(rng, h, I, E, 8, {5});
+  std::vector<float> logits = testing::RandomVector(rng, E, 0.1f);
+  logits[5] = 3.0f;  // expert 5 is the first pick
+  const std::vector<float> x = testing::RandomVector(rng, h);
+  OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
+  const OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kNone, false);
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr));
+  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
+  EXPECT_EQ(picks[0], 5);
+  EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1);
+  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
+  std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
+  for (int k = 1; k < K; ++k) {
+    ex.Reference(picks[k], x.data(), row.data());
+    for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
+  }
+  ASSERT_TRUE(testing::AllFinite(got));
+  EXPECT_LE(testing::RelativeL2(got, want), kTol);
+}
+
+TEST(OneTokenFusedTest, RefusesWhatItCannotRun) {
+  EXPECT_TRUE(OneTokenFusedFits(512, 10, 2048, 512));
+  EXPECT_FALSE(OneTokenFusedFits(512, 10, 768, 512));    // 3 super-blocks a gate/up row
+  EXPECT_FALSE(OneTokenFusedFits(512, 10, 4096, 512));   // 16: a warp step is 2 rows, not 4
+  EXPECT_FALSE(OneTokenFusedFits(512, 10, 2048, 384));   // inner not whole super-blocks
+  EXPECT_FALSE(OneTokenFusedFits(2048, 10, 2048, 512));  // E above kOneTokenMaxExperts
+  EXPECT_FALSE(OneTokenFusedFits(512, 33, 2048, 512));   // K above kOneTokenMaxPicks
+  EXPECT_FALSE(OneTokenFusedFits(8, 10, 2048, 512));     // K above E
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  if (!testing::HaveGpu()) return;
+  const OneTokenExperts ex(rng, 256, 256, 64, 4);
+  OneTokenStep step(ex, 4, Logits(rng, 64, false), testing::RandomVector(rng, 256),
+                    std::vector<float>(256, 0.0f), 0.0f);
+  OneTokenMoeArgs a = FusedArgs(step, ex, 4, Shared::kNone, false);
+  a.int16_activations = false;  // the f32 products are the two-kernel form's
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+  a.int16_activations = true;
+  a.logit_route = false;  // the f64 softmax routing too
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+  a.logit_route = true;
+  a.y = nullptr;
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem::cuda
