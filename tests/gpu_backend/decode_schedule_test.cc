@@ -473,8 +473,14 @@ TEST_P(DecodeScheduleTest, LogitRouteKeepsDecodeLogitsClose) {
 TEST_P(DecodeScheduleTest, FusedOneTokenMoeKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::OneTokenFused();
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "fused one-token MoE", [](bool on) { cuda::SetOneTokenFused(on); },
-                                       /*deterministic=*/false);
+  const bool was_beside = cuda::FusedSharedBeside();
+  for (const bool beside : {false, true}) {  // small's Q8_0 shared expert inside the kernel, or beside it
+    cuda::SetFusedSharedBeside(beside);
+    ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), beside ? "fused one-token MoE, shared expert beside"
+                                                            : "fused one-token MoE",
+                                         [](bool on) { cuda::SetOneTokenFused(on); }, /*deterministic=*/false);
+  }
+  cuda::SetFusedSharedBeside(was_beside);
   cuda::SetOneTokenFused(was);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/reference/moe.h"
 #include "tests/gpu_moe/one_token_support.h"
 #include "tests/gpu_moe/test_support.h"
 #include "tests/test_seed.h"
@@ -45,7 +46,7 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
   const OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
   const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
@@ -76,6 +77,69 @@ TEST(OneTokenFusedTest, MatchesReference) {
                                   x_early ? " x early" : ""));
         }
       }
+    }
+  }
+}
+
+// A Q8_0 shared expert {h, inner} / {inner, h} on the device and its CPU output for one x.
+struct SharedQ8 {
+  SharedQ8(std::mt19937& rng, int64_t h, int64_t inner_) : inner(inner_) {
+    gate = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    up = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    down = testing::RandomMatrix(rng, WeightType::kQ8_0, inner, h, 0.05f);
+    dgate = testing::Upload(gate);
+    dup = testing::Upload(up);
+    ddown = testing::Upload(down);
+    where = FusedSharedExpert{dgate.get(), dup.get(), ddown.get(), static_cast<int>(inner)};
+  }
+  std::vector<float> Reference(int64_t h, const std::vector<float>& x) const {
+    std::vector<float> out(static_cast<size_t>(h));
+    FfnForward(testing::HostMatrix(WeightType::kQ8_0, gate, h, inner), testing::HostMatrix(WeightType::kQ8_0, up, h, inner),
+               testing::HostMatrix(WeightType::kQ8_0, down, inner, h), x.data(), 1, out.data(), nullptr);
+    return out;
+  }
+  int64_t inner;
+  std::vector<uint8_t> gate, up, down;
+  DeviceBuffer dgate, dup, ddown;
+  FusedSharedExpert where;
+};
+
+// The shared expert computed inside the kernel (FusedSharedExpert: its own clusters of 64-column
+// slices) gives the reference's y with σ(gate)·FFN_sh(x) (or ungated), at the 80B shape and
+// smaller h and shared widths.
+TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  struct Case {
+    int64_t h, I, E;
+    int K;
+    int64_t shared_inner;
+  };
+  for (const Case& c : {Case{2048, 512, 512, 10, 512}, Case{512, 256, 64, 4, 64}, Case{1024, 512, 100, 8, 192}}) {
+    ASSERT_TRUE(OneTokenFusedTakesShared(static_cast<int>(c.h), static_cast<int>(c.shared_inner)));
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    const SharedQ8 sq(rng, c.h, c.shared_inner);
+    for (const Shared sh : {Shared::kUngated, Shared::kGated}) {
+      const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared inner=",
+                                            c.shared_inner, sh == Shared::kGated ? " gated" : " ungated");
+      const std::vector<float> logits = Logits(rng, ex.E, false);
+      const std::vector<float> x = testing::RandomVector(rng, ex.h);
+      const std::vector<float> shared = sq.Reference(c.h, x);
+      const float gate_logit = testing::RandomVector(rng, 1)[0];
+      OneTokenStep step(ex, c.K, logits, x, shared, gate_logit);
+      OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, true);
+      a.shared = nullptr;  // computed in the kernel
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
+      std::vector<int32_t> picks;
+      std::vector<float> weights;
+      const std::vector<float> want = ReferenceY(ex, c.K, logits, x, shared, gate_logit, sh, &picks, &weights);
+      EXPECT_EQ(Download<int32_t>(step.picks.get(), static_cast<size_t>(c.K)), picks) << what;
+      ASSERT_TRUE(testing::AllFinite(got)) << what;
+      const double err = testing::RelativeL2(got, want);
+      EXPECT_LE(err, kTol) << what;
+      std::printf("fused one-token MoE, shared expert inside, %s: y relative L2 %.3e\n", what.c_str(), err);
     }
   }
 }
@@ -113,8 +177,8 @@ TEST(OneTokenFusedTest, AddsIntoY) {
   const OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, true);
   cudaStream_t stream = nullptr;
   TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, stream));
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, stream));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, stream));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, stream));
   TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
   std::vector<int32_t> picks;
@@ -139,7 +203,7 @@ TEST(OneTokenFusedTest, PickWithoutALocationIsFlaggedAndSkipped) {
   const std::vector<float> x = testing::RandomVector(rng, h);
   OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
   const OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kNone, false);
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
   const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
   const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
   EXPECT_EQ(picks[0], 5);
@@ -169,13 +233,17 @@ TEST(OneTokenFusedTest, RefusesWhatItCannotRun) {
                     std::vector<float>(256, 0.0f), 0.0f);
   OneTokenMoeArgs a = FusedArgs(step, ex, 4, Shared::kNone, false);
   a.int16_activations = false;  // the f32 products are the two-kernel form's
-  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr), cudaErrorInvalidValue);
   a.int16_activations = true;
   a.logit_route = false;  // the f64 softmax routing too
-  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr), cudaErrorInvalidValue);
   a.logit_route = true;
+  const FusedSharedExpert narrow{step.x.get(), step.x.get(), step.x.get(), 32};  // 32 columns: under one slice
+  EXPECT_FALSE(OneTokenFusedTakesShared(256, 64));   // h = 256: 16 columns a lane, under one Q8_0 block
+  EXPECT_FALSE(OneTokenFusedTakesShared(2048, 96));  // not whole slices of 64
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, &narrow, nullptr), cudaErrorInvalidValue);
   a.y = nullptr;
-  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

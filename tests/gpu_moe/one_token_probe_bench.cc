@@ -246,7 +246,9 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   // a step's start). No stamps: the graph's time a layer only.
   float* ys;
   BENCH_CHECK(cudaMalloc(&ys, static_cast<size_t>(steps) * kH * sizeof(float)));
-  for (const bool beside : {false, true}) {
+  const FusedSharedExpert inside{shared_gate, shared_up, shared_down, static_cast<int>(kI)};
+  for (const int form : {0, 1, 2}) {  // no shared expert, beside on the side stream, inside the kernel
+    const bool beside = form == 1;
     with_shared = beside;
     auto fused = [&] {
       cudaStream_t s = bench::LaunchStream();
@@ -265,7 +267,8 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
       o.int16_activations = true;
       o.logit_route = true;
       o.x_written_earlier = true;
-      BENCH_CHECK(LaunchOneTokenMoeFused(o, s));
+      if (form == 2) o.shared_gate_logit = gate_logit;
+      BENCH_CHECK(LaunchOneTokenMoeFused(o, form == 2 ? &inside : nullptr, s));
       if (with_shared) BENCH_CHECK(cudaStreamWaitEvent(s, join_event));
       ++step;
     };
@@ -274,8 +277,9 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaDeviceSynchronize());
     step = 0;
     const double us = bench::GraphUs(fused, steps);
+    const char* shared_form[] = {"", ", shared expert beside", ", shared expert inside"};
     std::printf("one-token probe (one fused kernel, int16, logit routing, x early%s): graph %.2f us/layer\n",
-                beside ? ", shared expert beside" : "", us);
+                shared_form[form], us);
   }
   BENCH_CHECK(cudaFree(ys));
   for (float* m : mats) BENCH_CHECK(cudaFree(m));

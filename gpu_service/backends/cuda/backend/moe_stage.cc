@@ -70,6 +70,11 @@ std::atomic<bool>& OneTokenFusedSwitch() {
   return on;
 }
 
+std::atomic<bool>& FusedSharedBesideSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_SHARED_BESIDE")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -112,6 +117,8 @@ void SetOneTokenPickCounts(bool on) { OneTokenPickCountsSwitch().store(on, std::
 bool OneTokenPickCounts() { return OneTokenPickCountsSwitch().load(std::memory_order_relaxed); }
 void SetOneTokenFused(bool on) { OneTokenFusedSwitch().store(on, std::memory_order_relaxed); }
 bool OneTokenFused() { return OneTokenFusedSwitch().load(std::memory_order_relaxed); }
+void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::memory_order_relaxed); }
+bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

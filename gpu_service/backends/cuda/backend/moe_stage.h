@@ -126,6 +126,10 @@ bool OneTokenPickCounts();
 // PrepareStep, instead of the two one-token kernels. Off by default until measured.
 void SetOneTokenFused(bool on);
 bool OneTokenFused();
+// TANDEM_FUSED_SHARED_BESIDE=1: the fused kernel leaves a shared expert it could compute inside to
+// the side chain (as the two-kernel path runs it), for A/B.
+void SetFusedSharedBeside(bool on);
+bool FusedSharedBeside();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

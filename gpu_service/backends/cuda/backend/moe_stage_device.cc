@@ -187,11 +187,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // the routed experts instead of after them. Its gate logit too, when that is a matrix-vector
   // product (a GEMM would share the cuBLAS handle with the main stream's router product).
   const bool has_shared = l.shared_gate.present() && !Ablated(Ablate::kShared, n);  // decode_ablation.h
-  const bool overlap = side != nullptr && has_shared;
-  cudaStream_t ss = overlap ? side : stream;
-  const float* shared = nullptr;
-  const float* gate_logit = nullptr;
-  const bool gate_on_side = overlap && n <= kMaxUnitRows;
   // Unless TANDEM_OLD_SHARED_CHAIN: the side chain is the shared expert's two kernels alone. Its
   // units come from the table built at creation (no unit kernel), and at one token its gate logit
   // is the last row of one (E + 1)-row router product on the main stream (router_and_gate): one
@@ -201,8 +196,26 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const bool gate_in_router = !old_chain && !OldSharedGate() && n == 1 && has_shared &&
                               l.shared_gate_inp.present() && l.router_and_gate.present() &&
                               l.router_and_gate.rows == E + 1;
+  // The fused one-token kernel (OneTokenFused, after PrepareStep zeroed this step's buffers): one
+  // launch for the routed experts that adds into the layer's own buffer, which the caller then
+  // reads; and the shared expert inside it when the kernel takes its shape and type (Q8_0) and its
+  // gate logit comes from the router product: then no side chain, fork or join at all.
+  const bool fused = m.fused_step && y_written != nullptr && n == 1 && l.gate_exps.type == kTypeQ4_K &&
+                     l.down_exps.type == kTypeQ4_K && GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+                     OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
+                                       static_cast<int>(c.expert_ffn));
+  const bool shared_inside = fused && has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
+                             l.shared_down.type == kTypeQ8_0 &&
+                             OneTokenFusedTakesShared(static_cast<int>(h), static_cast<int>(c.shared_ffn)) &&
+                             (gate_in_router || !l.shared_gate_inp.present()) && !FusedSharedBeside();
+  const bool overlap = side != nullptr && has_shared && !shared_inside;
+  cudaStream_t ss = overlap ? side : stream;
+  const float* shared = nullptr;
+  const float* gate_logit = nullptr;
+  const bool gate_on_side = overlap && n <= kMaxUnitRows;
   float* logits = m.logits.as<float>();
-  if (has_shared) {
+  if (shared_inside && gate_in_router) gate_logit = logits + E;  // written by the router product below
+  if (has_shared && !shared_inside) {
     if (overlap) {
       if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
     }
@@ -283,17 +296,21 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.x_written_earlier = OneTokenEarlyX();
     o.pick_counts = OneTokenPickCounts() ? m.pick_counts.as<int32_t>() : nullptr;
     timer.Mark(Stage::kExperts, stream);
-    // The fused kernel (OneTokenFused, after PrepareStep zeroed this step's buffers): one launch
-    // that adds the layer's routed sum into its own zeroed buffer, which the caller then reads.
-    if (m.fused_step && y_written != nullptr && o.int16_activations && o.logit_route &&
-        OneTokenFusedFits(o.E, o.K, o.h, o.inner)) {
+    if (fused && o.int16_activations && o.logit_route) {
       o.y = m.fused_y.as<float>() + layer * h;
       o.pick_counts = nullptr;
       // Without `defer` the kernel reads the side chain's shared term: join first.
       if (overlap && !defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
       }
-      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, stream));
+      FusedSharedExpert inside;
+      if (shared_inside) {
+        inside = FusedSharedExpert{l.shared_gate.data, l.shared_up.data, l.shared_down.data,
+                                   static_cast<int>(c.shared_ffn)};
+        o.shared = nullptr;
+        o.shared_gate_logit = gate_logit;
+      }
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream));
       *y_written = o.y;
       if (overlap && defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;

@@ -44,6 +44,7 @@ constexpr int kGateUpRows = kFusedSliceCols / kFusedCluster;  // 16 a block
 constexpr int kWarpRows = kGateUpRows / kFusedWarps;          // 4 a warp
 constexpr int kDownRowBytes = 80;                              // 16-byte head + 64 qs bytes
 constexpr int kSliceWords = kFusedSliceCols / 2;               // the slice's act as int16 pairs
+constexpr int kSharedWarpRows = kFusedSharedSliceCols / kFusedCluster / kFusedWarps;  // 2 a warp
 
 // Cluster barrier halves (PTX barrier.cluster): arrive with release, wait with acquire, so that
 // shared-memory writes before a block's arrive are visible to every block of the cluster after its
@@ -51,19 +52,24 @@ constexpr int kSliceWords = kFusedSliceCols / 2;               // the slice's ac
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// Shared-memory carve-up of one block (bytes, each region 16-byte aligned).
+// Shared-memory carve-up of one block (bytes, each region 16-byte aligned). The gate/up and down
+// regions hold a routed slice's rows or, in the shared expert's blocks, its Q8_0 rows (which fit
+// the same regions: 2 rows a warp of h / 32 · 34 bytes, h / 8 down rows of 68 bytes).
 struct FusedSmem {
   int gate_up, down, tables, xq, xsc, sxs, act_own, act, total;
 };
 __host__ __device__ constexpr int Align16(int b) { return (b + 15) / 16 * 16; }
+__host__ __device__ constexpr int Q8RowBytes(int cols) { return cols / 32 * 34; }
 __host__ __device__ inline FusedSmem FusedLayout(int h, int E) {
   const int nsb = h / 256;
+  const int gate_up = kFusedWarps * 2 * kWarpRows * nsb * kSbBytes;
+  const int gate_up_q8 = kFusedWarps * 2 * kSharedWarpRows * Q8RowBytes(h);
   FusedSmem s{};
   int at = 0;
   s.gate_up = at;
-  at += Align16(kFusedWarps * 2 * kWarpRows * nsb * kSbBytes);
+  at += Align16(gate_up > gate_up_q8 ? gate_up : gate_up_q8);
   s.down = at;
-  at += Align16((h / kFusedCluster) * kDownRowBytes);
+  at += Align16((h / kFusedCluster) * kDownRowBytes);  // > 68 bytes a shared down row
   s.tables = at;
   at += Align16(3 * E * static_cast<int>(sizeof(void*)));
   s.xq = at;
@@ -74,16 +80,37 @@ __host__ __device__ inline FusedSmem FusedLayout(int h, int E) {
   at += Align16(nsb * 8 * 4);
   s.act_own = at;
   at += Align16(kGateUpRows * 4);
-  s.act = at;  // the slice's int16 act (kSliceWords words), then its 4 sub-block sums and its scale
+  s.act = at;  // the slice's int16 act (up to kSliceWords words), then its 4 sub-block sums and its scale
   at += Align16(kSliceWords * 4 + 5 * 4);
   s.total = at;
   return s;
 }
 
-// grid (inner / 128 · kFusedCluster, K), clusters of kFusedCluster along x, kThreads threads.
-// Block (x, k): pick k, slice s = x / 8, cluster rank c = x % 8.
+__device__ __forceinline__ void CpAsync4(void* smem, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(global) : "memory");
+}
+
+// Σ over n Q8_0 blocks (34 bytes: f16 d, 32 int8) at w of d·Σ q·xq, xq the int16 activations as
+// pairs (word i: elements 2i, 2i + 1); the int8 pairs are read as 16-bit words (the blocks are only
+// 2-byte aligned), each the low half of one dp2a.
+__device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* xq, int n) {
+  float acc = 0.0f;
+  for (int b = 0; b < n; ++b) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w + 34 * b);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s = Dp2aLo(xq[16 * b + i], p[1 + i], s);
+    acc = fmaf(HalfBits(p[0]), static_cast<float>(s), acc);
+  }
+  return acc;
+}
+
+// grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
+// kThreads threads. Block b < K · inner / 128 · 8: pick k = b / (inner / 128 · 8), slice s = (b / 8)
+// mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
 template <int kPer>
-__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a) {
+__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
@@ -92,10 +119,13 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   const int row_bytes = nsb * kSbBytes;        // a gate/up row
   const int down_row_bytes = (a.inner >> 8) * kSbBytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
-  const int k = blockIdx.y;
-  const int slice = blockIdx.x / kFusedCluster, rank = blockIdx.x % kFusedCluster;
+  const int per_pick = a.inner / kFusedSliceCols * kFusedCluster;
+  const bool shared_block = static_cast<int>(blockIdx.x) >= a.K * per_pick;
+  const int local = shared_block ? blockIdx.x - a.K * per_pick : blockIdx.x % per_pick;
+  const int k = shared_block ? a.K : blockIdx.x / per_pick;
+  const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
-  uint8_t* wgu = smem + L.gate_up + warp * 2 * kWarpRows * row_bytes;
+  uint8_t* wgu = smem + L.gate_up;
   uint8_t* wdn = smem + L.down;
   const void** tgate = reinterpret_cast<const void**>(smem + L.tables);
   const void** tup = tgate + a.E;
@@ -110,22 +140,29 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
 
   // Before the wait: the expert table (constant) and x when its writer is two or more launches
   // back (pdl.cuh's rule).
-  for (int i = t; i < a.E; i += kThreads) {
-    const ExpertLocation where = a.table[i];
-    tgate[i] = where.gate;
-    tup[i] = where.up;
-    tdown[i] = where.down;
+  if (!shared_block) {
+    for (int i = t; i < a.E; i += kThreads) {
+      const ExpertLocation where = a.table[i];
+      tgate[i] = where.gate;
+      tup[i] = where.up;
+      tdown[i] = where.down;
+    }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  PdlWaitForPrevious();  // the router logits (and x, unless written earlier)
+  PdlWaitForPrevious();  // the router logits and the shared gate logit (and x, unless written earlier)
   PdlAllowNext();
-  if (warp == 0) {
+  if (shared_block) {
+    if (warp == 0 && lane == 0) {
+      s_w[0] = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
+    }
+    if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
+  } else if (warp == 0) {
     // Every block needs its pick's weight, hence all K picks.
     WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
-    if (blockIdx.x == 0 && k == a.K - 1 && lane < a.K) {
+    if (local == 0 && k == a.K - 1 && lane < a.K) {
       const int e = s_ids[lane];
       a.experts_out[lane] = e;
       a.weights_out[lane] = w;
@@ -135,21 +172,24 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
-  const int e = s_ids[k];
+  const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
-  const bool ok = e >= 0 && e < a.E && tgate[e] != nullptr;
-  const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;  // gate/up rows
-  const int half = slice & 1, sbi = slice >> 1;  // the slice within its down super-block
-  if (ok) {
+  const bool ok = shared_block || (e >= 0 && e < a.E && tgate[e] != nullptr);
+  const int slice_cols = shared_block ? kFusedSharedSliceCols : kFusedSliceCols;
+  const int own_rows = slice_cols / kFusedCluster;  // gate/up rows of this block: 16, or 8 shared
+  const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
+  if (ok && !shared_block) {
     // Gate/up rows of this warp first (they gate everything after), then the block's down rows.
-    const int chunks = kWarpRows * row_bytes / 16;
+    const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
+    const int mat_bytes = kWarpRows * row_bytes;
+    uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
+    const int chunks = mat_bytes / 16;
     const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
     const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-    const int mat_bytes = kWarpRows * row_bytes;
     for (int c = lane; c < chunks; c += 32) {
-      CpAsync16(wgu + 16 * c, g + 16 * c);
-      CpAsync16(wgu + mat_bytes + 16 * c, u + 16 * c);
+      CpAsync16(wwarp + 16 * c, g + 16 * c);
+      CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
     CpAsyncCommit();
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
@@ -167,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     const bool valid = rho < kWarpRows && rho < rps;
     float acc[2][1] = {{0.0f}, {0.0f}};
     if (valid) {
-      const uint8_t* wsb[2] = {wgu + rho * row_bytes + sb * kSbBytes, wgu + mat_bytes + rho * row_bytes + sb * kSbBytes};
+      const uint8_t* wsb[2] = {wwarp + rho * row_bytes + sb * kSbBytes, wwarp + mat_bytes + rho * row_bytes + sb * kSbBytes};
       DotSuperBlockI16<2>(wsb, xq + sb * kXqSbStride, xsc[sb], sxs + sb * 8, acc);
     }
     for (int off = 1; off < nsb; off <<= 1) {
@@ -178,23 +218,67 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       }
     }
     if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
+  } else if (shared_block) {
+    // Q8_0 rows: 2 gate/up rows a warp, 16 lanes a row, h / 16 columns (whole Q8_0 blocks inside
+    // one x super-block) a lane; the down rows' 64 columns are two Q8_0 blocks, 68 bytes a row at
+    // a 4-byte aligned offset, copied 4 bytes at a time.
+    const int q8_row = Q8RowBytes(a.h);
+    const int row0 = slice * kFusedSharedSliceCols + rank * (kFusedSharedSliceCols / kFusedCluster) +
+                     warp * kSharedWarpRows;
+    const int mat_bytes = kSharedWarpRows * q8_row;
+    uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
+    const uint8_t* g = static_cast<const uint8_t*>(sh.gate) + static_cast<int64_t>(row0) * q8_row;
+    const uint8_t* u = static_cast<const uint8_t*>(sh.up) + static_cast<int64_t>(row0) * q8_row;
+    for (int c = lane; c < mat_bytes / 16; c += 32) {
+      CpAsync16(wwarp + 16 * c, g + 16 * c);
+      CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
+    }
+    CpAsyncCommit();
+    const int sd_row = Q8RowBytes(sh.inner);
+    const uint8_t* d = static_cast<const uint8_t*>(sh.down) + static_cast<int64_t>(rank) * down_rows * sd_row + 68 * slice;
+    for (int c = t; c < 17 * down_rows; c += kThreads) {
+      const int r = c / 17, word = c - 17 * r;
+      CpAsync4(wdn + r * 68 + 4 * word, d + static_cast<int64_t>(r) * sd_row + 4 * word);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncwarp();
+    const int rho = lane >> 4, part = lane & 15;
+    const int cols = a.h / 16;  // a lane's columns: part · cols ..
+    const int e0 = part * cols;
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xq + (e0 >> 8) * kXqSbStride + (e0 & 255));
+    const float xs = xsc[e0 >> 8];
+    const uint8_t* wrow = wwarp + rho * q8_row + (e0 / 32) * 34;
+    float gsum = DotQ8Blocks(wrow, xw, cols / 32) * xs;
+    float usum = DotQ8Blocks(wrow + mat_bytes, xw, cols / 32) * xs;
+    for (int off = 1; off < 16; off <<= 1) {
+      gsum += __shfl_xor_sync(0xFFFFFFFFu, gsum, off);
+      usum += __shfl_xor_sync(0xFFFFFFFFu, usum, off);
+    }
+    if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
   }
-  // Every block's 16 act values are in its shared memory: gather the slice's 128 (warp 0; lane l
-  // the four values 4l .. 4l + 3, which sit in rank l / 4) and quantize them to int16 with one
-  // scale, keeping the f32 sums of the four sub-blocks of 32 for the min term.
+  // Every block's act values are in its shared memory: gather the slice's (warp 0; lane l the four
+  // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
+  // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
   ClusterArrive();
   ClusterWait();
   if (ok && warp == 0) {
     const cg::cluster_group cluster = cg::this_cluster();
-    const float* remote = cluster.map_shared_rank(act_own, lane / 4);
-    const float4 v = *reinterpret_cast<const float4*>(remote + 4 * (lane & 3));
+    const bool in = 4 * lane < slice_cols;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (in) {
+      const float* remote = cluster.map_shared_rank(act_own, 4 * lane / own_rows);
+      v = *reinterpret_cast<const float4*>(remote + (4 * lane) % own_rows);
+    }
     float mx = q4k::MaxAbs4(v);
     float s = (v.x + v.y) + (v.z + v.w);
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
     for (int off = 1; off < 8; off <<= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);  // 8 lanes a sub-block
     const float inv = I16Inverse(mx);
-    aw[2 * lane] = q4k::PackI16(v.x, v.y, inv);
-    aw[2 * lane + 1] = q4k::PackI16(v.z, v.w, inv);
+    if (in) {
+      aw[2 * lane] = q4k::PackI16(v.x, v.y, inv);
+      aw[2 * lane + 1] = q4k::PackI16(v.z, v.w, inv);
+    }
     if ((lane & 7) == 0) a_sum[lane >> 3] = s;
     if (lane == 0) a_scale[0] = I16Scale(mx);
   }
@@ -204,54 +288,62 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   if (ok) {
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words
-    uint32_t w[kSliceWords];
-#pragma unroll
-    for (int i = 0; i < kSliceWords / 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(aw)[i];
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
     const float ascale = a_scale[0];
-    const float4 sums = *reinterpret_cast<const float4*>(a_sum);
-    const float wk = s_w[k];
-    float gate = 0.0f;  // σ(gate logit) when this block adds the shared term
-    const bool add_shared = a.shared != nullptr && k == 0 && slice == 0;
-    if (add_shared) gate = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
-    for (int r = t; r < down_rows; r += kThreads) {
-      const uint8_t* row = wdn + r * kDownRowBytes;
-      const Q4KHead hd = LoadQ4KHead(row);
-      const float dx = hd.d * ascale;
-      float acc = 0.0f;
-#pragma unroll
-      for (int gl = 0; gl < 2; ++gl) {
-        // qs bytes of group 2·half + gl: low nibbles are slice columns 64gl + i, high 64gl + 32 + i;
-        // act word 32gl + j holds columns 64gl + 2j, + 1 (low half), word 32gl + 16 + j the high.
-        const uint4 qa = *reinterpret_cast<const uint4*>(row + 16 + 32 * gl);
-        const uint4 qb = *reinterpret_cast<const uint4*>(row + 32 + 32 * gl);
-        const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-        int s_lo = 0, s_hi = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t lo = q[j] & 0x0F0F0F0Fu;
-          const uint32_t hi = (q[j] >> 4) & 0x0F0F0F0Fu;
-          s_lo = Dp2aLo(w[32 * gl + 2 * j], lo, s_lo);
-          s_lo = Dp2aHi(w[32 * gl + 2 * j + 1], lo, s_lo);
-          s_hi = Dp2aLo(w[32 * gl + 16 + 2 * j], hi, s_hi);
-          s_hi = Dp2aHi(w[32 * gl + 16 + 2 * j + 1], hi, s_hi);
-        }
-        const int j0 = 2 * (2 * half + gl), j1 = j0 + 1;
-        const float sum_lo = gl == 0 ? sums.x : sums.z, sum_hi = gl == 0 ? sums.y : sums.w;
-        acc = fmaf(dx * SubScale(hd, j0), static_cast<float>(s_lo), acc);
-        acc = fmaf(-hd.dmin * SubMin(hd, j0), sum_lo, acc);
-        acc = fmaf(dx * SubScale(hd, j1), static_cast<float>(s_hi), acc);
-        acc = fmaf(-hd.dmin * SubMin(hd, j1), sum_hi, acc);
+    const float wk = s_w[shared_block ? 0 : k];
+    if (shared_block) {
+      const uint32_t* w = aw;
+      for (int r = t; r < down_rows; r += kThreads) {
+        const float acc = DotQ8Blocks(wdn + r * 68, w, 2) * ascale;
+        atomicAdd(a.y + rank * down_rows + r, wk * acc);
       }
-      const int j = rank * down_rows + r;
-      float add = wk * acc;
-      if (add_shared) add = fmaf(gate, a.shared[j], add);
-      atomicAdd(a.y + j, add);
+    } else {
+      uint32_t w[kSliceWords];
+#pragma unroll
+      for (int i = 0; i < kSliceWords / 4; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(aw)[i];
+        w[4 * i] = v.x;
+        w[4 * i + 1] = v.y;
+        w[4 * i + 2] = v.z;
+        w[4 * i + 3] = v.w;
+      }
+      const float4 sums = *reinterpret_cast<const float4*>(a_sum);
+      float gate = 0.0f;  // σ(gate logit) when this block adds the given shared term
+      const bool add_shared = a.shared != nullptr && k == 0 && slice == 0;
+      if (add_shared) gate = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
+      for (int r = t; r < down_rows; r += kThreads) {
+        const uint8_t* row = wdn + r * kDownRowBytes;
+        const Q4KHead hd = LoadQ4KHead(row);
+        const float dx = hd.d * ascale;
+        float acc = 0.0f;
+#pragma unroll
+        for (int gl = 0; gl < 2; ++gl) {
+          // qs bytes of group 2·half + gl: low nibbles are slice columns 64gl + i, high 64gl + 32 + i;
+          // act word 32gl + j holds columns 64gl + 2j, + 1 (low half), word 32gl + 16 + j the high.
+          const uint4 qa = *reinterpret_cast<const uint4*>(row + 16 + 32 * gl);
+          const uint4 qb = *reinterpret_cast<const uint4*>(row + 32 + 32 * gl);
+          const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+          int s_lo = 0, s_hi = 0;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint32_t lo = q[j] & 0x0F0F0F0Fu;
+            const uint32_t hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+            s_lo = Dp2aLo(w[32 * gl + 2 * j], lo, s_lo);
+            s_lo = Dp2aHi(w[32 * gl + 2 * j + 1], lo, s_lo);
+            s_hi = Dp2aLo(w[32 * gl + 16 + 2 * j], hi, s_hi);
+            s_hi = Dp2aHi(w[32 * gl + 16 + 2 * j + 1], hi, s_hi);
+          }
+          const int j0 = 2 * (2 * half + gl), j1 = j0 + 1;
+          const float sum_lo = gl == 0 ? sums.x : sums.z, sum_hi = gl == 0 ? sums.y : sums.w;
+          acc = fmaf(dx * SubScale(hd, j0), static_cast<float>(s_lo), acc);
+          acc = fmaf(-hd.dmin * SubMin(hd, j0), sum_lo, acc);
+          acc = fmaf(dx * SubScale(hd, j1), static_cast<float>(s_hi), acc);
+          acc = fmaf(-hd.dmin * SubMin(hd, j1), sum_hi, acc);
+        }
+        const int j = rank * down_rows + r;
+        float add = wk * acc;
+        if (add_shared) add = fmaf(gate, a.shared[j], add);
+        atomicAdd(a.y + j, add);
+      }
     }
   }
   ClusterWait();
@@ -266,14 +358,15 @@ bool FusedShapeOk(int h, int inner) {
 constexpr int kMaxSmem = 227 * 1024;
 
 template <int kPer>
-cudaError_t LaunchFused(const OneTokenMoeArgs& a, cudaStream_t stream) {
+cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer>, smem, raised); err != cudaSuccess) {
     return err;
   }
+  const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols);
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(a.inner / kFusedSliceCols * kFusedCluster), static_cast<unsigned>(a.K));
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -286,7 +379,7 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, cudaStream_t stream) {
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer>, a);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer>, a, sh);
 }
 
 }  // namespace
@@ -296,16 +389,30 @@ bool OneTokenFusedFits(int E, int K, int h, int inner) {
          FusedLayout(h, E).total <= kMaxSmem;
 }
 
-cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, cudaStream_t stream) {
+bool OneTokenFusedTakesShared(int h, int shared_inner) {
+  return FusedShapeOk(h, 256) && h % 512 == 0 && shared_inner >= kFusedSharedSliceCols &&
+         shared_inner % kFusedSharedSliceCols == 0;
+}
+
+cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                                   cudaStream_t stream) {
+  FusedSharedExpert sh;
+  if (shared_expert != nullptr) {
+    sh = *shared_expert;
+    if (!OneTokenFusedTakesShared(a.h, sh.inner) || sh.gate == nullptr || sh.up == nullptr || sh.down == nullptr ||
+        a.shared != nullptr) {
+      return cudaErrorInvalidValue;
+    }
+  }
   if (!OneTokenFusedFits(a.E, a.K, a.h, a.inner) || !a.int16_activations || !a.logit_route || a.logits == nullptr ||
       a.table == nullptr || a.x == nullptr || a.experts_out == nullptr || a.weights_out == nullptr ||
       a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (a.E <= 128) return LaunchFused<4>(a, stream);
-  if (a.E <= 256) return LaunchFused<8>(a, stream);
-  if (a.E <= 512) return LaunchFused<16>(a, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32>(a, stream);
+  if (a.E <= 128) return LaunchFused<4>(a, sh, stream);
+  if (a.E <= 256) return LaunchFused<8>(a, sh, stream);
+  if (a.E <= 512) return LaunchFused<16>(a, sh, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32>(a, sh, stream);
 }
 
 }  // namespace tandem::cuda

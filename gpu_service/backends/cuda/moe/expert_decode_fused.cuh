@@ -22,7 +22,9 @@
 // y is accumulated, not written: it must hold zeros (or the terms to add to) before the launch,
 // and the order of the K · inner/128 atomic additions into each y[j] is not fixed, so y's last
 // bits may differ between runs (the fast mode only; the exact mode keeps the two-kernel f32 form).
-// The shared expert's term, when given, is added once (by the blocks of pick 0, slice 0).
+// The shared expert's term is added once: a given output row (OneTokenMoeArgs::shared) by the
+// blocks of pick 0, slice 0; or the shared expert itself (FusedSharedExpert, Q8_0) computed by
+// clusters of its own in the same grid, slices of 64 columns.
 //
 // Host-compiler safe (no device code).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_CUH_
@@ -34,23 +36,41 @@
 
 namespace tandem::cuda {
 
-inline constexpr int kFusedCluster = 8;      // blocks of one (pick, slice)
-inline constexpr int kFusedSliceCols = 128;  // inner columns of one slice
+inline constexpr int kFusedCluster = 8;            // blocks of one (pick, slice)
+inline constexpr int kFusedSliceCols = 128;        // inner columns of a routed expert's slice
+inline constexpr int kFusedSharedSliceCols = 64;   // inner columns of the shared expert's slice
+
+// The shared expert computed inside the fused kernel instead of beside it (Q8_0 gate and up {h,
+// inner}, down {inner, h}): its slices are clusters of the same grid, so no side stream, no fork
+// and no join. Its term σ(gate logit)·FFN_sh(x) (ungated when OneTokenMoeArgs::shared_gate_logit is
+// null) is added into y with the routed experts'. OneTokenMoeArgs::shared must then be null.
+struct FusedSharedExpert {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* down = nullptr;
+  int inner = 0;
+};
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
 // fits.
 bool OneTokenFusedFits(int E, int K, int h, int inner);
+// True when it can also take a Q8_0 shared expert of `shared_inner` rows at this h: h a multiple of
+// 512 (16 lanes a row, whole Q8_0 blocks in one x super-block each) and shared_inner of 64.
+bool OneTokenFusedTakesShared(int h, int shared_inner);
 
 // The whole one-token MoE layer: reads args.logits (top-K logits routing: args.logit_route must be
 // set), args.table, args.x (int16 activations: args.int16_activations must be set), writes
 // args.experts_out / weights_out / error as LaunchOneTokenMoeGateUp does, and adds the routed
-// experts' weighted sum (and σ(gate)·shared when args.shared is given) into args.y, which must
-// hold zeros. args.act and args.pick_counts are not used. Launched as one PDL grid of clusters.
-// cudaErrorInvalidValue for a shape OneTokenFusedFits refuses, a null required pointer, or
-// without int16_activations and logit_route.
-cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, cudaStream_t stream);
+// experts' weighted sum, and the shared expert's term (args.shared given: σ(gate)·shared; or
+// `shared_expert` given: computed here), into args.y, which must hold zeros. args.act and
+// args.pick_counts are not used. Launched as one PDL grid of clusters. cudaErrorInvalidValue for a
+// shape OneTokenFusedFits (or, with a shared expert, OneTokenFusedTakesShared) refuses, a null
+// required pointer, both args.shared and a shared expert, or without int16_activations and
+// logit_route.
+cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
+                                   cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
