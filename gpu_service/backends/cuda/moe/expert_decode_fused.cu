@@ -5,7 +5,9 @@
 // form, so its products and SiLU are the same instructions (q4k_dot.cuh's DotSuperBlockI16). Down:
 // thread t owns the block's down rows t, t + 128, ...; per row it reads the slice's 16-byte head
 // and 64 qs bytes (two 32-byte groups: sub-blocks 4·half .. 4·half + 3 of super-block s / 2) from
-// shared memory, 80 bytes a row, so a warp's 16-byte loads fall on distinct banks.
+// shared memory, 80 bytes a row, so a warp's 16-byte loads fall on distinct banks. The down rows
+// are prefetched into L2 right after routing and copied into the gate/up rows' shared memory once
+// the gate/up products are done (FusedSmem says why).
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 
 #include <cooperative_groups.h>
@@ -45,6 +47,7 @@ constexpr int kWarpRows = kGateUpRows / kFusedWarps;          // 4 a warp
 constexpr int kDownRowBytes = 80;                              // 16-byte head + 64 qs bytes
 constexpr int kSliceWords = kFusedSliceCols / 2;               // the slice's act as int16 pairs
 constexpr int kSharedWarpRows = kFusedSharedSliceCols / kFusedCluster / kFusedWarps;  // 2 a warp
+constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down row's 68 bytes
 
 // Cluster barrier halves (PTX barrier.cluster): arrive with release, wait with acquire, so that
 // shared-memory writes before a block's arrive are visible to every block of the cluster after its
@@ -52,11 +55,15 @@ constexpr int kSharedWarpRows = kFusedSharedSliceCols / kFusedCluster / kFusedWa
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// Shared-memory carve-up of one block (bytes, each region 16-byte aligned). The gate/up and down
-// regions hold a routed slice's rows or, in the shared expert's blocks, its Q8_0 rows (which fit
-// the same regions: 2 rows a warp of h / 32 · 34 bytes, h / 8 down rows of 68 bytes).
+// Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
+// first the gate/up rows, then the down rows (copied from L2 once the gate/up products are done:
+// their bytes were prefetched into L2 right after routing), of a routed slice or, in the shared
+// expert's blocks, its Q8_0 rows (2 gate/up rows a warp of h / 32 · 34 bytes; h / 8 down rows of 68
+// bytes, copied as the 96-byte span of 16-byte pieces around them). Sharing the region keeps a block
+// near 55 KB at the 80B shapes, so four fit an SM: the grid's 48 clusters of 8 (routed and shared)
+// then fit the GPU in one wave with room to spare, where at three an SM they did not (PERF.md).
 struct FusedSmem {
-  int gate_up, down, tables, xq, xsc, sxs, act_own, act, total;
+  int weights, tables, xq, xsc, sxs, act_own, act, total;
 };
 __host__ __device__ constexpr int Align16(int b) { return (b + 15) / 16 * 16; }
 __host__ __device__ constexpr int Q8RowBytes(int cols) { return cols / 32 * 34; }
@@ -64,12 +71,13 @@ __host__ __device__ inline FusedSmem FusedLayout(int h, int E) {
   const int nsb = h / 256;
   const int gate_up = kFusedWarps * 2 * kWarpRows * nsb * kSbBytes;
   const int gate_up_q8 = kFusedWarps * 2 * kSharedWarpRows * Q8RowBytes(h);
+  const int down = (h / kFusedCluster) * kSharedDownSpan;  // >= kDownRowBytes a routed row
+  int weights = gate_up > gate_up_q8 ? gate_up : gate_up_q8;
+  weights = weights > down ? weights : down;
   FusedSmem s{};
   int at = 0;
-  s.gate_up = at;
-  at += Align16(gate_up > gate_up_q8 ? gate_up : gate_up_q8);
-  s.down = at;
-  at += Align16((h / kFusedCluster) * kDownRowBytes);  // > 68 bytes a shared down row
+  s.weights = at;
+  at += Align16(weights);
   s.tables = at;
   at += Align16(3 * E * static_cast<int>(sizeof(void*)));
   s.xq = at;
@@ -84,11 +92,6 @@ __host__ __device__ inline FusedSmem FusedLayout(int h, int E) {
   at += Align16(kSliceWords * 4 + 5 * 4);
   s.total = at;
   return s;
-}
-
-__device__ __forceinline__ void CpAsync4(void* smem, const void* global) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(global) : "memory");
 }
 
 // Σ over n Q8_0 blocks (34 bytes: f16 d, 32 int8) at w of d·Σ q·xq, xq the int16 activations as
@@ -125,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   const int k = shared_block ? a.K : blockIdx.x / per_pick;
   const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
-  uint8_t* wgu = smem + L.gate_up;
-  uint8_t* wdn = smem + L.down;
+  uint8_t* wgu = smem + L.weights;
+  uint8_t* wdn = smem + L.weights;  // the same region, once the gate/up products are done
   const void** tgate = reinterpret_cast<const void**>(smem + L.tables);
   const void** tup = tgate + a.E;
   const void** tdown = tup + a.E;
@@ -192,15 +195,11 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
     CpAsyncCommit();
+    // The down rows' super-blocks into L2 now, so that HBM streams them with the gate/up rows.
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
-    for (int c = t; c < 5 * down_rows; c += kThreads) {
-      const int r = c / 5, part = c - 5 * r;
-      const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
-      CpAsync16(wdn + r * kDownRowBytes + (part == 0 ? 0 : 16 * part), d + static_cast<int64_t>(r) * down_row_bytes + from);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // this thread's gate/up copies
+    for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
+    CpAsyncWait<0>();  // this thread's gate/up copies
     __syncwarp();      // the warp's rows are visible to all its lanes
     const int rps = 32 / nsb;
     const int rho = lane / nsb, sb = lane - rho * nsb;
@@ -218,6 +217,13 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       }
     }
     if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
+    __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
+    for (int c = t; c < 5 * down_rows; c += kThreads) {
+      const int r = c / 5, part = c - 5 * r;
+      const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
+      CpAsync16(wdn + r * kDownRowBytes + (part == 0 ? 0 : 16 * part), d + static_cast<int64_t>(r) * down_row_bytes + from);
+    }
+    CpAsyncCommit();
   } else if (shared_block) {
     // Q8_0 rows: 2 gate/up rows a warp, 16 lanes a row, h / 16 columns (whole Q8_0 blocks inside
     // one x super-block) a lane; the down rows' 64 columns are two Q8_0 blocks, 68 bytes a row at
@@ -234,14 +240,17 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
     CpAsyncCommit();
+    // Down row j's 68 bytes (at j · sd_row + 68 · slice, 2-byte aligned) lie in the 16-byte pieces
+    // from the boundary below them (5 or 6 pieces, none past their end): prefetched into L2 now,
+    // copied after the gate/up products.
     const int sd_row = Q8RowBytes(sh.inner);
-    const uint8_t* d = static_cast<const uint8_t*>(sh.down) + static_cast<int64_t>(rank) * down_rows * sd_row + 68 * slice;
-    for (int c = t; c < 17 * down_rows; c += kThreads) {
-      const int r = c / 17, word = c - 17 * r;
-      CpAsync4(wdn + r * 68 + 4 * word, d + static_cast<int64_t>(r) * sd_row + 4 * word);
+    const uint8_t* sd = static_cast<const uint8_t*>(sh.down);
+    auto at = [&](int r) { return static_cast<int64_t>(rank * down_rows + r) * sd_row + 68 * slice; };
+    auto pieces = [&](int r) { return static_cast<int>(((at(r) & 15) + 68 + 15) >> 4); };
+    for (int r = t; r < down_rows; r += kThreads) {
+      PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
     }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
+    CpAsyncWait<0>();
     __syncwarp();
     const int rho = lane >> 4, part = lane & 15;
     const int cols = a.h / 16;  // a lane's columns: part · cols ..
@@ -256,6 +265,14 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       usum += __shfl_xor_sync(0xFFFFFFFFu, usum, off);
     }
     if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
+    __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
+    for (int c = t; c < 6 * down_rows; c += kThreads) {
+      const int r = c / 6, piece = c - 6 * r;
+      if (piece < pieces(r)) {
+        CpAsync16(wdn + r * kSharedDownSpan + 16 * piece, sd + (at(r) & ~static_cast<int64_t>(15)) + 16 * piece);
+      }
+    }
+    CpAsyncCommit();
   }
   // Every block's act values are in its shared memory: gather the slice's (warp 0; lane l the four
   // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
@@ -292,9 +309,12 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {
       const uint32_t* w = aw;
+      const int sd_row = Q8RowBytes(sh.inner);
       for (int r = t; r < down_rows; r += kThreads) {
-        const float acc = DotQ8Blocks(wdn + r * 68, w, 2) * ascale;
-        atomicAdd(a.y + rank * down_rows + r, wk * acc);
+        const int j = rank * down_rows + r;
+        const int skew = static_cast<int>((static_cast<int64_t>(j) * sd_row + 68 * slice) & 15);
+        const float acc = DotQ8Blocks(wdn + r * kSharedDownSpan + skew, w, 2) * ascale;
+        atomicAdd(a.y + j, wk * acc);
       }
     } else {
       uint32_t w[kSliceWords];
