@@ -195,27 +195,14 @@ TEST(OneTokenFusedTest, AddsIntoY) {
 TEST(OneTokenFusedTest, PickWithoutALocationIsFlaggedAndSkipped) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t E = 64, h = 256, I = 256;
-  const int K = 4;
-  const OneTokenExperts ex(rng, h, I, E, 8, {5});
-  std::vector<float> logits = testing::RandomVector(rng, E, 0.1f);
-  logits[5] = 3.0f;  // expert 5 is the first pick
-  const std::vector<float> x = testing::RandomVector(rng, h);
-  OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
-  const OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kNone, false);
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
-  const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
-  const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
-  EXPECT_EQ(picks[0], 5);
-  EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1);
-  const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
-  std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
-  for (int k = 1; k < K; ++k) {
-    ex.Reference(picks[k], x.data(), row.data());
-    for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
-  }
-  ASSERT_TRUE(testing::AllFinite(got));
-  EXPECT_LE(testing::RelativeL2(got, want), kTol);
+  const one_token_testing::MissingFirstPick c(rng);
+  c.CheckStep(
+      [&](OneTokenStep& step) {
+        const OneTokenMoeArgs a = FusedArgs(step, c.ex, c.kK, Shared::kNone, false);
+        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
+        TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      },
+      kTol, "fused");
 }
 
 TEST(OneTokenFusedTest, RefusesWhatItCannotRun) {

@@ -298,31 +298,18 @@ TEST(OneTokenMoeTest, EqualsThePlannedPath) {
 TEST(OneTokenMoeTest, PickWithoutALocationIsFlaggedAndSkipped) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t E = 64, h = 256, I = 256;
-  const int K = 4;
-  const OneTokenExperts ex(rng, h, I, E, 8, {5});
-  std::vector<float> logits = testing::RandomVector(rng, E, 0.1f);
-  logits[5] = 3.0f;  // expert 5 is the first pick
-  const std::vector<float> x = testing::RandomVector(rng, h);
+  const one_token_testing::MissingFirstPick c(rng);
+  const int K = c.kK;
   DeviceBuffer counts = Upload(std::vector<int32_t>(K + 1, 0));
   for (const bool variants : {false, true}) {
-    OneTokenStep step(ex, K, logits, x, std::vector<float>(static_cast<size_t>(h), 0.0f), 0.0f);
-    OneTokenMoeArgs a = step.Args(ex, K, Shared::kNone);
-    if (variants) Variant{.logit_route = true, .x_early = true, .counts = counts.as<int32_t>()}.Apply(a);
-    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
-    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
-    const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
-    const std::vector<float> weights = Download<float>(step.picks.as<int32_t>() + K, static_cast<size_t>(K));
-    EXPECT_EQ(picks[0], 5) << variants;
-    EXPECT_EQ(Download<int32_t>(step.ints.get(), 1)[0], 1) << variants;
-    const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(h));
-    std::vector<float> want(static_cast<size_t>(h), 0.0f), row(static_cast<size_t>(h));
-    for (int k = 1; k < K; ++k) {
-      ex.Reference(picks[k], x.data(), row.data());
-      for (int64_t j = 0; j < h; ++j) want[j] += weights[k] * row[j];
-    }
-    ASSERT_TRUE(testing::AllFinite(got)) << variants;
-    EXPECT_LE(testing::RelativeL2(got, want), 1e-5) << variants;
+    c.CheckStep(
+        [&](OneTokenStep& step) {
+          OneTokenMoeArgs a = step.Args(c.ex, K, Shared::kNone);
+          if (variants) Variant{.logit_route = true, .x_early = true, .counts = counts.as<int32_t>()}.Apply(a);
+          TANDEM_ASSERT_CUDA(LaunchOneTokenMoeGateUp(a, nullptr));
+          TANDEM_ASSERT_CUDA(LaunchOneTokenMoeDown(a, nullptr));
+        },
+        1e-5, variants ? "logit routing, x early, counts" : "plain");
   }
   EXPECT_EQ(Download<int32_t>(counts.get(), K + 1), std::vector<int32_t>(K + 1, 0));
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/reference/moe.h"
@@ -117,6 +118,38 @@ inline std::vector<float> ReferenceY(const OneTokenExperts& ex, int K, const std
   }
   return y;
 }
+
+// A step whose first pick has no location: E = 64 experts of h = I = 256, K = 4, expert 5 missing
+// and given the largest logit. CheckStep runs the launches in `launch` on a fresh step (no shared
+// term) and checks what every one-token path must do: the picks published with expert 5 first, the
+// error flag set, and y the other picks' weighted sum (within relative L2 `tol`).
+struct MissingFirstPick {
+  static constexpr int64_t kE = 64, kH = 256, kI = 256;
+  static constexpr int kK = 4;
+  explicit MissingFirstPick(std::mt19937& rng)
+      : ex(rng, kH, kI, kE, 8, {5}), logits(testing::RandomVector(rng, kE, 0.1f)), x(testing::RandomVector(rng, kH)) {
+    logits[5] = 3.0f;
+  }
+  template <typename Launch>
+  void CheckStep(Launch&& launch, double tol, const std::string& what) const {
+    OneTokenStep step(ex, kK, logits, x, std::vector<float>(static_cast<size_t>(kH), 0.0f), 0.0f);
+    launch(step);
+    const std::vector<int32_t> picks = testing::Download<int32_t>(step.picks.get(), static_cast<size_t>(kK));
+    const std::vector<float> weights = testing::Download<float>(step.picks.as<int32_t>() + kK, static_cast<size_t>(kK));
+    EXPECT_EQ(picks[0], 5) << what;
+    EXPECT_EQ(testing::Download<int32_t>(step.ints.get(), 1)[0], 1) << what;
+    const std::vector<float> got = testing::Download<float>(step.y.get(), static_cast<size_t>(kH));
+    std::vector<float> want(static_cast<size_t>(kH), 0.0f), row(static_cast<size_t>(kH));
+    for (int k = 1; k < kK; ++k) {
+      ex.Reference(picks[k], x.data(), row.data());
+      for (int64_t j = 0; j < kH; ++j) want[j] += weights[k] * row[j];
+    }
+    ASSERT_TRUE(testing::AllFinite(got)) << what;
+    EXPECT_LE(testing::RelativeL2(got, want), tol) << what;
+  }
+  OneTokenExperts ex;
+  std::vector<float> logits, x;
+};
 
 }  // namespace tandem::cuda::one_token_testing
 

@@ -312,23 +312,16 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       }
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream));
       *y_written = o.y;
-      if (overlap && defer) {
+    } else {
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
+      if (overlap && !defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
       }
-      if (defer) *deferred = PendingShared{shared, gate_logit};
-      if (copy_picks) {
-        if (absl::Status s = m.router->CopyToHost(stream); !s.ok()) return s;
+      if (const cudaError_t err = LaunchOneTokenMoeDown(o, stream); err != cudaSuccess) {
+        // The gate/up blocks will count; no down kernel zeroes the counts: do it after them.
+        if (o.pick_counts != nullptr) (void)cudaMemsetAsync(o.pick_counts, 0, static_cast<size_t>(K + 1) * sizeof(int32_t), stream);
+        return CudaStatus(err, "LaunchOneTokenMoeDown(o, stream)", __FILE__, __LINE__);
       }
-      return absl::OkStatus();
-    }
-    TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
-    if (overlap && !defer) {
-      if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
-    }
-    if (const cudaError_t err = LaunchOneTokenMoeDown(o, stream); err != cudaSuccess) {
-      // The gate/up blocks will count; no down kernel zeroes the counts: do it after them.
-      if (o.pick_counts != nullptr) (void)cudaMemsetAsync(o.pick_counts, 0, static_cast<size_t>(K + 1) * sizeof(int32_t), stream);
-      return CudaStatus(err, "LaunchOneTokenMoeDown(o, stream)", __FILE__, __LINE__);
     }
     if (overlap && defer) {
       if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
