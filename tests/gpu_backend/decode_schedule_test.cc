@@ -468,13 +468,16 @@ TEST_P(DecodeScheduleTest, LogitRouteKeepsDecodeLogitsClose) {
   cuda::SetOneTokenLogitRoute(was);
 }
 
-// The one-token MoE as one kernel of clusters (cuda::SetOneTokenFused: down split by its input
-// columns, added into a per-layer buffer with atomics) against the two kernels.
+// The one-token MoE as one kernel of clusters (cuda::SetOneTokenFused, the fast default: down split
+// by its input columns, added into a per-layer buffer with atomics) against the two kernels, with
+// the Q8_0 shared expert inside the kernel (small; tiny-q3n's h of 256 is too narrow for that, so
+// there the fused kernel runs only when asked to leave the shared expert beside it) and beside it.
 TEST_P(DecodeScheduleTest, FusedOneTokenMoeKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::OneTokenFused();
   const bool was_beside = cuda::FusedSharedBeside();
-  for (const bool beside : {false, true}) {  // small's Q8_0 shared expert inside the kernel, or beside it
+  for (const bool beside : {false, true}) {
+    if (!beside && GetParam() == "tiny-q3n") continue;
     cuda::SetFusedSharedBeside(beside);
     ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), beside ? "fused one-token MoE, shared expert beside"
                                                             : "fused one-token MoE",

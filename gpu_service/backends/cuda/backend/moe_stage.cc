@@ -66,7 +66,8 @@ std::atomic<bool>& OneTokenPickCountsSwitch() {
 }
 
 std::atomic<bool>& OneTokenFusedSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ONE_TOKEN_FUSED")};
+  // On by default: +2.0% batch-1 decode end to end on the 80B shapes (docs/PERF.md, twentieth session).
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_FUSED")};
   return on;
 }
 

@@ -121,13 +121,15 @@ void SetOneTokenEarlyX(bool on);
 bool OneTokenEarlyX();
 void SetOneTokenPickCounts(bool on);
 bool OneTokenPickCounts();
-// TANDEM_ONE_TOKEN_FUSED=1: fast-mode one-token steps run each layer's routed experts as one kernel
+// Fast-mode one-token steps run each layer's routed experts (and a Q8_0 shared expert) as one kernel
 // of clusters (expert_decode_fused.cuh) that adds into a per-layer buffer of the stage, zeroed by
-// PrepareStep, instead of the two one-token kernels. Off by default until measured.
+// PrepareStep, instead of the two one-token kernels. On by default; TANDEM_ONE_TOKEN_FUSED=0: the
+// two kernels. Its sums are added with atomics, so their last bits may differ between runs.
 void SetOneTokenFused(bool on);
 bool OneTokenFused();
-// TANDEM_FUSED_SHARED_BESIDE=1: the fused kernel leaves a shared expert it could compute inside to
-// the side chain (as the two-kernel path runs it), for A/B.
+// TANDEM_FUSED_SHARED_BESIDE=1: the fused kernel runs even where a shared expert must stay on the
+// side chain, and leaves there one it could compute inside (as the two-kernel path runs it), for
+// A/B.
 void SetFusedSharedBeside(bool on);
 bool FusedSharedBeside();
 

@@ -198,16 +198,20 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                               l.router_and_gate.rows == E + 1;
   // The fused one-token kernel (OneTokenFused, after PrepareStep zeroed this step's buffers): one
   // launch for the routed experts that adds into the layer's own buffer, which the caller then
-  // reads; and the shared expert inside it when the kernel takes its shape and type (Q8_0) and its
-  // gate logit comes from the router product: then no side chain, fork or join at all.
-  const bool fused = m.fused_step && y_written != nullptr && n == 1 && l.gate_exps.type == kTypeQ4_K &&
-                     l.down_exps.type == kTypeQ4_K && GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
-                     OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
-                                       static_cast<int>(c.expert_ffn));
-  const bool shared_inside = fused && has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
-                             l.shared_down.type == kTypeQ8_0 &&
-                             OneTokenFusedTakesShared(static_cast<int>(h), static_cast<int>(c.shared_ffn)) &&
-                             (gate_in_router || !l.shared_gate_inp.present()) && !FusedSharedBeside();
+  // reads, with the shared expert inside it when the kernel takes its shape and type (Q8_0) and its
+  // gate logit comes from the router product: then no side chain, fork or join at all. A shared
+  // expert it cannot take keeps the layer on the two kernels (beside the fused kernel's clusters the
+  // side chain measured slower than either, PERF.md), unless FusedSharedBeside asks for that.
+  const bool fused_shape = m.fused_step && y_written != nullptr && n == 1 && l.gate_exps.type == kTypeQ4_K &&
+                           l.down_exps.type == kTypeQ4_K && GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+                           OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
+                                             static_cast<int>(c.expert_ffn));
+  const bool shared_fits_inside = has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
+                                  l.shared_down.type == kTypeQ8_0 &&
+                                  OneTokenFusedTakesShared(static_cast<int>(h), static_cast<int>(c.shared_ffn)) &&
+                                  (gate_in_router || !l.shared_gate_inp.present());
+  const bool fused = fused_shape && (!has_shared || shared_fits_inside || FusedSharedBeside());
+  const bool shared_inside = fused && shared_fits_inside && !FusedSharedBeside();
   const bool overlap = side != nullptr && has_shared && !shared_inside;
   cudaStream_t ss = overlap ? side : stream;
   const float* shared = nullptr;
