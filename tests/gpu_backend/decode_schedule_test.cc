@@ -487,6 +487,19 @@ TEST_P(DecodeScheduleTest, FusedOneTokenMoeKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
+// The router product inside the fused kernel's grid (cuda::SetFusedRouterInGrid) against the fused
+// kernel after the router's own launch (small: the shared expert and its gate row inside).
+TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
+  const bool was = cuda::OneTokenFused(), was_router = cuda::FusedRouterInGrid();
+  cuda::SetOneTokenFused(true);
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "router in the fused grid",
+                                       [](bool on) { cuda::SetFusedRouterInGrid(on); }, /*deterministic=*/false);
+  cuda::SetFusedRouterInGrid(was_router);
+  cuda::SetOneTokenFused(was);
+}
+
 // The one-token gate/up kernel's x staged before its PDL wait and the down kernel's per-pick
 // completion counts (cuda::SetOneTokenEarlyX, cuda::SetOneTokenPickCounts, both on by default)
 // against neither: the same values in the same order, bit-identical logits.

@@ -247,7 +247,12 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   float* ys;
   BENCH_CHECK(cudaMalloc(&ys, static_cast<size_t>(steps) * kH * sizeof(float)));
   const FusedSharedExpert inside{shared_gate, shared_up, shared_down, static_cast<int>(kI)};
-  for (const int form : {0, 1, 2}) {  // no shared expert, beside on the side stream, inside the kernel
+  int* router_counters;
+  BENCH_CHECK(cudaMalloc(&router_counters, 2 * sizeof(int)));
+  BENCH_CHECK(cudaMemset(router_counters, 0, 2 * sizeof(int)));
+  // No shared expert, beside on the side stream, inside the kernel, inside with the router product
+  // in the grid too (FusedRouter: no launch before the kernel; the shared term ungated).
+  for (const int form : {0, 1, 2, 3}) {
     const bool beside = form == 1;
     with_shared = beside;
     auto fused = [&] {
@@ -260,15 +265,18 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
                                            shared_act, shared_out, side));
         BENCH_CHECK(cudaEventRecord(join_event, side));
       }
-      BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
-                                    x + (step % 4096) * kH, kH, 1, logits, kE, s));
+      if (form != 3) {
+        BENCH_CHECK(LaunchDenseMatVec(DeviceMatrix{kTypeF32, mats[step % routers], kH, kE, kH * 4},
+                                      x + (step % 4096) * kH, kH, 1, logits, kE, s));
+      }
       OneTokenMoeArgs o = OneTokenBenchArgs(logits, table, x + (step % 4096) * kH, act, picks, ints, nullptr, nullptr,
                                             ys + (step % steps) * kH);
       o.int16_activations = true;
       o.logit_route = true;
-      o.x_written_earlier = true;
+      o.x_written_earlier = form != 3;
       if (form == 2) o.shared_gate_logit = gate_logit;
-      BENCH_CHECK(LaunchOneTokenMoeFused(o, form == 2 ? &inside : nullptr, s));
+      const FusedRouter router{mats[step % routers], static_cast<int>(kE), logits, router_counters};
+      BENCH_CHECK(LaunchOneTokenMoeFused(o, form >= 2 ? &inside : nullptr, s, form == 3 ? &router : nullptr));
       if (with_shared) BENCH_CHECK(cudaStreamWaitEvent(s, join_event));
       ++step;
     };
@@ -277,11 +285,13 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
     BENCH_CHECK(cudaDeviceSynchronize());
     step = 0;
     const double us = bench::GraphUs(fused, steps);
-    const char* shared_form[] = {"", ", shared expert beside", ", shared expert inside"};
+    const char* shared_form[] = {"", ", shared expert beside", ", shared expert inside",
+                                 ", shared expert and router product inside"};
     std::printf("one-token probe (one fused kernel, int16, logit routing, x early%s): graph %.2f us/layer\n",
                 shared_form[form], us);
   }
   BENCH_CHECK(cudaFree(ys));
+  BENCH_CHECK(cudaFree(router_counters));
   for (float* m : mats) BENCH_CHECK(cudaFree(m));
   for (void* p : std::initializer_list<void*>{layer.gate, layer.up, layer.down, table, logits, act, shared, gate_logit,
                                               y, picks, ints, stamps, counts, shared_gate, shared_up, shared_down,

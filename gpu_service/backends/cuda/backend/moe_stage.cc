@@ -76,6 +76,12 @@ std::atomic<bool>& FusedSharedBesideSwitch() {
   return on;
 }
 
+std::atomic<bool>& FusedRouterInGridSwitch() {
+  // Off by default: written after the session's last device call, not yet run on a GPU.
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_ROUTER")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -120,6 +126,8 @@ void SetOneTokenFused(bool on) { OneTokenFusedSwitch().store(on, std::memory_ord
 bool OneTokenFused() { return OneTokenFusedSwitch().load(std::memory_order_relaxed); }
 void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::memory_order_relaxed); }
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
+void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
+bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -187,6 +195,9 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> fused_y = DeviceArray<float>(c.n_layers * h);
     if (!fused_y.ok()) return fused_y.status();
     impl->fused_y = *std::move(fused_y);
+    absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
+    if (!counters.ok()) return counters.status();
+    impl->fused_router_counters = *std::move(counters);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -476,6 +487,8 @@ absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream) {
                  m.fused_y.get() != nullptr;
   if (m.fused_step) {
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.fused_y.get(), 0, m.fused_y.bytes(), stream));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(m.fused_router_counters.get(), 0, m.fused_router_counters.bytes(), stream));
   }
   return absl::OkStatus();
 }

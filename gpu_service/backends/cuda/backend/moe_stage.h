@@ -132,6 +132,11 @@ bool OneTokenFused();
 // A/B.
 void SetFusedSharedBeside(bool on);
 bool FusedSharedBeside();
+// TANDEM_FUSED_ROUTER=1: the fused kernel also computes the router product (FusedRouter: router
+// blocks ahead of its clusters, the expert blocks waiting on their count instead of a launch
+// boundary). Off by default: not yet measured.
+void SetFusedRouterInGrid(bool on);
+bool FusedRouterInGrid();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

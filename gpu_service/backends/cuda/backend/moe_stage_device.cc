@@ -212,6 +212,14 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                                   (gate_in_router || !l.shared_gate_inp.present());
   const bool fused = fused_shape && (!has_shared || shared_fits_inside || FusedSharedBeside());
   const bool shared_inside = fused && shared_fits_inside && !FusedSharedBeside();
+  // FusedRouterInGrid: the router product's rows (f32; E, or E + 1 with the shared gate's row) in
+  // the fused kernel's grid instead of a launch before it, when the shared expert is inside or
+  // there is none.
+  const DeviceMatrix& router_rows = gate_in_router ? l.router_and_gate : l.router;
+  const bool router_inside = fused && FusedRouterInGrid() && (!has_shared || shared_inside) &&
+                             !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 &&
+                             router_rows.cols == h && router_rows.row_bytes == h * 4 && h % 128 == 0 &&
+                             (router_rows.rows == E || (gate_in_router && router_rows.rows == E + 1));
   const bool overlap = side != nullptr && has_shared && !shared_inside;
   cudaStream_t ss = overlap ? side : stream;
   const float* shared = nullptr;
@@ -255,6 +263,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   DeviceMoePlanArgs a = m.PlanArgs(n, table);
   if (Ablated(Ablate::kRouter, n)) {
     // decode_ablation.h: timing only.
+  } else if (router_inside) {
+    // In the fused kernel's grid (below).
   } else if (gate_in_router) {
     // The layer loop's one-row product (LaunchDenseMatVec, kAuto) over E + 1 rows, split as the
     // E-row router's own launch is (router_wpr): the routing logits keep their bits whatever split
@@ -314,7 +324,14 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         o.shared = nullptr;
         o.shared_gate_logit = gate_logit;
       }
-      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream));
+      FusedRouter router;
+      if (router_inside) {
+        router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
+                             m.fused_router_counters.as<int32_t>()};
+        o.x_written_earlier = false;  // the stream norm is now the launch just before
+      }
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

@@ -58,6 +58,8 @@ struct MoeStage::Impl {
   // by PrepareStep before a step that uses them; fused_step: this step may use them.
   DeviceBuffer fused_y;
   bool fused_step = false;
+  // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
+  DeviceBuffer fused_router_counters;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

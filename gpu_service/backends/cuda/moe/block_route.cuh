@@ -113,14 +113,17 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
 // bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
 // RouteBefore); 0 marks a taken or NaN entry. Lane 0 writes pick r's expert to ids[r] (E when none
 // is left) and its logit to picked[r] (-inf then). Call from every lane of one warp.
+// through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 template <int kPer>
-__device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked) {
+__device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
+                               bool through_l2 = false) {
   const int lane = threadIdx.x & 31;
   unsigned key[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
-    const float v = i < E ? logits[i] + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
+    const float l = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
+    const float v = i < E ? l + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
     const unsigned u = __float_as_uint(v);
     key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
   }

@@ -17,6 +17,8 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
@@ -109,11 +111,71 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
   return acc;
 }
 
+// A spin wait longer than this is a bug (router blocks that never counted): trap rather than hang.
+constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
+
+// The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·kFusedRouterBlocks,
+// ...; lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
+// prefetched into L2 before the PDL wait (constant weights); x is read after it.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = kFusedRouterBlocks * kFusedWarps;
+  for (int r = first; r < rt.rows; r += step) {
+    if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+  }
+  PdlWaitForPrevious();  // x
+  PdlAllowNext();
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  for (int r = first; r < rt.rows; r += step) {
+    const float4* w4 = reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h);
+    float s = 0.0f;
+    for (int i = lane; i < a.h / 4; i += 32) {
+      const float4 w = __ldg(w4 + i), v = x4[i];
+      s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+    }
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    if (lane == 0) rt.logits[r] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // release: the logits before the count
+    atomicAdd(rt.counters, 1);
+  }
+}
+
+// An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
+// visible after the acquire that sees the count complete. ConsumeRouter (one thread, after the
+// block's wait and its reads of the logits): the last of the `expert_blocks` zeroes both counters
+// for the next launch.
+__device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
+  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < kFusedRouterBlocks) {
+    const unsigned long long start = GlobalTimerNs();
+    while (LoadAcquire(rt.counters) < kFusedRouterBlocks) {
+      __nanosleep(32);
+      if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
+    }
+  }
+  __syncwarp();
+}
+__device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {
+  if (atomicAdd(rt.counters + 1, 1) == expert_blocks - 1) {
+    rt.counters[0] = 0;
+    rt.counters[1] = 0;
+  }
+}
+
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
 // kThreads threads. Block b < K · inner / 128 · 8: pick k = b / (inner / 128 · 8), slice s = (b / 8)
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
+// With FusedRouter (rt.w set) the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
+// and blockIdx.x counts from after them below.
 template <int kPer>
-__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh) {
+__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
+  if (rt.w != nullptr && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
+    RouterBlock(a, rt);
+    return;
+  }
+  const int block = static_cast<int>(blockIdx.x) - (rt.w != nullptr ? kFusedRouterBlocks : 0);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
@@ -123,9 +185,9 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   const int down_row_bytes = (a.inner >> 8) * kSbBytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int per_pick = a.inner / kFusedSliceCols * kFusedCluster;
-  const bool shared_block = static_cast<int>(blockIdx.x) >= a.K * per_pick;
-  const int local = shared_block ? blockIdx.x - a.K * per_pick : blockIdx.x % per_pick;
-  const int k = shared_block ? a.K : blockIdx.x / per_pick;
+  const bool shared_block = block >= a.K * per_pick;
+  const int local = shared_block ? block - a.K * per_pick : block % per_pick;
+  const int k = shared_block ? a.K : block / per_pick;
   const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
   uint8_t* wgu = smem + L.weights;
@@ -152,16 +214,27 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  PdlWaitForPrevious();  // the router logits and the shared gate logit (and x, unless written earlier)
+  // The router logits and the shared gate logit (or, with the router in the grid, x's writer; the
+  // logits then come from the router blocks), and x unless written earlier.
+  PdlWaitForPrevious();
   PdlAllowNext();
+  const bool router_in_grid = rt.w != nullptr;
+  const int expert_blocks = static_cast<int>(gridDim.x) - kFusedRouterBlocks;
+  auto shared_gate = [&] {
+    if (a.shared_gate_logit == nullptr) return 1.0f;
+    // Written by this grid's router blocks, or by the launch before: through L2 either way.
+    return 1.0f / (1.0f + expf(-__ldcg(a.shared_gate_logit)));
+  };
   if (shared_block) {
-    if (warp == 0 && lane == 0) {
-      s_w[0] = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
-    }
+    // With the router in the grid the gate logit is read before the down products (below).
+    if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
+    if (router_in_grid) WaitRouterBlocks(rt);
     // Every block needs its pick's weight, hence all K picks.
-    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w);
+    // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
+    // layer's logits, which sat at the same addresses).
+    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
@@ -175,6 +248,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
+  if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
@@ -303,8 +377,13 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // with its own (the wait below, before the end).
   ClusterArrive();
   if (ok) {
+    if (router_in_grid && shared_block && warp == 0) {
+      WaitRouterBlocks(rt);
+      if (lane == 0) s_w[0] = shared_gate();
+    }
     CpAsyncWait<0>();  // the down rows
-    __syncthreads();   // every thread's down copies and warp 0's act words
+    __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
+    if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {
@@ -378,13 +457,15 @@ bool FusedShapeOk(int h, int inner) {
 constexpr int kMaxSmem = 227 * 1024;
 
 template <int kPer>
-cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, cudaStream_t stream) {
+cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
+                        cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer>, smem, raised); err != cudaSuccess) {
     return err;
   }
-  const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols);
+  const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
+                     (rt.w != nullptr ? kFusedRouterBlocks : 0);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -399,7 +480,7 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer>, a, sh);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer>, a, sh, rt);
 }
 
 }  // namespace
@@ -415,7 +496,18 @@ bool OneTokenFusedTakesShared(int h, int shared_inner) {
 }
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const FusedRouter* router) {
+  FusedRouter rt;
+  if (router != nullptr) {
+    rt = *router;
+    // The router rows are E, or E + 1 with the shared gate's row last (then shared_gate_logit must
+    // be that row); x is the launch just before's output.
+    const bool gate_ok = rt.rows == a.E || (rt.rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
+    if (rt.w == nullptr || rt.counters == nullptr || rt.logits != a.logits || !gate_ok || a.x_written_earlier ||
+        a.h % 128 != 0) {
+      return cudaErrorInvalidValue;
+    }
+  }
   FusedSharedExpert sh;
   if (shared_expert != nullptr) {
     sh = *shared_expert;
@@ -429,10 +521,10 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
       a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (a.E <= 128) return LaunchFused<4>(a, sh, stream);
-  if (a.E <= 256) return LaunchFused<8>(a, sh, stream);
-  if (a.E <= 512) return LaunchFused<16>(a, sh, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32>(a, sh, stream);
+  if (a.E <= 128) return LaunchFused<4>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32>(a, sh, rt, stream);
 }
 
 }  // namespace tandem::cuda

@@ -51,6 +51,21 @@ struct FusedSharedExpert {
   int inner = 0;
 };
 
+// The router product inside the fused kernel's grid instead of a launch before it: the first
+// kFusedRouterBlocks blocks compute logits[r] = w_r · x for the `rows` f32 rows of w (E router rows,
+// then the shared gate's row when rows = E + 1) into OneTokenMoeArgs::logits and count themselves
+// done in counters[0]; the expert blocks wait (after their PDL wait, which is now on x's writer)
+// until that count is complete, and the last of them to route zeroes both counters (counters[1]
+// counts the routed ones). counters: two ints, zero before the launch (MoeStage::PrepareStep zeroes
+// them before every step, so a step cut short cannot leave them set).
+inline constexpr int kFusedRouterBlocks = 64;
+struct FusedRouter {
+  const float* w = nullptr;  // rows × h f32, row-major
+  int rows = 0;
+  float* logits = nullptr;   // rows floats: must be OneTokenMoeArgs::logits
+  int* counters = nullptr;
+};
+
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
@@ -69,8 +84,10 @@ bool OneTokenFusedTakesShared(int h, int shared_inner);
 // shape OneTokenFusedFits (or, with a shared expert, OneTokenFusedTakesShared) refuses, a null
 // required pointer, both args.shared and a shared expert, or without int16_activations and
 // logit_route.
+// `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
+// written here, and args.x_written_earlier must be false (x's writer is the launch just before).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const FusedRouter* router = nullptr);
 
 }  // namespace tandem::cuda
 
