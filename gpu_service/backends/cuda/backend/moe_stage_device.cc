@@ -202,7 +202,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // gate logit comes from the router product: then no side chain, fork or join at all. A shared
   // expert it cannot take keeps the layer on the two kernels (beside the fused kernel's clusters the
   // side chain measured slower than either, PERF.md), unless FusedSharedBeside asks for that.
-  const bool fused_shape = m.fused_step && y_written != nullptr && n == 1 && l.gate_exps.type == kTypeQ4_K &&
+  const bool fused_shape = m.fused_step && y_written != nullptr && n == 1 &&
+                           static_cast<size_t>(layer + 1) * static_cast<size_t>(h) * sizeof(float) <= m.fused_y.bytes() &&
+                           l.gate_exps.type == kTypeQ4_K &&
                            l.down_exps.type == kTypeQ4_K && GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
                            OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
                                              static_cast<int>(c.expert_ffn));
