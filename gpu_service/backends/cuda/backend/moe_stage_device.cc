@@ -202,10 +202,15 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   // gate logit comes from the router product: then no side chain, fork or join at all. A shared
   // expert it cannot take keeps the layer on the two kernels (beside the fused kernel's clusters the
   // side chain measured slower than either, PERF.md), unless FusedSharedBeside asks for that.
-  const bool fused_shape = m.fused_step && y_written != nullptr && n == 1 &&
+  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh) or
+  // the fused one, with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and
+  // shapes take the planned path below).
+  const bool one_token = n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+                         GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+                         OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
+                                         static_cast<int>(c.expert_ffn));
+  const bool fused_shape = one_token && m.fused_step && y_written != nullptr &&
                            static_cast<size_t>(layer + 1) * static_cast<size_t>(h) * sizeof(float) <= m.fused_y.bytes() &&
-                           l.gate_exps.type == kTypeQ4_K &&
-                           l.down_exps.type == kTypeQ4_K && GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
                            OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
                                              static_cast<int>(c.expert_ffn));
   const bool shared_fits_inside = has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
@@ -228,7 +233,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const float* gate_logit = nullptr;
   const bool gate_on_side = overlap && n <= kMaxUnitRows;
   float* logits = m.logits.as<float>();
-  if (shared_inside && gate_in_router) gate_logit = logits + E;  // written by the router product below
+  if (gate_in_router) gate_logit = logits + E;  // written by the router product below
   if (has_shared && !shared_inside) {
     if (overlap) {
       if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
@@ -250,9 +255,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       return s;
     }
     shared = m.shared.as<float>();
-    if (gate_in_router) {
-      gate_logit = logits + E;  // written by the router product below
-    } else if (l.shared_gate_inp.present()) {
+    if (!gate_in_router && l.shared_gate_inp.present()) {
       if (absl::Status s = product(l.shared_gate_inp, x, n, m.gate_logit.as<float>(), gate_on_side ? ss : stream);
           !s.ok()) {
         return s;
@@ -277,12 +280,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   } else if (absl::Status s = product(l.router, x, n, logits, stream); !s.ok()) {
     return s;
   }
-  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh),
-  // with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and shapes take
-  // the planned path below).
-  if (n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
-      GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
-      OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h), static_cast<int>(c.expert_ffn))) {
+  if (one_token) {
     absl::StatusOr<std::pair<int32_t*, float*>> out = m.router->DeviceOutputs(1);
     if (!out.ok()) return out.status();
     OneTokenMoeArgs o;
@@ -312,7 +310,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.x_written_earlier = OneTokenEarlyX();
     o.pick_counts = OneTokenPickCounts() ? m.pick_counts.as<int32_t>() : nullptr;
     timer.Mark(Stage::kExperts, stream);
-    if (fused && o.int16_activations && o.logit_route) {
+    if (fused) {  // PrepareStep took int16 products and logit routing for this step
       o.y = m.fused_y.as<float>() + layer * h;
       o.pick_counts = nullptr;
       // Without `defer` the kernel reads the side chain's shared term: join first.
