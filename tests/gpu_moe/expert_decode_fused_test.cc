@@ -37,16 +37,44 @@ OneTokenMoeArgs FusedArgs(OneTokenStep& step, const OneTokenExperts& ex, int K, 
   return a;
 }
 
+// A Q8_0 shared expert {h, inner} / {inner, h} on the device and its CPU output for one x.
+struct SharedQ8 {
+  SharedQ8(std::mt19937& rng, int64_t h, int64_t inner_) : inner(inner_) {
+    gate = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    up = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    down = testing::RandomMatrix(rng, WeightType::kQ8_0, inner, h, 0.05f);
+    dgate = testing::Upload(gate);
+    dup = testing::Upload(up);
+    ddown = testing::Upload(down);
+    where = FusedSharedExpert{dgate.get(), dup.get(), ddown.get(), static_cast<int>(inner)};
+  }
+  std::vector<float> Reference(int64_t h, const std::vector<float>& x) const {
+    std::vector<float> out(static_cast<size_t>(h));
+    FfnForward(testing::HostMatrix(WeightType::kQ8_0, gate, h, inner), testing::HostMatrix(WeightType::kQ8_0, up, h, inner),
+               testing::HostMatrix(WeightType::kQ8_0, down, inner, h), x.data(), 1, out.data(), nullptr);
+    return out;
+  }
+  int64_t inner;
+  std::vector<uint8_t> gate, up, down;
+  DeviceBuffer dgate, dup, ddown;
+  FusedSharedExpert where;
+};
+
+// One fused launch on random inputs against the reference: picks, weights, no error, y within kTol.
+// inside (may be nullptr): the shared expert computed in the kernel (its output is then the
+// reference's shared term), else a random shared term given to the kernel.
 void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
-                const std::string& what) {
+                const std::string& what, const SharedQ8* inside = nullptr) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
   const std::vector<float> x = testing::RandomVector(rng, ex.h);
-  const std::vector<float> shared = testing::RandomVector(rng, ex.h, 0.1f);
+  const std::vector<float> shared =
+      inside != nullptr ? inside->Reference(ex.h, x) : testing::RandomVector(rng, ex.h, 0.1f);
   const float gate_logit = testing::RandomVector(rng, 1)[0];
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
-  const OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
+  OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
+  if (inside != nullptr) a.shared = nullptr;  // computed in the kernel
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
-  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
+  TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, inside != nullptr ? &inside->where : nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
   const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
@@ -81,29 +109,6 @@ TEST(OneTokenFusedTest, MatchesReference) {
   }
 }
 
-// A Q8_0 shared expert {h, inner} / {inner, h} on the device and its CPU output for one x.
-struct SharedQ8 {
-  SharedQ8(std::mt19937& rng, int64_t h, int64_t inner_) : inner(inner_) {
-    gate = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
-    up = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
-    down = testing::RandomMatrix(rng, WeightType::kQ8_0, inner, h, 0.05f);
-    dgate = testing::Upload(gate);
-    dup = testing::Upload(up);
-    ddown = testing::Upload(down);
-    where = FusedSharedExpert{dgate.get(), dup.get(), ddown.get(), static_cast<int>(inner)};
-  }
-  std::vector<float> Reference(int64_t h, const std::vector<float>& x) const {
-    std::vector<float> out(static_cast<size_t>(h));
-    FfnForward(testing::HostMatrix(WeightType::kQ8_0, gate, h, inner), testing::HostMatrix(WeightType::kQ8_0, up, h, inner),
-               testing::HostMatrix(WeightType::kQ8_0, down, inner, h), x.data(), 1, out.data(), nullptr);
-    return out;
-  }
-  int64_t inner;
-  std::vector<uint8_t> gate, up, down;
-  DeviceBuffer dgate, dup, ddown;
-  FusedSharedExpert where;
-};
-
 // The shared expert computed inside the kernel (FusedSharedExpert: its own clusters of 64-column
 // slices) gives the reference's y with σ(gate)·FFN_sh(x) (or ungated), at the 80B shape and
 // smaller h and shared widths.
@@ -120,26 +125,10 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
     const SharedQ8 sq(rng, c.h, c.shared_inner);
     for (const Shared sh : {Shared::kUngated, Shared::kGated}) {
-      const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared inner=",
-                                            c.shared_inner, sh == Shared::kGated ? " gated" : " ungated");
-      const std::vector<float> logits = Logits(rng, ex.E, false);
-      const std::vector<float> x = testing::RandomVector(rng, ex.h);
-      const std::vector<float> shared = sq.Reference(c.h, x);
-      const float gate_logit = testing::RandomVector(rng, 1)[0];
-      OneTokenStep step(ex, c.K, logits, x, shared, gate_logit);
-      OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, true);
-      a.shared = nullptr;  // computed in the kernel
-      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr));
-      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-      const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(ex.h));
-      std::vector<int32_t> picks;
-      std::vector<float> weights;
-      const std::vector<float> want = ReferenceY(ex, c.K, logits, x, shared, gate_logit, sh, &picks, &weights);
-      EXPECT_EQ(Download<int32_t>(step.picks.get(), static_cast<size_t>(c.K)), picks) << what;
-      ASSERT_TRUE(testing::AllFinite(got)) << what;
-      const double err = testing::RelativeL2(got, want);
-      EXPECT_LE(err, kTol) << what;
-      std::printf("fused one-token MoE, shared expert inside, %s: y relative L2 %.3e\n", what.c_str(), err);
+      CheckFused(rng, ex, c.K, false, sh, true,
+                 absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared inner=", c.shared_inner,
+                              sh == Shared::kGated ? " gated" : " ungated", ", shared expert inside"),
+                 &sq);
     }
   }
 }
