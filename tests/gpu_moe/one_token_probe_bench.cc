@@ -244,6 +244,14 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   // The one-kernel form (expert_decode_fused.cuh): the router product and one launch a layer, each
   // layer adding into its own y, all zeroed once before the 48 layers (as the decode stage does at
   // a step's start). No stamps: the graph's time a layer only.
+  // Clusters of 8 are placed within one GPC, so how many run at once depends on the chip's GPCs as
+  // well as on its SM count: printed so that runs on different machines can be told apart.
+  int sms = 0, clusters = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_CHECK(OneTokenFusedMaxActiveClusters(static_cast<int>(kH), static_cast<int>(kE), &clusters));
+  std::printf("one-token probe: %d SMs; the fused kernel's clusters of 8 that fit at once: %d (grid: %d without "
+              "the shared expert, %d with it)\n",
+              sms, clusters, static_cast<int>(kK * kI / 128), static_cast<int>(kK * kI / 128 + kI / 64));
   float* ys;
   BENCH_CHECK(cudaMalloc(&ys, static_cast<size_t>(steps) * kH * sizeof(float)));
   const FusedSharedExpert inside{shared_gate, shared_up, shared_down, static_cast<int>(kI)};

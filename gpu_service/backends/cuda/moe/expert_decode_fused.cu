@@ -167,15 +167,16 @@ __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
 // kThreads threads. Block b < K · inner / 128 · 8: pick k = b / (inner / 128 · 8), slice s = (b / 8)
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
-// With FusedRouter (rt.w set) the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
-// and blockIdx.x counts from after them below.
-template <int kPer>
+// kRouter (FusedRouter given): the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
+// and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
+// that the default form's code is the one measured before the router form existed.
+template <int kPer, bool kRouter>
 __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
-  if (rt.w != nullptr && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
+  if (kRouter && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
     RouterBlock(a, rt);
     return;
   }
-  const int block = static_cast<int>(blockIdx.x) - (rt.w != nullptr ? kFusedRouterBlocks : 0);
+  const int block = static_cast<int>(blockIdx.x) - (kRouter ? kFusedRouterBlocks : 0);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
@@ -218,12 +219,13 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
   PdlAllowNext();
-  const bool router_in_grid = rt.w != nullptr;
+  constexpr bool router_in_grid = kRouter;
   const int expert_blocks = static_cast<int>(gridDim.x) - kFusedRouterBlocks;
   auto shared_gate = [&] {
     if (a.shared_gate_logit == nullptr) return 1.0f;
-    // Written by this grid's router blocks, or by the launch before: through L2 either way.
-    return 1.0f / (1.0f + expf(-__ldcg(a.shared_gate_logit)));
+    // Written by this grid's router blocks (through L2: this SM's L1 may hold the last layer's
+    // value at the same address), or by the launch before.
+    return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
@@ -456,16 +458,16 @@ bool FusedShapeOk(int h, int inner) {
 
 constexpr int kMaxSmem = 227 * 1024;
 
-template <int kPer>
+template <int kPer, bool kRouter>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
                         cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
-                     (rt.w != nullptr ? kFusedRouterBlocks : 0);
+                     (kRouter ? kFusedRouterBlocks : 0);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -480,7 +482,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer>, a, sh, rt);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter>, a, sh, rt);
+}
+
+// The logit reads' per-lane count by E (WarpPickLogits' kPer).
+template <bool kRouter>
+cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
+                             cudaStream_t stream) {
+  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
 }
 
 }  // namespace
@@ -493,6 +505,29 @@ bool OneTokenFusedFits(int E, int K, int h, int inner) {
 bool OneTokenFusedTakesShared(int h, int shared_inner) {
   return FusedShapeOk(h, 256) && h % 512 == 0 && shared_inner >= kFusedSharedSliceCols &&
          shared_inner % kFusedSharedSliceCols == 0;
+}
+
+cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
+  if (E < 1 || E > kOneTokenMaxExperts || !FusedShapeOk(h, 256) || clusters == nullptr) return cudaErrorInvalidValue;
+  // The form LaunchForExperts<false> picks for E (the occupancy is the same for every kPer: the
+  // same registers and shared memory).
+  static std::atomic<size_t> raised{48 * 1024};
+  const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false>, smem, raised); err != cudaSuccess) {
+    return err;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kFusedCluster * 64);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = kFusedCluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false>, &config);
 }
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
@@ -521,10 +556,8 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
       a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (a.E <= 128) return LaunchFused<4>(a, sh, rt, stream);
-  if (a.E <= 256) return LaunchFused<8>(a, sh, rt, stream);
-  if (a.E <= 512) return LaunchFused<16>(a, sh, rt, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32>(a, sh, rt, stream);
+  if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
+  return LaunchForExperts<false>(a, sh, rt, stream);
 }
 
 }  // namespace tandem::cuda

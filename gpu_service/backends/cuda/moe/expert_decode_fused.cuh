@@ -86,6 +86,11 @@ bool OneTokenFusedTakesShared(int h, int shared_inner);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
+// How many of the fused kernel's clusters (kFusedCluster blocks each, at h and E's shared memory)
+// this device holds at once: cudaOccupancyMaxActiveClusters, for benches and diagnosis (placement
+// depends on the chip's GPCs, not only on its SM count).
+cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
+
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
 
