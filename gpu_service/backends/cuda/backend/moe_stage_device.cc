@@ -175,58 +175,83 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
   return absl::OkStatus();
 }
 
-absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
-                                        const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
-                                        StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred, const float** y_written) {
-  Impl& m = *impl_;
-  const ModelConfig& c = m.config;
-  const GpuLayer& l = m.model->layers[layer];
+MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t n, bool fused_output) const {
+  const ModelConfig& c = config;
+  const GpuLayer& l = model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  DecodeForm f;
   // The shared expert needs only x: on the side stream (when given) it runs beside the routing and
   // the routed experts instead of after them. Its gate logit too, when that is a matrix-vector
   // product (a GEMM would share the cuBLAS handle with the main stream's router product).
-  const bool has_shared = l.shared_gate.present() && !Ablated(Ablate::kShared, n);  // decode_ablation.h
+  f.has_shared = l.shared_gate.present() && !Ablated(Ablate::kShared, n);  // decode_ablation.h
   // Unless TANDEM_OLD_SHARED_CHAIN: the side chain is the shared expert's two kernels alone. Its
   // units come from the table built at creation (no unit kernel), and at one token its gate logit
   // is the last row of one (E + 1)-row router product on the main stream (router_and_gate): one
   // launch instead of two, and one fewer on the side chain that the down kernel waits for. (More
   // tokens keep the E-row router: their logits are n rows of E, which the routing kernels read.)
-  const bool old_chain = OldSharedChain();
-  const bool gate_in_router = !old_chain && !OldSharedGate() && n == 1 && has_shared &&
-                              l.shared_gate_inp.present() && l.router_and_gate.present() &&
-                              l.router_and_gate.rows == E + 1;
+  f.gate_in_router = !OldSharedChain() && !OldSharedGate() && n == 1 && f.has_shared &&
+                     l.shared_gate_inp.present() && l.router_and_gate.present() && l.router_and_gate.rows == E + 1;
+  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh) or
+  // the fused one, with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and
+  // shapes take the planned path).
+  f.one_token = n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
+                GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
+                OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
+                                static_cast<int>(c.expert_ffn));
   // The fused one-token kernel (OneTokenFused, after PrepareStep zeroed this step's buffers): one
   // launch for the routed experts that adds into the layer's own buffer, which the caller then
   // reads, with the shared expert inside it when the kernel takes its shape and type (Q8_0) and its
   // gate logit comes from the router product: then no side chain, fork or join at all. A shared
   // expert it cannot take keeps the layer on the two kernels (beside the fused kernel's clusters the
   // side chain measured slower than either, PERF.md), unless FusedSharedBeside asks for that.
-  // One token: routing, gate/up, down and the weighted sum in two kernels (expert_decode_one.cuh) or
-  // the fused one, with no plan kernel and no scatter-sum; Q4_K routed experts only (other types and
-  // shapes take the planned path below).
-  const bool one_token = n == 1 && l.gate_exps.type == kTypeQ4_K && l.down_exps.type == kTypeQ4_K &&
-                         GetExpertKernelChoice() == ExpertKernelChoice::kDecode &&
-                         OneTokenMoeFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
-                                         static_cast<int>(c.expert_ffn));
-  const bool fused_shape = one_token && m.fused_step && y_written != nullptr &&
-                           static_cast<size_t>(layer + 1) * static_cast<size_t>(h) * sizeof(float) <= m.fused_y.bytes() &&
+  const bool fused_shape = f.one_token && fused_step && fused_output &&
+                           static_cast<size_t>(layer + 1) * static_cast<size_t>(h) * sizeof(float) <= fused_y.bytes() &&
                            OneTokenFusedFits(static_cast<int>(E), static_cast<int>(K), static_cast<int>(h),
                                              static_cast<int>(c.expert_ffn));
-  const bool shared_fits_inside = has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
+  const bool shared_fits_inside = f.has_shared && l.shared_gate.type == kTypeQ8_0 && l.shared_up.type == kTypeQ8_0 &&
                                   l.shared_down.type == kTypeQ8_0 &&
                                   OneTokenFusedTakesShared(static_cast<int>(h), static_cast<int>(c.shared_ffn)) &&
-                                  (gate_in_router || !l.shared_gate_inp.present());
-  const bool fused = fused_shape && (!has_shared || shared_fits_inside || FusedSharedBeside());
-  const bool shared_inside = fused && shared_fits_inside && !FusedSharedBeside();
-  // FusedRouterInGrid: the router product's rows (f32; E, or E + 1 with the shared gate's row) in
-  // the fused kernel's grid instead of a launch before it, when the shared expert is inside or
-  // there is none.
+                                  (f.gate_in_router || !l.shared_gate_inp.present());
+  f.fused = fused_shape && (!f.has_shared || shared_fits_inside || FusedSharedBeside());
+  f.shared_inside = f.fused && shared_fits_inside && !FusedSharedBeside();
+  // FusedRouterInGrid (or FusedNormInGrid): the router product's rows (f32; E, or E + 1 with the
+  // shared gate's row) in the fused kernel's grid instead of a launch before it, when the shared
+  // expert is inside or there is none.
+  const DeviceMatrix& router_rows = f.gate_in_router ? l.router_and_gate : l.router;
+  f.router_inside = f.fused && (FusedRouterInGrid() || FusedNormInGrid()) && (!f.has_shared || f.shared_inside) &&
+                    !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 && router_rows.cols == h &&
+                    router_rows.row_bytes == h * 4 && h % 128 == 0 &&
+                    (router_rows.rows == E || (f.gate_in_router && router_rows.rows == E + 1));
+  // FusedNormInGrid: the norm before the MoE in that grid too (the caller's FusedNorm).
+  f.norm_inside = f.router_inside && FusedNormInGrid();
+  return f;
+}
+
+bool MoeStage::FoldsNorm(int64_t layer, int64_t n, ExpertSource& source) const {
+  const Impl& m = *impl_;
+  if (layer < 0 || layer >= static_cast<int64_t>(m.model->layers.size()) || n < 1 || n > m.plan_tokens ||
+      source.DeviceTable(layer) == nullptr) {
+    return false;
+  }
+  return m.PlanDecodeForm(layer, n, /*fused_output=*/true).norm_inside;
+}
+
+absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
+                                        const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
+                                        StageTimer& timer, DenseProductFn product, bool copy_picks,
+                                        PendingShared* deferred, const float** y_written, const FusedNorm* norm) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const GpuLayer& l = m.model->layers[layer];
+  const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
+  const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, y_written != nullptr);
+  if (norm != nullptr && !form.norm_inside) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoE stage: layer ", layer, " was handed its norm to fold, but its form cannot take it"));
+  }
+  const bool has_shared = form.has_shared, gate_in_router = form.gate_in_router, one_token = form.one_token;
+  const bool fused = form.fused, shared_inside = form.shared_inside, router_inside = form.router_inside;
   const DeviceMatrix& router_rows = gate_in_router ? l.router_and_gate : l.router;
-  const bool router_inside = fused && FusedRouterInGrid() && (!has_shared || shared_inside) &&
-                             !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 &&
-                             router_rows.cols == h && router_rows.row_bytes == h * 4 && h % 128 == 0 &&
-                             (router_rows.rows == E || (gate_in_router && router_rows.rows == E + 1));
   const bool overlap = side != nullptr && has_shared && !shared_inside;
   cudaStream_t ss = overlap ? side : stream;
   const float* shared = nullptr;
@@ -239,7 +264,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (absl::Status s = m.fork->Fork(stream, side); !s.ok()) return s;
     }
     timer.Mark(Stage::kShared, stream);
-    const ExpertUnit* units = old_chain ? nullptr : m.SharedUnits(layer, n);
+    const ExpertUnit* units = OldSharedChain() ? nullptr : m.SharedUnits(layer, n);
     if (units == nullptr) {
       const ExpertLocation where{l.shared_gate.data, l.shared_up.data, l.shared_down.data};
       ExpertUnit* written = m.plan_shared_units.as<ExpertUnit>();
@@ -330,8 +355,10 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      TANDEM_CUDA_RETURN_IF_ERROR(
-          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
+      if (norm != nullptr) o.x = nullptr;  // formed in the grid from the caller's FusedNorm
+      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
+                                                         router_inside ? &router : nullptr, norm));
+      if (norm != nullptr) moe_stage_internal::FoldedNormRunCount().fetch_add(1, std::memory_order_relaxed);
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

@@ -5,6 +5,7 @@
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_IMPL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -38,6 +39,9 @@ inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, p
 // unit table; one-token steps compute the gate logit as its own one-row product on the side stream
 // again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.
 bool OldSharedGate();
+
+// FoldedNormRuns' counter (moe_stage.cc).
+std::atomic<int64_t>& FoldedNormRunCount();
 
 }  // namespace moe_stage_internal
 
@@ -153,6 +157,20 @@ struct MoeStage::Impl {
     TANDEM_CUDA_RETURN_IF_ERROR(LaunchRoutePlanGrid(rp, stream));
     return absl::OkStatus();
   }
+
+  // How RunDevicePlanned runs a layer's n-token step: which one-token form, where the shared expert
+  // and the router product go. fused_output: the caller takes the fused kernel's own output buffer
+  // (Run's y_written given).
+  struct DecodeForm {
+    bool has_shared = false;      // the layer's shared expert runs (not ablated)
+    bool gate_in_router = false;  // its gate logit is the router product's row E
+    bool one_token = false;       // the one-token kernels (two, or the fused one)
+    bool fused = false;           // the fused one-token kernel
+    bool shared_inside = false;   // the shared expert inside it
+    bool router_inside = false;   // the router product inside it (FusedRouter)
+    bool norm_inside = false;     // it can form x itself (FusedNorm), when the caller hands the norm over
+  };
+  DecodeForm PlanDecodeForm(int64_t layer, int64_t n, bool fused_output) const;
 
   // Fills shared_unit_table, shared_units_at and router_wpr (Create, once plan_tokens is set).
   absl::Status BuildDecodeTables();

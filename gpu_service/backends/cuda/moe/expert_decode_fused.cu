@@ -20,6 +20,7 @@
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
+#include "gpu_service/backends/cuda/moe/fused_norm.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -116,16 +117,33 @@ constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
 
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·kFusedRouterBlocks,
 // ...; lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
-// prefetched into L2 before the PDL wait (constant weights); x is read after it.
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
+// prefetched into L2 before the PDL wait (constant weights); x is read after it. kNorm (FusedNorm):
+// x is formed here (H and γ read before the wait, y after it) and staged in shared memory.
+template <bool kNorm>
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, const FusedNorm& nm, float* norm_scratch) {
+  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = kFusedRouterBlocks * kFusedWarps;
   for (int r = first; r < rt.rows; r += step) {
     if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
   }
-  PdlWaitForPrevious();  // x
+  const int nsb = a.h >> 8;
+  NormRow x, gamma;
+  if constexpr (kNorm) {
+    x = LoadNormRow(nm.h_row, nsb, warp, lane);
+    gamma = LoadNormRow(nm.gamma, nsb, warp, lane);
+  }
+  PdlWaitForPrevious();  // x (kNorm: y)
   PdlAllowNext();
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  if constexpr (kNorm) {
+    const NormRow y = LoadNormRow(nm.y, nsb, warp, lane);
+    NormalizeRow(x, y, gamma, a.h, nm.eps, norm_scratch, warp, lane);
+    float* xs = reinterpret_cast<float*>(smem);
+    StoreNormRow(x, nsb, xs, warp, lane);
+    __syncthreads();
+    x4 = reinterpret_cast<const float4*>(xs);
+  }
   for (int r = first; r < rt.rows; r += step) {
     const float4* w4 = reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h);
     float s = 0.0f;
@@ -169,11 +187,16 @@ __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
 // kRouter (FusedRouter given): the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
-// that the default form's code is the one measured before the router form existed.
-template <int kPer, bool kRouter>
-__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
+// that the default form's code is the one measured before the router form existed. kNorm (FusedNorm
+// given; kRouter too): every block forms x itself (fused_norm.cuh) instead of reading a.x.
+template <int kPer, bool kRouter, bool kNorm>
+__global__ void __launch_bounds__(kThreads)
+    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, FusedNorm nm) {
+  static_assert(!kNorm || kRouter, "the folded norm comes with the router blocks");
+  static_assert(kNormWarps == kFusedWarps, "fused_norm.cuh's row layout is the block's");
+  __shared__ float s_norm[kNormWarps];
   if (kRouter && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
-    RouterBlock(a, rt);
+    RouterBlock<kNorm>(a, rt, nm, s_norm);
     return;
   }
   const int block = static_cast<int>(blockIdx.x) - (kRouter ? kFusedRouterBlocks : 0);
@@ -227,10 +250,19 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     // value at the same address), or by the launch before.
     return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
+  if constexpr (kNorm) {
+    // x = γ ⊙ ρ(H + y), every warp (one block barrier), quantized from registers. Off the layer's
+    // critical path in the expert blocks: they wait for the router blocks next, which form the
+    // same x first.
+    NormRow x = LoadNormRow(nm.h_row, nsb, warp, lane);
+    const NormRow y = LoadNormRow(nm.y, nsb, warp, lane), gamma = LoadNormRow(nm.gamma, nsb, warp, lane);
+    NormalizeRow(x, y, gamma, a.h, nm.eps, s_norm, warp, lane);
+    QuantizeNormRow(x, nsb, xq, xsc, sxs, warp, lane);
+  }
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
-    if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
+    if (!kNorm && !a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
     if (router_in_grid) WaitRouterBlocks(rt);
     // Every block needs its pick's weight, hence all K picks.
@@ -246,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       a.weights_out[lane] = w;
       if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
     }
-  } else if (!a.x_written_earlier) {
+  } else if (!kNorm && !a.x_written_earlier) {
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
@@ -458,12 +490,12 @@ bool FusedShapeOk(int h, int inner) {
 
 constexpr int kMaxSmem = 227 * 1024;
 
-template <int kPer, bool kRouter>
+template <int kPer, bool kRouter, bool kNorm>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                        cudaStream_t stream) {
+                        const FusedNorm& nm, cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kNorm>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
@@ -482,17 +514,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter>, a, sh, rt);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kNorm>, a, sh, rt, nm);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
-template <bool kRouter>
+template <bool kRouter, bool kNorm>
 cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                             cudaStream_t stream) {
-  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
-  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
-  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
+                             const FusedNorm& nm, cudaStream_t stream) {
+  if (a.E <= 128) return LaunchFused<4, kRouter, kNorm>(a, sh, rt, nm, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter, kNorm>(a, sh, rt, nm, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter, kNorm>(a, sh, rt, nm, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter, kNorm>(a, sh, rt, nm, stream);
 }
 
 }  // namespace
@@ -513,7 +545,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // same registers and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -527,11 +559,11 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false>, &config);
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false>, &config);
 }
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router) {
+                                   cudaStream_t stream, const FusedRouter* router, const FusedNorm* norm) {
   FusedRouter rt;
   if (router != nullptr) {
     rt = *router;
@@ -551,13 +583,21 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
       return cudaErrorInvalidValue;
     }
   }
+  FusedNorm nm;
+  if (norm != nullptr) {
+    nm = *norm;
+    if (router == nullptr || nm.h_row == nullptr || nm.y == nullptr || nm.gamma == nullptr || !(nm.eps >= 0.0f)) {
+      return cudaErrorInvalidValue;
+    }
+  }
   if (!OneTokenFusedFits(a.E, a.K, a.h, a.inner) || !a.int16_activations || !a.logit_route || a.logits == nullptr ||
-      a.table == nullptr || a.x == nullptr || a.experts_out == nullptr || a.weights_out == nullptr ||
-      a.error == nullptr || a.y == nullptr) {
+      a.table == nullptr || (a.x == nullptr && norm == nullptr) || a.experts_out == nullptr ||
+      a.weights_out == nullptr || a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
-  return LaunchForExperts<false>(a, sh, rt, stream);
+  if (norm != nullptr) return LaunchForExperts<true, true>(a, sh, rt, nm, stream);
+  if (router != nullptr) return LaunchForExperts<true, false>(a, sh, rt, nm, stream);
+  return LaunchForExperts<false, false>(a, sh, rt, nm, stream);
 }
 
 }  // namespace tandem::cuda
