@@ -138,8 +138,9 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits it writes within 1e-5 relative L2 of the CPU's W·x, the reference's picks and y on those
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each).
-// With the norm inside too (FusedNorm: x = γ ⊙ ρ(H + y) formed in every block, args.x null), the
-// same against the CPU's norm of the same H, y and γ, and H and y left as they were.
+// With the norm inside too (FusedNorm: x = γ ⊙ ρ(H + y) formed by the router blocks and handed to
+// the expert blocks through `staged`, args.x null), the same against the CPU's norm of the same H,
+// y and γ, and H and y left as they were.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -187,7 +188,8 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
       if (with_norm) a.x = nullptr;  // must not be read
       const FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
-      const FusedNorm norm{dH.as<float>(), dy.as<float>(), dgamma.as<float>(), kEps};
+      const DeviceBuffer staged = testing::PoisonedBuffer(OneTokenFusedNormStagedBytes(static_cast<int>(c.h)));
+      const FusedNorm norm{dH.as<float>(), dy.as<float>(), dgamma.as<float>(), kEps, staged.as<uint8_t>()};
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router, with_norm ? &norm : nullptr));
@@ -221,11 +223,15 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     OneTokenMoeArgs a = FusedArgs(step, ex, 4, Shared::kNone, false);
     const DeviceBuffer dw = testing::Upload(std::vector<float>(64 * 512, 0.0f));
     const FusedRouter router{dw.as<float>(), 64, step.logits.as<float>(), counters.as<int32_t>()};
-    const FusedNorm norm{step.x.as<float>(), step.x.as<float>(), step.x.as<float>(), 1e-6f};
+    const DeviceBuffer staged = testing::PoisonedBuffer(OneTokenFusedNormStagedBytes(512));
+    const FusedNorm norm{step.x.as<float>(), step.x.as<float>(), step.x.as<float>(), 1e-6f, staged.as<uint8_t>()};
     EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, nullptr, &norm), cudaErrorInvalidValue);
     FusedNorm no_gamma = norm;
     no_gamma.gamma = nullptr;
     EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, &no_gamma), cudaErrorInvalidValue);
+    FusedNorm no_staged = norm;
+    no_staged.staged = nullptr;
+    EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, &no_staged), cudaErrorInvalidValue);
     a.x = nullptr;
     EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, nullptr), cudaErrorInvalidValue);
   }

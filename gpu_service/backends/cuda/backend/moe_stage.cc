@@ -213,6 +213,10 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
+    absl::StatusOr<DeviceBuffer> staged =
+        DeviceArray<uint8_t>(static_cast<int64_t>(OneTokenFusedNormStagedBytes(static_cast<int>(h))));
+    if (!staged.ok()) return staged.status();
+    impl->fused_norm_staged = *std::move(staged);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });

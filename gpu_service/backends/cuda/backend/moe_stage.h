@@ -198,8 +198,8 @@ class MoeStage {
   // y_written (may be nullptr: then y is always the output): always written; where the layer's
   // output is, y or, for a one-token step on the fused kernel (OneTokenFused, after PrepareStep),
   // a buffer of this stage that stays valid until the next PrepareStep.
-  // norm (may be nullptr): x was not written; the stage forms it inside its kernel from the
-  // residual row, the mixer's output and the norm's weights (FusedNorm), which only a step and
+  // norm (may be nullptr; its `staged` is the stage's own): x was not written; the stage forms it
+  // inside its kernel from the residual row, the mixer's output and the norm's weights (FusedNorm), which only a step and
   // layer that FoldsNorm can do (FailedPrecondition otherwise). The residual row is not updated:
   // the caller adds the mixer's output to it later (with y).
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,

@@ -355,9 +355,15 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      if (norm != nullptr) o.x = nullptr;  // formed in the grid from the caller's FusedNorm
+      FusedNorm folded;
+      if (norm != nullptr) {
+        folded = *norm;
+        folded.staged = m.fused_norm_staged.as<uint8_t>();
+        o.x = nullptr;  // formed in the grid from the caller's FusedNorm
+      }
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
-                                                         router_inside ? &router : nullptr, norm));
+                                                         router_inside ? &router : nullptr,
+                                                         norm != nullptr ? &folded : nullptr));
       if (norm != nullptr) moe_stage_internal::FoldedNormRunCount().fetch_add(1, std::memory_order_relaxed);
       *y_written = o.y;
     } else {

@@ -64,6 +64,8 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
+  // The router blocks' quantized x for the expert blocks when the norm is folded (FusedNorm::staged).
+  DeviceBuffer fused_norm_staged;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

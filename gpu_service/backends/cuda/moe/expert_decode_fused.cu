@@ -141,6 +141,13 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, con
     NormalizeRow(x, y, gamma, a.h, nm.eps, norm_scratch, warp, lane);
     float* xs = reinterpret_cast<float*>(smem);
     StoreNormRow(x, nsb, xs, warp, lane);
+    if (blockIdx.x == 0) {
+      // The expert blocks' int16 x, published with this block's count (FusedNorm::staged).
+      const FusedSmem L = FusedLayout(a.h, a.E);
+      uint8_t* st = nm.staged;
+      QuantizeNormRow(x, nsb, reinterpret_cast<int16_t*>(st), reinterpret_cast<float*>(st + (L.xsc - L.xq)),
+                      reinterpret_cast<float*>(st + (L.sxs - L.xq)), warp, lane);
+    }
     __syncthreads();
     x4 = reinterpret_cast<const float4*>(xs);
   }
@@ -250,15 +257,11 @@ __global__ void __launch_bounds__(kThreads)
     // value at the same address), or by the launch before.
     return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
-  if constexpr (kNorm) {
-    // x = γ ⊙ ρ(H + y), every warp (one block barrier), quantized from registers. Off the layer's
-    // critical path in the expert blocks: they wait for the router blocks next, which form the
-    // same x first.
-    NormRow x = LoadNormRow(nm.h_row, nsb, warp, lane);
-    const NormRow y = LoadNormRow(nm.y, nsb, warp, lane), gamma = LoadNormRow(nm.gamma, nsb, warp, lane);
-    NormalizeRow(x, y, gamma, a.h, nm.eps, s_norm, warp, lane);
-    QuantizeNormRow(x, nsb, xq, xsc, sxs, warp, lane);
-  }
+  // kNorm: router block 0 publishes x quantized (FusedNorm::staged) with its count; a block copies
+  // it with its first weights (StageNormX), after its warp 0 saw the count complete. The shared
+  // expert's blocks wait for the count here, before their first weights, instead of before the down
+  // products.
+  if (kNorm && shared_block && warp == 0) WaitRouterBlocks(rt);
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
@@ -283,6 +286,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
+  // kNorm: x's int16 planes from FusedNorm::staged into this block's (xq, xsc, sxs: adjacent), as
+  // 16-byte copies through L2 in the caller's cp.async group.
+  auto stage_norm_x = [&] {
+    for (int c = t; c < (L.act_own - L.xq) / 16; c += kThreads) CpAsync16(smem + L.xq + 16 * c, nm.staged + 16 * c);
+  };
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
@@ -302,13 +310,19 @@ __global__ void __launch_bounds__(kThreads)
       CpAsync16(wwarp + 16 * c, g + 16 * c);
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
+    if constexpr (kNorm) stage_norm_x();
     CpAsyncCommit();
     // The down rows' super-blocks into L2 now, so that HBM streams them with the gate/up rows.
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
     for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
     CpAsyncWait<0>();  // this thread's gate/up copies
-    __syncwarp();      // the warp's rows are visible to all its lanes
+    // The warp's rows are visible to all its lanes (kNorm: and x, copied by the whole block).
+    if constexpr (kNorm) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
     const int rps = 32 / nsb;
     const int rho = lane / nsb, sb = lane - rho * nsb;
     const bool valid = rho < kWarpRows && rho < rps;
@@ -347,6 +361,7 @@ __global__ void __launch_bounds__(kThreads)
       CpAsync16(wwarp + 16 * c, g + 16 * c);
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
+    if constexpr (kNorm) stage_norm_x();
     CpAsyncCommit();
     // Down row j's 68 bytes (at j · sd_row + 68 · slice, 2-byte aligned) lie in the 16-byte pieces
     // from the boundary below them (5 or 6 pieces, none past their end): prefetched into L2 now,
@@ -359,7 +374,11 @@ __global__ void __launch_bounds__(kThreads)
       PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
     }
     CpAsyncWait<0>();
-    __syncwarp();
+    if constexpr (kNorm) {
+      __syncthreads();  // x, copied by the whole block
+    } else {
+      __syncwarp();
+    }
     const int rho = lane >> 4, part = lane & 15;
     const int cols = a.h / 16;  // a lane's columns: part · cols ..
     const int e0 = part * cols;
@@ -534,6 +553,11 @@ bool OneTokenFusedFits(int E, int K, int h, int inner) {
          FusedLayout(h, E).total <= kMaxSmem;
 }
 
+size_t OneTokenFusedNormStagedBytes(int h) {
+  const FusedSmem L = FusedLayout(h, 1);
+  return static_cast<size_t>(L.act_own - L.xq);  // xq, xsc and sxs (expert blocks' layout)
+}
+
 bool OneTokenFusedTakesShared(int h, int shared_inner) {
   return FusedShapeOk(h, 256) && h % 512 == 0 && shared_inner >= kFusedSharedSliceCols &&
          shared_inner % kFusedSharedSliceCols == 0;
@@ -586,7 +610,8 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
   FusedNorm nm;
   if (norm != nullptr) {
     nm = *norm;
-    if (router == nullptr || nm.h_row == nullptr || nm.y == nullptr || nm.gamma == nullptr || !(nm.eps >= 0.0f)) {
+    if (router == nullptr || nm.h_row == nullptr || nm.y == nullptr || nm.gamma == nullptr || !(nm.eps >= 0.0f) ||
+        nm.staged == nullptr || reinterpret_cast<uintptr_t>(nm.staged) % 16 != 0) {
       return cudaErrorInvalidValue;
     }
   }

@@ -32,6 +32,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 
 namespace tandem::cuda {
@@ -66,17 +69,22 @@ struct FusedRouter {
   int* counters = nullptr;
 };
 
-// The RMS norm before the MoE inside the fused kernel too (with FusedRouter only): every block
-// computes x = γ ⊙ ρ(h_row + y) itself (moe/fused_norm.cuh) instead of reading OneTokenMoeArgs::x,
-// so that no norm launch stands between the mixer and the MoE. h_row (the residual row) is not
-// written: the caller adds y to it later (with the MoE's output, in the next norm). y is the launch
-// just before's output; h_row and gamma were written two or more launches back.
+// The RMS norm before the MoE inside the fused kernel too (with FusedRouter only): the router
+// blocks compute x = γ ⊙ ρ(h_row + y) themselves (moe/fused_norm.cuh) instead of reading
+// OneTokenMoeArgs::x, and the first of them publishes it quantized in `staged` with its count, from
+// where the expert blocks copy it with their first weights; so no norm launch stands between the
+// mixer and the MoE. h_row (the residual row) is not written: the caller adds y to it later (with
+// the MoE's output, in the next norm). y is the launch just before's output; h_row and gamma were
+// written two or more launches back.
 struct FusedNorm {
   const float* h_row = nullptr;  // h floats
   const float* y = nullptr;      // h floats
   const float* gamma = nullptr;  // h floats
   float eps = 0.0f;
+  uint8_t* staged = nullptr;     // OneTokenFusedNormStagedBytes(h) bytes, 16-byte aligned: scratch
 };
+// The bytes FusedNorm::staged needs at h.
+size_t OneTokenFusedNormStagedBytes(int h);
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its

@@ -1,15 +1,16 @@
 // The RMS norm before the MoE computed inside the fused one-token MoE kernel (FusedNorm,
-// expert_decode_fused.cuh): every block forms x = γ ⊙ ρ(H + y) itself from the residual row H, the
-// mixer's output y (the launch just before) and the norm's weights γ, so that the layer has no norm
-// launch between the mixer and the MoE (~2 us of launch, wait and one-block tail a layer, PERF.md
-// "what each piece costs the step"). Each block reads 24 KB from L2 for it (h 2048).
+// expert_decode_fused.cuh): its router blocks form x = γ ⊙ ρ(H + y) themselves from the residual
+// row H, the mixer's output y (the launch just before) and the norm's weights γ, so that the layer
+// has no norm launch between the mixer and the MoE (~2 us of launch, wait and one-block tail a
+// layer, PERF.md "what each piece costs the step"). Each router block reads 24 KB from L2 for it
+// (h 2048); the expert blocks copy the first router block's quantized x instead of forming it
+// (448 blocks reading the same 24 KB at the same moment measured slower than the norm's launch).
 //
 // A row of h = 256 .. 2048 floats is held by the 4 warps of a block in QuantizeI16's layout: warp w
 // the super-blocks w and w + 4, lane l elements 8l .. 8l + 7 of each (two float4, u and v), so the
 // normalized row is quantized from registers. The per-value operations are
 // InjectRmsNormRegKernel's (v = H + 1·y; r = γ·(v·scale), scale = rsqrt(Σv²/h + ε)); only the
-// order of the sum of squares differs (fast mode), and it is the same in every block of the grid,
-// so the router blocks and the expert blocks see the same x.
+// order of the sum of squares differs (fast mode), and it is the same in every router block.
 //
 // Device code only (include from .cu files); internal linkage, as in matvec_core.cuh.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_NORM_CUH_
