@@ -5,7 +5,6 @@
 // and the shapes it refuses.
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -138,9 +137,6 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits it writes within 1e-5 relative L2 of the CPU's W·x, the reference's picks and y on those
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each).
-// With the norm inside too (FusedNorm: x = γ ⊙ ρ(H + y) formed by the router blocks and handed to
-// the expert blocks through `staged`, args.x null), the same against the CPU's norm of the same H,
-// y and γ, and H and y left as they were.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -152,88 +148,46 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   cudaStream_t stream = nullptr;
   TANDEM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   DeviceBuffer counters = testing::Upload(std::vector<int32_t>(2, 0));
-  for (const bool with_norm : {false, true}) {
-    for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
-      const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
-                                            c.gate_row ? " gate row" : "", with_norm ? " norm inside" : "");
-      const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
-      const SharedQ8 sq(rng, c.h, 64);
-      const int64_t rows = c.E + (c.gate_row ? 1 : 0);
-      const std::vector<float> w = testing::RandomVector(rng, rows * c.h, 0.05f);
-      // With the norm: x = γ ⊙ (H + y) / sqrt(mean (H + y)² + ε) on the CPU (f64), from H and y of
-      // other scales than x's (the norm must undo them).
-      const std::vector<float> H = testing::RandomVector(rng, c.h, 3.0f), ym = testing::RandomVector(rng, c.h, 2.0f);
-      const std::vector<float> gamma = testing::RandomVector(rng, c.h, 1.5f);
-      constexpr float kEps = 1e-6f;
-      std::vector<float> x = testing::RandomVector(rng, c.h);
-      if (with_norm) {
-        double ss = 0.0;
-        for (int64_t j = 0; j < c.h; ++j) ss += static_cast<double>(H[j] + ym[j]) * (H[j] + ym[j]);
-        const double scale = 1.0 / std::sqrt(ss / static_cast<double>(c.h) + kEps);
-        for (int64_t j = 0; j < c.h; ++j) x[j] = static_cast<float>(gamma[j] * ((H[j] + ym[j]) * scale));
-      }
-      std::vector<float> want_logits(static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) {
-        double s = 0.0;
-        for (int64_t j = 0; j < c.h; ++j) s += static_cast<double>(w[r * c.h + j]) * x[j];
-        want_logits[r] = static_cast<float>(s);
-      }
-      const DeviceBuffer dw = testing::Upload(w), dH = testing::Upload(H), dy = testing::Upload(ym),
-                         dgamma = testing::Upload(gamma);
-      const std::vector<float> shared = sq.Reference(c.h, x);
-      OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
-      const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
-      OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
-      a.shared = nullptr;  // computed in the kernel
-      if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
-      if (with_norm) a.x = nullptr;  // must not be read
-      const FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
-      const DeviceBuffer staged = testing::PoisonedBuffer(OneTokenFusedNormStagedBytes(static_cast<int>(c.h)));
-      const FusedNorm norm{dH.as<float>(), dy.as<float>(), dgamma.as<float>(), kEps, staged.as<uint8_t>()};
-      for (int rep = 0; rep < 2; ++rep) {
-        TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
-        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router, with_norm ? &norm : nullptr));
-        TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
-        EXPECT_EQ(Download<int32_t>(counters.get(), 2), std::vector<int32_t>(2, 0)) << what << ": counters left";
-      }
-      if (with_norm) {
-        EXPECT_EQ(Download<float>(dH.get(), static_cast<size_t>(c.h)), H) << what << ": H written";
-        EXPECT_EQ(Download<float>(dy.get(), static_cast<size_t>(c.h)), ym) << what << ": y written";
-      }
-      const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
-      EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
-      std::vector<int32_t> picks;
-      std::vector<float> weights;
-      const float gate_logit = c.gate_row ? logits[c.E] : 0.0f;
-      const std::vector<float> want = ReferenceY(ex, c.K, router_logits, x, shared, gate_logit, sh, &picks, &weights);
-      EXPECT_EQ(Download<int32_t>(step.picks.get(), static_cast<size_t>(c.K)), picks) << what;
-      const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(c.h));
-      ASSERT_TRUE(testing::AllFinite(got)) << what;
-      const double err = testing::RelativeL2(got, want);
-      EXPECT_LE(err, kTol) << what;
-      std::printf("fused one-token MoE, router in the grid, %s: y relative L2 %.3e\n", what.c_str(), err);
+  for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
+    const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, c.gate_row ? " gate row" : "");
+    const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
+    const SharedQ8 sq(rng, c.h, 64);
+    const int64_t rows = c.E + (c.gate_row ? 1 : 0);
+    const std::vector<float> w = testing::RandomVector(rng, rows * c.h, 0.05f);
+    const std::vector<float> x = testing::RandomVector(rng, c.h);
+    std::vector<float> want_logits(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0.0;
+      for (int64_t j = 0; j < c.h; ++j) s += static_cast<double>(w[r * c.h + j]) * x[j];
+      want_logits[r] = static_cast<float>(s);
     }
-  }
-  // The norm needs the router blocks, and its three rows.
-  {
-    const OneTokenExperts ex(rng, 512, 256, 64, 4);
-    OneTokenStep step(ex, 4, std::vector<float>(64, 0.0f), std::vector<float>(512, 0.0f), std::vector<float>(512, 0.0f),
-                      0.0f);
-    OneTokenMoeArgs a = FusedArgs(step, ex, 4, Shared::kNone, false);
-    const DeviceBuffer dw = testing::Upload(std::vector<float>(64 * 512, 0.0f));
-    const FusedRouter router{dw.as<float>(), 64, step.logits.as<float>(), counters.as<int32_t>()};
-    const DeviceBuffer staged = testing::PoisonedBuffer(OneTokenFusedNormStagedBytes(512));
-    const FusedNorm norm{step.x.as<float>(), step.x.as<float>(), step.x.as<float>(), 1e-6f, staged.as<uint8_t>()};
-    EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, nullptr, &norm), cudaErrorInvalidValue);
-    FusedNorm no_gamma = norm;
-    no_gamma.gamma = nullptr;
-    EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, &no_gamma), cudaErrorInvalidValue);
-    FusedNorm no_staged = norm;
-    no_staged.staged = nullptr;
-    EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, &no_staged), cudaErrorInvalidValue);
-    a.x = nullptr;
-    EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, stream, &router, nullptr), cudaErrorInvalidValue);
+    const DeviceBuffer dw = testing::Upload(w);
+    const std::vector<float> shared = sq.Reference(c.h, x);
+    OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
+    const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
+    OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
+    a.shared = nullptr;  // computed in the kernel
+    if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
+    const FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
+    for (int rep = 0; rep < 2; ++rep) {
+      TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
+      TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      EXPECT_EQ(Download<int32_t>(counters.get(), 2), std::vector<int32_t>(2, 0)) << what << ": counters left";
+    }
+    const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
+    EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
+    const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
+    std::vector<int32_t> picks;
+    std::vector<float> weights;
+    const float gate_logit = c.gate_row ? logits[c.E] : 0.0f;
+    const std::vector<float> want = ReferenceY(ex, c.K, router_logits, x, shared, gate_logit, sh, &picks, &weights);
+    EXPECT_EQ(Download<int32_t>(step.picks.get(), static_cast<size_t>(c.K)), picks) << what;
+    const std::vector<float> got = Download<float>(step.y.get(), static_cast<size_t>(c.h));
+    ASSERT_TRUE(testing::AllFinite(got)) << what;
+    const double err = testing::RelativeL2(got, want);
+    EXPECT_LE(err, kTol) << what;
+    std::printf("fused one-token MoE, router in the grid, %s: y relative L2 %.3e\n", what.c_str(), err);
   }
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
 }

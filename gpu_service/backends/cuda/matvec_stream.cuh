@@ -98,7 +98,6 @@ struct StreamArgs {
   float* y = nullptr;
   int64_t y_stride = 0;
   int wpr = 1;
-  bool late_dependents = false;  // MatVecOptions::late_dependents: no early PdlAllowNext
 };
 
 namespace {  // internal linkage, as in matvec_core.cuh
@@ -286,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
   PdlWaitForPrevious();
   if constexpr (kProbe) probe.Stamp(kStreamProbeAfterWait);
-  if (!a.late_dependents) PdlAllowNext();
+  PdlAllowNext();
 
   // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
   for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
@@ -451,7 +450,6 @@ inline StreamSplit ChooseStreamSplit(int pieces, int lpr, int depth, int rows_pe
 struct StreamTuning {
   int warps_per_row = 0;
   int blocks_per_sm = 0;  // grid.x = SMs · blocks_per_sm (capped by the row groups)
-  bool late_dependents = false;  // StreamArgs::late_dependents
 };
 
 // The split and grid LaunchStream gives a launch of a.cols × a.out_rows with grid_y activation-row
@@ -532,7 +530,6 @@ cudaError_t LaunchStreamDense(const uint8_t* w, int64_t row_bytes, int cols, int
   a.n = n;
   a.y = y;
   a.y_stride = y_stride;
-  a.late_dependents = tuning.late_dependents;
   const unsigned gy = static_cast<unsigned>((n + bucket - 1) / bucket);
   return ForRowBucket(bucket, [&](auto rows) { return LaunchStream<F, rows.value>(a, gy, tuning, stream); });
 }

@@ -119,10 +119,6 @@ class CudaBackend::Impl {
   // The mode of the mixers' output products (ssm_out, o) in prefill: gemm's mode, or kFast under
   // fast_dense_out_single / TANDEM_DENSE_OUT_SINGLE=1 with a kFastSplit plan (set at Create).
   cuda::GemmMode out_mode = cuda::GemmMode::kExact;
-  // The mixer's output product lets the next launch start only when it ends (MatVecOptions::
-  // late_dependents): set by RunLayer around the mixer when the MoE stage's fused kernel, next,
-  // forms x itself (its clusters then find the SMs free instead of beside the product's blocks).
-  bool out_late_dependents = false;
   cuda::DeviceBuffer shared_gu;  // the stacked shared-expert GEMM's rows (max_batch_tokens × shared_stack_rows)
   int64_t shared_stack_rows = 0;  // widest stack of [shared gate; shared up; shared gate logit], 0: none
   cuda::DeviceBuffer mixer_rows;  // the stacked mixer-input GEMM's rows (max_batch_tokens × mixer_stack_rows)

@@ -39,12 +39,6 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
 }
 
 absl::Status CudaBackend::Impl::OutProduct(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
-  if (n <= cuda::kMatVecMaxRows && out_late_dependents) {
-    cuda::MatVecOptions o;
-    o.late_dependents = true;
-    return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, o, stream.get()),
-                  "dense matvec (late dependents)");
-  }
   if (n <= cuda::kMatVecMaxRows) return Product(w, in, n, out);
   return gemm->Run(w, in, n, out, stream.get(), out_mode);
 }
@@ -276,32 +270,6 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
       return s;
     }
   }
-  // The MoE's form of x (below, 3.), chosen now that the mixer's output product may depend on it.
-  // A plain read's norm also writes x in the form the MoE's experts read it when the stage would
-  // make it: quantized for the integer-MMA experts (MoeStage::MmqInput), or as f16 rows for the streamed ones (StreamedF16Input; not with
-  // TANDEM_OLD_STREAMED_INPUT=1): one launch fewer a layer.
-  std::optional<cuda::MmqActivations> mmq_x;
-  cuda::NormMmqOut xq;
-  if (!w.ffn_read.down.present()) {
-    if (cuda::NormMmqFits(c->h)) mmq_x = moe->MmqInput(layer, T, *experts);
-    if (mmq_x.has_value()) {
-      xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
-    } else {
-      xq.x16 = moe->StreamedF16Input(layer, T, *experts);
-    }
-  }
-  const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
-  // Where the MoE stage's fused one-token kernel can form x itself (MoeStage::FoldsNorm), the norm
-  // is handed to it instead of launched: x = γ ⊙ ρ(H + y) in its grid, and H is left without y,
-  // which the next read adds with the MoE's output (as the shared term of PendingShared: ungated).
-  // (Decided before the mixer: its output product then lets the fused kernel start only at its end,
-  // TANDEM_FUSED_NORM_LATE=1, an A/B.) S = 1: the plain read's inject weights stay 1.
-  const bool fold_norm = !w.ffn_read.down.present() && S == 1 && !x_ready &&
-                         ReadF16Mode(w, T, /*ffn=*/true) == cuda::GemmMode::kExact &&
-                         !cuda::Ablated(cuda::Ablate::kFfnNorm, T) && !cuda::Ablated(cuda::Ablate::kMoe, T) &&
-                         moe->FoldsNorm(layer, T, *experts);
-  static const bool late_out = cuda::EnvSwitch("TANDEM_FUSED_NORM_LATE");
-  out_late_dependents = fold_norm && late_out;
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
   const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
@@ -321,7 +289,6 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kAttention, st);
     if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
   }
-  out_late_dependents = false;
   gemm->ForgetConverted();  // the f16 rows of x live from their read to the end of its block
   // ... and the next layer's mixer inputs, under the MoE stage.
   if (prefetch && options.l2_prefetch >= 2 && layer + 1 < c->n_layers) {
@@ -332,9 +299,22 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 3. MoE (the mixer's output is injected by the read's norm).
   t.Mark(Stage::kStreams, st);
-  const cuda::FusedNorm folded{H, y, w.ffn_read.norm, c->eps};
-  if (cuda::Ablated(cuda::Ablate::kFfnNorm, T) || fold_norm) {
-    // decode_ablation.h: timing only; or in the MoE stage's kernel.
+  // A plain read's norm also writes x in the form the MoE's experts read it when the stage would
+  // make it: quantized for the integer-MMA experts (MoeStage::MmqInput), or as f16 rows for the streamed ones (StreamedF16Input; not with
+  // TANDEM_OLD_STREAMED_INPUT=1): one launch fewer a layer.
+  std::optional<cuda::MmqActivations> mmq_x;
+  cuda::NormMmqOut xq;
+  if (!w.ffn_read.down.present()) {
+    if (cuda::NormMmqFits(c->h)) mmq_x = moe->MmqInput(layer, T, *experts);
+    if (mmq_x.has_value()) {
+      xq = cuda::NormMmqOut{mmq_x->hi, mmq_x->lo, mmq_x->scale, mmq_x->sumx};
+    } else {
+      xq.x16 = moe->StreamedF16Input(layer, T, *experts);
+    }
+  }
+  const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
+  if (cuda::Ablated(cuda::Ablate::kFfnNorm, T)) {
+    // decode_ablation.h: timing only.
   } else if (absl::Status s = Read(w.ffn_read, T, x, a, y, ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
              !s.ok()) {
     return s;
@@ -350,14 +330,9 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   if (cuda::Ablated(cuda::Ablate::kMoe, T)) {
     // decode_ablation.h: timing only.
   } else if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready,
-                                       &pending_shared, &moe_y, fold_norm ? &folded : nullptr);
+                                       &pending_shared, &moe_y);
              !s.ok()) {
     return s;
-  }
-  if (fold_norm) {
-    // The fused kernel computes the shared expert inside: no deferred term of the stage's own.
-    if (pending_shared.shared != nullptr) return absl::InternalError("folded norm: the MoE stage deferred a shared term");
-    pending_shared = cuda::PendingShared{y, nullptr};
   }
   gemm->ForgetConverted();
   local_rows += rows;

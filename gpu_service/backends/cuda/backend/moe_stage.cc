@@ -83,12 +83,6 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
   return on;
 }
 
-std::atomic<bool>& FusedNormInGridSwitch() {
-  // Off by default: 5.7% slower end to end in its first form (docs/PERF.md, twenty-first session).
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_NORM")};
-  return on;
-}
-
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -106,11 +100,6 @@ namespace moe_stage_internal {
 bool OldSharedGate() {
   static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
   return old;
-}
-
-std::atomic<int64_t>& FoldedNormRunCount() {
-  static std::atomic<int64_t> runs{0};
-  return runs;
 }
 
 }  // namespace moe_stage_internal
@@ -140,9 +129,6 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-int64_t FoldedNormRuns() { return moe_stage_internal::FoldedNormRunCount().load(std::memory_order_relaxed); }
-void SetFusedNormInGrid(bool on) { FusedNormInGridSwitch().store(on, std::memory_order_relaxed); }
-bool FusedNormInGrid() { return FusedNormInGridSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -213,10 +199,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    absl::StatusOr<DeviceBuffer> staged =
-        DeviceArray<uint8_t>(static_cast<int64_t>(OneTokenFusedNormStagedBytes(static_cast<int>(h))));
-    if (!staged.ok()) return staged.status();
-    impl->fused_norm_staged = *std::move(staged);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -369,7 +351,7 @@ uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& sou
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                            uint64_t* local_rows, DenseProductFn product, bool x_ready,
-                           PendingShared* deferred, const float** y_written, const FusedNorm* norm) {
+                           PendingShared* deferred, const float** y_written) {
   Impl& m = *impl_;
   if (deferred != nullptr) *deferred = PendingShared{};  // y complete unless the one-token path says otherwise
   if (y_written != nullptr) *y_written = y;               // y unless the fused one-token kernel says otherwise
@@ -380,13 +362,9 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     return absl::InvalidArgumentError(absl::StrCat("MoE stage: ", n, " tokens, capacity ", m.options.max_tokens));
   }
   const ExpertLocation* table = source.DeviceTable(layer);
-  if (norm != nullptr && (table == nullptr || n > m.plan_tokens)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("MoE stage: layer ", layer, " was handed its norm to fold, but its path cannot take it"));
-  }
   if (table != nullptr && n <= m.plan_tokens) {
     if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr,
-                                         deferred, y_written, norm);
+                                         deferred, y_written);
         !s.ok()) {
       return s;
     }

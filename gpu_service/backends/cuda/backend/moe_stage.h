@@ -36,7 +36,6 @@
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
@@ -138,16 +137,6 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// TANDEM_FUSED_NORM=1: the fused kernel also forms x from the residual row, the mixer's output and
-// the norm's weights (FusedNorm, with the router product inside too), where the caller asks
-// (FoldsNorm): no norm launch between the mixer and the MoE. Off by default (slower end to end, in
-// an A/B: the fused grid then starts beside the mixer's output product; TANDEM_FUSED_NORM_LATE=1
-// holds it until that product ends).
-void SetFusedNormInGrid(bool on);
-bool FusedNormInGrid();
-// How many Run calls in this process formed x in the fused kernel (Run's `norm`): enqueued, not
-// replayed, launches (a captured graph's replays do not count). For tests.
-int64_t FoldedNormRuns();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -198,19 +187,10 @@ class MoeStage {
   // y_written (may be nullptr: then y is always the output): always written; where the layer's
   // output is, y or, for a one-token step on the fused kernel (OneTokenFused, after PrepareStep),
   // a buffer of this stage that stays valid until the next PrepareStep.
-  // norm (may be nullptr; its `staged` is the stage's own): x was not written; the stage forms it
-  // inside its kernel from the residual row, the mixer's output and the norm's weights (FusedNorm), which only a step and
-  // layer that FoldsNorm can do (FailedPrecondition otherwise). The residual row is not updated:
-  // the caller adds the mixer's output to it later (with y).
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                    uint64_t* local_rows, DenseProductFn product, bool x_ready = false,
-                   PendingShared* deferred = nullptr, const float** y_written = nullptr,
-                   const FusedNorm* norm = nullptr);
-  // Whether Run(layer, x, n, ...) with this source and y_written given can
-  // take the norm before it (Run's `norm`): a one-token step of the fused kernel with the router
-  // product inside and FusedNormInGrid, after PrepareStep.
-  bool FoldsNorm(int64_t layer, int64_t n, ExpertSource& source) const;
+                   PendingShared* deferred = nullptr, const float** y_written = nullptr);
 
   // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
   // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets
@@ -246,8 +226,7 @@ class MoeStage {
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
                                 cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
-                                bool copy_picks, PendingShared* deferred, const float** y_written,
-                                const FusedNorm* norm);
+                                bool copy_picks, PendingShared* deferred, const float** y_written);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -214,41 +214,26 @@ MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t
                                   (f.gate_in_router || !l.shared_gate_inp.present());
   f.fused = fused_shape && (!f.has_shared || shared_fits_inside || FusedSharedBeside());
   f.shared_inside = f.fused && shared_fits_inside && !FusedSharedBeside();
-  // FusedRouterInGrid (or FusedNormInGrid): the router product's rows (f32; E, or E + 1 with the
-  // shared gate's row) in the fused kernel's grid instead of a launch before it, when the shared
-  // expert is inside or there is none.
+  // FusedRouterInGrid: the router product's rows (f32; E, or E + 1 with the shared gate's row) in
+  // the fused kernel's grid instead of a launch before it, when the shared expert is inside or
+  // there is none.
   const DeviceMatrix& router_rows = f.gate_in_router ? l.router_and_gate : l.router;
-  f.router_inside = f.fused && (FusedRouterInGrid() || FusedNormInGrid()) && (!f.has_shared || f.shared_inside) &&
+  f.router_inside = f.fused && FusedRouterInGrid() && (!f.has_shared || f.shared_inside) &&
                     !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 && router_rows.cols == h &&
                     router_rows.row_bytes == h * 4 && h % 128 == 0 &&
                     (router_rows.rows == E || (f.gate_in_router && router_rows.rows == E + 1));
-  // FusedNormInGrid: the norm before the MoE in that grid too (the caller's FusedNorm).
-  f.norm_inside = f.router_inside && FusedNormInGrid();
   return f;
-}
-
-bool MoeStage::FoldsNorm(int64_t layer, int64_t n, ExpertSource& source) const {
-  const Impl& m = *impl_;
-  if (layer < 0 || layer >= static_cast<int64_t>(m.model->layers.size()) || n < 1 || n > m.plan_tokens ||
-      source.DeviceTable(layer) == nullptr) {
-    return false;
-  }
-  return m.PlanDecodeForm(layer, n, /*fused_output=*/true).norm_inside;
 }
 
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
                                         StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred, const float** y_written, const FusedNorm* norm) {
+                                        PendingShared* deferred, const float** y_written) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, y_written != nullptr);
-  if (norm != nullptr && !form.norm_inside) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("MoE stage: layer ", layer, " was handed its norm to fold, but its form cannot take it"));
-  }
   const bool has_shared = form.has_shared, gate_in_router = form.gate_in_router, one_token = form.one_token;
   const bool fused = form.fused, shared_inside = form.shared_inside, router_inside = form.router_inside;
   const DeviceMatrix& router_rows = gate_in_router ? l.router_and_gate : l.router;
@@ -355,16 +340,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      FusedNorm folded;
-      if (norm != nullptr) {
-        folded = *norm;
-        folded.staged = m.fused_norm_staged.as<uint8_t>();
-        o.x = nullptr;  // formed in the grid from the caller's FusedNorm
-      }
-      TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
-                                                         router_inside ? &router : nullptr,
-                                                         norm != nullptr ? &folded : nullptr));
-      if (norm != nullptr) moe_stage_internal::FoldedNormRunCount().fetch_add(1, std::memory_order_relaxed);
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

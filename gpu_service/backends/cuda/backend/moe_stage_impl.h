@@ -5,7 +5,6 @@
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_MOE_STAGE_IMPL_H_
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,9 +39,6 @@ inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, p
 // again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.
 bool OldSharedGate();
 
-// FoldedNormRuns' counter (moe_stage.cc).
-std::atomic<int64_t>& FoldedNormRunCount();
-
 }  // namespace moe_stage_internal
 
 struct MoeStage::Impl {
@@ -64,8 +60,6 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
-  // The router blocks' quantized x for the expert blocks when the norm is folded (FusedNorm::staged).
-  DeviceBuffer fused_norm_staged;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;
@@ -170,7 +164,6 @@ struct MoeStage::Impl {
     bool fused = false;           // the fused one-token kernel
     bool shared_inside = false;   // the shared expert inside it
     bool router_inside = false;   // the router product inside it (FusedRouter)
-    bool norm_inside = false;     // it can form x itself (FusedNorm), when the caller hands the norm over
   };
   DecodeForm PlanDecodeForm(int64_t layer, int64_t n, bool fused_output) const;
 

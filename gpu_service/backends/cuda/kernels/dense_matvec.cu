@@ -154,7 +154,7 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     }
   }
   if (stream_kernel) {
-    const fastmv::StreamTuning tuning{o.warps_per_row, o.blocks_per_sm, o.late_dependents};
+    const fastmv::StreamTuning tuning{o.warps_per_row, o.blocks_per_sm};
     return fastmv::LaunchStreamDense<F>(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
                                         static_cast<int>(w.rows), x, x_stride, n, y, y_stride, tuning, stream);
   }

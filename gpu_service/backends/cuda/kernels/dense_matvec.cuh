@@ -43,10 +43,6 @@ struct MatVecOptions {
                           // (also the staged and head Q6_K kernels' grid)
   int variant = 0;        // the head kernel's configuration (matvec_q6k_head.cuh kQ6HeadConfigs;
                           // 0 = the default; benchmarks)
-  // The streaming kernel lets the next launch start (PDL) only when its blocks end, instead of right
-  // after its own wait: for a next grid whose blocks should find the SMs free (clusters). A hint:
-  // the other kernels ignore it.
-  bool late_dependents = false;
 };
 
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at

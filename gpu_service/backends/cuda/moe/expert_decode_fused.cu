@@ -20,7 +20,6 @@
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
-#include "gpu_service/backends/cuda/moe/fused_norm.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -117,40 +116,16 @@ constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
 
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·kFusedRouterBlocks,
 // ...; lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
-// prefetched into L2 before the PDL wait (constant weights); x is read after it. kNorm (FusedNorm):
-// x is formed here (H and γ read before the wait, y after it) and staged in shared memory.
-template <bool kNorm>
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, const FusedNorm& nm, float* norm_scratch) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// prefetched into L2 before the PDL wait (constant weights); x is read after it.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = kFusedRouterBlocks * kFusedWarps;
   for (int r = first; r < rt.rows; r += step) {
     if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
   }
-  const int nsb = a.h >> 8;
-  NormRow x, gamma;
-  if constexpr (kNorm) {
-    x = LoadNormRow(nm.h_row, nsb, warp, lane);
-    gamma = LoadNormRow(nm.gamma, nsb, warp, lane);
-  }
-  PdlWaitForPrevious();  // x (kNorm: y)
+  PdlWaitForPrevious();  // x
   PdlAllowNext();
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  if constexpr (kNorm) {
-    const NormRow y = LoadNormRow(nm.y, nsb, warp, lane);
-    NormalizeRow(x, y, gamma, a.h, nm.eps, norm_scratch, warp, lane);
-    float* xs = reinterpret_cast<float*>(smem);
-    StoreNormRow(x, nsb, xs, warp, lane);
-    if (blockIdx.x == 0) {
-      // The expert blocks' int16 x, published with this block's count (FusedNorm::staged).
-      const FusedSmem L = FusedLayout(a.h, a.E);
-      uint8_t* st = nm.staged;
-      QuantizeNormRow(x, nsb, reinterpret_cast<int16_t*>(st), reinterpret_cast<float*>(st + (L.xsc - L.xq)),
-                      reinterpret_cast<float*>(st + (L.sxs - L.xq)), warp, lane);
-    }
-    __syncthreads();
-    x4 = reinterpret_cast<const float4*>(xs);
-  }
   for (int r = first; r < rt.rows; r += step) {
     const float4* w4 = reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h);
     float s = 0.0f;
@@ -194,16 +169,11 @@ __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
 // kRouter (FusedRouter given): the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
-// that the default form's code is the one measured before the router form existed. kNorm (FusedNorm
-// given; kRouter too): every block forms x itself (fused_norm.cuh) instead of reading a.x.
-template <int kPer, bool kRouter, bool kNorm>
-__global__ void __launch_bounds__(kThreads)
-    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, FusedNorm nm) {
-  static_assert(!kNorm || kRouter, "the folded norm comes with the router blocks");
-  static_assert(kNormWarps == kFusedWarps, "fused_norm.cuh's row layout is the block's");
-  __shared__ float s_norm[kNormWarps];
+// that the default form's code is the one measured before the router form existed.
+template <int kPer, bool kRouter>
+__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
   if (kRouter && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
-    RouterBlock<kNorm>(a, rt, nm, s_norm);
+    RouterBlock(a, rt);
     return;
   }
   const int block = static_cast<int>(blockIdx.x) - (kRouter ? kFusedRouterBlocks : 0);
@@ -257,15 +227,10 @@ __global__ void __launch_bounds__(kThreads)
     // value at the same address), or by the launch before.
     return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
-  // kNorm: router block 0 publishes x quantized (FusedNorm::staged) with its count; a block copies
-  // it with its first weights (StageNormX), after its warp 0 saw the count complete. The shared
-  // expert's blocks wait for the count here, before their first weights, instead of before the down
-  // products.
-  if (kNorm && shared_block && warp == 0) WaitRouterBlocks(rt);
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
-    if (!kNorm && !a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
+    if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
     if (router_in_grid) WaitRouterBlocks(rt);
     // Every block needs its pick's weight, hence all K picks.
@@ -281,16 +246,11 @@ __global__ void __launch_bounds__(kThreads)
       a.weights_out[lane] = w;
       if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
     }
-  } else if (!kNorm && !a.x_written_earlier) {
+  } else if (!a.x_written_earlier) {
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
-  // kNorm: x's int16 planes from FusedNorm::staged into this block's (xq, xsc, sxs: adjacent), as
-  // 16-byte copies through L2 in the caller's cp.async group.
-  auto stage_norm_x = [&] {
-    for (int c = t; c < (L.act_own - L.xq) / 16; c += kThreads) CpAsync16(smem + L.xq + 16 * c, nm.staged + 16 * c);
-  };
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
@@ -310,19 +270,13 @@ __global__ void __launch_bounds__(kThreads)
       CpAsync16(wwarp + 16 * c, g + 16 * c);
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
-    if constexpr (kNorm) stage_norm_x();
     CpAsyncCommit();
     // The down rows' super-blocks into L2 now, so that HBM streams them with the gate/up rows.
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
     for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
     CpAsyncWait<0>();  // this thread's gate/up copies
-    // The warp's rows are visible to all its lanes (kNorm: and x, copied by the whole block).
-    if constexpr (kNorm) {
-      __syncthreads();
-    } else {
-      __syncwarp();
-    }
+    __syncwarp();      // the warp's rows are visible to all its lanes
     const int rps = 32 / nsb;
     const int rho = lane / nsb, sb = lane - rho * nsb;
     const bool valid = rho < kWarpRows && rho < rps;
@@ -361,7 +315,6 @@ __global__ void __launch_bounds__(kThreads)
       CpAsync16(wwarp + 16 * c, g + 16 * c);
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
-    if constexpr (kNorm) stage_norm_x();
     CpAsyncCommit();
     // Down row j's 68 bytes (at j · sd_row + 68 · slice, 2-byte aligned) lie in the 16-byte pieces
     // from the boundary below them (5 or 6 pieces, none past their end): prefetched into L2 now,
@@ -374,11 +327,7 @@ __global__ void __launch_bounds__(kThreads)
       PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
     }
     CpAsyncWait<0>();
-    if constexpr (kNorm) {
-      __syncthreads();  // x, copied by the whole block
-    } else {
-      __syncwarp();
-    }
+    __syncwarp();
     const int rho = lane >> 4, part = lane & 15;
     const int cols = a.h / 16;  // a lane's columns: part · cols ..
     const int e0 = part * cols;
@@ -509,12 +458,12 @@ bool FusedShapeOk(int h, int inner) {
 
 constexpr int kMaxSmem = 227 * 1024;
 
-template <int kPer, bool kRouter, bool kNorm>
+template <int kPer, bool kRouter>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                        const FusedNorm& nm, cudaStream_t stream) {
+                        cudaStream_t stream) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kNorm>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
@@ -533,17 +482,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kNorm>, a, sh, rt, nm);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter>, a, sh, rt);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
-template <bool kRouter, bool kNorm>
+template <bool kRouter>
 cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                             const FusedNorm& nm, cudaStream_t stream) {
-  if (a.E <= 128) return LaunchFused<4, kRouter, kNorm>(a, sh, rt, nm, stream);
-  if (a.E <= 256) return LaunchFused<8, kRouter, kNorm>(a, sh, rt, nm, stream);
-  if (a.E <= 512) return LaunchFused<16, kRouter, kNorm>(a, sh, rt, nm, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32, kRouter, kNorm>(a, sh, rt, nm, stream);
+                             cudaStream_t stream) {
+  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
 }
 
 }  // namespace
@@ -551,11 +500,6 @@ cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& 
 bool OneTokenFusedFits(int E, int K, int h, int inner) {
   return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && FusedShapeOk(h, inner) &&
          FusedLayout(h, E).total <= kMaxSmem;
-}
-
-size_t OneTokenFusedNormStagedBytes(int h) {
-  const FusedSmem L = FusedLayout(h, 1);
-  return static_cast<size_t>(L.act_own - L.xq);  // xq, xsc and sxs (expert blocks' layout)
 }
 
 bool OneTokenFusedTakesShared(int h, int shared_inner) {
@@ -569,7 +513,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // same registers and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -583,11 +527,11 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false>, &config);
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false>, &config);
 }
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router, const FusedNorm* norm) {
+                                   cudaStream_t stream, const FusedRouter* router) {
   FusedRouter rt;
   if (router != nullptr) {
     rt = *router;
@@ -607,22 +551,13 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
       return cudaErrorInvalidValue;
     }
   }
-  FusedNorm nm;
-  if (norm != nullptr) {
-    nm = *norm;
-    if (router == nullptr || nm.h_row == nullptr || nm.y == nullptr || nm.gamma == nullptr || !(nm.eps >= 0.0f) ||
-        nm.staged == nullptr || reinterpret_cast<uintptr_t>(nm.staged) % 16 != 0) {
-      return cudaErrorInvalidValue;
-    }
-  }
   if (!OneTokenFusedFits(a.E, a.K, a.h, a.inner) || !a.int16_activations || !a.logit_route || a.logits == nullptr ||
-      a.table == nullptr || (a.x == nullptr && norm == nullptr) || a.experts_out == nullptr ||
-      a.weights_out == nullptr || a.error == nullptr || a.y == nullptr) {
+      a.table == nullptr || a.x == nullptr || a.experts_out == nullptr || a.weights_out == nullptr ||
+      a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (norm != nullptr) return LaunchForExperts<true, true>(a, sh, rt, nm, stream);
-  if (router != nullptr) return LaunchForExperts<true, false>(a, sh, rt, nm, stream);
-  return LaunchForExperts<false, false>(a, sh, rt, nm, stream);
+  if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
+  return LaunchForExperts<false>(a, sh, rt, stream);
 }
 
 }  // namespace tandem::cuda

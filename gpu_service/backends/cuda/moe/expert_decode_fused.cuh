@@ -32,9 +32,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstddef>
-#include <cstdint>
-
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 
 namespace tandem::cuda {
@@ -69,23 +66,6 @@ struct FusedRouter {
   int* counters = nullptr;
 };
 
-// The RMS norm before the MoE inside the fused kernel too (with FusedRouter only): the router
-// blocks compute x = γ ⊙ ρ(h_row + y) themselves (moe/fused_norm.cuh) instead of reading
-// OneTokenMoeArgs::x, and the first of them publishes it quantized in `staged` with its count, from
-// where the expert blocks copy it with their first weights; so no norm launch stands between the
-// mixer and the MoE. h_row (the residual row) is not written: the caller adds y to it later (with
-// the MoE's output, in the next norm). y is the launch just before's output; h_row and gamma were
-// written two or more launches back.
-struct FusedNorm {
-  const float* h_row = nullptr;  // h floats
-  const float* y = nullptr;      // h floats
-  const float* gamma = nullptr;  // h floats
-  float eps = 0.0f;
-  uint8_t* staged = nullptr;     // OneTokenFusedNormStagedBytes(h) bytes, 16-byte aligned: scratch
-};
-// The bytes FusedNorm::staged needs at h.
-size_t OneTokenFusedNormStagedBytes(int h);
-
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
@@ -94,11 +74,6 @@ bool OneTokenFusedFits(int E, int K, int h, int inner);
 // True when it can also take a Q8_0 shared expert of `shared_inner` rows at this h: h a multiple of
 // 512 (16 lanes a row, whole Q8_0 blocks in one x super-block each) and shared_inner of 64.
 bool OneTokenFusedTakesShared(int h, int shared_inner);
-
-// How many of the fused kernel's clusters (kFusedCluster blocks each, at h and E's shared memory)
-// this device holds at once: cudaOccupancyMaxActiveClusters, for benches and diagnosis (placement
-// depends on the chip's GPCs, not only on its SM count).
-cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 
 // The whole one-token MoE layer: reads args.logits (top-K logits routing: args.logit_route must be
 // set), args.table, args.x (int16 activations: args.int16_activations must be set), writes
@@ -111,11 +86,13 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
-// `norm` (may be nullptr; needs `router`): x computed in the grid (FusedNorm); args.x is then not
-// read (it may be nullptr).
+// How many of the fused kernel's clusters (kFusedCluster blocks each, at h and E's shared memory)
+// this device holds at once: cudaOccupancyMaxActiveClusters, for benches and diagnosis (placement
+// depends on the chip's GPCs, not only on its SM count).
+cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
+
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router = nullptr,
-                                   const FusedNorm* norm = nullptr);
+                                   cudaStream_t stream, const FusedRouter* router = nullptr);
 
 }  // namespace tandem::cuda
 

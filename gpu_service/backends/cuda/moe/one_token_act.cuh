@@ -47,24 +47,19 @@ constexpr int kXqSbStride = 264;
 // src (contiguous) quantized per super-block into xq[kXqSbStride·sb + i] and xsc[sb], with its f32
 // sub-block sums sxs[8·sb + j]. Warp w of nw takes super-blocks w, w + nw, ...; lane l eight
 // elements.
-// One super-block sb of QuantizeI16, its elements 8·lane .. 8·lane + 7 in u, v (one warp).
-__device__ __forceinline__ void QuantizeSuperBlockI16(float4 u, float4 v, int sb, int16_t* xq, float* xsc, float* sxs,
-                                                      int lane) {
-  float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
-  float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
-  s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // four lanes hold a sub-block of 32
-  s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-  *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = PackI16x8(u, v, I16Inverse(mx));
-  if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
-  if (lane == 0) xsc[sb] = I16Scale(mx);
-}
-
 __device__ __forceinline__ void QuantizeI16(const float* src, int nsb, int16_t* xq, float* xsc, float* sxs, int w,
                                             int nw, int lane) {
   for (int sb = w; sb < nsb; sb += nw) {
     const float4* p = reinterpret_cast<const float4*>(src + sb * 256 + 8 * lane);
-    QuantizeSuperBlockI16(p[0], p[1], sb, xq, xsc, sxs, lane);
+    const float4 u = p[0], v = p[1];
+    float mx = fmaxf(MaxAbs4(u), MaxAbs4(v));
+    float s = ((u.x + u.y) + (u.z + u.w)) + ((v.x + v.y) + (v.z + v.w));
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);  // four lanes hold a sub-block of 32
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+    *reinterpret_cast<uint4*>(xq + sb * kXqSbStride + 8 * lane) = PackI16x8(u, v, I16Inverse(mx));
+    if ((lane & 3) == 0) sxs[sb * 8 + (lane >> 2)] = s;
+    if (lane == 0) xsc[sb] = I16Scale(mx);
   }
 }
 
