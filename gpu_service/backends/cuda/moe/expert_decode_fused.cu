@@ -114,27 +114,76 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 // A spin wait longer than this is a bug (router blocks that never counted): trap rather than hang.
 constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
 
-// The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·kFusedRouterBlocks,
-// ...; lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
-// prefetched into L2 before the PDL wait (constant weights); x is read after it.
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = kFusedRouterBlocks * kFusedWarps;
-  for (int r = first; r < rt.rows; r += step) {
-    if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+// A router row's float4s of one lane (lane + 32j, j < kRouterQuads: h <= 2048, FusedShapeOk).
+constexpr int kRouterQuads = 2048 / 4 / 32;
+__device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane, float4 (&w)[kRouterQuads]) {
+#pragma unroll
+  for (int j = 0; j < kRouterQuads; ++j) {
+    const int i = lane + 32 * j;
+    w[j] = i < h4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  PdlWaitForPrevious();  // x
-  PdlAllowNext();
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  for (int r = first; r < rt.rows; r += step) {
-    const float4* w4 = reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h);
-    float s = 0.0f;
-    for (int i = lane; i < a.h / 4; i += 32) {
-      const float4 w = __ldg(w4 + i), v = x4[i];
-      s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+}
+// The lane's part of w · x, in the first form's order (i = lane, lane + 32, ...).
+__device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], const float4* x4, int h4, int lane) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRouterQuads; ++j) {
+    const int i = lane + 32 * j;
+    if (i < h4) {
+      const float4 v = x4[i];
+      s = fmaf(w[j].x, v.x, fmaf(w[j].y, v.y, fmaf(w[j].z, v.z, fmaf(w[j].w, v.w, s))));
     }
+  }
+  return s;
+}
+
+// The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
+// lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
+// prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
+// warp's first row is in registers before the wait, x is staged in shared memory after it, and
+// every row's loads are issued together.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = rt.blocks * kFusedWarps;
+  const int h4 = a.h / 4;
+  auto row = [&](int r) { return reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h); };
+  auto finish = [&](int r, float s) {
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
     if (lane == 0) rt.logits[r] = s;
+  };
+  if (rt.preload) {
+    for (int r = first + step; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    float4 w[kRouterQuads];
+    if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    float4* xs = reinterpret_cast<float4*>(smem);
+    for (int i = threadIdx.x; i < h4; i += kThreads) xs[i] = __ldcg(reinterpret_cast<const float4*>(a.x) + i);
+    __syncthreads();
+    if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
+    for (int r = first + step; r < rt.rows; r += step) {
+      LoadRouterRow(row(r), h4, lane, w);
+      finish(r, RouterRowDot(w, xs, h4, lane));
+    }
+  } else {
+    for (int r = first; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    for (int r = first; r < rt.rows; r += step) {
+      const float4* w4 = row(r);
+      float s = 0.0f;
+      for (int i = lane; i < h4; i += 32) {
+        const float4 w = __ldg(w4 + i), v = x4[i];
+        s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+      }
+      finish(r, s);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -148,9 +197,9 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
 // block's wait and its reads of the logits): the last of the `expert_blocks` zeroes both counters
 // for the next launch.
 __device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
-  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < kFusedRouterBlocks) {
+  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < rt.blocks) {
     const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(rt.counters) < kFusedRouterBlocks) {
+    while (LoadAcquire(rt.counters) < rt.blocks) {
       __nanosleep(32);
       if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
     }
@@ -172,11 +221,11 @@ __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_
 // that the default form's code is the one measured before the router form existed.
 template <int kPer, bool kRouter>
 __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
-  if (kRouter && static_cast<int>(blockIdx.x) < kFusedRouterBlocks) {
+  if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     RouterBlock(a, rt);
     return;
   }
-  const int block = static_cast<int>(blockIdx.x) - (kRouter ? kFusedRouterBlocks : 0);
+  const int block = static_cast<int>(blockIdx.x) - (kRouter ? rt.blocks : 0);
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
@@ -220,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   PdlWaitForPrevious();
   PdlAllowNext();
   constexpr bool router_in_grid = kRouter;
-  const int expert_blocks = static_cast<int>(gridDim.x) - kFusedRouterBlocks;
+  const int expert_blocks = static_cast<int>(gridDim.x) - rt.blocks;
   auto shared_gate = [&] {
     if (a.shared_gate_logit == nullptr) return 1.0f;
     // Written by this grid's router blocks (through L2: this SM's L1 may hold the last layer's
@@ -467,7 +516,7 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
     return err;
   }
   const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
-                     (kRouter ? kFusedRouterBlocks : 0);
+                     (kRouter ? rt.blocks : 0);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -539,7 +588,8 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
     // be that row); x is the launch just before's output.
     const bool gate_ok = rt.rows == a.E || (rt.rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
     if (rt.w == nullptr || rt.counters == nullptr || rt.logits != a.logits || !gate_ok || a.x_written_earlier ||
-        a.h % 128 != 0) {
+        a.h % 128 != 0 || rt.blocks < kFusedCluster || rt.blocks > kFusedRouterMaxBlocks ||
+        rt.blocks % kFusedCluster != 0) {
       return cudaErrorInvalidValue;
     }
   }

@@ -52,18 +52,28 @@ struct FusedSharedExpert {
 };
 
 // The router product inside the fused kernel's grid instead of a launch before it: the first
-// kFusedRouterBlocks blocks compute logits[r] = w_r · x for the `rows` f32 rows of w (E router rows,
-// then the shared gate's row when rows = E + 1) into OneTokenMoeArgs::logits and count themselves
-// done in counters[0]; the expert blocks wait (after their PDL wait, which is now on x's writer)
-// until that count is complete, and the last of them to route zeroes both counters (counters[1]
-// counts the routed ones). counters: two ints, zero before the launch (MoeStage::PrepareStep zeroes
-// them before every step, so a step cut short cannot leave them set).
-inline constexpr int kFusedRouterBlocks = 64;
+// `blocks` blocks compute logits[r] = w_r · x for the `rows` f32 rows of w (E router rows, then the
+// shared gate's row when rows = E + 1) into OneTokenMoeArgs::logits and count themselves done in
+// counters[0]; the expert blocks wait (after their PDL wait, which is now on x's writer) until that
+// count is complete, and the last of them to route zeroes both counters (counters[1] counts the
+// routed ones). counters: two ints, zero before the launch (MoeStage::PrepareStep zeroes them
+// before every step, so a step cut short cannot leave them set).
+// blocks: a multiple of kFusedCluster (they are placed as clusters too), 8 .. kFusedRouterMaxBlocks.
+// The default 96 keeps the 80B layer's grid (40 routed and 8 shared clusters) at 60 clusters, inside
+// the 62 an H200 holds at once (OneTokenFusedMaxActiveClusters), with 1-2 rows a warp.
+// preload: each warp loads its first row into registers before the PDL wait and reads x from
+// shared memory (staged once a block after the wait); otherwise a plain loop over x and the rows
+// from L2 after the wait (the first form). Both give the same logits (the same sums in the same
+// order).
+inline constexpr int kFusedRouterBlocks = 96;
+inline constexpr int kFusedRouterMaxBlocks = 256;
 struct FusedRouter {
   const float* w = nullptr;  // rows × h f32, row-major
   int rows = 0;
   float* logits = nullptr;   // rows floats: must be OneTokenMoeArgs::logits
   int* counters = nullptr;
+  int blocks = kFusedRouterBlocks;
+  bool preload = true;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
