@@ -17,9 +17,8 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
-#include "gpu_service/backends/cuda/global_timer.cuh"
-#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
+#include "gpu_service/backends/cuda/moe/fused_router.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -111,112 +110,12 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
   return acc;
 }
 
-// A spin wait longer than this is a bug (router blocks that never counted): trap rather than hang.
-constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
-
-// A router row's float4s of one lane (lane + 32j, j < kRouterQuads: h <= 2048, FusedShapeOk).
-constexpr int kRouterQuads = 2048 / 4 / 32;
-__device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane, float4 (&w)[kRouterQuads]) {
-#pragma unroll
-  for (int j = 0; j < kRouterQuads; ++j) {
-    const int i = lane + 32 * j;
-    w[j] = i < h4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-// The lane's part of w · x, in the first form's order (i = lane, lane + 32, ...).
-__device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], const float4* x4, int h4, int lane) {
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kRouterQuads; ++j) {
-    const int i = lane + 32 * j;
-    if (i < h4) {
-      const float4 v = x4[i];
-      s = fmaf(w[j].x, v.x, fmaf(w[j].y, v.y, fmaf(w[j].z, v.z, fmaf(w[j].w, v.w, s))));
-    }
-  }
-  return s;
-}
-
-// The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
-// lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
-// prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
-// warp's first row is in registers before the wait, x is staged in shared memory after it, and
-// every row's loads are issued together.
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int first = static_cast<int>(blockIdx.x) * kFusedWarps + warp, step = rt.blocks * kFusedWarps;
-  const int h4 = a.h / 4;
-  auto row = [&](int r) { return reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h); };
-  auto finish = [&](int r, float s) {
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    if (lane == 0) rt.logits[r] = s;
-  };
-  if (rt.preload) {
-    for (int r = first + step; r < rt.rows; r += step) {
-      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
-    }
-    float4 w[kRouterQuads];
-    if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
-    PdlWaitForPrevious();  // x
-    PdlAllowNext();
-    float4* xs = reinterpret_cast<float4*>(smem);
-    for (int i = threadIdx.x; i < h4; i += kThreads) xs[i] = __ldcg(reinterpret_cast<const float4*>(a.x) + i);
-    __syncthreads();
-    if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
-    for (int r = first + step; r < rt.rows; r += step) {
-      LoadRouterRow(row(r), h4, lane, w);
-      finish(r, RouterRowDot(w, xs, h4, lane));
-    }
-  } else {
-    for (int r = first; r < rt.rows; r += step) {
-      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
-    }
-    PdlWaitForPrevious();  // x
-    PdlAllowNext();
-    const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    for (int r = first; r < rt.rows; r += step) {
-      const float4* w4 = row(r);
-      float s = 0.0f;
-      for (int i = lane; i < h4; i += 32) {
-        const float4 w = __ldg(w4 + i), v = x4[i];
-        s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
-      }
-      finish(r, s);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // release: the logits before the count
-    atomicAdd(rt.counters, 1);
-  }
-}
-
-// An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
-// visible after the acquire that sees the count complete. ConsumeRouter (one thread, after the
-// block's wait and its reads of the logits): the last of the `expert_blocks` zeroes both counters
-// for the next launch.
-__device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
-  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < rt.blocks) {
-    const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(rt.counters) < rt.blocks) {
-      __nanosleep(32);
-      if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
-    }
-  }
-  __syncwarp();
-}
-__device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {
-  if (atomicAdd(rt.counters + 1, 1) == expert_blocks - 1) {
-    rt.counters[0] = 0;
-    rt.counters[1] = 0;
-  }
-}
+static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
 // kThreads threads. Block b < K · inner / 128 · 8: pick k = b / (inner / 128 · 8), slice s = (b / 8)
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
-// kRouter (FusedRouter given): the grid starts with kFusedRouterBlocks router blocks (RouterBlock)
+// kRouter (FusedRouter given): the grid starts with rt.blocks router blocks (fused_router.cuh)
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the default form's code is the one measured before the router form existed.
 template <int kPer, bool kRouter>
@@ -507,6 +406,16 @@ bool FusedShapeOk(int h, int inner) {
 
 constexpr int kMaxSmem = 227 * 1024;
 
+// The launch attribute that makes clusters of kFusedCluster blocks along x.
+cudaLaunchAttribute ClusterAttribute() {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = kFusedCluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 template <int kPer, bool kRouter>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
                         cudaStream_t stream) {
@@ -523,10 +432,7 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kFusedCluster;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
+  attribute[0] = ClusterAttribute();
   attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
@@ -558,8 +464,8 @@ bool OneTokenFusedTakesShared(int h, int shared_inner) {
 
 cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   if (E < 1 || E > kOneTokenMaxExperts || !FusedShapeOk(h, 256) || clusters == nullptr) return cudaErrorInvalidValue;
-  // The form LaunchForExperts<false> picks for E (the occupancy is the same for every kPer: the
-  // same registers and shared memory).
+  // One kernel form (the occupancy is the same for every kPer and router form: the same registers
+  // and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false>, smem, raised); err != cudaSuccess) {
@@ -569,12 +475,8 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   config.gridDim = dim3(kFusedCluster * 64);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kFusedCluster;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
+  cudaLaunchAttribute attribute = ClusterAttribute();
+  config.attrs = &attribute;
   config.numAttrs = 1;
   return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false>, &config);
 }

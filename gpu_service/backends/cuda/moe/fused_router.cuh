@@ -1,0 +1,128 @@
+// The router blocks of the fused one-token MoE kernel (FusedRouter, expert_decode_fused.cuh): the
+// router product's rows computed by the grid's first blocks, and the expert blocks' wait for their
+// count. Device code only (include from expert_decode_fused.cu); internal linkage, as in
+// matvec_core.cuh.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kFusedRouterWarps = 4;  // a block's warps (the fused kernel's)
+
+// A spin wait longer than this is a bug (router blocks that never counted): trap rather than hang.
+constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
+
+// A router row's float4s of one lane (lane + 32j, j < kRouterQuads: h <= 2048, FusedShapeOk).
+constexpr int kRouterQuads = 2048 / 4 / 32;
+__device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane, float4 (&w)[kRouterQuads]) {
+#pragma unroll
+  for (int j = 0; j < kRouterQuads; ++j) {
+    const int i = lane + 32 * j;
+    w[j] = i < h4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+// The lane's part of w · x, in the first form's order (i = lane, lane + 32, ...).
+__device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], const float4* x4, int h4, int lane) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRouterQuads; ++j) {
+    const int i = lane + 32 * j;
+    if (i < h4) {
+      const float4 v = x4[i];
+      s = fmaf(w[j].x, v.x, fmaf(w[j].y, v.y, fmaf(w[j].z, v.z, fmaf(w[j].w, v.w, s))));
+    }
+  }
+  return s;
+}
+
+// The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
+// lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
+// prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
+// warp's first row is in registers before the wait, x is staged in shared memory after it, and
+// every row's loads are issued together.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int first = static_cast<int>(blockIdx.x) * kFusedRouterWarps + warp, step = rt.blocks * kFusedRouterWarps;
+  const int h4 = a.h / 4;
+  auto row = [&](int r) { return reinterpret_cast<const float4*>(rt.w + static_cast<int64_t>(r) * a.h); };
+  auto finish = [&](int r, float s) {
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    if (lane == 0) rt.logits[r] = s;
+  };
+  if (rt.preload) {
+    for (int r = first + step; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    float4 w[kRouterQuads];
+    if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    float4* xs = reinterpret_cast<float4*>(smem);
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    for (int i = threadIdx.x; i < h4; i += kFusedRouterWarps * 32) xs[i] = __ldcg(x4 + i);
+    __syncthreads();
+    if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
+    for (int r = first + step; r < rt.rows; r += step) {
+      LoadRouterRow(row(r), h4, lane, w);
+      finish(r, RouterRowDot(w, xs, h4, lane));
+    }
+  } else {
+    for (int r = first; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    for (int r = first; r < rt.rows; r += step) {
+      const float4* w4 = row(r);
+      float s = 0.0f;
+      for (int i = lane; i < h4; i += 32) {
+        const float4 w = __ldg(w4 + i), v = x4[i];
+        s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+      }
+      finish(r, s);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // release: the logits before the count
+    atomicAdd(rt.counters, 1);
+  }
+}
+
+// An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
+// visible after the acquire that sees the count complete. ConsumeRouter (one thread, after the
+// block's wait and its reads of the logits): the last of the `expert_blocks` zeroes both counters
+// for the next launch.
+__device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
+  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < rt.blocks) {
+    const unsigned long long start = GlobalTimerNs();
+    while (LoadAcquire(rt.counters) < rt.blocks) {
+      __nanosleep(32);
+      if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
+    }
+  }
+  __syncwarp();
+}
+__device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {
+  if (atomicAdd(rt.counters + 1, 1) == expert_blocks - 1) {
+    rt.counters[0] = 0;
+    rt.counters[1] = 0;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
