@@ -16,7 +16,6 @@
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -101,19 +100,6 @@ namespace moe_stage_internal {
 bool OldSharedGate() {
   static const bool old = EnvSwitch("TANDEM_OLD_SHARED_GATE");
   return old;
-}
-
-int FusedRouterBlockCount() {
-  static const int blocks = [] {
-    const long long b = EnvInteger("TANDEM_FUSED_ROUTER_BLOCKS", kFusedRouterBlocks, kFusedCluster, kFusedRouterMaxBlocks);
-    return static_cast<int>(b / kFusedCluster * kFusedCluster);
-  }();
-  return blocks;
-}
-
-bool FusedRouterPreload() {
-  static const bool preload = EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER_PRELOAD");
-  return preload;
 }
 
 }  // namespace moe_stage_internal

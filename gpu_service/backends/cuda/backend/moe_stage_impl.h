@@ -39,12 +39,6 @@ inline int64_t MaxPlanUnits(int64_t pairs, int64_t E) { return std::min(pairs, p
 // again. A diagnostic A/B of the chain's two parts; TANDEM_OLD_SHARED_CHAIN=1 turns both off.
 bool OldSharedGate();
 
-// The fused kernel's router blocks (FusedRouter::blocks, ::preload), A/B knobs read once:
-// TANDEM_FUSED_ROUTER_BLOCKS (a multiple of 8 in 8 .. kFusedRouterMaxBlocks; default
-// kFusedRouterBlocks) and TANDEM_FUSED_ROUTER_PRELOAD=0 (the plain loop).
-int FusedRouterBlockCount();
-bool FusedRouterPreload();
-
 }  // namespace moe_stage_internal
 
 struct MoeStage::Impl {

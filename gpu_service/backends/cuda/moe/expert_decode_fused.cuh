@@ -60,11 +60,8 @@ struct FusedSharedExpert {
 // before every step, so a step cut short cannot leave them set).
 // blocks: a multiple of kFusedCluster (they are placed as clusters too), 8 .. kFusedRouterMaxBlocks.
 // The default 96 keeps the 80B layer's grid (40 routed and 8 shared clusters) at 60 clusters, inside
-// the 62 an H200 holds at once (OneTokenFusedMaxActiveClusters), with 1-2 rows a warp.
-// preload: each warp loads its first row into registers before the PDL wait and reads x from
-// shared memory (staged once a block after the wait); otherwise a plain loop over x and the rows
-// from L2 after the wait (the first form). Both give the same logits (the same sums in the same
-// order).
+// the 62 an H200 holds at once (OneTokenFusedMaxActiveClusters), with 1-2 rows a warp. The logits do
+// not depend on it (each row's sum has one order).
 inline constexpr int kFusedRouterBlocks = 96;
 inline constexpr int kFusedRouterMaxBlocks = 256;
 struct FusedRouter {
@@ -73,7 +70,6 @@ struct FusedRouter {
   float* logits = nullptr;   // rows floats: must be OneTokenMoeArgs::logits
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
-  bool preload = true;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
