@@ -60,8 +60,13 @@ struct FusedSharedExpert {
 // before every step, so a step cut short cannot leave them set).
 // blocks: a multiple of kFusedCluster (they are placed as clusters too), 8 .. kFusedRouterMaxBlocks.
 // The default 96 keeps the 80B layer's grid (40 routed and 8 shared clusters) at 60 clusters, inside
-// the 62 an H200 holds at once (OneTokenFusedMaxActiveClusters), with 1-2 rows a warp. The logits do
-// not depend on it (each row's sum has one order).
+// the 62 an H200 holds at once (OneTokenFusedMaxActiveClusters), with 1-2 rows a warp.
+// preload: each warp loads its first row into registers before the PDL wait and reads x from
+// shared memory (staged once a block after the wait); otherwise a plain loop over x and the rows
+// from L2 after the wait (the first form). Both give the same logits (the same sums in the same
+// order) and measured the same end to end (docs/PERF.md, twenty-first session); the backend takes
+// the default. The choice stays a runtime field: with the loop removed the compiler gave the
+// kernel 110 registers instead of 96, a form not measured.
 inline constexpr int kFusedRouterBlocks = 96;
 inline constexpr int kFusedRouterMaxBlocks = 256;
 struct FusedRouter {
@@ -70,6 +75,7 @@ struct FusedRouter {
   float* logits = nullptr;   // rows floats: must be OneTokenMoeArgs::logits
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
+  bool preload = true;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -46,10 +46,10 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
 }
 
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
-// lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The warp's first row is
-// loaded into registers before the PDL wait and its other rows prefetched into L2 (constant
-// weights); x is staged in shared memory after the wait, and each later row's loads are issued
-// together.
+// lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
+// prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
+// warp's first row is in registers before the wait, x is staged in shared memory after it, and
+// every row's loads are issued together.
 __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -60,21 +60,39 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
     if (lane == 0) rt.logits[r] = s;
   };
-  for (int r = first + step; r < rt.rows; r += step) {
-    if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
-  }
-  float4 w[kRouterQuads];
-  if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
-  PdlWaitForPrevious();  // x
-  PdlAllowNext();
-  float4* xs = reinterpret_cast<float4*>(smem);
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  for (int i = threadIdx.x; i < h4; i += kFusedRouterWarps * 32) xs[i] = __ldcg(x4 + i);
-  __syncthreads();
-  if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
-  for (int r = first + step; r < rt.rows; r += step) {
-    LoadRouterRow(row(r), h4, lane, w);
-    finish(r, RouterRowDot(w, xs, h4, lane));
+  if (rt.preload) {
+    for (int r = first + step; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    float4 w[kRouterQuads];
+    if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    float4* xs = reinterpret_cast<float4*>(smem);
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    for (int i = threadIdx.x; i < h4; i += kFusedRouterWarps * 32) xs[i] = __ldcg(x4 + i);
+    __syncthreads();
+    if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
+    for (int r = first + step; r < rt.rows; r += step) {
+      LoadRouterRow(row(r), h4, lane, w);
+      finish(r, RouterRowDot(w, xs, h4, lane));
+    }
+  } else {
+    for (int r = first; r < rt.rows; r += step) {
+      if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
+    }
+    PdlWaitForPrevious();  // x
+    PdlAllowNext();
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    for (int r = first; r < rt.rows; r += step) {
+      const float4* w4 = row(r);
+      float s = 0.0f;
+      for (int i = lane; i < h4; i += 32) {
+        const float4 w = __ldg(w4 + i), v = x4[i];
+        s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+      }
+      finish(r, s);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
