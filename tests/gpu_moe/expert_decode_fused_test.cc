@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "tests/gpu_moe/one_token_support.h"
 #include "tests/gpu_moe/test_support.h"
 #include "tests/test_seed.h"
@@ -213,6 +214,85 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     EXPECT_EQ(form_logits[0], form_logits[1]) << "the two router forms' logits differ at h=" << c.h;
   }
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+// The probed instantiation (expert_decode_fused_probe.h) computes what the kernel computes at the
+// 80B shape in the decode stage's form (the shared expert and the router product inside): the same
+// picks, weights and logits, y within 1e-5 relative L2 (its additions' order is not fixed); every
+// block of the grid stamps a row with its kind, pick, a real SM and its index, its phases in order
+// (router blocks: entry and exit only).
+TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t h = 2048, I = 512, E = 512;
+  const int K = 10;
+  const OneTokenExperts ex(rng, h, I, E, K);
+  const SharedQ8 sq(rng, h, 512);
+  const std::vector<float> w = testing::RandomVector(rng, (E + 1) * h, 0.05f);
+  const std::vector<float> x = testing::RandomVector(rng, h);
+  const DeviceBuffer dw = testing::Upload(w);
+  DeviceBuffer counters = testing::Upload(std::vector<int32_t>(2, 0));
+  const std::vector<float> zeros(static_cast<size_t>(E + 1), 0.0f), shared(static_cast<size_t>(h), 0.0f);
+  OneTokenStep plain(ex, K, zeros, x, shared, 0.0f), probed(ex, K, zeros, x, shared, 0.0f);
+  std::vector<float> y[2], logits[2];
+  std::vector<int32_t> picks[2];
+  int grid = 0;
+  DeviceBuffer stamps;
+  for (int run = 0; run < 2; ++run) {
+    OneTokenStep& step = run == 0 ? plain : probed;
+    OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, false);
+    a.shared = nullptr;
+    a.shared_gate_logit = a.logits + E;
+    const FusedRouter router{dw.as<float>(), static_cast<int>(E + 1), step.logits.as<float>(), counters.as<int32_t>()};
+    TANDEM_ASSERT_CUDA(cudaMemset(step.y.get(), 0, static_cast<size_t>(h) * sizeof(float)));
+    if (run == 0) {
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr, &router));
+    } else {
+      grid = OneTokenFusedGridBlocks(a, &sq.where, &router);
+      stamps = testing::Upload(std::vector<unsigned long long>(static_cast<size_t>(grid) * kFusedProbeWords, 0));
+      EXPECT_EQ(LaunchOneTokenMoeFusedProbed(a, &sq.where, nullptr, &router, nullptr), cudaErrorInvalidValue);
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedProbed(a, &sq.where, nullptr, &router, stamps.as<unsigned long long>()));
+    }
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    y[run] = Download<float>(step.y.get(), static_cast<size_t>(h));
+    logits[run] = Download<float>(step.logits.get(), static_cast<size_t>(E + 1));
+    picks[run] = Download<int32_t>(step.picks.get(), static_cast<size_t>(2 * K));  // ids, then weights' bits
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(picks[0], picks[1]);
+  EXPECT_LE(testing::RelativeL2(y[1], y[0]), 1e-5);
+  ASSERT_EQ(grid, kFusedRouterBlocks + kFusedCluster * (K * I / kFusedSliceCols + 512 / kFusedSharedSliceCols));
+  const std::vector<unsigned long long> rows =
+      Download<unsigned long long>(stamps.get(), static_cast<size_t>(grid) * kFusedProbeWords);
+  int sm_count = 0;
+  TANDEM_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const int per_pick = static_cast<int>(I) / kFusedSliceCols * kFusedCluster;
+  for (int b = 0; b < grid; ++b) {
+    const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kFusedProbeWords;
+    const int local = b - kFusedRouterBlocks;
+    const int kind = local < 0 ? kFusedProbeRouterKind : local < K * per_pick ? kFusedProbeRoutedKind : kFusedProbeSharedKind;
+    EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kind)) << "block " << b;
+    const long long pick = kind == kFusedProbeRoutedKind ? local / per_pick : -1;
+    EXPECT_EQ(static_cast<long long>(r[kFusedProbePick]), pick) << "block " << b;
+    EXPECT_EQ(r[kFusedProbeBlock], static_cast<unsigned long long>(b));
+    EXPECT_LT(r[kFusedProbeSm], static_cast<unsigned long long>(sm_count)) << "block " << b;
+    const std::vector<int> order = kind == kFusedProbeRouterKind
+                                       ? std::vector<int>{kFusedProbeEntry, kFusedProbeExit}
+                                       : std::vector<int>{kFusedProbeEntry,         kFusedProbeAfterWait,
+                                                          kFusedProbeRouted,        kFusedProbeGateUpLanded,
+                                                          kFusedProbeActWritten,    kFusedProbeClusterPassed,
+                                                          kFusedProbeDownLanded,    kFusedProbeSummed,
+                                                          kFusedProbeExit};
+    for (size_t i = 0; i < order.size(); ++i) {
+      EXPECT_NE(r[order[i]], 0u) << "block " << b << " phase " << order[i];
+      if (i > 0) {
+        EXPECT_LE(r[order[i - 1]], r[order[i]]) << "block " << b << " phase " << order[i];
+      }
+    }
+    if (kind == kFusedProbeRouterKind) {
+      for (int p = kFusedProbeAfterWait; p < kFusedProbeExit; ++p) EXPECT_EQ(r[p], 0u) << "router block " << b;
+    }
+  }
 }
 
 // The 80B shape (8 lanes a gate/up row, 256 down rows a block, two slices a down super-block),

@@ -4,7 +4,10 @@
 // stamps on; per layer, the phases of its gate/up and down blocks relative to the previous layer's
 // last down block, medians over layers 1..47; for each of the kernels' forms (f32 / int16
 // activations, f64 / logit routing, x before the wait, per-pick counts), alone and with the shared
-// expert's two unit kernels on a side stream beside them (as the decode stage runs them). Not a test.
+// expert's two unit kernels on a side stream beside them (as the decode stage runs them). Then the
+// fused kernel's forms (expert_decode_fused.cuh), timed as graphs, and the decode stage's two of
+// them (the shared expert inside; and the router product inside) again with their phase stamps
+// (expert_decode_fused_probe.h). Not a test.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,10 +15,12 @@
 #include <cstdio>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one_probe.h"
@@ -110,6 +115,62 @@ void Report(const std::vector<Stamp>& stamps, unsigned capacity, int layers, int
   std::printf("  most blocks on one SM: gate/up %.0f, down %.0f; down blocks entered before gate/up's last act row: "
               "%.0f of %d\n",
               Median(gate_per_sm), Median(down_per_sm), Median(down_early), down_blocks);
+}
+
+// The fused kernel's stamps (expert_decode_fused_probe.h): `grid` rows a layer; per layer l >= 1,
+// each kind of block's phases after layer l - 1's last block exit, medians over layers of the first
+// / median / last block of that kind.
+void ReportFused(const std::vector<Stamp>& stamps, int layers, int grid, const char* what) {
+  const char* phase_names[kFusedProbePhases] = {"entry",
+                                                "after the PDL wait",
+                                                "routed (block barrier)",
+                                                "gate/up copies landed (warp 0)",
+                                                "act written (block barrier)",
+                                                "cluster barrier passed",
+                                                "down copies landed",
+                                                "sums issued (block barrier)",
+                                                "exit"};
+  const char* kind_names[3] = {"routed", "shared", "router"};
+  std::vector<double> v[3][kFusedProbePhases][3];
+  std::vector<double> span;
+  auto row = [&](int l, int b) { return stamps.data() + (static_cast<size_t>(l) * grid + b) * kFusedProbeWords; };
+  for (int l = 1; l < layers; ++l) {
+    Stamp t0 = 0, end = 0;
+    for (int b = 0; b < grid; ++b) t0 = std::max(t0, row(l - 1, b)[kFusedProbeExit]);
+    if (t0 == 0) continue;
+    std::vector<const Stamp*> of_kind[3];
+    for (int b = 0; b < grid; ++b) {
+      const Stamp* r = row(l, b);
+      if (r[kFusedProbeEntry] == 0 || r[kFusedProbeKind] > 2) continue;
+      of_kind[r[kFusedProbeKind]].push_back(r);
+      end = std::max(end, r[kFusedProbeExit]);
+    }
+    for (int kind = 0; kind < 3; ++kind) {
+      if (of_kind[kind].empty()) continue;
+      for (int p = 0; p < kFusedProbePhases; ++p) {
+        for (int which = -1; which <= 1; ++which) {
+          v[kind][p][which + 1].push_back(bench::StampUs(of_kind[kind], p, t0, which));
+        }
+      }
+    }
+    span.push_back((static_cast<double>(end) - static_cast<double>(t0)) * 1e-3);
+  }
+  if (span.empty()) {
+    std::printf("one-token probe (%s, stamped): no complete layer recorded\n", what);
+    return;
+  }
+  std::printf("one-token probe (%s, stamped): us after the previous layer's last block exit (%%globaltimer), median "
+              "over %zu layers of the first / median / last block of each kind:\n",
+              what, span.size());
+  for (int kind = 0; kind < 3; ++kind) {
+    if (v[kind][0][0].empty()) continue;
+    for (int p = 0; p < kFusedProbePhases; ++p) {
+      if (kind == kFusedProbeRouterKind && p != kFusedProbeEntry && p != kFusedProbeExit) continue;
+      std::printf("  %-7s %-32s %8.2f %8.2f %8.2f\n", kind_names[kind], phase_names[p], Median(v[kind][p][0]),
+                  Median(v[kind][p][1]), Median(v[kind][p][2]));
+    }
+  }
+  std::printf("  the layer's last exit: %.2f\n", Median(span));
 }
 
 }  // namespace
@@ -258,6 +319,13 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
   int* router_counters;
   BENCH_CHECK(cudaMalloc(&router_counters, 2 * sizeof(int)));
   BENCH_CHECK(cudaMemset(router_counters, 0, 2 * sizeof(int)));
+  // The stamped forms' rows: every layer's grid (at most the router's blocks and 48 clusters).
+  const int max_grid = kFusedRouterMaxBlocks + kFusedCluster * static_cast<int>(kK * kI / 128 + kI / 64);
+  const size_t fused_stamp_bytes = static_cast<size_t>(steps) * max_grid * kFusedProbeWords * sizeof(Stamp);
+  Stamp* fused_stamps;
+  BENCH_CHECK(cudaMalloc(&fused_stamps, fused_stamp_bytes));
+  bool probed = false;
+  int grid = 0;
   // No shared expert, beside on the side stream, inside the kernel, inside with the router product
   // in the grid too (FusedRouter: no launch before the kernel; the shared term ungated).
   for (const int form : {0, 1, 2, 3}) {
@@ -284,7 +352,15 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
       o.x_written_earlier = form != 3;
       if (form == 2) o.shared_gate_logit = gate_logit;
       const FusedRouter router{mats[step % routers], static_cast<int>(kE), logits, router_counters};
-      BENCH_CHECK(LaunchOneTokenMoeFused(o, form >= 2 ? &inside : nullptr, s, form == 3 ? &router : nullptr));
+      const FusedSharedExpert* in = form >= 2 ? &inside : nullptr;
+      const FusedRouter* rt = form == 3 ? &router : nullptr;
+      grid = OneTokenFusedGridBlocks(o, in, rt);
+      if (probed) {
+        Stamp* rows = fused_stamps + static_cast<size_t>(step % steps) * grid * kFusedProbeWords;
+        BENCH_CHECK(LaunchOneTokenMoeFusedProbed(o, in, s, rt, rows));
+      } else {
+        BENCH_CHECK(LaunchOneTokenMoeFused(o, in, s, rt));
+      }
       if (with_shared) BENCH_CHECK(cudaStreamWaitEvent(s, join_event));
       ++step;
     };
@@ -297,7 +373,24 @@ void BenchOneTokenProbe(const float* x, std::mt19937& rng) {
                                  ", shared expert and router product inside"};
     std::printf("one-token probe (one fused kernel, int16, logit routing, x early%s): graph %.2f us/layer\n",
                 shared_form[form], us);
+    if (form >= 2) {  // the decode stage's forms: where the layer's time goes inside the grid
+      probed = true;
+      step = 0;
+      fused();  // once outside capture (the probed kernel's attributes)
+      BENCH_CHECK(cudaDeviceSynchronize());
+      step = 0;
+      const float ms = bench::StampedReplayMs(
+          fused, steps, [&](cudaStream_t st) { BENCH_CHECK(cudaMemsetAsync(fused_stamps, 0, fused_stamp_bytes, st)); },
+          [](cudaStream_t) {});
+      std::vector<Stamp> host(fused_stamp_bytes / sizeof(Stamp));
+      BENCH_CHECK(cudaMemcpy(host.data(), fused_stamps, fused_stamp_bytes, cudaMemcpyDeviceToHost));
+      const std::string what = std::string("one fused kernel") + shared_form[form];
+      std::printf("one-token probe (%s): %.2f us/layer in the stamped replay\n", what.c_str(), ms * 1e3 / steps);
+      ReportFused(host, steps, grid, what.c_str());
+      probed = false;
+    }
   }
+  BENCH_CHECK(cudaFree(fused_stamps));
   BENCH_CHECK(cudaFree(ys));
   BENCH_CHECK(cudaFree(router_counters));
   for (float* m : mats) BENCH_CHECK(cudaFree(m));

@@ -9,6 +9,7 @@
 // are prefetched into L2 right after routing and copied into the gate/up rows' shared memory once
 // the gate/up products are done (FusedSmem says why).
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 
 #include <cooperative_groups.h>
 
@@ -112,16 +113,47 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
+// expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
+// its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
+template <bool kProbe>
+struct FusedStamps {
+  unsigned long long* row = nullptr;
+  __device__ FusedStamps(unsigned long long* rows, int kind, int pick) {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0 && rows != nullptr) {
+        row = rows + static_cast<unsigned long long>(blockIdx.x) * kFusedProbeWords;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        row[kFusedProbeKind] = static_cast<unsigned long long>(kind);
+        row[kFusedProbePick] = static_cast<unsigned long long>(static_cast<long long>(pick));
+        row[kFusedProbeSm] = smid;
+        row[kFusedProbeBlock] = blockIdx.x;
+        Stamp(kFusedProbeEntry);
+      }
+    }
+  }
+  __device__ void Stamp(int phase) const {
+    if constexpr (kProbe) {
+      if (row != nullptr) row[phase] = GlobalTimerNs();
+    }
+  }
+};
+
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
 // kThreads threads. Block b < K · inner / 128 · 8: pick k = b / (inner / 128 · 8), slice s = (b / 8)
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
 // kRouter (FusedRouter given): the grid starts with rt.blocks router blocks (fused_router.cuh)
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
-// that the default form's code is the one measured before the router form existed.
-template <int kPer, bool kRouter>
-__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt) {
+// that the default form's code is the one measured before the router form existed. kProbe
+// (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
+// "summed" stamp; the other instantiations ignore `probe`.
+template <int kPer, bool kRouter, bool kProbe>
+__global__ void __launch_bounds__(kThreads)
+    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
+    const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
+    stamps.Stamp(kFusedProbeExit);
     return;
   }
   const int block = static_cast<int>(blockIdx.x) - (kRouter ? rt.blocks : 0);
@@ -139,6 +171,8 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   const int k = shared_block ? a.K : block / per_pick;
   const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
+  const FusedStamps<kProbe> stamps(probe, shared_block ? kFusedProbeSharedKind : kFusedProbeRoutedKind,
+                                    shared_block ? -1 : k);
   uint8_t* wgu = smem + L.weights;
   uint8_t* wdn = smem + L.weights;  // the same region, once the gate/up products are done
   const void** tgate = reinterpret_cast<const void**>(smem + L.tables);
@@ -167,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
   PdlAllowNext();
+  stamps.Stamp(kFusedProbeAfterWait);
   constexpr bool router_in_grid = kRouter;
   const int expert_blocks = static_cast<int>(gridDim.x) - rt.blocks;
   auto shared_gate = [&] {
@@ -198,6 +233,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
+  stamps.Stamp(kFusedProbeRouted);
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
@@ -225,6 +261,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
     CpAsyncWait<0>();  // this thread's gate/up copies
     __syncwarp();      // the warp's rows are visible to all its lanes
+    stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
     const int rps = 32 / nsb;
     const int rho = lane / nsb, sb = lane - rho * nsb;
     const bool valid = rho < kWarpRows && rho < rps;
@@ -242,6 +279,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     }
     if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
+    stamps.Stamp(kFusedProbeActWritten);
     for (int c = t; c < 5 * down_rows; c += kThreads) {
       const int r = c / 5, part = c - 5 * r;
       const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
@@ -276,6 +314,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     }
     CpAsyncWait<0>();
     __syncwarp();
+    stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
     const int rho = lane >> 4, part = lane & 15;
     const int cols = a.h / 16;  // a lane's columns: part · cols ..
     const int e0 = part * cols;
@@ -290,6 +329,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     }
     if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
+    stamps.Stamp(kFusedProbeActWritten);
     for (int c = t; c < 6 * down_rows; c += kThreads) {
       const int r = c / 6, piece = c - 6 * r;
       if (piece < pieces(r)) {
@@ -303,6 +343,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
   ClusterArrive();
   ClusterWait();
+  stamps.Stamp(kFusedProbeClusterPassed);
   if (ok && warp == 0) {
     const cg::cluster_group cluster = cg::this_cluster();
     const bool in = 4 * lane < slice_cols;
@@ -333,6 +374,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     }
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
+    stamps.Stamp(kFusedProbeDownLanded);
     if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
@@ -395,7 +437,12 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
       }
     }
   }
+  if constexpr (kProbe) {
+    __syncthreads();  // every thread's additions issued
+    stamps.Stamp(kFusedProbeSummed);
+  }
   ClusterWait();
+  stamps.Stamp(kFusedProbeExit);
 }
 
 bool FusedShapeOk(int h, int inner) {
@@ -416,16 +463,15 @@ cudaLaunchAttribute ClusterAttribute() {
   return attribute;
 }
 
-template <int kPer, bool kRouter>
+template <int kPer, bool kRouter, bool kProbe = false>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, unsigned long long* probe = nullptr) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
     return err;
   }
-  const int blocks = kFusedCluster * (a.K * a.inner / kFusedSliceCols + sh.inner / kFusedSharedSliceCols) +
-                     (kRouter ? rt.blocks : 0);
+  const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -437,7 +483,7 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter>, a, sh, rt);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe>, a, sh, rt, probe);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
@@ -468,7 +514,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -478,28 +524,29 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   cudaLaunchAttribute attribute = ClusterAttribute();
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false>, &config);
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false>, &config);
 }
 
-cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router) {
-  FusedRouter rt;
+namespace {
+
+// LaunchOneTokenMoeFused's checks; *sh and *rt the forms to launch (empty where not given).
+cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert, const FusedRouter* router,
+                           FusedSharedExpert* sh, FusedRouter* rt) {
   if (router != nullptr) {
-    rt = *router;
+    *rt = *router;
     // The router rows are E, or E + 1 with the shared gate's row last (then shared_gate_logit must
     // be that row); x is the launch just before's output.
-    const bool gate_ok = rt.rows == a.E || (rt.rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
-    if (rt.w == nullptr || rt.counters == nullptr || rt.logits != a.logits || !gate_ok || a.x_written_earlier ||
-        a.h % 128 != 0 || rt.blocks < kFusedCluster || rt.blocks > kFusedRouterMaxBlocks ||
-        rt.blocks % kFusedCluster != 0) {
+    const bool gate_ok = rt->rows == a.E || (rt->rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
+    if (rt->w == nullptr || rt->counters == nullptr || rt->logits != a.logits || !gate_ok || a.x_written_earlier ||
+        a.h % 128 != 0 || rt->blocks < kFusedCluster || rt->blocks > kFusedRouterMaxBlocks ||
+        rt->blocks % kFusedCluster != 0) {
       return cudaErrorInvalidValue;
     }
   }
-  FusedSharedExpert sh;
   if (shared_expert != nullptr) {
-    sh = *shared_expert;
-    if (!OneTokenFusedTakesShared(a.h, sh.inner) || sh.gate == nullptr || sh.up == nullptr || sh.down == nullptr ||
-        a.shared != nullptr) {
+    *sh = *shared_expert;
+    if (!OneTokenFusedTakesShared(a.h, sh->inner) || sh->gate == nullptr || sh->up == nullptr ||
+        sh->down == nullptr || a.shared != nullptr) {
       return cudaErrorInvalidValue;
     }
   }
@@ -508,8 +555,37 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
       a.error == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
   }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                                   cudaStream_t stream, const FusedRouter* router) {
+  FusedSharedExpert sh;
+  FusedRouter rt;
+  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
   if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
   return LaunchForExperts<false>(a, sh, rt, stream);
+}
+
+int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                            const FusedRouter* router) {
+  return kFusedCluster * (a.K * a.inner / kFusedSliceCols +
+                          (shared_expert != nullptr ? shared_expert->inner / kFusedSharedSliceCols : 0)) +
+         (router != nullptr ? router->blocks : 0);
+}
+
+cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                                         cudaStream_t stream, const FusedRouter* router,
+                                         unsigned long long* stamps) {
+  FusedSharedExpert sh;
+  FusedRouter rt;
+  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
+  if (stamps == nullptr) return cudaErrorInvalidValue;
+  if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;  // one instantiation (kPer 16)
+  if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, stream, stamps);
+  return LaunchFused<16, false, true>(a, sh, rt, stream, stamps);
 }
 
 }  // namespace tandem::cuda
