@@ -43,6 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
 #include "tests/gpu_backend/backend_test_util.h"
 #include "tests/gpu_backend/bench_args.h"
 #include "tests/timeline/timeline_analysis.h"
@@ -323,7 +324,15 @@ int Run(const Args& a) {
          static_cast<long long>(c.n_layers), a.mode.c_str(), a.pdl ? "on" : "off", a.edges ? "queried" : "not queried",
          a.trace_from_open ? "open" : "after warm-up");
   std::mt19937 rng(7);
-  std::vector<float> logits(static_cast<size_t>(c.vocab));
+  // The logits in page-locked memory, as gpu_backend_bench passes them (the backend copies the head's
+  // rows straight into it; a pageable buffer would add the staged copy and a host copy to each step).
+  absl::StatusOr<cuda::PinnedBuffer> logits_buffer =
+      cuda::PinnedBuffer::Allocate(static_cast<size_t>(c.vocab) * sizeof(float));
+  if (!logits_buffer.ok()) {
+    fprintf(stderr, "logits: %s\n", logits_buffer.status().ToString().c_str());
+    return 1;
+  }
+  float* const logits = logits_buffer->as<float>();
   absl::StatusOr<SequenceSlot> slot = b.CreateSequence();
   if (!slot.ok()) {
     fprintf(stderr, "%s\n", slot.status().ToString().c_str());
@@ -331,7 +340,7 @@ int Run(const Args& a) {
   }
   auto step = [&]() -> absl::Status {
     const int32_t tok = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
-    Backend::StepInput in{*slot, std::span<const int32_t>(&tok, 1), logits.data(), false, false};
+    Backend::StepInput in{*slot, std::span<const int32_t>(&tok, 1), logits, false, false};
     return b.Step(std::span<const Backend::StepInput>(&in, 1));
   };
   // N steps timed as gpu_backend_bench times decode; with `windows`, each step's CUPTI-clock window.
@@ -384,7 +393,7 @@ int Run(const Args& a) {
       for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
       absl::StatusOr<SequenceSlot> s = b.CreateSequence();
       if (!s.ok()) return s.status();
-      Backend::StepInput in{*s, prompt, logits.data(), false, false};
+      Backend::StepInput in{*s, prompt, logits, false, false};
       const uint64_t w0 = Now();
       const auto t0 = Clock::now();
       absl::Status r = b.Step(std::span<const Backend::StepInput>(&in, 1));
