@@ -217,7 +217,8 @@ MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t
   // FusedRouterInGrid: the router product's rows (f32; E, or E + 1 with the shared gate's row) in
   // the fused kernel's grid instead of a launch before it, when the shared expert is inside or
   // there is none.
-  const DeviceMatrix& router_rows = f.gate_in_router ? l.router_and_gate : l.router;
+  f.router_rows = f.gate_in_router ? &l.router_and_gate : &l.router;
+  const DeviceMatrix& router_rows = *f.router_rows;
   f.router_inside = f.fused && FusedRouterInGrid() && (!f.has_shared || f.shared_inside) &&
                     !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 && router_rows.cols == h &&
                     router_rows.row_bytes == h * 4 && h % 128 == 0 &&
@@ -236,7 +237,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, y_written != nullptr);
   const bool has_shared = form.has_shared, gate_in_router = form.gate_in_router, one_token = form.one_token;
   const bool fused = form.fused, shared_inside = form.shared_inside, router_inside = form.router_inside;
-  const DeviceMatrix& router_rows = gate_in_router ? l.router_and_gate : l.router;
+  const DeviceMatrix& router_rows = *form.router_rows;
   const bool overlap = side != nullptr && has_shared && !shared_inside;
   cudaStream_t ss = overlap ? side : stream;
   const float* shared = nullptr;

@@ -144,7 +144,7 @@ struct FusedStamps {
 // mod (inner / 128), cluster rank c = b mod 8. The rest: the shared expert's slices of 64 columns.
 // kRouter (FusedRouter given): the grid starts with rt.blocks router blocks (fused_router.cuh)
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
-// that the default form's code is the one measured before the router form existed. kProbe
+// that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
 // "summed" stamp; the other instantiations ignore `probe`.
 template <int kPer, bool kRouter, bool kProbe>

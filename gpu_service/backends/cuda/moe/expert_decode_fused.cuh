@@ -87,6 +87,11 @@ bool OneTokenFusedFits(int E, int K, int h, int inner);
 // 512 (16 lanes a row, whole Q8_0 blocks in one x super-block each) and shared_inner of 64.
 bool OneTokenFusedTakesShared(int h, int shared_inner);
 
+// How many of the fused kernel's clusters (kFusedCluster blocks each, at h and E's shared memory)
+// this device holds at once: cudaOccupancyMaxActiveClusters, for benches and diagnosis (placement
+// depends on the chip's GPCs, not only on its SM count).
+cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
+
 // The whole one-token MoE layer: reads args.logits (top-K logits routing: args.logit_route must be
 // set), args.table, args.x (int16 activations: args.int16_activations must be set), writes
 // args.experts_out / weights_out / error as LaunchOneTokenMoeGateUp does, and adds the routed
@@ -98,11 +103,6 @@ bool OneTokenFusedTakesShared(int h, int shared_inner);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
-// How many of the fused kernel's clusters (kFusedCluster blocks each, at h and E's shared memory)
-// this device holds at once: cudaOccupancyMaxActiveClusters, for benches and diagnosis (placement
-// depends on the chip's GPCs, not only on its SM count).
-cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
-
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
 
