@@ -7,7 +7,8 @@
 // history the first rewrote), also replayed from a captured CUDA graph; batches just below and
 // above kGdnPrepareShortRunBelow tokens (where LaunchGdnPrepare changes kernels); and the inputs
 // read at row strides from one stacked product's rows (bit-identical to packed rows). Also: shapes
-// the kernel does not take are refused, launching nothing.
+// the kernel does not take are refused, launching nothing; and the form with the gated norm and the
+// layer's output product inside (LaunchGdnDecodeFusedOut) against the gated launch and a host sum.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "common/weights/weight_types.h"
+#include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gtest/gtest.h"
@@ -240,6 +243,95 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeFusedTest,
                                            cuda::GdnShape{4, 8, 128, 64, 1}),    // no history; dk != dv
                          [](const ::testing::TestParamInfo<cuda::GdnShape>& info) { return Tag(info.param); });
 
+// LaunchGdnDecodeFusedOut (the gated norm and the output product inside, one token): the history
+// and state the same bits as the gated launch, a.o the same gated outputs, and out_y (which starts
+// from random values, to show the kernel adds) within 1e-4 relative L2 of y0 + W·gated in double
+// over the dequantized Q8_0 weights (the int16 outputs' rounding is ~1e-5 a row). Shapes: the 80B
+// layer's, the small preset's, and the two other clusters of 256 columns; rows 8 (one a block) to
+// 5120 (the most a block holds); rows stored with padding once (row_bytes past the natural size).
+struct OutCase {
+  cuda::GdnShape d;
+  int64_t rows;
+  int64_t pad;
+};
+
+class GpuGdnDecodeOutTest : public ::testing::TestWithParam<OutCase> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
+  const auto [d, out_rows, pad] = GetParam();
+  const std::string tag = Tag(d) + " rows " + std::to_string(out_rows);
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
+  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
+  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
+  // Two sequence rows; the token's is row 1.
+  const std::vector<float> state0 = Random(rng, static_cast<size_t>(2 * row_stride), 0.3f);
+  auto rec_gated = Upload(state0), rec_out = Upload(state0);
+  const auto rows = Upload(std::vector<int32_t>{1});
+  const auto qkv = Upload(Random(rng, static_cast<size_t>(c_dim)));
+  const auto ba = Upload(Random(rng, static_cast<size_t>(2 * d.nv), 2.0f));
+  const auto z = Upload(Random(rng, static_cast<size_t>(vw)));
+  // The output matrix: Q8_0 on the host (the reference dequantizes it), Q8_0x8 rows on the device.
+  const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, vw, out_rows, 0.05f);
+  const int64_t natural = cuda::Q8_0x8RowBytes(vw), row_bytes = natural + pad;
+  std::vector<uint8_t> packed(static_cast<size_t>(natural * out_rows));
+  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, out_rows, vw, packed.data());
+  std::vector<uint8_t> padded(static_cast<size_t>(row_bytes * out_rows), 0xFF);
+  for (int64_t r = 0; r < out_rows; ++r) std::memcpy(&padded[r * row_bytes], &packed[r * natural], natural);
+  const auto w_dev = Upload(padded);
+  const cuda::DeviceMatrix out{cuda::kTypeQ8_0x8, w_dev.get(), vw, out_rows, row_bytes};
+  ASSERT_TRUE(cuda::GdnDecodeOutFits(d, out)) << tag;
+  const std::vector<float> y0 = Random(rng, static_cast<size_t>(out_rows));
+  auto y = Upload(y0);
+
+  cuda::GdnDecodeFusedArgs args;
+  args.qkv = qkv.get();
+  args.ba = ba.get();
+  args.taps = taps.get();
+  args.ssm_a = ssm_a.get();
+  args.dt_bias = dt_bias.get();
+  args.row_stride = row_stride;
+  args.rows = rows.get();
+  args.z = z.get();
+  args.norm = norm.get();
+  args.eps = 1e-6f;
+  auto gated = Poisoned<float>(static_cast<size_t>(vw)), gated_out = Poisoned<float>(static_cast<size_t>(vw));
+  args.history = rec_gated.get();
+  args.state = rec_gated.get() + ssm_off;
+  args.o = gated.get();
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, 1, d, true, nullptr));
+  args.history = rec_out.get();
+  args.state = rec_out.get() + ssm_off;
+  args.o = gated_out.get();
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> g = Download(gated);
+  ExpectSameBits(Download(gated_out), g, tag + ": gated outputs");
+  ExpectSameBits(Download(rec_out), Download(rec_gated), tag + ": histories and states");
+  std::vector<float> want(static_cast<size_t>(out_rows)), row(static_cast<size_t>(vw));
+  for (int64_t r = 0; r < out_rows; ++r) {
+    DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), vw);
+    double sum = y0[r];
+    for (int64_t c = 0; c < vw; ++c) sum += static_cast<double>(row[c]) * g[c];
+    want[r] = static_cast<float>(sum);
+  }
+  EXPECT_LE(gpu_testing::LogError("gdn out product " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeOutTest,
+                         ::testing::Values(OutCase{{16, 32, 128, 128, 4}, 2048, 0},  // Qwen3-Next-80B's ssm_out
+                                           OutCase{{8, 16, 128, 128, 4}, 1024, 0},   // the small preset's
+                                           OutCase{{4, 16, 64, 64, 4}, 4096, 32},    // clusters (4, 2), padded rows
+                                           OutCase{{8, 64, 128, 32, 2}, 8, 0},       // clusters (8, 1), one row a block
+                                           OutCase{{16, 32, 128, 128, 4}, 5120, 0}), // the most rows a block holds
+                         [](const ::testing::TestParamInfo<OutCase>& info) {
+                           return Tag(info.param.d) + "_rows" + std::to_string(info.param.rows);
+                         });
+
 // Shapes outside the kernel's reach are refused with cudaErrorNotSupported before anything is
 // launched (the backend runs the four kernels for them): clusters over the portable 8 blocks, key
 // dimensions the recurrence does not hold, value heads the gated norm's lanes do not cover.
@@ -281,6 +373,41 @@ TEST(GdnDecodeFusedRefusalTest, UnsupportedShapesAreRefusedWithoutLaunching) {
   EXPECT_EQ(cuda::LaunchGdnDecodeFused(cuda::GdnDecodeFusedArgs{}, 1, cuda::GdnShape{16, 32, 128, 128, 4}, false,
                                        nullptr),
             cudaErrorInvalidValue);
+}
+
+// LaunchGdnDecodeFusedOut refuses, launching nothing, what GdnDecodeOutFits refuses: clusters that
+// are not one super-block of columns, a matrix not Q8_0x8 or of the wrong width, rows not a
+// multiple of 8 or past 5120, rows not 16-byte aligned.
+alignas(16) constexpr uint8_t kBytes[16] = {};  // never read: every case is refused first
+
+TEST(GdnDecodeOutRefusalTest, UnsupportedShapesAndMatricesAreRefused) {
+  const cuda::GdnShape d{16, 32, 128, 128, 4};
+  const int64_t vw = 32 * 128, rb = cuda::Q8_0x8RowBytes(vw);
+  auto mat = [&](uint32_t type, int64_t cols, int64_t rows, int64_t row_bytes, const void* data = kBytes) {
+    return cuda::DeviceMatrix{type, data, cols, rows, row_bytes};
+  };
+  struct Case {
+    cuda::GdnShape d;
+    cuda::DeviceMatrix m;
+    const char* why;
+  };
+  const std::vector<Case> refused = {
+      {{2, 4, 64, 64, 4}, mat(cuda::kTypeQ8_0x8, 256, 64, cuda::Q8_0x8RowBytes(256)), "128 columns a cluster"},
+      {{1, 16, 128, 128, 4}, mat(cuda::kTypeQ8_0x8, 2048, 64, cuda::Q8_0x8RowBytes(2048)), "the fused kernel refuses"},
+      {d, mat(static_cast<uint32_t>(WeightType::kQ8_0), vw, 2048, vw / 32 * 34), "ggml Q8_0 layout"},
+      {d, mat(cuda::kTypeQ8_0x8, vw / 2, 2048, rb / 2), "half the width"},
+      {d, mat(cuda::kTypeQ8_0x8, vw, 2044, rb), "rows not a multiple of 8"},
+      {d, mat(cuda::kTypeQ8_0x8, vw, 5128, rb), "more rows than a block holds"},
+      {d, mat(cuda::kTypeQ8_0x8, vw, 2048, rb + 8), "rows 8 bytes off 16-byte alignment"},
+      {d, mat(cuda::kTypeQ8_0x8, vw, 2048, rb, kBytes + 2), "data off 16-byte alignment"},
+      {d, mat(cuda::kTypeQ8_0x8, vw, 2048, rb, nullptr), "no data"},
+  };
+  for (const Case& c : refused) {
+    EXPECT_FALSE(cuda::GdnDecodeOutFits(c.d, c.m)) << c.why;
+    cuda::GdnDecodeFusedArgs args;  // never dereferenced
+    EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, c.m, nullptr, c.d, nullptr), cudaErrorNotSupported) << c.why;
+  }
+  EXPECT_TRUE(cuda::GdnDecodeOutFits(d, mat(cuda::kTypeQ8_0x8, vw, 2048, rb)));
 }
 
 }  // namespace

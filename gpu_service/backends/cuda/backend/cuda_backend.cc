@@ -13,6 +13,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem {
@@ -254,6 +255,11 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   cudaStream_t st = stream.get();
   // Before the first kernel: a memset here does not stand between two kernels of the PDL chain.
   if (absl::Status s = moe->PrepareStep(plan.tokens, st); !s.ok()) return s;
+  gdn_out_inside_step = plan.tokens == 1 && gdn_out_y != nullptr && cuda::GetGdnDecodeFused() >= 3;
+  if (gdn_out_inside_step) {
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(gdn_out_y, 0, static_cast<size_t>(c->n_layers * c->h) * sizeof(float), st));
+  }
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(
           cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, st),

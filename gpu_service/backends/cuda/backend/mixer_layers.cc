@@ -39,10 +39,16 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
   const bool stacked_in = overlap && StackedInputs(w);
-  const bool z_side = stacked_in && w.qkv_ba.present() && cuda::GdnStackedZSide();
-  const bool side_products = overlap && !stacked_in;
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
+  // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
+  // EnqueueForward zeroed gdn_out_y for it): the layer's output goes to its row of gdn_out_y. Mode 3
+  // reads z from the one stacked product, mode 4 from the side stream, joined before the kernel.
+  const int out_mode_switch = gdn_out_inside_step ? cuda::GetGdnDecodeFused() : 0;
+  const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
+                          !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
+  const bool z_side = stacked_in && w.qkv_ba.present() && (out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
+  const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
@@ -108,8 +114,33 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // It reads qkv and ba where the products left them: with the default [qkv; ba] product on this
   // stream (z_side) or the one stacked product it waits for nothing else. Mode 2 also needs z (the
   // side stream's, joined first) and writes f32 rows, so not where the gated norm writes f16 rows.
-  int fused = decode && cuda::GdnDecodeFusedFits(shape) ? cuda::GetGdnDecodeFused() : 0;
+  const int fused_switch = cuda::GetGdnDecodeFused();
+  int fused = decode && cuda::GdnDecodeFusedFits(shape) ? (fused_switch >= 3 ? 1 : fused_switch) : 0;
   if (fused == 2 && norm_to_f16) fused = 1;
+  if (out_inside) {
+    if (z_side) {
+      if (absl::Status s = Join(); !s.ok()) return s;  // z
+    }
+    cuda::GdnDecodeFusedArgs args;
+    args.qkv = qkv_rows;
+    args.qkv_stride = qkv_stride;
+    args.ba = ba_rows;
+    args.ba_stride = ba_stride;
+    args.taps = w.conv1d;
+    args.ssm_a = w.ssm_a;
+    args.dt_bias = w.dt_bias;
+    args.history = recurrent + gdn_conv_off[layer];
+    args.state = recurrent + gdn_ssm_off[layer];
+    args.row_stride = recurrent_floats;
+    args.rows = seq_dev();
+    args.z = z_rows;
+    args.z_stride = z_stride;
+    args.norm = w.ssm_norm;
+    args.eps = d.eps;
+    float* out = gdn_out_y + layer * c->h;
+    mixer_y = out;
+    return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st), "gdn decode (fused, ssm_out inside)");
+  }
   bool joined = false;  // the side stream's products have been joined
   if (fused != 0) {
     if (fused == 2 && (side_products || z_side)) {

@@ -22,11 +22,14 @@
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda_fp16.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
@@ -43,6 +46,21 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kCols = 32;  // value columns a block (a lane each)
 constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexes them by value head)
+// The output product inside (kOut): a cluster of 8 blocks holds 256 gated outputs, one Q8_0x8
+// super-block of every row of the output matrix (kQ8_0x8SuperBytes = 16 bytes of scales, then 8 ×
+// 32 quants); block rank c takes rows [c·rows/8, (c+1)·rows/8), kMaxOutRowsPerBlock at most.
+constexpr int kOutClusterBlocks = 8;
+constexpr int kOutCols = kOutClusterBlocks * kCols;  // 256: one super-block
+constexpr int kOutSuperBytes = static_cast<int>(kQ8_0x8SuperBytes);
+constexpr int kOutPieces = kOutSuperBytes / 16;  // 16-byte copies a row
+constexpr int kMaxOutRowsPerBlock = 640;         // 170 KB of shared memory
+static_assert(kOutCols == 256 && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
+
+// Dynamic shared memory of the kOut kernel: the block's rows of the output matrix, then the
+// cluster's 256 gated outputs as int16 and their 8 scales (one a Q8_0 block).
+inline size_t OutSharedBytes(int rows_per_block) {
+  return static_cast<size_t>(rows_per_block) * kOutSuperBytes + kOutCols * sizeof(int16_t) + 8 * sizeof(float);
+}
 
 __device__ __forceinline__ void ClusterArrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -123,10 +141,75 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
   }
 }
 
+// The kOut kernel's last part (every block of the cluster, all threads): out_y[row] += the
+// cluster's 256 gated outputs (in the o_sh of its blocks: rank vh % r + y·r holds columns
+// (vh % r)·dv + 32y ..) · the block's rows of its column super-block (out_sh, copied before the
+// PDL wait). The barriers: every block's outputs are written before any is read; no block leaves
+// while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
+// order of the clusters' additions, and the last bits of out_y, are not fixed.
+__device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
+                                               unsigned rank, int r, int dv, int tid, int lane, int warp) {
+  ClusterArrive();
+  ClusterWait();
+  // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
+  const int head = tid / dv, col_block = (tid % dv) / kCols;
+  const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
+  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
+  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + static_cast<size_t>(rpb) * kOutSuperBytes);
+  float* xscale = reinterpret_cast<float*>(xq + kOutCols);
+  float m = fabsf(xv);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+  xq[tid] = static_cast<int16_t>(__float2int_rn(xv * inv));
+  if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
+  const uint4* xw = reinterpret_cast<const uint4*>(xq);
+  for (int row = tid; row < rpb; row += kThreads) {
+    const uint8_t* sb = out_sh + static_cast<size_t>(row) * kOutSuperBytes;
+    const uint4 d4 = *reinterpret_cast<const uint4*>(sb);
+    const uint32_t dw[4] = {d4.x, d4.y, d4.z, d4.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * b);
+      int s = 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 qv = q[half];                                        // columns 16·half .. + 15
+        const uint4 x0 = xw[4 * b + 2 * half], x1 = xw[4 * b + 2 * half + 1];  // their int16 outputs
+        s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
+        s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
+        s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
+        s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
+        s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
+        s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
+        s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
+        s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
+      }
+      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[b / 2] >> (16 * (b & 1)))));
+      acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
+    }
+    atomicAdd(y + row, acc);
+  }
+  ClusterWait();
+}
+
 // Block (vh, y, t): value head vh, columns [32y, 32y + 32), token t. The block convolves the
 // 2·kDk q/k channels of its key head group (channel index i < kDk: q, < 2kDk: k) and its 32 v
 // channels (i − 2kDk), a channel per thread plus a second one for the first threads when kDk is 128.
-template <int kDk, bool kGated>
+//
+// kOut (kGated too; one token): then the gated outputs stay in shared memory, and the cluster
+// computes the output product's part of its 256 columns for every row, added into a.out_y with
+// atomics: the block's rows of its column super-block are copied into shared memory before the
+// PDL wait (weights: they overlap the product before), the cluster's 256 outputs gathered through
+// distributed shared memory and quantized to int16 (one scale a warp of 32 = a Q8_0 block), and
+// each thread sums its rows' 8 blocks with dp2a (int8 weights × int16 outputs, exact in int32).
+// Why: the gated norm and the output product were two more launches on the decode chain (~3 and
+// ~5.5 us a GDN layer on the H200 timeline, docs/PERF.md, for 8.9 MB of weights, ~2 us of HBM).
+template <int kDk, bool kGated, bool kOut = false>
 __global__ void __launch_bounds__(kThreads)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, bool early_gate) {
@@ -134,6 +217,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
   static_assert(kConv <= 2 * kThreads, "two channels a thread at most");
+  static_assert(!kOut || (kGated && kThreads == kOutCols), "the output product: gated, a thread a column");
+  extern __shared__ __align__(16) uint8_t out_sh[];  // kOut only (OutSharedBytes)
   __shared__ __align__(16) float qk[kQk];  // the group's q then k head: conv outputs, normalised in place
   __shared__ float vs[kCols];
   __shared__ float kv_part[kWarps][32], out_part[kWarps][32];
@@ -178,6 +263,19 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
+  // kOut: the block's rows of the output matrix (constant weights) before the wait.
+  const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
+  const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
+  if constexpr (kOut) {
+    const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
+                         static_cast<int64_t>(group) * kOutSuperBytes;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
+    for (int i = tid; i < out_rpb * kOutPieces; i += kThreads) {
+      const int row = i / kOutPieces, piece = i - row * kOutPieces;
+      CpAsync16(dst + row * kOutSuperBytes + piece * 16, src + row * a.out_row_bytes + piece * 16);
+    }
+    CpAsyncCommit();
+  }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
   float gate_b = 0.0f, gate_a = 0.0f;
@@ -260,21 +358,29 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // first device run). Lane 0's sum to all 32 columns of the block.
       const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
       const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
-      *o = gamma * (o_sh[lane] * scale) * SiluF(zv);
+      const float gated = gamma * (o_sh[lane] * scale) * SiluF(zv);
+      if constexpr (kOut) {
+        o_sh[lane] = gated;
+        if (a.o != nullptr) *o = gated;
+      } else {
+        *o = gated;
+      }
     }
   } else {
     ClusterWait();
   }
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
-  if constexpr (kGated) {
+  if constexpr (kOut) {
+    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp);
+  } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
     ClusterWait();
   }
 }
 
-template <int kDk, bool kGated>
+template <int kDk, bool kGated, bool kOut = false>
 cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream) {
   // The q/k norms' sums of squares as the LaunchGdnPrepare kernel of n tokens forms them.
   const bool qk_x_first = n < kGdnPrepareShortRunBelow;
@@ -282,6 +388,13 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
   config.blockDim = dim3(32, kWarps);
   config.dynamicSmemBytes = 0;
+  if constexpr (kOut) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
+    if (attr != cudaSuccess) return attr;
+    config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
+  }
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -294,7 +407,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.numAttrs = 2;
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
-  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
+  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
                             qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate());
 }
 
@@ -330,13 +443,44 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& args, int64_t n, cons
   return gated_norm ? Launch<64, true>(a, n, d, stream) : Launch<64, false>(a, n, d, stream);
 }
 
+bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out) {
+  if (!GdnDecodeFusedFits(d) || (d.nv / d.nk) * d.dv != kOutCols) return false;
+  if (out.type != kTypeQ8_0x8 || out.data == nullptr || out.cols != static_cast<int64_t>(d.nv) * d.dv) return false;
+  if (out.rows <= 0 || out.rows % kOutClusterBlocks != 0 || out.rows / kOutClusterBlocks > kMaxOutRowsPerBlock) {
+    return false;
+  }
+  return reinterpret_cast<uintptr_t>(out.data) % 16 == 0 && out.row_bytes % 16 == 0 &&
+         out.row_bytes >= Q8_0x8RowBytes(out.cols);
+}
+
+cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
+                                    const GdnShape& d, cudaStream_t stream) {
+  if (!GdnDecodeOutFits(d, out)) return cudaErrorNotSupported;
+  GdnDecodeFusedArgs a = args;
+  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  const int64_t c_dim = d.c_dim();
+  if (a.qkv_stride == 0) a.qkv_stride = c_dim;
+  if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
+  if (a.z_stride == 0) a.z_stride = vw;
+  if (a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr || a.dt_bias == nullptr ||
+      a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.z == nullptr || a.norm == nullptr ||
+      out_y == nullptr || a.qkv_stride < c_dim || a.ba_stride < 2 * d.nv || a.z_stride < vw) {
+    return cudaErrorInvalidValue;
+  }
+  a.out_w = static_cast<const uint8_t*>(out.data);
+  a.out_row_bytes = out.row_bytes;
+  a.out_rows = static_cast<int>(out.rows);
+  a.out_y = out_y;
+  return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
+}
+
 namespace {
 std::atomic<int>& GdnDecodeFusedSwitch() {
   static std::atomic<int> mode{[] {
     const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
     if (v == nullptr || v[0] == '\0') return 1;
     const int m = std::atoi(v);
-    return m >= 0 && m <= 2 ? m : 1;
+    return m >= 0 && m <= 3 ? m : 1;
   }()};
   return mode;
 }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 namespace tandem::cuda {
@@ -46,6 +47,11 @@ struct GdnDecodeFusedArgs {
   const float* norm = nullptr;
   float eps = 0.0f;
   float* o = nullptr;  // n × nv·dv: the recurrence's output, or the gated norm's with gated_norm
+  // Set by LaunchGdnDecodeFusedOut from its arguments (callers leave them).
+  const uint8_t* out_w = nullptr;
+  int64_t out_row_bytes = 0;
+  int out_rows = 0;
+  float* out_y = nullptr;
 };
 
 // Whether the fused kernel takes shape d: dk 64 or 128, dv 32, 64 or 128, nv a multiple of nk,
@@ -58,13 +64,28 @@ bool GdnDecodeFusedFits(const GdnShape& d);
 cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, bool gated_norm,
                                  cudaStream_t stream);
 
+// One token, the gated norm and the layer's output product too: out_y[r] += Σ_c out[r][c]·gated[c]
+// for every row r of `out` (atomics: out_y must hold its start value, e.g. zeros, and the order of
+// the additions is not fixed). The gated outputs are quantized to int16 with one scale per 32
+// (relative error ~1e-5 a row); a.o, when set, also receives them (f32, as the gated launch).
+// The conv history and the state: the same bits as LaunchGdnDecodeFused. Takes `out` when
+// GdnDecodeOutFits: the shape fits the fused kernel with (nv/nk)·dv = 256 (a cluster of 8 blocks
+// over one Q8_0x8 super-block of columns), out Q8_0x8 of nv·dv columns (rows 16-byte aligned) and
+// rows a multiple of 8, at most 5120. Otherwise cudaErrorNotSupported, launching nothing.
+bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
+cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
+                                    const GdnShape& d, cudaStream_t stream);
+
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
 //   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
 //      main stream's [qkv; ba] or stacked product; after ba's mark or the join with the separate
 //      products); the gated norm after z joins (the default);
 //   2  the fused kernel with the gated norm, launched after z joins (f32 rows only: where the
-//      gated norm would write f16 rows, 1).
+//      gated norm would write f16 rows, 1);
+//   3  fast-mode one-token steps where GdnDecodeOutFits: LaunchGdnDecodeFusedOut after the one
+//      stacked [z; qkv; ba] product (z not on the side stream), the layer's output in a per-layer
+//      buffer zeroed at the step's start; every other step as 1.
 // Shapes the kernel does not take run the four kernels whatever the switch. Read when a step is
 // enqueued: decode graphs keep the mode they were captured with.
 int GetGdnDecodeFused();
