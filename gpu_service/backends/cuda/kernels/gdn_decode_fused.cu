@@ -478,9 +478,9 @@ namespace {
 std::atomic<int>& GdnDecodeFusedSwitch() {
   static std::atomic<int> mode{[] {
     const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
-    if (v == nullptr || v[0] == '\0') return 1;
+    if (v == nullptr || v[0] == '\0') return 3;
     const int m = std::atoi(v);
-    return m >= 0 && m <= 3 ? m : 1;
+    return m >= 0 && m <= 4 ? m : 3;
   }()};
   return mode;
 }

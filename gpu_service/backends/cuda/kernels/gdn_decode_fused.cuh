@@ -80,12 +80,15 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMat
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
 //   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
 //      main stream's [qkv; ba] or stacked product; after ba's mark or the join with the separate
-//      products); the gated norm after z joins (the default);
+//      products); the gated norm after z joins;
 //   2  the fused kernel with the gated norm, launched after z joins (f32 rows only: where the
 //      gated norm would write f16 rows, 1);
 //   3  fast-mode one-token steps where GdnDecodeOutFits: LaunchGdnDecodeFusedOut after the one
 //      stacked [z; qkv; ba] product (z not on the side stream), the layer's output in a per-layer
-//      buffer zeroed at the step's start; every other step as 1.
+//      buffer zeroed at the step's start; every other step as 1 (the default: +7.4% batch-1
+//      decode on q3n-80b shapes against 1, docs/PERF.md "Twenty-second session");
+//   4  as 3 with z's product on the side stream, joined before the kernel (measured as 1: the
+//      join keeps the kernel from starting under the product before it).
 // Shapes the kernel does not take run the four kernels whatever the switch. Read when a step is
 // enqueued: decode graphs keep the mode they were captured with.
 int GetGdnDecodeFused();
