@@ -378,6 +378,113 @@ TEST(GdnDecodeFusedRefusalTest, UnsupportedShapesAreRefusedWithoutLaunching) {
 // LaunchGdnDecodeFusedOut refuses, launching nothing, what GdnDecodeOutFits refuses: clusters that
 // are not one super-block of columns, a matrix not Q8_0x8 or of the wrong width, rows not a
 // multiple of 8 or past 5120, rows not 16-byte aligned.
+// A random Q8_0 matrix (host bytes for the reference) and its Q8_0x8 device copy.
+struct Q8x8Matrix {
+  gpu_testing::TestMatrix q8;
+  gpu_testing::DeviceArray<uint8_t> device;
+  cuda::DeviceMatrix m;
+};
+Q8x8Matrix RandomQ8x8(std::mt19937& rng, int64_t cols, int64_t rows, float stddev) {
+  Q8x8Matrix r{gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, cols, rows, stddev), {}, {}};
+  const int64_t rb = cuda::Q8_0x8RowBytes(cols);
+  std::vector<uint8_t> packed(static_cast<size_t>(rb * rows));
+  cuda::RepackQ8_0x8(r.q8.bytes.data(), r.q8.row_bytes, rows, cols, packed.data());
+  r.device = Upload(packed);
+  r.m = cuda::DeviceMatrix{cuda::kTypeQ8_0x8, r.device.get(), cols, rows, rb};
+  return r;
+}
+
+// W·x in double over the dequantized Q8_0 rows, plus y0 when given.
+std::vector<float> HostProduct(const gpu_testing::TestMatrix& w, const std::vector<float>& x,
+                               const std::vector<float>* y0 = nullptr) {
+  std::vector<float> y(static_cast<size_t>(w.rows)), row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), w.cols);
+    double sum = y0 != nullptr ? (*y0)[r] : 0.0;
+    for (int64_t c = 0; c < w.cols; ++c) sum += static_cast<double>(row[c]) * x[c];
+    y[r] = static_cast<float>(sum);
+  }
+  return y;
+}
+
+// LaunchGdnDecodeLayer (the input products, the GDN middle, the gated norm and the output product in
+// one launch) against the host's products of the same Q8_0 weights fed to the gated launch, and
+// the host's output product of its outputs: out_y within 1e-3 relative L2, the state and the conv
+// history within 1e-4 (x goes in as int16, one scale per 32: ~1e-5 a product).
+struct LayerCase {
+  cuda::GdnShape d;
+  int64_t h;
+};
+
+class GpuGdnDecodeLayerTest : public ::testing::TestWithParam<LayerCase> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(GpuGdnDecodeLayerTest, MatchesTheProductsAndTheGatedLaunch) {
+  const auto [d, h] = GetParam();
+  const std::string tag = Tag(d) + " h " + std::to_string(h);
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
+  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
+  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
+  const std::vector<float> state0 = Random(rng, static_cast<size_t>(2 * row_stride), 0.3f);
+  auto rec_ref = Upload(state0), rec_layer = Upload(state0);
+  const auto rows = Upload(std::vector<int32_t>{1});
+  const std::vector<float> x = Random(rng, static_cast<size_t>(h));
+  const Q8x8Matrix z = RandomQ8x8(rng, h, vw, 0.05f), qkv = RandomQ8x8(rng, h, c_dim, 0.05f),
+                   ba = RandomQ8x8(rng, h, 2 * d.nv, 0.05f), out = RandomQ8x8(rng, vw, h, 0.05f);
+  ASSERT_TRUE(cuda::GdnDecodeLayerFits(d, z.m, qkv.m, ba.m, out.m)) << tag;
+  const std::vector<float> y0 = Random(rng, static_cast<size_t>(h));
+  auto y = Upload(y0);
+  const auto x_dev = Upload(x);
+  const auto z_ref = Upload(HostProduct(z.q8, x)), qkv_ref = Upload(HostProduct(qkv.q8, x)),
+             ba_ref = Upload(HostProduct(ba.q8, x));
+
+  cuda::GdnDecodeFusedArgs args;
+  args.taps = taps.get();
+  args.ssm_a = ssm_a.get();
+  args.dt_bias = dt_bias.get();
+  args.row_stride = row_stride;
+  args.rows = rows.get();
+  args.norm = norm.get();
+  args.eps = 1e-6f;
+  args.history = rec_layer.get();
+  args.state = rec_layer.get() + ssm_off;
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeLayer(args, x_dev.get(), z.m, qkv.m, ba.m, out.m, y.get(), d, nullptr));
+  auto gated = Poisoned<float>(static_cast<size_t>(vw));
+  args.qkv = qkv_ref.get();
+  args.ba = ba_ref.get();
+  args.z = z_ref.get();
+  args.history = rec_ref.get();
+  args.state = rec_ref.get() + ssm_off;
+  args.o = gated.get();
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, 1, d, true, nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> want_y = HostProduct(out.q8, Download(gated), &y0);
+  EXPECT_LE(gpu_testing::LogError("gdn layer y " + tag, gpu_testing::RelL2(Download(y), want_y)), 1e-3) << tag;
+  const std::vector<float> got_rec = Download(rec_layer), want_rec = Download(rec_ref);
+  const std::vector<float> got_hist(got_rec.begin() + row_stride, got_rec.begin() + row_stride + ssm_off),
+      want_hist(want_rec.begin() + row_stride, want_rec.begin() + row_stride + ssm_off);
+  const std::vector<float> got_state(got_rec.begin() + row_stride + ssm_off, got_rec.end()),
+      want_state(want_rec.begin() + row_stride + ssm_off, want_rec.end());
+  EXPECT_LE(gpu_testing::LogError("gdn layer history " + tag, gpu_testing::RelL2(got_hist, want_hist)), 1e-4) << tag;
+  EXPECT_LE(gpu_testing::LogError("gdn layer state " + tag, gpu_testing::RelL2(got_state, want_state)), 1e-4) << tag;
+  // The other sequence's row is untouched.
+  ExpectSameBits(std::vector<float>(got_rec.begin(), got_rec.begin() + row_stride),
+                 std::vector<float>(state0.begin(), state0.begin() + row_stride), tag + ": row 0");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeLayerTest,
+                         ::testing::Values(LayerCase{{16, 32, 128, 128, 4}, 2048},  // Qwen3-Next-80B
+                                           LayerCase{{8, 16, 128, 128, 4}, 1024},   // the small preset
+                                           LayerCase{{4, 16, 64, 64, 4}, 2048},     // dk 64: 16 q/k rows a block
+                                           LayerCase{{8, 64, 128, 32, 2}, 1024}),   // clusters (8, 1)
+                         [](const ::testing::TestParamInfo<LayerCase>& info) {
+                           return Tag(info.param.d) + "_h" + std::to_string(info.param.h);
+                         });
+
 alignas(16) constexpr uint8_t kBytes[16] = {};  // never read: every case is refused first
 
 TEST(GdnDecodeOutRefusalTest, UnsupportedShapesAndMatricesAreRefused) {
@@ -408,6 +515,30 @@ TEST(GdnDecodeOutRefusalTest, UnsupportedShapesAndMatricesAreRefused) {
     EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, c.m, nullptr, c.d, nullptr), cudaErrorNotSupported) << c.why;
   }
   EXPECT_TRUE(cuda::GdnDecodeOutFits(d, mat(cuda::kTypeQ8_0x8, vw, 2048, rb)));
+  // The whole-mixer launch: its input parts must be Q8_0x8 of h = 1024 or 2048 columns with the
+  // shape's rows.
+  const int64_t hb = cuda::Q8_0x8RowBytes(2048);
+  const cuda::DeviceMatrix o = mat(cuda::kTypeQ8_0x8, vw, 2048, rb), z = mat(cuda::kTypeQ8_0x8, 2048, vw, hb),
+                           qkv = mat(cuda::kTypeQ8_0x8, 2048, d.c_dim(), hb), ba = mat(cuda::kTypeQ8_0x8, 2048, 64, hb);
+  EXPECT_TRUE(cuda::GdnDecodeLayerFits(d, z, qkv, ba, o));
+  struct LayerRefusal {
+    cuda::DeviceMatrix z, qkv, ba;
+    const char* why;
+  };
+  const int64_t h4 = cuda::Q8_0x8RowBytes(4096);
+  for (const LayerRefusal& c : std::vector<LayerRefusal>{
+           {mat(cuda::kTypeQ8_0x8, 4096, vw, h4), mat(cuda::kTypeQ8_0x8, 4096, d.c_dim(), h4),
+            mat(cuda::kTypeQ8_0x8, 4096, 64, h4), "h 4096"},
+           {z, qkv, mat(static_cast<uint32_t>(WeightType::kQ8_0), 2048, 64, 2048 / 32 * 34), "ba in ggml Q8_0"},
+           {z, mat(cuda::kTypeQ8_0x8, 2048, d.c_dim() - 8, hb), ba, "qkv rows not c_dim"},
+           {mat(cuda::kTypeQ8_0x8, 2048, vw, hb + 8), qkv, ba, "z rows off 16-byte alignment"},
+       }) {
+    EXPECT_FALSE(cuda::GdnDecodeLayerFits(d, c.z, c.qkv, c.ba, o)) << c.why;
+    cuda::GdnDecodeFusedArgs args;
+    EXPECT_EQ(cuda::LaunchGdnDecodeLayer(args, nullptr, c.z, c.qkv, c.ba, o, nullptr, d, nullptr),
+              cudaErrorNotSupported)
+        << c.why;
+  }
 }
 
 }  // namespace
