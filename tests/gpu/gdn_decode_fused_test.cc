@@ -304,8 +304,14 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   args.state = rec_gated.get() + ssm_off;
   args.o = gated.get();
   TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, 1, d, true, nullptr));
+  args.history = rec_out.get();
+  args.state = rec_out.get() + ssm_off;
+  args.o = gated_out.get();
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<float> g = Download(gated);
+  ExpectSameBits(Download(gated_out), g, tag + ": gated outputs");
+  ExpectSameBits(Download(rec_out), Download(rec_gated), tag + ": histories and states");
   std::vector<float> want(static_cast<size_t>(out_rows)), row(static_cast<size_t>(vw));
   for (int64_t r = 0; r < out_rows; ++r) {
     DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), vw);
@@ -313,23 +319,7 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
     for (int64_t c = 0; c < vw; ++c) sum += static_cast<double>(row[c]) * g[c];
     want[r] = static_cast<float>(sum);
   }
-  // The rows copied by 16-byte cp.async pieces, then by bulk copies (cuda::SetGdnBulkCopies).
-  const bool was_bulk = cuda::GdnBulkCopies();
-  for (const bool bulk : {false, true}) {
-    const std::string what = tag + (bulk ? " bulk" : "");
-    cuda::SetGdnBulkCopies(bulk);
-    rec_out = Upload(state0);
-    y = Upload(y0);
-    args.history = rec_out.get();
-    args.state = rec_out.get() + ssm_off;
-    args.o = gated_out.get();
-    TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr));
-    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-    ExpectSameBits(Download(gated_out), g, what + ": gated outputs");
-    ExpectSameBits(Download(rec_out), Download(rec_gated), what + ": histories and states");
-    EXPECT_LE(gpu_testing::LogError("gdn out product " + what, gpu_testing::RelL2(Download(y), want)), 1e-4) << what;
-  }
-  cuda::SetGdnBulkCopies(was_bulk);
+  EXPECT_LE(gpu_testing::LogError("gdn out product " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeOutTest,
@@ -446,8 +436,6 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheProductsAndTheGatedLaunch) {
   const Q8x8Matrix z = RandomQ8x8(rng, h, vw, 0.05f), qkv = RandomQ8x8(rng, h, c_dim, 0.05f),
                    ba = RandomQ8x8(rng, h, 2 * d.nv, 0.05f), out = RandomQ8x8(rng, vw, h, 0.05f);
   ASSERT_TRUE(cuda::GdnDecodeLayerFits(d, z.m, qkv.m, ba.m, out.m)) << tag;
-  printf("[ clusters ] %s: %d of the layer kernel's clusters at once (grid: %d), %d of the output form's\n",
-         tag.c_str(), cuda::GdnDecodeOutMaxActiveClusters(d, h, h), d.nk, cuda::GdnDecodeOutMaxActiveClusters(d, h, 0));
   const std::vector<float> y0 = Random(rng, static_cast<size_t>(h));
   auto y = Upload(y0);
   const auto x_dev = Upload(x);
@@ -462,6 +450,9 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheProductsAndTheGatedLaunch) {
   args.rows = rows.get();
   args.norm = norm.get();
   args.eps = 1e-6f;
+  args.history = rec_layer.get();
+  args.state = rec_layer.get() + ssm_off;
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeLayer(args, x_dev.get(), z.m, qkv.m, ba.m, out.m, y.get(), d, nullptr));
   auto gated = Poisoned<float>(static_cast<size_t>(vw));
   args.qkv = qkv_ref.get();
   args.ba = ba_ref.get();
@@ -472,34 +463,17 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheProductsAndTheGatedLaunch) {
   TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, 1, d, true, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<float> want_y = HostProduct(out.q8, Download(gated), &y0);
-  const std::vector<float> want_rec = Download(rec_ref);
-  const bool was_bulk = cuda::GdnBulkCopies();
-  for (const bool bulk : {false, true}) {
-    const std::string what = tag + (bulk ? " bulk" : "");
-    cuda::SetGdnBulkCopies(bulk);
-    rec_layer = Upload(state0);
-    y = Upload(y0);
-    args.qkv = args.ba = args.z = nullptr;
-    args.o = nullptr;
-    args.history = rec_layer.get();
-    args.state = rec_layer.get() + ssm_off;
-    TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeLayer(args, x_dev.get(), z.m, qkv.m, ba.m, out.m, y.get(), d, nullptr));
-    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-    EXPECT_LE(gpu_testing::LogError("gdn layer y " + what, gpu_testing::RelL2(Download(y), want_y)), 1e-3) << what;
-    const std::vector<float> got_rec = Download(rec_layer);
-    const std::vector<float> got_hist(got_rec.begin() + row_stride, got_rec.begin() + row_stride + ssm_off),
-        want_hist(want_rec.begin() + row_stride, want_rec.begin() + row_stride + ssm_off);
-    const std::vector<float> got_state(got_rec.begin() + row_stride + ssm_off, got_rec.end()),
-        want_state(want_rec.begin() + row_stride + ssm_off, want_rec.end());
-    EXPECT_LE(gpu_testing::LogError("gdn layer history " + what, gpu_testing::RelL2(got_hist, want_hist)), 1e-4)
-        << what;
-    EXPECT_LE(gpu_testing::LogError("gdn layer state " + what, gpu_testing::RelL2(got_state, want_state)), 1e-4)
-        << what;
-    // The other sequence's row is untouched.
-    ExpectSameBits(std::vector<float>(got_rec.begin(), got_rec.begin() + row_stride),
-                   std::vector<float>(state0.begin(), state0.begin() + row_stride), what + ": row 0");
-  }
-  cuda::SetGdnBulkCopies(was_bulk);
+  EXPECT_LE(gpu_testing::LogError("gdn layer y " + tag, gpu_testing::RelL2(Download(y), want_y)), 1e-3) << tag;
+  const std::vector<float> got_rec = Download(rec_layer), want_rec = Download(rec_ref);
+  const std::vector<float> got_hist(got_rec.begin() + row_stride, got_rec.begin() + row_stride + ssm_off),
+      want_hist(want_rec.begin() + row_stride, want_rec.begin() + row_stride + ssm_off);
+  const std::vector<float> got_state(got_rec.begin() + row_stride + ssm_off, got_rec.end()),
+      want_state(want_rec.begin() + row_stride + ssm_off, want_rec.end());
+  EXPECT_LE(gpu_testing::LogError("gdn layer history " + tag, gpu_testing::RelL2(got_hist, want_hist)), 1e-4) << tag;
+  EXPECT_LE(gpu_testing::LogError("gdn layer state " + tag, gpu_testing::RelL2(got_state, want_state)), 1e-4) << tag;
+  // The other sequence's row is untouched.
+  ExpectSameBits(std::vector<float>(got_rec.begin(), got_rec.begin() + row_stride),
+                 std::vector<float>(state0.begin(), state0.begin() + row_stride), tag + ": row 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeLayerTest,

@@ -139,7 +139,7 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 template <int kDk, bool kGated, bool kOut = false, int kInP = 0>
 __global__ void __launch_bounds__(kThreads)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
-                     bool early_state, bool early_gate, bool bulk) {
+                     bool early_state, bool early_gate) {
   constexpr bool kIn = kInP > 0;
   static_assert(!kIn || kOut, "the input products inside come with the output product");
   constexpr int kQk = 2 * kDk;
@@ -200,29 +200,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const int64_t in_h = kIn ? 512 * kInP : 0;
   int16_t* out_xq = reinterpret_cast<int16_t*>(
       out_sh + (kIn ? static_cast<size_t>(InRows(kDk)) * InRowBytes(in_h) : static_cast<size_t>(out_rpb) * kOutSuperBytes));
-  // Bulk copies (kOut, `bulk`): an mbarrier a group of rows (0: the output rows without kIn, the
-  // first input rows with it; 1: z's rows; 2: the output rows with kIn), initialised by thread 0.
-  __shared__ __align__(8) uint64_t bulk_bars[kIn ? 3 : 1];
-  auto bar = [&](int i) { return static_cast<uint32_t>(__cvta_generic_to_shared(&bulk_bars[i])); };
-  if (kOut && bulk && tid == 0) {
-#pragma unroll
-    for (int i = 0; i < (kIn ? 3 : 1); ++i) BulkBarrierInit(bar(i));
-    BulkBarrierInitFence();
-  }
-  const uint32_t out_bar = bar(kIn ? 2 : 0);
   auto copy_out_rows = [&] {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                          static_cast<int64_t>(group) * kOutSuperBytes;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
-    if (bulk) {
-      if (tid >= 32) return;
-      if (tid == 0) BulkExpect(out_bar, static_cast<uint32_t>(out_rpb * kOutSuperBytes));
-      __syncwarp();
-      for (int row = tid; row < out_rpb; row += 32) {
-        BulkCopy(dst + row * kOutSuperBytes, src + row * a.out_row_bytes, kOutSuperBytes, out_bar);
-      }
-      return;
-    }
     for (int i = tid; i < out_rpb * kOutPieces; i += kThreads) {
       const int row = i / kOutPieces, piece = i - row * kOutPieces;
       CpAsync16(dst + row * kOutSuperBytes + piece * 16, src + row * a.out_row_bytes + piece * 16);
@@ -232,9 +213,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   constexpr int kInBeforeZ = InRowsBeforeZ(kDk), kInAll = InRows(kDk);
   if constexpr (kIn) {
     // The q/k, v and ba rows, then z's (two groups); the output rows once the first are summed.
-    CopyInRows(a, out_sh, 0, kInBeforeZ, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid, bulk, bar(0));
+    CopyInRows(a, out_sh, 0, kInBeforeZ, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid);
     CpAsyncCommit();
-    CopyInRows(a, out_sh, kInBeforeZ, kInAll, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid, bulk, bar(1));
+    CopyInRows(a, out_sh, kInBeforeZ, kInAll, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid);
     CpAsyncCommit();
   } else if constexpr (kOut) {
     copy_out_rows();
@@ -245,18 +226,13 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if constexpr (kIn) {
     // x, then the block's rows before z's: warp w sums rows w, w + 8, ...
     LoadXPieces<kInP>(a.in_x, lane, xp);
-    if (bulk) {
-      BulkWait(bar(0));
-    } else {
-      CpAsyncWait<1>();
-    }
+    CpAsyncWait<1>();
     __syncthreads();
     for (int j = warp; j < kInBeforeZ; j += kWarps) {
       const float v = InRowDot<kInP>(out_sh + static_cast<size_t>(j) * InRowBytes(in_h), xp, lane);
       if (lane == 0) in_val[j] = v;
     }
     __syncthreads();  // every warp is done with the first rows: the output rows go there
-    if (bulk && tid < 32) FenceProxyAsync();
     copy_out_rows();
     // The cluster's q/k values (below) are read from the blocks that summed them.
     ClusterArrive();
@@ -340,11 +316,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
   if constexpr (kIn) {
     // z's rows (their copies had the recurrence's time to land).
-    if (bulk) {
-      BulkWait(bar(1));
-    } else {
-      CpAsyncWait<1>();
-    }
+    CpAsyncWait<1>();
     __syncthreads();
     for (int j = kInBeforeZ + warp; j < kInAll; j += kWarps) {
       const float v = InRowDot<kInP>(out_sh + static_cast<size_t>(j) * InRowBytes(in_h), xp, lane);
@@ -389,7 +361,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
-    OutProductPart(a, o_sh, out_sh, out_xq, out_rpb, out_rank, r, dv, tid, lane, warp, bulk, out_bar);
+    OutProductPart(a, o_sh, out_sh, out_xq, out_rpb, out_rank, r, dv, tid, lane, warp);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -431,7 +403,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kInP>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
-                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), GdnBulkCopies());
+                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate());
 }
 
 }  // namespace
@@ -514,40 +486,6 @@ bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& z, const DeviceMa
   return InSharedBytes(d.dk, h) + 8 * 1024 <= 227 * 1024;  // the kernel's static shared memory beside
 }
 
-namespace {
-template <int kDk, int kInP>
-int MaxActiveClusters(const GdnShape& d, size_t smem) {
-  auto kernel = GdnDecodeFusedKernel<kDk, true, true, kInP>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-      cudaSuccess) {
-    return 0;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), 1);
-  config.blockDim = dim3(32, kWarps);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  int n = 0;
-  return cudaOccupancyMaxActiveClusters(&n, kernel, &config) == cudaSuccess ? n : 0;
-}
-}  // namespace
-
-int GdnDecodeOutMaxActiveClusters(const GdnShape& d, int64_t out_rows, int64_t h) {
-  if (h == 0) {
-    const size_t smem = OutSharedBytes(static_cast<int>(out_rows / kOutClusterBlocks));
-    return d.dk == 128 ? MaxActiveClusters<128, 0>(d, smem) : MaxActiveClusters<64, 0>(d, smem);
-  }
-  const size_t smem = InSharedBytes(d.dk, h);
-  if (h == 2048) return d.dk == 128 ? MaxActiveClusters<128, 4>(d, smem) : MaxActiveClusters<64, 4>(d, smem);
-  return d.dk == 128 ? MaxActiveClusters<128, 2>(d, smem) : MaxActiveClusters<64, 2>(d, smem);
-}
-
 cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const float* x, const DeviceMatrix& z,
                                  const DeviceMatrix& qkv, const DeviceMatrix& ba, const DeviceMatrix& out,
                                  float* out_y, const GdnShape& d, cudaStream_t stream) {
@@ -589,18 +527,12 @@ std::atomic<bool>& OldGdnEarlyStateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE")};
   return old;
 }
-std::atomic<bool>& GdnBulkCopiesSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_BULK")};
-  return on;
-}
 std::atomic<bool>& OldGdnEarlyGateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
   return old;
 }
 }  // namespace
 
-bool GdnBulkCopies() { return GdnBulkCopiesSwitch().load(std::memory_order_relaxed); }
-void SetGdnBulkCopies(bool on) { GdnBulkCopiesSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }

@@ -93,11 +93,6 @@ cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& a, const float* x, co
                                  const DeviceMatrix& qkv, const DeviceMatrix& ba, const DeviceMatrix& out,
                                  float* out_y, const GdnShape& d, cudaStream_t stream);
 
-// How many of the kernel's clusters an SM set holds at once (cudaOccupancyMaxActiveClusters; 0 on
-// an error), for benchmarks and tests: h == 0 the LaunchGdnDecodeFusedOut form with out_rows rows,
-// else the LaunchGdnDecodeLayer form over h columns. A grid of nk clusters over that runs in waves.
-int GdnDecodeOutMaxActiveClusters(const GdnShape& d, int64_t out_rows, int64_t h);
-
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
 //   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
@@ -131,12 +126,6 @@ void SetOldGdnEarlyState(bool on);
 // same operations, the same bits), for A/B.
 bool OldGdnEarlyGate();
 void SetOldGdnEarlyGate(bool on);
-
-// The output product's rows (and the input products' with mode 5) copied into shared memory as
-// whole rows by the tensor memory accelerator (cp.async.bulk) instead of 16-byte cp.async pieces;
-// the same values, the same bits. TANDEM_GDN_BULK=1 (read once; settable; read at launch).
-bool GdnBulkCopies();
-void SetGdnBulkCopies(bool on);
 
 }  // namespace tandem::cuda
 

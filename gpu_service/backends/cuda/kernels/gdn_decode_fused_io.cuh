@@ -166,58 +166,12 @@ __device__ __forceinline__ const uint8_t* InRowSource(const GdnDecodeFusedArgs& 
   return a.in_z + static_cast<int64_t>(vh * dv + col0 + j) * a.in_z_row_bytes;
 }
 
-// The bulk form of the copies (the kernel's `bulk`): the tensor memory accelerator copies whole rows
-// (cp.async.bulk, one instruction a row, issued by warp 0's lanes), each group completing an
-// mbarrier by its bytes, instead of every thread's 16-byte cp.async. Why: a block's 70-213 KB of
-// rows through per-thread cp.async arrived at ~12 GB/s an SM on the H200 (docs/PERF.md,
-// twenty-second session), well under the SM's share of HBM.
-__device__ __forceinline__ void BulkBarrierInit(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void BulkBarrierInitFence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// The one arrival of the barrier's phase, expecting `bytes` of bulk copies.
-__device__ __forceinline__ void BulkExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// Shared memory read by this block's threads before is written by bulk copies after (the copies
-// are the async proxy; the caller has passed a block barrier since the reads).
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void BulkWait(uint32_t bar) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-  } while (done == 0);
-}
-
-// Copies input rows [j0, j1) into their places: warp 0 only with bulk (one copy a row, completing
-// `bar`), else every thread (cp.async, 16 bytes at a time; the caller commits the group).
+// Copies input rows [j0, j1) into their places (cp.async, 16 bytes a thread at a time; the caller
+// commits the group).
 __device__ __forceinline__ void CopyInRows(const GdnDecodeFusedArgs& a, uint8_t* dst, int j0, int j1, int64_t h,
-                                           int dk, int nk, int dv, int vh, int r, int col0, unsigned rank, int tid,
-                                           bool bulk, uint32_t bar) {
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  if (bulk) {
-    if (tid >= 32) return;
-    if (tid == 0) BulkExpect(bar, static_cast<uint32_t>((j1 - j0) * InRowBytes(h)));
-    __syncwarp();
-    for (int j = j0 + tid; j < j1; j += 32) {
-      BulkCopy(base + static_cast<uint32_t>(j * InRowBytes(h)), InRowSource(a, j, dk, nk, dv, vh, r, col0, rank),
-               static_cast<uint32_t>(InRowBytes(h)), bar);
-    }
-    return;
-  }
+                                           int dk, int nk, int dv, int vh, int r, int col0, unsigned rank, int tid) {
   const int pieces = static_cast<int>(InRowBytes(h) / 16);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   for (int i = tid; i < (j1 - j0) * pieces; i += kThreads) {
     const int j = j0 + i / pieces, piece = i % pieces;
     CpAsync16(base + static_cast<uint32_t>(j * InRowBytes(h) + piece * 16),
@@ -228,13 +182,12 @@ __device__ __forceinline__ void CopyInRows(const GdnDecodeFusedArgs& a, uint8_t*
 // The kOut kernel's last part (every block of the cluster, all threads): out_y[row] += the
 // cluster's 256 gated outputs (in the o_sh of its blocks: rank vh % r + y·r holds columns
 // (vh % r)·dv + 32y ..) · the block's rows of its column super-block (out_sh, copied before the
-// PDL wait, completing `bar` with bulk; xq: room for the cluster's 256 outputs as int16 and their 8
-// scales). The barriers: every block's outputs are written before any is read; no block leaves
+// PDL wait; xq: room for the cluster's 256 outputs as int16 and their 8 scales). The barriers: every block's outputs are written before any is read; no block leaves
 // while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
 // order of the clusters' additions, and the last bits of out_y, are not fixed.
 __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, const uint8_t* out_sh,
                                                int16_t* xq, int rpb, unsigned rank, int r, int dv, int tid, int lane,
-                                               int warp, bool bulk, uint32_t bar) {
+                                               int warp) {
   ClusterArrive();
   ClusterWait();
   // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
@@ -248,11 +201,7 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
   const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
   xq[tid] = static_cast<int16_t>(__float2int_rn(xv * inv));
   if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
-  if (bulk) {
-    BulkWait(bar);
-  } else {
-    CpAsyncWait<0>();
-  }
+  CpAsyncWait<0>();
   __syncthreads();
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
   const uint4* xw = reinterpret_cast<const uint4*>(xq);
