@@ -501,19 +501,16 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
 }
 
 // The gated norm and ssm_out inside the fused GDN kernel at one-token steps (cuda::SetGdnDecodeFused
-// 3: z from the one stacked product; 4: z on the side stream, joined before the kernel; 5: the input
-// products inside the kernel too; the output added into a per-layer buffer with atomics, its input
-// as int16) against mode 1 (small: clusters of 256 columns; tiny-q3n's hold 128, which the kernel
-// does not take).
+// 3: z from the one stacked product; 4: z on the side stream, joined before the kernel; the output
+// added into a per-layer buffer with atomics, its input as int16) against mode 1 (small: clusters
+// of 256 columns; tiny-q3n's hold 128, which the kernel does not take).
 TEST_P(DecodeScheduleTest, GdnOutProductInsideKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's GDN clusters cover 128 columns: the kernel does not run";
   const int was = cuda::GetGdnDecodeFused();
-  for (const int mode : {3, 4, 5}) {
+  for (const int mode : {3, 4}) {
     ExpectOneTokenSwitchKeepsLogitsClose(GetParam(),
-                                         mode == 3   ? "ssm_out inside the GDN kernel"
-                                         : mode == 4 ? "ssm_out inside, z beside"
-                                                     : "the products inside the GDN kernel",
+                                         mode == 3 ? "ssm_out inside the GDN kernel" : "ssm_out inside, z beside",
                                          [mode](bool on) { cuda::SetGdnDecodeFused(on ? mode : 1); },
                                          /*deterministic=*/false);
   }

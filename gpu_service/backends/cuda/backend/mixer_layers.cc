@@ -41,33 +41,14 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const bool stacked_in = overlap && StackedInputs(w);
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
-  // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 to 5,
+  // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
   // EnqueueForward zeroed gdn_out_y for it): the layer's output goes to its row of gdn_out_y. Mode 3
-  // reads z from the one stacked product, mode 4 from the side stream, joined before the kernel;
-  // mode 5 computes the products inside the kernel (else as 3).
+  // reads z from the one stacked product, mode 4 from the side stream, joined before the kernel.
   const int out_mode_switch = gdn_out_inside_step ? cuda::GetGdnDecodeFused() : 0;
   const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
                           !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
   const bool z_side = stacked_in && w.qkv_ba.present() && (out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
   const bool side_products = overlap && !stacked_in;
-  cuda::GdnDecodeFusedArgs args;  // the fused kernel's (decode steps)
-  args.taps = w.conv1d;
-  args.ssm_a = w.ssm_a;
-  args.dt_bias = w.dt_bias;
-  args.history = recurrent + gdn_conv_off[layer];
-  args.state = recurrent + gdn_ssm_off[layer];
-  args.row_stride = recurrent_floats;
-  args.rows = seq_dev();
-  args.norm = w.ssm_norm;
-  args.eps = d.eps;
-  // Mode 5: the input products inside the kernel too (no product launch; LaunchGdnDecodeLayer).
-  if (out_inside && out_mode_switch == 5 && !cuda::Ablated(cuda::Ablate::kGdnIn, T) &&
-      cuda::GdnDecodeLayerFits(shape, w.z, w.qkv, w.ba, w.ssm_out)) {
-    float* out = gdn_out_y + layer * c->h;
-    mixer_y = out;
-    return Launch(cuda::LaunchGdnDecodeLayer(args, x, w.z, w.qkv, w.ba, w.ssm_out, out, shape, st),
-                  "gdn decode (fused, products inside)");
-  }
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
   }
@@ -140,12 +121,22 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     if (z_side) {
       if (absl::Status s = Join(); !s.ok()) return s;  // z
     }
+    cuda::GdnDecodeFusedArgs args;
     args.qkv = qkv_rows;
     args.qkv_stride = qkv_stride;
     args.ba = ba_rows;
     args.ba_stride = ba_stride;
+    args.taps = w.conv1d;
+    args.ssm_a = w.ssm_a;
+    args.dt_bias = w.dt_bias;
+    args.history = recurrent + gdn_conv_off[layer];
+    args.state = recurrent + gdn_ssm_off[layer];
+    args.row_stride = recurrent_floats;
+    args.rows = seq_dev();
     args.z = z_rows;
     args.z_stride = z_stride;
+    args.norm = w.ssm_norm;
+    args.eps = d.eps;
     float* out = gdn_out_y + layer * c->h;
     mixer_y = out;
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st), "gdn decode (fused, ssm_out inside)");
@@ -161,12 +152,22 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       if (absl::Status s = Join(); !s.ok()) return s;  // z and ba
       joined = true;
     }
+    cuda::GdnDecodeFusedArgs args;
     args.qkv = qkv_rows;
     args.qkv_stride = qkv_stride;
     args.ba = ba_rows;
     args.ba_stride = ba_stride;
+    args.taps = w.conv1d;
+    args.ssm_a = w.ssm_a;
+    args.dt_bias = w.dt_bias;
+    args.history = recurrent + gdn_conv_off[layer];
+    args.state = recurrent + gdn_ssm_off[layer];
+    args.row_stride = recurrent_floats;
+    args.rows = seq_dev();
     args.z = z_rows;
     args.z_stride = z_stride;
+    args.norm = w.ssm_norm;
+    args.eps = d.eps;
     args.o = go;
     if (cuda::Ablated(cuda::Ablate::kGdnCore, T)) {
       // decode_ablation.h: timing only.

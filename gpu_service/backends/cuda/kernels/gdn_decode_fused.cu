@@ -32,7 +32,6 @@
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
-#include "gpu_service/backends/cuda/kernels/gdn_decode_fused_io.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -40,8 +39,33 @@
 namespace tandem::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 8;  // GdnRecurrentKernel's kRecurrentWarps: the same partial sums
+constexpr int kThreads = 32 * kWarps;
+constexpr int kCols = 32;  // value columns a block (a lane each)
 constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexes them by value head)
+// The output product inside (kOut): a cluster of 8 blocks holds 256 gated outputs, one Q8_0x8
+// super-block of every row of the output matrix (kQ8_0x8SuperBytes = 16 bytes of scales, then 8 ×
+// 32 quants); block rank c takes rows [c·rows/8, (c+1)·rows/8), kMaxOutRowsPerBlock at most.
+constexpr int kOutClusterBlocks = 8;
+constexpr int kOutCols = kOutClusterBlocks * kCols;  // 256: one super-block
+constexpr int kOutSuperBytes = static_cast<int>(kQ8_0x8SuperBytes);
+constexpr int kOutPieces = kOutSuperBytes / 16;  // 16-byte copies a row
+constexpr int kMaxOutRowsPerBlock = 640;         // 170 KB of shared memory
+static_assert(kOutCols == 256 && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
+
+// Dynamic shared memory of the kOut kernel: the block's rows of the output matrix, then the
+// cluster's 256 gated outputs as int16 and their 8 scales (one a Q8_0 block).
+inline size_t OutSharedBytes(int rows_per_block) {
+  return static_cast<size_t>(rows_per_block) * kOutSuperBytes + kOutCols * sizeof(int16_t) + 8 * sizeof(float);
+}
+
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // The sums of squares of four values, with the fma contraction of the kernel each replaces pinned.
 // gdn_tokens.cu writes v.x·v.x + v.y·v.y + v.z·v.z + v.w·v.w and leaves the contraction to the
@@ -95,9 +119,10 @@ __device__ __forceinline__ void LoadHistory(float (&h)[kGdnMaxConvKernel], const
   }
 }
 
-// x: the channel's input for this token (0 for a thread without the channel).
 __device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
-                                           const float (&h)[kGdnMaxConvKernel], float x, int kk) {
+                                           const float (&h)[kGdnMaxConvKernel], float& x, const float* x_row,
+                                           bool valid, int c, int kk) {
+  x = valid ? x_row[c] : 0.0f;
   float sum = 0.0f;
 #pragma unroll
   for (int q = 0; q < kGdnMaxConvKernel; ++q) {
@@ -116,6 +141,62 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
   }
 }
 
+// The kOut kernel's last part (every block of the cluster, all threads): out_y[row] += the
+// cluster's 256 gated outputs (in the o_sh of its blocks: rank vh % r + y·r holds columns
+// (vh % r)·dv + 32y ..) · the block's rows of its column super-block (out_sh, copied before the
+// PDL wait). The barriers: every block's outputs are written before any is read; no block leaves
+// while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
+// order of the clusters' additions, and the last bits of out_y, are not fixed.
+__device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
+                                               unsigned rank, int r, int dv, int tid, int lane, int warp) {
+  ClusterArrive();
+  ClusterWait();
+  // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
+  const int head = tid / dv, col_block = (tid % dv) / kCols;
+  const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
+  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
+  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + static_cast<size_t>(rpb) * kOutSuperBytes);
+  float* xscale = reinterpret_cast<float*>(xq + kOutCols);
+  float m = fabsf(xv);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+  xq[tid] = static_cast<int16_t>(__float2int_rn(xv * inv));
+  if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
+  const uint4* xw = reinterpret_cast<const uint4*>(xq);
+  for (int row = tid; row < rpb; row += kThreads) {
+    const uint8_t* sb = out_sh + static_cast<size_t>(row) * kOutSuperBytes;
+    const uint4 d4 = *reinterpret_cast<const uint4*>(sb);
+    const uint32_t dw[4] = {d4.x, d4.y, d4.z, d4.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * b);
+      int s = 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 qv = q[half];                                        // columns 16·half .. + 15
+        const uint4 x0 = xw[4 * b + 2 * half], x1 = xw[4 * b + 2 * half + 1];  // their int16 outputs
+        s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
+        s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
+        s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
+        s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
+        s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
+        s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
+        s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
+        s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
+      }
+      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[b / 2] >> (16 * (b & 1)))));
+      acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
+    }
+    atomicAdd(y + row, acc);
+  }
+  ClusterWait();
+}
+
 // Block (vh, y, t): value head vh, columns [32y, 32y + 32), token t. The block convolves the
 // 2·kDk q/k channels of its key head group (channel index i < kDk: q, < 2kDk: k) and its 32 v
 // channels (i − 2kDk), a channel per thread plus a second one for the first threads when kDk is 128.
@@ -128,27 +209,16 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // each thread sums its rows' 8 blocks with dp2a (int8 weights × int16 outputs, exact in int32).
 // Why: the gated norm and the output product were two more launches on the decode chain (~3 and
 // ~5.5 us a GDN layer on the H200 timeline, docs/PERF.md, for 8.9 MB of weights, ~2 us of HBM).
-//
-// kInP > 0 (kOut too): the layer's input products as well (gdn_decode_fused_io.cuh's kIn): the
-// block's input rows are copied into shared memory before the wait (the q/k, v and ba rows in one
-// group, z's in a second), x (h = 512·kInP) read and quantized after it; the q/k rows' values are
-// exchanged through distributed shared memory, z's rows are summed after the recurrence, and the
-// output rows are copied over the first input rows once those are summed. Why: the stacked input
-// product's launch (27 MB at 80B shapes) ran at ~2 TB/s ahead of this kernel, whose blocks could
-// not start until its blocks left (they hold every SM's registers).
-template <int kDk, bool kGated, bool kOut = false, int kInP = 0>
+template <int kDk, bool kGated, bool kOut = false>
 __global__ void __launch_bounds__(kThreads)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, bool early_gate) {
-  constexpr bool kIn = kInP > 0;
-  static_assert(!kIn || kOut, "the input products inside come with the output product");
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
   static_assert(kConv <= 2 * kThreads, "two channels a thread at most");
   static_assert(!kOut || (kGated && kThreads == kOutCols), "the output product: gated, a thread a column");
-  extern __shared__ __align__(16) uint8_t out_sh[];  // kOut only (OutSharedBytes; InSharedBytes with kIn)
-  __shared__ float in_val[kIn ? InRows(kDk) : 1];      // kIn: the block's input rows' values
+  extern __shared__ __align__(16) uint8_t out_sh[];  // kOut only (OutSharedBytes)
   __shared__ __align__(16) float qk[kQk];  // the group's q then k head: conv outputs, normalised in place
   __shared__ float vs[kCols];
   __shared__ float kv_part[kWarps][32], out_part[kWarps][32];
@@ -190,17 +260,13 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // The gates' thread (the block's last) holds its head's weights before the wait and loads its b
   // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence
   // (early_gate; TANDEM_OLD_GDN_GATE=1: GdnGate after the conv's block barrier, as before).
-  const bool gate_thread = (early_gate || kIn) && tid == kThreads - 1;  // kIn: b and a are its own rows
+  const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
-  const int col0 = static_cast<int>(blockIdx.y) * kCols;
-  const int64_t in_h = kIn ? 512 * kInP : 0;
-  int16_t* out_xq = reinterpret_cast<int16_t*>(
-      out_sh + (kIn ? static_cast<size_t>(InRows(kDk)) * InRowBytes(in_h) : static_cast<size_t>(out_rpb) * kOutSuperBytes));
-  auto copy_out_rows = [&] {
+  if constexpr (kOut) {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                          static_cast<int64_t>(group) * kOutSuperBytes;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
@@ -209,64 +275,21 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       CpAsync16(dst + row * kOutSuperBytes + piece * 16, src + row * a.out_row_bytes + piece * 16);
     }
     CpAsyncCommit();
-  };
-  constexpr int kInBeforeZ = InRowsBeforeZ(kDk), kInAll = InRows(kDk);
-  if constexpr (kIn) {
-    // The q/k, v and ba rows, then z's (two groups); the output rows once the first are summed.
-    CopyInRows(a, out_sh, 0, kInBeforeZ, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid);
-    CpAsyncCommit();
-    CopyInRows(a, out_sh, kInBeforeZ, kInAll, in_h, kDk, nk, dv, vh, r, col0, out_rank, tid);
-    CpAsyncCommit();
-  } else if constexpr (kOut) {
-    copy_out_rows();
   }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
-  XPieces<kIn ? kInP : 1> xp;
-  if constexpr (kIn) {
-    // x, then the block's rows before z's: warp w sums rows w, w + 8, ...
-    LoadXPieces<kInP>(a.in_x, lane, xp);
-    CpAsyncWait<1>();
-    __syncthreads();
-    for (int j = warp; j < kInBeforeZ; j += kWarps) {
-      const float v = InRowDot<kInP>(out_sh + static_cast<size_t>(j) * InRowBytes(in_h), xp, lane);
-      if (lane == 0) in_val[j] = v;
-    }
-    __syncthreads();  // every warp is done with the first rows: the output rows go there
-    copy_out_rows();
-    // The cluster's q/k values (below) are read from the blocks that summed them.
-    ClusterArrive();
-    ClusterWait();
-  }
   float gate_b = 0.0f, gate_a = 0.0f;
   if (gate_thread) {
-    if constexpr (kIn) {
-      gate_b = in_val[InQkRows(kDk) + kInVRows];
-      gate_a = in_val[InQkRows(kDk) + kInVRows + 1];
-    } else {
-      const float* row = GdnBaRow(a.ba, a.ba_stride, t, vh, r);
-      gate_b = row[vh % r];
-      gate_a = row[r + vh % r];
-    }
+    const float* row = GdnBaRow(a.ba, a.ba_stride, t, vh, r);
+    gate_b = row[vh % r];
+    gate_a = row[r + vh % r];
   }
   if (!early_state) load_old();
-  float zv = !kIn && kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
+  const float zv = kGated && warp == 0 ? a.z[t * a.z_stride + static_cast<int64_t>(vh) * dv + col] : 0.0f;
   const float* x = a.qkv + t * a.qkv_stride;
-  // Channel i's input: its row of the product (kIn: q/k from the block of the cluster that summed
-  // it, v from this block's rows).
-  auto input = [&](bool has, int i, int c) -> float {
-    if (!has) return 0.0f;
-    if constexpr (kIn) {
-      constexpr int kNqk = InQkRows(kDk);
-      if (i < kQk) return cg::this_cluster().map_shared_rank(in_val, static_cast<unsigned>(i / kNqk))[i % kNqk];
-      return in_val[kNqk + (i - kQk)];
-    } else {
-      return x[c];
-    }
-  };
-  const float x0 = input(has0, i0, c0), x1 = input(has1, i1, c1);
-  const float y0 = ConvToken(w0, last0, h0, x0, kk);
-  const float y1 = ConvToken(w1, last1, h1, x1, kk);
+  float x0, x1;
+  const float y0 = ConvToken(w0, last0, h0, x0, x, has0, c0, kk);
+  const float y1 = ConvToken(w1, last1, h1, x1, x, has1, c1, kk);
   if (has0) {
     if (i0 < kQk) qk[i0] = y0; else vs[i0 - kQk] = y0;
   }
@@ -286,7 +309,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     if (4 * tid < kDk) scale *= q_scale;
     y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
     *reinterpret_cast<float4*>(qk + 4 * tid) = y;
-  } else if (!kIn && !early_gate && tid == kThreads - 1) {
+  } else if (!early_gate && tid == kThreads - 1) {
     GdnGate(a.ba + t * a.ba_stride, 0, a.ssm_a, a.dt_bias, 0, vh, r, nv, gate_g, gate_beta);
   }
   __syncthreads();
@@ -314,20 +337,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     }
   }
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
-  if constexpr (kIn) {
-    // z's rows (their copies had the recurrence's time to land).
-    CpAsyncWait<1>();
-    __syncthreads();
-    for (int j = kInBeforeZ + warp; j < kInAll; j += kWarps) {
-      const float v = InRowDot<kInP>(out_sh + static_cast<size_t>(j) * InRowBytes(in_h), xp, lane);
-      if (lane == 0) in_val[j] = v;
-    }
-  }
   if constexpr (kGated) {
     __syncthreads();
-    if constexpr (kIn) {
-      if (warp == 0) zv = in_val[kInBeforeZ + lane];
-    }
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
     ClusterArrive();
@@ -361,7 +372,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
-    OutProductPart(a, o_sh, out_sh, out_xq, out_rpb, out_rank, r, dv, tid, lane, warp);
+    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -369,7 +380,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
 }
 
-template <int kDk, bool kGated, bool kOut = false, int kInP = 0>
+template <int kDk, bool kGated, bool kOut = false>
 cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream) {
   // The q/k norms' sums of squares as the LaunchGdnPrepare kernel of n tokens forms them.
   const bool qk_x_first = n < kGdnPrepareShortRunBelow;
@@ -377,13 +388,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
   config.blockDim = dim3(32, kWarps);
   config.dynamicSmemBytes = 0;
-  if constexpr (kInP > 0) {
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, kInP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(InSharedBytes(kDk, 512 * kInP)));
-    if (attr != cudaSuccess) return attr;
-    config.dynamicSmemBytes = InSharedBytes(kDk, 512 * kInP);
-  } else if constexpr (kOut) {
+  if constexpr (kOut) {
     static const cudaError_t attr =
         cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
@@ -402,7 +407,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.numAttrs = 2;
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
-  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kInP>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
+  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
                             qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate());
 }
 
@@ -469,56 +474,13 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
-bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& z, const DeviceMatrix& qkv, const DeviceMatrix& ba,
-                        const DeviceMatrix& out) {
-  if (!GdnDecodeOutFits(d, out)) return false;
-  const int64_t h = qkv.cols;
-  if (h != 1024 && h != 2048) return false;  // kInP 2 or 4 (registers: x as int16 on every lane)
-  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
-  auto part = [&](const DeviceMatrix& m, int64_t rows) {
-    return m.type == kTypeQ8_0x8 && m.data != nullptr && m.cols == h && m.rows == rows &&
-           reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.row_bytes % 16 == 0 && m.row_bytes >= Q8_0x8RowBytes(h);
-  };
-  if (!part(z, vw) || !part(qkv, d.c_dim()) || !part(ba, 2 * static_cast<int64_t>(d.nv))) return false;
-  // The output rows go over the first input rows once those are summed; the whole in shared memory.
-  const int64_t out_bytes = out.rows / kOutClusterBlocks * kOutSuperBytes;
-  if (out_bytes > InRowsBeforeZ(d.dk) * InRowBytes(h)) return false;
-  return InSharedBytes(d.dk, h) + 8 * 1024 <= 227 * 1024;  // the kernel's static shared memory beside
-}
-
-cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const float* x, const DeviceMatrix& z,
-                                 const DeviceMatrix& qkv, const DeviceMatrix& ba, const DeviceMatrix& out,
-                                 float* out_y, const GdnShape& d, cudaStream_t stream) {
-  if (!GdnDecodeLayerFits(d, z, qkv, ba, out)) return cudaErrorNotSupported;
-  GdnDecodeFusedArgs a = args;
-  if (x == nullptr || a.taps == nullptr || a.ssm_a == nullptr || a.dt_bias == nullptr || a.history == nullptr ||
-      a.state == nullptr || a.rows == nullptr || a.norm == nullptr || out_y == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  a.in_x = x;
-  a.in_z = static_cast<const uint8_t*>(z.data);
-  a.in_z_row_bytes = z.row_bytes;
-  a.in_qkv = static_cast<const uint8_t*>(qkv.data);
-  a.in_qkv_row_bytes = qkv.row_bytes;
-  a.in_ba = static_cast<const uint8_t*>(ba.data);
-  a.in_ba_row_bytes = ba.row_bytes;
-  a.out_w = static_cast<const uint8_t*>(out.data);
-  a.out_row_bytes = out.row_bytes;
-  a.out_rows = static_cast<int>(out.rows);
-  a.out_y = out_y;
-  if (qkv.cols == 2048) {
-    return d.dk == 128 ? Launch<128, true, true, 4>(a, 1, d, stream) : Launch<64, true, true, 4>(a, 1, d, stream);
-  }
-  return d.dk == 128 ? Launch<128, true, true, 2>(a, 1, d, stream) : Launch<64, true, true, 2>(a, 1, d, stream);
-}
-
 namespace {
 std::atomic<int>& GdnDecodeFusedSwitch() {
   static std::atomic<int> mode{[] {
     const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
     if (v == nullptr || v[0] == '\0') return 3;
     const int m = std::atoi(v);
-    return m >= 0 && m <= 5 ? m : 3;
+    return m >= 0 && m <= 4 ? m : 3;
   }()};
   return mode;
 }

@@ -47,14 +47,11 @@ struct GdnDecodeFusedArgs {
   const float* norm = nullptr;
   float eps = 0.0f;
   float* o = nullptr;  // n × nv·dv: the recurrence's output, or the gated norm's with gated_norm
-  // Set by LaunchGdnDecodeFusedOut and LaunchGdnDecodeLayer from their arguments (callers leave them).
+  // Set by LaunchGdnDecodeFusedOut from its arguments (callers leave them).
   const uint8_t* out_w = nullptr;
   int64_t out_row_bytes = 0;
   int out_rows = 0;
   float* out_y = nullptr;
-  const float* in_x = nullptr;
-  const uint8_t *in_z = nullptr, *in_qkv = nullptr, *in_ba = nullptr;
-  int64_t in_z_row_bytes = 0, in_qkv_row_bytes = 0, in_ba_row_bytes = 0;
 };
 
 // Whether the fused kernel takes shape d: dk 64 or 128, dv 32, 64 or 128, nv a multiple of nk,
@@ -79,20 +76,6 @@ bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
                                     const GdnShape& d, cudaStream_t stream);
 
-// The whole GDN mixer of one token in one launch: LaunchGdnDecodeFusedOut's work with its inputs'
-// products too, z = Z·x, qkv = QKV·x, ba = BA·x (x: h floats; a.qkv, a.ba, a.z and a.o are not
-// read), with x quantized to int16 (one scale per 32) and the weights' rows copied into shared
-// memory before the kernel's PDL wait. The conv history and the state as LaunchGdnDecodeFused
-// computes them from these products (not bit for bit against the f32 products: within their
-// rounding). Takes the shapes where GdnDecodeLayerFits: GdnDecodeOutFits(d, out), z, qkv and ba
-// Q8_0x8 of h = 1024 or 2048 columns with nv·dv, c_dim and 2nv rows (16-byte aligned), a block's
-// input and output rows within its shared memory. Otherwise cudaErrorNotSupported, launching nothing.
-bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& z, const DeviceMatrix& qkv, const DeviceMatrix& ba,
-                        const DeviceMatrix& out);
-cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& a, const float* x, const DeviceMatrix& z,
-                                 const DeviceMatrix& qkv, const DeviceMatrix& ba, const DeviceMatrix& out,
-                                 float* out_y, const GdnShape& d, cudaStream_t stream);
-
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
 //   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
@@ -105,9 +88,7 @@ cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& a, const float* x, co
 //      buffer zeroed at the step's start; every other step as 1 (the default: +7.4% batch-1
 //      decode on q3n-80b shapes against 1, docs/PERF.md "Twenty-second session");
 //   4  as 3 with z's product on the side stream, joined before the kernel (measured as 1: the
-//      join keeps the kernel from starting under the product before it);
-//   5  as 3 with the input products inside too where GdnDecodeLayerFits (LaunchGdnDecodeLayer: no
-//      product launch before it).
+//      join keeps the kernel from starting under the product before it).
 // Shapes the kernel does not take run the four kernels whatever the switch. Read when a step is
 // enqueued: decode graphs keep the mode they were captured with.
 int GetGdnDecodeFused();
