@@ -24,6 +24,7 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -515,6 +516,18 @@ TEST_P(DecodeScheduleTest, GdnOutProductInsideKeepsDecodeLogitsClose) {
                                          /*deterministic=*/false);
   }
   cuda::SetGdnDecodeFused(was);
+}
+
+// Attention's o product split by columns at one-token steps (cuda::SetAttnOutColumnSplit: added into
+// a per-layer buffer with atomics, its input as int16) against the row-split matvec (small: o is
+// Q8_0x8; tiny-q3n's o is under the regrouping size, which the kernel does not take).
+TEST_P(DecodeScheduleTest, AttnOutColumnSplitKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's o stays ggml Q8_0: the kernel does not run";
+  const bool was = cuda::AttnOutColumnSplit();
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "attention o split by columns",
+                                       [](bool on) { cuda::SetAttnOutColumnSplit(on); }, /*deterministic=*/false);
+  cuda::SetAttnOutColumnSplit(was);
 }
 
 // The one-token gate/up kernel's x staged before its PDL wait and the down kernel's per-pick

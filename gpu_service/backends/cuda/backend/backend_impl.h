@@ -154,9 +154,10 @@ class CudaBackend::Impl {
   // attention; else null): AttnKv16ScratchBytes over the pool's pages, shared by the attention layers.
   uint8_t* attn_f16_tiles = nullptr;
   float* gdn_scratch = nullptr;    // the chunked delta rule's scratch (prefill), gdn_scratch_bytes long
-  // Fast mode with GDN layers: a row of h a layer, where one-token steps with ssm_out inside the
-  // fused GDN kernel (GetGdnDecodeFused 3, 4) add the layer's output; zeroed by EnqueueForward.
-  float* gdn_out_y = nullptr;
+  // Fast mode: a row of h a layer, where one-token steps add the mixer's output when its output
+  // product adds into it (GDN: ssm_out inside the fused kernel, GetGdnDecodeFused 3, 4; attention:
+  // the column-split o product, AttnOutColumnSplit); zeroed by EnqueueForward.
+  float* mixer_out_y = nullptr;
   int64_t gdn_scratch_bytes = 0;
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
@@ -193,10 +194,11 @@ class CudaBackend::Impl {
   // stage's fused one-token buffer); nullptr: y.
   const float* moe_y = nullptr;
   const float* PendingY() const { return moe_y != nullptr ? moe_y : y; }
-  // This step zeroed gdn_out_y, and its GDN layers may write their outputs there (EnqueueForward).
-  bool gdn_out_inside_step = false;
-  // Where the current GDN layer's mixer left its output: nullptr for y, or its row of gdn_out_y
-  // when RunGdn ran ssm_out inside the fused kernel. Reset by RunLayer before each GDN mixer.
+  // This step zeroed mixer_out_y, and its mixers may add their outputs there (EnqueueForward).
+  bool mixer_out_step = false;
+  // Where the current layer's mixer left its output: nullptr for y, or its row of mixer_out_y
+  // (RunGdn with ssm_out inside the fused kernel, RunAttention's column-split o product). Reset by
+  // RunLayer before each mixer.
   const float* mixer_y = nullptr;
 
   std::atomic<uint64_t> local_rows{0};
@@ -270,6 +272,7 @@ class CudaBackend::Impl {
   // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
+  absl::Status AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T);
   // With selection_sink: waits for the step's block selections of layer (sel_blocks, sel_counts)
   // and writes them into (*selection_sink)[layer] without each token's own block.
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);

@@ -11,6 +11,7 @@
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -255,10 +256,11 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   cudaStream_t st = stream.get();
   // Before the first kernel: a memset here does not stand between two kernels of the PDL chain.
   if (absl::Status s = moe->PrepareStep(plan.tokens, st); !s.ok()) return s;
-  gdn_out_inside_step = plan.tokens == 1 && gdn_out_y != nullptr && cuda::GetGdnDecodeFused() >= 3;
-  if (gdn_out_inside_step) {
+  mixer_out_step =
+      plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
+  if (mixer_out_step) {
     TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(gdn_out_y, 0, static_cast<size_t>(c->n_layers * c->h) * sizeof(float), st));
+        cudaMemsetAsync(mixer_out_y, 0, static_cast<size_t>(c->n_layers * c->h) * sizeof(float), st));
   }
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(

@@ -320,8 +320,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     // pass over 8192 tokens measured even end to end on the H200, 2026-12-02, for 253 MB more).
     m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(m.gdn_shape, std::min<int64_t>(T, 2048)) : 0;
     if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
-    if (options.mode == CudaMode::kFast) plan.Want(&m.gdn_out_y, c.n_layers * h);
   }
+  if (options.mode == CudaMode::kFast) plan.Want(&m.mixer_out_y, c.n_layers * h);
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
   // One f16 tile set for every attention layer: each call converts the tiles it reads (attention.cuh).
   if (cuda::AttnKv16() && options.mode == CudaMode::kFast && options.fast_attention) {

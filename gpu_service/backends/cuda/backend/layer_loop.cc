@@ -272,6 +272,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
+  mixer_y = nullptr;
   const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
   if (cuda::Ablated(cuda::Ablate::kMixerNorm, T)) {
     // decode_ablation.h: timing only.
@@ -284,7 +285,6 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     // decode_ablation.h: timing only.
   } else if (w.kind == LayerKind::kGdn) {
     t.Mark(Stage::kGdn, st);
-    mixer_y = nullptr;
     if (absl::Status s = RunGdn(layer, plan); !s.ok()) return s;
   } else {
     t.Mark(Stage::kAttention, st);
@@ -316,7 +316,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
   if (cuda::Ablated(cuda::Ablate::kFfnNorm, T)) {
     // decode_ablation.h: timing only.
-  } else if (absl::Status s = Read(w.ffn_read, T, x, a, w.kind == LayerKind::kGdn && mixer_y != nullptr ? mixer_y : y,
+  } else if (absl::Status s = Read(w.ffn_read, T, x, a, mixer_y != nullptr ? mixer_y : y,
                                    ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
              !s.ok()) {
     return s;

@@ -18,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
@@ -42,9 +43,9 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
   // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
-  // EnqueueForward zeroed gdn_out_y for it): the layer's output goes to its row of gdn_out_y. Mode 3
+  // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y. Mode 3
   // reads z from the one stacked product, mode 4 from the side stream, joined before the kernel.
-  const int out_mode_switch = gdn_out_inside_step ? cuda::GetGdnDecodeFused() : 0;
+  const int out_mode_switch = mixer_out_step ? cuda::GetGdnDecodeFused() : 0;
   const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
                           !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
   const bool z_side = stacked_in && w.qkv_ba.present() && (out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
@@ -137,7 +138,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     args.z_stride = z_stride;
     args.norm = w.ssm_norm;
     args.eps = d.eps;
-    float* out = gdn_out_y + layer * c->h;
+    float* out = mixer_out_y + layer * c->h;
     mixer_y = out;
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st), "gdn decode (fused, ssm_out inside)");
   }
@@ -255,6 +256,17 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   return skip_out ? absl::OkStatus() : OutProduct(w.ssm_out, go, T, y);
 }
 
+// Attention's output product: for a fast one-token step the column-split product into the layer's
+// row of mixer_out_y (zeroed by EnqueueForward; dense_colsplit.cuh), else into y.
+absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T) {
+  if (T == 1 && mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o)) {
+    float* out = mixer_out_y + layer * c->h;
+    mixer_y = out;
+    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
+  }
+  return OutProduct(w.o, ao, T, y);
+}
+
 absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
   const cuda::GpuLayer& w = dm->layers[layer];
   const AttnDims& d = c->attn;
@@ -296,7 +308,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
         !s.ok()) {
       return s;
     }
-    return OutProduct(w.o, ao, T, y);
+    return AttnOutProduct(layer, w, T);
   }
   const bool kv_side = stacked_in && w.kv.present() && cuda::AttnStackedKvSide();
   const bool side_products = overlap && !stacked_in;
@@ -383,7 +395,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
         !s.ok()) {
       return s;
     }
-    return OutProduct(w.o, ao, T, y);
+    return AttnOutProduct(layer, w, T);
   }
 
   // Indexer: queries and raw keys, the block keys completed by this step, scores and selection,

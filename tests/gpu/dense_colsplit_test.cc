@@ -1,0 +1,97 @@
+// The column-split one-row product (dense_colsplit.cu: LaunchColumnSplitMatVec) against the host's
+// product over the dequantized Q8_0 rows, in double: y (starting from random values, to show the
+// kernel adds) within 1e-4 relative L2 (x goes in as int16, one scale per 32: ~1e-5 a row). Shapes:
+// attention's o at 80B (4096 → 2048) and small (1024 → 1024) shapes, GDN's ssm_out, one super-block
+// of columns, rows that leave few slices, a padded row stride. Also the matrices it refuses.
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/weights/weight_types.h"
+#include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_seed.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Random;
+using gpu_testing::Upload;
+
+struct Shape {
+  int64_t cols, rows, pad;
+};
+
+class GpuColumnSplitTest : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(GpuColumnSplitTest, AddsTheProduct) {
+  const auto [cols, rows, pad] = GetParam();
+  const std::string tag = std::to_string(cols) + "x" + std::to_string(rows) + (pad > 0 ? " padded" : "");
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.05f);
+  const int64_t natural = cuda::Q8_0x8RowBytes(cols), row_bytes = natural + pad;
+  std::vector<uint8_t> packed(static_cast<size_t>(natural * rows));
+  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, rows, cols, packed.data());
+  std::vector<uint8_t> padded(static_cast<size_t>(row_bytes * rows), 0xFF);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(&padded[r * row_bytes], &packed[r * natural], natural);
+  const auto w_dev = Upload(padded);
+  const cuda::DeviceMatrix m{cuda::kTypeQ8_0x8, w_dev.get(), cols, rows, row_bytes};
+  ASSERT_TRUE(cuda::ColumnSplitMatVecFits(m)) << tag;
+  const std::vector<float> x = Random(rng, static_cast<size_t>(cols)), y0 = Random(rng, static_cast<size_t>(rows));
+  const auto x_dev = Upload(x);
+  auto y = Upload(y0);
+  TANDEM_ASSERT_CUDA(cuda::LaunchColumnSplitMatVec(m, x_dev.get(), y.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<float> want(static_cast<size_t>(rows)), row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), cols);
+    double sum = y0[r];
+    for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(row[c]) * x[c];
+    want[r] = static_cast<float>(sum);
+  }
+  EXPECT_LE(gpu_testing::LogError("column split " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuColumnSplitTest,
+                         ::testing::Values(Shape{4096, 2048, 0},   // attention's o at 80B shapes
+                                           Shape{1024, 1024, 0},   // the small preset's o
+                                           Shape{4096, 2048, 48},  // padded rows
+                                           Shape{256, 8, 0},       // one super-block, one slice of 8 rows
+                                           Shape{512, 2000, 0},    // slices that divide 2000 (<= 640 rows)
+                                           Shape{2048, 5120, 0}),  // 8 supers, 16 slices of 320
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return std::to_string(info.param.cols) + "x" + std::to_string(info.param.rows) +
+                                  (info.param.pad > 0 ? "_padded" : "");
+                         });
+
+alignas(16) constexpr uint8_t kBytes[16] = {};  // never read: every case is refused first
+
+TEST(ColumnSplitRefusalTest, RefusesWhatItCannotTake) {
+  const int64_t rb = cuda::Q8_0x8RowBytes(4096);
+  struct Case {
+    cuda::DeviceMatrix m;
+    const char* why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{static_cast<uint32_t>(WeightType::kQ8_0), kBytes, 4096, 2048, 4096 / 32 * 34}, "ggml Q8_0 layout"},
+           {{cuda::kTypeQ8_0x8, kBytes, 4096, 2048, rb + 8}, "rows off 16-byte alignment"},
+           {{cuda::kTypeQ8_0x8, kBytes + 4, 4096, 2048, rb}, "data off 16-byte alignment"},
+           {{cuda::kTypeQ8_0x8, nullptr, 4096, 2048, rb}, "no data"},
+           {{cuda::kTypeQ8_0x8, kBytes, 4096, 641, rb}, "641 rows: a prime over 640, no slice fits"},
+           {{cuda::kTypeQ8_0x8, kBytes, 4096, 0, rb}, "no rows"},
+       }) {
+    EXPECT_FALSE(cuda::ColumnSplitMatVecFits(c.m)) << c.why;
+    EXPECT_EQ(cuda::LaunchColumnSplitMatVec(c.m, nullptr, nullptr, nullptr), cudaErrorNotSupported) << c.why;
+  }
+}
+
+}  // namespace
+}  // namespace tandem
