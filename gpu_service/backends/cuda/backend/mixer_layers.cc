@@ -330,7 +330,18 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
   int64_t qg_stride = 0, kv_stride = 0;
   if (kv_side) {
-    if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) return s;
+    if (T == 1 && options.mode == CudaMode::kFast && cuda::AttnKvBlocksPerSm() > 0) {
+      cuda::MatVecOptions o;  // one wave beside q's product (AttnKvBlocksPerSm)
+      o.blocks_per_sm = cuda::AttnKvBlocksPerSm();
+      if (absl::Status s = Launch(cuda::LaunchDenseMatVec(w.kv, x, w.kv.cols, 1, mixer_rows.as<float>(), w.kv.rows, o,
+                                                          kvs),
+                                  "[k; v] product");
+          !s.ok()) {
+        return s;
+      }
+    } else if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) {
+      return s;
+    }
     k_rows = mixer_rows.as<float>();
     v_rows = k_rows + w.k.rows;
     kv_stride = w.kv.rows;
