@@ -45,9 +45,9 @@ std::atomic<bool>& GdnStackedZSideSwitch() {
   return on;
 }
 
-std::atomic<int>& AttnKvBlocksSwitch() {
+std::atomic<int>& AttnQBlocksSwitch() {
   static std::atomic<int> n{[] {
-    const char* v = std::getenv("TANDEM_ATTN_KV_BLOCKS");
+    const char* v = std::getenv("TANDEM_ATTN_Q_BLOCKS");
     const int b = v == nullptr ? 0 : std::atoi(v);
     return b >= 0 && b <= 8 ? b : 0;
   }()};
@@ -272,8 +272,8 @@ void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std
 bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
-int AttnKvBlocksPerSm() { return AttnKvBlocksSwitch().load(std::memory_order_relaxed); }
-void SetAttnKvBlocksPerSm(int n) { AttnKvBlocksSwitch().store(n, std::memory_order_relaxed); }
+int AttnQBlocksPerSm() { return AttnQBlocksSwitch().load(std::memory_order_relaxed); }
+void SetAttnQBlocksPerSm(int n) { AttnQBlocksSwitch().store(n, std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 
 bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {

@@ -114,12 +114,13 @@ void SetGdnStackedZSide(bool on);
 bool AttnStackedKvSide();
 void SetAttnStackedKvSide(bool on);
 
-// With AttnStackedKvSide at fast-mode one-token steps: the [k; v] product's grid in blocks an SM
-// (MatVecOptions::blocks_per_sm), so that it runs in one wave beside q's product, which holds
-// half of every SM's registers; 0 the product's own grid (two blocks an SM, most of which then
-// wait for q's). TANDEM_ATTN_KV_BLOCKS=N (read once; settable; read when a step is enqueued).
-int AttnKvBlocksPerSm();
-void SetAttnKvBlocksPerSm(int n);
+// With AttnStackedKvSide at fast-mode one-token steps: q's product's grid in blocks an SM
+// (MatVecOptions::blocks_per_sm), so that it runs in one wave beside [k; v]'s product, whose 128
+// blocks hold half of most SMs' registers; 0 the product's own grid (two blocks an SM, half of
+// which then wait for [k; v]'s to leave). TANDEM_ATTN_Q_BLOCKS=N (read once; settable; read when
+// a step is enqueued).
+int AttnQBlocksPerSm();
+void SetAttnQBlocksPerSm(int n);
 
 // Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
 // aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte

@@ -330,18 +330,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
   int64_t qg_stride = 0, kv_stride = 0;
   if (kv_side) {
-    if (T == 1 && options.mode == CudaMode::kFast && cuda::AttnKvBlocksPerSm() > 0) {
-      cuda::MatVecOptions o;  // one wave beside q's product (AttnKvBlocksPerSm)
-      o.blocks_per_sm = cuda::AttnKvBlocksPerSm();
-      if (absl::Status s = Launch(cuda::LaunchDenseMatVec(w.kv, x, w.kv.cols, 1, mixer_rows.as<float>(), w.kv.rows, o,
-                                                          kvs),
-                                  "[k; v] product");
-          !s.ok()) {
-        return s;
-      }
-    } else if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) return s;
     k_rows = mixer_rows.as<float>();
     v_rows = k_rows + w.k.rows;
     kv_stride = w.kv.rows;
@@ -376,7 +365,14 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       return s;
     }
   }
-  if (side_products || kv_side) {
+  if (kv_side && T == 1 && options.mode == CudaMode::kFast && cuda::AttnQBlocksPerSm() > 0) {
+    cuda::MatVecOptions o;  // one wave beside [k; v]'s product (AttnQBlocksPerSm)
+    o.blocks_per_sm = cuda::AttnQBlocksPerSm();
+    if (absl::Status s = Launch(cuda::LaunchDenseMatVec(w.q, x, w.q.cols, 1, qg, w.q.rows, o, st), "q product");
+        !s.ok()) {
+      return s;
+    }
+  } else if (side_products || kv_side) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
   if (!one_prep) {

@@ -131,12 +131,12 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
 
 
 std::atomic<bool>& OldAttnDecodeSwitch() {
-  static std::atomic<bool> old{!EnvSwitch("TANDEM_ATTN_DECODE_ONE_PREP")};  // attention.cuh: the two launches by default
+  static std::atomic<bool> old{!EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_ONE_PREP")};  // attention.cuh: one launch by default
   return old;
 }
 
 std::atomic<bool>& AttnMergeInBlockSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_BLOCK")};
   return on;
 }
 

@@ -89,19 +89,22 @@ cudaError_t LaunchQkvNormRopeAppend(const QkvRows& rows, int64_t n, const AttnSh
                                     const int32_t* token_pos, float* q_out, const PagedKv& cache,
                                     cudaStream_t stream);
 
-// Whether attention decode runs QueryNormRope and KvAppend as two launches (true, the default) or
-// LaunchQkvNormRopeAppend, the same operations in one launch (TANDEM_ATTN_DECODE_ONE_PREP=1, read
-// once; SetOldAttnDecode(false) in tests). The two launches stay the default: with k and v on the
-// side stream (AttnStackedKvSide) QueryNormRope runs on the main stream beside the cache append,
-// and on the H200 (2026-12-01, q3n-80b decode at batch 1, two rounds) they measured 344.1 / 344.3
-// tok/s against 335.2 / 343.8 for the one launch.
+// Whether attention decode runs QueryNormRope and KvAppend as two launches (true) or
+// LaunchQkvNormRopeAppend, the same operations in one launch (false, the default since 2026-12-03;
+// TANDEM_ATTN_DECODE_ONE_PREP=0 for the two launches, read once; settable in tests). On the H200
+// (2026-12-01, q3n-80b decode at batch 1, two rounds) the two launches had measured 344.1 / 344.3
+// tok/s against 335.2 / 343.8 for the one launch; with the merge in the last slice block
+// (AttnMergeInBlock, which needs the one launch) and the column-split o product after it, the pair
+// measured 444.2 against 439.9 tok/s (three rounds, 2026-12-03, docs/PERF.md "Twenty-second
+// session").
 bool OldAttnDecode();
 void SetOldAttnDecode(bool on);
-// TANDEM_ATTN_MERGE_IN_BLOCK=1 (read once; settable for tests), with the one-launch prep: the last
-// block of each (row item, kv head) to finish combines the split attention's slices itself (a
-// ticket counter in the scratch), in SplitMergeKernel's order (the same bits), instead of the
-// SplitMergeKernel launch. Off by default: on the H200 (2026-12-01, q3n-80b decode at batch 1, two
-// rounds) the merge launch was 2.3% faster end to end (335.8 against 328.4 tok/s).
+// With the one-launch prep (the default; TANDEM_ATTN_MERGE_IN_BLOCK=0 turns it off, read once;
+// settable for tests): the last block of each (row item, kv head) to finish combines the split
+// attention's slices itself (a ticket counter in the scratch), in SplitMergeKernel's order (the
+// same bits), instead of the SplitMergeKernel launch. On the H200 (2026-12-01) the merge launch had
+// been 2.3% faster end to end (335.8 against 328.4 tok/s); since the o product is split by columns
+// (dense_colsplit.cuh) the merge in the block is 1.0% faster (see OldAttnDecode).
 bool AttnMergeInBlock();
 void SetAttnMergeInBlock(bool on);
 
