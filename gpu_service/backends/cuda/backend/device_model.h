@@ -114,14 +114,6 @@ void SetGdnStackedZSide(bool on);
 bool AttnStackedKvSide();
 void SetAttnStackedKvSide(bool on);
 
-// With AttnStackedKvSide at fast-mode one-token steps: q's product's grid in blocks an SM
-// (MatVecOptions::blocks_per_sm), so that it runs in one wave beside [k; v]'s product, whose 128
-// blocks hold half of most SMs' registers; 0 the product's own grid (two blocks an SM, half of
-// which then wait for [k; v]'s to leave). TANDEM_ATTN_Q_BLOCKS=N (read once; settable; read when
-// a step is enqueued).
-int AttnQBlocksPerSm();
-void SetAttnQBlocksPerSm(int n);
-
 // Whether Q8_0x8 parts of `rows[i]` rows over `cols` columns, placed one after another in 256-byte
 // aligned slots (UploadModel's placer), lie adjacent: every part but the last ends on a 256-byte
 // boundary (a Q8_0x8 row is cols / 256 · 272 bytes). Host arithmetic only.

@@ -365,14 +365,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       return s;
     }
   }
-  if (kv_side && T == 1 && options.mode == CudaMode::kFast && cuda::AttnQBlocksPerSm() > 0) {
-    cuda::MatVecOptions o;  // one wave beside [k; v]'s product (AttnQBlocksPerSm)
-    o.blocks_per_sm = cuda::AttnQBlocksPerSm();
-    if (absl::Status s = Launch(cuda::LaunchDenseMatVec(w.q, x, w.q.cols, 1, qg, w.q.rows, o, st), "q product");
-        !s.ok()) {
-      return s;
-    }
-  } else if (side_products || kv_side) {
+  if (side_products || kv_side) {
     if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
   }
   if (!one_prep) {
