@@ -45,15 +45,6 @@ std::atomic<bool>& GdnStackedZSideSwitch() {
   return on;
 }
 
-std::atomic<int>& GdnInBlocksSwitch() {
-  static std::atomic<int> n{[] {
-    const char* v = std::getenv("TANDEM_GDN_IN_BLOCKS");
-    const int b = v == nullptr ? 0 : std::atoi(v);
-    return b >= 0 && b <= 8 ? b : 0;
-  }()};
-  return n;
-}
-
 std::atomic<bool>& AttnStackedKvSideSwitch() {
   static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE")};
   return on;
@@ -272,8 +263,6 @@ void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std
 bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
-int GdnInBlocksPerSm() { return GdnInBlocksSwitch().load(std::memory_order_relaxed); }
-void SetGdnInBlocksPerSm(int n) { GdnInBlocksSwitch().store(n, std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 
 bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {

@@ -107,14 +107,6 @@ void SetStackedDecodeInputs(bool on);
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
 
-// With the fused GDN kernel's ssm_out inside (GetGdnDecodeFused 3) at fast one-token steps: the
-// stacked input product's grid in blocks an SM (MatVecOptions::blocks_per_sm; 0 its own grid, two
-// blocks of 128 registers an SM, which leave the fused kernel's blocks no room to start their
-// ssm_out copies under the product). TANDEM_GDN_IN_BLOCKS=N (read once; settable; read when a step
-// is enqueued).
-int GdnInBlocksPerSm();
-void SetGdnInBlocksPerSm(int n);
-
 // The same for attention layers: true (the default) q's own product on the main stream and the
 // product over kv ([k; v]) on the side stream (as before the stack, one product fewer); false one
 // product over mixer_in ([q; k; v]). TANDEM_ATTN_DECODE_KV_SIDE=0 turns it off (A/B); read when a

@@ -77,19 +77,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     qkv_rows = mixer_rows.as<float>();
     ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = ba_stride = w.qkv_ba.rows;
-  } else if (stacked_in && out_inside && cuda::GdnInBlocksPerSm() > 0) {
-    cuda::MatVecOptions o;  // room beside it for the fused kernel's blocks (GdnInBlocksPerSm)
-    o.blocks_per_sm = cuda::GdnInBlocksPerSm();
-    if (absl::Status s = Launch(cuda::LaunchDenseMatVec(w.mixer_in, x, w.mixer_in.cols, 1, mixer_rows.as<float>(),
-                                                        w.mixer_in.rows, o, st),
-                                "gdn input product");
-        !s.ok()) {
-      return s;
-    }
-    z_rows = mixer_rows.as<float>();
-    qkv_rows = z_rows + w.z.rows;
-    ba_rows = qkv_rows + w.qkv.rows;
-    qkv_stride = z_stride = ba_stride = w.mixer_in.rows;
   } else if (stacked_in) {
     if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
     z_rows = mixer_rows.as<float>();
