@@ -4,7 +4,6 @@
 // attention's o at 80B (4096 → 2048) and small (1024 → 1024) shapes, GDN's ssm_out, one super-block
 // of columns, rows that leave few slices, a padded row stride. Also the matrices it refuses.
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,26 +36,15 @@ TEST_P(GpuColumnSplitTest, AddsTheProduct) {
   const std::string tag = std::to_string(cols) + "x" + std::to_string(rows) + (pad > 0 ? " padded" : "");
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.05f);
-  const int64_t natural = cuda::Q8_0x8RowBytes(cols), row_bytes = natural + pad;
-  std::vector<uint8_t> packed(static_cast<size_t>(natural * rows));
-  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, rows, cols, packed.data());
-  std::vector<uint8_t> padded(static_cast<size_t>(row_bytes * rows), 0xFF);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(&padded[r * row_bytes], &packed[r * natural], natural);
-  const auto w_dev = Upload(padded);
-  const cuda::DeviceMatrix m{cuda::kTypeQ8_0x8, w_dev.get(), cols, rows, row_bytes};
+  const gpu_testing::Regrouped g = gpu_testing::Regroup(w, pad);
+  const cuda::DeviceMatrix& m = g.m;
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(m)) << tag;
   const std::vector<float> x = Random(rng, static_cast<size_t>(cols)), y0 = Random(rng, static_cast<size_t>(rows));
   const auto x_dev = Upload(x);
   auto y = Upload(y0);
   TANDEM_ASSERT_CUDA(cuda::LaunchColumnSplitMatVec(m, x_dev.get(), y.get(), nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-  std::vector<float> want(static_cast<size_t>(rows)), row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), cols);
-    double sum = y0[r];
-    for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(row[c]) * x[c];
-    want[r] = static_cast<float>(sum);
-  }
+  const std::vector<float> want = gpu_testing::HostProduct(w, x, y0);
   EXPECT_LE(gpu_testing::LogError("column split " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
 }
 

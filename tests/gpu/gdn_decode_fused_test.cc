@@ -55,6 +55,25 @@ void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& wan
   EXPECT_TRUE(same) << what << ": not bit-identical";
 }
 
+// The fused launch's arguments for a step's packed rows (qkv, ba, z), the layer's parameters and
+// the sequences' rows of a state buffer `row_stride` floats a row (history and state set apart).
+cuda::GdnDecodeFusedArgs StepArgs(const float* qkv, const float* ba, const float* z, const float* taps,
+                                  const float* ssm_a, const float* dt_bias, const float* norm, int64_t row_stride,
+                                  const int32_t* rows, float eps) {
+  cuda::GdnDecodeFusedArgs args;
+  args.qkv = qkv;
+  args.ba = ba;
+  args.z = z;
+  args.taps = taps;
+  args.ssm_a = ssm_a;
+  args.dt_bias = dt_bias;
+  args.norm = norm;
+  args.row_stride = row_stride;
+  args.rows = rows;
+  args.eps = eps;
+  return args;
+}
+
 class GpuGdnDecodeFusedTest : public ::testing::TestWithParam<cuda::GdnShape> {
  protected:
   void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
@@ -98,17 +117,8 @@ void ExpectTheFourKernelsBits(const cuda::GdnShape& d, int64_t seqs, const std::
                                                         nullptr));
       TANDEM_ASSERT_CUDA(cuda::LaunchGdnGatedNorm(o.get(), z.get(), norm.get(), eps, n, d, gated.get(), nullptr));
       // The fused kernel, without and with the gated norm, on copies of the states.
-      cuda::GdnDecodeFusedArgs args;
-      args.qkv = qkv.get();
-      args.ba = ba.get();
-      args.taps = taps.get();
-      args.ssm_a = ssm_a.get();
-      args.dt_bias = dt_bias.get();
-      args.row_stride = row_stride;
-      args.rows = rows.get();
-      args.z = z.get();
-      args.norm = norm.get();
-      args.eps = eps;
+      cuda::GdnDecodeFusedArgs args = StepArgs(qkv.get(), ba.get(), z.get(), taps.get(), ssm_a.get(), dt_bias.get(),
+                                               norm.get(), row_stride, rows.get(), eps);
       auto o_fused = Poisoned<float>(static_cast<size_t>(n * vw));
       auto o_gated = Poisoned<float>(static_cast<size_t>(n * vw));
       args.history = rec_fused.get() + conv_off;
@@ -277,28 +287,14 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const auto z = Upload(Random(rng, static_cast<size_t>(vw)));
   // The output matrix: Q8_0 on the host (the reference dequantizes it), Q8_0x8 rows on the device.
   const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, vw, out_rows, 0.05f);
-  const int64_t natural = cuda::Q8_0x8RowBytes(vw), row_bytes = natural + pad;
-  std::vector<uint8_t> packed(static_cast<size_t>(natural * out_rows));
-  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, out_rows, vw, packed.data());
-  std::vector<uint8_t> padded(static_cast<size_t>(row_bytes * out_rows), 0xFF);
-  for (int64_t r = 0; r < out_rows; ++r) std::memcpy(&padded[r * row_bytes], &packed[r * natural], natural);
-  const auto w_dev = Upload(padded);
-  const cuda::DeviceMatrix out{cuda::kTypeQ8_0x8, w_dev.get(), vw, out_rows, row_bytes};
+  const gpu_testing::Regrouped out_dev = gpu_testing::Regroup(w, pad);
+  const cuda::DeviceMatrix& out = out_dev.m;
   ASSERT_TRUE(cuda::GdnDecodeOutFits(d, out)) << tag;
   const std::vector<float> y0 = Random(rng, static_cast<size_t>(out_rows));
   auto y = Upload(y0);
 
-  cuda::GdnDecodeFusedArgs args;
-  args.qkv = qkv.get();
-  args.ba = ba.get();
-  args.taps = taps.get();
-  args.ssm_a = ssm_a.get();
-  args.dt_bias = dt_bias.get();
-  args.row_stride = row_stride;
-  args.rows = rows.get();
-  args.z = z.get();
-  args.norm = norm.get();
-  args.eps = 1e-6f;
+  cuda::GdnDecodeFusedArgs args = StepArgs(qkv.get(), ba.get(), z.get(), taps.get(), ssm_a.get(), dt_bias.get(),
+                                           norm.get(), row_stride, rows.get(), 1e-6f);
   auto gated = Poisoned<float>(static_cast<size_t>(vw)), gated_out = Poisoned<float>(static_cast<size_t>(vw));
   args.history = rec_gated.get();
   args.state = rec_gated.get() + ssm_off;
@@ -312,13 +308,7 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const std::vector<float> g = Download(gated);
   ExpectSameBits(Download(gated_out), g, tag + ": gated outputs");
   ExpectSameBits(Download(rec_out), Download(rec_gated), tag + ": histories and states");
-  std::vector<float> want(static_cast<size_t>(out_rows)), row(static_cast<size_t>(vw));
-  for (int64_t r = 0; r < out_rows; ++r) {
-    DequantizeRow(WeightType::kQ8_0, w.bytes.data() + r * w.row_bytes, row.data(), vw);
-    double sum = y0[r];
-    for (int64_t c = 0; c < vw; ++c) sum += static_cast<double>(row[c]) * g[c];
-    want[r] = static_cast<float>(sum);
-  }
+  const std::vector<float> want = gpu_testing::HostProduct(w, g, y0);
   EXPECT_LE(gpu_testing::LogError("gdn out product " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
 }
 

@@ -138,6 +138,37 @@ inline TestMatrix RandomMatrix(std::mt19937& rng, WeightType type, int64_t cols,
   return m;
 }
 
+// A Q8_0 test matrix regrouped to Q8_0x8 (device_matrix.h), at `offset` bytes into its allocation,
+// rows `pad` bytes apart beyond the natural stride (padding and slack hold 0xFF bytes, which must
+// never be read).
+struct Regrouped {
+  DeviceArray<uint8_t> device;
+  cuda::DeviceMatrix m;
+};
+inline Regrouped Regroup(const TestMatrix& w, int64_t pad = 0, int64_t offset = 0) {
+  const int64_t natural = cuda::Q8_0x8RowBytes(w.cols), row_bytes = natural + pad;
+  std::vector<uint8_t> packed(static_cast<size_t>(natural * w.rows));
+  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, w.rows, w.cols, packed.data());
+  std::vector<uint8_t> bytes(static_cast<size_t>(offset + row_bytes * w.rows + 16), 0xFF);
+  for (int64_t r = 0; r < w.rows; ++r) std::memcpy(&bytes[offset + r * row_bytes], &packed[r * natural], natural);
+  Regrouped g{Upload(bytes), {}};
+  g.m = cuda::DeviceMatrix{cuda::kTypeQ8_0x8, g.device.get() + offset, w.cols, w.rows, row_bytes};
+  return g;
+}
+
+// y0 + W·x in f64 over W's dequantized rows (y0 may be empty: zeros), rounded to f32.
+inline std::vector<float> HostProduct(const TestMatrix& w, const std::vector<float>& x,
+                                      const std::vector<float>& y0 = {}) {
+  std::vector<float> y(static_cast<size_t>(w.rows)), row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(w.type, w.bytes.data() + r * w.row_bytes, row.data(), w.cols);
+    double sum = y0.empty() ? 0.0 : y0[r];
+    for (int64_t c = 0; c < w.cols; ++c) sum += static_cast<double>(row[c]) * x[c];
+    y[r] = static_cast<float>(sum);
+  }
+  return y;
+}
+
 inline TestMatrix F32TestMatrix(const std::vector<float>& f, int64_t cols, int64_t rows) {
   TestMatrix m{WeightType::kF32, cols, rows, cols * 4, {}, {}};
   m.bytes.resize(f.size() * 4);

@@ -23,6 +23,8 @@ using gpu_testing::Download;
 using gpu_testing::Poisoned;
 using gpu_testing::Random;
 using gpu_testing::RandomMatrix;
+using gpu_testing::Regroup;
+using gpu_testing::Regrouped;
 using gpu_testing::RelL2;
 using gpu_testing::Upload;
 
@@ -30,23 +32,6 @@ class GpuQ8_0x8Test : public ::testing::Test {
  protected:
   void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
 };
-
-// A Q8_0 test matrix regrouped, at `offset` bytes into its allocation, rows `pad` bytes apart
-// beyond the natural stride (padding and slack hold 0xFF bytes, which must never be read).
-struct Regrouped {
-  gpu_testing::DeviceArray<uint8_t> device;
-  cuda::DeviceMatrix m;
-};
-Regrouped Regroup(const gpu_testing::TestMatrix& w, int64_t pad = 0, int64_t offset = 0) {
-  const int64_t natural = cuda::Q8_0x8RowBytes(w.cols), row_bytes = natural + pad;
-  std::vector<uint8_t> packed(static_cast<size_t>(natural * w.rows));
-  cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, w.rows, w.cols, packed.data());
-  std::vector<uint8_t> bytes(static_cast<size_t>(offset + row_bytes * w.rows + 16), 0xFF);
-  for (int64_t r = 0; r < w.rows; ++r) std::memcpy(&bytes[offset + r * row_bytes], &packed[r * natural], natural);
-  Regrouped g{Upload(bytes), {}};
-  g.m = cuda::DeviceMatrix{cuda::kTypeQ8_0x8, g.device.get() + offset, w.cols, w.rows, row_bytes};
-  return g;
-}
 
 TEST_F(GpuQ8_0x8Test, DequantizeRowsEqualsTheQ8_0Rows) {
   std::mt19937 rng = ::tandem::testing::SeededRng();

@@ -118,26 +118,27 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const int fused_switch = cuda::GetGdnDecodeFused();
   int fused = decode && cuda::GdnDecodeFusedFits(shape) ? (fused_switch >= 3 ? 1 : fused_switch) : 0;
   if (fused == 2 && norm_to_f16) fused = 1;
+  // The fused kernel's inputs (decode steps): the products' rows, the layer's weights, the state.
+  cuda::GdnDecodeFusedArgs args;
+  args.qkv = qkv_rows;
+  args.qkv_stride = qkv_stride;
+  args.ba = ba_rows;
+  args.ba_stride = ba_stride;
+  args.taps = w.conv1d;
+  args.ssm_a = w.ssm_a;
+  args.dt_bias = w.dt_bias;
+  args.history = recurrent + gdn_conv_off[layer];
+  args.state = recurrent + gdn_ssm_off[layer];
+  args.row_stride = recurrent_floats;
+  args.rows = seq_dev();
+  args.z = z_rows;
+  args.z_stride = z_stride;
+  args.norm = w.ssm_norm;
+  args.eps = d.eps;
   if (out_inside) {
     if (z_side) {
       if (absl::Status s = Join(); !s.ok()) return s;  // z
     }
-    cuda::GdnDecodeFusedArgs args;
-    args.qkv = qkv_rows;
-    args.qkv_stride = qkv_stride;
-    args.ba = ba_rows;
-    args.ba_stride = ba_stride;
-    args.taps = w.conv1d;
-    args.ssm_a = w.ssm_a;
-    args.dt_bias = w.dt_bias;
-    args.history = recurrent + gdn_conv_off[layer];
-    args.state = recurrent + gdn_ssm_off[layer];
-    args.row_stride = recurrent_floats;
-    args.rows = seq_dev();
-    args.z = z_rows;
-    args.z_stride = z_stride;
-    args.norm = w.ssm_norm;
-    args.eps = d.eps;
     float* out = mixer_out_y + layer * c->h;
     mixer_y = out;
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st), "gdn decode (fused, ssm_out inside)");
@@ -153,22 +154,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       if (absl::Status s = Join(); !s.ok()) return s;  // z and ba
       joined = true;
     }
-    cuda::GdnDecodeFusedArgs args;
-    args.qkv = qkv_rows;
-    args.qkv_stride = qkv_stride;
-    args.ba = ba_rows;
-    args.ba_stride = ba_stride;
-    args.taps = w.conv1d;
-    args.ssm_a = w.ssm_a;
-    args.dt_bias = w.dt_bias;
-    args.history = recurrent + gdn_conv_off[layer];
-    args.state = recurrent + gdn_ssm_off[layer];
-    args.row_stride = recurrent_floats;
-    args.rows = seq_dev();
-    args.z = z_rows;
-    args.z_stride = z_stride;
-    args.norm = w.ssm_norm;
-    args.eps = d.eps;
     args.o = go;
     if (cuda::Ablated(cuda::Ablate::kGdnCore, T)) {
       // decode_ablation.h: timing only.

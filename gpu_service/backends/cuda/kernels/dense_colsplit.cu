@@ -6,29 +6,26 @@
 // in int32) times its weight scale and x's scale.
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSuperCols = 256;
-constexpr int kSuperBytes = static_cast<int>(kQ8_0x8SuperBytes);
+constexpr int kSuperCols = kColumnSuperCols;
+constexpr int kSuperBytes = kColumnSuperBytes;
 constexpr int kPieces = kSuperBytes / 16;
 constexpr int kMaxRowsPerBlock = 640;  // 170 KB of shared memory
 constexpr int kTargetBlocks = 128;     // about one block an SM of an H200
 
-size_t SharedBytes(int rows_per_block) {
-  return static_cast<size_t>(rows_per_block) * kSuperBytes + kSuperCols * sizeof(int16_t) + 8 * sizeof(float);
-}
+size_t SharedBytes(int rows_per_block) { return ColumnSharedBytes(rows_per_block); }
 
 // Row slices: the count nearest kTargetBlocks / supers that divides rows and keeps a slice within
 // kMaxRowsPerBlock (0 when none does).
@@ -40,18 +37,6 @@ int RowSlices(int64_t rows, int64_t supers) {
     }
   }
   return 0;
-}
-
-__device__ __forceinline__ int Dot16(uint4 qv, uint4 x0, uint4 x1, int s) {
-  s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
-  s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
-  s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
-  s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
-  s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
-  s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
-  s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
-  s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
-  return s;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -72,29 +57,11 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
   PdlAllowNext();
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(rows_per_block) * kSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kSuperCols);
-  const float xv = x[static_cast<int64_t>(super) * kSuperCols + tid];
-  float m = fabsf(xv);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
-  xq[tid] = static_cast<int16_t>(__float2int_rn(xv * inv));
-  if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
+  QuantizeColumnI16(x[static_cast<int64_t>(super) * kSuperCols + tid], tid, lane, warp, xq, xscale);
   CpAsyncWait<0>();
   __syncthreads();
-  const uint4* xw = reinterpret_cast<const uint4*>(xq);
   for (int row = tid; row < rows_per_block; row += kThreads) {
-    const uint8_t* sb = sh + static_cast<size_t>(row) * kSuperBytes;
-    const uint4 d4 = *reinterpret_cast<const uint4*>(sb);
-    const uint32_t dw[4] = {d4.x, d4.y, d4.z, d4.w};
-    float acc = 0.0f;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * b);
-      int s = Dot16(q[0], xw[4 * b], xw[4 * b + 1], 0);
-      s = Dot16(q[1], xw[4 * b + 2], xw[4 * b + 3], s);
-      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[b / 2] >> (16 * (b & 1)))));
-      acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
-    }
+    const float acc = ColumnSuperRowDot(sh + static_cast<size_t>(row) * kSuperBytes, xq, xscale);
     atomicAdd(y + row0 + row, acc);
   }
 }

@@ -34,6 +34,7 @@
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
+#include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -51,16 +52,14 @@ constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexe
 // 32 quants); block rank c takes rows [c·rows/8, (c+1)·rows/8), kMaxOutRowsPerBlock at most.
 constexpr int kOutClusterBlocks = 8;
 constexpr int kOutCols = kOutClusterBlocks * kCols;  // 256: one super-block
-constexpr int kOutSuperBytes = static_cast<int>(kQ8_0x8SuperBytes);
+constexpr int kOutSuperBytes = kColumnSuperBytes;
 constexpr int kOutPieces = kOutSuperBytes / 16;  // 16-byte copies a row
 constexpr int kMaxOutRowsPerBlock = 640;         // 170 KB of shared memory
-static_assert(kOutCols == 256 && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
+static_assert(kOutCols == kColumnSuperCols && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
 
 // Dynamic shared memory of the kOut kernel: the block's rows of the output matrix, then the
-// cluster's 256 gated outputs as int16 and their 8 scales (one a Q8_0 block).
-inline size_t OutSharedBytes(int rows_per_block) {
-  return static_cast<size_t>(rows_per_block) * kOutSuperBytes + kOutCols * sizeof(int16_t) + 8 * sizeof(float);
-}
+// cluster's 256 gated outputs as int16 and their 8 scales (q8x8_columns.cuh).
+inline size_t OutSharedBytes(int rows_per_block) { return ColumnSharedBytes(rows_per_block); }
 
 __device__ __forceinline__ void ClusterArrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -157,42 +156,12 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
   ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
   int16_t* xq = reinterpret_cast<int16_t*>(out_sh + static_cast<size_t>(rpb) * kOutSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
-  float m = fabsf(xv);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
-  xq[tid] = static_cast<int16_t>(__float2int_rn(xv * inv));
-  if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
+  QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
   CpAsyncWait<0>();
   __syncthreads();
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
-  const uint4* xw = reinterpret_cast<const uint4*>(xq);
   for (int row = tid; row < rpb; row += kThreads) {
-    const uint8_t* sb = out_sh + static_cast<size_t>(row) * kOutSuperBytes;
-    const uint4 d4 = *reinterpret_cast<const uint4*>(sb);
-    const uint32_t dw[4] = {d4.x, d4.y, d4.z, d4.w};
-    float acc = 0.0f;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * b);
-      int s = 0;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint4 qv = q[half];                                        // columns 16·half .. + 15
-        const uint4 x0 = xw[4 * b + 2 * half], x1 = xw[4 * b + 2 * half + 1];  // their int16 outputs
-        s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
-        s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
-        s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
-        s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
-        s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
-        s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
-        s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
-        s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
-      }
-      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[b / 2] >> (16 * (b & 1)))));
-      acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
-    }
-    atomicAdd(y + row, acc);
+    atomicAdd(y + row, ColumnSuperRowDot(out_sh + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
   }
   ClusterWait();
 }
@@ -413,6 +382,30 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
 
 }  // namespace
 
+namespace {
+
+// The launch's arguments with the row strides left 0 set to the packed ones.
+GdnDecodeFusedArgs WithDefaultStrides(const GdnDecodeFusedArgs& args, const GdnShape& d) {
+  GdnDecodeFusedArgs a = args;
+  if (a.qkv_stride == 0) a.qkv_stride = d.c_dim();
+  if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
+  if (a.z_stride == 0) a.z_stride = static_cast<int64_t>(d.nv) * d.dv;
+  return a;
+}
+
+// Every input a launch reads is given, its rows at least their packed width apart (z and the norm's
+// weights only with the gated norm).
+bool InputsOk(const GdnDecodeFusedArgs& a, const GdnShape& d, bool gated_norm) {
+  if (a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr || a.dt_bias == nullptr ||
+      a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.qkv_stride < d.c_dim() ||
+      a.ba_stride < 2 * d.nv) {
+    return false;
+  }
+  return !gated_norm || (a.z != nullptr && a.norm != nullptr && a.z_stride >= static_cast<int64_t>(d.nv) * d.dv);
+}
+
+}  // namespace
+
 bool GdnDecodeFusedFits(const GdnShape& d) {
   if (d.dk != 64 && d.dk != 128) return false;
   if (d.dv != 32 && d.dv != 64 && d.dv != 128) return false;
@@ -425,18 +418,8 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& args, int64_t n, cons
                                  cudaStream_t stream) {
   if (!GdnDecodeFusedFits(d)) return cudaErrorNotSupported;
   if (n <= 0) return cudaSuccess;
-  GdnDecodeFusedArgs a = args;
-  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
-  const int64_t c_dim = d.c_dim();
-  if (a.qkv_stride == 0) a.qkv_stride = c_dim;
-  if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
-  if (a.z_stride == 0) a.z_stride = vw;
-  if (n > 65535 || a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr ||
-      a.dt_bias == nullptr || a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.o == nullptr ||
-      a.qkv_stride < c_dim || a.ba_stride < 2 * d.nv) {
-    return cudaErrorInvalidValue;
-  }
-  if (gated_norm && (a.z == nullptr || a.norm == nullptr || a.z_stride < vw)) return cudaErrorInvalidValue;
+  const GdnDecodeFusedArgs a = WithDefaultStrides(args, d);
+  if (n > 65535 || a.o == nullptr || !InputsOk(a, d, gated_norm)) return cudaErrorInvalidValue;
   if (d.dk == 128) {
     return gated_norm ? Launch<128, true>(a, n, d, stream) : Launch<128, false>(a, n, d, stream);
   }
@@ -456,17 +439,8 @@ bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out) {
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
                                     const GdnShape& d, cudaStream_t stream) {
   if (!GdnDecodeOutFits(d, out)) return cudaErrorNotSupported;
-  GdnDecodeFusedArgs a = args;
-  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
-  const int64_t c_dim = d.c_dim();
-  if (a.qkv_stride == 0) a.qkv_stride = c_dim;
-  if (a.ba_stride == 0) a.ba_stride = 2 * static_cast<int64_t>(d.nv);
-  if (a.z_stride == 0) a.z_stride = vw;
-  if (a.qkv == nullptr || a.ba == nullptr || a.taps == nullptr || a.ssm_a == nullptr || a.dt_bias == nullptr ||
-      a.history == nullptr || a.state == nullptr || a.rows == nullptr || a.z == nullptr || a.norm == nullptr ||
-      out_y == nullptr || a.qkv_stride < c_dim || a.ba_stride < 2 * d.nv || a.z_stride < vw) {
-    return cudaErrorInvalidValue;
-  }
+  GdnDecodeFusedArgs a = WithDefaultStrides(args, d);
+  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true)) return cudaErrorInvalidValue;
   a.out_w = static_cast<const uint8_t*>(out.data);
   a.out_row_bytes = out.row_bytes;
   a.out_rows = static_cast<int>(out.rows);
