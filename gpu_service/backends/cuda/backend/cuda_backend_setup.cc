@@ -14,8 +14,10 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem {
@@ -321,7 +323,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     m.gdn_scratch_bytes = T > 1 ? cuda::GdnChunkedScratchBytes(m.gdn_shape, std::min<int64_t>(T, 2048)) : 0;
     if (m.gdn_scratch_bytes > 0) plan.Want(&m.gdn_scratch, (m.gdn_scratch_bytes + 3) / 4);
   }
-  if (options.mode == CudaMode::kFast) plan.Want(&m.mixer_out_y, c.n_layers * h);
+  // The per-layer mixer outputs of fast one-token steps, only for a model with a layer whose output
+  // product can add into them (RunGdn, AttnOutProduct): else no buffer, and no memset a step.
+  bool mixer_out = false;
+  for (const cuda::GpuLayer& l : m.dm->layers) {
+    mixer_out |= l.kind == LayerKind::kGdn ? cuda::GdnDecodeOutFits(m.gdn_shape, l.ssm_out)
+                                            : cuda::ColumnSplitMatVecFits(l.o);
+  }
+  if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * h);
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
   // One f16 tile set for every attention layer: each call converts the tiles it reads (attention.cuh).
   if (cuda::AttnKv16() && options.mode == CudaMode::kFast && options.fast_attention) {
