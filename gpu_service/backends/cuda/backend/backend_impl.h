@@ -154,11 +154,12 @@ class CudaBackend::Impl {
   // attention; else null): AttnKv16ScratchBytes over the pool's pages, shared by the attention layers.
   uint8_t* attn_f16_tiles = nullptr;
   float* gdn_scratch = nullptr;    // the chunked delta rule's scratch (prefill), gdn_scratch_bytes long
-  // Fast mode: a row of h a layer, where one-token steps add the mixer's output when its output
-  // product adds into it (GDN: ssm_out inside the fused kernel, GetGdnDecodeFused 3, 4; attention:
-  // the column-split o product, AttnOutColumnSplit); zeroed by EnqueueForward.
-  float* mixer_out_y = nullptr;
   int64_t gdn_scratch_bytes = 0;
+  // Fast mode, a model with such layers: a row of h a layer, where one-token steps add the mixer's
+  // output when its output product adds into it (GDN: ssm_out inside the fused kernel,
+  // GetGdnDecodeFused 3, 4; attention: the column-split o product, AttnOutColumnSplit); zeroed by
+  // EnqueueForward.
+  float* mixer_out_y = nullptr;
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
   int32_t *sel_blocks = nullptr, *sel_counts = nullptr;

@@ -16,9 +16,9 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
@@ -43,8 +43,9 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
   // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
-  // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y. Mode 3
-  // reads z from the one stacked product, mode 4 from the side stream, joined before the kernel.
+  // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y.
+  // Mode 3 reads z from the one stacked product, mode 4 from the side stream, joined before the
+  // kernel.
   const int out_mode_switch = mixer_out_step ? cuda::GetGdnDecodeFused() : 0;
   const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
                           !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
