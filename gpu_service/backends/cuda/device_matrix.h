@@ -36,6 +36,13 @@ struct DeviceMatrix {
 inline constexpr int64_t kQ8_0x8SuperBytes = 272;
 inline constexpr int64_t Q8_0x8RowBytes(int64_t cols) { return cols / 256 * kQ8_0x8SuperBytes; }
 
+// Whether m is a Q8_0x8 matrix whose rows are 16-byte aligned (data and row stride) and at least
+// their natural length: what kernels that copy its rows in 16-byte pieces need.
+inline bool Q8_0x8RowsAligned(const DeviceMatrix& m) {
+  return m.type == kTypeQ8_0x8 && m.data != nullptr && m.cols > 0 && m.cols % 256 == 0 &&
+         reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.row_bytes % 16 == 0 && m.row_bytes >= Q8_0x8RowBytes(m.cols);
+}
+
 // Rewrites `rows` Q8_0 rows (src row r at src + r * src_row_bytes) as Q8_0x8 rows of
 // Q8_0x8RowBytes(cols) bytes at dst + r * Q8_0x8RowBytes(cols) (host memory, no overlap).
 inline void RepackQ8_0x8(const uint8_t* src, int64_t src_row_bytes, int64_t rows, int64_t cols, uint8_t* dst) {

@@ -46,7 +46,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y.
   // Mode 3 reads z from the one stacked product, mode 4 from the side stream, joined before the
   // kernel.
-  const int out_mode_switch = mixer_out_step ? cuda::GetGdnDecodeFused() : 0;
+  const int fused_switch = cuda::GetGdnDecodeFused();  // read once: the step's launches agree
+  const int out_mode_switch = mixer_out_step ? fused_switch : 0;
   const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
                           !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
   const bool z_side = stacked_in && w.qkv_ba.present() && (out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
@@ -116,7 +117,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // It reads qkv and ba where the products left them: with the default [qkv; ba] product on this
   // stream (z_side) or the one stacked product it waits for nothing else. Mode 2 also needs z (the
   // side stream's, joined first) and writes f32 rows, so not where the gated norm writes f16 rows.
-  const int fused_switch = cuda::GetGdnDecodeFused();
   int fused = decode && cuda::GdnDecodeFusedFits(shape) ? (fused_switch >= 3 ? 1 : fused_switch) : 0;
   if (fused == 2 && norm_to_f16) fused = 1;
   // The fused kernel's inputs (decode steps): the products' rows, the layer's weights, the state.

@@ -21,7 +21,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kSuperCols = kColumnSuperCols;
 constexpr int kSuperBytes = kColumnSuperBytes;
-constexpr int kPieces = kSuperBytes / 16;
 constexpr int kMaxRowsPerBlock = 640;  // 170 KB of shared memory
 constexpr int kTargetBlocks = 128;     // about one block an SM of an H200
 
@@ -47,12 +46,7 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
   const int super = blockIdx.x, row0 = blockIdx.y * rows_per_block;
   // The weights first (constants: before the wait, overlapping the kernels before).
   const uint8_t* src = w + static_cast<int64_t>(row0) * row_bytes + static_cast<int64_t>(super) * kSuperBytes;
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
-  for (int i = tid; i < rows_per_block * kPieces; i += kThreads) {
-    const int row = i / kPieces, piece = i - row * kPieces;
-    CpAsync16(dst + row * kSuperBytes + piece * 16, src + row * row_bytes + piece * 16);
-  }
-  CpAsyncCommit();
+  CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)), src, row_bytes, rows_per_block, tid);
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(rows_per_block) * kSuperBytes);
@@ -74,13 +68,7 @@ std::atomic<bool>& AttnOutColumnSplitSwitch() {
 }  // namespace
 
 bool ColumnSplitMatVecFits(const DeviceMatrix& w) {
-  if (w.type != kTypeQ8_0x8 || w.data == nullptr || w.cols <= 0 || w.cols % kSuperCols != 0 || w.rows <= 0) {
-    return false;
-  }
-  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || w.row_bytes % 16 != 0 || w.row_bytes < Q8_0x8RowBytes(w.cols)) {
-    return false;
-  }
-  return w.cols / kSuperCols <= 65535 && RowSlices(w.rows, w.cols / kSuperCols) > 0;
+  return Q8_0x8RowsAligned(w) && w.rows > 0 && w.cols / kSuperCols <= 65535 && RowSlices(w.rows, w.cols / kSuperCols) > 0;
 }
 
 cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream) {

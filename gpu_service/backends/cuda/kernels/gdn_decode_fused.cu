@@ -22,7 +22,6 @@
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 
 #include <cooperative_groups.h>
-#include <cuda_fp16.h>
 
 #include <atomic>
 #include <cstdint>
@@ -53,7 +52,6 @@ constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexe
 constexpr int kOutClusterBlocks = 8;
 constexpr int kOutCols = kOutClusterBlocks * kCols;  // 256: one super-block
 constexpr int kOutSuperBytes = kColumnSuperBytes;
-constexpr int kOutPieces = kOutSuperBytes / 16;  // 16-byte copies a row
 constexpr int kMaxOutRowsPerBlock = 640;         // 170 KB of shared memory
 static_assert(kOutCols == kColumnSuperCols && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
 
@@ -238,12 +236,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if constexpr (kOut) {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                          static_cast<int64_t>(group) * kOutSuperBytes;
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
-    for (int i = tid; i < out_rpb * kOutPieces; i += kThreads) {
-      const int row = i / kOutPieces, piece = i - row * kOutPieces;
-      CpAsync16(dst + row * kOutSuperBytes + piece * 16, src + row * a.out_row_bytes + piece * 16);
-    }
-    CpAsyncCommit();
+    CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh)), src, a.out_row_bytes, out_rpb,
+                             tid);
   }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
@@ -428,12 +422,11 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& args, int64_t n, cons
 
 bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out) {
   if (!GdnDecodeFusedFits(d) || (d.nv / d.nk) * d.dv != kOutCols) return false;
-  if (out.type != kTypeQ8_0x8 || out.data == nullptr || out.cols != static_cast<int64_t>(d.nv) * d.dv) return false;
+  if (out.cols != static_cast<int64_t>(d.nv) * d.dv) return false;
   if (out.rows <= 0 || out.rows % kOutClusterBlocks != 0 || out.rows / kOutClusterBlocks > kMaxOutRowsPerBlock) {
     return false;
   }
-  return reinterpret_cast<uintptr_t>(out.data) % 16 == 0 && out.row_bytes % 16 == 0 &&
-         out.row_bytes >= Q8_0x8RowBytes(out.cols);
+  return Q8_0x8RowsAligned(out);
 }
 
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/device_matrix.h"
 
 namespace tandem::cuda {
@@ -22,9 +23,22 @@ constexpr int kColumnSuperCols = 256;
 constexpr int kColumnSuperBytes = static_cast<int>(kQ8_0x8SuperBytes);
 
 // Shared memory of a block holding `rows` rows' super-blocks, then the 256 activations as int16 and
-// their 8 scales (ColumnActivations).
+// their 8 scales (QuantizeColumnI16).
 inline size_t ColumnSharedBytes(int rows) {
   return static_cast<size_t>(rows) * kColumnSuperBytes + kColumnSuperCols * sizeof(int16_t) + 8 * sizeof(float);
+}
+
+// Copies `rows` rows' super-blocks (src: the first row's, rows row_bytes apart; 16-byte aligned) into
+// shared memory at dst (shared address), back to back, with the block's kThreads threads' 16-byte
+// cp.async pieces, and commits them as one group (CpAsyncWait<0> waits for them).
+template <int kThreads>
+__device__ __forceinline__ void CopyColumnRows(uint32_t dst, const uint8_t* src, int64_t row_bytes, int rows, int tid) {
+  constexpr int kPieces = kColumnSuperBytes / 16;
+  for (int i = tid; i < rows * kPieces; i += kThreads) {
+    const int row = i / kPieces, piece = i - row * kPieces;
+    CpAsync16(dst + row * kColumnSuperBytes + piece * 16, src + row * row_bytes + piece * 16);
+  }
+  CpAsyncCommit();
 }
 
 // The block's 256 activations (thread t holds column t: 256 threads, warp w the Q8_0 block w) as
