@@ -501,21 +501,6 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
-// The fused grid's expert blocks waiting on the logits themselves (cuda::SetFusedLogitPoll: per-layer
-// logits marked pending each step) against the router blocks' count.
-TEST_P(DecodeScheduleTest, FusedLogitPollKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
-  const bool was = cuda::OneTokenFused(), was_router = cuda::FusedRouterInGrid(), was_poll = cuda::FusedLogitPoll();
-  cuda::SetOneTokenFused(true);
-  cuda::SetFusedRouterInGrid(true);
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "logits polled in the fused grid",
-                                       [](bool on) { cuda::SetFusedLogitPoll(on); }, /*deterministic=*/false);
-  cuda::SetFusedLogitPoll(was_poll);
-  cuda::SetFusedRouterInGrid(was_router);
-  cuda::SetOneTokenFused(was);
-}
-
 // The gated norm and ssm_out inside the fused GDN kernel at one-token steps (cuda::SetGdnDecodeFused
 // 3: z from the one stacked product; 4: z on the side stream, joined before the kernel; the output
 // added into a per-layer buffer with atomics, its input as int16) against mode 1 (small: clusters

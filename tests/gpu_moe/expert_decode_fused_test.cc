@@ -155,7 +155,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   struct Form {
     int blocks;
     bool preload;
-    bool poll = false;  // FusedRouter::poll_logits: the logits marked pending, no counters
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -171,12 +170,11 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     }
     const DeviceBuffer dw = testing::Upload(w);
     const std::vector<float> shared = sq.Reference(c.h, x);
-    std::vector<float> form_logits[3];
-    for (const Form& f : {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{8, true},
-                          Form{kFusedRouterBlocks, true, true}}) {
+    std::vector<float> form_logits[2];
+    for (const Form& f : {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.poll ? " polled" : "");
+                                            f.preload ? " preloaded" : " plain");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
@@ -185,20 +183,15 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
-      router.poll_logits = f.poll;
-      if (f.poll) router.counters = nullptr;
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
-        if (f.poll) {  // every logit kFusedLogitPending
-          TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.logits.get(), 0xFF, static_cast<size_t>(rows) * sizeof(float), stream));
-        }
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
         TANDEM_ASSERT_CUDA(cudaStreamSynchronize(stream));
         EXPECT_EQ(Download<int32_t>(counters.get(), 2), std::vector<int32_t>(2, 0)) << what << ": counters left";
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8) form_logits[f.poll ? 2 : f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8) form_logits[f.preload ? 0 : 1] = logits;
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;
@@ -219,7 +212,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
     }
     EXPECT_EQ(form_logits[0], form_logits[1]) << "the two router forms' logits differ at h=" << c.h;
-    EXPECT_EQ(form_logits[0], form_logits[2]) << "the polled form's logits differ at h=" << c.h;
   }
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
 }

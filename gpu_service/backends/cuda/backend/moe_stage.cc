@@ -15,7 +15,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -84,11 +83,6 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
   return on;
 }
 
-std::atomic<bool>& FusedLogitPollSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_LOGIT_POLL")};
-  return on;
-}
-
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -135,8 +129,6 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-void SetFusedLogitPoll(bool on) { FusedLogitPollSwitch().store(on, std::memory_order_relaxed); }
-bool FusedLogitPoll() { return FusedLogitPollSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
@@ -207,9 +199,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    absl::StatusOr<DeviceBuffer> layer_logits = DeviceArray<float>(c.n_layers * (E + 1));
-    if (!layer_logits.ok()) return layer_logits.status();
-    impl->fused_logits = *std::move(layer_logits);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -501,12 +490,6 @@ absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream) {
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.fused_y.get(), 0, m.fused_y.bytes(), stream));
     TANDEM_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(m.fused_router_counters.get(), 0, m.fused_router_counters.bytes(), stream));
-  }
-  m.logit_poll_step = m.fused_step && FusedLogitPoll() && m.fused_logits.get() != nullptr;
-  if (m.logit_poll_step) {
-    // Every byte 0xFF: every float kFusedLogitPending.
-    static_assert(kFusedLogitPending == 0xFFFFFFFFu, "the memset's byte makes the pending mark");
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.fused_logits.get(), 0xFF, m.fused_logits.bytes(), stream));
   }
   return absl::OkStatus();
 }

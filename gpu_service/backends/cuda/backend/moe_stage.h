@@ -137,11 +137,6 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// With the router inside, TANDEM_FUSED_LOGIT_POLL=1: the expert blocks wait on the logits
-// themselves (FusedRouter::poll_logits; per-layer logits marked pending by PrepareStep) instead of
-// the router blocks' count. Off by default (A/B).
-void SetFusedLogitPoll(bool on);
-bool FusedLogitPoll();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

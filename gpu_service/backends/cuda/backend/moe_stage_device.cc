@@ -243,9 +243,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const float* shared = nullptr;
   const float* gate_logit = nullptr;
   const bool gate_on_side = overlap && n <= kMaxUnitRows;
-  // The router blocks' poll form reads this layer's own logits, which PrepareStep marked pending.
-  const bool poll = router_inside && m.logit_poll_step;
-  float* logits = poll ? m.fused_logits.as<float>() + layer * (E + 1) : m.logits.as<float>();
+  float* logits = m.logits.as<float>();
   if (gate_in_router) gate_logit = logits + E;  // written by the router product below
   if (has_shared && !shared_inside) {
     if (overlap) {
@@ -341,7 +339,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (router_inside) {
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
-        router.poll_logits = poll;
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       TANDEM_CUDA_RETURN_IF_ERROR(

@@ -60,10 +60,6 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
-  // Fast mode: per-layer router logits for FusedRouter::poll_logits (n_layers × (E + 1) floats,
-  // layer l at l·(E + 1)), marked pending by PrepareStep when logit_poll_step (FusedLogitPoll).
-  DeviceBuffer fused_logits;
-  bool logit_poll_step = false;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

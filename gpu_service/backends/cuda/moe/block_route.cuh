@@ -114,17 +114,16 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
 // RouteBefore); 0 marks a taken or NaN entry. Lane 0 writes pick r's expert to ids[r] (E when none
 // is left) and its logit to picked[r] (-inf then). Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
-// WarpPickLogits from the logits already in registers: lane l's l[j] is logit l + 32j (j < kPer;
-// entries past E are ignored).
 template <int kPer>
-__device__ __forceinline__ void WarpPickLogitValues(const float (&l)[kPer], int E, int rounds, int* ids,
-                                                    float* picked) {
+__device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
+                               bool through_l2 = false) {
   const int lane = threadIdx.x & 31;
   unsigned key[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
-    const float v = i < E ? l[j] + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
+    const float l = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
+    const float v = i < E ? l + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
     const unsigned u = __float_as_uint(v);
     key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
   }
@@ -135,19 +134,6 @@ __device__ __forceinline__ void WarpPickLogitValues(const float (&l)[kPer], int 
     }
   });
   __syncwarp();  // ids / picked written by lane 0
-}
-
-template <int kPer>
-__device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
-                               bool through_l2 = false) {
-  const int lane = threadIdx.x & 31;
-  float l[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = lane + 32 * j;
-    l[j] = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
-  }
-  WarpPickLogitValues<kPer>(l, E, rounds, ids, picked);
 }
 
 // The renormalised weights of WarpPickLogits' K picks (K <= 32), one warp: lane k < K returns

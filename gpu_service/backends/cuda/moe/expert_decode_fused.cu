@@ -147,12 +147,10 @@ struct FusedStamps {
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`. kPoll (kRouter only): FusedRouter's
-// poll_logits form, also a template parameter so that the count's form keeps its code.
-template <int kPer, bool kRouter, bool kPoll, bool kProbe>
+// "summed" stamp; the other instantiations ignore `probe`.
+template <int kPer, bool kRouter, bool kProbe>
 __global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
-  static_assert(kRouter || !kPoll, "the poll form is a form of the router blocks");
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
@@ -211,25 +209,18 @@ __global__ void __launch_bounds__(kThreads)
     if (a.shared_gate_logit == nullptr) return 1.0f;
     // Written by this grid's router blocks (through L2: this SM's L1 may hold the last layer's
     // value at the same address), or by the launch before.
-    const float logit = kPoll ? PollLogit(a.shared_gate_logit) : kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0];
-    return 1.0f / (1.0f + expf(-logit));
+    return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
+    if (router_in_grid) WaitRouterBlocks(rt);
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
-    if constexpr (kPoll) {
-      float l[kPer];
-      WarpPollLogits<kPer>(a.logits, a.E, l);
-      WarpPickLogitValues<kPer>(l, a.E, a.K, s_ids, s_w);
-    } else {
-      if (router_in_grid) WaitRouterBlocks(rt);
-      WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid);
-    }
+    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
@@ -244,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
-  if (router_in_grid && !kPoll && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
+  if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
@@ -379,13 +370,13 @@ __global__ void __launch_bounds__(kThreads)
   ClusterArrive();
   if (ok) {
     if (router_in_grid && shared_block && warp == 0) {
-      if (!kPoll) WaitRouterBlocks(rt);
+      WaitRouterBlocks(rt);
       if (lane == 0) s_w[0] = shared_gate();
     }
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
     stamps.Stamp(kFusedProbeDownLanded);
-    if (router_in_grid && !kPoll && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
+    if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {
@@ -473,16 +464,16 @@ cudaLaunchAttribute ClusterAttribute() {
   return attribute;
 }
 
-template <int kPer, bool kRouter, bool kPoll, bool kProbe = false>
+template <int kPer, bool kRouter, bool kProbe = false>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
                         cudaStream_t stream, unsigned long long* probe = nullptr) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kPoll, kProbe>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
     return err;
   }
   if (const cudaError_t err =
-          PreferMaxSmemCarveout(reinterpret_cast<const void*>(OneTokenFusedKernel<kPer, kRouter, kPoll, kProbe>));
+          PreferMaxSmemCarveout(reinterpret_cast<const void*>(OneTokenFusedKernel<kPer, kRouter, kProbe>));
       err != cudaSuccess) {
     return err;
   }
@@ -498,17 +489,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kPoll, kProbe>, a, sh, rt, probe);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe>, a, sh, rt, probe);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
-template <bool kRouter, bool kPoll = false>
+template <bool kRouter>
 cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
                              cudaStream_t stream) {
-  if (a.E <= 128) return LaunchFused<4, kRouter, kPoll>(a, sh, rt, stream);
-  if (a.E <= 256) return LaunchFused<8, kRouter, kPoll>(a, sh, rt, stream);
-  if (a.E <= 512) return LaunchFused<16, kRouter, kPoll>(a, sh, rt, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32, kRouter, kPoll>(a, sh, rt, stream);
+  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
 }
 
 }  // namespace
@@ -529,7 +520,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false, false>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -539,7 +530,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   cudaLaunchAttribute attribute = ClusterAttribute();
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false, false>, &config);
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false>, &config);
 }
 
 namespace {
@@ -552,7 +543,7 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
     // The router rows are E, or E + 1 with the shared gate's row last (then shared_gate_logit must
     // be that row); x is the launch just before's output.
     const bool gate_ok = rt->rows == a.E || (rt->rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
-    if (rt->w == nullptr || (rt->counters == nullptr && !rt->poll_logits) || rt->logits != a.logits || !gate_ok || a.x_written_earlier ||
+    if (rt->w == nullptr || rt->counters == nullptr || rt->logits != a.logits || !gate_ok || a.x_written_earlier ||
         a.h % 128 != 0 || rt->blocks < kFusedCluster || rt->blocks > kFusedRouterMaxBlocks ||
         rt->blocks % kFusedCluster != 0) {
       return cudaErrorInvalidValue;
@@ -580,7 +571,6 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
   FusedSharedExpert sh;
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
-  if (router != nullptr && router->poll_logits) return LaunchForExperts<true, true>(a, sh, rt, stream);
   if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
   return LaunchForExperts<false>(a, sh, rt, stream);
 }
@@ -600,9 +590,8 @@ cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& a, const FusedSh
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
   if (stamps == nullptr) return cudaErrorInvalidValue;
   if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;  // one instantiation (kPer 16)
-  if (router != nullptr && router->poll_logits) return LaunchFused<16, true, true, true>(a, sh, rt, stream, stamps);
-  if (router != nullptr) return LaunchFused<16, true, false, true>(a, sh, rt, stream, stamps);
-  return LaunchFused<16, false, false, true>(a, sh, rt, stream, stamps);
+  if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, stream, stamps);
+  return LaunchFused<16, false, true>(a, sh, rt, stream, stamps);
 }
 
 }  // namespace tandem::cuda

@@ -67,14 +67,8 @@ struct FusedSharedExpert {
 // order) and measured the same end to end (docs/PERF.md, twenty-first session); the backend takes
 // the default. The choice stays a runtime field: with the loop removed the compiler gave the
 // kernel 110 registers instead of 96, a form not measured.
-// poll_logits: the expert blocks wait on the logits themselves instead of the count: every one of
-// the `rows` logits must hold kFusedLogitPending's bits before the launch (a NaN that no arithmetic
-// gives: the GPU's NaN results are 0x7FFFFFFF), and is left holding its value (the caller marks
-// them pending again before the next launch over the same logits); counters are then not used
-// (may be null). Same picks and weights as the count's form (the same values, picked the same way).
 inline constexpr int kFusedRouterBlocks = 96;
 inline constexpr int kFusedRouterMaxBlocks = 256;
-inline constexpr unsigned kFusedLogitPending = 0xFFFFFFFFu;
 struct FusedRouter {
   const float* w = nullptr;  // rows × h f32, row-major
   int rows = 0;
@@ -82,7 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  bool poll_logits = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

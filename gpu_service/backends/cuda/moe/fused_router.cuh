@@ -94,7 +94,6 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
       finish(r, s);
     }
   }
-  if (rt.poll_logits) return;  // the logits are their own marks
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();  // release: the logits before the count
@@ -116,52 +115,6 @@ __device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
   }
   __syncwarp();
 }
-// FusedRouter::poll_logits: an expert block's wait on the logits themselves (one warp; then the
-// warp barrier): lane l reads logits l + 32j (j < kPer, below E) through L2, again for those still
-// holding kFusedLogitPending, until none does; l[j] is then the router blocks' value (a 4-byte store
-// is seen whole, so the value is its own flag: no count, no fence, one L2 round trip fewer than
-// the count's wait and the logits' reads after it). Entries past E read 0.
-template <int kPer>
-__device__ void WarpPollLogits(const float* logits, int E, float (&l)[kPer]) {
-  const int lane = threadIdx.x & 31;
-  unsigned todo = 0u;  // bit j: l[j] still pending
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    l[j] = 0.0f;
-    if (lane + 32 * j < E) todo |= 1u << j;
-  }
-  unsigned long long start = 0;
-  for (;;) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if ((todo >> j) & 1u) {
-        l[j] = __ldcg(logits + lane + 32 * j);
-        if (__float_as_uint(l[j]) != kFusedLogitPending) todo &= ~(1u << j);
-      }
-    }
-    if (__all_sync(0xFFFFFFFFu, todo == 0u)) break;
-    if (start == 0) {
-      start = GlobalTimerNs();
-    } else if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) {
-      __trap();
-    }
-    __nanosleep(128);
-  }
-}
-// One logit of the poll form (the shared gate's, one thread).
-__device__ __forceinline__ float PollLogit(const float* p) {
-  float v = __ldcg(p);
-  if (__float_as_uint(v) == kFusedLogitPending) {
-    const unsigned long long start = GlobalTimerNs();
-    do {
-      __nanosleep(128);
-      if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
-      v = __ldcg(p);
-    } while (__float_as_uint(v) == kFusedLogitPending);
-  }
-  return v;
-}
-
 __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {
   if (atomicAdd(rt.counters + 1, 1) == expert_blocks - 1) {
     rt.counters[0] = 0;
