@@ -109,34 +109,5 @@ TEST_P(PdlTest, CapturedGraphKeepsTheOrder) {
 INSTANTIATE_TEST_SUITE_P(OnAndOff, PdlTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "pdl" : "plain"; });
 
-// Two kernels of their own (no other test launches them), so that their carveout preference is
-// the one these launches leave.
-__global__ void CarveoutOnKernel() { PdlWaitForPrevious(); }
-__global__ void CarveoutOffKernel() { PdlWaitForPrevious(); }
-
-int PreferredCarveout(const void* kernel) {
-  cudaFuncAttributes fa{};
-  EXPECT_EQ(cudaFuncGetAttributes(&fa, kernel), cudaSuccess);
-  return fa.preferredShmemCarveout;
-}
-
-// smem_carveout.h: with the switch on, a LaunchPdl launch leaves its kernel preferring the largest
-// shared memory; with it off the kernel keeps the driver's choice (no preference, -1).
-TEST(SmemCarveoutTest, LaunchPdlPrefersTheLargestSharedMemoryWhenOn) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const bool was = MaxSmemCarveout();
-  absl::StatusOr<Stream> owned = Stream::Create();
-  ASSERT_TRUE(owned.ok()) << owned.status();
-  SetMaxSmemCarveout(false);
-  ASSERT_EQ(LaunchPdl(CarveoutOffKernel, 1, 32, 0, owned->get()), cudaSuccess);
-  SetMaxSmemCarveout(true);
-  ASSERT_EQ(LaunchPdl(CarveoutOnKernel, 1, 32, 0, owned->get()), cudaSuccess);
-  ASSERT_EQ(LaunchPdl(CarveoutOnKernel, 1, 32, 0, owned->get()), cudaSuccess);  // the second: a lookup
-  SetMaxSmemCarveout(was);
-  ASSERT_EQ(cudaStreamSynchronize(owned->get()), cudaSuccess);
-  EXPECT_EQ(PreferredCarveout(reinterpret_cast<const void*>(CarveoutOnKernel)), cudaSharedmemCarveoutMaxShared);
-  EXPECT_EQ(PreferredCarveout(reinterpret_cast<const void*>(CarveoutOffKernel)), cudaSharedmemCarveoutDefault);
-}
-
 }  // namespace
 }  // namespace tandem::cuda

@@ -35,7 +35,6 @@
 #include <utility>
 
 #include "gpu_service/backends/cuda/env_switch.h"
-#include "gpu_service/backends/cuda/smem_carveout.h"
 
 namespace tandem::cuda {
 
@@ -76,9 +75,6 @@ inline bool PdlEnabled() { return PdlSwitch().load(std::memory_order_relaxed); }
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchWithPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args&&... args) {
-  if (const cudaError_t err = PreferMaxSmemCarveout(reinterpret_cast<const void*>(kernel)); err != cudaSuccess) {
-    return err;
-  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;

@@ -35,7 +35,6 @@
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
-#include "gpu_service/backends/cuda/smem_carveout.h"
 
 namespace tandem::cuda {
 namespace {
@@ -360,10 +359,6 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
     config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
   }
   config.stream = stream;
-  if (const cudaError_t err = PreferMaxSmemCarveout(reinterpret_cast<const void*>(GdnDecodeFusedKernel<kDk, kGated, kOut>));
-      err != cudaSuccess) {
-    return err;
-  }
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);

@@ -23,7 +23,6 @@
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
-#include "gpu_service/backends/cuda/smem_carveout.h"
 #include "gpu_service/backends/cuda/smem_limit.h"
 
 namespace tandem::cuda {
@@ -470,11 +469,6 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
-    return err;
-  }
-  if (const cudaError_t err =
-          PreferMaxSmemCarveout(reinterpret_cast<const void*>(OneTokenFusedKernel<kPer, kRouter, kProbe>));
-      err != cudaSuccess) {
     return err;
   }
   const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
