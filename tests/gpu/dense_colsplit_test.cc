@@ -4,6 +4,7 @@
 // attention's o at 80B (4096 → 2048) and small (1024 → 1024) shapes, GDN's ssm_out, one super-block
 // of columns, rows that leave few slices, a padded row stride. Also the matrices it refuses.
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -79,6 +80,35 @@ TEST(ColumnSplitRefusalTest, RefusesWhatItCannotTake) {
     EXPECT_FALSE(cuda::ColumnSplitMatVecFits(c.m)) << c.why;
     EXPECT_EQ(cuda::LaunchColumnSplitMatVec(c.m, nullptr, nullptr, nullptr), cudaErrorNotSupported) << c.why;
   }
+}
+
+// CopyQ8_0x8ByColumns: super-block j of row r of a regrouped matrix (padded rows too) at
+// (j·rows + r)·272 of the copy, every byte as the host's regrouping put it; refused: another type,
+// a misaligned destination.
+TEST(CopyQ8_0x8ByColumnsTest, LaysTheSuperBlocksOutByColumns) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  for (const Shape& s : {Shape{768, 40, 32}, Shape{4096, 2048, 0}, Shape{256, 1, 0}}) {
+    const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, s.cols, s.rows, 0.05f);
+    const gpu_testing::Regrouped g = gpu_testing::Regroup(w, s.pad);
+    const int64_t natural = cuda::Q8_0x8RowBytes(s.cols), supers = s.cols / 256;
+    std::vector<uint8_t> rows(static_cast<size_t>(natural * s.rows));
+    cuda::RepackQ8_0x8(w.bytes.data(), w.row_bytes, s.rows, s.cols, rows.data());
+    std::vector<uint8_t> want(static_cast<size_t>(cuda::Q8_0x8ByColumnsBytes(s.rows, s.cols)));
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t j = 0; j < supers; ++j) {
+        std::memcpy(&want[(j * s.rows + r) * cuda::kQ8_0x8SuperBytes], &rows[r * natural + j * cuda::kQ8_0x8SuperBytes],
+                    cuda::kQ8_0x8SuperBytes);
+      }
+    }
+    auto copy = gpu_testing::Poisoned<uint8_t>(want.size());
+    ASSERT_EQ(cuda::CopyQ8_0x8ByColumns(g.m, copy.get(), nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(Download(copy), want) << s.cols << " x " << s.rows;
+    EXPECT_EQ(cuda::CopyQ8_0x8ByColumns(g.m, copy.get() + 8, nullptr), cudaErrorInvalidValue);
+  }
+  const cuda::DeviceMatrix ggml{static_cast<uint32_t>(WeightType::kQ8_0), kBytes, 256, 1, 34 * 8};
+  EXPECT_EQ(cuda::CopyQ8_0x8ByColumns(ggml, const_cast<uint8_t*>(kBytes), nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -501,6 +501,17 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
+// The fused GDN kernel's output product reading ssm_out by columns (cuda::SetGdnOutByColumns, read
+// at upload: a second copy of the super-blocks) against its rows (small).
+TEST_P(DecodeScheduleTest, GdnOutByColumnsKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's GDN clusters cover 128 columns: the kernel does not run";
+  const bool was = cuda::GdnOutByColumns();
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "ssm_out by columns", [](bool on) { cuda::SetGdnOutByColumns(on); },
+                                       /*deterministic=*/false);
+  cuda::SetGdnOutByColumns(was);
+}
+
 // The gated norm and ssm_out inside the fused GDN kernel at one-token steps (cuda::SetGdnDecodeFused
 // 3: z from the one stacked product; 4: z on the side stream, joined before the kernel; the output
 // added into a per-layer buffer with atomics, its input as int16) against mode 1 (small: clusters

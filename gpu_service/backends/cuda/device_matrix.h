@@ -43,6 +43,15 @@ inline bool Q8_0x8RowsAligned(const DeviceMatrix& m) {
          reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.row_bytes % 16 == 0 && m.row_bytes >= Q8_0x8RowBytes(m.cols);
 }
 
+// Q8_0x8 by columns: the super-blocks of a Q8_0x8 matrix of rows × cols stored column super-block
+// by column super-block, super-block j of row r at (j·rows + r)·272 (no row padding). What a
+// column-split product (one super-block of columns over many rows a block: kernels/q8x8_columns.cuh)
+// reads as one contiguous run instead of 272 bytes out of every row (CopyQ8_0x8ByColumns,
+// kernels/dense_colsplit.cuh, makes it on the device).
+inline constexpr int64_t Q8_0x8ByColumnsBytes(int64_t rows, int64_t cols) {
+  return rows * (cols / 256) * kQ8_0x8SuperBytes;
+}
+
 // Rewrites `rows` Q8_0 rows (src row r at src + r * src_row_bytes) as Q8_0x8 rows of
 // Q8_0x8RowBytes(cols) bytes at dst + r * Q8_0x8RowBytes(cols) (host memory, no overlap).
 inline void RepackQ8_0x8(const uint8_t* src, int64_t src_row_bytes, int64_t rows, int64_t cols, uint8_t* dst) {

@@ -14,6 +14,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -42,6 +43,11 @@ std::atomic<bool>& StackedDecodeInputsSwitch() {
 
 std::atomic<bool>& GdnStackedZSideSwitch() {
   static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_DECODE_Z_SIDE")};
+  return on;
+}
+
+std::atomic<bool>& GdnOutByColumnsSwitch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_BY_COLUMNS")};
   return on;
 }
 
@@ -77,14 +83,25 @@ DeviceMatrix AdjacentView(std::initializer_list<const DeviceMatrix*> parts) {
 // read once per upload so that both passes make the same layout.
 class Placer {
  public:
-  Placer(char* base, bool stack_inputs) : base_(base), stack_inputs_(stack_inputs) {}
+  Placer(char* base, bool stack_inputs, bool out_by_columns)
+      : base_(base), stack_inputs_(stack_inputs), out_by_columns_(out_by_columns) {}
   const void* Put(const void* src, size_t bytes) {
-    const size_t off = (used_ + 255) / 256 * 256;
-    used_ = off + bytes;
+    const size_t off = Reserve(bytes);
     if (base_ == nullptr || bytes == 0 || !status_.ok()) return nullptr;
     status_ = CudaStatus(cudaMemcpy(base_ + off, src, bytes, cudaMemcpyHostToDevice), "upload",
                          __FILE__, __LINE__);
     return base_ + off;
+  }
+  // A copy of the placed Q8_0x8 matrix m by columns (device_matrix.h) for the fused GDN kernel's
+  // output product (GpuLayer::ssm_out_by_columns), made on the device; null while counting, with
+  // out_by_columns off, or for another type (the same host-side answer in both passes).
+  const void* ByColumns(const DeviceMatrix& m) {
+    if (!out_by_columns_ || m.type != kTypeQ8_0x8 || m.cols % 256 != 0 || m.rows <= 0) return nullptr;
+    const size_t off = Reserve(static_cast<size_t>(Q8_0x8ByColumnsBytes(m.rows, m.cols)));
+    if (base_ == nullptr || !status_.ok()) return nullptr;
+    status_ = CudaStatus(CopyQ8_0x8ByColumns(m, base_ + off, nullptr), "upload by columns", __FILE__, __LINE__);
+    if (status_.ok()) status_ = CudaStatus(cudaStreamSynchronize(nullptr), "upload by columns", __FILE__, __LINE__);
+    return status_.ok() ? base_ + off : nullptr;
   }
   const float* Vector(VectorView v) {
     if (v.empty()) return nullptr;
@@ -173,6 +190,12 @@ class Placer {
  private:
   char* base_;
   bool stack_inputs_;
+  bool out_by_columns_;
+  size_t Reserve(size_t bytes) {
+    const size_t off = (used_ + 255) / 256 * 256;
+    used_ = off + bytes;
+    return off;
+  }
   size_t used_ = 0;
   absl::Status status_;
   std::string problems_;
@@ -214,6 +237,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
         g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
       }
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
+      g.ssm_out_by_columns = p.ByColumns(g.ssm_out);
       g.conv1d = p.Vector(lw.gdn.conv1d);
       g.ssm_a = p.Vector(lw.gdn.a);
       g.dt_bias = p.Vector(lw.gdn.dt_bias);
@@ -262,6 +286,8 @@ bool StackedDecodeInputs() { return StackedDecodeInputsSwitch().load(std::memory
 void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std::memory_order_relaxed); }
 bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
+bool GdnOutByColumns() { return GdnOutByColumnsSwitch().load(std::memory_order_relaxed); }
+void SetGdnOutByColumns(bool on) { GdnOutByColumnsSwitch().store(on, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 
@@ -278,15 +304,15 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& conf
   auto m = std::make_unique<DeviceModel>();
   const std::vector<double> inv_freq =
       RopeInvFrequencies(config.attn.theta, static_cast<int>(config.attn.rot));
-  const bool stack_inputs = StackedDecodeInputs();
-  Placer count(nullptr, stack_inputs);
+  const bool stack_inputs = StackedDecodeInputs(), out_by_columns = GdnOutByColumns();
+  Placer count(nullptr, stack_inputs, out_by_columns);
   Bind(config, weights, inv_freq, count, *m);
   if (!count.problems().empty()) return absl::InvalidArgumentError(count.problems());
   absl::StatusOr<DeviceBuffer> storage = DeviceBuffer::Allocate(count.used());
   if (!storage.ok()) return storage.status();
   m->storage = *std::move(storage);
   m->bytes = count.used();
-  Placer place(m->storage.as<char>(), stack_inputs);
+  Placer place(m->storage.as<char>(), stack_inputs, out_by_columns);
   Bind(config, weights, inv_freq, place, *m);
   if (!place.status().ok()) return place.status();
   return m;

@@ -49,6 +49,9 @@ struct GpuLayer {
   DeviceMatrix mixer_in, qkv_ba, kv;
   // Gated DeltaNet.
   DeviceMatrix qkv, z, ba, ssm_out;
+  // ssm_out's Q8_0x8 super-blocks by columns (device_matrix.h), a second copy (8.9 MB a layer at
+  // 80B shapes) that the fused GDN kernel's output product reads when present (GdnOutByColumns).
+  const void* ssm_out_by_columns = nullptr;
   const float* conv1d = nullptr;  // c_dim × kk
   const float* ssm_a = nullptr;
   const float* dt_bias = nullptr;
@@ -106,6 +109,13 @@ void SetStackedDecodeInputs(bool on);
 // products of TANDEM_OLD_DECODE_INPUTS.
 bool GdnStackedZSide();
 void SetGdnStackedZSide(bool on);
+
+// Whether UploadModel adds GpuLayer::ssm_out_by_columns (read once per upload; settable for tests):
+// on by default, TANDEM_GDN_OUT_BY_COLUMNS=0 turns it off. Why: each block of the fused GDN
+// kernel's output product copies 256 rows' super-block of one column strip (70 KB at 80B shapes),
+// 272 bytes out of every 4352-byte row; by columns that is one contiguous run.
+bool GdnOutByColumns();
+void SetGdnOutByColumns(bool on);
 
 // The same for attention layers: true (the default) q's own product on the main stream and the
 // product over kv ([k; v]) on the side stream (as before the stack, one product fewer); false one

@@ -142,7 +142,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     }
     float* out = mixer_out_y + layer * c->h;
     mixer_y = out;
-    return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st), "gdn decode (fused, ssm_out inside)");
+    return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns),
+                  "gdn decode (fused, ssm_out inside)");
   }
   bool joined = false;  // the side stream's products have been joined
   if (fused != 0) {

@@ -28,6 +28,11 @@ bool ColumnSplitMatVecFits(const DeviceMatrix& w);
 // ColumnSplitMatVecFits(w) is false; cudaErrorInvalidValue for null x or y.
 cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream);
 
+// dst ← m's super-blocks by columns (device_matrix.h: Q8_0x8ByColumnsBytes(m.rows, m.cols) bytes,
+// 16-byte aligned, not overlapping m), one strided device-to-device copy per column super-block on
+// `stream`. cudaErrorInvalidValue unless Q8_0x8RowsAligned(m) and dst is 16-byte aligned.
+cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream);
+
 // The backend's switch (backend/mixer_layers.cc RunAttention): attention's output product of a
 // fast-mode one-token step through LaunchColumnSplitMatVec into the layer's row of the per-layer
 // output buffer, instead of the row-split matvec into y. TANDEM_ATTN_OUT_COLSPLIT=0 turns it off

@@ -235,7 +235,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
   if constexpr (kOut) {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
-                         static_cast<int64_t>(group) * kOutSuperBytes;
+                         static_cast<int64_t>(group) * a.out_group_bytes;
     CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh)), src, a.out_row_bytes, out_rpb,
                              tid);
   }
@@ -430,12 +430,21 @@ bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out) {
 }
 
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
-                                    const GdnShape& d, cudaStream_t stream) {
+                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns) {
   if (!GdnDecodeOutFits(d, out)) return cudaErrorNotSupported;
   GdnDecodeFusedArgs a = WithDefaultStrides(args, d);
-  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true)) return cudaErrorInvalidValue;
-  a.out_w = static_cast<const uint8_t*>(out.data);
-  a.out_row_bytes = out.row_bytes;
+  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true) || reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (out_by_columns != nullptr) {
+    a.out_w = static_cast<const uint8_t*>(out_by_columns);
+    a.out_row_bytes = kOutSuperBytes;
+    a.out_group_bytes = out.rows * kOutSuperBytes;
+  } else {
+    a.out_w = static_cast<const uint8_t*>(out.data);
+    a.out_row_bytes = out.row_bytes;
+    a.out_group_bytes = kOutSuperBytes;
+  }
   a.out_rows = static_cast<int>(out.rows);
   a.out_y = out_y;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);

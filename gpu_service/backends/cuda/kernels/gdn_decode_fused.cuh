@@ -49,7 +49,8 @@ struct GdnDecodeFusedArgs {
   float* o = nullptr;  // n × nv·dv: the recurrence's output, or the gated norm's with gated_norm
   // Set by LaunchGdnDecodeFusedOut from its arguments (callers leave them).
   const uint8_t* out_w = nullptr;
-  int64_t out_row_bytes = 0;
+  int64_t out_row_bytes = 0;     // from one row's super-block to the next row's
+  int64_t out_group_bytes = 0;   // from one column super-block to the next
   int out_rows = 0;
   float* out_y = nullptr;
 };
@@ -72,9 +73,12 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const G
 // GdnDecodeOutFits: the shape fits the fused kernel with (nv/nk)·dv = 256 (a cluster of 8 blocks
 // over one Q8_0x8 super-block of columns), out Q8_0x8 of nv·dv columns (rows 16-byte aligned) and
 // rows a multiple of 8, at most 5120. Otherwise cudaErrorNotSupported, launching nothing.
+// out_by_columns (may be null): the same super-blocks by columns (device_matrix.h,
+// CopyQ8_0x8ByColumns; 16-byte aligned), which the kernel then reads instead of out's rows: each
+// block's 70 KB (80B shapes) one contiguous run instead of 272 bytes out of each of 256 rows.
 bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
-                                    const GdnShape& d, cudaStream_t stream);
+                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns = nullptr);
 
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
