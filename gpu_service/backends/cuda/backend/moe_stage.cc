@@ -129,10 +129,6 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-unsigned FusedRouterSpinSleepNs() {
-  static const unsigned ns = static_cast<unsigned>(EnvInteger("TANDEM_FUSED_ROUTER_SLEEP", 32, 0, 100000));
-  return ns;
-}
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -137,8 +137,6 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// FusedRouter::spin_sleep_ns from TANDEM_FUSED_ROUTER_SLEEP (ns, 0..100000; read once; default 32).
-unsigned FusedRouterSpinSleepNs();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -76,9 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // The expert blocks' pause between two reads of the count (ns): their polls share one L2 line
-  // with the router blocks' count.
-  unsigned spin_sleep_ns = 32;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -109,7 +109,7 @@ __device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
   if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < rt.blocks) {
     const unsigned long long start = GlobalTimerNs();
     while (LoadAcquire(rt.counters) < rt.blocks) {
-      __nanosleep(rt.spin_sleep_ns);
+      __nanosleep(32);
       if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
     }
   }
