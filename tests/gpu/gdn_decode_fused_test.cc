@@ -281,7 +281,7 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
   // Two sequence rows; the token's is row 1.
   const std::vector<float> state0 = Random(rng, static_cast<size_t>(2 * row_stride), 0.3f);
-  auto rec_gated = Upload(state0), rec_out = Upload(state0), rec_cols = Upload(state0);
+  auto rec_gated = Upload(state0), rec_out = Upload(state0), rec_cols = Upload(state0), rec_bulk = Upload(state0);
   const auto rows = Upload(std::vector<int32_t>{1});
   const auto qkv = Upload(Random(rng, static_cast<size_t>(c_dim)));
   const auto ba = Upload(Random(rng, static_cast<size_t>(2 * d.nv), 2.0f));
@@ -292,7 +292,7 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const cuda::DeviceMatrix& out = out_dev.m;
   ASSERT_TRUE(cuda::GdnDecodeOutFits(d, out)) << tag;
   const std::vector<float> y0 = Random(rng, static_cast<size_t>(out_rows));
-  auto y = Upload(y0), y_cols = Upload(y0);
+  auto y = Upload(y0), y_cols = Upload(y0), y_bulk = Upload(y0);
   // The same super-blocks by columns (CopyQ8_0x8ByColumns), which the kernel may read instead.
   auto by_columns = Poisoned<uint8_t>(static_cast<size_t>(cuda::Q8_0x8ByColumnsBytes(out_rows, vw)));
   TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(out, by_columns.get(), nullptr));
@@ -313,16 +313,29 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   args.state = rec_cols.get() + ssm_off;
   args.o = gated_cols.get();
   TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y_cols.get(), d, nullptr, by_columns.get()));
+  // And by columns through bulk copies (GdnOutBulk).
+  auto gated_bulk = Poisoned<float>(static_cast<size_t>(vw));
+  args.history = rec_bulk.get();
+  args.state = rec_bulk.get() + ssm_off;
+  args.o = gated_bulk.get();
+  const bool was_bulk = cuda::GdnOutBulk();
+  cuda::SetGdnOutBulk(true);
+  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y_bulk.get(), d, nullptr, by_columns.get()));
+  cuda::SetGdnOutBulk(was_bulk);
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<float> g = Download(gated);
   ExpectSameBits(Download(gated_out), g, tag + ": gated outputs");
   ExpectSameBits(Download(gated_cols), g, tag + ": gated outputs (by columns)");
+  ExpectSameBits(Download(gated_bulk), g, tag + ": gated outputs (bulk copies)");
+  ExpectSameBits(Download(rec_bulk), Download(rec_gated), tag + ": histories and states (bulk copies)");
   ExpectSameBits(Download(rec_out), Download(rec_gated), tag + ": histories and states");
   ExpectSameBits(Download(rec_cols), Download(rec_gated), tag + ": histories and states (by columns)");
   const std::vector<float> want = gpu_testing::HostProduct(w, g, y0);
   EXPECT_LE(gpu_testing::LogError("gdn out product " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
   EXPECT_LE(gpu_testing::LogError("gdn out product by columns " + tag, gpu_testing::RelL2(Download(y_cols), want)),
             1e-4)
+      << tag;
+  EXPECT_LE(gpu_testing::LogError("gdn out product bulk " + tag, gpu_testing::RelL2(Download(y_bulk), want)), 1e-4)
       << tag;
   // A misaligned copy is refused, launching nothing.
   EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y_cols.get(), d, nullptr, by_columns.get() + 8),

@@ -1,6 +1,7 @@
 // Shared-memory mbarrier pieces (sm_90; device-only header) for kernels that pipeline a cp.async
 // ring without block-wide barriers: init, a plain arrive, the arrive that fires when this thread's
-// earlier cp.async copies have landed, and the phase-parity wait. Addresses are shared-memory
+// earlier cp.async copies have landed, and the phase-parity wait; and for bulk copies (the tensor
+// memory accelerator) that complete a barrier by their bytes. Addresses are shared-memory
 // addresses (__cvta_generic_to_shared) of 8-byte aligned uint64_t slots.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MBARRIER_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MBARRIER_CUH_
@@ -38,6 +39,24 @@ __device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
+}
+
+// After Init, before the barrier is used by bulk copies (the async proxy): the init is visible to
+// them.
+__device__ __forceinline__ void InitFence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// One arrival that also expects `bytes` of bulk copies to complete the phase (complete_tx).
+__device__ __forceinline__ void ArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// The tensor memory accelerator's bulk copy global -> this block's shared memory (dst a
+// shared-memory address): `bytes` (a multiple of 16; both addresses 16-byte aligned) counted
+// against `bar`'s expected bytes as they land.
+__device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 }  // namespace tandem::cuda::mbarrier

@@ -34,6 +34,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
+#include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -145,7 +146,8 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
 // order of the clusters' additions, and the last bits of out_y, are not fixed.
 __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
-                                               unsigned rank, int r, int dv, int tid, int lane, int warp) {
+                                               unsigned rank, int r, int dv, int tid, int lane, int warp,
+                                               uint32_t bulk_bar) {
   ClusterArrive();
   ClusterWait();
   // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
@@ -155,7 +157,11 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
   int16_t* xq = reinterpret_cast<int16_t*>(out_sh + static_cast<size_t>(rpb) * kOutSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  CpAsyncWait<0>();
+  if (a.out_bulk) {
+    mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
+  } else {
+    CpAsyncWait<0>();
+  }
   __syncthreads();
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
   for (int row = tid; row < rpb; row += kThreads) {
@@ -186,6 +192,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   static_assert(kConv <= 2 * kThreads, "two channels a thread at most");
   static_assert(!kOut || (kGated && kThreads == kOutCols), "the output product: gated, a thread a column");
   extern __shared__ __align__(16) uint8_t out_sh[];  // kOut only (OutSharedBytes)
+  __shared__ __align__(8) uint64_t out_bar;           // kOut with a.out_bulk: the rows' bulk copies
   __shared__ __align__(16) float qk[kQk];  // the group's q then k head: conv outputs, normalised in place
   __shared__ float vs[kCols];
   __shared__ float kv_part[kWarps][32], out_part[kWarps][32];
@@ -236,8 +243,24 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if constexpr (kOut) {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                          static_cast<int64_t>(group) * a.out_group_bytes;
-    CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh)), src, a.out_row_bytes, out_rpb,
-                             tid);
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
+    if (a.out_bulk) {
+      // Rows of kOutSuperBytes back to back (by columns): one run, a few bulk copies by thread 0,
+      // which alone uses the barrier until the wait in OutProductPart (block barriers between).
+      if (tid == 0) {
+        const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar));
+        const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
+        mbarrier::Init(bar, 1);
+        mbarrier::InitFence();
+        mbarrier::ArriveExpectTx(bar, bytes);
+        constexpr uint32_t kChunk = 16 * 1024;
+        for (uint32_t off = 0; off < bytes; off += kChunk) {
+          mbarrier::BulkCopyToShared(dst + off, src + off, bytes - off < kChunk ? bytes - off : kChunk, bar);
+        }
+      }
+    } else {
+      CopyColumnRows<kThreads>(dst, src, a.out_row_bytes, out_rpb, tid);
+    }
   }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
@@ -335,7 +358,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
-    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp);
+    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp,
+                   static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar)));
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -440,6 +464,7 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
     a.out_w = static_cast<const uint8_t*>(out_by_columns);
     a.out_row_bytes = kOutSuperBytes;
     a.out_group_bytes = out.rows * kOutSuperBytes;
+    a.out_bulk = GdnOutBulk();
   } else {
     a.out_w = static_cast<const uint8_t*>(out.data);
     a.out_row_bytes = out.row_bytes;
@@ -465,6 +490,10 @@ std::atomic<bool>& OldGdnEarlyStateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE")};
   return old;
 }
+std::atomic<bool>& GdnOutBulkSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_OUT_BULK")};
+  return on;
+}
 std::atomic<bool>& OldGdnEarlyGateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
   return old;
@@ -473,6 +502,8 @@ std::atomic<bool>& OldGdnEarlyGateSwitch() {
 
 bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }
+bool GdnOutBulk() { return GdnOutBulkSwitch().load(std::memory_order_relaxed); }
+void SetGdnOutBulk(bool on) { GdnOutBulkSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyState(bool on) { OldGdnEarlyStateSwitch().store(on, std::memory_order_relaxed); }
 int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }

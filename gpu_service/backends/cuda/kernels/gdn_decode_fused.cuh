@@ -53,6 +53,7 @@ struct GdnDecodeFusedArgs {
   int64_t out_group_bytes = 0;   // from one column super-block to the next
   int out_rows = 0;
   float* out_y = nullptr;
+  bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
 };
 
 // Whether the fused kernel takes shape d: dk 64 or 128, dv 32, 64 or 128, nv a multiple of nk,
@@ -75,7 +76,9 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const G
 // rows a multiple of 8, at most 5120. Otherwise cudaErrorNotSupported, launching nothing.
 // out_by_columns (may be null): the same super-blocks by columns (device_matrix.h,
 // CopyQ8_0x8ByColumns; 16-byte aligned), which the kernel then reads instead of out's rows: each
-// block's 70 KB (80B shapes) one contiguous run instead of 272 bytes out of each of 256 rows.
+// block's 70 KB (80B shapes) one contiguous run instead of 272 bytes out of each of 256 rows;
+// with GdnOutBulk() that run comes by a few bulk copies (the tensor memory accelerator) instead of
+// every thread's 16-byte cp.async.
 bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
                                     const GdnShape& d, cudaStream_t stream, const void* out_by_columns = nullptr);
@@ -111,6 +114,11 @@ void SetOldGdnEarlyState(bool on);
 // same operations, the same bits), for A/B.
 bool OldGdnEarlyGate();
 void SetOldGdnEarlyGate(bool on);
+
+// TANDEM_GDN_OUT_BULK=1 (read once; settable; read at launch): LaunchGdnDecodeFusedOut with
+// out_by_columns copies each block's rows by bulk copies. Off by default (A/B).
+bool GdnOutBulk();
+void SetGdnOutBulk(bool on);
 
 }  // namespace tandem::cuda
 
