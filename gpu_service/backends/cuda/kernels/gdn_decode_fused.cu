@@ -491,7 +491,7 @@ std::atomic<bool>& OldGdnEarlyStateSwitch() {
   return old;
 }
 std::atomic<bool>& GdnOutBulkSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_OUT_BULK")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK")};
   return on;
 }
 std::atomic<bool>& OldGdnEarlyGateSwitch() {

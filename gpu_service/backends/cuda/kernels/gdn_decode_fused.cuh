@@ -115,8 +115,10 @@ void SetOldGdnEarlyState(bool on);
 bool OldGdnEarlyGate();
 void SetOldGdnEarlyGate(bool on);
 
-// TANDEM_GDN_OUT_BULK=1 (read once; settable; read at launch): LaunchGdnDecodeFusedOut with
-// out_by_columns copies each block's rows by bulk copies. Off by default (A/B).
+// LaunchGdnDecodeFusedOut with out_by_columns copies each block's rows by bulk copies (the
+// default: 446.0 against 434.4 tok/s batch-1 decode with the 16-byte cp.async pieces of the same
+// build, docs/PERF.md "Twenty-third session"); TANDEM_GDN_OUT_BULK=0 (read once; settable; read at
+// launch) for the pieces.
 bool GdnOutBulk();
 void SetGdnOutBulk(bool on);
 
