@@ -66,9 +66,8 @@ TEST_P(OutByColumnsTest, UploadCopiesSsmOutByColumns) {
                                                static_cast<size_t>(Q8_0x8ByColumnsBytes(m.rows, m.cols)));
     for (int64_t r = 0; r < m.rows; ++r) {
       for (int64_t j = 0; j < m.cols / 256; ++j) {
-        ASSERT_EQ(std::memcmp(&cols[(j * m.rows + r) * kQ8_0x8SuperBytes], &rows[r * m.row_bytes + j * kQ8_0x8SuperBytes],
-                              kQ8_0x8SuperBytes),
-                  0)
+        const uint8_t* want = &rows[r * m.row_bytes + j * kQ8_0x8SuperBytes];
+        ASSERT_EQ(std::memcmp(&cols[(j * m.rows + r) * kQ8_0x8SuperBytes], want, kQ8_0x8SuperBytes), 0)
             << "layer " << i << " row " << r << " super-block " << j;
       }
     }

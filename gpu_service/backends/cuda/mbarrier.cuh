@@ -47,7 +47,8 @@ __device__ __forceinline__ void InitFence() { asm volatile("fence.mbarrier_init.
 
 // One arrival that also expects `bytes` of bulk copies to complete the phase (complete_tx).
 __device__ __forceinline__ void ArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
 }
 
 // The tensor memory accelerator's bulk copy global -> this block's shared memory (dst a

@@ -457,7 +457,8 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
                                     const GdnShape& d, cudaStream_t stream, const void* out_by_columns) {
   if (!GdnDecodeOutFits(d, out)) return cudaErrorNotSupported;
   GdnDecodeFusedArgs a = WithDefaultStrides(args, d);
-  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true) || reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0) {
+  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true) ||
+      reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   if (out_by_columns != nullptr) {
