@@ -4,8 +4,10 @@
 #define TANDEM_TESTS_GPU_BACKEND_BACKEND_TEST_OPEN_H_
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/reference_model.h"
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
+#include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
@@ -34,6 +37,30 @@ inline std::unique_ptr<ReferenceModel> OpenReference(const std::string& path, in
   absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Open(path, o);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *std::move(m) : nullptr;
+}
+
+// The preset's CPU reference model for its weights only (one thread), or nullptr after a test
+// failure.
+inline std::unique_ptr<ReferenceModel> OpenPresetWeights(const std::string& preset) {
+  absl::StatusOr<std::string> path = PresetModel(preset);
+  EXPECT_TRUE(path.ok()) << path.status();
+  return path.ok() ? OpenReference(*path, /*threads=*/1) : nullptr;
+}
+
+// model's weights uploaded twice, set(false) before the first upload and set(true) before the
+// second (a switch that UploadModel reads), then set(restore); a null entry after a test failure.
+inline std::array<std::unique_ptr<cuda::DeviceModel>, 2> UploadOffAndOn(const ReferenceModel& model,
+                                                                         const std::function<void(bool)>& set,
+                                                                         bool restore) {
+  std::array<std::unique_ptr<cuda::DeviceModel>, 2> dm;
+  for (int on = 0; on < 2; ++on) {
+    set(on == 1);
+    absl::StatusOr<std::unique_ptr<cuda::DeviceModel>> m = cuda::UploadModel(model.config(), model.weights());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) dm[on] = *std::move(m);
+  }
+  set(restore);
+  return dm;
 }
 
 // Which parts of fast mode run reduced precision (CudaBackendOptions::fast_*).

@@ -598,9 +598,7 @@ cuda::DeviceBuffer UploadFloats(const std::vector<float>& v) {
 // row its own one-row product's bits where the splits agree (else within 1e-5).
 TEST_P(DecodeScheduleTest, RouterAndGateProductKeepsTheRoutersBits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  const std::unique_ptr<ReferenceModel> model = OpenReference(*path, /*threads=*/1);  // its weights only
+  const std::unique_ptr<ReferenceModel> model = gpu_backend_testing::OpenPresetWeights(GetParam());
   ASSERT_TRUE(model);
   const ModelConfig& c = model->config();
   absl::StatusOr<std::unique_ptr<cuda::DeviceModel>> dm = cuda::UploadModel(c, model->weights());

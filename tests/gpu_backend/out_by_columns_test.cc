@@ -23,27 +23,18 @@ namespace tandem::cuda {
 namespace {
 
 using gpu_backend_testing::HostCopy;
-using gpu_backend_testing::OpenReference;
-using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::OpenPresetWeights;
 using gpu_backend_testing::PresetTestName;
+using gpu_backend_testing::UploadOffAndOn;
 
 class OutByColumnsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OutByColumnsTest, UploadCopiesSsmOutByColumns) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  const std::unique_ptr<ReferenceModel> model = OpenReference(*path, /*threads=*/1);  // its weights only
+  const std::unique_ptr<ReferenceModel> model = OpenPresetWeights(GetParam());
   ASSERT_TRUE(model);
-  const bool was = GdnOutByColumns();
-  std::unique_ptr<DeviceModel> dm[2];
-  for (int on = 0; on < 2; ++on) {
-    SetGdnOutByColumns(on == 1);
-    absl::StatusOr<std::unique_ptr<DeviceModel>> m = UploadModel(model->config(), model->weights());
-    ASSERT_TRUE(m.ok()) << m.status();
-    dm[on] = *std::move(m);
-  }
-  SetGdnOutByColumns(was);
+  const auto dm = UploadOffAndOn(*model, [](bool on) { SetGdnOutByColumns(on); }, GdnOutByColumns());
+  ASSERT_TRUE(dm[0] && dm[1]);
   ASSERT_EQ(dm[0]->layers.size(), dm[1]->layers.size());
   uint64_t copies = 0;
   int gdn_layers = 0;

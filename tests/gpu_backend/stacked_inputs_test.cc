@@ -32,10 +32,10 @@ namespace {
 using gpu_backend_testing::DeviceArrayOf;
 using gpu_backend_testing::DeviceCopy;
 using gpu_backend_testing::HostCopy;
-using gpu_backend_testing::OpenReference;
-using gpu_backend_testing::PresetModel;
+using gpu_backend_testing::OpenPresetWeights;
 using gpu_backend_testing::PresetTestName;
 using gpu_backend_testing::RelativeL2;
+using gpu_backend_testing::UploadOffAndOn;
 
 bool Adjacent(int64_t cols, std::vector<int64_t> rows) { return Q8_0x8PartsAdjacent(cols, rows.data(), rows.size()); }
 
@@ -65,19 +65,10 @@ class StackedInputsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StackedInputsTest, ViewsAreAdjacentCompleteAndGiveThePartsRows) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> path = PresetModel(GetParam());
-  ASSERT_TRUE(path.ok()) << path.status();
-  const std::unique_ptr<ReferenceModel> model = OpenReference(*path, /*threads=*/1);  // its weights only
+  const std::unique_ptr<ReferenceModel> model = OpenPresetWeights(GetParam());
   ASSERT_TRUE(model);
-  const bool was = StackedDecodeInputs();
-  std::unique_ptr<DeviceModel> dm[2];
-  for (int on = 0; on < 2; ++on) {
-    SetStackedDecodeInputs(on == 1);
-    absl::StatusOr<std::unique_ptr<DeviceModel>> m = UploadModel(model->config(), model->weights());
-    ASSERT_TRUE(m.ok()) << m.status();
-    dm[on] = *std::move(m);
-  }
-  SetStackedDecodeInputs(was);
+  const auto dm = UploadOffAndOn(*model, [](bool on) { SetStackedDecodeInputs(on); }, StackedDecodeInputs());
+  ASSERT_TRUE(dm[0] && dm[1]);
   // Regrouping ba keeps its bytes (Q8_0x8 rows are as long as Q8_0 rows): the same allocation.
   EXPECT_EQ(dm[0]->bytes, dm[1]->bytes);
   ASSERT_EQ(dm[0]->layers.size(), dm[1]->layers.size());
