@@ -9,7 +9,8 @@
 // TFLOP/s (4·n²/2·nh·hd flops per sequence), and the relative L2 of each fast output against the
 // exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short);
 // decode in one launch (LaunchDecodeAttention) against the four launches it replaces
-// (decode_b1_ctxN_fused).
+// (decode_b1_ctxN_fused). --probe: only the split attention's phase stamps at batch 1
+// (attention_probe.h; probe_ctxN_<kind>_<phase>, us after the launch's first block entry).
 // Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 
@@ -24,6 +25,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "tests/gpu/bench_util.h"
@@ -89,7 +91,51 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / den);
 }
 
-void Run() {
+// The split attention's phases (attention_probe.h) at batch 1 and `ctx` keys: nine stamped
+// launches after a warm-up one, each phase's median (and the exit's worst) over the launches' blocks
+// of three kinds (slices with keys, slices past the context, the merging block), in us after the
+// launch's first block entry. `launch` runs the planned attention once.
+void ProbeSplitAttention(int ctx, int blocks, const std::function<void()>& launch) {
+  unsigned long long* rows = nullptr;
+  const size_t bytes = static_cast<size_t>(blocks) * kAttnProbeWords * sizeof(unsigned long long);
+  BENCH_CHECK(cudaMalloc(&rows, bytes));
+  launch();
+  BENCH_CHECK(cudaDeviceSynchronize());
+  SetSplitAttentionProbe(rows, blocks);
+  const char* kinds[3] = {"keys", "empty", "merge"};
+  const char* phases[kAttnProbePhases] = {"entry", "after_wait", "q_loaded", "loop_done", "partials", "exit"};
+  std::vector<double> v[3][kAttnProbePhases];
+  std::vector<unsigned long long> h(static_cast<size_t>(blocks) * kAttnProbeWords);
+  for (int rep = 0; rep < 9; ++rep) {
+    BENCH_CHECK(cudaMemset(rows, 0, bytes));
+    launch();
+    BENCH_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaMemcpy(h.data(), rows, bytes, cudaMemcpyDeviceToHost));
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < blocks; ++b) t0 = std::min(t0, h[static_cast<size_t>(b) * kAttnProbeWords + kAttnProbeEntry]);
+    for (int b = 0; b < blocks; ++b) {
+      const unsigned long long* r = &h[static_cast<size_t>(b) * kAttnProbeWords];
+      const int kind = r[kAttnProbeMerged] != 0 ? 2 : r[kAttnProbeKeys] > 0 ? 0 : 1;
+      for (int p = 0; p < kAttnProbePhases; ++p) {
+        if (r[p] != 0) v[kind][p].push_back(static_cast<double>(r[p] - t0) / 1000.0);
+      }
+    }
+  }
+  SetSplitAttentionProbe(nullptr, 0);
+  BENCH_CHECK(cudaFree(rows));
+  for (int k = 0; k < 3; ++k) {
+    for (int p = 0; p < kAttnProbePhases; ++p) {
+      std::vector<double>& x = v[k][p];
+      if (x.empty()) continue;
+      std::sort(x.begin(), x.end());
+      char detail[96];
+      std::snprintf(detail, sizeof(detail), "median of %zu stamps; max %.2f us", x.size(), x.back());
+      Report("probe_ctx" + std::to_string(ctx) + "_" + kinds[k] + "_" + phases[p], x[x.size() / 2], "us", detail);
+    }
+  }
+}
+
+void Run(bool probe_only) {
   const AttnShape d{16, 2, 256, 64, 1e-6f};
   const int kvw = d.kv_width();
   const double copy_gbs = CopyGbs();
@@ -150,6 +196,13 @@ void Run() {
     BENCH_CHECK(LaunchAttention(q, qg, static_cast<int64_t>(s.seq.size()), d, s.plan, s.d_items, s.d_seq, s.d_pos,
                                 cache, out, scratch, nullptr));
   };
+  if (probe_only) {
+    for (int ctx : {1, 128, 544, 4096}) {
+      Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
+      ProbeSplitAttention(ctx, s.plan.num_row_items * d.kvh * s.plan.num_splits, [&] { planned(s, o); });
+    }
+    return;
+  }
   // The same cache with the f16 tiles (AttnKv16: the tile conversion once per call, then the
   // wgmma kernel copying f16 tiles), for the prefill rows below.
   PagedKv cache16 = cache;
@@ -481,10 +534,15 @@ void RunGlue() {
 }  // namespace
 }  // namespace tandem::cuda
 
-// --glue: only RunGlue (the prefill glue's A/B), a few seconds.
+// --glue: only RunGlue (the prefill glue's A/B), a few seconds. --probe: only the split attention's
+// phase stamps.
 int main(int argc, char** argv) {
-  const bool glue_only = argc > 1 && std::string(argv[1]) == "--glue";
-  if (!glue_only) tandem::cuda::Run();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--probe") {
+    tandem::cuda::Run(/*probe_only=*/true);
+    return 0;
+  }
+  if (mode != "--glue") tandem::cuda::Run(/*probe_only=*/false);
   tandem::cuda::RunGlue();
   return 0;
 }

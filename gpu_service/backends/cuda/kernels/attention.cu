@@ -7,6 +7,7 @@
 
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -16,15 +17,36 @@ namespace {
 
 // The split attention's kernel: SplitAttendBlock (attention_split.cuh) reading q and every key
 // from global memory (it waits for the previous kernel itself).
-template <int kHd, bool kMergeHere>
+// kProbe: attention_probe.h's stamped instantiation (probe rows, `capacity` of them); the
+// production ones ignore both.
+template <int kHd, bool kMergeHere, bool kProbe = false>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
 SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets,
-                     int short_keys, bool early_kv) {
-  SplitAttendBlock<kHd, kMergeHere, false>(q, qg, qg_stride, nh, kvh, items, token_seq, token_pos, cache, part_o,
-                                           part_ml, o, tickets, short_keys, early_kv, NoPrep{});
+                     int short_keys, bool early_kv, unsigned long long* probe, int capacity) {
+  unsigned long long* row = nullptr;
+  if constexpr (kProbe) {
+    const int b = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    if (probe != nullptr && b < capacity) {
+      row = probe + static_cast<int64_t>(b) * kAttnProbeWords;
+      if (threadIdx.x == 0) row[kAttnProbeBlock] = static_cast<unsigned long long>(b);
+    }
+  }
+  SplitAttendBlock<kHd, kMergeHere, false, NoPrep, kProbe>(q, qg, qg_stride, nh, kvh, items, token_seq, token_pos, cache,
+                                                           part_o, part_ml, o, tickets, short_keys, early_kv, NoPrep{},
+                                                           row);
+}
+
+// SetSplitAttentionProbe's rows (attention_probe.h).
+struct SplitProbe {
+  unsigned long long* rows = nullptr;
+  int capacity = 0;
+};
+SplitProbe& SplitProbeRows() {
+  static SplitProbe probe;
+  return probe;
 }
 
 size_t PartialBytes(int64_t blocks, const AttnShape& d) {
@@ -55,6 +77,17 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     static const cudaError_t attribute_merge = cudaFuncSetAttribute(
         SplitAttentionKernel<kHd, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (attribute_merge != cudaSuccess) return attribute_merge;
+    const SplitProbe probe = SplitProbeRows();
+    if (probe.rows != nullptr) {
+      static const cudaError_t attribute_probe = [] {
+        const cudaError_t a = cudaFuncSetAttribute(SplitAttentionKernel<kHd, false, true>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        return a != cudaSuccess ? a
+                                : cudaFuncSetAttribute(SplitAttentionKernel<kHd, true, true>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      }();
+      if (attribute_probe != cudaSuccess) return attribute_probe;
+    }
     const SplitScratch parts = SplitScratchOf(scratch, num_row_items, d.kvh, num_splits, kHd);
     float* part_o = parts.part_o;
     float* part_ml = parts.part_ml;
@@ -68,9 +101,12 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     const int short_keys = num_splits > 1 && !OldAttnSplit() ? AttnShortKeys() : 0;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    if (cudaError_t e = LaunchPdl(merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>, grid,
-                                  kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items, token_seq, token_pos,
-                                  cache, part_o, part_ml, o, tickets, short_keys, early_kv);
+    auto kernel = probe.rows != nullptr
+                      ? (merge_here ? SplitAttentionKernel<kHd, true, true> : SplitAttentionKernel<kHd, false, true>)
+                      : (merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>);
+    if (cudaError_t e = LaunchPdl(kernel, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items,
+                                  token_seq, token_pos, cache, part_o, part_ml, o, tickets, short_keys, early_kv,
+                                  probe.rows, probe.capacity);
         e != cudaSuccess) {
       return e;
     }
@@ -158,6 +194,10 @@ std::atomic<int>& AttnShortKeysValue() {
 }
 
 }  // namespace
+
+void SetSplitAttentionProbe(unsigned long long* rows, int capacity) {
+  SplitProbeRows() = SplitProbe{rows, rows != nullptr ? capacity : 0};
+}
 
 bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relaxed); }
 void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }

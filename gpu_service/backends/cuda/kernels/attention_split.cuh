@@ -11,8 +11,10 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/mma_f16.cuh"
 
@@ -179,18 +181,27 @@ struct NoPrep {
 // into its ring: those reads then overlap the previous kernel. early_kv needs each sequence's
 // tokens in one item (AttentionPlan::one_item_per_sequence): else an earlier item of the same
 // sequence appends keys in this step.
+// kProbe (attention_probe.h): thread 0 stamps the block's phases into probe_row (null: none); the
+// production instantiations compile without it.
 // prep(first, count, seq, begin, end) runs once the block knows its slice and has keys to attend
 // to, before q is read: SplitAttentionKernel's does nothing (kFresh false: q and every key from
 // global memory); the fused decode kernel's (attention_decode.cu, kFresh true) computes the
 // queries and the step's new keys and values in shared memory and returns where they are.
-template <int kHd, bool kMergeHere, bool kFresh, typename Prep>
+template <int kHd, bool kMergeHere, bool kFresh, typename Prep, bool kProbe = false>
 __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, const float* __restrict__ qg,
                                                  int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
                                                  const int32_t* __restrict__ token_seq,
                                                  const int32_t* __restrict__ token_pos, PagedKv cache,
                                                  float* __restrict__ part_o, float* __restrict__ part_ml,
                                                  float* __restrict__ o, unsigned* __restrict__ tickets,
-                                                 int short_keys, bool early_kv, Prep prep) {
+                                                 int short_keys, bool early_kv, Prep prep,
+                                                 unsigned long long* probe_row = nullptr) {
+  auto stamp = [&](int word, unsigned long long value) {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0 && probe_row != nullptr) probe_row[word] = value;
+    }
+  };
+  stamp(kAttnProbeEntry, kProbe ? GlobalTimerNs() : 0);
   constexpr int kPer = kHd / 32;
   constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
   extern __shared__ float4 split_smem[];
@@ -206,7 +217,10 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   const int32_t seq = token_seq[first];
   const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
   const bool whole = ctx <= short_keys;  // block-uniform
-  if (whole && split != 0) return;       // touches no data of the step: no wait needed
+  if (whole && split != 0) {  // touches no data of the step: no wait needed
+    stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
+    return;
+  }
   const int64_t chunk =
       whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
   const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
@@ -247,6 +261,13 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   }
   PdlWaitForPrevious();  // pdl.cuh: the step's rows (q, the new keys, the gates) only after it
   PdlAllowNext();
+  stamp(kAttnProbeAfterWait, kProbe ? GlobalTimerNs() : 0);
+  if constexpr (kProbe) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    stamp(kAttnProbeSm, smid);
+    stamp(kAttnProbeKeys, static_cast<unsigned long long>(end > begin ? end - begin : 0));
+  }
   __shared__ unsigned is_last;
   if constexpr (kMergeHere) {
     if (begin >= end) {  // a slice past the context (short contexts: most of them)
@@ -256,6 +277,8 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
         part_ml[slot * 2 + 1] = 0.0f;
       }
       MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
+      stamp(kAttnProbeMerged, is_last);
+      stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
       return;
     }
   }
@@ -282,6 +305,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
       for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
     }
   }
+  stamp(kAttnProbeQLoaded, kProbe ? GlobalTimerNs() : 0);
   float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -367,6 +391,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   }
   CpAsyncWait<0>();
   __syncthreads();  // every warp is done with the ring: reuse it for the block merge
+  stamp(kAttnProbeLoopDone, kProbe ? GlobalTimerNs() : 0);
 
   float* wacc = ring;  // warps × rows × kHd
   if (lane < kRows) {
@@ -407,12 +432,15 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
       }
     }
   }
+  stamp(kAttnProbePartials, kProbe ? GlobalTimerNs() : 0);
   if constexpr (kMergeHere) {
     if (!whole) {  // block-uniform; a whole-context block took no ticket
       MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring,
                              is_last);
+      stamp(kAttnProbeMerged, is_last);
     }
   }
+  stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
 }
 
 }  // namespace
