@@ -139,11 +139,7 @@ TEST_P(GpuAttentionDecodeTest, OnePrepMatchesQueryNormRopeAndKvAppendBits) {
 std::vector<float> RunAttention(const DecodeCase& c, const cuda::AttentionPlan& plan, const DeviceArray<int32_t>& items,
                                 const DeviceArray<uint8_t>& scratch, bool old) {
   cuda::SetOldAttnDecode(old);
-  auto o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
-  EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, items.get(), c.d_seq.get(), c.d_pos.get(),
-                                  c.cache(), o.get(), scratch.get(), nullptr),
-            cudaSuccess);
-  return Download(o);
+  return attn_testing::AttendPlanned(c, plan, items, scratch);
 }
 
 // Contexts 1, 63, 64, 65, 1000 and 4097 keys; batch 1, batch 3 over rows {6, 1, 3}, and a sequence

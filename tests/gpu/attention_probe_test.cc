@@ -20,22 +20,12 @@
 namespace tandem {
 namespace {
 
+using attn_testing::AttendPlanned;
 using attn_testing::DecodeCase;
 using attn_testing::MakeDecodeCase;
 using attn_testing::ZeroedScratch;
-using gpu_testing::DeviceArray;
 using gpu_testing::Download;
-using gpu_testing::Poisoned;
 using gpu_testing::Upload;
-
-std::vector<float> Attend(const DecodeCase& c, const cuda::AttentionPlan& plan, const DeviceArray<int32_t>& items,
-                          const DeviceArray<uint8_t>& scratch) {
-  auto o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
-  EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, items.get(), c.d_seq.get(), c.d_pos.get(),
-                                  c.cache(), o.get(), scratch.get(), nullptr),
-            cudaSuccess);
-  return Download(o);
-}
 
 TEST(AttentionProbeTest, StampedKernelGivesTheSameOutputAndOrderedStamps) {
   TANDEM_SKIP_WITHOUT_GPU();
@@ -50,11 +40,11 @@ TEST(AttentionProbeTest, StampedKernelGivesTheSameOutputAndOrderedStamps) {
     ASSERT_GT(plan.num_splits, 1) << what;
     const auto items = Upload(plan.items);
     const auto scratch = ZeroedScratch(plan.scratch_bytes);
-    const std::vector<float> want = Attend(c, plan, items, scratch);
+    const std::vector<float> want = AttendPlanned(c, plan, items, scratch);
     const int blocks = plan.num_row_items * d.kvh * plan.num_splits;
     auto rows = Upload(std::vector<unsigned long long>(static_cast<size_t>(blocks) * cuda::kAttnProbeWords, 0));
     cuda::SetSplitAttentionProbe(rows.get(), blocks);
-    const std::vector<float> got = Attend(c, plan, items, scratch);
+    const std::vector<float> got = AttendPlanned(c, plan, items, scratch);
     cuda::SetSplitAttentionProbe(nullptr, 0);
     EXPECT_TRUE(gpu_testing::SameBits(got, want)) << what;
     const std::vector<unsigned long long> r = Download(rows);
@@ -77,7 +67,9 @@ TEST(AttentionProbeTest, StampedKernelGivesTheSameOutputAndOrderedStamps) {
       order.push_back(cuda::kAttnProbeExit);
       for (size_t i = 0; i < order.size(); ++i) {
         EXPECT_NE(row[order[i]], 0u) << what << ", block " << b << ", phase " << order[i];
-        if (i > 0) EXPECT_LE(row[order[i - 1]], row[order[i]]) << what << ", block " << b << ", phase " << order[i];
+        if (i > 0) {
+          EXPECT_LE(row[order[i - 1]], row[order[i]]) << what << ", block " << b << ", phase " << order[i];
+        }
       }
     }
     for (int h = 0; h < d.kvh; ++h) {

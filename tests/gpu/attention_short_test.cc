@@ -25,6 +25,7 @@ namespace {
 using attn_testing::AllFinite;
 using attn_testing::DecodeCase;
 using attn_testing::FirstDifference;
+using attn_testing::AttendPlanned;
 using attn_testing::MakeDecodeCase;
 using attn_testing::ShapeName;
 using attn_testing::ZeroedScratch;
@@ -85,15 +86,6 @@ std::vector<float> HostReference(const DecodeCase& c) {
     }
   }
   return o;
-}
-
-std::vector<float> RunPlanned(const DecodeCase& c, const cuda::AttentionPlan& plan, const DeviceArray<int32_t>& items,
-                              const DeviceArray<uint8_t>& scratch) {
-  auto o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
-  EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, items.get(), c.d_seq.get(), c.d_pos.get(),
-                                  c.cache(), o.get(), scratch.get(), nullptr),
-            cudaSuccess);
-  return Download(o);
 }
 
 // The context of each token's row item (its last token's position + 1), from the plan's row items.
@@ -164,13 +156,13 @@ TEST_P(GpuAttentionShortTest, WholeContextMatchesSplitPathAndReference) {
       for (int in_block = 0; in_block < 2; ++in_block) {
         SetMergeInBlock(in_block == 1);
         cuda::SetOldAttnSplit(true);
-        const std::vector<float> want = RunPlanned(c, plan, items, scratch);
+        const std::vector<float> want = AttendPlanned(c, plan, items, scratch);
         ASSERT_TRUE(AllFinite(want)) << what;
         for (int bound : {cuda::kAttnShortKeysDefault, 8192}) {
           cuda::SetOldAttnSplit(false);
           cuda::SetAttnShortKeys(bound);
           const std::string tag = what + " bound=" + std::to_string(bound) + (in_block ? " in-block" : " merge-launch");
-          const std::vector<float> got = RunPlanned(c, plan, items, scratch);
+          const std::vector<float> got = AttendPlanned(c, plan, items, scratch);
           ASSERT_TRUE(AllFinite(got)) << tag;
           const int equal = ExpectMatchesSplit(got, want, item_ctx, bound, row_floats, tag);
           const double err = RelL2(got, ref), err_split = RelL2(want, ref);
