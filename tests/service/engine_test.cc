@@ -182,12 +182,20 @@ TEST(EngineTest, PreemptsWhenTheBackendIsFullAndOutputsDoNotChange) {
   for (int i = 0; i < 4; ++i) specs.push_back(Spec({static_cast<int32_t>(300 + i), 301, 302, 303}, 12));
   std::vector<std::vector<int32_t>> alone;
   for (const GenerationSpec& s : specs) alone.push_back(RunAlone(engine, s)->ids());
-  // Four requests need 4 x 16 tokens at the end; the cache holds 40.
+  // Four requests need 4 x 16 tokens at the end; the cache holds 40. Steps wait until all four are
+  // queued, so that they run together (else a loaded machine could finish the first alone).
   backend.token_capacity = 40;
   std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const GenerationSpec& s : specs) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(engine.Submit(s, sinks.back()).ok());
+  {
+    backend.Hold();
+    struct ReleaseOnExit {  // also when an assertion below returns early
+      FakeBackend& b;
+      ~ReleaseOnExit() { b.Release(); }
+    } release{backend};
+    for (const GenerationSpec& s : specs) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE(engine.Submit(s, sinks.back()).ok());
+    }
   }
   for (size_t i = 0; i < sinks.size(); ++i) {
     const GenerationFinal f = sinks[i]->WaitFinal();

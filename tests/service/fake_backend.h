@@ -5,6 +5,7 @@
 #define TANDEM_TESTS_SERVICE_FAKE_BACKEND_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -46,6 +47,10 @@ class FakeBackend : public Backend {
     slots_.erase(slot);
   }
   absl::Status Step(std::span<const StepInput> inputs) override {
+    {
+      std::unique_lock<std::mutex> gate(gate_mu_);
+      gate_cv_.wait(gate, [this] { return !held_; });
+    }
     std::lock_guard<std::mutex> lock(mu_);
     // A bounded cache, like the CUDA backend's KV pages: refuse the step before changing anything.
     if (const int64_t cap = token_capacity.load(); cap > 0) {
@@ -91,6 +96,20 @@ class FakeBackend : public Backend {
   }
   ExpertPlacementTotals placement() const override { return {}; }
 
+  // Between Hold() and Release() a step waits before it touches anything: a test can queue several
+  // requests before the engine's first step returns, whatever the threads' timing.
+  void Hold() {
+    std::lock_guard<std::mutex> gate(gate_mu_);
+    held_ = true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> gate(gate_mu_);
+      held_ = false;
+    }
+    gate_cv_.notify_all();
+  }
+
   // Token counts of every step so far, per input.
   std::vector<std::vector<int64_t>> batches() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -131,6 +150,9 @@ class FakeBackend : public Backend {
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   mutable std::mutex mu_;
+  std::mutex gate_mu_;  // Hold / Release
+  std::condition_variable gate_cv_;
+  bool held_ = false;
   std::map<SequenceSlot, std::vector<int32_t>> slots_;
   SequenceSlot next_ = 1;
   std::vector<std::vector<int64_t>> batches_;
