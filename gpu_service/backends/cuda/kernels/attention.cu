@@ -39,6 +39,22 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
                                                            row);
 }
 
+// An instantiation of SplitAttentionKernel with its dynamic shared-memory limit raised to
+// SplitSmemBytes (above 48 KiB a kernel needs the opt-in): done once per instantiation
+// (thread-safe static); error: that call's result.
+using SplitKernelFn = decltype(&SplitAttentionKernel<64, false, false>);
+struct SplitKernelReady {
+  SplitKernelFn fn;
+  cudaError_t error;
+};
+template <int kHd, bool kMergeHere, bool kProbe>
+SplitKernelReady SplitKernel() {
+  static const cudaError_t error =
+      cudaFuncSetAttribute(SplitAttentionKernel<kHd, kMergeHere, kProbe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(SplitSmemBytes<kHd>()));
+  return SplitKernelReady{SplitAttentionKernel<kHd, kMergeHere, kProbe>, error};
+}
+
 // SetSplitAttentionProbe's rows (attention_probe.h).
 struct SplitProbe {
   unsigned long long* rows = nullptr;
@@ -70,41 +86,26 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
   if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
     constexpr size_t smem = SplitSmemBytes<kHd>();
-    // Above 48 KiB a kernel needs the opt-in; done once per instantiation (thread-safe static).
-    static const cudaError_t attribute = cudaFuncSetAttribute(
-        SplitAttentionKernel<kHd, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attribute != cudaSuccess) return attribute;
-    static const cudaError_t attribute_merge = cudaFuncSetAttribute(
-        SplitAttentionKernel<kHd, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attribute_merge != cudaSuccess) return attribute_merge;
     const SplitProbe probe = SplitProbeRows();
-    if (probe.rows != nullptr) {
-      static const cudaError_t attribute_probe = [] {
-        const cudaError_t a = cudaFuncSetAttribute(SplitAttentionKernel<kHd, false, true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        return a != cudaSuccess ? a
-                                : cudaFuncSetAttribute(SplitAttentionKernel<kHd, true, true>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      }();
-      if (attribute_probe != cudaSuccess) return attribute_probe;
-    }
     const SplitScratch parts = SplitScratchOf(scratch, num_row_items, d.kvh, num_splits, kHd);
     float* part_o = parts.part_o;
     float* part_ml = parts.part_ml;
     unsigned* tickets = parts.tickets;
-    // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (off by
-    // default: measured slower end to end, attention.cuh), only with the one-launch prep, and
-    // not for a hand-made plan with more (item, kv head) pairs than tickets.
+    // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (the
+    // default, attention.cuh), only with the one-launch prep, and not for a hand-made plan with
+    // more (item, kv head) pairs than tickets.
     const bool merge_here =
         num_splits > 1 && !OldAttnDecode() && AttnMergeInBlock() && num_row_items * d.kvh <= kTicketCount;
     // Short contexts in one block per (row item, kv head), chosen on the device (see the kernel).
     const int short_keys = num_splits > 1 && !OldAttnSplit() ? AttnShortKeys() : 0;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    auto kernel = probe.rows != nullptr
-                      ? (merge_here ? SplitAttentionKernel<kHd, true, true> : SplitAttentionKernel<kHd, false, true>)
-                      : (merge_here ? SplitAttentionKernel<kHd, true> : SplitAttentionKernel<kHd, false>);
-    if (cudaError_t e = LaunchPdl(kernel, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items,
+    // The stamped instantiation while a probe has rows (attention_probe.h).
+    const auto kernel = probe.rows != nullptr ? (merge_here ? SplitKernel<kHd, true, true>() : SplitKernel<kHd, false, true>())
+                                              : (merge_here ? SplitKernel<kHd, true, false>()
+                                                            : SplitKernel<kHd, false, false>());
+    if (kernel.error != cudaSuccess) return kernel.error;
+    if (cudaError_t e = LaunchPdl(kernel.fn, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items,
                                   token_seq, token_pos, cache, part_o, part_ml, o, tickets, short_keys, early_kv,
                                   probe.rows, probe.capacity);
         e != cudaSuccess) {

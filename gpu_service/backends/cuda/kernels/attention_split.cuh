@@ -196,12 +196,15 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
                                                  float* __restrict__ o, unsigned* __restrict__ tickets,
                                                  int short_keys, bool early_kv, Prep prep,
                                                  unsigned long long* probe_row = nullptr) {
-  auto stamp = [&](int word, unsigned long long value) {
+  auto put = [&](int word, unsigned long long value) {
     if constexpr (kProbe) {
       if (threadIdx.x == 0 && probe_row != nullptr) probe_row[word] = value;
     }
   };
-  stamp(kAttnProbeEntry, kProbe ? GlobalTimerNs() : 0);
+  auto stamp = [&](int word) {
+    if constexpr (kProbe) put(word, GlobalTimerNs());
+  };
+  stamp(kAttnProbeEntry);
   constexpr int kPer = kHd / 32;
   constexpr int kStageFloats = kWarpKeys * 2 * kHd;  // per warp: [key][k|v][lane][kPer]
   extern __shared__ float4 split_smem[];
@@ -218,7 +221,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
   const bool whole = ctx <= short_keys;  // block-uniform
   if (whole && split != 0) {  // touches no data of the step: no wait needed
-    stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
+    stamp(kAttnProbeExit);
     return;
   }
   const int64_t chunk =
@@ -261,12 +264,12 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   }
   PdlWaitForPrevious();  // pdl.cuh: the step's rows (q, the new keys, the gates) only after it
   PdlAllowNext();
-  stamp(kAttnProbeAfterWait, kProbe ? GlobalTimerNs() : 0);
+  stamp(kAttnProbeAfterWait);
   if constexpr (kProbe) {
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    stamp(kAttnProbeSm, smid);
-    stamp(kAttnProbeKeys, static_cast<unsigned long long>(end > begin ? end - begin : 0));
+    put(kAttnProbeSm, smid);
+    put(kAttnProbeKeys, static_cast<unsigned long long>(end > begin ? end - begin : 0));
   }
   __shared__ unsigned is_last;
   if constexpr (kMergeHere) {
@@ -277,8 +280,8 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
         part_ml[slot * 2 + 1] = 0.0f;
       }
       MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring, is_last);
-      stamp(kAttnProbeMerged, is_last);
-      stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
+      put(kAttnProbeMerged, is_last);
+      stamp(kAttnProbeExit);
       return;
     }
   }
@@ -305,7 +308,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
       for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
     }
   }
-  stamp(kAttnProbeQLoaded, kProbe ? GlobalTimerNs() : 0);
+  stamp(kAttnProbeQLoaded);
   float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -391,7 +394,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   }
   CpAsyncWait<0>();
   __syncthreads();  // every warp is done with the ring: reuse it for the block merge
-  stamp(kAttnProbeLoopDone, kProbe ? GlobalTimerNs() : 0);
+  stamp(kAttnProbeLoopDone);
 
   float* wacc = ring;  // warps × rows × kHd
   if (lane < kRows) {
@@ -432,15 +435,15 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
       }
     }
   }
-  stamp(kAttnProbePartials, kProbe ? GlobalTimerNs() : 0);
+  stamp(kAttnProbePartials);
   if constexpr (kMergeHere) {
     if (!whole) {  // block-uniform; a whole-context block took no ticket
       MergeSlicesIfLast<kHd>(qg, qg_stride, nh, kvh, kvhead, first, count, splits, part_o, part_ml, o, tickets, ring,
                              is_last);
-      stamp(kAttnProbeMerged, is_last);
+      put(kAttnProbeMerged, is_last);
     }
   }
-  stamp(kAttnProbeExit, kProbe ? GlobalTimerNs() : 0);
+  stamp(kAttnProbeExit);
 }
 
 }  // namespace

@@ -240,6 +240,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
+  const uint32_t out_bar_addr = kOut ? static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar)) : 0u;
   if constexpr (kOut) {
     const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                          static_cast<int64_t>(group) * a.out_group_bytes;
@@ -248,7 +249,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // Rows of kOutSuperBytes back to back (by columns): one run, a few bulk copies by thread 0,
       // which alone uses the barrier until the wait in OutProductPart (block barriers between).
       if (tid == 0) {
-        const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar));
+        const uint32_t bar = out_bar_addr;
         const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
         mbarrier::Init(bar, 1);
         mbarrier::InitFence();
@@ -358,8 +359,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
-    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp,
-                   static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar)));
+    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
