@@ -260,6 +260,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeFusedTest,
 // over the dequantized Q8_0 weights (the int16 outputs' rounding is ~1e-5 a row). Shapes: the 80B
 // layer's, the small preset's, and the two other clusters of 256 columns; rows 8 (one a block) to
 // 5120 (the most a block holds); rows stored with padding once (row_bytes past the natural size).
+// Each with the weights read three ways: out's rows, and its copy by columns through 16-byte
+// cp.async pieces and through bulk copies; a misaligned copy is refused.
 struct OutCase {
   cuda::GdnShape d;
   int64_t rows;
@@ -281,7 +283,7 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
   // Two sequence rows; the token's is row 1.
   const std::vector<float> state0 = Random(rng, static_cast<size_t>(2 * row_stride), 0.3f);
-  auto rec_gated = Upload(state0), rec_out = Upload(state0), rec_cols = Upload(state0), rec_bulk = Upload(state0);
+  auto rec_gated = Upload(state0);
   const auto rows = Upload(std::vector<int32_t>{1});
   const auto qkv = Upload(Random(rng, static_cast<size_t>(c_dim)));
   const auto ba = Upload(Random(rng, static_cast<size_t>(2 * d.nv), 2.0f));
@@ -292,55 +294,51 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const cuda::DeviceMatrix& out = out_dev.m;
   ASSERT_TRUE(cuda::GdnDecodeOutFits(d, out)) << tag;
   const std::vector<float> y0 = Random(rng, static_cast<size_t>(out_rows));
-  auto y = Upload(y0), y_cols = Upload(y0), y_bulk = Upload(y0);
   // The same super-blocks by columns (CopyQ8_0x8ByColumns), which the kernel may read instead.
   auto by_columns = Poisoned<uint8_t>(static_cast<size_t>(cuda::Q8_0x8ByColumnsBytes(out_rows, vw)));
   TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(out, by_columns.get(), nullptr));
 
   cuda::GdnDecodeFusedArgs args = StepArgs(qkv.get(), ba.get(), z.get(), taps.get(), ssm_a.get(), dt_bias.get(),
                                            norm.get(), row_stride, rows.get(), 1e-6f);
-  auto gated = Poisoned<float>(static_cast<size_t>(vw)), gated_out = Poisoned<float>(static_cast<size_t>(vw));
+  auto gated = Poisoned<float>(static_cast<size_t>(vw));
   args.history = rec_gated.get();
   args.state = rec_gated.get() + ssm_off;
   args.o = gated.get();
   TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFused(args, 1, d, true, nullptr));
-  args.history = rec_out.get();
-  args.state = rec_out.get() + ssm_off;
-  args.o = gated_out.get();
-  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr));
-  auto gated_cols = Poisoned<float>(static_cast<size_t>(vw));
-  args.history = rec_cols.get();
-  args.state = rec_cols.get() + ssm_off;
-  args.o = gated_cols.get();
-  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y_cols.get(), d, nullptr, by_columns.get()));
-  // And by columns through bulk copies (GdnOutBulk).
-  auto gated_bulk = Poisoned<float>(static_cast<size_t>(vw));
-  args.history = rec_bulk.get();
-  args.state = rec_bulk.get() + ssm_off;
-  args.o = gated_bulk.get();
-  const bool was_bulk = cuda::GdnOutBulk();
-  cuda::SetGdnOutBulk(true);
-  TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y_bulk.get(), d, nullptr, by_columns.get()));
-  cuda::SetGdnOutBulk(was_bulk);
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-  const std::vector<float> g = Download(gated);
-  ExpectSameBits(Download(gated_out), g, tag + ": gated outputs");
-  ExpectSameBits(Download(gated_cols), g, tag + ": gated outputs (by columns)");
-  ExpectSameBits(Download(gated_bulk), g, tag + ": gated outputs (bulk copies)");
-  ExpectSameBits(Download(rec_bulk), Download(rec_gated), tag + ": histories and states (bulk copies)");
-  ExpectSameBits(Download(rec_out), Download(rec_gated), tag + ": histories and states");
-  ExpectSameBits(Download(rec_cols), Download(rec_gated), tag + ": histories and states (by columns)");
+  const std::vector<float> g = Download(gated), rec_want = Download(rec_gated);
   const std::vector<float> want = gpu_testing::HostProduct(w, g, y0);
-  EXPECT_LE(gpu_testing::LogError("gdn out product " + tag, gpu_testing::RelL2(Download(y), want)), 1e-4) << tag;
-  EXPECT_LE(gpu_testing::LogError("gdn out product by columns " + tag, gpu_testing::RelL2(Download(y_cols), want)),
-            1e-4)
-      << tag;
-  EXPECT_LE(gpu_testing::LogError("gdn out product bulk " + tag, gpu_testing::RelL2(Download(y_bulk), want)), 1e-4)
-      << tag;
-  // A misaligned copy is refused, launching nothing.
-  EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y_cols.get(), d, nullptr, by_columns.get() + 8),
-            cudaErrorInvalidValue)
-      << tag;
+  // The three forms of the output product's weights: out's rows, by columns through 16-byte
+  // cp.async pieces, by columns through bulk copies (GdnOutBulk, set for each form).
+  struct Form {
+    const char* name;
+    bool by_columns, bulk;
+  };
+  const bool was_bulk = cuda::GdnOutBulk();
+  for (const Form& f : {Form{"", false, false}, Form{" by columns", true, false}, Form{" bulk", true, true}}) {
+    auto rec = Upload(state0), y = Upload(y0);
+    auto gated_out = Poisoned<float>(static_cast<size_t>(vw));
+    args.history = rec.get();
+    args.state = rec.get() + ssm_off;
+    args.o = gated_out.get();
+    cuda::SetGdnOutBulk(f.bulk);
+    TANDEM_ASSERT_CUDA(
+        cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, f.by_columns ? by_columns.get() : nullptr));
+    cuda::SetGdnOutBulk(was_bulk);
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    ExpectSameBits(Download(gated_out), g, tag + ": gated outputs" + f.name);
+    ExpectSameBits(Download(rec), rec_want, tag + ": histories and states" + f.name);
+    EXPECT_LE(gpu_testing::LogError(std::string("gdn out product") + f.name + " " + tag,
+                                    gpu_testing::RelL2(Download(y), want)),
+              1e-4)
+        << tag << f.name;
+    // A misaligned copy is refused, launching nothing.
+    if (f.by_columns) {
+      EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, by_columns.get() + 8),
+                cudaErrorInvalidValue)
+          << tag << f.name;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeOutTest,
