@@ -24,8 +24,9 @@ constexpr int kSplitWarps = 8;
 constexpr int kSplitTargetBlocks = 132;  // one wave of one block per SM on an H200
 constexpr int kMaxSplits = 128;
 
-// StoreGatedOutput with the four raw gate values already loaded (g: qg's floats 4c .. 4c + 3 of the
-// head's gate half).
+// Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
+// gate σ(g), g: the four raw gate values (qg's floats 4c .. 4c + 3 of the head's gate half), loaded
+// early by the caller.
 template <int kHd>
 __device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t token, int head, int c, float4 a,
                                                      float inv_l, float* __restrict__ o) {
@@ -35,16 +36,6 @@ __device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t t
   y.z = a.z * inv_l * SigmoidF(g.z);
   y.w = a.w * inv_l * SigmoidF(g.w);
   reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
-}
-
-// Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
-// gate σ(qg) (the gate half of the token's qg row, qg_stride floats apart).
-template <int kHd>
-__device__ __forceinline__ void StoreGatedOutput(const float* __restrict__ qg, int64_t qg_stride, int nh,
-                                                 int64_t token, int head, int c, float4 a, float inv_l,
-                                                 float* __restrict__ o) {
-  const float* gate = qg + token * qg_stride + head * 2 * kHd + kHd + 4 * c;
-  StoreGatedOutputWith<kHd>(make_float4(gate[0], gate[1], gate[2], gate[3]), nh, token, head, c, a, inv_l, o);
 }
 
 // Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
@@ -148,6 +139,27 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
   float* inv_l = smem + kRows * kMaxSplits;  // rows
   const int64_t slot0 = pair * splits;
   const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+  // This thread's (row, float4) pairs (see the sums below) and their gates, asked for now: their
+  // round trip overlaps the (max, sum) loads' instead of following the sums.
+  constexpr int kLanes = kHd / 4, kGroups = 256 / kLanes;
+  constexpr int kThreads = kSplitWarps * 32;
+  constexpr int kPairs = (kRows * kLanes + kThreads - 1) / kThreads;
+  int rr[kPairs], cc[kPairs];
+  bool live[kPairs];
+  float4 gate[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int p = threadIdx.x + j * kThreads;
+    rr[j] = p / kLanes;
+    cc[j] = p % kLanes;
+    live[j] = p < kRows * kLanes && rr[j] / groups < count;
+    gate[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (live[j]) {
+      const float* g = qg + (first + rr[j] / groups) * qg_stride + (kvhead * groups + rr[j] % groups) * 2 * kHd + kHd +
+                       4 * cc[j];
+      gate[j] = make_float4(g[0], g[1], g[2], g[3]);
+    }
+  }
   if (r / groups < count) {  // SplitMergeKernel's first warp, for row r, in its order
     // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the
     // merge kernel's two passes over the same values.
@@ -181,49 +193,48 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
   // SplitMergeKernel: kGroups groups of kLanes threads (a float4 of dims each), group g summing
   // slices g, g + kGroups, ... in order, then group 0 adding groups 1.. in order. Here a thread
   // keeps all kGroups sums of each of its kPairs (row, float4) pairs and adds them in the same
-  // order. All of a step's loads (kPairs × kGroups float4) are issued before their FMAs, so that a
-  // long context (every slice with keys: rows × slices × hd floats from L2) is not one L2 round
-  // trip per slice.
-  constexpr int kLanes = kHd / 4, kGroups = 256 / kLanes;
-  constexpr int kThreads = kSplitWarps * 32;
-  constexpr int kPairs = (kRows * kLanes + kThreads - 1) / kThreads;
-  int rr[kPairs], cc[kPairs];
-  bool live[kPairs];
+  // order. The loads of kBatch rounds of kGroups slices (kPairs × kGroups × kBatch float4) are all
+  // issued before their FMAs, so that the slices are a few L2 round trips, not one per kGroups
+  // (66 slices at ~544 keys, 17 of them with keys: 5 round trips, ~6 us of the merging block at
+  // batch 1 in the twenty-fourth session's probe).
+  constexpr int kBatch = 4;
   float4 acc[kPairs][kGroups];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
-    const int p = threadIdx.x + j * kThreads;
-    rr[j] = p / kLanes;
-    cc[j] = p % kLanes;
-    live[j] = p < kRows * kLanes && rr[j] / groups < count;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) acc[j][g] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  for (int s0 = 0; s0 < splits; s0 += kGroups) {
-    float w[kPairs][kGroups];
-    float4 x[kPairs][kGroups];
+  for (int s0 = 0; s0 < splits; s0 += kGroups * kBatch) {
+    float w[kBatch][kPairs][kGroups];
+    float4 x[kBatch][kPairs][kGroups];
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
+    for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        const int s = s0 + g;
-        w[j][g] = live[j] && s < splits ? weight[rr[j] * kMaxSplits + s] : 0.0f;
-        // A zero weight (an empty slice, or past the slices) is skipped as SplitMergeKernel skips
-        // it: its accumulator may be unwritten.
-        x[j][g] = w[j][g] != 0.0f
-                      ? __ldcg(reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + rr[j]) * kHd) + cc[j])
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const int s = s0 + b * kGroups + g;
+          w[b][j][g] = live[j] && s < splits ? weight[rr[j] * kMaxSplits + s] : 0.0f;
+          // A zero weight (an empty slice, or past the slices) is skipped as SplitMergeKernel skips
+          // it: its accumulator may be unwritten.
+          x[b][j][g] = w[b][j][g] != 0.0f
+                           ? __ldcg(reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + rr[j]) * kHd) + cc[j])
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       }
     }
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
+    for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        if (w[j][g] == 0.0f) continue;
-        acc[j][g].x = fmaf(w[j][g], x[j][g].x, acc[j][g].x);
-        acc[j][g].y = fmaf(w[j][g], x[j][g].y, acc[j][g].y);
-        acc[j][g].z = fmaf(w[j][g], x[j][g].z, acc[j][g].z);
-        acc[j][g].w = fmaf(w[j][g], x[j][g].w, acc[j][g].w);
+      for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          if (w[b][j][g] == 0.0f) continue;
+          acc[j][g].x = fmaf(w[b][j][g], x[b][j][g].x, acc[j][g].x);
+          acc[j][g].y = fmaf(w[b][j][g], x[b][j][g].y, acc[j][g].y);
+          acc[j][g].z = fmaf(w[b][j][g], x[b][j][g].z, acc[j][g].z);
+          acc[j][g].w = fmaf(w[b][j][g], x[b][j][g].w, acc[j][g].w);
+        }
       }
     }
   }
@@ -238,8 +249,8 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
       a.z += acc[j][g].z;
       a.w += acc[j][g].w;
     }
-    StoreGatedOutput<kHd>(qg, qg_stride, nh, first + rr[j] / groups, kvhead * groups + rr[j] % groups, cc[j], a,
-                          inv_l[rr[j]], o);
+    StoreGatedOutputWith<kHd>(gate[j], nh, first + rr[j] / groups, kvhead * groups + rr[j] % groups, cc[j], a,
+                              inv_l[rr[j]], o);
   }
 }
 

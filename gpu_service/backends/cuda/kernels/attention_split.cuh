@@ -155,6 +155,12 @@ __device__ __forceinline__ void StoreFreshKey(float* dst, int k, const FreshRows
   StoreLane<kPer>(dst + (2 * k + 1) * kHd, row + kHd);
 }
 
+// The float4 chunk of a row of the block merge's per-warp accumulators that holds the row's chunk
+// c: pairs of chunks swapped in every other group of 8, so that the 8 lanes of a quarter warp storing
+// chunks 2l + h (kHd 256: 8 values a lane) land on 8 different bank groups, while 32 consecutive
+// chunks (the merge's reads) stay 512 contiguous bytes.
+__device__ __forceinline__ int WaccChunk(int c) { return c ^ ((c >> 3) & 1); }
+
 // SplitAttentionKernel's prep: nothing to prepare.
 struct NoPrep {
   __device__ __forceinline__ FreshRows operator()(int32_t, int32_t, int32_t, int64_t, int64_t) const {
@@ -240,6 +246,10 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   // fill after the wait below. Without `early`, the fused kernel's new keys (kFresh, positions >=
   // fresh.from) come from its shared rows.
   auto issue_keys = [&](int64_t base, int stage, bool early, const FreshRows& fresh) {
+    if (base >= end) {  // a stage past the slice is never read: no copies (each cost ~0.7 us of
+      CpAsyncCommit();  // zero-fill cp.async at batch 1 in the twenty-fourth session's probe)
+      return;
+    }
     float* dst = my_ring + stage * kStageFloats;
     const int64_t off = base < end ? CacheOffset(cache, seq, base, kvw) + kvhead * kHd + lane * kPer : 0;
 #pragma unroll
@@ -258,6 +268,15 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
     CpAsyncCommit();  // empty groups too: the wait counts below stay uniform
   };
   const int64_t first_base = begin + warp * kWarpKeys;
+  // With early_kv, this lane's cache offset of each early stage's first key (a batch of kWarpKeys
+  // keys shares a page, as issue_keys assumes), taken before the wait (the page table comes from the
+  // host) so that the fill of the step's new keys after it is one load, not a page-table load first.
+  int64_t early_off[kRingStages - 1];
+#pragma unroll
+  for (int s = 0; s < kRingStages - 1; ++s) {
+    const int64_t base = first_base + s * kBlockKeys;
+    early_off[s] = early_kv && base < end ? CacheOffset(cache, seq, base, kvw) + kvhead * kHd + lane * kPer : 0;
+  }
   if (early_kv && begin < end) {
 #pragma unroll
     for (int s = 0; s < kRingStages - 1; ++s) issue_keys(first_base + s * kBlockKeys, s, true, FreshRows{});
@@ -290,34 +309,24 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   const FreshRows fresh = prep(first, count, seq, begin, end);
   const float scale = rsqrtf(static_cast<float>(kHd));
 
+  // The query rows: every row's load is issued (rows past the item's tokens read its last token's
+  // row and are zeroed below), so that all of them are one round trip; a branch a row made them one
+  // L2 round trip each (~2 us at batch 1, the twenty-fourth session's probe).
   float qr[kRows][kPer];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int tok = r / groups;
-    if (tok < count) {
-      if constexpr (kFresh) {
-        LoadLane<kPer>(fresh.q + r * kHd + lane * kPer, qr[r]);
-      } else {
-        const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
-        LoadLane<kPer>(q + row * kHd + lane * kPer, qr[r]);
-      }
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) qr[r][i] *= scale;
+    const int tok = min(r / groups, count - 1);
+    if constexpr (kFresh) {
+      LoadLane<kPer>(fresh.q + r * kHd + lane * kPer, qr[r]);
     } else {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) qr[r][i] = 0.0f;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      LoadLane<kPer>(q + row * kHd + lane * kPer, qr[r]);
     }
   }
-  stamp(kAttnProbeQLoaded);
-  float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;
-
   if (early_kv) {
     // The new keys of the stages copied before the wait (the cache rows this step's append wrote,
-    // or the fused kernel's shared rows), into the slots that copy left alone.
+    // or the fused kernel's shared rows), into the slots that copy left alone; their loads go out
+    // while the query rows' are in flight.
 #pragma unroll
     for (int s = 0; s < kRingStages - 1; ++s) {
       const int64_t base = first_base + s * kBlockKeys;
@@ -329,7 +338,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
         if constexpr (kFresh) {
           StoreFreshKey<kHd>(dst, k, fresh, pos, lane);
         } else {
-          const int64_t off = CacheOffset(cache, seq, pos, kvw) + kvhead * kHd + lane * kPer;
+          const int64_t off = early_off[s] + k * kvw;
           LoadLaneL2<kPer>(dst + (2 * k) * kHd, cache.k + off);
           LoadLaneL2<kPer>(dst + (2 * k + 1) * kHd, cache.v + off);
         }
@@ -339,6 +348,18 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
 #pragma unroll
     for (int s = 0; s < kRingStages - 1; ++s) issue_keys(first_base + s * kBlockKeys, s, false, fresh);
   }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const bool live = r / groups < count;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) qr[r][i] = live ? qr[r][i] * scale : 0.0f;
+  }
+  stamp(kAttnProbeQLoaded);
+  float m = -INFINITY, l = 0.0f, acc[kRows][kPer];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;
   int stage = 0;
   for (int64_t base = first_base; base < end; base += kBlockKeys) {
     issue_keys(base + (kRingStages - 1) * kBlockKeys, (stage + kRingStages - 1) % kRingStages, false, fresh);
@@ -396,40 +417,86 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   __syncthreads();  // every warp is done with the ring: reuse it for the block merge
   stamp(kAttnProbeLoopDone);
 
-  float* wacc = ring;  // warps × rows × kHd
+  // The block's merge of its warps: thread t takes (row, float4) pairs t, t + 256, ... of the
+  // item's kRows rows, with the per-element f32 operations of the scalar loop it replaced (same
+  // bits). The warps' accumulators are stored swizzled (WaccChunk) so that neither the stores of a
+  // lane's kPer consecutive values nor the pairs' float4 reads conflict in shared memory (the scalar
+  // stores were 8-way conflicts and the loop one smem chain an element: ~4 us at batch 1, the
+  // twenty-fourth session's probe).
+  constexpr int kChunks = kHd / 4;  // float4s a row
+  constexpr int kThreads = kSplitWarps * 32;
+  constexpr int kPairs = (kRows * kChunks + kThreads - 1) / kThreads;
+  const bool to_o = splits == 1 || whole;  // block-uniform: this block writes o itself
+  // The gates of this thread's output pairs, asked for now so that their round trip overlaps the
+  // shared-memory merge below.
+  float4 gate[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int p = threadIdx.x + j * kThreads, r = p / kChunks, c4 = p % kChunks;
+    gate[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (to_o && p < kRows * kChunks && r / groups < count) {  // four floats: qg_stride need not keep float4 alignment
+      const float* g = qg + (first + r / groups) * qg_stride + (kvhead * groups + r % groups) * 2 * kHd + kHd + 4 * c4;
+      gate[j] = make_float4(g[0], g[1], g[2], g[3]);
+    }
+  }
+  float* wacc = ring;  // warps × rows × kHd, float4 chunks at WaccChunk
   if (lane < kRows) {
     wml[(warp * kRows + lane) * 2] = m;
     wml[(warp * kRows + lane) * 2 + 1] = l;
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < kRows; ++r) {
+    float* row = wacc + (warp * kRows + r) * kHd;
+    if constexpr (kPer == 2) {
+      *reinterpret_cast<float2*>(row + 4 * WaccChunk(lane >> 1) + 2 * (lane & 1)) = make_float2(acc[r][0], acc[r][1]);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) wacc[(warp * kRows + r) * kHd + lane * kPer + i] = acc[r][i];
+      for (int h = 0; h < kPer / 4; ++h) {
+        *reinterpret_cast<float4*>(row + 4 * WaccChunk(lane * (kPer / 4) + h)) =
+            make_float4(acc[r][4 * h], acc[r][4 * h + 1], acc[r][4 * h + 2], acc[r][4 * h + 3]);
+      }
+    }
+  }
   __syncthreads();
-  for (int e = threadIdx.x; e < kRows * kHd; e += blockDim.x) {
-    const int r = e / kHd, dd = e % kHd;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int p = threadIdx.x + j * kThreads, r = p / kChunks, c4 = p % kChunks;
+    if (p >= kRows * kChunks) continue;
     float mm = -INFINITY;
+#pragma unroll
     for (int w = 0; w < kSplitWarps; ++w) mm = fmaxf(mm, wml[(w * kRows + r) * 2]);
-    float a = 0.0f, ll = 0.0f;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    float ll = 0.0f;
     if (mm != -INFINITY) {
+#pragma unroll
       for (int w = 0; w < kSplitWarps; ++w) {
         const float mw = wml[(w * kRows + r) * 2];
         const float f = mw == -INFINITY ? 0.0f : expf(mw - mm);
-        a = fmaf(f, wacc[(w * kRows + r) * kHd + dd], a);
+        const float4 x = *reinterpret_cast<const float4*>(wacc + (w * kRows + r) * kHd + 4 * WaccChunk(c4));
+        a.x = fmaf(f, x.x, a.x);
+        a.y = fmaf(f, x.y, a.y);
+        a.z = fmaf(f, x.z, a.z);
+        a.w = fmaf(f, x.w, a.w);
         ll = fmaf(f, wml[(w * kRows + r) * 2 + 1], ll);
       }
     }
-    if (splits == 1 || whole) {
+    if (to_o) {
       const int tok = r / groups;
       if (tok >= count) continue;
-      const int head = kvhead * groups + r % groups;
-      const int64_t row = static_cast<int64_t>(first + tok) * nh + head;
-      const float gate = SigmoidF(qg[(first + tok) * qg_stride + head * 2 * kHd + kHd + dd]);
-      o[row * kHd + dd] = whole ? a * (1.0f / ll) * gate : a / ll * gate;
+      const int64_t row = static_cast<int64_t>(first + tok) * nh + kvhead * groups + r % groups;
+      const float gx = SigmoidF(gate[j].x), gy = SigmoidF(gate[j].y), gz = SigmoidF(gate[j].z),
+                  gw = SigmoidF(gate[j].w);
+      float4 y;
+      if (whole) {
+        y = make_float4(a.x * (1.0f / ll) * gx, a.y * (1.0f / ll) * gy, a.z * (1.0f / ll) * gz, a.w * (1.0f / ll) * gw);
+      } else {
+        y = make_float4(a.x / ll * gx, a.y / ll * gy, a.z / ll * gz, a.w / ll * gw);
+      }
+      reinterpret_cast<float4*>(o + row * kHd)[c4] = y;
     } else {
       const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits + split) * kRows + r;
-      part_o[slot * kHd + dd] = a;
-      if (dd == 0) {
+      reinterpret_cast<float4*>(part_o + slot * kHd)[c4] = a;
+      if (c4 == 0) {
         part_ml[slot * 2] = mm;
         part_ml[slot * 2 + 1] = ll;
       }
