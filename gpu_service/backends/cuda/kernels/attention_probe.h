@@ -16,7 +16,8 @@ inline constexpr int kAttnProbeWords = 12;
 enum AttnProbeWord : int {
   kAttnProbeEntry,      // the block starts
   kAttnProbeAfterWait,  // its PDL wait returned
-  kAttnProbeQLoaded,    // the query rows are in registers (slices with keys)
+  kAttnProbeQLoaded,    // the query rows are in registers and the early stages' new keys filled
+                        // (slices with keys)
   kAttnProbeLoopDone,   // every key's copy landed and was used, the block barrier passed
   kAttnProbePartials,   // thread 0's part of the slice's partials (or o) written
   kAttnProbeExit,       // the block leaves (after the merge, in the block that merges)
