@@ -173,7 +173,7 @@ std::atomic<bool>& OldAttnDecodeSwitch() {
 }
 
 std::atomic<bool>& AttnMergeInBlockSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_BLOCK")};
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
   return on;
 }
 

@@ -99,12 +99,15 @@ cudaError_t LaunchQkvNormRopeAppend(const QkvRows& rows, int64_t n, const AttnSh
 // session").
 bool OldAttnDecode();
 void SetOldAttnDecode(bool on);
-// With the one-launch prep (the default; TANDEM_ATTN_MERGE_IN_BLOCK=0 turns it off, read once;
-// settable for tests): the last block of each (row item, kv head) to finish combines the split
-// attention's slices itself (a ticket counter in the scratch), in SplitMergeKernel's order (the
-// same bits), instead of the SplitMergeKernel launch. On the H200 (2026-12-01) the merge launch had
-// been 2.3% faster end to end (335.8 against 328.4 tok/s); since the o product is split by columns
-// (dense_colsplit.cuh) the merge in the block is 1.0% faster (see OldAttnDecode).
+// With the one-launch prep and TANDEM_ATTN_MERGE_IN_BLOCK=1 (read once; settable for tests): the
+// last block of each (row item, kv head) to finish combines the split attention's slices itself (a
+// ticket counter in the scratch), in SplitMergeKernel's order (the same bits), instead of the
+// SplitMergeKernel launch (the default again since 2026-12-03). On the H200 the merge launch had been
+// 2.3% faster end to end (2026-12-01, 335.8 against 328.4 tok/s), then the merge in the block 1.0%
+// (with the column-split o product, twenty-second session); since the split attention's latency
+// fixes (twenty-fourth session) the merge launch is again ~1% faster (460.7 against 455.9 tok/s;
+// attention_bench at 520 keys 9.74 against 11.59 us), the merging block's chain of L2 round trips
+// after the last ticket being longer than a launch boundary.
 bool AttnMergeInBlock();
 void SetAttnMergeInBlock(bool on);
 

@@ -37,7 +37,7 @@ size_t SharedBytes(int64_t cols) { return static_cast<size_t>(kStages) * kChunkR
 // kPerLane = cols / 512: the 16-byte quant chunks of a row each lane takes.
 template <int kPerLane>
 __global__ void __launch_bounds__(kThreads, 1)
-BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, const float* __restrict__ x,
+BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, bool spread, const float* __restrict__ x,
                  float* __restrict__ y) {
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ __align__(8) uint64_t full[kStages];
@@ -45,13 +45,18 @@ BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, const floa
   constexpr int kRowBytes = kCols / 256 * kSuperBytes;
   constexpr int kStageBytes = kChunkRows * kRowBytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // The block's chunks: a contiguous run of them, or (spread) every gridDim.x-th from its index, so
+  // that the grid's reads sweep the matrix front to back together.
   const int first = static_cast<int>(static_cast<int64_t>(blockIdx.x) * chunks / gridDim.x);
-  const int last = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * chunks / gridDim.x);
+  const int count = spread ? (chunks - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x
+                           : static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * chunks / gridDim.x) - first;
+  auto chunk_of = [&](int i) { return spread ? static_cast<int>(blockIdx.x + i * gridDim.x) : first + i; };
   const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t full_addr = static_cast<uint32_t>(__cvta_generic_to_shared(full));
-  // Chunk c into stage c % kStages: its rows' bytes (the matrix's last chunk may be short).
-  auto issue = [&](int c) {
-    const int s = c % kStages;
+  // The block's i-th chunk into stage i % kStages: its rows' bytes (the matrix's last chunk may be
+  // short).
+  auto issue = [&](int i) {
+    const int c = chunk_of(i), s = i % kStages;
     const int chunk_rows = min(kChunkRows, rows - c * kChunkRows);
     const uint32_t bytes = static_cast<uint32_t>(chunk_rows) * kRowBytes;
     const uint32_t bar = full_addr + 8u * s;
@@ -66,7 +71,7 @@ BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, const floa
     mbarrier::InitFence();
     // The weights are constants: their copies go out before the wait (pdl.cuh), overlapping the
     // kernels before.
-    for (int c = first; c < min(last, first + kStages); ++c) issue(c);
+    for (int i = 0; i < min(count, kStages); ++i) issue(i);
   }
   __syncthreads();  // the barriers' init is visible to every thread
   PdlWaitForPrevious();  // x
@@ -81,9 +86,9 @@ BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, const floa
 #pragma unroll
     for (int i = 0; i < 4; ++i) xr[k][i] = src[i];
   }
-  for (int c = first; c < last; ++c) {
-    const int s = c % kStages;
-    mbarrier::WaitParity(full_addr + 8u * s, static_cast<uint32_t>(((c - first) / kStages) & 1));
+  for (int i = 0; i < count; ++i) {
+    const int c = chunk_of(i), s = i % kStages;
+    mbarrier::WaitParity(full_addr + 8u * s, static_cast<uint32_t>((i / kStages) & 1));
     const int chunk_rows = min(kChunkRows, rows - c * kChunkRows);
     const uint8_t* stage = ring + s * kStageBytes;
 #pragma unroll
@@ -109,8 +114,8 @@ BulkMatVecKernel(const uint8_t* __restrict__ w, int rows, int chunks, const floa
       for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
       if (lane == 0) y[c * kChunkRows + r] = sum;
     }
-    __syncthreads();  // every warp is done with stage s: it takes chunk c + kStages
-    if (threadIdx.x == 0 && c + kStages < last) issue(c + kStages);
+    __syncthreads();  // every warp is done with stage s: it takes the block's chunk i + kStages
+    if (threadIdx.x == 0 && i + kStages < count) issue(i + kStages);
   }
 }
 
@@ -125,6 +130,13 @@ int SmCount() {
   return count;
 }
 
+// TANDEM_MATVEC_BULK_SPREAD=1: blocks take every gridDim.x-th chunk instead of a contiguous run (an
+// A/B of the DRAM access order).
+bool MatVecBulkSpread() {
+  static const bool on = EnvSwitch("TANDEM_MATVEC_BULK_SPREAD");
+  return on;
+}
+
 template <int kPerLane>
 cudaError_t Launch(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream) {
   const size_t smem = SharedBytes(kPerLane * 512);
@@ -136,7 +148,7 @@ cudaError_t Launch(const DeviceMatrix& w, const float* x, float* y, cudaStream_t
   const int chunks = (rows + kChunkRows - 1) / kChunkRows;
   const int blocks = std::min(SmCount(), chunks);
   return LaunchPdl(BulkMatVecKernel<kPerLane>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream,
-                   static_cast<const uint8_t*>(w.data), rows, chunks, x, y);
+                   static_cast<const uint8_t*>(w.data), rows, chunks, MatVecBulkSpread(), x, y);
 }
 
 std::atomic<bool>& MatVecBulkSwitch() {
