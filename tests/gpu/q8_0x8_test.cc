@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
-#include "gpu_service/backends/cuda/kernels/matvec_bulk.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
@@ -94,54 +93,6 @@ TEST_F(GpuQ8_0x8Test, MatVecMatchesReferenceForEveryKernelChoice) {
       }
     }
   }
-}
-
-// The bulk-copy kernel (matvec_bulk.cuh) at one activation row: the decode step's input-product
-// shapes (2048 columns: the stacked GDN inputs' 12352 rows, rows ending mid-chunk, fewer chunks
-// than SMs), every column count it takes, against the CPU reference and the streaming kernel; it
-// refuses what it does not take (a padded row stride, 4096 or 256 columns, two activation rows),
-// where kBulk falls back to the streaming route.
-TEST_F(GpuQ8_0x8Test, BulkMatVecMatchesReferenceAndStreamingKernel) {
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  using K = cuda::MatVecKernel;
-  struct Case {
-    int64_t cols, rows;
-  };
-  for (const Case c : {Case{2048, 12352}, Case{2048, 1031}, Case{2048, 7}, Case{1536, 77}, Case{1024, 4100},
-                       Case{512, 33}}) {
-    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
-    const Regrouped g = Regroup(w);
-    ASSERT_TRUE(cuda::BulkMatVecTakes(g.m, 1)) << c.cols << "x" << c.rows;
-    EXPECT_FALSE(cuda::BulkMatVecTakes(g.m, 2));
-    const std::vector<float> x = Random(rng, static_cast<size_t>(c.cols));
-    auto d_x = Upload(x);
-    std::vector<float> want(static_cast<size_t>(c.rows));
-    MatMul(w.view(), x.data(), 1, want.data(), nullptr);
-    auto d_bulk = Poisoned<float>(static_cast<size_t>(c.rows + 5));
-    auto d_stream = Poisoned<float>(static_cast<size_t>(c.rows));
-    TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(g.m, d_x.get(), c.cols, 1, d_bulk.get(), c.rows, {K::kBulk, 0, 0}, nullptr));
-    TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(g.m, d_x.get(), c.cols, 1, d_stream.get(), c.rows, {K::kStream, 0, 0}, nullptr));
-    std::vector<float> bulk = Download(d_bulk);
-    for (int64_t i = c.rows; i < c.rows + 5; ++i) EXPECT_TRUE(std::isnan(bulk[i])) << "wrote past the rows";
-    bulk.resize(static_cast<size_t>(c.rows));
-    const std::vector<float> stream = Download(d_stream);
-    const std::string what = "q8_0x8_bulk_c" + std::to_string(c.cols) + "_r" + std::to_string(c.rows);
-    EXPECT_LE(gpu_testing::LogError(what, RelL2(bulk, want)), 1e-5) << what;
-    EXPECT_LE(gpu_testing::LogError(what + "_vs_stream", RelL2(bulk, stream)), 1e-5) << what;
-    // Twice on one stream: the same bits (nothing carried between launches).
-    auto d_again = Poisoned<float>(static_cast<size_t>(c.rows));
-    TANDEM_ASSERT_CUDA(cuda::LaunchBulkMatVec(g.m, d_x.get(), d_again.get(), nullptr));
-    const std::vector<float> again = Download(d_again);
-    EXPECT_EQ(std::memcmp(again.data(), bulk.data(), bulk.size() * sizeof(float)), 0) << what;
-  }
-  const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, 2048, 40, 0.05f);
-  EXPECT_FALSE(cuda::BulkMatVecTakes(Regroup(w, 16, 16).m, 1)) << "padded rows";
-  EXPECT_FALSE(cuda::BulkMatVecTakes(Regroup(RandomMatrix(rng, WeightType::kQ8_0, 4096, 8, 0.05f)).m, 1)) << "4096 columns";
-  EXPECT_FALSE(cuda::BulkMatVecTakes(Regroup(RandomMatrix(rng, WeightType::kQ8_0, 256, 8, 0.05f)).m, 1)) << "256 columns";
-  EXPECT_FALSE(cuda::BulkMatVecTakes(w.gpu(), 1)) << "plain Q8_0";
-  auto d_x = Upload(Random(rng, 2048));
-  auto d_y = Poisoned<float>(40);
-  EXPECT_EQ(cuda::LaunchBulkMatVec(Regroup(w, 16, 16).m, d_x.get(), d_y.get(), nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(GpuQ8_0x8Test, GemmRunAndPreparedMatchReference) {

@@ -28,7 +28,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
-#include "gpu_service/backends/cuda/kernels/matvec_bulk.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
@@ -521,17 +520,6 @@ TEST_P(DecodeScheduleTest, GdnOutByColumnsKeepsDecodeLogitsClose) {
                                        /*deterministic=*/false, /*same_values=*/true);
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnOutByColumns(was);
-}
-
-// The bulk-copy matrix-vector kernel (matvec_bulk.cuh, TANDEM_MATVEC_BULK) for the one-row Q8_0x8
-// products against the streaming kernel: another summation order, so the batch-1 logits differ
-// and stay close (small: 1024 columns; tiny-q3n's 256 columns are below the kernel's 512).
-TEST_P(DecodeScheduleTest, BulkMatVecKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's 256 columns: the bulk kernel does not take its products";
-  const bool was = cuda::MatVecBulk();
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "bulk matvec", [](bool on) { cuda::SetMatVecBulk(on); });
-  cuda::SetMatVecBulk(was);
 }
 
 // The gated norm and ssm_out inside the fused GDN kernel at one-token steps (cuda::SetGdnDecodeFused

@@ -4,7 +4,6 @@
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
-#include "gpu_service/backends/cuda/kernels/matvec_bulk.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_head.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
@@ -192,12 +191,6 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
   }
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
-  const bool bulk = kernel == MatVecKernel::kBulk ||
-                    (kernel == MatVecKernel::kAuto && o.warps_per_row == 0 && o.blocks_per_sm == 0 && MatVecBulk());
-  if (bulk && BulkMatVecTakes(w, n) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    return LaunchBulkMatVec(w, x, y, stream);
-  }
-  if (kernel == MatVecKernel::kBulk) kernel = MatVecKernel::kAuto;
   if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged ||
       kernel == MatVecKernel::kQ6Head) {
     // F16 and BF16 have no streaming format: the generic kernel below.

@@ -33,8 +33,6 @@ enum class MatVecKernel {
               // size); otherwise, and for other types, as kAuto
   kQ6Head,    // Q6_K: the one-row head kernel (matvec_q6k_head.cuh: n = 1, 2048 columns) wherever
               // it takes the product, else as kStaged
-  kBulk,      // Q8_0x8 at one activation row: the bulk-copy kernel (matvec_bulk.cuh) wherever it
-              // takes the product (kAuto too while TANDEM_MATVEC_BULK is on), else as kAuto
 };
 
 // Tuning overrides of the streaming kernel (0 = its own choice); other kernels ignore them.
