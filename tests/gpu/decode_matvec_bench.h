@@ -11,6 +11,9 @@ void BenchQ8Layouts(double copy_gbs);
 void BenchQ6Head(double copy_gbs);
 // matvec_probe_bench.cc (--matvec-probe): phase stamps of the batch-1 streaming products in a PDL chain.
 void BenchMatVecProbe();
+// cold_read_bench.cu (--cold-read): HBM reads of a product's size on a cold L2, by access order and
+// page recency.
+void BenchColdRead();
 
 }  // namespace tandem::cuda
 

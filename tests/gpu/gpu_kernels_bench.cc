@@ -5,7 +5,9 @@
 // decode matvec alone; --q8-only: the Q8 layouts alone; --decode-only: the Q6_K LM head's kernels
 // alone; --gemm-only: the prefill products alone
 // (tiled against prepared weights per layer shape); --matvec-probe: the phase stamps of the batch-1
-// streaming products inside a PDL chain alone (matvec_probe_bench.cc); prefill_stages_bench has the fast-prefill
+// streaming products inside a PDL chain alone (matvec_probe_bench.cc); --cold-read: HBM reads of a
+// product's size on a cold L2 by access order and page recency alone (cold_read_bench.cu);
+// prefill_stages_bench has the fast-prefill
 // stages' products; the decode matvec cases live in decode_matvec_bench.cc. Prints one line per case ("name: value unit, detail") and, with --json=PATH,
 // writes the same numbers as JSON. Timing: CUDA events around `reps` launches after warm-up,
 // median of 5 such rounds. Weights hold random bytes (never zeros).
@@ -338,6 +340,7 @@ int main(int argc, char** argv) {
   bool q8_only = false;      // --q8-only: the copy ceiling and Q8_0 against Q8_0x8 (BenchQ8Layouts)
   bool decode_only = false;  // --decode-only: the copy ceiling and the Q6_K head
   bool probe_only = false;   // --matvec-probe: BenchMatVecProbe alone
+  bool cold_read = false;    // --cold-read: BenchColdRead alone
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
     if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
@@ -345,6 +348,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--q8-only") == 0) q8_only = true;
     if (std::strcmp(argv[i], "--decode-only") == 0) decode_only = true;
     if (std::strcmp(argv[i], "--matvec-probe") == 0) probe_only = true;
+    if (std::strcmp(argv[i], "--cold-read") == 0) cold_read = true;
   }
   if (!tandem::bench::PrintDevice()) {
     std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
@@ -352,6 +356,11 @@ int main(int argc, char** argv) {
   }
   if (probe_only) {
     BenchMatVecProbe();
+    return 0;
+  }
+  if (cold_read) {
+    BenchColdRead();
+    tandem::bench::WriteJson(json);
     return 0;
   }
   if (gemm_only) {
