@@ -42,8 +42,10 @@ __device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t t
 // an item of at most short_keys keys: its slice 0 wrote o, and no partials). qg's token rows
 // are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows). Groups of
 // kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
+// One block an SM is all it needs (a grid of rows × kv heads): the bound lets ptxas keep a batch of
+// slice loads in registers (56-60 of them; 32 without it, too few for the batch's eight float4s).
 template <int kHd>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 1)
 SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
                  const int32_t* __restrict__ token_pos, int short_keys, int splits,
                  const float* __restrict__ part_o, const float* __restrict__ part_ml,
@@ -71,29 +73,58 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
   }
   const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
   if (threadIdx.x < 32) {
+    // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the two
+    // passes over the same values (a pass of loads each had been two L2 round trips).
+    constexpr int kPerLane = kMaxSplits / 32;
+    const int lane = threadIdx.x;
+    float2 ml[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      ml[i] = s < splits ? *reinterpret_cast<const float2*>(part_ml + ((slot0 + s) * kRows + r) * 2)
+                         : make_float2(-INFINITY, 0.0f);
+    }
     float mm = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) mm = fmaxf(mm, part_ml[((slot0 + s) * kRows + r) * 2]);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + 32 * i < splits) mm = fmaxf(mm, ml[i].x);
+    }
     mm = WarpMax(mm);
     float ll = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      const float ms = part_ml[((slot0 + s) * kRows + r) * 2];
-      const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      if (s >= splits) break;
+      const float f = ml[i].x == -INFINITY ? 0.0f : expf(ml[i].x - mm);
       weight[s] = f;
-      ll = fmaf(f, part_ml[((slot0 + s) * kRows + r) * 2 + 1], ll);
+      ll = fmaf(f, ml[i].y, ll);
     }
     ll = WarpSum(ll);
     if (threadIdx.x == 0) inv_l = 1.0f / ll;
   }
   __syncthreads();
+  // Slices sg, sg + kSliceGroups, ... in order, the loads of kBatch of them issued before their FMAs
+  // (one L2 round trip a slice had been ~5 in a row at ~544 keys).
+  constexpr int kBatch = 8;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = sg; s < splits; s += kSliceGroups) {
-    const float w = weight[s];
-    if (w == 0.0f) continue;
-    const float4 x = reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c];
-    a.x = fmaf(w, x.x, a.x);
-    a.y = fmaf(w, x.y, a.y);
-    a.z = fmaf(w, x.z, a.z);
-    a.w = fmaf(w, x.w, a.w);
+  for (int s0 = sg; s0 < splits; s0 += kSliceGroups * kBatch) {
+    float w[kBatch];
+    float4 x[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = s0 + b * kSliceGroups;
+      w[b] = s < splits ? weight[s] : 0.0f;
+      x[b] = w[b] != 0.0f ? reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c]
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (w[b] == 0.0f) continue;  // an empty slice: its accumulator may be unwritten
+      a.x = fmaf(w[b], x[b].x, a.x);
+      a.y = fmaf(w[b], x[b].y, a.y);
+      a.z = fmaf(w[b], x[b].z, a.z);
+      a.w = fmaf(w[b], x[b].w, a.w);
+    }
   }
   red[threadIdx.x] = a;
   __syncthreads();
