@@ -15,36 +15,57 @@
 namespace tandem::cuda {
 namespace {
 
+// What NormRopeValue needs besides x, for thread i of a head: gamma[i] and the rotation's sin and cos
+// at `pos` (f64, as the CPU reference). No kernel of the step writes any of it (weights, the host's
+// positions), so the kernels take it before their PDL wait: the f64 sincos and the loads then run
+// under the kernel before instead of on the layer's path after the wait.
+struct NormRopeConsts {
+  float gamma = 0.0f;
+  double s = 0.0, c = 1.0;
+};
+__device__ __forceinline__ NormRopeConsts NormRopeConstsFor(const float* gamma, int rot, const double* inv_freq,
+                                                           int64_t pos) {
+  const int i = threadIdx.x;
+  NormRopeConsts k;
+  k.gamma = gamma[i];
+  if (i < rot) {
+    const int half = rot / 2;
+    sincos(static_cast<double>(pos) * inv_freq[i < half ? i : i - half], &k.s, &k.c);
+  }
+  return k;
+}
+
 // y = RoPE_pos(gamma ⊙ ρ(x)) for one head of hd values, one thread per value (blockDim.x == hd).
-// The rotation is computed in f64 like the CPU reference. `pair` is hd floats of shared memory.
-__device__ float NormRopeValue(float x, const float* gamma, float eps, int hd, int rot,
-                               const double* inv_freq, int64_t pos, float* pair, float* scratch) {
+// The rotation is computed in f64 like the CPU reference, spelled with the intrinsics nvcc 13 gave
+// its source form (QueryNormRopeWarpKernel says which; those kernels' tests compare the bits).
+// `pair` is hd floats of shared memory.
+__device__ float NormRopeValue(float x, const NormRopeConsts& k, float eps, int hd, int rot, float* pair,
+                               float* scratch) {
   const int i = threadIdx.x;
   const float ss = BlockSum(x * x, scratch);
-  const float y = gamma[i] * (x * rsqrtf(ss / static_cast<float>(hd) + eps));
+  const float y = k.gamma * (x * rsqrtf(ss / static_cast<float>(hd) + eps));
   pair[i] = y;
   __syncthreads();
   const int half = rot / 2;
   if (i >= rot) return y;
-  const int f = i < half ? i : i - half;
-  double s, c;
-  sincos(static_cast<double>(pos) * inv_freq[f], &s, &c);
-  if (i < half) return static_cast<float>(static_cast<double>(y) * c - static_cast<double>(pair[i + half]) * s);
-  return static_cast<float>(static_cast<double>(pair[i - half]) * s + static_cast<double>(y) * c);
+  const double self = static_cast<double>(y);
+  if (i < half) return static_cast<float>(__fma_rn(self, k.c, -__dmul_rn(static_cast<double>(pair[i + half]), k.s)));
+  return static_cast<float>(__fma_rn(k.c, self, __dmul_rn(k.s, static_cast<double>(pair[i - half]))));
 }
 
 // qg's token rows are qg_stride floats apart (at least nh·2hd).
 __global__ void QueryNormRopeKernel(const float* qg, int64_t qg_stride, int nh, int hd, int rot, float eps,
                                     const float* q_norm, const double* inv_freq,
                                     const int32_t* token_pos, float* q_out) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
+  const int64_t t = blockIdx.x;
+  const NormRopeConsts k = NormRopeConstsFor(q_norm, rot, inv_freq, token_pos[t]);  // before the wait
+  PdlWaitForPrevious();  // pdl.cuh: the step's rows only after it; nothing written before
   PdlAllowNext();
   extern __shared__ float pair[];
   __shared__ float scratch[32];
-  const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
-  const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
+  const float y = NormRopeValue(x, k, eps, hd, rot, pair, scratch);
   q_out[(t * nh + h) * hd + threadIdx.x] = y;
 }
 
@@ -151,17 +172,20 @@ std::atomic<bool>& OldQueryRopeSwitch() {
 __global__ void KvAppendKernel(const float* k, const float* v, int64_t kv_stride, int kvh, int hd, int rot, float eps,
                                const float* k_norm, const double* inv_freq, const int32_t* token_seq,
                                const int32_t* token_pos, PagedKv cache) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
-  extern __shared__ float pair[];
-  __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const int g = blockIdx.y;
   const int kvw = kvh * hd;
-  const int64_t src = t * kv_stride + static_cast<int64_t>(g) * hd + threadIdx.x;
+  // Before the wait: the norm's weight, the rotation and the cache row's offset (the page table is
+  // the host's).
   const int64_t pos = token_pos[t];
-  const float y = NormRopeValue(k[src], k_norm, eps, hd, rot, inv_freq, pos, pair, scratch);
+  const NormRopeConsts kc = NormRopeConstsFor(k_norm, rot, inv_freq, pos);
   const int64_t dst = CacheOffset(cache, token_seq[t], pos, kvw) + static_cast<int64_t>(g) * hd + threadIdx.x;
+  PdlWaitForPrevious();  // pdl.cuh: the step's rows only after it; nothing written before
+  PdlAllowNext();
+  extern __shared__ float pair[];
+  __shared__ float scratch[32];
+  const int64_t src = t * kv_stride + static_cast<int64_t>(g) * hd + threadIdx.x;
+  const float y = NormRopeValue(k[src], kc, eps, hd, rot, pair, scratch);
   cache.k[dst] = y;
   cache.v[dst] = v[src];
 }
@@ -176,24 +200,28 @@ __global__ void QkvNormRopeAppendKernel(const float* qg, int64_t qg_stride, cons
                                         float eps, const float* q_norm, const float* k_norm,
                                         const double* inv_freq, const int32_t* token_seq,
                                         const int32_t* token_pos, float* q_out, PagedKv cache) {
-  PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
-  PdlAllowNext();
   extern __shared__ float pair[];
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
-  if (static_cast<int>(blockIdx.y) < nh) {  // block-uniform: NormRopeValue's barriers stay whole
-    const int h = blockIdx.y;
-    const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
-    const float y = NormRopeValue(x, q_norm, eps, hd, rot, inv_freq, token_pos[t], pair, scratch);
-    q_out[(t * nh + h) * hd + threadIdx.x] = y;
-    return;
-  }
+  const int64_t pos = token_pos[t];
+  const bool query = static_cast<int>(blockIdx.y) < nh;  // block-uniform: NormRopeValue's barriers stay whole
+  // Before the wait (the two kernels' own order of reads, moved up): the norm's weight, the
+  // rotation, and for a kv head its cache row's offset (the page table is the host's).
+  const NormRopeConsts kc = NormRopeConstsFor(query ? q_norm : k_norm, rot, inv_freq, pos);
   const int g = static_cast<int>(blockIdx.y) - nh;
   const int kvw = kvh * hd;
   const int64_t col = static_cast<int64_t>(g) * hd + threadIdx.x;
-  const int64_t pos = token_pos[t];
-  const float y = NormRopeValue(k[t * k_stride + col], k_norm, eps, hd, rot, inv_freq, pos, pair, scratch);
-  const int64_t dst = CacheOffset(cache, token_seq[t], pos, kvw) + col;
+  const int64_t dst = query ? 0 : CacheOffset(cache, token_seq[t], pos, kvw) + col;
+  PdlWaitForPrevious();  // pdl.cuh: the step's rows only after it; nothing written before
+  PdlAllowNext();
+  if (query) {
+    const int h = blockIdx.y;
+    const float x = qg[t * qg_stride + static_cast<int64_t>(h) * 2 * hd + threadIdx.x];
+    const float y = NormRopeValue(x, kc, eps, hd, rot, pair, scratch);
+    q_out[(t * nh + h) * hd + threadIdx.x] = y;
+    return;
+  }
+  const float y = NormRopeValue(k[t * k_stride + col], kc, eps, hd, rot, pair, scratch);
   cache.k[dst] = y;
   cache.v[dst] = v[t * v_stride + col];
 }
