@@ -246,12 +246,12 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   // fill after the wait below. Without `early`, the fused kernel's new keys (kFresh, positions >=
   // fresh.from) come from its shared rows.
   auto issue_keys = [&](int64_t base, int stage, bool early, const FreshRows& fresh) {
-    if (base >= end) {  // a stage past the slice is never read: no copies (each cost ~0.7 us of
-      CpAsyncCommit();  // zero-fill cp.async at batch 1 in the twenty-fourth session's probe)
+    if (base >= end) {  // a stage past the slice is never read: no (zero-filled) copies for it
+      CpAsyncCommit();
       return;
     }
     float* dst = my_ring + stage * kStageFloats;
-    const int64_t off = base < end ? CacheOffset(cache, seq, base, kvw) + kvhead * kHd + lane * kPer : 0;
+    const int64_t off = CacheOffset(cache, seq, base, kvw) + kvhead * kHd + lane * kPer;
 #pragma unroll
     for (int k = 0; k < kWarpKeys; ++k) {
       const bool valid = base + k < end;
