@@ -9,7 +9,14 @@
 //          of a row-split product);
 //   near:  the 20 regions adjacent (their pages read every 20 launches);
 //   far:   the 20 regions spread over an 8 GB pool (each launch's pages untouched for ~8 GB of reads,
-//          as a decode step's 46 GB of weights leave them).
+//          as a decode step's 46 GB of weights leave them);
+//   touched: far, with a one-block kernel before each read that loads one word every 64 KB of the
+//          next launch's region (its address translations warmed a launch ahead, as a decode step
+//          could warm the next product's pages under the kernel before it); the time is the pair's,
+//          and touch_far the touch kernel's alone over far regions, so that pair − touch is the read
+//          with its translations warm.
+// If far reads are slower than near ones and touched ones close the gap, address translation (not
+// DRAM) is what the products' cold reads wait on.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,6 +41,15 @@ __global__ void SweepReadKernel(const uint4* __restrict__ p, uint64_t words, uin
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
     const uint4 v = __ldcs(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) sink[0] = acc;
+}
+
+// One 4-byte load every `stride` bytes of [p, p + bytes): a thread a load.
+__global__ void TouchPagesKernel(const uint8_t* __restrict__ p, uint64_t bytes, uint64_t stride, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (uint64_t i = threadIdx.x; i * stride < bytes; i += blockDim.x) {
+    acc ^= __ldcs(reinterpret_cast<const uint32_t*>(p + i * stride));
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }
@@ -69,12 +85,31 @@ void BenchColdRead() {
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (const uint64_t mb : {2, 9, 18, 27, 64}) {
     const uint64_t bytes = mb << 20, words = bytes / 16;
-    for (const bool far : {false, true}) {
+    {
+      const uint64_t spacing = kPool / kRegions / 4096 * 4096;
+      int next = 0;
+      auto touch = [&] {
+        TouchPagesKernel<<<1, 512, 0, LaunchStream()>>>(pool + (next++ % kRegions) * spacing, bytes, 64 << 10, sink);
+      };
+      touch();
+      BENCH_CHECK(cudaDeviceSynchronize());
+      const double us = GraphUs(touch, kRegions);
+      char detail[120];
+      std::snprintf(detail, sizeof(detail), "%llu MB far regions: one load every 64 KB, one block (us a launch)",
+                    static_cast<unsigned long long>(mb));
+      Report("cold_read_touch_far_" + std::to_string(mb) + "mb", us, "us", detail);
+    }
+    for (const int placement : {0, 1, 2}) {  // near, far, far with the next region's pages touched
+      const bool far = placement > 0, touched = placement == 2;
       const uint64_t spacing = far ? kPool / kRegions / 4096 * 4096 : bytes;
       for (const bool runs : {false, true}) {
         int next = 0;
         auto launch = [&] {
-          const uint4* region = reinterpret_cast<const uint4*>(pool + (next++ % kRegions) * spacing);
+          const int i = next++ % kRegions;
+          const uint4* region = reinterpret_cast<const uint4*>(pool + i * spacing);
+          if (touched) {
+            TouchPagesKernel<<<1, 512, 0, LaunchStream()>>>(pool + ((i + 1) % kRegions) * spacing, bytes, 64 << 10, sink);
+          }
           if (runs) {
             RunsReadKernel<<<2 * sms, 256, 0, LaunchStream()>>>(region, words, sink);
           } else {
@@ -86,11 +121,10 @@ void BenchColdRead() {
         next = 0;
         const double us = GraphUs(launch, kRegions);
         char detail[160];
+        const char* where = touched ? "touched" : far ? "far" : "near";
         std::snprintf(detail, sizeof(detail), "%llu MB, %s regions, %s: %.2f us a launch (graph of %d, each its own region)",
-                      static_cast<unsigned long long>(mb), far ? "far" : "near", runs ? "per-block runs" : "grid sweep",
-                      us, kRegions);
-        Report(std::string("cold_read_") + (runs ? "runs_" : "sweep_") + (far ? "far_" : "near_") + std::to_string(mb) +
-                   "mb",
+                      static_cast<unsigned long long>(mb), where, runs ? "per-block runs" : "grid sweep", us, kRegions);
+        Report(std::string("cold_read_") + (runs ? "runs_" : "sweep_") + where + "_" + std::to_string(mb) + "mb",
                static_cast<double>(bytes) / (us * 1e3), "GB/s", detail);
       }
     }
