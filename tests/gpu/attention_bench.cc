@@ -10,7 +10,8 @@
 // exact one; short decode contexts in one block against the split path (decode_b{1,3}_ctxN_short);
 // decode in one launch (LaunchDecodeAttention) against the four launches it replaces
 // (decode_b1_ctxN_fused). --probe: only the split attention's phase stamps at batch 1
-// (attention_probe.h; probe_ctxN_<kind>_<phase>, us after the launch's first block entry).
+// (attention_probe.h; probe_ctxN_<kind>_<phase> with the default merge launch, probe_inblock_ctxN_...
+// with the merge in the last slice block; us after the launch's first block entry).
 // Timing: CUDA events around `reps` calls after warm-up, median of 5 rounds. Prints "name value unit detail" lines.
 #include <cuda_runtime.h>
 
@@ -95,7 +96,7 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
 // launches after a warm-up one, each phase's median (and the exit's worst) over the launches' blocks
 // of three kinds (slices with keys, slices past the context, the merging block), in us after the
 // launch's first block entry. `launch` runs the planned attention once.
-void ProbeSplitAttention(int ctx, int blocks, const std::function<void()>& launch) {
+void ProbeSplitAttention(const std::string& prefix, int ctx, int blocks, const std::function<void()>& launch) {
   unsigned long long* rows = nullptr;
   const size_t bytes = static_cast<size_t>(blocks) * kAttnProbeWords * sizeof(unsigned long long);
   BENCH_CHECK(cudaMalloc(&rows, bytes));
@@ -130,7 +131,7 @@ void ProbeSplitAttention(int ctx, int blocks, const std::function<void()>& launc
       std::sort(x.begin(), x.end());
       char detail[96];
       std::snprintf(detail, sizeof(detail), "median of %zu stamps; max %.2f us", x.size(), x.back());
-      Report("probe_ctx" + std::to_string(ctx) + "_" + kinds[k] + "_" + phases[p], x[x.size() / 2], "us", detail);
+      Report(prefix + "ctx" + std::to_string(ctx) + "_" + kinds[k] + "_" + phases[p], x[x.size() / 2], "us", detail);
     }
   }
 }
@@ -197,10 +198,18 @@ void Run(bool probe_only) {
                                 cache, out, scratch, nullptr));
   };
   if (probe_only) {
-    for (int ctx : {1, 128, 544, 4096}) {
-      Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
-      ProbeSplitAttention(ctx, s.plan.num_row_items * d.kvh * s.plan.num_splits, [&] { planned(s, o); });
+    // The default (the merge launch after the split kernel: its blocks stamp no merge), then the
+    // merge in the last slice block (probe_inblock_...: the merging block's phases too).
+    const bool was_in_block = AttnMergeInBlock();
+    for (const bool in_block : {false, true}) {
+      SetAttnMergeInBlock(in_block);
+      for (int ctx : {1, 128, 544, 4096}) {
+        Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
+        ProbeSplitAttention(in_block ? "probe_inblock_" : "probe_", ctx,
+                            s.plan.num_row_items * d.kvh * s.plan.num_splits, [&] { planned(s, o); });
+      }
     }
+    SetAttnMergeInBlock(was_in_block);
     return;
   }
   // The same cache with the f16 tiles (AttnKv16: the tile conversion once per call, then the
@@ -272,15 +281,16 @@ void Run(bool probe_only) {
     }
   }
 
-  // The slices merged by their last block (the default) against SplitAttention + the merge launch
-  // (TANDEM_OLD_ATTN_DECODE=1), batch 1 at the plan's split count, GPU-side time of 20 launches
+  // The slices merged by their last block (TANDEM_ATTN_MERGE_IN_BLOCK=1) against SplitAttention +
+  // the merge launch (the default), batch 1 at the plan's split count, GPU-side time of 20 launches
   // replayed from one graph (PDL edges as in a captured decode step); L2-warm cache.
   for (int ctx : {128, 520, 4096, 32768}) {
     Step s = make_step(1, 1, ctx - 1, AttentionPrecision::kF32);
-    const bool saved = OldAttnDecode();
+    const bool saved = OldAttnDecode(), saved_in_block = AttnMergeInBlock();
+    SetOldAttnDecode(false);
     double us[2];
     for (int old = 0; old < 2; ++old) {
-      SetOldAttnDecode(old == 1);
+      SetAttnMergeInBlock(old == 0);
       auto launch = [&] {
         BENCH_CHECK(LaunchAttention(q, qg, 1, d, s.plan, s.d_items, s.d_seq, s.d_pos, cache, o, scratch,
                                     bench::LaunchStream()));
@@ -289,8 +299,9 @@ void Run(bool probe_only) {
       us[old] = bench::GraphUs(launch);
     }
     SetOldAttnDecode(saved);
+    SetAttnMergeInBlock(saved_in_block);
     char detail[120];
-    std::snprintf(detail, sizeof(detail), "%d splits; merge launch (TANDEM_OLD_ATTN_DECODE=1): %.2f us",
+    std::snprintf(detail, sizeof(detail), "%d splits; merge launch (the default): %.2f us",
                   s.plan.num_splits, us[1]);
     Report("decode_b1_ctx" + std::to_string(ctx) + "_merged_in_block", us[0], "us", detail);
   }
