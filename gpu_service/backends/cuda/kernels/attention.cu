@@ -91,7 +91,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     float* part_o = parts.part_o;
     float* part_ml = parts.part_ml;
     unsigned* tickets = parts.tickets;
-    // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (the
+    // The slices merged by their last block (no merge launch) only with AttnMergeInBlock (off by
     // default, attention.cuh), only with the one-launch prep, and not for a hand-made plan with
     // more (item, kv head) pairs than tickets.
     const bool merge_here =
