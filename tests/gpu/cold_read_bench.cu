@@ -34,7 +34,8 @@ using bench::LaunchStream;
 using bench::Report;
 
 // Both kernels XOR what they read and write only if the result is a value the pool's fill never
-// gives, so that the loads stay and nothing is written.
+// gives, so that the loads stay and nothing is written. SweepReadKernel is the read ceiling's
+// kernel (tests/gpu_backend/bench_ceilings.cu, another target) on purpose: the same order of reads.
 __global__ void SweepReadKernel(const uint4* __restrict__ p, uint64_t words, uint32_t* sink) {
   uint32_t acc = 0;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;

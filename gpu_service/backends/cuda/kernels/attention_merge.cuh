@@ -238,36 +238,33 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
   for (int s0 = 0; s0 < splits; s0 += kGroups * kBatch) {
     float w[kBatch][kPairs][kGroups];
     float4 x[kBatch][kPairs][kGroups];
+    // f(b, j, g) over the batch's slots: first every load, then every FMA in the merge's order.
+    auto each = [&](auto&& f) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+      for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
+        for (int j = 0; j < kPairs; ++j) {
 #pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const int s = s0 + b * kGroups + g;
-          w[b][j][g] = live[j] && s < splits ? weight[rr[j] * kMaxSplits + s] : 0.0f;
-          // A zero weight (an empty slice, or past the slices) is skipped as SplitMergeKernel skips
-          // it: its accumulator may be unwritten.
-          x[b][j][g] = w[b][j][g] != 0.0f
-                           ? __ldcg(reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + rr[j]) * kHd) + cc[j])
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int g = 0; g < kGroups; ++g) f(b, j, g);
         }
       }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          if (w[b][j][g] == 0.0f) continue;
-          acc[j][g].x = fmaf(w[b][j][g], x[b][j][g].x, acc[j][g].x);
-          acc[j][g].y = fmaf(w[b][j][g], x[b][j][g].y, acc[j][g].y);
-          acc[j][g].z = fmaf(w[b][j][g], x[b][j][g].z, acc[j][g].z);
-          acc[j][g].w = fmaf(w[b][j][g], x[b][j][g].w, acc[j][g].w);
-        }
-      }
-    }
+    };
+    each([&](int b, int j, int g) {
+      const int s = s0 + b * kGroups + g;
+      w[b][j][g] = live[j] && s < splits ? weight[rr[j] * kMaxSplits + s] : 0.0f;
+      // A zero weight (an empty slice, or past the slices) is skipped as SplitMergeKernel skips it:
+      // its accumulator may be unwritten.
+      x[b][j][g] = w[b][j][g] != 0.0f
+                       ? __ldcg(reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + rr[j]) * kHd) + cc[j])
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    });
+    each([&](int b, int j, int g) {
+      if (w[b][j][g] == 0.0f) return;
+      acc[j][g].x = fmaf(w[b][j][g], x[b][j][g].x, acc[j][g].x);
+      acc[j][g].y = fmaf(w[b][j][g], x[b][j][g].y, acc[j][g].y);
+      acc[j][g].z = fmaf(w[b][j][g], x[b][j][g].z, acc[j][g].z);
+      acc[j][g].w = fmaf(w[b][j][g], x[b][j][g].w, acc[j][g].w);
+    });
   }
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
