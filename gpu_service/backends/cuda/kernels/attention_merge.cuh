@@ -38,6 +38,50 @@ __device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t t
   reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
 }
 
+// The four raw gate values StoreGatedOutputWith takes: qg's floats 4c .. 4c + 3 of the gate half of
+// (token, head) (token rows qg_stride floats apart). Four floats: qg_stride need not keep float4
+// alignment.
+template <int kHd>
+__device__ __forceinline__ float4 LoadGate(const float* __restrict__ qg, int64_t qg_stride, int64_t token, int head,
+                                           int c) {
+  const float* g = qg + token * qg_stride + head * 2 * kHd + kHd + 4 * c;
+  return make_float4(g[0], g[1], g[2], g[3]);
+}
+
+// One warp, both merges' first step for one row: from the slices' (max, sum) pairs (slice s's at
+// ml + s · kRows · 2; loaded once, lane l holding slices l, l + 32, ..., at most kMaxSplits / 32 of
+// them), weight[s] = exp(m_s − max) (0 for an empty slice), for s < splits; returns 1 / Σ weight·l
+// to every lane, the sums in SplitMergeKernel's order. through_l2: the pairs are read with
+// ld.global.cg (written by other blocks of the running grid).
+template <bool kThroughL2>
+__device__ __forceinline__ float SliceWeights(const float* ml, int splits, float* weight) {
+  constexpr int kPerLane = kMaxSplits / 32;
+  const int lane = threadIdx.x & 31;
+  float2 p[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    const float2* at = reinterpret_cast<const float2*>(ml + static_cast<int64_t>(s) * kRows * 2);
+    p[i] = s >= splits ? make_float2(-INFINITY, 0.0f) : kThroughL2 ? __ldcg(at) : *at;
+  }
+  float mm = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + 32 * i < splits) mm = fmaxf(mm, p[i].x);
+  }
+  mm = WarpMax(mm);
+  float ll = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    if (s >= splits) break;
+    const float f = p[i].x == -INFINITY ? 0.0f : expf(p[i].x - mm);
+    weight[s] = f;
+    ll = fmaf(f, p[i].y, ll);
+  }
+  return 1.0f / WarpSum(ll);
+}
+
 // Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
 // an item of at most short_keys keys: its slice 0 wrote o, and no partials). qg's token rows
 // are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows). Groups of
@@ -66,41 +110,11 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
   const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
   const int head = kvhead * groups + r % groups;
   // The gate of this thread's float4 of the output, read now rather than after the sums.
-  float4 gate = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (sg == 0) {  // four floats: qg_stride need not keep float4 alignment
-    const float* g = qg + (first + tok) * qg_stride + head * 2 * kHd + kHd + 4 * c;
-    gate = make_float4(g[0], g[1], g[2], g[3]);
-  }
+  const float4 gate = sg == 0 ? LoadGate<kHd>(qg, qg_stride, first + tok, head, c) : make_float4(0.f, 0.f, 0.f, 0.f);
   const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
   if (threadIdx.x < 32) {
-    // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the two
-    // passes over the same values (a pass of loads each had been two L2 round trips).
-    constexpr int kPerLane = kMaxSplits / 32;
-    const int lane = threadIdx.x;
-    float2 ml[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int s = lane + 32 * i;
-      ml[i] = s < splits ? *reinterpret_cast<const float2*>(part_ml + ((slot0 + s) * kRows + r) * 2)
-                         : make_float2(-INFINITY, 0.0f);
-    }
-    float mm = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (lane + 32 * i < splits) mm = fmaxf(mm, ml[i].x);
-    }
-    mm = WarpMax(mm);
-    float ll = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int s = lane + 32 * i;
-      if (s >= splits) break;
-      const float f = ml[i].x == -INFINITY ? 0.0f : expf(ml[i].x - mm);
-      weight[s] = f;
-      ll = fmaf(f, ml[i].y, ll);
-    }
-    ll = WarpSum(ll);
-    if (threadIdx.x == 0) inv_l = 1.0f / ll;
+    const float l_inv = SliceWeights<false>(part_ml + (slot0 * kRows + r) * 2, splits, weight);
+    if (threadIdx.x == 0) inv_l = l_inv;
   }
   __syncthreads();
   // Slices sg, sg + kSliceGroups, ... in order, the loads of kBatch of them issued before their FMAs
@@ -184,41 +198,12 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
     rr[j] = p / kLanes;
     cc[j] = p % kLanes;
     live[j] = p < kRows * kLanes && rr[j] / groups < count;
-    gate[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (live[j]) {
-      const float* g = qg + (first + rr[j] / groups) * qg_stride + (kvhead * groups + rr[j] % groups) * 2 * kHd + kHd +
-                       4 * cc[j];
-      gate[j] = make_float4(g[0], g[1], g[2], g[3]);
-    }
+    gate[j] = live[j] ? LoadGate<kHd>(qg, qg_stride, first + rr[j] / groups, kvhead * groups + rr[j] % groups, cc[j])
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   if (r / groups < count) {  // SplitMergeKernel's first warp, for row r, in its order
-    // Lane l holds slices l, l + 32, ... (at most kMaxSplits / 32): one round of loads, then the
-    // merge kernel's two passes over the same values.
-    constexpr int kPerLane = kMaxSplits / 32;
-    float2 ml[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int s = lane + 32 * i;
-      ml[i] = s < splits ? __ldcg(reinterpret_cast<const float2*>(part_ml + ((slot0 + s) * kRows + r) * 2))
-                         : make_float2(-INFINITY, 0.0f);
-    }
-    float mm = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (lane + 32 * i < splits) mm = fmaxf(mm, ml[i].x);
-    }
-    mm = WarpMax(mm);
-    float ll = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int s = lane + 32 * i;
-      if (s >= splits) break;
-      const float f = ml[i].x == -INFINITY ? 0.0f : expf(ml[i].x - mm);
-      weight[r * kMaxSplits + s] = f;
-      ll = fmaf(f, ml[i].y, ll);
-    }
-    ll = WarpSum(ll);
-    if (lane == 0) inv_l[r] = 1.0f / ll;
+    const float l_inv = SliceWeights<true>(part_ml + (slot0 * kRows + r) * 2, splits, weight + r * kMaxSplits);
+    if (lane == 0) inv_l[r] = l_inv;
   }
   __syncthreads();
   // SplitMergeKernel: kGroups groups of kLanes threads (a float4 of dims each), group g summing

@@ -433,11 +433,9 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int p = threadIdx.x + j * kThreads, r = p / kChunks, c4 = p % kChunks;
-    gate[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (to_o && p < kRows * kChunks && r / groups < count) {  // four floats: qg_stride need not keep float4 alignment
-      const float* g = qg + (first + r / groups) * qg_stride + (kvhead * groups + r % groups) * 2 * kHd + kHd + 4 * c4;
-      gate[j] = make_float4(g[0], g[1], g[2], g[3]);
-    }
+    gate[j] = to_o && p < kRows * kChunks && r / groups < count
+                  ? LoadGate<kHd>(qg, qg_stride, first + r / groups, kvhead * groups + r % groups, c4)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float* wacc = ring;  // warps × rows × kHd, float4 chunks at WaccChunk
   if (lane < kRows) {
