@@ -10,6 +10,7 @@
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
+#include "gpu_service/backends/cuda/kernels/rope_f64.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -36,8 +37,7 @@ __device__ __forceinline__ NormRopeConsts NormRopeConstsFor(const float* gamma, 
 }
 
 // y = RoPE_pos(gamma ⊙ ρ(x)) for one head of hd values, one thread per value (blockDim.x == hd).
-// The rotation is computed in f64 like the CPU reference, spelled with the intrinsics nvcc 13 gave
-// its source form (QueryNormRopeWarpKernel says which; those kernels' tests compare the bits).
+// The rotation is computed in f64 like the CPU reference, with rope_f64.cuh's roundings.
 // `pair` is hd floats of shared memory.
 __device__ float NormRopeValue(float x, const NormRopeConsts& k, float eps, int hd, int rot, float* pair,
                                float* scratch) {
@@ -48,9 +48,7 @@ __device__ float NormRopeValue(float x, const NormRopeConsts& k, float eps, int 
   __syncthreads();
   const int half = rot / 2;
   if (i >= rot) return y;
-  const double self = static_cast<double>(y);
-  if (i < half) return static_cast<float>(__fma_rn(self, k.c, -__dmul_rn(static_cast<double>(pair[i + half]), k.s)));
-  return static_cast<float>(__fma_rn(k.c, self, __dmul_rn(k.s, static_cast<double>(pair[i - half]))));
+  return i < half ? RopeLower(y, pair[i + half], k.s, k.c) : RopeUpper(y, pair[i - half], k.s, k.c);
 }
 
 // qg's token rows are qg_stride floats apart (at least nh·2hd).
@@ -79,7 +77,7 @@ __global__ void QueryNormRopeKernel(const float* qg, int64_t qg_stride, int nh, 
 //     the first add is contracted into an fma) taken by lane j, the others 0, then WarpSum;
 //   - then NormRopeValue's expressions in its order: ss / hd with hd a run-time value (the
 //     division stays div.rn, as there), gamma[i] * (x * rsqrtf(..)), and the f64 rotation with
-//     the roundings the compiler gives it there (below). kH = half/32: the partner i ± half of
+//     rope_f64.cuh's roundings (below). kH = half/32: the partner i ± half of
 //     register j is register j ± kH of the same lane, and one sincos per lane and frequency serves
 //     both halves (the block kernel computes the same sincos in two threads).
 // Shapes: hd = 32·kJ, rot = 64·kH (half a multiple of 32); others take QueryNormRopeKernel.
@@ -118,14 +116,8 @@ __global__ void __launch_bounds__(256) QueryNormRopeWarpKernel(const float* qg, 
     double s, c;
     sincos(static_cast<double>(pos) * freq[j], &s, &c);
     const float lo = y[j], hi = y[j + kH];
-    // NormRopeValue's two expressions as nvcc 13 compiles them there (SASS of QueryNormRopeKernel,
-    // sm_90a): i < half (y = lo, partner hi) as DFMA(y, c, −DMUL(partner, s)) (ptxas contracts the
-    // PTX's mul, mul, sub), i >= half (y = hi, partner lo) as fma.rn(c, y, rn(s · partner)) (nvcc
-    // contracts it in PTX). Spelled out here: the same source in this kernel was contracted the
-    // other way for i >= half. gpu_kernels_test's GpuGlueKernelsTest compares the bits.
-    const double lo_d = static_cast<double>(lo), hi_d = static_cast<double>(hi);
-    y[j] = static_cast<float>(__fma_rn(lo_d, c, -__dmul_rn(hi_d, s)));
-    y[j + kH] = static_cast<float>(__fma_rn(c, hi_d, __dmul_rn(s, lo_d)));
+    y[j] = RopeLower(lo, hi, s, c);  // rope_f64.cuh: NormRopeValue's roundings
+    y[j + kH] = RopeUpper(hi, lo, s, c);
   }
   float* dst = q_out + w * hd + lane;
 #pragma unroll

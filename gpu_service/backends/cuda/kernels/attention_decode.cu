@@ -8,6 +8,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
+#include "gpu_service/backends/cuda/kernels/rope_f64.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -23,8 +24,8 @@ constexpr size_t DecodeSmemBytes() {
 // One head of one token normed and roped by one warp, with the bits of the norm-rope kernels
 // (attention_append.cu): lane l holds values 32j + l in x[j], gamma[j] and freq[j] (the
 // rotation's frequency of value 32j + l when it is below rot); the sum of squares repeats
-// BlockSum's operations as QueryNormRopeWarpKernel does, the rotation uses the two expressions it
-// spells out. The partner of a rotated value (i ± rot/2) is read through `row` (hd floats of
+// BlockSum's operations as QueryNormRopeWarpKernel does, the rotation rope_f64.cuh's
+// roundings. The partner of a rotated value (i ± rot/2) is read through `row` (hd floats of
 // shared memory, which ends holding the result), so that any even rot works, not only multiples of
 // 64. hd: the head dim as a run-time value, as those kernels divide by it.
 template <int kJ>
@@ -48,12 +49,7 @@ __device__ __forceinline__ void WarpNormRopeRow(const float (&x)[kJ], const floa
     if (i >= rot) continue;
     double s, c;
     sincos(static_cast<double>(pos) * freq[j], &s, &c);
-    const double self = static_cast<double>(y[j]);
-    if (i < half) {
-      y[j] = static_cast<float>(__fma_rn(self, c, -__dmul_rn(static_cast<double>(row[i + half]), s)));
-    } else {
-      y[j] = static_cast<float>(__fma_rn(c, self, __dmul_rn(s, static_cast<double>(row[i - half]))));
-    }
+    y[j] = i < half ? RopeLower(y[j], row[i + half], s, c) : RopeUpper(y[j], row[i - half], s, c);
   }
   __syncwarp();  // every partner has been read
 #pragma unroll
