@@ -267,9 +267,10 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   const bool prefetch = T <= cuda::kMatVecMaxRows && l2_prefetch > 0;
   if (prefetch) {
     const cuda::DeviceMatrix* mixer_out = w.kind == LayerKind::kGdn ? &w.ssm_out : &w.o;
-    // The copy of ssm_out by columns, which the fused GDN kernel reads (same bytes as its rows).
+    // Touches also cover the copy of ssm_out by columns, which the fused GDN kernel reads (same
+    // size as its rows; the byte prefetches of levels 1 and 2 keep their measured lists).
     cuda::DeviceMatrix out_by_columns;
-    if (w.kind == LayerKind::kGdn && w.ssm_out_by_columns != nullptr) {
+    if (cuda::L2TouchOnly() && w.kind == LayerKind::kGdn && w.ssm_out_by_columns != nullptr) {
       out_by_columns = w.ssm_out;
       out_by_columns.data = w.ssm_out_by_columns;
     }
