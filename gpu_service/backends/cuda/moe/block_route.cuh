@@ -16,18 +16,31 @@ namespace {
 // `rounds` picks from a warp's keys (lane l holds ids l, l + 32, ...; 0: taken or absent): each
 // round two warp reductions (redux.sync) give the largest key and the lowest id holding it, which
 // is then taken; every lane calls take(r, key, id) (key 0: nothing was left). Call from every lane.
+// A lane's best key comes from a pairwise tree (log2(kPer) dependent compare-selects a round, not
+// kPer in a chain: the chain was most of a round's latency at kPer = 16); the lower j wins a tie,
+// so the lane still offers its lowest id among equal keys.
 template <int kPer, typename Take>
 __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, Take&& take) {
   const int lane = threadIdx.x & 31;
   for (int r = 0; r < rounds; ++r) {
-    unsigned best = 0u, best_id = 0xFFFFFFFFu;
+    unsigned k[kPer];
+    int at[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      if (key[j] > best) {  // strictly: the lane's lowest id among equal keys
-        best = key[j];
-        best_id = lane + 32 * j;
+      k[j] = key[j];
+      at[j] = j;
+    }
+#pragma unroll
+    for (int w = 1; w < kPer; w <<= 1) {
+#pragma unroll
+      for (int i = 0; i + w < kPer; i += 2 * w) {
+        const bool right = k[i + w] > k[i];  // strictly: the left (lower j) keeps a tie
+        k[i] = right ? k[i + w] : k[i];
+        at[i] = right ? at[i + w] : at[i];
       }
     }
+    const unsigned best = k[0];
+    const unsigned best_id = static_cast<unsigned>(lane + 32 * at[0]);
     const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
     const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
     take(r, top, id);
