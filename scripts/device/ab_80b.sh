@@ -7,7 +7,8 @@
 # Usage (device):
 #   scripts/device/ab_80b.sh [--rounds N] [--bench "gpu_backend_bench flags"] 'LABEL:VAR=V VAR2=V' ...
 # A configuration is a label, a colon and the environment assignments for that run ('new:' runs
-# with none). Default bench flags: --batches 1,8 --prefill 512 --decode-steps 64.
+# with none). Default bench flags: --batches 1,8 --prefill 512 --decode-steps 64. The assignment
+# AB_BIN=PATH runs that gpu_backend_bench instead of the bundle's (A/B of two builds in one call).
 # Example: scripts/device/ab_80b.sh --rounds 2 'new:' 'old-join:TANDEM_OLD_DOWN_JOIN=1'
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -46,8 +47,12 @@ for ((r = 1; r <= rounds; ++r)); do
   for c in "${configs[@]}"; do
     label=${c%%:*}
     assignments=${c#*:}
+    bin=$bundle/tests/gpu_backend_bench
+    for a in $assignments; do
+      case $a in AB_BIN=*) bin=${a#AB_BIN=} ;; esac
+    done
     # shellcheck disable=SC2086  # the assignments and flags are word lists on purpose
-    lines=$(env $assignments "$bundle/tests/gpu_backend_bench" --model "$model" $bench_flags 2>&1 |
+    lines=$(env $assignments "$bin" --model "$model" $bench_flags 2>&1 |
             grep -E '^(decode batch|prefill) ')
     if [ -z "$lines" ]; then
       echo "$label round $r: no result (the bench failed)" | tee -a "$report"
