@@ -92,20 +92,25 @@ __global__ void __launch_bounds__(256) QueryNormRopeWarpKernel(const float* qg, 
   float gamma[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) gamma[j] = q_norm[32 * j + lane];
-  double freq[kH > 0 ? kH : 1];
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);  // t·nh + h
+  const bool live = w < n * nh;
+  const int64_t t = live ? w / nh : 0;
+  const int h = static_cast<int>(w - t * nh);
+  // The positions come from the host before the step (pdl.cuh), so the rotation's f64 sincos is
+  // computed before the wait too, off the path behind the previous kernel.
+  double sn[kH > 0 ? kH : 1], cs[kH > 0 ? kH : 1];
+  if (live) {
+    const int64_t pos = token_pos[t];
 #pragma unroll
-  for (int j = 0; j < kH; ++j) freq[j] = inv_freq[32 * j + lane];
+    for (int j = 0; j < kH; ++j) sincos(static_cast<double>(pos) * inv_freq[32 * j + lane], &sn[j], &cs[j]);
+  }
   PdlWaitForPrevious();  // pdl.cuh: every block waits before reading the step's rows
   PdlAllowNext();
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);  // t·nh + h
-  if (w >= n * nh) return;
-  const int64_t t = w / nh;
-  const int h = static_cast<int>(w - t * nh);
+  if (!live) return;
   const float* src = qg + t * qg_stride + static_cast<int64_t>(h) * 2 * hd + lane;
   float x[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) x[j] = src[32 * j];
-  const int64_t pos = token_pos[t];
   const float ss = WarpSumSquaresAsBlock<kJ>(x);
   const float r = rsqrtf(ss / static_cast<float>(hd) + eps);
   float y[kJ];
@@ -113,11 +118,9 @@ __global__ void __launch_bounds__(256) QueryNormRopeWarpKernel(const float* qg, 
   for (int j = 0; j < kJ; ++j) y[j] = gamma[j] * (x[j] * r);
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
-    double s, c;
-    sincos(static_cast<double>(pos) * freq[j], &s, &c);
     const float lo = y[j], hi = y[j + kH];
-    y[j] = RopeLower(lo, hi, s, c);  // rope_f64.cuh: NormRopeValue's roundings
-    y[j + kH] = RopeUpper(hi, lo, s, c);
+    y[j] = RopeLower(lo, hi, sn[j], cs[j]);  // rope_f64.cuh: NormRopeValue's roundings
+    y[j + kH] = RopeUpper(hi, lo, sn[j], cs[j]);
   }
   float* dst = q_out + w * hd + lane;
 #pragma unroll
