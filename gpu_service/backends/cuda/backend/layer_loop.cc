@@ -139,7 +139,7 @@ absl::Status CudaBackend::Impl::PrefetchToL2(std::initializer_list<const cuda::D
   if (list.count == 0) return absl::OkStatus();
   if (absl::Status s = prefetch_fork->Fork(stream.get(), prefetch_stream.get()); !s.ok()) return s;
   prefetch_pending = true;
-  return Launch(cuda::LaunchL2Prefetch(list, prefetch_stream.get(), cuda::L2TouchOnly()), "l2 prefetch");
+  return Launch(cuda::LaunchL2Prefetch(list, prefetch_stream.get()), "l2 prefetch");
 }
 
 absl::Status CudaBackend::Impl::JoinPrefetches() {
@@ -261,21 +261,11 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     }
   }
   // Small steps: the weights read after the latency-bound middle of the layer go into L2 now.
-  // With TANDEM_L2_TOUCH (kernels/l2_prefetch.cuh) the same lists at level 2, as touches of their
-  // pages only.
-  const int l2_prefetch = cuda::L2TouchOnly() ? 2 : options.l2_prefetch;
-  const bool prefetch = T <= cuda::kMatVecMaxRows && l2_prefetch > 0;
+  const bool prefetch = T <= cuda::kMatVecMaxRows && options.l2_prefetch > 0;
   if (prefetch) {
     const cuda::DeviceMatrix* mixer_out = w.kind == LayerKind::kGdn ? &w.ssm_out : &w.o;
-    // Touches also cover the copy of ssm_out by columns, which the fused GDN kernel reads (same
-    // size as its rows; the byte prefetches of levels 1 and 2 keep their measured lists).
-    cuda::DeviceMatrix out_by_columns;
-    if (cuda::L2TouchOnly() && w.kind == LayerKind::kGdn && w.ssm_out_by_columns != nullptr) {
-      out_by_columns = w.ssm_out;
-      out_by_columns.data = w.ssm_out_by_columns;
-    }
-    if (absl::Status s = PrefetchToL2({mixer_out, &out_by_columns, &w.router, &w.shared_gate_inp, &w.shared_gate,
-                                       &w.shared_up, &w.shared_down});
+    if (absl::Status s = PrefetchToL2({mixer_out, &w.router, &w.shared_gate_inp, &w.shared_gate, &w.shared_up,
+                                       &w.shared_down});
         !s.ok()) {
       return s;
     }
@@ -302,11 +292,10 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   }
   gemm->ForgetConverted();  // the f16 rows of x live from their read to the end of its block
   // ... and the next layer's mixer inputs, under the MoE stage.
-  if (prefetch && l2_prefetch >= 2 && layer + 1 < c->n_layers) {
+  if (prefetch && options.l2_prefetch >= 2 && layer + 1 < c->n_layers) {
     const cuda::GpuLayer& next = dm->layers[layer + 1];
-    const absl::Status s = next.mixer_in.present()        ? PrefetchToL2({&next.mixer_in})
-                           : next.kind == LayerKind::kGdn ? PrefetchToL2({&next.qkv, &next.z, &next.ba})
-                                                          : PrefetchToL2({&next.q, &next.k, &next.v});
+    const absl::Status s = next.kind == LayerKind::kGdn ? PrefetchToL2({&next.qkv, &next.z, &next.ba})
+                                                        : PrefetchToL2({&next.q, &next.k, &next.v});
     if (!s.ok()) return s;
   }
   // 3. MoE (the mixer's output is injected by the read's norm).

@@ -1,8 +1,5 @@
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 
-#include <atomic>
-
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -14,18 +11,17 @@ constexpr uint64_t kChunk = 16 * 1024;
 constexpr int kThreads = 128;
 constexpr int kBlocks = 32;
 
-// stride: bytes from one request to the next; each asks for min(each, what is left) bytes.
-__global__ void __launch_bounds__(kThreads) L2PrefetchKernel(L2PrefetchList list, uint64_t stride, uint64_t each) {
+__global__ void __launch_bounds__(kThreads) L2PrefetchKernel(L2PrefetchList list) {
   const uint64_t worker = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const uint64_t workers = static_cast<uint64_t>(gridDim.x) * kThreads;
   for (int r = 0; r < list.count; ++r) {
     const uintptr_t begin = (reinterpret_cast<uintptr_t>(list.data[r]) + 15) & ~uintptr_t{15};
     const uintptr_t end = (reinterpret_cast<uintptr_t>(list.data[r]) + list.bytes[r]) & ~uintptr_t{15};
     if (end <= begin) continue;
-    const uint64_t chunks = (end - begin + stride - 1) / stride;
+    const uint64_t chunks = (end - begin + kChunk - 1) / kChunk;
     for (uint64_t c = worker; c < chunks; c += workers) {
-      const uintptr_t p = begin + c * stride;
-      const uint64_t n = end - p < each ? end - p : each;
+      const uintptr_t p = begin + c * kChunk;
+      const uint64_t n = end - p < kChunk ? end - p : kChunk;
       PrefetchL2(reinterpret_cast<const void*>(p), static_cast<unsigned>(n));
     }
   }
@@ -33,22 +29,11 @@ __global__ void __launch_bounds__(kThreads) L2PrefetchKernel(L2PrefetchList list
 
 }  // namespace
 
-cudaError_t LaunchL2Prefetch(const L2PrefetchList& list, cudaStream_t stream, bool touch_only) {
+cudaError_t LaunchL2Prefetch(const L2PrefetchList& list, cudaStream_t stream) {
   if (list.count < 0 || list.count > kMaxL2PrefetchRanges) return cudaErrorInvalidValue;
   if (list.count == 0) return cudaSuccess;
-  const uint64_t stride = touch_only ? kL2TouchStride : kChunk, each = touch_only ? 128 : kChunk;
-  L2PrefetchKernel<<<kBlocks, kThreads, 0, stream>>>(list, stride, each);
+  L2PrefetchKernel<<<kBlocks, kThreads, 0, stream>>>(list);
   return cudaGetLastError();
 }
-
-namespace {
-std::atomic<bool>& L2TouchSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_L2_TOUCH")};
-  return on;
-}
-}  // namespace
-
-bool L2TouchOnly() { return L2TouchSwitch().load(std::memory_order_relaxed); }
-void SetL2TouchOnly(bool on) { L2TouchSwitch().store(on, std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

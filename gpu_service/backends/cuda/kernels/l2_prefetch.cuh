@@ -32,20 +32,7 @@ struct L2PrefetchList {
 // Asks L2 for every range of `list` (each from its first 16-byte boundary, the tail below 16 bytes
 // left out) on `stream`. cudaErrorInvalidValue for a count outside [0, kMaxL2PrefetchRanges].
 // The ranges must stay valid until the prefetches have been served (weights: always).
-// touch_only: one 128-byte line every kL2TouchStride bytes instead of every byte, so that the
-// ranges' address translations are warm before their products read them while HBM carries ~0.2%
-// of their bytes (TANDEM_L2_TOUCH, L2TouchOnly: the decode products' cold reads run at ~1.8 TB/s
-// whatever their kernel, docs/PERF.md twenty-fourth session; whether translation is why is what
-// the switch and gpu_kernels_bench --cold-read measure).
-inline constexpr uint64_t kL2TouchStride = 64 * 1024;
-cudaError_t LaunchL2Prefetch(const L2PrefetchList& list, cudaStream_t stream, bool touch_only = false);
-
-// TANDEM_L2_TOUCH=1 (read once; settable for tests): the layer loop's L2 prefetches of small steps
-// become touches (touch_only above), made even when CudaBackendOptions::l2_prefetch is 0, with its
-// level 2 lists (within the layer, and the next layer's mixer inputs). An A/B switch, off by
-// default; read when a step's launches are made (a captured graph keeps what it was).
-bool L2TouchOnly();
-void SetL2TouchOnly(bool on);
+cudaError_t LaunchL2Prefetch(const L2PrefetchList& list, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
