@@ -140,7 +140,8 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
 // the default 96 blocks with the first row preloaded and the further rows staged in shared memory,
 // the same without the staging, 64 with the plain loop, 8 (many rows a warp: the second staged, the
-// rest from L2) preloaded, and the forms' logits bit-identical. Block counts that are not whole clusters, or
+// rest from L2) preloaded, the default with one block a cluster routing for it (relay), and the
+// forms' logits bit-identical. Block counts that are not whole clusters, or
 // out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
@@ -155,7 +156,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   DeviceBuffer counters = testing::Upload(std::vector<int32_t>(2, 0));
   struct Form {
     int blocks;
-    bool preload, stage;
+    bool preload, stage, relay;
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -172,11 +173,13 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     const DeviceBuffer dw = testing::Upload(w);
     const std::vector<float> shared = sq.Reference(c.h, x);
     std::vector<std::vector<float>> form_logits;
-    for (const Form& f : {Form{kFusedRouterBlocks, true, true}, Form{kFusedRouterBlocks, true, false},
-                          Form{64, false, false}, Form{8, true, true}}) {
+    for (const Form& f : {Form{kFusedRouterBlocks, true, true, false}, Form{kFusedRouterBlocks, true, false, false},
+                          Form{64, false, false, false}, Form{8, true, true, false},
+                          Form{kFusedRouterBlocks, true, true, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.stage ? " staged" : "");
+                                            f.preload ? " preloaded" : " plain", f.stage ? " staged" : "",
+                                            f.relay ? " relayed" : "");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
@@ -186,6 +189,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       router.blocks = f.blocks;
       router.preload = f.preload;
       router.stage_rows = f.stage;
+      router.relay = f.relay;
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));

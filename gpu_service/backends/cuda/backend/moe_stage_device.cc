@@ -343,6 +343,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         // TANDEM_FUSED_ROUTER_STAGE=0: the router warps' second rows from L2 after the wait (A/B).
         static const bool stage_rows = EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER_STAGE");
         router.stage_rows = stage_rows;
+        // TANDEM_FUSED_ROUTE_RELAY=1: one block a cluster routes (FusedRouter::relay), for A/B.
+        static const bool relay = EnvSwitch("TANDEM_FUSED_ROUTE_RELAY");
+        router.relay = relay;
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       TANDEM_CUDA_RETURN_IF_ERROR(
