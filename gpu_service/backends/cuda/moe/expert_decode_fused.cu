@@ -56,7 +56,6 @@ constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down ro
 // wait. Every thread of every block calls both (.aligned).
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ClusterArriveRelaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 
 // Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
 // first the gate/up rows, then the down rows (copied from L2 once the gate/up products are done:
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
-    RouterBlock(a, rt, FusedLayout(a.h, a.E).total);
+    RouterBlock(a, rt);
     stamps.Stamp(kFusedProbeExit);
     return;
   }
@@ -205,11 +204,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  // rt.relay: rank 0 of a routed cluster routes for the cluster and writes the picks into the other
-  // blocks' shared memory; this first cluster phase (arrived here, waited on before those writes)
-  // makes sure every block of the cluster has started before its shared memory is written.
-  const bool relay = kRouter && rt.relay && !shared_block;
-  if (relay) ClusterArriveRelaxed();
   // The router logits and the shared gate logit (or, with the router in the grid, x's writer; the
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
@@ -227,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  } else if (warp == 0 && (!relay || rank == 0)) {
+  } else if (warp == 0) {
     if (router_in_grid) WaitRouterBlocks(rt);
     stamps.Stamp(kFusedProbeCountSeen);
     // Every block needs its pick's weight, hence all K picks.
@@ -245,23 +239,8 @@ __global__ void __launch_bounds__(kThreads)
       a.weights_out[lane] = w;
       if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
     }
-    if (relay) {
-      ClusterWait();  // every block of the cluster has started
-      const cg::cluster_group cluster = cg::this_cluster();
-      if (lane < a.K) {
-        for (int r = 1; r < kFusedCluster; ++r) {
-          cluster.map_shared_rank(s_ids, r)[lane] = s_ids[lane];
-          cluster.map_shared_rank(s_w, r)[lane] = w;
-        }
-      }
-    }
-  } else if (warp != 0 && !a.x_written_earlier) {  // (relay, rank > 0: warp 0 idles; rank 0 routes)
+  } else if (!a.x_written_earlier) {
     QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
-  }
-  if (relay) {
-    if (!(warp == 0 && rank == 0)) ClusterWait();  // the first phase (rank 0's warp 0 waited above)
-    ClusterArrive();  // the picks written (release) ...
-    ClusterWait();    // ... and seen (acquire)
   }
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
