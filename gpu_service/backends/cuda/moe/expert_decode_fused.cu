@@ -154,12 +154,16 @@ struct FusedStamps {
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
 // "summed" stamp; the other instantiations ignore `probe`.
+// The launch bound's 5 blocks caps the registers (at most 102 a thread), not the occupancy (four
+// blocks' shared memory fill an SM): with the router rows' staging ptxas otherwise gave the router
+// form 114 registers instead of 96, and that build decoded ~4% slower (docs/PERF.md, twenty-fifth
+// session).
 template <int kPer, bool kRouter, bool kProbe>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 5)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
-    RouterBlock(a, rt);
+    RouterBlock(a, rt, FusedLayout(a.h, a.E).total);
     stamps.Stamp(kFusedProbeExit);
     return;
   }
