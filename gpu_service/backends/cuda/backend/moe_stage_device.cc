@@ -11,7 +11,6 @@
 #include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
@@ -340,9 +339,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (router_inside) {
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
-        // TANDEM_FUSED_ROUTER_STAGE=0: the router warps' second rows from L2 after the wait (A/B).
-        static const bool stage_rows = EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER_STAGE");
-        router.stage_rows = stage_rows;
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       TANDEM_CUDA_RETURN_IF_ERROR(

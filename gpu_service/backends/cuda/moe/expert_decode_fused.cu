@@ -137,13 +137,6 @@ struct FusedStamps {
       if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
-  // Stamp once `dep` is known (a branch on it: the timer read cannot be hoisted above the loads
-  // that `dep` waits for).
-  __device__ void StampAfter(int phase, unsigned dep) const {
-    if constexpr (kProbe) {
-      if (row != nullptr && dep != 0x9E3779B9u) row[phase] = GlobalTimerNs();
-    }
-  }
 };
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
@@ -154,16 +147,12 @@ struct FusedStamps {
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
 // "summed" stamp; the other instantiations ignore `probe`.
-// The launch bound's 5 blocks caps the registers (at most 102 a thread), not the occupancy (four
-// blocks' shared memory fill an SM): with the router rows' staging ptxas otherwise gave the router
-// form 114 registers instead of 96, and that build decoded ~4% slower (docs/PERF.md, twenty-fifth
-// session).
 template <int kPer, bool kRouter, bool kProbe>
-__global__ void __launch_bounds__(kThreads, 5)
+__global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
-    RouterBlock(a, rt, FusedLayout(a.h, a.E).total);
+    RouterBlock(a, rt);
     stamps.Stamp(kFusedProbeExit);
     return;
   }
@@ -227,13 +216,10 @@ __global__ void __launch_bounds__(kThreads, 5)
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
     if (router_in_grid) WaitRouterBlocks(rt);
-    stamps.Stamp(kFusedProbeCountSeen);
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
-    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid,
-                         [&](unsigned every) { stamps.StampAfter(kFusedProbeLogitsLoaded, every); });
-    stamps.Stamp(kFusedProbePicked);
+    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;

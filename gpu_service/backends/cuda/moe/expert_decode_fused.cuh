@@ -66,9 +66,7 @@ struct FusedSharedExpert {
 // from L2 after the wait (the first form). Both give the same logits (the same sums in the same
 // order) and measured the same end to end (docs/PERF.md, twenty-first session); the backend takes
 // the default. The choice stays a runtime field: with the loop removed the compiler gave the
-// kernel 110 registers instead of 96, a form not measured. stage_rows (with preload): the warp's second
-// row is copied into the block's shared memory before the wait where it fits beside x, instead of
-// read from L2 after it; the same logits.
+// kernel 110 registers instead of 96, a form not measured.
 inline constexpr int kFusedRouterBlocks = 96;
 inline constexpr int kFusedRouterMaxBlocks = 256;
 struct FusedRouter {
@@ -78,7 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  bool stage_rows = true;  // with preload: a warp's second row staged in shared memory before the wait
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -9,11 +9,9 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
-#include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -31,14 +29,6 @@ __device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane
   for (int j = 0; j < kRouterQuads; ++j) {
     const int i = lane + 32 * j;
     w[j] = i < h4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-// The same from a row staged in shared memory.
-__device__ __forceinline__ void LoadRouterRowShared(const float4* w4, int h4, int lane, float4 (&w)[kRouterQuads]) {
-#pragma unroll
-  for (int j = 0; j < kRouterQuads; ++j) {
-    const int i = lane + 32 * j;
-    w[j] = i < h4 ? w4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 // The lane's part of w · x, in the first form's order (i = lane, lane + 32, ...).
@@ -59,12 +49,8 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
 // lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
 // prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
 // warp's first row is in registers before the wait, x is staged in shared memory after it, and
-// every row's loads are issued together. With rt.stage_rows also, the warp's second row is copied
-// into shared memory before the wait when the block's shared memory (the expert blocks' size,
-// smem_bytes) holds it beside x: at the 80B shapes (at most two rows a warp) nothing but x is then
-// read after the wait (the second row from L2 was one more round trip on the path of the last
-// router block, which the expert blocks wait for). The same sums in the same order either way.
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, int smem_bytes) {
+// every row's loads are issued together.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first = static_cast<int>(blockIdx.x) * kFusedRouterWarps + warp, step = rt.blocks * kFusedRouterWarps;
@@ -75,32 +61,19 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, int
     if (lane == 0) rt.logits[r] = s;
   };
   if (rt.preload) {
-    float4* xs = reinterpret_cast<float4*>(smem);
-    float4* staged = xs + h4 + warp * h4;  // this warp's second row, when staged
-    const int second = first + step;
-    const bool stage = rt.stage_rows && second < rt.rows && smem_bytes >= (1 + kFusedRouterWarps) * a.h * 4;
-    if (stage) {
-      for (int c = lane; c < h4; c += 32) q4k::CpAsync16(staged + c, row(second) + c);
-    }
-    CpAsyncCommit();
-    const int rest = stage ? second + step : second;  // the rows read from L2 after the wait
-    for (int r = rest; r < rt.rows; r += step) {
+    for (int r = first + step; r < rt.rows; r += step) {
       if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
     }
     float4 w[kRouterQuads];
     if (first < rt.rows) LoadRouterRow(row(first), h4, lane, w);
     PdlWaitForPrevious();  // x
     PdlAllowNext();
+    float4* xs = reinterpret_cast<float4*>(smem);
     const float4* x4 = reinterpret_cast<const float4*>(a.x);
     for (int i = threadIdx.x; i < h4; i += kFusedRouterWarps * 32) xs[i] = __ldcg(x4 + i);
-    CpAsyncWait<0>();
     __syncthreads();
     if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
-    if (stage) {
-      LoadRouterRowShared(staged, h4, lane, w);
-      finish(second, RouterRowDot(w, xs, h4, lane));
-    }
-    for (int r = rest; r < rt.rows; r += step) {
+    for (int r = first + step; r < rt.rows; r += step) {
       LoadRouterRow(row(r), h4, lane, w);
       finish(r, RouterRowDot(w, xs, h4, lane));
     }
