@@ -292,6 +292,18 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
     if (kind == kFusedProbeRouterKind) {
       for (int p = kFusedProbeAfterWait; p < kFusedProbeExit; ++p) EXPECT_EQ(r[p], 0u) << "router block " << b;
     }
+    // The routing detail: routed blocks only, between the wait and "routed", in order.
+    const std::vector<int> detail{kFusedProbeAfterWait, kFusedProbeCountSeen, kFusedProbeLogitsLoaded,
+                                  kFusedProbePicked, kFusedProbeRouted};
+    for (size_t i = 1; i + 1 < detail.size(); ++i) {
+      if (kind != kFusedProbeRoutedKind) {
+        EXPECT_EQ(r[detail[i]], 0u) << "block " << b << " detail " << detail[i];
+        continue;
+      }
+      EXPECT_NE(r[detail[i]], 0u) << "block " << b << " detail " << detail[i];
+      EXPECT_LE(r[detail[i - 1]], r[detail[i]]) << "block " << b << " detail " << detail[i];
+      EXPECT_LE(r[detail[i]], r[detail[i + 1]]) << "block " << b << " detail " << detail[i];
+    }
   }
 }
 

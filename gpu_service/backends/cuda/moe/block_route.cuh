@@ -127,9 +127,11 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
 // RouteBefore); 0 marks a taken or NaN entry. Lane 0 writes pick r's expert to ids[r] (E when none
 // is left) and its logit to picked[r] (-inf then). Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
-template <int kPer>
+// loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
+// stamps there; the default does nothing).
+template <int kPer, typename Loaded = void (*)(unsigned)>
 __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
-                               bool through_l2 = false) {
+                               bool through_l2 = false, Loaded&& loaded = [](unsigned) {}) {
   const int lane = threadIdx.x & 31;
   unsigned key[kPer];
 #pragma unroll
@@ -140,6 +142,10 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
     const unsigned u = __float_as_uint(v);
     key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
   }
+  unsigned every = 0u;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) every ^= key[j];
+  loaded(every);
   WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
     if (lane == 0) {
       ids[r] = top != 0u ? static_cast<int>(id) : E;

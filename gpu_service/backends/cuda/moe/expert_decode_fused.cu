@@ -137,6 +137,13 @@ struct FusedStamps {
       if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
+  // Stamp once `dep` is known (a branch on it: the timer read cannot be hoisted above the loads
+  // that `dep` waits for).
+  __device__ void StampAfter(int phase, unsigned dep) const {
+    if constexpr (kProbe) {
+      if (row != nullptr && dep != 0x9E3779B9u) row[phase] = GlobalTimerNs();
+    }
+  }
 };
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
@@ -216,10 +223,13 @@ __global__ void __launch_bounds__(kThreads)
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   } else if (warp == 0) {
     if (router_in_grid) WaitRouterBlocks(rt);
+    stamps.Stamp(kFusedProbeCountSeen);
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
-    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid);
+    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid,
+                         [&](unsigned every) { stamps.StampAfter(kFusedProbeLogitsLoaded, every); });
+    stamps.Stamp(kFusedProbePicked);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;

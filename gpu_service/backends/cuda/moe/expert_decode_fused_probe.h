@@ -29,6 +29,10 @@ enum FusedProbeWord : int {
   kFusedProbeEntry, kFusedProbeAfterWait, kFusedProbeRouted, kFusedProbeGateUpLanded, kFusedProbeActWritten,
   kFusedProbeClusterPassed, kFusedProbeDownLanded, kFusedProbeSummed, kFusedProbeExit,
   kFusedProbePhases,  // the count of the above
+  // A routed block's routing in detail, between the wait and "routed" (warp 0 routes; 0 elsewhere):
+  // the router blocks' count seen (right after the wait without router blocks), the logits loaded,
+  // the picks taken.
+  kFusedProbeCountSeen = kFusedProbePhases, kFusedProbeLogitsLoaded, kFusedProbePicked,
   kFusedProbeKind = 12,  // FusedProbeKind
   kFusedProbePick,       // the routed block's pick k (as a signed value), else -1
   kFusedProbeSm,
