@@ -321,9 +321,14 @@ void BenchGlue(int only_n) {
   BENCH_CHECK(cudaDeviceSynchronize());
 }
 
-int Main(bool decode_only, bool routing_only, bool one_token_only, bool one_token_probe, bool glue_only, int glue_n) {
+int Main(bool decode_only, bool routing_only, bool one_token_only, bool one_token_probe, bool glue_only, int glue_n,
+         bool pick_only) {
   if (!tandem::bench::PrintDevice()) {
     std::printf("no CUDA GPU: nothing to time\n");
+    return 0;
+  }
+  if (pick_only) {
+    moe_bench::BenchPick();
     return 0;
   }
   std::mt19937 rng(12345);
@@ -477,8 +482,10 @@ int Main(bool decode_only, bool routing_only, bool one_token_only, bool one_toke
 // --one-token-probe: only BenchOneTokenProbe (the phases of the n = 1 chain's kernels, stamped).
 // --glue-only: only BenchGlue (the MoE prefill glue: scatter-sum, x quantization, expert f16 rows; old and new);
 // --glue-n=N: of it only N tokens.
+// --pick: only BenchPick (the fused kernel's logit reads and picks alone, pick_bench.cu).
 int main(int argc, char** argv) {
   bool decode_only = false, routing_only = false, one_token_only = false, one_token_probe = false, glue_only = false;
+  bool pick_only = false;
   int glue_n = 0;
   for (int i = 1; i < argc; ++i) {
     decode_only |= std::string(argv[i]) == "--decode-only";
@@ -486,7 +493,8 @@ int main(int argc, char** argv) {
     one_token_only |= std::string(argv[i]) == "--one-token-only";
     one_token_probe |= std::string(argv[i]) == "--one-token-probe";
     glue_only |= std::string(argv[i]) == "--glue-only";
+    pick_only |= std::string(argv[i]) == "--pick";
     if (std::string(argv[i]).rfind("--glue-n=", 0) == 0) glue_n = std::atoi(argv[i] + 9);
   }
-  return tandem::cuda::Main(decode_only, routing_only, one_token_only, one_token_probe, glue_only, glue_n);
+  return tandem::cuda::Main(decode_only, routing_only, one_token_only, one_token_probe, glue_only, glue_n, pick_only);
 }

@@ -119,6 +119,8 @@ inline OneTokenMoeArgs OneTokenBenchArgs(const float* logits, const ExpertLocati
 void BenchRouting(const float* x, std::mt19937& rng);
 void BenchOneToken(const float* x, std::mt19937& rng);
 void BenchOneTokenProbe(const float* x, std::mt19937& rng);
+// pick_bench.cu (--pick): the fused kernel's logit reads and picks alone, at 384 / 48 / 1 readers.
+void BenchPick();
 
 }  // namespace tandem::cuda::moe_bench
 
