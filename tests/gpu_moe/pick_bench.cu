@@ -9,7 +9,9 @@
 // start, once the keys are formed (behind a branch on the loaded values) and after the picks; cycles
 // are turned into us at the device's reported clock rate. Cases: 384 readers at four blocks an SM (the fused
 // kernel's routed blocks, all reading at once), 48 (one a cluster: the relay's count), one (no
-// other reader). Medians over blocks and 20 launches, us. Not a test.
+// other reader). Medians over blocks and 20 launches, us. Each case for WarpPickLogits and for two
+// candidate forms of the picks (PickForm below), whose ids are checked against WarpPickLogits' on
+// the same logits (the count of blocks that differ is printed). Not a test.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,15 +42,124 @@ __global__ void FillLogitsKernel(float* logits, int E, unsigned seed) {
 // The shared memory of the fused kernel's blocks (~55 KB), so that four sit on an SM as there.
 constexpr int kPickSmem = 55 * 1024;
 
+// The logits' keys as WarpPickLogits forms them (lane l: ids l, l + 32, ...).
+__device__ __forceinline__ void LoadKeys(const float* logits, unsigned (&key)[kPickPer]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kPickPer; ++j) {
+    const float v = __ldcg(logits + lane + 32 * j) + 0.0f;
+    const unsigned u = __float_as_uint(v);
+    key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+  }
+}
+
+// Candidate forms of the picks, for the same ids as WarpTakeKeys (largest key, lowest id on ties):
+// kSortedLanes: each lane sorts its keys once (a bitonic network over (key, slot)), then a round
+// reduces the lanes' heads (the same two warp reductions) and the winner shifts its list, so no
+// round walks the lane's keys; kBallot: WarpTakeKeys' rounds with the lowest id found by a ballot of
+// the lanes holding the top key (a reduction only when several do).
+enum PickForm { kWarpPickLogits, kSortedLanes, kBallot };
+
+__device__ __forceinline__ void PickSortedLanes(unsigned (&key)[kPickPer], int rounds, int* ids) {
+  const int lane = threadIdx.x & 31;
+  int slot[kPickPer];
+#pragma unroll
+  for (int j = 0; j < kPickPer; ++j) slot[j] = j;
+  // a before b: a larger key, or an equal key at a lower slot (a lower id).
+  auto before = [&](int a, int b) { return key[a] > key[b] || (key[a] == key[b] && slot[a] < slot[b]); };
+#pragma unroll
+  for (int k = 2; k <= kPickPer; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kPickPer; ++i) {
+        const int l = i ^ j;
+        if (l > i && ((i & k) == 0 ? before(l, i) : before(i, l))) {
+          const unsigned tk = key[i];
+          key[i] = key[l];
+          key[l] = tk;
+          const int ts = slot[i];
+          slot[i] = slot[l];
+          slot[l] = ts;
+        }
+      }
+    }
+  }
+  for (int r = 0; r < rounds; ++r) {
+    const unsigned head = key[0];
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, head);
+    const unsigned mine = static_cast<unsigned>(lane + 32 * slot[0]);
+    const unsigned id = __reduce_min_sync(0xFFFFFFFFu, head == top && top != 0u ? mine : 0xFFFFFFFFu);
+    if (lane == 0) ids[r] = top != 0u ? static_cast<int>(id) : kPickE;
+    if (top != 0u && mine == id) {  // the winner's list moves up by one
+#pragma unroll
+      for (int j = 0; j + 1 < kPickPer; ++j) {
+        key[j] = key[j + 1];
+        slot[j] = slot[j + 1];
+      }
+      key[kPickPer - 1] = 0u;
+    }
+  }
+  __syncwarp();
+}
+
+__device__ __forceinline__ void PickBallot(unsigned (&key)[kPickPer], int rounds, int* ids) {
+  const int lane = threadIdx.x & 31;
+  for (int r = 0; r < rounds; ++r) {
+    unsigned k[kPickPer];
+    int at[kPickPer];
+#pragma unroll
+    for (int j = 0; j < kPickPer; ++j) {
+      k[j] = key[j];
+      at[j] = j;
+    }
+#pragma unroll
+    for (int w = 1; w < kPickPer; w <<= 1) {
+#pragma unroll
+      for (int i = 0; i + w < kPickPer; i += 2 * w) {
+        const bool right = k[i + w] > k[i];
+        k[i] = right ? k[i + w] : k[i];
+        at[i] = right ? at[i + w] : at[i];
+      }
+    }
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, k[0]);
+    const unsigned mine = static_cast<unsigned>(lane + 32 * at[0]);
+    const unsigned holders = __ballot_sync(0xFFFFFFFFu, k[0] == top && top != 0u);
+    const unsigned id = __popc(holders) == 1 ? __shfl_sync(0xFFFFFFFFu, mine, __ffs(holders) - 1)
+                                              : __reduce_min_sync(0xFFFFFFFFu, k[0] == top && top != 0u ? mine : 0xFFFFFFFFu);
+    if (lane == 0) ids[r] = top != 0u ? static_cast<int>(id) : kPickE;
+#pragma unroll
+    for (int j = 0; j < kPickPer; ++j) {
+      if (top != 0u && lane + 32 * j == static_cast<int>(id)) key[j] = 0u;
+    }
+  }
+  __syncwarp();
+}
+
+template <PickForm kForm>
 __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, unsigned long long* stamps, int* ids_out) {
   __shared__ int ids[kOneTokenMaxPicks];
   __shared__ float picked[kOneTokenMaxPicks];
   if (threadIdx.x >= 32) return;
   const long long t0 = clock64();
   long long t1 = 0;
-  WarpPickLogits<kPickPer>(logits, kPickE, kPickK, ids, picked, true, [&](unsigned every) {
+  if constexpr (kForm == kWarpPickLogits) {
+    WarpPickLogits<kPickPer>(logits, kPickE, kPickK, ids, picked, true, [&](unsigned every) {
+      if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
+    });
+  } else {
+    unsigned key[kPickPer];
+    LoadKeys(logits, key);
+    unsigned every = 0u;
+#pragma unroll
+    for (int j = 0; j < kPickPer; ++j) every ^= key[j];
     if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
-  });
+    if constexpr (kForm == kSortedLanes) {
+      PickSortedLanes(key, kPickK, ids);
+    } else {
+      PickBallot(key, kPickK, ids);
+    }
+  }
   const long long t2 = clock64();
   if (threadIdx.x == 0) {
     unsigned long long* row = stamps + static_cast<size_t>(blockIdx.x) * kPickWords;
@@ -75,35 +186,60 @@ void BenchPick() {
   BENCH_CHECK(cudaMalloc(&logits, kPickE * sizeof(float)));
   BENCH_CHECK(cudaMalloc(&stamps, static_cast<size_t>(kMaxBlocks) * kPickWords * sizeof(unsigned long long)));
   BENCH_CHECK(cudaMalloc(&ids, static_cast<size_t>(kMaxBlocks) * kPickK * sizeof(int)));
-  BENCH_CHECK(cudaFuncSetAttribute(PickKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kWarpPickLogits>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kSortedLanes>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   const cudaStream_t stream = bench::LaunchStream();
   int khz = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double us_per_cycle = 1e3 / khz;
-  for (const int blocks : {kMaxBlocks, 48, 1}) {
-    std::vector<double> load, pick, total;
-    std::vector<unsigned long long> rows(static_cast<size_t>(blocks) * kPickWords);
-    for (int launch = 0; launch < kLaunches; ++launch) {
-      FillLogitsKernel<<<(kPickE + 255) / 256, 256, 0, stream>>>(logits, kPickE, 977u * launch);
-      PickKernel<<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
-      BENCH_CHECK(cudaGetLastError());
-      BENCH_CHECK(cudaMemcpyAsync(rows.data(), stamps, rows.size() * sizeof(unsigned long long),
-                                  cudaMemcpyDeviceToHost, stream));
-      BENCH_CHECK(cudaStreamSynchronize(stream));
-      if (launch < 2) continue;  // warm-up
-      for (int b = 0; b < blocks; ++b) {
-        const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kPickWords;
-        load.push_back(static_cast<double>(r[1] - r[0]) * us_per_cycle);
-        pick.push_back(static_cast<double>(r[2] - r[1]) * us_per_cycle);
-        total.push_back(static_cast<double>(r[2] - r[0]) * us_per_cycle);
+  const PickForm forms[3] = {kWarpPickLogits, kSortedLanes, kBallot};
+  const char* form_names[3] = {"warp_pick_logits", "sorted_lanes", "ballot"};
+  auto launch = [&](PickForm form, int blocks) {
+    if (form == kWarpPickLogits) PickKernel<kWarpPickLogits><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
+    if (form == kSortedLanes) PickKernel<kSortedLanes><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
+    if (form == kBallot) PickKernel<kBallot><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
+    BENCH_CHECK(cudaGetLastError());
+  };
+  for (int f = 0; f < 3; ++f) {
+    for (const int blocks : {kMaxBlocks, 48, 1}) {
+      std::vector<double> load, pick, total;
+      std::vector<unsigned long long> rows(static_cast<size_t>(blocks) * kPickWords);
+      std::vector<int> got(static_cast<size_t>(blocks) * kPickK), want(kPickK);
+      int mismatches = 0;
+      for (int launch_i = 0; launch_i < kLaunches; ++launch_i) {
+        FillLogitsKernel<<<(kPickE + 255) / 256, 256, 0, stream>>>(logits, kPickE, 977u * launch_i);
+        if (f != 0) {  // the reference ids: WarpPickLogits on the same logits
+          launch(kWarpPickLogits, 1);
+          BENCH_CHECK(cudaMemcpyAsync(want.data(), ids, kPickK * sizeof(int), cudaMemcpyDeviceToHost, stream));
+        }
+        launch(forms[f], blocks);
+        BENCH_CHECK(cudaMemcpyAsync(rows.data(), stamps, rows.size() * sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost, stream));
+        BENCH_CHECK(cudaMemcpyAsync(got.data(), ids, got.size() * sizeof(int), cudaMemcpyDeviceToHost, stream));
+        BENCH_CHECK(cudaStreamSynchronize(stream));
+        if (f != 0) {
+          for (int b = 0; b < blocks; ++b) {
+            mismatches += !std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(b) * kPickK);
+          }
+        }
+        if (launch_i < 2) continue;  // warm-up
+        for (int b = 0; b < blocks; ++b) {
+          const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kPickWords;
+          load.push_back(static_cast<double>(r[1] - r[0]) * us_per_cycle);
+          pick.push_back(static_cast<double>(r[2] - r[1]) * us_per_cycle);
+          total.push_back(static_cast<double>(r[2] - r[0]) * us_per_cycle);
+        }
       }
+      char detail[300];
+      std::snprintf(detail, sizeof(detail),
+                    "%s, %d blocks reading %d logits (through L2) and picking %d: keys formed %.2f us, picks %.2f us "
+                    "(medians over blocks and launches, SM cycles at %d MHz); blocks whose ids differ from "
+                    "WarpPickLogits': %d",
+                    form_names[f], blocks, kPickE, kPickK, Median(load), Median(pick), khz / 1000, mismatches);
+      bench::Report(std::string("route_pick_") + form_names[f] + "_" + std::to_string(blocks), Median(total), "us",
+                    detail);
     }
-    char detail[240];
-    std::snprintf(detail, sizeof(detail),
-                  "%d blocks reading %d logits (through L2) and picking %d: keys formed %.2f us, picks %.2f us "
-                  "(medians over blocks and launches, SM cycles at %d MHz)",
-                  blocks, kPickE, kPickK, Median(load), Median(pick), khz / 1000);
-    bench::Report("route_pick_" + std::to_string(blocks) + "_blocks", Median(total), "us", detail);
   }
   BENCH_CHECK(cudaFree(logits));
   BENCH_CHECK(cudaFree(stamps));
