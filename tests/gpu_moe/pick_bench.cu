@@ -106,27 +106,13 @@ __device__ __forceinline__ void PickSortedLanes(unsigned (&key)[kPickPer], int r
 __device__ __forceinline__ void PickBallot(unsigned (&key)[kPickPer], int rounds, int* ids) {
   const int lane = threadIdx.x & 31;
   for (int r = 0; r < rounds; ++r) {
-    unsigned k[kPickPer];
-    int at[kPickPer];
-#pragma unroll
-    for (int j = 0; j < kPickPer; ++j) {
-      k[j] = key[j];
-      at[j] = j;
-    }
-#pragma unroll
-    for (int w = 1; w < kPickPer; w <<= 1) {
-#pragma unroll
-      for (int i = 0; i + w < kPickPer; i += 2 * w) {
-        const bool right = k[i + w] > k[i];
-        k[i] = right ? k[i + w] : k[i];
-        at[i] = right ? at[i + w] : at[i];
-      }
-    }
-    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, k[0]);
-    const unsigned mine = static_cast<unsigned>(lane + 32 * at[0]);
-    const unsigned holders = __ballot_sync(0xFFFFFFFFu, k[0] == top && top != 0u);
+    int slot;
+    const unsigned best = LaneBestKey<kPickPer>(key, &slot);
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
+    const unsigned mine = static_cast<unsigned>(lane + 32 * slot);
+    const unsigned holders = __ballot_sync(0xFFFFFFFFu, best == top && top != 0u);
     const unsigned id = __popc(holders) == 1 ? __shfl_sync(0xFFFFFFFFu, mine, __ffs(holders) - 1)
-                                              : __reduce_min_sync(0xFFFFFFFFu, k[0] == top && top != 0u ? mine : 0xFFFFFFFFu);
+                                              : __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? mine : 0xFFFFFFFFu);
     if (lane == 0) ids[r] = top != 0u ? static_cast<int>(id) : kPickE;
 #pragma unroll
     for (int j = 0; j < kPickPer; ++j) {

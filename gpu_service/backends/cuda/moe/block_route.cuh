@@ -19,28 +19,36 @@ namespace {
 // A lane's best key comes from a pairwise tree (log2(kPer) dependent compare-selects a round, not
 // kPer in a chain: the chain was most of a round's latency at kPer = 16); the lower j wins a tie,
 // so the lane still offers its lowest id among equal keys.
+// A lane's largest key and its slot j (the lowest j among equal keys): a pairwise tree.
+template <int kPer>
+__device__ __forceinline__ unsigned LaneBestKey(const unsigned (&key)[kPer], int* slot) {
+  unsigned k[kPer];
+  int at[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    k[j] = key[j];
+    at[j] = j;
+  }
+#pragma unroll
+  for (int w = 1; w < kPer; w <<= 1) {
+#pragma unroll
+    for (int i = 0; i + w < kPer; i += 2 * w) {
+      const bool right = k[i + w] > k[i];  // strictly: the left (lower j) keeps a tie
+      k[i] = right ? k[i + w] : k[i];
+      at[i] = right ? at[i + w] : at[i];
+    }
+  }
+  *slot = at[0];
+  return k[0];
+}
+
 template <int kPer, typename Take>
 __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, Take&& take) {
   const int lane = threadIdx.x & 31;
   for (int r = 0; r < rounds; ++r) {
-    unsigned k[kPer];
-    int at[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      k[j] = key[j];
-      at[j] = j;
-    }
-#pragma unroll
-    for (int w = 1; w < kPer; w <<= 1) {
-#pragma unroll
-      for (int i = 0; i + w < kPer; i += 2 * w) {
-        const bool right = k[i + w] > k[i];  // strictly: the left (lower j) keeps a tie
-        k[i] = right ? k[i + w] : k[i];
-        at[i] = right ? at[i + w] : at[i];
-      }
-    }
-    const unsigned best = k[0];
-    const unsigned best_id = static_cast<unsigned>(lane + 32 * at[0]);
+    int slot;
+    const unsigned best = LaneBestKey<kPer>(key, &slot);
+    const unsigned best_id = static_cast<unsigned>(lane + 32 * slot);
     const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
     const unsigned id = __reduce_min_sync(0xFFFFFFFFu, best == top && top != 0u ? best_id : 0xFFFFFFFFu);
     take(r, top, id);
