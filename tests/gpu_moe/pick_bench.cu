@@ -47,9 +47,7 @@ __device__ __forceinline__ void LoadKeys(const float* logits, unsigned (&key)[kP
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int j = 0; j < kPickPer; ++j) {
-    const float v = __ldcg(logits + lane + 32 * j) + 0.0f;
-    const unsigned u = __float_as_uint(v);
-    key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+    key[j] = LogitKey(__ldcg(logits + lane + 32 * j) + 0.0f);
   }
 }
 
@@ -156,12 +154,6 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
   if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 void BenchPick() {
@@ -222,9 +214,10 @@ void BenchPick() {
                     "%s, %d blocks reading %d logits (through L2) and picking %d: keys formed %.2f us, picks %.2f us "
                     "(medians over blocks and launches, SM cycles at %d MHz); blocks whose ids differ from "
                     "WarpPickLogits': %d",
-                    form_names[f], blocks, kPickE, kPickK, Median(load), Median(pick), khz / 1000, mismatches);
-      bench::Report(std::string("route_pick_") + form_names[f] + "_" + std::to_string(blocks), Median(total), "us",
-                    detail);
+                    form_names[f], blocks, kPickE, kPickK, bench::Median(load), bench::Median(pick), khz / 1000,
+                    mismatches);
+      bench::Report(std::string("route_pick_") + form_names[f] + "_" + std::to_string(blocks),
+                    bench::Median(total), "us", detail);
     }
   }
   BENCH_CHECK(cudaFree(logits));

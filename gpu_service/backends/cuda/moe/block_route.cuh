@@ -137,6 +137,13 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 // loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
 // stamps there; the default does nothing).
+// A logit's pick key: its bits made unsigned-ordered, 0 for a NaN (never picked). Callers pass
+// the logit + 0 (-0 read as +0, so that equal logits tie).
+__device__ __forceinline__ unsigned LogitKey(float v) {
+  const unsigned u = __float_as_uint(v);
+  return v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+}
+
 template <int kPer, typename Loaded = void (*)(unsigned)>
 __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
                                bool through_l2 = false, Loaded&& loaded = [](unsigned) {}) {
@@ -146,9 +153,7 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
     const float l = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
-    const float v = i < E ? l + 0.0f : __int_as_float(0x7FC00000);  // + 0: -0 -> +0
-    const unsigned u = __float_as_uint(v);
-    key[j] = v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+    key[j] = LogitKey(i < E ? l + 0.0f : __int_as_float(0x7FC00000));  // + 0: -0 -> +0; past E a NaN
   }
   unsigned every = 0u;
 #pragma unroll
