@@ -25,6 +25,7 @@
 
 #include "tests/gpu/bench_util.h"
 #include "tests/gpu/decode_matvec_bench.h"
+#include "tests/gpu/sweep_read_kernel.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -32,19 +33,11 @@ namespace {
 using bench::GraphUs;
 using bench::LaunchStream;
 using bench::Report;
+using bench::SweepReadKernel;
 
-// Both kernels XOR what they read and write only if the result is a value the pool's fill never
-// gives, so that the loads stay and nothing is written. SweepReadKernel is the read ceiling's
-// kernel (tests/gpu_backend/bench_ceilings.cu, another target) on purpose: the same order of reads.
-__global__ void SweepReadKernel(const uint4* __restrict__ p, uint64_t words, uint32_t* sink) {
-  uint32_t acc = 0;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) sink[0] = acc;
-}
+// RunsReadKernel and TouchPagesKernel XOR what they read and write only if the result is a value the
+// pool's fill never gives, as SweepReadKernel (sweep_read_kernel.cuh: the read ceiling's kernel, so
+// the same order of reads), so that the loads stay and nothing is written.
 
 // One 4-byte load every `stride` bytes of [p, p + bytes): a thread a load.
 __global__ void TouchPagesKernel(const uint8_t* __restrict__ p, uint64_t bytes, uint64_t stride, uint32_t* sink) {

@@ -10,22 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "tests/gpu/sweep_read_kernel.cuh"
 
 namespace tandem::bench {
 namespace {
-
-// Each thread sums its strided 16-byte words and writes one value only if the sum is a value
-// the random-free buffer never yields, so the compiler cannot drop the loads and almost nothing
-// is written.
-__global__ void ReadAllKernel(const uint4* data, uint64_t words, uint32_t* sink) {
-  uint32_t acc = 0;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
-    const uint4 v = __ldcs(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) sink[0] = acc;
-}
 
 __global__ void FillBf16Kernel(__nv_bfloat16* p, uint64_t n) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -76,7 +64,7 @@ absl::StatusOr<double> MeasureHbmReadBandwidth(uint64_t bytes, int repeats) {
   const uint4* data = buf->as<uint4>();
   uint32_t* sink = reinterpret_cast<uint32_t*>(buf->as<char>() + words * 16);
   absl::StatusOr<float> ms = BestMs(repeats, [&]() -> absl::Status {
-    ReadAllKernel<<<sms * 8, 512>>>(data, words, sink);
+    SweepReadKernel<<<sms * 8, 512>>>(data, words, sink);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
