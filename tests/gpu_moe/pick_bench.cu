@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "tests/gpu/bench_util.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
@@ -154,6 +156,55 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
   if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
 }
 
+// The readers as the fused kernel has them: every block resident and waiting on a count that the
+// grid's last block (the writer, standing in for the router blocks) bumps once it has written the
+// logits, ~4 us after the start; so the reads start together, on lines another SM has just
+// written. `replicas` copies of the logits (stride kPickE floats) with reader b reading copy
+// b % replicas: if many readers of one line at once are what the ~3.3 us of the probe's logit loads
+// wait on, more copies shorten it. Stamps (clock64, the reader's SM): count seen, keys formed,
+// picked. `generation` is the count the readers wait for (the counter is never reset).
+__global__ void __launch_bounds__(kPickThreads)
+    PickAfterCountKernel(float* logits, int replicas, unsigned seed, int* counter, int generation,
+                         unsigned long long* stamps, int* ids_out) {
+  __shared__ int ids[kOneTokenMaxPicks];
+  __shared__ float picked[kOneTokenMaxPicks];
+  if (blockIdx.x == gridDim.x - 1) {  // the writer
+    const unsigned long long start = GlobalTimerNs();
+    while (GlobalTimerNs() - start < 4000) {
+    }
+    for (int i = threadIdx.x; i < kPickE * replicas; i += blockDim.x) {
+      unsigned h = (static_cast<unsigned>(i % kPickE) + seed) * 2654435761u;
+      h ^= h >> 15;
+      logits[i] = static_cast<float>(h & 0xFFFFu) * (1.0f / 65536.0f) - 0.5f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(counter, 1);
+    }
+    return;
+  }
+  if (threadIdx.x >= 32) return;
+  if (threadIdx.x == 0) {
+    while (LoadAcquire(counter) < generation) __nanosleep(32);
+  }
+  __syncwarp();
+  const long long t0 = clock64();
+  long long t1 = 0;
+  WarpPickLogits<kPickPer>(logits + (blockIdx.x % replicas) * kPickE, kPickE, kPickK, ids, picked, true,
+                           [&](unsigned every) {
+                             if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
+                           });
+  const long long t2 = clock64();
+  if (threadIdx.x == 0) {
+    unsigned long long* row = stamps + static_cast<size_t>(blockIdx.x) * kPickWords;
+    row[0] = static_cast<unsigned long long>(t0);
+    row[1] = static_cast<unsigned long long>(t1);
+    row[2] = static_cast<unsigned long long>(t2);
+  }
+  if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
+}
+
 }  // namespace
 
 void BenchPick() {
@@ -220,6 +271,58 @@ void BenchPick() {
                     bench::Median(total), "us", detail);
     }
   }
+  // The readers released together by a count, as in the fused kernel (PickAfterCountKernel).
+  float* copies = nullptr;
+  int* counter = nullptr;
+  constexpr int kMaxReplicas = 384;
+  BENCH_CHECK(cudaMalloc(&copies, static_cast<size_t>(kMaxReplicas) * kPickE * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&counter, sizeof(int)));
+  BENCH_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  BENCH_CHECK(cudaFuncSetAttribute(PickAfterCountKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  int generation = 0;
+  struct Case {
+    int readers, replicas;
+  };
+  for (const Case c : {Case{384, 1}, Case{384, 8}, Case{384, 48}, Case{384, 384}, Case{48, 1}, Case{1, 1}}) {
+    std::vector<double> load, pick;
+    std::vector<unsigned long long> rows(static_cast<size_t>(c.readers) * kPickWords);
+    std::vector<int> got(static_cast<size_t>(c.readers) * kPickK), want(kPickK);
+    int mismatches = 0;
+    for (int launch_i = 0; launch_i < kLaunches; ++launch_i) {
+      const unsigned seed = 977u * launch_i + 13u;
+      FillLogitsKernel<<<(kPickE + 255) / 256, 256, 0, stream>>>(logits, kPickE, seed);
+      launch(kWarpPickLogits, 1);  // the reference ids on the same values
+      BENCH_CHECK(cudaMemcpyAsync(want.data(), ids, kPickK * sizeof(int), cudaMemcpyDeviceToHost, stream));
+      PickAfterCountKernel<<<c.readers + 1, kPickThreads, kPickSmem, stream>>>(copies, c.replicas, seed, counter,
+                                                                              ++generation, stamps, ids);
+      BENCH_CHECK(cudaGetLastError());
+      BENCH_CHECK(cudaMemcpyAsync(rows.data(), stamps, rows.size() * sizeof(unsigned long long),
+                                  cudaMemcpyDeviceToHost, stream));
+      BENCH_CHECK(cudaMemcpyAsync(got.data(), ids, got.size() * sizeof(int), cudaMemcpyDeviceToHost, stream));
+      BENCH_CHECK(cudaStreamSynchronize(stream));
+      for (int b = 0; b < c.readers; ++b) {
+        mismatches += !std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(b) * kPickK);
+      }
+      if (launch_i < 2) continue;
+      for (int b = 0; b < c.readers; ++b) {
+        const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kPickWords;
+        load.push_back(static_cast<double>(r[1] - r[0]) * us_per_cycle);
+        pick.push_back(static_cast<double>(r[2] - r[1]) * us_per_cycle);
+      }
+    }
+    std::sort(load.begin(), load.end());
+    char detail[300];
+    std::snprintf(detail, sizeof(detail),
+                  "%d blocks released together by a count, reading %d logits just written by another SM (%d "
+                  "copies, block b reads b mod copies) and picking %d: keys formed %.2f us (p90 %.2f), picks "
+                  "%.2f us; blocks whose ids differ from WarpPickLogits': %d",
+                  c.readers, kPickE, c.replicas, kPickK, bench::Median(load),
+                  load.empty() ? 0.0 : load[load.size() * 9 / 10], bench::Median(pick), mismatches);
+    bench::Report("route_pick_after_count_" + std::to_string(c.readers) + "_copies_" + std::to_string(c.replicas),
+                  bench::Median(load), "us", detail);
+  }
+  BENCH_CHECK(cudaFree(copies));
+  BENCH_CHECK(cudaFree(counter));
   BENCH_CHECK(cudaFree(logits));
   BENCH_CHECK(cudaFree(stamps));
   BENCH_CHECK(cudaFree(ids));
