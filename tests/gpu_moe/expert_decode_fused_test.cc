@@ -307,8 +307,9 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
       for (int p = kFusedProbeAfterWait; p < kFusedProbeExit; ++p) EXPECT_EQ(r[p], 0u) << "router block " << b;
     }
     // The routing detail: routed blocks only, between the wait and "routed", in order.
-    const std::vector<int> detail{kFusedProbeAfterWait, kFusedProbeCountSeen, kFusedProbeLogitsLoaded,
-                                  kFusedProbePicked, kFusedProbeRouted};
+    const std::vector<int> detail{kFusedProbeAfterWait,      kFusedProbeCountSeen,   kFusedProbeLogitsLoaded,
+                                  kFusedProbeLogitsReloaded, kFusedProbeOtherLoaded, kFusedProbePicked,
+                                  kFusedProbeRouted};
     for (size_t i = 1; i + 1 < detail.size(); ++i) {
       if (kind != kFusedProbeRoutedKind) {
         EXPECT_EQ(r[detail[i]], 0u) << "block " << b << " detail " << detail[i];

@@ -132,9 +132,13 @@ void ReportFused(const std::vector<Stamp>& stamps, int layers, int grid, const c
                                                 "exit"};
   const char* kind_names[3] = {"routed", "shared", "router"};
   // The routed blocks' routing detail (expert_decode_fused_probe.h), printed after "after the PDL wait".
-  const int detail[3] = {kFusedProbeCountSeen, kFusedProbeLogitsLoaded, kFusedProbePicked};
-  const char* detail_names[3] = {"routing: router count seen", "routing: logits loaded", "routing: picked"};
-  std::vector<double> v[3][kFusedProbePhases][3], vd[3][3];
+  constexpr int kDetail = 5;
+  const int detail[kDetail] = {kFusedProbeCountSeen, kFusedProbeLogitsLoaded, kFusedProbeLogitsReloaded,
+                               kFusedProbeOtherLoaded, kFusedProbePicked};
+  const char* detail_names[kDetail] = {"routing: router count seen", "routing: logits loaded",
+                                       "routing: logits loaded again", "routing: table lines loaded",
+                                       "routing: picked"};
+  std::vector<double> v[3][kFusedProbePhases][3], vd[kDetail][3];
   std::vector<double> span;
   auto row = [&](int l, int b) { return stamps.data() + (static_cast<size_t>(l) * grid + b) * kFusedProbeWords; };
   for (int l = 1; l < layers; ++l) {
@@ -156,7 +160,7 @@ void ReportFused(const std::vector<Stamp>& stamps, int layers, int grid, const c
         }
       }
       if (kind == kFusedProbeRoutedKind) {
-        for (int d = 0; d < 3; ++d) {
+        for (int d = 0; d < kDetail; ++d) {
           for (int which = -1; which <= 1; ++which) {
             vd[d][which + 1].push_back(bench::StampUs(of_kind[kind], detail[d], t0, which));
           }
@@ -179,7 +183,7 @@ void ReportFused(const std::vector<Stamp>& stamps, int layers, int grid, const c
       std::printf("  %-7s %-32s %8.2f %8.2f %8.2f\n", kind_names[kind], phase_names[p], Median(v[kind][p][0]),
                   Median(v[kind][p][1]), Median(v[kind][p][2]));
       if (kind == kFusedProbeRoutedKind && p == kFusedProbeAfterWait && !vd[0][0].empty()) {
-        for (int d = 0; d < 3; ++d) {
+        for (int d = 0; d < kDetail; ++d) {
           std::printf("  %-7s %-32s %8.2f %8.2f %8.2f\n", kind_names[kind], detail_names[d], Median(vd[d][0]),
                       Median(vd[d][1]), Median(vd[d][2]));
         }

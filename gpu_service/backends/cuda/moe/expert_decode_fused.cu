@@ -172,6 +172,24 @@ struct FusedStamps {
       if (row != nullptr && dep != 0x9E3779B9u) row[phase] = GlobalTimerNs();
     }
   }
+  // kFusedProbeLogitsReloaded and kFusedProbeOtherLoaded (expert_decode_fused_probe.h): 16 lines a
+  // warp of each, loaded as WarpPickLogits loads the logits. Call from every lane of warp 0.
+  __device__ void Reloads(const float* logits, int E, const void* other) const {
+    if constexpr (kProbe) {
+      const int lane = threadIdx.x & 31;
+      unsigned v = 0u;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (lane + 32 * j < E) v ^= __float_as_uint(__ldcg(logits + lane + 32 * j));
+      }
+      StampAfter(kFusedProbeLogitsReloaded, v);
+      const unsigned* o = static_cast<const unsigned*>(other);
+      unsigned u = 0u;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) u ^= __ldcg(o + lane + 32 * j);
+      StampAfter(kFusedProbeOtherLoaded, u);
+    }
+  }
 };
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
@@ -257,7 +275,10 @@ __global__ void __launch_bounds__(kThreads)
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
     WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid,
-                         [&](unsigned every) { stamps.StampAfter(kFusedProbeLogitsLoaded, every); });
+                         [&](unsigned every) {
+                           stamps.StampAfter(kFusedProbeLogitsLoaded, every);
+                           stamps.Reloads(a.logits, a.E, a.table);
+                         });
     stamps.Stamp(kFusedProbePicked);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w

@@ -23,7 +23,7 @@
 
 namespace tandem::cuda {
 
-inline constexpr int kFusedProbeWords = 16;
+inline constexpr int kFusedProbeWords = 18;
 // The words of a row: the phases, in the order a block passes them, then the block's facts.
 enum FusedProbeWord : int {
   kFusedProbeEntry, kFusedProbeAfterWait, kFusedProbeRouted, kFusedProbeGateUpLanded, kFusedProbeActWritten,
@@ -37,6 +37,12 @@ enum FusedProbeWord : int {
   kFusedProbePick,       // the routed block's pick k (as a signed value), else -1
   kFusedProbeSm,
   kFusedProbeBlock,
+  // Routed blocks, right after "logits loaded" (so the picks start later by these loads): the same
+  // lines loaded again, then as many lines of the expert table (read by every block before its
+  // wait): whether the first loads waited on the lines (just written by other SMs) or on a busy
+  // memory system.
+  kFusedProbeLogitsReloaded,
+  kFusedProbeOtherLoaded,
 };
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
 
