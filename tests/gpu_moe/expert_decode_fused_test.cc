@@ -139,9 +139,8 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
 // the default 96 blocks with the first row preloaded, 64 with the plain loop, 8 (many rows a warp)
-// preloaded, and the two forms' logits bit-identical; the same with the grid asking other weights
-// into L2 for the next launch (FusedRouter::next, from both kinds of blocks). Block counts that are
-// not whole clusters, or out of range, and a misaligned or unsized prefetch, are refused.
+// preloaded, and the two forms' logits bit-identical. Block counts that are not whole clusters, or
+// out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -156,7 +155,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   struct Form {
     int blocks;
     bool preload;
-    int next_when = 0;
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -173,10 +171,10 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     const DeviceBuffer dw = testing::Upload(w);
     const std::vector<float> shared = sq.Reference(c.h, x);
     std::vector<float> form_logits[2];
-    for (const Form& f : {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{8, true}, Form{kFusedRouterBlocks, true, 3}}) {
+    for (const Form& f : {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", " L2 prefetch ", f.next_when);
+                                            f.preload ? " preloaded" : " plain");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
@@ -185,18 +183,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
-      if (f.next_when != 0) {
-        router.next = dw.get();
-        router.next_bytes = static_cast<unsigned long long>(rows * c.h) * 4 / 16 * 16;
-        router.next_when = f.next_when;
-        for (const int bad : {0, 1, 2}) {  // misaligned, unsized, out of range
-          FusedRouter r = router;
-          if (bad == 0) r.next = static_cast<const uint8_t*>(r.next) + 4;
-          if (bad == 1) r.next_bytes += 4;
-          if (bad == 2) r.next_when = 4;
-          EXPECT_EQ(LaunchOneTokenMoeFused(a, &sq.where, stream, &r), cudaErrorInvalidValue) << what << ", bad prefetch " << bad;
-        }
-      }
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
@@ -205,7 +191,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8 && f.next_when == 0) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8) form_logits[f.preload ? 0 : 1] = logits;
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;

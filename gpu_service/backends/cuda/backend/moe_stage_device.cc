@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
@@ -340,27 +339,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (router_inside) {
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
-        // A/B (FusedRouter::next): the next layer's stacked mixer inputs asked into L2 by this grid.
-        static const int next_when = static_cast<int>(EnvInteger("TANDEM_FUSED_L2_NEXT", 0, 0, 3));
-        if (next_when != 0 && layer + 1 < static_cast<int64_t>(m.model->layers.size())) {
-          const GpuLayer& nl = m.model->layers[layer + 1];
-          const DeviceMatrix& in = nl.mixer_in;
-          if (in.present() && reinterpret_cast<uintptr_t>(in.data) % 16 == 0) {
-            router.next = in.data;
-            router.next_bytes = static_cast<unsigned long long>(in.rows * in.row_bytes) / 16 * 16;
-            router.next_when = next_when;
-            // And its output product's weights (the form its decode reads) with TANDEM_FUSED_L2_NEXT_OUT=1.
-            static const bool out = EnvSwitch("TANDEM_FUSED_L2_NEXT_OUT");
-            const void* o = nl.ssm_out_by_columns != nullptr ? nl.ssm_out_by_columns
-                            : nl.o.present()                ? nl.o.data
-                                                            : nullptr;
-            const DeviceMatrix& om = nl.ssm_out_by_columns != nullptr ? nl.ssm_out : nl.o;
-            if (out && o != nullptr && reinterpret_cast<uintptr_t>(o) % 16 == 0) {
-              router.next2 = o;
-              router.next2_bytes = static_cast<unsigned long long>(om.rows * om.row_bytes) / 16 * 16;
-            }
-          }
-        }
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       TANDEM_CUDA_RETURN_IF_ERROR(

@@ -113,34 +113,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// Block i of n asks its share of [p + from, p + to) into L2 (FusedRouter::next), 16 KB a thread
-// at a time; from and to multiples of 16.
-__device__ __forceinline__ void PrefetchShareL2(const void* p, unsigned long long from, unsigned long long to, int i,
-                                                int n) {
-  constexpr unsigned long long kPiece = 16 * 1024;
-  const unsigned long long span = to - from;
-  const unsigned long long share = (span / 16 + static_cast<unsigned long long>(n) - 1) / n * 16;
-  const unsigned long long start = from + share * static_cast<unsigned long long>(i);
-  const unsigned long long end = start + share < to ? start + share : to;
-  for (unsigned long long at = start + kPiece * threadIdx.x; at < end; at += kPiece * blockDim.x) {
-    const unsigned long long bytes = end - at < kPiece ? end - at : kPiece;
-    PrefetchL2(static_cast<const uint8_t*>(p) + at, static_cast<unsigned>(bytes));
-  }
-}
-
-// Block i of the n router blocks (router_side) or n expert blocks asks its share of
-// FusedRouter::next's ranges into L2 (next_when says which side takes which part).
-__device__ __forceinline__ void PrefetchNext(const FusedRouter& rt, bool router_side, int i, int n) {
-  const void* p[2] = {rt.next, rt.next2};
-  const unsigned long long bytes[2] = {rt.next_bytes, rt.next2_bytes};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (p[r] == nullptr || bytes[r] == 0) continue;
-    const unsigned long long half = rt.next_when == 3 ? bytes[r] / 32 * 16 : router_side ? bytes[r] : 0;
-    PrefetchShareL2(p[r], router_side ? 0 : half, router_side ? half : bytes[r], i, n);
-  }
-}
-
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
 template <bool kProbe>
@@ -206,7 +178,6 @@ __global__ void __launch_bounds__(kThreads)
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
-    if (rt.next_when & 1) PrefetchNext(rt, true, static_cast<int>(blockIdx.x), rt.blocks);
     stamps.Stamp(kFusedProbeExit);
     return;
   }
@@ -435,7 +406,6 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
     stamps.Stamp(kFusedProbeDownLanded);
-    if (kRouter && (rt.next_when & 2)) PrefetchNext(rt, false, block, expert_blocks);
     if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
@@ -600,10 +570,7 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
     const bool gate_ok = rt->rows == a.E || (rt->rows == a.E + 1 && a.shared_gate_logit == a.logits + a.E);
     if (rt->w == nullptr || rt->counters == nullptr || rt->logits != a.logits || !gate_ok || a.x_written_earlier ||
         a.h % 128 != 0 || rt->blocks < kFusedCluster || rt->blocks > kFusedRouterMaxBlocks ||
-        rt->blocks % kFusedCluster != 0 || rt->next_when < 0 || rt->next_when > 3 ||
-        (rt->next_when != 0 && (rt->next == nullptr || rt->next_bytes % 16 != 0 || rt->next2_bytes % 16 != 0 ||
-                                reinterpret_cast<uintptr_t>(rt->next) % 16 != 0 ||
-                                reinterpret_cast<uintptr_t>(rt->next2) % 16 != 0))) {
+        rt->blocks % kFusedCluster != 0) {
       return cudaErrorInvalidValue;
     }
   }

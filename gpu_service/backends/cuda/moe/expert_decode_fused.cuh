@@ -76,17 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // Weights the launches after this one read (the next layer's mixer input product), asked into L2
-  // by this grid while HBM would otherwise idle: next_when 1: the router blocks once their rows are
-  // done (HBM idles from then until the routed blocks' copies); 2: the expert blocks once their down
-  // rows have landed (the grid's tail); 3: the router blocks the first half, the expert blocks the
-  // second. Each block takes an even share of each range. A second range (next2, e.g. the next
-  // layer's output product) is optional. Pointers 16-byte aligned, sizes multiples of 16.
-  const void* next = nullptr;
-  unsigned long long next_bytes = 0;
-  const void* next2 = nullptr;
-  unsigned long long next2_bytes = 0;
-  int next_when = 0;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
