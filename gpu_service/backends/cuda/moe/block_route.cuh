@@ -132,8 +132,8 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
 // picks equal RouteToken's but where two logits round to one probability (then RouteToken takes
 // the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
 // bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
-// RouteBefore); 0 marks a taken or NaN entry. Lane 0 writes pick r's expert to ids[r] (E when none
-// is left) and its logit to picked[r] (-inf then). Call from every lane of one warp.
+// RouteBefore); 0 marks a taken or NaN entry. Lane r writes pick r's expert to ids[r] (E when none
+// is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 // loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
 // stamps there; the default does nothing).
@@ -144,28 +144,73 @@ __device__ __forceinline__ unsigned LogitKey(float v) {
   return v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
 }
 
+// Lane l's logits l, l + 32, ... (32 · 16 of them, all present) with all 16 loads issued before any
+// is used. Why inline PTX: in the fused MoE kernel (96 registers) nvcc issued WarpPickLogits'
+// predicated loop four loads at a time, each group reusing the previous group's registers, so the
+// routing waited four L2 round trips for the logits (~2.8 us after the router count in the probe,
+// where one round trip is ~0.3-0.7 us). One asm statement keeps the 16 loads together.
+template <bool kThroughL2>
+__device__ __forceinline__ void LoadLogits16(const float* p, float (&v)[16]) {
+#define TANDEM_LOGIT_LOADS(OP)                                                                          \
+  asm volatile(OP " %0, [%16];\n\t" OP " %1, [%16+128];\n\t" OP " %2, [%16+256];\n\t"               \
+               OP " %3, [%16+384];\n\t" OP " %4, [%16+512];\n\t" OP " %5, [%16+640];\n\t"           \
+               OP " %6, [%16+768];\n\t" OP " %7, [%16+896];\n\t" OP " %8, [%16+1024];\n\t"          \
+               OP " %9, [%16+1152];\n\t" OP " %10, [%16+1280];\n\t" OP " %11, [%16+1408];\n\t"      \
+               OP " %12, [%16+1536];\n\t" OP " %13, [%16+1664];\n\t" OP " %14, [%16+1792];\n\t"     \
+               OP " %15, [%16+1920];"                                                                   \
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]), "=f"(v[4]), "=f"(v[5]), "=f"(v[6]),    \
+                 "=f"(v[7]), "=f"(v[8]), "=f"(v[9]), "=f"(v[10]), "=f"(v[11]), "=f"(v[12]), "=f"(v[13]), \
+                 "=f"(v[14]), "=f"(v[15])                                                              \
+               : "l"(p)                                                                                \
+               : "memory")
+  if constexpr (kThroughL2) {
+    TANDEM_LOGIT_LOADS("ld.global.cg.f32");
+  } else {
+    TANDEM_LOGIT_LOADS("ld.global.f32");
+  }
+#undef TANDEM_LOGIT_LOADS
+}
+
 template <int kPer, typename Loaded = void (*)(unsigned)>
 __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
                                bool through_l2 = false, Loaded&& loaded = [](unsigned) {}) {
   const int lane = threadIdx.x & 31;
   unsigned key[kPer];
+  if (kPer == 16 && E >= 32 * kPer) {  // every logit present: LoadLogits16
+    float l[16];
+    if (through_l2) {
+      LoadLogits16<true>(logits + lane, l);
+    } else {
+      LoadLogits16<false>(logits + lane, l);
+    }
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = lane + 32 * j;
-    const float l = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
-    key[j] = LogitKey(i < E ? l + 0.0f : __int_as_float(0x7FC00000));  // + 0: -0 -> +0; past E a NaN
+    for (int j = 0; j < kPer; ++j) key[j] = LogitKey(l[j % 16] + 0.0f);  // + 0: -0 -> +0
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      const float l = i < E ? (through_l2 ? __ldcg(logits + i) : logits[i]) : 0.0f;
+      key[j] = LogitKey(i < E ? l + 0.0f : __int_as_float(0x7FC00000));  // + 0: -0 -> +0; past E a NaN
+    }
   }
   unsigned every = 0u;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) every ^= key[j];
   loaded(every);
+  // Lane r keeps pick r (selects, no branch a round) and writes it once after the rounds.
+  int my_id = E;
+  float my_picked = -INFINITY;
   WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
-    if (lane == 0) {
-      ids[r] = top != 0u ? static_cast<int>(id) : E;
-      picked[r] = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+    if (lane == r) {
+      my_id = top != 0u ? static_cast<int>(id) : E;
+      my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
     }
   });
-  __syncwarp();  // ids / picked written by lane 0
+  if (lane < rounds) {
+    ids[lane] = my_id;
+    picked[lane] = my_picked;
+  }
+  __syncwarp();  // ids / picked written by lanes 0 .. rounds - 1
 }
 
 // The renormalised weights of WarpPickLogits' K picks (K <= 32), one warp: lane k < K returns

@@ -150,9 +150,11 @@ struct FusedStamps {
     if constexpr (kProbe) {
       const int lane = threadIdx.x & 31;
       unsigned v = 0u;
+      if (E >= 512) {
+        float l[16];
+        LoadLogits16<true>(logits + lane, l);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (lane + 32 * j < E) v ^= __float_as_uint(__ldcg(logits + lane + 32 * j));
+        for (int j = 0; j < 16; ++j) v ^= __float_as_uint(l[j]);
       }
       StampAfter(kFusedProbeLogitsReloaded, v);
       const unsigned* o = static_cast<const unsigned*>(other);
