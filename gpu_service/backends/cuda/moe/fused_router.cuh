@@ -24,7 +24,19 @@ constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
 
 // A router row's float4s of one lane (lane + 32j, j < kRouterQuads: h <= 2048, FusedShapeOk).
 constexpr int kRouterQuads = 2048 / 4 / 32;
+// Why inline PTX where the row is whole (h = 2048): in the fused MoE kernel (96 registers) nvcc
+// issued the predicated loop's 16 loads of a row read after the wait six at a time, each group
+// into the registers of the one before once its products were done, so a warp's second row waited
+// three L2 round trips (the router blocks' last exit ~1.3 us after their median, probe). One asm
+// statement issues all 16.
 __device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane, float4 (&w)[kRouterQuads]) {
+  if (h4 == 32 * kRouterQuads) {
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%64+0];\n\t" "ld.global.nc.v4.f32 {%4, %5, %6, %7}, [%64+512];\n\t" "ld.global.nc.v4.f32 {%8, %9, %10, %11}, [%64+1024];\n\t" "ld.global.nc.v4.f32 {%12, %13, %14, %15}, [%64+1536];\n\t" "ld.global.nc.v4.f32 {%16, %17, %18, %19}, [%64+2048];\n\t" "ld.global.nc.v4.f32 {%20, %21, %22, %23}, [%64+2560];\n\t" "ld.global.nc.v4.f32 {%24, %25, %26, %27}, [%64+3072];\n\t" "ld.global.nc.v4.f32 {%28, %29, %30, %31}, [%64+3584];\n\t" "ld.global.nc.v4.f32 {%32, %33, %34, %35}, [%64+4096];\n\t" "ld.global.nc.v4.f32 {%36, %37, %38, %39}, [%64+4608];\n\t" "ld.global.nc.v4.f32 {%40, %41, %42, %43}, [%64+5120];\n\t" "ld.global.nc.v4.f32 {%44, %45, %46, %47}, [%64+5632];\n\t" "ld.global.nc.v4.f32 {%48, %49, %50, %51}, [%64+6144];\n\t" "ld.global.nc.v4.f32 {%52, %53, %54, %55}, [%64+6656];\n\t" "ld.global.nc.v4.f32 {%56, %57, %58, %59}, [%64+7168];\n\t" "ld.global.nc.v4.f32 {%60, %61, %62, %63}, [%64+7680];\n\t"
+                 : "=f"(w[0].x), "=f"(w[0].y), "=f"(w[0].z), "=f"(w[0].w), "=f"(w[1].x), "=f"(w[1].y), "=f"(w[1].z), "=f"(w[1].w), "=f"(w[2].x), "=f"(w[2].y), "=f"(w[2].z), "=f"(w[2].w), "=f"(w[3].x), "=f"(w[3].y), "=f"(w[3].z), "=f"(w[3].w), "=f"(w[4].x), "=f"(w[4].y), "=f"(w[4].z), "=f"(w[4].w), "=f"(w[5].x), "=f"(w[5].y), "=f"(w[5].z), "=f"(w[5].w), "=f"(w[6].x), "=f"(w[6].y), "=f"(w[6].z), "=f"(w[6].w), "=f"(w[7].x), "=f"(w[7].y), "=f"(w[7].z), "=f"(w[7].w), "=f"(w[8].x), "=f"(w[8].y), "=f"(w[8].z), "=f"(w[8].w), "=f"(w[9].x), "=f"(w[9].y), "=f"(w[9].z), "=f"(w[9].w), "=f"(w[10].x), "=f"(w[10].y), "=f"(w[10].z), "=f"(w[10].w), "=f"(w[11].x), "=f"(w[11].y), "=f"(w[11].z), "=f"(w[11].w), "=f"(w[12].x), "=f"(w[12].y), "=f"(w[12].z), "=f"(w[12].w), "=f"(w[13].x), "=f"(w[13].y), "=f"(w[13].z), "=f"(w[13].w), "=f"(w[14].x), "=f"(w[14].y), "=f"(w[14].z), "=f"(w[14].w), "=f"(w[15].x), "=f"(w[15].y), "=f"(w[15].z), "=f"(w[15].w)
+                 : "l"(w4 + lane)
+                 : "memory");
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kRouterQuads; ++j) {
     const int i = lane + 32 * j;
