@@ -122,6 +122,18 @@ __device__ __forceinline__ void PickBallot(unsigned (&key)[kPickPer], int rounds
   __syncwarp();
 }
 
+// A reader block's row of stamps (thread 0) and its picks (threads < kPickK).
+__device__ __forceinline__ void WriteRow(unsigned long long* stamps, int* ids_out, const int* ids, long long t0,
+                                         long long t1, long long t2) {
+  if (threadIdx.x == 0) {
+    unsigned long long* row = stamps + static_cast<size_t>(blockIdx.x) * kPickWords;
+    row[0] = static_cast<unsigned long long>(t0);
+    row[1] = static_cast<unsigned long long>(t1);
+    row[2] = static_cast<unsigned long long>(t2);
+  }
+  if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
+}
+
 template <PickForm kForm>
 __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, unsigned long long* stamps, int* ids_out) {
   __shared__ int ids[kOneTokenMaxPicks];
@@ -146,14 +158,7 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
       PickBallot(key, kPickK, ids);
     }
   }
-  const long long t2 = clock64();
-  if (threadIdx.x == 0) {
-    unsigned long long* row = stamps + static_cast<size_t>(blockIdx.x) * kPickWords;
-    row[0] = static_cast<unsigned long long>(t0);
-    row[1] = static_cast<unsigned long long>(t1);
-    row[2] = static_cast<unsigned long long>(t2);
-  }
-  if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
+  WriteRow(stamps, ids_out, ids, t0, t1, clock64());
 }
 
 // The readers as the fused kernel has them: every block resident and waiting on a count that the
@@ -195,14 +200,7 @@ __global__ void __launch_bounds__(kPickThreads)
                            [&](unsigned every) {
                              if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
                            });
-  const long long t2 = clock64();
-  if (threadIdx.x == 0) {
-    unsigned long long* row = stamps + static_cast<size_t>(blockIdx.x) * kPickWords;
-    row[0] = static_cast<unsigned long long>(t0);
-    row[1] = static_cast<unsigned long long>(t1);
-    row[2] = static_cast<unsigned long long>(t2);
-  }
-  if (threadIdx.x < kPickK) ids_out[blockIdx.x * kPickK + threadIdx.x] = ids[threadIdx.x];
+  WriteRow(stamps, ids_out, ids, t0, t1, clock64());
 }
 
 }  // namespace
