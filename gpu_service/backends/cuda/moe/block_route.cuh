@@ -13,12 +13,6 @@
 namespace tandem::cuda {
 namespace {
 
-// `rounds` picks from a warp's keys (lane l holds ids l, l + 32, ...; 0: taken or absent): each
-// round two warp reductions (redux.sync) give the largest key and the lowest id holding it, which
-// is then taken; every lane calls take(r, key, id) (key 0: nothing was left). Call from every lane.
-// A lane's best key comes from a pairwise tree (log2(kPer) dependent compare-selects a round, not
-// kPer in a chain: the chain was most of a round's latency at kPer = 16); the lower j wins a tie,
-// so the lane still offers its lowest id among equal keys.
 // A lane's largest key and its slot j (the lowest j among equal keys): a pairwise tree.
 template <int kPer>
 __device__ __forceinline__ unsigned LaneBestKey(const unsigned (&key)[kPer], int* slot) {
@@ -42,6 +36,12 @@ __device__ __forceinline__ unsigned LaneBestKey(const unsigned (&key)[kPer], int
   return k[0];
 }
 
+// `rounds` picks from a warp's keys (lane l holds ids l, l + 32, ...; 0: taken or absent): each
+// round two warp reductions (redux.sync) give the largest key and the lowest id holding it, which
+// is then taken; every lane calls take(r, key, id) (key 0: nothing was left). Call from every lane.
+// A lane's best key comes from a pairwise tree (log2(kPer) dependent compare-selects a round, not
+// kPer in a chain: the chain was most of a round's latency at kPer = 16); the lower j wins a tie,
+// so the lane still offers its lowest id among equal keys.
 template <int kPer, typename Take>
 __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, Take&& take) {
   const int lane = threadIdx.x & 31;
@@ -124,19 +124,6 @@ __device__ double BlockRoute(const float* logits, int E, int rounds, float* s_p,
   return picked_sum;
 }
 
-// The fast mode's routing (OneTokenMoeArgs::logit_route), one warp: the top `rounds` router logits
-// themselves, not their softmax. Softmax is monotonic and the model renormalises the K picked
-// probabilities, so the full sum over E cancels: w_k = exp(l_k - l_0) / Σ_j exp(l_j - l_0) over
-// the picks alone (PickWeights). That skips BlockRoute's E f64 exponentials, its f64 sum and a
-// block barrier (~3 us of every gate/up block's routing at E = 512, the probe's phases 5-7). The
-// picks equal RouteToken's but where two logits round to one probability (then RouteToken takes
-// the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
-// bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
-// RouteBefore); 0 marks a taken or NaN entry. Lane r writes pick r's expert to ids[r] (E when none
-// is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
-// through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
-// loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
-// stamps there; the default does nothing).
 // A logit's pick key: its bits made unsigned-ordered, 0 for a NaN (never picked). Callers pass
 // the logit + 0 (-0 read as +0, so that equal logits tie).
 __device__ __forceinline__ unsigned LogitKey(float v) {
@@ -171,6 +158,19 @@ __device__ __forceinline__ void LoadLogits16(const float* p, float (&v)[16]) {
 #undef TANDEM_LOGIT_LOADS
 }
 
+// The fast mode's routing (OneTokenMoeArgs::logit_route), one warp: the top `rounds` router logits
+// themselves, not their softmax. Softmax is monotonic and the model renormalises the K picked
+// probabilities, so the full sum over E cancels: w_k = exp(l_k - l_0) / Σ_j exp(l_j - l_0) over
+// the picks alone (PickWeights). That skips BlockRoute's E f64 exponentials, its f64 sum and a
+// block barrier (~3 us of every gate/up block's routing at E = 512, the probe's phases 5-7). The
+// picks equal RouteToken's but where two logits round to one probability (then RouteToken takes
+// the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
+// bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
+// RouteBefore); 0 marks a taken or NaN entry. Lane r writes pick r's expert to ids[r] (E when none
+// is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
+// through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
+// loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
+// stamps there; the default does nothing).
 template <int kPer, typename Loaded = void (*)(unsigned)>
 __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
                                bool through_l2 = false, Loaded&& loaded = [](unsigned) {}) {
@@ -184,7 +184,8 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
       LoadLogits16<false>(logits + lane, l);
     }
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) key[j] = LogitKey(l[j % 16] + 0.0f);  // + 0: -0 -> +0
+    // + 0: -0 -> +0. (j % 16 is j: this branch runs at kPer = 16 only; the index lets other kPer compile.)
+    for (int j = 0; j < kPer; ++j) key[j] = LogitKey(l[j % 16] + 0.0f);
   } else {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
