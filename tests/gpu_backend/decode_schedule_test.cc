@@ -539,6 +539,25 @@ TEST_P(DecodeScheduleTest, GdnOutProductInsideKeepsDecodeLogitsClose) {
   cuda::SetGdnDecodeFused(was);
 }
 
+// The GDN mixer read's norm formed inside the layer's input product at one-token steps
+// (MixerNormInProduct: LaunchDenseMatVecNormIn, the MoE output's inject moved to the layer's next
+// norm) against the norm's own launch (cuda::SetMixerNormLaunch, TANDEM_MIXER_NORM_LAUNCH=1). The
+// same values in the same order (norm_in_product_test.cc: bit-identical kernels); with GDN mode 3
+// (ssm_out inside: the pending y stays untouched by the mixer, the path's condition in fast mode),
+// whose atomics may move the last bits between runs, so within its tolerance. Exact mode takes the
+// path in layers without a pending inject only, and must give the same bits.
+TEST_P(DecodeScheduleTest, MixerNormInProductKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::MixerNormLaunch();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "mixer norm inside the input product",
+                                       [](bool on) { cuda::SetMixerNormLaunch(!on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetMixerNormLaunch(was);
+}
+
 // Attention's o product split by columns at one-token steps (cuda::SetAttnOutColumnSplit: added into
 // a per-layer buffer with atomics, its input as int16) against the row-split matvec (small: o is
 // Q8_0x8; tiny-q3n's o is under the regrouping size, which the kernel does not take).

@@ -29,8 +29,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -83,10 +86,25 @@ inline constexpr int kStreamMinBlocks = (std::is_same_v<F, FmtQ8_0> && kN <= 2) 
 inline constexpr size_t kMaxStreamShared = 72 * 1024;
 
 template <class F, int kN>
-inline size_t StreamSharedBytes(int cols) {
+__host__ __device__ inline size_t StreamSharedBytes(int cols) {
   const size_t x = static_cast<size_t>(kN) * cols * sizeof(float) * (F::kXSum ? 17 : 16) / 16;
   return x + static_cast<size_t>(kWarps) * (32 / LanesPerRow<F>(cols)) * kStreamSlots<F, kN> * kN * sizeof(float);
 }
+
+// The norm-in form's input (one activation row, kNormIn): instead of reading x, each block forms
+// x = γ ⊙ ρ(H + y + g·shared) itself, as the register norm kernel with the split norm_row::RegSplitFor
+// gives (the same operations: the same bits), without writing H or x (dense_matvec.cuh
+// LaunchDenseMatVecNormIn says who adds the inject to H).
+struct StreamNormIn {
+  const float* H = nullptr;           // the residual row, cols floats
+  const float* y = nullptr;           // the pending inject, or nullptr
+  const float* shared = nullptr;      // its shared term (PendingShared), or nullptr
+  const float* gate_logit = nullptr;  // the shared term's gate logit, or nullptr (ungated)
+  const float* gamma = nullptr;       // the norm's weights, cols floats
+  float eps = 0.0f;
+  int vec = 0, threads = 0;  // norm_row::RegSplitFor(cols / 4)
+  bool h_early = false;      // H's writer is two or more launches back: copied before the PDL wait
+};
 
 struct StreamArgs {
   const uint8_t* w = nullptr;
@@ -98,7 +116,19 @@ struct StreamArgs {
   float* y = nullptr;
   int64_t y_stride = 0;
   int wpr = 1;
+  StreamNormIn norm;  // read by the kNormIn kernel alone
 };
+
+// The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
+// at StreamNormInOffset, after the kernel's own (StreamSharedBytes at one activation row).
+template <class F>
+__host__ __device__ inline size_t StreamNormInOffset(int cols) {
+  return (StreamSharedBytes<F, 1>(cols) + 15) / 16 * 16;
+}
+template <class F>
+inline size_t StreamNormInSharedBytes(int cols) {
+  return StreamNormInOffset<F>(cols) + 4 * static_cast<size_t>(cols) * sizeof(float);
+}
 
 namespace {  // internal linkage, as in matvec_core.cuh
 
@@ -242,10 +272,73 @@ struct StreamProbe {
   }
 };
 
+// The norm-in form's copies into its shared memory (area: H, γ, y, shared, cols floats each), each
+// float4 by the thread that will read it (the norm's split: no barrier before the reads).
+__device__ __forceinline__ void NormInCopy(float4* dst, const float* src, const StreamNormIn& n, int h4) {
+  if (static_cast<int>(threadIdx.x) >= n.threads) return;
+  for (int k = 0; k < n.vec; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * n.threads;
+    if (i >= h4) break;
+    CpAsync16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + i)), src + 4 * static_cast<int64_t>(i));
+  }
+}
+
+// Before the PDL wait: γ, and H when its writer is two or more launches back (pdl.cuh).
+__device__ __forceinline__ void NormInEarlyCopies(const StreamNormIn& n, int cols, float4* area) {
+  const int h4 = cols / 4;
+  NormInCopy(area + h4, n.gamma, n, h4);
+  if (n.h_early) NormInCopy(area, n.H, n, h4);
+  CpAsyncCommit();
+}
+
+// After the wait: the rest of the copies, then x = γ ⊙ ρ(H + y_eff) into the swizzled activation
+// row xs4, with InjectRmsNormRegKernel's operations in its order (norm_row.cuh). The caller's
+// barrier follows.
+template <class F>
+__device__ __forceinline__ void NormInStage(const StreamNormIn& n, int cols, float4* area, float4* xs4) {
+  __shared__ float scratch[32];
+  const int h4 = cols / 4;
+  float4 *hs = area, *gs = area + h4, *ys = area + 2 * h4, *ss4 = area + 3 * h4;
+  if (!n.h_early) NormInCopy(hs, n.H, n, h4);
+  if (n.y != nullptr) NormInCopy(ys, n.y, n, h4);
+  const bool with_shared = n.y != nullptr && n.shared != nullptr;
+  if (with_shared) NormInCopy(ss4, n.shared, n, h4);
+  CpAsyncCommit();
+  const float g = with_shared ? norm_row::SharedGate(n.gate_logit, 0) : 1.0f;
+  CpAsyncWait<0>();
+  const bool mine = static_cast<int>(threadIdx.x) < n.threads;
+  float ss = 0.0f;
+  if (mine) {
+    for (int k = 0; k < n.vec; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * n.threads;
+      if (i >= h4) break;
+      float4 v = hs[i];
+      if (n.y != nullptr) {
+        float4 d = ys[i];
+        if (with_shared) d = norm_row::AddShared(d, g, ss4[i]);
+        v = norm_row::InjectQuad(v, 1.0f, d);
+        hs[i] = v;
+      }
+      ss = norm_row::AddSquares(ss, v);
+    }
+  }
+  ss = BlockSum(ss, scratch);
+  const float scale = norm_row::RmsScale(ss, cols, n.eps);
+  if (mine) {
+    for (int k = 0; k < n.vec; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * n.threads;
+      if (i >= h4) break;
+      xs4[F::Swz(i)] = norm_row::NormQuad(gs[i], hs[i], scale);
+    }
+  }
+}
+
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
 // `if constexpr`: the production instantiations compile as without it).
-template <class F, int kN, bool kProbe = false>
+// kNormIn: the norm-in form (StreamNormIn; one activation row).
+template <class F, int kN, bool kProbe = false, bool kNormIn = false>
 __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMatVecKernel(const StreamArgs a) {
+  static_assert(!kNormIn || kN == 1, "the norm-in form forms one activation row");
   [[maybe_unused]] const StreamProbe<kProbe> probe;  // thread 0: the entry stamp, its slot
   extern __shared__ float4 smem4[];
   constexpr int kS = kStreamSlots<F, kN>;
@@ -282,17 +375,26 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   int row0 = row_ptrs(g < groups ? g : 0);
   if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
   if constexpr (kProbe) probe.Stamp(kStreamProbeRingIssued);
+  // The norm-in form's area after the kernel's own shared memory (StreamNormInOffset).
+  [[maybe_unused]] float4* norm_area = smem4 + StreamNormInOffset<F>(cols) / sizeof(float4);
+  if constexpr (kNormIn) NormInEarlyCopies(a.norm, cols, norm_area);
   // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
   PdlWaitForPrevious();
   if constexpr (kProbe) probe.Stamp(kStreamProbeAfterWait);
   PdlAllowNext();
 
   // Activations (rows >= rows_used read as zeros), swizzled, then Σx per 16 columns.
-  for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
-    const int t = idx / quads, q = idx - t * quads;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < rows_used) v = __ldg(reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(t0 + t) * a.x_stride) + q);
-    xs4[t * quads + F::Swz(q)] = v;
+  if constexpr (kNormIn) {
+    NormInStage<F>(a.norm, cols, norm_area, xs4);
+  } else {
+    for (int idx = threadIdx.x; idx < kN * quads; idx += kThreads) {
+      const int t = idx / quads, q = idx - t * quads;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < rows_used) {
+        v = __ldg(reinterpret_cast<const float4*>(a.x + static_cast<int64_t>(t0 + t) * a.x_stride) + q);
+      }
+      xs4[t * quads + F::Swz(q)] = v;
+    }
   }
   if constexpr (F::kXSum) {
     __syncthreads();
@@ -486,6 +588,22 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
   const StreamSplit split = StreamLaunchSplit<F, kN>(a, grid_y, tuning);
   a.wpr = split.wpr;
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream, a);
+}
+
+// The norm-in form (kNormIn) of a one-activation-row launch, with the split and grid of the plain
+// launch (its rows' sums in the same order: the same bits as the plain product over x formed by
+// the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
+// norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
+template <class F>
+cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
+  auto kernel = StreamMatVecKernel<F, 1, false, true>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
+  if (attr != cudaSuccess) return attr;
+  const size_t smem = StreamNormInSharedBytes<F>(a.cols);
+  const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, StreamTuning{});
+  a.wpr = split.wpr;
+  return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, smem, stream, a);
 }
 
 template <class F>

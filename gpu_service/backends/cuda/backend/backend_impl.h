@@ -27,6 +27,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
@@ -197,6 +198,11 @@ class CudaBackend::Impl {
   const float* PendingY() const { return moe_y != nullptr ? moe_y : y; }
   // This step zeroed mixer_out_y, and its mixers may add their outputs there (EnqueueForward).
   bool mixer_out_step = false;
+  // One-token steps whose mixer read formed its norm inside the product that reads x
+  // (MixerNormInProduct): x_norm_in holds that norm until InputProduct launches the product, and
+  // earlier_inject the inject H still owes until the layer's next read adds it (EarlierInject).
+  std::optional<cuda::MatVecNormIn> x_norm_in;
+  cuda::EarlierInject earlier_inject;
   // Where the current layer's mixer left its output: nullptr for y, or its row of mixer_out_y
   // (RunGdn with ssm_out inside the fused kernel, RunAttention's column-split o product). Reset by
   // RunLayer before each mixer.
@@ -220,6 +226,9 @@ class CudaBackend::Impl {
   // would flip routing picks).
   absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
+  // Product of the block input x on the main stream, or, when the read left its norm to this
+  // product (x_norm_in), the norm-in product (LaunchDenseMatVecNormIn), which takes it.
+  absl::Status InputProduct(const cuda::DeviceMatrix& w, float* y);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
   absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);
@@ -252,9 +261,12 @@ class CudaBackend::Impl {
   // (LaunchInjectRmsNormF16 into the DenseGemm scratch, DenseGemm::SetConverted). xq (plain reads
   // only, may be nullptr): the norm also writes x quantized for the MoE experts (NormMmqOut).
   // pending_shared (with pending only, may be nullptr): a shared term to add to pending first.
+  // norm_in_product: a one-token read whose norm the caller's one product of x forms itself
+  // (MixerNormInProduct): nothing is launched; x_norm_in and earlier_inject are set instead. A
+  // plain read's norm adds earlier_inject to H first and clears it.
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
                     cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr,
-                    const cuda::PendingShared* pending_shared = nullptr);
+                    const cuda::PendingShared* pending_shared = nullptr, bool norm_in_product = false);
   // The pending shared term for the launch that injects y now ({}: none; the launches take a null
   // shared as none), and forgets it.
   cuda::PendingShared TakePendingShared() { return std::exchange(pending_shared, cuda::PendingShared{}); }
@@ -270,6 +282,20 @@ class CudaBackend::Impl {
   bool StackedInputs(const cuda::GpuLayer& w) const {
     return w.mixer_in.present() && w.mixer_in.rows <= decode_in_rows;
   }
+  // How a small step's GDN layer runs its input products (RunGdn): one product over w.mixer_in or
+  // w.qkv_ba (stacked_in), ssm_out inside the fused kernel into the layer's row of mixer_out_y
+  // (out_inside), z's own product on the side stream beside w.qkv_ba's (z_side).
+  struct GdnInputs {
+    bool stacked_in = false, out_inside = false, z_side = false;
+  };
+  GdnInputs PlanGdnInputs(const cuda::GpuLayer& w, int64_t T, int fused_switch) const;
+  // Whether layer w's mixer read of a one-token step leaves its norm to the one product that reads
+  // x (a GDN layer's product over w.mixer_in, LaunchDenseMatVecNormIn): the norm's launch is saved,
+  // H's inject moves to the layer's next read (EarlierInject). Needs one stream, no inject weights,
+  // a pending y that the mixer does not overwrite (the fused MoE's buffer, or the GDN output in
+  // mixer_out_y) and no ablation of the pieces between. TANDEM_MIXER_NORM_LAUNCH=1 (A/B; settable:
+  // SetMixerNormLaunch) keeps the norm's own launch.
+  bool MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const;
   // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);

@@ -275,8 +275,13 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   inject_is_one = false;
   pending_shared = {};
   moe_y = nullptr;
+  x_norm_in.reset();
+  earlier_inject = {};
   for (int64_t layer = 0; layer < c->n_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
+  }
+  if (x_norm_in.has_value() || earlier_inject.y != nullptr) {
+    return absl::InternalError("a layer left its norm to a product that did not run, or its inject to no read");
   }
   if (absl::Status s = JoinPrefetches(); !s.ok()) return s;
   return EnqueueHead(plan, inputs);

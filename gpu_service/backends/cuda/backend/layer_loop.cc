@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
@@ -28,6 +30,9 @@ using backend_internal::Launch;
 
 absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out,
                                         bool accurate, cudaStream_t on) {
+  if (in == x && x_norm_in.has_value()) {
+    return absl::InternalError("a product read x, whose norm the read left to the layer's input product");
+  }
   cudaStream_t st = on != nullptr ? on : stream.get();
   if (n <= cuda::kMatVecMaxRows) {
     return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, st), "dense matvec");
@@ -36,6 +41,29 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   // Near-f32 on the tensor cores (f16 hi/lo triples): as accurate as the pedantic f32 GEMM for the
   // router's logits, several times faster.
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
+}
+
+absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, float* out) {
+  if (!x_norm_in.has_value()) return Product(w, x, 1, out);
+  const cuda::MatVecNormIn in = *x_norm_in;
+  x_norm_in.reset();
+  return Launch(cuda::LaunchDenseMatVecNormIn(w, in, out, stream.get()), "dense matvec (norm in)");
+}
+
+bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
+  if (T != 1 || c->n_streams != 1 || w.kind != LayerKind::kGdn || (inject_pending && !inject_is_one) ||
+      cuda::MixerNormLaunch()) {
+    return false;
+  }
+  for (cuda::Ablate piece : {cuda::Ablate::kMixerNorm, cuda::Ablate::kMixer, cuda::Ablate::kGdnIn,
+                             cuda::Ablate::kFfnNorm}) {
+    if (cuda::Ablated(piece, T)) return false;
+  }
+  // RunGdn's one product over w.mixer_in, the only reader of x.
+  const GdnInputs in = PlanGdnInputs(w, T, cuda::GetGdnDecodeFused());
+  if (!in.stacked_in || in.z_side || !cuda::DenseMatVecNormInTakes(w.mixer_in)) return false;
+  // y (and the shared term, the MoE stage's own buffer) must hold until the ffn read adds them.
+  return !inject_pending || moe_y != nullptr || in.out_inside;
 }
 
 absl::Status CudaBackend::Impl::OutProduct(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
@@ -169,7 +197,7 @@ cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
                                      const float* pending, cuda::GemmMode f16_for, const cuda::NormMmqOut* xq,
-                                     const cuda::PendingShared* pending_shared) {
+                                     const cuda::PendingShared* pending_shared, bool norm_in_product) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
   // x is rewritten here: the f16 rows of the previous x in the GEMM scratch no longer count.
@@ -183,7 +211,30 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   // PDL wait (norm_streams.cuh). Without one, the kernel just before (the embedding, Engram) may
   // have written them.
   const bool h_earlier = pending != nullptr;
+  // The inject an earlier read left to this one (its norm was formed inside a product).
+  const cuda::EarlierInject earlier = std::exchange(earlier_inject, cuda::EarlierInject{});
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
+    if (norm_in_product) {
+      // MixerNormInProduct: one stream, no inject weights, one token; x is formed by the product.
+      if (S != 1 || pending_a != nullptr || n != 1 || earlier.y != nullptr || xq != nullptr ||
+          f16_for != cuda::GemmMode::kExact) {
+        return absl::InternalError("a read's norm left to its product, outside a one-token, one-stream step");
+      }
+      cuda::MatVecNormIn in;
+      in.H = H;
+      in.y = pending;
+      if (psh != nullptr) in.sh = *psh;
+      in.gamma = r.norm;
+      in.eps = c->eps;
+      in.h_written_earlier = h_earlier;
+      x_norm_in = in;
+      earlier_inject = cuda::EarlierInject{pending, in.sh};
+      if (inject != nullptr) inject_is_one = true;  // one stream: the weights stay 1, as below
+      return absl::OkStatus();
+    }
+    if (earlier.y != nullptr && f16_for != cuda::GemmMode::kExact) {
+      return absl::InternalError("an earlier read's inject left to a norm that writes f16 rows");
+    }
     if (f16_for != cuda::GemmMode::kExact) {
       // x and its f16 input rows in one pass, instead of a conversion per consumer (bit-identical:
       // the same f32 values and roundings as DenseGemm::ConvertInput).
@@ -197,7 +248,7 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
       gemm->SetConverted(out, n, h, f16_for);
     } else if (absl::Status s =
                    Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq, psh,
-                                                    h_earlier),
+                                                    h_earlier, &earlier),
                           "rms norm");
                !s.ok()) {
       return s;
@@ -210,6 +261,7 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
     inject_is_one = false;
     return Launch(cuda::LaunchInjectWeights(nullptr, n * S, inject, st), "inject weights");
   }
+  if (earlier.y != nullptr) return absl::InternalError("an earlier read's inject left to a stream read");
   const int64_t lr = r.down.rows;
   if (absl::Status s = Launch(cuda::LaunchInjectRmsNorm(H, n, S, h, pending_a, pending, r.norm, c->eps, N, st,
                                                         nullptr, psh),
@@ -277,7 +329,8 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   if (cuda::Ablated(cuda::Ablate::kMixerNorm, T)) {
     // decode_ablation.h: timing only.
   } else if (absl::Status s = Read(w.attn_read, T, x, a, inject_pending ? PendingY() : nullptr,
-                                   ReadF16Mode(w, T, /*ffn=*/false), nullptr, &attn_shared_term);
+                                   ReadF16Mode(w, T, /*ffn=*/false), nullptr, &attn_shared_term,
+                                   MixerNormInProduct(w, T));
              !s.ok()) {
     return s;
   }

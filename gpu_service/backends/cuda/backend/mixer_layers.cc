@@ -28,6 +28,22 @@ namespace tandem {
 
 using backend_internal::Launch;
 
+CudaBackend::Impl::GdnInputs CudaBackend::Impl::PlanGdnInputs(const cuda::GpuLayer& w, int64_t T,
+                                                              int fused_switch) const {
+  GdnInputs in;
+  in.stacked_in = T <= cuda::kMatVecMaxRows && StackedInputs(w);
+  // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
+  // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y.
+  // Mode 3 reads z from the one stacked product, mode 4 from the side stream, joined before the
+  // kernel.
+  const int out_mode_switch = mixer_out_step ? fused_switch : 0;
+  in.out_inside = out_mode_switch >= 3 && T == 1 && in.stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
+                  !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(gdn_shape, w.ssm_out);
+  in.z_side = in.stacked_in && w.qkv_ba.present() &&
+              (in.out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
+  return in;
+}
+
 absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const cuda::GpuLayer& w = dm->layers[layer];
   const GdnDims& d = c->gdn;
@@ -39,18 +55,11 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // side stream, beside qkv and the conv, joined before the gates need ba (side_products). Larger
   // steps go in order (GEMMs share one cuBLAS handle).
   const bool overlap = T <= cuda::kMatVecMaxRows;
-  const bool stacked_in = overlap && StackedInputs(w);
   bool decode = true;
   for (int64_t n : plan.counts) decode &= n == 1;
-  // One token with the gated norm and ssm_out inside the fused kernel (GetGdnDecodeFused 3 or 4,
-  // EnqueueForward zeroed mixer_out_y for it): the layer's output goes to its row of mixer_out_y.
-  // Mode 3 reads z from the one stacked product, mode 4 from the side stream, joined before the
-  // kernel.
   const int fused_switch = cuda::GetGdnDecodeFused();  // read once: the step's launches agree
-  const int out_mode_switch = mixer_out_step ? fused_switch : 0;
-  const bool out_inside = out_mode_switch >= 3 && T == 1 && stacked_in && !cuda::Ablated(cuda::Ablate::kGdnCore, T) &&
-                          !cuda::Ablated(cuda::Ablate::kGdnOut, T) && cuda::GdnDecodeOutFits(shape, w.ssm_out);
-  const bool z_side = stacked_in && w.qkv_ba.present() && (out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
+  const GdnInputs in = PlanGdnInputs(w, T, fused_switch);
+  const bool stacked_in = in.stacked_in, out_inside = in.out_inside, z_side = in.z_side;
   const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
@@ -80,7 +89,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
-    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
+    if (absl::Status s = InputProduct(w.mixer_in, mixer_rows.as<float>()); !s.ok()) return s;
     z_rows = mixer_rows.as<float>();
     qkv_rows = z_rows + w.z.rows;
     ba_rows = qkv_rows + w.qkv.rows;
@@ -322,7 +332,8 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     v_rows = k_rows + w.k.rows;
     kv_stride = w.kv.rows;
   } else if (stacked_in) {
-    if (absl::Status s = Product(w.mixer_in, x, T, mixer_rows.as<float>()); !s.ok()) return s;
+    // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
+    if (absl::Status s = InputProduct(w.mixer_in, mixer_rows.as<float>()); !s.ok()) return s;
     if (!one_prep) {
       if (absl::Status s = Fork(); !s.ok()) return s;  // the append (side stream) waits for the product
     }

@@ -1,9 +1,11 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_head.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
@@ -222,6 +224,45 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
     return 0;
   }
   return fastmv::StreamOneRowWarpsPerRow<fastmv::FmtF32>(static_cast<int>(w.cols), static_cast<int>(w.rows));
+}
+
+namespace {
+std::atomic<bool>& MixerNormLaunchSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_MIXER_NORM_LAUNCH")};
+  return on;
+}
+}  // namespace
+
+bool MixerNormLaunch() { return MixerNormLaunchSwitch().load(std::memory_order_relaxed); }
+void SetMixerNormLaunch(bool on) { MixerNormLaunchSwitch().store(on, std::memory_order_relaxed); }
+
+bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
+  using F = fastmv::FmtQ8_0x8;
+  if (w.type != kTypeQ8_0x8 || w.data == nullptr || fastmv::ForceGeneric() ||
+      !fastmv::StreamTakes<F>(w.data, w.cols, w.rows, w.row_bytes) || w.row_bytes < Q8_0x8RowBytes(w.cols)) {
+    return false;
+  }
+  return norm_row::RegSplitFor(w.cols / 4).vec > 0 &&
+         fastmv::StreamNormInSharedBytes<F>(static_cast<int>(w.cols)) <= fastmv::kMaxStreamShared;
+}
+
+cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
+  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
+      (in.sh.shared != nullptr && in.y == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const norm_row::RegSplit split = norm_row::RegSplitFor(w.cols / 4);
+  fastmv::StreamArgs a;
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.row_bytes = w.row_bytes;
+  a.cols = static_cast<int>(w.cols);
+  a.out_rows = static_cast<int>(w.rows);
+  a.n = 1;
+  a.y = y;
+  a.y_stride = w.rows;
+  a.norm = fastmv::StreamNormIn{in.H,     in.y,  in.sh.shared, in.sh.gate_logit, in.gamma,
+                                in.eps,   split.vec, split.threads, in.h_written_earlier && !OldNormEarlyH()};
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, stream);
 }
 
 }  // namespace tandem::cuda

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
 namespace tandem::cuda {
 
@@ -64,6 +65,36 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
 // this (0: none), gives those rows the same bits as w's own kAuto launch (the MoE stage's router
 // product with the shared expert's gate row after it).
 int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
+
+// A one-row product that forms its input itself: y = W·x with x = γ ⊙ ρ(H + y_in + g·shared), the
+// block input that LaunchInjectRmsNorm (one stream, no inject weights) would write, with the same
+// bits, but neither H nor x is written: every block of the product forms x from H, y_in and the
+// shared term in its own shared memory. The norm's launch (~2 us of a decode layer's chain of
+// dependent launches on the H200) is saved; the caller owes H its inject: the next norm adds it
+// (norm_streams.cuh EarlierInject), and nothing may write y_in or the shared term before then.
+// h_written_earlier as LaunchInjectRmsNorm's: H is read before the PDL wait.
+struct MatVecNormIn {
+  const float* H = nullptr;      // one row of w.cols floats
+  const float* y = nullptr;      // the pending inject (w.cols floats), or nullptr: none
+  PendingShared sh;              // y's shared term, or none
+  const float* gamma = nullptr;  // w.cols floats
+  float eps = 0.0f;
+  bool h_written_earlier = false;
+};
+
+// Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row
+// (w.cols) the register norm kernel takes, and whose four staged rows fit its shared memory
+// (w.cols <= 3584: h 2048 and the test presets' widths).
+bool DenseMatVecNormInTakes(const DeviceMatrix& w);
+
+// y (w.rows floats) = W·x as above. cudaErrorInvalidValue where DenseMatVecNormInTakes(w) does not
+// hold, for a null H or gamma, or for a shared term without y_in.
+cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
+
+// The backend's A/B switch for the norm-in product (CudaBackend's MixerNormInProduct):
+// TANDEM_MIXER_NORM_LAUNCH=1 (read once; settable for tests) keeps the norm's own launch.
+bool MixerNormLaunch();
+void SetMixerNormLaunch(bool on);
 
 }  // namespace tandem::cuda
 

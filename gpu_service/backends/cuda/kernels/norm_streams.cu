@@ -6,6 +6,7 @@
 
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -52,18 +53,8 @@ __device__ __forceinline__ void QuantizeStagedRow(const float* row_smem, int64_t
   }
 }
 
-// PendingShared's gate σ(gate logit of token t): OneDownKernel's expression (expert_decode_one.cu),
-// written the same way so that it compiles to the same operations and the same bits.
-__device__ __forceinline__ float SharedGate(const float* sg, int64_t t) {
-  float g = 1.0f;
-  if (sg != nullptr) g = 1.0f / (1.0f + expf(-sg[t]));
-  return g;
-}
-
-// y + g·shared for four values, as OneDownKernel's last step: fmaf(g, shared, y).
-__device__ __forceinline__ float4 AddShared(float4 d, float g, float4 s) {
-  return make_float4(fmaf(g, s.x, d.x), fmaf(g, s.y, d.y), fmaf(g, s.z, d.z), fmaf(g, s.w, d.w));
-}
+using norm_row::AddShared;
+using norm_row::SharedGate;
 
 // One block per (token, stream) row: optional inject, then the RMS norm. The second pass re-reads
 // the row the first pass wrote, from L1/L2 (a row is a few KiB). kCopies > 0: also the f16 rows of
@@ -126,7 +117,7 @@ template <int kVec, int kThreads, int kCopies>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
                        const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q,
-                       bool h_early) {
+                       bool h_early, EarlierInject earlier) {
   extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // t·S + s
@@ -140,7 +131,7 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
     gg[k] = i < h4 ? g[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   float4* hr = reinterpret_cast<float4*>(H + row * h);
-  float4 v[kVec], d[kVec];
+  float4 v[kVec], d[kVec], e[kVec];
   auto load_h = [&] {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -157,10 +148,14 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
   const float4* yr = y ? reinterpret_cast<const float4*>(y + t * h) : nullptr;
   // The shared term left out of y (PendingShared; the launch ensures y with it).
   const float4* sr = y && sh ? reinterpret_cast<const float4*>(sh + t * h) : nullptr;
+  // The earlier read's inject (EarlierInject; the launch ensures S = 1 and no inject weights).
+  const float4* er = earlier.y ? reinterpret_cast<const float4*>(earlier.y + t * h) : nullptr;
+  const float4* esr = er && earlier.sh.shared ? reinterpret_cast<const float4*>(earlier.sh.shared + t * h) : nullptr;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
     d[k] = yr && i < h4 ? yr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    e[k] = er && i < h4 ? er[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   if (sr) {
     const float gs = SharedGate(sg, t);
@@ -170,30 +165,34 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
       if (i < h4) d[k] = AddShared(d[k], gs, sr[i]);
     }
   }
+  if (esr) {
+    const float gs = SharedGate(earlier.sh.gate_logit, t);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t i = threadIdx.x + k * kThreads;
+      if (i < h4) e[k] = AddShared(e[k], gs, esr[i]);
+    }
+  }
   const float as = (y && a) ? a[row] : 1.0f;
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
     if (i >= h4) break;
-    if (yr) {
-      v[k].x += as * d[k].x;
-      v[k].y += as * d[k].y;
-      v[k].z += as * d[k].z;
-      v[k].w += as * d[k].w;
-      hr[i] = v[k];
-    }
-    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    // The earlier inject first, as its own read's norm would have added it.
+    if (er) v[k] = norm_row::InjectQuad(v[k], 1.0f, e[k]);
+    if (yr) v[k] = norm_row::InjectQuad(v[k], as, d[k]);
+    if (yr || er) hr[i] = v[k];
+    ss = norm_row::AddSquares(ss, v[k]);
   }
   ss = BlockSum(ss, scratch);
-  const float scale = rsqrtf(ss / static_cast<float>(h) + eps);
+  const float scale = norm_row::RmsScale(ss, h, eps);
   float4* out = N != nullptr ? reinterpret_cast<float4*>(N + row * h) : nullptr;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = threadIdx.x + k * kThreads;
     if (i >= h4) break;
-    const float4 r = make_float4(gg[k].x * (v[k].x * scale), gg[k].y * (v[k].y * scale), gg[k].z * (v[k].z * scale),
-                                 gg[k].w * (v[k].w * scale));
+    const float4 r = norm_row::NormQuad(gg[k], v[k], scale);
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
     if (q.x16 != nullptr) StoreF16Values<1>(q.x16, t, 0, 1, h, i, r);  // S = 1 (NormMmqOk)
@@ -265,29 +264,32 @@ cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const f
 template <int kCopies>
 cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, PendingShared sh,
                        const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream,
-                       const NormMmqOut* qp, bool h_early) {
+                       const NormMmqOut* qp, bool h_early, EarlierInject earlier = {}) {
   const NormMmqOut q = qp != nullptr ? *qp : NormMmqOut{};
   const size_t smem = q.hi != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
-  // up to 4 vectors each (rows of up to 4096 floats).
+  // up to 4 vectors each (rows of up to 4096 floats): norm_row::RegSplitFor.
   const int64_t h4 = h / 4;
   const unsigned rows = static_cast<unsigned>(n * S);
+  const norm_row::RegSplit split = norm_row::RegSplitFor(h4);
   // Long prefill steps with the inject: the two-pass kernel measured ~3% faster at 8192 rows of h
   // 2048 (4.0 against 3.9 TB/s, both at the copy ceiling); the register kernel wins below.
-  if (y != nullptr && rows >= kGeneralInjectRows) {
+  if ((y != nullptr && rows >= kGeneralInjectRows) || split.vec == 0) {
+    if (earlier.y != nullptr) return cudaErrorInvalidValue;  // the register kernel's alone
     return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
   }
   // One register kernel per row-width bucket: (vectors a thread, threads a block).
-  auto reg = [&](auto kernel, unsigned threads) {
-    return LaunchPdl(kernel, rows, threads, smem, stream, H, S, h, a, y, sh.shared, sh.gate_logit, gamma, eps, N, N16,
-                     q, h_early && !OldNormEarlyH());
+  auto reg = [&](auto kernel) {
+    return LaunchPdl(kernel, rows, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
+                     sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier);
   };
-  if (h4 <= 128) return reg(InjectRmsNormRegKernel<1, 128, kCopies>, 128);
-  if (h4 <= 256) return reg(InjectRmsNormRegKernel<2, 128, kCopies>, 128);
-  if (h4 < 512) return reg(InjectRmsNormRegKernel<4, 128, kCopies>, 128);
-  if (h4 <= 512) return reg(InjectRmsNormRegKernel<2, 256, kCopies>, 256);
-  if (h4 <= 1024) return reg(InjectRmsNormRegKernel<4, 256, kCopies>, 256);
-  return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
+  if (split.threads == 128) {
+    if (split.vec == 1) return reg(InjectRmsNormRegKernel<1, 128, kCopies>);
+    if (split.vec == 2) return reg(InjectRmsNormRegKernel<2, 128, kCopies>);
+    return reg(InjectRmsNormRegKernel<4, 128, kCopies>);
+  }
+  if (split.vec == 2) return reg(InjectRmsNormRegKernel<2, 256, kCopies>);
+  return reg(InjectRmsNormRegKernel<4, 256, kCopies>);
 }
 
 // The folded quantization's and the MoE f16 rows' conditions (NormMmqOut).
@@ -321,13 +323,19 @@ void SetOldNormEarlyH(bool on) { OldNormEarlyHSwitch().store(on, std::memory_ord
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh,
-                                bool h_written_earlier) {
+                                bool h_written_earlier, const EarlierInject* earlier) {
   if (n <= 0) return cudaSuccess;
   PendingShared shared;
   if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q) || !SharedOk(y, sh, &shared)) {
     return cudaErrorInvalidValue;
   }
-  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q, h_written_earlier);
+  EarlierInject e = earlier != nullptr ? *earlier : EarlierInject{};
+  if (e.y == nullptr) {
+    e = EarlierInject{};
+  } else if (S != 1 || a != nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q, h_written_earlier, e);
 }
 
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,

@@ -46,6 +46,16 @@ struct PendingShared {
   const float* gate_logit = nullptr;  // n, or nullptr (ungated)
 };
 
+// An inject that an earlier read left to this one: that read's norm was formed inside the product
+// that reads it (dense_matvec.cuh LaunchDenseMatVecNormIn), which does not write H, so H still
+// lacks y + g·shared. The norm adds it to H before the launch's own inject, as the earlier read's
+// norm would have (the same operations: H then has the bits it would have had). One stream, no
+// inject weights, rows the register kernel takes (h ≤ 4096, fewer than 4096 rows with an inject).
+struct EarlierInject {
+  const float* y = nullptr;  // n × h; nullptr: none
+  PendingShared sh;          // its shared term (PendingShared), or none
+};
+
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
 // the staged row's shared memory); callers ask before they plan the quantized planes.
 inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
@@ -54,10 +64,13 @@ inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 // y with the PendingShared term added when sh names one: sh needs y);
 // then N_s = γ_s ⊙ ρ(H_s) with γ_s = gamma + s·h (gamma holds S·h values) for every token and
 // stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
+// earlier (EarlierInject, with y set): H += its term before y's; cudaErrorInvalidValue where the
+// register kernel does not take the rows, with S > 1 or with inject weights a.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q = nullptr,
-                                const PendingShared* sh = nullptr, bool h_written_earlier = false);
+                                const PendingShared* sh = nullptr, bool h_written_earlier = false,
+                                const EarlierInject* earlier = nullptr);
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
