@@ -539,13 +539,14 @@ TEST_P(DecodeScheduleTest, GdnOutProductInsideKeepsDecodeLogitsClose) {
   cuda::SetGdnDecodeFused(was);
 }
 
-// The GDN mixer read's norm formed inside the layer's input product at one-token steps
-// (MixerNormInProduct: LaunchDenseMatVecNormIn, the MoE output's inject moved to the layer's next
-// norm) against the norm's own launch (cuda::SetMixerNormLaunch, TANDEM_MIXER_NORM_LAUNCH=1). The
-// same values in the same order (norm_in_product_test.cc: bit-identical kernels); with GDN mode 3
-// (ssm_out inside: the pending y stays untouched by the mixer, the path's condition in fast mode),
-// whose atomics may move the last bits between runs, so within its tolerance. Exact mode takes the
-// path in layers without a pending inject only, and must give the same bits.
+// The mixer read's norm formed inside the products that read x at one-token steps
+// (MixerNormInProduct: LaunchDenseMatVecNormIn in GDN's product over mixer_in and attention's over
+// [k; v] and q, the MoE output's inject moved to the layer's next norm) against the norm's own
+// launch (cuda::SetMixerNormLaunch, TANDEM_MIXER_NORM_LAUNCH=1). The same values in the same order
+// (norm_in_product_test.cc: bit-identical kernels); with GDN mode 3 and attention's column-split o
+// (outputs in mixer_out_y: the pending y stays untouched by the mixer, the path's condition in fast
+// mode), whose atomics may move the last bits between runs, so within their tolerance. Exact mode
+// takes the path in layers without a pending inject only, and must give the same bits.
 TEST_P(DecodeScheduleTest, MixerNormInProductKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::MixerNormLaunch();

@@ -198,8 +198,8 @@ class CudaBackend::Impl {
   const float* PendingY() const { return moe_y != nullptr ? moe_y : y; }
   // This step zeroed mixer_out_y, and its mixers may add their outputs there (EnqueueForward).
   bool mixer_out_step = false;
-  // One-token steps whose mixer read formed its norm inside the product that reads x
-  // (MixerNormInProduct): x_norm_in holds that norm until InputProduct launches the product, and
+  // One-token steps whose mixer read left its norm to the products that read x
+  // (MixerNormInProduct): x_norm_in holds that norm for InputProduct until the mixer ends, and
   // earlier_inject the inject H still owes until the layer's next read adds it (EarlierInject).
   std::optional<cuda::MatVecNormIn> x_norm_in;
   cuda::EarlierInject earlier_inject;
@@ -226,9 +226,10 @@ class CudaBackend::Impl {
   // would flip routing picks).
   absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
-  // Product of the block input x on the main stream, or, when the read left its norm to this
-  // product (x_norm_in), the norm-in product (LaunchDenseMatVecNormIn), which takes it.
-  absl::Status InputProduct(const cuda::DeviceMatrix& w, float* y);
+  // Product of the block input x (n rows; on: the stream, nullptr: the main stream), or, when the
+  // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
+  // (LaunchDenseMatVecNormIn) that forms x itself.
+  absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
   absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);
@@ -289,12 +290,13 @@ class CudaBackend::Impl {
     bool stacked_in = false, out_inside = false, z_side = false;
   };
   GdnInputs PlanGdnInputs(const cuda::GpuLayer& w, int64_t T, int fused_switch) const;
-  // Whether layer w's mixer read of a one-token step leaves its norm to the one product that reads
-  // x (a GDN layer's product over w.mixer_in, LaunchDenseMatVecNormIn): the norm's launch is saved,
-  // H's inject moves to the layer's next read (EarlierInject). Needs one stream, no inject weights,
-  // a pending y that the mixer does not overwrite (the fused MoE's buffer, or the GDN output in
-  // mixer_out_y) and no ablation of the pieces between. TANDEM_MIXER_NORM_LAUNCH=1 (A/B; settable:
-  // SetMixerNormLaunch) keeps the norm's own launch.
+  // Whether layer w's mixer read of a one-token step leaves its norm to the products that read x
+  // (LaunchDenseMatVecNormIn: a GDN layer's product over w.mixer_in; attention's over [k; v] and q,
+  // or [q; k; v]), each forming x itself: the norm's launch is saved, H's inject moves to the
+  // layer's next read (EarlierInject). Needs one stream, no inject weights, Q8_0x8 products the
+  // norm-in form takes, a pending y that the mixer does not overwrite (the fused MoE's buffer, or a
+  // mixer output in mixer_out_y) and no ablation of the pieces between. TANDEM_MIXER_NORM_LAUNCH=1
+  // (A/B; settable: SetMixerNormLaunch) keeps the norm's own launch.
   bool MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const;
   // The two mixers (mixer_layers.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);

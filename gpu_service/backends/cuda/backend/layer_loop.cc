@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
@@ -43,27 +44,44 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
 }
 
-absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, float* out) {
-  if (!x_norm_in.has_value()) return Product(w, x, 1, out);
-  const cuda::MatVecNormIn in = *x_norm_in;
-  x_norm_in.reset();
-  return Launch(cuda::LaunchDenseMatVecNormIn(w, in, out, stream.get()), "dense matvec (norm in)");
+absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on) {
+  if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
+  if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
+  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
+                "dense matvec (norm in)");
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
-  if (T != 1 || c->n_streams != 1 || w.kind != LayerKind::kGdn || (inject_pending && !inject_is_one) ||
-      cuda::MixerNormLaunch()) {
-    return false;
-  }
+  if (T != 1 || c->n_streams != 1 || (inject_pending && !inject_is_one) || cuda::MixerNormLaunch()) return false;
   for (cuda::Ablate piece : {cuda::Ablate::kMixerNorm, cuda::Ablate::kMixer, cuda::Ablate::kGdnIn,
                              cuda::Ablate::kFfnNorm}) {
     if (cuda::Ablated(piece, T)) return false;
   }
-  // RunGdn's one product over w.mixer_in, the only reader of x.
-  const GdnInputs in = PlanGdnInputs(w, T, cuda::GetGdnDecodeFused());
-  if (!in.stacked_in || in.z_side || !cuda::DenseMatVecNormInTakes(w.mixer_in)) return false;
+  // The mixer's products of x (its only readers), and whether its output goes to its row of
+  // mixer_out_y rather than y.
+  std::array<const cuda::DeviceMatrix*, 2> readers = {nullptr, nullptr};
+  bool out_aside = false;
+  if (w.kind == LayerKind::kGdn) {  // RunGdn's one product over w.mixer_in
+    const GdnInputs in = PlanGdnInputs(w, T, cuda::GetGdnDecodeFused());
+    if (!in.stacked_in || in.z_side) return false;
+    readers[0] = &w.mixer_in;
+    out_aside = in.out_inside;
+  } else if (w.kind == LayerKind::kAttention) {  // RunAttention's [k; v] and q products, or [q; k; v]
+    if (c->attn.has_indexer() || !StackedInputs(w)) return false;
+    if (w.kv.present() && cuda::AttnStackedKvSide()) {
+      readers = {&w.kv, &w.q};
+    } else {
+      readers[0] = &w.mixer_in;
+    }
+    out_aside = mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o);
+  } else {
+    return false;
+  }
+  for (const cuda::DeviceMatrix* m : readers) {
+    if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m)) return false;
+  }
   // y (and the shared term, the MoE stage's own buffer) must hold until the ffn read adds them.
-  return !inject_pending || moe_y != nullptr || in.out_inside;
+  return !inject_pending || moe_y != nullptr || out_aside;
 }
 
 absl::Status CudaBackend::Impl::OutProduct(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
@@ -343,6 +361,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     t.Mark(Stage::kAttention, st);
     if (absl::Status s = RunAttention(layer, plan); !s.ok()) return s;
   }
+  x_norm_in.reset();  // its products have run (MixerNormInProduct)
   gemm->ForgetConverted();  // the f16 rows of x live from their read to the end of its block
   // ... and the next layer's mixer inputs, under the MoE stage.
   if (prefetch && options.l2_prefetch >= 2 && layer + 1 < c->n_layers) {

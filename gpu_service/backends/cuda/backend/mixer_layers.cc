@@ -90,7 +90,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
-    if (absl::Status s = InputProduct(w.mixer_in, mixer_rows.as<float>()); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>()); !s.ok()) return s;
     z_rows = mixer_rows.as<float>();
     qkv_rows = z_rows + w.z.rows;
     ba_rows = qkv_rows + w.qkv.rows;
@@ -288,12 +288,12 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     cuda::QkvRows qkv;
     if (w.kv.present() && cuda::AttnStackedKvSide()) {
       if (absl::Status s = Fork(); !s.ok()) return s;
-      if (absl::Status s = Product(w.kv, x, T, rows, false, side.get()); !s.ok()) return s;
-      if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+      if (absl::Status s = InputProduct(w.kv, T, rows, side.get()); !s.ok()) return s;
+      if (absl::Status s = InputProduct(w.q, T, qg); !s.ok()) return s;
       if (absl::Status s = Join(); !s.ok()) return s;
       qkv = cuda::QkvRows{qg, 0, rows, w.kv.rows, rows + w.k.rows, w.kv.rows};
     } else {
-      if (absl::Status s = Product(w.mixer_in, x, T, rows); !s.ok()) return s;
+      if (absl::Status s = InputProduct(w.mixer_in, T, rows); !s.ok()) return s;
       const int64_t stride = w.mixer_in.rows;
       qkv = cuda::QkvRows{rows, stride, rows + w.q.rows, stride, rows + w.q.rows + w.k.rows, stride};
     }
@@ -327,13 +327,12 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   const float *qg_rows = qg, *k_rows = kb, *v_rows = vb;
   int64_t qg_stride = 0, kv_stride = 0;
   if (kv_side) {
-    if (absl::Status s = Product(w.kv, x, T, mixer_rows.as<float>(), false, kvs); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.kv, T, mixer_rows.as<float>(), kvs); !s.ok()) return s;
     k_rows = mixer_rows.as<float>();
     v_rows = k_rows + w.k.rows;
     kv_stride = w.kv.rows;
   } else if (stacked_in) {
-    // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
-    if (absl::Status s = InputProduct(w.mixer_in, mixer_rows.as<float>()); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>()); !s.ok()) return s;
     if (!one_prep) {
       if (absl::Status s = Fork(); !s.ok()) return s;  // the append (side stream) waits for the product
     }
@@ -364,7 +363,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     }
   }
   if (side_products || kv_side) {
-    if (absl::Status s = Product(w.q, x, T, qg); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.q, T, qg); !s.ok()) return s;
   }
   if (!one_prep) {
     if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg_rows, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(),
