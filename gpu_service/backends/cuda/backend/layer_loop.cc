@@ -80,8 +80,9 @@ bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) c
   for (const cuda::DeviceMatrix* m : readers) {
     if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m)) return false;
   }
-  // y (and the shared term, the MoE stage's own buffer) must hold until the ffn read adds them.
-  return !inject_pending || moe_y != nullptr || out_aside;
+  // The pending y (and its shared term, the MoE stage's own buffer) must hold until the ffn read
+  // adds them: not y itself where the mixer writes its output there (moe_y may name y).
+  return !inject_pending || PendingY() != y || out_aside;
 }
 
 absl::Status CudaBackend::Impl::OutProduct(const cuda::DeviceMatrix& w, const float* in, int64_t n, float* out) {
