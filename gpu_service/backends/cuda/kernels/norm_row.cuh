@@ -34,9 +34,14 @@ __device__ __forceinline__ float4 InjectQuad(float4 v, float a, float4 d) {
   return v;
 }
 
-// ss + the squares of four values, added in this order.
+// ss + the squares of four values: x² rounded, y², z², w² fused into it in that order, then added
+// to ss. Spelled with explicit roundings because the plain expression leaves the compiler a choice
+// (which of x·x and y·y to round before fusing the other) that CUDA 13 made differently in different
+// kernels (gdn_decode_fused.cu's SumSquaresXFirst says where that was seen first; here the norm-in
+// product's sums differed from the register norm kernel's in the last place at rows of 256 floats,
+// H200, 2026-12-03).
 __device__ __forceinline__ float AddSquares(float ss, float4 v) {
-  return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+  return __fadd_rn(ss, fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, __fmul_rn(v.x, v.x)))));
 }
 
 // 1 / ρ for a row of h values whose squares sum to ss.

@@ -82,23 +82,19 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
     if (yr) {
       float4 d = yr[i];
       if (sr) d = AddShared(d, gs, sr[i]);
-      v.x += as * d.x;
-      v.y += as * d.y;
-      v.z += as * d.z;
-      v.w += as * d.w;
+      v = norm_row::InjectQuad(v, as, d);
       hr[i] = v;
     }
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    ss = norm_row::AddSquares(ss, v);
   }
   ss = BlockSum(ss, scratch);
-  const float scale = rsqrtf(ss / static_cast<float>(h) + eps);
+  const float scale = norm_row::RmsScale(ss, h, eps);
   const float4* g = reinterpret_cast<const float4*>(gamma + s * h);
   float4* out = N != nullptr ? reinterpret_cast<float4*>(N + row * h) : nullptr;
   for (int64_t i = threadIdx.x; i < h4; i += blockDim.x) {
     const float4 v = hr[i];
     const float4 gg = g[i];
-    const float4 r = make_float4(gg.x * (v.x * scale), gg.y * (v.y * scale), gg.z * (v.z * scale),
-                                 gg.w * (v.w * scale));
+    const float4 r = norm_row::NormQuad(gg, v, scale);
     if (kCopies == 0 || N != nullptr) out[i] = r;
     if constexpr (kCopies > 0) StoreF16Values<kCopies>(N16, t, s, S, h, i, r);
     if (q.x16 != nullptr) StoreF16Values<1>(q.x16, t, 0, 1, h, i, r);  // S = 1 (NormMmqOk)
