@@ -591,17 +591,17 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
 }
 
 // The norm-in form (kNormIn) of a one-activation-row launch, with the split and grid of the plain
-// launch given the same tuning (its rows' sums in the same order: the same bits as the plain
-// product over x formed by the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
+// launch (its rows' sums in the same order: the same bits as the plain product over x formed by
+// the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
 // norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
 template <class F>
-cudaError_t LaunchStreamNormIn(StreamArgs a, const StreamTuning& tuning, cudaStream_t stream) {
+cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
   auto kernel = StreamMatVecKernel<F, 1, false, true>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
   if (attr != cudaSuccess) return attr;
   const size_t smem = StreamNormInSharedBytes<F>(a.cols);
-  const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, tuning);
+  const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, StreamTuning{});
   a.wpr = split.wpr;
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, smem, stream, a);
 }

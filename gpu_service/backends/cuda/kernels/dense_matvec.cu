@@ -116,22 +116,6 @@ cudaError_t LaunchQuant(const DeviceMatrix& w, const float* x, int64_t x_stride,
 // 2048 x 151936 at 175-331 MB; tests/gpu/NOTES.md), the streaming one 1.1-2x faster at 0.6-18 MB.
 constexpr int64_t kPreviousKernelMinBytes = int64_t{64} << 20;
 
-// A/B settings for the decode input products (one activation row of a Q8_0x8 matrix of at least
-// 8 MB: GDN's stacked inputs, attention's q): TANDEM_STREAM_WPR (1, 2, 4 or 8 warps a row) and
-// TANDEM_STREAM_BPS (blocks an SM) override ChooseStreamSplit's choice, whose cost model was fitted
-// to matrices read from L2, while these are read cold in the step (read once; 0: the model's).
-fastmv::StreamTuning DecodeInputTuning(const DeviceMatrix& w, int n, const MatVecOptions& o) {
-  static const int wpr = static_cast<int>(EnvInteger("TANDEM_STREAM_WPR", 0, 0, 8));
-  static const int bps = static_cast<int>(EnvInteger("TANDEM_STREAM_BPS", 0, 0, 8));
-  fastmv::StreamTuning t{o.warps_per_row, o.blocks_per_sm};
-  const bool decode_input = w.type == kTypeQ8_0x8 && n == 1 && w.rows * w.row_bytes >= (int64_t{8} << 20);
-  if (decode_input && o.warps_per_row == 0 && o.blocks_per_sm == 0 && (wpr & (wpr - 1)) == 0) {
-    t.warps_per_row = wpr;
-    t.blocks_per_sm = bps;
-  }
-  return t;
-}
-
 // The streaming kernel when it takes the matrix, else the previous dispatch; large quantized
 // matrices take the previous fast kernel when its activation bucket for n fits the streaming
 // kernel's shared-memory cap (so that it keeps several blocks per SM).
@@ -172,7 +156,7 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     }
   }
   if (stream_kernel) {
-    const fastmv::StreamTuning tuning = DecodeInputTuning(w, n, o);
+    const fastmv::StreamTuning tuning{o.warps_per_row, o.blocks_per_sm};
     return fastmv::LaunchStreamDense<F>(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols),
                                         static_cast<int>(w.rows), x, x_stride, n, y, y_stride, tuning, stream);
   }
@@ -278,7 +262,7 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
   a.y_stride = w.rows;
   a.norm = fastmv::StreamNormIn{in.H,     in.y,  in.sh.shared, in.sh.gate_logit, in.gamma,
                                 in.eps,   split.vec, split.threads, in.h_written_earlier && !OldNormEarlyH()};
-  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, DecodeInputTuning(w, 1, MatVecOptions{}), stream);
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, stream);
 }
 
 }  // namespace tandem::cuda
