@@ -48,11 +48,15 @@ for ((r = 1; r <= rounds; ++r)); do
     label=${c%%:*}
     assignments=${c#*:}
     bin=$bundle/tests/gpu_backend_bench
+    env_assignments=""  # the environment of the run: the assignments but AB_BIN
     for a in $assignments; do
-      case $a in AB_BIN=*) bin=${a#AB_BIN=} ;; esac
+      case $a in
+        AB_BIN=*) bin=${a#AB_BIN=} ;;
+        *) env_assignments="$env_assignments $a" ;;
+      esac
     done
     # shellcheck disable=SC2086  # the assignments and flags are word lists on purpose
-    lines=$(env $assignments "$bin" --model "$model" $bench_flags 2>&1 |
+    lines=$(env $env_assignments "$bin" --model "$model" $bench_flags 2>&1 |
             grep -E '^(decode batch|prefill) ')
     if [ -z "$lines" ]; then
       echo "$label round $r: no result (the bench failed)" | tee -a "$report"
