@@ -260,8 +260,15 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
   a.n = 1;
   a.y = y;
   a.y_stride = w.rows;
-  a.norm = fastmv::StreamNormIn{in.H,     in.y,  in.sh.shared, in.sh.gate_logit, in.gamma,
-                                in.eps,   split.vec, split.threads, in.h_written_earlier && !OldNormEarlyH()};
+  a.norm.H = in.H;
+  a.norm.y = in.y;
+  a.norm.shared = in.sh.shared;
+  a.norm.gate_logit = in.sh.gate_logit;
+  a.norm.gamma = in.gamma;
+  a.norm.eps = in.eps;
+  a.norm.vec = split.vec;
+  a.norm.threads = split.threads;
+  a.norm.h_early = in.h_written_earlier && !OldNormEarlyH();  // TANDEM_OLD_NORM_EARLY_H as the norm's
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, stream);
 }
 
