@@ -15,7 +15,6 @@
 #include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
-#include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
@@ -73,7 +72,7 @@ bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) c
     } else {
       readers[0] = &w.mixer_in;
     }
-    out_aside = mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o);
+    out_aside = AttnOutByColumns(w, T);
   } else {
     return false;
   }

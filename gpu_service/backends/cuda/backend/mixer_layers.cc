@@ -253,10 +253,14 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   return skip_out ? absl::OkStatus() : OutProduct(w.ssm_out, go, T, y);
 }
 
+bool CudaBackend::Impl::AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) const {
+  return T == 1 && mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o);
+}
+
 // Attention's output product: for a fast one-token step the column-split product into the layer's
 // row of mixer_out_y (zeroed by EnqueueForward; dense_colsplit.cuh), else into y.
 absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T) {
-  if (T == 1 && mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o)) {
+  if (AttnOutByColumns(w, T)) {
     float* out = mixer_out_y + layer * c->h;
     mixer_y = out;
     return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
