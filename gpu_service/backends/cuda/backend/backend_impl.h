@@ -302,6 +302,9 @@ class CudaBackend::Impl {
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
   absl::Status AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T);
+  // Whether a small step with stacked inputs runs attention layer w's [k; v] product on the side
+  // stream beside q's (the upload made w.kv; TANDEM_ATTN_DECODE_KV_SIDE), not the one [q; k; v].
+  bool AttnKvAside(const cuda::GpuLayer& w) const { return w.kv.present() && cuda::AttnStackedKvSide(); }
   // Whether AttnOutProduct splits layer w's o product by columns into its row of mixer_out_y (fast
   // one-token steps) rather than writing y.
   bool AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) const;

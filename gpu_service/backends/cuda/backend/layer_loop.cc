@@ -67,7 +67,7 @@ bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) c
     out_aside = in.out_inside;
   } else if (w.kind == LayerKind::kAttention) {  // RunAttention's [k; v] and q products, or [q; k; v]
     if (c->attn.has_indexer() || !StackedInputs(w)) return false;
-    if (w.kv.present() && cuda::AttnStackedKvSide()) {
+    if (AttnKvAside(w)) {
       readers = {&w.kv, &w.q};
     } else {
       readers[0] = &w.mixer_in;

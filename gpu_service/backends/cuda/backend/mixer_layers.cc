@@ -290,7 +290,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   if (stacked_in && !d.has_indexer() && cuda::AttnDecodeFused() && cuda::DecodeAttentionFits(plan.attn, shape)) {
     float* rows = mixer_rows.as<float>();
     cuda::QkvRows qkv;
-    if (w.kv.present() && cuda::AttnStackedKvSide()) {
+    if (AttnKvAside(w)) {
       if (absl::Status s = Fork(); !s.ok()) return s;
       if (absl::Status s = InputProduct(w.kv, T, rows, side.get()); !s.ok()) return s;
       if (absl::Status s = InputProduct(w.q, T, qg); !s.ok()) return s;
@@ -311,7 +311,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     }
     return AttnOutProduct(layer, w, T);
   }
-  const bool kv_side = stacked_in && w.kv.present() && cuda::AttnStackedKvSide();
+  const bool kv_side = stacked_in && AttnKvAside(w);
   const bool side_products = overlap && !stacked_in;
   // Small steps (decode): the q/k norms, RoPE and the cache append as one launch after the three
   // products are joined (LaunchQkvNormRopeAppend, same bits), instead of KvAppend on the side stream
