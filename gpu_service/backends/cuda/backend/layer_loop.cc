@@ -60,9 +60,7 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
 }
 
 bool CudaBackend::Impl::Int8Product(const cuda::DeviceMatrix& w, int64_t n) const {
-  static const int64_t min_rows = cuda::EnvInteger("TANDEM_INT8_MIN_ROWS", 0, 0, int64_t{1} << 30);  // A/B only
-  return n == 1 && w.rows >= min_rows && options.mode == CudaMode::kFast && cuda::DenseInt8Mma() &&
-         cuda::Int8MmaMatVecTakes(w);
+  return n == 1 && options.mode == CudaMode::kFast && cuda::DenseInt8Mma() && cuda::Int8MmaMatVecTakes(w);
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
