@@ -28,7 +28,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
-#include "gpu_service/backends/cuda/kernels/matvec_int8_mma.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
@@ -462,16 +461,6 @@ TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
   const bool was = cuda::OneTokenInt16();
   ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "int16 one-token MoE", [](bool on) { cuda::SetOneTokenInt16(on); });
   cuda::SetOneTokenInt16(was);
-}
-
-// Fast mode's one-row Q8_0x8 products on the int8 tensor cores (cuda::SetDenseInt8Mma, the fast
-// default: x in two int8 terms per 32 columns, ~1.5e-5 of a block's largest |x| an element) against
-// the f32 streaming kernel; exact mode and batch 3 do not take them (bit-identical).
-TEST_P(DecodeScheduleTest, Int8MmaProductsKeepDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::DenseInt8Mma();
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "int8 mma products", [](bool on) { cuda::SetDenseInt8Mma(on); });
-  cuda::SetDenseInt8Mma(was);
 }
 
 // The one-token kernels' routing by the top-K logits (cuda::SetOneTokenLogitRoute, the fast mode's

@@ -224,16 +224,11 @@ class CudaBackend::Impl {
   // y = x·Wᵀ: matvec for up to 8 rows (f32), else the GEMM in the backend's mode, or near f32 when
   // accurate (f16 hi/lo triples in fast mode: the router's and shared gate's logits, whose rounding
   // would flip routing picks).
-  // Fast mode's one-row Q8_0x8 products of at most 2048 columns (not accurate ones) run on the int8
-  // tensor cores (kernels/matvec_int8_mma.cuh: x in two int8 terms per 32 columns) unless
-  // TANDEM_DENSE_INT8_MMA=0.
   absl::Status Product(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y, bool accurate = false,
                        cudaStream_t on = nullptr);  // on: the stream (nullptr: the main stream)
-  // Whether a product of w over n rows takes the int8 MMA kernel (Product's rule above).
-  bool Int8Product(const cuda::DeviceMatrix& w, int64_t n) const;
   // Product of the block input x (n rows; on: the stream, nullptr: the main stream), or, when the
   // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
-  // (LaunchDenseMatVecNormIn, or LaunchInt8MmaMatVecNormIn where Int8Product) that forms x itself.
+  // (LaunchDenseMatVecNormIn) that forms x itself.
   absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).

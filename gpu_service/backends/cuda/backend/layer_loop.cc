@@ -4,7 +4,6 @@
 // two mixers (GDN, attention) are in mixer_layers.cc.
 #include <algorithm>
 #include <array>
-#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -21,7 +20,6 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
-#include "gpu_service/backends/cuda/kernels/matvec_int8_mma.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
 namespace tandem {
@@ -36,9 +34,6 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
     return absl::InternalError("a product read x, whose norm the read left to the layer's input product");
   }
   cudaStream_t st = on != nullptr ? on : stream.get();
-  if (!accurate && Int8Product(w, n) && reinterpret_cast<uintptr_t>(in) % 16 == 0) {
-    return Launch(cuda::LaunchInt8MmaMatVec(w, in, out, st), "dense matvec (int8 mma)");
-  }
   if (n <= cuda::kMatVecMaxRows) {
     return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, st), "dense matvec");
   }
@@ -51,16 +46,8 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
 absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on) {
   if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
-  if (Int8Product(w, n) && cuda::Int8MmaMatVecNormInTakes(w)) {
-    return Launch(cuda::LaunchInt8MmaMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
-                  "dense matvec (norm in, int8 mma)");
-  }
   return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
                 "dense matvec (norm in)");
-}
-
-bool CudaBackend::Impl::Int8Product(const cuda::DeviceMatrix& w, int64_t n) const {
-  return n == 1 && options.mode == CudaMode::kFast && cuda::DenseInt8Mma() && cuda::Int8MmaMatVecTakes(w);
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
@@ -90,9 +77,7 @@ bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) c
     return false;
   }
   for (const cuda::DeviceMatrix* m : readers) {
-    if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m) && !(Int8Product(*m, T) && cuda::Int8MmaMatVecNormInTakes(*m))) {
-      return false;
-    }
+    if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m)) return false;
   }
   // The pending y (and its shared term, the MoE stage's own buffer) must hold until the ffn read
   // adds them: not y itself where the mixer writes its output there (moe_y may name y).
