@@ -399,7 +399,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
       }
     }
   }
-  if constexpr (kNormIn) NormInL2Next(a.norm);
   if constexpr (kProbe) probe.Finish();
 }
 

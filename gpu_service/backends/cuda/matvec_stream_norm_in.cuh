@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
-#include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::fastmv {
 
@@ -29,10 +28,6 @@ struct StreamNormIn {
   float eps = 0.0f;
   int vec = 0, threads = 0;  // norm_row::RegSplitFor(cols / 4)
   bool h_early = false;      // H's writer is two or more launches back: copied before the PDL wait
-  // A range every block asks into L2 (its share, cp.async.bulk.prefetch.L2) once its rows are done:
-  // the next kernel's weights, while the product's last blocks still stream. nullptr: none.
-  const uint8_t* l2_next = nullptr;
-  uint64_t l2_next_bytes = 0;
 };
 
 namespace {  // internal linkage, as in matvec_core.cuh
@@ -95,18 +90,6 @@ __device__ __forceinline__ void NormInStage(const StreamNormIn& n, int cols, flo
       if (i >= h4) break;
       xs4[F::Swz(i)] = norm_row::NormQuad(gs[i], hs[i], scale);
     }
-  }
-}
-
-// The block's share of n.l2_next into L2 (16 KB a request, from the threads of warp 0).
-__device__ __forceinline__ void NormInL2Next(const StreamNormIn& n) {
-  if (n.l2_next == nullptr || threadIdx.x >= 32) return;
-  constexpr uint64_t kPiece = 16 * 1024;
-  const uint64_t share = (n.l2_next_bytes / gridDim.x + kPiece - 1) / kPiece * kPiece;
-  const uint64_t begin = share * blockIdx.x;
-  const uint64_t end = min(begin + share, n.l2_next_bytes & ~uint64_t{15});
-  for (uint64_t at = begin + threadIdx.x * kPiece; at < end; at += 32 * kPiece) {
-    PrefetchL2(n.l2_next + at, static_cast<unsigned>(min(kPiece, end - at)));
   }
 }
 

@@ -43,17 +43,11 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
 }
 
-absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on,
-                                             const cuda::DeviceMatrix* l2_next) {
+absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on) {
   if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
-  static const bool next_on = cuda::EnvSwitch("TANDEM_PRODUCT_L2_NEXT");  // A/B
-  cuda::MatVecNormIn in = *x_norm_in;
-  if (next_on && l2_next != nullptr && l2_next->present()) {
-    in.l2_next = l2_next->data;
-    in.l2_next_bytes = static_cast<uint64_t>(l2_next->rows * l2_next->row_bytes);
-  }
-  return Launch(cuda::LaunchDenseMatVecNormIn(w, in, out, on != nullptr ? on : stream.get()), "dense matvec (norm in)");
+  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
+                "dense matvec (norm in)");
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {

@@ -90,16 +90,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
-    // ssm_out's rows (the fused kernel with the output inside reads them, or their by-columns copy).
-    cuda::DeviceMatrix out_bytes = w.ssm_out;
-    if (w.ssm_out_by_columns != nullptr) {
-      out_bytes.data = w.ssm_out_by_columns;
-      out_bytes.row_bytes = cuda::Q8_0x8RowBytes(w.ssm_out.cols);  // no row padding there
-    }
-    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, out_inside ? &out_bytes : nullptr);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>()); !s.ok()) return s;
     z_rows = mixer_rows.as<float>();
     qkv_rows = z_rows + w.z.rows;
     ba_rows = qkv_rows + w.qkv.rows;
@@ -376,7 +367,7 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     }
   }
   if (side_products || kv_side) {
-    if (absl::Status s = InputProduct(w.q, T, qg, nullptr, AttnOutByColumns(w, T) ? &w.o : nullptr); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.q, T, qg); !s.ok()) return s;
   }
   if (!one_prep) {
     if (absl::Status s = Launch(cuda::LaunchQueryNormRope(qg_rows, T, shape, w.q_norm, dm->rope_inv_freq, pos_dev(),

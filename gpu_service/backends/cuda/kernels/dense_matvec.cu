@@ -269,8 +269,6 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
   a.norm.vec = split.vec;
   a.norm.threads = split.threads;
   a.norm.h_early = in.h_written_earlier && !OldNormEarlyH();  // TANDEM_OLD_NORM_EARLY_H as the norm's
-  a.norm.l2_next = static_cast<const uint8_t*>(in.l2_next);
-  a.norm.l2_next_bytes = in.l2_next != nullptr ? in.l2_next_bytes : 0;
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, stream);
 }
 

@@ -80,10 +80,6 @@ struct MatVecNormIn {
   const float* gamma = nullptr;  // w.cols floats
   float eps = 0.0f;
   bool h_written_earlier = false;
-  // [l2_next, l2_next + l2_next_bytes) asked into L2 by the product's blocks as they finish (the
-  // next kernel's weights; nullptr: none).
-  const void* l2_next = nullptr;
-  uint64_t l2_next_bytes = 0;
 };
 
 // Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row
