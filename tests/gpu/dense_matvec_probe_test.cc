@@ -1,6 +1,7 @@
 // The stamped streaming matvec (kernels/dense_matvec_probe.h) on the batch-1 shapes it is
 // benchmarked at: it writes the same bits as LaunchDenseMatVec (same kernel code, split and grid),
-// with the stamps on and off, and each block's stamps are present and in phase order.
+// with the stamps on and off, and each block's stamps are present and in phase order; the same for
+// its norm-in form against LaunchDenseMatVecNormIn.
 #include <cstring>
 #include <vector>
 
@@ -83,6 +84,60 @@ TEST(GpuMatVecProbeTest, ProbedLaunchGivesTheSameBitsAndOrderedStamps) {
       }
     }
   }
+}
+
+// The stamped norm-in product (the GDN layers' input product in a probed decode step): the same y
+// bits as LaunchDenseMatVecNormIn, H unwritten, every block stamped once with its phases in order;
+// the same refusals.
+TEST(GpuMatVecProbeTest, ProbedNormInLaunchGivesTheSameBitsAndOrderedStamps) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  constexpr int64_t kCols = 2048, kRows = 12352;  // the 80B's stacked [z; qkv; ba]
+  const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, kCols, kRows, 0.05f);
+  const gpu_testing::Regrouped g = gpu_testing::Regroup(w);
+  const std::vector<float> H = gpu_testing::Random(rng, kCols, 2.0f);
+  auto d_H = Upload(H);
+  const auto gamma = Upload(gpu_testing::Random(rng, kCols, 0.2f, 1.0f));
+  const auto y_in = Upload(gpu_testing::Random(rng, kCols));
+  cuda::MatVecNormIn in;
+  in.H = d_H.get();
+  in.y = y_in.get();
+  in.gamma = gamma.get();
+  in.eps = 1e-6f;
+  auto want = Poisoned<float>(kRows), got = Poisoned<float>(kRows);
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, want.get(), nullptr));
+  cuda::StreamProbeGrid grid;
+  TANDEM_ASSERT_CUDA(cuda::StreamMatVecProbeGrid(g.m, &grid));
+  const unsigned capacity = static_cast<unsigned>(grid.blocks + 2);
+  auto stamps = Upload(std::vector<unsigned long long>(static_cast<size_t>(capacity) * cuda::kStreamProbeWords, 0));
+  TANDEM_ASSERT_CUDA(cuda::SetStreamMatVecProbe(stamps.get(), capacity, nullptr));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormInProbed(g.m, in, got.get(), nullptr));
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  TANDEM_ASSERT_CUDA(cuda::SetStreamMatVecProbe(nullptr, 0, nullptr));
+  const std::vector<float> a = Download(want), b = Download(got);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "y bits";
+  EXPECT_EQ(Download(d_H), H) << "the product wrote H";
+  const std::vector<unsigned long long> h = Download(stamps);
+  std::vector<bool> seen(static_cast<size_t>(grid.blocks), false);
+  for (unsigned slot = 0; slot < capacity; ++slot) {
+    const unsigned long long* r = h.data() + static_cast<size_t>(slot) * cuda::kStreamProbeWords;
+    if (static_cast<int>(slot) >= grid.blocks) {
+      EXPECT_EQ(r[cuda::kStreamProbeExit], 0u) << "slot " << slot;
+      continue;
+    }
+    const unsigned long long block = r[cuda::kStreamProbeBlock];
+    ASSERT_LT(block, static_cast<unsigned long long>(grid.blocks)) << "slot " << slot;
+    EXPECT_FALSE(seen[block]) << "block " << block << " twice";
+    seen[block] = true;
+    for (int p = 1; p < cuda::kStreamProbeStamps; ++p) {
+      EXPECT_NE(r[p], 0u) << "block " << block << " phase " << p;
+      EXPECT_GE(r[p], r[p - 1]) << "block " << block << " phase " << p;
+    }
+  }
+  EXPECT_EQ(cuda::LaunchDenseMatVecNormInProbed(w.gpu(), in, got.get(), nullptr), cudaErrorInvalidValue) << "ggml Q8_0";
+  cuda::MatVecNormIn no_h = in;
+  no_h.H = nullptr;
+  EXPECT_EQ(cuda::LaunchDenseMatVecNormInProbed(g.m, no_h, got.get(), nullptr), cudaErrorInvalidValue);
 }
 
 // Only Q8_0x8 and F32 have a probed instantiation; other types are refused, not misread.

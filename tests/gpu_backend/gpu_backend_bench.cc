@@ -12,7 +12,9 @@
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
 //                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
-//                     [--l2-prefetch 0|1|2] [--nvtx] [--json out.json]
+//                     [--l2-prefetch 0|1|2] [--nvtx] [--probe-gdn-product] [--json out.json]
+// --probe-gdn-product: the GDN layers' input product stamped inside a batch-1 step
+// (product_probe_report.h; the whole run takes the stamped kernel).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,11 +35,13 @@
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
 #include "tests/gpu_backend/bench_args.h"
 #include "tests/gpu_backend/bench_ceilings.h"
+#include "tests/gpu_backend/product_probe_report.h"
 
 namespace tandem {
 namespace {
@@ -60,6 +64,8 @@ struct Args {
   // plan with the old route-and-plan kernel and tile builder instead of the grid kernel,
   // route_plan_grid.cuh: TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
+  // The GDN layers' input product stamped inside one batch-1 decode step (product_probe_report.h).
+  bool probe_gdn_product = false;
 };
 
 // A flag with two values: out = (v == yes); false (after saying so) for anything else.
@@ -158,6 +164,7 @@ int Run(const Args& a) {
   }
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const int max_prefill = *std::max_element(a.prefill.begin(), a.prefill.end());
+  cuda::SetProbeGdnInputProducts(a.probe_gdn_product);  // before the decode graphs are captured
   CudaBackendOptions o;
   o.mode = a.mode == "exact" ? CudaMode::kExact : CudaMode::kFast;
   o.fast_dense_split = a.dense_split;
@@ -269,6 +276,12 @@ int Run(const Args& a) {
       absl::Status s = step(nullptr);
       nvtxRangePop();
       if (!s.ok()) return 1;
+    }
+    if (a.probe_gdn_product && B == 1) {
+      if (absl::Status s = ReportGdnProductProbe([&] { return step(nullptr); }); !s.ok()) {
+        fprintf(stderr, "probe: %s\n", s.ToString().c_str());
+        return 1;
+      }
     }
     b.set_profile(true);
     if (absl::Status s = step(nullptr); !s.ok()) return 1;
@@ -395,6 +408,8 @@ int main(int argc, char** argv) {
       if (!tandem::ParseChoice(arg, value(), "split", "single", a.dense_split)) return 2;
     } else if (arg == "--pdl") {
       if (!tandem::ParseChoice(arg, value(), "on", "off", a.pdl)) return 2;
+    } else if (arg == "--probe-gdn-product") {
+      a.probe_gdn_product = true;
     } else if (arg == "--nvtx") {
       a.nvtx = true;
     } else if (arg == "--l2-prefetch") {
@@ -421,7 +436,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--prefill-plans device,host,oldplan] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--probe-gdn-product] [--prefill-plans device,host,oldplan] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

@@ -514,13 +514,14 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), grid_y), kThreads, smem, stream, a);
 }
 
-// The norm-in form (kNormIn) of a one-activation-row launch, with the split and grid of the plain
+// The norm-in form (kNormIn) of a one-activation-row launch (kProbe: its stamped instantiation,
+// dense_matvec_probe.h), with the split and grid of the plain
 // launch (its rows' sums in the same order: the same bits as the plain product over x formed by
 // the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
 // norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
-template <class F>
+template <class F, bool kProbe = false>
 cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
-  auto kernel = StreamMatVecKernel<F, 1, false, true>;
+  auto kernel = StreamMatVecKernel<F, 1, kProbe, true>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
   if (attr != cudaSuccess) return attr;

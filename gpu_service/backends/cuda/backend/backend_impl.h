@@ -229,7 +229,9 @@ class CudaBackend::Impl {
   // Product of the block input x (n rows; on: the stream, nullptr: the main stream), or, when the
   // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
   // (LaunchDenseMatVecNormIn) that forms x itself.
-  absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr);
+  // gdn: the GDN layer's product (stamped where cuda::ProbeGdnInputProducts, benchmarks).
+  absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr,
+                            bool gdn = false);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
   absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);

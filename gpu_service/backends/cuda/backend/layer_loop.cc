@@ -16,6 +16,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
@@ -43,9 +44,14 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
   return gemm->Run(w, in, n, out, st, cuda::GemmMode::kFastSplit);
 }
 
-absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on) {
+absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on,
+                                             bool gdn) {
   if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
+  if (gdn && cuda::ProbeGdnInputProducts()) {
+    return Launch(cuda::LaunchDenseMatVecNormInProbed(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
+                  "dense matvec (norm in, probed)");
+  }
   return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
                 "dense matvec (norm in)");
 }

@@ -90,7 +90,9 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
-    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>()); !s.ok()) return s;
+    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true); !s.ok()) {
+      return s;
+    }
     z_rows = mixer_rows.as<float>();
     qkv_rows = z_rows + w.z.rows;
     ba_rows = qkv_rows + w.qkv.rows;

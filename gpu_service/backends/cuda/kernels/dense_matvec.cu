@@ -5,6 +5,7 @@
 
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_norm_in.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_head.cuh"
@@ -246,11 +247,7 @@ bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
          fastmv::StreamNormInSharedBytes<F>(static_cast<int>(w.cols)) <= fastmv::kMaxStreamShared;
 }
 
-cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
-  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
-      (in.sh.shared != nullptr && in.y == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& in, float* y) {
   const norm_row::RegSplit split = norm_row::RegSplitFor(w.cols / 4);
   fastmv::StreamArgs a;
   a.w = static_cast<const uint8_t*>(w.data);
@@ -269,7 +266,15 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
   a.norm.vec = split.vec;
   a.norm.threads = split.threads;
   a.norm.h_early = in.h_written_earlier && !OldNormEarlyH();  // TANDEM_OLD_NORM_EARLY_H as the norm's
-  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(a, stream);
+  return a;
+}
+
+cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
+  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
+      (in.sh.shared != nullptr && in.y == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 
 }  // namespace tandem::cuda

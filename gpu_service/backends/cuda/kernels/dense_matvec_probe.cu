@@ -1,11 +1,14 @@
 // dense_matvec_probe.h: the stamped instantiation of the streaming matvec (matvec_stream.cuh,
 // kProbe = true) at one activation row for Q8_0x8 and F32, its probe state, and the benchmarks'
-// producer kernel. Test and benchmark use only: no production launch reaches this file.
+// producer kernel. Test and benchmark use only: the backend launches the stamped norm-in product only
+// where a benchmark set ProbeGdnInputProducts.
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 
+#include <atomic>
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_norm_in.cuh"
 #include "gpu_service/backends/cuda/matvec_stream.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -98,6 +101,21 @@ cudaError_t LaunchDenseMatVecProbed(const DeviceMatrix& w, const float* x, float
     return fastmv::LaunchStream<F, 1, true>(OneRowArgs(w, x, y), 1, fastmv::StreamTuning{}, stream);
   });
 }
+
+cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
+  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
+      (in.sh.shared != nullptr && in.y == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, true>(NormInStreamArgs(w, in, y), stream);
+}
+
+namespace {
+std::atomic<bool> g_probe_gdn_inputs{false};
+}  // namespace
+
+bool ProbeGdnInputProducts() { return g_probe_gdn_inputs.load(std::memory_order_relaxed); }
+void SetProbeGdnInputProducts(bool on) { g_probe_gdn_inputs.store(on, std::memory_order_relaxed); }
 
 cudaError_t LaunchStreamProbeProducer(const float* src, float* x, int count, int blocks, unsigned spin_ns,
                                       unsigned long long* span, cudaStream_t stream) {

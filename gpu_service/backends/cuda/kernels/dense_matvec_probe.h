@@ -60,6 +60,16 @@ cudaError_t StreamMatVecProbeGrid(const DeviceMatrix& w, StreamProbeGrid* grid);
 // as refused, since LaunchDenseMatVec would not stream then).
 cudaError_t LaunchDenseMatVecProbed(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream);
 
+// The stamped form of LaunchDenseMatVecNormIn (same checks, split, grid and bits): the decode step's
+// own products, probed where they run (gpu_backend_bench --probe-gdn-product).
+struct MatVecNormIn;
+cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
+
+// Whether the CUDA backend launches the GDN layers' norm-in input products through
+// LaunchDenseMatVecNormInProbed (benchmarks; off unless set before the decode graphs are captured).
+bool ProbeGdnInputProducts();
+void SetProbeGdnInputProducts(bool on);
+
 // Benchmarks' producer of x, the kernel a probed product follows in a PDL chain: `blocks` blocks
 // (one per SM when blocks = the SM count) each wait for the previous kernel (PdlWaitForPrevious),
 // let the next one start (PdlAllowNext), hold their SM for spin_ns of %globaltimer, then copy their

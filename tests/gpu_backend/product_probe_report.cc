@@ -1,0 +1,90 @@
+#include "tests/gpu_backend/product_probe_report.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+
+namespace tandem {
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+// The q-quantile (0..1) of v (v not empty).
+double Quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
+  using namespace cuda;  // the probe's phase names
+  constexpr unsigned kCapacity = 1 << 15;
+  absl::StatusOr<DeviceBuffer> stamps = DeviceBuffer::Allocate(size_t{kCapacity} * kStreamProbeWords * 8);
+  if (!stamps.ok()) return stamps.status();
+  auto* d = stamps->as<unsigned long long>();
+  if (absl::Status s = Cuda(cudaMemset(d, 0, size_t{kCapacity} * kStreamProbeWords * 8), "memset"); !s.ok()) return s;
+  if (absl::Status s = Cuda(SetStreamMatVecProbe(d, kCapacity, nullptr), "arm"); !s.ok()) return s;
+  if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
+  const absl::Status stepped = step();
+  const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
+  std::vector<unsigned long long> h(size_t{kCapacity} * kStreamProbeWords);
+  const absl::Status copied = Cuda(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "copy");
+  const absl::Status off = Cuda(SetStreamMatVecProbe(nullptr, 0, nullptr), "disarm");
+  for (const absl::Status& s : {stepped, synced, copied, off}) {
+    if (!s.ok()) return s;
+  }
+  // Rows in slot order: blocks of one launch take consecutive slots (dense_matvec_probe.h), and
+  // every GDN layer's product has the same grid, so launch k holds slots [k·grid, (k + 1)·grid).
+  int rows = 0;
+  unsigned long long grid = 0;
+  while (rows < static_cast<int>(kCapacity) && h[size_t(rows) * kStreamProbeWords + kStreamProbeExit] != 0) {
+    grid = std::max(grid, h[size_t(rows) * kStreamProbeWords + kStreamProbeBlock] + 1);
+    ++rows;
+  }
+  if (rows == 0) return absl::InternalError("no stamped block: the GDN input products did not take the probe");
+  if (rows % grid != 0) return absl::InternalError(absl::StrCat(rows, " stamped blocks, not launches of ", grid));
+  std::vector<std::vector<const unsigned long long*>> launches(static_cast<size_t>(rows / grid));
+  for (int r = 0; r < rows; ++r) launches[static_cast<size_t>(r / grid)].push_back(&h[size_t(r) * kStreamProbeWords]);
+  const char* names[] = {"entry (resident)", "first ring issued", "PDL wait returned", "x formed (staged)",
+                         "first row group streamed", "last row group streamed", "last group reduced", "exit"};
+  // Per launch: each phase's median and last block, and the share of blocks resident before the
+  // earliest wait return, all relative to that return.
+  std::vector<std::vector<double>> median(kStreamProbeStamps), last(kStreamProbeStamps);
+  std::vector<double> early_share, blocks;
+  for (const auto& launch : launches) {
+    unsigned long long t0 = ~0ull;
+    for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
+    int early = 0;
+    for (const unsigned long long* row : launch) early += row[kStreamProbeEntry] < t0;
+    early_share.push_back(static_cast<double>(early) / static_cast<double>(launch.size()));
+    blocks.push_back(static_cast<double>(launch.size()));
+    for (int p = 0; p < kStreamProbeStamps; ++p) {
+      std::vector<double> v;
+      for (const unsigned long long* row : launch) {
+        v.push_back((static_cast<double>(row[p]) - static_cast<double>(t0)) * 1e-3);
+      }
+      median[p].push_back(Quantile(v, 0.5));
+      last[p].push_back(Quantile(v, 1.0));
+    }
+  }
+  printf("GDN input product probe: %zu launches, %d stamped blocks (median %.0f a launch); blocks resident before "
+         "the first wait returned: median %.2f of a launch\n",
+         launches.size(), rows, Quantile(blocks, 0.5), Quantile(early_share, 0.5));
+  printf("  %-26s %18s %18s   (us after the launch's first wait return; median over launches)\n", "phase",
+         "median block", "last block");
+  for (int p = 0; p < kStreamProbeStamps; ++p) {
+    printf("  %-26s %18.2f %18.2f\n", names[p], Quantile(median[p], 0.5), Quantile(last[p], 0.5));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

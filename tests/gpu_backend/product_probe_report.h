@@ -1,0 +1,22 @@
+// gpu_backend_bench --probe-gdn-product: where the GDN layers' input product (the stacked [z; qkv; ba]
+// norm-in product, 27 MB at 80B shapes) spends its time inside a real decode step. The backend
+// launches its stamped instantiation (dense_matvec_probe.h, cuda::SetProbeGdnInputProducts, set
+// before the decode graphs are captured); this arms the stamps, runs one step and prints, per
+// phase, the median over the step's GDN layers of the median and last block's stamp, in us after
+// the layer's earliest PDL wait return (when the MoE kernel before it had completed).
+#ifndef TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
+#define TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
+
+#include <functional>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+// step: one decode step (batch 1). Prints the report to stdout; an error if the stamps could not be
+// set or read or the step failed.
+absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
