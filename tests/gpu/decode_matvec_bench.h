@@ -14,9 +14,6 @@ void BenchMatVecProbe();
 // cold_read_bench.cu (--cold-read): HBM reads of a product's size on a cold L2, by access order and
 // page recency.
 void BenchColdRead();
-// cold_product_bench.cc (--cold-product): the decode step's one-row Q8_0x8 products on a cold L2, by
-// kernel (f32 streaming against resident int8 MMA, each plain and with its norm inside).
-void BenchColdProducts();
 
 }  // namespace tandem::cuda
 

@@ -7,7 +7,6 @@
 // (tiled against prepared weights per layer shape); --matvec-probe: the phase stamps of the batch-1
 // streaming products inside a PDL chain alone (matvec_probe_bench.cc); --cold-read: HBM reads of a
 // product's size on a cold L2 by access order and page recency alone (cold_read_bench.cu);
-// --cold-product: the decode step's Q8_0x8 products on a cold L2 by kernel (cold_product_bench.cc);
 // prefill_stages_bench has the fast-prefill
 // stages' products; the decode matvec cases live in decode_matvec_bench.cc. Prints one line per case ("name: value unit, detail") and, with --json=PATH,
 // writes the same numbers as JSON. Timing: CUDA events around `reps` launches after warm-up,
@@ -342,7 +341,6 @@ int main(int argc, char** argv) {
   bool decode_only = false;  // --decode-only: the copy ceiling and the Q6_K head
   bool probe_only = false;   // --matvec-probe: BenchMatVecProbe alone
   bool cold_read = false;    // --cold-read: BenchColdRead alone
-  bool cold_product = false; // --cold-product: BenchColdProducts alone
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
     if (std::strcmp(argv[i], "--matvec-only") == 0) matvec_only = true;
@@ -351,7 +349,6 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--decode-only") == 0) decode_only = true;
     if (std::strcmp(argv[i], "--matvec-probe") == 0) probe_only = true;
     if (std::strcmp(argv[i], "--cold-read") == 0) cold_read = true;
-    if (std::strcmp(argv[i], "--cold-product") == 0) cold_product = true;
   }
   if (!tandem::bench::PrintDevice()) {
     std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
@@ -359,11 +356,6 @@ int main(int argc, char** argv) {
   }
   if (probe_only) {
     BenchMatVecProbe();
-    return 0;
-  }
-  if (cold_product) {
-    BenchColdProducts();
-    tandem::bench::WriteJson(json);
     return 0;
   }
   if (cold_read) {
