@@ -28,7 +28,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
-#include "gpu_service/backends/cuda/kernels/matvec_resident.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
@@ -156,15 +155,12 @@ class DecodeScheduleTest : public ::testing::TestWithParam<std::string> {};
 // the layers carry to the logits. The fast mode's int16 one-token MoE (cuda::OneTokenInt16) is off
 // here: its rounding to int16 turns last-place differences of x into steps of 1.5e-5 of a block's
 // largest value (measured 3.9e-5 / 7.9e-5 at batch 1 with it on, 2026-12-02), which says nothing
-// about the layouts; Int16OneTokenMoeKeepsDecodeLogitsClose bounds that path. The resident int8
-// products (cuda::ResidentMatVec) are off for the same reason (the separate parts' products may not
-// take them where the stack does; ResidentProductsKeepDecodeLogitsClose bounds them).
+// about the layouts; Int16OneTokenMoeKeepsDecodeLogitsClose bounds that path.
 TEST_P(DecodeScheduleTest, StackedDecodeInputsGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide(), was_kv = cuda::AttnStackedKvSide();
-  const bool was_int16 = cuda::OneTokenInt16(), was_resident = cuda::ResidentMatVec();
+  const bool was_int16 = cuda::OneTokenInt16();
   cuda::SetOneTokenInt16(false);
-  cuda::SetResidentMatVec(false);
   cuda::SetGdnStackedZSide(false);  // one product over [z; qkv; ba], one over [q; k; v]
   cuda::SetAttnStackedKvSide(false);
   ExpectScheduleChangesNoLogits(
@@ -173,20 +169,17 @@ TEST_P(DecodeScheduleTest, StackedDecodeInputsGiveTheSameLogits) {
   cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
   cuda::SetOneTokenInt16(was_int16);
-  cuda::SetResidentMatVec(was_resident);
 }
 
 // Stacked decode inputs with a part on the side stream: GDN's product over [qkv; ba] with z aside
 // (cuda::GdnStackedZSide) and attention's q with [k; v] aside (cuda::AttnStackedKvSide), both read
 // when a step is enqueued, against the one product per layer. Within 1e-5 like the test above (the
-// products' rows may differ in the last place), with the int16 one-token MoE and the resident int8
-// products off for the same reason.
+// products' rows may differ in the last place), with the int16 one-token MoE off for the same reason.
 TEST_P(DecodeScheduleTest, StackedInputsWithPartsAsideGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::StackedDecodeInputs(), was_z = cuda::GdnStackedZSide(), was_kv = cuda::AttnStackedKvSide();
-  const bool was_int16 = cuda::OneTokenInt16(), was_resident = cuda::ResidentMatVec();
+  const bool was_int16 = cuda::OneTokenInt16();
   cuda::SetOneTokenInt16(false);
-  cuda::SetResidentMatVec(false);
   cuda::SetStackedDecodeInputs(true);
   ExpectScheduleChangesNoLogits(
       GetParam(), "one stacked product vs z and [k; v] aside",
@@ -199,7 +192,6 @@ TEST_P(DecodeScheduleTest, StackedInputsWithPartsAsideGiveTheSameLogits) {
   cuda::SetGdnStackedZSide(was_z);
   cuda::SetStackedDecodeInputs(was);
   cuda::SetOneTokenInt16(was_int16);
-  cuda::SetResidentMatVec(was_resident);
 }
 
 // Attention layers: the q/k norm, RoPE and cache append in one launch after the q/k/v products, and
@@ -469,17 +461,6 @@ TEST_P(DecodeScheduleTest, Int16OneTokenMoeKeepsDecodeLogitsClose) {
   const bool was = cuda::OneTokenInt16();
   ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "int16 one-token MoE", [](bool on) { cuda::SetOneTokenInt16(on); });
   cuda::SetOneTokenInt16(was);
-}
-
-// Fast mode's one-row Q8_0x8 products with their weights resident in shared memory, on the int8
-// tensor cores (cuda::SetResidentMatVec, the fast default: x in two int8 terms per 32 columns,
-// ~1.5e-5 of a block's largest |x| an element) against the f32 streaming kernel; exact mode and
-// batch 3 do not take them (bit-identical).
-TEST_P(DecodeScheduleTest, ResidentProductsKeepDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::ResidentMatVec();
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "resident int8 products", [](bool on) { cuda::SetResidentMatVec(on); });
-  cuda::SetResidentMatVec(was);
 }
 
 // The one-token kernels' routing by the top-K logits (cuda::SetOneTokenLogitRoute, the fast mode's

@@ -4,7 +4,6 @@
 // two mixers (GDN, attention) are in mixer_layers.cc.
 #include <algorithm>
 #include <array>
-#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22,7 +21,6 @@
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
-#include "gpu_service/backends/cuda/kernels/matvec_resident.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 
 namespace tandem {
@@ -37,9 +35,6 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
     return absl::InternalError("a product read x, whose norm the read left to the layer's input product");
   }
   cudaStream_t st = on != nullptr ? on : stream.get();
-  if (!accurate && ResidentProduct(w, n) && reinterpret_cast<uintptr_t>(in) % 16 == 0) {
-    return Launch(cuda::LaunchResidentMatVec(w, in, out, st), "dense matvec (resident)");
-  }
   if (n <= cuda::kMatVecMaxRows) {
     return Launch(cuda::LaunchDenseMatVec(w, in, w.cols, static_cast<int>(n), out, w.rows, st), "dense matvec");
   }
@@ -53,20 +48,12 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
                                              bool gdn) {
   if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
-  if (ResidentProduct(w, n) && cuda::ResidentMatVecNormInTakes(w)) {
-    return Launch(cuda::LaunchResidentMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
-                  "dense matvec (norm in, resident)");
-  }
   if (gdn && cuda::ProbeGdnInputProducts()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
                   "dense matvec (norm in, probed)");
   }
   return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
                 "dense matvec (norm in)");
-}
-
-bool CudaBackend::Impl::ResidentProduct(const cuda::DeviceMatrix& w, int64_t n) const {
-  return n == 1 && options.mode == CudaMode::kFast && cuda::ResidentMatVec() && cuda::ResidentMatVecTakes(w);
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
@@ -96,10 +83,7 @@ bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) c
     return false;
   }
   for (const cuda::DeviceMatrix* m : readers) {
-    if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m) &&
-        !(ResidentProduct(*m, T) && cuda::ResidentMatVecNormInTakes(*m))) {
-      return false;
-    }
+    if (m != nullptr && !cuda::DenseMatVecNormInTakes(*m)) return false;
   }
   // The pending y (and its shared term, the MoE stage's own buffer) must hold until the ffn read
   // adds them: not y itself where the mixer writes its output there (moe_y may name y).
