@@ -24,6 +24,30 @@ struct Shape {
   int64_t cols, rows;
 };
 
+// Stamps h of `capacity` slots after one probed launch of `blocks` blocks: each block in one slot of
+// the first `blocks` with its SM id and every phase stamped in order; the slots past them untouched.
+void ExpectEachBlockStampedOnceInOrder(const std::vector<unsigned long long>& h, unsigned capacity, int blocks,
+                                       int sm_count) {
+  std::vector<bool> seen(static_cast<size_t>(blocks), false);
+  for (unsigned slot = 0; slot < capacity; ++slot) {
+    const unsigned long long* r = h.data() + static_cast<size_t>(slot) * cuda::kStreamProbeWords;
+    if (static_cast<int>(slot) >= blocks) {
+      for (int i = 0; i < cuda::kStreamProbeWords; ++i) EXPECT_EQ(r[i], 0u) << "slot " << slot << " word " << i;
+      continue;
+    }
+    const unsigned long long block = r[cuda::kStreamProbeBlock], sm = r[cuda::kStreamProbeSm];
+    ASSERT_LT(block, static_cast<unsigned long long>(blocks)) << "slot " << slot;
+    EXPECT_FALSE(seen[block]) << "block " << block << " twice";
+    seen[block] = true;
+    EXPECT_LT(sm, static_cast<unsigned long long>(sm_count));
+    EXPECT_NE(r[0], 0u) << "block " << block << " entry";
+    for (int p = 1; p < cuda::kStreamProbeStamps; ++p) {
+      EXPECT_NE(r[p], 0u) << "block " << block << " phase " << p;  // every block has a group here
+      EXPECT_GE(r[p], r[p - 1]) << "block " << block << " phase " << p;
+    }
+  }
+}
+
 TEST(GpuMatVecProbeTest, ProbedLaunchGivesTheSameBitsAndOrderedStamps) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -64,25 +88,7 @@ TEST(GpuMatVecProbeTest, ProbedLaunchGivesTheSameBitsAndOrderedStamps) {
     const std::vector<float> a = Download(want), b = Download(off), c = Download(got);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "y bits, stamps off";
     EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << "y bits, stamps on";
-    const std::vector<unsigned long long> h = Download(stamps);
-    std::vector<bool> seen(static_cast<size_t>(grid.blocks), false);
-    for (unsigned slot = 0; slot < capacity; ++slot) {
-      const unsigned long long* r = h.data() + static_cast<size_t>(slot) * cuda::kStreamProbeWords;
-      if (static_cast<int>(slot) >= grid.blocks) {
-        for (int i = 0; i < cuda::kStreamProbeWords; ++i) EXPECT_EQ(r[i], 0u) << "slot " << slot << " word " << i;
-        continue;
-      }
-      const unsigned long long block = r[cuda::kStreamProbeBlock], sm = r[cuda::kStreamProbeSm];
-      ASSERT_LT(block, static_cast<unsigned long long>(grid.blocks)) << "slot " << slot;
-      EXPECT_FALSE(seen[block]) << "block " << block << " twice";
-      seen[block] = true;
-      EXPECT_LT(sm, static_cast<unsigned long long>(sm_count));
-      EXPECT_NE(r[0], 0u) << "block " << block << " entry";
-      for (int p = 1; p < cuda::kStreamProbeStamps; ++p) {
-        EXPECT_NE(r[p], 0u) << "block " << block << " phase " << p;  // every block has a group here
-        EXPECT_GE(r[p], r[p - 1]) << "block " << block << " phase " << p;
-      }
-    }
+    ExpectEachBlockStampedOnceInOrder(Download(stamps), capacity, grid.blocks, sm_count);
   }
 }
 
@@ -117,23 +123,9 @@ TEST(GpuMatVecProbeTest, ProbedNormInLaunchGivesTheSameBitsAndOrderedStamps) {
   const std::vector<float> a = Download(want), b = Download(got);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "y bits";
   EXPECT_EQ(Download(d_H), H) << "the product wrote H";
-  const std::vector<unsigned long long> h = Download(stamps);
-  std::vector<bool> seen(static_cast<size_t>(grid.blocks), false);
-  for (unsigned slot = 0; slot < capacity; ++slot) {
-    const unsigned long long* r = h.data() + static_cast<size_t>(slot) * cuda::kStreamProbeWords;
-    if (static_cast<int>(slot) >= grid.blocks) {
-      EXPECT_EQ(r[cuda::kStreamProbeExit], 0u) << "slot " << slot;
-      continue;
-    }
-    const unsigned long long block = r[cuda::kStreamProbeBlock];
-    ASSERT_LT(block, static_cast<unsigned long long>(grid.blocks)) << "slot " << slot;
-    EXPECT_FALSE(seen[block]) << "block " << block << " twice";
-    seen[block] = true;
-    for (int p = 1; p < cuda::kStreamProbeStamps; ++p) {
-      EXPECT_NE(r[p], 0u) << "block " << block << " phase " << p;
-      EXPECT_GE(r[p], r[p - 1]) << "block " << block << " phase " << p;
-    }
-  }
+  int sm_count = 0;
+  TANDEM_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  ExpectEachBlockStampedOnceInOrder(Download(stamps), capacity, grid.blocks, sm_count);
   EXPECT_EQ(cuda::LaunchDenseMatVecNormInProbed(w.gpu(), in, got.get(), nullptr), cudaErrorInvalidValue) << "ggml Q8_0";
   cuda::MatVecNormIn no_h = in;
   no_h.H = nullptr;

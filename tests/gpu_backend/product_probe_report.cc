@@ -9,18 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "tests/gpu/bench_util.h"
 
 namespace tandem {
 namespace {
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-// The q-quantile (0..1) of v (v not empty).
-double Quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
 }  // namespace
@@ -56,33 +51,28 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   for (int r = 0; r < rows; ++r) launches[static_cast<size_t>(r / grid)].push_back(&h[size_t(r) * kStreamProbeWords]);
   const char* names[] = {"entry (resident)", "first ring issued", "PDL wait returned", "x formed (staged)",
                          "first row group streamed", "last row group streamed", "last group reduced", "exit"};
-  // Per launch: each phase's median and last block, and the share of blocks resident before the
-  // earliest wait return, all relative to that return.
+  // Per launch: each phase's median and last block (bench::StampUs), and the share of blocks
+  // resident before the earliest wait return, all relative to that return.
   std::vector<std::vector<double>> median(kStreamProbeStamps), last(kStreamProbeStamps);
-  std::vector<double> early_share, blocks;
+  std::vector<double> early_share;
   for (const auto& launch : launches) {
     unsigned long long t0 = ~0ull;
     for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
     int early = 0;
     for (const unsigned long long* row : launch) early += row[kStreamProbeEntry] < t0;
     early_share.push_back(static_cast<double>(early) / static_cast<double>(launch.size()));
-    blocks.push_back(static_cast<double>(launch.size()));
     for (int p = 0; p < kStreamProbeStamps; ++p) {
-      std::vector<double> v;
-      for (const unsigned long long* row : launch) {
-        v.push_back((static_cast<double>(row[p]) - static_cast<double>(t0)) * 1e-3);
-      }
-      median[p].push_back(Quantile(v, 0.5));
-      last[p].push_back(Quantile(v, 1.0));
+      median[p].push_back(bench::StampUs(launch, p, t0, 0));
+      last[p].push_back(bench::StampUs(launch, p, t0, 1));
     }
   }
-  printf("GDN input product probe: %zu launches, %d stamped blocks (median %.0f a launch); blocks resident before "
-         "the first wait returned: median %.2f of a launch\n",
-         launches.size(), rows, Quantile(blocks, 0.5), Quantile(early_share, 0.5));
+  printf("GDN input product probe: %zu launches of %llu blocks; blocks resident before the first wait returned: "
+         "median %.2f of a launch\n",
+         launches.size(), grid, bench::Median(early_share));
   printf("  %-26s %18s %18s   (us after the launch's first wait return; median over launches)\n", "phase",
          "median block", "last block");
   for (int p = 0; p < kStreamProbeStamps; ++p) {
-    printf("  %-26s %18.2f %18.2f\n", names[p], Quantile(median[p], 0.5), Quantile(last[p], 0.5));
+    printf("  %-26s %18.2f %18.2f\n", names[p], bench::Median(median[p]), bench::Median(last[p]));
   }
   return absl::OkStatus();
 }

@@ -48,12 +48,11 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
                                              bool gdn) {
   if (!x_norm_in.has_value()) return Product(w, x, n, out, false, on);
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
+  cudaStream_t st = on != nullptr ? on : stream.get();
   if (gdn && cuda::ProbeGdnInputProducts()) {
-    return Launch(cuda::LaunchDenseMatVecNormInProbed(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
-                  "dense matvec (norm in, probed)");
+    return Launch(cuda::LaunchDenseMatVecNormInProbed(w, *x_norm_in, out, st), "dense matvec (norm in, probed)");
   }
-  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, on != nullptr ? on : stream.get()),
-                "dense matvec (norm in)");
+  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, st), "dense matvec (norm in)");
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {

@@ -269,11 +269,13 @@ fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& i
   return a;
 }
 
+bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* y) {
+  return DenseMatVecNormInTakes(w) && in.H != nullptr && in.gamma != nullptr && y != nullptr &&
+         (in.sh.shared == nullptr || in.y != nullptr);
+}
+
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
-  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
-      (in.sh.shared != nullptr && in.y == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 

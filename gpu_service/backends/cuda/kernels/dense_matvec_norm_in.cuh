@@ -11,8 +11,11 @@
 
 namespace tandem::cuda {
 
-// The arguments of y = W·x with x formed from `in` (DenseMatVecNormInTakes(w) and the launch's
-// checks on `in` hold).
+// The launches' checks (LaunchDenseMatVecNormIn's contract): DenseMatVecNormInTakes(w), H, gamma and
+// y present, a shared term only with y_in.
+bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* y);
+
+// The arguments of y = W·x with x formed from `in` (NormInLaunchOk holds).
 fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& in, float* y);
 
 }  // namespace tandem::cuda

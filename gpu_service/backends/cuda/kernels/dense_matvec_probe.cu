@@ -103,10 +103,7 @@ cudaError_t LaunchDenseMatVecProbed(const DeviceMatrix& w, const float* x, float
 }
 
 cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
-  if (!DenseMatVecNormInTakes(w) || in.H == nullptr || in.gamma == nullptr || y == nullptr ||
-      (in.sh.shared != nullptr && in.y == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, true>(NormInStreamArgs(w, in, y), stream);
 }
 
