@@ -161,6 +161,13 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
   WriteRow(stamps, ids_out, ids, t0, t1, clock64());
 }
 
+// Warp 0's slot on the SM (%warpid, read for placement only: PTX calls it volatile).
+__device__ __forceinline__ unsigned WarpSlot() {
+  unsigned slot;
+  asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
+  return slot;
+}
+
 // The readers as the fused kernel has them: every block resident and waiting on a count that the
 // grid's last block (the writer, standing in for the router blocks) bumps once it has written the
 // logits, ~4 us after the start; so the reads start together, on lines another SM has just
@@ -168,11 +175,18 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
 // b % replicas: if many readers of one line at once are what the ~3.3 us of the probe's logit loads
 // wait on, more copies shorten it. Stamps (clock64, the reader's SM): count seen, keys formed,
 // picked. `generation` is the count the readers wait for (the counter is never reset).
+// spread: the block's picking warp is (warp 0's slot / 4) mod 4, as the fused kernel's
+// OneTokenMoeArgs::spread_picks (expert_decode_fused.cu PickWarpOfBlock), instead of warp 0; the
+// stamps are then the picking warp's. layout (spread only): per reader, its SM id << 32 and the
+// four warps' slots in bytes 0-3, so that the host can check the slots' arrangement the spread
+// assumes.
 __global__ void __launch_bounds__(kPickThreads)
     PickAfterCountKernel(float* logits, int replicas, unsigned seed, int* counter, int generation,
-                         unsigned long long* stamps, int* ids_out) {
+                         unsigned long long* stamps, int* ids_out, bool spread, unsigned long long* layout) {
   __shared__ int ids[kOneTokenMaxPicks];
   __shared__ float picked[kOneTokenMaxPicks];
+  __shared__ unsigned slots[kPickThreads / 32];
+  __shared__ long long times[3];
   if (blockIdx.x == gridDim.x - 1) {  // the writer
     const unsigned long long start = GlobalTimerNs();
     while (GlobalTimerNs() - start < 4000) {
@@ -189,18 +203,46 @@ __global__ void __launch_bounds__(kPickThreads)
     }
     return;
   }
-  if (threadIdx.x >= 32) return;
-  if (threadIdx.x == 0) {
-    while (LoadAcquire(counter) < generation) __nanosleep(32);
+  int picker = 0;
+  if (spread) {
+    const int warp = static_cast<int>(threadIdx.x >> 5);
+    if ((threadIdx.x & 31) == 0) slots[warp] = WarpSlot();
+    __syncthreads();
+    picker = static_cast<int>((slots[0] >> 2) % (kPickThreads / 32));
+    if (threadIdx.x == 0) {
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      unsigned long long packed = static_cast<unsigned long long>(smid) << 32;
+      for (int w = 0; w < kPickThreads / 32; ++w) packed |= static_cast<unsigned long long>(slots[w] & 0xFFu) << (8 * w);
+      layout[blockIdx.x] = packed;
+    }
   }
-  __syncwarp();
-  const long long t0 = clock64();
-  long long t1 = 0;
-  WarpPickLogits<kPickPer>(logits + (blockIdx.x % replicas) * kPickE, kPickE, kPickK, ids, picked, true,
-                           [&](unsigned every) {
-                             if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
-                           });
-  WriteRow(stamps, ids_out, ids, t0, t1, clock64());
+  if (static_cast<int>(threadIdx.x >> 5) == picker) {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    if (lane == 0) {
+      while (LoadAcquire(counter) < generation) __nanosleep(32);
+    }
+    __syncwarp();
+    const long long t0 = clock64();
+    long long t1 = 0;
+    WarpPickLogits<kPickPer>(logits + (blockIdx.x % replicas) * kPickE, kPickE, kPickK, ids, picked, true,
+                             [&](unsigned every) {
+                               if (lane == 0 && every != 0x9E3779B9u) t1 = clock64();
+                             });
+    const long long t2 = clock64();
+    if (lane == 0) {
+      times[0] = t0;
+      times[1] = t1;
+      times[2] = t2;
+    }
+  }
+  if (!spread && threadIdx.x >= 32) return;
+  if (spread) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+  }
+  WriteRow(stamps, ids_out, ids, times[0], times[1], times[2]);
 }
 
 }  // namespace
@@ -280,9 +322,15 @@ void BenchPick() {
   int generation = 0;
   struct Case {
     int readers, replicas;
+    bool spread = false;  // PickAfterCountKernel's spread
   };
-  for (const Case c : {Case{384, 1}, Case{384, 8}, Case{384, 48}, Case{384, 384}, Case{48, 1}, Case{1, 1}}) {
+  unsigned long long* layout = nullptr;
+  BENCH_CHECK(cudaMalloc(&layout, static_cast<size_t>(kMaxBlocks) * sizeof(unsigned long long)));
+  for (const Case c : {Case{384, 1}, Case{384, 8}, Case{384, 48}, Case{384, 384}, Case{48, 1}, Case{1, 1},
+                       Case{384, 1, true}, Case{48, 1, true}}) {
     std::vector<double> load, pick;
+    std::vector<unsigned long long> places(static_cast<size_t>(c.readers));
+    int aligned = 0, shared_scheduler_warp0 = 0, shared_scheduler_spread = 0, place_blocks = 0;
     std::vector<unsigned long long> rows(static_cast<size_t>(c.readers) * kPickWords);
     std::vector<int> got(static_cast<size_t>(c.readers) * kPickK), want(kPickK);
     int mismatches = 0;
@@ -292,8 +340,36 @@ void BenchPick() {
       launch(kWarpPickLogits, 1);  // the reference ids on the same values
       BENCH_CHECK(cudaMemcpyAsync(want.data(), ids, kPickK * sizeof(int), cudaMemcpyDeviceToHost, stream));
       PickAfterCountKernel<<<c.readers + 1, kPickThreads, kPickSmem, stream>>>(copies, c.replicas, seed, counter,
-                                                                              ++generation, stamps, ids);
+                                                                              ++generation, stamps, ids, c.spread,
+                                                                              layout);
       BENCH_CHECK(cudaGetLastError());
+      if (c.spread && launch_i == kLaunches - 1) {
+        BENCH_CHECK(cudaMemcpyAsync(places.data(), layout, places.size() * sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost, stream));
+        BENCH_CHECK(cudaStreamSynchronize(stream));
+        // Slots 4j .. 4j + 3 in warp order (what the spread assumes), and per SM the readers whose
+        // picking warp shares its slot mod 4 (the sub-partition, if slots map so) with another
+        // reader's: with warp 0 picking, and spread.
+        std::vector<std::vector<unsigned>> warp0_by_sm(1024), spread_by_sm(1024);
+        for (const unsigned long long p : places) {
+          unsigned w[4];
+          for (int i = 0; i < 4; ++i) w[i] = static_cast<unsigned>((p >> (8 * i)) & 0xFFu);
+          aligned += w[0] % 4 == 0 && w[1] == w[0] + 1 && w[2] == w[0] + 2 && w[3] == w[0] + 3;
+          const unsigned sm = static_cast<unsigned>(p >> 32) % 1024;
+          warp0_by_sm[sm].push_back(w[0] % 4);
+          spread_by_sm[sm].push_back(w[(w[0] >> 2) % 4] % 4);
+        }
+        auto sharing = [](const std::vector<std::vector<unsigned>>& by_sm) {
+          int n = 0;
+          for (const std::vector<unsigned>& v : by_sm) {
+            for (size_t i = 0; i < v.size(); ++i) n += std::count(v.begin(), v.end(), v[i]) > 1;
+          }
+          return n;
+        };
+        shared_scheduler_warp0 = sharing(warp0_by_sm);
+        shared_scheduler_spread = sharing(spread_by_sm);
+        place_blocks = c.readers;
+      }
       BENCH_CHECK(cudaMemcpyAsync(rows.data(), stamps, rows.size() * sizeof(unsigned long long),
                                   cudaMemcpyDeviceToHost, stream));
       BENCH_CHECK(cudaMemcpyAsync(got.data(), ids, got.size() * sizeof(int), cudaMemcpyDeviceToHost, stream));
@@ -309,16 +385,27 @@ void BenchPick() {
       }
     }
     std::sort(load.begin(), load.end());
-    char detail[300];
+    char detail[600];
     std::snprintf(detail, sizeof(detail),
                   "%d blocks released together by a count, reading %d logits just written by another SM (%d "
-                  "copies, block b reads b mod copies) and picking %d: keys formed %.2f us (p90 %.2f), picks "
+                  "copies, block b reads b mod copies) and picking %d%s: keys formed %.2f us (p90 %.2f), picks "
                   "%.2f us; blocks whose ids differ from WarpPickLogits': %d",
-                  c.readers, kPickE, c.replicas, kPickK, bench::Median(load),
-                  load.empty() ? 0.0 : load[load.size() * 9 / 10], bench::Median(pick), mismatches);
-    bench::Report("route_pick_after_count_" + std::to_string(c.readers) + "_copies_" + std::to_string(c.replicas),
-                  bench::Median(load), "us", detail);
+                  c.readers, kPickE, c.replicas, kPickK, c.spread ? " with the warp of the block's SM place" : "",
+                  bench::Median(load), load.empty() ? 0.0 : load[load.size() * 9 / 10], bench::Median(pick),
+                  mismatches);
+    std::string text = detail;
+    if (c.spread) {
+      std::snprintf(detail, sizeof(detail),
+                    "; last launch: %d of %d readers with warp slots 4j..4j+3 in order; readers sharing their "
+                    "picking warp's slot mod 4 with another reader on the SM: %d with warp 0, %d spread",
+                    aligned, place_blocks, shared_scheduler_warp0, shared_scheduler_spread);
+      text += detail;
+    }
+    bench::Report("route_pick_after_count_" + std::to_string(c.readers) + "_copies_" + std::to_string(c.replicas) +
+                      (c.spread ? "_spread" : ""),
+                  bench::Median(load), "us", text);
   }
+  BENCH_CHECK(cudaFree(layout));
   BENCH_CHECK(cudaFree(copies));
   BENCH_CHECK(cudaFree(counter));
   BENCH_CHECK(cudaFree(logits));

@@ -83,6 +83,11 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
   return on;
 }
 
+std::atomic<bool>& FusedPickSpreadSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_PICK_SPREAD")};
+  return on;
+}
+
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -129,6 +134,8 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
+void SetFusedPickSpread(bool on) { FusedPickSpreadSwitch().store(on, std::memory_order_relaxed); }
+bool FusedPickSpread() { return FusedPickSpreadSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -113,6 +113,22 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
+// The warp of this block that routes when OneTokenMoeArgs::spread_picks is set (call from thread
+// 0; any answer in [0, kFusedWarps) is correct, the choice only places the work). Why: a routed
+// block's picks are one warp's chain of ten rounds (~1.1 us alone), and gpu_moe_bench --pick
+// measured 1.99 us for the picks of 384 blocks released together against 1.10 us for staggered
+// ones. The hypothesis this tests (the bench's spread case): warps go to sub-partitions by their
+// slot on the SM modulo 4 and a block's four warps take four adjacent slots, so with warp 0
+// picking, the three or four blocks of an SM all route on one scheduler. %warpid is warp
+// 0's slot at this moment (PTX calls it volatile: it is read once, for placement only); slot / 4
+// counts the block's place among the SM's blocks, so the SM's blocks pick on different
+// sub-partitions.
+__device__ __forceinline__ int PickWarpOfBlock() {
+  unsigned slot;
+  asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
+  return static_cast<int>((slot >> 2) % kFusedWarps);
+}
+
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
 template <bool kProbe>
@@ -224,6 +240,16 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
+  // The warp that routes and gathers the slice's act (OneTokenMoeArgs::spread_picks): warp 0, or
+  // the block's warp on the SM sub-partition given by the block's place among the SM's resident
+  // blocks (PickWarpOfBlock). The probe's stamps are thread 0's, so its instantiation keeps warp 0.
+  int picker = 0;
+  if (!kProbe && a.spread_picks) {
+    __shared__ int s_picker;
+    if (t == 0) s_picker = PickWarpOfBlock();
+    __syncthreads();
+    picker = s_picker;
+  }
   // The router logits and the shared gate logit (or, with the router in the grid, x's writer; the
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
@@ -241,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
     if (!a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  } else if (warp == 0) {
+  } else if (warp == picker) {
     if (router_in_grid) WaitRouterBlocks(rt);
     stamps.Stamp(kFusedProbeCountSeen);
     // Every block needs its pick's weight, hence all K picks.
@@ -263,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
       if (!(e >= 0 && e < a.E && tgate[e] != nullptr)) *a.error = 1;
     }
   } else if (!a.x_written_earlier) {
-    QuantizeI16(a.x, nsb, xq, xsc, sxs, warp - 1, kFusedWarps - 1, lane);
+    QuantizeI16(a.x, nsb, xq, xsc, sxs, warp < picker ? warp : warp - 1, kFusedWarps - 1, lane);
   }
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
@@ -371,13 +397,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     CpAsyncCommit();
   }
-  // Every block's act values are in its shared memory: gather the slice's (warp 0; lane l the four
+  // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
   // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
   // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
   ClusterArrive();
   ClusterWait();
   stamps.Stamp(kFusedProbeClusterPassed);
-  if (ok && warp == 0) {
+  if (ok && warp == picker) {
     const cg::cluster_group cluster = cg::this_cluster();
     const bool in = 4 * lane < slice_cols;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -71,6 +71,11 @@ struct OneTokenMoeArgs {
   // (PDL) only before its weighted sum. pick_counts[K] counts finished down blocks; the last one
   // zeroes all K + 1. The same results as without.
   int* pick_counts = nullptr;
+  // The fused kernel only (expert_decode_fused.cuh): each block routes and gathers its slice's act
+  // with the warp that sits on the SM sub-partition of the block's place on the SM instead of
+  // warp 0, so that an SM's blocks do not all do that one-warp work on one scheduler. The same
+  // picks and results either way.
+  bool spread_picks = false;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
