@@ -64,8 +64,8 @@ struct SharedQ8 {
 // One fused launch on random inputs against the reference: picks, weights, no error, y within kTol.
 // inside (may be nullptr): the shared expert computed in the kernel (its output is then the
 // reference's shared term), else a random shared term given to the kernel.
-// spread: OneTokenMoeArgs::spread_picks (another warp of each routed block picks and the rest
-// quantize x: the same results).
+// spread: OneTokenMoeArgs::pick_warp 1 and pick_by_ballot (another warp of each block routes and
+// gathers, the rest quantize x; the picks' other rounds: the same results).
 void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
                 const std::string& what, const SharedQ8* inside = nullptr, bool spread = false) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
@@ -76,7 +76,8 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
   OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
   if (inside != nullptr) a.shared = nullptr;  // computed in the kernel
-  a.spread_picks = spread;
+  a.pick_warp = spread ? 1 : 0;
+  a.pick_by_ballot = spread;
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, inside != nullptr ? &inside->where : nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -96,7 +97,8 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
 }
 
 // Several K, ties on a coarse grid, every shared form, x staged before or after the wait, the
-// picks by warp 0 or spread over the blocks' warps (OneTokenMoeArgs::spread_picks).
+// picks by warp 0 or spread over the blocks' warps with the ballot's rounds (OneTokenMoeArgs::pick_warp,
+// pick_by_ballot).
 TEST(OneTokenFusedTest, MatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -163,7 +165,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   struct Form {
     int blocks;
     bool preload;
-    bool spread = false;  // OneTokenMoeArgs::spread_picks
+    bool spread = false;  // OneTokenMoeArgs::pick_warp 1 and pick_by_ballot
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -190,7 +192,8 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
       a.shared = nullptr;  // computed in the kernel
       if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
-      a.spread_picks = f.spread;
+      a.pick_warp = f.spread ? 1 : 0;
+      a.pick_by_ballot = f.spread;
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;

@@ -83,8 +83,13 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
   return on;
 }
 
-std::atomic<bool>& FusedPickSpreadSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_PICK_SPREAD")};
+std::atomic<int>& FusedPickWarpSetting() {
+  static std::atomic<int> warp{static_cast<int>(EnvInteger("TANDEM_FUSED_PICK_WARP", 0, 0, 3))};
+  return warp;
+}
+
+std::atomic<bool>& FusedPickByBallotSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_PICK_BALLOT")};
   return on;
 }
 
@@ -134,8 +139,10 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-void SetFusedPickSpread(bool on) { FusedPickSpreadSwitch().store(on, std::memory_order_relaxed); }
-bool FusedPickSpread() { return FusedPickSpreadSwitch().load(std::memory_order_relaxed); }
+void SetFusedPickWarp(int mode) { FusedPickWarpSetting().store(mode, std::memory_order_relaxed); }
+int FusedPickWarp() { return FusedPickWarpSetting().load(std::memory_order_relaxed); }
+void SetFusedPickByBallot(bool on) { FusedPickByBallotSwitch().store(on, std::memory_order_relaxed); }
+bool FusedPickByBallot() { return FusedPickByBallotSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

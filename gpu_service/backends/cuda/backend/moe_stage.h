@@ -137,10 +137,13 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// TANDEM_FUSED_PICK_SPREAD=1: the fused kernel's routed blocks pick with the warp on the SM
-// sub-partition of their place on the SM (OneTokenMoeArgs::spread_picks) instead of warp 0.
-void SetFusedPickSpread(bool on);
-bool FusedPickSpread();
+// The fused kernel's routing warp and picks' rounds (OneTokenMoeArgs::pick_warp, 0-3, and
+// pick_by_ballot), for A/B: TANDEM_FUSED_PICK_WARP=N and TANDEM_FUSED_PICK_BALLOT=1 at start-up;
+// both off by default.
+void SetFusedPickWarp(int mode);
+int FusedPickWarp();
+void SetFusedPickByBallot(bool on);
+bool FusedPickByBallot();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -324,7 +324,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     if (fused) {  // PrepareStep took int16 products and logit routing for this step
       o.y = m.fused_y.as<float>() + layer * h;
       o.pick_counts = nullptr;
-      o.spread_picks = FusedPickSpread();
+      o.pick_warp = FusedPickWarp();
+      o.pick_by_ballot = FusedPickByBallot();
       // Without `defer` the kernel reads the side chain's shared term: join first.
       if (overlap && !defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;

@@ -113,7 +113,7 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// The warp of this block that routes when OneTokenMoeArgs::spread_picks is set (call from thread
+// The warp of this block that routes at OneTokenMoeArgs::pick_warp 1 (call from thread
 // 0; any answer in [0, kFusedWarps) is correct, the choice only places the work). Why: a routed
 // block's picks are one warp's chain of ten rounds (~1.1 us alone), and gpu_moe_bench --pick
 // measured 1.99 us for the picks of 384 blocks released together against 1.10 us for staggered
@@ -240,13 +240,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  // The warp that routes and gathers the slice's act (OneTokenMoeArgs::spread_picks): warp 0, or
-  // the block's warp on the SM sub-partition given by the block's place among the SM's resident
-  // blocks (PickWarpOfBlock). The probe's stamps are thread 0's, so its instantiation keeps warp 0.
+  // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp): warp 0, or the
+  // block's warp on the SM sub-partition given by the block's place among the SM's resident blocks
+  // (PickWarpOfBlock), or a fixed warp chosen the same way. The probe's stamps are thread 0's, so
+  // its instantiation keeps warp 0.
   int picker = 0;
-  if (!kProbe && a.spread_picks) {
+  if (!kProbe && a.pick_warp != 0) {
     __shared__ int s_picker;
-    if (t == 0) s_picker = PickWarpOfBlock();
+    if (t == 0) s_picker = a.pick_warp == 1 ? PickWarpOfBlock() : a.pick_warp == 2 ? 1 : 0;
     __syncthreads();
     picker = s_picker;
   }
@@ -273,11 +274,15 @@ __global__ void __launch_bounds__(kThreads)
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
-    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid,
-                         [&](unsigned every) {
-                           stamps.StampAfter(kFusedProbeLogitsLoaded, every);
-                           stamps.Reloads(a.logits, a.E, a.table);
-                         });
+    auto loaded = [&](unsigned every) {
+      stamps.StampAfter(kFusedProbeLogitsLoaded, every);
+      stamps.Reloads(a.logits, a.E, a.table);
+    };
+    if (a.pick_by_ballot) {
+      WarpPickLogits<kPer, true>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid, loaded);
+    } else {
+      WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid, loaded);
+    }
     stamps.Stamp(kFusedProbePicked);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
