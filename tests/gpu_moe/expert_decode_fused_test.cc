@@ -64,8 +64,8 @@ struct SharedQ8 {
 // One fused launch on random inputs against the reference: picks, weights, no error, y within kTol.
 // inside (may be nullptr): the shared expert computed in the kernel (its output is then the
 // reference's shared term), else a random shared term given to the kernel.
-// spread: OneTokenMoeArgs::pick_warp 1 and pick_by_ballot (another warp of each block routes and
-// gathers, the rest quantize x; the picks' other rounds: the same results).
+// spread: OneTokenMoeArgs::pick_warp_by_slot (another warp of each block routes and gathers, the
+// rest quantize x: the same results).
 void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
                 const std::string& what, const SharedQ8* inside = nullptr, bool spread = false) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
@@ -76,8 +76,7 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
   OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
   if (inside != nullptr) a.shared = nullptr;  // computed in the kernel
-  a.pick_warp = spread ? 1 : 0;
-  a.pick_by_ballot = spread;
+  a.pick_warp_by_slot = spread;
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, inside != nullptr ? &inside->where : nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -97,8 +96,7 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
 }
 
 // Several K, ties on a coarse grid, every shared form, x staged before or after the wait, the
-// picks by warp 0 or spread over the blocks' warps with the ballot's rounds (OneTokenMoeArgs::pick_warp,
-// pick_by_ballot).
+// picks by warp 0 or by the warp of the block's place on the SM (OneTokenMoeArgs::pick_warp_by_slot).
 TEST(OneTokenFusedTest, MatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -148,8 +146,9 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
 // the default 96 blocks with the first row preloaded, 64 with the plain loop, 96 with the picks
-// spread over the blocks' warps, 8 (many rows a warp) preloaded, and the two forms' logits
-// bit-identical. Block counts that are not whole clusters, or
+// spread over the blocks' warps, 96 and 64 with the second rows staged (FusedRouter::stage_rows:
+// logits bit-identical to the preloaded form's), 8 (many rows a warp) preloaded, and the two
+// forms' logits bit-identical. Block counts that are not whole clusters, or
 // out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
@@ -165,7 +164,8 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   struct Form {
     int blocks;
     bool preload;
-    bool spread = false;  // OneTokenMoeArgs::pick_warp 1 and pick_by_ballot
+    bool spread = false;  // OneTokenMoeArgs::pick_warp_by_slot
+    bool stage = false;   // FusedRouter::stage_rows
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -183,20 +183,22 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     const std::vector<float> shared = sq.Reference(c.h, x);
     std::vector<float> form_logits[2];
     for (const Form& f :
-         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true}, Form{8, true}}) {
+         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true},
+          Form{kFusedRouterBlocks, true, false, true}, Form{64, true, false, true}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "");
+                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "",
+                                            f.stage ? " second rows staged" : "");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
       a.shared = nullptr;  // computed in the kernel
       if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
-      a.pick_warp = f.spread ? 1 : 0;
-      a.pick_by_ballot = f.spread;
+      a.pick_warp_by_slot = f.spread;
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
+      router.stage_rows = f.stage;
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
@@ -205,7 +207,10 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8 && !f.spread) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8 && !f.spread && !f.stage) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.stage) {
+        EXPECT_EQ(logits, form_logits[0]) << what << ": staged rows give other logits";
+      }
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;

@@ -9,7 +9,7 @@
 // start, once the keys are formed (behind a branch on the loaded values) and after the picks; cycles
 // are turned into us at the device's reported clock rate. Cases: 384 readers at four blocks an SM (the fused
 // kernel's routed blocks, all reading at once), 48 (one a cluster: the relay's count), one (no
-// other reader). Medians over blocks and 20 launches, us. Each case for WarpPickLogits and for three
+// other reader). Medians over blocks and 20 launches, us. Each case for WarpPickLogits and for two
 // candidate forms of the picks (PickForm below), whose ids are checked against WarpPickLogits' on
 // the same logits (the count of blocks that differ is printed). Not a test.
 #include <cuda_runtime.h>
@@ -57,10 +57,10 @@ __device__ __forceinline__ void LoadKeys(const float* logits, unsigned (&key)[kP
 // kSortedLanes: each lane sorts its keys once (a bitonic network over (key, slot)), then a round
 // reduces the lanes' heads (the same two warp reductions) and the winner shifts its list, so no
 // round walks the lane's keys; kBallot: WarpTakeKeys' rounds with the lowest id found by a ballot of
-// the lanes holding the top key (a reduction only when several do); kTakeByBallot: WarpPickLogits
-// with block_route.cuh's WarpTakeKeysByBallot (the holder clears its key at once; the id travels
-// by a shuffle no later round waits for).
-enum PickForm { kWarpPickLogits, kSortedLanes, kBallot, kTakeByBallot };
+// the lanes holding the top key (a reduction only when several do). (A third, the holder clearing
+// its key at once after the ballot and the id sent by a shuffle no later round waits for, measured
+// 1.63 us against 1.11: docs/PERF.md, twenty-ninth session.)
+enum PickForm { kWarpPickLogits, kSortedLanes, kBallot };
 
 __device__ __forceinline__ void PickSortedLanes(unsigned (&key)[kPickPer], int rounds, int* ids) {
   const int lane = threadIdx.x & 31;
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
   if (threadIdx.x >= 32) return;
   const long long t0 = clock64();
   long long t1 = 0;
-  if constexpr (kForm == kWarpPickLogits || kForm == kTakeByBallot) {
-    WarpPickLogits<kPickPer, kForm == kTakeByBallot>(logits, kPickE, kPickK, ids, picked, true, [&](unsigned every) {
+  if constexpr (kForm == kWarpPickLogits) {
+    WarpPickLogits<kPickPer>(logits, kPickE, kPickK, ids, picked, true, [&](unsigned every) {
       if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
     });
   } else {
@@ -178,14 +178,13 @@ __device__ __forceinline__ unsigned WarpSlot() {
 // wait on, more copies shorten it. Stamps (clock64, the reader's SM): count seen, keys formed,
 // picked. `generation` is the count the readers wait for (the counter is never reset).
 // spread: the block's picking warp is (warp 0's slot / 4) mod 4, as the fused kernel's
-// OneTokenMoeArgs::pick_warp 1 (expert_decode_fused.cu PickWarpOfBlock), instead of warp 0; the
+// OneTokenMoeArgs::pick_warp_by_slot (expert_decode_fused.cu PickWarpOfBlock), instead of warp 0; the
 // stamps are then the picking warp's. layout (spread only): per reader, its SM id << 32 and the
 // four warps' slots in bytes 0-3, so that the host can check the slots' arrangement the spread
 // assumes.
 __global__ void __launch_bounds__(kPickThreads)
     PickAfterCountKernel(float* logits, int replicas, unsigned seed, int* counter, int generation,
-                         unsigned long long* stamps, int* ids_out, bool spread, unsigned long long* layout,
-                         bool by_ballot) {
+                         unsigned long long* stamps, int* ids_out, bool spread, unsigned long long* layout) {
   __shared__ int ids[kOneTokenMaxPicks];
   __shared__ float picked[kOneTokenMaxPicks];
   __shared__ unsigned slots[kPickThreads / 32];
@@ -228,15 +227,10 @@ __global__ void __launch_bounds__(kPickThreads)
     __syncwarp();
     const long long t0 = clock64();
     long long t1 = 0;
-    auto loaded = [&](unsigned every) {
-      if (lane == 0 && every != 0x9E3779B9u) t1 = clock64();
-    };
-    const float* mine = logits + (blockIdx.x % replicas) * kPickE;
-    if (by_ballot) {
-      WarpPickLogits<kPickPer, true>(mine, kPickE, kPickK, ids, picked, true, loaded);
-    } else {
-      WarpPickLogits<kPickPer>(mine, kPickE, kPickK, ids, picked, true, loaded);
-    }
+    WarpPickLogits<kPickPer>(logits + (blockIdx.x % replicas) * kPickE, kPickE, kPickK, ids, picked, true,
+                             [&](unsigned every) {
+                               if (lane == 0 && every != 0x9E3779B9u) t1 = clock64();
+                             });
     const long long t2 = clock64();
     if (lane == 0) {
       times[0] = t0;
@@ -266,21 +260,19 @@ void BenchPick() {
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kWarpPickLogits>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kSortedLanes>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
-  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kTakeByBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   const cudaStream_t stream = bench::LaunchStream();
   int khz = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double us_per_cycle = 1e3 / khz;
-  const PickForm forms[4] = {kWarpPickLogits, kSortedLanes, kBallot, kTakeByBallot};
-  const char* form_names[4] = {"warp_pick_logits", "sorted_lanes", "ballot", "take_by_ballot"};
+  const PickForm forms[3] = {kWarpPickLogits, kSortedLanes, kBallot};
+  const char* form_names[3] = {"warp_pick_logits", "sorted_lanes", "ballot"};
   auto launch = [&](PickForm form, int blocks) {
     if (form == kWarpPickLogits) PickKernel<kWarpPickLogits><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kSortedLanes) PickKernel<kSortedLanes><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kBallot) PickKernel<kBallot><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
-    if (form == kTakeByBallot) PickKernel<kTakeByBallot><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     BENCH_CHECK(cudaGetLastError());
   };
-  for (int f = 0; f < 4; ++f) {
+  for (int f = 0; f < 3; ++f) {
     for (const int blocks : {kMaxBlocks, 48, 1}) {
       std::vector<double> load, pick, total;
       std::vector<unsigned long long> rows(static_cast<size_t>(blocks) * kPickWords);
@@ -333,13 +325,11 @@ void BenchPick() {
   struct Case {
     int readers, replicas;
     bool spread = false;  // PickAfterCountKernel's spread
-    bool by_ballot = false;
   };
   unsigned long long* layout = nullptr;
   BENCH_CHECK(cudaMalloc(&layout, static_cast<size_t>(kMaxBlocks) * sizeof(unsigned long long)));
   for (const Case c : {Case{384, 1}, Case{384, 8}, Case{384, 48}, Case{384, 384}, Case{48, 1}, Case{1, 1},
-                       Case{384, 1, true}, Case{48, 1, true}, Case{384, 1, false, true}, Case{1, 1, false, true},
-                       Case{384, 1, true, true}}) {
+                       Case{384, 1, true}, Case{48, 1, true}}) {
     std::vector<double> load, pick;
     std::vector<unsigned long long> places(static_cast<size_t>(c.readers));
     int aligned = 0, shared_scheduler_warp0 = 0, shared_scheduler_spread = 0, place_blocks = 0;
@@ -353,7 +343,7 @@ void BenchPick() {
       BENCH_CHECK(cudaMemcpyAsync(want.data(), ids, kPickK * sizeof(int), cudaMemcpyDeviceToHost, stream));
       PickAfterCountKernel<<<c.readers + 1, kPickThreads, kPickSmem, stream>>>(copies, c.replicas, seed, counter,
                                                                               ++generation, stamps, ids, c.spread,
-                                                                              layout, c.by_ballot);
+                                                                              layout);
       BENCH_CHECK(cudaGetLastError());
       if (c.spread && launch_i == kLaunches - 1) {
         BENCH_CHECK(cudaMemcpyAsync(places.data(), layout, places.size() * sizeof(unsigned long long),
@@ -416,10 +406,9 @@ void BenchPick() {
     char detail[600];
     std::snprintf(detail, sizeof(detail),
                   "%d blocks released together by a count, reading %d logits just written by another SM (%d "
-                  "copies, block b reads b mod copies) and picking %d%s%s: keys formed %.2f us (p90 %.2f), picks "
+                  "copies, block b reads b mod copies) and picking %d%s: keys formed %.2f us (p90 %.2f), picks "
                   "%.2f us; blocks whose ids differ from WarpPickLogits': %d",
                   c.readers, kPickE, c.replicas, kPickK, c.spread ? " with the warp of the block's SM place" : "",
-                  c.by_ballot ? " (rounds by ballot)" : "",
                   bench::Median(load), load.empty() ? 0.0 : load[load.size() * 9 / 10], bench::Median(pick),
                   mismatches);
     std::string text = detail;
@@ -431,7 +420,7 @@ void BenchPick() {
       text += detail;
     }
     bench::Report("route_pick_after_count_" + std::to_string(c.readers) + "_copies_" + std::to_string(c.replicas) +
-                      (c.spread ? "_spread" : "") + (c.by_ballot ? "_by_ballot" : ""),
+                      (c.spread ? "_spread" : ""),
                   bench::Median(load), "us", text);
   }
   BENCH_CHECK(cudaFree(layout));

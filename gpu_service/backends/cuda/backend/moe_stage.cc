@@ -83,13 +83,14 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
   return on;
 }
 
-std::atomic<int>& FusedPickWarpSetting() {
-  static std::atomic<int> warp{static_cast<int>(EnvInteger("TANDEM_FUSED_PICK_WARP", 0, 0, 3))};
-  return warp;
+std::atomic<bool>& FusedPickWarpBySlotSwitch() {
+  // On by default: +0.7% batch-1 decode in two A/Bs (docs/PERF.md, twenty-ninth session).
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_FUSED_PICK_BY_SLOT")};
+  return on;
 }
 
-std::atomic<bool>& FusedPickByBallotSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_PICK_BALLOT")};
+std::atomic<bool>& FusedRouterStageSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_ROUTER_STAGE")};
   return on;
 }
 
@@ -139,10 +140,10 @@ void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::me
 bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
 void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-void SetFusedPickWarp(int mode) { FusedPickWarpSetting().store(mode, std::memory_order_relaxed); }
-int FusedPickWarp() { return FusedPickWarpSetting().load(std::memory_order_relaxed); }
-void SetFusedPickByBallot(bool on) { FusedPickByBallotSwitch().store(on, std::memory_order_relaxed); }
-bool FusedPickByBallot() { return FusedPickByBallotSwitch().load(std::memory_order_relaxed); }
+void SetFusedPickWarpBySlot(bool on) { FusedPickWarpBySlotSwitch().store(on, std::memory_order_relaxed); }
+bool FusedPickWarpBySlot() { return FusedPickWarpBySlotSwitch().load(std::memory_order_relaxed); }
+void SetFusedRouterStage(bool on) { FusedRouterStageSwitch().store(on, std::memory_order_relaxed); }
+bool FusedRouterStage() { return FusedRouterStageSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -137,13 +137,15 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// The fused kernel's routing warp and picks' rounds (OneTokenMoeArgs::pick_warp, 0-3, and
-// pick_by_ballot), for A/B: TANDEM_FUSED_PICK_WARP=N and TANDEM_FUSED_PICK_BALLOT=1 at start-up;
-// both off by default.
-void SetFusedPickWarp(int mode);
-int FusedPickWarp();
-void SetFusedPickByBallot(bool on);
-bool FusedPickByBallot();
+// The fused kernel's blocks route with the warp their place on the SM names
+// (OneTokenMoeArgs::pick_warp_by_slot) instead of warp 0. On by default;
+// TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
+void SetFusedPickWarpBySlot(bool on);
+bool FusedPickWarpBySlot();
+// TANDEM_FUSED_ROUTER_STAGE=1: the router blocks copy each warp's second row into shared memory
+// before their PDL wait (FusedRouter::stage_rows), for A/B.
+void SetFusedRouterStage(bool on);
+bool FusedRouterStage();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -59,39 +59,6 @@ __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, 
   }
 }
 
-// WarpTakeKeys' rounds with the second reduction only where lanes tie: after the largest key
-// (redux.sync), a ballot of the lanes holding it; one holder (the rule for real logits) takes its
-// key and the others learn its id by a shuffle that no later round waits for, so a round's chain
-// is the lane's tree, one reduction and the ballot instead of two reductions back to back. Two or
-// more holders (equal keys in several lanes) take WarpTakeKeys' path: the lowest id holding the
-// key. The same picks in the same order as WarpTakeKeys.
-template <int kPer, typename Take>
-__device__ __forceinline__ void WarpTakeKeysByBallot(unsigned (&key)[kPer], int rounds, Take&& take) {
-  const int lane = threadIdx.x & 31;
-  for (int r = 0; r < rounds; ++r) {
-    int slot;
-    const unsigned best = LaneBestKey<kPer>(key, &slot);
-    const unsigned best_id = static_cast<unsigned>(lane + 32 * slot);
-    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, best);
-    const bool holds = best == top && top != 0u;
-    const unsigned holders = __ballot_sync(0xFFFFFFFFu, holds);
-    bool mine;
-    unsigned id;
-    if (__popc(holders) <= 1) {  // warp-uniform
-      mine = holds;
-      id = __shfl_sync(0xFFFFFFFFu, best_id, holders != 0u ? __ffs(holders) - 1 : 0);
-    } else {
-      id = __reduce_min_sync(0xFFFFFFFFu, holds ? best_id : 0xFFFFFFFFu);
-      mine = holds && best_id == id;
-    }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (mine && j == slot) key[j] = 0u;
-    }
-    take(r, top, id);
-  }
-}
-
 // Routes the token with the whole block, to the same picks and bit-identical weights as
 // device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
 // (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
@@ -203,9 +170,8 @@ __device__ __forceinline__ void LoadLogits16(const float* p, float (&v)[16]) {
 // is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 // loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
-// stamps there; the default does nothing). kByBallot: WarpTakeKeysByBallot's rounds (the same
-// picks).
-template <int kPer, bool kByBallot = false, typename Loaded = void (*)(unsigned)>
+// stamps there; the default does nothing).
+template <int kPer, typename Loaded = void (*)(unsigned)>
 __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids, float* picked,
                                bool through_l2 = false, Loaded&& loaded = [](unsigned) {}) {
   const int lane = threadIdx.x & 31;
@@ -235,17 +201,12 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
   // Lane r keeps pick r (selects, no branch a round) and writes it once after the rounds.
   int my_id = E;
   float my_picked = -INFINITY;
-  auto keep = [&](int r, unsigned top, unsigned id) {
+  WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
     if (lane == r) {
       my_id = top != 0u ? static_cast<int>(id) : E;
       my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
     }
-  };
-  if constexpr (kByBallot) {
-    WarpTakeKeysByBallot<kPer>(key, rounds, keep);
-  } else {
-    WarpTakeKeys<kPer>(key, rounds, keep);
-  }
+  });
   if (lane < rounds) {
     ids[lane] = my_id;
     picked[lane] = my_picked;

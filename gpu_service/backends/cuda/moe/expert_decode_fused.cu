@@ -113,16 +113,16 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// The warp of this block that routes at OneTokenMoeArgs::pick_warp 1 (call from thread
-// 0; any answer in [0, kFusedWarps) is correct, the choice only places the work). Why: a routed
-// block's picks are one warp's chain of ten rounds (~1.1 us alone), and gpu_moe_bench --pick
-// measured 1.99 us for the picks of 384 blocks released together against 1.10 us for staggered
-// ones. The hypothesis this tests (the bench's spread case): warps go to sub-partitions by their
-// slot on the SM modulo 4 and a block's four warps take four adjacent slots, so with warp 0
-// picking, the three or four blocks of an SM all route on one scheduler. %warpid is warp
-// 0's slot at this moment (PTX calls it volatile: it is read once, for placement only); slot / 4
-// counts the block's place among the SM's blocks, so the SM's blocks pick on different
-// sub-partitions.
+// The warp of this block that routes and gathers its slice's act where
+// OneTokenMoeArgs::pick_warp_by_slot is set (call from thread 0; any answer in [0, kFusedWarps) is
+// correct: the choice only places the work): warp (s / 4) mod 4, s warp 0's slot on the SM
+// (%warpid: PTX calls it volatile; read once, for placement only). What is known of it
+// (docs/PERF.md, twenty-ninth session): a block's four warps hold four adjacent slots 4j .. 4j + 3,
+// warp w at 4j + (w + j + 1) mod 4 (gpu_moe_bench --pick prints them), so s / 4 = j is the block's
+// place on the SM; picking with warp j mod 4 measured +0.7% batch-1 decode against warp 0 in two
+// A/Bs, and +1.6% against warp 0 chosen through the same code, for reasons not found (the hoped-for
+// one, an SM's routing warps on distinct sub-partitions, does not hold: with warp 0 their slots
+// already differ mod 4, and this choice makes two of three share one).
 __device__ __forceinline__ int PickWarpOfBlock() {
   unsigned slot;
   asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
-    RouterBlock(a, rt);
+    RouterBlock(a, rt, FusedLayout(a.h, a.E).total);
     stamps.Stamp(kFusedProbeExit);
     return;
   }
@@ -240,14 +240,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp): warp 0, or the
-  // block's warp on the SM sub-partition given by the block's place among the SM's resident blocks
-  // (PickWarpOfBlock), or a fixed warp chosen the same way. The probe's stamps are thread 0's, so
-  // its instantiation keeps warp 0.
+  // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
+  // or the one PickWarpOfBlock names. The probe's stamps are thread 0's, so its instantiation keeps
+  // warp 0.
   int picker = 0;
-  if (!kProbe && a.pick_warp != 0) {
+  if (!kProbe && a.pick_warp_by_slot) {
     __shared__ int s_picker;
-    if (t == 0) s_picker = a.pick_warp == 1 ? PickWarpOfBlock() : a.pick_warp == 2 ? 1 : 0;
+    if (t == 0) s_picker = PickWarpOfBlock();
     __syncthreads();
     picker = s_picker;
   }
@@ -274,15 +273,11 @@ __global__ void __launch_bounds__(kThreads)
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
-    auto loaded = [&](unsigned every) {
-      stamps.StampAfter(kFusedProbeLogitsLoaded, every);
-      stamps.Reloads(a.logits, a.E, a.table);
-    };
-    if (a.pick_by_ballot) {
-      WarpPickLogits<kPer, true>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid, loaded);
-    } else {
-      WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid, loaded);
-    }
+    WarpPickLogits<kPer>(a.logits, a.E, a.K, s_ids, s_w, router_in_grid,
+                         [&](unsigned every) {
+                           stamps.StampAfter(kFusedProbeLogitsLoaded, every);
+                           stamps.Reloads(a.logits, a.E, a.table);
+                         });
     stamps.Stamp(kFusedProbePicked);
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w

@@ -76,6 +76,9 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
+  // With preload: each warp's second row also copied into shared memory before the PDL wait
+  // (fused_router.cuh RouterBlock), where the block's shared memory holds it. The same logits.
+  bool stage_rows = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

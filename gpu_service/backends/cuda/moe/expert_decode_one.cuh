@@ -71,14 +71,10 @@ struct OneTokenMoeArgs {
   // (PDL) only before its weighted sum. pick_counts[K] counts finished down blocks; the last one
   // zeroes all K + 1. The same results as without.
   int* pick_counts = nullptr;
-  // The fused kernel only (expert_decode_fused.cuh), the same picks and results in every form:
-  // pick_warp, the warp of each block that routes and gathers its slice's act: 0 warp 0; 1 the
-  // warp given by the block's place on the SM (expert_decode_fused.cu PickWarpOfBlock), so that
-  // an SM's blocks do not all do that one-warp work on one scheduler; 2 warp 1 and 3 warp 0, both
-  // chosen at run time as 1 is (controls for A/B: the placement against the code around it).
-  // pick_by_ballot: the picks' rounds by block_route.cuh's WarpTakeKeysByBallot.
-  int pick_warp = 0;
-  bool pick_by_ballot = false;
+  // The fused kernel only (expert_decode_fused.cuh): each block routes and gathers its slice's act
+  // with the warp expert_decode_fused.cu's PickWarpOfBlock names from the block's place on the SM,
+  // instead of warp 0 (measured faster; the same picks and results).
+  bool pick_warp_by_slot = false;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
