@@ -89,8 +89,8 @@ std::atomic<bool>& FusedPickWarpBySlotSwitch() {
   return on;
 }
 
-std::atomic<bool>& FusedRouterStageSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_ROUTER_STAGE")};
+std::atomic<bool>& FusedConsumeOverlappedSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_CONSUME_OVERLAPPED")};
   return on;
 }
 
@@ -142,8 +142,8 @@ void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::me
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
 void SetFusedPickWarpBySlot(bool on) { FusedPickWarpBySlotSwitch().store(on, std::memory_order_relaxed); }
 bool FusedPickWarpBySlot() { return FusedPickWarpBySlotSwitch().load(std::memory_order_relaxed); }
-void SetFusedRouterStage(bool on) { FusedRouterStageSwitch().store(on, std::memory_order_relaxed); }
-bool FusedRouterStage() { return FusedRouterStageSwitch().load(std::memory_order_relaxed); }
+void SetFusedConsumeOverlapped(bool on) { FusedConsumeOverlappedSwitch().store(on, std::memory_order_relaxed); }
+bool FusedConsumeOverlapped() { return FusedConsumeOverlappedSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -76,9 +76,10 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // With preload: each warp's second row also copied into shared memory before the PDL wait
-  // (fused_router.cuh RouterBlock), where the block's shared memory holds it. The same logits.
-  bool stage_rows = false;
+  // The expert blocks count themselves done with the router's counters (fused_router.cuh
+  // ConsumeRouter, an atomic whose count thread 0 waits for) while their weight copies fly
+  // instead of before a routed block issues them. The same results.
+  bool consume_overlapped = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
@@ -88,24 +87,12 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
   return s;
 }
 
-// A router row's float4s of one lane from its copy in shared memory, as LoadRouterRow lays them out.
-__device__ __forceinline__ void LoadStagedRouterRow(const float4* staged, int h4, int lane, float4 (&w)[kRouterQuads]) {
-#pragma unroll
-  for (int j = 0; j < kRouterQuads; ++j) {
-    const int i = lane + 32 * j;
-    w[j] = i < h4 ? staged[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
 // lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
 // prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
 // warp's first row is in registers before the wait, x is staged in shared memory after it, and
-// every row's loads are issued together. rt.stage_rows (with preload, where smem_bytes, the block's
-// dynamic shared memory, holds x and a row a warp): the warp's second row is copied into shared
-// memory before the wait too, instead of read from L2 after its first row's sum. The same sums in
-// the same order in every form.
-__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, int smem_bytes) {
+// every row's loads are issued together.
+__device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first = static_cast<int>(blockIdx.x) * kFusedRouterWarps + warp, step = rt.blocks * kFusedRouterWarps;
@@ -116,16 +103,7 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, int
     if (lane == 0) rt.logits[r] = s;
   };
   if (rt.preload) {
-    const int second = first + step;
-    const bool stage = rt.stage_rows && second < rt.rows && smem_bytes >= (1 + kFusedRouterWarps) * a.h * 4;
-    float4* staged = reinterpret_cast<float4*>(smem) + static_cast<int64_t>(1 + warp) * h4;  // after x
-    if (stage) {
-      for (int i = lane; i < h4; i += 32) {
-        CpAsync16(static_cast<uint32_t>(__cvta_generic_to_shared(staged + i)), row(second) + i);
-      }
-      CpAsyncCommit();
-    }
-    for (int r = stage ? second + step : second; r < rt.rows; r += step) {
+    for (int r = first + step; r < rt.rows; r += step) {
       if (lane == 0) PrefetchL2(rt.w + static_cast<int64_t>(r) * a.h, static_cast<unsigned>(a.h) * 4u);
     }
     float4 w[kRouterQuads];
@@ -137,14 +115,8 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt, int
     for (int i = threadIdx.x; i < h4; i += kFusedRouterWarps * 32) xs[i] = __ldcg(x4 + i);
     __syncthreads();
     if (first < rt.rows) finish(first, RouterRowDot(w, xs, h4, lane));
-    for (int r = second; r < rt.rows; r += step) {
-      if (stage && r == second) {
-        CpAsyncWait<0>();
-        __syncwarp();  // every lane's copies of the row
-        LoadStagedRouterRow(staged, h4, lane, w);
-      } else {
-        LoadRouterRow(row(r), h4, lane, w);
-      }
+    for (int r = first + step; r < rt.rows; r += step) {
+      LoadRouterRow(row(r), h4, lane, w);
       finish(r, RouterRowDot(w, xs, h4, lane));
     }
   } else {
