@@ -146,8 +146,8 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
 // the default 96 blocks with the first row preloaded, 64 with the plain loop, 96 with the picks
-// spread over the blocks' warps, 96 counting themselves done while their copies fly, 8 (many rows a
-// warp) preloaded, and the two forms' logits bit-identical. Block counts that are not whole clusters, or
+// spread over the blocks' warps, 8 (many rows a warp) preloaded, and the two forms' logits
+// bit-identical. Block counts that are not whole clusters, or
 // out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
@@ -164,7 +164,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     int blocks;
     bool preload;
     bool spread = false;  // OneTokenMoeArgs::pick_warp_by_slot
-    bool overlapped = false;  // FusedRouter::consume_overlapped
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -182,12 +181,10 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     const std::vector<float> shared = sq.Reference(c.h, x);
     std::vector<float> form_logits[2];
     for (const Form& f :
-         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true},
-          Form{kFusedRouterBlocks, true, false, true}, Form{8, true}}) {
+         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "",
-                                            f.overlapped ? " consumed while copying" : "");
+                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
@@ -197,7 +194,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
-      router.consume_overlapped = f.overlapped;
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
@@ -206,7 +202,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8 && !f.spread && !f.overlapped) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8 && !f.spread) form_logits[f.preload ? 0 : 1] = logits;
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;

@@ -84,13 +84,8 @@ std::atomic<bool>& FusedRouterInGridSwitch() {
 }
 
 std::atomic<bool>& FusedPickWarpBySlotSwitch() {
-  // On by default: +0.7% batch-1 decode in two A/Bs (docs/PERF.md, twenty-ninth session).
+  // On by default: +0.7 .. 1.1% batch-1 decode in three A/Bs (docs/PERF.md, twenty-ninth session).
   static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_FUSED_PICK_BY_SLOT")};
-  return on;
-}
-
-std::atomic<bool>& FusedConsumeOverlappedSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_CONSUME_OVERLAPPED")};
   return on;
 }
 
@@ -142,8 +137,6 @@ void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::me
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
 void SetFusedPickWarpBySlot(bool on) { FusedPickWarpBySlotSwitch().store(on, std::memory_order_relaxed); }
 bool FusedPickWarpBySlot() { return FusedPickWarpBySlotSwitch().load(std::memory_order_relaxed); }
-void SetFusedConsumeOverlapped(bool on) { FusedConsumeOverlappedSwitch().store(on, std::memory_order_relaxed); }
-bool FusedConsumeOverlapped() { return FusedConsumeOverlappedSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

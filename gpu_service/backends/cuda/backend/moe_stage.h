@@ -142,10 +142,6 @@ bool FusedRouterInGrid();
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
-// TANDEM_FUSED_CONSUME_OVERLAPPED=1: the expert blocks count themselves done with the router's
-// counters while their weight copies fly (FusedRouter::consume_overlapped), for A/B.
-void SetFusedConsumeOverlapped(bool on);
-bool FusedConsumeOverlapped();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

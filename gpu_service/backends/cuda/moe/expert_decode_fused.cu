@@ -119,8 +119,8 @@ static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are t
 // (%warpid: PTX calls it volatile; read once, for placement only). What is known of it
 // (docs/PERF.md, twenty-ninth session): a block's four warps hold four adjacent slots 4j .. 4j + 3,
 // warp w at 4j + (w + j + 1) mod 4 (gpu_moe_bench --pick prints them), so s / 4 = j is the block's
-// place on the SM; picking with warp j mod 4 measured +0.7% batch-1 decode against warp 0 in two
-// A/Bs, and +1.6% against warp 0 chosen through the same code, for reasons not found (the hoped-for
+// place on the SM; picking with warp j mod 4 measured +0.7 .. 1.1% batch-1 decode against warp 0
+// in three A/Bs, and +1.6% against warp 0 chosen through the same code, for reasons not found (the hoped-for
 // one, an SM's routing warps on distinct sub-partitions, does not hold: with warp 0 their slots
 // already differ mod 4, and this choice makes two of three share one).
 __device__ __forceinline__ int PickWarpOfBlock() {
@@ -293,15 +293,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
+  if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
   const bool ok = shared_block || (e >= 0 && e < a.E && tgate[e] != nullptr);
-  // ConsumeRouter's atomic returns its count, so thread 0 (and its warp) waits for that round trip
-  // there: with rt.consume_overlapped a routed block with a pick issues its gate/up copies first
-  // and consumes while they fly (below), a shared block while its down rows fly.
-  const bool consume_here = !(rt.consume_overlapped && ok);
-  if (router_in_grid && !shared_block && threadIdx.x == 0 && consume_here) ConsumeRouter(rt, expert_blocks);
   const int slice_cols = shared_block ? kFusedSharedSliceCols : kFusedSliceCols;
   const int own_rows = slice_cols / kFusedCluster;  // gate/up rows of this block: 16, or 8 shared
   const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
@@ -322,7 +318,6 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
     for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
-    if (router_in_grid && threadIdx.x == 0 && !consume_here) ConsumeRouter(rt, expert_blocks);
     CpAsyncWait<0>();  // this thread's gate/up copies
     __syncwarp();      // the warp's rows are visible to all its lanes
     stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
@@ -435,12 +430,11 @@ __global__ void __launch_bounds__(kThreads)
     if (router_in_grid && shared_block && warp == 0) {
       WaitRouterBlocks(rt);
       if (lane == 0) s_w[0] = shared_gate();
-      if (lane == 0 && !consume_here) ConsumeRouter(rt, expert_blocks);
     }
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
     stamps.Stamp(kFusedProbeDownLanded);
-    if (router_in_grid && shared_block && threadIdx.x == 0 && consume_here) ConsumeRouter(rt, expert_blocks);
+    if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {

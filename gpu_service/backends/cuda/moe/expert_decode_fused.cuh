@@ -76,10 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // The expert blocks count themselves done with the router's counters (fused_router.cuh
-  // ConsumeRouter, an atomic whose count thread 0 waits for) while their weight copies fly
-  // instead of before a routed block issues them. The same results.
-  bool consume_overlapped = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
