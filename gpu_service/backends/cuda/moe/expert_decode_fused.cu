@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
   int picker = 0;
   if (!kProbe && a.pick_warp_by_slot) {
     __shared__ int s_picker;
-    if (t == 0) s_picker = PickWarpOfBlock();
+    if (t == 0) s_picker = (PickWarpOfBlock() + a.pick_warp_shift) % kFusedWarps;
     __syncthreads();
     picker = s_picker;
   }

@@ -81,8 +81,7 @@ struct FusedRouter {
   // atomic's round trip. The same results.
   bool defer_ticket = false;
   // The router blocks count themselves done with a release add instead of __threadfence (a
-  // sequentially consistent fence, stronger than the expert blocks' acquire needs) and an add.
-  // The same results.
+  // sequentially consistent fence) and an add (for A/B). The same results.
   bool release_count = false;
 };
 
