@@ -65,11 +65,9 @@ struct SharedQ8 {
 // inside (may be nullptr): the shared expert computed in the kernel (its output is then the
 // reference's shared term), else a random shared term given to the kernel.
 // spread: OneTokenMoeArgs::pick_warp_by_slot (another warp of each block routes and gathers, the
-// rest quantize x); down_late: OneTokenMoeArgs::down_after_arrive (the down rows copied after the
-// first cluster arrive). The same results.
+// rest quantize x: the same results).
 void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
-                const std::string& what, const SharedQ8* inside = nullptr, bool spread = false,
-                bool down_late = false) {
+                const std::string& what, const SharedQ8* inside = nullptr, bool spread = false) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
   const std::vector<float> x = testing::RandomVector(rng, ex.h);
   const std::vector<float> shared =
@@ -79,7 +77,6 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
   OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
   if (inside != nullptr) a.shared = nullptr;  // computed in the kernel
   a.pick_warp_by_slot = spread;
-  a.down_after_arrive = down_late;
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, inside != nullptr ? &inside->where : nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -111,8 +108,8 @@ TEST(OneTokenFusedTest, MatchesReference) {
           for (const bool spread : {false, true}) {
             CheckFused(rng, ex, K, ties, sh, x_early,
                        absl::StrCat("h=256 I=256 E=128 K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh),
-                                    x_early ? " x early" : "", spread ? " picks spread, down rows after the arrive" : ""),
-                       nullptr, spread, spread);
+                                    x_early ? " x early" : "", spread ? " picks spread" : ""),
+                       nullptr, spread);
           }
         }
       }
@@ -136,13 +133,10 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
     const SharedQ8 sq(rng, c.h, c.shared_inner);
     for (const Shared sh : {Shared::kUngated, Shared::kGated}) {
-      for (const bool down_late : {false, true}) {
-        CheckFused(rng, ex, c.K, false, sh, true,
-                   absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared inner=", c.shared_inner,
-                                sh == Shared::kGated ? " gated" : " ungated", ", shared expert inside",
-                                down_late ? ", down rows after the arrive" : ""),
-                   &sq, false, down_late);
-      }
+      CheckFused(rng, ex, c.K, false, sh, true,
+                 absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " shared inner=", c.shared_inner,
+                              sh == Shared::kGated ? " gated" : " ungated", ", shared expert inside"),
+                 &sq);
     }
   }
 }
@@ -152,10 +146,8 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
 // the default 96 blocks with the first row preloaded, 64 with the plain loop, 96 with the picks
-// spread over the blocks' warps, 96 whose blocks compare their router ticket at their end
-// (FusedRouter::defer_ticket: the counters still zero after each launch), 96 counting by a release
-// add (FusedRouter::release_count), 96 with all of those and the down rows copied after the first
-// cluster arrive, 8 (many rows a warp) preloaded, and the two forms' logits bit-identical. Block counts that are not whole clusters, or
+// spread over the blocks' warps, 8 (many rows a warp) preloaded, and the two forms' logits
+// bit-identical. Block counts that are not whole clusters, or
 // out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
@@ -172,9 +164,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     int blocks;
     bool preload;
     bool spread = false;  // OneTokenMoeArgs::pick_warp_by_slot
-    bool defer = false;   // FusedRouter::defer_ticket
-    bool release = false;  // FusedRouter::release_count
-    bool down_late = false;  // OneTokenMoeArgs::down_after_arrive
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -192,14 +181,10 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
     const std::vector<float> shared = sq.Reference(c.h, x);
     std::vector<float> form_logits[2];
     for (const Form& f :
-         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true},
-          Form{kFusedRouterBlocks, true, false, true}, Form{kFusedRouterBlocks, true, false, false, true},
-          Form{kFusedRouterBlocks, true, true, true, true, true}, Form{8, true}}) {
+         {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "",
-                                            f.defer ? " ticket deferred" : "", f.release ? " release count" : "",
-                                            f.down_late ? " down rows after the arrive" : "");
+                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
@@ -209,9 +194,6 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
-      router.defer_ticket = f.defer;
-      router.release_count = f.release;
-      a.down_after_arrive = f.down_late;
       for (int rep = 0; rep < 2; ++rep) {
         TANDEM_ASSERT_CUDA(cudaMemsetAsync(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float), stream));
         TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, stream, &router));
@@ -220,7 +202,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8 && !f.spread && !f.defer && !f.release && !f.down_late) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8 && !f.spread) form_logits[f.preload ? 0 : 1] = logits;
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;

@@ -89,26 +89,6 @@ std::atomic<bool>& FusedPickWarpBySlotSwitch() {
   return on;
 }
 
-std::atomic<bool>& FusedDeferTicketSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_DEFER_TICKET")};
-  return on;
-}
-
-std::atomic<bool>& FusedRouterReleaseSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_ROUTER_RELEASE")};
-  return on;
-}
-
-std::atomic<bool>& FusedDownAfterArriveSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_DOWN_AFTER_ARRIVE")};
-  return on;
-}
-
-std::atomic<int>& FusedPickWarpShiftSetting() {
-  static std::atomic<int> shift{static_cast<int>(EnvInteger("TANDEM_FUSED_PICK_SHIFT", 0, 0, 3))};
-  return shift;
-}
-
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -157,14 +137,6 @@ void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::me
 bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
 void SetFusedPickWarpBySlot(bool on) { FusedPickWarpBySlotSwitch().store(on, std::memory_order_relaxed); }
 bool FusedPickWarpBySlot() { return FusedPickWarpBySlotSwitch().load(std::memory_order_relaxed); }
-void SetFusedDeferTicket(bool on) { FusedDeferTicketSwitch().store(on, std::memory_order_relaxed); }
-bool FusedDeferTicket() { return FusedDeferTicketSwitch().load(std::memory_order_relaxed); }
-void SetFusedPickWarpShift(int shift) { FusedPickWarpShiftSetting().store(shift, std::memory_order_relaxed); }
-int FusedPickWarpShift() { return FusedPickWarpShiftSetting().load(std::memory_order_relaxed); }
-void SetFusedRouterRelease(bool on) { FusedRouterReleaseSwitch().store(on, std::memory_order_relaxed); }
-bool FusedRouterRelease() { return FusedRouterReleaseSwitch().load(std::memory_order_relaxed); }
-void SetFusedDownAfterArrive(bool on) { FusedDownAfterArriveSwitch().store(on, std::memory_order_relaxed); }
-bool FusedDownAfterArrive() { return FusedDownAfterArriveSwitch().load(std::memory_order_relaxed); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

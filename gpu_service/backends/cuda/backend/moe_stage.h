@@ -142,20 +142,6 @@ bool FusedRouterInGrid();
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
-// For A/B, off by default: TANDEM_FUSED_DEFER_TICKET=1, the expert blocks compare their router
-// ticket at their end (FusedRouter::defer_ticket); TANDEM_FUSED_PICK_SHIFT=0..3, the routing warp
-// shifted (OneTokenMoeArgs::pick_warp_shift).
-void SetFusedDeferTicket(bool on);
-bool FusedDeferTicket();
-void SetFusedPickWarpShift(int shift);
-int FusedPickWarpShift();
-// For A/B, off by default: TANDEM_FUSED_ROUTER_RELEASE=1, the router blocks' count by a release add
-// (FusedRouter::release_count); TANDEM_FUSED_DOWN_AFTER_ARRIVE=1, the down rows' copies after the
-// first cluster arrive (OneTokenMoeArgs::down_after_arrive).
-void SetFusedRouterRelease(bool on);
-bool FusedRouterRelease();
-void SetFusedDownAfterArrive(bool on);
-bool FusedDownAfterArrive();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

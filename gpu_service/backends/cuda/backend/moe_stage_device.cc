@@ -325,8 +325,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       o.y = m.fused_y.as<float>() + layer * h;
       o.pick_counts = nullptr;
       o.pick_warp_by_slot = FusedPickWarpBySlot();
-      o.pick_warp_shift = FusedPickWarpShift();
-      o.down_after_arrive = FusedDownAfterArrive();
       // Without `defer` the kernel reads the side chain's shared term: join first.
       if (overlap && !defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;
@@ -342,8 +340,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (router_inside) {
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
-        router.defer_ticket = FusedDeferTicket();
-        router.release_count = FusedRouterRelease();
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       TANDEM_CUDA_RETURN_IF_ERROR(

@@ -56,10 +56,6 @@ constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down ro
 // wait. Every thread of every block calls both (.aligned).
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// An arrive that orders nothing (for the last barrier, which only keeps blocks from leaving early).
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
 
 // Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
 // first the gate/up rows, then the down rows (copied from L2 once the gate/up products are done:
@@ -250,7 +246,7 @@ __global__ void __launch_bounds__(kThreads)
   int picker = 0;
   if (!kProbe && a.pick_warp_by_slot) {
     __shared__ int s_picker;
-    if (t == 0) s_picker = (PickWarpOfBlock() + a.pick_warp_shift) % kFusedWarps;
+    if (t == 0) s_picker = PickWarpOfBlock();
     __syncthreads();
     picker = s_picker;
   }
@@ -297,17 +293,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
-  // ConsumeRouter's atomic returns a count that it compares at once, so thread 0 (and its warp:
-  // warp 0's weight copies) waits for that round trip here; with rt.defer_ticket the count is kept
-  // and compared at the end (RouterTicketDone), when it has long arrived.
-  int ticket = -1;
-  if (router_in_grid && !shared_block && threadIdx.x == 0) {
-    if (rt.defer_ticket) {
-      ticket = RouterTicket(rt);
-    } else {
-      ConsumeRouter(rt, expert_blocks);
-    }
-  }
+  if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
@@ -315,35 +301,6 @@ __global__ void __launch_bounds__(kThreads)
   const int slice_cols = shared_block ? kFusedSharedSliceCols : kFusedSliceCols;
   const int own_rows = slice_cols / kFusedCluster;  // gate/up rows of this block: 16, or 8 shared
   const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
-  // The down rows' copies into the weight region (free once every warp is done with its gate/up
-  // rows), from down_src (set below: the routed pick's rows at this block's super-block, or the
-  // shared expert's down matrix). Issued right after the gate/up products, or, with
-  // a.down_after_arrive, between this block's first cluster arrive and its wait, so that the
-  // arrive's release fence (MEMBAR.ALL.GPU) does not wait for them.
-  const uint8_t* down_src = nullptr;
-  const int sd_row = Q8RowBytes(sh.inner);
-  auto shared_down_at = [&](int r) { return static_cast<int64_t>(rank * down_rows + r) * sd_row + 68 * slice; };
-  auto shared_down_pieces = [&](int r) { return static_cast<int>(((shared_down_at(r) & 15) + 68 + 15) >> 4); };
-  auto issue_down_copies = [&] {
-    if (!ok) return;
-    if (!shared_block) {
-      for (int c = t; c < 5 * down_rows; c += kThreads) {
-        const int r = c / 5, part = c - 5 * r;
-        const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
-        CpAsync16(wdn + r * kDownRowBytes + (part == 0 ? 0 : 16 * part),
-                  down_src + static_cast<int64_t>(r) * down_row_bytes + from);
-      }
-    } else {
-      for (int c = t; c < 6 * down_rows; c += kThreads) {
-        const int r = c / 6, piece = c - 6 * r;
-        if (piece < shared_down_pieces(r)) {
-          CpAsync16(wdn + r * kSharedDownSpan + 16 * piece,
-                    down_src + (shared_down_at(r) & ~static_cast<int64_t>(15)) + 16 * piece);
-        }
-      }
-    }
-    CpAsyncCommit();
-  };
   if (ok && !shared_block) {
     // Gate/up rows of this warp first (they gate everything after), then the block's down rows.
     const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
@@ -382,8 +339,12 @@ __global__ void __launch_bounds__(kThreads)
     if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
-    down_src = d;
-    if (!a.down_after_arrive) issue_down_copies();
+    for (int c = t; c < 5 * down_rows; c += kThreads) {
+      const int r = c / 5, part = c - 5 * r;
+      const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
+      CpAsync16(wdn + r * kDownRowBytes + (part == 0 ? 0 : 16 * part), d + static_cast<int64_t>(r) * down_row_bytes + from);
+    }
+    CpAsyncCommit();
   } else if (shared_block) {
     // Q8_0 rows: 2 gate/up rows a warp, 16 lanes a row, h / 16 columns (whole Q8_0 blocks inside
     // one x super-block) a lane; the down rows' 64 columns are two Q8_0 blocks, 68 bytes a row at
@@ -403,9 +364,12 @@ __global__ void __launch_bounds__(kThreads)
     // Down row j's 68 bytes (at j · sd_row + 68 · slice, 2-byte aligned) lie in the 16-byte pieces
     // from the boundary below them (5 or 6 pieces, none past their end): prefetched into L2 now,
     // copied after the gate/up products.
+    const int sd_row = Q8RowBytes(sh.inner);
     const uint8_t* sd = static_cast<const uint8_t*>(sh.down);
+    auto at = [&](int r) { return static_cast<int64_t>(rank * down_rows + r) * sd_row + 68 * slice; };
+    auto pieces = [&](int r) { return static_cast<int>(((at(r) & 15) + 68 + 15) >> 4); };
     for (int r = t; r < down_rows; r += kThreads) {
-      PrefetchL2(sd + (shared_down_at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(shared_down_pieces(r)));
+      PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
     }
     CpAsyncWait<0>();
     __syncwarp();
@@ -425,14 +389,18 @@ __global__ void __launch_bounds__(kThreads)
     if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
-    down_src = sd;
-    if (!a.down_after_arrive) issue_down_copies();
+    for (int c = t; c < 6 * down_rows; c += kThreads) {
+      const int r = c / 6, piece = c - 6 * r;
+      if (piece < pieces(r)) {
+        CpAsync16(wdn + r * kSharedDownSpan + 16 * piece, sd + (at(r) & ~static_cast<int64_t>(15)) + 16 * piece);
+      }
+    }
+    CpAsyncCommit();
   }
   // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
   // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
   // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
   ClusterArrive();
-  if (a.down_after_arrive) issue_down_copies();
   ClusterWait();
   stamps.Stamp(kFusedProbeClusterPassed);
   if (ok && warp == picker) {
@@ -456,14 +424,8 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) a_scale[0] = I16Scale(mx);
   }
   // This block is done with the other blocks' shared memory; it must not exit before they are done
-  // with its own (the wait below, before the end). Nothing it wrote needs publishing here (the
-  // remote reads' values are already used), so with a.down_after_arrive the arrive is relaxed: no
-  // fence that would wait for the down rows' copies.
-  if (a.down_after_arrive) {
-    ClusterArriveRelaxed();
-  } else {
-    ClusterArrive();
-  }
+  // with its own (the wait below, before the end).
+  ClusterArrive();
   if (ok) {
     if (router_in_grid && shared_block && warp == 0) {
       WaitRouterBlocks(rt);
@@ -472,13 +434,7 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncWait<0>();  // the down rows
     __syncthreads();   // every thread's down copies and warp 0's act words (and the shared gate)
     stamps.Stamp(kFusedProbeDownLanded);
-    if (router_in_grid && shared_block && threadIdx.x == 0) {
-      if (rt.defer_ticket) {
-        ticket = RouterTicket(rt);
-      } else {
-        ConsumeRouter(rt, expert_blocks);
-      }
-    }
+    if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
     const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {
@@ -545,7 +501,6 @@ __global__ void __launch_bounds__(kThreads)
     stamps.Stamp(kFusedProbeSummed);
   }
   ClusterWait();
-  if (router_in_grid && rt.defer_ticket && threadIdx.x == 0) RouterTicketDone(rt, ticket, expert_blocks);
   stamps.Stamp(kFusedProbeExit);
 }
 

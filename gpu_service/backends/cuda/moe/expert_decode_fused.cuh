@@ -76,13 +76,6 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // The expert blocks take their ticket on the counters when they would consume it but compare it
-  // at their end (fused_router.cuh RouterTicket / RouterTicketDone), so that no warp waits for the
-  // atomic's round trip. The same results.
-  bool defer_ticket = false;
-  // The router blocks count themselves done with a release add instead of __threadfence (a
-  // sequentially consistent fence) and an add (for A/B). The same results.
-  bool release_count = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -75,12 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp expert_decode_fused.cu's PickWarpOfBlock names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // With pick_warp_by_slot: the warp PickWarpOfBlock names plus this, mod 4 (for A/B).
-  int pick_warp_shift = 0;
-  // The fused kernel only: the down rows' copies issued after the block's first cluster arrive
-  // instead of before it, and the last arrive relaxed (expert_decode_fused.cu; for A/B). The same
-  // results.
-  bool down_after_arrive = false;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cuda/atomic>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
@@ -139,14 +138,8 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (rt.release_count) {
-      // A release add (MEMBAR.ALL.GPU, then the add): the block's logits (ordered before by the
-      // barrier) before the count, which is all the expert blocks' acquire needs.
-      ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(*rt.counters).fetch_add(1, ::cuda::memory_order_release);
-    } else {
-      __threadfence();  // release: the logits before the count (a sequentially consistent fence, MEMBAR.SC.GPU)
-      atomicAdd(rt.counters, 1);
-    }
+    __threadfence();  // release: the logits before the count
+    atomicAdd(rt.counters, 1);
   }
 }
 
@@ -166,16 +159,6 @@ __device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
 }
 __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {
   if (atomicAdd(rt.counters + 1, 1) == expert_blocks - 1) {
-    rt.counters[0] = 0;
-    rt.counters[1] = 0;
-  }
-}
-// ConsumeRouter in two halves (FusedRouter::defer_ticket): RouterTicket counts the block (thread 0,
-// where ConsumeRouter would) and returns its ticket without looking at it; RouterTicketDone (the
-// same thread, at the block's end) zeroes both counters if the ticket was the last.
-__device__ __forceinline__ int RouterTicket(const FusedRouter& rt) { return atomicAdd(rt.counters + 1, 1); }
-__device__ __forceinline__ void RouterTicketDone(const FusedRouter& rt, int ticket, int expert_blocks) {
-  if (ticket == expert_blocks - 1) {
     rt.counters[0] = 0;
     rt.counters[1] = 0;
   }
