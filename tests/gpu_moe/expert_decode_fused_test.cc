@@ -64,10 +64,10 @@ struct SharedQ8 {
 // One fused launch on random inputs against the reference: picks, weights, no error, y within kTol.
 // inside (may be nullptr): the shared expert computed in the kernel (its output is then the
 // reference's shared term), else a random shared term given to the kernel.
-// spread: OneTokenMoeArgs::pick_warp_by_slot (another warp of each block routes and gathers, the
+// by_slot: OneTokenMoeArgs::pick_warp_by_slot (another warp of each block routes and gathers, the
 // rest quantize x: the same results).
 void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, Shared sh, bool x_early,
-                const std::string& what, const SharedQ8* inside = nullptr, bool spread = false) {
+                const std::string& what, const SharedQ8* inside = nullptr, bool by_slot = false) {
   const std::vector<float> logits = Logits(rng, ex.E, ties);
   const std::vector<float> x = testing::RandomVector(rng, ex.h);
   const std::vector<float> shared =
@@ -76,7 +76,7 @@ void CheckFused(std::mt19937& rng, const OneTokenExperts& ex, int K, bool ties, 
   OneTokenStep step(ex, K, logits, x, shared, gate_logit);
   OneTokenMoeArgs a = FusedArgs(step, ex, K, sh, x_early);
   if (inside != nullptr) a.shared = nullptr;  // computed in the kernel
-  a.pick_warp_by_slot = spread;
+  a.pick_warp_by_slot = by_slot;
   ASSERT_TRUE(OneTokenFusedFits(a.E, a.K, a.h, a.inner)) << what;
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, inside != nullptr ? &inside->where : nullptr, nullptr));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -105,11 +105,11 @@ TEST(OneTokenFusedTest, MatchesReference) {
     for (const bool ties : {false, true}) {
       for (const Shared sh : {Shared::kNone, Shared::kUngated, Shared::kGated}) {
         for (const bool x_early : {false, true}) {
-          for (const bool spread : {false, true}) {
+          for (const bool by_slot : {false, true}) {
             CheckFused(rng, ex, K, ties, sh, x_early,
                        absl::StrCat("h=256 I=256 E=128 K=", K, ties ? " ties" : "", " shared=", static_cast<int>(sh),
-                                    x_early ? " x early" : "", spread ? " picks spread" : ""),
-                       nullptr, spread);
+                                    x_early ? " x early" : "", by_slot ? " routing warp by slot" : ""),
+                       nullptr, by_slot);
           }
         }
       }
@@ -145,10 +145,9 @@ TEST(OneTokenFusedTest, SharedExpertInsideMatchesReference) {
 // logits it writes within 1e-5 relative L2 of the CPU's W·x, the reference's picks and y on those
 // logits (within the bound), E router rows alone or E + 1 with the shared gate's row last (the
 // shared expert inside), twice in a PDL chain on one stream (the counters are zero after each);
-// the default 96 blocks with the first row preloaded, 64 with the plain loop, 96 with the picks
-// spread over the blocks' warps, 8 (many rows a warp) preloaded, and the two forms' logits
-// bit-identical. Block counts that are not whole clusters, or
-// out of range, are refused.
+// the default 96 blocks with the first row preloaded, 64 with the plain loop, 96 with the routing
+// warp by slot, 8 (many rows a warp) preloaded, and the two forms' logits bit-identical. Block
+// counts that are not whole clusters, or out of range, are refused.
 TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -163,7 +162,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   struct Form {
     int blocks;
     bool preload;
-    bool spread = false;  // OneTokenMoeArgs::pick_warp_by_slot
+    bool by_slot = false;  // OneTokenMoeArgs::pick_warp_by_slot
   };
   for (const Case& c : {Case{2048, 512, 512, 10, true}, Case{512, 256, 64, 4, false}, Case{1024, 512, 100, 8, true}}) {
     const OneTokenExperts ex(rng, c.h, c.I, c.E, std::min<int64_t>(c.K, 12));
@@ -184,13 +183,13 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
          {Form{kFusedRouterBlocks, true}, Form{64, false}, Form{kFusedRouterBlocks, true, true}, Form{8, true}}) {
       const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K,
                                             c.gate_row ? " gate row" : "", " router blocks ", f.blocks,
-                                            f.preload ? " preloaded" : " plain", f.spread ? " picks spread" : "");
+                                            f.preload ? " preloaded" : " plain", f.by_slot ? " routing warp by slot" : "");
       OneTokenStep step(ex, c.K, std::vector<float>(static_cast<size_t>(rows), 0.0f), x, shared, 0.0f);
       const Shared sh = c.gate_row ? Shared::kGated : Shared::kUngated;
       OneTokenMoeArgs a = FusedArgs(step, ex, c.K, sh, false);
       a.shared = nullptr;  // computed in the kernel
       if (c.gate_row) a.shared_gate_logit = a.logits + c.E;
-      a.pick_warp_by_slot = f.spread;
+      a.pick_warp_by_slot = f.by_slot;
       FusedRouter router{dw.as<float>(), static_cast<int>(rows), step.logits.as<float>(), counters.as<int32_t>()};
       router.blocks = f.blocks;
       router.preload = f.preload;
@@ -202,7 +201,7 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
       }
       const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(rows));
       EXPECT_LE(testing::RelativeL2(logits, want_logits), 1e-5) << what;
-      if (f.blocks != 8 && !f.spread) form_logits[f.preload ? 0 : 1] = logits;
+      if (f.blocks != 8 && !f.by_slot) form_logits[f.preload ? 0 : 1] = logits;
       const std::vector<float> router_logits(logits.begin(), logits.begin() + c.E);
       std::vector<int32_t> picks;
       std::vector<float> weights;

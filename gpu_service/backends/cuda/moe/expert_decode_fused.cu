@@ -119,10 +119,10 @@ static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are t
 // (%warpid: PTX calls it volatile; read once, for placement only). What is known of it
 // (docs/PERF.md, twenty-ninth session): a block's four warps hold four adjacent slots 4j .. 4j + 3,
 // warp w at 4j + (w + j + 1) mod 4 (gpu_moe_bench --pick prints them), so s / 4 = j is the block's
-// place on the SM; picking with warp j mod 4 measured +0.7 .. 1.1% batch-1 decode against warp 0
-// in three A/Bs, and +1.6% against warp 0 chosen through the same code, for reasons not found (the hoped-for
-// one, an SM's routing warps on distinct sub-partitions, does not hold: with warp 0 their slots
-// already differ mod 4, and this choice makes two of three share one).
+// place on the SM. Routing with warp j mod 4 measured +0.7 .. 1.1% batch-1 decode against warp 0
+// in three A/Bs, and +1.6% against warp 0 chosen through the same code. Why is not known: the
+// reason first given, an SM's routing warps on distinct sub-partitions, does not hold (with warp 0
+// their slots already differ mod 4, and this choice makes two of three share a residue).
 __device__ __forceinline__ int PickWarpOfBlock() {
   unsigned slot;
   asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
