@@ -180,8 +180,8 @@ __device__ __forceinline__ unsigned WarpSlot() {
 // spread: the block's picking warp is (warp 0's slot / 4) mod 4, as the fused kernel's
 // OneTokenMoeArgs::pick_warp_by_slot (expert_decode_fused.cu PickWarpOfBlock), instead of warp 0; the
 // stamps are then the picking warp's. layout (spread only): per reader, its SM id << 32 and the
-// four warps' slots in bytes 0-3, so that the host can check the slots' arrangement the spread
-// assumes.
+// four warps' slots in bytes 0-3, which the host checks and prints (docs/PERF.md, twenty-ninth
+// session: a block's warps hold one group of four slots 4j .. 4j + 3, rotated by j + 1).
 __global__ void __launch_bounds__(kPickThreads)
     PickAfterCountKernel(float* logits, int replicas, unsigned seed, int* counter, int generation,
                          unsigned long long* stamps, int* ids_out, bool spread, unsigned long long* layout) {
@@ -349,14 +349,17 @@ void BenchPick() {
         BENCH_CHECK(cudaMemcpyAsync(places.data(), layout, places.size() * sizeof(unsigned long long),
                                     cudaMemcpyDeviceToHost, stream));
         BENCH_CHECK(cudaStreamSynchronize(stream));
-        // Slots 4j .. 4j + 3 in warp order (what the spread assumes), and per SM the readers whose
+        // A block's slots as one group 4j .. 4j + 3 (in any order), and per SM the readers whose
         // picking warp shares its slot mod 4 (the sub-partition, if slots map so) with another
         // reader's: with warp 0 picking, and spread.
         std::vector<std::vector<unsigned>> warp0_by_sm(1024), spread_by_sm(1024);
         for (const unsigned long long p : places) {
           unsigned w[4];
           for (int i = 0; i < 4; ++i) w[i] = static_cast<unsigned>((p >> (8 * i)) & 0xFFu);
-          aligned += w[0] % 4 == 0 && w[1] == w[0] + 1 && w[2] == w[0] + 2 && w[3] == w[0] + 3;
+          const unsigned group = w[0] / 4;
+          unsigned seen = 0u;
+          for (int i = 0; i < 4; ++i) seen |= w[i] / 4 == group ? 1u << (w[i] % 4) : 0u;
+          aligned += seen == 0xFu;
           const unsigned sm = static_cast<unsigned>(p >> 32) % 1024;
           warp0_by_sm[sm].push_back(w[0] % 4);
           spread_by_sm[sm].push_back(w[(w[0] >> 2) % 4] % 4);
@@ -414,8 +417,8 @@ void BenchPick() {
     std::string text = detail;
     if (c.spread) {
       std::snprintf(detail, sizeof(detail),
-                    "; last launch: %d of %d readers with warp slots 4j..4j+3 in order; readers sharing their "
-                    "picking warp's slot mod 4 with another reader on the SM: %d with warp 0, %d spread",
+                    "; last launch: %d of %d readers with their warps in one slot group 4j..4j+3; readers sharing "
+                    "their picking warp's slot mod 4 with another reader on the SM: %d with warp 0, %d spread",
                     aligned, place_blocks, shared_scheduler_warp0, shared_scheduler_spread);
       text += detail;
     }
