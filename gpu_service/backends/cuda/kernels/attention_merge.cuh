@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cuda/atomic>
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
@@ -166,6 +167,11 @@ static_assert(kMaxSplits % 32 == 0, "the in-kernel merge's lanes hold kMaxSplits
 // graph replay) starts from zero. Block-uniform: every thread of the block calls it. `smem` is the
 // block's ring, free by now; `is_last` a shared flag. Partials are read with ld.global.cg (L2): they
 // were written by other blocks of this grid.
+// The ordering (CUTLASS's semaphore pattern): the block barrier puts every thread's partials before
+// thread 0's ticket, an acquire-release add (one MEMBAR.ALL.GPU, then the atomic) publishes them
+// and, in the last block, sees every other block's; its block barrier then puts its threads' reads
+// after that. (It had been __threadfence in every thread before the ticket and again after it: a
+// sequentially consistent fence, MEMBAR.SC.GPU, in every warp, twice.)
 template <int kHd>
 __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, int kvhead,
                                                   int32_t first, int32_t count, int splits,
@@ -173,12 +179,14 @@ __device__ __forceinline__ void MergeSlicesIfLast(const float* __restrict__ qg, 
                                                   unsigned* __restrict__ tickets, float* smem, unsigned& is_last) {
   const int groups = nh / kvh;
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kvh + kvhead;
-  __threadfence();  // this block's partials are visible device-wide before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&tickets[pair], 1u) == static_cast<unsigned>(splits - 1) ? 1u : 0u;
-  __syncthreads();
+  __syncthreads();  // every thread's partials before thread 0's ticket
+  if (threadIdx.x == 0) {
+    const unsigned ticket = ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(tickets[pair])
+                                .fetch_add(1u, ::cuda::memory_order_acq_rel);
+    is_last = ticket == static_cast<unsigned>(splits - 1) ? 1u : 0u;
+  }
+  __syncthreads();  // the other slices' partials (acquired by thread 0) before every thread's reads
   if (is_last == 0) return;
-  __threadfence();  // the other slices' partials (published before their tickets) are seen
   if (threadIdx.x == 0) tickets[pair] = 0;  // every slice has taken its ticket
   float* weight = smem;                      // rows × kMaxSplits
   float* inv_l = smem + kRows * kMaxSplits;  // rows
