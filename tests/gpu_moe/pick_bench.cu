@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "tests/gpu/bench_util.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
+#include "gpu_service/backends/cuda/moe/warp_slot.cuh"
 #include "tests/gpu_moe/moe_bench_util.h"
 
 namespace tandem::cuda::moe_bench {
@@ -163,13 +165,6 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
   WriteRow(stamps, ids_out, ids, t0, t1, clock64());
 }
 
-// Warp 0's slot on the SM (%warpid, read for placement only: PTX calls it volatile).
-__device__ __forceinline__ unsigned WarpSlot() {
-  unsigned slot;
-  asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
-  return slot;
-}
-
 // The readers as the fused kernel has them: every block resident and waiting on a count that the
 // grid's last block (the writer, standing in for the router blocks) bumps once it has written the
 // logits, ~4 us after the start; so the reads start together, on lines another SM has just
@@ -177,8 +172,8 @@ __device__ __forceinline__ unsigned WarpSlot() {
 // b % replicas: if many readers of one line at once are what the ~3.3 us of the probe's logit loads
 // wait on, more copies shorten it. Stamps (clock64, the reader's SM): count seen, keys formed,
 // picked. `generation` is the count the readers wait for (the counter is never reset).
-// spread: the block's picking warp is (warp 0's slot / 4) mod 4, as the fused kernel's
-// OneTokenMoeArgs::pick_warp_by_slot (expert_decode_fused.cu PickWarpOfBlock), instead of warp 0; the
+// spread: the block's picking warp is the one the fused kernel's OneTokenMoeArgs::pick_warp_by_slot
+// takes (moe/warp_slot.cuh PickWarpOfSlot), instead of warp 0; the
 // stamps are then the picking warp's. layout (spread only): per reader, its SM id << 32 and the
 // four warps' slots in bytes 0-3, which the host checks and prints (docs/PERF.md, twenty-ninth
 // session: a block's warps hold one group of four slots 4j .. 4j + 3, rotated by j + 1).
@@ -210,7 +205,7 @@ __global__ void __launch_bounds__(kPickThreads)
     const int warp = static_cast<int>(threadIdx.x >> 5);
     if ((threadIdx.x & 31) == 0) slots[warp] = WarpSlot();
     __syncthreads();
-    picker = static_cast<int>((slots[0] >> 2) % (kPickThreads / 32));
+    picker = PickWarpOfSlot(slots[0], kPickThreads / 32);
     if (threadIdx.x == 0) {
       unsigned smid;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -352,17 +347,21 @@ void BenchPick() {
         // A block's slots as one group 4j .. 4j + 3 (in any order), and per SM the readers whose
         // picking warp shares its slot mod 4 (the sub-partition, if slots map so) with another
         // reader's: with warp 0 picking, and spread.
+        auto slots_of = [](unsigned long long p) {
+          std::array<unsigned, 4> w;
+          for (int i = 0; i < 4; ++i) w[i] = static_cast<unsigned>((p >> (8 * i)) & 0xFFu);
+          return w;
+        };
         std::vector<std::vector<unsigned>> warp0_by_sm(1024), spread_by_sm(1024);
         for (const unsigned long long p : places) {
-          unsigned w[4];
-          for (int i = 0; i < 4; ++i) w[i] = static_cast<unsigned>((p >> (8 * i)) & 0xFFu);
+          const std::array<unsigned, 4> w = slots_of(p);
           const unsigned group = w[0] / 4;
           unsigned seen = 0u;
           for (int i = 0; i < 4; ++i) seen |= w[i] / 4 == group ? 1u << (w[i] % 4) : 0u;
           aligned += seen == 0xFu;
           const unsigned sm = static_cast<unsigned>(p >> 32) % 1024;
           warp0_by_sm[sm].push_back(w[0] % 4);
-          spread_by_sm[sm].push_back(w[(w[0] >> 2) % 4] % 4);
+          spread_by_sm[sm].push_back(w[PickWarpOfSlot(w[0], 4)] % 4);
         }
         auto sharing = [](const std::vector<std::vector<unsigned>>& by_sm) {
           int n = 0;
@@ -380,10 +379,9 @@ void BenchPick() {
           std::string line;
           for (const unsigned long long p : places) {
             if (static_cast<unsigned>(p >> 32) != sm) continue;
+            const std::array<unsigned, 4> w = slots_of(p);
             char one[48];
-            std::snprintf(one, sizeof(one), " [%u %u %u %u]", static_cast<unsigned>(p & 0xFF),
-                          static_cast<unsigned>((p >> 8) & 0xFF), static_cast<unsigned>((p >> 16) & 0xFF),
-                          static_cast<unsigned>((p >> 24) & 0xFF));
+            std::snprintf(one, sizeof(one), " [%u %u %u %u]", w[0], w[1], w[2], w[3]);
             line += one;
           }
           if (line.empty()) continue;

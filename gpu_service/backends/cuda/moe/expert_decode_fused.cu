@@ -22,6 +22,7 @@
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
+#include "gpu_service/backends/cuda/moe/warp_slot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/smem_limit.h"
 
@@ -112,22 +113,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 }
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
-
-// The warp of this block that routes and gathers its slice's act where
-// OneTokenMoeArgs::pick_warp_by_slot is set (call from thread 0; any answer in [0, kFusedWarps) is
-// correct: the choice only places the work): warp (s / 4) mod 4, s warp 0's slot on the SM
-// (%warpid: PTX calls it volatile; read once, for placement only). What is known of it
-// (docs/PERF.md, twenty-ninth session): a block's four warps hold four adjacent slots 4j .. 4j + 3,
-// warp w at 4j + (w + j + 1) mod 4 (gpu_moe_bench --pick prints them), so s / 4 = j is the block's
-// place on the SM. Routing with warp j mod 4 measured +0.7 .. 1.1% batch-1 decode against warp 0
-// in three A/Bs, and +1.6% against warp 0 chosen through the same code. Why is not known: the
-// reason first given, an SM's routing warps on distinct sub-partitions, does not hold (with warp 0
-// their slots already differ mod 4, and this choice makes two of three share a residue).
-__device__ __forceinline__ int PickWarpOfBlock() {
-  unsigned slot;
-  asm volatile("mov.u32 %0, %%warpid;" : "=r"(slot));
-  return static_cast<int>((slot >> 2) % kFusedWarps);
-}
 
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
@@ -241,12 +226,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
-  // or the one PickWarpOfBlock names. The probe's stamps are thread 0's, so its instantiation keeps
-  // warp 0.
+  // or the one warp_slot.cuh's PickWarpOfSlot names. The probe's stamps are thread 0's, so its
+  // instantiation keeps warp 0.
   int picker = 0;
   if (!kProbe && a.pick_warp_by_slot) {
     __shared__ int s_picker;
-    if (t == 0) s_picker = PickWarpOfBlock();
+    if (t == 0) s_picker = PickWarpOfSlot(WarpSlot(), kFusedWarps);
     __syncthreads();
     picker = s_picker;
   }

@@ -72,7 +72,7 @@ struct OneTokenMoeArgs {
   // zeroes all K + 1. The same results as without.
   int* pick_counts = nullptr;
   // The fused kernel only (expert_decode_fused.cuh): each block routes and gathers its slice's act
-  // with the warp expert_decode_fused.cu's PickWarpOfBlock names from the block's place on the SM,
+  // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
 };
