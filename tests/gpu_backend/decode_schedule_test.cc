@@ -506,6 +506,25 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
+// The routing logits formed from the parts the fused GDN kernel's output product sums
+// (cuda::SetRouteThroughOut, read at upload and when a step is enqueued: kernels/route_compose.cuh)
+// against the router product in the fused MoE grid (small: its GDN layers carry the rows; its
+// attention layers keep the router product). The logits' last bits move (the parts' rounding),
+// so picks may flip at near ties.
+TEST_P(DecodeScheduleTest, RouteThroughOutKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's GDN clusters cover 128 columns: the kernel does not run";
+  const bool was = cuda::RouteThroughOut(), was_fused = cuda::OneTokenFused();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  cuda::SetOneTokenFused(true);
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "routing logits through the output product",
+                                       [](bool on) { cuda::SetRouteThroughOut(on); }, /*deterministic=*/false);
+  cuda::SetOneTokenFused(was_fused);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetRouteThroughOut(was);
+}
+
 // The fused GDN kernel's output product (mode 3) reading ssm_out by columns (cuda::SetGdnOutByColumns,
 // read at upload: a second copy of the super-blocks) against its rows (small). The same values
 // summed in the atomics' order: the logits may match to the bit (OutByColumnsTest shows the copy

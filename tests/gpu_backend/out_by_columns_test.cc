@@ -14,6 +14,7 @@
 #include "common/model/reference_model.h"
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -37,7 +38,7 @@ TEST_P(OutByColumnsTest, UploadCopiesSsmOutByColumns) {
   ASSERT_TRUE(dm[0] && dm[1]);
   ASSERT_EQ(dm[0]->layers.size(), dm[1]->layers.size());
   uint64_t copies = 0;
-  int gdn_layers = 0;
+  int gdn_layers = 0, route_layers = 0;
   for (size_t i = 0; i < dm[1]->layers.size(); ++i) {
     const GpuLayer& off = dm[0]->layers[i];
     const GpuLayer& on = dm[1]->layers[i];
@@ -50,28 +51,38 @@ TEST_P(OutByColumnsTest, UploadCopiesSsmOutByColumns) {
     ASSERT_NE(on.ssm_out_by_columns, nullptr) << "layer " << i;
     const DeviceMatrix& m = on.ssm_out;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(on.ssm_out_by_columns) % 16, 0u) << "layer " << i;
-    copies += static_cast<uint64_t>(Q8_0x8ByColumnsBytes(m.rows, m.cols));
+    // The copy's rows: ssm_out's, then the router's two terms when the layer carries them
+    // (RouteThroughOut, on by default; route_compose_test.cc checks their values).
+    const int64_t total = on.ssm_out_by_columns_rows;
+    EXPECT_EQ(total, m.rows + (on.route_rows > 0 ? 2 * RoutePaddedRows(on.route_rows) : 0)) << "layer " << i;
+    EXPECT_EQ(on.route_rows > 0, on.route_inv_scale != nullptr) << "layer " << i;
+    copies += static_cast<uint64_t>(Q8_0x8ByColumnsBytes(total, m.cols));
+    if (on.route_rows > 0) {
+      copies += static_cast<uint64_t>(RoutePaddedRows(on.route_rows)) * sizeof(float);
+      ++route_layers;
+    }
     const std::vector<uint8_t> rows =
         HostCopy(static_cast<const uint8_t*>(m.data), static_cast<size_t>(m.rows * m.row_bytes));
     const std::vector<uint8_t> cols = HostCopy(static_cast<const uint8_t*>(on.ssm_out_by_columns),
-                                               static_cast<size_t>(Q8_0x8ByColumnsBytes(m.rows, m.cols)));
+                                               static_cast<size_t>(Q8_0x8ByColumnsBytes(total, m.cols)));
     for (int64_t r = 0; r < m.rows; ++r) {
       for (int64_t j = 0; j < m.cols / 256; ++j) {
         const uint8_t* want = &rows[r * m.row_bytes + j * kQ8_0x8SuperBytes];
-        ASSERT_EQ(std::memcmp(&cols[(j * m.rows + r) * kQ8_0x8SuperBytes], want, kQ8_0x8SuperBytes), 0)
+        ASSERT_EQ(std::memcmp(&cols[(j * total + r) * kQ8_0x8SuperBytes], want, kQ8_0x8SuperBytes), 0)
             << "layer " << i << " row " << r << " super-block " << j;
       }
     }
     // The rows themselves are the same bytes as without the copy.
     EXPECT_EQ(rows, HostCopy(static_cast<const uint8_t*>(off.ssm_out.data), rows.size())) << "layer " << i;
   }
-  std::printf("[%s] %d GDN layers with ssm_out by columns, %.2f MB of copies\n", GetParam().c_str(), gdn_layers,
-              static_cast<double>(copies) / 1e6);
+  std::printf("[%s] %d GDN layers with ssm_out by columns (%d with the router's rows), %.2f MB of copies\n",
+              GetParam().c_str(), gdn_layers, route_layers, static_cast<double>(copies) / 1e6);
   // small's ssm_out is over the regrouping size (Q8_0x8); tiny-q3n's stays ggml Q8_0 (no copy).
   if (GetParam() == "small") EXPECT_GT(gdn_layers, 0) << "small's ssm_out is Q8_0x8";
-  // The copies (each 256-byte aligned) are the only bytes added.
+  if (GetParam() == "small" && RouteThroughOut()) EXPECT_EQ(route_layers, gdn_layers) << "small's router is f32";
+  // The copies and the router rows' scales (each 256-byte aligned) are the only bytes added.
   EXPECT_GE(dm[1]->bytes, dm[0]->bytes + copies);
-  EXPECT_LE(dm[1]->bytes, dm[0]->bytes + copies + 256 * static_cast<uint64_t>(gdn_layers));
+  EXPECT_LE(dm[1]->bytes, dm[0]->bytes + copies + 256 * static_cast<uint64_t>(gdn_layers + route_layers));
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, OutByColumnsTest, ::testing::Values("tiny-q3n", "small"), PresetTestName);

@@ -159,8 +159,11 @@ class CudaBackend::Impl {
   // Fast mode, a model with such layers: a row of h a layer, where one-token steps add the mixer's
   // output when its output product adds into it (GDN: ssm_out inside the fused kernel,
   // GetGdnDecodeFused 3, 4; attention: the column-split o product, AttnOutColumnSplit); zeroed by
-  // EnqueueForward.
+  // EnqueueForward. Layer l's row starts at l·mixer_out_stride: h, or more where a GDN layer's
+  // output product also sums the router's rows (GpuLayer::route_rows: its row holds the mixer's
+  // output, then those rows' parts, kernels/route_compose.cuh).
   float* mixer_out_y = nullptr;
+  int64_t mixer_out_stride = 0;
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
   int32_t *sel_blocks = nullptr, *sel_counts = nullptr;
@@ -207,6 +210,9 @@ class CudaBackend::Impl {
   // (RunGdn with ssm_out inside the fused kernel, RunAttention's column-split o product). Reset by
   // RunLayer before each mixer.
   const float* mixer_y = nullptr;
+  // Set with mixer_y when the mixer's output product also summed the router's rows and this step
+  // routes through them (RouteThroughOutFor): the ffn norm then forms the routing logits.
+  std::optional<cuda::NormRoute> route_parts;
 
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;
@@ -269,7 +275,12 @@ class CudaBackend::Impl {
   // plain read's norm adds earlier_inject to H first and clears it.
   absl::Status Read(const cuda::GpuHcRead& r, int64_t n, float* x, float* a, const float* pending,
                     cuda::GemmMode f16_for = cuda::GemmMode::kExact, const cuda::NormMmqOut* xq = nullptr,
-                    const cuda::PendingShared* pending_shared = nullptr, bool norm_in_product = false);
+                    const cuda::PendingShared* pending_shared = nullptr, bool norm_in_product = false,
+                    const cuda::NormRoute* route = nullptr);
+  // The router's parts a GDN layer's fused output product sums into its row `out` of mixer_out_y
+  // for this step (GpuLayer::route_rows; RouteThroughOut; the norm's early H reads, which the route
+  // blocks need), with w, rows and logits left for the layer loop to fill; nullopt: none.
+  std::optional<cuda::NormRoute> RouteThroughOutFor(const cuda::GpuLayer& w, int64_t T, const float* out) const;
   // The pending shared term for the launch that injects y now ({}: none; the launches take a null
   // shared as none), and forgets it.
   cuda::PendingShared TakePendingShared() { return std::exchange(pending_shared, cuda::PendingShared{}); }

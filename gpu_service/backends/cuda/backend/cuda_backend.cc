@@ -260,7 +260,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
       plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
   if (mixer_out_step) {
     TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(mixer_out_y, 0, static_cast<size_t>(c->n_layers * c->h) * sizeof(float), st));
+        cudaMemsetAsync(mixer_out_y, 0, static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float), st));
   }
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(

@@ -330,7 +330,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     mixer_out |= l.kind == LayerKind::kGdn ? cuda::GdnDecodeOutFits(m.gdn_shape, l.ssm_out)
                                             : cuda::ColumnSplitMatVecFits(l.o);
   }
-  if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * h);
+  m.mixer_out_stride = h;
+  for (const cuda::GpuLayer& l : m.dm->layers) {
+    if (l.route_rows > 0) m.mixer_out_stride = std::max(m.mixer_out_stride, l.ssm_out_by_columns_rows);
+  }
+  if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
   // One f16 tile set for every attention layer: each call converts the tiles it reads (attention.cuh).
   if (cuda::AttnKv16() && options.mode == CudaMode::kFast && options.fast_attention) {

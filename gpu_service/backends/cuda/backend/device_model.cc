@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
+#include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -51,6 +52,33 @@ std::atomic<bool>& GdnOutByColumnsSwitch() {
   return on;
 }
 
+std::atomic<bool>& RouteThroughOutSwitch() {
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ROUTE_THROUGH_OUT")};
+  return on;
+}
+
+// The router rows a GDN layer's output product can carry (GpuLayer::route_rows), from host views
+// only (the same answer in both of UploadModel's passes): E router rows (+ the shared gate's) of
+// f32, read by a one-stream plain ffn norm, over an ssm_out the upload regroups to Q8_0x8, with the
+// fused kernel's row limit (8 row slices of at most 640 rows). 0: none.
+int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, bool route, bool by_columns) {
+  const MoeWeights& moe = lw.moe;
+  if (!route || !by_columns || lw.kind != LayerKind::kGdn || c.n_streams != 1 || lw.ffn_read.down.present() ||
+      static_cast<int64_t>(lw.ffn_read.norm.size()) != c.h || !moe.router.present() ||
+      moe.router.type != WeightType::kF32 || moe.router.cols != c.h || lw.gdn.out.type != WeightType::kQ8_0 ||
+      lw.gdn.out.rows != c.h || lw.gdn.out.cols % 256 != 0) {
+    return 0;
+  }
+  const bool gate = moe.shared_gate_inp.present();
+  if (gate && (moe.shared_gate_inp.type != WeightType::kF32 || moe.shared_gate_inp.cols != c.h ||
+               moe.shared_gate_inp.rows != 1)) {
+    return 0;
+  }
+  const int64_t R = moe.router.rows + (gate ? 1 : 0);
+  const int64_t total = c.h + 2 * RoutePaddedRows(R);
+  return total % 8 == 0 && total / 8 <= 640 ? R : 0;
+}
+
 std::atomic<bool>& AttnStackedKvSideSwitch() {
   static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE")};
   return on;
@@ -83,8 +111,11 @@ DeviceMatrix AdjacentView(std::initializer_list<const DeviceMatrix*> parts) {
 // read once per upload so that both passes make the same layout.
 class Placer {
  public:
-  Placer(char* base, bool stack_inputs, bool out_by_columns)
-      : base_(base), stack_inputs_(stack_inputs), out_by_columns_(out_by_columns) {}
+  Placer(char* base, bool stack_inputs, bool out_by_columns, bool route)
+      : base_(base), stack_inputs_(stack_inputs), out_by_columns_(out_by_columns), route_(route) {}
+  bool counting() const { return base_ == nullptr; }
+  bool out_by_columns() const { return out_by_columns_; }
+  bool route() const { return route_; }
   const void* Put(const void* src, size_t bytes) {
     const size_t off = Reserve(bytes);
     if (base_ == nullptr || bytes == 0 || !status_.ok()) return nullptr;
@@ -95,13 +126,47 @@ class Placer {
   // A copy of the placed Q8_0x8 matrix m by columns (device_matrix.h) for the fused GDN kernel's
   // output product (GpuLayer::ssm_out_by_columns), made on the device; null while counting, with
   // out_by_columns off, or for another type (the same host-side answer in both passes).
-  const void* ByColumns(const DeviceMatrix& m) {
+  // total_rows (0: m.rows): the copy's rows, m's first (the router rows ComposeRoute appends).
+  const void* ByColumns(const DeviceMatrix& m, int64_t total_rows = 0) {
     if (!out_by_columns_ || m.type != kTypeQ8_0x8 || m.cols % 256 != 0 || m.rows <= 0) return nullptr;
-    const size_t off = Reserve(static_cast<size_t>(Q8_0x8ByColumnsBytes(m.rows, m.cols)));
+    if (total_rows == 0) total_rows = m.rows;
+    const size_t off = Reserve(static_cast<size_t>(Q8_0x8ByColumnsBytes(total_rows, m.cols)));
     if (base_ == nullptr || !status_.ok()) return nullptr;
-    status_ = CudaStatus(CopyQ8_0x8ByColumns(m, base_ + off, nullptr), "upload by columns", __FILE__, __LINE__);
+    status_ = CudaStatus(CopyQ8_0x8ByColumns(m, base_ + off, nullptr, total_rows), "upload by columns", __FILE__,
+                         __LINE__);
     if (status_.ok()) status_ = CudaStatus(cudaStreamSynchronize(nullptr), "upload by columns", __FILE__, __LINE__);
     return status_.ok() ? base_ + off : nullptr;
+  }
+  // The router rows through the output product (route_compose.cuh) into g's by-columns copy, made
+  // by ByColumns(g.ssm_out, g.ssm_out_by_columns_rows): Wr·diag(γ) formed here from the host
+  // views (router rows, then the shared gate's row), composed with ssm_out on the device in
+  // temporary buffers (load time). Returns the placed 1 / S_r (null while counting or on error).
+  const float* ComposeRoute(const GpuLayer& g, const LayerWeights& lw, int64_t R) {
+    const int64_t padded = RoutePaddedRows(R), h = g.ssm_out.rows;
+    const size_t off = Reserve(static_cast<size_t>(padded) * sizeof(float));
+    if (base_ == nullptr || !status_.ok() || g.ssm_out_by_columns == nullptr) return nullptr;
+    std::vector<float> wr(static_cast<size_t>(R * h));
+    for (int64_t r = 0; r < R; ++r) {
+      const MatrixView& m = r < lw.moe.router.rows ? lw.moe.router : lw.moe.shared_gate_inp;
+      const float* row = reinterpret_cast<const float*>(m.row(r < lw.moe.router.rows ? r : 0));
+      for (int64_t j = 0; j < h; ++j) wr[static_cast<size_t>(r * h + j)] = row[j] * lw.ffn_read.norm[static_cast<size_t>(j)];
+    }
+    absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(wr.size() * sizeof(float));
+    absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(static_cast<size_t>(R * g.ssm_out.cols) * sizeof(float));
+    if (!a.ok() || !scratch.ok()) {
+      status_ = !a.ok() ? a.status() : scratch.status();
+      return nullptr;
+    }
+    float* inv_scale = reinterpret_cast<float*>(base_ + off);
+    status_ = CudaStatus(cudaMemcpy(a->get(), wr.data(), wr.size() * sizeof(float), cudaMemcpyHostToDevice),
+                         "upload router rows", __FILE__, __LINE__);
+    if (status_.ok()) {
+      status_ = CudaStatus(ComposeRouteRows(a->as<float>(), R, g.ssm_out, const_cast<void*>(g.ssm_out_by_columns),
+                                            g.ssm_out_by_columns_rows, inv_scale, scratch->as<float>(), nullptr),
+                           "compose router rows", __FILE__, __LINE__);
+    }
+    if (status_.ok()) status_ = CudaStatus(cudaStreamSynchronize(nullptr), "compose router rows", __FILE__, __LINE__);
+    return status_.ok() ? inv_scale : nullptr;
   }
   const float* Vector(VectorView v) {
     if (v.empty()) return nullptr;
@@ -191,6 +256,7 @@ class Placer {
   char* base_;
   bool stack_inputs_;
   bool out_by_columns_;
+  bool route_;
   size_t Reserve(size_t bytes) {
     const size_t off = (used_ + 255) / 256 * 256;
     used_ = off + bytes;
@@ -220,6 +286,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
     const LayerWeights& lw = w.layers[i];
     GpuLayer& g = m.layers[i];
     g.kind = lw.kind;
+    int64_t route_rows_pending = 0;  // router rows appended to ssm_out's copy (RouteRowsFor)
     g.attn_read = p.Read("attn read", lw.attn_read);
     g.ffn_read = p.Read("ffn read", lw.ffn_read);
     if (lw.kind == LayerKind::kGdn) {
@@ -237,7 +304,12 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
         g.ba = p.Matrix("ssm_ba", lw.gdn.ba, true, true);
       }
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
-      g.ssm_out_by_columns = p.ByColumns(g.ssm_out);
+      // Router rows through the output product: only where the copy by columns is made (Q8_0x8).
+      const int64_t route = g.ssm_out.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route(), p.out_by_columns()) : 0;
+      g.ssm_out_by_columns_rows = g.ssm_out.rows + (route > 0 ? 2 * RoutePaddedRows(route) : 0);
+      g.ssm_out_by_columns = p.ByColumns(g.ssm_out, g.ssm_out_by_columns_rows);
+      if (g.ssm_out_by_columns == nullptr) g.ssm_out_by_columns_rows = g.ssm_out.rows;
+      route_rows_pending = g.ssm_out_by_columns != nullptr || p.counting() ? route : 0;
       g.conv1d = p.Vector(lw.gdn.conv1d);
       g.ssm_a = p.Vector(lw.gdn.a);
       g.dt_bias = p.Vector(lw.gdn.dt_bias);
@@ -265,6 +337,10 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
     g.shared_gate = p.Matrix("ffn_gate_shexp", lw.moe.shared_gate, /*dense=*/false);
     g.shared_up = p.Matrix("ffn_up_shexp", lw.moe.shared_up, false);
     g.shared_down = p.Matrix("ffn_down_shexp", lw.moe.shared_down, false);
+    if (route_rows_pending > 0) {
+      g.route_inv_scale = p.ComposeRoute(g, lw, route_rows_pending);
+      if (g.route_inv_scale != nullptr) g.route_rows = route_rows_pending;
+    }
     g.gate_exps = p.Experts(lw.moe.gate);
     g.up_exps = p.Experts(lw.moe.up);
     g.down_exps = p.Experts(lw.moe.down);
@@ -288,6 +364,8 @@ bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_r
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
 bool GdnOutByColumns() { return GdnOutByColumnsSwitch().load(std::memory_order_relaxed); }
 void SetGdnOutByColumns(bool on) { GdnOutByColumnsSwitch().store(on, std::memory_order_relaxed); }
+bool RouteThroughOut() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
+void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 
@@ -304,15 +382,15 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& conf
   auto m = std::make_unique<DeviceModel>();
   const std::vector<double> inv_freq =
       RopeInvFrequencies(config.attn.theta, static_cast<int>(config.attn.rot));
-  const bool stack_inputs = StackedDecodeInputs(), out_by_columns = GdnOutByColumns();
-  Placer count(nullptr, stack_inputs, out_by_columns);
+  const bool stack_inputs = StackedDecodeInputs(), out_by_columns = GdnOutByColumns(), route = RouteThroughOut();
+  Placer count(nullptr, stack_inputs, out_by_columns, route);
   Bind(config, weights, inv_freq, count, *m);
   if (!count.problems().empty()) return absl::InvalidArgumentError(count.problems());
   absl::StatusOr<DeviceBuffer> storage = DeviceBuffer::Allocate(count.used());
   if (!storage.ok()) return storage.status();
   m->storage = *std::move(storage);
   m->bytes = count.used();
-  Placer place(m->storage.as<char>(), stack_inputs, out_by_columns);
+  Placer place(m->storage.as<char>(), stack_inputs, out_by_columns, route);
   Bind(config, weights, inv_freq, place, *m);
   if (!place.status().ok()) return place.status();
   return m;

@@ -52,6 +52,14 @@ struct GpuLayer {
   // ssm_out's Q8_0x8 super-blocks by columns (device_matrix.h), a second copy (8.9 MB a layer at
   // 80B shapes) that the fused GDN kernel's output product reads when present (GdnOutByColumns).
   const void* ssm_out_by_columns = nullptr;
+  // The router's logits through the output product (kernels/route_compose.cuh, RouteThroughOut):
+  // the by-columns copy then holds ssm_out_by_columns_rows = ssm_out.rows + 2·RoutePaddedRows(
+  // route_rows) rows, ssm_out's, then the hi and lo terms of M = Wr·diag(γ_ffn)·ssm_out for the
+  // route_rows router rows (E, then the shared gate's row when the layer has one), and
+  // route_inv_scale their 1 / S_r. route_rows 0 (and ssm_out_by_columns_rows = ssm_out.rows): none.
+  int64_t ssm_out_by_columns_rows = 0;
+  int64_t route_rows = 0;
+  const float* route_inv_scale = nullptr;
   const float* conv1d = nullptr;  // c_dim × kk
   const float* ssm_a = nullptr;
   const float* dt_bias = nullptr;
@@ -116,6 +124,15 @@ void SetGdnStackedZSide(bool on);
 // 272 bytes out of every 4352-byte row; by columns that is one contiguous run.
 bool GdnOutByColumns();
 void SetGdnOutByColumns(bool on);
+
+// Whether UploadModel appends the router's rows through the output product to the by-columns
+// copy of every GDN layer it can (GpuLayer::route_rows: f32 router and shared gate rows, a plain
+// one-stream ffn read, ssm_out Q8_0x8 by columns), and whether fast-mode one-token steps use them
+// (read at upload and when a step is enqueued; settable for tests): the ffn norm then forms the
+// routing logits from the parts (norm_streams.cuh NormRoute) and the fused MoE kernel takes them
+// ready. TANDEM_ROUTE_THROUGH_OUT=0 turns it off. 4.5 MB a layer at 80B shapes.
+bool RouteThroughOut();
+void SetRouteThroughOut(bool on);
 
 // The same for attention layers: true (the default) q's own product on the main stream and the
 // product over kv ([k; v]) on the side stream (as before the stack, one product fewer); false one

@@ -220,7 +220,8 @@ cuda::GemmMode CudaBackend::Impl::ReadF16Mode(const cuda::GpuLayer& w, int64_t n
 
 absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float* out, float* inject,
                                      const float* pending, cuda::GemmMode f16_for, const cuda::NormMmqOut* xq,
-                                     const cuda::PendingShared* pending_shared, bool norm_in_product) {
+                                     const cuda::PendingShared* pending_shared, bool norm_in_product,
+                                     const cuda::NormRoute* route) {
   const int64_t S = c->n_streams, h = c->h;
   cudaStream_t st = stream.get();
   // x is rewritten here: the f16 rows of the previous x in the GEMM scratch no longer count.
@@ -236,6 +237,9 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
   const bool h_earlier = pending != nullptr;
   // The inject an earlier read left to this one (its norm was formed inside a product).
   const cuda::EarlierInject earlier = std::exchange(earlier_inject, cuda::EarlierInject{});
+  if (route != nullptr && (r.down.present() || norm_in_product || f16_for != cuda::GemmMode::kExact)) {
+    return absl::InternalError("routing logits asked of a read whose norm is not the plain f32 launch");
+  }
   if (!r.down.present()) {  // plain: x = γ ⊙ ρ(H), a = 1
     if (norm_in_product) {
       // MixerNormInProduct: one stream, no inject weights, one token; x is formed by the product.
@@ -271,8 +275,8 @@ absl::Status CudaBackend::Impl::Read(const cuda::GpuHcRead& r, int64_t n, float*
       gemm->SetConverted(out, n, h, f16_for);
     } else if (absl::Status s =
                    Launch(cuda::LaunchInjectRmsNorm(H, n, 1, h, pending_a, pending, r.norm, c->eps, out, st, xq, psh,
-                                                    h_earlier, &earlier),
-                          "rms norm");
+                                                    h_earlier, &earlier, route),
+                          route != nullptr ? "rms norm (with routing logits)" : "rms norm");
                !s.ok()) {
       return s;
     }
@@ -348,6 +352,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   // 2. Mixer.
   t.Mark(Stage::kStreams, st);
   mixer_y = nullptr;
+  route_parts.reset();
   const cuda::PendingShared attn_shared_term = inject_pending ? TakePendingShared() : cuda::PendingShared{};
   if (cuda::Ablated(cuda::Ablate::kMixerNorm, T)) {
     // decode_ablation.h: timing only.
@@ -391,10 +396,25 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
     }
   }
   const bool x_ready = mmq_x.has_value() || xq.x16 != nullptr;
+  // The routing logits from the parts the mixer's output product summed (RouteThroughOutFor),
+  // formed by the ffn norm's launch, where the MoE stage takes them ready (ReadyLogitsFor).
+  const cuda::GemmMode ffn_f16 = ReadF16Mode(w, T, /*ffn=*/true);
+  std::optional<cuda::NormRoute> route = std::exchange(route_parts, std::nullopt);
+  if (route.has_value()) {
+    const std::optional<cuda::MoeStage::ReadyLogits> ready = moe->ReadyLogitsFor(layer, T, *experts);
+    if (ready.has_value() && ready->rows->rows <= route->rows && ffn_f16 == cuda::GemmMode::kExact &&
+        !cuda::Ablated(cuda::Ablate::kFfnNorm, T) && !cuda::Ablated(cuda::Ablate::kMoe, T)) {
+      route->w = static_cast<const float*>(ready->rows->data);
+      route->rows = static_cast<int>(ready->rows->rows);
+      route->logits = ready->logits;
+    } else {
+      route.reset();
+    }
+  }
   if (cuda::Ablated(cuda::Ablate::kFfnNorm, T)) {
     // decode_ablation.h: timing only.
-  } else if (absl::Status s = Read(w.ffn_read, T, x, a, mixer_y != nullptr ? mixer_y : y,
-                                   ReadF16Mode(w, T, /*ffn=*/true), x_ready ? &xq : nullptr);
+  } else if (absl::Status s = Read(w.ffn_read, T, x, a, mixer_y != nullptr ? mixer_y : y, ffn_f16,
+                                   x_ready ? &xq : nullptr, nullptr, false, route.has_value() ? &*route : nullptr);
              !s.ok()) {
     return s;
   }
@@ -409,7 +429,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   if (cuda::Ablated(cuda::Ablate::kMoe, T)) {
     // decode_ablation.h: timing only.
   } else if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready,
-                                       &pending_shared, &moe_y);
+                                       &pending_shared, &moe_y, route.has_value());
              !s.ok()) {
     return s;
   }

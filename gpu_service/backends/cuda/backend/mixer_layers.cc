@@ -22,6 +22,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
 
 namespace tandem {
@@ -152,9 +153,13 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     if (z_side) {
       if (absl::Status s = Join(); !s.ok()) return s;  // z
     }
-    float* out = mixer_out_y + layer * c->h;
+    float* out = mixer_out_y + layer * mixer_out_stride;
     mixer_y = out;
-    return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns),
+    // The copy by columns may carry the router's rows (GpuLayer::route_rows): summed too, into the
+    // row's floats past h, which the ffn norm reads when the step routes through them.
+    const int64_t rows = w.ssm_out_by_columns != nullptr ? w.ssm_out_by_columns_rows : 0;
+    route_parts = RouteThroughOutFor(w, T, out);
+    return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns, rows),
                   "gdn decode (fused, ssm_out inside)");
   }
   bool joined = false;  // the side stream's products have been joined
@@ -255,6 +260,20 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   return skip_out ? absl::OkStatus() : OutProduct(w.ssm_out, go, T, y);
 }
 
+std::optional<cuda::NormRoute> CudaBackend::Impl::RouteThroughOutFor(const cuda::GpuLayer& w, int64_t T,
+                                                                     const float* out) const {
+  if (T != 1 || w.route_rows <= 0 || w.ssm_out_by_columns == nullptr || w.route_inv_scale == nullptr ||
+      !cuda::RouteThroughOut() || cuda::OldNormEarlyH()) {
+    return std::nullopt;
+  }
+  cuda::NormRoute r;
+  r.rows = static_cast<int>(w.route_rows);
+  r.parts = out + w.ssm_out.rows;
+  r.padded = cuda::RoutePaddedRows(w.route_rows);
+  r.inv_scale = w.route_inv_scale;
+  return r;
+}
+
 bool CudaBackend::Impl::AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) const {
   return T == 1 && mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o);
 }
@@ -263,7 +282,7 @@ bool CudaBackend::Impl::AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) con
 // row of mixer_out_y (zeroed by EnqueueForward; dense_colsplit.cuh), else into y.
 absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T) {
   if (AttnOutByColumns(w, T)) {
-    float* out = mixer_out_y + layer * c->h;
+    float* out = mixer_out_y + layer * mixer_out_stride;
     mixer_y = out;
     return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
   }

@@ -343,6 +343,14 @@ const ExpertPrefillRunner* MoeStage::Impl::DevicePlannedRunner(int64_t layer, in
   return it == prefill.end() ? nullptr : &it->second;
 }
 
+std::optional<MoeStage::ReadyLogits> MoeStage::ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const {
+  const Impl& m = *impl_;
+  if (n != 1 || n > m.plan_tokens || source.DeviceTable(layer) == nullptr) return std::nullopt;
+  const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, /*fused_output=*/true);
+  if (!form.router_rows_f32) return std::nullopt;
+  return ReadyLogits{form.router_rows, m.logits.as<float>()};
+}
+
 std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {
   const ExpertPrefillRunner* runner = impl_->DevicePlannedRunner(layer, n, source);
   if (runner == nullptr) return std::nullopt;
@@ -359,7 +367,7 @@ uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& sou
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                            uint64_t* local_rows, DenseProductFn product, bool x_ready,
-                           PendingShared* deferred, const float** y_written) {
+                           PendingShared* deferred, const float** y_written, bool logits_ready) {
   Impl& m = *impl_;
   if (deferred != nullptr) *deferred = PendingShared{};  // y complete unless the one-token path says otherwise
   if (y_written != nullptr) *y_written = y;               // y unless the fused one-token kernel says otherwise
@@ -372,7 +380,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   const ExpertLocation* table = source.DeviceTable(layer);
   if (table != nullptr && n <= m.plan_tokens) {
     if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr,
-                                         deferred, y_written);
+                                         deferred, y_written, logits_ready);
         !s.ok()) {
       return s;
     }
@@ -382,6 +390,9 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
     }
     if (local_rows != nullptr) *local_rows += static_cast<uint64_t>(n * K);
     return absl::OkStatus();
+  }
+  if (logits_ready) {
+    return absl::InternalError("MoE stage: logits handed in ready for a step the device planner does not run");
   }
   const bool gemm = m.options.fast && n > kMaxUnitRows;
   if (table != nullptr && m.prefill_units_bound > 0 && !HostPrefillPlan()) {

@@ -192,10 +192,22 @@ class MoeStage {
   // y_written (may be nullptr: then y is always the output): always written; where the layer's
   // output is, y or, for a one-token step on the fused kernel (OneTokenFused, after PrepareStep),
   // a buffer of this stage that stays valid until the next PrepareStep.
+  // logits_ready: the launch just before Run's wrote this step's router logits where
+  // ReadyLogitsFor(layer, n, source) said (an error where it said none): no router product.
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                    uint64_t* local_rows, DenseProductFn product, bool x_ready = false,
-                   PendingShared* deferred = nullptr, const float** y_written = nullptr);
+                   PendingShared* deferred = nullptr, const float** y_written = nullptr, bool logits_ready = false);
+
+  // Where a caller may write a one-token step's router logits for Run to take ready
+  // (logits_ready): the fused one-token kernel's form for this layer (after PrepareStep, with
+  // y_written given) over f32 router rows: `rows` the router's matrix (E rows, or E + 1 with the
+  // shared gate's row last), whose logits w_r · x go to `logits`. nullopt for any other form.
+  struct ReadyLogits {
+    const DeviceMatrix* rows = nullptr;
+    float* logits = nullptr;
+  };
+  std::optional<ReadyLogits> ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const;
 
   // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
   // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets
@@ -231,7 +243,8 @@ class MoeStage {
   // Run's path when the plan is made on the device (no host wait).
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
                                 cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
-                                bool copy_picks, PendingShared* deferred, const float** y_written);
+                                bool copy_picks, PendingShared* deferred, const float** y_written,
+                                bool logits_ready);
   std::unique_ptr<Impl> impl_;
 };
 

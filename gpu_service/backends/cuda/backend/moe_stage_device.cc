@@ -219,24 +219,28 @@ MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t
   // there is none.
   f.router_rows = f.gate_in_router ? &l.router_and_gate : &l.router;
   const DeviceMatrix& router_rows = *f.router_rows;
-  f.router_inside = f.fused && FusedRouterInGrid() && (!f.has_shared || f.shared_inside) &&
-                    !Ablated(Ablate::kRouter, n) && router_rows.type == kTypeF32 && router_rows.cols == h &&
-                    router_rows.row_bytes == h * 4 && h % 128 == 0 &&
-                    (router_rows.rows == E || (f.gate_in_router && router_rows.rows == E + 1));
+  f.router_rows_f32 = f.fused && (!f.has_shared || f.shared_inside) && !Ablated(Ablate::kRouter, n) &&
+                      router_rows.type == kTypeF32 && router_rows.cols == h && router_rows.row_bytes == h * 4 &&
+                      h % 128 == 0 && (router_rows.rows == E || (f.gate_in_router && router_rows.rows == E + 1));
+  f.router_inside = f.router_rows_f32 && FusedRouterInGrid();
   return f;
 }
 
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
                                         StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred, const float** y_written) {
+                                        PendingShared* deferred, const float** y_written, bool logits_ready) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, y_written != nullptr);
+  if (logits_ready && !form.router_rows_f32) {
+    return absl::InternalError("MoE stage: logits handed in ready for a layer the fused kernel does not route");
+  }
   const bool has_shared = form.has_shared, gate_in_router = form.gate_in_router, one_token = form.one_token;
-  const bool fused = form.fused, shared_inside = form.shared_inside, router_inside = form.router_inside;
+  const bool fused = form.fused, shared_inside = form.shared_inside;
+  const bool router_inside = form.router_inside && !logits_ready;
   const DeviceMatrix& router_rows = *form.router_rows;
   const bool overlap = side != nullptr && has_shared && !shared_inside;
   cudaStream_t ss = overlap ? side : stream;
@@ -279,6 +283,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   DeviceMoePlanArgs a = m.PlanArgs(n, table);
   if (Ablated(Ablate::kRouter, n)) {
     // decode_ablation.h: timing only.
+  } else if (logits_ready) {
+    // The caller's launch just before wrote them (ReadyLogitsFor).
   } else if (router_inside) {
     // In the fused kernel's grid (below).
   } else if (gate_in_router) {
@@ -317,8 +323,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
     o.y = y;
     o.int16_activations = m.options.fast && OneTokenInt16();  // fast mode only: exact keeps f32 products
     o.logit_route = m.options.fast && OneTokenLogitRoute();    // exact keeps the planned path's bits
-    // x was written before the router product just launched (the stream norm, or earlier).
-    o.x_written_earlier = OneTokenEarlyX();
+    // x was written before the router product just launched (the stream norm, or earlier); with
+    // ready logits the norm that wrote x is the launch just before.
+    o.x_written_earlier = OneTokenEarlyX() && !logits_ready;
     o.pick_counts = OneTokenPickCounts() ? m.pick_counts.as<int32_t>() : nullptr;
     timer.Mark(Stage::kExperts, stream);
     if (fused) {  // PrepareStep took int16 products and logit routing for this step

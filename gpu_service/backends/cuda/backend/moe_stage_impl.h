@@ -164,6 +164,9 @@ struct MoeStage::Impl {
     bool fused = false;           // the fused one-token kernel
     bool shared_inside = false;   // the shared expert inside it
     bool router_inside = false;   // the router product inside it (FusedRouter)
+    // The fused kernel's form whose logits could come from the router's f32 rows in its grid or
+    // from the caller (router_inside is this and FusedRouterInGrid; MoeStage::ReadyLogitsFor).
+    bool router_rows_f32 = false;
     const DeviceMatrix* router_rows = nullptr;  // the router product's matrix: E rows, or E + 1 with the gate's
   };
   DecodeForm PlanDecodeForm(int64_t layer, int64_t n, bool fused_output) const;

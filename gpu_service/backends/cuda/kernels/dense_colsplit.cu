@@ -84,15 +84,16 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
                    SharedBytes(rpb), stream, static_cast<const uint8_t*>(w.data), w.row_bytes, rpb, x, y);
 }
 
-cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream) {
-  if (!Q8_0x8RowsAligned(m) || dst == nullptr || reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
+cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream, int64_t total_rows) {
+  if (total_rows == 0) total_rows = m.rows;
+  if (!Q8_0x8RowsAligned(m) || dst == nullptr || reinterpret_cast<uintptr_t>(dst) % 16 != 0 || total_rows < m.rows) {
     return cudaErrorInvalidValue;
   }
   const int64_t supers = m.cols / kSuperCols;
   const uint8_t* src = static_cast<const uint8_t*>(m.data);
   for (int64_t j = 0; j < supers; ++j) {
     const cudaError_t err =
-        cudaMemcpy2DAsync(static_cast<uint8_t*>(dst) + j * m.rows * kQ8_0x8SuperBytes, kQ8_0x8SuperBytes,
+        cudaMemcpy2DAsync(static_cast<uint8_t*>(dst) + j * total_rows * kQ8_0x8SuperBytes, kQ8_0x8SuperBytes,
                           src + j * kQ8_0x8SuperBytes, static_cast<size_t>(m.row_bytes), kQ8_0x8SuperBytes,
                           static_cast<size_t>(m.rows), cudaMemcpyDeviceToDevice, stream);
     if (err != cudaSuccess) return err;

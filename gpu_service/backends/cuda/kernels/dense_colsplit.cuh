@@ -31,7 +31,10 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
 // dst ← m's super-blocks by columns (device_matrix.h: Q8_0x8ByColumnsBytes(m.rows, m.cols) bytes,
 // 16-byte aligned, not overlapping m), one strided device-to-device copy per column super-block on
 // `stream`. cudaErrorInvalidValue unless Q8_0x8RowsAligned(m) and dst is 16-byte aligned.
-cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream);
+// total_rows (0: m.rows): the rows of the by-columns copy dst holds, at least m.rows; m's rows are
+// its first ones (super-block j of row r at (j·total_rows + r)·272), the rest left as they are (the
+// router rows appended by route_compose.cuh).
+cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream, int64_t total_rows = 0);
 
 // The backend's switch (backend/mixer_layers.cc RunAttention): attention's output product of a
 // fast-mode one-token step through LaunchColumnSplitMatVec into the layer's row of the per-layer

@@ -454,24 +454,28 @@ bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out) {
 }
 
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
-                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns) {
+                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns,
+                                    int64_t by_columns_rows) {
   if (!GdnDecodeOutFits(d, out)) return cudaErrorNotSupported;
   GdnDecodeFusedArgs a = WithDefaultStrides(args, d);
+  if (by_columns_rows == 0) by_columns_rows = out.rows;
   if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true) ||
-      reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0) {
+      reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0 || by_columns_rows < out.rows ||
+      (by_columns_rows != out.rows && (out_by_columns == nullptr || by_columns_rows % kOutClusterBlocks != 0 ||
+                                       by_columns_rows / kOutClusterBlocks > kMaxOutRowsPerBlock))) {
     return cudaErrorInvalidValue;
   }
   if (out_by_columns != nullptr) {
     a.out_w = static_cast<const uint8_t*>(out_by_columns);
     a.out_row_bytes = kOutSuperBytes;
-    a.out_group_bytes = out.rows * kOutSuperBytes;
+    a.out_group_bytes = by_columns_rows * kOutSuperBytes;
     a.out_bulk = GdnOutBulk();
   } else {
     a.out_w = static_cast<const uint8_t*>(out.data);
     a.out_row_bytes = out.row_bytes;
     a.out_group_bytes = kOutSuperBytes;
   }
-  a.out_rows = static_cast<int>(out.rows);
+  a.out_rows = static_cast<int>(by_columns_rows);
   a.out_y = out_y;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }

@@ -80,8 +80,12 @@ cudaError_t LaunchGdnDecodeFused(const GdnDecodeFusedArgs& a, int64_t n, const G
 // with GdnOutBulk() that run comes by a few bulk copies (the tensor memory accelerator) instead of
 // every thread's 16-byte cp.async.
 bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
+// by_columns_rows (0: out.rows): the rows of the by-columns copy, out's first and then rows of its
+// own (the router's rows through the output, kernels/route_compose.cuh), all of them summed into
+// out_y (by_columns_rows floats); a multiple of 8, at most 5120, and only with out_by_columns.
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
-                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns = nullptr);
+                                    const GdnShape& d, cudaStream_t stream, const void* out_by_columns = nullptr,
+                                    int64_t by_columns_rows = 0);
 
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;

@@ -6,6 +6,7 @@
 
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_route_block.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -109,13 +110,20 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
 // operations per value as InjectRmsNormKernel.
 constexpr unsigned kGeneralInjectRows = 4096;
 
-template <int kVec, int kThreads, int kCopies>
+// kRoute (NormRoute, one row): blocks past the first are route blocks (norm_route_block.cuh).
+template <int kVec, int kThreads, int kCopies, bool kRoute = false>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
                        const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q,
-                       bool h_early, EarlierInject earlier) {
-  extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut), else none
+                       bool h_early, EarlierInject earlier, NormRoute route) {
+  extern __shared__ float4 staged[];  // h floats when q.hi (NormMmqOut) or kRoute, else none
   __shared__ float scratch[32];
+  if constexpr (kRoute) {
+    if (blockIdx.x > 0) {
+      NormRouteBlock<kVec, kThreads>(H, h, y, gamma, eps, earlier, route, scratch, staged);
+      return;
+    }
+  }
   const int64_t row = blockIdx.x;  // t·S + s
   const int64_t t = row / S, s = row % S;
   const int64_t h4 = h / 4;
@@ -260,9 +268,9 @@ cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const f
 template <int kCopies>
 cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, PendingShared sh,
                        const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream,
-                       const NormMmqOut* qp, bool h_early, EarlierInject earlier = {}) {
+                       const NormMmqOut* qp, bool h_early, EarlierInject earlier = {}, const NormRoute* route = nullptr) {
   const NormMmqOut q = qp != nullptr ? *qp : NormMmqOut{};
-  const size_t smem = q.hi != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
+  const size_t smem = q.hi != nullptr || route != nullptr ? static_cast<size_t>(h) * sizeof(float) : 0;
   // Rows of up to 512 vectors: a block of 128 threads; longer (h 2048: 512 vectors) 256 threads,
   // up to 4 vectors each (rows of up to 4096 floats): norm_row::RegSplitFor.
   const int64_t h4 = h / 4;
@@ -271,14 +279,31 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
   // Long prefill steps with the inject: the two-pass kernel measured ~3% faster at 8192 rows of h
   // 2048 (4.0 against 3.9 TB/s, both at the copy ceiling); the register kernel wins below.
   if ((y != nullptr && rows >= kGeneralInjectRows) || split.vec == 0) {
-    if (earlier.y != nullptr) return cudaErrorInvalidValue;  // the register kernel's alone
+    if (earlier.y != nullptr || route != nullptr) return cudaErrorInvalidValue;  // the register kernel's alone
     return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
   }
   // One register kernel per row-width bucket: (vectors a thread, threads a block).
   auto reg = [&](auto kernel) {
     return LaunchPdl(kernel, rows, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
-                     sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier);
+                     sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier, NormRoute{});
   };
+  if (kCopies == 0 && route != nullptr) {
+    // One norm block, then the route blocks: kNormRouteRowsPerWarp rows a warp (f32 rows only).
+    const int per_block = split.threads / 32 * kNormRouteRowsPerWarp;
+    const unsigned blocks = 1u + static_cast<unsigned>((route->rows + per_block - 1) / per_block);
+    auto routed = [&](auto kernel) {
+      return LaunchPdl(kernel, blocks, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
+                       sh.gate_logit, gamma, eps, N, N16, q, true, earlier, *route);
+    };
+    if (split.threads == 128) {
+      if (split.vec == 1) return routed(InjectRmsNormRegKernel<1, 128, 0, true>);
+      if (split.vec == 2) return routed(InjectRmsNormRegKernel<2, 128, 0, true>);
+      return routed(InjectRmsNormRegKernel<4, 128, 0, true>);
+    }
+    if (split.vec == 2) return routed(InjectRmsNormRegKernel<2, 256, 0, true>);
+    return routed(InjectRmsNormRegKernel<4, 256, 0, true>);
+  }
+  if (route != nullptr) return cudaErrorInvalidValue;
   if (split.threads == 128) {
     if (split.vec == 1) return reg(InjectRmsNormRegKernel<1, 128, kCopies>);
     if (split.vec == 2) return reg(InjectRmsNormRegKernel<2, 128, kCopies>);
@@ -319,10 +344,17 @@ void SetOldNormEarlyH(bool on) { OldNormEarlyHSwitch().store(on, std::memory_ord
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q, const PendingShared* sh,
-                                bool h_written_earlier, const EarlierInject* earlier) {
+                                bool h_written_earlier, const EarlierInject* earlier, const NormRoute* route) {
   if (n <= 0) return cudaSuccess;
   PendingShared shared;
   if (!NormShapeOk(n, S, h) || N == nullptr || !NormMmqOk(S, h, q) || !SharedOk(y, sh, &shared)) {
+    return cudaErrorInvalidValue;
+  }
+  if (route != nullptr &&
+      (n != 1 || S != 1 || y == nullptr || a != nullptr || shared.shared != nullptr || !h_written_earlier ||
+       OldNormEarlyH() || route->w == nullptr || route->rows <= 0 || route->parts == nullptr ||
+       route->padded < route->rows || route->inv_scale == nullptr || route->logits == nullptr ||
+       reinterpret_cast<uintptr_t>(route->w) % 16 != 0)) {
     return cudaErrorInvalidValue;
   }
   EarlierInject e = earlier != nullptr ? *earlier : EarlierInject{};
@@ -331,7 +363,7 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
   } else if (S != 1 || a != nullptr) {
     return cudaErrorInvalidValue;
   }
-  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q, h_written_earlier, e);
+  return LaunchNorm<0>(H, n, S, h, a, y, shared, gamma, eps, N, nullptr, stream, q, h_written_earlier, e, route);
 }
 
 cudaError_t LaunchInjectRmsNormF16(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y,

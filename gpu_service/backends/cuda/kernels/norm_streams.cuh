@@ -56,6 +56,22 @@ struct EarlierInject {
   PendingShared sh;          // its shared term (PendingShared), or none
 };
 
+// The routing logits formed by a one-token, one-stream norm's launch from the parts its mixer's
+// output product summed (kernels/route_compose.cuh): extra blocks of the launch compute, for
+// r < rows,
+//   logits[r] = (1/ρ) · (Σ_j w[r][j]·γ[j]·H'[j] + inv_scale[r]·(parts[r] + kRouteLoScale·parts[padded + r]))
+// with H' the norm's row before y is added (after an EarlierInject) and 1/ρ the norm's own scale,
+// i.e. w · x up to the parts' rounding, for the fused MoE kernel to read instead of a router
+// product. The first sum is formed before the launch's PDL wait.
+struct NormRoute {
+  const float* w = nullptr;          // rows × h f32, row-major (the router's rows, the shared gate's)
+  int rows = 0;
+  const float* parts = nullptr;      // the output product's sums: hi terms, then lo terms at +padded
+  int64_t padded = 0;
+  const float* inv_scale = nullptr;  // 1 / S_r of each row (route_compose.cuh)
+  float* logits = nullptr;           // rows floats
+};
+
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
 // the staged row's shared memory); callers ask before they plan the quantized planes.
 inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
@@ -66,11 +82,14 @@ inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 // stream. With S = 1 and no hc tensors N is the block input x itself. N must not alias H.
 // earlier (EarlierInject, with y set): H += its term before y's; cudaErrorInvalidValue where the
 // register kernel does not take the rows, with S > 1 or with inject weights a.
+// route (NormRoute; may be nullptr): also the routing logits; needs n = S = 1, y, no inject
+// weights or shared term, h_written_earlier, the register kernel's rows, and 16-byte aligned w
+// rows (h a multiple of 4); cudaErrorInvalidValue otherwise.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q = nullptr,
                                 const PendingShared* sh = nullptr, bool h_written_earlier = false,
-                                const EarlierInject* earlier = nullptr);
+                                const EarlierInject* earlier = nullptr, const NormRoute* route = nullptr);
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
