@@ -1,8 +1,8 @@
 // The router's rows through the mixer's output product (kernels/route_compose.cuh) and the norm
 // launch that forms the routing logits from them (norm_streams.cuh NormRoute):
-//   - ComposeRouteRows writes M = Wr_γ · dequant(W_out) as two Q8_0 terms by columns, each row
-//     within 4e-5 of its largest |value| of the f64 product; the copy's first rows untouched, the
-//     padding rows and their scales zero;
+//   - ComposeRouteRows writes M = Wr_γ · dequant(W_out) as two Q8_0 terms by columns or after
+//     Q8_0x8 rows, each row within 4e-5 of its largest |value| of the f64 product; the first rows
+//     untouched, the padding rows and their scales zero;
 //   - the norm launch with NormRoute leaves H and x bit-identical to the plain launch, and its
 //     logits are w · x (x: that launch's normed row) within 2e-6 relative L2 when the parts are the
 //     exact Σ_j w[r][j]·γ[j]·y[j]; it refuses the steps it cannot take.
@@ -32,6 +32,7 @@ using gpu_testing::Upload;
 
 struct ComposeShape {
   int64_t R, h, cols;
+  bool by_columns;  // the terms into a copy by columns (GDN's ssm_out) or after Q8_0x8 rows (attention's o)
 };
 
 class GpuRouteComposeTest : public ::testing::TestWithParam<ComposeShape> {
@@ -39,9 +40,9 @@ class GpuRouteComposeTest : public ::testing::TestWithParam<ComposeShape> {
   void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
 };
 
-// A Q8_0 value of a by-columns copy of `total` rows: row r, column c.
-double ByColumnsValue(const std::vector<uint8_t>& copy, int64_t total, int64_t r, int64_t c) {
-  const uint8_t* sb = &copy[static_cast<size_t>(((c / 256) * total + r) * cuda::kQ8_0x8SuperBytes)];
+// A Q8_0 value of the destination layout `to` (its data a host copy): row r, column c.
+double TargetValue(const std::vector<uint8_t>& copy, const cuda::RouteRowsTarget& to, int64_t r, int64_t c) {
+  const uint8_t* sb = &copy[static_cast<size_t>(r * to.row_bytes + (c / 256) * to.group_bytes)];
   const int64_t b = (c % 256) / 32;
   __half d;
   std::memcpy(&d, sb + 2 * b, sizeof(d));
@@ -49,8 +50,9 @@ double ByColumnsValue(const std::vector<uint8_t>& copy, int64_t total, int64_t r
 }
 
 TEST_P(GpuRouteComposeTest, WritesTheProductAsTwoTerms) {
-  const auto [R, h, cols] = GetParam();
-  const std::string tag = std::to_string(R) + " rows through " + std::to_string(h) + "x" + std::to_string(cols);
+  const auto [R, h, cols, by_columns] = GetParam();
+  const std::string tag = std::to_string(R) + " rows through " + std::to_string(h) + "x" + std::to_string(cols) +
+                          (by_columns ? " by columns" : " as rows");
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const std::vector<float> wr = Random(rng, static_cast<size_t>(R * h), 0.02f);
   const gpu_testing::TestMatrix out = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, cols, h, 0.05f);
@@ -61,7 +63,10 @@ TEST_P(GpuRouteComposeTest, WritesTheProductAsTwoTerms) {
   auto inv = gpu_testing::Poisoned<float>(static_cast<size_t>(padded));
   auto scratch = gpu_testing::Alloc<float>(static_cast<size_t>(R * cols));
   const auto wr_dev = Upload(wr);
-  TANDEM_ASSERT_CUDA(cuda::ComposeRouteRows(wr_dev.get(), R, g.m, copy.get(), total, inv.get(), scratch.get(), nullptr));
+  const cuda::RouteRowsTarget to =
+      by_columns ? cuda::RouteRowsTarget{copy.get(), cuda::kQ8_0x8SuperBytes, total * cuda::kQ8_0x8SuperBytes, h}
+                 : cuda::RouteRowsTarget{copy.get(), cuda::Q8_0x8RowBytes(cols), cuda::kQ8_0x8SuperBytes, h};
+  TANDEM_ASSERT_CUDA(cuda::ComposeRouteRows(wr_dev.get(), R, g.m, to, inv.get(), scratch.get(), nullptr));
   const std::vector<uint8_t> got = Download(copy);
   const std::vector<float> inv_scale = Download(inv);
   // W_out dequantized on the host, then M in f64.
@@ -78,8 +83,8 @@ TEST_P(GpuRouteComposeTest, WritesTheProductAsTwoTerms) {
     double amax = 0.0;
     for (double v : m) amax = std::max(amax, std::fabs(v));
     for (int64_t c = 0; c < cols; ++c) {
-      const double approx = (ByColumnsValue(got, total, h + r, c) +
-                             ByColumnsValue(got, total, h + padded + r, c) * cuda::kRouteLoScale) * inv_scale[r];
+      const double approx = (TargetValue(got, to, h + r, c) +
+                             TargetValue(got, to, h + padded + r, c) * cuda::kRouteLoScale) * inv_scale[r];
       worst = std::max(worst, std::fabs(approx - m[c]) / amax);
       num += (approx - m[c]) * (approx - m[c]);
       den += m[c] * m[c];
@@ -90,13 +95,14 @@ TEST_P(GpuRouteComposeTest, WritesTheProductAsTwoTerms) {
   EXPECT_LE(worst, 4e-5) << tag;
   // The copy's own rows are left as they were; the padding rows are zeros with scale 0.
   for (int64_t s = 0; s < cols / 256; ++s) {
+    auto super = [&](int64_t r) { return &got[static_cast<size_t>(r * to.row_bytes + s * to.group_bytes)]; };
     for (int64_t r = 0; r < h; ++r) {
-      const uint8_t* sb = &got[static_cast<size_t>((s * total + r) * cuda::kQ8_0x8SuperBytes)];
+      const uint8_t* sb = super(r);
       for (int64_t i = 0; i < cuda::kQ8_0x8SuperBytes; ++i) ASSERT_EQ(sb[i], 0xAB) << tag << ": row " << r << " touched";
     }
     for (const int64_t first : {h + R, h + padded + R}) {
       for (int64_t r = first; r < first + padded - R; ++r) {
-        const uint8_t* sb = &got[static_cast<size_t>((s * total + r) * cuda::kQ8_0x8SuperBytes)];
+        const uint8_t* sb = super(r);
         for (int64_t i = 0; i < cuda::kQ8_0x8SuperBytes; ++i) ASSERT_EQ(sb[i], 0) << tag << ": padding row " << r;
       }
     }
@@ -106,12 +112,14 @@ TEST_P(GpuRouteComposeTest, WritesTheProductAsTwoTerms) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRouteComposeTest,
-                         ::testing::Values(ComposeShape{37, 512, 1024},  // padding rows, several tiles
-                                           ComposeShape{65, 256, 256},   // one super-block of columns
-                                           ComposeShape{129, 1024, 512}),
+                         ::testing::Values(ComposeShape{37, 512, 1024, true},  // padding rows, several tiles
+                                           ComposeShape{65, 256, 256, true},   // one super-block of columns
+                                           ComposeShape{129, 1024, 512, true},
+                                           ComposeShape{37, 512, 1024, false},
+                                           ComposeShape{65, 256, 256, false}),
                          [](const ::testing::TestParamInfo<ComposeShape>& info) {
                            return std::to_string(info.param.R) + "_" + std::to_string(info.param.h) + "x" +
-                                  std::to_string(info.param.cols);
+                                  std::to_string(info.param.cols) + (info.param.by_columns ? "_by_columns" : "_rows");
                          });
 
 TEST(GpuRouteComposeRefusalTest, RefusesBadArguments) {
@@ -119,11 +127,17 @@ TEST(GpuRouteComposeRefusalTest, RefusesBadArguments) {
   alignas(16) static uint8_t bytes[16] = {};
   const cuda::DeviceMatrix ggml{static_cast<uint32_t>(WeightType::kQ8_0), bytes, 256, 8, 34 * 8};
   float f = 0.0f;
-  EXPECT_EQ(cuda::ComposeRouteRows(&f, 3, ggml, bytes, 8 + 16, &f, &f, nullptr), cudaErrorInvalidValue) << "ggml layout";
+  const cuda::RouteRowsTarget to{bytes, cuda::kQ8_0x8SuperBytes, 24 * cuda::kQ8_0x8SuperBytes, 8};
+  EXPECT_EQ(cuda::ComposeRouteRows(&f, 3, ggml, to, &f, &f, nullptr), cudaErrorInvalidValue) << "ggml layout";
   const cuda::DeviceMatrix m{cuda::kTypeQ8_0x8, bytes, 256, 8, cuda::Q8_0x8RowBytes(256)};
-  EXPECT_EQ(cuda::ComposeRouteRows(&f, 3, m, bytes, 8 + 8, &f, &f, nullptr), cudaErrorInvalidValue) << "rows too few";
-  EXPECT_EQ(cuda::ComposeRouteRows(nullptr, 3, m, bytes, 8 + 16, &f, &f, nullptr), cudaErrorInvalidValue) << "no rows";
-  EXPECT_EQ(cuda::ComposeRouteRows(&f, 0, m, bytes, 8, &f, &f, nullptr), cudaErrorInvalidValue) << "R = 0";
+  EXPECT_EQ(cuda::ComposeRouteRows(nullptr, 3, m, to, &f, &f, nullptr), cudaErrorInvalidValue) << "no rows";
+  EXPECT_EQ(cuda::ComposeRouteRows(&f, 0, m, to, &f, &f, nullptr), cudaErrorInvalidValue) << "R = 0";
+  cuda::RouteRowsTarget nowhere = to;
+  nowhere.data = nullptr;
+  EXPECT_EQ(cuda::ComposeRouteRows(&f, 3, m, nowhere, &f, &f, nullptr), cudaErrorInvalidValue) << "no target";
+  cuda::RouteRowsTarget overlapping = to;
+  overlapping.row_bytes = 16;
+  EXPECT_EQ(cuda::ComposeRouteRows(&f, 3, m, overlapping, &f, &f, nullptr), cudaErrorInvalidValue) << "rows overlap";
 }
 
 class GpuNormRouteTest : public ::testing::TestWithParam<int64_t> {

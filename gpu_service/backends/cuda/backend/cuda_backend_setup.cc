@@ -18,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
+#include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem {
@@ -332,7 +333,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   }
   m.mixer_out_stride = h;
   for (const cuda::GpuLayer& l : m.dm->layers) {
-    if (l.route_rows > 0) m.mixer_out_stride = std::max(m.mixer_out_stride, l.ssm_out_by_columns_rows);
+    if (l.route_rows > 0) m.mixer_out_stride = std::max(m.mixer_out_stride, h + 2 * cuda::RoutePaddedRows(l.route_rows));
   }
   if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);

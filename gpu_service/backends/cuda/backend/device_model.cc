@@ -57,16 +57,19 @@ std::atomic<bool>& RouteThroughOutSwitch() {
   return on;
 }
 
-// The router rows a GDN layer's output product can carry (GpuLayer::route_rows), from host views
-// only (the same answer in both of UploadModel's passes): E router rows (+ the shared gate's) of
-// f32, read by a one-stream plain ffn norm, over an ssm_out the upload regroups to Q8_0x8, with the
-// fused kernel's row limit (8 row slices of at most 640 rows). 0: none.
+// The router rows a layer's output product can carry (GpuLayer::route_rows), from host views only
+// (the same answer in both of UploadModel's passes): E router rows (+ the shared gate's) of f32,
+// read by a one-stream plain ffn norm, over an output matrix (GDN's ssm_out, with its copy by
+// columns; attention's o) of Q8_0 whole super-blocks that the upload regroups to Q8_0x8, with the
+// column-split kernels' row limit (8 row slices of at most 640 rows). 0: none.
 int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, bool route, bool by_columns) {
   const MoeWeights& moe = lw.moe;
-  if (!route || !by_columns || lw.kind != LayerKind::kGdn || c.n_streams != 1 || lw.ffn_read.down.present() ||
+  const bool gdn = lw.kind == LayerKind::kGdn;
+  const MatrixView& out = gdn ? lw.gdn.out : lw.attn.output;
+  if (!route || (gdn && !by_columns) || c.n_streams != 1 || lw.ffn_read.down.present() ||
       static_cast<int64_t>(lw.ffn_read.norm.size()) != c.h || !moe.router.present() ||
-      moe.router.type != WeightType::kF32 || moe.router.cols != c.h || lw.gdn.out.type != WeightType::kQ8_0 ||
-      lw.gdn.out.rows != c.h || lw.gdn.out.cols % 256 != 0) {
+      moe.router.type != WeightType::kF32 || moe.router.cols != c.h || out.type != WeightType::kQ8_0 ||
+      out.rows != c.h || out.cols % 256 != 0 || out.row_bytes < out.cols / 32 * 34) {
     return 0;
   }
   const bool gate = moe.shared_gate_inp.present();
@@ -137,14 +140,37 @@ class Placer {
     if (status_.ok()) status_ = CudaStatus(cudaStreamSynchronize(nullptr), "upload by columns", __FILE__, __LINE__);
     return status_.ok() ? base_ + off : nullptr;
   }
-  // The router rows through the output product (route_compose.cuh) into g's by-columns copy, made
-  // by ByColumns(g.ssm_out, g.ssm_out_by_columns_rows): Wr·diag(γ) formed here from the host
-  // views (router rows, then the shared gate's row), composed with ssm_out on the device in
-  // temporary buffers (load time). Returns the placed 1 / S_r (null while counting or on error).
+  // Room for `extra` more rows right after the placed Q8_0x8 matrix m (Matrix just before, with
+  // nothing placed between): the view over m's rows and those, or absent (counting, an error, or m
+  // not ending on a placement boundary, when the rows would not be adjacent).
+  DeviceMatrix AppendRows(const DeviceMatrix& m, int64_t extra) {
+    const size_t bytes = static_cast<size_t>(m.rows * m.row_bytes);
+    if (m.type != kTypeQ8_0x8 || bytes % 256 != 0) return DeviceMatrix{};
+    const size_t off = Reserve(static_cast<size_t>(extra * m.row_bytes));
+    if (base_ == nullptr || !status_.ok() || base_ + off != static_cast<const char*>(m.data) + bytes) {
+      return DeviceMatrix{};
+    }
+    DeviceMatrix v = m;
+    v.rows += extra;
+    return v;
+  }
+  // The router rows through the output product (route_compose.cuh) into g's by-columns copy of
+  // ssm_out (ByColumns(g.ssm_out, g.ssm_out_by_columns_rows)) or after o's rows (g.o_route, from
+  // AppendRows): Wr·diag(γ) formed here from the host views (router rows, then the shared gate's
+  // row), composed with the output matrix on the device in temporary buffers (load time). Returns
+  // the placed 1 / S_r (null while counting or on error).
   const float* ComposeRoute(const GpuLayer& g, const LayerWeights& lw, int64_t R) {
-    const int64_t padded = RoutePaddedRows(R), h = g.ssm_out.rows;
+    const bool gdn = g.kind == LayerKind::kGdn;
+    const DeviceMatrix& out = gdn ? g.ssm_out : g.o;
+    const int64_t padded = RoutePaddedRows(R), h = out.rows;
     const size_t off = Reserve(static_cast<size_t>(padded) * sizeof(float));
-    if (base_ == nullptr || !status_.ok() || g.ssm_out_by_columns == nullptr) return nullptr;
+    if (base_ == nullptr || !status_.ok() || (gdn ? g.ssm_out_by_columns == nullptr : !g.o_route.present())) {
+      return nullptr;
+    }
+    const RouteRowsTarget to =
+        gdn ? RouteRowsTarget{const_cast<void*>(g.ssm_out_by_columns), kQ8_0x8SuperBytes,
+                              g.ssm_out_by_columns_rows * kQ8_0x8SuperBytes, h}
+            : RouteRowsTarget{const_cast<void*>(g.o_route.data), g.o_route.row_bytes, kQ8_0x8SuperBytes, h};
     std::vector<float> wr(static_cast<size_t>(R * h));
     for (int64_t r = 0; r < R; ++r) {
       const MatrixView& m = r < lw.moe.router.rows ? lw.moe.router : lw.moe.shared_gate_inp;
@@ -152,7 +178,7 @@ class Placer {
       for (int64_t j = 0; j < h; ++j) wr[static_cast<size_t>(r * h + j)] = row[j] * lw.ffn_read.norm[static_cast<size_t>(j)];
     }
     absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(wr.size() * sizeof(float));
-    absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(static_cast<size_t>(R * g.ssm_out.cols) * sizeof(float));
+    absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(static_cast<size_t>(R * out.cols) * sizeof(float));
     if (!a.ok() || !scratch.ok()) {
       status_ = !a.ok() ? a.status() : scratch.status();
       return nullptr;
@@ -161,8 +187,7 @@ class Placer {
     status_ = CudaStatus(cudaMemcpy(a->get(), wr.data(), wr.size() * sizeof(float), cudaMemcpyHostToDevice),
                          "upload router rows", __FILE__, __LINE__);
     if (status_.ok()) {
-      status_ = CudaStatus(ComposeRouteRows(a->as<float>(), R, g.ssm_out, const_cast<void*>(g.ssm_out_by_columns),
-                                            g.ssm_out_by_columns_rows, inv_scale, scratch->as<float>(), nullptr),
+      status_ = CudaStatus(ComposeRouteRows(a->as<float>(), R, out, to, inv_scale, scratch->as<float>(), nullptr),
                            "compose router rows", __FILE__, __LINE__);
     }
     if (status_.ok()) status_ = CudaStatus(cudaStreamSynchronize(nullptr), "compose router rows", __FILE__, __LINE__);
@@ -323,6 +348,10 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       if (stack) g.mixer_in = p.StackView({&g.q, &g.k, &g.v});
       if (g.mixer_in.present()) g.kv = p.StackView({&g.k, &g.v});
       g.o = p.Matrix("attn_output", lw.attn.output, true, true);
+      // Router rows through the output product: right after o's rows (GpuLayer::o_route).
+      const int64_t route = g.o.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route(), p.out_by_columns()) : 0;
+      if (route > 0) g.o_route = p.AppendRows(g.o, 2 * RoutePaddedRows(route));
+      route_rows_pending = g.o_route.present() || p.counting() ? route : 0;
       g.q_norm = p.Vector(lw.attn.q_norm);
       g.k_norm = p.Vector(lw.attn.k_norm);
       g.idx_qk = p.Matrix("attn_idx_qk", lw.attn.idx_qk, true, true);

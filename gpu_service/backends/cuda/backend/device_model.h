@@ -56,7 +56,8 @@ struct GpuLayer {
   // the by-columns copy then holds ssm_out_by_columns_rows = ssm_out.rows + 2·RoutePaddedRows(
   // route_rows) rows, ssm_out's, then the hi and lo terms of M = Wr·diag(γ_ffn)·ssm_out for the
   // route_rows router rows (E, then the shared gate's row when the layer has one), and
-  // route_inv_scale their 1 / S_r. route_rows 0 (and ssm_out_by_columns_rows = ssm_out.rows): none.
+  // route_inv_scale their 1 / S_r (attention layers: o_route below, and the same two fields).
+  // route_rows 0 (and ssm_out_by_columns_rows = ssm_out.rows): none.
   int64_t ssm_out_by_columns_rows = 0;
   int64_t route_rows = 0;
   const float* route_inv_scale = nullptr;
@@ -66,6 +67,9 @@ struct GpuLayer {
   const float* ssm_norm = nullptr;
   // Attention (+ indexer).
   DeviceMatrix q, k, v, o, idx_qk;
+  // o's rows and, right after them, the router's two terms (route_rows > 0): the matrix the
+  // column-split output product reads then (its rows past o's sum the routing parts).
+  DeviceMatrix o_route;
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   const float* idx_q_norm = nullptr;
@@ -125,9 +129,9 @@ void SetGdnStackedZSide(bool on);
 bool GdnOutByColumns();
 void SetGdnOutByColumns(bool on);
 
-// Whether UploadModel appends the router's rows through the output product to the by-columns
-// copy of every GDN layer it can (GpuLayer::route_rows: f32 router and shared gate rows, a plain
-// one-stream ffn read, ssm_out Q8_0x8 by columns), and whether fast-mode one-token steps use them
+// Whether UploadModel appends the router's rows through the output product to the output matrix
+// of every layer it can (GpuLayer::route_rows: f32 router and shared gate rows, a plain one-stream
+// ffn read; GDN: ssm_out's copy by columns; attention: after o's rows), and whether fast-mode one-token steps use them
 // (read at upload and when a step is enqueued; settable for tests): the ffn norm then forms the
 // routing logits from the parts (norm_streams.cuh NormRoute) and the fused MoE kernel takes them
 // ready. TANDEM_ROUTE_THROUGH_OUT=0 turns it off. 4.5 MB a layer at 80B shapes.

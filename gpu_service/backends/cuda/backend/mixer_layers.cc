@@ -262,13 +262,14 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
 
 std::optional<cuda::NormRoute> CudaBackend::Impl::RouteThroughOutFor(const cuda::GpuLayer& w, int64_t T,
                                                                      const float* out) const {
-  if (T != 1 || w.route_rows <= 0 || w.ssm_out_by_columns == nullptr || w.route_inv_scale == nullptr ||
-      !cuda::RouteThroughOut() || cuda::OldNormEarlyH()) {
+  const bool carried = w.kind == LayerKind::kGdn ? w.ssm_out_by_columns != nullptr : w.o_route.present();
+  if (T != 1 || w.route_rows <= 0 || !carried || w.route_inv_scale == nullptr || !cuda::RouteThroughOut() ||
+      cuda::OldNormEarlyH()) {
     return std::nullopt;
   }
   cuda::NormRoute r;
   r.rows = static_cast<int>(w.route_rows);
-  r.parts = out + w.ssm_out.rows;
+  r.parts = out + c->h;
   r.padded = cuda::RoutePaddedRows(w.route_rows);
   r.inv_scale = w.route_inv_scale;
   return r;
@@ -284,6 +285,13 @@ absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLay
   if (AttnOutByColumns(w, T)) {
     float* out = mixer_out_y + layer * mixer_out_stride;
     mixer_y = out;
+    // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
+    route_parts = RouteThroughOutFor(w, T, out);
+    if (route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route)) {
+      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get()),
+                    "attention output and routing parts (column split)");
+    }
+    route_parts.reset();
     return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
   }
   return OutProduct(w.o, ao, T, y);

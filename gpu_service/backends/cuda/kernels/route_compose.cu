@@ -85,8 +85,8 @@ __device__ __forceinline__ void QuantizeQ8Warp(float v, __half* scale, int8_t* q
 
 // Block r: row r of M (zeros past `rows`) as its two terms (route_compose.cuh).
 __global__ void __launch_bounds__(kQuantThreads)
-QuantizeRouteRowsKernel(const float* __restrict__ m, int rows, int cols, uint8_t* __restrict__ dst, int64_t total_rows,
-                        int64_t hi_row, int64_t lo_row, float* __restrict__ inv_scale) {
+QuantizeRouteRowsKernel(const float* __restrict__ m, int rows, int cols, uint8_t* __restrict__ dst, int64_t row_bytes,
+                        int64_t group_bytes, int64_t hi_row, int64_t lo_row, float* __restrict__ inv_scale) {
   __shared__ float part[kQuantThreads / 32];
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* row = m + static_cast<int64_t>(r) * cols;
@@ -107,8 +107,8 @@ QuantizeRouteRowsKernel(const float* __restrict__ m, int rows, int cols, uint8_t
   for (int blk = warp; blk < cols / 32; blk += kQuantThreads / 32) {
     const int c = blk * 32 + lane;
     const float v = amax > 0.0f ? ldexpf(row[c], -e) : 0.0f;
-    uint8_t* hi = dst + (static_cast<int64_t>(c / 256) * total_rows + hi_row + r) * kQ8_0x8SuperBytes;
-    uint8_t* lo = dst + (static_cast<int64_t>(c / 256) * total_rows + lo_row + r) * kQ8_0x8SuperBytes;
+    uint8_t* hi = dst + (hi_row + r) * row_bytes + static_cast<int64_t>(c / 256) * group_bytes;
+    uint8_t* lo = dst + (lo_row + r) * row_bytes + static_cast<int64_t>(c / 256) * group_bytes;
     const int b = blk % 8;
     __half d_hi, d_lo;
     int8_t q_hi, q_lo;
@@ -126,12 +126,12 @@ QuantizeRouteRowsKernel(const float* __restrict__ m, int rows, int cols, uint8_t
 
 }  // namespace
 
-cudaError_t ComposeRouteRows(const float* wr_gamma, int64_t R, const DeviceMatrix& out, void* by_columns,
-                             int64_t total_rows, float* inv_scale, float* scratch, cudaStream_t stream) {
+cudaError_t ComposeRouteRows(const float* wr_gamma, int64_t R, const DeviceMatrix& out, const RouteRowsTarget& to,
+                             float* inv_scale, float* scratch, cudaStream_t stream) {
   const int64_t padded = RoutePaddedRows(R);
-  if (wr_gamma == nullptr || by_columns == nullptr || inv_scale == nullptr || scratch == nullptr || R <= 0 ||
-      !Q8_0x8RowsAligned(out) || out.rows <= 0 || total_rows != out.rows + 2 * padded || out.cols > (1 << 24) ||
-      out.rows > (1 << 24) || R > (1 << 20)) {
+  if (wr_gamma == nullptr || to.data == nullptr || inv_scale == nullptr || scratch == nullptr || R <= 0 ||
+      !Q8_0x8RowsAligned(out) || out.rows <= 0 || to.row_bytes < kQ8_0x8SuperBytes || to.group_bytes < kQ8_0x8SuperBytes ||
+      to.first_row < 0 || out.cols > (1 << 24) || out.rows > (1 << 24) || R > (1 << 20)) {
     return cudaErrorInvalidValue;
   }
   const int rows = static_cast<int>(R), inner = static_cast<int>(out.rows), cols = static_cast<int>(out.cols);
@@ -140,7 +140,8 @@ cudaError_t ComposeRouteRows(const float* wr_gamma, int64_t R, const DeviceMatri
                                                        out.row_bytes, cols, scratch);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   QuantizeRouteRowsKernel<<<static_cast<unsigned>(padded), kQuantThreads, 0, stream>>>(
-      scratch, rows, cols, static_cast<uint8_t*>(by_columns), total_rows, out.rows, out.rows + padded, inv_scale);
+      scratch, rows, cols, static_cast<uint8_t*>(to.data), to.row_bytes, to.group_bytes, to.first_row,
+      to.first_row + padded, inv_scale);
   return cudaGetLastError();
 }
 

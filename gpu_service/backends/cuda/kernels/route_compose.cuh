@@ -34,15 +34,26 @@ inline constexpr float kRouteLoScale = 1.0f / 256.0f;
 // kernel's cluster splits its rows in eight).
 inline constexpr int64_t RoutePaddedRows(int64_t R) { return (R + 7) / 8 * 8; }
 
+// Where ComposeRouteRows writes the two terms: super-block g of destination row q at
+// data + q·row_bytes + g·group_bytes, hi at rows first_row + r, lo at first_row + RoutePaddedRows(R)
+// + r. A by-columns copy of `total` rows (device_matrix.h) has row_bytes 272 and group_bytes
+// total·272; Q8_0x8 rows (the matrix's own rows, the terms placed right after them) row_bytes
+// the row stride and group_bytes 272.
+struct RouteRowsTarget {
+  void* data = nullptr;
+  int64_t row_bytes = 0;
+  int64_t group_bytes = 0;
+  int64_t first_row = 0;
+};
+
 // Writes the two terms of M = wr_gamma · out (wr_gamma: R × out.rows f32 on the device, row-major;
-// out: Q8_0x8 rows on the device, out.rows × out.cols) into a by-columns copy (device_matrix.h)
-// of total_rows = out.rows + 2·RoutePaddedRows(R) rows at by_columns: hi at rows out.rows + r, lo
-// at rows out.rows + RoutePaddedRows(R) + r (padding rows zero), and 1 / S_r into inv_scale[r]
-// (RoutePaddedRows(R) floats; 0 for padding rows). The rows [0, out.rows) are not touched. Uses
-// `scratch` (R × out.cols floats) for M. Runs on `stream`; load-time work (not a decode kernel).
-// cudaErrorInvalidValue unless out is Q8_0x8 with 16-byte aligned rows and every pointer is set.
-cudaError_t ComposeRouteRows(const float* wr_gamma, int64_t R, const DeviceMatrix& out, void* by_columns,
-                             int64_t total_rows, float* inv_scale, float* scratch, cudaStream_t stream);
+// out: Q8_0x8 rows on the device, out.rows × out.cols) into `to` (padding rows zero), and 1 / S_r
+// into inv_scale[r] (RoutePaddedRows(R) floats; 0 for padding rows). Nothing else of `to` is
+// touched. Uses `scratch` (R × out.cols floats) for M. Runs on `stream`; load-time work (not a
+// decode kernel). cudaErrorInvalidValue unless out is Q8_0x8 with 16-byte aligned rows and every
+// pointer is set.
+cudaError_t ComposeRouteRows(const float* wr_gamma, int64_t R, const DeviceMatrix& out, const RouteRowsTarget& to,
+                             float* inv_scale, float* scratch, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
