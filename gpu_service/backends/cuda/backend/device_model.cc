@@ -52,9 +52,9 @@ std::atomic<bool>& GdnOutByColumnsSwitch() {
   return on;
 }
 
-std::atomic<bool>& RouteThroughOutSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ROUTE_THROUGH_OUT")};
-  return on;
+std::atomic<int>& RouteThroughOutSwitch() {
+  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2))};
+  return mode;
 }
 
 // The router rows a layer's output product can carry (GpuLayer::route_rows), from host views only
@@ -393,8 +393,10 @@ bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_r
 void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
 bool GdnOutByColumns() { return GdnOutByColumnsSwitch().load(std::memory_order_relaxed); }
 void SetGdnOutByColumns(bool on) { GdnOutByColumnsSwitch().store(on, std::memory_order_relaxed); }
-bool RouteThroughOut() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
-void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on, std::memory_order_relaxed); }
+int RouteThroughOutMode() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
+bool RouteThroughOut() { return RouteThroughOutMode() > 0; }
+void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on ? 2 : 0, std::memory_order_relaxed); }
+void SetRouteThroughOutMode(int mode) { RouteThroughOutSwitch().store(mode, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
 

@@ -134,9 +134,13 @@ void SetGdnOutByColumns(bool on);
 // ffn read; GDN: ssm_out's copy by columns; attention: after o's rows), and whether fast-mode one-token steps use them
 // (read at upload and when a step is enqueued; settable for tests): the ffn norm then forms the
 // routing logits from the parts (norm_streams.cuh NormRoute) and the fused MoE kernel takes them
-// ready. TANDEM_ROUTE_THROUGH_OUT=0 turns it off. 4.5 MB a layer at 80B shapes.
+// ready. TANDEM_ROUTE_THROUGH_OUT (mode; read once, settable): 2 every such layer (the default),
+// 1 GDN layers only (attention's o product without the rows, for A/B), 0 off. 4.5 MB a layer at
+// 80B shapes. RouteThroughOut(): mode > 0; SetRouteThroughOut(on): mode 2 or 0.
 bool RouteThroughOut();
 void SetRouteThroughOut(bool on);
+int RouteThroughOutMode();
+void SetRouteThroughOutMode(int mode);
 
 // The same for attention layers: true (the default) q's own product on the main stream and the
 // product over kv ([k; v]) on the side stream (as before the stack, one product fewer); false one

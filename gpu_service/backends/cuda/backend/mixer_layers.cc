@@ -262,7 +262,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
 
 std::optional<cuda::NormRoute> CudaBackend::Impl::RouteThroughOutFor(const cuda::GpuLayer& w, int64_t T,
                                                                      const float* out) const {
-  const bool carried = w.kind == LayerKind::kGdn ? w.ssm_out_by_columns != nullptr : w.o_route.present();
+  const bool carried = w.kind == LayerKind::kGdn ? w.ssm_out_by_columns != nullptr
+                                                  : w.o_route.present() && cuda::RouteThroughOutMode() >= 2;
   if (T != 1 || w.route_rows <= 0 || !carried || w.route_inv_scale == nullptr || !cuda::RouteThroughOut() ||
       cuda::OldNormEarlyH()) {
     return std::nullopt;
