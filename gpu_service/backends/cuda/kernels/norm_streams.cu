@@ -288,8 +288,8 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
                      sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier, NormRoute{});
   };
   if (kCopies == 0 && route != nullptr) {
-    // One norm block, then the route blocks: kNormRouteRowsPerWarp rows a warp (f32 rows only).
-    const int per_block = split.threads / 32 * kNormRouteRowsPerWarp;
+    // One norm block, then the route blocks: a router row a warp (f32 rows only).
+    const int per_block = split.threads / 32;
     const unsigned blocks = 1u + static_cast<unsigned>((route->rows + per_block - 1) / per_block);
     auto routed = [&](auto kernel) {
       return LaunchPdl(kernel, blocks, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
