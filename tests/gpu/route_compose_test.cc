@@ -3,9 +3,10 @@
 //   - ComposeRouteRows writes M = Wr_γ · dequant(W_out) as two Q8_0 terms by columns or after
 //     Q8_0x8 rows, each row within 4e-5 of its largest |value| of the f64 product; the first rows
 //     untouched, the padding rows and their scales zero;
-//   - the norm launch with NormRoute leaves H and x bit-identical to the plain launch, and its
-//     logits are w · x (x: that launch's normed row) within 2e-6 relative L2 when the parts are the
-//     exact Σ_j w[r][j]·γ[j]·y[j]; it refuses the steps it cannot take.
+//   - the norm launch with NormRoute leaves H and x bit-identical to the plain launch (its block
+//     rewrites H only after the route blocks have read it: their count is back to zero), and its
+//     logits are w · x (x: that launch's normed row) within 2e-6 relative L2 when the parts are
+//     the exact Σ_j w[r][j]·γ[j]·y[j]; it refuses the steps it cannot take.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -179,9 +180,12 @@ TEST_P(GpuNormRouteTest, FormsTheLogitsOfTheNormedRow) {
   route.padded = padded;
   route.inv_scale = inv_dev.get();
   route.logits = logits.get();
+  auto h_reads = Upload(std::vector<int>{0});
+  route.h_reads = h_reads.get();
   TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H2.get(), 1, 1, h, nullptr, y_dev.get(), g_dev.get(), 1e-6f, N2.get(),
                                                nullptr, nullptr, nullptr, true, &earlier, &route));
   const std::vector<float> x = Download(N1);
+  EXPECT_EQ(Download(h_reads)[0], 0) << tag << ": the route blocks' count not taken back";
   EXPECT_TRUE(gpu_testing::SameBits(Download(H1), Download(H2))) << tag << ": H";
   EXPECT_TRUE(gpu_testing::SameBits(x, Download(N2))) << tag << ": x";
   std::vector<float> want(static_cast<size_t>(R));

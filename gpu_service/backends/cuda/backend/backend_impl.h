@@ -164,6 +164,7 @@ class CudaBackend::Impl {
   // output, then those rows' parts, kernels/route_compose.cuh).
   float* mixer_out_y = nullptr;
   int64_t mixer_out_stride = 0;
+  cuda::DeviceBuffer route_h_reads;  // NormRoute::h_reads (one int, zero between launches)
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
   int32_t *sel_blocks = nullptr, *sel_counts = nullptr;

@@ -336,6 +336,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     if (l.route_rows > 0) m.mixer_out_stride = std::max(m.mixer_out_stride, h + 2 * cuda::RoutePaddedRows(l.route_rows));
   }
   if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
+  if (options.mode == CudaMode::kFast && m.mixer_out_stride > h) {  // NormRoute::h_reads (RouteThroughOutFor)
+    absl::StatusOr<cuda::DeviceBuffer> counter = cuda::DeviceBuffer::Allocate(sizeof(int));
+    if (!counter.ok()) return counter.status();
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(counter->get(), 0, sizeof(int)));
+    m.route_h_reads = *std::move(counter);
+  }
   plan.Want(&m.attn_scratch, static_cast<int64_t>(cuda::AttentionMaxScratchBytes(m.attn_shape) + 3) / 4);
   // One f16 tile set for every attention layer: each call converts the tiles it reads (attention.cuh).
   if (cuda::AttnKv16() && options.mode == CudaMode::kFast && options.fast_attention) {

@@ -265,7 +265,7 @@ std::optional<cuda::NormRoute> CudaBackend::Impl::RouteThroughOutFor(const cuda:
   const bool carried = w.kind == LayerKind::kGdn ? w.ssm_out_by_columns != nullptr
                                                   : w.o_route.present() && cuda::RouteThroughOutMode() >= 2;
   if (T != 1 || w.route_rows <= 0 || !carried || w.route_inv_scale == nullptr || !cuda::RouteThroughOut() ||
-      cuda::OldNormEarlyH()) {
+      cuda::OldNormEarlyH() || route_h_reads.get() == nullptr) {
     return std::nullopt;
   }
   cuda::NormRoute r;
@@ -273,6 +273,7 @@ std::optional<cuda::NormRoute> CudaBackend::Impl::RouteThroughOutFor(const cuda:
   r.parts = out + c->h;
   r.padded = cuda::RoutePaddedRows(w.route_rows);
   r.inv_scale = w.route_inv_scale;
+  r.h_reads = route_h_reads.as<int>();
   return r;
 }
 

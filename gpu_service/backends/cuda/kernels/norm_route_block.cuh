@@ -9,43 +9,42 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/kernels/route_compose.cuh"
+#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
+// Router rows a warp of a route block takes (the launch sizes the grid for it): one, so that a
+// layer's 513 rows (80B shapes) are 65 blocks' loads in flight at once before the wait.
+constexpr int kNormRouteRowsPerWarp = 1;
+// float4 loads a lane issues together for a row (a row of h 2048 in two groups).
+constexpr int kNormRouteLoads = 8;
+
 // Route block b (1 <= b < gridDim.x) of a one-token, one-stream norm whose own block is block 0,
-// kVec float4 a thread over kThreads threads as InjectRmsNormRegKernel<kVec, kThreads>: warp w
-// takes router row r = (b − 1)·warps + w. Before the PDL wait, from data whose writers are two or
-// more launches back (pdl.cuh: H's row, the earlier inject's y and shared term, the weights): the
-// row's loads first (all of a lane's at once: one memory round trip, the window before the wait
-// is ~2.5 us after attention's output product), then H' = H + earlier inject, u = γ ⊙ H' (shared
-// memory) and a_r = w_r · u. After the wait: H' + y and its sum of squares with the norm block's
-// operations in its order, so `scale` is that block's 1/ρ to the bit, and
+// kVec float4 a thread over kThreads threads as InjectRmsNormRegKernel<kVec, kThreads>. Before the
+// PDL wait, from data whose writers are two or more launches back (pdl.cuh: H's row, the earlier
+// inject's y and shared term, the weights): H' = H + earlier inject, u = γ ⊙ H' (shared memory),
+// and its warps' router rows' dots a_r = w_r · u. After the wait: H' + y and its sum of squares
+// with the norm block's operations in its order, so `scale` is that block's 1/ρ to the bit, and
 //   logits[r] = scale · (a_r + inv_scale[r] · (parts[r] + kRouteLoScale · parts[padded + r])).
-// The launch gives each row its warp (rows ≤ warps of the route blocks).
+// H is rewritten by the norm's block after its wait, which may come before a route block even
+// starts (a launch without a kernel before it, or route blocks scheduled late): each route block
+// counts itself in route.h_reads once its H values are in registers, and the norm's block waits
+// for that count before it writes (NormRouteWaitForReads). Without it the first device run of the
+// kernel test read H + y as H' (relative L2 0.2 at h 2048).
 template <int kVec, int kThreads>
 __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const float* y, const float* gamma,
                                                float eps, const EarlierInject& earlier, const NormRoute& route,
                                                float* scratch, float4* u) {
   constexpr int kWarps = kThreads / 32;
-  constexpr int kRowQuads = kVec * kThreads / 32;  // a lane's float4 of a row (h4 <= kVec·kThreads)
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int64_t h4 = h / 4;
-  const int r = (static_cast<int>(blockIdx.x) - 1) * kWarps + warp;
-  float4 w[kRowQuads];
-  if (r < route.rows) {
-    const float4* w4 = reinterpret_cast<const float4*>(route.w + static_cast<int64_t>(r) * h);
-#pragma unroll
-    for (int k = 0; k < kRowQuads; ++k) {
-      const int64_t i = lane + 32 * k;
-      w[k] = i < h4 ? __ldg(w4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
   const float4* g = reinterpret_cast<const float4*>(gamma);
   const float4* hr = reinterpret_cast<const float4*>(H);
   const float4* er = earlier.y ? reinterpret_cast<const float4*>(earlier.y) : nullptr;
@@ -67,19 +66,42 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
     }
   }
   __syncthreads();
-  float a = 0.0f;
-  if (r < route.rows) {
+  // Every thread's H values are in registers (u is formed from them): the norm's block may now
+  // rewrite H (NormRouteWaitForReads).
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(route.h_reads, 1);
+  }
+  const int first = (static_cast<int>(blockIdx.x) - 1) * kWarps + warp;
+  const int step = (static_cast<int>(gridDim.x) - 1) * kWarps;
+  float a[kNormRouteRowsPerWarp];
 #pragma unroll
-    for (int k = 0; k < kRowQuads; ++k) {
-      const int64_t i = lane + 32 * k;
-      if (i < h4) {
-        const float4 x = u[i];
-        a = fmaf(w[k].x, x.x, fmaf(w[k].y, x.y, fmaf(w[k].z, x.z, fmaf(w[k].w, x.w, a))));
+  for (int j = 0; j < kNormRouteRowsPerWarp; ++j) {
+    const int r = first + j * step;
+    float s = 0.0f;
+    if (r < route.rows) {
+      const float4* w4 = reinterpret_cast<const float4*>(route.w + static_cast<int64_t>(r) * h);
+      for (int64_t base = lane; base < h4; base += 32 * kNormRouteLoads) {
+        float4 w[kNormRouteLoads];
+#pragma unroll
+        for (int k = 0; k < kNormRouteLoads; ++k) {
+          const int64_t i = base + 32 * k;
+          w[k] = i < h4 ? __ldg(w4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < kNormRouteLoads; ++k) {
+          const int64_t i = base + 32 * k;
+          if (i < h4) {
+            const float4 x = u[i];
+            s = fmaf(w[k].x, x.x, fmaf(w[k].y, x.y, fmaf(w[k].z, x.z, fmaf(w[k].w, x.w, s))));
+          }
+        }
       }
     }
-  }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    a[j] = s;
+  }
   PdlWaitForPrevious();  // y and the parts: the launch just before wrote them
   PdlAllowNext();
   const float4* yr = reinterpret_cast<const float4*>(y);
@@ -93,10 +115,36 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
   }
   ss = BlockSum(ss, scratch);
   const float scale = norm_row::RmsScale(ss, h, eps);
-  if (lane == 0 && r < route.rows) {
-    const float part = fmaf(kRouteLoScale, route.parts[route.padded + r], route.parts[r]);
-    route.logits[r] = scale * fmaf(route.inv_scale[r], part, a);
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < kNormRouteRowsPerWarp; ++j) {
+      const int r = first + j * step;
+      if (r < route.rows) {
+        const float part = fmaf(kRouteLoScale, route.parts[route.padded + r], route.parts[r]);
+        route.logits[r] = scale * fmaf(route.inv_scale[r], part, a[j]);
+      }
+    }
   }
+}
+
+// A spin longer than this is a bug (route blocks that never counted): trap rather than hang.
+constexpr unsigned long long kNormRouteWaitTimeoutNs = 2'000'000'000ull;
+
+// The norm's own block (block 0), before it rewrites H: waits until the launch's route blocks have
+// all read H (their count in route.h_reads), then takes their count back out for the next launch.
+__device__ __forceinline__ void NormRouteWaitForReads(const NormRoute& route) {
+  if (threadIdx.x == 0) {
+    const int blocks = static_cast<int>(gridDim.x) - 1;
+    if (LoadAcquire(route.h_reads) < blocks) {
+      const unsigned long long start = GlobalTimerNs();
+      while (LoadAcquire(route.h_reads) < blocks) {
+        __nanosleep(64);
+        if (GlobalTimerNs() - start > kNormRouteWaitTimeoutNs) __trap();
+      }
+    }
+    atomicSub(route.h_reads, blocks);
+  }
+  __syncthreads();
 }
 
 }  // namespace

@@ -186,8 +186,18 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
     // The earlier inject first, as its own read's norm would have added it.
     if (er) v[k] = norm_row::InjectQuad(v[k], 1.0f, e[k]);
     if (yr) v[k] = norm_row::InjectQuad(v[k], as, d[k]);
-    if (yr || er) hr[i] = v[k];
+    if (!kRoute && (yr || er)) hr[i] = v[k];
     ss = norm_row::AddSquares(ss, v[k]);
+  }
+  if constexpr (kRoute) {
+    // The route blocks read H before their wait: rewrite it only after all of them have.
+    NormRouteWaitForReads(route);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t i = threadIdx.x + k * kThreads;
+      if (i >= h4) break;
+      if (yr || er) hr[i] = v[k];
+    }
   }
   ss = BlockSum(ss, scratch);
   const float scale = norm_row::RmsScale(ss, h, eps);
@@ -288,8 +298,8 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
                      sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier, NormRoute{});
   };
   if (kCopies == 0 && route != nullptr) {
-    // One norm block, then the route blocks: a router row a warp (f32 rows only).
-    const int per_block = split.threads / 32;
+    // One norm block, then the route blocks: kNormRouteRowsPerWarp rows a warp (f32 rows only).
+    const int per_block = split.threads / 32 * kNormRouteRowsPerWarp;
     const unsigned blocks = 1u + static_cast<unsigned>((route->rows + per_block - 1) / per_block);
     auto routed = [&](auto kernel) {
       return LaunchPdl(kernel, blocks, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
@@ -354,6 +364,7 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
       (n != 1 || S != 1 || y == nullptr || a != nullptr || shared.shared != nullptr || !h_written_earlier ||
        OldNormEarlyH() || route->w == nullptr || route->rows <= 0 || route->parts == nullptr ||
        route->padded < route->rows || route->inv_scale == nullptr || route->logits == nullptr ||
+       route->h_reads == nullptr ||
        reinterpret_cast<uintptr_t>(route->w) % 16 != 0)) {
     return cudaErrorInvalidValue;
   }

@@ -70,6 +70,10 @@ struct NormRoute {
   int64_t padded = 0;
   const float* inv_scale = nullptr;  // 1 / S_r of each row (route_compose.cuh)
   float* logits = nullptr;           // rows floats
+  // A counter, zero between launches: the route blocks read H before their PDL wait, and the
+  // norm's own block rewrites H after its wait, so it first waits until every route block has
+  // counted its reads here (then takes the count back out).
+  int* h_reads = nullptr;
 };
 
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
