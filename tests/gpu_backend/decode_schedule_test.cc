@@ -506,23 +506,27 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
-// The routing logits formed from the parts the fused GDN kernel's output product sums
-// (cuda::SetRouteThroughOut, read at upload and when a step is enqueued: kernels/route_compose.cuh)
-// against the router product in the fused MoE grid (small: its GDN layers carry the rows; its
-// attention layers keep the router product). The logits' last bits move (the parts' rounding),
-// so picks may flip at near ties.
+// The routing logits formed from the parts the mixers' output products sum
+// (cuda::SetRouteThroughOutMode, read at upload and when a step is enqueued:
+// kernels/route_compose.cuh) against the router product in the fused MoE grid (small), in mode 1
+// (GDN layers, the default) and 2 (attention's o product too). The logits' last bits move (the
+// parts' rounding), so picks may flip at near ties.
 TEST_P(DecodeScheduleTest, RouteThroughOutKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's GDN clusters cover 128 columns: the kernel does not run";
-  const bool was = cuda::RouteThroughOut(), was_fused = cuda::OneTokenFused();
+  const int was = cuda::RouteThroughOutMode();
+  const bool was_fused = cuda::OneTokenFused();
   const int was_mode = cuda::GetGdnDecodeFused();
   cuda::SetGdnDecodeFused(3);
   cuda::SetOneTokenFused(true);
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "routing logits through the output product",
-                                       [](bool on) { cuda::SetRouteThroughOut(on); }, /*deterministic=*/false);
+  for (const int mode : {1, 2}) {
+    ExpectOneTokenSwitchKeepsLogitsClose(
+        GetParam(), mode == 1 ? "routing logits through GDN's output product" : "routing logits through every output product",
+        [mode](bool on) { cuda::SetRouteThroughOutMode(on ? mode : 0); }, /*deterministic=*/false);
+  }
   cuda::SetOneTokenFused(was_fused);
   cuda::SetGdnDecodeFused(was_mode);
-  cuda::SetRouteThroughOut(was);
+  cuda::SetRouteThroughOutMode(was);
 }
 
 // The fused GDN kernel's output product (mode 3) reading ssm_out by columns (cuda::SetGdnOutByColumns,

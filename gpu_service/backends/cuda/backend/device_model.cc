@@ -53,7 +53,7 @@ std::atomic<bool>& GdnOutByColumnsSwitch() {
 }
 
 std::atomic<int>& RouteThroughOutSwitch() {
-  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2))};
+  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 1, 0, 2))};
   return mode;
 }
 
@@ -62,11 +62,11 @@ std::atomic<int>& RouteThroughOutSwitch() {
 // read by a one-stream plain ffn norm, over an output matrix (GDN's ssm_out, with its copy by
 // columns; attention's o) of Q8_0 whole super-blocks that the upload regroups to Q8_0x8, with the
 // column-split kernels' row limit (8 row slices of at most 640 rows). 0: none.
-int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, bool route, bool by_columns) {
+int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, int route_mode, bool by_columns) {
   const MoeWeights& moe = lw.moe;
   const bool gdn = lw.kind == LayerKind::kGdn;
   const MatrixView& out = gdn ? lw.gdn.out : lw.attn.output;
-  if (!route || (gdn && !by_columns) || c.n_streams != 1 || lw.ffn_read.down.present() ||
+  if (route_mode < (gdn ? 1 : 2) || (gdn && !by_columns) || c.n_streams != 1 || lw.ffn_read.down.present() ||
       static_cast<int64_t>(lw.ffn_read.norm.size()) != c.h || !moe.router.present() ||
       moe.router.type != WeightType::kF32 || moe.router.cols != c.h || out.type != WeightType::kQ8_0 ||
       out.rows != c.h || out.cols % 256 != 0 || out.row_bytes < out.cols / 32 * 34) {
@@ -114,11 +114,11 @@ DeviceMatrix AdjacentView(std::initializer_list<const DeviceMatrix*> parts) {
 // read once per upload so that both passes make the same layout.
 class Placer {
  public:
-  Placer(char* base, bool stack_inputs, bool out_by_columns, bool route)
-      : base_(base), stack_inputs_(stack_inputs), out_by_columns_(out_by_columns), route_(route) {}
+  Placer(char* base, bool stack_inputs, bool out_by_columns, int route_mode)
+      : base_(base), stack_inputs_(stack_inputs), out_by_columns_(out_by_columns), route_mode_(route_mode) {}
   bool counting() const { return base_ == nullptr; }
   bool out_by_columns() const { return out_by_columns_; }
-  bool route() const { return route_; }
+  int route_mode() const { return route_mode_; }
   const void* Put(const void* src, size_t bytes) {
     const size_t off = Reserve(bytes);
     if (base_ == nullptr || bytes == 0 || !status_.ok()) return nullptr;
@@ -281,7 +281,7 @@ class Placer {
   char* base_;
   bool stack_inputs_;
   bool out_by_columns_;
-  bool route_;
+  int route_mode_;  // RouteThroughOutMode(), read once per upload
   size_t Reserve(size_t bytes) {
     const size_t off = (used_ + 255) / 256 * 256;
     used_ = off + bytes;
@@ -330,7 +330,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       }
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
       // Router rows through the output product: only where the copy by columns is made (Q8_0x8).
-      const int64_t route = g.ssm_out.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route(), p.out_by_columns()) : 0;
+      const int64_t route = g.ssm_out.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route_mode(), p.out_by_columns()) : 0;
       g.ssm_out_by_columns_rows = g.ssm_out.rows + (route > 0 ? 2 * RoutePaddedRows(route) : 0);
       g.ssm_out_by_columns = p.ByColumns(g.ssm_out, g.ssm_out_by_columns_rows);
       if (g.ssm_out_by_columns == nullptr) g.ssm_out_by_columns_rows = g.ssm_out.rows;
@@ -349,7 +349,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       if (g.mixer_in.present()) g.kv = p.StackView({&g.k, &g.v});
       g.o = p.Matrix("attn_output", lw.attn.output, true, true);
       // Router rows through the output product: right after o's rows (GpuLayer::o_route).
-      const int64_t route = g.o.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route(), p.out_by_columns()) : 0;
+      const int64_t route = g.o.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route_mode(), p.out_by_columns()) : 0;
       if (route > 0) g.o_route = p.AppendRows(g.o, 2 * RoutePaddedRows(route));
       route_rows_pending = g.o_route.present() || p.counting() ? route : 0;
       g.q_norm = p.Vector(lw.attn.q_norm);
@@ -395,7 +395,7 @@ bool GdnOutByColumns() { return GdnOutByColumnsSwitch().load(std::memory_order_r
 void SetGdnOutByColumns(bool on) { GdnOutByColumnsSwitch().store(on, std::memory_order_relaxed); }
 int RouteThroughOutMode() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
 bool RouteThroughOut() { return RouteThroughOutMode() > 0; }
-void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on ? 2 : 0, std::memory_order_relaxed); }
+void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on ? 1 : 0, std::memory_order_relaxed); }
 void SetRouteThroughOutMode(int mode) { RouteThroughOutSwitch().store(mode, std::memory_order_relaxed); }
 bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
 void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
@@ -413,7 +413,8 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> UploadModel(const ModelConfig& conf
   auto m = std::make_unique<DeviceModel>();
   const std::vector<double> inv_freq =
       RopeInvFrequencies(config.attn.theta, static_cast<int>(config.attn.rot));
-  const bool stack_inputs = StackedDecodeInputs(), out_by_columns = GdnOutByColumns(), route = RouteThroughOut();
+  const bool stack_inputs = StackedDecodeInputs(), out_by_columns = GdnOutByColumns();
+  const int route = RouteThroughOutMode();
   Placer count(nullptr, stack_inputs, out_by_columns, route);
   Bind(config, weights, inv_freq, count, *m);
   if (!count.problems().empty()) return absl::InvalidArgumentError(count.problems());
