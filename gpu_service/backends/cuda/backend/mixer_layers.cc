@@ -290,12 +290,11 @@ absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLay
     // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
     route_parts = RouteThroughOutFor(w, T, out);
     if (route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route)) {
-      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get(), cuda::ColumnSplitAllowEarly()),
+      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get()),
                     "attention output and routing parts (column split)");
     }
     route_parts.reset();
-    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get(), cuda::ColumnSplitAllowEarly()),
-                  "attention output (column split)");
+    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
   }
   return OutProduct(w.o, ao, T, y);
 }

@@ -40,16 +40,15 @@ int RowSlices(int64_t rows, int64_t supers) {
 
 __global__ void __launch_bounds__(kThreads)
 ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per_block, const float* __restrict__ x,
-                  float* __restrict__ y, bool allow_early) {
+                  float* __restrict__ y) {
   extern __shared__ __align__(16) uint8_t sh[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int super = blockIdx.x, row0 = blockIdx.y * rows_per_block;
   // The weights first (constants: before the wait, overlapping the kernels before).
   const uint8_t* src = w + static_cast<int64_t>(row0) * row_bytes + static_cast<int64_t>(super) * kSuperBytes;
   CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)), src, row_bytes, rows_per_block, tid);
-  if (allow_early) PdlAllowNext();  // LaunchColumnSplitMatVec's allow_next_early
   PdlWaitForPrevious();  // pdl.cuh
-  if (!allow_early) PdlAllowNext();
+  PdlAllowNext();
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(rows_per_block) * kSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kSuperCols);
   QuantizeColumnI16(x[static_cast<int64_t>(super) * kSuperCols + tid], tid, lane, warp, xq, xscale);
@@ -59,11 +58,6 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
     const float acc = ColumnSuperRowDot(sh + static_cast<size_t>(row) * kSuperBytes, xq, xscale);
     atomicAdd(y + row0 + row, acc);
   }
-}
-
-std::atomic<bool>& ColumnSplitAllowEarlySwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_COLSPLIT_ALLOW_EARLY")};
-  return on;
 }
 
 std::atomic<bool>& AttnOutColumnSplitSwitch() {
@@ -77,8 +71,7 @@ bool ColumnSplitMatVecFits(const DeviceMatrix& w) {
   return Q8_0x8RowsAligned(w) && w.rows > 0 && w.cols / kSuperCols <= 65535 && RowSlices(w.rows, w.cols / kSuperCols) > 0;
 }
 
-cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream,
-                                    bool allow_next_early) {
+cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream) {
   if (!ColumnSplitMatVecFits(w)) return cudaErrorNotSupported;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   static const cudaError_t attr = cudaFuncSetAttribute(
@@ -88,8 +81,7 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
   const int slices = RowSlices(w.rows, supers);
   const int rpb = static_cast<int>(w.rows / slices);
   return LaunchPdl(ColumnSplitKernel, dim3(static_cast<unsigned>(supers), static_cast<unsigned>(slices)), kThreads,
-                   SharedBytes(rpb), stream, static_cast<const uint8_t*>(w.data), w.row_bytes, rpb, x, y,
-                   allow_next_early);
+                   SharedBytes(rpb), stream, static_cast<const uint8_t*>(w.data), w.row_bytes, rpb, x, y);
 }
 
 cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream, int64_t total_rows) {
@@ -109,8 +101,6 @@ cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t s
   return cudaSuccess;
 }
 
-bool ColumnSplitAllowEarly() { return ColumnSplitAllowEarlySwitch().load(std::memory_order_relaxed); }
-void SetColumnSplitAllowEarly(bool on) { ColumnSplitAllowEarlySwitch().store(on, std::memory_order_relaxed); }
 bool AttnOutColumnSplit() { return AttnOutColumnSplitSwitch().load(std::memory_order_relaxed); }
 void SetAttnOutColumnSplit(bool on) { AttnOutColumnSplitSwitch().store(on, std::memory_order_relaxed); }
 

@@ -26,20 +26,7 @@ bool ColumnSplitMatVecFits(const DeviceMatrix& w);
 // y[r] += Σ_c w[r][c]·x[c] (x: w.cols floats, y: w.rows floats, both written by kernels before
 // this one on the stream: read after the PDL wait). cudaErrorNotSupported, launching nothing, when
 // ColumnSplitMatVecFits(w) is false; cudaErrorInvalidValue for null x or y.
-// allow_next_early: the blocks let the next launch start before their own PDL wait instead of after
-// it (pdl.cuh's last rule bent), so that its blocks are resident, and read what they may before
-// their wait, while this kernel's predecessor still runs. Only for a next kernel whose reads
-// before its wait are of data written three or more launches back (the kernel before this one has
-// then passed its wait, so the one before that has completed): the backend's ffn norm after
-// attention's output product (its H row, the earlier inject, the router rows of NormRoute).
-cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream,
-                                    bool allow_next_early = false);
-
-// Whether the backend asks LaunchColumnSplitMatVec for allow_next_early after attention
-// (TANDEM_COLSPLIT_ALLOW_EARLY=1; off by default, not yet measured; read once; settable; read when
-// a step is enqueued).
-bool ColumnSplitAllowEarly();
-void SetColumnSplitAllowEarly(bool on);
+cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream);
 
 // dst ← m's super-blocks by columns (device_matrix.h: Q8_0x8ByColumnsBytes(m.rows, m.cols) bytes,
 // 16-byte aligned, not overlapping m), one strided device-to-device copy per column super-block on
