@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/weights/weight_types.h"
@@ -261,7 +262,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeFusedTest,
 // layer's, the small preset's, and the two other clusters of 256 columns; rows 8 (one a block) to
 // 5120 (the most a block holds); rows stored with padding once (row_bytes past the natural size).
 // Each with the weights read three ways: out's rows, and its copy by columns through 16-byte
-// cp.async pieces and through bulk copies; a misaligned copy is refused.
+// cp.async pieces and through bulk copies; a misaligned copy is refused. Then a copy by columns
+// with 16 rows of its own after out's (by_columns_rows), pieces and bulk: those rows summed too.
 struct OutCase {
   cuda::GdnShape d;
   int64_t rows;
@@ -338,6 +340,53 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
                 cudaErrorInvalidValue)
           << tag << f.name;
     }
+  }
+  // A copy by columns with rows of its own after out's (by_columns_rows: the router's rows of
+  // route_compose.cuh): every row summed, out's as before and the others into out_y past them.
+  constexpr int64_t kExtra = 16;
+  if ((out_rows + kExtra) / 8 > 640) return;
+  const int64_t total = out_rows + kExtra;
+  const gpu_testing::TestMatrix extra = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, vw, kExtra, 0.05f);
+  const gpu_testing::Regrouped extra_dev = gpu_testing::Regroup(extra);
+  auto combined = Poisoned<uint8_t>(static_cast<size_t>(cuda::Q8_0x8ByColumnsBytes(total, vw)));
+  TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(out, combined.get(), nullptr, total));
+  TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(extra_dev.m, combined.get() + out_rows * cuda::kQ8_0x8SuperBytes,
+                                               nullptr, total));
+  const std::vector<float> y0_extra = Random(rng, static_cast<size_t>(kExtra));
+  std::vector<float> y_start = y0, want_all = want;
+  y_start.insert(y_start.end(), y0_extra.begin(), y0_extra.end());
+  const std::vector<float> want_extra = gpu_testing::HostProduct(extra, g, y0_extra);
+  want_all.insert(want_all.end(), want_extra.begin(), want_extra.end());
+  for (const bool bulk : {false, true}) {
+    auto rec = Upload(state0), y = Upload(y_start);
+    args.history = rec.get();
+    args.state = rec.get() + ssm_off;
+    args.o = nullptr;
+    cuda::SetGdnOutBulk(bulk);
+    TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, combined.get(), total));
+    cuda::SetGdnOutBulk(was_bulk);
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    ExpectSameBits(Download(rec), rec_want, tag + ": histories and states with rows of its own");
+    const std::vector<float> got = Download(y);
+    EXPECT_LE(gpu_testing::LogError(std::string("gdn out product with rows of its own") + (bulk ? " bulk" : "") + " " + tag,
+                                    gpu_testing::RelL2(got, want_all)),
+              1e-4)
+        << tag;
+    const std::vector<float> got_extra(got.begin() + out_rows, got.end());
+    EXPECT_LE(gpu_testing::RelL2(got_extra, want_extra), 1e-4) << tag << ": the rows of its own";
+  }
+  // Rows of its own need the copy by columns, a multiple of 8 rows, and no fewer than out's;
+  // refused before anything is launched.
+  auto y = Upload(y_start);
+  EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, nullptr, total), cudaErrorInvalidValue)
+      << tag << ": rows of its own without the copy";
+  EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, combined.get(), total + 1),
+            cudaErrorInvalidValue)
+      << tag << ": rows not a multiple of 8";
+  if (out_rows > 8) {  // (0 means out's own rows)
+    EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, combined.get(), out_rows - 8),
+              cudaErrorInvalidValue)
+        << tag << ": fewer rows than out's";
   }
 }
 
