@@ -11,6 +11,7 @@
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/dot_quad.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/kernels/route_compose.cuh"
@@ -93,7 +94,7 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
           const int64_t i = base + 32 * k;
           if (i < h4) {
             const float4 x = u[i];
-            s = fmaf(w[k].x, x.x, fmaf(w[k].y, x.y, fmaf(w[k].z, x.z, fmaf(w[k].w, x.w, s))));
+            s = DotQuad(w[k], x, s);
           }
         }
       }

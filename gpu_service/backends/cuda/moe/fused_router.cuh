@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/kernels/dot_quad.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -81,7 +82,7 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
     const int i = lane + 32 * j;
     if (i < h4) {
       const float4 v = x4[i];
-      s = fmaf(w[j].x, v.x, fmaf(w[j].y, v.y, fmaf(w[j].z, v.z, fmaf(w[j].w, v.w, s))));
+      s = DotQuad(w[j], v, s);
     }
   }
   return s;
@@ -131,7 +132,7 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
       float s = 0.0f;
       for (int i = lane; i < h4; i += 32) {
         const float4 w = __ldg(w4 + i), v = x4[i];
-        s = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, s))));
+        s = DotQuad(w, v, s);
       }
       finish(r, s);
     }
