@@ -89,14 +89,7 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
           const int64_t i = base + 32 * k;
           w[k] = i < h4 ? __ldg(w4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-#pragma unroll
-        for (int k = 0; k < kNormRouteLoads; ++k) {
-          const int64_t i = base + 32 * k;
-          if (i < h4) {
-            const float4 x = u[i];
-            s = DotQuad(w[k], x, s);
-          }
-        }
+        s = DotLanes(w, u, base, h4, s);
       }
     }
 #pragma unroll

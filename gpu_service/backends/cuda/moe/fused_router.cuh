@@ -76,16 +76,7 @@ __device__ __forceinline__ void LoadRouterRow(const float4* w4, int h4, int lane
 }
 // The lane's part of w · x, in the first form's order (i = lane, lane + 32, ...).
 __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], const float4* x4, int h4, int lane) {
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kRouterQuads; ++j) {
-    const int i = lane + 32 * j;
-    if (i < h4) {
-      const float4 v = x4[i];
-      s = DotQuad(w[j], v, s);
-    }
-  }
-  return s;
+  return DotLanes(w, x4, lane, h4, 0.0f);
 }
 
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
