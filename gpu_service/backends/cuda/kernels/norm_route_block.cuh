@@ -21,9 +21,8 @@
 namespace tandem::cuda {
 namespace {
 
-// Router rows a warp of a route block takes (the launch sizes the grid for it): one, so that a
-// layer's 513 rows (80B shapes) are 65 blocks' loads in flight at once before the wait.
-constexpr int kNormRouteRowsPerWarp = 1;
+// A route block's warp takes one router row (the launch sizes the grid for it), so that a layer's
+// 513 rows (80B shapes) are 65 blocks' loads in flight at once before the wait.
 // float4 loads a lane issues together for a row (a row of h 2048 in two groups).
 constexpr int kNormRouteLoads = 8;
 
@@ -31,7 +30,7 @@ constexpr int kNormRouteLoads = 8;
 // kVec float4 a thread over kThreads threads as InjectRmsNormRegKernel<kVec, kThreads>. Before the
 // PDL wait, from data whose writers are two or more launches back (pdl.cuh: H's row, the earlier
 // inject's y and shared term, the weights): H' = H + earlier inject, u = γ ⊙ H' (shared memory),
-// and its warps' router rows' dots a_r = w_r · u. After the wait: H' + y and its sum of squares
+// and its warp's router row's dot a_r = w_r · u. After the wait: H' + y and its sum of squares
 // with the norm block's operations in its order, so `scale` is that block's 1/ρ to the bit, and
 //   logits[r] = scale · (a_r + inv_scale[r] · (parts[r] + kRouteLoScale · parts[padded + r])).
 // H is rewritten by the norm's block after its wait, which may come before a route block even
@@ -73,29 +72,22 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
     __threadfence();
     atomicAdd(route.h_reads, 1);
   }
-  const int first = (static_cast<int>(blockIdx.x) - 1) * kWarps + warp;
-  const int step = (static_cast<int>(gridDim.x) - 1) * kWarps;
-  float a[kNormRouteRowsPerWarp];
+  const int r = (static_cast<int>(blockIdx.x) - 1) * kWarps + warp;
+  float a = 0.0f;
+  if (r < route.rows) {
+    const float4* w4 = reinterpret_cast<const float4*>(route.w + static_cast<int64_t>(r) * h);
+    for (int64_t base = lane; base < h4; base += 32 * kNormRouteLoads) {
+      float4 w[kNormRouteLoads];
 #pragma unroll
-  for (int j = 0; j < kNormRouteRowsPerWarp; ++j) {
-    const int r = first + j * step;
-    float s = 0.0f;
-    if (r < route.rows) {
-      const float4* w4 = reinterpret_cast<const float4*>(route.w + static_cast<int64_t>(r) * h);
-      for (int64_t base = lane; base < h4; base += 32 * kNormRouteLoads) {
-        float4 w[kNormRouteLoads];
-#pragma unroll
-        for (int k = 0; k < kNormRouteLoads; ++k) {
-          const int64_t i = base + 32 * k;
-          w[k] = i < h4 ? __ldg(w4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        s = DotLanes(w, u, base, h4, s);
+      for (int k = 0; k < kNormRouteLoads; ++k) {
+        const int64_t i = base + 32 * k;
+        w[k] = i < h4 ? __ldg(w4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
+      a = DotLanes(w, u, base, h4, a);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    a[j] = s;
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
   PdlWaitForPrevious();  // y and the parts: the launch just before wrote them
   PdlAllowNext();
   const float4* yr = reinterpret_cast<const float4*>(y);
@@ -109,15 +101,9 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
   }
   ss = BlockSum(ss, scratch);
   const float scale = norm_row::RmsScale(ss, h, eps);
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < kNormRouteRowsPerWarp; ++j) {
-      const int r = first + j * step;
-      if (r < route.rows) {
-        const float part = fmaf(kRouteLoScale, route.parts[route.padded + r], route.parts[r]);
-        route.logits[r] = scale * fmaf(route.inv_scale[r], part, a[j]);
-      }
-    }
+  if (lane == 0 && r < route.rows) {
+    const float part = fmaf(kRouteLoScale, route.parts[route.padded + r], route.parts[r]);
+    route.logits[r] = scale * fmaf(route.inv_scale[r], part, a);
   }
 }
 

@@ -275,6 +275,19 @@ cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const f
                    sh.shared, sh.gate_logit, gamma, eps, N, N16, q);
 }
 
+// launch(InjectRmsNormRegKernel<...>) for the kernel of split's row-width bucket (vectors a thread,
+// threads a block).
+template <int kCopies, bool kRoute, typename Launch>
+cudaError_t WithRegKernel(norm_row::RegSplit split, Launch launch) {
+  if (split.threads == 128) {
+    if (split.vec == 1) return launch(InjectRmsNormRegKernel<1, 128, kCopies, kRoute>);
+    if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 128, kCopies, kRoute>);
+    return launch(InjectRmsNormRegKernel<4, 128, kCopies, kRoute>);
+  }
+  if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 256, kCopies, kRoute>);
+  return launch(InjectRmsNormRegKernel<4, 256, kCopies, kRoute>);
+}
+
 template <int kCopies>
 cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a, const float* y, PendingShared sh,
                        const float* gamma, float eps, float* N, uint16_t* N16, cudaStream_t stream,
@@ -292,35 +305,19 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
     if (earlier.y != nullptr || route != nullptr) return cudaErrorInvalidValue;  // the register kernel's alone
     return LaunchNormGeneral<kCopies>(H, n, S, h, a, y, sh, gamma, eps, N, N16, q, smem, stream);
   }
-  // One register kernel per row-width bucket: (vectors a thread, threads a block).
-  auto reg = [&](auto kernel) {
-    return LaunchPdl(kernel, rows, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
-                     sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier, NormRoute{});
+  // The route blocks' launch (NormRoute) writes f32 rows only: one norm block, then a block per
+  // warps' worth of router rows (a row a warp).
+  if (route != nullptr && kCopies != 0) return cudaErrorInvalidValue;
+  const int route_rows_per_block = split.threads / 32;
+  const unsigned blocks =
+      route != nullptr ? 1u + static_cast<unsigned>((route->rows + route_rows_per_block - 1) / route_rows_per_block)
+                       : rows;
+  auto launch = [&](auto kernel) {
+    return LaunchPdl(kernel, blocks, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
+                     sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier,
+                     route != nullptr ? *route : NormRoute{});
   };
-  if (kCopies == 0 && route != nullptr) {
-    // One norm block, then the route blocks: kNormRouteRowsPerWarp rows a warp (f32 rows only).
-    const int per_block = split.threads / 32 * kNormRouteRowsPerWarp;
-    const unsigned blocks = 1u + static_cast<unsigned>((route->rows + per_block - 1) / per_block);
-    auto routed = [&](auto kernel) {
-      return LaunchPdl(kernel, blocks, static_cast<unsigned>(split.threads), smem, stream, H, S, h, a, y, sh.shared,
-                       sh.gate_logit, gamma, eps, N, N16, q, true, earlier, *route);
-    };
-    if (split.threads == 128) {
-      if (split.vec == 1) return routed(InjectRmsNormRegKernel<1, 128, 0, true>);
-      if (split.vec == 2) return routed(InjectRmsNormRegKernel<2, 128, 0, true>);
-      return routed(InjectRmsNormRegKernel<4, 128, 0, true>);
-    }
-    if (split.vec == 2) return routed(InjectRmsNormRegKernel<2, 256, 0, true>);
-    return routed(InjectRmsNormRegKernel<4, 256, 0, true>);
-  }
-  if (route != nullptr) return cudaErrorInvalidValue;
-  if (split.threads == 128) {
-    if (split.vec == 1) return reg(InjectRmsNormRegKernel<1, 128, kCopies>);
-    if (split.vec == 2) return reg(InjectRmsNormRegKernel<2, 128, kCopies>);
-    return reg(InjectRmsNormRegKernel<4, 128, kCopies>);
-  }
-  if (split.vec == 2) return reg(InjectRmsNormRegKernel<2, 256, kCopies>);
-  return reg(InjectRmsNormRegKernel<4, 256, kCopies>);
+  return route != nullptr ? WithRegKernel<0, true>(split, launch) : WithRegKernel<kCopies, false>(split, launch);
 }
 
 // The folded quantization's and the MoE f16 rows' conditions (NormMmqOut).
