@@ -333,7 +333,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   }
   m.mixer_out_stride = h;
   for (const cuda::GpuLayer& l : m.dm->layers) {
-    if (l.route_rows > 0) m.mixer_out_stride = std::max(m.mixer_out_stride, h + 2 * cuda::RoutePaddedRows(l.route_rows));
+    m.mixer_out_stride = std::max(m.mixer_out_stride, cuda::RouteOutRows(h, l.route_rows));
   }
   if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
   if (options.mode == CudaMode::kFast && m.mixer_out_stride > h) {  // NormRoute::h_reads (RouteThroughOutFor)

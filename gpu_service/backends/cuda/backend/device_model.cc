@@ -78,7 +78,7 @@ int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, int route_mod
     return 0;
   }
   const int64_t R = moe.router.rows + (gate ? 1 : 0);
-  const int64_t total = c.h + 2 * RoutePaddedRows(R);
+  const int64_t total = RouteOutRows(c.h, R);
   return total % 8 == 0 && total / 8 <= 640 ? R : 0;
 }
 
@@ -331,7 +331,7 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
       g.ssm_out = p.Matrix("ssm_out", lw.gdn.out, true, true);
       // Router rows through the output product: only where the copy by columns is made (Q8_0x8).
       const int64_t route = g.ssm_out.type == kTypeQ8_0x8 ? RouteRowsFor(c, lw, p.route_mode(), p.out_by_columns()) : 0;
-      g.ssm_out_by_columns_rows = g.ssm_out.rows + (route > 0 ? 2 * RoutePaddedRows(route) : 0);
+      g.ssm_out_by_columns_rows = RouteOutRows(g.ssm_out.rows, route);
       g.ssm_out_by_columns = p.ByColumns(g.ssm_out, g.ssm_out_by_columns_rows);
       if (g.ssm_out_by_columns == nullptr) g.ssm_out_by_columns_rows = g.ssm_out.rows;
       route_rows_pending = g.ssm_out_by_columns != nullptr || p.counting() ? route : 0;

@@ -33,6 +33,11 @@ inline constexpr float kRouteLoScale = 1.0f / 256.0f;
 // Rows the appended terms take for R router rows: each term padded to a multiple of 8 (the fused
 // kernel's cluster splits its rows in eight).
 inline constexpr int64_t RoutePaddedRows(int64_t R) { return (R + 7) / 8 * 8; }
+// The rows of an output matrix of out_rows rows with the two terms of R router rows after them
+// (out_rows when R is 0: none).
+inline constexpr int64_t RouteOutRows(int64_t out_rows, int64_t R) {
+  return out_rows + (R > 0 ? 2 * RoutePaddedRows(R) : 0);
+}
 
 // Where ComposeRouteRows writes the two terms: super-block g of destination row q at
 // data + q·row_bytes + g·group_bytes, hi at rows first_row + r, lo at first_row + RoutePaddedRows(R)
