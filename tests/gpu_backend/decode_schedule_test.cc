@@ -594,6 +594,25 @@ TEST_P(DecodeScheduleTest, AttnOutColumnSplitKeepsDecodeLogitsClose) {
   cuda::SetAttnOutColumnSplit(was);
 }
 
+// The one-token attention's slices merged by the column-split o product (cuda::SetAttnMergeInOut,
+// TANDEM_ATTN_MERGE_IN_OUT: no merge launch) against the merge kernel: the same x values (the merge
+// kernel's operations, attention_merge_in_out_test.cc), the product's atomics the only difference
+// (small: heads of 128, two a super-block of o's columns; tiny-q3n's o is not column-split). The
+// decode contexts (prompts of 17 tokens and more, then 8 steps) are below the short-walk bound, so
+// the bound is 0 for the test: every step takes the split path and its merge.
+TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's o stays ggml Q8_0: the column split does not run";
+  const bool was = cuda::AttnMergeInOut();
+  const int was_short = cuda::AttnShortKeys();
+  cuda::SetAttnShortKeys(0);
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "attention slices merged by the o product",
+                                       [](bool on) { cuda::SetAttnMergeInOut(on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  cuda::SetAttnShortKeys(was_short);
+  cuda::SetAttnMergeInOut(was);
+}
+
 // The one-token gate/up kernel's x staged before its PDL wait and the down kernel's per-pick
 // completion counts (cuda::SetOneTokenEarlyX, cuda::SetOneTokenPickCounts, both on by default)
 // against neither: the same values in the same order, bit-identical logits.

@@ -214,6 +214,9 @@ class CudaBackend::Impl {
   // Set with mixer_y when the mixer's output product also summed the router's rows and this step
   // routes through them (RouteThroughOutFor): the ffn norm then forms the routing logits.
   std::optional<cuda::NormRoute> route_parts;
+  // The attention slices RunAttention left for the column-split o product to merge
+  // (AttnDeferredMerge; splits 0: none), read by AttnOutProduct right after.
+  cuda::AttnDeferredMerge attn_merge;
 
   std::atomic<uint64_t> local_rows{0};
   std::vector<MoeRouting>* routing_sink = nullptr;

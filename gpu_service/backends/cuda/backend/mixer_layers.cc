@@ -289,13 +289,16 @@ absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLay
     mixer_y = out;
     // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
     route_parts = RouteThroughOutFor(w, T, out);
+    const cuda::AttnDeferredMerge merge = attn_merge;
+    attn_merge = cuda::AttnDeferredMerge{};
     if (route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route)) {
-      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get()),
+      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get(), &merge),
                     "attention output and routing parts (column split)");
     }
     route_parts.reset();
-    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get()), "attention output (column split)");
+    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get(), &merge), "attention output (column split)");
   }
+  if (attn_merge.splits > 0) return absl::InternalError("attention left its merge to a row-split o product");
   return OutProduct(w.o, ao, T, y);
 }
 
@@ -421,8 +424,11 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     }
   }
   if (!d.has_indexer()) {
+    // The merge of a one-token step's slices left to the column-split o product
+    // (TANDEM_ATTN_MERGE_IN_OUT, attention.cuh).
+    cuda::AttnDeferredMerge* defer = AttnOutByColumns(w, T) && cuda::AttnMergeInOut() ? &attn_merge : nullptr;
     if (absl::Status s = Launch(cuda::LaunchAttention(q, qg_rows, T, shape, plan.attn, items_dev(), seq_dev(),
-                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride),
+                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride, defer),
                                 "attention");
         !s.ok()) {
       return s;

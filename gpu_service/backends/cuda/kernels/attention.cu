@@ -81,7 +81,8 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                               int num_row_items, int num_splits, int num_tile_items, int tc_splits,
                               const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                              cudaStream_t stream, int64_t qg_stride, bool early_kv) {
+                              cudaStream_t stream, int64_t qg_stride, bool early_kv,
+                              AttnDeferredMerge* deferred_merge) {
   // The tensor-core kernels read the gate at the dense row width only.
   if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
@@ -110,6 +111,14 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                                   probe.rows, probe.capacity);
         e != cudaSuccess) {
       return e;
+    }
+    // A one-token step's merge left to the column-split o product (attention.cuh: the caller asked,
+    // one row item, head dims one Q8_0x8 super-block of o's columns).
+    if (deferred_merge != nullptr && num_splits > 1 && !merge_here && num_row_items == 1 && num_tile_items == 0 &&
+        (kHd == 128 || kHd == 256)) {
+      *deferred_merge = AttnDeferredMerge{qg, qg_stride, d.nh, d.kvh, items, token_pos, short_keys, num_splits,
+                                          part_o, part_ml};
+      return cudaGetLastError();
     }
     if (num_splits > 1 && !merge_here) {
       const dim3 merge_grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh), kRows);
@@ -148,19 +157,19 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
                      int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
                      const int32_t* token_pos,
                      const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0,
-                     bool early_kv = false) {
+                     bool early_kv = false, AttnDeferredMerge* deferred_merge = nullptr) {
   if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
   if (qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
       return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                   cache, o, scratch, stream, qg_stride, early_kv);
+                                   cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     case 128:
       return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride, early_kv);
+                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     case 256:
       return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride, early_kv);
+                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     default:
       return cudaErrorInvalidValue;
   }
@@ -174,6 +183,11 @@ std::atomic<bool>& OldAttnDecodeSwitch() {
 
 std::atomic<bool>& AttnMergeInBlockSwitch() {
   static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
+  return on;
+}
+
+std::atomic<bool>& AttnMergeInOutSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_OUT")};
   return on;
 }
 
@@ -204,6 +218,8 @@ bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relax
 void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
 bool AttnMergeInBlock() { return AttnMergeInBlockSwitch().load(std::memory_order_relaxed); }
 void SetAttnMergeInBlock(bool on) { AttnMergeInBlockSwitch().store(on, std::memory_order_relaxed); }
+bool AttnMergeInOut() { return AttnMergeInOutSwitch().load(std::memory_order_relaxed); }
+void SetAttnMergeInOut(bool on) { AttnMergeInOutSwitch().store(on, std::memory_order_relaxed); }
 bool OldAttnEarlyKv() { return OldAttnEarlyKvSwitch().load(std::memory_order_relaxed); }
 void SetOldAttnEarlyKv(bool on) { OldAttnEarlyKvSwitch().store(on, std::memory_order_relaxed); }
 bool OldAttnSplit() { return OldAttnSplitSwitch().load(std::memory_order_relaxed); }
@@ -265,7 +281,9 @@ size_t AttentionMaxScratchBytes(const AttnShape& d) {
 
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
                             const int32_t* items, const int32_t* token_seq, const int32_t* token_pos,
-                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride) {
+                            const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride,
+                            AttnDeferredMerge* deferred_merge) {
+  if (deferred_merge != nullptr) *deferred_merge = AttnDeferredMerge{};
   if (n <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
       plan.items.size() != 2 * static_cast<size_t>(plan.num_row_items + plan.num_tile_items) ||
@@ -274,7 +292,8 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
     return cudaErrorInvalidValue;
   }
   return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
-                  token_pos, cache, o, scratch, stream, qg_stride, plan.one_item_per_sequence && !OldAttnEarlyKv());
+                  token_pos, cache, o, scratch, stream, qg_stride, plan.one_item_per_sequence && !OldAttnEarlyKv(),
+                  n == 1 ? deferred_merge : nullptr);
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {

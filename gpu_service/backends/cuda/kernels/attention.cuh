@@ -111,6 +111,28 @@ void SetOldAttnDecode(bool on);
 bool AttnMergeInBlock();
 void SetAttnMergeInBlock(bool on);
 
+// A one-token step's slices left for the next launch to merge (LaunchAttention's deferred_merge):
+// what SplitMergeKernel reads. splits == 0: nothing deferred (the launch merged, or had one slice),
+// o holds the attention's output. Otherwise o holds it only for a context of at most short_keys
+// keys (token_pos of the item's last token + 1, read on the device: the split kernel's slice 0
+// wrote it), and the partials of `splits` slices hold it for longer ones.
+struct AttnDeferredMerge {
+  const float* qg = nullptr;
+  int64_t qg_stride = 0;
+  int nh = 0, kvh = 0;
+  const int32_t* items = nullptr;
+  const int32_t* token_pos = nullptr;
+  int short_keys = 0;
+  int splits = 0;
+  const float* part_o = nullptr;
+  const float* part_ml = nullptr;
+};
+// Whether the backend's one-token attention leaves its merge to the column-split o product
+// (LaunchColumnSplitMatVec's merge, dense_colsplit.cuh), one launch fewer an attention layer.
+// TANDEM_ATTN_MERGE_IN_OUT=1 (read once; settable; read when a step is enqueued).
+bool AttnMergeInOut();
+void SetAttnMergeInOut(bool on);
+
 // The split attention's blocks (row items) read the step's items, rows, positions and page table
 // before their PDL wait (the host writes them before the step), and, for plans where each
 // sequence's tokens are one item (AttentionPlan::one_item_per_sequence: decode), copy the keys and
@@ -231,10 +253,13 @@ size_t AttentionMaxScratchBytes(const AttnShape& d);
 // device memory; only the plan's counts are host values.
 // hd must be 64, 128 or 256. qg_stride: qg's token rows as for LaunchQueryNormRope (0: nh·2hd); a
 // wider stride is for row items only (a plan with tile items refuses it: cudaErrorInvalidValue).
+// deferred_merge (may be null): for n == 1, a plan of one row item with num_splits > 1, hd 128 or
+// 256 (one or two heads a Q8_0x8 super-block of o's columns) and the merge in the block off, no merge is launched and *deferred_merge
+// says what to merge (AttnDeferredMerge); otherwise it is set to nothing deferred.
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,
                             const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                            cudaStream_t stream, int64_t qg_stride = 0);
+                            cudaStream_t stream, int64_t qg_stride = 0, AttnDeferredMerge* deferred_merge = nullptr);
 
 // The earlier interface, kept for existing callers: the row items of PlanAttention (kF32) as
 // int32 pairs, and the exact kernel over them with one block per item and kv head (no context

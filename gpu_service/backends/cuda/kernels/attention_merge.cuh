@@ -3,7 +3,8 @@
 // and TANDEM_ATTN_DECODE_ONE_PREP=1 (attention.cuh), the merge by the last slice block of each (row
 // item, kv head) to finish (MergeSlicesIfLast, no launch), which repeats the merge kernel's f32
 // operations in the same order: same bits.
-// Device-only; only kernels/attention.cu includes this header (hence the unnamed namespace).
+// Device-only (hence the unnamed namespace): kernels/attention.cu, and kernels/dense_colsplit.cu for
+// the o product that merges a one-token step's slices itself (MergeSliceRow).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_MERGE_CUH_
 
@@ -28,15 +29,18 @@ constexpr int kMaxSplits = 128;
 // Both merges' last step: float4 c of the output row of (token, head) is a / l times the head's
 // gate σ(g), g: the four raw gate values (qg's floats 4c .. 4c + 3 of the head's gate half), loaded
 // early by the caller.
-template <int kHd>
-__device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t token, int head, int c, float4 a,
-                                                     float inv_l, float* __restrict__ o) {
+__device__ __forceinline__ float4 GatedOutput(float4 g, float4 a, float inv_l) {
   float4 y;
   y.x = a.x * inv_l * SigmoidF(g.x);
   y.y = a.y * inv_l * SigmoidF(g.y);
   y.z = a.z * inv_l * SigmoidF(g.z);
   y.w = a.w * inv_l * SigmoidF(g.w);
-  reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = y;
+  return y;
+}
+template <int kHd>
+__device__ __forceinline__ void StoreGatedOutputWith(float4 g, int nh, int64_t token, int head, int c, float4 a,
+                                                     float inv_l, float* __restrict__ o) {
+  reinterpret_cast<float4*>(o + (token * nh + head) * kHd)[c] = GatedOutput(g, a, inv_l);
 }
 
 // The four raw gate values StoreGatedOutputWith takes: qg's floats 4c .. 4c + 3 of the gate half of
@@ -83,22 +87,79 @@ __device__ __forceinline__ float SliceWeights(const float* ml, int splits, float
   return 1.0f / WarpSum(ll);
 }
 
+// One (row item, kv head, row r)'s merge, SplitMergeKernel's body, for a block of 256 threads
+// (every thread calls it): the slices' (max, sum) pairs weigh their partials, groups of kHd / 4
+// threads (a float4 of dims each) stride over the slices, shared memory sums the groups, and the
+// first group stores the gated output's float4 c at out + 4c (global memory for the merge kernel;
+// the column-split o product's shared memory when it merges, dense_colsplit.cuh). `gate`: thread
+// group 0's gate values (LoadGate), asked for by the caller before the merge's loads. kThroughL2:
+// the partials read with ld.global.cg (the same values; the o product reads them from L2).
+struct MergeShared {
+  float weight[kMaxSplits];
+  float4 red[256];
+  float inv_l;
+};
+template <int kHd, bool kThroughL2>
+__device__ __forceinline__ void MergeSliceRow(int64_t slot0, int r, int splits, const float* __restrict__ part_o,
+                                              const float* __restrict__ part_ml, float4 gate, float* out,
+                                              MergeShared& sh) {
+  constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
+  const int c = threadIdx.x % kLanes, sg = threadIdx.x / kLanes;
+  if (threadIdx.x < 32) {
+    const float l_inv = SliceWeights<kThroughL2>(part_ml + (slot0 * kRows + r) * 2, splits, sh.weight);
+    if (threadIdx.x == 0) sh.inv_l = l_inv;
+  }
+  __syncthreads();
+  // Slices sg, sg + kSliceGroups, ... in order, the loads of kBatch of them issued before their FMAs
+  // (one L2 round trip a slice had been ~5 in a row at ~544 keys).
+  constexpr int kBatch = 8;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = sg; s0 < splits; s0 += kSliceGroups * kBatch) {
+    float w[kBatch];
+    float4 x[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = s0 + b * kSliceGroups;
+      w[b] = s < splits ? sh.weight[s] : 0.0f;
+      const float4* at = reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd) + c;
+      x[b] = w[b] != 0.0f ? (kThroughL2 ? __ldcg(at) : *at) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (w[b] == 0.0f) continue;  // an empty slice: its accumulator may be unwritten
+      a.x = fmaf(w[b], x[b].x, a.x);
+      a.y = fmaf(w[b], x[b].y, a.y);
+      a.z = fmaf(w[b], x[b].z, a.z);
+      a.w = fmaf(w[b], x[b].w, a.w);
+    }
+  }
+  sh.red[threadIdx.x] = a;
+  __syncthreads();
+  if (sg != 0) return;
+  for (int g = 1; g < kSliceGroups; ++g) {
+    const float4 x = sh.red[g * kLanes + c];
+    a.x += x.x;
+    a.y += x.y;
+    a.z += x.z;
+    a.w += x.w;
+  }
+  reinterpret_cast<float4*>(out)[c] = GatedOutput(gate, a, sh.inv_l);
+}
+
 // Block per (row item, kv head, row): combines the slices of SplitAttentionKernel (nothing to do for
 // an item of at most short_keys keys: its slice 0 wrote o, and no partials). qg's token rows
-// are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows). Groups of
-// kHd / 4 threads (a float4 of dims each) stride over the slices; shared memory sums the groups.
-// One block an SM is all it needs (a grid of rows × kv heads): the bound lets ptxas keep a batch of
-// slice loads in registers (56-60 of them; 32 without it, too few for the batch's eight float4s).
+// are qg_stride floats apart (at least nh·2hd; a part of a stacked decode product's rows).
+// MergeSliceRow does the work. One block an SM is all it needs (a grid of rows × kv heads): the
+// bound lets ptxas keep a batch of slice loads in registers (56-60 of them; 32 without it, too few
+// for the batch's eight float4s).
 template <int kHd>
 __global__ void __launch_bounds__(256, 1)
 SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh, const int32_t* __restrict__ items,
                  const int32_t* __restrict__ token_pos, int short_keys, int splits,
                  const float* __restrict__ part_o, const float* __restrict__ part_ml,
                  float* __restrict__ o) {
-  constexpr int kLanes = kHd / 4, kSliceGroups = 256 / kLanes;
-  __shared__ float weight[kMaxSplits];
-  __shared__ float4 red[256];
-  __shared__ float inv_l;
+  constexpr int kLanes = kHd / 4;
+  __shared__ MergeShared sh;
   const int groups = nh / kvh, kvhead = blockIdx.y, r = blockIdx.z;
   // Items and positions come from the host (before the step): read before the wait. Every block
   // still waits, so that the grid cannot complete before the split kernel it follows.
@@ -113,45 +174,8 @@ SplitMergeKernel(const float* __restrict__ qg, int64_t qg_stride, int nh, int kv
   // The gate of this thread's float4 of the output, read now rather than after the sums.
   const float4 gate = sg == 0 ? LoadGate<kHd>(qg, qg_stride, first + tok, head, c) : make_float4(0.f, 0.f, 0.f, 0.f);
   const int64_t slot0 = (static_cast<int64_t>(blockIdx.x) * kvh + kvhead) * splits;
-  if (threadIdx.x < 32) {
-    const float l_inv = SliceWeights<false>(part_ml + (slot0 * kRows + r) * 2, splits, weight);
-    if (threadIdx.x == 0) inv_l = l_inv;
-  }
-  __syncthreads();
-  // Slices sg, sg + kSliceGroups, ... in order, the loads of kBatch of them issued before their FMAs
-  // (one L2 round trip a slice had been ~5 in a row at ~544 keys).
-  constexpr int kBatch = 8;
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = sg; s0 < splits; s0 += kSliceGroups * kBatch) {
-    float w[kBatch];
-    float4 x[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int s = s0 + b * kSliceGroups;
-      w[b] = s < splits ? weight[s] : 0.0f;
-      x[b] = w[b] != 0.0f ? reinterpret_cast<const float4*>(part_o + ((slot0 + s) * kRows + r) * kHd)[c]
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (w[b] == 0.0f) continue;  // an empty slice: its accumulator may be unwritten
-      a.x = fmaf(w[b], x[b].x, a.x);
-      a.y = fmaf(w[b], x[b].y, a.y);
-      a.z = fmaf(w[b], x[b].z, a.z);
-      a.w = fmaf(w[b], x[b].w, a.w);
-    }
-  }
-  red[threadIdx.x] = a;
-  __syncthreads();
-  if (sg != 0) return;
-  for (int g = 1; g < kSliceGroups; ++g) {
-    const float4 x = red[g * kLanes + c];
-    a.x += x.x;
-    a.y += x.y;
-    a.z += x.z;
-    a.w += x.w;
-  }
-  StoreGatedOutputWith<kHd>(gate, nh, first + tok, head, c, a, inv_l, o);
+  MergeSliceRow<kHd, false>(slot0, r, splits, part_o, part_ml, gate,
+                            o + (static_cast<int64_t>(first + tok) * nh + head) * kHd, sh);
 }
 
 // One ticket counter per (row item, kv head) in the scratch's first kAttnTicketBytes.

@@ -12,6 +12,7 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -38,20 +39,61 @@ int RowSlices(int64_t rows, int64_t supers) {
   return 0;
 }
 
+// kMergeHd > 0: x's super-block s holds attention heads s·kHeads .. (256 / kMergeHd of them), merged
+// here from the split attention's slices (AttnDeferredMerge) unless the context was short enough
+// for the split kernel to write them.
+template <int kMergeHd>
 __global__ void __launch_bounds__(kThreads)
 ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per_block, const float* __restrict__ x,
-                  float* __restrict__ y) {
+                  float* __restrict__ y, AttnDeferredMerge m) {
   extern __shared__ __align__(16) uint8_t sh[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int super = blockIdx.x, row0 = blockIdx.y * rows_per_block;
   // The weights first (constants: before the wait, overlapping the kernels before).
   const uint8_t* src = w + static_cast<int64_t>(row0) * row_bytes + static_cast<int64_t>(super) * kSuperBytes;
   CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)), src, row_bytes, rows_per_block, tid);
+  // The merge's inputs that are not the split kernel's: the item and its positions (the host's,
+  // before the step) and the heads' gate values (the q product's, three or more launches back).
+  constexpr int kHeads = kMergeHd > 0 ? kSuperCols / kMergeHd : 1;
+  bool merge = false;
+  int32_t first = 0;
+  float4 gate[kHeads];
+  if constexpr (kMergeHd > 0) {
+    const int32_t count = m.items[1];
+    first = m.items[0];
+    merge = static_cast<int64_t>(m.token_pos[first + count - 1]) + 1 > m.short_keys;
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      gate[h] = merge && tid < kMergeHd / 4 ? LoadGate<kMergeHd>(m.qg, m.qg_stride, first, super * kHeads + h, tid)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(rows_per_block) * kSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kSuperCols);
-  QuantizeColumnI16(x[static_cast<int64_t>(super) * kSuperCols + tid], tid, lane, warp, xq, xscale);
+  float xv;
+  if constexpr (kMergeHd > 0) {
+    __shared__ MergeShared msh;
+    __shared__ __align__(16) float merged[kSuperCols];
+    if (merge) {
+      const int groups = m.nh / m.kvh;
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        const int head = super * kHeads + h;
+        if (h > 0) __syncthreads();  // the last merge's reads of msh are done
+        MergeSliceRow<kMergeHd, true>(static_cast<int64_t>(head / groups) * m.splits, head % groups, m.splits, m.part_o,
+                                      m.part_ml, gate[h], merged + h * kMergeHd, msh);
+      }
+      __syncthreads();
+      xv = merged[tid];
+    } else {
+      xv = x[static_cast<int64_t>(super) * kSuperCols + tid];
+    }
+  } else {
+    xv = x[static_cast<int64_t>(super) * kSuperCols + tid];
+  }
+  QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
   CpAsyncWait<0>();
   __syncthreads();
   for (int row = tid; row < rows_per_block; row += kThreads) {
@@ -71,17 +113,35 @@ bool ColumnSplitMatVecFits(const DeviceMatrix& w) {
   return Q8_0x8RowsAligned(w) && w.rows > 0 && w.cols / kSuperCols <= 65535 && RowSlices(w.rows, w.cols / kSuperCols) > 0;
 }
 
-cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream) {
+cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream,
+                                    const AttnDeferredMerge* merge) {
   if (!ColumnSplitMatVecFits(w)) return cudaErrorNotSupported;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      ColumnSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SharedBytes(kMaxRowsPerBlock)));
-  if (attr != cudaSuccess) return attr;
+  const bool merging = merge != nullptr && merge->splits > 0;
+  // The merged heads' width: o's columns over the query heads, one or two heads a super-block.
+  const int64_t hd = merging && merge->nh > 0 ? w.cols / merge->nh : 0;
+  if (merging && (merge->qg == nullptr || merge->items == nullptr || merge->token_pos == nullptr ||
+                  merge->part_o == nullptr || merge->part_ml == nullptr || merge->nh <= 0 || merge->kvh <= 0 ||
+                  merge->nh % merge->kvh != 0 || merge->splits > kMaxSplits || hd * merge->nh != w.cols ||
+                  (hd != 128 && hd != 256))) {
+    return cudaErrorInvalidValue;
+  }
+  const auto kernel = !merging ? ColumnSplitKernel<0> : hd == 256 ? ColumnSplitKernel<256> : ColumnSplitKernel<128>;
+  static const cudaError_t attr[3] = {
+      cudaFuncSetAttribute(ColumnSplitKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(SharedBytes(kMaxRowsPerBlock))),
+      cudaFuncSetAttribute(ColumnSplitKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(SharedBytes(kMaxRowsPerBlock))),
+      cudaFuncSetAttribute(ColumnSplitKernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(SharedBytes(kMaxRowsPerBlock)))};
+  const cudaError_t set = attr[!merging ? 0 : hd == 128 ? 1 : 2];
+  if (set != cudaSuccess) return set;
   const int64_t supers = w.cols / kSuperCols;
   const int slices = RowSlices(w.rows, supers);
   const int rpb = static_cast<int>(w.rows / slices);
-  return LaunchPdl(ColumnSplitKernel, dim3(static_cast<unsigned>(supers), static_cast<unsigned>(slices)), kThreads,
-                   SharedBytes(rpb), stream, static_cast<const uint8_t*>(w.data), w.row_bytes, rpb, x, y);
+  return LaunchPdl(kernel, dim3(static_cast<unsigned>(supers), static_cast<unsigned>(slices)), kThreads,
+                   SharedBytes(rpb), stream, static_cast<const uint8_t*>(w.data), w.row_bytes, rpb, x, y,
+                   merging ? *merge : AttnDeferredMerge{});
 }
 
 cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream, int64_t total_rows) {

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
 
 namespace tandem::cuda {
 
@@ -26,7 +27,14 @@ bool ColumnSplitMatVecFits(const DeviceMatrix& w);
 // y[r] += Σ_c w[r][c]·x[c] (x: w.cols floats, y: w.rows floats, both written by kernels before
 // this one on the stream: read after the PDL wait). cudaErrorNotSupported, launching nothing, when
 // ColumnSplitMatVecFits(w) is false; cudaErrorInvalidValue for null x or y.
-cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream);
+// merge (may be null; used when merge->splits > 0): x is attention's output o whose slices
+// LaunchAttention left unmerged (AttnDeferredMerge, launched just before this): the blocks of
+// super-block s merge head s's slices themselves, with SplitMergeKernel's operations (so x's values
+// have the merge kernel's bits), or read o where the context was short. One launch fewer than the
+// merge kernel then this product. cudaErrorInvalidValue for a merge missing a pointer, with more
+// than the split kernel's slices, or whose heads are not w's column super-blocks.
+cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream,
+                                    const AttnDeferredMerge* merge = nullptr);
 
 // dst ← m's super-blocks by columns (device_matrix.h: Q8_0x8ByColumnsBytes(m.rows, m.cols) bytes,
 // 16-byte aligned, not overlapping m), one strided device-to-device copy per column super-block on
