@@ -187,7 +187,8 @@ std::atomic<bool>& AttnMergeInBlockSwitch() {
 }
 
 std::atomic<bool>& AttnMergeInOutSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_OUT")};
+  // On by default: +1.7% batch-1 decode on q3n-80b (docs/PERF.md, thirty-first session).
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_OUT")};
   return on;
 }
 

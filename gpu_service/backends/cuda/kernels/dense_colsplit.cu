@@ -42,8 +42,11 @@ int RowSlices(int64_t rows, int64_t supers) {
 // kMergeHd > 0: x's super-block s holds attention heads s·kHeads .. (256 / kMergeHd of them), merged
 // here from the split attention's slices (AttnDeferredMerge) unless the context was short enough
 // for the split kernel to write them.
+// The merging forms are bound to one block an SM so that ptxas keeps a batch of slice loads in
+// registers (MergeSliceRow's eight float4s; 41 registers without the bound issued them two or three
+// at a time); the product's blocks are one an SM anyway (70 KB of weights each).
 template <int kMergeHd>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMergeHd > 0 ? 1 : 0)
 ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per_block, const float* __restrict__ x,
                   float* __restrict__ y, AttnDeferredMerge m) {
   extern __shared__ __align__(16) uint8_t sh[];
