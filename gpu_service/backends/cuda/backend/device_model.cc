@@ -53,7 +53,7 @@ std::atomic<bool>& GdnOutByColumnsSwitch() {
 }
 
 std::atomic<int>& RouteThroughOutSwitch() {
-  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 1, 0, 2))};
+  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2))};
   return mode;
 }
 

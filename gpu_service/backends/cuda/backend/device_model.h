@@ -134,10 +134,12 @@ void SetGdnOutByColumns(bool on);
 // ffn read; GDN: ssm_out's copy by columns; attention: after o's rows), and whether fast-mode one-token steps use them
 // (read at upload and when a step is enqueued; settable for tests): the ffn norm then forms the
 // routing logits from the parts (norm_streams.cuh NormRoute) and the fused MoE kernel takes them
-// ready. TANDEM_ROUTE_THROUGH_OUT (mode; read once, settable): 1 GDN layers (the default: +4.6%
-// batch-1 decode on q3n-80b, docs/PERF.md "Thirtieth session"), 2 attention layers too (their o
-// product; measured 0.2-0.3% slower than 1: after attention the norm's launch starts only ~2.5 us
-// before its wait, short of the route blocks' reads), 0 off. 4.5 MB a layer at 80B shapes.
+// ready. TANDEM_ROUTE_THROUGH_OUT (mode; read once, settable): 2 GDN and attention layers (their o
+// product; the default since the o product merges the attention's slices, AttnMergeInOut: +0.5%
+// against 1 in three rounds, docs/PERF.md "Thirty-first session"; before that 0.2-0.3% slower,
+// the norm's launch after o having started only ~2.5 us before its wait, short of the route
+// blocks' reads), 1 GDN layers only (+4.6% batch-1 decode on q3n-80b against 0, "Thirtieth
+// session"), 0 off. 4.5 MB a layer at 80B shapes.
 // RouteThroughOut(): mode > 0; SetRouteThroughOut(on): mode 1 or 0.
 bool RouteThroughOut();
 void SetRouteThroughOut(bool on);
