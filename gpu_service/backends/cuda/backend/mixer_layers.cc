@@ -304,6 +304,7 @@ absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLay
 
 absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan) {
   const cuda::GpuLayer& w = dm->layers[layer];
+  attn_merge = cuda::AttnDeferredMerge{};  // none left by a launch that failed after deferring
   const AttnDims& d = c->attn;
   const cuda::AttnShape& shape = attn_shape;
   const int64_t T = plan.tokens, slot = attn_slot[layer];
