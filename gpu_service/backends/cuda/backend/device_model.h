@@ -131,10 +131,10 @@ void SetGdnOutByColumns(bool on);
 
 // Whether UploadModel appends the router's rows through the output product to the output matrix
 // of every layer it can (GpuLayer::route_rows: f32 router and shared gate rows, a plain one-stream
-// ffn read; GDN: ssm_out's copy by columns; attention: after o's rows), and whether fast-mode one-token steps use them
-// (read at upload and when a step is enqueued; settable for tests): the ffn norm then forms the
-// routing logits from the parts (norm_streams.cuh NormRoute) and the fused MoE kernel takes them
-// ready. TANDEM_ROUTE_THROUGH_OUT (mode; read once, settable): 2 GDN and attention layers (their o
+// ffn read; GDN: ssm_out's copy by columns; attention: after o's rows), and whether fast-mode
+// one-token steps use them (read at upload and when a step is enqueued; settable for tests): the
+// ffn norm then forms the routing logits from the parts (norm_streams.cuh NormRoute) and the fused
+// MoE kernel takes them ready. TANDEM_ROUTE_THROUGH_OUT (mode; read once, settable): 2 GDN and attention layers (their o
 // product; the default since the o product merges the attention's slices, AttnMergeInOut: +0.5%
 // against 1 in three rounds, docs/PERF.md "Thirty-first session"; before that 0.2-0.3% slower,
 // the norm's launch after o having started only ~2.5 us before its wait, short of the route

@@ -289,14 +289,12 @@ absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLay
     mixer_y = out;
     // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
     route_parts = RouteThroughOutFor(w, T, out);
+    const bool with_route = route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route);
+    if (!with_route) route_parts.reset();
     const cuda::AttnDeferredMerge merge = attn_merge;
     attn_merge = cuda::AttnDeferredMerge{};
-    if (route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route)) {
-      return Launch(cuda::LaunchColumnSplitMatVec(w.o_route, ao, out, stream.get(), &merge),
-                    "attention output and routing parts (column split)");
-    }
-    route_parts.reset();
-    return Launch(cuda::LaunchColumnSplitMatVec(w.o, ao, out, stream.get(), &merge), "attention output (column split)");
+    return Launch(cuda::LaunchColumnSplitMatVec(with_route ? w.o_route : w.o, ao, out, stream.get(), &merge),
+                  with_route ? "attention output and routing parts (column split)" : "attention output (column split)");
   }
   if (attn_merge.splits > 0) return absl::InternalError("attention left its merge to a row-split o product");
   return OutProduct(w.o, ao, T, y);

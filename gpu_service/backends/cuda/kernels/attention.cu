@@ -113,9 +113,9 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
       return e;
     }
     // A one-token step's merge left to the column-split o product (attention.cuh: the caller asked,
-    // one row item, head dims one Q8_0x8 super-block of o's columns).
+    // one row item, heads whole in o's column super-blocks).
     if (deferred_merge != nullptr && num_splits > 1 && !merge_here && num_row_items == 1 && num_tile_items == 0 &&
-        (kHd == 128 || kHd == 256)) {
+        AttnMergeableHd(kHd)) {
       *deferred_merge = AttnDeferredMerge{qg, qg_stride, d.nh, d.kvh, items, token_pos, short_keys, num_splits,
                                           part_o, part_ml};
       return cudaGetLastError();

@@ -116,6 +116,9 @@ void SetAttnMergeInBlock(bool on);
 // o holds the attention's output. Otherwise o holds it only for a context of at most short_keys
 // keys (token_pos of the item's last token + 1, read on the device: the split kernel's slice 0
 // wrote it), and the partials of `splits` slices hold it for longer ones.
+// Head widths whose heads a Q8_0x8 super-block of o's columns (256) holds whole, one or two: the
+// widths LaunchAttention defers for and LaunchColumnSplitMatVec merges.
+inline constexpr bool AttnMergeableHd(int64_t hd) { return hd == 128 || hd == 256; }
 struct AttnDeferredMerge {
   const float* qg = nullptr;
   int64_t qg_stride = 0;
@@ -255,8 +258,8 @@ size_t AttentionMaxScratchBytes(const AttnShape& d);
 // device memory; only the plan's counts are host values.
 // hd must be 64, 128 or 256. qg_stride: qg's token rows as for LaunchQueryNormRope (0: nh·2hd); a
 // wider stride is for row items only (a plan with tile items refuses it: cudaErrorInvalidValue).
-// deferred_merge (may be null): for n == 1, a plan of one row item with num_splits > 1, hd 128 or
-// 256 (one or two heads a Q8_0x8 super-block of o's columns) and the merge in the block off, no merge is launched and *deferred_merge
+// deferred_merge (may be null): for n == 1, a plan of one row item with num_splits > 1, hd that
+// AttnMergeableHd takes and the merge in the block off, no merge is launched and *deferred_merge
 // says what to merge (AttnDeferredMerge); otherwise it is set to nothing deferred.
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,

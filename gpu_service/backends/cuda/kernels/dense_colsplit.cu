@@ -126,7 +126,7 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
   if (merging && (merge->qg == nullptr || merge->items == nullptr || merge->token_pos == nullptr ||
                   merge->part_o == nullptr || merge->part_ml == nullptr || merge->nh <= 0 || merge->kvh <= 0 ||
                   merge->nh % merge->kvh != 0 || merge->splits > kMaxSplits || hd * merge->nh != w.cols ||
-                  (hd != 128 && hd != 256))) {
+                  !AttnMergeableHd(hd))) {
     return cudaErrorInvalidValue;
   }
   const auto kernel = !merging ? ColumnSplitKernel<0> : hd == 256 ? ColumnSplitKernel<256> : ColumnSplitKernel<128>;
