@@ -509,7 +509,7 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
 // The routing logits formed from the parts the mixers' output products sum
 // (cuda::SetRouteThroughOutMode, read at upload and when a step is enqueued:
 // kernels/route_compose.cuh) against the router product in the fused MoE grid (small), in mode 1
-// (GDN layers, the default) and 2 (attention's o product too). The logits' last bits move (the
+// (GDN layers) and 2 (attention's o product too, the default). The logits' last bits move (the
 // parts' rounding), so picks may flip at near ties.
 TEST_P(DecodeScheduleTest, RouteThroughOutKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
@@ -520,9 +520,10 @@ TEST_P(DecodeScheduleTest, RouteThroughOutKeepsDecodeLogitsClose) {
   cuda::SetGdnDecodeFused(3);
   cuda::SetOneTokenFused(true);
   for (const int mode : {1, 2}) {
+    const char* what =
+        mode == 1 ? "routing logits through GDN's output product" : "routing logits through every output product";
     ExpectOneTokenSwitchKeepsLogitsClose(
-        GetParam(), mode == 1 ? "routing logits through GDN's output product" : "routing logits through every output product",
-        [mode](bool on) { cuda::SetRouteThroughOutMode(on ? mode : 0); }, /*deterministic=*/false);
+        GetParam(), what, [mode](bool on) { cuda::SetRouteThroughOutMode(on ? mode : 0); }, /*deterministic=*/false);
   }
   cuda::SetOneTokenFused(was_fused);
   cuda::SetGdnDecodeFused(was_mode);
