@@ -57,6 +57,54 @@ TEST_P(GpuDenseTest, EmbeddingGatherMatchesDequantizedRows) {
   EXPECT_LE(gpu_testing::LogError("embedding", RelL2(got, want)), 1e-6);
 }
 
+// The gather's launch zeroes the ranges it is given (whole and partial 16-byte units, several
+// ranges, ranges alone with no token) and writes the same rows as without them; a misaligned or
+// null range is refused.
+TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t h = 256, V = 40, S = 2;
+  const gpu_testing::TestMatrix table = RandomMatrix(rng, GetParam(), h, V);
+  auto d_tokens = Upload(std::vector<int32_t>{7, 39});
+  auto d_plain = Poisoned<float>(static_cast<size_t>(2 * S * h));
+  TANDEM_ASSERT_CUDA(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_plain.get(), nullptr));
+  const std::vector<float> plain = Download(d_plain);
+  for (int64_t n : {int64_t{2}, int64_t{0}}) {
+    // 1 MB (more units than the zeroing blocks' threads: a strided loop), 20 bytes, 16 bytes.
+    const std::vector<size_t> sizes = {size_t{1} << 20, 20, 16};
+    std::vector<gpu_testing::DeviceArray<uint8_t>> ranges;
+    cuda::GatherZeroes zero;
+    for (size_t b : sizes) {
+      ranges.push_back(Poisoned<uint8_t>(b + 16));  // 16 poisoned bytes after each range
+      ASSERT_TRUE(zero.Add(ranges.back().get(), b));
+    }
+    auto d_H = Poisoned<float>(static_cast<size_t>(2 * S * h));
+    TANDEM_ASSERT_CUDA(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), n, S, d_H.get(), zero, nullptr));
+    const std::vector<float> got = Download(d_H);
+    if (n == 2) {
+      EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0) << "rows changed by the ranges";
+    }
+    for (size_t r = 0; r < sizes.size(); ++r) {
+      const std::vector<uint8_t> bytes = Download(ranges[r]);
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        ASSERT_EQ(bytes[i], i < sizes[r] ? 0 : 0xFF) << "n " << n << " range " << r << " byte " << i;
+      }
+    }
+  }
+  cuda::GatherZeroes bad;
+  auto d_bytes = Poisoned<uint8_t>(64);
+  ASSERT_TRUE(bad.Add(d_bytes.get() + 4, 16));
+  auto d_H = Poisoned<float>(static_cast<size_t>(2 * S * h));
+  EXPECT_EQ(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_H.get(), bad, nullptr),
+            cudaErrorInvalidValue);
+  cuda::GatherZeroes null_range;
+  ASSERT_TRUE(null_range.Add(nullptr, 16));
+  EXPECT_EQ(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_H.get(), null_range, nullptr),
+            cudaErrorInvalidValue);
+  cuda::GatherZeroes full;
+  for (int i = 0; i < cuda::kGatherMaxZeroRanges; ++i) EXPECT_TRUE(full.Add(d_bytes.get(), 16));
+  EXPECT_FALSE(full.Add(d_bytes.get(), 16));
+}
+
 TEST_P(GpuDenseTest, MatVecMatchesReferenceForOneToEightRows) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t cols = 1024, rows = 301;

@@ -9,6 +9,7 @@
 
 #include "common/reference/matmul.h"
 #include "common/reference/weight_view.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -17,6 +18,7 @@
 namespace tandem {
 namespace {
 
+using gpu_testing::Alloc;
 using gpu_testing::Download;
 using gpu_testing::Poisoned;
 using gpu_testing::Random;
@@ -83,6 +85,85 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
           << what << ": not the staged kernel's bits";
     }
   }
+}
+
+// MatVecOptions::y_at: the head kernel writes to the destination a device slot holds (set after a
+// graph would have captured the launch), device memory or a page-locked host row through its
+// mapped address, with the bits of a plain launch, and leaves y alone; y_at is refused where the
+// head kernel does not run (another kernel choice, another shape).
+TEST(GpuQ6Head, WritesWhereTheDestinationSlotPoints) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  using K = cuda::MatVecKernel;
+  const int64_t cols = 2048, rows = 4099, row_bytes = 1680;
+  std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * rows));
+  std::mt19937_64 bits(rng());
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = bytes.data() + r * row_bytes;
+    for (int64_t i = 0; i < row_bytes; i += 8) {
+      const uint64_t v = bits();
+      std::memcpy(row + i, &v, 8);
+    }
+    for (int64_t b = 0; b < cols / 256; ++b) {
+      const uint16_t d = static_cast<uint16_t>(0x1400u | (bits() & 0x8FFFu));
+      std::memcpy(row + b * 210 + 208, &d, 2);
+    }
+  }
+  auto d_w = Upload(bytes);
+  const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, rows, row_bytes};
+  ASSERT_TRUE(cuda::DenseMatVecQ6HeadTakes(m, 1));
+  EXPECT_FALSE(cuda::DenseMatVecQ6HeadTakes(m, 2));
+  auto d_x = Upload(Random(rng, static_cast<size_t>(cols)));
+  auto d_plain = Poisoned<float>(static_cast<size_t>(rows));
+  TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_plain.get(), rows, {K::kQ6Head}, nullptr));
+  const std::vector<float> plain = Download(d_plain);
+
+  auto host = cuda::PinnedBuffer::Allocate(static_cast<size_t>(rows) * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::memset(host->get(), 0xFF, host->bytes());
+  void* mapped = nullptr;
+  TANDEM_ASSERT_CUDA(cudaHostGetDevicePointer(&mapped, host->get(), 0));
+  auto d_other = Poisoned<float>(static_cast<size_t>(rows));
+  auto slot = Alloc<float*>(1);
+  for (float* dest : {d_other.get(), static_cast<float*>(mapped)}) {
+    const bool to_host = dest != d_other.get();
+    TANDEM_ASSERT_CUDA(cudaMemcpy(slot.get(), &dest, sizeof(dest), cudaMemcpyHostToDevice));
+    auto d_y = Poisoned<float>(static_cast<size_t>(rows));
+    cuda::MatVecOptions o;
+    o.kernel = K::kQ6Head;
+    o.y_at = slot.get();
+    TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), rows, o, nullptr));
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<float> got(static_cast<size_t>(rows));
+    if (to_host) {
+      std::memcpy(got.data(), host->get(), got.size() * sizeof(float));
+    } else {
+      got = Download(d_other);
+    }
+    EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0)
+        << (to_host ? "host row" : "device row") << ": not a plain launch's bits";
+    const std::vector<float> untouched = Download(d_y);
+    const uint32_t poison = 0xFFFFFFFFu;
+    for (float v : untouched) {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      ASSERT_EQ(u, poison) << "y was written although y_at was set";
+    }
+  }
+  // Refusals: y_at asks for the head kernel by name, at a product it takes.
+  auto d_y = Poisoned<float>(static_cast<size_t>(rows));
+  cuda::MatVecOptions o;
+  o.y_at = slot.get();
+  for (K k : {K::kAuto, K::kStaged, K::kStream}) {
+    o.kernel = k;
+    EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), rows, o, nullptr), cudaErrorInvalidValue);
+  }
+  o.kernel = K::kQ6Head;
+  auto d_x2 = Upload(Random(rng, static_cast<size_t>(2 * cols)));
+  EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x2.get(), cols, 2, d_y.get(), rows, o, nullptr), cudaErrorInvalidValue);
+  const cuda::DeviceMatrix narrow{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), 1024, rows, row_bytes};
+  EXPECT_FALSE(cuda::DenseMatVecQ6HeadTakes(narrow, 1));
+  EXPECT_EQ(cuda::LaunchDenseMatVec(narrow, d_x.get(), 1024, 1, d_y.get(), rows, o, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -2,15 +2,23 @@
 // page-locked (CudaBackend::Impl::EnqueueLogitsCopy), else through the backend's staging buffer:
 // the same bits either way, for prefill rows of every position and for graph-replayed decode steps,
 // with pinned and pageable inputs mixed in one step (adjacent pinned rows go in one copy, the
-// others alone).
+// others alone). HeadKernelWritesPinnedLogitsItself: the one-row Q6_K head kernel writing a pinned
+// caller's row itself.
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/model_gen/model_generator.h"
+#include "common/model_gen/model_spec.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
@@ -100,6 +108,79 @@ TEST(LogitsCopyTest, PinnedAndPageableLogitsGetTheSameBits) {
           << "sequence " << i << " (pinned " << pinned[0] << pinned[1] << pinned[2] << ")";
     }
   }
+}
+
+// A one-token step whose one head row goes through the Q6_K head kernel (h = 2048) has the kernel
+// write the caller's page-locked row itself (CudaBackend::Impl::head_y_at, head_wrote_host) and
+// reads x in place (no gather copy); a pageable caller gets the row through the copy after the
+// head. Both give the bits of each other, eagerly and graph-replayed, for decode steps after a
+// prefill of every position (which takes the other path), in exact and fast mode.
+TEST(LogitsCopyTest, HeadKernelWritesPinnedLogitsItself) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  absl::StatusOr<GenModelSpec> spec = PresetSpec("tiny-q3n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->name = "tandem-head2048";
+  spec->h = 2048;
+  spec->layers = 4;  // three GDN layers and one attention layer
+  spec->vocab = 3001;
+  spec->head_type = WeightType::kQ6_K;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            absl::StrCat("tandem-head2048-", getpid(), ".gguf")).string();
+  ASSERT_TRUE(GenerateModel(*spec, path).ok());
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    for (bool graphs : {false, true}) {
+      std::unique_ptr<CudaBackend> b = OpenGpu(path, mode, true, true, graphs);
+      ASSERT_NE(b, nullptr);
+      const int64_t V = b->config().vocab;
+      ASSERT_EQ(b->config().h, 2048);
+      const std::vector<int32_t> prompt = RandomTokens(kPrompt, V, 77);
+      constexpr int kSteps = 4;
+      // One sequence's rows: the prompt's, then each decode step's.
+      auto run = [&](bool pinned) -> std::vector<float> {
+        const size_t total = static_cast<size_t>((kPrompt + kSteps) * V);
+        absl::StatusOr<cuda::PinnedBuffer> pinned_buf = cuda::PinnedBuffer::Allocate(total * sizeof(float));
+        EXPECT_TRUE(pinned_buf.ok()) << pinned_buf.status();
+        if (!pinned_buf.ok()) return {};
+        std::vector<float> pageable(total);
+        float* rows = pinned ? pinned_buf->as<float>() : pageable.data();
+        std::memset(rows, 0xFF, total * sizeof(float));
+        absl::StatusOr<SequenceSlot> slot = b->CreateSequence();
+        EXPECT_TRUE(slot.ok()) << slot.status();
+        if (!slot.ok()) return {};
+        Backend::StepInput first{*slot, prompt, rows, true};
+        EXPECT_TRUE(b->Step(std::span<const Backend::StepInput>(&first, 1)).ok());
+        for (int step = 0; step < kSteps; ++step) {
+          const int32_t token = static_cast<int32_t>((13 * step + 3) % V);
+          Backend::StepInput in{*slot, std::span<const int32_t>(&token, 1), rows + (kPrompt + step) * V, false};
+          const absl::Status s = b->Step(std::span<const Backend::StepInput>(&in, 1));
+          EXPECT_TRUE(s.ok()) << s;
+        }
+        b->ReleaseSequence(*slot);
+        return std::vector<float>(rows, rows + total);
+      };
+      const std::vector<float> pageable = run(false);
+      const std::vector<float> pinned = run(true);
+      const std::string what = absl::StrCat(mode == CudaMode::kExact ? "exact" : "fast", graphs ? ", graphs" : "");
+      ASSERT_EQ(pinned.size(), pageable.size()) << what;
+      for (int64_t r = 0; r < kPrompt + kSteps; ++r) {
+        const float* p = pinned.data() + r * V;
+        const float* q = pageable.data() + r * V;
+        for (int64_t j = 0; j < V; ++j) ASSERT_TRUE(std::isfinite(p[j])) << what << ": row " << r << " entry " << j;
+        if (mode == CudaMode::kExact) {
+          EXPECT_EQ(std::memcmp(p, q, static_cast<size_t>(V) * sizeof(float)), 0) << what << ": row " << r;
+        } else {
+          // The fast mode's one-token MoE adds into y in no fixed order: the last bits may differ.
+          double num = 0, den = 0;
+          for (int64_t j = 0; j < V; ++j) {
+            num += (static_cast<double>(p[j]) - q[j]) * (static_cast<double>(p[j]) - q[j]);
+            den += static_cast<double>(q[j]) * q[j];
+          }
+          EXPECT_LE(std::sqrt(num / den), 1e-4) << what << ": row " << r;
+        }
+      }
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ struct Q6HeadArgs {
   int out_rows = 0;
   const float* x = nullptr;
   float* y = nullptr;
+  // When set, the kernel writes to *y_at (read after its wait) instead of y: a destination chosen
+  // per step after a CUDA graph captured the launch (the caller's page-locked logits row, written
+  // over PCIe while the head streams, instead of a copy after it).
+  float* const* y_at = nullptr;
 };
 
 namespace {  // internal linkage, as in matvec_core.cuh
@@ -186,6 +190,7 @@ __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6Head
   // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
   PdlWaitForPrevious();
   PdlAllowNext();
+  float* const y = a.y_at != nullptr ? *a.y_at : a.y;
   const int P = lane;
   const Q6LaneOffsets po = Q6OffsetsOf(P);
   float4 xr[16];
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6Head
     constexpr int kLanesPerRow = 32 / kS;
     if (lane % kLanesPerRow == 0) {
       const int row = g * kS + lane / kLanesPerRow;
-      if (row < a.out_rows) a.y[row] = v[0];
+      if (row < a.out_rows) y[row] = v[0];
     }
   }
   CpAsyncWait<0>();  // the trailing (empty or clamped) copies land before the block exits
@@ -264,15 +269,16 @@ cudaError_t LaunchQ6HeadV(const Q6HeadArgs& a, int blocks_per_sm, cudaStream_t s
 
 // y = W·x for one activation row through the head kernel (Q6HeadTakes must hold). variant picks
 // a configuration of kQ6HeadConfigs (cudaErrorInvalidValue outside 0..kQ6HeadVariants - 1);
-// blocks_per_sm > 0 overrides its grid (benchmarks).
+// blocks_per_sm > 0 overrides its grid (benchmarks); y_at as Q6HeadArgs::y_at.
 inline cudaError_t LaunchQ6Head(const uint8_t* w, int64_t row_bytes, int rows, const float* x, float* y, int variant,
-                                int blocks_per_sm, cudaStream_t stream) {
+                                int blocks_per_sm, float* const* y_at, cudaStream_t stream) {
   Q6HeadArgs a;
   a.w = w;
   a.row_bytes = row_bytes;
   a.out_rows = rows;
   a.x = x;
   a.y = y;
+  a.y_at = y_at;
   switch (variant) {
     case 0: return LaunchQ6HeadV<0>(a, blocks_per_sm, stream);
     case 1: return LaunchQ6HeadV<1>(a, blocks_per_sm, stream);

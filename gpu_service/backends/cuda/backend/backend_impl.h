@@ -44,6 +44,20 @@ inline absl::Status Launch(cudaError_t err, const char* what) {
   return cuda::CudaStatus(err, what, __FILE__, __LINE__);
 }
 
+// Whether [p, p + bytes) is page-locked host memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister),
+// judged by its first and last byte. A failed query counts as "no" (and its error is cleared).
+inline bool PinnedHost(const void* p, size_t bytes) {
+  for (const void* q : {p, static_cast<const void*>(static_cast<const char*>(p) + bytes - 1)}) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (attr.type != cudaMemoryTypeHost) return false;
+  }
+  return true;
+}
+
 }  // namespace backend_internal
 
 // The shared expert's parts stacked into one fast-prefill GEMM: [gate; up], plus its gate logit
@@ -169,8 +183,12 @@ class CudaBackend::Impl {
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
   int32_t *sel_blocks = nullptr, *sel_counts = nullptr;
   float *xh = nullptr, *logits = nullptr;
+  // The step's inputs on the device, one allocation that one copy a step fills: a prefix of
+  // kStepPrefixInts (head_dest, the head kernel's destination), then step_ints.
+  static constexpr int64_t kStepPrefixInts = 4;
+  int32_t* step_block = nullptr;
   int32_t* step_ints = nullptr;    // tokens, seq rows, positions (T each), then attention items (2T)
-  cuda::PinnedBuffer staging;      // the host side of step_ints
+  cuda::PinnedBuffer staging;      // the host side of step_block
   cuda::PinnedBuffer host_logits;  // T × vocab
 
   // Sequences.
@@ -188,6 +206,12 @@ class CudaBackend::Impl {
   int64_t head_rows = 0;
   // Per input: its logits came straight from the device (EnqueueLogitsCopy).
   std::vector<bool> logits_direct;
+  // PlanHead: the step's one head row goes through the Q6_K head kernel, which writes to *head_dest()
+  // (the step's copy sets it: the caller's page-locked row, else `logits`). TANDEM_OLD_HEAD_DEST=1:
+  // never (the head writes `logits`, a copy brings the row to the host).
+  bool head_y_at = false;
+  // This step's head kernel writes the caller's page-locked row itself: no copy after it.
+  bool head_wrote_host = false;
 
   // Step-time flags of the layer loop: the last block's output (y) still has to be injected into H
   // (the next read does it), and the inject weights in `a` are all 1 (one stream: not written).
@@ -224,6 +248,7 @@ class CudaBackend::Impl {
   mutable std::mutex profile_mu;
   std::string profile_line;
 
+  float** head_dest() const { return reinterpret_cast<float**>(step_block); }
   int32_t* tokens_dev() const { return step_ints; }
   int32_t* seq_dev() const { return step_ints + options.max_batch_tokens; }
   int32_t* pos_dev() const { return step_ints + 2 * options.max_batch_tokens; }

@@ -167,7 +167,7 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
     }
   }
   // KV pages, checkpoints of the recurrent state (for KeepFirst), token histories.
-  int32_t* host_ints = m.staging.as<int32_t>();
+  int32_t* host_ints = m.staging.as<int32_t>() + Impl::kStepPrefixInts;
   std::vector<int32_t> token_seq(static_cast<size_t>(plan.tokens));
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     CudaSequence& s = *plan.seqs[i];
@@ -214,11 +214,31 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
                                       : cuda::AttentionPrecision::kF32);
   const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.step_ints, host_ints, (3 * T_max + items.size()) * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, st));
+  // The one-row head kernel's destination (PlanHead's head_y_at): the caller's page-locked row
+  // itself, which the kernel writes over PCIe while it streams the head's weights, else `logits`
+  // and a copy after the head (EnqueueLogitsCopy).
+  m.PlanHead(plan, inputs);
+  float* head_dest = m.logits;
+  m.head_wrote_host = false;
+  static const bool old_logits_copy = cuda::EnvSwitch("TANDEM_OLD_LOGITS_COPY");
+  for (size_t i = 0; m.head_y_at && !old_logits_copy && i < inputs.size(); ++i) {
+    if (m.head_first[i] != 0) continue;
+    void* mapped = nullptr;
+    if (backend_internal::PinnedHost(inputs[i].logits, static_cast<size_t>(c.vocab) * sizeof(float)) &&
+        cudaHostGetDevicePointer(&mapped, inputs[i].logits, 0) == cudaSuccess) {
+      head_dest = static_cast<float*>(mapped);
+      m.head_wrote_host = true;
+    } else {
+      (void)cudaGetLastError();  // a failed query is "no": the copy after the head
+    }
+  }
+  std::memcpy(m.staging.get(), &head_dest, sizeof(head_dest));
+  static_assert(sizeof(float*) <= Impl::kStepPrefixInts * sizeof(int32_t));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      m.step_block, m.staging.get(), (Impl::kStepPrefixInts + 3 * T_max + items.size()) * sizeof(int32_t),
+      cudaMemcpyHostToDevice, st));
 
   // Embedding, layers, head: replayed as a graph when the step's shape allows, else enqueued.
-  m.PlanHead(plan, inputs);
   std::vector<int32_t> key;
   bool ran = false;
   if (m.graphs.has_value() && !m.graphs_refused && m.GraphKey(plan, inputs, &key)) {
@@ -254,17 +274,22 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
 
 absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   cudaStream_t st = stream.get();
-  // Before the first kernel: a memset here does not stand between two kernels of the PDL chain.
-  if (absl::Status s = moe->PrepareStep(plan.tokens, st); !s.ok()) return s;
+  // The step's accumulators are zeroed by extra blocks of the embedding gather's launch (one node
+  // of the PDL chain instead of a memset node each before it); TANDEM_OLD_STEP_MEMSETS=1: memsets.
+  static const bool old_memsets = cuda::EnvSwitch("TANDEM_OLD_STEP_MEMSETS");
+  cuda::GatherZeroes zero;
+  if (absl::Status s = moe->PrepareStep(plan.tokens, st, old_memsets ? nullptr : &zero); !s.ok()) return s;
   mixer_out_step =
       plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
   if (mixer_out_step) {
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(mixer_out_y, 0, static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float), st));
+    const size_t bytes = static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float);
+    if (old_memsets || !zero.Add(mixer_out_y, bytes)) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mixer_out_y, 0, bytes, st));
+    }
   }
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(
-          cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, st),
+          cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, zero, st),
           "embedding gather", __FILE__, __LINE__);
       !s.ok()) {
     return s;

@@ -361,18 +361,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     plan.Want(&m.sel_counts, T);
   }
   plan.Want(&m.logits, T * c.vocab);
-  plan.Want(&m.step_ints, 5 * T);
+  plan.Want(&m.step_block, Impl::kStepPrefixInts + 5 * T);
   absl::StatusOr<cuda::DeviceArena> arena = cuda::DeviceArena::Create(plan.bytes());
   if (!arena.ok()) return arena.status();
   m.arena.emplace(*std::move(arena));
   if (absl::Status s = plan.Carve(*m.arena); !s.ok()) return s;
+  m.step_ints = m.step_block + Impl::kStepPrefixInts;
 
   absl::StatusOr<cuda::PinnedBuffer> pt = cuda::PinnedBuffer::Allocate(
       static_cast<size_t>(options.max_sequences * m.max_pages) * sizeof(int32_t));
   if (!pt.ok()) return pt.status();
   m.host_page_table = *std::move(pt);
   std::fill(m.host_page_table.as<int32_t>(), m.host_page_table.as<int32_t>() + options.max_sequences * m.max_pages, 0);
-  absl::StatusOr<cuda::PinnedBuffer> staging = cuda::PinnedBuffer::Allocate(static_cast<size_t>(5 * T) * sizeof(int32_t));
+  absl::StatusOr<cuda::PinnedBuffer> staging = cuda::PinnedBuffer::Allocate(static_cast<size_t>(Impl::kStepPrefixInts + 5 * T) * sizeof(int32_t));
   if (!staging.ok()) return staging.status();
   m.staging = *std::move(staging);
   absl::StatusOr<cuda::PinnedBuffer> hl = cuda::PinnedBuffer::Allocate(static_cast<size_t>(T * c.vocab) * sizeof(float));

@@ -453,38 +453,47 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
     return s;
   }
   inject_pending = false;
+  // The head's rows gathered into xh, unless they are x's own rows in order (a decode step whose
+  // every sequence wants its logits): then the head reads x and no copy stands between the norm
+  // and the head in the PDL chain. TANDEM_OLD_HEAD_COPY=1: always gathered.
+  static const bool old_head_copy = cuda::EnvSwitch("TANDEM_OLD_HEAD_COPY");
+  bool in_place = !old_head_copy;
   int64_t R = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (head_first[i] < 0) continue;
     const int64_t n = plan.counts[i];
     const int64_t from = inputs[i].all_positions ? 0 : n - 1;
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + R * h, x + (plan.offsets[i] + from) * h,
-                                                static_cast<size_t>((n - from) * h) * sizeof(float),
-                                                cudaMemcpyDeviceToDevice, st));
+    in_place = in_place && plan.offsets[i] + from == R;
     R += n - from;
   }
-  if (absl::Status s = Product(dm->output, xh, R, logits); !s.ok()) return s;
+  const float* head_in = x;
+  if (!in_place) {
+    R = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (head_first[i] < 0) continue;
+      const int64_t n = plan.counts[i];
+      const int64_t from = inputs[i].all_positions ? 0 : n - 1;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + R * h, x + (plan.offsets[i] + from) * h,
+                                                  static_cast<size_t>((n - from) * h) * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, st));
+      R += n - from;
+    }
+    head_in = xh;
+  }
+  if (head_y_at) {  // PlanHead: one row through the Q6_K head kernel, into *head_dest()
+    cuda::MatVecOptions o;
+    o.kernel = cuda::MatVecKernel::kQ6Head;
+    o.y_at = head_dest();
+    if (absl::Status s = Launch(cuda::LaunchDenseMatVec(dm->output, head_in, h, 1, logits, c->vocab, o, st), "head");
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = Product(dm->output, head_in, R, logits); !s.ok()) {
+    return s;
+  }
   timer->Mark(Stage::kIo, st);
   return absl::OkStatus();
 }
-
-namespace {
-
-// Whether [p, p + bytes) is page-locked host memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister),
-// judged by its first and last byte. A failed query counts as "no" (and its error is cleared).
-bool PinnedHost(const void* p, size_t bytes) {
-  for (const void* q : {p, static_cast<const void*>(static_cast<const char*>(p) + bytes - 1)}) {
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    if (attr.type != cudaMemoryTypeHost) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::Status CudaBackend::Impl::EnqueueLogitsCopy(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   const int64_t V = c->vocab;
@@ -509,8 +518,12 @@ absl::Status CudaBackend::Impl::EnqueueLogitsCopy(const StepPlan& plan, std::spa
   };
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (head_first[i] < 0) continue;
+    if (head_wrote_host) {  // the head kernel wrote the one row there itself (Step)
+      logits_direct[i] = true;
+      continue;
+    }
     const int64_t len = (inputs[i].all_positions ? plan.counts[i] : 1) * V;
-    const bool direct = !old && PinnedHost(inputs[i].logits, static_cast<size_t>(len) * sizeof(float));
+    const bool direct = !old && backend_internal::PinnedHost(inputs[i].logits, static_cast<size_t>(len) * sizeof(float));
     logits_direct[i] = direct;
     const float* src = logits + head_first[i] * V;
     float* dst = direct ? inputs[i].logits : host_logits.as<float>() + head_first[i] * V;
@@ -534,6 +547,8 @@ void CudaBackend::Impl::PlanHead(const StepPlan& plan, std::span<const Backend::
     head_first[i] = head_rows;
     head_rows += inputs[i].all_positions ? plan.counts[i] : 1;
   }
+  static const bool old_dest = cuda::EnvSwitch("TANDEM_OLD_HEAD_DEST");
+  head_y_at = !old_dest && head_rows == 1 && cuda::DenseMatVecQ6HeadTakes(dm->output, 1);
 }
 
 void CudaBackend::Impl::CopyLogitsOut(const StepPlan& plan, std::span<const Backend::StepInput> inputs) const {

@@ -501,14 +501,15 @@ absl::Status MoeStage::CheckDeviceErrors() {
       "prefill plan a unit it could not run");
 }
 
-absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream) {
+absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZeroes* zero) {
   Impl& m = *impl_;
   m.fused_step = n == 1 && m.options.fast && OneTokenFused() && OneTokenInt16() && OneTokenLogitRoute() &&
                  m.fused_y.get() != nullptr;
   if (m.fused_step) {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m.fused_y.get(), 0, m.fused_y.bytes(), stream));
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(m.fused_router_counters.get(), 0, m.fused_router_counters.bytes(), stream));
+    for (const DeviceBuffer* b : {&m.fused_y, &m.fused_router_counters}) {
+      if (zero != nullptr && zero->Add(b->get(), b->bytes())) continue;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
+    }
   }
   return absl::OkStatus();
 }

@@ -135,7 +135,7 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     if ((large || o.kernel == MatVecKernel::kQ6Head) &&
         fastmv::Q6HeadTakes(w.data, w.cols, w.rows, w.row_bytes, n)) {
       return fastmv::LaunchQ6Head(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.rows), x, y,
-                                  o.variant, o.blocks_per_sm, stream);
+                                  o.variant, o.blocks_per_sm, o.y_at, stream);
     }
     const bool staged = large || o.kernel == MatVecKernel::kStaged || o.kernel == MatVecKernel::kQ6Head;
     if (staged && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
@@ -192,6 +192,9 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
       o.variant >= fastmv::kQ6HeadVariants) {
     return cudaErrorInvalidValue;
   }
+  if (o.y_at != nullptr && (o.kernel != MatVecKernel::kQ6Head || !DenseMatVecQ6HeadTakes(w, n))) {
+    return cudaErrorInvalidValue;
+  }
   MatVecKernel kernel = o.kernel;
   if (kernel == MatVecKernel::kAuto && fastmv::ForceGeneric()) kernel = MatVecKernel::kGeneric;
   if (kernel == MatVecKernel::kAuto || kernel == MatVecKernel::kStream || kernel == MatVecKernel::kStaged ||
@@ -216,6 +219,10 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
                       : LaunchType<kType>(w, x, x_stride, n, y, y_stride, stream);
     }
   });
+}
+
+bool DenseMatVecQ6HeadTakes(const DeviceMatrix& w, int n) {
+  return w.type == kTypeQ6_K && fastmv::Q6HeadTakes(w.data, w.cols, w.rows, w.row_bytes, n);
 }
 
 int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {

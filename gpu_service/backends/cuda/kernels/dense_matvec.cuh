@@ -44,6 +44,10 @@ struct MatVecOptions {
                           // (also the staged and head Q6_K kernels' grid)
   int variant = 0;        // the head kernel's configuration (matvec_q6k_head.cuh kQ6HeadConfigs;
                           // 0 = the default; benchmarks)
+  // kQ6Head only (else cudaErrorInvalidValue, as where the head kernel does not take the product:
+  // DenseMatVecQ6HeadTakes): the kernel writes to *y_at, read on the device after its wait,
+  // instead of y (a destination a captured graph does not fix: the caller's page-locked logits).
+  float* const* y_at = nullptr;
 };
 
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at
@@ -57,6 +61,9 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
 cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_stride, int n,
                               float* y, int64_t y_stride, const MatVecOptions& options,
                               cudaStream_t stream);
+
+// Whether the one-row Q6_K head kernel (MatVecKernel::kQ6Head) takes w at n activation rows.
+bool DenseMatVecQ6HeadTakes(const DeviceMatrix& w, int n);
 
 // The warps per row (1, 2, 4 or 8) over which a kAuto launch of the F32 matrix w at one activation
 // row splits each row: the streaming kernel's own choice, which depends on w.rows. 0 when that

@@ -1,18 +1,43 @@
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
-// One thread per (token, 32-element chunk); the chunk is written to all S streams.
+constexpr int kGatherThreads = 128;
+constexpr int kZeroBlocksMax = 64;
+
+// Blocks [gather_blocks, gridDim.x) zero the ranges: 16-byte stores over each range's whole
+// 16-byte units, then its last bytes % 16 one byte a thread.
+__device__ void ZeroRanges(const GatherZeroes& z, int block, int blocks) {
+  const int64_t t = static_cast<int64_t>(block) * kGatherThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(blocks) * kGatherThreads;
+  for (int r = 0; r < z.count; ++r) {
+    uint4* p4 = static_cast<uint4*>(z.p[r]);
+    const int64_t units = static_cast<int64_t>(z.bytes[r] / 16);
+    for (int64_t u = t; u < units; u += stride) p4[u] = make_uint4(0, 0, 0, 0);
+    const int64_t tail = static_cast<int64_t>(z.bytes[r] % 16);
+    if (t < tail) static_cast<uint8_t*>(z.p[r])[units * 16 + t] = 0;
+  }
+}
+
+// One thread per (token, 32-element chunk); the chunk is written to all S streams. Blocks after
+// the gather's zero `zero`'s ranges.
 template <uint32_t kType>
 __global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, int64_t rows,
                                       int64_t chunks, const int32_t* tokens, int64_t n, int64_t S,
-                                      float* H) {
+                                      float* H, int gather_blocks, const GatherZeroes zero) {
   PdlWaitForPrevious();  // pdl.cuh: nothing of the step is read or written before
   PdlAllowNext();
+  if (static_cast<int>(blockIdx.x) >= gather_blocks) {
+    ZeroRanges(zero, static_cast<int>(blockIdx.x) - gather_blocks, static_cast<int>(gridDim.x) - gather_blocks);
+    return;
+  }
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * chunks) return;
   const int64_t t = i / chunks, c = i % chunks;
@@ -34,12 +59,17 @@ __global__ void EmbeddingGatherKernel(const uint8_t* table, int64_t row_bytes, i
 
 template <uint32_t kType>
 cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int64_t S, float* H,
-                   cudaStream_t stream) {
+                   const GatherZeroes& zero, cudaStream_t stream) {
   const int64_t chunks = m.cols / 32;
   const int64_t total = n * chunks;
-  const int threads = 128;
-  return LaunchPdl(EmbeddingGatherKernel<kType>, static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream,
-      static_cast<const uint8_t*>(m.data), m.row_bytes, m.rows, chunks, tokens, n, S, H);
+  const int64_t gather_blocks = (total + kGatherThreads - 1) / kGatherThreads;
+  int64_t units = 0;
+  for (int r = 0; r < zero.count; ++r) units += static_cast<int64_t>((zero.bytes[r] + 15) / 16);
+  const int64_t zero_blocks = std::min<int64_t>(kZeroBlocksMax, (units + kGatherThreads - 1) / kGatherThreads);
+  if (gather_blocks + zero_blocks == 0) return cudaSuccess;
+  return LaunchPdl(EmbeddingGatherKernel<kType>, static_cast<unsigned>(gather_blocks + zero_blocks), kGatherThreads,
+                   0, stream, static_cast<const uint8_t*>(m.data), m.row_bytes, m.rows, chunks, tokens, n, S, H,
+                   static_cast<int>(gather_blocks), zero);
 }
 
 }  // namespace
@@ -47,9 +77,18 @@ cudaError_t Launch(const DeviceMatrix& m, const int32_t* tokens, int64_t n, int6
 cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
                                   int64_t S, float* H, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
+  return LaunchEmbeddingGather(table, tokens, n, S, H, GatherZeroes{}, stream);
+}
+
+cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
+                                  int64_t S, float* H, const GatherZeroes& zero, cudaStream_t stream) {
+  if (n < 0 || zero.count < 0 || zero.count > kGatherMaxZeroRanges) return cudaErrorInvalidValue;
+  for (int r = 0; r < zero.count; ++r) {
+    if (zero.p[r] == nullptr || reinterpret_cast<uintptr_t>(zero.p[r]) % 16 != 0) return cudaErrorInvalidValue;
+  }
   if (!DenseKernelsSupportType(table.type) || table.cols % RowLengthMultiple(table.type) != 0 || S <= 0) return cudaErrorInvalidValue;
   return DispatchOnType(table.type, DenseGgmlWeightTypes{}, cudaErrorInvalidValue,
-                        [&](auto t) { return Launch<decltype(t)::value>(table, tokens, n, S, H, stream); });
+                        [&](auto t) { return Launch<decltype(t)::value>(table, tokens, n, S, H, zero, stream); });
 }
 
 }  // namespace tandem::cuda

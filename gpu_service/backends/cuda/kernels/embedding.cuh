@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/device_matrix.h"
@@ -16,6 +17,32 @@ namespace tandem::cuda {
 // rows are filled with NaN so that the error shows downstream instead of reading stray memory. cudaErrorInvalidValue for an unsupported type or h not a multiple of 32.
 cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
                                   int64_t S, float* H, cudaStream_t stream);
+
+// Device byte ranges a gather's launch also zeroes: the decode step's accumulators (the fused MoE
+// kernel's y and router counters, the mixers' output rows), which three memset nodes ahead of the
+// gather cleared before. A memset node is a launch of its own in the step's chain and cannot
+// overlap its neighbours as PDL launches do; extra blocks of the gather's grid cost neither. Each
+// range 16-byte aligned; at most kGatherMaxZeroRanges.
+inline constexpr int kGatherMaxZeroRanges = 4;
+struct GatherZeroes {
+  void* p[kGatherMaxZeroRanges] = {};
+  size_t bytes[kGatherMaxZeroRanges] = {};
+  int count = 0;
+  // Appends [p, p + bytes); false when full (the caller clears that range itself).
+  bool Add(void* ptr, size_t n) {
+    if (count == kGatherMaxZeroRanges) return false;
+    p[count] = ptr;
+    bytes[count] = n;
+    ++count;
+    return true;
+  }
+};
+
+// The gather with `zero`'s ranges cleared by extra blocks of the same launch (after its PDL wait,
+// pdl.cuh, so that the ranges' readers and writers of the step before have completed). n may be 0
+// (the ranges alone). cudaErrorInvalidValue also for a misaligned range.
+cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
+                                  int64_t S, float* H, const GatherZeroes& zero, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
