@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/reference/moe.h"
+#include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "tests/gpu_moe/one_token_support.h"
 #include "tests/gpu_moe/test_support.h"
@@ -377,6 +379,30 @@ TEST(OneTokenFusedTest, PickWithoutALocationIsFlaggedAndSkipped) {
         TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
       },
       kTol, "fused");
+}
+
+// The flag written into page-locked host memory through its mapped address (as the MoE stage
+// passes it, MoeStage::Impl::error_word): set by the bad pick, readable on the host after the
+// launch with no copy.
+TEST(OneTokenFusedTest, PickWithoutALocationFlagsAMappedHostWord) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const one_token_testing::MissingFirstPick c(rng);
+  absl::StatusOr<PinnedBuffer> word = PinnedBuffer::Allocate(sizeof(int));
+  ASSERT_TRUE(word.ok()) << word.status();
+  for (bool missing : {false, true}) {
+    *word->as<int>() = 0;
+    void* mapped = nullptr;
+    TANDEM_ASSERT_CUDA(cudaHostGetDevicePointer(&mapped, word->get(), 0));
+    std::vector<float> logits = c.logits;
+    if (!missing) logits[5] = -3.0f;  // expert 5 (no location) is not picked
+    OneTokenStep step(c.ex, c.kK, logits, c.x, std::vector<float>(static_cast<size_t>(c.kH), 0.0f), 0.0f);
+    OneTokenMoeArgs a = FusedArgs(step, c.ex, c.kK, Shared::kNone, false);
+    a.error = static_cast<int*>(mapped);
+    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, nullptr, nullptr));
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(*static_cast<volatile int*>(word->as<int>()), missing ? 1 : 0) << (missing ? "missing" : "all placed");
+  }
 }
 
 TEST(OneTokenFusedTest, RefusesWhatItCannotRun) {

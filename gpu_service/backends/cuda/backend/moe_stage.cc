@@ -240,7 +240,16 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<PinnedBuffer> readback = PinnedBuffer::Allocate(sizeof(int32_t));
     if (!readback.ok()) return readback.status();
     impl->error_readback = *std::move(readback);
+    *impl->error_readback.as<int>() = 0;
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->plan_ints.get(), 0, 3 * sizeof(int32_t)));
+    impl->error_copied = EnvSwitch("TANDEM_OLD_ERROR_READBACK");
+    if (impl->error_copied) {
+      impl->error_word = impl->plan_ints.as<int>() + 1;
+    } else {
+      void* mapped = nullptr;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&mapped, impl->error_readback.get(), 0));
+      impl->error_word = static_cast<int*>(mapped);
+    }
     if (impl->prefill_units_bound > 0 && E <= kRoutePlanGridMaxExperts) {
       // The grid route-plan kernel's scratch (route_plan_grid.cuh): zeroed once, left valid by every launch.
       const int64_t ints = RoutePlanGridScratchInts(static_cast<int>(E));
@@ -487,7 +496,7 @@ void MoeStage::SetSharedExpertFn(SharedExpertFn fn) { impl_->shared_fn = std::mo
 
 absl::Status MoeStage::EnqueueErrorReadback(cudaStream_t stream) {
   Impl& m = *impl_;
-  if (m.plan_tokens == 0) return absl::OkStatus();
+  if (m.plan_tokens == 0 || !m.error_copied) return absl::OkStatus();  // else the kernels write the word itself
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.error_readback.get(), m.plan_ints.as<int>() + 1, sizeof(int),
                                               cudaMemcpyDeviceToHost, stream));
   return absl::OkStatus();

@@ -227,8 +227,10 @@ class MoeStage {
   // them while writing x (NormMmqOut::x16) passes x_ready = true, and Run does not convert x again.
   uint16_t* StreamedF16Input(int64_t layer, int64_t n, ExpertSource& source);
 
-  // The device planner flags picks it could not place (never expected from the router). Enqueue
-  // the flag's read-back at the end of a step, then check it once the stream has reached it.
+  // The device planner flags picks it could not place (never expected from the router): the
+  // kernels write the flag into page-locked memory, checked once the stream has passed the step
+  // (EnqueueErrorReadback enqueues nothing; with TANDEM_OLD_ERROR_READBACK=1 it copies the flag
+  // there from the device).
   absl::Status EnqueueErrorReadback(cudaStream_t stream);
   // Run's host-planned path tries fn first for the shared expert of GEMM-sized steps.
   void SetSharedExpertFn(SharedExpertFn fn);

@@ -108,7 +108,7 @@ absl::Status MoeStage::Impl::RunPrefillDevicePlanned(int64_t layer, const float*
   }
   const int bound = static_cast<int>(MaxPlanUnits(n * K, E));
   int* count = plan_ints.as<int>();
-  int* error = count + 1;  // read back at the end of the step (EnqueueErrorReadback)
+  int* error = error_word;  // read by the host after the step (CheckDeviceErrors)
   // The grid route-plan kernel (unless TANDEM_OLD_PREFILL_PLAN): routing, plan and, for the
   // runner, its tiles and slot index in one launch; else the route-and-plan kernel here and the
   // runner's tile builder in RunDevicePlanned.

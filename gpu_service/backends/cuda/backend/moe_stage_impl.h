@@ -72,7 +72,13 @@ struct MoeStage::Impl {
   int64_t plan_tokens = 0;
   // plan_ints: [unit count, error flag, the route-and-plan kernel's block counter]
   DeviceBuffer plan_units, plan_shared_units, plan_ints;
+  // The error flag the kernels set (`*error = 1`, never read on the device): the page-locked word
+  // error_readback itself through its mapped address, so that the host reads it after the step
+  // with no copy behind the step's last kernel; TANDEM_OLD_ERROR_READBACK=1: plan_ints[1] and a
+  // copy into error_readback at the end of each step.
   PinnedBuffer error_readback;
+  int* error_word = nullptr;
+  bool error_copied = false;  // TANDEM_OLD_ERROR_READBACK
   // The grid route-plan kernel's scratch (route_plan_grid.cuh) for prefill steps, zeroed at creation
   // (plan_grid_ints ints; 0: not set up, the old route-and-plan kernel and tile builder run).
   DeviceBuffer plan_grid;
@@ -102,7 +108,7 @@ struct MoeStage::Impl {
     a.table = table;
     a.units = plan_units.as<ExpertUnit>();
     a.num_units = plan_ints.as<int>();
-    a.error = plan_ints.as<int>() + 1;
+    a.error = error_word;
     a.slot = slot.as<int32_t>();
     return a;
   }
