@@ -355,6 +355,10 @@ class CudaBackend::Impl {
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);
   // Which rows of the step go through the head (head_first, head_rows): host only, every step.
   void PlanHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
+  // After PlanHead: where the one-row head kernel writes this step (head_y_at): the page-locked
+  // logits row of the input that wants it, through its mapped address (head_wrote_host), else
+  // `logits`.
+  float* HeadDestination(std::span<const Backend::StepInput> inputs);
   // The head for the rows PlanHead chose (no wait).
   absl::Status EnqueueHead(const StepPlan& plan, std::span<const Backend::StepInput> inputs);
   // After the forward (graph or not): the head's rows to each input's logits when those are

@@ -214,24 +214,9 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
                                       : cuda::AttentionPrecision::kF32);
   const std::vector<int32_t>& items = plan.attn.items;
   std::copy(items.begin(), items.end(), host_ints + 3 * T_max);
-  // The one-row head kernel's destination (PlanHead's head_y_at): the caller's page-locked row
-  // itself, which the kernel writes over PCIe while it streams the head's weights, else `logits`
-  // and a copy after the head (EnqueueLogitsCopy).
+  // The head's rows and, in the step's input block, the one-row head kernel's destination.
   m.PlanHead(plan, inputs);
-  float* head_dest = m.logits;
-  m.head_wrote_host = false;
-  static const bool old_logits_copy = cuda::EnvSwitch("TANDEM_OLD_LOGITS_COPY");
-  for (size_t i = 0; m.head_y_at && !old_logits_copy && i < inputs.size(); ++i) {
-    if (m.head_first[i] != 0) continue;
-    void* mapped = nullptr;
-    if (backend_internal::PinnedHost(inputs[i].logits, static_cast<size_t>(c.vocab) * sizeof(float)) &&
-        cudaHostGetDevicePointer(&mapped, inputs[i].logits, 0) == cudaSuccess) {
-      head_dest = static_cast<float*>(mapped);
-      m.head_wrote_host = true;
-    } else {
-      (void)cudaGetLastError();  // a failed query is "no": the copy after the head
-    }
-  }
+  float* const head_dest = m.HeadDestination(inputs);
   std::memcpy(m.staging.get(), &head_dest, sizeof(head_dest));
   static_assert(sizeof(float*) <= Impl::kStepPrefixInts * sizeof(int32_t));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(

@@ -457,26 +457,20 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
   // every sequence wants its logits): then the head reads x and no copy stands between the norm
   // and the head in the PDL chain. TANDEM_OLD_HEAD_COPY=1: always gathered.
   static const bool old_head_copy = cuda::EnvSwitch("TANDEM_OLD_HEAD_COPY");
+  // Input i's head rows: x's rows [first_row(i), first_row(i) + its rows) go to head row head_first[i].
+  auto first_row = [&](size_t i) { return plan.offsets[i] + (inputs[i].all_positions ? 0 : plan.counts[i] - 1); };
   bool in_place = !old_head_copy;
-  int64_t R = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (head_first[i] < 0) continue;
-    const int64_t n = plan.counts[i];
-    const int64_t from = inputs[i].all_positions ? 0 : n - 1;
-    in_place = in_place && plan.offsets[i] + from == R;
-    R += n - from;
+    if (head_first[i] >= 0) in_place = in_place && first_row(i) == head_first[i];
   }
   const float* head_in = x;
   if (!in_place) {
-    R = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (head_first[i] < 0) continue;
-      const int64_t n = plan.counts[i];
-      const int64_t from = inputs[i].all_positions ? 0 : n - 1;
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + R * h, x + (plan.offsets[i] + from) * h,
-                                                  static_cast<size_t>((n - from) * h) * sizeof(float),
+      const int64_t rows = inputs[i].all_positions ? plan.counts[i] : 1;
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xh + head_first[i] * h, x + first_row(i) * h,
+                                                  static_cast<size_t>(rows * h) * sizeof(float),
                                                   cudaMemcpyDeviceToDevice, st));
-      R += n - from;
     }
     head_in = xh;
   }
@@ -488,22 +482,47 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
         !s.ok()) {
       return s;
     }
-  } else if (absl::Status s = Product(dm->output, head_in, R, logits); !s.ok()) {
+  } else if (absl::Status s = Product(dm->output, head_in, head_rows, logits); !s.ok()) {
     return s;
   }
   timer->Mark(Stage::kIo, st);
   return absl::OkStatus();
 }
 
+namespace {
+
+// A caller's logits in page-locked memory get the head's rows straight from the device, as
+// llama.cpp's pinned output buffer does; pageable ones through host_logits and CopyLogitsOut (one
+// host copy more: ~60 us a step for one 152k-entry row on the H200's host, where one thread reads
+// ~10 GB/s). TANDEM_OLD_LOGITS_COPY=1 stages every row (an A/B switch).
+bool OldLogitsCopy() {
+  static const bool old = cuda::EnvSwitch("TANDEM_OLD_LOGITS_COPY");
+  return old;
+}
+
+}  // namespace
+
+float* CudaBackend::Impl::HeadDestination(std::span<const Backend::StepInput> inputs) {
+  head_wrote_host = false;
+  if (!head_y_at || OldLogitsCopy()) return logits;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (head_first[i] != 0) continue;
+    void* mapped = nullptr;
+    if (backend_internal::PinnedHost(inputs[i].logits, static_cast<size_t>(c->vocab) * sizeof(float)) &&
+        cudaHostGetDevicePointer(&mapped, inputs[i].logits, 0) == cudaSuccess) {
+      head_wrote_host = true;
+      return static_cast<float*>(mapped);
+    }
+    (void)cudaGetLastError();  // a failed query is "no": the copy after the head
+  }
+  return logits;
+}
+
 absl::Status CudaBackend::Impl::EnqueueLogitsCopy(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   const int64_t V = c->vocab;
   cudaStream_t st = stream.get();
   logits_direct.assign(inputs.size(), false);
-  // A caller's logits in page-locked memory get the head's rows straight from the device, as
-  // llama.cpp's pinned output buffer does; pageable ones through host_logits and CopyLogitsOut
-  // (one host copy more: ~60 us a step for one 152k-entry row on the H200's host, where one
-  // thread reads ~10 GB/s). TANDEM_OLD_LOGITS_COPY=1 stages every row (an A/B switch).
-  static const bool old = cuda::EnvSwitch("TANDEM_OLD_LOGITS_COPY");
+  const bool old = OldLogitsCopy();
   // Adjacent rows whose destinations are adjacent too go in one copy.
   const float* run_src = nullptr;
   float* run_dst = nullptr;
