@@ -583,6 +583,22 @@ TEST_P(DecodeScheduleTest, MixerNormInProductKeepsDecodeLogitsClose) {
   cuda::SetMixerNormLaunch(was);
 }
 
+// A GDN layer of a one-token fast step in one launch (cuda::SetGdnDecodeLayerOne,
+// TANDEM_GDN_LAYER_ONE: the stacked input product inside the fused kernel, x as int16 there) against
+// the norm-in product's launch before the fused kernel (mode 3; small: clusters of 256 columns, the
+// mixer read's norm inside the product; tiny-q3n's clusters hold 128, which the kernel does not take).
+TEST_P(DecodeScheduleTest, GdnLayerInOneLaunchKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's GDN clusters cover 128 columns: the kernel does not run";
+  const bool was = cuda::GdnDecodeLayerOne();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "the GDN layer in one launch",
+                                       [](bool on) { cuda::SetGdnDecodeLayerOne(on); }, /*deterministic=*/false);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetGdnDecodeLayerOne(was);
+}
+
 // Attention's o product split by columns at one-token steps (cuda::SetAttnOutColumnSplit: added into
 // a per-layer buffer with atomics, its input as int16) against the row-split matvec (small: o is
 // Q8_0x8; tiny-q3n's o is under the regrouping size, which the kernel does not take).

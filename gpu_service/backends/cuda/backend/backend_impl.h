@@ -332,6 +332,11 @@ class CudaBackend::Impl {
     bool stacked_in = false, out_inside = false, z_side = false;
   };
   GdnInputs PlanGdnInputs(const cuda::GpuLayer& w, int64_t T, int fused_switch) const;
+  // Whether RunGdn runs the layer w (inputs planned as `in`) in one launch with its stacked input
+  // product inside (cuda::LaunchGdnDecodeLayer, TANDEM_GDN_LAYER_ONE): a one-token step with ssm_out
+  // inside the fused kernel (by columns, bulk copies), the one stacked product forming its own norm
+  // (x_norm_in), and the shapes the launch takes.
+  bool GdnLayerInOneLaunch(const cuda::GpuLayer& w, const GdnInputs& in) const;
   // Whether layer w's mixer read of a one-token step leaves its norm to the products that read x
   // (LaunchDenseMatVecNormIn: a GDN layer's product over w.mixer_in; attention's over [k; v] and q,
   // or [q; k; v]), each forming x itself: the norm's launch is saved, H's inject moves to the

@@ -18,6 +18,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
@@ -43,6 +44,15 @@ CudaBackend::Impl::GdnInputs CudaBackend::Impl::PlanGdnInputs(const cuda::GpuLay
   in.z_side = in.stacked_in && w.qkv_ba.present() &&
               (in.out_inside ? out_mode_switch == 4 : cuda::GdnStackedZSide());
   return in;
+}
+
+bool CudaBackend::Impl::GdnLayerInOneLaunch(const cuda::GpuLayer& w, const GdnInputs& in) const {
+  if (!cuda::GdnDecodeLayerOne() || !in.out_inside || in.z_side || !x_norm_in.has_value() ||
+      cuda::ProbeGdnInputProducts() || w.ssm_out_by_columns == nullptr || !cuda::GdnOutBulk()) {
+    return false;
+  }
+  return w.z.rows + w.qkv.rows + 2 * c->gdn.nv == w.mixer_in.rows &&
+         cuda::GdnDecodeLayerFits(gdn_shape, w.ssm_out, w.mixer_in, w.ssm_out_by_columns_rows);
 }
 
 absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
@@ -90,9 +100,12 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
-    // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in).
-    if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true); !s.ok()) {
-      return s;
+    // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in); with
+    // the layer in one launch (GdnLayerInOneLaunch) the fused kernel computes the product below.
+    if (!GdnLayerInOneLaunch(w, in)) {
+      if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true); !s.ok()) {
+        return s;
+      }
     }
     z_rows = mixer_rows.as<float>();
     qkv_rows = z_rows + w.z.rows;
@@ -159,6 +172,16 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // row's floats past h, which the ffn norm reads when the step routes through them.
     const int64_t rows = w.ssm_out_by_columns != nullptr ? w.ssm_out_by_columns_rows : 0;
     route_parts = RouteThroughOutFor(w, T, out);
+    if (GdnLayerInOneLaunch(w, in)) {
+      cuda::GdnDecodeIn layer_in;
+      layer_in.w = w.mixer_in;
+      layer_in.qkv_row0 = w.z.rows;
+      layer_in.ba_row0 = w.z.rows + w.qkv.rows;
+      layer_in.norm = *x_norm_in;
+      layer_in.rows = mixer_rows.as<float>();
+      return Launch(cuda::LaunchGdnDecodeLayer(args, w.ssm_out, out, shape, layer_in, st, w.ssm_out_by_columns, rows),
+                    "gdn decode (the layer in one launch)");
+    }
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns, rows),
                   "gdn decode (fused, ssm_out inside)");
   }

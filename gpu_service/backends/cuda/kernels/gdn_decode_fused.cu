@@ -23,6 +23,7 @@
 
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +32,7 @@
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_in.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
@@ -182,10 +184,14 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
 // each thread sums its rows' 8 blocks with dp2a (int8 weights × int16 outputs, exact in int32).
 // Why: the gated norm and the output product were two more launches on the decode chain (~3 and
 // ~5.5 us a GDN layer on the H200 timeline, docs/PERF.md, for 8.9 MB of weights, ~2 us of HBM).
-template <int kDk, bool kGated, bool kOut = false>
+//
+// kIn (kOut too; gdn_decode_in.cuh): the layer's stacked input product [z; qkv; ba] is computed here
+// first, each cluster the rows its key head group reads, into in.rows, which a.qkv, a.ba and a.z
+// then name; its rows stream through a ring of bulk copies issued before the PDL wait.
+template <int kDk, bool kGated, bool kOut = false, bool kIn = false>
 __global__ void __launch_bounds__(kThreads)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
-                     bool early_state, bool early_gate) {
+                     bool early_state, bool early_gate, GdnInProduct in) {
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
@@ -199,6 +205,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   __shared__ float gate_g[kMaxNv], gate_beta[kMaxNv];
   __shared__ __align__(16) float o_sh[kCols];  // gated: the block's outputs
   __shared__ float sq_part[kCols / 4];          // gated: their sums of squares, 4 outputs each
+  __shared__ __align__(8) uint64_t in_bar[kIn ? kInMaxSlots : 1];  // kIn: the ring's slots
   const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   const int vh = blockIdx.x, r = nv / nk, group = vh / r;
   const int col = blockIdx.y * kCols + lane;
@@ -263,8 +270,50 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       CopyColumnRows<kThreads>(dst, src, a.out_row_bytes, out_rpb, tid);
     }
   }
+  // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.
+  const int in_rank = kIn ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int in_cluster = kIn ? r * static_cast<int>(gridDim.y) : 1;
+  const int in_chunks = kIn ? (InChunks(r, kDk, dv) - in_rank + in_cluster - 1) / in_cluster : 0;
+  const InLayout& in_l = in.smem;
+  const uint32_t in_bar0 = kIn ? static_cast<uint32_t>(__cvta_generic_to_shared(&in_bar[0])) : 0u;
+  if constexpr (kIn) {
+    if (tid == 0) {
+      for (int s = 0; s < in.slots; ++s) mbarrier::Init(in_bar0 + 8u * static_cast<uint32_t>(s), 1);
+      mbarrier::InitFence();
+      const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
+      for (int i = 0; i < in.slots && i < in_chunks; ++i) IssueInChunk(in, i, in_rank, in_cluster, group, nk, r, kDk, dv, ring, in_bar0);
+    }
+    InNormEarlyCopies(in, reinterpret_cast<float4*>(out_sh + in_l.area), tid);
+  }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
+  if constexpr (kIn) {
+    // x, then this block's chunks of the input rows as they land (a warp a row), each slot refilled
+    // with the chunk `slots` ahead once every warp is done with it; then the cluster's rows are
+    // visible to all its blocks (the barrier's release and acquire cover global memory).
+    int16_t* xq = reinterpret_cast<int16_t*>(out_sh + in_l.xq);
+    float* xscale = reinterpret_cast<float*>(out_sh + in_l.xscale);
+    InFormX(in, reinterpret_cast<float4*>(out_sh + in_l.area), xq, xscale, tid, lane, warp);
+    InLaneX lx;
+    LoadInLaneX(xq, xscale, in.cols, lane, lx);
+    const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
+    for (int i = 0; i < in_chunks; ++i) {
+      const int slot = i % in.slots;
+      mbarrier::WaitParity(in_bar0 + 8u * static_cast<uint32_t>(slot), static_cast<uint32_t>((i / in.slots) & 1));
+      const InChunk c = InChunkOf(in, in_rank + i * in_cluster, group, nk, r, kDk, dv);
+      if (warp < c.rows) {
+        const uint8_t* row = out_sh + in_l.ring + (slot * kInChunkRows + warp) * in.row_bytes;
+        const float v = InRowDot(row, lx, in.cols, lane);
+        if (lane == 0) in.rows[c.row0 + warp] = v;
+      }
+      __syncthreads();  // every warp is done with the slot
+      if (tid == 0 && i + in.slots < in_chunks) {
+        IssueInChunk(in, i + in.slots, in_rank, in_cluster, group, nk, r, kDk, dv, ring, in_bar0);
+      }
+    }
+    ClusterArrive();
+    ClusterWait();
+  }
   float gate_b = 0.0f, gate_a = 0.0f;
   if (gate_thread) {
     const float* row = GdnBaRow(a.ba, a.ba_stride, t, vh, r);
@@ -367,15 +416,38 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
 }
 
-template <int kDk, bool kGated, bool kOut = false>
-cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream) {
+// The kIn form's dynamic shared memory limit: the device's opt-in maximum a block less the kernel's
+// static shared memory (0 when either cannot be read).
+template <int kDk>
+int InMaxDynamicSmem() {
+  static const int bytes = [] {
+    int dev = 0, optin = 0;
+    cudaFuncAttributes f{};
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&f, GdnDecodeFusedKernel<kDk, true, true, true>) != cudaSuccess) {
+      return 0;
+    }
+    return optin - static_cast<int>(f.sharedSizeBytes);
+  }();
+  return bytes;
+}
+
+template <int kDk, bool kGated, bool kOut = false, bool kIn = false>
+cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream,
+                   const GdnInProduct& in = {}) {
   // The q/k norms' sums of squares as the LaunchGdnPrepare kernel of n tokens forms them.
   const bool qk_x_first = n < kGdnPrepareShortRunBelow;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
   config.blockDim = dim3(32, kWarps);
   config.dynamicSmemBytes = 0;
-  if constexpr (kOut) {
+  if constexpr (kIn) {
+    static const cudaError_t attr = cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, true>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, InMaxDynamicSmem<kDk>());
+    if (attr != cudaSuccess) return attr;
+    config.dynamicSmemBytes = static_cast<size_t>(in.smem.end);
+  } else if constexpr (kOut) {
     static const cudaError_t attr =
         cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
@@ -394,8 +466,8 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.numAttrs = 2;
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
-  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
-                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate());
+  return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kIn>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
+                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), in);
 }
 
 }  // namespace
@@ -481,6 +553,92 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
 }
 
 namespace {
+
+// The kIn form's product and shared memory for these arguments; slots 0 where it does not fit.
+GdnInProduct InPlan(const GdnDecodeFusedArgs& a, const GdnShape& d, const GdnDecodeIn& in) {
+  GdnInProduct p;
+  const DeviceMatrix& w = in.w;
+  p.w = static_cast<const uint8_t*>(w.data);
+  p.row_bytes = w.row_bytes;
+  p.cols = static_cast<int>(w.cols);
+  p.qkv_row0 = static_cast<int>(in.qkv_row0);
+  p.ba_row0 = static_cast<int>(in.ba_row0);
+  p.rows = in.rows;
+  p.H = in.norm.H;
+  p.y = in.norm.y;
+  p.shared = in.norm.sh.shared;
+  p.gate_logit = in.norm.sh.gate_logit;
+  p.gamma = in.norm.gamma;
+  p.eps = in.norm.eps;
+  p.h_early = in.norm.h_written_earlier && !OldNormEarlyH();  // as the norm-in product's
+  const norm_row::RegSplit split = norm_row::RegSplitFor(w.cols / 4);
+  p.norm_vec = split.vec;
+  p.norm_threads = split.threads;
+  const int max_smem = d.dk == 128 ? InMaxDynamicSmem<128>() : InMaxDynamicSmem<64>();
+  const int base = static_cast<int>(OutSharedBytes(a.out_rows / kOutClusterBlocks));
+  const int fixed = InSharedLayout(base, w.row_bytes, 0, p.cols).end;
+  const int64_t slot_bytes = kInChunkRows * w.row_bytes;
+  const int64_t slots = std::min<int64_t>(kInMaxSlots, (max_smem - fixed) / slot_bytes);
+  p.slots = slots >= 2 ? static_cast<int>(slots) : 0;
+  p.smem = InSharedLayout(base, w.row_bytes, p.slots, p.cols);
+  return p;
+}
+
+}  // namespace
+
+bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& out, const DeviceMatrix& in_w, int64_t by_columns_rows) {
+  if (!GdnDecodeOutFits(d, out) || !Q8_0x8RowsAligned(in_w) || in_w.cols > kInMaxCols) return false;
+  if (in_w.rows != static_cast<int64_t>(d.nv) * d.dv + d.c_dim() + 2 * d.nv || in_w.rows > (int64_t{1} << 30)) {
+    return false;
+  }
+  const norm_row::RegSplit split = norm_row::RegSplitFor(in_w.cols / 4);
+  if (split.vec == 0 || split.threads > kThreads) return false;
+  GdnDecodeFusedArgs a;
+  a.out_rows = static_cast<int>(by_columns_rows == 0 ? out.rows : by_columns_rows);
+  GdnDecodeIn in;
+  in.w = in_w;
+  return InPlan(a, d, in).slots > 0;
+}
+
+cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
+                                 const GdnShape& d, const GdnDecodeIn& in, cudaStream_t stream,
+                                 const void* out_by_columns, int64_t by_columns_rows) {
+  if (by_columns_rows == 0) by_columns_rows = out.rows;
+  if (!GdnDecodeLayerFits(d, out, in.w, by_columns_rows)) return cudaErrorNotSupported;
+  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
+  if (in.qkv_row0 != vw || in.ba_row0 != vw + d.c_dim() || in.rows == nullptr || in.norm.H == nullptr ||
+      in.norm.gamma == nullptr || (in.norm.sh.shared != nullptr && in.norm.y == nullptr) ||
+      out_by_columns == nullptr || !GdnOutBulk()) {
+    return cudaErrorInvalidValue;
+  }
+  // The fused kernel's inputs are the product's rows.
+  GdnDecodeFusedArgs a = args;
+  a.z = in.rows;
+  a.qkv = in.rows + in.qkv_row0;
+  a.ba = in.rows + in.ba_row0;
+  a.z_stride = a.qkv_stride = a.ba_stride = in.w.rows;
+  a = WithDefaultStrides(a, d);
+  if (out_y == nullptr || !InputsOk(a, d, /*gated_norm=*/true) || reinterpret_cast<uintptr_t>(out_by_columns) % 16 != 0 ||
+      by_columns_rows < out.rows || by_columns_rows % kOutClusterBlocks != 0 ||
+      by_columns_rows / kOutClusterBlocks > kMaxOutRowsPerBlock) {
+    return cudaErrorInvalidValue;
+  }
+  a.out_w = static_cast<const uint8_t*>(out_by_columns);
+  a.out_row_bytes = kOutSuperBytes;
+  a.out_group_bytes = by_columns_rows * kOutSuperBytes;
+  a.out_bulk = true;
+  a.out_rows = static_cast<int>(by_columns_rows);
+  a.out_y = out_y;
+  const GdnInProduct p = InPlan(a, d, in);
+  return d.dk == 128 ? Launch<128, true, true, true>(a, 1, d, stream, p) : Launch<64, true, true, true>(a, 1, d, stream, p);
+}
+
+namespace {
+std::atomic<bool>& GdnDecodeLayerOneSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_LAYER_ONE")};
+  return on;
+}
+
 std::atomic<int>& GdnDecodeFusedSwitch() {
   static std::atomic<int> mode{[] {
     const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
@@ -511,6 +669,8 @@ bool GdnOutBulk() { return GdnOutBulkSwitch().load(std::memory_order_relaxed); }
 void SetGdnOutBulk(bool on) { GdnOutBulkSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyState(bool on) { OldGdnEarlyStateSwitch().store(on, std::memory_order_relaxed); }
+bool GdnDecodeLayerOne() { return GdnDecodeLayerOneSwitch().load(std::memory_order_relaxed); }
+void SetGdnDecodeLayerOne(bool on) { GdnDecodeLayerOneSwitch().store(on, std::memory_order_relaxed); }
 int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }
 void SetGdnDecodeFused(int mode) { GdnDecodeFusedSwitch().store(mode, std::memory_order_relaxed); }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 
 namespace tandem::cuda {
@@ -86,6 +87,36 @@ bool GdnDecodeOutFits(const GdnShape& d, const DeviceMatrix& out);
 cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& a, const DeviceMatrix& out, float* out_y,
                                     const GdnShape& d, cudaStream_t stream, const void* out_by_columns = nullptr,
                                     int64_t by_columns_rows = 0);
+
+// The whole GDN layer of a one-token step in one launch: LaunchGdnDecodeFusedOut with the layer's
+// stacked input product [z; qkv; ba] computed inside (gdn_decode_in.cuh says how and why) from
+// x = γ ⊙ ρ(H + y + g·shared), formed by every block as LaunchDenseMatVecNormIn forms it (neither H
+// nor x written: the caller owes H its inject, as there). The product's rows go to in.rows (in.w.rows
+// floats, stacked order), which the kernel then reads as z, qkv and ba (args' z, qkv and ba and their
+// strides are ignored). x is quantized to int16 (one scale per 32) for the product, so its rows are
+// within ~1e-5 relative of the norm-in streaming product's, not its bits.
+struct GdnDecodeIn {
+  DeviceMatrix w;          // [z; qkv; ba] stacked, Q8_0x8, nv·dv + c_dim + 2nv rows
+  int64_t qkv_row0 = 0;    // nv·dv
+  int64_t ba_row0 = 0;     // nv·dv + c_dim
+  MatVecNormIn norm;       // dense_matvec.cuh
+  float* rows = nullptr;   // w.rows floats
+};
+// Whether LaunchGdnDecodeLayer takes the shape: GdnDecodeOutFits, in_w Q8_0x8 with 16-byte aligned
+// rows of at most 2048 columns and the stacked row count, and the ring's shared memory (at least two
+// slots of 8 rows beside the output product's rows, by_columns_rows of them: 0 for out's) fits.
+bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& out, const DeviceMatrix& in_w, int64_t by_columns_rows);
+// cudaErrorNotSupported where GdnDecodeLayerFits does not hold (launching nothing; the caller runs
+// the product and LaunchGdnDecodeFusedOut), cudaErrorInvalidValue for bad arguments, and unless the
+// output product's rows come by columns through bulk copies (out_by_columns given, GdnOutBulk()).
+cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
+                                 const GdnShape& d, const GdnDecodeIn& in, cudaStream_t stream,
+                                 const void* out_by_columns, int64_t by_columns_rows = 0);
+// The backend's switch for it (backend/mixer_layers.cc RunGdn, one-token fast steps where the
+// stacked product would form its own norm and mode 3 holds), TANDEM_GDN_LAYER_ONE=1 (read once;
+// settable; read when a step is enqueued).
+bool GdnDecodeLayerOne();
+void SetGdnDecodeLayerOne(bool on);
 
 // The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
