@@ -11,6 +11,7 @@
 // wait. Also: what the launch refuses.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -76,6 +77,13 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheNormInProductThenTheFusedKernel) {
   TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(extra_dev.m, by_columns.get() + c.out_rows * cuda::kQ8_0x8SuperBytes,
                                                nullptr, total));
   ASSERT_TRUE(cuda::GdnDecodeLayerFits(d, out_dev.m, in_dev.m, total)) << Tag(c);
+  if (d.dk == 128) {  // diagnosis: the clusters this device holds at once, without and with the product
+    int fused = 0, layer = 0;
+    TANDEM_ASSERT_CUDA(cuda::GdnDecodeOutMaxActiveClusters(d, out_dev.m, total, nullptr, &fused));
+    TANDEM_ASSERT_CUDA(cuda::GdnDecodeOutMaxActiveClusters(d, out_dev.m, total, &in_dev.m, &layer));
+    std::printf("[ clusters ] %s: %d key head groups; the device holds %d clusters of the fused kernel, %d of the "
+                "one-launch layer\n", Tag(c).c_str(), d.nk, fused, layer);
+  }
   // The norm's inputs.
   const std::vector<float> H = Random(rng, static_cast<size_t>(c.h));
   const auto d_H = Upload(H);

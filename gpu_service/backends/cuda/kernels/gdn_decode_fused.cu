@@ -633,6 +633,47 @@ cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const DeviceMat
   return d.dk == 128 ? Launch<128, true, true, true>(a, 1, d, stream, p) : Launch<64, true, true, true>(a, 1, d, stream, p);
 }
 
+cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix& out, int64_t by_columns_rows,
+                                          const DeviceMatrix* in_w, int* clusters) {
+  if (by_columns_rows == 0) by_columns_rows = out.rows;
+  if (clusters == nullptr || !GdnDecodeOutFits(d, out) || d.dk != 128 ||
+      (in_w != nullptr && !GdnDecodeLayerFits(d, out, *in_w, by_columns_rows))) {
+    return cudaErrorInvalidValue;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), 1);
+  config.blockDim = dim3(32, kWarps);
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
+  attribute[0].val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  GdnDecodeFusedArgs a;
+  a.out_rows = static_cast<int>(by_columns_rows);
+  if (in_w != nullptr) {
+    GdnDecodeIn in;
+    in.w = *in_w;
+    config.dynamicSmemBytes = static_cast<size_t>(InPlan(a, d, in).smem.end);
+    auto kernel = GdnDecodeFusedKernel<128, true, true, true>;
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   InMaxDynamicSmem<128>());
+        e != cudaSuccess) {
+      return e;
+    }
+    return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+  }
+  config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
+  auto kernel = GdnDecodeFusedKernel<128, true, true, false>;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
 namespace {
 std::atomic<bool>& GdnDecodeLayerOneSwitch() {
   static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_LAYER_ONE")};

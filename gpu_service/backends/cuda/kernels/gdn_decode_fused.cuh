@@ -112,6 +112,11 @@ bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& out, const Device
 cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const DeviceMatrix& out, float* out_y,
                                  const GdnShape& d, const GdnDecodeIn& in, cudaStream_t stream,
                                  const void* out_by_columns, int64_t by_columns_rows = 0);
+// How many clusters of the fused kernel with ssm_out inside (in_w null) or of the one-launch layer
+// (in_w: its stacked input matrix) this device holds at once at these shapes (dk 128):
+// cudaOccupancyMaxActiveClusters, for benches and diagnosis.
+cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix& out, int64_t by_columns_rows,
+                                          const DeviceMatrix* in_w, int* clusters);
 // The backend's switch for it (backend/mixer_layers.cc RunGdn, one-token fast steps where the
 // stacked product would form its own norm and mode 3 holds), TANDEM_GDN_LAYER_ONE=1 (read once;
 // settable; read when a step is enqueued).
