@@ -147,27 +147,33 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // PDL wait). The barriers: every block's outputs are written before any is read; no block leaves
 // while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
 // order of the clusters' additions, and the last bits of out_y, are not fixed.
+// kIn (rows_global): the rows are read from global memory (L2: asked for before the wait), and
+// out_sh holds only the gathered outputs.
+template <bool kRowsGlobal = false>
 __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
                                                unsigned rank, int r, int dv, int tid, int lane, int warp,
-                                               uint32_t bulk_bar) {
+                                               uint32_t bulk_bar, const uint8_t* rows_global = nullptr) {
   ClusterArrive();
   ClusterWait();
   // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
   const int head = tid / dv, col_block = (tid % dv) / kCols;
   const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
   ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
-  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + static_cast<size_t>(rpb) * kOutSuperBytes);
+  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsGlobal ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (a.out_bulk) {
-    mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
-  } else {
-    CpAsyncWait<0>();
+  if constexpr (!kRowsGlobal) {
+    if (a.out_bulk) {
+      mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
+    } else {
+      CpAsyncWait<0>();
+    }
   }
   __syncthreads();
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
+  const uint8_t* rows = kRowsGlobal ? rows_global : out_sh;
   for (int row = tid; row < rpb; row += kThreads) {
-    atomicAdd(y + row, ColumnSuperRowDot(out_sh + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
+    atomicAdd(y + row, ColumnSuperRowDot(rows + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
   }
   ClusterWait();
 }
@@ -189,7 +195,7 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
 // first, each cluster the rows its key head group reads, into in.rows, which a.qkv, a.ba and a.z
 // then name; its rows stream through a ring of bulk copies issued before the PDL wait.
 template <int kDk, bool kGated, bool kOut = false, bool kIn = false>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, bool early_gate, GdnInProduct in) {
   constexpr int kQk = 2 * kDk;
@@ -248,9 +254,20 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
   const uint32_t out_bar_addr = kOut ? static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar)) : 0u;
-  if constexpr (kOut) {
-    const uint8_t* src = a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
-                         static_cast<int64_t>(group) * a.out_group_bytes;
+  const uint8_t* out_src = kOut ? a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
+                                      static_cast<int64_t>(group) * a.out_group_bytes
+                                : nullptr;
+  if constexpr (kIn) {
+    // The rows (by columns: one run) into L2 for OutProductPart's reads: the block's shared memory
+    // holds the input rows' ring instead, so that two blocks fit an SM (one a SM gave 15 clusters of
+    // 8 on the H200, one fewer than the 80B layer's 16: a second wave).
+    if (tid == 0) {
+      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
+      constexpr uint32_t kChunk = 16 * 1024;
+      for (uint32_t off = 0; off < bytes; off += kChunk) PrefetchL2(out_src + off, bytes - off < kChunk ? bytes - off : kChunk);
+    }
+  } else if constexpr (kOut) {
+    const uint8_t* src = out_src;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
     if (a.out_bulk) {
       // Rows of kOutSuperBytes back to back (by columns): one run, a few bulk copies by thread 0,
@@ -408,7 +425,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
-    OutProductPart(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr);
+    OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr, out_src);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -416,19 +433,20 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
 }
 
-// The kIn form's dynamic shared memory limit: the device's opt-in maximum a block less the kernel's
-// static shared memory (0 when either cannot be read).
+// The kIn form's dynamic shared memory limit: half an SM's shared memory less a block's reserve and
+// the kernel's static shared memory, so that two blocks fit an SM (0 when these cannot be read).
 template <int kDk>
 int InMaxDynamicSmem() {
   static const int bytes = [] {
-    int dev = 0, optin = 0;
+    int dev = 0, per_sm = 0, reserved = 0;
     cudaFuncAttributes f{};
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess ||
         cudaFuncGetAttributes(&f, GdnDecodeFusedKernel<kDk, true, true, true>) != cudaSuccess) {
       return 0;
     }
-    return optin - static_cast<int>(f.sharedSizeBytes);
+    return per_sm / 2 - reserved - static_cast<int>(f.sharedSizeBytes);
   }();
   return bytes;
 }
@@ -575,7 +593,7 @@ GdnInProduct InPlan(const GdnDecodeFusedArgs& a, const GdnShape& d, const GdnDec
   p.norm_vec = split.vec;
   p.norm_threads = split.threads;
   const int max_smem = d.dk == 128 ? InMaxDynamicSmem<128>() : InMaxDynamicSmem<64>();
-  const int base = static_cast<int>(OutSharedBytes(a.out_rows / kOutClusterBlocks));
+  const int base = static_cast<int>(OutSharedBytes(0));  // the rows stay in L2 (OutProductPart<true>)
   const int fixed = InSharedLayout(base, w.row_bytes, 0, p.cols).end;
   const int64_t slot_bytes = kInChunkRows * w.row_bytes;
   const int64_t slots = std::min<int64_t>(kInMaxSlots, (max_smem - fixed) / slot_bytes);
