@@ -9,6 +9,7 @@
 // preset's, and the other two clusters of 256 columns, at widths 2048 down to 256; x formed from
 // H alone, with the pending y, and with y and a gated shared term, H read before and after the PDL
 // wait. Also: what the launch refuses.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -166,6 +167,109 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeLayerTest,
                                            LayerCase{{4, 16, 64, 64, 4}, 512, 512},       // clusters (4, 2)
                                            LayerCase{{8, 64, 128, 32, 2}, 256, 8}),      // clusters (8, 1)
                          [](const ::testing::TestParamInfo<LayerCase>& info) { return Tag(info.param); });
+
+// Diagnosis, not a test of speed (nothing here asserts a time): the 80B layer's two launches and the
+// one launch timed alone on a cold L2 (a 256 MB write before each), and the one launch's phases
+// (GdnDecodeIn::probe) as us after each block's entry, median and last block.
+TEST(GpuGdnDecodeLayerTiming, PrintsTimesAndPhases) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const cuda::GdnShape d{16, 32, 128, 128, 4};
+  const int64_t h = 2048, c_dim = d.c_dim(), vw = 32 * 128, in_rows = vw + c_dim + 64, total = 2048 + 1040;
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
+  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const auto [taps, ssm_a, dt_bias, norm] = gdn_testing::RandomGdnParams(rng, d);
+  const auto seq_rows = Upload(std::vector<int32_t>{0});
+  auto rec = Upload(Random(rng, static_cast<size_t>(row_stride), 0.3f));
+  const gpu_testing::Regrouped in_dev =
+      gpu_testing::Regroup(gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, h, in_rows, 0.05f));
+  const gpu_testing::Regrouped out_dev =
+      gpu_testing::Regroup(gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, vw, total, 0.05f));
+  auto by_columns = Poisoned<uint8_t>(static_cast<size_t>(cuda::Q8_0x8ByColumnsBytes(total, vw)));
+  TANDEM_ASSERT_CUDA(cuda::CopyQ8_0x8ByColumns(out_dev.m, by_columns.get(), nullptr, total));
+  cuda::DeviceMatrix out = out_dev.m;
+  out.rows = 2048;
+  const auto H = Upload(Random(rng, static_cast<size_t>(h)));
+  const auto gamma = Upload(Random(rng, static_cast<size_t>(h), 0.2f, 1.0f));
+  const auto y_in = Upload(Random(rng, static_cast<size_t>(h), 0.5f));
+  auto y = Upload(std::vector<float>(static_cast<size_t>(total), 0.0f));
+  auto rows = Poisoned<float>(static_cast<size_t>(in_rows));
+  auto flush = Poisoned<uint8_t>(size_t{256} << 20);
+  cuda::MatVecNormIn norm_in;
+  norm_in.H = H.get();
+  norm_in.y = y_in.get();
+  norm_in.gamma = gamma.get();
+  norm_in.eps = 1e-6f;
+  cuda::GdnDecodeFusedArgs args;
+  args.taps = taps.get();
+  args.ssm_a = ssm_a.get();
+  args.dt_bias = dt_bias.get();
+  args.norm = norm.get();
+  args.row_stride = row_stride;
+  args.rows = seq_rows.get();
+  args.eps = 1e-6f;
+  args.history = rec.get();
+  args.state = rec.get() + ssm_off;
+  cuda::GdnDecodeFusedArgs two = args;
+  two.z = rows.get();
+  two.qkv = rows.get() + vw;
+  two.ba = rows.get() + vw + c_dim;
+  two.z_stride = two.qkv_stride = two.ba_stride = in_rows;
+  const int blocks = d.nv * (d.dv / 32);
+  auto probe = Poisoned<unsigned long long>(static_cast<size_t>(blocks * cuda::kInProbePhases));
+  cuda::GdnDecodeIn layer;
+  layer.w = in_dev.m;
+  layer.qkv_row0 = vw;
+  layer.ba_row0 = vw + c_dim;
+  layer.norm = norm_in;
+  layer.rows = rows.get();
+  const bool was_bulk = cuda::GdnOutBulk();
+  cuda::SetGdnOutBulk(true);
+  cudaEvent_t e0, e1;
+  TANDEM_ASSERT_CUDA(cudaEventCreate(&e0));
+  TANDEM_ASSERT_CUDA(cudaEventCreate(&e1));
+  std::vector<float> t_two, t_one;
+  for (int rep = 0; rep < 7; ++rep) {
+    for (int form = 0; form < 2; ++form) {
+      TANDEM_ASSERT_CUDA(cudaMemsetAsync(flush.get(), rep, size_t{256} << 20, nullptr));
+      TANDEM_ASSERT_CUDA(cudaEventRecord(e0, nullptr));
+      if (form == 0) {
+        TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(in_dev.m, norm_in, rows.get(), nullptr));
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(two, out, y.get(), d, nullptr, by_columns.get(), total));
+      } else {
+        layer.probe = rep == 6 ? probe.get() : nullptr;
+        TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeLayer(args, out, y.get(), d, layer, nullptr, by_columns.get(), total));
+      }
+      TANDEM_ASSERT_CUDA(cudaEventRecord(e1, nullptr));
+      TANDEM_ASSERT_CUDA(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      TANDEM_ASSERT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      if (rep > 0) (form == 0 ? t_two : t_one).push_back(1e3f * ms);
+    }
+  }
+  cuda::SetGdnOutBulk(was_bulk);
+  TANDEM_ASSERT_CUDA(cudaEventDestroy(e0));
+  TANDEM_ASSERT_CUDA(cudaEventDestroy(e1));
+  std::sort(t_two.begin(), t_two.end());
+  std::sort(t_one.begin(), t_one.end());
+  std::printf("[ timing   ] 80B GDN layer on a cold L2, median of 6: product then fused kernel %.2f us, one launch "
+              "%.2f us\n", t_two[3], t_one[3]);
+  const std::vector<unsigned long long> st = Download(probe);
+  const char* names[cuda::kInProbePhases] = {"entry", "wait returned", "x formed", "first chunk landed",
+                                              "last chunk summed", "cluster rows ready", "gated outputs", "exit"};
+  for (int p = 1; p < cuda::kInProbePhases; ++p) {
+    std::vector<double> v;
+    for (int b = 0; b < blocks; ++b) v.push_back(1e-3 * static_cast<double>(st[b * cuda::kInProbePhases + p] - st[b * cuda::kInProbePhases]));
+    std::sort(v.begin(), v.end());
+    std::printf("[ phases   ] %-20s median %7.2f us, last %7.2f us after entry\n", names[p], v[v.size() / 2], v.back());
+  }
+  unsigned long long first = ~0ull, last = 0;
+  for (int b = 0; b < blocks; ++b) {
+    first = std::min(first, st[b * cuda::kInProbePhases]);
+    last = std::max(last, st[b * cuda::kInProbePhases + 7]);
+  }
+  std::printf("[ phases   ] first entry to last exit %.2f us\n", 1e-3 * static_cast<double>(last - first));
+}
 
 // What the one launch refuses, launching nothing: the stacked row count not the layer's, a row
 // wider than 2048 columns, shapes LaunchGdnDecodeFusedOut refuses (cudaErrorNotSupported); no rows

@@ -258,14 +258,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
                                       static_cast<int64_t>(group) * a.out_group_bytes
                                 : nullptr;
   if constexpr (kIn) {
-    // The rows (by columns: one run) into L2 for OutProductPart's reads: the block's shared memory
-    // holds the input rows' ring instead, so that two blocks fit an SM (one a SM gave 15 clusters of
-    // 8 on the H200, one fewer than the 80B layer's 16: a second wave).
-    if (tid == 0) {
-      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
-      constexpr uint32_t kChunk = 16 * 1024;
-      for (uint32_t off = 0; off < bytes; off += kChunk) PrefetchL2(out_src + off, bytes - off < kChunk ? bytes - off : kChunk);
-    }
+    // The rows (by columns: one run) go into L2 below, after the ring's first chunks.
   } else if constexpr (kOut) {
     const uint8_t* src = out_src;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
@@ -294,11 +287,18 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const InLayout& in_l = in.smem;
   const uint32_t in_bar0 = kIn ? static_cast<uint32_t>(__cvta_generic_to_shared(&in_bar[0])) : 0u;
   if constexpr (kIn) {
+    InStamp(in, tid, 0);
     if (tid == 0) {
       for (int s = 0; s < in.slots; ++s) mbarrier::Init(in_bar0 + 8u * static_cast<uint32_t>(s), 1);
       mbarrier::InitFence();
       const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
       for (int i = 0; i < in.slots && i < in_chunks; ++i) IssueInChunk(in, i, in_rank, in_cluster, group, nk, r, kDk, dv, ring, in_bar0);
+      // ssm_out's rows (by columns: one run) into L2 for OutProductPart's reads: the block's shared
+      // memory holds the input rows' ring instead, so that two blocks fit an SM (one an SM gave 15
+      // clusters of 8 on the H200, one fewer than the 80B layer's 16: a second wave).
+      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
+      constexpr uint32_t kChunk = 16 * 1024;
+      for (uint32_t off = 0; off < bytes; off += kChunk) PrefetchL2(out_src + off, bytes - off < kChunk ? bytes - off : kChunk);
     }
     InNormEarlyCopies(in, reinterpret_cast<float4*>(out_sh + in_l.area), tid);
   }
@@ -308,15 +308,18 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // x, then this block's chunks of the input rows as they land (a warp a row), each slot refilled
     // with the chunk `slots` ahead once every warp is done with it; then the cluster's rows are
     // visible to all its blocks (the barrier's release and acquire cover global memory).
+    InStamp(in, tid, 1);
     int16_t* xq = reinterpret_cast<int16_t*>(out_sh + in_l.xq);
     float* xscale = reinterpret_cast<float*>(out_sh + in_l.xscale);
     InFormX(in, reinterpret_cast<float4*>(out_sh + in_l.area), xq, xscale, tid, lane, warp);
+    InStamp(in, tid, 2);
     InLaneX lx;
     LoadInLaneX(xq, xscale, in.cols, lane, lx);
     const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
     for (int i = 0; i < in_chunks; ++i) {
       const int slot = i % in.slots;
       mbarrier::WaitParity(in_bar0 + 8u * static_cast<uint32_t>(slot), static_cast<uint32_t>((i / in.slots) & 1));
+      if (i == 0) InStamp(in, tid, 3);
       const InChunk c = InChunkOf(in, in_rank + i * in_cluster, group, nk, r, kDk, dv);
       if (warp < c.rows) {
         const uint8_t* row = out_sh + in_l.ring + (slot * kInChunkRows + warp) * in.row_bytes;
@@ -328,8 +331,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
         IssueInChunk(in, i + in.slots, in_rank, in_cluster, group, nk, r, kDk, dv, ring, in_bar0);
       }
     }
+    InStamp(in, tid, 4);
     ClusterArrive();
     ClusterWait();
+    InStamp(in, tid, 5);
   }
   float gate_b = 0.0f, gate_a = 0.0f;
   if (gate_thread) {
@@ -425,7 +430,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has0 && (i0 >= kQk || writes_qk_history)) StoreHistory(h0, x0, history, c_dim, c0, kk);
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
+    if constexpr (kIn) InStamp(in, tid, 6);
     OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr, out_src);
+    if constexpr (kIn) InStamp(in, tid, 7);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -582,6 +589,7 @@ GdnInProduct InPlan(const GdnDecodeFusedArgs& a, const GdnShape& d, const GdnDec
   p.qkv_row0 = static_cast<int>(in.qkv_row0);
   p.ba_row0 = static_cast<int>(in.ba_row0);
   p.rows = in.rows;
+  p.probe = in.probe;
   p.H = in.norm.H;
   p.y = in.norm.y;
   p.shared = in.norm.sh.shared;

@@ -101,7 +101,12 @@ struct GdnDecodeIn {
   int64_t ba_row0 = 0;     // nv·dv + c_dim
   MatVecNormIn norm;       // dense_matvec.cuh
   float* rows = nullptr;   // w.rows floats
+  // Diagnosis only (tests, benches; null in the backend): kInProbePhases %globaltimer stamps a block
+  // (entry, PDL wait returned, x formed, first chunk landed, last chunk summed, cluster's rows ready,
+  // gated outputs formed, exit), nv · dv/32 blocks' rows.
+  unsigned long long* probe = nullptr;
 };
+inline constexpr int kInProbePhases = 8;
 // Whether LaunchGdnDecodeLayer takes the shape: GdnDecodeOutFits, in_w Q8_0x8 with 16-byte aligned
 // rows of at most 2048 columns and the stacked row count, and the ring's shared memory (at least two
 // slots of 8 rows beside the output product's rows, by_columns_rows of them: 0 for out's) fits.

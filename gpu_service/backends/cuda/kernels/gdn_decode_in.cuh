@@ -35,7 +35,9 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
@@ -82,7 +84,16 @@ struct GdnInProduct {
   bool h_early = false;  // H's writer is two or more launches back: copied before the PDL wait
   int norm_vec = 0, norm_threads = 0;  // norm_row::RegSplitFor(cols / 4)
   InLayout smem{};                     // past the kOut form's dynamic shared memory
+  // Diagnosis (GdnDecodeIn::probe): thread 0 of each block writes %globaltimer at kInProbePhases
+  // phases into its row of kInProbePhases words (block (x, y) at row y·gridDim.x + x).
+  unsigned long long* probe = nullptr;
 };
+
+__device__ __forceinline__ void InStamp(const GdnInProduct& in, int tid, int phase) {
+  if (in.probe != nullptr && tid == 0) {
+    in.probe[(static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kInProbePhases + phase] = GlobalTimerNs();
+  }
+}
 
 // Chunk j of group g's rows: {first stacked row, rows}; rows 0 past the last chunk.
 struct InChunk {
