@@ -147,31 +147,30 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // PDL wait). The barriers: every block's outputs are written before any is read; no block leaves
 // while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
 // order of the clusters' additions, and the last bits of out_y, are not fixed.
-// kIn (rows_global): the rows are read from global memory (L2: asked for before the wait), and
-// out_sh holds only the gathered outputs.
-template <bool kRowsGlobal = false>
+// kIn (kRowsApart): the rows sit at rows_sh (the freed ring, gdn_decode_in.cuh) and the gathered
+// outputs at out_sh; otherwise the outputs follow the rows at out_sh. Either way the rows come by
+// bulk copies completing bulk_bar (out_bulk) or by cp.async pieces.
+template <bool kRowsApart = false>
 __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
                                                unsigned rank, int r, int dv, int tid, int lane, int warp,
-                                               uint32_t bulk_bar, const uint8_t* rows_global = nullptr) {
+                                               uint32_t bulk_bar, const uint8_t* rows_sh = nullptr) {
   ClusterArrive();
   ClusterWait();
   // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
   const int head = tid / dv, col_block = (tid % dv) / kCols;
   const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
   ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
-  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsGlobal ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
+  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsApart ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if constexpr (!kRowsGlobal) {
-    if (a.out_bulk) {
-      mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
-    } else {
-      CpAsyncWait<0>();
-    }
+  if (a.out_bulk) {
+    mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
+  } else {
+    CpAsyncWait<0>();
   }
   __syncthreads();
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
-  const uint8_t* rows = kRowsGlobal ? rows_global : out_sh;
+  const uint8_t* rows = kRowsApart ? rows_sh : out_sh;
   for (int row = tid; row < rpb; row += kThreads) {
     atomicAdd(y + row, ColumnSuperRowDot(rows + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
   }
@@ -290,6 +289,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     InStamp(in, tid, 0);
     if (tid == 0) {
       for (int s = 0; s < in.slots; ++s) mbarrier::Init(in_bar0 + 8u * static_cast<uint32_t>(s), 1);
+      mbarrier::Init(out_bar_addr, 1);  // ssm_out's rows, copied once the ring is free
       mbarrier::InitFence();
       const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
       for (int i = 0; i < in.slots && i < in_chunks; ++i) IssueInChunk(in, i, in_rank, in_cluster, group, nk, r, kDk, dv, ring, in_bar0);
@@ -332,6 +332,20 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       }
     }
     InStamp(in, tid, 4);
+    // The ring, the norm's area and x's int16 are free (the loop's last barrier; x is in registers):
+    // ssm_out's rows (asked into L2 before the wait) come into them by bulk copies now, while the
+    // conv and the recurrence run. The cross-proxy fence orders the threads' earlier shared-memory
+    // writes there before the copies' writes.
+    if (tid == 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
+      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
+      mbarrier::ArriveExpectTx(out_bar_addr, bytes);
+      constexpr uint32_t kChunk = 16 * 1024;
+      for (uint32_t off = 0; off < bytes; off += kChunk) {
+        mbarrier::BulkCopyToShared(dst + off, out_src + off, bytes - off < kChunk ? bytes - off : kChunk, out_bar_addr);
+      }
+    }
     ClusterArrive();
     ClusterWait();
     InStamp(in, tid, 5);
@@ -431,7 +445,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
     if constexpr (kIn) InStamp(in, tid, 6);
-    OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr, out_src);
+    OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
+                        kIn ? out_sh + in_l.ring : nullptr);
     if constexpr (kIn) InStamp(in, tid, 7);
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
@@ -607,6 +622,8 @@ GdnInProduct InPlan(const GdnDecodeFusedArgs& a, const GdnShape& d, const GdnDec
   const int64_t slots = std::min<int64_t>(kInMaxSlots, (max_smem - fixed) / slot_bytes);
   p.slots = slots >= 2 ? static_cast<int>(slots) : 0;
   p.smem = InSharedLayout(base, w.row_bytes, p.slots, p.cols);
+  // ssm_out's rows take the ring, the norm's area and x's int16 once the product is done.
+  if (static_cast<int64_t>(a.out_rows / kOutClusterBlocks) * kOutSuperBytes > p.smem.xscale - p.smem.ring) p.slots = 0;
   return p;
 }
 
