@@ -520,13 +520,13 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
 // the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
 // norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
 template <class F, bool kProbe = false>
-cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream, const StreamTuning& tuning = {}) {
+cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
   auto kernel = StreamMatVecKernel<F, 1, kProbe, true>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
   if (attr != cudaSuccess) return attr;
   const size_t smem = StreamNormInSharedBytes<F>(a.cols);
-  const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, tuning);
+  const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, StreamTuning{});
   a.wpr = split.wpr;
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, smem, stream, a);
 }

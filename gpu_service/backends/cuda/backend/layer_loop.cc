@@ -3,7 +3,6 @@
 // step's sequences; the streams' fork and join, the L2 prefetches, the hyper-connection reads. The
 // two mixers (GDN, attention) are in mixer_layers.cc.
 #include <algorithm>
-#include <cstdlib>
 #include <array>
 #include <span>
 #include <utility>
@@ -53,12 +52,7 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
   if (gdn && cuda::ProbeGdnInputProducts()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, *x_norm_in, out, st), "dense matvec (norm in, probed)");
   }
-  // Diagnosis (not a default): TANDEM_GDN_PRODUCT_BPS=N launches GDN's product at N blocks an SM.
-  static const int gdn_bps = [] {
-    const char* v = std::getenv("TANDEM_GDN_PRODUCT_BPS");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, st, gdn ? gdn_bps : 0), "dense matvec (norm in)");
+  return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, st), "dense matvec (norm in)");
 }
 
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {

@@ -281,12 +281,9 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
          (in.sh.shared == nullptr || in.y != nullptr);
 }
 
-cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream,
-                                    int blocks_per_sm) {
-  if (!NormInLaunchOk(w, in, y) || blocks_per_sm < 0) return cudaErrorInvalidValue;
-  fastmv::StreamTuning tuning;
-  tuning.blocks_per_sm = blocks_per_sm;
-  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream, tuning);
+cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
+  if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 
 }  // namespace tandem::cuda

@@ -95,10 +95,8 @@ struct MatVecNormIn {
 bool DenseMatVecNormInTakes(const DeviceMatrix& w);
 
 // y (w.rows floats) = W·x as above. cudaErrorInvalidValue where DenseMatVecNormInTakes(w) does not
-// hold, for a null H or gamma, or for a shared term without y_in. blocks_per_sm > 0: the grid is
-// that many blocks an SM (MatVecOptions::blocks_per_sm) instead of the kernel's one full wave.
-cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream,
-                                    int blocks_per_sm = 0);
+// hold, for a null H or gamma, or for a shared term without y_in.
+cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
 // The backend's A/B switch for the norm-in product (CudaBackend's MixerNormInProduct):
 // TANDEM_MIXER_NORM_LAUNCH=1 (read once; settable for tests) keeps the norm's own launch.

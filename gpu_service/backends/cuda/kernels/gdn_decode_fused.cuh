@@ -124,7 +124,9 @@ cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix&
                                           const DeviceMatrix* in_w, int* clusters);
 // The backend's switch for it (backend/mixer_layers.cc RunGdn, one-token fast steps where the
 // stacked product would form its own norm and mode 3 holds), TANDEM_GDN_LAYER_ONE=1 (read once;
-// settable; read when a step is enqueued).
+// settable; read when a step is enqueued). Off: on q3n-80b shapes it measured 462.0 against 500.1
+// tok/s batch-1 decode (H200, docs/PERF.md "Thirty-third session": x formed ~5 us after the wait
+// and the clusters' spread outweigh the boundary it removes).
 bool GdnDecodeLayerOne();
 void SetGdnDecodeLayerOne(bool on);
 
