@@ -153,7 +153,8 @@ __device__ __forceinline__ void InNormEarlyCopies(const GdnInProduct& in, float4
 }
 
 // After the wait: x = γ ⊙ ρ(H + y + g·shared) over H's place in the area, with the register norm
-// kernel's operations (norm_row.cuh; the block sum over this kernel's 8 warps), then x as int16
+// kernel's operations (matvec_stream_norm_in.cuh's NormInStage's steps, written for this kernel's
+// (32, 8) block: that one indexes threads by threadIdx.x) (norm_row.cuh; the block sum over this kernel's 8 warps), then x as int16
 // (QuantizeColumnI16, 256 columns a round). Every thread of the block (256) calls it.
 __device__ __forceinline__ void InFormX(const GdnInProduct& in, float4* area, int16_t* xq, float* xscale, int tid,
                                         int lane, int warp) {
@@ -229,18 +230,7 @@ __device__ __forceinline__ float InRowDot(const uint8_t* row, const InLaneX& lx,
       const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * (b & 7));
       int s = 0;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint4 qv = q[half];
-        const uint4 x0 = lx.x[j][2 * half], x1 = lx.x[j][2 * half + 1];
-        s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
-        s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
-        s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
-        s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
-        s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
-        s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
-        s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
-        s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
-      }
+      for (int half = 0; half < 2; ++half) s = Dp2aSixteen(s, q[half], lx.x[j][2 * half], lx.x[j][2 * half + 1]);
       const float d = __half2float(*reinterpret_cast<const __half*>(sb + 2 * (b & 7)));
       acc = fmaf(static_cast<float>(s), d * lx.scale[j], acc);
     }

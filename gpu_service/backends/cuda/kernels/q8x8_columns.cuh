@@ -52,6 +52,20 @@ __device__ __forceinline__ void QuantizeColumnI16(float xv, int tid, int lane, i
   if (lane == 0) xscale[warp] = m * (1.0f / 32767.0f);
 }
 
+// s + Σ of 16 int8 quants (qv) times their int16 activations (x0: the first eight, x1: the next):
+// eight dp2a, each two int8 × int16 pairs, exact in int32 within a Q8_0 block.
+__device__ __forceinline__ int Dp2aSixteen(int s, uint4 qv, uint4 x0, uint4 x1) {
+  s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
+  s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
+  s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
+  s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
+  s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
+  s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
+  s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
+  s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
+  return s;
+}
+
 // Σ over one row's super-block (sb, in shared memory) of weight × activation: eight dp2a chains of
 // 32 (int8 quants × the int16 activations in xq), each times its f16 weight scale and xscale.
 __device__ __forceinline__ float ColumnSuperRowDot(const uint8_t* sb, const int16_t* xq, const float* xscale) {
@@ -65,16 +79,8 @@ __device__ __forceinline__ float ColumnSuperRowDot(const uint8_t* sb, const int1
     int s = 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint4 qv = q[half];                                              // columns 16·half .. + 15
-      const uint4 x0 = xw[4 * b + 2 * half], x1 = xw[4 * b + 2 * half + 1];  // their int16 activations
-      s = __dp2a_lo(static_cast<int>(x0.x), static_cast<int>(qv.x), s);
-      s = __dp2a_hi(static_cast<int>(x0.y), static_cast<int>(qv.x), s);
-      s = __dp2a_lo(static_cast<int>(x0.z), static_cast<int>(qv.y), s);
-      s = __dp2a_hi(static_cast<int>(x0.w), static_cast<int>(qv.y), s);
-      s = __dp2a_lo(static_cast<int>(x1.x), static_cast<int>(qv.z), s);
-      s = __dp2a_hi(static_cast<int>(x1.y), static_cast<int>(qv.z), s);
-      s = __dp2a_lo(static_cast<int>(x1.z), static_cast<int>(qv.w), s);
-      s = __dp2a_hi(static_cast<int>(x1.w), static_cast<int>(qv.w), s);
+      // Columns 16·half .. + 15 and their int16 activations.
+      s = Dp2aSixteen(s, q[half], xw[4 * b + 2 * half], xw[4 * b + 2 * half + 1]);
     }
     const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[b / 2] >> (16 * (b & 1)))));
     acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
