@@ -60,6 +60,17 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
                : "memory");
 }
 
+// One arrival on `bar` expecting `bytes`, then the run [src, src + bytes) into shared memory at dst
+// by bulk copies of at most 16 KB (a few copies in flight rather than one long one). One thread.
+__device__ __forceinline__ void BulkCopyRunToShared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  ArriveExpectTx(bar, bytes);
+  constexpr uint32_t kChunk = 16 * 1024;
+  const uint8_t* from = static_cast<const uint8_t*>(src);
+  for (uint32_t off = 0; off < bytes; off += kChunk) {
+    BulkCopyToShared(dst + off, from + off, bytes - off < kChunk ? bytes - off : kChunk, bar);
+  }
+}
+
 }  // namespace tandem::cuda::mbarrier
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MBARRIER_CUH_

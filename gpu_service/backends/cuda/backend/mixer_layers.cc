@@ -51,7 +51,8 @@ bool CudaBackend::Impl::GdnLayerInOneLaunch(const cuda::GpuLayer& w, const GdnIn
       cuda::ProbeGdnInputProducts() || w.ssm_out_by_columns == nullptr || !cuda::GdnOutBulk()) {
     return false;
   }
-  return w.z.rows + w.qkv.rows + 2 * c->gdn.nv == w.mixer_in.rows &&
+  // The launch's stacked rows: z's then qkv's then ba's (LaunchGdnDecodeLayer's row offsets).
+  return w.z.rows == c->gdn.nv * c->gdn.dv && w.qkv.rows == c->gdn.c_dim() &&
          cuda::GdnDecodeLayerFits(gdn_shape, w.ssm_out, w.mixer_in, w.ssm_out_by_columns_rows);
 }
 
@@ -71,6 +72,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const int fused_switch = cuda::GetGdnDecodeFused();  // read once: the step's launches agree
   const GdnInputs in = PlanGdnInputs(w, T, fused_switch);
   const bool stacked_in = in.stacked_in, out_inside = in.out_inside, z_side = in.z_side;
+  const bool one_launch = GdnLayerInOneLaunch(w, in);  // read once: the product and the launch agree
   const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
@@ -101,8 +103,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     qkv_stride = ba_stride = w.qkv_ba.rows;
   } else if (stacked_in) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in); with
-    // the layer in one launch (GdnLayerInOneLaunch) the fused kernel computes the product below.
-    if (!GdnLayerInOneLaunch(w, in)) {
+    // the layer in one launch (one_launch) the fused kernel computes the product below.
+    if (!one_launch) {
       if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true); !s.ok()) {
         return s;
       }
@@ -172,7 +174,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // row's floats past h, which the ffn norm reads when the step routes through them.
     const int64_t rows = w.ssm_out_by_columns != nullptr ? w.ssm_out_by_columns_rows : 0;
     route_parts = RouteThroughOutFor(w, T, out);
-    if (GdnLayerInOneLaunch(w, in)) {
+    if (one_launch) {
       cuda::GdnDecodeIn layer_in;
       layer_in.w = w.mixer_in;
       layer_in.qkv_row0 = w.z.rows;

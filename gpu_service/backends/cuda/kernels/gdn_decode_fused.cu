@@ -256,27 +256,19 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const uint8_t* out_src = kOut ? a.out_w + static_cast<int64_t>(out_rank) * out_rpb * a.out_row_bytes +
                                       static_cast<int64_t>(group) * a.out_group_bytes
                                 : nullptr;
-  if constexpr (kIn) {
-    // The rows (by columns: one run) go into L2 below, after the ring's first chunks.
-  } else if constexpr (kOut) {
-    const uint8_t* src = out_src;
+  auto out_bytes = [&] { return static_cast<uint32_t>(out_rpb) * kOutSuperBytes; };  // a block's rows
+  if constexpr (kOut && !kIn) {  // (kIn: into L2 below, after the ring's first chunks)
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
     if (a.out_bulk) {
       // Rows of kOutSuperBytes back to back (by columns): one run, a few bulk copies by thread 0,
       // which alone uses the barrier until the wait in OutProductPart (block barriers between).
       if (tid == 0) {
-        const uint32_t bar = out_bar_addr;
-        const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
-        mbarrier::Init(bar, 1);
+        mbarrier::Init(out_bar_addr, 1);
         mbarrier::InitFence();
-        mbarrier::ArriveExpectTx(bar, bytes);
-        constexpr uint32_t kChunk = 16 * 1024;
-        for (uint32_t off = 0; off < bytes; off += kChunk) {
-          mbarrier::BulkCopyToShared(dst + off, src + off, bytes - off < kChunk ? bytes - off : kChunk, bar);
-        }
+        mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
       }
     } else {
-      CopyColumnRows<kThreads>(dst, src, a.out_row_bytes, out_rpb, tid);
+      CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
     }
   }
   // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.
@@ -296,8 +288,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // ssm_out's rows (by columns: one run) into L2 for OutProductPart's reads: the block's shared
       // memory holds the input rows' ring instead, so that two blocks fit an SM (one an SM gave 15
       // clusters of 8 on the H200, one fewer than the 80B layer's 16: a second wave).
-      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
       constexpr uint32_t kChunk = 16 * 1024;
+      const uint32_t bytes = out_bytes();
       for (uint32_t off = 0; off < bytes; off += kChunk) PrefetchL2(out_src + off, bytes - off < kChunk ? bytes - off : kChunk);
     }
     InNormEarlyCopies(in, reinterpret_cast<float4*>(out_sh + in_l.area), tid);
@@ -338,13 +330,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // writes there before the copies' writes.
     if (tid == 0) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
-      const uint32_t bytes = static_cast<uint32_t>(out_rpb) * kOutSuperBytes;
-      mbarrier::ArriveExpectTx(out_bar_addr, bytes);
-      constexpr uint32_t kChunk = 16 * 1024;
-      for (uint32_t off = 0; off < bytes; off += kChunk) {
-        mbarrier::BulkCopyToShared(dst + off, out_src + off, bytes - off < kChunk ? bytes - off : kChunk, out_bar_addr);
-      }
+      mbarrier::BulkCopyRunToShared(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring)), out_src,
+                                    out_bytes(), out_bar_addr);
     }
     ClusterArrive();
     ClusterWait();
@@ -473,6 +460,16 @@ int InMaxDynamicSmem() {
   return bytes;
 }
 
+// The kernel's clusters: the value heads of one key head group, all their column blocks.
+cudaLaunchAttribute ClusterOf(const GdnShape& d) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
+  attribute.val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 template <int kDk, bool kGated, bool kOut = false, bool kIn = false>
 cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cudaStream_t stream,
                    const GdnInProduct& in = {}) {
@@ -496,10 +493,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   }
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
-  attribute[0].val.clusterDim.z = 1;
+  attribute[0] = ClusterOf(d);
   attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as LaunchPdl (pdl.cuh)
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
@@ -616,7 +610,8 @@ GdnInProduct InPlan(const GdnDecodeFusedArgs& a, const GdnShape& d, const GdnDec
   p.norm_vec = split.vec;
   p.norm_threads = split.threads;
   const int max_smem = d.dk == 128 ? InMaxDynamicSmem<128>() : InMaxDynamicSmem<64>();
-  const int base = static_cast<int>(OutSharedBytes(0));  // the rows stay in L2 (OutProductPart<true>)
+  // Only the gathered outputs before the ring: ssm_out's rows take the ring's place after the product.
+  const int base = static_cast<int>(OutSharedBytes(0));
   const int fixed = InSharedLayout(base, w.row_bytes, 0, p.cols).end;
   const int64_t slot_bytes = kInChunkRows * w.row_bytes;
   const int64_t slots = std::min<int64_t>(kInMaxSlots, (max_smem - fixed) / slot_bytes);
@@ -686,12 +681,8 @@ cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix&
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), 1);
   config.blockDim = dim3(32, kWarps);
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(d.nv / d.nk);
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(d.dv / kCols);
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
+  cudaLaunchAttribute attribute = ClusterOf(d);
+  config.attrs = &attribute;
   config.numAttrs = 1;
   GdnDecodeFusedArgs a;
   a.out_rows = static_cast<int>(by_columns_rows);

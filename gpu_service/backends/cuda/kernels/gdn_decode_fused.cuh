@@ -108,8 +108,9 @@ struct GdnDecodeIn {
 };
 inline constexpr int kInProbePhases = 8;
 // Whether LaunchGdnDecodeLayer takes the shape: GdnDecodeOutFits, in_w Q8_0x8 with 16-byte aligned
-// rows of at most 2048 columns and the stacked row count, and the ring's shared memory (at least two
-// slots of 8 rows beside the output product's rows, by_columns_rows of them: 0 for out's) fits.
+// rows of at most 2048 columns and the stacked row count, and shared memory for two blocks an SM
+// holds a ring of at least two slots of 8 rows whose place (with the norm's) then takes a block's
+// share of the output product's rows (by_columns_rows of them: 0 for out's).
 bool GdnDecodeLayerFits(const GdnShape& d, const DeviceMatrix& out, const DeviceMatrix& in_w, int64_t by_columns_rows);
 // cudaErrorNotSupported where GdnDecodeLayerFits does not hold (launching nothing; the caller runs
 // the product and LaunchGdnDecodeFusedOut), cudaErrorInvalidValue for bad arguments, and unless the

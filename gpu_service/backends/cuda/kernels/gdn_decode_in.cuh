@@ -9,9 +9,11 @@
 // output product's rows, could start only once the product's last block had left: the CUPTI
 // timeline had the GDN kernel end 7.2 us after the product, which itself ended 13.6 us after the
 // MoE kernel (docs/PERF.md, thirty-first session). Here the input rows stream through a ring of
-// bulk copies (the tensor memory accelerator) that the block issues before its PDL wait, beside the
-// output product's rows, so HBM reads the layer's 40 MB as one stream, and the cluster's rows are
-// ready for the conv after one cluster barrier instead of a grid boundary.
+// bulk copies (the tensor memory accelerator) that the block issues before its PDL wait, with the
+// output product's rows asked into L2 beside them (and copied over the ring once the product is
+// done), so HBM reads the layer's 40 MB as one stream, and the cluster's rows are ready for the
+// conv after one cluster barrier instead of a grid boundary. (Measured slower end to end: the
+// switch is off, docs/PERF.md "Thirty-third session".)
 //
 // The rows a cluster computes (the key head group g of r = nv/nk value heads; [z; qkv; ba] stacked
 // in that order, qkv = [q heads; k heads; v heads], ba grouped by key head as [b_0..b_{r-1},
@@ -50,9 +52,10 @@ constexpr int kInMaxSlots = 8;       // ring slots (mbarriers in static shared m
 constexpr int kInMaxCols = 2048;     // x in registers: at most two Q8_0 blocks a lane
 constexpr int kInLaneBlocks = kInMaxCols / 32 / 32;
 
-// Dynamic shared memory of the kIn form past the kOut form's (offsets from `base`, 16-byte aligned):
-// the ring, then the norm's area (H, γ, y, shared: cols floats each; x is formed over H), then x as
-// int16 and its scales (one a Q8_0 block).
+// Dynamic shared memory of the kIn form past `base` (the output product's gathered outputs; offsets
+// 16-byte aligned): the ring, then the norm's area (H, γ, y, shared: cols floats each; x is formed
+// over H), then x as int16 and its scales (one a Q8_0 block). Once the product is done, ssm_out's
+// rows are copied over the ring, the area and x's int16.
 struct InLayout {
   int ring, area, xq, xscale, end;
 };
@@ -83,7 +86,7 @@ struct GdnInProduct {
   float eps = 0.0f;
   bool h_early = false;  // H's writer is two or more launches back: copied before the PDL wait
   int norm_vec = 0, norm_threads = 0;  // norm_row::RegSplitFor(cols / 4)
-  InLayout smem{};                     // past the kOut form's dynamic shared memory
+  InLayout smem{};                     // the offsets above (InSharedLayout)
   // Diagnosis (GdnDecodeIn::probe): thread 0 of each block writes %globaltimer at kInProbePhases
   // phases into its row of kInProbePhases words (block (x, y) at row y·gridDim.x + x).
   unsigned long long* probe = nullptr;
@@ -153,9 +156,10 @@ __device__ __forceinline__ void InNormEarlyCopies(const GdnInProduct& in, float4
 }
 
 // After the wait: x = γ ⊙ ρ(H + y + g·shared) over H's place in the area, with the register norm
-// kernel's operations (matvec_stream_norm_in.cuh's NormInStage's steps, written for this kernel's
-// (32, 8) block: that one indexes threads by threadIdx.x) (norm_row.cuh; the block sum over this kernel's 8 warps), then x as int16
-// (QuantizeColumnI16, 256 columns a round). Every thread of the block (256) calls it.
+// kernel's operations (norm_row.cuh; the block sum over this kernel's 8 warps), then x as int16
+// (QuantizeColumnI16, 256 columns a round). Every thread of the block (256) calls it. The steps of
+// matvec_stream_norm_in.cuh's NormInStage, written again for this kernel's (32, 8) block: that one
+// indexes threads by threadIdx.x and sums with BlockSum over blockDim.x.
 __device__ __forceinline__ void InFormX(const GdnInProduct& in, float4* area, int16_t* xq, float* xscale, int tid,
                                         int lane, int warp) {
   __shared__ float scratch[32];
