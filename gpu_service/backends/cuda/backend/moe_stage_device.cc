@@ -229,7 +229,8 @@ MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
                                         StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred, const float** y_written, bool logits_ready) {
+                                        PendingShared* deferred, const float** y_written, bool logits_ready,
+                                        NextProductOffer* next) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -349,8 +350,25 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      TANDEM_CUDA_RETURN_IF_ERROR(
-          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
+      // The next mixer's input product as the kernel's last phase, where x's inject is y alone.
+      FusedNextProduct np;
+      const bool take_next = next != nullptr && !defer && !router_inside && o.shared == nullptr &&
+                             OneTokenFusedTakesNextProduct(o.h, o.E, next->product.rows, next->product.cols,
+                                                           next->product.row_bytes);
+      if (take_next) {
+        np = next->product;
+        np.counters = m.next_product_counters.as<int32_t>();
+      }
+      cudaError_t launched = LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
+                                                    router_inside ? &router : nullptr, take_next ? &np : nullptr);
+      if (take_next && launched == cudaErrorCooperativeLaunchTooLarge) {
+        // This device cannot hold the grid with the product's phase at once: without it.
+        launched = LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
+                                          router_inside ? &router : nullptr);
+      } else if (take_next && launched == cudaSuccess) {
+        next->taken = true;
+      }
+      TANDEM_CUDA_RETURN_IF_ERROR(launched);
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
