@@ -75,12 +75,14 @@ struct Case {
   int K;
   int64_t rows;
   bool shared_inside;
+  bool router = false;  // the router product inside the grid (FusedRouter: its blocks ahead)
 };
 
 // Two launches with the product (the second on the first's counters), one without: y, the rows.
 void CheckNext(std::mt19937& rng, const Case& c) {
   const std::string what = absl::StrCat("h=", c.h, " I=", c.I, " E=", c.E, " K=", c.K, " rows=", c.rows,
-                                        c.shared_inside ? " shared inside" : " shared given");
+                                        c.shared_inside ? " shared inside" : " shared given",
+                                        c.router ? ", router in the grid" : "");
   const OneTokenExperts ex(rng, c.h, c.I, c.E, 12);
   ASSERT_TRUE(OneTokenFusedTakesNextProduct(static_cast<int>(c.h), static_cast<int>(c.E), static_cast<int>(c.rows),
                                             static_cast<int>(c.h), Q8_0x8RowBytes(c.h)))
@@ -90,6 +92,8 @@ void CheckNext(std::mt19937& rng, const Case& c) {
   const std::vector<float> gamma = testing::RandomVector(rng, c.h, 1.0f);
   const DeviceBuffer dH = Upload(H), dgamma = Upload(gamma);
   const DeviceBuffer counters = Upload(std::vector<int32_t>{0, 0});
+  const DeviceBuffer router_rows = Upload(testing::RandomVector(rng, c.E * c.h, 0.05f));
+  const DeviceBuffer router_counters = Upload(std::vector<int32_t>{0, 0});
   const std::vector<float> logits = Logits(rng, c.E, false);
   const std::vector<float> x = testing::RandomVector(rng, c.h);
   const std::vector<float> shared = testing::RandomVector(rng, c.h, 0.1f);
@@ -110,10 +114,11 @@ void CheckNext(std::mt19937& rng, const Case& c) {
     OneTokenMoeArgs a = step.Args(ex, c.K, c.shared_inside ? Shared::kGated : Shared::kUngated);
     a.int16_activations = true;
     a.logit_route = true;
-    a.x_written_earlier = true;
+    a.x_written_earlier = !c.router;
     if (c.shared_inside) a.shared = nullptr;
     EXPECT_EQ(cudaMemset(step.y.get(), 0, static_cast<size_t>(c.h) * sizeof(float)), cudaSuccess);
-    return LaunchOneTokenMoeFused(a, c.shared_inside ? &inside : nullptr, nullptr, nullptr, np);
+    FusedRouter rt{router_rows.as<float>(), static_cast<int>(c.E), step.logits.as<float>(), router_counters.as<int32_t>(), 16};
+    return LaunchOneTokenMoeFused(a, c.shared_inside ? &inside : nullptr, nullptr, c.router ? &rt : nullptr, np);
   };
   // Without the product.
   OneTokenStep plain(ex, c.K, logits, x, shared, 0.3f);
@@ -162,12 +167,14 @@ void CheckNext(std::mt19937& rng, const Case& c) {
 }
 
 // The 80B shape (12352 rows: the GDN layer's stacked [z; qkv; ba]) and smaller ones, the shared
-// expert inside or a given shared term, rows that do not divide evenly among the blocks.
+// expert inside or a given shared term, rows that do not divide evenly among the blocks, the router
+// product inside the grid (its blocks take no rows).
 TEST(OneTokenFusedNextTest, ProductMatchesTheCpuAndYIsUnchanged) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
   for (const Case& c : {Case{2048, 512, 512, 10, 12352, true}, Case{1024, 512, 64, 4, 3000, true},
-                        Case{256, 256, 128, 5, 777, false}, Case{512, 256, 100, 8, 40, false}}) {
+                        Case{256, 256, 128, 5, 777, false}, Case{512, 256, 100, 8, 40, false},
+                        Case{1024, 512, 64, 8, 4000, true, true}, Case{2048, 512, 512, 10, 12352, true, true}}) {
     CheckNext(rng, c);
   }
 }
@@ -177,10 +184,11 @@ TEST(OneTokenFusedNextTest, RefusesWhatItCannotRun) {
   const int64_t rb = Q8_0x8RowBytes(2048);
   EXPECT_TRUE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 2048, rb));
   EXPECT_FALSE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 1024, Q8_0x8RowBytes(1024)));  // cols != h
-  EXPECT_FALSE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 2048, rb + 16));  // not a Q8_0x8 row
+  EXPECT_TRUE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 2048, rb + 64));   // padded rows
+  EXPECT_FALSE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 2048, rb - 16));  // shorter than a row
+  EXPECT_FALSE(OneTokenFusedTakesNextProduct(2048, 512, 12352, 2048, rb + 8));   // not 16-byte aligned
   EXPECT_FALSE(OneTokenFusedTakesNextProduct(2048, 512, 0, 2048, rb));
   EXPECT_FALSE(OneTokenFusedTakesNextProduct(4096, 512, 100, 4096, Q8_0x8RowBytes(4096)));  // h past 2048
-  // A router inside the grid and a next product are not taken together.
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const OneTokenExperts ex(rng, 256, 256, 64, 4);
   OneTokenStep step(ex, 4, Logits(rng, 64, false), testing::RandomVector(rng, 256), testing::RandomVector(rng, 256),
@@ -194,9 +202,6 @@ TEST(OneTokenFusedNextTest, RefusesWhatItCannotRun) {
   DeviceBuffer out = testing::PoisonedBuffer(16 * sizeof(float));
   FusedNextProduct np{next.device.get(), Q8_0x8RowBytes(256), 16, 256, out.as<float>(), v.as<float>(), v.as<float>(),
                       1e-6f, counters.as<int32_t>()};
-  const DeviceBuffer rw = Upload(std::vector<float>(64 * 256, 0.0f));
-  FusedRouter router{rw.as<float>(), 64, step.logits.as<float>(), counters.as<int32_t>(), 8};
-  EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr, &router, &np), cudaErrorInvalidValue);
   np.counters = nullptr;
   EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr, nullptr, &np), cudaErrorInvalidValue);
   np.counters = counters.as<int32_t>();

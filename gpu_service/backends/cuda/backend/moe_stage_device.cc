@@ -352,7 +352,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       }
       // The next mixer's input product as the kernel's last phase, where x's inject is y alone.
       FusedNextProduct np;
-      const bool take_next = next != nullptr && !defer && !router_inside && o.shared == nullptr &&
+      const bool take_next = next != nullptr && !defer && o.shared == nullptr &&
                              OneTokenFusedTakesNextProduct(o.h, o.E, next->product.rows, next->product.cols,
                                                            next->product.row_bytes);
       if (take_next) {

@@ -175,12 +175,11 @@ struct FusedStamps {
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`. kNext (not with kRouter): the next
-// mixer's input product `np` as the last phase (fused_next_product.cuh); the others ignore `np`.
+// "summed" stamp; the other instantiations ignore `probe`. kNext: the next mixer's input product
+// `np` as the expert blocks' last phase (fused_next_product.cuh); the others ignore `np`.
 template <int kPer, bool kRouter, bool kProbe, bool kNext = false>
 __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt,
                                                                 FusedNextProduct np, unsigned long long* probe) {
-  static_assert(!(kNext && kRouter), "the next product's blocks are the grid's: no router blocks");
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
@@ -493,7 +492,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     // and sub-block sums' regions its x and scales (cols = h; the peers read only act_own).
     const NextProductSmem ns{smem + L.weights, (L.xq - L.weights) / static_cast<int>(np.row_bytes),
                              reinterpret_cast<int16_t*>(smem + L.xq), reinterpret_cast<float*>(smem + L.sxs)};
-    NextProductPhase(np, a.y, ns, block, static_cast<int>(gridDim.x));
+    NextProductPhase(np, a.y, ns, block, static_cast<int>(gridDim.x) - (kRouter ? rt.blocks : 0));
   }
   ClusterWait();
   stamps.Stamp(kFusedProbeExit);
@@ -581,7 +580,7 @@ bool OneTokenFusedFits(int E, int K, int h, int inner) {
 
 bool OneTokenFusedTakesNextProduct(int h, int E, int rows, int cols, int64_t row_bytes) {
   if (E < 1 || E > kOneTokenMaxExperts || !FusedShapeOk(h, 256) || cols != h || cols > kRowDotMaxCols || rows < 1 ||
-      row_bytes != static_cast<int64_t>(cols / kColumnSuperCols) * kColumnSuperBytes || row_bytes % 16 != 0) {
+      row_bytes < static_cast<int64_t>(cols / kColumnSuperCols) * kColumnSuperBytes || row_bytes % 16 != 0) {
     return false;
   }
   const FusedSmem L = FusedLayout(h, E);
@@ -652,11 +651,12 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
   if (next != nullptr) {
-    if (router != nullptr || !OneTokenFusedTakesNextProduct(a.h, a.E, next->rows, next->cols, next->row_bytes) ||
+    if (!OneTokenFusedTakesNextProduct(a.h, a.E, next->rows, next->cols, next->row_bytes) ||
         next->w == nullptr || next->out == nullptr || next->H == nullptr || next->gamma == nullptr ||
         next->counters == nullptr || reinterpret_cast<uintptr_t>(next->w) % 16 != 0) {
       return cudaErrorInvalidValue;
     }
+    if (router != nullptr) return LaunchForExperts<true, true>(a, sh, rt, stream, *next);
     return LaunchForExperts<false, true>(a, sh, rt, stream, *next);
   }
   if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);

@@ -104,8 +104,8 @@ struct FusedNextProduct {
 };
 
 // Whether the fused kernel (at h and E) takes a next product of `rows` rows of `cols` columns,
-// `row_bytes` apart: cols = h ≤ 2048, row_bytes that of a Q8_0x8 row of cols, a multiple of 16, and
-// at least one row fits where a block's expert rows were.
+// `row_bytes` apart: cols = h ≤ 2048, row_bytes at least a Q8_0x8 row of cols and a multiple of 16,
+// and at least one row fits where a block's expert rows were.
 bool OneTokenFusedTakesNextProduct(int h, int E, int rows, int cols, int64_t row_bytes);
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
@@ -133,8 +133,8 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
-// `next` (may be nullptr): the next mixer's input product as the last phase (FusedNextProduct; not
-// with `router`, and OneTokenFusedTakesNextProduct must hold). Its blocks wait for one another, so
+// `next` (may be nullptr): the next mixer's input product as the expert blocks' last phase
+// (FusedNextProduct; OneTokenFusedTakesNextProduct must hold). Its blocks wait for one another, so
 // cudaErrorCooperativeLaunchTooLarge (nothing launched) where this device cannot hold the whole
 // grid at once.
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,

@@ -4,7 +4,7 @@
 //
 // A block of the grid (kThreads = 128 threads), once its share of the MoE is added into y:
 //   1. counts itself done (a fence, then an atomic: release), copies the first of its product rows
-//      into the shared memory its expert rows held (as many as fit) and asks L2 for the rest;
+//      into the shared memory its expert rows held (as many as fit) and asks L2 for the rest's lines;
 //   2. loads H and γ into registers, waits until every expert block has counted (acquire), reads y
 //      from L2 and forms x = γ ⊙ ρ(H + y) with the register norm kernel's split and sums (the same
 //      bits as the norm-in product's x: norm_row.cuh; thread t holds the float4s t + 128j and
@@ -46,6 +46,11 @@ struct NextProductSmem {
   float* xscale;
 };
 
+// Asks L2 for the 128-byte line holding p (no copy engine, nothing to wait for).
+__device__ __forceinline__ void PrefetchLineL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // 16-byte copies of `bytes` (a multiple of 16) from src into shared memory at dst, one commit group.
 __device__ __forceinline__ void CopyRowsToShared(uint8_t* dst, const uint8_t* src, int64_t bytes, int tid) {
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
@@ -81,7 +86,13 @@ __device__ __forceinline__ void NextProductPhase(const FusedNextProduct& np, con
     atomicAdd(np.counters, 1);
   }
   CopyRowsToShared(s.rows, src, static_cast<int64_t>(first) * np.row_bytes, t);
-  if (t < n - first) PrefetchL2(src + static_cast<int64_t>(first + t) * np.row_bytes, static_cast<unsigned>(np.row_bytes));
+  // The rest into L2, a 128-byte line an instruction (the copy engine's bulk prefetches of whole
+  // rows measured far slower here: docs/PERF.md, thirty-fourth session).
+  {
+    const uint8_t* rest = src + static_cast<int64_t>(first) * np.row_bytes;
+    const int64_t lines = (static_cast<int64_t>(n - first) * np.row_bytes + 127) / 128;
+    for (int64_t i = t; i < lines; i += kNextThreads) PrefetchLineL2(rest + 128 * i);
+  }
 
   // 2. H and γ now (H's writer is the launch before this grid, complete at its PDL wait), y once
   // every expert block has counted.
