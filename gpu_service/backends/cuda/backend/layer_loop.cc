@@ -62,12 +62,18 @@ std::optional<cuda::MoeStage::NextProductOffer> CudaBackend::Impl::NextProductOf
     return std::nullopt;
   }
   const cuda::GpuLayer& next = dm->layers[layer + 1];
+  static const bool dbg = getenv("TANDEM_DEBUG_NEXT") != nullptr;
   if (next.kind != LayerKind::kGdn || next.has_engram || next.attn_read.down.present() || !MixerNormInProduct(next, T)) {
+    if (dbg) fprintf(stderr, "DBG next L%lld: kind %d engram %d down %d normin %d\n", (long long)layer, (int)(next.kind != LayerKind::kGdn), next.has_engram, next.attn_read.down.present(), MixerNormInProduct(next, T));
     return std::nullopt;
   }
   const GdnInputs in = PlanGdnInputs(next, T, cuda::GetGdnDecodeFused());
   const cuda::DeviceMatrix& w = next.mixer_in;
-  if (!in.stacked_in || in.z_side || w.type != cuda::kTypeQ8_0x8 || w.cols != c->h) return std::nullopt;
+  if (!in.stacked_in || in.z_side || w.type != cuda::kTypeQ8_0x8 || w.cols != c->h) {
+    if (dbg) fprintf(stderr, "DBG next L%lld: stacked %d zside %d type %u cols %lld\n", (long long)layer, in.stacked_in, in.z_side, w.type, (long long)w.cols);
+    return std::nullopt;
+  }
+  if (dbg) fprintf(stderr, "DBG next L%lld: offered rows %lld row_bytes %lld\n", (long long)layer, (long long)w.rows, (long long)w.row_bytes);
   cuda::MoeStage::NextProductOffer offer;
   offer.product.w = w.data;
   offer.product.row_bytes = w.row_bytes;

@@ -118,6 +118,11 @@ bool OldSharedGate() {
 using moe_stage_internal::MaxPlanUnits;
 using moe_stage_internal::ShapeKey;
 
+int MoeNextAllow() {
+  static const int when = static_cast<int>(EnvInteger("TANDEM_MOE_NEXT_ALLOW", FusedNextProduct::kAllowAfterCount,
+                                                      FusedNextProduct::kAllowAtStart, FusedNextProduct::kAllowAtEnd));
+  return when;
+}
 void SetMoeNextProduct(bool on) { MoeNextProductSwitch().store(on, std::memory_order_relaxed); }
 bool MoeNextProduct() { return MoeNextProductSwitch().load(std::memory_order_relaxed); }
 void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory_order_relaxed); }

@@ -149,6 +149,9 @@ bool FusedPickWarpBySlot();
 // TANDEM_MOE_NEXT_PRODUCT=1; off by default.
 void SetMoeNextProduct(bool on);
 bool MoeNextProduct();
+// When that kernel lets the next launch start (FusedNextProduct::allow_next): TANDEM_MOE_NEXT_ALLOW
+// = 0 (its start), 1 (once every block has counted; the default) or 2 (after its rows).
+int MoeNextAllow();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded

@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -358,6 +359,11 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       if (take_next) {
         np = next->product;
         np.counters = m.next_product_counters.as<int32_t>();
+        np.allow_next = MoeNextAllow();
+        static const int poll_ns = static_cast<int>(EnvInteger("TANDEM_MOE_NEXT_POLL_NS", 64, 0, 100000));
+        np.poll_ns = poll_ns;
+        static const bool after = EnvSwitch("TANDEM_MOE_NEXT_COPY_AFTER");
+        np.copy_after_count = after;
       }
       cudaError_t launched = LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
                                                     router_inside ? &router : nullptr, take_next ? &np : nullptr);
@@ -368,6 +374,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       } else if (take_next && launched == cudaSuccess) {
         next->taken = true;
       }
+      static const bool dbg = getenv("TANDEM_DEBUG_NEXT") != nullptr;
+      if (dbg && next != nullptr) fprintf(stderr, "DBG moe L%lld: take %d defer %d shared %d takes %d launched %d taken %d\n", (long long)layer, take_next, defer, o.shared != nullptr, OneTokenFusedTakesNextProduct(o.h, o.E, next->product.rows, next->product.cols, next->product.row_bytes), (int)launched, next->taken);
       TANDEM_CUDA_RETURN_IF_ERROR(launched);
       *y_written = o.y;
     } else {

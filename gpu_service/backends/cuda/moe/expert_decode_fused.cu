@@ -240,7 +240,8 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // The router logits and the shared gate logit (or, with the router in the grid, x's writer; the
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
-  PdlAllowNext();
+  // With the next product the next kernel may be let in later (FusedNextProduct::allow_next).
+  if (!kNext || np.allow_next == FusedNextProduct::kAllowAtStart) PdlAllowNext();
   stamps.Stamp(kFusedProbeAfterWait);
   constexpr bool router_in_grid = kRouter;
   const int expert_blocks = static_cast<int>(gridDim.x) - rt.blocks;

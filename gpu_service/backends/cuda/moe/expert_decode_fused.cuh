@@ -101,6 +101,18 @@ struct FusedNextProduct {
   const float* gamma = nullptr;  // the norm's weights (cols floats)
   float eps = 0.0f;
   int* counters = nullptr;   // two ints, zero before the launch, left zero by it
+  // When a block lets the next launch start (PDL's trigger, after its own wait in every case): at
+  // its start as without the product, once every block has counted its share of y (the product's
+  // x formed next), or after its rows are written. Later triggers keep the next kernel's blocks, and
+  // the copies they start before their own wait, off the SMs and HBM while this grid's last blocks
+  // still stream.
+  enum AllowNext : int { kAllowAtStart = 0, kAllowAfterCount = 1, kAllowAtEnd = 2 };
+  int allow_next = kAllowAtStart;
+  // Nanoseconds a block's waiting thread sleeps between two reads of the count.
+  int poll_ns = 64;
+  // The rows asked for only once every block has counted (no product bytes on HBM while the MoE's
+  // last blocks still wait for theirs), instead of as soon as the block's own share is done.
+  bool copy_after_count = false;
 };
 
 // Whether the fused kernel (at h and E) takes a next product of `rows` rows of `cols` columns,

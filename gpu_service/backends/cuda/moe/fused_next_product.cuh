@@ -85,13 +85,13 @@ __device__ __forceinline__ void NextProductPhase(const FusedNextProduct& np, con
     __threadfence();
     atomicAdd(np.counters, 1);
   }
-  CopyRowsToShared(s.rows, src, static_cast<int64_t>(first) * np.row_bytes, t);
+  if (!np.copy_after_count) CopyRowsToShared(s.rows, src, static_cast<int64_t>(first) * np.row_bytes, t);
   // The rest into L2, a 128-byte line an instruction (the copy engine's bulk prefetches of whole
   // rows measured far slower here: docs/PERF.md, thirty-fourth session).
   {
     const uint8_t* rest = src + static_cast<int64_t>(first) * np.row_bytes;
     const int64_t lines = (static_cast<int64_t>(n - first) * np.row_bytes + 127) / 128;
-    for (int64_t i = t; i < lines; i += kNextThreads) PrefetchLineL2(rest + 128 * i);
+    for (int64_t i = t; i < lines && !np.copy_after_count; i += kNextThreads) PrefetchLineL2(rest + 128 * i);
   }
 
   // 2. H and γ now (H's writer is the launch before this grid, complete at its PDL wait), y once
@@ -109,11 +109,18 @@ __device__ __forceinline__ void NextProductPhase(const FusedNextProduct& np, con
   if (t == 0 && LoadAcquire(np.counters) < blocks) {
     const unsigned long long start = GlobalTimerNs();
     while (LoadAcquire(np.counters) < blocks) {
-      __nanosleep(32);
+      __nanosleep(static_cast<unsigned>(np.poll_ns));
       if (GlobalTimerNs() - start > kNextWaitTimeoutNs) __trap();
     }
   }
   __syncthreads();
+  if (np.copy_after_count) {
+    CopyRowsToShared(s.rows, src, static_cast<int64_t>(first) * np.row_bytes, t);
+    const uint8_t* rest = src + static_cast<int64_t>(first) * np.row_bytes;
+    const int64_t lines = (static_cast<int64_t>(n - first) * np.row_bytes + 127) / 128;
+    for (int64_t i = t; i < lines; i += kNextThreads) PrefetchLineL2(rest + 128 * i);
+  }
+  if (np.allow_next == FusedNextProduct::kAllowAfterCount) PdlAllowNext();
   if (t == 0 && atomicAdd(np.counters + 1, 1) == blocks - 1) {
     // Every expert block has seen the count complete: zero both for the next launch.
     np.counters[0] = 0;
@@ -180,6 +187,7 @@ __device__ __forceinline__ void NextProductPhase(const FusedNextProduct& np, con
     NextRowDots(np, s, lx, r0 + done, next, warp, lane);
     done += next;
   }
+  if (np.allow_next == FusedNextProduct::kAllowAtEnd) PdlAllowNext();
 }
 
 }  // namespace
