@@ -599,19 +599,6 @@ TEST_P(DecodeScheduleTest, GdnLayerInOneLaunchKeepsDecodeLogitsClose) {
   cuda::SetGdnDecodeLayerOne(was);
 }
 
-// The fused one-token MoE kernel computing the next GDN layer's stacked input product as its last
-// phase (cuda::SetMoeNextProduct, TANDEM_MOE_NEXT_PRODUCT: x as int16 per Q8_0 block there) against
-// that product's own norm-in launch (small: the shared expert inside the kernel, so no shared term is
-// left pending; tiny-q3n's h of 256 keeps its shared expert beside the kernel: the offer is refused).
-TEST_P(DecodeScheduleTest, MoeNextProductKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert runs beside the fused kernel: not taken";
-  const bool was = cuda::MoeNextProduct();
-  ExpectOneTokenSwitchKeepsLogitsClose(GetParam(), "the next GDN input product in the MoE kernel",
-                                       [](bool on) { cuda::SetMoeNextProduct(on); }, /*deterministic=*/false);
-  cuda::SetMoeNextProduct(was);
-}
-
 // Attention's o product split by columns at one-token steps (cuda::SetAttnOutColumnSplit: added into
 // a per-layer buffer with atomics, its input as int16) against the row-split matvec (small: o is
 // Q8_0x8; tiny-q3n's o is under the regrouping size, which the kernel does not take).

@@ -231,9 +231,6 @@ class CudaBackend::Impl {
   // earlier_inject the inject H still owes until the layer's next read adds it (EarlierInject).
   std::optional<cuda::MatVecNormIn> x_norm_in;
   cuda::EarlierInject earlier_inject;
-  // The layer whose stacked GDN input product the MoE kernel before it computed (MoeStage::Run's
-  // NextProductOffer taken, cuda::MoeNextProduct): RunGdn launches none for it. -1: none.
-  int64_t mixer_in_by_moe = -1;
   // Where the current layer's mixer left its output: nullptr for y, or its row of mixer_out_y
   // (RunGdn with ssm_out inside the fused kernel, RunAttention's column-split o product). Reset by
   // RunLayer before each mixer.
@@ -335,11 +332,6 @@ class CudaBackend::Impl {
     bool stacked_in = false, out_inside = false, z_side = false;
   };
   GdnInputs PlanGdnInputs(const cuda::GpuLayer& w, int64_t T, int fused_switch) const;
-  // What layer's MoE stage may compute of layer + 1: its stacked GDN input product, where that layer
-  // is a GDN layer whose mixer read leaves its norm to that one product (MixerNormInProduct, no
-  // z on the side, not the one-launch layer) over Q8_0x8 rows of h columns; nullopt otherwise or
-  // where cuda::MoeNextProduct is off. The product writes mixer_rows from x = γ ⊙ ρ(H + y).
-  std::optional<cuda::MoeStage::NextProductOffer> NextProductOfferFor(int64_t layer, int64_t T) const;
   // Whether RunGdn runs the layer w (inputs planned as `in`) in one launch with its stacked input
   // product inside (cuda::LaunchGdnDecodeLayer, TANDEM_GDN_LAYER_ONE): a one-token step with ssm_out
   // inside the fused kernel (by columns, bulk copies), the one stacked product forming its own norm

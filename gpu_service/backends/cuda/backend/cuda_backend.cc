@@ -287,7 +287,6 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   moe_y = nullptr;
   x_norm_in.reset();
   earlier_inject = {};
-  mixer_in_by_moe = -1;
   for (int64_t layer = 0; layer < c->n_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, plan); !s.ok()) return s;
   }

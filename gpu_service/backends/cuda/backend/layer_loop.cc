@@ -55,37 +55,6 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
   return Launch(cuda::LaunchDenseMatVecNormIn(w, *x_norm_in, out, st), "dense matvec (norm in)");
 }
 
-std::optional<cuda::MoeStage::NextProductOffer> CudaBackend::Impl::NextProductOfferFor(int64_t layer,
-                                                                                      int64_t T) const {
-  if (!cuda::MoeNextProduct() || T != 1 || layer + 1 >= c->n_layers || cuda::GdnDecodeLayerOne() ||
-      cuda::ProbeGdnInputProducts()) {
-    return std::nullopt;
-  }
-  const cuda::GpuLayer& next = dm->layers[layer + 1];
-  static const bool dbg = getenv("TANDEM_DEBUG_NEXT") != nullptr;
-  if (next.kind != LayerKind::kGdn || next.has_engram || next.attn_read.down.present() || !MixerNormInProduct(next, T)) {
-    if (dbg) fprintf(stderr, "DBG next L%lld: kind %d engram %d down %d normin %d\n", (long long)layer, (int)(next.kind != LayerKind::kGdn), next.has_engram, next.attn_read.down.present(), MixerNormInProduct(next, T));
-    return std::nullopt;
-  }
-  const GdnInputs in = PlanGdnInputs(next, T, cuda::GetGdnDecodeFused());
-  const cuda::DeviceMatrix& w = next.mixer_in;
-  if (!in.stacked_in || in.z_side || w.type != cuda::kTypeQ8_0x8 || w.cols != c->h) {
-    if (dbg) fprintf(stderr, "DBG next L%lld: stacked %d zside %d type %u cols %lld\n", (long long)layer, in.stacked_in, in.z_side, w.type, (long long)w.cols);
-    return std::nullopt;
-  }
-  if (dbg) fprintf(stderr, "DBG next L%lld: offered rows %lld row_bytes %lld\n", (long long)layer, (long long)w.rows, (long long)w.row_bytes);
-  cuda::MoeStage::NextProductOffer offer;
-  offer.product.w = w.data;
-  offer.product.row_bytes = w.row_bytes;
-  offer.product.rows = static_cast<int>(w.rows);
-  offer.product.cols = static_cast<int>(w.cols);
-  offer.product.out = mixer_rows.as<float>();
-  offer.product.H = H;
-  offer.product.gamma = next.attn_read.norm;
-  offer.product.eps = c->eps;
-  return offer;
-}
-
 bool CudaBackend::Impl::MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const {
   if (T != 1 || c->n_streams != 1 || (inject_pending && !inject_is_one) || cuda::MixerNormLaunch()) return false;
   for (cuda::Ablate piece : {cuda::Ablate::kMixerNorm, cuda::Ablate::kMixer, cuda::Ablate::kGdnIn,
@@ -457,17 +426,13 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
   };
   // The stage may leave its shared expert's term out of y (one-token decode): pending_shared, added
   // by the launch that injects y (the next read's norm, Engram's inject or the head's norm).
-  // It may also compute the next GDN layer's input product (NextProductOfferFor).
-  std::optional<cuda::MoeStage::NextProductOffer> next_product = NextProductOfferFor(layer, T);
   if (cuda::Ablated(cuda::Ablate::kMoe, T)) {
     // decode_ablation.h: timing only.
   } else if (absl::Status s = moe->Run(layer, x, T, y, *experts, st, side.get(), t, picks, &rows, product, x_ready,
-                                       &pending_shared, &moe_y, route.has_value(),
-                                       next_product.has_value() ? &*next_product : nullptr);
+                                       &pending_shared, &moe_y, route.has_value());
              !s.ok()) {
     return s;
   }
-  if (next_product.has_value() && next_product->taken) mixer_in_by_moe = layer + 1;
   gemm->ForgetConverted();
   local_rows += rows;
   // The MoE output is injected by the next read (the next layer's, or the head's).

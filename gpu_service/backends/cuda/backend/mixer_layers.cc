@@ -6,7 +6,6 @@
 // one, else overlap their independent products on the side stream (layer_loop.cc: Fork, Join).
 #include <algorithm>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -74,13 +73,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const GdnInputs in = PlanGdnInputs(w, T, fused_switch);
   const bool stacked_in = in.stacked_in, out_inside = in.out_inside, z_side = in.z_side;
   const bool one_launch = GdnLayerInOneLaunch(w, in);  // read once: the product and the launch agree
-  // The MoE kernel before this layer computed its stacked input product (NextProductOfferFor): from
-  // the norm this layer's read left to it, over the same H, y and γ.
-  const bool by_moe = std::exchange(mixer_in_by_moe, -1) == layer;
-  if (by_moe && (!stacked_in || z_side || one_launch || !x_norm_in.has_value() || x_norm_in->H != H ||
-                 x_norm_in->y != moe_y || x_norm_in->gamma != w.attn_read.norm || x_norm_in->sh.shared != nullptr)) {
-    return absl::InternalError("the MoE kernel computed a GDN layer's input product whose norm this layer does not read");
-  }
   const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
@@ -112,7 +104,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   } else if (stacked_in) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in); with
     // the layer in one launch (one_launch) the fused kernel computes the product below.
-    if (!one_launch && !by_moe) {
+    if (!one_launch) {
       if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true); !s.ok()) {
         return s;
       }

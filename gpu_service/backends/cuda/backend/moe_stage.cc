@@ -89,11 +89,6 @@ std::atomic<bool>& FusedPickWarpBySlotSwitch() {
   return on;
 }
 
-std::atomic<bool>& MoeNextProductSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_MOE_NEXT_PRODUCT")};
-  return on;
-}
-
 std::atomic<bool>& HostPrefillPlanSwitch() {
   static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
   return host;
@@ -118,13 +113,6 @@ bool OldSharedGate() {
 using moe_stage_internal::MaxPlanUnits;
 using moe_stage_internal::ShapeKey;
 
-int MoeNextAllow() {
-  static const int when = static_cast<int>(EnvInteger("TANDEM_MOE_NEXT_ALLOW", FusedNextProduct::kAllowAfterCount,
-                                                      FusedNextProduct::kAllowAtStart, FusedNextProduct::kAllowAtEnd));
-  return when;
-}
-void SetMoeNextProduct(bool on) { MoeNextProductSwitch().store(on, std::memory_order_relaxed); }
-bool MoeNextProduct() { return MoeNextProductSwitch().load(std::memory_order_relaxed); }
 void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory_order_relaxed); }
 bool HostPrefillPlan() { return HostPrefillPlanSwitch().load(std::memory_order_relaxed); }
 void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memory_order_relaxed); }
@@ -219,9 +207,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    absl::StatusOr<DeviceBuffer> next_counters = DeviceArray<int32_t>(2);
-    if (!next_counters.ok()) return next_counters.status();
-    impl->next_product_counters = *std::move(next_counters);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -391,10 +376,8 @@ uint16_t* MoeStage::StreamedF16Input(int64_t layer, int64_t n, ExpertSource& sou
 absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                            cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                            uint64_t* local_rows, DenseProductFn product, bool x_ready,
-                           PendingShared* deferred, const float** y_written, bool logits_ready,
-                           NextProductOffer* next) {
+                           PendingShared* deferred, const float** y_written, bool logits_ready) {
   Impl& m = *impl_;
-  if (next != nullptr) next->taken = false;
   if (deferred != nullptr) *deferred = PendingShared{};  // y complete unless the one-token path says otherwise
   if (y_written != nullptr) *y_written = y;               // y unless the fused one-token kernel says otherwise
   const ModelConfig& c = m.config;
@@ -406,7 +389,7 @@ absl::Status MoeStage::Run(int64_t layer, const float* x, int64_t n, float* y, E
   const ExpertLocation* table = source.DeviceTable(layer);
   if (table != nullptr && n <= m.plan_tokens) {
     if (absl::Status s = RunDevicePlanned(layer, x, n, y, table, stream, side, timer, product, picks != nullptr,
-                                         deferred, y_written, logits_ready, next);
+                                         deferred, y_written, logits_ready);
         !s.ok()) {
       return s;
     }
@@ -532,7 +515,7 @@ absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZ
   m.fused_step = n == 1 && m.options.fast && OneTokenFused() && OneTokenInt16() && OneTokenLogitRoute() &&
                  m.fused_y.get() != nullptr;
   if (m.fused_step) {
-    for (const DeviceBuffer* b : {&m.fused_y, &m.fused_router_counters, &m.next_product_counters}) {
+    for (const DeviceBuffer* b : {&m.fused_y, &m.fused_router_counters}) {
       if (zero != nullptr && zero->Add(b->get(), b->bytes())) continue;
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
     }

@@ -37,7 +37,6 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 
@@ -144,14 +143,6 @@ bool FusedRouterInGrid();
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
-// The layer loop offers the fused kernel the next GDN layer's stacked input product
-// (MoeStage::Run's NextProductOffer) instead of that product's own launch.
-// TANDEM_MOE_NEXT_PRODUCT=1; off by default.
-void SetMoeNextProduct(bool on);
-bool MoeNextProduct();
-// When that kernel lets the next launch start (FusedNextProduct::allow_next): TANDEM_MOE_NEXT_ALLOW
-// = 0 (its start), 1 (once every block has counted; the default) or 2 (after its rows).
-int MoeNextAllow();
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -204,19 +195,10 @@ class MoeStage {
   // a buffer of this stage that stays valid until the next PrepareStep.
   // logits_ready: the launch just before Run's wrote this step's router logits where
   // ReadyLogitsFor(layer, n, source) said (an error where it said none): no router product.
-  // next (may be nullptr): the next mixer's input product, offered to the fused one-token kernel
-  // (expert_decode_fused.cuh FusedNextProduct; its counters are this stage's, so leave them null):
-  // next->taken says whether this Run computed it (then its out is written when y is), which it
-  // does only where the kernel runs with no shared term left pending (deferred stays empty).
-  struct NextProductOffer {
-    FusedNextProduct product;
-    bool taken = false;
-  };
   absl::Status Run(int64_t layer, const float* x, int64_t n, float* y, ExpertSource& source,
                    cudaStream_t stream, cudaStream_t side, StageTimer& timer, std::vector<int32_t>* picks,
                    uint64_t* local_rows, DenseProductFn product, bool x_ready = false,
-                   PendingShared* deferred = nullptr, const float** y_written = nullptr, bool logits_ready = false,
-                   NextProductOffer* next = nullptr);
+                   PendingShared* deferred = nullptr, const float** y_written = nullptr, bool logits_ready = false);
 
   // Where a caller may write a one-token step's router logits for Run to take ready
   // (logits_ready): the fused one-token kernel's form for this layer (after PrepareStep, with
@@ -267,7 +249,7 @@ class MoeStage {
   absl::Status RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y, const ExpertLocation* table,
                                 cudaStream_t stream, cudaStream_t side, StageTimer& timer, DenseProductFn product,
                                 bool copy_picks, PendingShared* deferred, const float** y_written,
-                                bool logits_ready, NextProductOffer* next);
+                                bool logits_ready);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -15,7 +15,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -230,8 +229,7 @@ MoeStage::Impl::DecodeForm MoeStage::Impl::PlanDecodeForm(int64_t layer, int64_t
 absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n, float* y,
                                         const ExpertLocation* table, cudaStream_t stream, cudaStream_t side,
                                         StageTimer& timer, DenseProductFn product, bool copy_picks,
-                                        PendingShared* deferred, const float** y_written, bool logits_ready,
-                                        NextProductOffer* next) {
+                                        PendingShared* deferred, const float** y_written, bool logits_ready) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
@@ -351,32 +349,8 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      // The next mixer's input product as the kernel's last phase, where x's inject is y alone.
-      FusedNextProduct np;
-      const bool take_next = next != nullptr && !defer && o.shared == nullptr &&
-                             OneTokenFusedTakesNextProduct(o.h, o.E, next->product.rows, next->product.cols,
-                                                           next->product.row_bytes);
-      if (take_next) {
-        np = next->product;
-        np.counters = m.next_product_counters.as<int32_t>();
-        np.allow_next = MoeNextAllow();
-        static const int poll_ns = static_cast<int>(EnvInteger("TANDEM_MOE_NEXT_POLL_NS", 64, 0, 100000));
-        np.poll_ns = poll_ns;
-        static const bool after = EnvSwitch("TANDEM_MOE_NEXT_COPY_AFTER");
-        np.copy_after_count = after;
-      }
-      cudaError_t launched = LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
-                                                    router_inside ? &router : nullptr, take_next ? &np : nullptr);
-      if (take_next && launched == cudaErrorCooperativeLaunchTooLarge) {
-        // This device cannot hold the grid with the product's phase at once: without it.
-        launched = LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream,
-                                          router_inside ? &router : nullptr);
-      } else if (take_next && launched == cudaSuccess) {
-        next->taken = true;
-      }
-      static const bool dbg = getenv("TANDEM_DEBUG_NEXT") != nullptr;
-      if (dbg && next != nullptr) fprintf(stderr, "DBG moe L%lld: take %d defer %d shared %d takes %d launched %d taken %d\n", (long long)layer, take_next, defer, o.shared != nullptr, OneTokenFusedTakesNextProduct(o.h, o.E, next->product.rows, next->product.cols, next->product.row_bytes), (int)launched, next->taken);
-      TANDEM_CUDA_RETURN_IF_ERROR(launched);
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

@@ -305,8 +305,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     float* xscale = reinterpret_cast<float*>(out_sh + in_l.xscale);
     InFormX(in, reinterpret_cast<float4*>(out_sh + in_l.area), xq, xscale, tid, lane, warp);
     InStamp(in, tid, 2);
-    LaneX lx;
-    LoadLaneX(xq, xscale, in.cols, lane, lx);
+    InLaneX lx;
+    LoadInLaneX(xq, xscale, in.cols, lane, lx);
     const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring));
     for (int i = 0; i < in_chunks; ++i) {
       const int slot = i % in.slots;
@@ -315,7 +315,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       const InChunk c = InChunkOf(in, in_rank + i * in_cluster, group, nk, r, kDk, dv);
       if (warp < c.rows) {
         const uint8_t* row = out_sh + in_l.ring + (slot * kInChunkRows + warp) * in.row_bytes;
-        const float v = RowDotQ8x8(row, lx, in.cols, lane);
+        const float v = InRowDot(row, lx, in.cols, lane);
         if (lane == 0) in.rows[c.row0 + warp] = v;
       }
       __syncthreads();  // every warp is done with the slot

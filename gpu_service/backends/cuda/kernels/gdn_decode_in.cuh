@@ -49,7 +49,8 @@ namespace {
 
 constexpr int kInChunkRows = 8;      // rows of one bulk copy (a warp a row: the block's 8 warps)
 constexpr int kInMaxSlots = 8;       // ring slots (mbarriers in static shared memory)
-constexpr int kInMaxCols = kRowDotMaxCols;  // x in registers (q8x8_columns.cuh's LaneX)
+constexpr int kInMaxCols = 2048;     // x in registers: at most two Q8_0 blocks a lane
+constexpr int kInLaneBlocks = kInMaxCols / 32 / 32;
 
 // Dynamic shared memory of the kIn form past `base` (the output product's gathered outputs; offsets
 // 16-byte aligned): the ring, then the norm's area (H, γ, y, shared: cols floats each; x is formed
@@ -204,6 +205,41 @@ __device__ __forceinline__ void InFormX(const GdnInProduct& in, float4* area, in
   const float* x = reinterpret_cast<const float*>(hs);
   for (int c0 = 0; c0 < in.cols; c0 += 256) QuantizeColumnI16(x[c0 + tid], tid, lane, warp, xq + c0, xscale + c0 / 32);
   __syncthreads();
+}
+
+// The activations of lane `lane`'s Q8_0 blocks (b = lane + 32j < cols / 32) in registers.
+struct InLaneX {
+  uint4 x[kInLaneBlocks][4];  // 32 int16 a block
+  float scale[kInLaneBlocks];
+};
+__device__ __forceinline__ void LoadInLaneX(const int16_t* xq, const float* xscale, int cols, int lane, InLaneX& lx) {
+#pragma unroll
+  for (int j = 0; j < kInLaneBlocks; ++j) {
+    const int b = lane + 32 * j;
+    const bool has = b < cols / 32;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) lx.x[j][q] = has ? reinterpret_cast<const uint4*>(xq + 32 * b)[q] : make_uint4(0, 0, 0, 0);
+    lx.scale[j] = has ? xscale[b] : 0.0f;
+  }
+}
+
+// One row (in shared memory, Q8_0x8) times x, summed over the warp: every lane returns it.
+__device__ __forceinline__ float InRowDot(const uint8_t* row, const InLaneX& lx, int cols, int lane) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kInLaneBlocks; ++j) {
+    const int b = lane + 32 * j;
+    if (b < cols / 32) {
+      const uint8_t* sb = row + (b >> 3) * kColumnSuperBytes;
+      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * (b & 7));
+      int s = 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) s = Dp2aSixteen(s, q[half], lx.x[j][2 * half], lx.x[j][2 * half + 1]);
+      const float d = __half2float(*reinterpret_cast<const __half*>(sb + 2 * (b & 7)));
+      acc = fmaf(static_cast<float>(s), d * lx.scale[j], acc);
+    }
+  }
+  return WarpSum(acc);
 }
 
 }  // namespace

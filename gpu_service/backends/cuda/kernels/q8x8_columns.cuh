@@ -15,7 +15,6 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/device_matrix.h"
-#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -87,47 +86,6 @@ __device__ __forceinline__ float ColumnSuperRowDot(const uint8_t* sb, const int1
     acc = fmaf(static_cast<float>(s), d * xscale[b], acc);
   }
   return acc;
-}
-
-// A warp a row (Q8_0x8 in shared memory) times x quantized as QuantizeColumnI16 leaves it (int16,
-// one scale per Q8_0 block of 32): lane l takes the Q8_0 blocks l, l + 32, ... of the row, whose
-// activations it keeps in registers (LaneX) across rows. At most kRowDotMaxCols columns.
-constexpr int kRowDotMaxCols = 2048;
-constexpr int kRowDotLaneBlocks = kRowDotMaxCols / 32 / 32;
-
-// The activations of lane `lane`'s Q8_0 blocks (b = lane + 32j < cols / 32) in registers.
-struct LaneX {
-  uint4 x[kRowDotLaneBlocks][4];  // 32 int16 a block
-  float scale[kRowDotLaneBlocks];
-};
-__device__ __forceinline__ void LoadLaneX(const int16_t* xq, const float* xscale, int cols, int lane, LaneX& lx) {
-#pragma unroll
-  for (int j = 0; j < kRowDotLaneBlocks; ++j) {
-    const int b = lane + 32 * j;
-    const bool has = b < cols / 32;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) lx.x[j][q] = has ? reinterpret_cast<const uint4*>(xq + 32 * b)[q] : make_uint4(0, 0, 0, 0);
-    lx.scale[j] = has ? xscale[b] : 0.0f;
-  }
-}
-
-// One row (in shared memory, Q8_0x8) times x, summed over the warp: every lane returns it.
-__device__ __forceinline__ float RowDotQ8x8(const uint8_t* row, const LaneX& lx, int cols, int lane) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kRowDotLaneBlocks; ++j) {
-    const int b = lane + 32 * j;
-    if (b < cols / 32) {
-      const uint8_t* sb = row + (b >> 3) * kColumnSuperBytes;
-      const uint4* q = reinterpret_cast<const uint4*>(sb + 16 + 32 * (b & 7));
-      int s = 0;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) s = Dp2aSixteen(s, q[half], lx.x[j][2 * half], lx.x[j][2 * half + 1]);
-      const float d = __half2float(*reinterpret_cast<const __half*>(sb + 2 * (b & 7)));
-      acc = fmaf(static_cast<float>(s), d * lx.scale[j], acc);
-    }
-  }
-  return WarpSum(acc);
 }
 
 }  // namespace

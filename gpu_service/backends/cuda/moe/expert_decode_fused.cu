@@ -19,7 +19,6 @@
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
-#include "gpu_service/backends/cuda/moe/fused_next_product.cuh"
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
@@ -175,11 +174,10 @@ struct FusedStamps {
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`. kNext: the next mixer's input product
-// `np` as the expert blocks' last phase (fused_next_product.cuh); the others ignore `np`.
-template <int kPer, bool kRouter, bool kProbe, bool kNext = false>
-__global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt,
-                                                                FusedNextProduct np, unsigned long long* probe) {
+// "summed" stamp; the other instantiations ignore `probe`.
+template <int kPer, bool kRouter, bool kProbe>
+__global__ void __launch_bounds__(kThreads)
+    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
@@ -240,8 +238,7 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
   // The router logits and the shared gate logit (or, with the router in the grid, x's writer; the
   // logits then come from the router blocks), and x unless written earlier.
   PdlWaitForPrevious();
-  // With the next product the next kernel may be let in later (FusedNextProduct::allow_next).
-  if (!kNext || np.allow_next == FusedNextProduct::kAllowAtStart) PdlAllowNext();
+  PdlAllowNext();
   stamps.Stamp(kFusedProbeAfterWait);
   constexpr bool router_in_grid = kRouter;
   const int expert_blocks = static_cast<int>(gridDim.x) - rt.blocks;
@@ -488,13 +485,6 @@ __global__ void __launch_bounds__(kThreads) OneTokenFusedKernel(OneTokenMoeArgs 
     __syncthreads();  // every thread's additions issued
     stamps.Stamp(kFusedProbeSummed);
   }
-  if constexpr (kNext) {
-    // The expert rows' region and the pointer tables after it take the product's rows; x's int16
-    // and sub-block sums' regions its x and scales (cols = h; the peers read only act_own).
-    const NextProductSmem ns{smem + L.weights, (L.xq - L.weights) / static_cast<int>(np.row_bytes),
-                             reinterpret_cast<int16_t*>(smem + L.xq), reinterpret_cast<float*>(smem + L.sxs)};
-    NextProductPhase(np, a.y, ns, block, static_cast<int>(gridDim.x) - (kRouter ? rt.blocks : 0));
-  }
   ClusterWait();
   stamps.Stamp(kFusedProbeExit);
 }
@@ -517,13 +507,12 @@ cudaLaunchAttribute ClusterAttribute() {
   return attribute;
 }
 
-template <int kPer, bool kRouter, bool kProbe = false, bool kNext = false>
+template <int kPer, bool kRouter, bool kProbe = false>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                        cudaStream_t stream, unsigned long long* probe = nullptr, const FusedNextProduct& np = {}) {
+                        cudaStream_t stream, unsigned long long* probe = nullptr) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe, kNext>, smem, raised);
-      err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
     return err;
   }
   const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
@@ -538,38 +527,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  if constexpr (kNext) {
-    // Every block waits for every other block's count (fused_next_product.cuh): the whole grid must
-    // be resident at once, or the launch is refused before anything runs. The device's answer for
-    // this instantiation at this shared memory size is kept (smem in the high half, clusters low).
-    static std::atomic<uint64_t> held{0};
-    uint64_t known = held.load(std::memory_order_relaxed);
-    if (known >> 32 != smem) {
-      cudaLaunchConfig_t query = config;
-      query.attrs = attribute;
-      query.numAttrs = 1;  // the cluster shape only
-      int clusters = 0;
-      if (const cudaError_t err =
-              cudaOccupancyMaxActiveClusters(&clusters, OneTokenFusedKernel<kPer, kRouter, kProbe, kNext>, &query);
-          err != cudaSuccess) {
-        return err;
-      }
-      known = (static_cast<uint64_t>(smem) << 32) | static_cast<uint32_t>(clusters);
-      held.store(known, std::memory_order_relaxed);
-    }
-    if (static_cast<int64_t>(known & 0xFFFFFFFFu) * kFusedCluster < blocks) return cudaErrorCooperativeLaunchTooLarge;
-  }
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe, kNext>, a, sh, rt, np, probe);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe>, a, sh, rt, probe);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
-template <bool kRouter, bool kNext = false>
+template <bool kRouter>
 cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                             cudaStream_t stream, const FusedNextProduct& np = {}) {
-  if (a.E <= 128) return LaunchFused<4, kRouter, false, kNext>(a, sh, rt, stream, nullptr, np);
-  if (a.E <= 256) return LaunchFused<8, kRouter, false, kNext>(a, sh, rt, stream, nullptr, np);
-  if (a.E <= 512) return LaunchFused<16, kRouter, false, kNext>(a, sh, rt, stream, nullptr, np);
-  return LaunchFused<kOneTokenMaxExperts / 32, kRouter, false, kNext>(a, sh, rt, stream, nullptr, np);
+                             cudaStream_t stream) {
+  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
 }
 
 }  // namespace
@@ -577,15 +545,6 @@ cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& 
 bool OneTokenFusedFits(int E, int K, int h, int inner) {
   return E >= 1 && E <= kOneTokenMaxExperts && K >= 1 && K <= E && K <= kOneTokenMaxPicks && FusedShapeOk(h, inner) &&
          FusedLayout(h, E).total <= kMaxSmem;
-}
-
-bool OneTokenFusedTakesNextProduct(int h, int E, int rows, int cols, int64_t row_bytes) {
-  if (E < 1 || E > kOneTokenMaxExperts || !FusedShapeOk(h, 256) || cols != h || cols > kRowDotMaxCols || rows < 1 ||
-      row_bytes < static_cast<int64_t>(cols / kColumnSuperCols) * kColumnSuperBytes || row_bytes % 16 != 0) {
-    return false;
-  }
-  const FusedSmem L = FusedLayout(h, E);
-  return (L.xq - L.weights) / row_bytes >= 1;
 }
 
 bool OneTokenFusedTakesShared(int h, int shared_inner) {
@@ -599,8 +558,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised);
-      err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -647,19 +605,10 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
 }  // namespace
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router, const FusedNextProduct* next) {
+                                   cudaStream_t stream, const FusedRouter* router) {
   FusedSharedExpert sh;
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
-  if (next != nullptr) {
-    if (!OneTokenFusedTakesNextProduct(a.h, a.E, next->rows, next->cols, next->row_bytes) ||
-        next->w == nullptr || next->out == nullptr || next->H == nullptr || next->gamma == nullptr ||
-        next->counters == nullptr || reinterpret_cast<uintptr_t>(next->w) % 16 != 0) {
-      return cudaErrorInvalidValue;
-    }
-    if (router != nullptr) return LaunchForExperts<true, true>(a, sh, rt, stream, *next);
-    return LaunchForExperts<false, true>(a, sh, rt, stream, *next);
-  }
   if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
   return LaunchForExperts<false>(a, sh, rt, stream);
 }

@@ -78,48 +78,6 @@ struct FusedRouter {
   bool preload = true;
 };
 
-// The next mixer's input product as the fused kernel's last phase (fast-mode one-token decode): once
-// a block's share of the MoE is added into y, it copies its share of the next layer's stacked input
-// rows (Q8_0x8) into the shared memory its expert rows held, and once every block of the grid has
-// counted its share done (a count, not the grid's end) it forms x = γ ⊙ ρ(H + y) as the norm-in
-// product does (dense_matvec.cuh MatVecNormIn: the same bits of x) and writes its rows' products:
-// out[r] = w_r · x with x as int16 per Q8_0 block (the fast mode's rounding, ~1e-5 a row).
-//
-// Why: that product (27 MB at 80B GDN layers) was its own launch, whose blocks could be resident
-// only once the MoE kernel's had left, so it ended ~13.6 us after the MoE kernel (docs/PERF.md,
-// thirty-first session's timeline); here its bytes are asked for as each MoE block finishes, while
-// the last ones still wait on HBM, and the launch between the two is gone.
-// The caller leaves H, y and the product's readers as they were (nothing is written but out and
-// the counters); y is the kernel's OneTokenMoeArgs::y, so x's inject is y as complete after this grid.
-struct FusedNextProduct {
-  const void* w = nullptr;   // rows × cols, Q8_0x8 rows row_bytes apart (16-byte aligned)
-  int64_t row_bytes = 0;
-  int rows = 0;
-  int cols = 0;              // = OneTokenMoeArgs::h
-  float* out = nullptr;      // rows floats
-  const float* H = nullptr;  // the residual row (cols floats), complete before this grid's PDL wait
-  const float* gamma = nullptr;  // the norm's weights (cols floats)
-  float eps = 0.0f;
-  int* counters = nullptr;   // two ints, zero before the launch, left zero by it
-  // When a block lets the next launch start (PDL's trigger, after its own wait in every case): at
-  // its start as without the product, once every block has counted its share of y (the product's
-  // x formed next), or after its rows are written. Later triggers keep the next kernel's blocks, and
-  // the copies they start before their own wait, off the SMs and HBM while this grid's last blocks
-  // still stream.
-  enum AllowNext : int { kAllowAtStart = 0, kAllowAfterCount = 1, kAllowAtEnd = 2 };
-  int allow_next = kAllowAtStart;
-  // Nanoseconds a block's waiting thread sleeps between two reads of the count.
-  int poll_ns = 64;
-  // The rows asked for only once every block has counted (no product bytes on HBM while the MoE's
-  // last blocks still wait for theirs), instead of as soon as the block's own share is done.
-  bool copy_after_count = false;
-};
-
-// Whether the fused kernel (at h and E) takes a next product of `rows` rows of `cols` columns,
-// `row_bytes` apart: cols = h ≤ 2048, row_bytes at least a Q8_0x8 row of cols and a multiple of 16,
-// and at least one row fits where a block's expert rows were.
-bool OneTokenFusedTakesNextProduct(int h, int E, int rows, int cols, int64_t row_bytes);
-
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
@@ -145,13 +103,8 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
-// `next` (may be nullptr): the next mixer's input product as the expert blocks' last phase
-// (FusedNextProduct; OneTokenFusedTakesNextProduct must hold). Its blocks wait for one another, so
-// cudaErrorCooperativeLaunchTooLarge (nothing launched) where this device cannot hold the whole
-// grid at once.
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router = nullptr,
-                                   const FusedNextProduct* next = nullptr);
+                                   cudaStream_t stream, const FusedRouter* router = nullptr);
 
 }  // namespace tandem::cuda
 
