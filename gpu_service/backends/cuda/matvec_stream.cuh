@@ -28,6 +28,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -37,6 +38,7 @@
 #include "gpu_service/backends/cuda/matvec_stream_norm_in.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/smem_limit.h"
 
 namespace tandem::cuda::fastmv {
 
@@ -596,9 +598,8 @@ cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream, bool second_in
     if (second_in_shared && groups > split.blocks && groups <= 2 * static_cast<int64_t>(split.blocks) &&
         2 * (big + 1024) <= static_cast<size_t>(DeviceSmemPerSm()) && big <= 227 * 1024 && a.row_bytes % 16 == 0) {
       auto second = StreamMatVecKernel<F, 1, false, true, true>;
-      static const cudaError_t big_attr =
-          cudaFuncSetAttribute(second, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(227 * 1024));
-      if (big_attr != cudaSuccess) return big_attr;
+      static std::atomic<size_t> raised{48 * 1024};
+      if (const cudaError_t err = RaiseDynamicSmemLimit(second, big, raised); err != cudaSuccess) return err;
       return LaunchPdl(second, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, big, stream, a);
     }
   }
