@@ -55,64 +55,56 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
   struct Case {
     int64_t cols, rows;
   };
-  // 2048 x 12352 (the 80B's stacked GDN inputs: 386 row groups over 264 blocks) and 1024 x 9000 have
-  // blocks with a second row group: with cuda::SetStreamSecondInShared those rows come through
-  // shared memory (the same sums).
-  const Case cases[] = {{256, 37}, {1024, 1031}, {1536, 300}, {2048, 4480}, {3072, 129}, {2048, 12352}, {1024, 9000}};
+  const Case cases[] = {{256, 37}, {1024, 1031}, {1536, 300}, {2048, 4480}, {3072, 129}};
   constexpr float kEps = 1e-6f;
-  const bool was_second = cuda::StreamSecondInShared();
   for (const Case& c : cases) {
-    for (const bool second : {false, true}) {
-      cuda::SetStreamSecondInShared(second);
-      const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
-      const Regrouped g = Regroup(w);
-      ASSERT_TRUE(cuda::DenseMatVecNormInTakes(g.m)) << c.cols;
-      const int64_t h = c.cols;
-      const std::vector<float> H = Random(rng, static_cast<size_t>(h), 2.0f);
-      const auto d_gamma = Upload(Random(rng, static_cast<size_t>(h), 0.2f, 1.0f));
-      const auto d_y = Upload(Random(rng, static_cast<size_t>(h)));
-      const auto d_shared = Upload(Random(rng, static_cast<size_t>(h), 0.1f));
-      const auto d_logit = Upload(Random(rng, 1));
-      for (const Pending p : {Pending::kNone, Pending::kY, Pending::kShared, Pending::kGatedShared}) {
-        for (const bool h_early : {false, true}) {
-          const std::string tag = "norm_in_c" + std::to_string(c.cols) + "_r" + std::to_string(c.rows) + "_" +
-                                  PendingName(p) + (h_early ? "_early" : "") + (second ? "_second_in_shared" : "");
-          cuda::PendingShared sh;
-          if (p == Pending::kShared || p == Pending::kGatedShared) sh.shared = d_shared.get();
-          if (p == Pending::kGatedShared) sh.gate_logit = d_logit.get();
-          const float* y = p == Pending::kNone ? nullptr : d_y.get();
-          // The chain it replaces: the norm (H += y_eff, x), then the plain product over x.
-          auto H_chain = Upload(H);
-          auto x = Poisoned<float>(static_cast<size_t>(h));
-          auto want = Poisoned<float>(static_cast<size_t>(c.rows));
-          TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_chain.get(), 1, 1, h, nullptr, y, d_gamma.get(), kEps, x.get(),
-                                                       nullptr, nullptr, &sh, h_early));
-          TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(g.m, x.get(), h, 1, want.get(), c.rows, nullptr));
-          // The product with its norm.
-          auto H_in = Upload(H);
-          auto got = Poisoned<float>(static_cast<size_t>(c.rows));
-          cuda::MatVecNormIn in;
-          in.H = H_in.get();
-          in.y = y;
-          in.sh = sh;
-          in.gamma = d_gamma.get();
-          in.eps = kEps;
-          in.h_written_earlier = h_early;
-          TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, got.get(), nullptr));
-          TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-          const std::vector<float> got_h = Download(got), want_h = Download(want);
-          EXPECT_EQ(std::memcmp(got_h.data(), want_h.data(), got_h.size() * sizeof(float)), 0) << tag;
-          EXPECT_EQ(Download(H_in), H) << tag << ": the product wrote H";
-          // Not the same wrong answer on both sides: the chain's x against the CPU reference product.
-          std::vector<float> ref(static_cast<size_t>(c.rows));
-          const std::vector<float> x_h = Download(x);
-          MatMul(w.view(), x_h.data(), 1, ref.data(), nullptr);
-          EXPECT_LE(gpu_testing::LogError(tag, RelL2(got_h, ref)), 1e-5) << tag;
-        }
+    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
+    const Regrouped g = Regroup(w);
+    ASSERT_TRUE(cuda::DenseMatVecNormInTakes(g.m)) << c.cols;
+    const int64_t h = c.cols;
+    const std::vector<float> H = Random(rng, static_cast<size_t>(h), 2.0f);
+    const auto d_gamma = Upload(Random(rng, static_cast<size_t>(h), 0.2f, 1.0f));
+    const auto d_y = Upload(Random(rng, static_cast<size_t>(h)));
+    const auto d_shared = Upload(Random(rng, static_cast<size_t>(h), 0.1f));
+    const auto d_logit = Upload(Random(rng, 1));
+    for (const Pending p : {Pending::kNone, Pending::kY, Pending::kShared, Pending::kGatedShared}) {
+      for (const bool h_early : {false, true}) {
+        const std::string tag = "norm_in_c" + std::to_string(c.cols) + "_r" + std::to_string(c.rows) + "_" +
+                                PendingName(p) + (h_early ? "_early" : "");
+        cuda::PendingShared sh;
+        if (p == Pending::kShared || p == Pending::kGatedShared) sh.shared = d_shared.get();
+        if (p == Pending::kGatedShared) sh.gate_logit = d_logit.get();
+        const float* y = p == Pending::kNone ? nullptr : d_y.get();
+        // The chain it replaces: the norm (H += y_eff, x), then the plain product over x.
+        auto H_chain = Upload(H);
+        auto x = Poisoned<float>(static_cast<size_t>(h));
+        auto want = Poisoned<float>(static_cast<size_t>(c.rows));
+        TANDEM_ASSERT_CUDA(cuda::LaunchInjectRmsNorm(H_chain.get(), 1, 1, h, nullptr, y, d_gamma.get(), kEps, x.get(),
+                                                     nullptr, nullptr, &sh, h_early));
+        TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVec(g.m, x.get(), h, 1, want.get(), c.rows, nullptr));
+        // The product with its norm.
+        auto H_in = Upload(H);
+        auto got = Poisoned<float>(static_cast<size_t>(c.rows));
+        cuda::MatVecNormIn in;
+        in.H = H_in.get();
+        in.y = y;
+        in.sh = sh;
+        in.gamma = d_gamma.get();
+        in.eps = kEps;
+        in.h_written_earlier = h_early;
+        TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, got.get(), nullptr));
+        TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+        const std::vector<float> got_h = Download(got), want_h = Download(want);
+        EXPECT_EQ(std::memcmp(got_h.data(), want_h.data(), got_h.size() * sizeof(float)), 0) << tag;
+        EXPECT_EQ(Download(H_in), H) << tag << ": the product wrote H";
+        // Not the same wrong answer on both sides: the chain's x against the CPU reference product.
+        std::vector<float> ref(static_cast<size_t>(c.rows));
+        const std::vector<float> x_h = Download(x);
+        MatMul(w.view(), x_h.data(), 1, ref.data(), nullptr);
+        EXPECT_LE(gpu_testing::LogError(tag, RelL2(got_h, ref)), 1e-5) << tag;
       }
     }
   }
-  cuda::SetStreamSecondInShared(was_second);
 }
 
 // The next norm given the inject the product left (EarlierInject): N and H as the two norms in a

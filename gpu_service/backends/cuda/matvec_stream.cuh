@@ -28,7 +28,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -36,9 +35,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_stream_norm_in.cuh"
-#include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
-#include "gpu_service/backends/cuda/smem_limit.h"
 
 namespace tandem::cuda::fastmv {
 
@@ -117,12 +114,6 @@ template <class F>
 inline size_t StreamNormInSharedBytes(int cols) {
   return StreamNormInOffset<F>(cols) + 4 * static_cast<size_t>(cols) * sizeof(float);
 }
-// The norm-in form with its block's second row group in shared memory (kSecond): that group's rows
-// start here, after the norm's area.
-template <class F>
-__host__ __device__ inline size_t StreamSecondOffset(int cols) {
-  return (StreamNormInOffset<F>(cols) + 4 * static_cast<size_t>(cols) * sizeof(float) + 15) / 16 * 16;
-}
 
 namespace {  // internal linkage, as in matvec_core.cuh
 
@@ -174,24 +165,6 @@ __device__ __forceinline__ void StreamDotPiece(const typename F::Raw (&raw)[kS],
         }
       }
     }
-  }
-}
-
-// acc += Σ over pieces p0, p0 + step, ... < pieces of rows · x for Q8_0x8 rows in shared memory:
-// StreamRows' pieces in its order (the same sums, the same bits), read where the copy put them.
-template <int kS, int kN>
-__device__ __forceinline__ void StreamSharedRowsQ8x8(const uint8_t* const* rows, int pieces, int p0, int step,
-                                                     const float4* xs4, int quads, const float* xsum, int sums,
-                                                     float (&acc)[kS][kN]) {
-  for (int p = p0; p < pieces; p += step) {
-    FmtQ8_0x8::Raw cur[kS];
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      const uint8_t* sb = rows[s] + (p >> 4) * 272;
-      cur[s].q = *reinterpret_cast<const uint4*>(sb + 16 + 16 * (p & 15));
-      cur[s].d = *reinterpret_cast<const uint16_t*>(sb + 2 * ((p & 15) >> 1));
-    }
-    StreamDotPiece<FmtQ8_0x8, kS, kN>(cur, p, xs4, quads, xsum, sums, acc);
   }
 }
 
@@ -287,14 +260,9 @@ struct StreamProbe {
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
 // `if constexpr`: the production instantiations compile as without it).
 // kNormIn: the norm-in form (StreamNormIn; one activation row).
-// kSecond (the norm-in form over Q8_0x8, where every block walks at most two row groups): a block
-// with a second group has the copy engine bring that group's rows into its shared memory
-// (StreamSecondOffset) before its PDL wait, so that HBM streams them beside the first groups
-// instead of after them, and walks them from there (the same sums in the same order).
-template <class F, int kN, bool kProbe = false, bool kNormIn = false, bool kSecond = false>
+template <class F, int kN, bool kProbe = false, bool kNormIn = false>
 __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMatVecKernel(const StreamArgs a) {
   static_assert(!kNormIn || kN == 1, "the norm-in form forms one activation row");
-  static_assert(!kSecond || (kNormIn && std::is_same_v<F, FmtQ8_0x8>), "the second group: Q8_0x8 norm-in only");
   [[maybe_unused]] const StreamProbe<kProbe> probe;  // thread 0: the entry stamp, its slot
   extern __shared__ float4 smem4[];
   constexpr int kS = kStreamSlots<F, kN>;
@@ -331,23 +299,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   int row0 = row_ptrs(g < groups ? g : 0);
   if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
   if constexpr (kProbe) probe.Stamp(kStreamProbeRingIssued);
-  // kSecond: the second group's rows (the launch leaves no third) by the copy engine.
-  [[maybe_unused]] const uint8_t* second = nullptr;
-  [[maybe_unused]] uint32_t second_bar = 0;
-  if constexpr (kSecond) {
-    __shared__ alignas(8) unsigned long long bar;
-    second = reinterpret_cast<const uint8_t*>(smem4) + StreamSecondOffset<F>(cols);
-    second_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
-    const int g2 = static_cast<int>(blockIdx.x + gridDim.x);
-    if (g2 < groups && threadIdx.x == 0) {
-      mbarrier::Init(second_bar, 1);
-      mbarrier::InitFence();
-      const int r0 = g2 * rows_per_block, n2 = min(rows_per_block, a.out_rows - r0);
-      mbarrier::BulkCopyRunToShared(static_cast<uint32_t>(__cvta_generic_to_shared(second)),
-                                    a.w + static_cast<int64_t>(r0) * a.row_bytes,
-                                    static_cast<uint32_t>(n2 * a.row_bytes), second_bar);
-    }
-  }
   // The norm-in form's area after the kernel's own shared memory (StreamNormInOffset).
   [[maybe_unused]] float4* norm_area = smem4 + StreamNormInOffset<F>(cols) / sizeof(float4);
   if constexpr (kNormIn) NormInEarlyCopies(a.norm, cols, norm_area);
@@ -393,19 +344,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
 #pragma unroll
       for (int t = 0; t < kN; ++t) acc[s][t] = 0.0f;
     }
-    if (kSecond && g != static_cast<int>(blockIdx.x)) {
-      // The second group, in shared memory (the barrier's init was seen at the staging's barrier).
-      mbarrier::WaitParity(second_bar, 0);
-      const int base = g * rows_per_block;
-      const uint8_t* srows[kS];
-#pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        srows[s] = second + static_cast<int64_t>(min(row0 + s, a.out_rows - 1) - base) * a.row_bytes;
-      }
-      StreamSharedRowsQ8x8<kS, kN>(srows, pieces, p0, step, xs4, quads, xsum, sums, acc);
-    } else {
-      StreamRows<F, kS, kN, kD>(rows, pieces, p0, step, ring, xs4, quads, xsum, sums, acc);
-    }
+    StreamRows<F, kS, kN, kD>(rows, pieces, p0, step, ring, xs4, quads, xsum, sums, acc);
     if constexpr (kProbe) {
       if (g == static_cast<int>(blockIdx.x)) probe.Stamp(kStreamProbeFirstGroup);
       if (g + static_cast<int>(gridDim.x) >= groups) probe.Stamp(kStreamProbeLastGroup);
@@ -415,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
     g += gridDim.x;
     if (g < groups) {
       row0 = row_ptrs(g);
-      if (!kSecond) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
+      IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
     }
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
@@ -581,7 +520,7 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
 // the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
 // norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
 template <class F, bool kProbe = false>
-cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream, bool second_in_shared = false) {
+cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
   auto kernel = StreamMatVecKernel<F, 1, kProbe, true>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
@@ -589,20 +528,6 @@ cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream, bool second_in
   const size_t smem = StreamNormInSharedBytes<F>(a.cols);
   const StreamSplit split = StreamLaunchSplit<F, 1>(a, 1, StreamTuning{});
   a.wpr = split.wpr;
-  if constexpr (std::is_same_v<F, FmtQ8_0x8> && !kProbe) {
-    // The second group in shared memory (kSecond) where every block walks one or two groups and
-    // two blocks an SM still fit with that group's rows beside the norm's area.
-    const int rpb = kWarps / split.wpr * (32 / LanesPerRow<F>(a.cols)) * kStreamSlots<F, 1>;
-    const int64_t groups = (a.out_rows + rpb - 1) / rpb;
-    const size_t big = StreamSecondOffset<F>(a.cols) + static_cast<size_t>(rpb) * static_cast<size_t>(a.row_bytes);
-    if (second_in_shared && groups > split.blocks && groups <= 2 * static_cast<int64_t>(split.blocks) &&
-        2 * (big + 1024) <= static_cast<size_t>(DeviceSmemPerSm()) && big <= 227 * 1024 && a.row_bytes % 16 == 0) {
-      auto second = StreamMatVecKernel<F, 1, false, true, true>;
-      static std::atomic<size_t> raised{48 * 1024};
-      if (const cudaError_t err = RaiseDynamicSmemLimit(second, big, raised); err != cudaSuccess) return err;
-      return LaunchPdl(second, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, big, stream, a);
-    }
-  }
   return LaunchPdl(kernel, dim3(static_cast<unsigned>(split.blocks), 1), kThreads, smem, stream, a);
 }
 

@@ -239,14 +239,7 @@ std::atomic<bool>& MixerNormLaunchSwitch() {
   static std::atomic<bool> on{EnvSwitch("TANDEM_MIXER_NORM_LAUNCH")};
   return on;
 }
-std::atomic<bool>& StreamSecondSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_STREAM_SECOND_SMEM")};
-  return on;
-}
 }  // namespace
-
-bool StreamSecondInShared() { return StreamSecondSwitch().load(std::memory_order_relaxed); }
-void SetStreamSecondInShared(bool on) { StreamSecondSwitch().store(on, std::memory_order_relaxed); }
 
 bool MixerNormLaunch() { return MixerNormLaunchSwitch().load(std::memory_order_relaxed); }
 void SetMixerNormLaunch(bool on) { MixerNormLaunchSwitch().store(on, std::memory_order_relaxed); }
@@ -290,7 +283,7 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
-  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream, StreamSecondInShared());
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 
 }  // namespace tandem::cuda

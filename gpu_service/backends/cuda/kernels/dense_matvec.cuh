@@ -102,12 +102,6 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
 // TANDEM_MIXER_NORM_LAUNCH=1 (read once; settable for tests) keeps the norm's own launch.
 bool MixerNormLaunch();
 void SetMixerNormLaunch(bool on);
-// LaunchDenseMatVecNormIn's blocks with a second row group bring its rows into shared memory by the
-// copy engine before their PDL wait (matvec_stream.cuh's kSecond form: the same sums, the same
-// bits), where every block walks one or two groups and two blocks an SM still fit.
-// TANDEM_STREAM_SECOND_SMEM=1; off by default.
-bool StreamSecondInShared();
-void SetStreamSecondInShared(bool on);
 
 }  // namespace tandem::cuda
 
