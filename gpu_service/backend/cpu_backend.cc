@@ -118,7 +118,7 @@ absl::StatusOr<SequenceSlot> CpuBackend::CreateSequence() {
   absl::StatusOr<std::unique_ptr<SequenceState>> seq = model_->NewSequence();
   if (!seq.ok()) return seq.status();
   const SequenceSlot slot = next_slot_++;
-  slots_[slot] = *std::move(seq);
+  slots_[slot] = Slot{*std::move(seq), options_.remote != nullptr ? options_.remote->losses() : 0};
   return slot;
 }
 
@@ -133,8 +133,13 @@ absl::Status CpuBackend::Step(std::span<const StepInput> inputs) {
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": unknown sequence slot ", inputs[i].slot));
     }
-    steps.push_back(ReferenceModel::Step{it->second.get(), inputs[i].tokens, inputs[i].logits,
-                                         inputs[i].all_positions});
+    if (options_.remote != nullptr && it->second.worker_losses != options_.remote->losses()) {
+      return absl::UnavailableError(absl::StrCat(
+          "step input ", i, ": a host expert worker was lost while sequence ", inputs[i].slot,
+          " was running"));
+    }
+    steps.push_back(ReferenceModel::Step{it->second.state.get(), inputs[i].tokens,
+                                         inputs[i].logits, inputs[i].all_positions});
   }
   ReferenceModel::ForwardOptions forward;
   forward.experts = [this](int64_t layer) -> ExpertExecutor* {
@@ -152,7 +157,7 @@ absl::Status CpuBackend::KeepFirst(SequenceSlot slot, int64_t m) {
   if (it == slots_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence slot ", slot));
   }
-  return model_->KeepFirst(it->second.get(), m);
+  return model_->KeepFirst(it->second.state.get(), m);
 }
 
 StateUsage CpuBackend::state_usage() const {

@@ -5,6 +5,11 @@
 // experts run here (the reference expert executor); rows of the others go to `remote` (the host
 // workers). With no `remote`, the placement must be all-local. Rows and worker time are counted
 // for the metrics (placement()).
+//
+// A lost worker (RemoteExperts::losses() moved) fails the step of every sequence created before
+// the loss with Unavailable, whichever thread noticed the loss and whether or not the worker is
+// back: such a sequence was in flight when the worker died, and the service's contract is that
+// in-flight requests then end with UNAVAILABLE (the engine ends the whole step's batch).
 #ifndef TANDEM_GPU_SERVICE_BACKEND_CPU_BACKEND_H_
 #define TANDEM_GPU_SERVICE_BACKEND_CPU_BACKEND_H_
 
@@ -64,7 +69,13 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<SplitExecutor>> executors_;  // per layer
   StatePool* pool_;  // the model's
   uint64_t parameter_count_ = 0;
-  absl::flat_hash_map<SequenceSlot, std::unique_ptr<SequenceState>> slots_;
+  struct Slot {
+    std::unique_ptr<SequenceState> state;
+    // options_.remote->losses() when the sequence was created: a sequence that was running when
+    // a worker was lost is ended, even if the worker came back before its next step.
+    uint64_t worker_losses = 0;
+  };
+  absl::flat_hash_map<SequenceSlot, Slot> slots_;
   SequenceSlot next_slot_ = 1;
 
   // Totals, written by the step thread, read by anyone.

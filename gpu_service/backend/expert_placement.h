@@ -80,6 +80,10 @@ class RemoteExperts {
   // Activation bytes sent to workers so far (the rows actually written into requests), or nullopt
   // when the implementation does not count them (the caller then estimates one row per pair).
   virtual std::optional<uint64_t> activation_bytes_sent() const { return std::nullopt; }
+  // How many times a worker has been lost so far (0 for an implementation that never loses one).
+  // The backend ends a sequence that was running when this count moved, even if the worker came
+  // back before the sequence's next call (see CpuBackend::Step).
+  virtual uint64_t losses() const { return 0; }
 };
 
 }  // namespace tandem

@@ -154,6 +154,7 @@ absl::Status HostExpertWorkers::WaitUntilReady(absl::Time deadline) {
 
 void HostExpertWorkers::MarkLost(const absl::Status& why) {
   if (!available_.exchange(false, std::memory_order_acq_rel)) return;
+  losses_.fetch_add(1, std::memory_order_acq_rel);
   std::fill(known_pids_.begin(), known_pids_.end(), 0);  // log every worker again on recovery
   if (options_.log) {
     options_.log("worker_lost", absl::StrCat("\"reason\":", JsonString(std::string(why.message()))));

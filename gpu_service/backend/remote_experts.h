@@ -12,7 +12,9 @@
 // the step, the engine ends the step's requests with UNAVAILABLE, and the service reports
 // NOT_SERVING (available() is false; the listener is told). A background thread restarts a
 // spawned worker (or waits for a hand-started one to attach to the same channel again) and then
-// reports available, without restarting the service. Computing the lost rows in the service
+// reports available, without restarting the service. Every loss is counted (losses()), so that a
+// loss noticed by the recovery thread's idle probe between two calls of a running step, and
+// repaired before the step's next call, still ends the sequences that were running then. Computing the lost rows in the service
 // instead would need every expert's weights in the service, which is what the budget is for.
 //
 // Threading: Run is called from the backend's step thread; available(), worker_status() and the
@@ -83,6 +85,7 @@ class HostExpertWorkers : public RemoteExperts {
   std::optional<uint64_t> activation_bytes_sent() const override {
     return activation_bytes_.load(std::memory_order_relaxed);
   }
+  uint64_t losses() const override { return losses_.load(std::memory_order_acquire); }
 
   // True while every worker serves.
   bool available() const { return available_.load(std::memory_order_acquire); }
@@ -101,7 +104,6 @@ class HostExpertWorkers : public RemoteExperts {
  private:
   HostExpertWorkers(HostExpertWorkersOptions options, uint32_t hidden, uint32_t experts_per_token,
                     std::unique_ptr<MultiWorkerClient> client);
-  absl::Status CallChunk(uint32_t layer, absl::Time deadline);  // mu_ held
   void MarkLost(const absl::Status& why);                       // mu_ held
   void LogReadyWorkers();                                       // mu_ held
   void RecoveryLoop();
@@ -114,13 +116,13 @@ class HostExpertWorkers : public RemoteExperts {
   std::unique_ptr<MultiWorkerClient> client_;
   std::vector<ExpertRowPair> pairs_;    // one chunk's pairs
   std::vector<float> rows_;             // one chunk's activation rows
-  std::vector<float> chunk_out_;        // one chunk's outputs
   std::vector<size_t> chunk_index_;     // chunk pair i is work[chunk_index_[i]]
   std::vector<int64_t> row_of_token_;   // token -> row in the chunk (-1: none)
   std::vector<pid_t> known_pids_;
 
   std::atomic<uint64_t> activation_bytes_{0};
   std::atomic<bool> available_{false};
+  std::atomic<uint64_t> losses_{0};  // MarkLost's transitions to unavailable
   std::mutex listener_mu_;
   std::function<void(bool)> listener_;
 

@@ -1,11 +1,15 @@
 // HostExpertWorkers (gpu_service/backend/remote_experts.h) in-process against real
-// tandem-host-worker processes, and the --worker spec syntax.
+// tandem-host-worker processes, the --worker spec syntax, and the CPU backend's handling of a
+// worker loss (a sequence running across one ends with Unavailable).
 //
 // The reference model runs with every routed expert sent to the workers, beside the same model
 // with its own expert executor; the routing picks of both are captured, so the fast (int8) mode is
 // checked exactly where the acceptance asks: at the positions where every layer picked the same
 // experts.
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -14,6 +18,7 @@
 
 #include "common/model/reference_model.h"
 #include "common/model/sampler.h"
+#include "gpu_service/backend/cpu_backend.h"
 #include "gpu_service/backend/remote_experts.h"
 #include "gpu_service/backend/remote_experts_spec.h"
 #include "gtest/gtest.h"
@@ -275,6 +280,88 @@ TEST(HostExpertWorkersTest, FastModeMatchesWhereEveryRoutingPickAgrees) {
   }
   std::printf("fast mode: routing picks agree at %d of %d positions\n", agreeing, total);
   EXPECT_GT(agreeing, 0);
+}
+
+// A worker killed while no call is in flight is noticed by the recovery thread's idle probe,
+// restarted, and counted: losses() is what lets the backend end the sequences that were running
+// even though no call of theirs ever failed.
+TEST(HostExpertWorkersTest, LossNoticedByTheIdleProbeIsCounted) {
+  Harness h(/*exact=*/true, /*shares=*/1, /*max_rows=*/256);
+  const int64_t hidden = h.model->config().h;
+  std::vector<float> x(static_cast<size_t>(hidden), 0.5f);
+  const std::vector<ExpertWork> work = {{0, 0}, {3, 0}};
+  std::vector<float> out(work.size() * static_cast<size_t>(hidden));
+  ASSERT_TRUE(h.workers->Run(0, work, x.data(), hidden, out.data()).ok());
+  EXPECT_EQ(h.workers->losses(), 0u);
+  const pid_t pid = h.workers->worker_status()[0].pid;
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  // No Run until the worker is back: only the idle probe can notice.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (h.workers->losses() == 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(h.workers->losses(), 1u);
+  while (!h.workers->available() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(h.workers->available());
+  EXPECT_NE(h.workers->worker_status()[0].pid, pid);
+  EXPECT_EQ(h.workers->losses(), 1u);
+  EXPECT_TRUE(h.workers->Run(0, work, x.data(), hidden, out.data()).ok());
+}
+
+// A RemoteExperts whose losses are set by the test; its rows are zeros (only the step's status is
+// under test here).
+class LosingRemote : public RemoteExperts {
+ public:
+  absl::Status Run(int64_t, std::span<const ExpertWork> work, const float*, int64_t h,
+                   float* out) override {
+    std::fill(out, out + work.size() * static_cast<size_t>(h), 0.0f);
+    return absl::OkStatus();
+  }
+  uint64_t losses() const override { return losses_.load(); }
+  void Lose() { ++losses_; }
+
+ private:
+  std::atomic<uint64_t> losses_{0};
+};
+
+// The race the service test met on a loaded machine: the idle probe noticed the kill between two
+// steps and the worker was back before the next call, so no call failed. The sequence that was
+// running still ends with Unavailable; one created after the loss runs.
+TEST(CpuBackendWorkerLossTest, SequenceRunningAcrossALossEndsWithUnavailable) {
+  ReferenceModelOptions o;
+  o.threads = 1;
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> model = ReferenceModel::Open(TinyModelPath(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  LosingRemote remote;
+  CpuBackendOptions options;
+  options.expert_budget = ExpertBudget{0.5, 0};
+  options.remote = &remote;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+      CpuBackend::Create(*std::move(model), options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  CpuBackend& b = **backend;
+  std::vector<float> logits(static_cast<size_t>(b.config().vocab));
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  auto step = [&](SequenceSlot slot) {
+    Backend::StepInput in;
+    in.slot = slot;
+    in.tokens = tokens;
+    in.logits = logits.data();
+    return b.Step(std::span(&in, 1));
+  };
+  absl::StatusOr<SequenceSlot> running = b.CreateSequence();
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(step(*running).ok());
+  remote.Lose();
+  absl::StatusOr<SequenceSlot> fresh = b.CreateSequence();
+  ASSERT_TRUE(fresh.ok());
+  const absl::Status lost = step(*running);
+  EXPECT_TRUE(absl::IsUnavailable(lost)) << lost;
+  EXPECT_NE(lost.message().find("lost while sequence " + std::to_string(*running)),
+            absl::string_view::npos)
+      << lost;
+  EXPECT_TRUE(step(*fresh).ok());
+  EXPECT_TRUE(step(*fresh).ok());
+  EXPECT_GT(b.placement().worker_rows, 0u) << "the remote was never asked: the test proves nothing";
 }
 
 }  // namespace
