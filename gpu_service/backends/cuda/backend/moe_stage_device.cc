@@ -1,7 +1,6 @@
 // The device-planned paths of MoeStage (moe_stage.h): steps of up to plan_tokens tokens (decode,
 // with the two one-token kernels at n = 1) and prefill steps over a device table, where routing,
 // planning and the expert runs stay on the GPU; and the gated shared expert both kinds of step use.
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
@@ -13,7 +12,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
@@ -350,22 +348,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
-      }
-      // A/B (OneTokenMoeArgs::l2_next): the last TANDEM_MOE_L2_TAIL_ROWS rows of the next GDN
-      // layer's stacked input product asked into L2 by this grid.
-      static const long long tail_rows = EnvInteger("TANDEM_MOE_L2_TAIL_ROWS", 0, 0, 1 << 24);
-      static const int tail_mode = static_cast<int>(EnvInteger("TANDEM_MOE_L2_TAIL_MODE", 1, 1, 3));
-      if (tail_rows > 0 && layer + 1 < static_cast<int64_t>(m.model->layers.size())) {
-        const GpuLayer& nl = m.model->layers[layer + 1];
-        const DeviceMatrix& in = nl.mixer_in;
-        if (nl.kind == LayerKind::kGdn && in.present() && reinterpret_cast<uintptr_t>(in.data) % 16 == 0 &&
-            in.row_bytes % 16 == 0) {
-          const int64_t rows = std::min<int64_t>(tail_rows, in.rows);
-          const uint64_t bytes = static_cast<uint64_t>(rows * in.row_bytes) / 128 * 128;
-          o.l2_next = static_cast<const uint8_t*>(in.data) + (in.rows * in.row_bytes - static_cast<int64_t>(bytes));
-          o.l2_next_bytes = bytes;
-          o.l2_next_mode = tail_mode;
-        }
       }
       TANDEM_CUDA_RETURN_IF_ERROR(
           LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));

@@ -114,33 +114,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// Block i of n asks its share of OneTokenMoeArgs::l2_next into L2 (l2_next_mode says how).
-__device__ __forceinline__ void PrefetchNextShare(const OneTokenMoeArgs& a, int i, int n) {
-  const unsigned long long share = (a.l2_next_bytes / 128 + static_cast<unsigned long long>(n) - 1) / n * 128;
-  const unsigned long long start = share * static_cast<unsigned long long>(i);
-  const unsigned long long end = start + share < a.l2_next_bytes ? start + share : a.l2_next_bytes;
-  const uint8_t* p = static_cast<const uint8_t*>(a.l2_next);
-  if (a.l2_next_mode == 3) {
-    for (unsigned long long at = start + 128ull * threadIdx.x; at < end; at += 128ull * kThreads) {
-      asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + at) : "memory");
-    }
-    return;
-  }
-  constexpr unsigned long long kPiece = 4096;
-  uint64_t policy = 0;
-  if (a.l2_next_mode == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  for (unsigned long long at = start + kPiece * threadIdx.x; at < end; at += kPiece * kThreads) {
-    const unsigned bytes = static_cast<unsigned>(end - at < kPiece ? end - at : kPiece);
-    if (a.l2_next_mode == 2) {
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + at), "r"(bytes),
-                   "l"(policy)
-                   : "memory");
-    } else {
-      PrefetchL2(p + at, bytes);
-    }
-  }
-}
-
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
 template <bool kProbe>
@@ -409,7 +382,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     CpAsyncCommit();
   }
-  if (a.l2_next != nullptr) PrefetchNextShare(a, block, expert_blocks);
   // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
   // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
   // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
@@ -625,10 +597,6 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
   if (!OneTokenFusedFits(a.E, a.K, a.h, a.inner) || !a.int16_activations || !a.logit_route || a.logits == nullptr ||
       a.table == nullptr || a.x == nullptr || a.experts_out == nullptr || a.weights_out == nullptr ||
       a.error == nullptr || a.y == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.l2_next != nullptr && (reinterpret_cast<uintptr_t>(a.l2_next) % 16 != 0 || a.l2_next_bytes % 128 != 0 ||
-                               a.l2_next_mode < 1 || a.l2_next_mode > 3)) {
     return cudaErrorInvalidValue;
   }
   return cudaSuccess;

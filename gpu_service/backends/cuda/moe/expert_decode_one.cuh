@@ -75,14 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // The fused kernel only, an A/B (TANDEM_MOE_L2_TAIL_ROWS): every block asks its share of
-  // [l2_next, l2_next + l2_next_bytes) into L2 once its gate/up rows are done (HBM idles from
-  // then to the grid's end): the last rows of the next layer's input product, those its second
-  // round of row groups reads. l2_next_mode 1: bulk prefetches; 2: bulk with an evict_last
-  // policy; 3: a 128-byte line an instruction, evict_last. 16-byte aligned, bytes a multiple of 128.
-  const void* l2_next = nullptr;
-  unsigned long long l2_next_bytes = 0;
-  int l2_next_mode = 0;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
