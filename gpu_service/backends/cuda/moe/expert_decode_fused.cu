@@ -114,13 +114,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// Registers of the form without router blocks (the GDN layers' MoE, before the next layer's input
-// product): launch bounds of 6 blocks an SM cap it at 80 registers a thread (96 unbounded), so that
-// an SM holding three of its blocks (3 x 128 x 80) still has room for one block of the streaming
-// product that follows (256 x 128): that block becomes resident while the MoE kernel runs and
-// issues its first ring of weight loads then, instead of after the MoE's blocks exit. An A/B.
-constexpr int kFusedMinBlocksBesideProduct = 6;
-
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
 template <bool kProbe>
@@ -183,7 +176,7 @@ struct FusedStamps {
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
 // "summed" stamp; the other instantiations ignore `probe`.
 template <int kPer, bool kRouter, bool kProbe>
-__global__ void __launch_bounds__(kThreads, kRouter ? 1 : kFusedMinBlocksBesideProduct)
+__global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
