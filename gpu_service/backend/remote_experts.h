@@ -14,8 +14,9 @@
 // spawned worker (or waits for a hand-started one to attach to the same channel again) and then
 // reports available, without restarting the service. Every loss is counted (losses()), so that a
 // loss noticed by the recovery thread's idle probe between two calls of a running step, and
-// repaired before the step's next call, still ends the sequences that were running then. Computing the lost rows in the service
-// instead would need every expert's weights in the service, which is what the budget is for.
+// repaired before the step's next call, still ends the sequences that were running then.
+// Computing the lost rows in the service instead would need every expert's weights in the
+// service, which is what the budget is for.
 //
 // Threading: Run is called from the backend's step thread; available(), worker_status() and the
 // listener may be used from any thread.
