@@ -74,6 +74,42 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   for (int p = 0; p < kStreamProbeStamps; ++p) {
     printf("  %-26s %18.2f %18.2f\n", names[p], bench::Median(median[p]), bench::Median(last[p]));
   }
+  // Who arrives when: the blocks that walk two row groups (their last group's stamp differs from
+  // their first's) against those that walk one, and how the launch sat on the SMs. Whether the
+  // blocks with the longer walk are resident long before the wait (and on SMs the MoE kernel left
+  // free) decides whether their second group could be fetched under the MoE kernel.
+  std::vector<double> two_entry, two_exit, one_entry, one_exit, earliest, sms, most_per_sm, early5;
+  for (const auto& launch : launches) {
+    unsigned long long t0 = ~0ull;
+    for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
+    std::vector<const unsigned long long*> two, one;
+    std::vector<int> per_sm(1024, 0);
+    int early = 0;
+    for (const unsigned long long* row : launch) {
+      (row[kStreamProbeLastGroup] != row[kStreamProbeFirstGroup] ? two : one).push_back(row);
+      ++per_sm[std::min<unsigned long long>(row[kStreamProbeSm], 1023)];
+      early += row[kStreamProbeEntry] + 5000 < t0;
+    }
+    if (!two.empty()) {
+      two_entry.push_back(bench::StampUs(two, kStreamProbeEntry, t0, 0));
+      two_exit.push_back(bench::StampUs(two, kStreamProbeExit, t0, 0));
+    }
+    if (!one.empty()) {
+      one_entry.push_back(bench::StampUs(one, kStreamProbeEntry, t0, 0));
+      one_exit.push_back(bench::StampUs(one, kStreamProbeExit, t0, 0));
+    }
+    earliest.push_back(bench::StampUs(launch, kStreamProbeEntry, t0, -1));
+    sms.push_back(static_cast<double>(std::count_if(per_sm.begin(), per_sm.end(), [](int c) { return c > 0; })));
+    most_per_sm.push_back(*std::max_element(per_sm.begin(), per_sm.end()));
+    early5.push_back(early);
+  }
+  printf("  two-group blocks (%s): entry %.2f, exit %.2f (medians); one-group: entry %.2f, exit %.2f\n",
+         two_entry.empty() ? "none" : "median over launches", two_entry.empty() ? 0.0 : bench::Median(two_entry),
+         two_exit.empty() ? 0.0 : bench::Median(two_exit), one_entry.empty() ? 0.0 : bench::Median(one_entry),
+         one_exit.empty() ? 0.0 : bench::Median(one_exit));
+  printf("  earliest entry %.2f us; blocks resident more than 5 us before the wait: %.0f; SMs used %.0f, "
+         "at most %.0f blocks an SM (medians over launches)\n",
+         bench::Median(earliest), bench::Median(early5), bench::Median(sms), bench::Median(most_per_sm));
   return absl::OkStatus();
 }
 

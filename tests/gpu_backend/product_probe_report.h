@@ -3,7 +3,10 @@
 // launches its stamped instantiation (dense_matvec_probe.h, cuda::SetProbeGdnInputProducts, set
 // before the decode graphs are captured); this arms the stamps, runs one step and prints, per
 // phase, the median over the step's GDN layers of the median and last block's stamp, in us after
-// the layer's earliest PDL wait return (when the MoE kernel before it had completed).
+// the layer's earliest PDL wait return (when the MoE kernel before it had completed); then the
+// entry and exit of the blocks that walk two row groups against those that walk one, the earliest
+// entry, how many blocks were resident more than 5 us before the wait, and how the launch sat on
+// the SMs (SMs used, most blocks on one SM).
 #ifndef TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 #define TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 
