@@ -49,6 +49,25 @@ const char* PendingName(Pending p) {
   return "?";
 }
 
+// A random Q8_0 matrix of cols x rows (regrouped to Q8_0x8, which the norm-in product must take) and
+// the norm's inputs: H, γ and a pending y, cols floats each.
+struct NormInInputs {
+  gpu_testing::TestMatrix w;
+  Regrouped g;
+  std::vector<float> H;
+  gpu_testing::DeviceArray<float> gamma, y;
+};
+
+NormInInputs RandomNormInInputs(std::mt19937& rng, int64_t cols, int64_t rows) {
+  NormInInputs in{RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.05f), {}, {}, {}, {}};
+  in.g = Regroup(in.w);
+  EXPECT_TRUE(cuda::DenseMatVecNormInTakes(in.g.m)) << cols;
+  in.H = Random(rng, static_cast<size_t>(cols), 2.0f);
+  in.gamma = Upload(Random(rng, static_cast<size_t>(cols), 0.2f, 1.0f));
+  in.y = Upload(Random(rng, static_cast<size_t>(cols)));
+  return in;
+}
+
 // Widths cover each thread split of the register norm kernel (norm_row::RegSplitFor): 256 (1 x 128),
 // 1024 (2 x 128), 1536 (4 x 128), 2048 (2 x 256: the 80B models), 3072 (4 x 256).
 TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) {
@@ -59,13 +78,13 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
   const Case cases[] = {{256, 37}, {1024, 1031}, {1536, 300}, {2048, 4480}, {3072, 129}};
   constexpr float kEps = 1e-6f;
   for (const Case& c : cases) {
-    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
-    const Regrouped g = Regroup(w);
-    ASSERT_TRUE(cuda::DenseMatVecNormInTakes(g.m)) << c.cols;
+    const NormInInputs inputs = RandomNormInInputs(rng, c.cols, c.rows);
+    const gpu_testing::TestMatrix& w = inputs.w;
+    const Regrouped& g = inputs.g;
+    const std::vector<float>& H = inputs.H;
+    const auto& d_gamma = inputs.gamma;
+    const auto& d_y = inputs.y;
     const int64_t h = c.cols;
-    const std::vector<float> H = Random(rng, static_cast<size_t>(h), 2.0f);
-    const auto d_gamma = Upload(Random(rng, static_cast<size_t>(h), 0.2f, 1.0f));
-    const auto d_y = Upload(Random(rng, static_cast<size_t>(h)));
     const auto d_shared = Upload(Random(rng, static_cast<size_t>(h), 0.1f));
     const auto d_logit = Upload(Random(rng, 1));
     for (const Pending p : {Pending::kNone, Pending::kY, Pending::kShared, Pending::kGatedShared}) {
@@ -119,27 +138,21 @@ TEST_F(GpuNormInProductTest, WideTuningIsBitIdenticalToTheDefault) {
   const Case cases[] = {{2048, 12352}, {2048, 9216}, {1024, 1031}, {256, 37}};
   const bool was = cuda::DenseMatVecNormInWide();
   for (const Case& c : cases) {
-    const gpu_testing::TestMatrix w = RandomMatrix(rng, WeightType::kQ8_0, c.cols, c.rows, 0.05f);
-    const Regrouped g = Regroup(w);
-    ASSERT_TRUE(cuda::DenseMatVecNormInTakes(g.m)) << c.cols;
-    const int64_t h = c.cols;
-    const std::vector<float> H = Random(rng, static_cast<size_t>(h), 2.0f);
-    const auto d_gamma = Upload(Random(rng, static_cast<size_t>(h), 0.2f, 1.0f));
-    const auto d_y = Upload(Random(rng, static_cast<size_t>(h)));
+    const NormInInputs inputs = RandomNormInInputs(rng, c.cols, c.rows);
     std::vector<float> outs[2];
     for (const bool wide : {false, true}) {
       cuda::SetDenseMatVecNormInWide(wide);
-      auto H_in = Upload(H);
+      auto H_in = Upload(inputs.H);
       auto got = Poisoned<float>(static_cast<size_t>(c.rows));
       cuda::MatVecNormIn in;
       in.H = H_in.get();
-      in.y = d_y.get();
-      in.gamma = d_gamma.get();
+      in.y = inputs.y.get();
+      in.gamma = inputs.gamma.get();
       in.eps = 1e-6f;
-      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, got.get(), nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(inputs.g.m, in, got.get(), nullptr));
       TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
       outs[wide] = Download(got);
-      EXPECT_EQ(Download(H_in), H) << c.rows << (wide ? " wide" : "") << ": the product wrote H";
+      EXPECT_EQ(Download(H_in), inputs.H) << c.rows << (wide ? " wide" : "") << ": the product wrote H";
     }
     cuda::SetDenseMatVecNormInWide(was);
     ASSERT_EQ(outs[0].size(), outs[1].size());
