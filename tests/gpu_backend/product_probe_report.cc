@@ -51,44 +51,30 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   for (int r = 0; r < rows; ++r) launches[static_cast<size_t>(r / grid)].push_back(&h[size_t(r) * kStreamProbeWords]);
   const char* names[] = {"entry (resident)", "first ring issued", "PDL wait returned", "x formed (staged)",
                          "first row group streamed", "last row group streamed", "last group reduced", "exit"};
-  // Per launch: each phase's median and last block (bench::StampUs), and the share of blocks
-  // resident before the earliest wait return, all relative to that return.
+  // Per launch, all relative to its earliest wait return: each phase's median and last block
+  // (bench::StampUs) and the share of blocks resident before that return; then who arrives when:
+  // the blocks that walk two row groups (their last group's stamp differs from their first's)
+  // against those that walk one, and how the launch sat on the SMs. Whether the blocks with the
+  // longer walk are resident long before the wait (and on SMs the MoE kernel left free) decides
+  // whether their second group could be fetched under the MoE kernel.
   std::vector<std::vector<double>> median(kStreamProbeStamps), last(kStreamProbeStamps);
-  std::vector<double> early_share;
-  for (const auto& launch : launches) {
-    unsigned long long t0 = ~0ull;
-    for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
-    int early = 0;
-    for (const unsigned long long* row : launch) early += row[kStreamProbeEntry] < t0;
-    early_share.push_back(static_cast<double>(early) / static_cast<double>(launch.size()));
-    for (int p = 0; p < kStreamProbeStamps; ++p) {
-      median[p].push_back(bench::StampUs(launch, p, t0, 0));
-      last[p].push_back(bench::StampUs(launch, p, t0, 1));
-    }
-  }
-  printf("GDN input product probe: %zu launches of %llu blocks; blocks resident before the first wait returned: "
-         "median %.2f of a launch\n",
-         launches.size(), grid, bench::Median(early_share));
-  printf("  %-26s %18s %18s   (us after the launch's first wait return; median over launches)\n", "phase",
-         "median block", "last block");
-  for (int p = 0; p < kStreamProbeStamps; ++p) {
-    printf("  %-26s %18.2f %18.2f\n", names[p], bench::Median(median[p]), bench::Median(last[p]));
-  }
-  // Who arrives when: the blocks that walk two row groups (their last group's stamp differs from
-  // their first's) against those that walk one, and how the launch sat on the SMs. Whether the
-  // blocks with the longer walk are resident long before the wait (and on SMs the MoE kernel left
-  // free) decides whether their second group could be fetched under the MoE kernel.
-  std::vector<double> two_entry, two_exit, one_entry, one_exit, earliest, sms, most_per_sm, early5;
+  std::vector<double> early_share, two_entry, two_exit, one_entry, one_exit, earliest, sms, most_per_sm, early5;
   for (const auto& launch : launches) {
     unsigned long long t0 = ~0ull;
     for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
     std::vector<const unsigned long long*> two, one;
     std::vector<int> per_sm(1024, 0);
-    int early = 0;
+    int early = 0, early_by_5us = 0;
     for (const unsigned long long* row : launch) {
+      early += row[kStreamProbeEntry] < t0;
+      early_by_5us += row[kStreamProbeEntry] + 5000 < t0;
       (row[kStreamProbeLastGroup] != row[kStreamProbeFirstGroup] ? two : one).push_back(row);
       ++per_sm[std::min<unsigned long long>(row[kStreamProbeSm], 1023)];
-      early += row[kStreamProbeEntry] + 5000 < t0;
+    }
+    early_share.push_back(static_cast<double>(early) / static_cast<double>(launch.size()));
+    for (int p = 0; p < kStreamProbeStamps; ++p) {
+      median[p].push_back(bench::StampUs(launch, p, t0, 0));
+      last[p].push_back(bench::StampUs(launch, p, t0, 1));
     }
     if (!two.empty()) {
       two_entry.push_back(bench::StampUs(two, kStreamProbeEntry, t0, 0));
@@ -101,12 +87,20 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
     earliest.push_back(bench::StampUs(launch, kStreamProbeEntry, t0, -1));
     sms.push_back(static_cast<double>(std::count_if(per_sm.begin(), per_sm.end(), [](int c) { return c > 0; })));
     most_per_sm.push_back(*std::max_element(per_sm.begin(), per_sm.end()));
-    early5.push_back(early);
+    early5.push_back(early_by_5us);
   }
+  printf("GDN input product probe: %zu launches of %llu blocks; blocks resident before the first wait returned: "
+         "median %.2f of a launch\n",
+         launches.size(), grid, bench::Median(early_share));
+  printf("  %-26s %18s %18s   (us after the launch's first wait return; median over launches)\n", "phase",
+         "median block", "last block");
+  for (int p = 0; p < kStreamProbeStamps; ++p) {
+    printf("  %-26s %18.2f %18.2f\n", names[p], bench::Median(median[p]), bench::Median(last[p]));
+  }
+  auto median_or_0 = [](const std::vector<double>& v) { return v.empty() ? 0.0 : bench::Median(v); };
   printf("  two-group blocks (%s): entry %.2f, exit %.2f (medians); one-group: entry %.2f, exit %.2f\n",
-         two_entry.empty() ? "none" : "median over launches", two_entry.empty() ? 0.0 : bench::Median(two_entry),
-         two_exit.empty() ? 0.0 : bench::Median(two_exit), one_entry.empty() ? 0.0 : bench::Median(one_entry),
-         one_exit.empty() ? 0.0 : bench::Median(one_exit));
+         two_entry.empty() ? "none" : "median over launches", median_or_0(two_entry), median_or_0(two_exit),
+         median_or_0(one_entry), median_or_0(one_exit));
   printf("  earliest entry %.2f us; blocks resident more than 5 us before the wait: %.0f; SMs used %.0f, "
          "at most %.0f blocks an SM (medians over launches)\n",
          bench::Median(earliest), bench::Median(early5), bench::Median(sms), bench::Median(most_per_sm));
