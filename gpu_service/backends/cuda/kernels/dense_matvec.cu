@@ -293,7 +293,10 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
-  return LaunchNormInTuned<false>(w, in, y, stream);
+  if (DenseMatVecNormInWide()) {
+    return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8Wide>(NormInStreamArgs(w, in, y), stream);
+  }
+  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 
 }  // namespace tandem::cuda

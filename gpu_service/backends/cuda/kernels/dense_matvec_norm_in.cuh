@@ -18,16 +18,6 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
 // The arguments of y = W·x with x formed from `in` (NormInLaunchOk holds).
 fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& in, float* y);
 
-// The launch both files make (NormInLaunchOk holds): the streaming kernel's norm-in form in the
-// tuning DenseMatVecNormInWide picks; kProbe its stamped instantiation (in the including file's copy
-// of matvec_stream.cuh).
-template <bool kProbe>
-cudaError_t LaunchNormInTuned(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
-  const fastmv::StreamArgs a = NormInStreamArgs(w, in, y);
-  if (DenseMatVecNormInWide()) return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8Wide, kProbe>(a, stream);
-  return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, kProbe>(a, stream);
-}
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_NORM_IN_CUH_
