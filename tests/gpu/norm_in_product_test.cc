@@ -6,7 +6,6 @@
 // thread splits), with and without the pending inject and its shared term, H read before or after
 // the PDL wait; and the next norm with the earlier inject against two norms in a row. H must come
 // out of the product unwritten. Fresh random inputs, outputs poisoned before every run.
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -125,44 +124,6 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
       }
     }
   }
-}
-
-// The wide tuning (DenseMatVecNormInWide: three blocks an SM, a two-deep ring) sums every row as
-// the default kernel does: the same bits, at the GDN stack's 2048 x 12352 (386 row groups: one
-// round of the wide grid, two of the default one) and at shapes of one partial group and a few.
-TEST_F(GpuNormInProductTest, WideTuningIsBitIdenticalToTheDefault) {
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  struct Case {
-    int64_t cols, rows;
-  };
-  const Case cases[] = {{2048, 12352}, {2048, 9216}, {1024, 1031}, {256, 37}};
-  const bool was = cuda::DenseMatVecNormInWide();
-  for (const Case& c : cases) {
-    const NormInInputs inputs = RandomNormInInputs(rng, c.cols, c.rows);
-    std::vector<float> outs[2];
-    for (const bool wide : {false, true}) {
-      cuda::SetDenseMatVecNormInWide(wide);
-      auto H_in = Upload(inputs.H);
-      auto got = Poisoned<float>(static_cast<size_t>(c.rows));
-      cuda::MatVecNormIn in;
-      in.H = H_in.get();
-      in.y = inputs.y.get();
-      in.gamma = inputs.gamma.get();
-      in.eps = 1e-6f;
-      TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(inputs.g.m, in, got.get(), nullptr));
-      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-      outs[wide] = Download(got);
-      EXPECT_EQ(Download(H_in), inputs.H) << c.rows << (wide ? " wide" : "") << ": the product wrote H";
-    }
-    cuda::SetDenseMatVecNormInWide(was);
-    ASSERT_EQ(outs[0].size(), outs[1].size());
-    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)), 0)
-        << c.cols << " x " << c.rows;
-    // Not poison on both sides: every row was written (a poisoned row is NaN).
-    EXPECT_EQ(std::count_if(outs[1].begin(), outs[1].end(), [](float v) { return std::isnan(v); }), 0)
-        << c.cols << " x " << c.rows;
-  }
-  cuda::SetDenseMatVecNormInWide(was);
 }
 
 // The next norm given the inject the product left (EarlierInject): N and H as the two norms in a

@@ -62,17 +62,6 @@ struct FmtF32 {
 template <class F>
 inline constexpr bool kPlain = std::is_same_v<F, FmtF32>;
 
-// Q8_0x8 for the one-row norm-in product's wide tuning (an A/B, dense_matvec.cuh
-// DenseMatVecNormInWide): the same layout, decoding and sums, but three blocks an SM with a two-deep
-// ring (kStreamDepth, kStreamMinBlocks) instead of two with a three-deep one. A lane's pieces and
-// their order are unchanged, so a row sums to the same bits; a 2048-column row still takes two
-// rounds of loads a lane (4 pieces, 2 or 3 in flight), and the GPU holds 396 blocks instead of 264:
-// the GDN stack's 386 row groups of 32 rows (12352 rows at 80B shapes) in one round instead of two.
-struct FmtQ8_0x8Wide : FmtQ8_0x8 {};
-
-template <class F>
-inline constexpr bool kQ8x8Like = std::is_same_v<F, FmtQ8_0x8> || std::is_same_v<F, FmtQ8_0x8Wide>;
-
 template <uint32_t kType>
 struct StreamFormatOf {
   using Type = typename FormatOf<kType>::Type;
@@ -82,7 +71,7 @@ template <> struct StreamFormatOf<kTypeF32> { using Type = FmtF32; };
 // Row slots (kS) and ring depth (kD) per format and activation-row bucket: kD·kS raw pieces live
 // in registers next to kS·kN accumulators, within the budget of kStreamMinBlocks blocks per SM.
 template <class F, int kN>
-inline constexpr int kStreamSlots = (std::is_same_v<F, FmtQ8_0> || kQ8x8Like<F>) ? (kN <= 2 ? 4 : 2)
+inline constexpr int kStreamSlots = (std::is_same_v<F, FmtQ8_0> || std::is_same_v<F, FmtQ8_0x8>) ? (kN <= 2 ? 4 : 2)
                                     : std::is_same_v<F, FmtQ6_K> ? (kN == 1 ? 4 : 2)
                                                                  : 2;  // Q4_K, Q5_K, F32: 32-48 byte pieces
 // Q8_0x8 keeps 16-byte pieces: at kN = 1, 4 rows x 3 deep = 192 bytes in flight per lane, in the
@@ -90,7 +79,7 @@ inline constexpr int kStreamSlots = (std::is_same_v<F, FmtQ8_0> || kQ8x8Like<F>)
 template <class F, int kN>
 inline constexpr int kStreamDepth = ((std::is_same_v<F, FmtQ4_K> || std::is_same_v<F, FmtQ8_0x8>) && kN == 1) ? 3 : 2;
 template <class F, int kN>
-inline constexpr int kStreamMinBlocks = ((std::is_same_v<F, FmtQ8_0> && kN <= 2) || std::is_same_v<F, FmtQ8_0x8Wide>) ? 3 : 2;
+inline constexpr int kStreamMinBlocks = (std::is_same_v<F, FmtQ8_0> && kN <= 2) ? 3 : 2;
 
 // Shared memory cap per block (activation rows + Σx + the split-row partial sums): three blocks
 // per SM of 228 KB.
@@ -507,7 +496,7 @@ StreamSplit StreamLaunchSplit(const StreamArgs& a, unsigned grid_y, const Stream
   const int lpr = LanesPerRow<F>(a.cols);
   const int rpb1 = kWarps * (32 / lpr) * kStreamSlots<F, kN>;
   const int forced_blocks = tuning.blocks_per_sm > 0 ? (sms * tuning.blocks_per_sm + gy - 1) / gy : 0;
-  constexpr bool kQ8x8One = kQ8x8Like<F> && kN == 1;  // ChooseStreamSplit's `sms`
+  constexpr bool kQ8x8One = std::is_same_v<F, FmtQ8_0x8> && kN == 1;  // ChooseStreamSplit's `sms`
   return ChooseStreamSplit(a.cols / F::kPieceElems, lpr, kStreamDepth<F, kN> + (kQ8x8One ? 1 : 0), rpb1, a.out_rows,
                            capacity, tuning.warps_per_row, forced_blocks, kQ8x8One ? sms : 0);
 }
@@ -560,7 +549,7 @@ inline bool StreamTakes(const void* w, int64_t cols, int64_t rows, int64_t row_b
   const int64_t align = (std::is_same_v<F, FmtQ8_0> || std::is_same_v<F, FmtQ6_K>) ? 2 : 16;
   if (cols <= 0 || cols > (1 << 20) || rows <= 0 || rows >= (int64_t{1} << 31)) return false;
   if (cols % (4 * F::kPieceElems) != 0) return false;  // whole swizzle groups (Q8_0/F32: 32 columns)
-  if (kQ8x8Like<F> && cols % 256 != 0) return false;  // whole super-blocks
+  if (std::is_same_v<F, FmtQ8_0x8> && cols % 256 != 0) return false;  // whole super-blocks
   if (reinterpret_cast<uintptr_t>(w) % align != 0 || row_bytes % align != 0) return false;
   if (row_bytes < F::RowBytes(static_cast<int>(cols))) return false;
   return StreamSharedBytesFor<F>(1, static_cast<int>(cols)) <= kMaxStreamShared;

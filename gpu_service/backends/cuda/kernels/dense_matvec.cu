@@ -244,16 +244,6 @@ std::atomic<bool>& MixerNormLaunchSwitch() {
 bool MixerNormLaunch() { return MixerNormLaunchSwitch().load(std::memory_order_relaxed); }
 void SetMixerNormLaunch(bool on) { MixerNormLaunchSwitch().store(on, std::memory_order_relaxed); }
 
-namespace {
-std::atomic<bool>& NormInWideSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_STREAM_WIDE")};
-  return on;
-}
-}  // namespace
-
-bool DenseMatVecNormInWide() { return NormInWideSwitch().load(std::memory_order_relaxed); }
-void SetDenseMatVecNormInWide(bool on) { NormInWideSwitch().store(on, std::memory_order_relaxed); }
-
 bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
   using F = fastmv::FmtQ8_0x8;
   if (w.type != kTypeQ8_0x8 || w.data == nullptr || fastmv::ForceGeneric() ||
@@ -293,9 +283,6 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
-  if (DenseMatVecNormInWide()) {
-    return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8Wide>(NormInStreamArgs(w, in, y), stream);
-  }
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
 

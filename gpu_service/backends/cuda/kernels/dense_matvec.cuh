@@ -103,12 +103,6 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
 bool MixerNormLaunch();
 void SetMixerNormLaunch(bool on);
 
-// An A/B of LaunchDenseMatVecNormIn's kernel (TANDEM_STREAM_WIDE=1, read once; settable for tests):
-// the wide tuning of the streaming kernel (matvec_stream.cuh FmtQ8_0x8Wide: three blocks an SM,
-// a two-deep ring), whose grid holds the GDN stack's row groups in one round. The same bits.
-bool DenseMatVecNormInWide();
-void SetDenseMatVecNormInWide(bool on);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_

@@ -104,9 +104,6 @@ cudaError_t LaunchDenseMatVecProbed(const DeviceMatrix& w, const float* x, float
 
 cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
-  if (DenseMatVecNormInWide()) {
-    return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8Wide, true>(NormInStreamArgs(w, in, y), stream);
-  }
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, true>(NormInStreamArgs(w, in, y), stream);
 }
 
