@@ -102,6 +102,10 @@ struct StreamArgs {
   int64_t y_stride = 0;
   int wpr = 1;
   StreamNormIn norm;  // read by the kNormIn kernel alone
+  // The kNormIn kernel's row counters (dense_matvec.cuh RowsReady; null: none): the groups walked
+  // from the one holding first_row, each written row counted into ready[row < ready_split ? 0 : 1].
+  unsigned* ready = nullptr;
+  int ready_split = 0, first_row = 0;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -257,6 +261,20 @@ struct StreamProbe {
   }
 };
 
+// The norm-in form's row counters (StreamArgs::ready): this thread has written rows row0 .. row0 +
+// n - 1; one release add a counter they fall in (the rows' stores before it), so a reader that
+// acquires the count sees them.
+__device__ __forceinline__ void PublishRows(unsigned* ready, int split, int row0, int n) {
+  const int below = max(0, min(n, split - row0));
+  if (below > 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ready), "r"(static_cast<unsigned>(below)) : "memory");
+  }
+  if (n - below > 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ready + 1), "r"(static_cast<unsigned>(n - below))
+                 : "memory");
+  }
+}
+
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
 // `if constexpr`: the production instantiations compile as without it).
 // kNormIn: the norm-in form (StreamNormIn; one activation row).
@@ -282,9 +300,13 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   const int t0 = static_cast<int>(blockIdx.y) * kN;
   const int rows_used = min(kN, a.n - t0);
 
+  // With row counters the walk starts at the group holding first_row (the kernel after reads the
+  // rows past it first); the groups' rows and sums are the same either way.
+  int shift = 0;
+  if constexpr (kNormIn) shift = a.ready != nullptr ? a.first_row / rows_per_block : 0;
   const uint8_t* rows[kS];
   auto row_ptrs = [&](int g) {
-    const int row0 = g * rows_per_block + (team * subs + sub) * kS;
+    const int row0 = (g + shift < groups ? g + shift : g + shift - groups) * rows_per_block + (team * subs + sub) * kS;
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       const int64_t row = min(row0 + s, a.out_rows - 1);  // clamped: loads stay inside the matrix
@@ -396,6 +418,9 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
           if (t >= rows_used) break;
           out[t * a.y_stride + row] = acc[s][t];
         }
+      }
+      if constexpr (kNormIn) {
+        if (a.ready != nullptr) PublishRows(a.ready, a.ready_split, done_row0, min(kS, a.out_rows - done_row0));
       }
     }
   }

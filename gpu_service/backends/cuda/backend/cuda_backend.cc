@@ -267,7 +267,8 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   mixer_out_step =
       plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
   if (mixer_out_step) {
-    const size_t bytes = static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float);
+    // The rows and the GDN layers' row counters after them (GdnRowsReadyOf).
+    const size_t bytes = static_cast<size_t>(c->n_layers * (mixer_out_stride + 4)) * sizeof(float);
     if (old_memsets || !zero.Add(mixer_out_y, bytes)) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mixer_out_y, 0, bytes, st));
     }

@@ -335,7 +335,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
   for (const cuda::GpuLayer& l : m.dm->layers) {
     m.mixer_out_stride = std::max(m.mixer_out_stride, cuda::RouteOutRows(h, l.route_rows));
   }
-  if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
+  // The rows, then 4 words a layer for the GDN layers' row counters (Impl::GdnRowsReadyOf).
+  if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * (m.mixer_out_stride + 4));
   if (options.mode == CudaMode::kFast && m.mixer_out_stride > h) {  // NormRoute::h_reads (RouteThroughOutFor)
     absl::StatusOr<cuda::DeviceBuffer> counter = cuda::DeviceBuffer::Allocate(sizeof(int));
     if (!counter.ok()) return counter.status();

@@ -80,6 +80,19 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
 // dependent launches on the H200) is saved; the caller owes H its inject: the next norm adds it
 // (norm_streams.cuh EarlierInject), and nothing may write y_in or the shared term before then.
 // h_written_earlier as LaunchInjectRmsNorm's: H is read before the PDL wait.
+// Row counters a product publishes so that the kernel after it can read rows as they are written
+// instead of waiting for the whole grid (the GDN layer's fused kernel, gdn_decode_fused.cuh
+// GdnDecodeFusedArgs::ready): the blocks walk their row groups starting from the group that holds
+// `first_row` (the order of the groups only: every row sums as without counters, the same bits),
+// and each writer of rows then adds, with release semantics, how many of its rows lie below `split`
+// to counters[0] and how many at or above it to counters[1]. The counters start at zero (the caller
+// clears them before the launch); after it they hold split and w.rows - split.
+struct RowsReady {
+  unsigned* counters = nullptr;  // two; null: no counting, the groups in their plain order
+  int64_t split = 0;             // in [0, w.rows]
+  int64_t first_row = 0;         // in [0, w.rows)
+};
+
 struct MatVecNormIn {
   const float* H = nullptr;      // one row of w.cols floats
   const float* y = nullptr;      // the pending inject (w.cols floats), or nullptr: none
@@ -87,6 +100,7 @@ struct MatVecNormIn {
   const float* gamma = nullptr;  // w.cols floats
   float eps = 0.0f;
   bool h_written_earlier = false;
+  RowsReady ready;               // none by default
 };
 
 // Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row
@@ -95,7 +109,8 @@ struct MatVecNormIn {
 bool DenseMatVecNormInTakes(const DeviceMatrix& w);
 
 // y (w.rows floats) = W·x as above. cudaErrorInvalidValue where DenseMatVecNormInTakes(w) does not
-// hold, for a null H or gamma, or for a shared term without y_in.
+// hold, for a null H or gamma, for a shared term without y_in, or for counters (in.ready) whose
+// split or first row lies outside w's rows.
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
 // The backend's A/B switch for the norm-in product (CudaBackend's MixerNormInProduct):
