@@ -57,9 +57,9 @@ TEST_P(GpuDenseTest, EmbeddingGatherMatchesDequantizedRows) {
   EXPECT_LE(gpu_testing::LogError("embedding", RelL2(got, want)), 1e-6);
 }
 
-// The gather's launch zeroes the ranges it is given (whole and partial 16-byte units, several
-// ranges, ranges alone with no token) and writes the same rows as without them; a misaligned or
-// null range is refused.
+// The gather's launch zeroes the ranges it is given, or fills them with their byte (whole and
+// partial 16-byte units, several ranges, ranges alone with no token), and writes the same rows as
+// without them; a misaligned or null range is refused.
 TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t h = 256, V = 40, S = 2;
@@ -69,13 +69,15 @@ TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
   TANDEM_ASSERT_CUDA(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_plain.get(), nullptr));
   const std::vector<float> plain = Download(d_plain);
   for (int64_t n : {int64_t{2}, int64_t{0}}) {
-    // 1 MB (more units than the zeroing blocks' threads: a strided loop), 20 bytes, 16 bytes.
-    const std::vector<size_t> sizes = {size_t{1} << 20, 20, 16};
+    // 1 MB (more units than the zeroing blocks' threads: a strided loop), 20 bytes, 16 bytes, zeroed,
+    // and 36 bytes filled with 0xA5.
+    const std::vector<size_t> sizes = {size_t{1} << 20, 20, 16, 36};
+    const std::vector<uint8_t> fills = {0, 0, 0, 0xA5};
     std::vector<gpu_testing::DeviceArray<uint8_t>> ranges;
     cuda::GatherZeroes zero;
-    for (size_t b : sizes) {
-      ranges.push_back(Poisoned<uint8_t>(b + 16));  // 16 poisoned bytes after each range
-      ASSERT_TRUE(zero.Add(ranges.back().get(), b));
+    for (size_t r = 0; r < sizes.size(); ++r) {
+      ranges.push_back(Poisoned<uint8_t>(sizes[r] + 16));  // 16 poisoned bytes after each range
+      ASSERT_TRUE(zero.Add(ranges.back().get(), sizes[r], fills[r]));
     }
     auto d_H = Poisoned<float>(static_cast<size_t>(2 * S * h));
     TANDEM_ASSERT_CUDA(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), n, S, d_H.get(), zero, nullptr));
@@ -86,7 +88,7 @@ TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
     for (size_t r = 0; r < sizes.size(); ++r) {
       const std::vector<uint8_t> bytes = Download(ranges[r]);
       for (size_t i = 0; i < bytes.size(); ++i) {
-        ASSERT_EQ(bytes[i], i < sizes[r] ? 0 : 0xFF) << "n " << n << " range " << r << " byte " << i;
+        ASSERT_EQ(bytes[i], i < sizes[r] ? fills[r] : 0xFF) << "n " << n << " range " << r << " byte " << i;
       }
     }
   }

@@ -242,18 +242,18 @@ TEST_P(DecodeScheduleTest, EarlyNormRowsGiveTheSameLogits) {
   cuda::SetOldNormEarlyH(was);
 }
 
-// The stacked GDN product's row counters, with the fused kernel (ssm_out inside) reading qkv and ba,
-// then z, as they are counted instead of after the product's grid (cuda::GdnRowsReady, read when a
-// step is enqueued), against the wait for the grid: the same rows, but the layer's output is added
-// by atomics in another order, so within 1e-5, with the int16 one-token MoE off as above.
-TEST_P(DecodeScheduleTest, GdnRowsReadAsCountedGiveTheSameLogits) {
+// The stacked GDN product's rows polled by the fused kernel (ssm_out inside) as they are written,
+// in a row buffer of the layer's own, instead of read after the product's grid
+// (cuda::GdnRowsPolled, read when a step is enqueued): the same rows, but the layer's output is
+// added by atomics in another order, so within 1e-5, with the int16 one-token MoE off as above.
+TEST_P(DecodeScheduleTest, GdnRowsPolledGiveTheSameLogits) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::GdnRowsReady(), was_int16 = cuda::OneTokenInt16();
+  const bool was = cuda::GdnRowsPolled(), was_int16 = cuda::OneTokenInt16();
   cuda::SetOneTokenInt16(false);
   ExpectScheduleChangesNoLogits(
-      GetParam(), "GDN rows read as counted vs after the product", [](bool on) { cuda::SetGdnRowsReady(on); }, 1e-5);
+      GetParam(), "GDN rows polled vs read after the product", [](bool on) { cuda::SetGdnRowsPolled(on); }, 1e-5);
   cuda::SetOneTokenInt16(was_int16);
-  cuda::SetGdnRowsReady(was);
+  cuda::SetGdnRowsPolled(was);
 }
 
 // The fused GDN decode kernel's state column and conv history read before its PDL wait (the

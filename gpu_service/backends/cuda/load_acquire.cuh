@@ -14,6 +14,13 @@ __device__ __forceinline__ T LoadAcquire(const T* p) {
   return ::cuda::atomic_ref<T, ::cuda::thread_scope_device>(*const_cast<T*>(p)).load(::cuda::memory_order_acquire);
 }
 
+// A relaxed load at device scope (ld.relaxed.gpu): polls a value another running grid stores with a
+// relaxed store, never from this SM's L1 and never hoisted out of the polling loop.
+template <typename T>
+__device__ __forceinline__ T LoadRelaxed(const T* p) {
+  return ::cuda::atomic_ref<T, ::cuda::thread_scope_device>(*const_cast<T*>(p)).load(::cuda::memory_order_relaxed);
+}
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_LOAD_ACQUIRE_CUH_

@@ -102,10 +102,10 @@ struct StreamArgs {
   int64_t y_stride = 0;
   int wpr = 1;
   StreamNormIn norm;  // read by the kNormIn kernel alone
-  // The kNormIn kernel's row counters (dense_matvec.cuh RowsReady; null: none): the groups walked
-  // from the one holding first_row, each written row counted into ready[row < ready_split ? 0 : 1].
-  unsigned* ready = nullptr;
-  int ready_split = 0, first_row = 0;
+  // The kNormIn kernel's polled rows (dense_matvec.cuh RowsPolled): the groups walked from the one
+  // holding first_row, each row stored with a device-scope relaxed store.
+  bool polled = false;
+  int first_row = 0;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -261,18 +261,10 @@ struct StreamProbe {
   }
 };
 
-// The norm-in form's row counters (StreamArgs::ready): this thread has written rows row0 .. row0 +
-// n - 1; one release add a counter they fall in (the rows' stores before it), so a reader that
-// acquires the count sees them.
-__device__ __forceinline__ void PublishRows(unsigned* ready, int split, int row0, int n) {
-  const int below = max(0, min(n, split - row0));
-  if (below > 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ready), "r"(static_cast<unsigned>(below)) : "memory");
-  }
-  if (n - below > 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ready + 1), "r"(static_cast<unsigned>(n - below))
-                 : "memory");
-  }
+// The norm-in form's polled rows (StreamArgs::polled): a row's value by one device-scope relaxed
+// store (no fence: a reader polls the value itself).
+__device__ __forceinline__ void StoreRowRelaxed(float* p, float v) {
+  asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
@@ -300,10 +292,10 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   const int t0 = static_cast<int>(blockIdx.y) * kN;
   const int rows_used = min(kN, a.n - t0);
 
-  // With row counters the walk starts at the group holding first_row (the kernel after reads the
+  // With polled rows the walk starts at the group holding first_row (the kernel after reads the
   // rows past it first); the groups' rows and sums are the same either way.
   int shift = 0;
-  if constexpr (kNormIn) shift = a.ready != nullptr ? a.first_row / rows_per_block : 0;
+  if constexpr (kNormIn) shift = a.polled ? a.first_row / rows_per_block : 0;
   const uint8_t* rows[kS];
   auto row_ptrs = [&](int g) {
     const int row0 = (g + shift < groups ? g + shift : g + shift - groups) * rows_per_block + (team * subs + sub) * kS;
@@ -416,11 +408,14 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
 #pragma unroll
         for (int t = 0; t < kN; ++t) {
           if (t >= rows_used) break;
+          if constexpr (kNormIn) {
+            if (a.polled) {
+              StoreRowRelaxed(out + row, acc[s][t]);
+              continue;
+            }
+          }
           out[t * a.y_stride + row] = acc[s][t];
         }
-      }
-      if constexpr (kNormIn) {
-        if (a.ready != nullptr) PublishRows(a.ready, a.ready_split, done_row0, min(kS, a.out_rows - done_row0));
       }
     }
   }

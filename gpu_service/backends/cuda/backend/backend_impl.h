@@ -176,10 +176,14 @@ class CudaBackend::Impl {
   // EnqueueForward. Layer l's row starts at l·mixer_out_stride: h, or more where a GDN layer's
   // output product also sums the router's rows (GpuLayer::route_rows: its row holds the mixer's
   // output, then those rows' parts, kernels/route_compose.cuh).
-  // Past the n_layers rows: 4 unsigned a layer, the GDN layers' row counters of the stacked product
-  // (GdnRowsReadyOf; zeroed with the rows).
   float* mixer_out_y = nullptr;
   int64_t mixer_out_stride = 0;
+  // Fast mode, a model with GDN layers whose output product can go inside the fused kernel: a row
+  // of the stacked product's width a layer (gdn_polled_stride floats), which one-token steps fill
+  // with cuda::kRowUnwrittenBits at their start; under cuda::GdnRowsPolled the layer's norm-in
+  // product writes its rows there and the fused kernel polls them (RunGdn).
+  float* gdn_polled_rows = nullptr;
+  int64_t gdn_polled_stride = 0;
   cuda::DeviceBuffer route_h_reads;  // NormRoute::h_reads (one int, zero between launches)
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;
@@ -267,14 +271,9 @@ class CudaBackend::Impl {
   // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
   // (LaunchDenseMatVecNormIn) that forms x itself.
   // gdn: the GDN layer's product (stamped where cuda::ProbeGdnInputProducts, benchmarks).
-  // ready (the norm-in product only): its row counters (cuda::RowsReady).
+  // polled (the norm-in product only): its rows polled by the kernel after it (cuda::RowsPolled).
   absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr,
-                            bool gdn = false, const cuda::RowsReady* ready = nullptr);
-  // GDN layer `layer`'s two row counters (the stacked product's, RunGdn with cuda::GdnRowsReady) in
-  // the tail of mixer_out_y, which one-token steps zero.
-  unsigned* GdnRowsReadyOf(int64_t layer) const {
-    return reinterpret_cast<unsigned*>(mixer_out_y + c->n_layers * mixer_out_stride) + 4 * layer;
-  }
+                            bool gdn = false, const cuda::RowsPolled* polled = nullptr);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
   absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);

@@ -267,10 +267,17 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   mixer_out_step =
       plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
   if (mixer_out_step) {
-    // The rows and the GDN layers' row counters after them (GdnRowsReadyOf).
-    const size_t bytes = static_cast<size_t>(c->n_layers * (mixer_out_stride + 4)) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float);
     if (old_memsets || !zero.Add(mixer_out_y, bytes)) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mixer_out_y, 0, bytes, st));
+    }
+  }
+  // The GDN layers' polled rows (RunGdn): unwritten (every byte 0xFF) until this step's products.
+  if (mixer_out_step && gdn_polled_rows != nullptr && cuda::GdnRowsPolled()) {
+    static_assert(cuda::kRowUnwrittenBits == 0xFFFFFFFFu, "a fill of 0xFF bytes");
+    const size_t bytes = static_cast<size_t>(c->n_layers * gdn_polled_stride) * sizeof(float);
+    if (old_memsets || !zero.Add(gdn_polled_rows, bytes, 0xFF)) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(gdn_polled_rows, 0xFF, bytes, st));
     }
   }
   timer->Mark(Stage::kStreams, st);

@@ -45,15 +45,15 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
 }
 
 absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on,
-                                             bool gdn, const cuda::RowsReady* ready) {
+                                             bool gdn, const cuda::RowsPolled* polled) {
   if (!x_norm_in.has_value()) {
-    if (ready != nullptr) return absl::InternalError("row counters asked of a product without its norm");
+    if (polled != nullptr) return absl::InternalError("polled rows asked of a product without its norm");
     return Product(w, x, n, out, false, on);
   }
   if (n != 1) return absl::InternalError("a read's norm left to the product of a step of several tokens");
   cudaStream_t st = on != nullptr ? on : stream.get();
   cuda::MatVecNormIn in = *x_norm_in;
-  if (ready != nullptr) in.ready = *ready;
+  if (polled != nullptr) in.polled = *polled;
   if (gdn && cuda::ProbeGdnInputProducts()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, in, out, st), "dense matvec (norm in, probed)");
   }

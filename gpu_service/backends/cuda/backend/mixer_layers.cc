@@ -73,16 +73,16 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   const GdnInputs in = PlanGdnInputs(w, T, fused_switch);
   const bool stacked_in = in.stacked_in, out_inside = in.out_inside, z_side = in.z_side;
   const bool one_launch = GdnLayerInOneLaunch(w, in);  // read once: the product and the launch agree
-  // The stacked [z; qkv; ba] norm-in product counts its rows (z's apart) and the fused kernel with
-  // ssm_out inside reads qkv and ba, then z, as they are counted (GdnDecodeFusedArgs::ready).
-  const bool rows_ready = cuda::GdnRowsReady() && in.out_inside && in.stacked_in && !in.z_side && !one_launch &&
-                          x_norm_in.has_value() && w.z.rows > 0 && w.z.rows < w.mixer_in.rows;
-  cuda::RowsReady ready;
-  if (rows_ready) {
-    ready.counters = GdnRowsReadyOf(layer);
-    ready.split = w.z.rows;
-    ready.first_row = w.z.rows;
-  }
+  // The stacked [z; qkv; ba] norm-in product writes the layer's polled rows, qkv and ba first, and
+  // the fused kernel with ssm_out inside polls them (GdnDecodeFusedArgs::rows_polled), so that it
+  // need not wait for the product's grid. EnqueueForward filled the rows at the step's start.
+  const bool rows_polled = cuda::GdnRowsPolled() && in.out_inside && in.stacked_in && !in.z_side && !one_launch &&
+                           x_norm_in.has_value() && gdn_polled_rows != nullptr &&
+                           w.mixer_in.rows <= gdn_polled_stride && w.z.rows < w.mixer_in.rows;
+  cuda::RowsPolled polled;
+  polled.on = rows_polled;
+  polled.first_row = w.z.rows;
+  float* stacked_rows = rows_polled ? gdn_polled_rows + layer * gdn_polled_stride : mixer_rows.as<float>();
   const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
@@ -115,13 +115,13 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in); with
     // the layer in one launch (one_launch) the fused kernel computes the product below.
     if (!one_launch) {
-      const cuda::RowsReady* counted = rows_ready ? &ready : nullptr;
-      if (absl::Status s = InputProduct(w.mixer_in, T, mixer_rows.as<float>(), nullptr, /*gdn=*/true, counted);
+      if (absl::Status s = InputProduct(w.mixer_in, T, stacked_rows, nullptr, /*gdn=*/true,
+                                        rows_polled ? &polled : nullptr);
           !s.ok()) {
         return s;
       }
     }
-    z_rows = mixer_rows.as<float>();
+    z_rows = stacked_rows;
     qkv_rows = z_rows + w.z.rows;
     ba_rows = qkv_rows + w.qkv.rows;
     qkv_stride = z_stride = ba_stride = w.mixer_in.rows;
@@ -196,11 +196,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
       return Launch(cuda::LaunchGdnDecodeLayer(args, w.ssm_out, out, shape, layer_in, st, w.ssm_out_by_columns, rows),
                     "gdn decode (the layer in one launch)");
     }
-    if (rows_ready) {
-      args.ready = ready.counters;
-      args.ready_main = static_cast<unsigned>(w.mixer_in.rows - w.z.rows);
-      args.ready_z = static_cast<unsigned>(w.z.rows);
-    }
+    args.rows_polled = rows_polled;
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns, rows),
                   "gdn decode (fused, ssm_out inside)");
   }

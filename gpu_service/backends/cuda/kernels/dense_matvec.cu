@@ -273,20 +273,18 @@ fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& i
   a.norm.vec = split.vec;
   a.norm.threads = split.threads;
   a.norm.h_early = in.h_written_earlier && !OldNormEarlyH();  // TANDEM_OLD_NORM_EARLY_H as the norm's
-  if (in.ready.counters != nullptr) {
-    a.ready = in.ready.counters;
-    a.ready_split = static_cast<int>(in.ready.split);
-    a.first_row = static_cast<int>(in.ready.first_row);
+  if (in.polled.on) {
+    a.polled = true;
+    a.first_row = static_cast<int>(in.polled.first_row);
   }
   return a;
 }
 
 bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* y) {
-  const RowsReady& r = in.ready;
-  const bool ready_ok = r.counters == nullptr ||
-                        (r.split >= 0 && r.split <= w.rows && r.first_row >= 0 && r.first_row < w.rows);
+  const RowsPolled& r = in.polled;
+  const bool polled_ok = !r.on || (r.first_row >= 0 && r.first_row < w.rows);
   return DenseMatVecNormInTakes(w) && in.H != nullptr && in.gamma != nullptr && y != nullptr &&
-         (in.sh.shared == nullptr || in.y != nullptr) && ready_ok;
+         (in.sh.shared == nullptr || in.y != nullptr) && polled_ok;
 }
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {

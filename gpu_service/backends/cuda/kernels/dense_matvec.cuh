@@ -80,17 +80,20 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
 // dependent launches on the H200) is saved; the caller owes H its inject: the next norm adds it
 // (norm_streams.cuh EarlierInject), and nothing may write y_in or the shared term before then.
 // h_written_earlier as LaunchInjectRmsNorm's: H is read before the PDL wait.
-// Row counters a product publishes so that the kernel after it can read rows as they are written
-// instead of waiting for the whole grid (the GDN layer's fused kernel, gdn_decode_fused.cuh
-// GdnDecodeFusedArgs::ready): the blocks walk their row groups starting from the group that holds
-// `first_row` (the order of the groups only: every row sums as without counters, the same bits),
-// and each writer of rows then adds, with release semantics, how many of its rows lie below `split`
-// to counters[0] and how many at or above it to counters[1]. The counters start at zero (the caller
-// clears them before the launch); after it they hold split and w.rows - split.
-struct RowsReady {
-  unsigned* counters = nullptr;  // two; null: no counting, the groups in their plain order
-  int64_t split = 0;             // in [0, w.rows]
-  int64_t first_row = 0;         // in [0, w.rows)
+// A product whose rows the kernel after it may read as they are written, before the product's grid
+// completes (the GDN layer's fused kernel, gdn_decode_fused.cuh GdnDecodeFusedArgs::rows_polled):
+// the caller fills y with kRowUnwrittenBits words before the launch; the blocks walk their row
+// groups from the one holding first_row (the order of the groups only: every row sums as without it,
+// the same bits) and store each row once with a device-scope relaxed store, so that a reader that
+// polls a row until its bits differ from kRowUnwrittenBits reads its value. No row a product writes
+// has those bits (a NaN with every payload bit set; the GPU's arithmetic NaN is 0x7FFFFFFF). Why
+// not a counter of written rows: its release add waits for every load the writing thread has in
+// flight, the next row group's among them (1% slower end to end, docs/PERF.md "Thirty-sixth
+// session").
+inline constexpr uint32_t kRowUnwrittenBits = 0xFFFFFFFFu;
+struct RowsPolled {
+  bool on = false;
+  int64_t first_row = 0;  // in [0, w.rows)
 };
 
 struct MatVecNormIn {
@@ -100,7 +103,7 @@ struct MatVecNormIn {
   const float* gamma = nullptr;  // w.cols floats
   float eps = 0.0f;
   bool h_written_earlier = false;
-  RowsReady ready;               // none by default
+  RowsPolled polled;             // off by default
 };
 
 // Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row
@@ -109,8 +112,8 @@ struct MatVecNormIn {
 bool DenseMatVecNormInTakes(const DeviceMatrix& w);
 
 // y (w.rows floats) = W·x as above. cudaErrorInvalidValue where DenseMatVecNormInTakes(w) does not
-// hold, for a null H or gamma, for a shared term without y_in, or for counters (in.ready) whose
-// split or first row lies outside w's rows.
+// hold, for a null H or gamma, for a shared term without y_in, or for polled rows (in.polled) whose
+// first row lies outside w's rows.
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
 // The backend's A/B switch for the norm-in product (CudaBackend's MixerNormInProduct):

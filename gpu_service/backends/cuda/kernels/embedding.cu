@@ -12,17 +12,18 @@ namespace {
 constexpr int kGatherThreads = 128;
 constexpr int kZeroBlocksMax = 64;
 
-// Blocks [gather_blocks, gridDim.x) zero the ranges: 16-byte stores over each range's whole
-// 16-byte units, then its last bytes % 16 one byte a thread.
+// Blocks [gather_blocks, gridDim.x) set the ranges (zeroed or filled, GatherZeroes::fill): 16-byte
+// stores over each range's whole 16-byte units, then its last bytes % 16 one byte a thread.
 __device__ void ZeroRanges(const GatherZeroes& z, int block, int blocks) {
   const int64_t t = static_cast<int64_t>(block) * kGatherThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(blocks) * kGatherThreads;
   for (int r = 0; r < z.count; ++r) {
     uint4* p4 = static_cast<uint4*>(z.p[r]);
+    const unsigned word = 0x01010101u * z.fill[r];
     const int64_t units = static_cast<int64_t>(z.bytes[r] / 16);
-    for (int64_t u = t; u < units; u += stride) p4[u] = make_uint4(0, 0, 0, 0);
+    for (int64_t u = t; u < units; u += stride) p4[u] = make_uint4(word, word, word, word);
     const int64_t tail = static_cast<int64_t>(z.bytes[r] % 16);
-    if (t < tail) static_cast<uint8_t*>(z.p[r])[units * 16 + t] = 0;
+    if (t < tail) static_cast<uint8_t*>(z.p[r])[units * 16 + t] = z.fill[r];
   }
 }
 

@@ -27,12 +27,15 @@ inline constexpr int kGatherMaxZeroRanges = 4;
 struct GatherZeroes {
   void* p[kGatherMaxZeroRanges] = {};
   size_t bytes[kGatherMaxZeroRanges] = {};
+  uint8_t fill[kGatherMaxZeroRanges] = {};  // every byte of the range gets this (0: zeroed)
   int count = 0;
-  // Appends [p, p + bytes); false when full (the caller clears that range itself).
-  bool Add(void* ptr, size_t n) {
+  // Appends [p, p + bytes), each byte set to `byte`; false when full (the caller sets that range
+  // itself).
+  bool Add(void* ptr, size_t n, uint8_t byte = 0) {
     if (count == kGatherMaxZeroRanges) return false;
     p[count] = ptr;
     bytes[count] = n;
+    fill[count] = byte;
     ++count;
     return true;
   }

@@ -32,6 +32,7 @@
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_in.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
@@ -96,19 +97,22 @@ __device__ __forceinline__ float GroupSum(float v, int group_lanes) {
   return v;
 }
 
-// GdnDecodeFusedArgs::ready: thread 0 waits until *count reaches target (acquire: the product's
-// rows counted before it are visible), then the block barrier. The rows are then read through L2
-// (__ldcg) as before. A count short for kRowsReadyTimeoutNs traps: a launch error, not a hang.
-constexpr unsigned long long kRowsReadyTimeoutNs = 2'000'000'000ull;
-__device__ __forceinline__ void WaitRowsReady(const unsigned* count, unsigned target, int tid) {
-  if (tid == 0 && LoadAcquire(count) < target) {
+// A value of the stacked product's rows: through L2 (another grid wrote it; this SM's L1 may hold
+// an earlier layer's row at the same address), or, with polled rows (GdnDecodeFusedArgs::
+// rows_polled), by device-scope relaxed loads until it is written. A value unwritten for
+// kRowPollTimeoutNs traps: a launch error, not a hang.
+constexpr unsigned long long kRowPollTimeoutNs = 2'000'000'000ull;
+__device__ __forceinline__ float ReadRow(const float* p, bool polled) {
+  if (!polled) return __ldcg(p);
+  unsigned bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p));
+  if (bits == kRowUnwrittenBits) {
     const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(count) < target) {
+    while ((bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p))) == kRowUnwrittenBits) {
       __nanosleep(32);
-      if (GlobalTimerNs() - start > kRowsReadyTimeoutNs) __trap();
+      if (GlobalTimerNs() - start > kRowPollTimeoutNs) __trap();
     }
   }
-  __syncthreads();
+  return __uint_as_float(bits);
 }
 
 // Channel c's taps (a constant weight: read before the PDL wait); unused taps, and all of a thread
@@ -138,8 +142,8 @@ __device__ __forceinline__ void LoadHistory(float (&h)[kGdnMaxConvKernel], const
 
 __device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
                                            const float (&h)[kGdnMaxConvKernel], float& x, const float* x_row,
-                                           bool valid, int c, int kk) {
-  x = valid ? __ldcg(x_row + c) : 0.0f;  // through L2: another grid's rows (GdnDecodeFusedArgs::ready)
+                                           bool valid, int c, int kk, bool polled) {
+  x = valid ? ReadRow(x_row + c, polled) : 0.0f;
   float sum = 0.0f;
 #pragma unroll
   for (int q = 0; q < kGdnMaxConvKernel; ++q) {
@@ -311,13 +315,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     }
     InNormEarlyCopies(in, reinterpret_cast<float4*>(out_sh + in_l.area), tid);
   }
-  // The product's rows: its grid complete (pdl.cuh), or (rows_ready) qkv's and ba's rows counted.
-  const bool rows_ready = kOut && !kIn && a.ready != nullptr;
-  if (rows_ready) {
-    WaitRowsReady(a.ready + 1, a.ready_main, tid);
-  } else {
-    PdlWaitForPrevious();  // pdl.cuh
-  }
+  // The product's rows: after its grid completes (pdl.cuh), or polled value by value (rows_polled).
+  const bool rows_polled = kOut && !kIn && a.rows_polled;
+  if (!rows_polled) PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
   if constexpr (kIn) {
     // x, then this block's chunks of the input rows as they land (a warp a row), each slot refilled
@@ -363,16 +363,16 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   float gate_b = 0.0f, gate_a = 0.0f;
   if (gate_thread) {
     const float* row = GdnBaRow(a.ba, a.ba_stride, t, vh, r);
-    gate_b = __ldcg(row + vh % r);
-    gate_a = __ldcg(row + r + vh % r);
+    gate_b = ReadRow(row + vh % r, rows_polled);
+    gate_a = ReadRow(row + r + vh % r, rows_polled);
   }
   if (!early_state) load_old();
   const float* z_at = a.z + t * a.z_stride + static_cast<int64_t>(vh) * dv + col;
-  float zv = kGated && warp == 0 && !rows_ready ? __ldcg(z_at) : 0.0f;
+  float zv = kGated && warp == 0 && !rows_polled ? __ldcg(z_at) : 0.0f;  // polled: after the recurrence
   const float* x = a.qkv + t * a.qkv_stride;
   float x0, x1;
-  const float y0 = ConvToken(w0, last0, h0, x0, x, has0, c0, kk);
-  const float y1 = ConvToken(w1, last1, h1, x1, x, has1, c1, kk);
+  const float y0 = ConvToken(w0, last0, h0, x0, x, has0, c0, kk, rows_polled);
+  const float y1 = ConvToken(w1, last1, h1, x1, x, has1, c1, kk, rows_polled);
   if (has0) {
     if (i0 < kQk) qk[i0] = y0; else vs[i0 - kQk] = y0;
   }
@@ -421,10 +421,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
   if constexpr (kGated) {
-    if (rows_ready) {
-      WaitRowsReady(a.ready, a.ready_z, tid);  // z's rows (and the barrier below)
-      if (warp == 0) zv = __ldcg(z_at);
-    }
+    if (rows_polled && warp == 0) zv = ReadRow(z_at, true);  // z, the walk's last rows
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
@@ -463,9 +460,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
                         kIn ? out_sh + in_l.ring : nullptr);
     if constexpr (kIn) InStamp(in, tid, 7);
-    // rows_ready: the product's grid before this one completes (pdl.cuh: a later kernel's wait on
+    // rows_polled: the product's grid before this one completes (pdl.cuh: a later kernel's wait on
     // this grid then covers it too).
-    if (rows_ready) PdlWaitForPrevious();
+    if (rows_polled) PdlWaitForPrevious();
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -767,14 +764,14 @@ std::atomic<bool>& OldGdnEarlyGateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
   return old;
 }
-std::atomic<bool>& GdnRowsReadySwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_ROWS_READY")};
+std::atomic<bool>& GdnRowsPolledSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_ROWS_POLLED")};
   return on;
 }
 }  // namespace
 
-bool GdnRowsReady() { return GdnRowsReadySwitch().load(std::memory_order_relaxed); }
-void SetGdnRowsReady(bool on) { GdnRowsReadySwitch().store(on, std::memory_order_relaxed); }
+bool GdnRowsPolled() { return GdnRowsPolledSwitch().load(std::memory_order_relaxed); }
+void SetGdnRowsPolled(bool on) { GdnRowsPolledSwitch().store(on, std::memory_order_relaxed); }
 
 bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }

@@ -55,16 +55,15 @@ struct GdnDecodeFusedArgs {
   int out_rows = 0;
   float* out_y = nullptr;
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
-  // LaunchGdnDecodeFusedOut only: the row counters of the stacked product launched just before it
-  // on the stream (dense_matvec.cuh RowsReady over [z; qkv; ba], split at z's rows; null: none).
-  // With them the kernel does not wait for the product's grid (pdl.cuh): it reads qkv and ba once
-  // ready[1] reaches ready_main and z once ready[0] reaches ready_z, so that the conv and the
-  // recurrence run while the product still writes z; it waits for the product's grid only before
-  // it exits. Why: the product's blocks that walk a second row group end ~6 us after the others
-  // (docs/PERF.md, thirty-fifth session's probe), and the whole kernel waited for them. The same
-  // bits (the rows are the same); a count short of its target for 2 s traps (no hang).
-  const unsigned* ready = nullptr;
-  unsigned ready_main = 0, ready_z = 0;
+  // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
+  // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
+  // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until
+  // written, so that the conv and the recurrence run while the product still writes z (the walk
+  // starts past z); it waits for the product's grid only before it exits. Why: the product's blocks
+  // that walk a second row group end ~6 us after the others (docs/PERF.md, thirty-fifth session's
+  // probe), and the whole kernel waited for them. The same bits (the rows are the same); a value
+  // unwritten for 2 s traps (no hang).
+  bool rows_polled = false;
 };
 
 // Whether the fused kernel takes shape d: dk 64 or 128, dv 32, 64 or 128, nv a multiple of nk,
@@ -159,11 +158,12 @@ void SetGdnDecodeLayerOne(bool on);
 int GetGdnDecodeFused();
 void SetGdnDecodeFused(int mode);
 
-// The backend's switch for GdnDecodeFusedArgs::ready (backend/mixer_layers.cc RunGdn: the stacked
-// norm-in product counts its rows and the fused kernel with ssm_out inside reads them as they are
-// counted), TANDEM_GDN_ROWS_READY=1 (read once; settable; read when a step is enqueued).
-bool GdnRowsReady();
-void SetGdnRowsReady(bool on);
+// The backend's switch for GdnDecodeFusedArgs::rows_polled (backend/mixer_layers.cc RunGdn: the
+// stacked norm-in product writes a row buffer of the layer's own, filled with kRowUnwrittenBits at
+// the step's start, and the fused kernel with ssm_out inside reads its rows as they are written),
+// TANDEM_GDN_ROWS_POLLED=1 (read once; settable; read when a step is enqueued).
+bool GdnRowsPolled();
+void SetGdnRowsPolled(bool on);
 
 // The fused kernel reads its token's recurrent state column and conv history (which only it
 // writes, in earlier steps) before its PDL wait, overlapping the product before it; the same
