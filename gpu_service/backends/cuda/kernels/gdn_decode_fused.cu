@@ -765,7 +765,7 @@ std::atomic<bool>& OldGdnEarlyGateSwitch() {
   return old;
 }
 std::atomic<bool>& GdnRowsPolledSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_ROWS_POLLED")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED")};
   return on;
 }
 }  // namespace

@@ -160,8 +160,10 @@ void SetGdnDecodeFused(int mode);
 
 // The backend's switch for GdnDecodeFusedArgs::rows_polled (backend/mixer_layers.cc RunGdn: the
 // stacked norm-in product writes a row buffer of the layer's own, filled with kRowUnwrittenBits at
-// the step's start, and the fused kernel with ssm_out inside reads its rows as they are written),
-// TANDEM_GDN_ROWS_POLLED=1 (read once; settable; read when a step is enqueued).
+// the step's start, and the fused kernel with ssm_out inside reads its rows as they are written):
+// on by default (+1.6% batch-1 decode on q3n-80b shapes, ahead in each of three rounds, docs/PERF.md
+// "Thirty-sixth session"); TANDEM_GDN_ROWS_POLLED=0 (read once; settable; read when a step is
+// enqueued) waits for the product's grid instead.
 bool GdnRowsPolled();
 void SetGdnRowsPolled(bool on);
 
