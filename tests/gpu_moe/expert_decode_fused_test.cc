@@ -320,48 +320,6 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
   }
 }
 
-// With a done counter (OneTokenMoeArgs::done) every expert block of the 80B decode form (the shared
-// expert and the router product inside) counts itself once, the router blocks not: the counter
-// ends at OneTokenFusedGridBlocks without the router, and the results are those without it (the
-// same picks and logits, y within 1e-5: its additions' order is not fixed).
-TEST(OneTokenFusedTest, DoneCounterCountsTheExpertBlocks) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t h = 2048, I = 512, E = 512;
-  const int K = 10;
-  const OneTokenExperts ex(rng, h, I, E, K);
-  const SharedQ8 sq(rng, h, 512);
-  const DeviceBuffer dw = testing::Upload(testing::RandomVector(rng, (E + 1) * h, 0.05f));
-  const std::vector<float> x = testing::RandomVector(rng, h);
-  DeviceBuffer counters = testing::Upload(std::vector<int32_t>(2, 0));
-  DeviceBuffer done = testing::Upload(std::vector<unsigned>(1, 0u));
-  const std::vector<float> zeros(static_cast<size_t>(E + 1), 0.0f), shared(static_cast<size_t>(h), 0.0f);
-  OneTokenStep plain(ex, K, zeros, x, shared, 0.0f), counted(ex, K, zeros, x, shared, 0.0f);
-  std::vector<float> y[2], logits[2];
-  std::vector<int32_t> picks[2];
-  int expert_blocks = 0;
-  for (int run = 0; run < 2; ++run) {
-    OneTokenStep& step = run == 0 ? plain : counted;
-    OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, false);
-    a.shared = nullptr;
-    a.shared_gate_logit = a.logits + E;
-    if (run == 1) a.done = done.as<unsigned>();
-    const FusedRouter router{dw.as<float>(), static_cast<int>(E + 1), step.logits.as<float>(), counters.as<int32_t>()};
-    expert_blocks = OneTokenFusedGridBlocks(a, &sq.where, nullptr);
-    TANDEM_ASSERT_CUDA(cudaMemset(step.y.get(), 0, static_cast<size_t>(h) * sizeof(float)));
-    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr, &router));
-    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-    y[run] = Download<float>(step.y.get(), static_cast<size_t>(h));
-    logits[run] = Download<float>(step.logits.get(), static_cast<size_t>(E + 1));
-    picks[run] = Download<int32_t>(step.picks.get(), static_cast<size_t>(2 * K));
-  }
-  EXPECT_EQ(logits[0], logits[1]);
-  EXPECT_EQ(picks[0], picks[1]);
-  EXPECT_LE(testing::RelativeL2(y[1], y[0]), 1e-5);
-  EXPECT_EQ(expert_blocks, kFusedCluster * (K * I / kFusedSliceCols + 512 / kFusedSharedSliceCols));
-  EXPECT_EQ(Download<unsigned>(done.get(), 1)[0], static_cast<unsigned>(expert_blocks));
-}
-
 // The 80B shape (8 lanes a gate/up row, 256 down rows a block, two slices a down super-block),
 // h of 2 and 4 super-blocks, E not a multiple of 32, more picks than 16, inner of 4 super-blocks.
 TEST(OneTokenFusedTest, MatchesReferenceOnOtherShapes) {

@@ -32,7 +32,6 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
-#include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/matvec_stream_norm_in.cuh"
@@ -107,9 +106,6 @@ struct StreamArgs {
   // holding first_row, each row stored with a device-scope relaxed store.
   bool polled = false;
   int first_row = 0;
-  // The kNormIn kernel's wait (dense_matvec.cuh InputAfter; null: the PDL wait).
-  const unsigned* after = nullptr;
-  unsigned after_count = 0;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -271,18 +267,6 @@ __device__ __forceinline__ void StoreRowRelaxed(float* p, float v) {
   asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
-// InputAfter's wait: thread 0 acquires the count (2 s short traps), then the block barrier.
-__device__ __forceinline__ void WaitForCount(const unsigned* counter, unsigned count) {
-  if (threadIdx.x == 0 && LoadAcquire(counter) < count) {
-    const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(counter) < count) {
-      __nanosleep(32);
-      if (GlobalTimerNs() - start > 2'000'000'000ull) __trap();
-    }
-  }
-  __syncthreads();
-}
-
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
 // `if constexpr`: the production instantiations compile as without it).
 // kNormIn: the norm-in form (StreamNormIn; one activation row).
@@ -332,15 +316,8 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   // The norm-in form's area after the kernel's own shared memory (StreamNormInOffset).
   [[maybe_unused]] float4* norm_area = smem4 + StreamNormInOffset<F>(cols) / sizeof(float4);
   if constexpr (kNormIn) NormInEarlyCopies(a.norm, cols, norm_area);
-  // Weights only so far: the activations are the previous kernel's output (pdl.cuh), or, with
-  // a.after (kNormIn), its blocks' count.
-  bool counted = false;
-  if constexpr (kNormIn) counted = a.after != nullptr;
-  if (counted) {
-    WaitForCount(a.after, a.after_count);
-  } else {
-    PdlWaitForPrevious();
-  }
+  // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
+  PdlWaitForPrevious();
   if constexpr (kProbe) probe.Stamp(kStreamProbeAfterWait);
   PdlAllowNext();
 
@@ -442,7 +419,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
       }
     }
   }
-  if (counted) PdlWaitForPrevious();  // the previous grid completes before this one (pdl.cuh)
   if constexpr (kProbe) probe.Finish();
 }
 

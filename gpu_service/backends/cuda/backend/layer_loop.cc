@@ -54,9 +54,6 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
   cudaStream_t st = on != nullptr ? on : stream.get();
   cuda::MatVecNormIn in = *x_norm_in;
   if (polled != nullptr) in.polled = *polled;
-  // The GDN layer's product acquires the previous MoE kernel's count instead of waiting for its grid
-  // (MoeDoneCount; none unless that kernel counted into the y this product reads).
-  if (gdn && on == nullptr && in.y != nullptr) in.after = moe->DoneAfter(in.y);
   if (gdn && cuda::ProbeGdnInputProducts()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, in, out, st), "dense matvec (norm in, probed)");
   }

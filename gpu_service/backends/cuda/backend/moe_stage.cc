@@ -71,11 +71,6 @@ std::atomic<bool>& OneTokenFusedSwitch() {
   return on;
 }
 
-std::atomic<bool>& MoeDoneCountSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_MOE_DONE_COUNT")};
-  return on;
-}
-
 std::atomic<bool>& FusedSharedBesideSwitch() {
   static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_SHARED_BESIDE")};
   return on;
@@ -134,8 +129,6 @@ void SetOneTokenEarlyX(bool on) { OneTokenEarlyXSwitch().store(on, std::memory_o
 bool OneTokenEarlyX() { return OneTokenEarlyXSwitch().load(std::memory_order_relaxed); }
 void SetOneTokenPickCounts(bool on) { OneTokenPickCountsSwitch().store(on, std::memory_order_relaxed); }
 bool OneTokenPickCounts() { return OneTokenPickCountsSwitch().load(std::memory_order_relaxed); }
-void SetMoeDoneCount(bool on) { MoeDoneCountSwitch().store(on, std::memory_order_relaxed); }
-bool MoeDoneCount() { return MoeDoneCountSwitch().load(std::memory_order_relaxed); }
 void SetOneTokenFused(bool on) { OneTokenFusedSwitch().store(on, std::memory_order_relaxed); }
 bool OneTokenFused() { return OneTokenFusedSwitch().load(std::memory_order_relaxed); }
 void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::memory_order_relaxed); }
@@ -208,7 +201,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
   }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pick_counts.get(), 0, static_cast<size_t>(K + 1) * sizeof(int32_t)));
   if (options.fast) {
-    absl::StatusOr<DeviceBuffer> fused_y = DeviceArray<float>(c.n_layers * (h + 4));  // rows, then counters
+    absl::StatusOr<DeviceBuffer> fused_y = DeviceArray<float>(c.n_layers * h);
     if (!fused_y.ok()) return fused_y.status();
     impl->fused_y = *std::move(fused_y);
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
@@ -517,14 +510,8 @@ absl::Status MoeStage::CheckDeviceErrors() {
       "prefill plan a unit it could not run");
 }
 
-cuda::InputAfter MoeStage::DoneAfter(const float* y) const {
-  const Impl& m = *impl_;
-  return y != nullptr && y == m.done_y ? m.done : cuda::InputAfter{};
-}
-
 absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZeroes* zero) {
   Impl& m = *impl_;
-  m.done_y = nullptr;
   m.fused_step = n == 1 && m.options.fast && OneTokenFused() && OneTokenInt16() && OneTokenLogitRoute() &&
                  m.fused_y.get() != nullptr;
   if (m.fused_step) {

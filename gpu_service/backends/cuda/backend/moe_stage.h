@@ -35,7 +35,6 @@
 #include "gpu_service/backends/cuda/backend/device_model.h"
 #include "gpu_service/backends/cuda/backend/stage_timer.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
-#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill_mmq.cuh"
@@ -139,12 +138,6 @@ bool FusedSharedBeside();
 // TANDEM_FUSED_ROUTER=0: the router product's own launch before it.
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
-// The fused kernel's expert blocks count themselves done into a per-layer counter (zeroed by
-// PrepareStep with its buffers: OneTokenMoeArgs::done), which the next GDN layer's norm-in product
-// acquires instead of waiting for the kernel's grid (MoeStage::DoneAfter). TANDEM_MOE_DONE_COUNT=1
-// (off by default; read once; settable; read when a step is enqueued).
-void SetMoeDoneCount(bool on);
-bool MoeDoneCount();
 // The fused kernel's blocks route with the warp their place on the SM names
 // (OneTokenMoeArgs::pick_warp_by_slot) instead of warp 0. On by default;
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
@@ -223,11 +216,6 @@ class MoeStage {
   // the buffers go into its ranges instead (the caller's embedding gather clears them; a range it
   // has no room for is still cleared here).
   absl::Status PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZeroes* zero = nullptr);
-
-  // The count a reader of y (the y_written of this stage's last Run) may acquire instead of waiting
-  // for the MoE kernel's grid: the fused kernel's done counter and its expert blocks when that Run
-  // launched it with MoeDoneCount; else none (counter null).
-  cuda::InputAfter DoneAfter(const float* y) const;
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
   // kernels (the device-planned prefill path with such a kernel), or nullopt (another path). A caller that writes those planes while writing x (the stream norm's

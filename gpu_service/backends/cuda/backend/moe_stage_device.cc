@@ -234,7 +234,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
   const ModelConfig& c = m.config;
   const GpuLayer& l = m.model->layers[layer];
   const int64_t h = c.h, E = c.moe.E, K = c.moe.K;
-  m.done_y = nullptr;  // DoneAfter: only this Run's fused launch may set it
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, y_written != nullptr);
   if (logits_ready && !form.router_rows_f32) {
     return absl::InternalError("MoE stage: logits handed in ready for a layer the fused kernel does not route");
@@ -350,15 +349,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      if (MoeDoneCount()) o.done = reinterpret_cast<unsigned*>(m.fused_y.as<float>() + c.n_layers * h) + 4 * layer;
       TANDEM_CUDA_RETURN_IF_ERROR(
           LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
-      if (o.done != nullptr) {
-        m.done_y = o.y;
-        m.done = InputAfter{o.done, static_cast<unsigned>(OneTokenFusedGridBlocks(o, shared_inside ? &inside : nullptr,
-                                                                                    nullptr))};
-      }
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));
       if (overlap && !defer) {

@@ -56,12 +56,8 @@ struct MoeStage::Impl {
   DeviceBuffer pick_counts;
   // Fast mode: the fused one-token kernel's outputs, n_layers × h floats (layer l at l·h), zeroed
   // by PrepareStep before a step that uses them; fused_step: this step may use them.
-  // Past the rows: 4 unsigned a layer, the fused kernel's done counters (OneTokenMoeArgs::done).
   DeviceBuffer fused_y;
   bool fused_step = false;
-  // The last Run's fused launch with a done counter: its y and the count (DoneAfter).
-  const float* done_y = nullptr;
-  InputAfter done;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows

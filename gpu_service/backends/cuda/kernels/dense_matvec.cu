@@ -273,8 +273,6 @@ fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& i
   a.norm.vec = split.vec;
   a.norm.threads = split.threads;
   a.norm.h_early = in.h_written_earlier && !OldNormEarlyH();  // TANDEM_OLD_NORM_EARLY_H as the norm's
-  a.after = in.after.counter;
-  a.after_count = in.after.count;
   if (in.polled.on) {
     a.polled = true;
     a.first_row = static_cast<int>(in.polled.first_row);

@@ -96,15 +96,6 @@ struct RowsPolled {
   int64_t first_row = 0;  // in [0, w.rows)
 };
 
-// A count the norm-in product waits for instead of the previous grid (the fused one-token MoE
-// kernel's expert blocks, OneTokenMoeArgs::done): its blocks acquire *counter >= count before they
-// read y and the shared term (2 s short traps), and wait for the previous grid only before they
-// exit (pdl.cuh's chain). counter null: the PDL wait.
-struct InputAfter {
-  const unsigned* counter = nullptr;
-  unsigned count = 0;
-};
-
 struct MatVecNormIn {
   const float* H = nullptr;      // one row of w.cols floats
   const float* y = nullptr;      // the pending inject (w.cols floats), or nullptr: none
@@ -113,7 +104,6 @@ struct MatVecNormIn {
   float eps = 0.0f;
   bool h_written_earlier = false;
   RowsPolled polled;             // off by default
-  InputAfter after;              // none by default
 };
 
 // Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row

@@ -485,11 +485,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every thread's additions issued
     stamps.Stamp(kFusedProbeSummed);
   }
-  if (a.done != nullptr) {
-    // The block's additions into y before its count (a release after the barrier: cumulative).
-    __syncthreads();
-    if (t == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.done) : "memory");
-  }
   ClusterWait();
   stamps.Stamp(kFusedProbeExit);
 }

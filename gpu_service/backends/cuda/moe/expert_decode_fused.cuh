@@ -106,11 +106,6 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
 
-// The grid LaunchOneTokenMoeFused launches for these arguments (blocks); without a router, its
-// expert blocks (those that count into args.done).
-int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                            const FusedRouter* router);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_CUH_

@@ -46,6 +46,10 @@ enum FusedProbeWord : int {
 };
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
 
+// The grid LaunchOneTokenMoeFused launches for these arguments (blocks).
+int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
+                            const FusedRouter* router);
+
 // LaunchOneTokenMoeFused's probed form: the same arguments, results and grid, stamps into `stamps`
 // (above). cudaErrorNotSupported for E outside (256, 512] (one instantiation), cudaErrorInvalidValue
 // where LaunchOneTokenMoeFused refuses or for a null `stamps`.

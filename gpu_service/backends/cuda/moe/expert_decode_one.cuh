@@ -75,11 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // The fused kernel only: a counter (device, zero before the launch) that each expert block adds
-  // one to, with release semantics, once its additions into y are issued (router blocks do not
-  // count), so that a reader of y may acquire the count of expert blocks instead of waiting for the
-  // grid (dense_matvec.cuh InputAfter); nullptr: no count.
-  unsigned* done = nullptr;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
