@@ -132,16 +132,12 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   std::memcpy(pinned, want.rows.data(), static_cast<size_t>(in_rows) * sizeof(float));
   struct Form {
     const char* name;
-    bool late, prefetch_second;
+    bool late;
   };
-  const bool was_prefetch = cuda::DenseMatVecPrefetchSecond();
-  for (const Form& f : {Form{"product then kernel", false, false}, Form{"product then kernel, again", false, false},
-                        Form{"product then kernel, second groups into L2", false, true},
-                        Form{"rows copied late", true, false}, Form{"rows copied late, again", true, false}}) {
+  for (const Form& f : {Form{"product then kernel", false}, Form{"product then kernel, again", false},
+                        Form{"rows copied late", true}, Form{"rows copied late, again", true}}) {
     const std::string tag = Tag(c) + ", " + f.name;
-    cuda::SetDenseMatVecPrefetchSecond(f.prefetch_second);
     const Result got = run(true, f.late);
-    cuda::SetDenseMatVecPrefetchSecond(was_prefetch);
     EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
         << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);
     EXPECT_TRUE(gpu_testing::SameBits(got.rec, want.rec))

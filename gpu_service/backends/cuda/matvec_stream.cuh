@@ -106,9 +106,6 @@ struct StreamArgs {
   // holding first_row, each row stored with a device-scope relaxed store.
   bool polled = false;
   int first_row = 0;
-  // With polled rows: a block with a second row group asks that group's rows into L2 at its start
-  // (dense_matvec.cuh DenseMatVecPrefetchSecond, an A/B).
-  bool prefetch_second = false;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -315,18 +312,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   typename F::Raw ring[kD][kS];
   int row0 = row_ptrs(g < groups ? g : 0);
   if (g < groups) IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
-  if constexpr (kNormIn) {
-    // The second group's rows (one run of rows_per_block rows) into L2, 16 KB a request.
-    if (a.prefetch_second && threadIdx.x == 0 && g + static_cast<int>(gridDim.x) < groups) {
-      const int g2 = g + static_cast<int>(gridDim.x) + shift;
-      const int r0 = (g2 < groups ? g2 : g2 - groups) * rows_per_block;
-      const int64_t bytes = static_cast<int64_t>(min(rows_per_block, a.out_rows - r0)) * a.row_bytes;
-      const uint8_t* p = a.w + static_cast<int64_t>(r0) * a.row_bytes;
-      for (int64_t off = 0; off < bytes; off += 16384) {
-        PrefetchL2(p + off, static_cast<unsigned>(bytes - off < 16384 ? bytes - off : 16384));
-      }
-    }
-  }
   if constexpr (kProbe) probe.Stamp(kStreamProbeRingIssued);
   // The norm-in form's area after the kernel's own shared memory (StreamNormInOffset).
   [[maybe_unused]] float4* norm_area = smem4 + StreamNormInOffset<F>(cols) / sizeof(float4);

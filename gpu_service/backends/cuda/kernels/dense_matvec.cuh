@@ -121,12 +121,6 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
 bool MixerNormLaunch();
 void SetMixerNormLaunch(bool on);
 
-// An A/B of the norm-in product with polled rows (RowsPolled): each block with a second row group
-// asks that group's rows into L2 at its start (TANDEM_STREAM_PREFETCH_SECOND=1; read once; settable;
-// read at launch, so a captured graph keeps it). The same rows.
-bool DenseMatVecPrefetchSecond();
-void SetDenseMatVecPrefetchSecond(bool on);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_
