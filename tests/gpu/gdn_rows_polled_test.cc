@@ -132,16 +132,12 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   std::memcpy(pinned, want.rows.data(), static_cast<size_t>(in_rows) * sizeof(float));
   struct Form {
     const char* name;
-    bool late, out_late;
+    bool late;
   };
-  const bool was_out_late = cuda::GdnOutLate();
-  for (const Form& f : {Form{"product then kernel", false, false}, Form{"product then kernel, again", false, false},
-                        Form{"product then kernel, ssm_out's rows late", false, true},
-                        Form{"rows copied late", true, false}, Form{"rows copied late, again", true, false}}) {
+  for (const Form& f : {Form{"product then kernel", false}, Form{"product then kernel, again", false},
+                        Form{"rows copied late", true}, Form{"rows copied late, again", true}}) {
     const std::string tag = Tag(c) + ", " + f.name;
-    cuda::SetGdnOutLate(f.out_late);
     const Result got = run(true, f.late);
-    cuda::SetGdnOutLate(was_out_late);
     EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
         << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);
     EXPECT_TRUE(gpu_testing::SameBits(got.rec, want.rec))

@@ -278,9 +278,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
                                       static_cast<int64_t>(group) * a.out_group_bytes
                                 : nullptr;
   auto out_bytes = [&] { return static_cast<uint32_t>(out_rpb) * kOutSuperBytes; };  // a block's rows
-  // out_late (an A/B, polled rows with bulk rows only): the bulk copies after the recurrence, so
-  // that the product's last rows (z) have HBM to themselves first.
-  const bool out_late = kOut && !kIn && a.rows_polled && a.out_bulk && a.out_late;
   if constexpr (kOut && !kIn) {  // (kIn: into L2 below, after the ring's first chunks)
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
     if (a.out_bulk) {
@@ -289,7 +286,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       if (tid == 0) {
         mbarrier::Init(out_bar_addr, 1);
         mbarrier::InitFence();
-        if (!out_late) mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
+        mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
       }
     } else {
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
@@ -408,10 +405,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const float v = vs[lane];
   float out = DeltaRuleColumnStep<kRows, kWarps>(s, qs + r0, ks + r0, decay, b, v, kv_part, warp, lane);
   out_part[warp][lane] = out;
-  if (out_late && tid == 0) {
-    mbarrier::BulkCopyRunToShared(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh)), out_src, out_bytes(),
-                                  out_bar_addr);
-  }
 #pragma unroll
   for (int i = 0; i < kRows; ++i) S[static_cast<int64_t>(i) * dv] = s[i];
   __syncthreads();
@@ -428,6 +421,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
   if constexpr (kGated) {
+    if (rows_polled && warp == 0) zv = ReadRow(z_at, true);  // z, the walk's last rows
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
@@ -448,8 +442,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // first device run). Lane 0's sum to all 32 columns of the block.
       const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
       const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
-      // Polled: z (the walk's last rows) only now, after the sums' cluster barrier, which needs it not.
-      if (rows_polled) zv = ReadRow(z_at, true);
       const float gated = gamma * (o_sh[lane] * scale) * SiluF(zv);
       if constexpr (kOut) {
         o_sh[lane] = gated;
@@ -612,7 +604,6 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
     a.out_row_bytes = kOutSuperBytes;
     a.out_group_bytes = by_columns_rows * kOutSuperBytes;
     a.out_bulk = GdnOutBulk();
-    a.out_late = GdnOutLate();
   } else {
     a.out_w = static_cast<const uint8_t*>(out.data);
     a.out_row_bytes = out.row_bytes;
@@ -779,14 +770,6 @@ std::atomic<bool>& GdnRowsPolledSwitch() {
 }
 }  // namespace
 
-namespace {
-std::atomic<bool>& GdnOutLateSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_OUT_LATE")};
-  return on;
-}
-}  // namespace
-bool GdnOutLate() { return GdnOutLateSwitch().load(std::memory_order_relaxed); }
-void SetGdnOutLate(bool on) { GdnOutLateSwitch().store(on, std::memory_order_relaxed); }
 bool GdnRowsPolled() { return GdnRowsPolledSwitch().load(std::memory_order_relaxed); }
 void SetGdnRowsPolled(bool on) { GdnRowsPolledSwitch().store(on, std::memory_order_relaxed); }
 

@@ -55,7 +55,6 @@ struct GdnDecodeFusedArgs {
   int out_rows = 0;
   float* out_y = nullptr;
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
-  bool out_late = false;  // set from GdnOutLate (callers leave it)
   // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
   // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
   // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until
@@ -167,10 +166,6 @@ void SetGdnDecodeFused(int mode);
 // enqueued) waits for the product's grid instead.
 bool GdnRowsPolled();
 void SetGdnRowsPolled(bool on);
-// An A/B of the polled form with bulk rows: ssm_out's rows copied into shared memory after the
-// recurrence instead of before the wait (TANDEM_GDN_OUT_LATE=1; read once; settable; read at launch).
-bool GdnOutLate();
-void SetGdnOutLate(bool on);
 
 // The fused kernel reads its token's recurrent state column and conv history (which only it
 // writes, in earlier steps) before its PDL wait, overlapping the product before it; the same
