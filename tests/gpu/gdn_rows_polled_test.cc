@@ -132,26 +132,16 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   std::memcpy(pinned, want.rows.data(), static_cast<size_t>(in_rows) * sizeof(float));
   struct Form {
     const char* name;
-    bool late, split_tail;
+    bool late;
   };
-  const bool was_split = cuda::DenseMatVecSplitTail();
-  for (const Form& f : {Form{"product then kernel", false, false}, Form{"product then kernel, again", false, false},
-                        Form{"rows copied late", true, false}, Form{"rows copied late, again", true, false},
-                        Form{"product then kernel, split tail", false, true}}) {
+  for (const Form& f : {Form{"product then kernel", false}, Form{"product then kernel, again", false},
+                        Form{"rows copied late", true}, Form{"rows copied late, again", true}}) {
     const std::string tag = Tag(c) + ", " + f.name;
-    cuda::SetDenseMatVecSplitTail(f.split_tail);
     const Result got = run(true, f.late);
-    cuda::SetDenseMatVecSplitTail(was_split);
-    if (f.split_tail) {
-      // The tail's rows (z's here) sum in another order: within 1e-6, the rest as above.
-      EXPECT_LE(gpu_testing::LogError("gdn rows polled: rows " + tag, RelL2(got.rows, want.rows)), 1e-6) << tag;
-      EXPECT_LE(gpu_testing::LogError("gdn rows polled: state " + tag, RelL2(got.rec, want.rec)), 1e-6) << tag;
-    } else {
-      EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
-          << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);
-      EXPECT_TRUE(gpu_testing::SameBits(got.rec, want.rec))
-          << tag << ": state buffer differs from float " << gpu_testing::FirstDifference(got.rec, want.rec);
-    }
+    EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
+        << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);
+    EXPECT_TRUE(gpu_testing::SameBits(got.rec, want.rec))
+        << tag << ": state buffer differs from float " << gpu_testing::FirstDifference(got.rec, want.rec);
     EXPECT_LE(gpu_testing::LogError("gdn rows polled: out_y " + tag, RelL2(got.y, want.y)), 1e-5) << tag;
   }
   cuda::SetGdnOutBulk(was_bulk);

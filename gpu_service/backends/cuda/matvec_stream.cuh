@@ -106,9 +106,6 @@ struct StreamArgs {
   // holding first_row, each row stored with a device-scope relaxed store.
   bool polled = false;
   int first_row = 0;
-  // With polled rows (an A/B, dense_matvec.cuh DenseMatVecSplitTail): the groups past the first
-  // round run as half groups with two warps a row, over every block.
-  bool split_tail = false;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -310,29 +307,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
     return row0;
   };
 
-  // The split tail (kNormIn, a.split_tail, one warp a row): the walk's groups past the first
-  // gridDim.x run as half groups (rows_per_block / 2 rows) with two warps a row, so that every block
-  // takes a share of them and each lane's pieces of a row halve (one round of loads instead of two
-  // at 2048 columns). A row's sums then meet in another order than the plain launch's (not its
-  // bits). Tail item hb: the walk's group gridDim.x + hb / 2, half hb & 1.
-  bool split = false;
-  if constexpr (kNormIn) split = a.split_tail && wpr == 1 && kWarps % 2 == 0 && groups > static_cast<int>(gridDim.x);
-  const int groups_main = split ? static_cast<int>(gridDim.x) : groups;
-  const int halves = split ? 2 * (groups - static_cast<int>(gridDim.x)) : 0;
-  const int t_member = warp & 1, t_team = warp >> 1;
-  const int t_p0 = t_member * lpr + sl, t_step = 2 * lpr;
-  auto tail_ptrs = [&](int hb) {
-    const int gw = static_cast<int>(gridDim.x) + hb / 2 + shift;
-    const int row0 = (gw < groups ? gw : gw - groups) * rows_per_block + (hb & 1) * (rows_per_block / 2) +
-                     (t_team * subs + sub) * kS;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      const int64_t row = min(row0 + s, a.out_rows - 1);
-      rows[s] = a.w + row * a.row_bytes;
-    }
-    return row0;
-  };
-
   // The first group's first pieces go out before the activations are staged.
   int g = blockIdx.x;
   typename F::Raw ring[kD][kS];
@@ -377,8 +351,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   if constexpr (kProbe) probe.Stamp(kStreamProbeStaged);
 
   float* out = a.y + static_cast<int64_t>(t0) * a.y_stride;
-  int tail_row0 = 0;
-  while (g < groups_main) {
+  while (g < groups) {
     float acc[kS][kN];
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
@@ -393,12 +366,9 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
     // The next group's loads go out before this group's reduction.
     const int done_row0 = row0;
     g += gridDim.x;
-    if (g < groups_main) {
+    if (g < groups) {
       row0 = row_ptrs(g);
       IssueRing<F, kS, kD>(rows, pieces, p0, step, ring);
-    } else if (split && static_cast<int>(blockIdx.x) < halves) {
-      tail_row0 = tail_ptrs(blockIdx.x);
-      IssueRing<F, kS, kD>(rows, pieces, t_p0, t_step, ring);
     }
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
@@ -448,52 +418,6 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
         }
       }
     }
-  }
-  // The split tail's half groups (one activation row: kNormIn), their first pieces already in the
-  // ring; the two warps of a row add their sums in member order through `red` (deterministic).
-  for (int hb = blockIdx.x; hb < halves; hb += gridDim.x) {
-    float acc[kS][kN];
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-#pragma unroll
-      for (int t = 0; t < kN; ++t) acc[s][t] = 0.0f;
-    }
-    StreamRows<F, kS, kN, kD>(rows, pieces, t_p0, t_step, ring, xs4, quads, xsum, sums, acc);
-    if constexpr (kProbe) {
-      if (hb + static_cast<int>(gridDim.x) >= halves) probe.Stamp(kStreamProbeLastGroup);
-    }
-    const int done_row0 = tail_row0;
-    if (hb + static_cast<int>(gridDim.x) < halves) {
-      tail_row0 = tail_ptrs(hb + static_cast<int>(gridDim.x));
-      IssueRing<F, kS, kD>(rows, pieces, t_p0, t_step, ring);
-    }
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-#pragma unroll
-      for (int t = 0; t < kN; ++t) {
-        for (int off = lpr / 2; off > 0; off >>= 1) acc[s][t] += __shfl_xor_sync(0xFFFFFFFFu, acc[s][t], off);
-      }
-    }
-    if (sl == 0) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s) {
-#pragma unroll
-        for (int t = 0; t < kN; ++t) red[((warp * subs + sub) * kS + s) * kN + t] = acc[s][t];
-      }
-    }
-    __syncthreads();
-    if (t_member == 0 && sl == 0) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        const int row = done_row0 + s;
-        if (row >= a.out_rows) break;
-        StoreRowRelaxed(out + row, acc[s][0] + red[(((warp + 1) * subs + sub) * kS + s) * kN]);
-      }
-    }
-    if constexpr (kProbe) {
-      if (hb + static_cast<int>(gridDim.x) >= halves) probe.Stamp(kStreamProbeLastWrite);
-    }
-    __syncthreads();  // `red` free for the next half group
   }
   if constexpr (kProbe) probe.Finish();
 }

@@ -244,16 +244,6 @@ std::atomic<bool>& MixerNormLaunchSwitch() {
 bool MixerNormLaunch() { return MixerNormLaunchSwitch().load(std::memory_order_relaxed); }
 void SetMixerNormLaunch(bool on) { MixerNormLaunchSwitch().store(on, std::memory_order_relaxed); }
 
-namespace {
-std::atomic<bool>& SplitTailSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_STREAM_SPLIT_TAIL")};
-  return on;
-}
-}  // namespace
-
-bool DenseMatVecSplitTail() { return SplitTailSwitch().load(std::memory_order_relaxed); }
-void SetDenseMatVecSplitTail(bool on) { SplitTailSwitch().store(on, std::memory_order_relaxed); }
-
 bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
   using F = fastmv::FmtQ8_0x8;
   if (w.type != kTypeQ8_0x8 || w.data == nullptr || fastmv::ForceGeneric() ||
@@ -286,7 +276,6 @@ fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& i
   if (in.polled.on) {
     a.polled = true;
     a.first_row = static_cast<int>(in.polled.first_row);
-    a.split_tail = DenseMatVecSplitTail();
   }
   return a;
 }

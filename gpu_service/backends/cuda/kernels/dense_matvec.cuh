@@ -121,13 +121,6 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
 bool MixerNormLaunch();
 void SetMixerNormLaunch(bool on);
 
-// An A/B of the norm-in product with polled rows (RowsPolled): the row groups past the grid's first
-// round run as half groups with two warps a row over every block (matvec_stream.cuh StreamArgs::
-// split_tail), instead of whole groups on the first blocks; those rows' sums meet in another order
-// (not the plain product's bits). TANDEM_STREAM_SPLIT_TAIL=1 (read once; settable; read at launch).
-bool DenseMatVecSplitTail();
-void SetDenseMatVecSplitTail(bool on);
-
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_DENSE_MATVEC_CUH_
