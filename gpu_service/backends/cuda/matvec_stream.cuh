@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
           if (t >= rows_used) break;
           if constexpr (kNormIn) {
             if (a.polled) {
-              StoreRowRelaxed(out + row, acc[s][t]);
+              StoreRowRelaxed(out + t * a.y_stride + row, acc[s][t]);
               continue;
             }
           }

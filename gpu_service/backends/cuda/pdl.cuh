@@ -23,6 +23,11 @@
 //     before;
 //   - PdlAllowNext (after the wait) lets the next kernel's blocks be scheduled early; calling it
 //     after the wait keeps at most one kernel waiting ahead of the running one.
+// One kernel departs from the first two rules on purpose: the fused GDN kernel with polled rows
+// (gdn_decode_fused.cuh GdnDecodeFusedArgs::rows_polled) reads the product before it value by value
+// as that product stores them (each value is its own flag: the buffer starts unwritten), and writes
+// (state, history, its output row) only what that product neither reads nor writes; it calls
+// PdlWaitForPrevious before it exits, so the chain of grids above still holds.
 // Both device calls are no-ops when the kernel was launched normally, so a kernel written to the
 // rule may be launched either way. With PDL off (SetPdlEnabled(false)), LaunchPdl is a plain
 // launch: the A/B switch for benchmarks and the equality test.
