@@ -43,33 +43,7 @@ struct LayerCase {
   int64_t out_rows;  // ssm_out's rows (= h in a model)
 };
 
-std::string Tag(const LayerCase& c) {
-  return "nk" + std::to_string(c.d.nk) + "_nv" + std::to_string(c.d.nv) + "_dk" + std::to_string(c.d.dk) + "_dv" +
-         std::to_string(c.d.dv) + "_h" + std::to_string(c.h);
-}
-
-// The fused kernel's arguments for one token at state row seq_rows[0] (history and state: the caller's).
-cuda::GdnDecodeFusedArgs LayerArgs(const gdn_testing::GdnParams& p, int64_t row_stride, const int32_t* seq_rows) {
-  cuda::GdnDecodeFusedArgs args;
-  args.taps = p.taps.get();
-  args.ssm_a = p.ssm_a.get();
-  args.dt_bias = p.dt_bias.get();
-  args.norm = p.norm.get();
-  args.row_stride = row_stride;
-  args.rows = seq_rows;
-  args.eps = 1e-6f;
-  return args;
-}
-
-// The two launches' fused-kernel arguments: args reading the stacked product's rows at `rows`.
-cuda::GdnDecodeFusedArgs ReadingRows(cuda::GdnDecodeFusedArgs args, float* rows, const cuda::GdnShape& d) {
-  const int64_t vw = static_cast<int64_t>(d.nv) * d.dv;
-  args.z = rows;
-  args.qkv = rows + vw;
-  args.ba = rows + vw + d.c_dim();
-  args.z_stride = args.qkv_stride = args.ba_stride = vw + d.c_dim() + 2 * d.nv;
-  return args;
-}
+std::string Tag(const LayerCase& c) { return gdn_testing::LayerTag(c.d, c.h); }
 
 class GpuGdnDecodeLayerTest : public ::testing::TestWithParam<LayerCase> {
  protected:
@@ -82,8 +56,8 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheNormInProductThenTheFusedKernel) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
   const int64_t in_rows = vw + c_dim + 2 * d.nv;
-  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
-  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const gdn_testing::StateLayout state_layout = gdn_testing::StateLayoutOf(d);
+  const int64_t ssm_off = state_layout.ssm_off, row_stride = state_layout.row_stride;
   const gdn_testing::GdnParams params = gdn_testing::RandomGdnParams(rng, d);
   // Three sequence rows; the token's is row 1.
   const std::vector<float> state0 = Random(rng, static_cast<size_t>(3 * row_stride), 0.3f);
@@ -133,13 +107,13 @@ TEST_P(GpuGdnDecodeLayerTest, MatchesTheNormInProductThenTheFusedKernel) {
     norm_in.gamma = gamma.get();
     norm_in.eps = 1e-6f;
     norm_in.h_written_earlier = f.h_early;
-    const cuda::GdnDecodeFusedArgs args = LayerArgs(params, row_stride, seq_rows.get());
+    const cuda::GdnDecodeFusedArgs args = gdn_testing::OneTokenArgs(params, row_stride, seq_rows.get());
     // The two launches.
     auto rows_want = Poisoned<float>(static_cast<size_t>(in_rows));
     auto rec_want = Upload(state0);
     auto y_want = Upload(y0);
     TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(in_dev.m, norm_in, rows_want.get(), nullptr));
-    cuda::GdnDecodeFusedArgs two = ReadingRows(args, rows_want.get(), d);
+    cuda::GdnDecodeFusedArgs two = gdn_testing::ReadingStackedRows(args, rows_want.get(), d);
     two.history = rec_want.get();
     two.state = rec_want.get() + ssm_off;
     TANDEM_ASSERT_CUDA(
@@ -188,8 +162,8 @@ TEST(GpuGdnDecodeLayerTiming, PrintsTimesAndPhases) {
   const cuda::GdnShape d{16, 32, 128, 128, 4};
   const int64_t h = 2048, c_dim = d.c_dim(), vw = 32 * 128, in_rows = vw + c_dim + 64, total = 2048 + 1040;
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
-  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const gdn_testing::StateLayout state_layout = gdn_testing::StateLayoutOf(d);
+  const int64_t ssm_off = state_layout.ssm_off, row_stride = state_layout.row_stride;
   const gdn_testing::GdnParams params = gdn_testing::RandomGdnParams(rng, d);
   const auto seq_rows = Upload(std::vector<int32_t>{0});
   auto rec = Upload(Random(rng, static_cast<size_t>(row_stride), 0.3f));
@@ -212,10 +186,10 @@ TEST(GpuGdnDecodeLayerTiming, PrintsTimesAndPhases) {
   norm_in.y = y_in.get();
   norm_in.gamma = gamma.get();
   norm_in.eps = 1e-6f;
-  cuda::GdnDecodeFusedArgs args = LayerArgs(params, row_stride, seq_rows.get());
+  cuda::GdnDecodeFusedArgs args = gdn_testing::OneTokenArgs(params, row_stride, seq_rows.get());
   args.history = rec.get();
   args.state = rec.get() + ssm_off;
-  const cuda::GdnDecodeFusedArgs two = ReadingRows(args, rows.get(), d);
+  const cuda::GdnDecodeFusedArgs two = gdn_testing::ReadingStackedRows(args, rows.get(), d);
   const int blocks = d.nv * (d.dv / 32);
   auto probe = Poisoned<unsigned long long>(static_cast<size_t>(blocks * cuda::kInProbePhases));
   cuda::GdnDecodeIn layer;

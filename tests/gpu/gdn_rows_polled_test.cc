@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -40,10 +41,7 @@ struct RowsCase {
   int64_t h;  // the stacked product's columns and ssm_out's rows
 };
 
-std::string Tag(const RowsCase& c) {
-  return "nk" + std::to_string(c.d.nk) + "_nv" + std::to_string(c.d.nv) + "_dk" + std::to_string(c.d.dk) + "_dv" +
-         std::to_string(c.d.dv) + "_h" + std::to_string(c.h);
-}
+std::string Tag(const RowsCase& c) { return gdn_testing::LayerTag(c.d, c.h); }
 
 class GpuGdnRowsPolledTest : public ::testing::TestWithParam<RowsCase> {
  protected:
@@ -56,8 +54,8 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const int64_t c_dim = d.c_dim(), vw = static_cast<int64_t>(d.nv) * d.dv;
   const int64_t in_rows = vw + c_dim + 2 * d.nv;  // [z; qkv; ba]
-  const int64_t ssm_off = ((d.kk - 1) * c_dim + 3) / 4 * 4 + 4;
-  const int64_t row_stride = ssm_off + static_cast<int64_t>(d.nv) * d.dk * d.dv + 12;
+  const gdn_testing::StateLayout state_layout = gdn_testing::StateLayoutOf(d);
+  const int64_t ssm_off = state_layout.ssm_off, row_stride = state_layout.row_stride;
   const gdn_testing::GdnParams params = gdn_testing::RandomGdnParams(rng, d);
   const std::vector<float> state0 = Random(rng, static_cast<size_t>(row_stride), 0.3f);
   const auto seq_rows = Upload(std::vector<int32_t>{0});
@@ -76,8 +74,16 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   ASSERT_TRUE(main.ok() && other.ok());
 
   // The rows the product writes (the reference's), page-locked for the late copy.
-  float* pinned = nullptr;
-  ASSERT_EQ(cudaMallocHost(&pinned, static_cast<size_t>(in_rows) * sizeof(float)), cudaSuccess);
+  struct FreeHost {
+    void operator()(float* p) const { (void)cudaFreeHost(p); }
+  };
+  std::unique_ptr<float, FreeHost> pinned_rows;
+  {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMallocHost(&p, static_cast<size_t>(in_rows) * sizeof(float)), cudaSuccess);
+    pinned_rows.reset(static_cast<float*>(p));
+  }
+  float* pinned = pinned_rows.get();
 
   // One run: with polled rows (`polled`) the rows are filled unwritten first; `late`: the fused
   // kernel alone on `main`, the rows copied from `pinned` on `other` 20 ms later; else the product
@@ -95,20 +101,10 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
     norm_in.gamma = gamma.get();
     norm_in.eps = 1e-6f;
     norm_in.polled = {polled, vw};
-    cuda::GdnDecodeFusedArgs args;
-    args.taps = params.taps.get();
-    args.ssm_a = params.ssm_a.get();
-    args.dt_bias = params.dt_bias.get();
-    args.norm = params.norm.get();
-    args.row_stride = row_stride;
-    args.rows = seq_rows.get();
-    args.eps = 1e-6f;
+    cuda::GdnDecodeFusedArgs args =
+        gdn_testing::ReadingStackedRows(gdn_testing::OneTokenArgs(params, row_stride, seq_rows.get()), rows.get(), d);
     args.history = rec.get();
     args.state = rec.get() + ssm_off;
-    args.z = rows.get();
-    args.qkv = rows.get() + vw;
-    args.ba = rows.get() + vw + c_dim;
-    args.z_stride = args.qkv_stride = args.ba_stride = in_rows;
     args.rows_polled = polled;
     if (late) {
       EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out_dev.m, y.get(), d, main->get(), by_columns.get(), c.h),
@@ -145,7 +141,6 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
     EXPECT_LE(gpu_testing::LogError("gdn rows polled: out_y " + tag, RelL2(got.y, want.y)), 1e-5) << tag;
   }
   cuda::SetGdnOutBulk(was_bulk);
-  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnRowsPolledTest,
