@@ -73,13 +73,6 @@ bool DenseMatVecQ6HeadTakes(const DeviceMatrix& w, int n);
 // product with the shared expert's gate row after it).
 int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w);
 
-// A one-row product that forms its input itself: y = W·x with x = γ ⊙ ρ(H + y_in + g·shared), the
-// block input that LaunchInjectRmsNorm (one stream, no inject weights) would write, with the same
-// bits, but neither H nor x is written: every block of the product forms x from H, y_in and the
-// shared term in its own shared memory. The norm's launch (~2 us of a decode layer's chain of
-// dependent launches on the H200) is saved; the caller owes H its inject: the next norm adds it
-// (norm_streams.cuh EarlierInject), and nothing may write y_in or the shared term before then.
-// h_written_earlier as LaunchInjectRmsNorm's: H is read before the PDL wait.
 // A product whose rows the kernel after it may read as they are written, before the product's grid
 // completes (the GDN layer's fused kernel, gdn_decode_fused.cuh GdnDecodeFusedArgs::rows_polled):
 // the caller fills y with kRowUnwrittenBits words before the launch; the blocks walk their row
@@ -96,6 +89,13 @@ struct RowsPolled {
   int64_t first_row = 0;  // in [0, w.rows)
 };
 
+// A one-row product that forms its input itself: y = W·x with x = γ ⊙ ρ(H + y_in + g·shared), the
+// block input that LaunchInjectRmsNorm (one stream, no inject weights) would write, with the same
+// bits, but neither H nor x is written: every block of the product forms x from H, y_in and the
+// shared term in its own shared memory. The norm's launch (~2 us of a decode layer's chain of
+// dependent launches on the H200) is saved; the caller owes H its inject: the next norm adds it
+// (norm_streams.cuh EarlierInject), and nothing may write y_in or the shared term before then.
+// h_written_earlier as LaunchInjectRmsNorm's: H is read before the PDL wait.
 struct MatVecNormIn {
   const float* H = nullptr;      // one row of w.cols floats
   const float* y = nullptr;      // the pending inject (w.cols floats), or nullptr: none
