@@ -60,34 +60,14 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
                : "memory");
 }
 
-// BulkCopyToShared with an L2 cache policy (createpolicy) for the lines it reads.
-__device__ __forceinline__ void BulkCopyToSharedHinted(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                       uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-}
-
 // One arrival on `bar` expecting `bytes`, then the run [src, src + bytes) into shared memory at dst
 // by bulk copies of at most 16 KB (a few copies in flight rather than one long one). One thread.
-// evict_first: the lines read are marked first to leave L2 (a run read once, which an earlier
-// grid may have asked into L2 with evict_last).
-__device__ __forceinline__ void BulkCopyRunToShared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                    bool evict_first = false) {
+__device__ __forceinline__ void BulkCopyRunToShared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   ArriveExpectTx(bar, bytes);
   constexpr uint32_t kChunk = 16 * 1024;
   const uint8_t* from = static_cast<const uint8_t*>(src);
-  uint64_t policy = 0;
-  if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   for (uint32_t off = 0; off < bytes; off += kChunk) {
-    const uint32_t n = bytes - off < kChunk ? bytes - off : kChunk;
-    if (evict_first) {
-      BulkCopyToSharedHinted(dst + off, from + off, n, bar, policy);
-    } else {
-      BulkCopyToShared(dst + off, from + off, n, bar);
-    }
+    BulkCopyToShared(dst + off, from + off, bytes - off < kChunk ? bytes - off : kChunk, bar);
   }
 }
 

@@ -14,7 +14,6 @@
 #include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
@@ -198,8 +197,6 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
                     "gdn decode (the layer in one launch)");
     }
     args.rows_polled = rows_polled;
-    static const bool evict_first = cuda::EnvSwitch("TANDEM_GDN_OUT_EVICT_FIRST");  // A/B
-    args.out_evict_first = evict_first;
     return Launch(cuda::LaunchGdnDecodeFusedOut(args, w.ssm_out, out, shape, st, w.ssm_out_by_columns, rows),
                   "gdn decode (fused, ssm_out inside)");
   }

@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
@@ -349,22 +348,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
-      }
-      // A/B (OneTokenMoeArgs::l2_ahead): the next GDN layer's output rows by columns (ssm_out and
-      // the router's rows, 13.4 MB at 80B shapes), TANDEM_MOE_L2_OUT_PERCENT of them, asked into L2
-      // by this grid (TANDEM_MOE_L2_OUT: 1 after the wait, 2 the same evict_last, 3 evict_last at
-      // the end).
-      static const int ahead_mode = static_cast<int>(EnvInteger("TANDEM_MOE_L2_OUT", 0, 0, 3));
-      static const long long ahead_percent = EnvInteger("TANDEM_MOE_L2_OUT_PERCENT", 100, 1, 100);
-      if (ahead_mode > 0 && layer + 1 < static_cast<int64_t>(m.model->layers.size())) {
-        const GpuLayer& nl = m.model->layers[layer + 1];
-        if (nl.kind == LayerKind::kGdn && nl.ssm_out_by_columns != nullptr &&
-            reinterpret_cast<uintptr_t>(nl.ssm_out_by_columns) % 16 == 0) {
-          const uint64_t all = static_cast<uint64_t>(Q8_0x8ByColumnsBytes(nl.ssm_out_by_columns_rows, nl.ssm_out.cols));
-          o.l2_ahead = nl.ssm_out_by_columns;
-          o.l2_ahead_bytes = all * static_cast<uint64_t>(ahead_percent) / 100 / 16 * 16;
-          o.l2_ahead_mode = ahead_mode;
-        }
       }
       TANDEM_CUDA_RETURN_IF_ERROR(
           LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));

@@ -286,7 +286,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       if (tid == 0) {
         mbarrier::Init(out_bar_addr, 1);
         mbarrier::InitFence();
-        mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr, a.out_evict_first);
+        mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
       }
     } else {
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);

@@ -55,9 +55,6 @@ struct GdnDecodeFusedArgs {
   int out_rows = 0;
   float* out_y = nullptr;
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
-  // With out_bulk: those copies read with an L2 evict_first policy (A/B with the MoE grid's
-  // evict_last asks of these rows, OneTokenMoeArgs::l2_ahead; TANDEM_GDN_OUT_EVICT_FIRST).
-  bool out_evict_first = false;
   // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
   // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
   // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until

@@ -114,30 +114,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
-// Block i of n asks its share of OneTokenMoeArgs::l2_ahead into L2 (l2_ahead_mode says with which
-// policy): pieces of 4 KB, a thread a piece.
-__device__ __forceinline__ void PrefetchAheadShare(const OneTokenMoeArgs& a, int i, int n, int thread,
-                                                   int threads) {
-  const unsigned long long share = (a.l2_ahead_bytes / 16 + static_cast<unsigned long long>(n) - 1) / n * 16;
-  const unsigned long long start = share * static_cast<unsigned long long>(i);
-  const unsigned long long end = start + share < a.l2_ahead_bytes ? start + share : a.l2_ahead_bytes;
-  const uint8_t* p = static_cast<const uint8_t*>(a.l2_ahead);
-  constexpr unsigned long long kPiece = 4096;
-  uint64_t policy = 0;
-  const bool last = a.l2_ahead_mode >= 2;
-  if (last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  for (unsigned long long at = start + kPiece * thread; at < end; at += kPiece * threads) {
-    const unsigned bytes = static_cast<unsigned>(end - at < kPiece ? end - at : kPiece);
-    if (last) {
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + at), "r"(bytes),
-                   "l"(policy)
-                   : "memory");
-    } else {
-      PrefetchL2(p + at, bytes);
-    }
-  }
-}
-
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
 // its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
 template <bool kProbe>
@@ -264,12 +240,6 @@ __global__ void __launch_bounds__(kThreads)
   PdlWaitForPrevious();
   PdlAllowNext();
   stamps.Stamp(kFusedProbeAfterWait);
-  // The next layer's weights into L2 while this grid routes (by a warp that does not route;
-  // l2_ahead_mode 3 asks at the end instead).
-  if (a.l2_ahead != nullptr && a.l2_ahead_mode >= 1 && a.l2_ahead_mode <= 2 &&
-      warp == (picker == kFusedWarps - 1 ? kFusedWarps - 2 : kFusedWarps - 1)) {
-    PrefetchAheadShare(a, block, static_cast<int>(gridDim.x) - (kRouter ? rt.blocks : 0), lane, 32);
-  }
   constexpr bool router_in_grid = kRouter;
   const int expert_blocks = static_cast<int>(gridDim.x) - rt.blocks;
   auto shared_gate = [&] {
@@ -515,9 +485,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every thread's additions issued
     stamps.Stamp(kFusedProbeSummed);
   }
-  if (a.l2_ahead != nullptr && a.l2_ahead_mode == 3) {
-    PrefetchAheadShare(a, block, static_cast<int>(gridDim.x) - (kRouter ? rt.blocks : 0), t, kThreads);
-  }
   ClusterWait();
   stamps.Stamp(kFusedProbeExit);
 }
@@ -630,10 +597,6 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
   if (!OneTokenFusedFits(a.E, a.K, a.h, a.inner) || !a.int16_activations || !a.logit_route || a.logits == nullptr ||
       a.table == nullptr || a.x == nullptr || a.experts_out == nullptr || a.weights_out == nullptr ||
       a.error == nullptr || a.y == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.l2_ahead != nullptr && (reinterpret_cast<uintptr_t>(a.l2_ahead) % 16 != 0 || a.l2_ahead_bytes % 16 != 0 ||
-                                a.l2_ahead_mode < 0 || a.l2_ahead_mode > 3)) {
     return cudaErrorInvalidValue;
   }
   return cudaSuccess;

@@ -75,13 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // The fused kernel only: bytes of the next layer's weights (16-byte aligned, a multiple of 16) that
-  // each block asks into L2 a share of while HBM idles in this grid: l2_ahead_mode 1 right after
-  // the PDL wait (while the blocks route), 2 the same with an evict_last policy, 3 evict_last once
-  // the block's sums are issued. 0 (or a null l2_ahead): nothing. An A/B form (TANDEM_MOE_L2_OUT).
-  const void* l2_ahead = nullptr;
-  unsigned long long l2_ahead_bytes = 0;
-  int l2_ahead_mode = 0;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
