@@ -312,21 +312,26 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   const std::vector<float> want = gpu_testing::HostProduct(w, g, y0);
   // The three forms of the output product's weights: out's rows, by columns through 16-byte
   // cp.async pieces, by columns through bulk copies (GdnOutBulk, set for each form).
+  // Each also with the gated norm's one cluster barrier (GdnOutOneBarrier).
   struct Form {
     const char* name;
-    bool by_columns, bulk;
+    bool by_columns, bulk, one_barrier;
   };
-  const bool was_bulk = cuda::GdnOutBulk();
-  for (const Form& f : {Form{"", false, false}, Form{" by columns", true, false}, Form{" bulk", true, true}}) {
+  const bool was_bulk = cuda::GdnOutBulk(), was_one_barrier = cuda::GdnOutOneBarrier();
+  for (const Form& f : {Form{"", false, false, false}, Form{" by columns", true, false, false},
+                        Form{" bulk", true, true, false}, Form{" one barrier", false, false, true},
+                        Form{" by columns, one barrier", true, false, true}, Form{" bulk, one barrier", true, true, true}}) {
     auto rec = Upload(state0), y = Upload(y0);
     auto gated_out = Poisoned<float>(static_cast<size_t>(vw));
     args.history = rec.get();
     args.state = rec.get() + ssm_off;
     args.o = gated_out.get();
     cuda::SetGdnOutBulk(f.bulk);
+    cuda::SetGdnOutOneBarrier(f.one_barrier);
     TANDEM_ASSERT_CUDA(
         cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, f.by_columns ? by_columns.get() : nullptr));
     cuda::SetGdnOutBulk(was_bulk);
+    cuda::SetGdnOutOneBarrier(was_one_barrier);
     TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
     ExpectSameBits(Download(gated_out), g, tag + ": gated outputs" + f.name);
     ExpectSameBits(Download(rec), rec_want, tag + ": histories and states" + f.name);
@@ -357,18 +362,22 @@ TEST_P(GpuGdnDecodeOutTest, AddsTheOutputProductOfTheGatedRows) {
   y_start.insert(y_start.end(), y0_extra.begin(), y0_extra.end());
   const std::vector<float> want_extra = gpu_testing::HostProduct(extra, g, y0_extra);
   want_all.insert(want_all.end(), want_extra.begin(), want_extra.end());
-  for (const bool bulk : {false, true}) {
+  for (const int form : {0, 1, 2}) {  // pieces, bulk, bulk with one barrier
+    const bool bulk = form >= 1;
     auto rec = Upload(state0), y = Upload(y_start);
     args.history = rec.get();
     args.state = rec.get() + ssm_off;
     args.o = nullptr;
     cuda::SetGdnOutBulk(bulk);
+    cuda::SetGdnOutOneBarrier(form == 2);
     TANDEM_ASSERT_CUDA(cuda::LaunchGdnDecodeFusedOut(args, out, y.get(), d, nullptr, combined.get(), total));
     cuda::SetGdnOutBulk(was_bulk);
+    cuda::SetGdnOutOneBarrier(was_one_barrier);
     TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
     ExpectSameBits(Download(rec), rec_want, tag + ": histories and states with rows of its own");
     const std::vector<float> got = Download(y);
-    EXPECT_LE(gpu_testing::LogError(std::string("gdn out product with rows of its own") + (bulk ? " bulk" : "") + " " + tag,
+    EXPECT_LE(gpu_testing::LogError(std::string("gdn out product with rows of its own") + (bulk ? " bulk" : "") +
+                                        (form == 2 ? ", one barrier" : "") + " " + tag,
                                     gpu_testing::RelL2(got, want_all)),
               1e-4)
         << tag;

@@ -126,14 +126,20 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   cuda::SetGdnOutBulk(true);
   const Result want = run(false, false);
   std::memcpy(pinned, want.rows.data(), static_cast<size_t>(in_rows) * sizeof(float));
+  // Each also with the gated norm's one cluster barrier (GdnOutOneBarrier), whose z reads poll too.
   struct Form {
     const char* name;
-    bool late;
+    bool late, one_barrier;
   };
-  for (const Form& f : {Form{"product then kernel", false}, Form{"product then kernel, again", false},
-                        Form{"rows copied late", true}, Form{"rows copied late, again", true}}) {
+  const bool was_one_barrier = cuda::GdnOutOneBarrier();
+  for (const Form& f : {Form{"product then kernel", false, false}, Form{"product then kernel, again", false, false},
+                        Form{"rows copied late", true, false}, Form{"rows copied late, again", true, false},
+                        Form{"product then kernel, one barrier", false, true},
+                        Form{"rows copied late, one barrier", true, true}}) {
     const std::string tag = Tag(c) + ", " + f.name;
+    cuda::SetGdnOutOneBarrier(f.one_barrier);
     const Result got = run(true, f.late);
+    cuda::SetGdnOutOneBarrier(was_one_barrier);
     EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
         << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);
     EXPECT_TRUE(gpu_testing::SameBits(got.rec, want.rec))

@@ -171,16 +171,12 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // kIn (kRowsApart): the rows sit at rows_sh (the freed ring, gdn_decode_in.cuh) and the gathered
 // outputs at out_sh; otherwise the outputs follow the rows at out_sh. Either way the rows come by
 // bulk copies completing bulk_bar (out_bulk) or by cp.async pieces.
+// OutProductPart after the gather: xv, the cluster's gated output of column tid, and this block
+// already arrived (done with the others' shared memory).
 template <bool kRowsApart = false>
-__device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
-                                               unsigned rank, int r, int dv, int tid, int lane, int warp,
-                                               uint32_t bulk_bar, const uint8_t* rows_sh = nullptr) {
-  ClusterArrive();
-  ClusterWait();
-  // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
-  const int head = tid / dv, col_block = (tid % dv) / kCols;
-  const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
-  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
+__device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float xv, uint8_t* out_sh, int rpb,
+                                              unsigned rank, int tid, int lane, int warp, uint32_t bulk_bar,
+                                              const uint8_t* rows_sh = nullptr) {
   int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsApart ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
@@ -196,6 +192,19 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
     atomicAdd(y + row, ColumnSuperRowDot(rows + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
   }
   ClusterWait();
+}
+
+template <bool kRowsApart = false>
+__device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
+                                               unsigned rank, int r, int dv, int tid, int lane, int warp,
+                                               uint32_t bulk_bar, const uint8_t* rows_sh = nullptr) {
+  ClusterArrive();
+  ClusterWait();
+  // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
+  const int head = tid / dv, col_block = (tid % dv) / kCols;
+  const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
+  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
+  OutProductSum<kRowsApart>(a, xv, out_sh, rpb, rank, tid, lane, warp, bulk_bar, rows_sh);
 }
 
 // Block (vh, y, t): value head vh, columns [32y, 32y + 32), token t. The block convolves the
@@ -248,6 +257,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   LoadTaps(a.taps, has0, c0, kk, w0, last0);
   LoadTaps(a.taps, has1, c1, kk, w1, last1);
   const float gamma = kGated ? a.norm[col] : 0.0f;  // a weight too
+  // GdnDecodeFusedArgs::out_one_barrier: thread tid forms the cluster's gated output of column tid
+  // itself (its head's weight here; its z and raw output later).
+  const bool one_barrier = kOut && !kIn && a.out_one_barrier;
+  const float gamma_c = one_barrier ? a.norm[tid % dv] : 0.0f;
   // The token's state row (the host writes the rows before the step) and, with early_state, its
   // state column and conv history, which only this kernel writes, in earlier steps: read before
   // the PDL wait, so that they overlap the product before (pdl.cuh; the step's rows qkv, ba and z
@@ -420,14 +433,41 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     }
   }
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
+  float xv_c = 0.0f;  // one_barrier: the cluster's gated output of column tid
   if constexpr (kGated) {
-    if (rows_polled && warp == 0) zv = ReadRow(z_at, true);  // z, the walk's last rows
+    // one_barrier: column tid of the cluster is column tid % dv of its value head tid / dv (held
+    // by rank tid / dv + (tid % dv) / 32 · r, as OutProductPart gathers it).
+    const int head_c = tid / dv;
+    float z_c = 0.0f;
+    if (one_barrier) {
+      const float* z_c_at = a.z + t * a.z_stride + static_cast<int64_t>(group * r + head_c) * dv + tid % dv;
+      z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
+    } else if (rows_polled && warp == 0) {
+      zv = ReadRow(z_at, true);  // z, the walk's last rows
+    }
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
     ClusterArrive();
     ClusterWait();
-    if (warp == 0) {
+    if (one_barrier) {
+      // The gated norm's operations below for the cluster's column tid, from its head's blocks'
+      // sums and its raw output (every warp one head's 32 columns: the same lanes, the same sums),
+      // so that no second cluster barrier is needed before the output product's gather.
+      const cg::cluster_group cluster = cg::this_cluster();
+      const int head_lanes = dv / 4;
+      float p = 0.0f;
+      if (lane < head_lanes) {
+        p = cluster.map_shared_rank(sq_part, static_cast<unsigned>(head_c + (lane / (kCols / 4)) * r))[lane % (kCols / 4)];
+      }
+      const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
+      const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
+      const unsigned rank_c = static_cast<unsigned>(head_c + ((tid % dv) / kCols) * r);
+      const float raw = cluster.map_shared_rank(o_sh, rank_c)[lane];
+      xv_c = gamma_c * (raw * scale) * SiluF(z_c);
+      if (a.o != nullptr && rank_c == cluster.block_rank()) *o = xv_c;  // this block's own column
+      ClusterArrive();  // done with the others' o_sh and sq_part; the matching wait is the last step
+    } else if (warp == 0) {
       // Lane l of GdnGatedNormVecKernel's dv/4-lane group: outputs [4l, 4l + 4) of the head, held
       // by the head's block l / 8 (cluster rank vh % r + (l / 8)·r: x varies fastest).
       const int head_lanes = dv / 4;
@@ -457,8 +497,12 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
     if constexpr (kIn) InStamp(in, tid, 6);
-    OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
-                        kIn ? out_sh + in_l.ring : nullptr);
+    if (one_barrier) {
+      OutProductSum(a, xv_c, out_sh, out_rpb, out_rank, tid, lane, warp, out_bar_addr);
+    } else {
+      OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
+                          kIn ? out_sh + in_l.ring : nullptr);
+    }
     if constexpr (kIn) InStamp(in, tid, 7);
     // rows_polled: the product's grid before this one completes (pdl.cuh: a later kernel's wait on
     // this grid then covers it too).
@@ -611,6 +655,7 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   }
   a.out_rows = static_cast<int>(by_columns_rows);
   a.out_y = out_y;
+  a.out_one_barrier = GdnOutOneBarrier();
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
@@ -764,6 +809,10 @@ std::atomic<bool>& OldGdnEarlyGateSwitch() {
   static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
   return old;
 }
+std::atomic<bool>& GdnOutOneBarrierSwitch() {
+  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_OUT_ONE_BARRIER")};
+  return on;
+}
 std::atomic<bool>& GdnRowsPolledSwitch() {
   static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED")};
   return on;
@@ -775,6 +824,8 @@ void SetGdnRowsPolled(bool on) { GdnRowsPolledSwitch().store(on, std::memory_ord
 
 bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
 void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }
+bool GdnOutOneBarrier() { return GdnOutOneBarrierSwitch().load(std::memory_order_relaxed); }
+void SetGdnOutOneBarrier(bool on) { GdnOutOneBarrierSwitch().store(on, std::memory_order_relaxed); }
 bool GdnOutBulk() { return GdnOutBulkSwitch().load(std::memory_order_relaxed); }
 void SetGdnOutBulk(bool on) { GdnOutBulkSwitch().store(on, std::memory_order_relaxed); }
 bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }

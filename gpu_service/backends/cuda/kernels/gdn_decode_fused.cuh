@@ -55,6 +55,7 @@ struct GdnDecodeFusedArgs {
   int out_rows = 0;
   float* out_y = nullptr;
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
+  bool out_one_barrier = false;  // GdnOutOneBarrier()
   // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
   // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
   // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until
@@ -180,6 +181,15 @@ void SetOldGdnEarlyState(bool on);
 // same operations, the same bits), for A/B.
 bool OldGdnEarlyGate();
 void SetOldGdnEarlyGate(bool on);
+
+// LaunchGdnDecodeFusedOut's gated norm and output product with one cluster barrier instead of
+// two: after the barrier that shares the heads' sums of squares, every thread forms the gated
+// output of the cluster column it sums in the output product (its head's sums, its raw output from
+// the block that holds it, its z) instead of each block forming its own 32 and a second barrier
+// before the gather. The same gated outputs (the same operations, the same bits).
+// TANDEM_GDN_OUT_ONE_BARRIER=1 (read once; settable; read at launch). An A/B form, off.
+bool GdnOutOneBarrier();
+void SetGdnOutOneBarrier(bool on);
 
 // LaunchGdnDecodeFusedOut with out_by_columns copies each block's rows by bulk copies (the
 // default: 446.0 against 434.4 tok/s batch-1 decode with the 16-byte cp.async pieces of the same
