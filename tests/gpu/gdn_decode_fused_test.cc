@@ -262,8 +262,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGdnDecodeFusedTest,
 // layer's, the small preset's, and the two other clusters of 256 columns; rows 8 (one a block) to
 // 5120 (the most a block holds); rows stored with padding once (row_bytes past the natural size).
 // Each with the weights read three ways: out's rows, and its copy by columns through 16-byte
-// cp.async pieces and through bulk copies; a misaligned copy is refused. Then a copy by columns
-// with 16 rows of its own after out's (by_columns_rows), pieces and bulk: those rows summed too.
+// cp.async pieces and through bulk copies, each with the gated norm's two cluster barriers and with
+// one (GdnOutOneBarrier); a misaligned copy is refused. Then a copy by columns with 16 rows of its
+// own after out's (by_columns_rows), pieces, bulk, bulk with one barrier: those rows summed too.
 struct OutCase {
   cuda::GdnShape d;
   int64_t rows;

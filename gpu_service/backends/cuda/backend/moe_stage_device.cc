@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
@@ -333,8 +332,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       o.y = m.fused_y.as<float>() + layer * h;
       o.pick_counts = nullptr;
       o.pick_warp_by_slot = FusedPickWarpBySlot();
-      static const bool down_late = EnvSwitch("TANDEM_MOE_DOWN_PREFETCH_LATE");  // A/B
-      o.down_prefetch_late = down_late;
       // Without `defer` the kernel reads the side chain's shared term: join first.
       if (overlap && !defer) {
         if (absl::Status s = m.fork->Join(stream, side); !s.ok()) return s;

@@ -810,7 +810,7 @@ std::atomic<bool>& OldGdnEarlyGateSwitch() {
   return old;
 }
 std::atomic<bool>& GdnOutOneBarrierSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_OUT_ONE_BARRIER")};
+  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_ONE_BARRIER")};
   return on;
 }
 std::atomic<bool>& GdnRowsPolledSwitch() {

@@ -55,7 +55,7 @@ struct GdnDecodeFusedArgs {
   int out_rows = 0;
   float* out_y = nullptr;
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
-  bool out_one_barrier = false;  // GdnOutOneBarrier()
+  bool out_one_barrier = false;  // set by LaunchGdnDecodeFusedOut from GdnOutOneBarrier()
   // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
   // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
   // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until
@@ -186,8 +186,10 @@ void SetOldGdnEarlyGate(bool on);
 // two: after the barrier that shares the heads' sums of squares, every thread forms the gated
 // output of the cluster column it sums in the output product (its head's sums, its raw output from
 // the block that holds it, its z) instead of each block forming its own 32 and a second barrier
-// before the gather. The same gated outputs (the same operations, the same bits).
-// TANDEM_GDN_OUT_ONE_BARRIER=1 (read once; settable; read at launch). An A/B form, off.
+// before the gather. The same gated outputs (the same operations, the same bits). On by default
+// (+1.0% batch-1 decode on q3n-80b shapes, ahead in each of three rounds, docs/PERF.md
+// "Thirty-seventh session"); TANDEM_GDN_OUT_ONE_BARRIER=0 (read once; settable; read at launch)
+// for the two barriers. The kIn form (LaunchGdnDecodeLayer) keeps two.
 bool GdnOutOneBarrier();
 void SetGdnOutOneBarrier(bool on);
 

@@ -302,13 +302,9 @@ __global__ void __launch_bounds__(kThreads)
     // The down rows' super-blocks into L2 now, so that HBM streams them with the gate/up rows.
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
-    auto prefetch_down = [&] {
-      for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
-    };
-    if (!a.down_prefetch_late) prefetch_down();
+    for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
     CpAsyncWait<0>();  // this thread's gate/up copies
     __syncwarp();      // the warp's rows are visible to all its lanes
-    if (a.down_prefetch_late) prefetch_down();
     stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
     const int rps = 32 / nsb;
     const int rho = lane / nsb, sb = lane - rho * nsb;
@@ -357,15 +353,11 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* sd = static_cast<const uint8_t*>(sh.down);
     auto at = [&](int r) { return static_cast<int64_t>(rank * down_rows + r) * sd_row + 68 * slice; };
     auto pieces = [&](int r) { return static_cast<int>(((at(r) & 15) + 68 + 15) >> 4); };
-    auto prefetch_down = [&] {
-      for (int r = t; r < down_rows; r += kThreads) {
-        PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
-      }
-    };
-    if (!a.down_prefetch_late) prefetch_down();
+    for (int r = t; r < down_rows; r += kThreads) {
+      PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
+    }
     CpAsyncWait<0>();
     __syncwarp();
-    if (a.down_prefetch_late) prefetch_down();
     stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
     const int rho = lane >> 4, part = lane & 15;
     const int cols = a.h / 16;  // a lane's columns: part · cols ..

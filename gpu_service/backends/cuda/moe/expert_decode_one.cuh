@@ -75,10 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // The fused kernel only: each thread asks its down rows into L2 once its gate/up copies have
-  // landed instead of right after issuing them, so that HBM serves the gate/up rows (which gate the
-  // act and the cluster barrier) first. An A/B form (TANDEM_MOE_DOWN_PREFETCH_LATE).
-  bool down_prefetch_late = false;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
