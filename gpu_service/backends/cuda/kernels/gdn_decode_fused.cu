@@ -439,16 +439,19 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // by rank tid / dv + (tid % dv) / 32 · r, as OutProductPart gathers it).
     const int head_c = tid / dv;
     float z_c = 0.0f;
-    if (one_barrier) {
-      const float* z_c_at = a.z + t * a.z_stride + static_cast<int64_t>(group * r + head_c) * dv + tid % dv;
+    const float* z_c_at = a.z + t * a.z_stride + static_cast<int64_t>(group * r + head_c) * dv + tid % dv;
+    // A/B (z_after_arrive): z read between this block's arrival and its wait instead of before.
+    const bool z_late = one_barrier && a.z_after_arrive;
+    if (one_barrier && !z_late) {
       z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
-    } else if (rows_polled && warp == 0) {
+    } else if (rows_polled && warp == 0 && !one_barrier) {
       zv = ReadRow(z_at, true);  // z, the walk's last rows
     }
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
     ClusterArrive();
+    if (z_late) z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
     ClusterWait();
     if (one_barrier) {
       // The gated norm's operations below for the cluster's column tid, from its head's blocks'
@@ -656,6 +659,8 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_rows = static_cast<int>(by_columns_rows);
   a.out_y = out_y;
   a.out_one_barrier = GdnOutOneBarrier();
+  static const bool z_after_arrive = EnvSwitch("TANDEM_GDN_Z_AFTER_ARRIVE");  // A/B
+  a.z_after_arrive = z_after_arrive;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
