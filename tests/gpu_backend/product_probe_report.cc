@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
 #include "tests/gpu/bench_util.h"
 
 namespace tandem {
@@ -16,6 +18,75 @@ namespace {
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+// The fused GDN kernels' stamps (gdn_decode_out_probe.h) of the step, launch k (the GDN layers in
+// order, blocks in consecutive slots) against the product probe's launch k: per phase, the first,
+// median and last block in us after that product's first wait return (the MoE kernel's end); then
+// the clusters (8 blocks) by when their last block became resident: the 1st, 8th, next-to-last and
+// last cluster's entry and exit. A cluster that becomes resident only when the product's last
+// blocks leave shows as a late last cluster.
+void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacity,
+                      const std::vector<unsigned long long>& product_t0) {
+  using namespace cuda;
+  int rows = 0;
+  unsigned long long grid = 0;
+  while (rows < static_cast<int>(capacity) && h[size_t(rows) * kGdnOutProbeWords + kGdnOutProbeExit] != 0) {
+    grid = std::max(grid, (h[size_t(rows) * kGdnOutProbeWords + kGdnOutProbeBlock] & 0xFFFF) + 1);
+    ++rows;
+  }
+  if (rows == 0 || rows % grid != 0) {
+    printf("GDN kernel probe: %d stamped blocks (grid %llu): no whole launches\n", rows, grid);
+    return;
+  }
+  const size_t n = static_cast<size_t>(rows / grid);
+  const char* names[] = {"entry (resident)", "conv input read", "z read", "sums barrier passed", "output added",
+                         "exit"};
+  std::vector<std::vector<double>> first(kGdnOutProbeStamps), med(kGdnOutProbeStamps), last(kGdnOutProbeStamps);
+  std::vector<double> c1, c8, cprev, clast, c1_exit, clast_exit, sms;
+  for (size_t k = 0; k < n && k < product_t0.size(); ++k) {
+    std::vector<const unsigned long long*> launch;
+    for (unsigned long long b = 0; b < grid; ++b) launch.push_back(&h[(k * grid + b) * kGdnOutProbeWords]);
+    const unsigned long long t0 = product_t0[k];
+    for (int p = 0; p < kGdnOutProbeStamps; ++p) {
+      first[p].push_back(bench::StampUs(launch, p, t0, -1));
+      med[p].push_back(bench::StampUs(launch, p, t0, 0));
+      last[p].push_back(bench::StampUs(launch, p, t0, 1));
+    }
+    // Clusters: entry = their last block's, exit = their last block's.
+    std::vector<std::pair<double, double>> clusters(1024, {-1e30, -1e30});
+    std::vector<int> per_sm(1024, 0);
+    size_t count = 0;
+    for (const unsigned long long* row : launch) {
+      const size_t c = std::min<size_t>(row[kGdnOutProbeBlock] >> 16, 1023);
+      count = std::max(count, c + 1);
+      const double entry = (static_cast<double>(row[kGdnOutProbeEntry]) - static_cast<double>(t0)) * 1e-3;
+      const double exit = (static_cast<double>(row[kGdnOutProbeExit]) - static_cast<double>(t0)) * 1e-3;
+      clusters[c].first = std::max(clusters[c].first, entry);
+      clusters[c].second = std::max(clusters[c].second, exit);
+      ++per_sm[std::min<unsigned long long>(row[kGdnOutProbeSm], 1023)];
+    }
+    clusters.resize(count);
+    std::sort(clusters.begin(), clusters.end());
+    c1.push_back(clusters.front().first);
+    c1_exit.push_back(clusters.front().second);
+    c8.push_back(clusters[std::min<size_t>(7, count - 1)].first);
+    cprev.push_back(clusters[count >= 2 ? count - 2 : 0].first);
+    clast.push_back(clusters.back().first);
+    clast_exit.push_back(clusters.back().second);
+    sms.push_back(static_cast<double>(std::count_if(per_sm.begin(), per_sm.end(), [](int c) { return c > 0; })));
+  }
+  printf("GDN kernel probe: %zu launches of %llu blocks\n", n, grid);
+  printf("  %-26s %12s %12s %12s   (us after the layer's product's first wait return; median over launches)\n",
+         "phase", "first block", "median", "last block");
+  for (int p = 0; p < kGdnOutProbeStamps; ++p) {
+    printf("  %-26s %12.2f %12.2f %12.2f\n", names[p], bench::Median(first[p]), bench::Median(med[p]),
+           bench::Median(last[p]));
+  }
+  printf("  clusters by entry (their last block's): 1st %.2f (exit %.2f), 8th %.2f, next-to-last %.2f, last %.2f "
+         "(exit %.2f); SMs used %.0f (medians over launches)\n",
+         bench::Median(c1), bench::Median(c1_exit), bench::Median(c8), bench::Median(cprev), bench::Median(clast),
+         bench::Median(clast_exit), bench::Median(sms));
 }
 
 }  // namespace
@@ -28,13 +99,25 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   auto* d = stamps->as<unsigned long long>();
   if (absl::Status s = Cuda(cudaMemset(d, 0, size_t{kCapacity} * kStreamProbeWords * 8), "memset"); !s.ok()) return s;
   if (absl::Status s = Cuda(SetStreamMatVecProbe(d, kCapacity, nullptr), "arm"); !s.ok()) return s;
+  // The fused GDN kernels' stamps too (gdn_decode_out_probe.h), in the same step.
+  constexpr unsigned kGdnCapacity = 1 << 14;
+  absl::StatusOr<DeviceBuffer> gdn_stamps = DeviceBuffer::Allocate(size_t{kGdnCapacity} * kGdnOutProbeWords * 8);
+  if (!gdn_stamps.ok()) return gdn_stamps.status();
+  auto* gd = gdn_stamps->as<unsigned long long>();
+  if (absl::Status s = Cuda(cudaMemset(gd, 0, size_t{kGdnCapacity} * kGdnOutProbeWords * 8), "memset"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Cuda(SetGdnOutProbe(gd, kGdnCapacity, nullptr), "arm"); !s.ok()) return s;
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
   std::vector<unsigned long long> h(size_t{kCapacity} * kStreamProbeWords);
   const absl::Status copied = Cuda(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "copy");
+  std::vector<unsigned long long> gh(size_t{kGdnCapacity} * kGdnOutProbeWords);
+  const absl::Status gdn_copied = Cuda(cudaMemcpy(gh.data(), gd, gh.size() * 8, cudaMemcpyDeviceToHost), "copy");
   const absl::Status off = Cuda(SetStreamMatVecProbe(nullptr, 0, nullptr), "disarm");
-  for (const absl::Status& s : {stepped, synced, copied, off}) {
+  const absl::Status gdn_off = Cuda(SetGdnOutProbe(nullptr, 0, nullptr), "disarm");
+  for (const absl::Status& s : {stepped, synced, copied, gdn_copied, off, gdn_off}) {
     if (!s.ok()) return s;
   }
   // Rows in slot order: blocks of one launch take consecutive slots (dense_matvec_probe.h), and
@@ -59,9 +142,11 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   // whether their second group could be fetched under the MoE kernel.
   std::vector<std::vector<double>> median(kStreamProbeStamps), last(kStreamProbeStamps);
   std::vector<double> early_share, two_entry, two_exit, one_entry, one_exit, earliest, sms, most_per_sm, early5;
+  std::vector<unsigned long long> launch_t0;  // each launch's first wait return (the MoE kernel's end)
   for (const auto& launch : launches) {
     unsigned long long t0 = ~0ull;
     for (const unsigned long long* row : launch) t0 = std::min(t0, row[kStreamProbeAfterWait]);
+    launch_t0.push_back(t0);
     std::vector<const unsigned long long*> two, one;
     std::vector<int> per_sm(1024, 0);
     int early = 0, early_by_5us = 0;
@@ -104,6 +189,7 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   printf("  earliest entry %.2f us; blocks resident more than 5 us before the wait: %.0f; SMs used %.0f, "
          "at most %.0f blocks an SM (medians over launches)\n",
          bench::Median(earliest), bench::Median(early5), bench::Median(sms), bench::Median(most_per_sm));
+  ReportGdnKernels(gh, kGdnCapacity, launch_t0);
   return absl::OkStatus();
 }
 

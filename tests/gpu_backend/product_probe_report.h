@@ -6,7 +6,9 @@
 // the layer's earliest PDL wait return (when the MoE kernel before it had completed); then the
 // entry and exit of the blocks that walk two row groups against those that walk one, the earliest
 // entry, how many blocks were resident more than 5 us before the wait, and how the launch sat on
-// the SMs (SMs used, most blocks on one SM).
+// the SMs (SMs used, most blocks on one SM). Then the fused GDN kernels of the same step
+// (gdn_decode_out_probe.h): their phases against each layer's product, and when their clusters
+// became resident.
 #ifndef TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 #define TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 

@@ -66,7 +66,8 @@ struct MatVecNormIn;
 cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
 // Whether the CUDA backend launches the GDN layers' norm-in input products through
-// LaunchDenseMatVecNormInProbed (benchmarks; off unless set before the decode graphs are captured).
+// LaunchDenseMatVecNormInProbed, and their fused kernels with the output product inside with the
+// stamps of gdn_decode_out_probe.h (benchmarks; off unless set before the decode graphs are captured).
 bool ProbeGdnInputProducts();
 void SetProbeGdnInputProducts(bool on);
 

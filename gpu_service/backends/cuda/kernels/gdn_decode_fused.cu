@@ -20,6 +20,8 @@
 // block's 32 v channels are its own. The gated variant also waits for the partial sums, and once
 // more before exit, so that no block leaves while another still reads its shared memory.
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
 
 #include <cooperative_groups.h>
 
@@ -114,6 +116,48 @@ __device__ __forceinline__ float ReadRow(const float* p, bool polled) {
   }
   return __uint_as_float(bits);
 }
+
+// gdn_decode_out_probe.h's buffer and slot counter (constant memory: read at a block's exit, a
+// constant-cache hit).
+struct GdnOutProbeConfig {
+  unsigned long long* stamps;
+  unsigned capacity;
+};
+__constant__ GdnOutProbeConfig g_gdn_out_probe;
+__device__ unsigned g_gdn_out_probe_count;
+
+// Thread 0's stamps of a stamped launch (GdnDecodeFusedArgs::out_probe); nothing otherwise.
+struct GdnOutStamps {
+  bool on = false;
+  unsigned slot = 0;
+  unsigned long long t[kGdnOutProbeStamps] = {};
+  __device__ explicit GdnOutStamps(bool probing) : on(probing && threadIdx.x == 0 && threadIdx.y == 0) {
+    if (on) {
+      t[kGdnOutProbeEntry] = GlobalTimerNs();
+      slot = atomicAdd(&g_gdn_out_probe_count, 1u);
+    }
+  }
+  // Stamps once `dep` is known (a branch on it keeps the timer read after the load it waits for).
+  __device__ void After(int word, float dep) {
+    if (on && __float_as_uint(dep) != 0x9E3779B9u) t[word] = GlobalTimerNs();
+  }
+  __device__ void Now(int word) {
+    if (on) t[word] = GlobalTimerNs();
+  }
+  __device__ void Write(unsigned cluster) const {
+    if (!on) return;
+    const GdnOutProbeConfig config = g_gdn_out_probe;
+    if (config.stamps == nullptr || slot >= config.capacity) return;
+    unsigned long long* row = config.stamps + static_cast<unsigned long long>(slot) * kGdnOutProbeWords;
+#pragma unroll
+    for (int i = 0; i < kGdnOutProbeStamps; ++i) row[i] = t[i];
+    row[kGdnOutProbeExit] = GlobalTimerNs();
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    row[kGdnOutProbeSm] = smid;
+    row[kGdnOutProbeBlock] = (static_cast<unsigned long long>(cluster) << 16) | (blockIdx.x + blockIdx.y * gridDim.x);
+  }
+};
 
 // Channel c's taps (a constant weight: read before the PDL wait); unused taps, and all of a thread
 // without the channel (valid false), 0. Written unconditionally so that the arrays stay in registers.
@@ -242,6 +286,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   __shared__ float sq_part[kCols / 4];          // gated: their sums of squares, 4 outputs each
   __shared__ __align__(8) uint64_t in_bar[kIn ? kInMaxSlots : 1];  // kIn: the ring's slots
   const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  GdnOutStamps stamps(kOut && !kIn && a.out_probe);
   const int vh = blockIdx.x, r = nv / nk, group = vh / r;
   const int col = blockIdx.y * kCols + lane;
   const int c_dim = 2 * nk * kDk + nv * dv;
@@ -385,6 +430,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const float* x = a.qkv + t * a.qkv_stride;
   float x0, x1;
   const float y0 = ConvToken(w0, last0, h0, x0, x, has0, c0, kk, rows_polled);
+  stamps.After(kGdnOutProbeConvRead, x0);
   const float y1 = ConvToken(w1, last1, h1, x1, x, has1, c1, kk, rows_polled);
   if (has0) {
     if (i0 < kQk) qk[i0] = y0; else vs[i0 - kQk] = y0;
@@ -452,7 +498,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // The partial sums are visible to the cluster (and every block has read its history).
     ClusterArrive();
     if (z_late) z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
+    stamps.After(kGdnOutProbeZRead, z_c);
     ClusterWait();
+    stamps.Now(kGdnOutProbeSums);
     if (one_barrier) {
       // The gated norm's operations below for the cluster's column tid, from its head's blocks'
       // sums and its raw output (every warp one head's 32 columns: the same lanes, the same sums),
@@ -506,10 +554,12 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
                           kIn ? out_sh + in_l.ring : nullptr);
     }
+    stamps.Now(kGdnOutProbeAdded);
     if constexpr (kIn) InStamp(in, tid, 7);
     // rows_polled: the product's grid before this one completes (pdl.cuh: a later kernel's wait on
     // this grid then covers it too).
     if (rows_polled) PdlWaitForPrevious();
+    stamps.Write(static_cast<unsigned>(vh / r));
   } else if constexpr (kGated) {
     // No block exits while another may still read its sq_part.
     ClusterArrive();
@@ -661,6 +711,7 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_one_barrier = GdnOutOneBarrier();
   static const bool z_after_arrive = EnvSwitch("TANDEM_GDN_Z_AFTER_ARRIVE");  // A/B
   a.z_after_arrive = z_after_arrive;
+  a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
@@ -784,6 +835,17 @@ cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix&
     return e;
   }
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
+cudaError_t SetGdnOutProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  const GdnOutProbeConfig config{stamps, capacity};
+  static const unsigned kZero = 0;
+  if (const cudaError_t e = cudaMemcpyToSymbolAsync(g_gdn_out_probe_count, &kZero, sizeof(kZero), 0,
+                                                    cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaMemcpyToSymbolAsync(g_gdn_out_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
 }
 
 namespace {
