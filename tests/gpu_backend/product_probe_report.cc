@@ -40,8 +40,10 @@ void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacit
     return;
   }
   const size_t n = static_cast<size_t>(rows / grid);
-  const char* names[] = {"entry (resident)", "conv input read", "z read", "sums barrier passed", "output added",
+  const char* names[] = {"entry (resident)", "state read",  "conv input read", "recurrence summed",
+                         "z read",           "sums barrier passed", "output rows landed", "output added",
                          "exit"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kGdnOutProbeStamps, "a name a stamp");
   std::vector<std::vector<double>> first(kGdnOutProbeStamps), med(kGdnOutProbeStamps), last(kGdnOutProbeStamps);
   std::vector<double> c1, c8, cprev, clast, c1_exit, clast_exit, sms;
   for (size_t k = 0; k < n && k < product_t0.size(); ++k) {

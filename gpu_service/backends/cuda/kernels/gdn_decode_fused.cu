@@ -328,6 +328,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
+  if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
@@ -472,6 +473,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     out = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) out += out_part[w][lane];
+    stamps.After(kGdnOutProbeRecurrence, out);
     if constexpr (kGated) {
       o_sh[lane] = out;
     } else {
@@ -548,6 +550,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
     if constexpr (kIn) InStamp(in, tid, 6);
+    if (stamps.on && a.out_bulk) {
+      mbarrier::WaitParity(out_bar_addr, 0);
+      stamps.Now(kGdnOutProbeRowsLanded);
+    }
     if (one_barrier) {
       OutProductSum(a, xv_c, out_sh, out_rpb, out_rank, tid, lane, warp, out_bar_addr);
     } else {

@@ -17,18 +17,22 @@
 
 namespace tandem::cuda {
 
-inline constexpr int kGdnOutProbeWords = 8;
+inline constexpr int kGdnOutProbeWords = 11;
 
 enum GdnOutProbeWord : int {
-  kGdnOutProbeEntry = 0,      // the block's first instruction
-  kGdnOutProbeConvRead = 1,   // thread 0's conv input (a q channel of the stacked rows) read
-  kGdnOutProbeZRead = 2,      // thread 0's z read (with polled rows: written by the product)
-  kGdnOutProbeSums = 3,       // the cluster barrier that shares the heads' sums of squares passed
-  kGdnOutProbeAdded = 4,      // the output product added into out_y, the cluster's last wait passed
-  kGdnOutProbeExit = 5,       // after the last wait (with polled rows: the product's grid)
-  kGdnOutProbeStamps = 6,     // words 0..5 are %globaltimer stamps
-  kGdnOutProbeSm = 6,         // word 6: the SM id
-  kGdnOutProbeBlock = 7,      // word 7: (cluster index << 16) | (blockIdx.x + blockIdx.y · gridDim.x)
+  kGdnOutProbeEntry = 0,        // the block's first instruction
+  kGdnOutProbeStateRead = 1,    // thread 0's first state value (read before the wait) loaded
+  kGdnOutProbeConvRead = 2,     // thread 0's conv input (a q channel of the stacked rows) read
+  kGdnOutProbeRecurrence = 3,   // warp 0's recurrence outputs summed
+  kGdnOutProbeZRead = 4,        // thread 0's z read (with polled rows: written by the product)
+  kGdnOutProbeSums = 5,         // the cluster barrier that shares the heads' sums of squares passed
+  kGdnOutProbeRowsLanded = 6,   // the block's output rows in shared memory (bulk copies only; thread 0
+                                // waits for them here, only in the stamped launches)
+  kGdnOutProbeAdded = 7,        // the output product added into out_y, the cluster's last wait passed
+  kGdnOutProbeExit = 8,         // after the last wait (with polled rows: the product's grid)
+  kGdnOutProbeStamps = 9,       // words 0..8 are %globaltimer stamps
+  kGdnOutProbeSm = 9,           // word 9: the SM id
+  kGdnOutProbeBlock = 10,       // word 10: (cluster index << 16) | (blockIdx.x + blockIdx.y · gridDim.x)
 };
 
 // Points the stamped launches at `stamps` (device, capacity · kGdnOutProbeWords u64, zeroed by the
