@@ -327,8 +327,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // (early_gate; TANDEM_OLD_GDN_GATE=1: GdnGate after the conv's block barrier, as before).
   const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
-  if (early_state) load_old();
-  if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);
+  // A/B (out_rows_first, TANDEM_GDN_OUT_ROWS_FIRST): the output rows' copies issued before the
+  // state's loads instead of after.
+  const bool rows_first = kOut && !kIn && a.out_rows_first;
+  if (early_state && !rows_first) load_old();
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
@@ -351,6 +353,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
     }
   }
+  if (early_state && rows_first) load_old();
+  if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);  // (after the copies' issue)
   // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.
   const int in_rank = kIn ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   const int in_cluster = kIn ? r * static_cast<int>(gridDim.y) : 1;
@@ -718,6 +722,8 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   static const bool z_after_arrive = EnvSwitch("TANDEM_GDN_Z_AFTER_ARRIVE");  // A/B
   a.z_after_arrive = z_after_arrive;
   a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
+  static const bool rows_first = EnvSwitch("TANDEM_GDN_OUT_ROWS_FIRST");  // A/B
+  a.out_rows_first = rows_first;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
