@@ -106,11 +106,6 @@ struct StreamArgs {
   // holding first_row, each row stored with a device-scope relaxed store.
   bool polled = false;
   int first_row = 0;
-  // The kNormIn kernel's state asked into L2 before its wait (dense_matvec.cuh StateAhead).
-  const int32_t* ahead_rows = nullptr;
-  const uint8_t* ahead_base = nullptr;
-  int64_t ahead_row_stride = 0;
-  unsigned ahead_bytes = 0;
 };
 
 // The norm-in form's shared memory: its area (H, γ, y and the shared term, cols floats each) starts
@@ -320,18 +315,7 @@ __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMat
   if constexpr (kProbe) probe.Stamp(kStreamProbeRingIssued);
   // The norm-in form's area after the kernel's own shared memory (StreamNormInOffset).
   [[maybe_unused]] float4* norm_area = smem4 + StreamNormInOffset<F>(cols) / sizeof(float4);
-  if constexpr (kNormIn) {
-    NormInEarlyCopies(a.norm, cols, norm_area);
-    // The next kernel's state into L2: this block's share (16-byte pieces).
-    if (a.ahead_bytes != 0 && threadIdx.x == 0) {
-      const unsigned share = (a.ahead_bytes / 16 + gridDim.x - 1) / gridDim.x * 16;
-      const unsigned off = share * blockIdx.x;
-      if (off < a.ahead_bytes) {
-        const uint8_t* p = a.ahead_base + static_cast<int64_t>(a.ahead_rows[0]) * a.ahead_row_stride + off;
-        PrefetchL2(p, a.ahead_bytes - off < share ? a.ahead_bytes - off : share);
-      }
-    }
-  }
+  if constexpr (kNormIn) NormInEarlyCopies(a.norm, cols, norm_area);
   // Weights only so far: the activations are the previous kernel's output (pdl.cuh).
   PdlWaitForPrevious();
   if constexpr (kProbe) probe.Stamp(kStreamProbeAfterWait);

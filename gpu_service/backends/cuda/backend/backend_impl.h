@@ -271,11 +271,9 @@ class CudaBackend::Impl {
   // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
   // (LaunchDenseMatVecNormIn) that forms x itself.
   // gdn: the GDN layer's product (stamped where cuda::ProbeGdnInputProducts, benchmarks).
-  // polled (the norm-in product only): its rows polled by the kernel after it (cuda::RowsPolled);
-  // ahead (the same): the state it asks into L2 for the kernel after it (cuda::StateAhead).
+  // polled (the norm-in product only): its rows polled by the kernel after it (cuda::RowsPolled).
   absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr,
-                            bool gdn = false, const cuda::RowsPolled* polled = nullptr,
-                            const cuda::StateAhead* ahead = nullptr);
+                            bool gdn = false, const cuda::RowsPolled* polled = nullptr);
   // A mixer's output product (ssm_out, o) on the main stream: matvec for up to 8 rows, else the
   // GEMM in out_mode (Product's result exactly when out_mode is the plan's mode).
   absl::Status OutProduct(const cuda::DeviceMatrix& w, const float* x, int64_t n, float* y);

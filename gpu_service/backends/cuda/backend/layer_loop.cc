@@ -45,8 +45,7 @@ absl::Status CudaBackend::Impl::Product(const cuda::DeviceMatrix& w, const float
 }
 
 absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* out, cudaStream_t on,
-                                             bool gdn, const cuda::RowsPolled* polled,
-                                             const cuda::StateAhead* ahead) {
+                                             bool gdn, const cuda::RowsPolled* polled) {
   if (!x_norm_in.has_value()) {
     if (polled != nullptr) return absl::InternalError("polled rows asked of a product without its norm");
     return Product(w, x, n, out, false, on);
@@ -55,7 +54,6 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
   cudaStream_t st = on != nullptr ? on : stream.get();
   cuda::MatVecNormIn in = *x_norm_in;
   if (polled != nullptr) in.polled = *polled;
-  if (ahead != nullptr) in.ahead = *ahead;
   if (gdn && cuda::ProbeGdnInputProducts()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, in, out, st), "dense matvec (norm in, probed)");
   }

@@ -14,7 +14,6 @@
 #include "gpu_service/backends/cuda/backend/decode_ablation.h"
 #include "gpu_service/backends/cuda/backend/sparse_attention.cuh"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
@@ -116,19 +115,8 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
     // x's norm may be this product's own (MixerNormInProduct: the read left it in x_norm_in); with
     // the layer in one launch (one_launch) the fused kernel computes the product below.
     if (!one_launch) {
-      // A/B (cuda::StateAhead, TANDEM_GDN_STATE_L2=1): the layer's recurrent state asked into L2 by
-      // the product's blocks for the fused kernel after it.
-      static const bool state_l2 = cuda::EnvSwitch("TANDEM_GDN_STATE_L2");
-      cuda::StateAhead ahead;
-      if (state_l2 && rows_polled) {
-        ahead.rows = seq_dev();
-        ahead.base = reinterpret_cast<const uint8_t*>(recurrent + gdn_ssm_off[layer]);
-        ahead.row_stride_bytes = recurrent_floats * static_cast<int64_t>(sizeof(float));
-        ahead.bytes = static_cast<uint32_t>(static_cast<int64_t>(d.nv) * d.dk * d.dv * sizeof(float));
-        if (reinterpret_cast<uintptr_t>(ahead.base) % 16 != 0 || ahead.row_stride_bytes % 16 != 0) ahead = {};
-      }
       if (absl::Status s = InputProduct(w.mixer_in, T, stacked_rows, nullptr, /*gdn=*/true,
-                                        rows_polled ? &polled : nullptr, &ahead);
+                                        rows_polled ? &polled : nullptr);
           !s.ok()) {
         return s;
       }

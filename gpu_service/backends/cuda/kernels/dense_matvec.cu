@@ -277,24 +277,14 @@ fastmv::StreamArgs NormInStreamArgs(const DeviceMatrix& w, const MatVecNormIn& i
     a.polled = true;
     a.first_row = static_cast<int>(in.polled.first_row);
   }
-  if (in.ahead.bytes != 0) {
-    a.ahead_rows = in.ahead.rows;
-    a.ahead_base = in.ahead.base;
-    a.ahead_row_stride = in.ahead.row_stride_bytes;
-    a.ahead_bytes = in.ahead.bytes;
-  }
   return a;
 }
 
 bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* y) {
   const RowsPolled& r = in.polled;
   const bool polled_ok = !r.on || (r.first_row >= 0 && r.first_row < w.rows);
-  const StateAhead& h = in.ahead;
-  const bool ahead_ok = h.bytes == 0 || (h.rows != nullptr && h.base != nullptr &&
-                                         reinterpret_cast<uintptr_t>(h.base) % 16 == 0 &&
-                                         h.row_stride_bytes % 16 == 0 && h.bytes % 16 == 0);
   return DenseMatVecNormInTakes(w) && in.H != nullptr && in.gamma != nullptr && y != nullptr &&
-         (in.sh.shared == nullptr || in.y != nullptr) && polled_ok && ahead_ok;
+         (in.sh.shared == nullptr || in.y != nullptr) && polled_ok;
 }
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {

@@ -89,19 +89,6 @@ struct RowsPolled {
   int64_t first_row = 0;  // in [0, w.rows)
 };
 
-// A/B (TANDEM_GDN_STATE_L2): bytes of the next kernel's per-sequence state that the norm-in
-// product's blocks ask into L2 (a share a block, cp.async.bulk.prefetch.L2) before their PDL wait,
-// so that the fused GDN kernel, resident only once product blocks leave, finds its recurrent state
-// there: [base + rows[0]·row_stride_bytes, + bytes). rows: device memory written two or more
-// launches before (a step's sequence rows). base and row_stride_bytes 16-byte aligned, bytes a
-// multiple of 16; bytes 0: none.
-struct StateAhead {
-  const int32_t* rows = nullptr;
-  const uint8_t* base = nullptr;
-  int64_t row_stride_bytes = 0;
-  uint32_t bytes = 0;
-};
-
 // A one-row product that forms its input itself: y = W·x with x = γ ⊙ ρ(H + y_in + g·shared), the
 // block input that LaunchInjectRmsNorm (one stream, no inject weights) would write, with the same
 // bits, but neither H nor x is written: every block of the product forms x from H, y_in and the
@@ -117,7 +104,6 @@ struct MatVecNormIn {
   float eps = 0.0f;
   bool h_written_earlier = false;
   RowsPolled polled;             // off by default
-  StateAhead ahead;              // none by default
 };
 
 // Whether LaunchDenseMatVecNormIn takes w: Q8_0x8 that the streaming kernel takes, whose row

@@ -327,10 +327,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // (early_gate; TANDEM_OLD_GDN_GATE=1: GdnGate after the conv's block barrier, as before).
   const bool gate_thread = early_gate && tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
-  // A/B (out_rows_first, TANDEM_GDN_OUT_ROWS_FIRST): the output rows' copies issued before the
-  // state's loads instead of after.
-  const bool rows_first = kOut && !kIn && a.out_rows_first;
-  if (early_state && !rows_first) load_old();
+  if (early_state) load_old();
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
   const int out_rpb = kOut ? a.out_rows / kOutClusterBlocks : 0;
   const unsigned out_rank = kOut ? cg::this_cluster().block_rank() : 0u;
@@ -353,7 +350,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
     }
   }
-  if (early_state && rows_first) load_old();
   if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);  // (after the copies' issue)
   // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.
   const int in_rank = kIn ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -491,20 +487,17 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // by rank tid / dv + (tid % dv) / 32 · r, as OutProductPart gathers it).
     const int head_c = tid / dv;
     float z_c = 0.0f;
-    const float* z_c_at = a.z + t * a.z_stride + static_cast<int64_t>(group * r + head_c) * dv + tid % dv;
-    // A/B (z_after_arrive): z read between this block's arrival and its wait instead of before.
-    const bool z_late = one_barrier && a.z_after_arrive;
-    if (one_barrier && !z_late) {
+    if (one_barrier) {
+      const float* z_c_at = a.z + t * a.z_stride + static_cast<int64_t>(group * r + head_c) * dv + tid % dv;
       z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
-    } else if (rows_polled && warp == 0 && !one_barrier) {
+    } else if (rows_polled && warp == 0) {
       zv = ReadRow(z_at, true);  // z, the walk's last rows
     }
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
     // The partial sums are visible to the cluster (and every block has read its history).
-    ClusterArrive();
-    if (z_late) z_c = rows_polled ? ReadRow(z_c_at, true) : __ldcg(z_c_at);
     stamps.After(kGdnOutProbeZRead, z_c);
+    ClusterArrive();
     ClusterWait();
     stamps.Now(kGdnOutProbeSums);
     if (one_barrier) {
@@ -719,11 +712,7 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_rows = static_cast<int>(by_columns_rows);
   a.out_y = out_y;
   a.out_one_barrier = GdnOutOneBarrier();
-  static const bool z_after_arrive = EnvSwitch("TANDEM_GDN_Z_AFTER_ARRIVE");  // A/B
-  a.z_after_arrive = z_after_arrive;
   a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
-  static const bool rows_first = EnvSwitch("TANDEM_GDN_OUT_ROWS_FIRST");  // A/B
-  a.out_rows_first = rows_first;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
