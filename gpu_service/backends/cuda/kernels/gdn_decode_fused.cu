@@ -218,11 +218,9 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
 // OutProductPart after the gather: xv, the cluster's gated output of column tid, and this block
 // already arrived (done with the others' shared memory).
 template <bool kRowsApart = false>
-// bulk_bar2 (0: none): the rows from kThreads on came by bulk copies of their own completing it
-// (GdnDecodeFusedArgs::out_split), awaited only before a thread's second row.
 __device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float xv, uint8_t* out_sh, int rpb,
                                               unsigned rank, int tid, int lane, int warp, uint32_t bulk_bar,
-                                              const uint8_t* rows_sh = nullptr, uint32_t bulk_bar2 = 0) {
+                                              const uint8_t* rows_sh = nullptr) {
   int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsApart ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
@@ -235,7 +233,6 @@ __device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float
   float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
   const uint8_t* rows = kRowsApart ? rows_sh : out_sh;
   for (int row = tid; row < rpb; row += kThreads) {
-    if (bulk_bar2 != 0 && row >= kThreads) mbarrier::WaitParity(bulk_bar2, 0);
     atomicAdd(y + row, ColumnSuperRowDot(rows + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
   }
   ClusterWait();
@@ -281,7 +278,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   static_assert(!kOut || (kGated && kThreads == kOutCols), "the output product: gated, a thread a column");
   extern __shared__ __align__(16) uint8_t out_sh[];  // kOut only (OutSharedBytes)
   __shared__ __align__(8) uint64_t out_bar;           // kOut with a.out_bulk: the rows' bulk copies
-  __shared__ __align__(8) uint64_t out_bar2;          // ... with a.out_split: those of the rows from kThreads on
   __shared__ __align__(16) float qk[kQk];  // the group's q then k head: conv outputs, normalised in place
   __shared__ float vs[kCols];
   __shared__ float kv_part[kWarps][32], out_part[kWarps][32];
@@ -340,10 +336,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
                                       static_cast<int64_t>(group) * a.out_group_bytes
                                 : nullptr;
   auto out_bytes = [&] { return static_cast<uint32_t>(out_rpb) * kOutSuperBytes; };  // a block's rows
-  // A/B (GdnDecodeFusedArgs::out_split): the rows in two runs, so that a thread's first row is
-  // summed while the second run lands.
-  const bool split_rows = one_barrier && a.out_bulk && a.out_split && out_rpb > kThreads;
-  const uint32_t out_bar2_addr = split_rows ? static_cast<uint32_t>(__cvta_generic_to_shared(&out_bar2)) : 0u;
   if constexpr (kOut && !kIn) {  // (kIn: into L2 below, after the ring's first chunks)
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(out_sh));
     if (a.out_bulk) {
@@ -351,15 +343,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // which alone uses the barrier until the wait in OutProductPart (block barriers between).
       if (tid == 0) {
         mbarrier::Init(out_bar_addr, 1);
-        if (split_rows) mbarrier::Init(out_bar2_addr, 1);
         mbarrier::InitFence();
-        if (split_rows) {
-          const uint32_t first = static_cast<uint32_t>(kThreads) * kOutSuperBytes;
-          mbarrier::BulkCopyRunToShared(dst, out_src, first, out_bar_addr);
-          mbarrier::BulkCopyRunToShared(dst + first, out_src + first, out_bytes() - first, out_bar2_addr);
-        } else {
-          mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
-        }
+        mbarrier::BulkCopyRunToShared(dst, out_src, out_bytes(), out_bar_addr);
       }
     } else {
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
@@ -563,11 +548,11 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if constexpr (kOut) {
     if constexpr (kIn) InStamp(in, tid, 6);
     if (stamps.on && a.out_bulk) {
-      mbarrier::WaitParity(split_rows ? out_bar2_addr : out_bar_addr, 0);
+      mbarrier::WaitParity(out_bar_addr, 0);
       stamps.Now(kGdnOutProbeRowsLanded);
     }
     if (one_barrier) {
-      OutProductSum(a, xv_c, out_sh, out_rpb, out_rank, tid, lane, warp, out_bar_addr, nullptr, out_bar2_addr);
+      OutProductSum(a, xv_c, out_sh, out_rpb, out_rank, tid, lane, warp, out_bar_addr);
     } else {
       OutProductPart<kIn>(a, o_sh, out_sh, out_rpb, out_rank, r, dv, tid, lane, warp, out_bar_addr,
                           kIn ? out_sh + in_l.ring : nullptr);
@@ -728,8 +713,6 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_y = out_y;
   a.out_one_barrier = GdnOutOneBarrier();
   a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
-  static const bool split = EnvSwitch("TANDEM_GDN_OUT_SPLIT_ROWS");  // A/B
-  a.out_split = split;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 
