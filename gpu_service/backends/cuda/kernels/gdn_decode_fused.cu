@@ -377,10 +377,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // The product's rows: after its grid completes (pdl.cuh), or polled value by value (rows_polled).
   const bool rows_polled = kOut && !kIn && a.rows_polled;
   if (!rows_polled) PdlWaitForPrevious();  // pdl.cuh
-  // A/B (allow_next_late, TANDEM_GDN_ALLOW_NEXT_LATE): the next launch (the ffn norm, whose route
-  // blocks read the router rows before their wait) let start only after the recurrence.
-  const bool allow_late = kOut && !kIn && a.allow_next_late;
-  if (!allow_late) PdlAllowNext();
+  PdlAllowNext();
   if constexpr (kIn) {
     // x, then this block's chunks of the input rows as they land (a warp a row), each slot refilled
     // with the chunk `slots` ahead once every warp is done with it; then the cluster's rows are
@@ -485,7 +482,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   }
   const bool writes_qk_history = cg::this_cluster().block_rank() == 0;
   float xv_c = 0.0f;  // one_barrier: the cluster's gated output of column tid
-  if (allow_late) PdlAllowNext();
   if constexpr (kGated) {
     // one_barrier: column tid of the cluster is column tid % dv of its value head tid / dv (held
     // by rank tid / dv + (tid % dv) / 32 · r, as OutProductPart gathers it).
@@ -717,8 +713,6 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_y = out_y;
   a.out_one_barrier = GdnOutOneBarrier();
   a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
-  static const bool allow_late = EnvSwitch("TANDEM_GDN_ALLOW_NEXT_LATE");  // A/B
-  a.allow_next_late = allow_late;
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 

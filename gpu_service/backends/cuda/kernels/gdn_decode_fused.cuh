@@ -57,7 +57,6 @@ struct GdnDecodeFusedArgs {
   bool out_bulk = false;  // the block's rows as one contiguous run by bulk copies (by columns only)
   bool out_one_barrier = false;  // set by LaunchGdnDecodeFusedOut from GdnOutOneBarrier()
   bool out_probe = false;        // set by LaunchGdnDecodeFusedOut: the stamps of gdn_decode_out_probe.h
-  bool allow_next_late = false;  // A/B (TANDEM_GDN_ALLOW_NEXT_LATE): the next launch let start after the recurrence
   // LaunchGdnDecodeFusedOut only: qkv, ba and z are rows of the stacked product launched just before
   // it on the stream, polled (dense_matvec.cuh RowsPolled: kRowUnwrittenBits until written). Then
   // the kernel does not wait for the product's grid (pdl.cuh) but polls each value it reads until
