@@ -256,6 +256,21 @@ TEST_P(DecodeScheduleTest, GdnRowsPolledGiveTheSameLogits) {
   cuda::SetGdnRowsPolled(was);
 }
 
+// The fused GDN kernel's gated outputs formed at its output product's gather after one cluster
+// barrier (cuda::GdnOutOneBarrier, the default) against formed by each block before a second
+// barrier: the same gated outputs, added by atomics in another order, so within 1e-5, with the
+// int16 one-token MoE off as above.
+TEST_P(DecodeScheduleTest, GdnOutOneBarrierGivesTheSameLogits) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::GdnOutOneBarrier(), was_int16 = cuda::OneTokenInt16();
+  cuda::SetOneTokenInt16(false);
+  ExpectScheduleChangesNoLogits(
+      GetParam(), "GDN gated outputs after one cluster barrier vs two",
+      [](bool on) { cuda::SetGdnOutOneBarrier(on); }, 1e-5);
+  cuda::SetOneTokenInt16(was_int16);
+  cuda::SetGdnOutOneBarrier(was);
+}
+
 // The fused GDN decode kernel's state column and conv history read before its PDL wait (the
 // default) against after it (TANDEM_OLD_GDN_EARLY_STATE=1): the same values, bit-identical logits.
 TEST_P(DecodeScheduleTest, EarlyGdnStateGivesTheSameLogits) {
