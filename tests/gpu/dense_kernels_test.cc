@@ -74,7 +74,7 @@ TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
     const std::vector<size_t> sizes = {size_t{1} << 20, 20, 16, 36};
     const std::vector<uint8_t> fills = {0, 0, 0, 0xA5};
     std::vector<gpu_testing::DeviceArray<uint8_t>> ranges;
-    cuda::GatherZeroes zero;
+    cuda::GatherRanges zero;
     for (size_t r = 0; r < sizes.size(); ++r) {
       ranges.push_back(Poisoned<uint8_t>(sizes[r] + 16));  // 16 poisoned bytes after each range
       ASSERT_TRUE(zero.Add(ranges.back().get(), sizes[r], fills[r]));
@@ -92,18 +92,18 @@ TEST_P(GpuDenseTest, EmbeddingGatherZeroesItsRanges) {
       }
     }
   }
-  cuda::GatherZeroes bad;
+  cuda::GatherRanges bad;
   auto d_bytes = Poisoned<uint8_t>(64);
   ASSERT_TRUE(bad.Add(d_bytes.get() + 4, 16));
   auto d_H = Poisoned<float>(static_cast<size_t>(2 * S * h));
   EXPECT_EQ(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_H.get(), bad, nullptr),
             cudaErrorInvalidValue);
-  cuda::GatherZeroes null_range;
+  cuda::GatherRanges null_range;
   ASSERT_TRUE(null_range.Add(nullptr, 16));
   EXPECT_EQ(cuda::LaunchEmbeddingGather(table.gpu(), d_tokens.get(), 2, S, d_H.get(), null_range, nullptr),
             cudaErrorInvalidValue);
-  cuda::GatherZeroes full;
-  for (int i = 0; i < cuda::kGatherMaxZeroRanges; ++i) EXPECT_TRUE(full.Add(d_bytes.get(), 16));
+  cuda::GatherRanges full;
+  for (int i = 0; i < cuda::kGatherMaxRanges; ++i) EXPECT_TRUE(full.Add(d_bytes.get(), 16));
   EXPECT_FALSE(full.Add(d_bytes.get(), 16));
 }
 

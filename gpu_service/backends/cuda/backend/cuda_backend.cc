@@ -259,16 +259,17 @@ absl::Status CudaBackend::Step(std::span<const StepInput> inputs) {
 
 absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<const Backend::StepInput> inputs) {
   cudaStream_t st = stream.get();
-  // The step's accumulators are zeroed by extra blocks of the embedding gather's launch (one node
-  // of the PDL chain instead of a memset node each before it); TANDEM_OLD_STEP_MEMSETS=1: memsets.
+  // The step's accumulators are zeroed, and the polled rows filled, by extra blocks of the embedding
+  // gather's launch (one node of the PDL chain instead of a memset node each before it);
+  // TANDEM_OLD_STEP_MEMSETS=1: memsets.
   static const bool old_memsets = cuda::EnvSwitch("TANDEM_OLD_STEP_MEMSETS");
-  cuda::GatherZeroes zero;
-  if (absl::Status s = moe->PrepareStep(plan.tokens, st, old_memsets ? nullptr : &zero); !s.ok()) return s;
+  cuda::GatherRanges ranges;
+  if (absl::Status s = moe->PrepareStep(plan.tokens, st, old_memsets ? nullptr : &ranges); !s.ok()) return s;
   mixer_out_step =
       plan.tokens == 1 && mixer_out_y != nullptr && (cuda::GetGdnDecodeFused() >= 3 || cuda::AttnOutColumnSplit());
   if (mixer_out_step) {
     const size_t bytes = static_cast<size_t>(c->n_layers * mixer_out_stride) * sizeof(float);
-    if (old_memsets || !zero.Add(mixer_out_y, bytes)) {
+    if (old_memsets || !ranges.Add(mixer_out_y, bytes)) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mixer_out_y, 0, bytes, st));
     }
   }
@@ -276,13 +277,13 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   if (mixer_out_step && gdn_polled_rows != nullptr && cuda::GdnRowsPolled()) {
     static_assert(cuda::kRowUnwrittenBits == 0xFFFFFFFFu, "a fill of 0xFF bytes");
     const size_t bytes = static_cast<size_t>(c->n_layers * gdn_polled_stride) * sizeof(float);
-    if (old_memsets || !zero.Add(gdn_polled_rows, bytes, 0xFF)) {
+    if (old_memsets || !ranges.Add(gdn_polled_rows, bytes, 0xFF)) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(gdn_polled_rows, 0xFF, bytes, st));
     }
   }
   timer->Mark(Stage::kStreams, st);
   if (absl::Status s = cuda::CudaStatus(
-          cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, zero, st),
+          cuda::LaunchEmbeddingGather(dm->token_embd, tokens_dev(), plan.tokens, c->n_streams, H, ranges, st),
           "embedding gather", __FILE__, __LINE__);
       !s.ok()) {
     return s;

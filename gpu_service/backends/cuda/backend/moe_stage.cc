@@ -510,13 +510,13 @@ absl::Status MoeStage::CheckDeviceErrors() {
       "prefill plan a unit it could not run");
 }
 
-absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZeroes* zero) {
+absl::Status MoeStage::PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherRanges* ranges) {
   Impl& m = *impl_;
   m.fused_step = n == 1 && m.options.fast && OneTokenFused() && OneTokenInt16() && OneTokenLogitRoute() &&
                  m.fused_y.get() != nullptr;
   if (m.fused_step) {
     for (const DeviceBuffer* b : {&m.fused_y, &m.fused_router_counters}) {
-      if (zero != nullptr && zero->Add(b->get(), b->bytes())) continue;
+      if (ranges != nullptr && ranges->Add(b->get(), b->bytes())) continue;
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
     }
   }

@@ -212,10 +212,10 @@ class MoeStage {
 
   // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
   // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets
-  // this step's Run calls take that kernel; any other step takes the two-kernel path. With `zero`,
-  // the buffers go into its ranges instead (the caller's embedding gather clears them; a range it
-  // has no room for is still cleared here).
-  absl::Status PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherZeroes* zero = nullptr);
+  // this step's Run calls take that kernel; any other step takes the two-kernel path. With
+  // `ranges`, the buffers go into them instead (zeroed by the caller's embedding gather; a buffer
+  // they have no room for is still cleared here).
+  absl::Status PrepareStep(int64_t n, cudaStream_t stream, cuda::GatherRanges* ranges = nullptr);
 
   // Where Run(layer, x, n, ...) with this source would quantize x for the integer-MMA expert
   // kernels (the device-planned prefill path with such a kernel), or nullopt (another path). A caller that writes those planes while writing x (the stream norm's

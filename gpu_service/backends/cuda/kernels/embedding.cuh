@@ -18,21 +18,22 @@ namespace tandem::cuda {
 cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
                                   int64_t S, float* H, cudaStream_t stream);
 
-// Device byte ranges a gather's launch also zeroes: the decode step's accumulators (the fused MoE
-// kernel's y and router counters, the mixers' output rows), which three memset nodes ahead of the
-// gather cleared before. A memset node is a launch of its own in the step's chain and cannot
-// overlap its neighbours as PDL launches do; extra blocks of the gather's grid cost neither. Each
-// range 16-byte aligned; at most kGatherMaxZeroRanges.
-inline constexpr int kGatherMaxZeroRanges = 4;
-struct GatherZeroes {
-  void* p[kGatherMaxZeroRanges] = {};
-  size_t bytes[kGatherMaxZeroRanges] = {};
-  uint8_t fill[kGatherMaxZeroRanges] = {};  // every byte of the range gets this (0: zeroed)
+// Device byte ranges a gather's launch also sets, each to one byte value: zeroes for the decode
+// step's accumulators (the fused MoE kernel's y and router counters, the mixers' output rows),
+// which memset nodes ahead of the gather cleared before, and 0xFF for the GDN layers' polled rows
+// (their unwritten marker, dense_matvec.cuh RowsPolled). A memset node is a launch of its own in
+// the step's chain and cannot overlap its neighbours as PDL launches do; extra blocks of the
+// gather's grid cost neither. Each range 16-byte aligned; at most kGatherMaxRanges.
+inline constexpr int kGatherMaxRanges = 4;
+struct GatherRanges {
+  void* p[kGatherMaxRanges] = {};
+  size_t bytes[kGatherMaxRanges] = {};
+  uint8_t fill[kGatherMaxRanges] = {};  // every byte of the range gets this (0: zeroed)
   int count = 0;
   // Appends [p, p + bytes), each byte set to `byte`; false when full (the caller sets that range
   // itself).
   bool Add(void* ptr, size_t n, uint8_t byte = 0) {
-    if (count == kGatherMaxZeroRanges) return false;
+    if (count == kGatherMaxRanges) return false;
     p[count] = ptr;
     bytes[count] = n;
     fill[count] = byte;
@@ -41,11 +42,11 @@ struct GatherZeroes {
   }
 };
 
-// The gather with `zero`'s ranges cleared by extra blocks of the same launch (after its PDL wait,
+// The gather with `ranges` set by extra blocks of the same launch (after its PDL wait,
 // pdl.cuh, so that the ranges' readers and writers of the step before have completed). n may be 0
 // (the ranges alone). cudaErrorInvalidValue also for a misaligned range.
 cudaError_t LaunchEmbeddingGather(const DeviceMatrix& table, const int32_t* tokens, int64_t n,
-                                  int64_t S, float* H, const GatherZeroes& zero, cudaStream_t stream);
+                                  int64_t S, float* H, const GatherRanges& ranges, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
