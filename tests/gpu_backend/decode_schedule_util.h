@@ -31,7 +31,7 @@ using gpu_backend_testing::RandomTokens;
 // set) receives every decode step's MoE picks, layer by layer (the routing sink: those steps run
 // without graphs).
 inline std::vector<float> DecodeLogits(const std::string& path, CudaMode mode, int batch, int steps,
-                                std::vector<int32_t>* picks = nullptr) {
+                                       std::vector<int32_t>* picks = nullptr) {
   CudaBackendOptions o;
   o.mode = mode;
   o.max_batch_tokens = 64;
@@ -76,8 +76,8 @@ inline std::vector<float> DecodeLogits(const std::string& path, CudaMode mode, i
 
 // Runs DecodeLogits with `set(false)` and with `set(true)` and expects the same bits (tolerance 0)
 // or rows of logits within `tolerance` relative L2 (the caller restores the switch).
-inline void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what, const std::function<void(bool)>& set,
-                                   double tolerance = 0) {
+inline void ExpectScheduleChangesNoLogits(const std::string& preset, const char* what,
+                                          const std::function<void(bool)>& set, double tolerance = 0) {
   absl::StatusOr<std::string> path = PresetModel(preset);
   ASSERT_TRUE(path.ok()) << path.status();
   constexpr int kSteps = 6;
@@ -106,7 +106,7 @@ inline void ExpectScheduleChangesNoLogits(const std::string& preset, const char*
 // Eager decode steps (the routing sink records the picks) of `preset` with `set(false)` and
 // `set(true)`, exact and fast, batch 1 and 3: the same picks and bit-identical logits. Prints `what`.
 inline void ExpectEagerPicksAndLogitsUnchanged(const std::string& preset, const char* what,
-                                        const std::function<void(bool)>& set) {
+                                               const std::function<void(bool)>& set) {
   absl::StatusOr<std::string> path = PresetModel(preset);
   ASSERT_TRUE(path.ok()) << path.status();
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
