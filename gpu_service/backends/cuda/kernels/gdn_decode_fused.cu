@@ -99,6 +99,25 @@ __device__ __forceinline__ float GroupSum(float v, int group_lanes) {
   return v;
 }
 
+// The gated norm's scale ρ = 1/√(mean of squares + eps) of value head `head` (cluster rank head + y·r
+// holds its columns 32y ..), from its blocks' sq_part (4 outputs' squares each), for a warp holding
+// 32 of its columns: lane l takes GdnGatedNormVecKernel's lane l of the head's dv/4-lane group
+// (block l / 8), so the sum has that kernel's bits. The sum ends in lanes [0, dv/4) only: with dv <
+// 128 the butterfly stays inside groups of dv/4 lanes, and the lanes past the first group, whose p
+// is 0, summed to 0 (scale rsqrt(eps): the wrong gated outputs of dv 32 and 64 on the first device
+// run); lane 0's sum goes to all 32 lanes.
+__device__ __forceinline__ float HeadRmsScale(float* sq_part, int head, int r, int dv, int lane, float eps) {
+  constexpr int kPartsPerBlock = kCols / 4;  // a block's columns, 4 a part
+  const int head_lanes = dv / 4;
+  float p = 0.0f;
+  if (lane < head_lanes) {
+    p = cg::this_cluster().map_shared_rank(sq_part, static_cast<unsigned>(head + (lane / kPartsPerBlock) * r))
+            [lane % kPartsPerBlock];
+  }
+  const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
+  return rsqrtf(ss / static_cast<float>(dv) + eps);
+}
+
 // A value of the stacked product's rows: through L2 (another grid wrote it; this SM's L1 may hold
 // an earlier layer's row at the same address), or, with polled rows (GdnDecodeFusedArgs::
 // rows_polled), by device-scope relaxed loads until it is written. A value unwritten for
@@ -206,17 +225,16 @@ __device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel]
   }
 }
 
-// The kOut kernel's last part (every block of the cluster, all threads): out_y[row] += the
-// cluster's 256 gated outputs (in the o_sh of its blocks: rank vh % r + y·r holds columns
-// (vh % r)·dv + 32y ..) · the block's rows of its column super-block (out_sh, copied before the
-// PDL wait). The barriers: every block's outputs are written before any is read; no block leaves
-// while another may still read its o_sh (the last wait). out_y is added to with atomics, so the
-// order of the clusters' additions, and the last bits of out_y, are not fixed.
+// The kOut kernel's output product after the gather (every block of the cluster, all threads):
+// xv is the cluster's gated output of column tid, and this block has arrived at the cluster barrier
+// once it was done with the other blocks' shared memory (the wait here is the matching last step,
+// so that no block leaves while another may still read its shared memory). out_y[row] += the
+// cluster's 256 gated outputs · the block's rows of its column super-block (out_sh, copied before
+// the PDL wait). out_y is added to with atomics, so the order of the clusters' additions, and the
+// last bits of out_y, are not fixed.
 // kIn (kRowsApart): the rows sit at rows_sh (the freed ring, gdn_decode_in.cuh) and the gathered
 // outputs at out_sh; otherwise the outputs follow the rows at out_sh. Either way the rows come by
 // bulk copies completing bulk_bar (out_bulk) or by cp.async pieces.
-// OutProductPart after the gather: xv, the cluster's gated output of column tid, and this block
-// already arrived (done with the others' shared memory).
 template <bool kRowsApart = false>
 __device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float xv, uint8_t* out_sh, int rpb,
                                               unsigned rank, int tid, int lane, int warp, uint32_t bulk_bar,
@@ -238,6 +256,9 @@ __device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float
   ClusterWait();
 }
 
+// The kOut kernel's last part with the gather (the two-barrier form): every block's gated outputs
+// are in its o_sh (rank vh % r + y·r holds columns (vh % r)·dv + 32y ..) before any is read; thread
+// tid gathers the cluster's column tid, then OutProductSum.
 template <bool kRowsApart = false>
 __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
                                                unsigned rank, int r, int dv, int tid, int lane, int warp,
@@ -505,33 +526,14 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       // sums and its raw output (every warp one head's 32 columns: the same lanes, the same sums),
       // so that no second cluster barrier is needed before the output product's gather.
       const cg::cluster_group cluster = cg::this_cluster();
-      const int head_lanes = dv / 4;
-      float p = 0.0f;
-      if (lane < head_lanes) {
-        p = cluster.map_shared_rank(sq_part, static_cast<unsigned>(head_c + (lane / (kCols / 4)) * r))[lane % (kCols / 4)];
-      }
-      const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
-      const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
+      const float scale = HeadRmsScale(sq_part, head_c, r, dv, lane, a.eps);
       const unsigned rank_c = static_cast<unsigned>(head_c + ((tid % dv) / kCols) * r);
       const float raw = cluster.map_shared_rank(o_sh, rank_c)[lane];
       xv_c = gamma_c * (raw * scale) * SiluF(z_c);
       if (a.o != nullptr && rank_c == cluster.block_rank()) *o = xv_c;  // this block's own column
       ClusterArrive();  // done with the others' o_sh and sq_part; the matching wait is the last step
     } else if (warp == 0) {
-      // Lane l of GdnGatedNormVecKernel's dv/4-lane group: outputs [4l, 4l + 4) of the head, held
-      // by the head's block l / 8 (cluster rank vh % r + (l / 8)·r: x varies fastest).
-      const int head_lanes = dv / 4;
-      float p = 0.0f;
-      if (lane < head_lanes) {
-        const unsigned rank = static_cast<unsigned>(vh % r + (lane / (kCols / 4)) * r);
-        p = cg::this_cluster().map_shared_rank(sq_part, rank)[lane % (kCols / 4)];
-      }
-      // The head's sum ends in lanes [0, head_lanes) only: with dv < 128 (head_lanes < 32) the
-      // butterfly stays inside groups of head_lanes lanes, and the lanes past the first group,
-      // whose p is 0, summed to 0 (scale rsqrt(eps): the wrong gated outputs of dv 32 and 64 on the
-      // first device run). Lane 0's sum to all 32 columns of the block.
-      const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
-      const float scale = rsqrtf(ss / static_cast<float>(dv) + a.eps);
+      const float scale = HeadRmsScale(sq_part, vh % r, r, dv, lane, a.eps);
       const float gated = gamma * (o_sh[lane] * scale) * SiluF(zv);
       if constexpr (kOut) {
         o_sh[lane] = gated;
