@@ -324,6 +324,10 @@ __global__ void __launch_bounds__(kThreads)
     if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
+    // The act values are written: arrive now, before the down copies, whose issue can stall on the
+    // SM's busy memory pipeline and so held back the arrive the cluster's other blocks wait for
+    // (docs/PERF.md, thirty-eighth session). The copies are in flight while the cluster waits.
+    ClusterArrive();
     for (int c = t; c < 5 * down_rows; c += kThreads) {
       const int r = c / 5, part = c - 5 * r;
       const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
@@ -374,6 +378,7 @@ __global__ void __launch_bounds__(kThreads)
     if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
+    ClusterArrive();  // before the down copies' issue, as the routed blocks
     for (int c = t; c < 6 * down_rows; c += kThreads) {
       const int r = c / 6, piece = c - 6 * r;
       if (piece < pieces(r)) {
@@ -381,11 +386,13 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     CpAsyncCommit();
+  } else {
+    ClusterArrive();  // a flagged pick's blocks
   }
   // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
   // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
-  // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term.
-  ClusterArrive();
+  // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term. (Each block
+  // arrived above, before issuing its down copies.)
   ClusterWait();
   stamps.Stamp(kFusedProbeClusterPassed);
   if (ok && warp == picker) {
