@@ -2,6 +2,7 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_ENV_SWITCH_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ENV_SWITCH_H_
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -28,6 +29,34 @@ inline long long EnvInteger(const char* name, long long fallback, long long min,
   const long long n = std::strtoll(v, &end, 10);
   return end != v && *end == '\0' && n >= min && n <= max ? n : fallback;
 }
+
+// A process-wide on/off switch that tests and benchmarks can also set (the Set.../getter pairs of
+// the A/B switches): `read` gives its value from the environment (EnvSwitch, EnvSwitchDefaultOn or
+// their negation), called on the first on() that finds the switch unset; set() overrides it from
+// then on. Define one at namespace scope: its constructor is constexpr, so it is initialized before
+// any code runs. Relaxed atomics: a switch chooses a code path; it orders nothing.
+class ProcessSwitch {
+ public:
+  using Reader = bool (*)();
+  explicit constexpr ProcessSwitch(Reader read) : read_(read) {}
+  ProcessSwitch(const ProcessSwitch&) = delete;
+  ProcessSwitch& operator=(const ProcessSwitch&) = delete;
+
+  bool on() const {
+    int s = state_.load(std::memory_order_relaxed);
+    if (s < 0) {
+      // The first reader sets it from the environment, unless a set() came first.
+      state_.compare_exchange_strong(s, read_() ? 1 : 0, std::memory_order_relaxed);
+      s = state_.load(std::memory_order_relaxed);
+    }
+    return s != 0;
+  }
+  void set(bool on) { state_.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+ private:
+  Reader read_;
+  mutable std::atomic<int> state_{-1};  // -1: not yet read
+};
 
 }  // namespace tandem::cuda
 

@@ -37,20 +37,11 @@ bool RegroupQ8_0() {
   return on;
 }
 
-std::atomic<bool>& StackedDecodeInputsSwitch() {
-  static std::atomic<bool> on{!EnvSwitch("TANDEM_OLD_DECODE_INPUTS")};
-  return on;
-}
+ProcessSwitch g_stacked_decode_inputs{[] { return !EnvSwitch("TANDEM_OLD_DECODE_INPUTS"); }};
 
-std::atomic<bool>& GdnStackedZSideSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_DECODE_Z_SIDE")};
-  return on;
-}
+ProcessSwitch g_gdn_stacked_z_side{[] { return EnvSwitchDefaultOn("TANDEM_GDN_DECODE_Z_SIDE"); }};
 
-std::atomic<bool>& GdnOutByColumnsSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_BY_COLUMNS")};
-  return on;
-}
+ProcessSwitch g_gdn_out_by_columns{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BY_COLUMNS"); }};
 
 std::atomic<int>& RouteThroughOutSwitch() {
   static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2))};
@@ -82,10 +73,7 @@ int64_t RouteRowsFor(const ModelConfig& c, const LayerWeights& lw, int route_mod
   return total % 8 == 0 && total / 8 <= 640 ? R : 0;
 }
 
-std::atomic<bool>& AttnStackedKvSideSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE")};
-  return on;
-}
+ProcessSwitch g_attn_stacked_kv_side{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_KV_SIDE"); }};
 
 // One matrix over the rows of `parts` when they are placed (data not null) back to back in this
 // order with the same type, width and row stride: each starts where the previous one ends. Absent
@@ -387,18 +375,18 @@ void Bind(const ModelConfig& c, const ModelWeights& w, const std::vector<double>
 
 }  // namespace
 
-bool StackedDecodeInputs() { return StackedDecodeInputsSwitch().load(std::memory_order_relaxed); }
-void SetStackedDecodeInputs(bool on) { StackedDecodeInputsSwitch().store(on, std::memory_order_relaxed); }
-bool GdnStackedZSide() { return GdnStackedZSideSwitch().load(std::memory_order_relaxed); }
-void SetGdnStackedZSide(bool on) { GdnStackedZSideSwitch().store(on, std::memory_order_relaxed); }
-bool GdnOutByColumns() { return GdnOutByColumnsSwitch().load(std::memory_order_relaxed); }
-void SetGdnOutByColumns(bool on) { GdnOutByColumnsSwitch().store(on, std::memory_order_relaxed); }
+bool StackedDecodeInputs() { return g_stacked_decode_inputs.on(); }
+void SetStackedDecodeInputs(bool on) { g_stacked_decode_inputs.set(on); }
+bool GdnStackedZSide() { return g_gdn_stacked_z_side.on(); }
+void SetGdnStackedZSide(bool on) { g_gdn_stacked_z_side.set(on); }
+bool GdnOutByColumns() { return g_gdn_out_by_columns.on(); }
+void SetGdnOutByColumns(bool on) { g_gdn_out_by_columns.set(on); }
 int RouteThroughOutMode() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
 bool RouteThroughOut() { return RouteThroughOutMode() > 0; }
 void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on ? 1 : 0, std::memory_order_relaxed); }
 void SetRouteThroughOutMode(int mode) { RouteThroughOutSwitch().store(mode, std::memory_order_relaxed); }
-bool AttnStackedKvSide() { return AttnStackedKvSideSwitch().load(std::memory_order_relaxed); }
-void SetAttnStackedKvSide(bool on) { AttnStackedKvSideSwitch().store(on, std::memory_order_relaxed); }
+bool AttnStackedKvSide() { return g_attn_stacked_kv_side.on(); }
+void SetAttnStackedKvSide(bool on) { g_attn_stacked_kv_side.set(on); }
 
 bool Q8_0x8PartsAdjacent(int64_t cols, const int64_t* rows, size_t count) {
   if (cols <= 0 || cols % 256 != 0 || count == 0) return false;

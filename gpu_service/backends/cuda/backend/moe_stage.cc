@@ -33,71 +33,35 @@ absl::StatusOr<DeviceBuffer> DeviceArray(int64_t count) {
   return DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T));
 }
 
-std::atomic<bool>& OldSharedChainSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_SHARED_CHAIN")};
-  return old;
-}
+ProcessSwitch g_old_shared_chain{[] { return EnvSwitch("TANDEM_OLD_SHARED_CHAIN"); }};
 
-std::atomic<bool>& OldDownJoinSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_DOWN_JOIN")};
-  return old;
-}
+ProcessSwitch g_old_down_join{[] { return EnvSwitch("TANDEM_OLD_DOWN_JOIN"); }};
 
-std::atomic<bool>& OneTokenInt16Switch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_INT16")};
-  return on;
-}
+ProcessSwitch g_one_token_int16{[] { return EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_INT16"); }};
 
-std::atomic<bool>& OneTokenLogitRouteSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_LOGIT_ROUTE")};
-  return on;
-}
+ProcessSwitch g_one_token_logit_route{[] { return EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_LOGIT_ROUTE"); }};
 
-std::atomic<bool>& OneTokenEarlyXSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_X_EARLY")};
-  return on;
-}
+ProcessSwitch g_one_token_early_x{[] { return EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_X_EARLY"); }};
 
-std::atomic<bool>& OneTokenPickCountsSwitch() {
-  // Off by default: the chain alone gains ~0.5 us a layer (gpu_moe_bench --one-token-probe), but
-  // end to end it measured 0.7-1.4% slower (docs/PERF.md, eighteenth session).
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ONE_TOKEN_PICK_COUNTS")};
-  return on;
-}
+// Off by default: the chain alone gains ~0.5 us a layer (gpu_moe_bench --one-token-probe), but
+// end to end it measured 0.7-1.4% slower (docs/PERF.md, eighteenth session).
+ProcessSwitch g_one_token_pick_counts{[] { return EnvSwitch("TANDEM_ONE_TOKEN_PICK_COUNTS"); }};
 
-std::atomic<bool>& OneTokenFusedSwitch() {
-  // On by default: +2.0% batch-1 decode end to end on the 80B shapes (docs/PERF.md, twentieth session).
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_FUSED")};
-  return on;
-}
+// On by default: +2.0% batch-1 decode end to end on the 80B shapes (docs/PERF.md, twentieth session).
+ProcessSwitch g_one_token_fused{[] { return EnvSwitchDefaultOn("TANDEM_ONE_TOKEN_FUSED"); }};
 
-std::atomic<bool>& FusedSharedBesideSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_FUSED_SHARED_BESIDE")};
-  return on;
-}
+ProcessSwitch g_fused_shared_beside{[] { return EnvSwitch("TANDEM_FUSED_SHARED_BESIDE"); }};
 
-std::atomic<bool>& FusedRouterInGridSwitch() {
-  // On by default: +1.0..1.2% batch-1 decode end to end in two A/Bs on two machines (docs/PERF.md,
-  // twenty-first session); TANDEM_FUSED_ROUTER=0 for the router's own launch.
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER")};
-  return on;
-}
+// On by default: +1.0..1.2% batch-1 decode end to end in two A/Bs on two machines (docs/PERF.md,
+// twenty-first session); TANDEM_FUSED_ROUTER=0 for the router's own launch.
+ProcessSwitch g_fused_router_in_grid{[] { return EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER"); }};
 
-std::atomic<bool>& FusedPickWarpBySlotSwitch() {
-  // On by default: +0.7 .. 1.1% batch-1 decode in three A/Bs (docs/PERF.md, twenty-ninth session).
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_FUSED_PICK_BY_SLOT")};
-  return on;
-}
+// On by default: +0.7 .. 1.1% batch-1 decode in three A/Bs (docs/PERF.md, twenty-ninth session).
+ProcessSwitch g_fused_pick_warp_by_slot{[] { return EnvSwitchDefaultOn("TANDEM_FUSED_PICK_BY_SLOT"); }};
 
-std::atomic<bool>& HostPrefillPlanSwitch() {
-  static std::atomic<bool> host{EnvSwitch("TANDEM_HOST_PREFILL_PLAN")};
-  return host;
-}
+ProcessSwitch g_host_prefill_plan{[] { return EnvSwitch("TANDEM_HOST_PREFILL_PLAN"); }};
 
-std::atomic<bool>& OldStreamedInputSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_STREAMED_INPUT")};
-  return old;
-}
+ProcessSwitch g_old_streamed_input{[] { return EnvSwitch("TANDEM_OLD_STREAMED_INPUT"); }};
 
 }  // namespace
 
@@ -113,30 +77,30 @@ bool OldSharedGate() {
 using moe_stage_internal::MaxPlanUnits;
 using moe_stage_internal::ShapeKey;
 
-void SetHostPrefillPlan(bool on) { HostPrefillPlanSwitch().store(on, std::memory_order_relaxed); }
-bool HostPrefillPlan() { return HostPrefillPlanSwitch().load(std::memory_order_relaxed); }
-void SetOldStreamedInput(bool on) { OldStreamedInputSwitch().store(on, std::memory_order_relaxed); }
-bool OldStreamedInput() { return OldStreamedInputSwitch().load(std::memory_order_relaxed); }
-void SetOldSharedChain(bool on) { OldSharedChainSwitch().store(on, std::memory_order_relaxed); }
-bool OldSharedChain() { return OldSharedChainSwitch().load(std::memory_order_relaxed); }
-void SetOldDownJoin(bool on) { OldDownJoinSwitch().store(on, std::memory_order_relaxed); }
-bool OldDownJoin() { return OldDownJoinSwitch().load(std::memory_order_relaxed); }
-void SetOneTokenInt16(bool on) { OneTokenInt16Switch().store(on, std::memory_order_relaxed); }
-bool OneTokenInt16() { return OneTokenInt16Switch().load(std::memory_order_relaxed); }
-void SetOneTokenLogitRoute(bool on) { OneTokenLogitRouteSwitch().store(on, std::memory_order_relaxed); }
-bool OneTokenLogitRoute() { return OneTokenLogitRouteSwitch().load(std::memory_order_relaxed); }
-void SetOneTokenEarlyX(bool on) { OneTokenEarlyXSwitch().store(on, std::memory_order_relaxed); }
-bool OneTokenEarlyX() { return OneTokenEarlyXSwitch().load(std::memory_order_relaxed); }
-void SetOneTokenPickCounts(bool on) { OneTokenPickCountsSwitch().store(on, std::memory_order_relaxed); }
-bool OneTokenPickCounts() { return OneTokenPickCountsSwitch().load(std::memory_order_relaxed); }
-void SetOneTokenFused(bool on) { OneTokenFusedSwitch().store(on, std::memory_order_relaxed); }
-bool OneTokenFused() { return OneTokenFusedSwitch().load(std::memory_order_relaxed); }
-void SetFusedSharedBeside(bool on) { FusedSharedBesideSwitch().store(on, std::memory_order_relaxed); }
-bool FusedSharedBeside() { return FusedSharedBesideSwitch().load(std::memory_order_relaxed); }
-void SetFusedRouterInGrid(bool on) { FusedRouterInGridSwitch().store(on, std::memory_order_relaxed); }
-bool FusedRouterInGrid() { return FusedRouterInGridSwitch().load(std::memory_order_relaxed); }
-void SetFusedPickWarpBySlot(bool on) { FusedPickWarpBySlotSwitch().store(on, std::memory_order_relaxed); }
-bool FusedPickWarpBySlot() { return FusedPickWarpBySlotSwitch().load(std::memory_order_relaxed); }
+void SetHostPrefillPlan(bool on) { g_host_prefill_plan.set(on); }
+bool HostPrefillPlan() { return g_host_prefill_plan.on(); }
+void SetOldStreamedInput(bool on) { g_old_streamed_input.set(on); }
+bool OldStreamedInput() { return g_old_streamed_input.on(); }
+void SetOldSharedChain(bool on) { g_old_shared_chain.set(on); }
+bool OldSharedChain() { return g_old_shared_chain.on(); }
+void SetOldDownJoin(bool on) { g_old_down_join.set(on); }
+bool OldDownJoin() { return g_old_down_join.on(); }
+void SetOneTokenInt16(bool on) { g_one_token_int16.set(on); }
+bool OneTokenInt16() { return g_one_token_int16.on(); }
+void SetOneTokenLogitRoute(bool on) { g_one_token_logit_route.set(on); }
+bool OneTokenLogitRoute() { return g_one_token_logit_route.on(); }
+void SetOneTokenEarlyX(bool on) { g_one_token_early_x.set(on); }
+bool OneTokenEarlyX() { return g_one_token_early_x.on(); }
+void SetOneTokenPickCounts(bool on) { g_one_token_pick_counts.set(on); }
+bool OneTokenPickCounts() { return g_one_token_pick_counts.on(); }
+void SetOneTokenFused(bool on) { g_one_token_fused.set(on); }
+bool OneTokenFused() { return g_one_token_fused.on(); }
+void SetFusedSharedBeside(bool on) { g_fused_shared_beside.set(on); }
+bool FusedSharedBeside() { return g_fused_shared_beside.on(); }
+void SetFusedRouterInGrid(bool on) { g_fused_router_in_grid.set(on); }
+bool FusedRouterInGrid() { return g_fused_router_in_grid.on(); }
+void SetFusedPickWarpBySlot(bool on) { g_fused_pick_warp_by_slot.set(on); }
+bool FusedPickWarpBySlot() { return g_fused_pick_warp_by_slot.on(); }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();

@@ -176,31 +176,17 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
 }
 
 
-std::atomic<bool>& OldAttnDecodeSwitch() {
-  static std::atomic<bool> old{!EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_ONE_PREP")};  // attention.cuh: one launch by default
-  return old;
-}
+// attention.cuh: one launch by default
+ProcessSwitch g_old_attn_decode{[] { return !EnvSwitchDefaultOn("TANDEM_ATTN_DECODE_ONE_PREP"); }};
 
-std::atomic<bool>& AttnMergeInBlockSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK")};
-  return on;
-}
+ProcessSwitch g_attn_merge_in_block{[] { return EnvSwitch("TANDEM_ATTN_MERGE_IN_BLOCK"); }};
 
-std::atomic<bool>& AttnMergeInOutSwitch() {
-  // On by default: +1.7% batch-1 decode on q3n-80b (docs/PERF.md, thirty-first session).
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_OUT")};
-  return on;
-}
+// On by default: +1.7% batch-1 decode on q3n-80b (docs/PERF.md, thirty-first session).
+ProcessSwitch g_attn_merge_in_out{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_OUT"); }};
 
-std::atomic<bool>& OldAttnEarlyKvSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_EARLY_KV")};
-  return old;
-}
+ProcessSwitch g_old_attn_early_kv{[] { return EnvSwitch("TANDEM_OLD_ATTN_EARLY_KV"); }};
 
-std::atomic<bool>& OldAttnSplitSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_ATTN_SPLIT")};
-  return old;
-}
+ProcessSwitch g_old_attn_split{[] { return EnvSwitch("TANDEM_OLD_ATTN_SPLIT"); }};
 
 // TANDEM_ATTN_SHORT_KEYS: a non-negative integer (anything else: the default).
 std::atomic<int>& AttnShortKeysValue() {
@@ -215,16 +201,16 @@ void SetSplitAttentionProbe(unsigned long long* rows, int capacity) {
   SplitProbeRows() = SplitProbe{rows, rows != nullptr ? capacity : 0};
 }
 
-bool OldAttnDecode() { return OldAttnDecodeSwitch().load(std::memory_order_relaxed); }
-void SetOldAttnDecode(bool on) { OldAttnDecodeSwitch().store(on, std::memory_order_relaxed); }
-bool AttnMergeInBlock() { return AttnMergeInBlockSwitch().load(std::memory_order_relaxed); }
-void SetAttnMergeInBlock(bool on) { AttnMergeInBlockSwitch().store(on, std::memory_order_relaxed); }
-bool AttnMergeInOut() { return AttnMergeInOutSwitch().load(std::memory_order_relaxed); }
-void SetAttnMergeInOut(bool on) { AttnMergeInOutSwitch().store(on, std::memory_order_relaxed); }
-bool OldAttnEarlyKv() { return OldAttnEarlyKvSwitch().load(std::memory_order_relaxed); }
-void SetOldAttnEarlyKv(bool on) { OldAttnEarlyKvSwitch().store(on, std::memory_order_relaxed); }
-bool OldAttnSplit() { return OldAttnSplitSwitch().load(std::memory_order_relaxed); }
-void SetOldAttnSplit(bool on) { OldAttnSplitSwitch().store(on, std::memory_order_relaxed); }
+bool OldAttnDecode() { return g_old_attn_decode.on(); }
+void SetOldAttnDecode(bool on) { g_old_attn_decode.set(on); }
+bool AttnMergeInBlock() { return g_attn_merge_in_block.on(); }
+void SetAttnMergeInBlock(bool on) { g_attn_merge_in_block.set(on); }
+bool AttnMergeInOut() { return g_attn_merge_in_out.on(); }
+void SetAttnMergeInOut(bool on) { g_attn_merge_in_out.set(on); }
+bool OldAttnEarlyKv() { return g_old_attn_early_kv.on(); }
+void SetOldAttnEarlyKv(bool on) { g_old_attn_early_kv.set(on); }
+bool OldAttnSplit() { return g_old_attn_split.on(); }
+void SetOldAttnSplit(bool on) { g_old_attn_split.set(on); }
 int AttnShortKeys() { return AttnShortKeysValue().load(std::memory_order_relaxed); }
 void SetAttnShortKeys(int keys) { AttnShortKeysValue().store(std::max(keys, 0), std::memory_order_relaxed); }
 

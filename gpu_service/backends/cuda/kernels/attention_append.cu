@@ -158,10 +158,7 @@ WarpKernelFn QueryNormRopeWarpKernelFor(const AttnShape& d) {
   }
 }
 
-std::atomic<bool>& OldQueryRopeSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_QUERY_ROPE")};
-  return old;
-}
+ProcessSwitch g_old_query_rope{[] { return EnvSwitch("TANDEM_OLD_QUERY_ROPE"); }};
 
 // k's and v's token rows are kv_stride floats apart (the cache's: kvh·hd).
 __global__ void KvAppendKernel(const float* k, const float* v, int64_t kv_stride, int kvh, int hd, int rot, float eps,
@@ -227,8 +224,8 @@ bool NormRopeShapeOk(const AttnShape& d) {
 
 }  // namespace
 
-bool OldQueryRope() { return OldQueryRopeSwitch().load(std::memory_order_relaxed); }
-void SetOldQueryRope(bool on) { OldQueryRopeSwitch().store(on, std::memory_order_relaxed); }
+bool OldQueryRope() { return g_old_query_rope.on(); }
+void SetOldQueryRope(bool on) { g_old_query_rope.set(on); }
 
 std::vector<double> RopeInvFrequencies(double theta, int rot) {
   std::vector<double> f(static_cast<size_t>(rot / 2));

@@ -155,10 +155,7 @@ cudaError_t LaunchDecodeHd(const QkvRows& rows, const AttnShape& d, const float*
                    items, token_seq, token_pos, cache, parts.part_o, parts.part_ml, o, parts.tickets, short_keys);
 }
 
-std::atomic<bool>& AttnDecodeFusedSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_ATTN_DECODE_FUSED")};
-  return on;
-}
+ProcessSwitch g_attn_decode_fused{[] { return EnvSwitch("TANDEM_ATTN_DECODE_FUSED"); }};
 
 }  // namespace
 
@@ -195,7 +192,7 @@ cudaError_t LaunchDecodeAttention(const QkvRows& rows, int64_t n, const AttnShap
   }
 }
 
-bool AttnDecodeFused() { return AttnDecodeFusedSwitch().load(std::memory_order_relaxed); }
-void SetAttnDecodeFused(bool on) { AttnDecodeFusedSwitch().store(on, std::memory_order_relaxed); }
+bool AttnDecodeFused() { return g_attn_decode_fused.on(); }
+void SetAttnDecodeFused(bool on) { g_attn_decode_fused.set(on); }
 
 }  // namespace tandem::cuda

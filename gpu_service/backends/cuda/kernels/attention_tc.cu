@@ -290,10 +290,7 @@ cudaError_t LaunchPipelinedHd(const float* q, const float* qg, const AttnShape& 
 }
 
 // On unless TANDEM_ATTN_TC_WGMMA is "0" or "", and only where the sm_90a code runs.
-std::atomic<bool>& AttnTcWgmmaSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_TC_WGMMA") && CurrentDeviceRunsSm90a()};
-  return on;
-}
+ProcessSwitch g_attn_tc_wgmma{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_TC_WGMMA") && CurrentDeviceRunsSm90a(); }};
 
 // Unset: 2 where the sm_90a code runs (the default since 2026-12-02: H200, 8192 tokens, attention
 // kernel 2.25 -> 1.58 ms a layer, end to end +3.0%, docs/PERF.md "Thirteenth session"), else 0.
@@ -316,8 +313,8 @@ void SetAttnKv16(bool on) { SetAttnKv16Mode(on ? 1 : 0); }
 int AttnKv16Mode() { return AttnKv16Switch().load(std::memory_order_relaxed); }
 void SetAttnKv16Mode(int mode) { AttnKv16Switch().store(mode >= 0 && mode <= 2 ? mode : 1, std::memory_order_relaxed); }
 
-bool AttnTcWgmma() { return AttnTcWgmmaSwitch().load(std::memory_order_relaxed); }
-void SetAttnTcWgmma(bool on) { AttnTcWgmmaSwitch().store(on, std::memory_order_relaxed); }
+bool AttnTcWgmma() { return g_attn_tc_wgmma.on(); }
+void SetAttnTcWgmma(bool on) { g_attn_tc_wgmma.set(on); }
 
 cudaError_t LaunchTensorCoreAttention(const float* q, const float* qg, const AttnShape& d, const int32_t* tile_items,
                                       int num_tile_items, const int32_t* token_seq, const int32_t* token_pos,

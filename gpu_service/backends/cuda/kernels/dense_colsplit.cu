@@ -105,10 +105,7 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
   }
 }
 
-std::atomic<bool>& AttnOutColumnSplitSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_ATTN_OUT_COLSPLIT")};
-  return on;
-}
+ProcessSwitch g_attn_out_column_split{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_COLSPLIT"); }};
 
 }  // namespace
 
@@ -164,7 +161,7 @@ cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t s
   return cudaSuccess;
 }
 
-bool AttnOutColumnSplit() { return AttnOutColumnSplitSwitch().load(std::memory_order_relaxed); }
-void SetAttnOutColumnSplit(bool on) { AttnOutColumnSplitSwitch().store(on, std::memory_order_relaxed); }
+bool AttnOutColumnSplit() { return g_attn_out_column_split.on(); }
+void SetAttnOutColumnSplit(bool on) { g_attn_out_column_split.set(on); }
 
 }  // namespace tandem::cuda

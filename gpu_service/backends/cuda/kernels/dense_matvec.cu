@@ -235,14 +235,11 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
 }
 
 namespace {
-std::atomic<bool>& MixerNormLaunchSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_MIXER_NORM_LAUNCH")};
-  return on;
-}
+ProcessSwitch g_mixer_norm_launch{[] { return EnvSwitch("TANDEM_MIXER_NORM_LAUNCH"); }};
 }  // namespace
 
-bool MixerNormLaunch() { return MixerNormLaunchSwitch().load(std::memory_order_relaxed); }
-void SetMixerNormLaunch(bool on) { MixerNormLaunchSwitch().store(on, std::memory_order_relaxed); }
+bool MixerNormLaunch() { return g_mixer_norm_launch.on(); }
+void SetMixerNormLaunch(bool on) { g_mixer_norm_launch.set(on); }
 
 bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
   using F = fastmv::FmtQ8_0x8;

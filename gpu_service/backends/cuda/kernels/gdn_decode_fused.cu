@@ -852,10 +852,7 @@ cudaError_t SetGdnOutProbe(unsigned long long* stamps, unsigned capacity, cudaSt
 }
 
 namespace {
-std::atomic<bool>& GdnDecodeLayerOneSwitch() {
-  static std::atomic<bool> on{EnvSwitch("TANDEM_GDN_LAYER_ONE")};
-  return on;
-}
+ProcessSwitch g_gdn_decode_layer_one{[] { return EnvSwitch("TANDEM_GDN_LAYER_ONE"); }};
 
 std::atomic<int>& GdnDecodeFusedSwitch() {
   static std::atomic<int> mode{[] {
@@ -867,41 +864,26 @@ std::atomic<int>& GdnDecodeFusedSwitch() {
   return mode;
 }
 
-std::atomic<bool>& OldGdnEarlyStateSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE")};
-  return old;
-}
-std::atomic<bool>& GdnOutBulkSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK")};
-  return on;
-}
-std::atomic<bool>& OldGdnEarlyGateSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_GDN_GATE")};
-  return old;
-}
-std::atomic<bool>& GdnOutOneBarrierSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_OUT_ONE_BARRIER")};
-  return on;
-}
-std::atomic<bool>& GdnRowsPolledSwitch() {
-  static std::atomic<bool> on{EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED")};
-  return on;
-}
+ProcessSwitch g_old_gdn_early_state{[] { return EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE"); }};
+ProcessSwitch g_gdn_out_bulk{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK"); }};
+ProcessSwitch g_old_gdn_early_gate{[] { return EnvSwitch("TANDEM_OLD_GDN_GATE"); }};
+ProcessSwitch g_gdn_out_one_barrier{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_ONE_BARRIER"); }};
+ProcessSwitch g_gdn_rows_polled{[] { return EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED"); }};
 }  // namespace
 
-bool GdnRowsPolled() { return GdnRowsPolledSwitch().load(std::memory_order_relaxed); }
-void SetGdnRowsPolled(bool on) { GdnRowsPolledSwitch().store(on, std::memory_order_relaxed); }
+bool GdnRowsPolled() { return g_gdn_rows_polled.on(); }
+void SetGdnRowsPolled(bool on) { g_gdn_rows_polled.set(on); }
 
-bool OldGdnEarlyGate() { return OldGdnEarlyGateSwitch().load(std::memory_order_relaxed); }
-void SetOldGdnEarlyGate(bool on) { OldGdnEarlyGateSwitch().store(on, std::memory_order_relaxed); }
-bool GdnOutOneBarrier() { return GdnOutOneBarrierSwitch().load(std::memory_order_relaxed); }
-void SetGdnOutOneBarrier(bool on) { GdnOutOneBarrierSwitch().store(on, std::memory_order_relaxed); }
-bool GdnOutBulk() { return GdnOutBulkSwitch().load(std::memory_order_relaxed); }
-void SetGdnOutBulk(bool on) { GdnOutBulkSwitch().store(on, std::memory_order_relaxed); }
-bool OldGdnEarlyState() { return OldGdnEarlyStateSwitch().load(std::memory_order_relaxed); }
-void SetOldGdnEarlyState(bool on) { OldGdnEarlyStateSwitch().store(on, std::memory_order_relaxed); }
-bool GdnDecodeLayerOne() { return GdnDecodeLayerOneSwitch().load(std::memory_order_relaxed); }
-void SetGdnDecodeLayerOne(bool on) { GdnDecodeLayerOneSwitch().store(on, std::memory_order_relaxed); }
+bool OldGdnEarlyGate() { return g_old_gdn_early_gate.on(); }
+void SetOldGdnEarlyGate(bool on) { g_old_gdn_early_gate.set(on); }
+bool GdnOutOneBarrier() { return g_gdn_out_one_barrier.on(); }
+void SetGdnOutOneBarrier(bool on) { g_gdn_out_one_barrier.set(on); }
+bool GdnOutBulk() { return g_gdn_out_bulk.on(); }
+void SetGdnOutBulk(bool on) { g_gdn_out_bulk.set(on); }
+bool OldGdnEarlyState() { return g_old_gdn_early_state.on(); }
+void SetOldGdnEarlyState(bool on) { g_old_gdn_early_state.set(on); }
+bool GdnDecodeLayerOne() { return g_gdn_decode_layer_one.on(); }
+void SetGdnDecodeLayerOne(bool on) { g_gdn_decode_layer_one.set(on); }
 int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }
 void SetGdnDecodeFused(int mode) { GdnDecodeFusedSwitch().store(mode, std::memory_order_relaxed); }
 

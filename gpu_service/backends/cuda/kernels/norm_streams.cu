@@ -338,15 +338,12 @@ bool SharedOk(const float* y, const PendingShared* sh, PendingShared* out) {
   return out->shared == nullptr || y != nullptr;
 }
 
-std::atomic<bool>& OldNormEarlyHSwitch() {
-  static std::atomic<bool> old{EnvSwitch("TANDEM_OLD_NORM_EARLY_H")};
-  return old;
-}
+ProcessSwitch g_old_norm_early_h{[] { return EnvSwitch("TANDEM_OLD_NORM_EARLY_H"); }};
 
 }  // namespace
 
-bool OldNormEarlyH() { return OldNormEarlyHSwitch().load(std::memory_order_relaxed); }
-void SetOldNormEarlyH(bool on) { OldNormEarlyHSwitch().store(on, std::memory_order_relaxed); }
+bool OldNormEarlyH() { return g_old_norm_early_h.on(); }
+void SetOldNormEarlyH(bool on) { g_old_norm_early_h.set(on); }
 
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
