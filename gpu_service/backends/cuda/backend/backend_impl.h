@@ -179,11 +179,14 @@ class CudaBackend::Impl {
   float* mixer_out_y = nullptr;
   int64_t mixer_out_stride = 0;
   // Fast mode, a model with GDN layers whose output product can go inside the fused kernel: a row
-  // of the stacked product's width a layer (gdn_polled_stride floats), which one-token steps fill
-  // with cuda::kRowUnwrittenBits at their start; under cuda::GdnRowsPolled the layer's norm-in
-  // product writes its rows there and the fused kernel polls them (RunGdn).
+  // of the stacked product's width (gdn_polled_stride floats) for each such layer, in layer order
+  // (gdn_polled_slot: the layer's row, -1 for the others), which one-token steps fill with
+  // cuda::kRowUnwrittenBits at their start; under cuda::GdnRowsPolled the layer's norm-in product
+  // writes its rows there and the fused kernel polls them (RunGdn).
   float* gdn_polled_rows = nullptr;
   int64_t gdn_polled_stride = 0;
+  int64_t gdn_polled_layers = 0;
+  std::vector<int64_t> gdn_polled_slot;
   cuda::DeviceBuffer route_h_reads;  // NormRoute::h_reads (one int, zero between launches)
   float *qg = nullptr, *q = nullptr, *kb = nullptr, *vb = nullptr, *ao = nullptr;
   float *iqk = nullptr, *iq = nullptr, *scores = nullptr;

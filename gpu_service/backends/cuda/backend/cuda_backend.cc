@@ -276,7 +276,7 @@ absl::Status CudaBackend::Impl::EnqueueForward(const StepPlan& plan, std::span<c
   // The GDN layers' polled rows (RunGdn): unwritten (every byte 0xFF) until this step's products.
   if (mixer_out_step && gdn_polled_rows != nullptr && cuda::GdnRowsPolled()) {
     static_assert(cuda::kRowUnwrittenBits == 0xFFFFFFFFu, "a fill of 0xFF bytes");
-    const size_t bytes = static_cast<size_t>(c->n_layers * gdn_polled_stride) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(gdn_polled_layers * gdn_polled_stride) * sizeof(float);
     if (old_memsets || !ranges.Add(gdn_polled_rows, bytes, 0xFF)) {
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(gdn_polled_rows, 0xFF, bytes, st));
     }

@@ -336,14 +336,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(std::unique_ptr
     m.mixer_out_stride = std::max(m.mixer_out_stride, cuda::RouteOutRows(h, l.route_rows));
   }
   if (options.mode == CudaMode::kFast && mixer_out) plan.Want(&m.mixer_out_y, c.n_layers * m.mixer_out_stride);
-  // The GDN layers' polled rows (Impl::gdn_polled_rows): the widest stacked product, 16-byte rows.
-  for (const cuda::GpuLayer& l : m.dm->layers) {
+  // The GDN layers' polled rows (Impl::gdn_polled_rows): the widest stacked product, 16-byte rows,
+  // one row for each layer that can use them (none for attention layers).
+  m.gdn_polled_slot.assign(m.dm->layers.size(), -1);
+  for (size_t i = 0; i < m.dm->layers.size(); ++i) {
+    const cuda::GpuLayer& l = m.dm->layers[i];
     if (l.kind == LayerKind::kGdn && cuda::GdnDecodeOutFits(m.gdn_shape, l.ssm_out)) {
       m.gdn_polled_stride = std::max(m.gdn_polled_stride, (l.mixer_in.rows + 3) / 4 * 4);
+      m.gdn_polled_slot[i] = m.gdn_polled_layers++;
     }
   }
   if (options.mode == CudaMode::kFast && m.gdn_polled_stride > 0) {
-    plan.Want(&m.gdn_polled_rows, c.n_layers * m.gdn_polled_stride);
+    plan.Want(&m.gdn_polled_rows, m.gdn_polled_layers * m.gdn_polled_stride);
   }
   if (options.mode == CudaMode::kFast && m.mixer_out_stride > h) {  // NormRoute::h_reads (RouteThroughOutFor)
     absl::StatusOr<cuda::DeviceBuffer> counter = cuda::DeviceBuffer::Allocate(sizeof(int));

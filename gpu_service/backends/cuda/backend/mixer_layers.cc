@@ -78,11 +78,13 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   // need not wait for the product's grid. EnqueueForward filled the rows at the step's start.
   const bool rows_polled = cuda::GdnRowsPolled() && in.out_inside && in.stacked_in && !in.z_side && !one_launch &&
                            x_norm_in.has_value() && gdn_polled_rows != nullptr &&
+                           static_cast<size_t>(layer) < gdn_polled_slot.size() && gdn_polled_slot[layer] >= 0 &&
                            w.mixer_in.rows <= gdn_polled_stride && w.z.rows < w.mixer_in.rows;
   cuda::RowsPolled polled;
   polled.on = rows_polled;
   polled.first_row = w.z.rows;
-  float* stacked_rows = rows_polled ? gdn_polled_rows + layer * gdn_polled_stride : mixer_rows.as<float>();
+  float* stacked_rows =
+      rows_polled ? gdn_polled_rows + gdn_polled_slot[layer] * gdn_polled_stride : mixer_rows.as<float>();
   const bool side_products = overlap && !stacked_in;
   if (side_products || z_side) {
     if (absl::Status s = Fork(); !s.ok()) return s;
