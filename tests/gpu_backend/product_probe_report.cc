@@ -11,6 +11,7 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "tests/gpu/bench_util.h"
 
 namespace tandem {
@@ -91,6 +92,81 @@ void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacit
          bench::Median(clast_exit), bench::Median(sms));
 }
 
+// The fused one-token MoE kernels' stamps of the step (expert_decode_fused_probe.h, armed buffer):
+// the rows sorted by their PDL wait's return (a launch's blocks return within a few us of each
+// other, after the kernels between two MoE launches), cut into launches of `grid` rows (grid: the
+// largest block index + 1); then, per phase, the first, median and last block in us after the
+// launch's first wait return, medians over launches, for the routed and the shared-expert blocks.
+void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacity) {
+  using namespace cuda;
+  std::vector<const unsigned long long*> rows;
+  unsigned long long grid = 0;
+  for (unsigned i = 0; i < capacity; ++i) {
+    const unsigned long long* r = &h[size_t(i) * kFusedProbeWords];
+    if (r[kFusedProbeExit] == 0 || r[kFusedProbeAfterWait] == 0) continue;
+    rows.push_back(r);
+    grid = std::max(grid, r[kFusedProbeBlock] + 1);
+  }
+  if (rows.empty() || rows.size() % grid != 0) {
+    printf("MoE kernel probe: %zu stamped blocks (grid %llu): no whole launches\n", rows.size(), grid);
+    return;
+  }
+  std::sort(rows.begin(), rows.end(), [](const unsigned long long* a, const unsigned long long* b) {
+    return a[kFusedProbeAfterWait] < b[kFusedProbeAfterWait];
+  });
+  const size_t n = rows.size() / grid;
+  struct Phase {
+    int word;
+    const char* name;
+  };
+  const Phase phases[] = {{kFusedProbeEntry, "entry (resident)"},
+                          {kFusedProbeAfterWait, "PDL wait returned"},
+                          {kFusedProbeLogitsLoaded, "logits loaded"},
+                          {kFusedProbePicked, "picked"},
+                          {kFusedProbeRouted, "routed (block barrier)"},
+                          {kFusedProbeGateUpLanded, "gate/up rows landed (warp 0)"},
+                          {kFusedProbeActWritten, "act written"},
+                          {kFusedProbeClusterPassed, "cluster barrier passed"},
+                          {kFusedProbeDownLanded, "down rows landed"},
+                          {kFusedProbeSummed, "sums issued"},
+                          {kFusedProbeExit, "exit"}};
+  constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
+  std::vector<double> stat[2][kPhases][3];  // [routed, shared][phase][first, median, last]
+  size_t overlapped = 0;
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<const unsigned long long*> launch(rows.begin() + k * grid, rows.begin() + (k + 1) * grid);
+    std::vector<char> seen(grid, 0);
+    for (const unsigned long long* r : launch) seen[r[kFusedProbeBlock]] = 1;
+    if (std::count(seen.begin(), seen.end(), 1) != static_cast<long>(grid)) ++overlapped;
+    unsigned long long t0 = ~0ull;
+    for (const unsigned long long* r : launch) t0 = std::min(t0, r[kFusedProbeAfterWait]);
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<const unsigned long long*> of_kind;
+      for (const unsigned long long* r : launch) {
+        if (r[kFusedProbeKind] == static_cast<unsigned long long>(kind == 0 ? kFusedProbeRoutedKind : kFusedProbeSharedKind)) {
+          of_kind.push_back(r);
+        }
+      }
+      if (of_kind.empty()) continue;
+      for (int p = 0; p < kPhases; ++p) {
+        for (int w = 0; w < 3; ++w) stat[kind][p][w].push_back(bench::StampUs(of_kind, phases[p].word, t0, w - 1));
+      }
+    }
+  }
+  printf("MoE kernel probe: %zu launches of %llu blocks%s\n", n, grid,
+         overlapped != 0 ? " (some launches' blocks interleaved: the cut is not exact)" : "");
+  for (int kind = 0; kind < 2; ++kind) {
+    if (stat[kind][0][0].empty()) continue;
+    printf("  %-8s %-30s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n",
+           kind == 0 ? "routed" : "shared", "phase", "first block", "median", "last block");
+    for (int p = 0; p < kPhases; ++p) {
+      if (kind == 1 && (phases[p].word == kFusedProbeLogitsLoaded || phases[p].word == kFusedProbePicked)) continue;
+      printf("  %-8s %-30s %12.2f %12.2f %12.2f\n", "", phases[p].name, bench::Median(stat[kind][p][0]),
+             bench::Median(stat[kind][p][1]), bench::Median(stat[kind][p][2]));
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
@@ -110,6 +186,15 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
     return s;
   }
   if (absl::Status s = Cuda(SetGdnOutProbe(gd, kGdnCapacity, nullptr), "arm"); !s.ok()) return s;
+  // And the fused MoE kernels' (expert_decode_fused_probe.h's armed buffer).
+  constexpr unsigned kMoeCapacity = 1 << 15;
+  absl::StatusOr<DeviceBuffer> moe_stamps = DeviceBuffer::Allocate(size_t{kMoeCapacity} * kFusedProbeWords * 8);
+  if (!moe_stamps.ok()) return moe_stamps.status();
+  auto* md = moe_stamps->as<unsigned long long>();
+  if (absl::Status s = Cuda(cudaMemset(md, 0, size_t{kMoeCapacity} * kFusedProbeWords * 8), "memset"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Cuda(SetFusedMoeProbe(md, kMoeCapacity, nullptr), "arm"); !s.ok()) return s;
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
@@ -117,9 +202,12 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   const absl::Status copied = Cuda(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "copy");
   std::vector<unsigned long long> gh(size_t{kGdnCapacity} * kGdnOutProbeWords);
   const absl::Status gdn_copied = Cuda(cudaMemcpy(gh.data(), gd, gh.size() * 8, cudaMemcpyDeviceToHost), "copy");
+  std::vector<unsigned long long> mh(size_t{kMoeCapacity} * kFusedProbeWords);
+  const absl::Status moe_copied = Cuda(cudaMemcpy(mh.data(), md, mh.size() * 8, cudaMemcpyDeviceToHost), "copy");
   const absl::Status off = Cuda(SetStreamMatVecProbe(nullptr, 0, nullptr), "disarm");
   const absl::Status gdn_off = Cuda(SetGdnOutProbe(nullptr, 0, nullptr), "disarm");
-  for (const absl::Status& s : {stepped, synced, copied, gdn_copied, off, gdn_off}) {
+  const absl::Status moe_off = Cuda(SetFusedMoeProbe(nullptr, 0, nullptr), "disarm");
+  for (const absl::Status& s : {stepped, synced, copied, gdn_copied, moe_copied, off, gdn_off, moe_off}) {
     if (!s.ok()) return s;
   }
   // Rows in slot order: blocks of one launch take consecutive slots (dense_matvec_probe.h), and
@@ -192,6 +280,7 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
          "at most %.0f blocks an SM (medians over launches)\n",
          bench::Median(earliest), bench::Median(early5), bench::Median(sms), bench::Median(most_per_sm));
   ReportGdnKernels(gh, kGdnCapacity, launch_t0);
+  ReportMoeKernels(mh, kMoeCapacity);
   return absl::OkStatus();
 }
 

@@ -8,7 +8,8 @@
 // entry, how many blocks were resident more than 5 us before the wait, and how the launch sat on
 // the SMs (SMs used, most blocks on one SM). Then the fused GDN kernels of the same step
 // (gdn_decode_out_probe.h): their phases against each layer's product, and when their clusters
-// became resident.
+// became resident. Then every layer's fused one-token MoE kernel (expert_decode_fused_probe.h's armed
+// buffer): its routed and shared-expert blocks' phases after the launch's first wait return.
 #ifndef TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 #define TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 

@@ -320,6 +320,85 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
   }
 }
 
+// The armed probe (LaunchOneTokenMoeFusedArmedProbe with SetFusedMoeProbe's buffer), as the decode
+// step's graphs launch it, at the 80B shape with the shared expert inside and the logits given:
+// the same picks and y as the plain launch; every block takes one row (its block ids a permutation
+// of the grid, its kind, pick and phases in order); a buffer shorter than the grid fills its rows
+// and leaves the rest of the memory alone; disarmed, nothing is written.
+TEST(OneTokenFusedTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t h = 2048, I = 512, E = 512;
+  const int K = 10;
+  const OneTokenExperts ex(rng, h, I, E, K);
+  const SharedQ8 sq(rng, h, 512);
+  const std::vector<float> logits = Logits(rng, E, false);
+  const std::vector<float> x = testing::RandomVector(rng, h);
+  const std::vector<float> shared(static_cast<size_t>(h), 0.0f);
+  OneTokenStep step(ex, K, logits, x, shared, 0.3f);
+  OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, false);
+  a.shared = nullptr;  // computed in the kernel
+  const int grid = OneTokenFusedGridBlocks(a, &sq.where, nullptr);
+  ASSERT_EQ(grid, kFusedCluster * (K * I / kFusedSliceCols + 512 / kFusedSharedSliceCols));
+  const size_t words = static_cast<size_t>(grid) * kFusedProbeWords;
+  DeviceBuffer stamps = testing::Upload(std::vector<unsigned long long>(words, 0));
+  auto* d = stamps.as<unsigned long long>();
+  // Runs: 0 plain; 1 armed with a row for every block; 2 armed with half of them; 3 disarmed.
+  std::vector<float> y[4];
+  std::vector<int32_t> picks[4];
+  std::vector<unsigned long long> rows[4];
+  for (int run = 0; run < 4; ++run) {
+    TANDEM_ASSERT_CUDA(cudaMemset(step.y.get(), 0, static_cast<size_t>(h) * sizeof(float)));
+    TANDEM_ASSERT_CUDA(cudaMemset(d, 0, words * sizeof(unsigned long long)));
+    if (run == 0) {
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr));
+    } else {
+      TANDEM_ASSERT_CUDA(SetFusedMoeProbe(run == 3 ? nullptr : d, run == 1 ? grid : grid / 2, nullptr));
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedArmedProbe(a, &sq.where, nullptr, nullptr));
+    }
+    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+    y[run] = Download<float>(step.y.get(), static_cast<size_t>(h));
+    picks[run] = Download<int32_t>(step.picks.get(), static_cast<size_t>(K));
+    rows[run] = Download<unsigned long long>(stamps.get(), words);
+  }
+  TANDEM_ASSERT_CUDA(SetFusedMoeProbe(nullptr, 0, nullptr));
+  for (int run = 1; run < 4; ++run) {
+    EXPECT_EQ(picks[run], picks[0]) << "run " << run;
+    EXPECT_LE(testing::RelativeL2(y[run], y[0]), 1e-5) << "run " << run;
+  }
+  const int per_pick = static_cast<int>(I) / kFusedSliceCols * kFusedCluster;
+  std::vector<int> seen(static_cast<size_t>(grid), 0);
+  for (int slot = 0; slot < grid; ++slot) {
+    const unsigned long long* r = rows[1].data() + static_cast<size_t>(slot) * kFusedProbeWords;
+    ASSERT_LT(r[kFusedProbeBlock], static_cast<unsigned long long>(grid)) << "slot " << slot;
+    const int b = static_cast<int>(r[kFusedProbeBlock]);
+    ++seen[static_cast<size_t>(b)];
+    const int kind = b < K * per_pick ? kFusedProbeRoutedKind : kFusedProbeSharedKind;
+    EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kind)) << "block " << b;
+    EXPECT_EQ(static_cast<long long>(r[kFusedProbePick]), kind == kFusedProbeRoutedKind ? b / per_pick : -1)
+        << "block " << b;
+    const int order[] = {kFusedProbeEntry,        kFusedProbeAfterWait,     kFusedProbeRouted,
+                         kFusedProbeGateUpLanded, kFusedProbeActWritten,    kFusedProbeClusterPassed,
+                         kFusedProbeDownLanded,   kFusedProbeSummed,        kFusedProbeExit};
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); ++i) {
+      EXPECT_NE(r[order[i]], 0u) << "block " << b << " phase " << order[i];
+      if (i > 0) {
+        EXPECT_LE(r[order[i - 1]], r[order[i]]) << "block " << b << " phase " << order[i];
+      }
+    }
+  }
+  for (int b = 0; b < grid; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+  for (int slot = 0; slot < grid; ++slot) {
+    const unsigned long long exit2 = rows[2][static_cast<size_t>(slot) * kFusedProbeWords + kFusedProbeExit];
+    if (slot < grid / 2) {
+      EXPECT_NE(exit2, 0u) << "half buffer, slot " << slot;
+    } else {
+      EXPECT_EQ(exit2, 0u) << "half buffer, slot " << slot;
+    }
+  }
+  EXPECT_EQ(rows[3], std::vector<unsigned long long>(words, 0)) << "disarmed";
+}
+
 // The 80B shape (8 lanes a gate/up row, 256 down rows a block, two slices a down super-block),
 // h of 2 and 4 super-blocks, E not a multiple of 32, more picks than 16, inner of 4 super-blocks.
 TEST(OneTokenFusedTest, MatchesReferenceOnOtherShapes) {

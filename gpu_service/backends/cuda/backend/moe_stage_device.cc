@@ -13,9 +13,11 @@
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
 #include "gpu_service/backends/cuda/moe/expert_prefill.h"
@@ -349,8 +351,14 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      TANDEM_CUDA_RETURN_IF_ERROR(
-          LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
+      // A benchmark's in-step probe (expert_decode_fused_probe.h; its one instantiation's E).
+      if (ProbeGdnInputProducts() && o.E > 256 && o.E <= 512) {
+        TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFusedArmedProbe(o, shared_inside ? &inside : nullptr, stream,
+                                                                     router_inside ? &router : nullptr));
+      } else {
+        TANDEM_CUDA_RETURN_IF_ERROR(
+            LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
+      }
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

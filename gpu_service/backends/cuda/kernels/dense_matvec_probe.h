@@ -66,8 +66,10 @@ struct MatVecNormIn;
 cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
 // Whether the CUDA backend launches the GDN layers' norm-in input products through
-// LaunchDenseMatVecNormInProbed, and their fused kernels with the output product inside with the
-// stamps of gdn_decode_out_probe.h (benchmarks; off unless set before the decode graphs are captured).
+// LaunchDenseMatVecNormInProbed, their fused kernels with the output product inside with the
+// stamps of gdn_decode_out_probe.h, and every layer's fused one-token MoE kernel through
+// LaunchOneTokenMoeFusedArmedProbe (moe/expert_decode_fused_probe.h) (benchmarks; off unless set
+// before the decode graphs are captured).
 bool ProbeGdnInputProducts();
 void SetProbeGdnInputProducts(bool on);
 

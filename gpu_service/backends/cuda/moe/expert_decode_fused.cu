@@ -114,22 +114,40 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
+// LaunchOneTokenMoeFusedArmedProbe's buffer and slot counter (SetFusedMoeProbe).
+struct FusedMoeProbeConfig {
+  unsigned long long* stamps;
+  unsigned capacity;
+};
+__device__ FusedMoeProbeConfig g_fused_moe_probe;
+__device__ unsigned g_fused_moe_probe_count;
+
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
-// its row (the launch's rows, one per block). Compiled into the kProbe instantiation only.
+// its row (the launch's rows, one per block; or, with no rows given, the next row of the armed
+// buffer). Compiled into the kProbe instantiation only.
 template <bool kProbe>
 struct FusedStamps {
   unsigned long long* row = nullptr;
   __device__ FusedStamps(unsigned long long* rows, int kind, int pick) {
     if constexpr (kProbe) {
-      if (threadIdx.x == 0 && rows != nullptr) {
+      const unsigned long long entry = GlobalTimerNs();
+      if (threadIdx.x == 0 && rows == nullptr) {
+        const FusedMoeProbeConfig armed = g_fused_moe_probe;
+        if (armed.stamps != nullptr) {
+          const unsigned slot = atomicAdd(&g_fused_moe_probe_count, 1u);
+          if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kFusedProbeWords;
+        }
+      } else if (threadIdx.x == 0) {
         row = rows + static_cast<unsigned long long>(blockIdx.x) * kFusedProbeWords;
+      }
+      if (row != nullptr) {
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         row[kFusedProbeKind] = static_cast<unsigned long long>(kind);
         row[kFusedProbePick] = static_cast<unsigned long long>(static_cast<long long>(pick));
         row[kFusedProbeSm] = smid;
         row[kFusedProbeBlock] = blockIdx.x;
-        Stamp(kFusedProbeEntry);
+        row[kFusedProbeEntry] = entry;  // before the armed buffer's slot was taken
       }
     }
   }
@@ -627,16 +645,42 @@ int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* s
          (router != nullptr ? router->blocks : 0);
 }
 
-cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                         cudaStream_t stream, const FusedRouter* router,
-                                         unsigned long long* stamps) {
+namespace {
+
+// The kProbe instantiation with its stamps in `stamps`, or (nullptr) in the armed buffer.
+cudaError_t LaunchProbedForm(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert, cudaStream_t stream,
+                             const FusedRouter* router, unsigned long long* stamps) {
   FusedSharedExpert sh;
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
-  if (stamps == nullptr) return cudaErrorInvalidValue;
   if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;  // one instantiation (kPer 16)
   if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, stream, stamps);
   return LaunchFused<16, false, true>(a, sh, rt, stream, stamps);
+}
+
+}  // namespace
+
+cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                                         cudaStream_t stream, const FusedRouter* router,
+                                         unsigned long long* stamps) {
+  if (stamps == nullptr) return cudaErrorInvalidValue;
+  return LaunchProbedForm(a, shared_expert, stream, router, stamps);
+}
+
+cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
+                                             cudaStream_t stream, const FusedRouter* router) {
+  return LaunchProbedForm(a, shared_expert, stream, router, nullptr);
+}
+
+cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  const FusedMoeProbeConfig config{stamps, stamps != nullptr ? capacity : 0u};
+  constexpr unsigned kZero = 0;
+  if (const cudaError_t e = cudaMemcpyToSymbolAsync(g_fused_moe_probe_count, &kZero, sizeof(kZero), 0,
+                                                    cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaMemcpyToSymbolAsync(g_fused_moe_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
 }
 
 }  // namespace tandem::cuda

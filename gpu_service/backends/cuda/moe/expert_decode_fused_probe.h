@@ -56,6 +56,17 @@ int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert
 cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                          cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps);
 
+// The same probed form for launches captured before their stamps' buffer exists (the decode
+// step's graphs, gpu_backend_bench --probe-gdn-product): each block takes the next row of the buffer
+// SetFusedMoeProbe armed (a slot counter in device memory, so the blocks of one launch take
+// consecutive rows when launches do not overlap) and stamps nothing while none is armed or the
+// buffer is full. The same refusals as LaunchOneTokenMoeFusedProbed but for `stamps`.
+cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
+                                             cudaStream_t stream, const FusedRouter* router);
+// Arms (stamps not null: `capacity` rows of kFusedProbeWords, zeroed by the caller; the slot
+// counter reset) or disarms (nullptr) the armed probe's buffer, in stream order.
+cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_PROBE_H_
