@@ -101,7 +101,9 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
     const unsigned long long* row = &h[size_t(slot) * cuda::kGdnOutProbeWords];
     for (int p = 0; p < cuda::kGdnOutProbeStamps; ++p) {
       EXPECT_NE(row[p], 0ull) << "slot " << slot << " stamp " << p;
-      if (p > 0) EXPECT_LE(row[p - 1], row[p]) << "slot " << slot << " stamp " << p << " before the one before it";
+      if (p > 0) {
+        EXPECT_LE(row[p - 1], row[p]) << "slot " << slot << " stamp " << p << " before the one before it";
+      }
     }
     EXPECT_LT(row[cuda::kGdnOutProbeSm], static_cast<unsigned long long>(sms)) << "slot " << slot;
     const unsigned long long block = row[cuda::kGdnOutProbeBlock] & 0xFFFF;
