@@ -228,6 +228,15 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
 }
 
+// The probe tests' model: the 80B shape's experts (K weight sets) and its Q8_0 shared expert.
+struct EightyBExperts {
+  static constexpr int64_t kH = 2048, kI = 512, kE = 512;
+  static constexpr int kK = 10;
+  explicit EightyBExperts(std::mt19937& rng) : ex(rng, kH, kI, kE, kK), sq(rng, kH, 512) {}
+  OneTokenExperts ex;
+  SharedQ8 sq;
+};
+
 // The probed instantiation (expert_decode_fused_probe.h) computes what the kernel computes at the
 // 80B shape in the decode stage's form (the shared expert and the router product inside): the same
 // picks, weights and logits, y within 1e-5 relative L2 (its additions' order is not fixed); every
@@ -236,10 +245,11 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
 TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t h = 2048, I = 512, E = 512;
-  const int K = 10;
-  const OneTokenExperts ex(rng, h, I, E, K);
-  const SharedQ8 sq(rng, h, 512);
+  const EightyBExperts m(rng);
+  const int64_t h = m.kH, I = m.kI, E = m.kE;
+  const int K = m.kK;
+  const OneTokenExperts& ex = m.ex;
+  const SharedQ8& sq = m.sq;
   const std::vector<float> w = testing::RandomVector(rng, (E + 1) * h, 0.05f);
   const std::vector<float> x = testing::RandomVector(rng, h);
   const DeviceBuffer dw = testing::Upload(w);
@@ -328,17 +338,16 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
 TEST(OneTokenFusedTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
-  const int64_t h = 2048, I = 512, E = 512;
-  const int K = 10;
-  const OneTokenExperts ex(rng, h, I, E, K);
-  const SharedQ8 sq(rng, h, 512);
-  const std::vector<float> logits = Logits(rng, E, false);
+  const EightyBExperts m(rng);
+  constexpr int64_t h = EightyBExperts::kH, I = EightyBExperts::kI;
+  constexpr int K = EightyBExperts::kK;
+  const std::vector<float> logits = Logits(rng, EightyBExperts::kE, false);
   const std::vector<float> x = testing::RandomVector(rng, h);
   const std::vector<float> shared(static_cast<size_t>(h), 0.0f);
-  OneTokenStep step(ex, K, logits, x, shared, 0.3f);
-  OneTokenMoeArgs a = FusedArgs(step, ex, K, Shared::kGated, false);
+  OneTokenStep step(m.ex, K, logits, x, shared, 0.3f);
+  OneTokenMoeArgs a = FusedArgs(step, m.ex, K, Shared::kGated, false);
   a.shared = nullptr;  // computed in the kernel
-  const int grid = OneTokenFusedGridBlocks(a, &sq.where, nullptr);
+  const int grid = OneTokenFusedGridBlocks(a, &m.sq.where, nullptr);
   ASSERT_EQ(grid, kFusedCluster * (K * I / kFusedSliceCols + 512 / kFusedSharedSliceCols));
   const size_t words = static_cast<size_t>(grid) * kFusedProbeWords;
   DeviceBuffer stamps = testing::Upload(std::vector<unsigned long long>(words, 0));
@@ -351,10 +360,10 @@ TEST(OneTokenFusedTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
     TANDEM_ASSERT_CUDA(cudaMemset(step.y.get(), 0, static_cast<size_t>(h) * sizeof(float)));
     TANDEM_ASSERT_CUDA(cudaMemset(d, 0, words * sizeof(unsigned long long)));
     if (run == 0) {
-      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &sq.where, nullptr));
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &m.sq.where, nullptr));
     } else {
       TANDEM_ASSERT_CUDA(SetFusedMoeProbe(run == 3 ? nullptr : d, run == 1 ? grid : grid / 2, nullptr));
-      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedArmedProbe(a, &sq.where, nullptr, nullptr));
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedArmedProbe(a, &m.sq.where, nullptr, nullptr));
     }
     TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
     y[run] = Download<float>(step.y.get(), static_cast<size_t>(h));
