@@ -21,6 +21,30 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// One armed stamp buffer of the step: `capacity` rows of `words` u64, zeroed and handed to `arm`
+// (SetStreamMatVecProbe, SetGdnOutProbe or SetFusedMoeProbe: the same signature) by Arm; copied
+// back by Read; Disarm hands the probe nullptr.
+struct ArmedStamps {
+  using ArmFn = cudaError_t (*)(unsigned long long*, unsigned, cudaStream_t);
+  ArmFn arm;
+  unsigned capacity;
+  int words;
+  cuda::DeviceBuffer buffer;
+  size_t bytes() const { return size_t{capacity} * static_cast<size_t>(words) * 8; }
+  absl::Status Arm() {
+    absl::StatusOr<cuda::DeviceBuffer> b = cuda::DeviceBuffer::Allocate(bytes());
+    if (!b.ok()) return b.status();
+    buffer = std::move(*b);
+    if (absl::Status s = Cuda(cudaMemset(buffer.get(), 0, bytes()), "memset"); !s.ok()) return s;
+    return Cuda(arm(buffer.as<unsigned long long>(), capacity, nullptr), "arm");
+  }
+  absl::Status Read(std::vector<unsigned long long>* host) const {
+    host->resize(bytes() / 8);
+    return Cuda(cudaMemcpy(host->data(), buffer.get(), bytes(), cudaMemcpyDeviceToHost), "copy");
+  }
+  absl::Status Disarm() const { return Cuda(arm(nullptr, 0, nullptr), "disarm"); }
+};
+
 // The fused GDN kernels' stamps (gdn_decode_out_probe.h) of the step, launch k (the GDN layers in
 // order, blocks in consecutive slots) against the product probe's launch k: per phase, the first,
 // median and last block in us after that product's first wait return (the MoE kernel's end); then
@@ -172,42 +196,22 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
 absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   using namespace cuda;  // the probe's phase names
   constexpr unsigned kCapacity = 1 << 15;
-  absl::StatusOr<DeviceBuffer> stamps = DeviceBuffer::Allocate(size_t{kCapacity} * kStreamProbeWords * 8);
-  if (!stamps.ok()) return stamps.status();
-  auto* d = stamps->as<unsigned long long>();
-  if (absl::Status s = Cuda(cudaMemset(d, 0, size_t{kCapacity} * kStreamProbeWords * 8), "memset"); !s.ok()) return s;
-  if (absl::Status s = Cuda(SetStreamMatVecProbe(d, kCapacity, nullptr), "arm"); !s.ok()) return s;
-  // The fused GDN kernels' stamps too (gdn_decode_out_probe.h), in the same step.
-  constexpr unsigned kGdnCapacity = 1 << 14;
-  absl::StatusOr<DeviceBuffer> gdn_stamps = DeviceBuffer::Allocate(size_t{kGdnCapacity} * kGdnOutProbeWords * 8);
-  if (!gdn_stamps.ok()) return gdn_stamps.status();
-  auto* gd = gdn_stamps->as<unsigned long long>();
-  if (absl::Status s = Cuda(cudaMemset(gd, 0, size_t{kGdnCapacity} * kGdnOutProbeWords * 8), "memset"); !s.ok()) {
-    return s;
+  // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h) and the fused MoE
+  // kernels' (expert_decode_fused_probe.h's armed buffer), all of the same step.
+  constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15;
+  ArmedStamps armed[] = {{SetStreamMatVecProbe, kCapacity, kStreamProbeWords, {}},
+                         {SetGdnOutProbe, kGdnCapacity, kGdnOutProbeWords, {}},
+                         {SetFusedMoeProbe, kMoeCapacity, kFusedProbeWords, {}}};
+  for (ArmedStamps& a : armed) {
+    if (absl::Status s = a.Arm(); !s.ok()) return s;
   }
-  if (absl::Status s = Cuda(SetGdnOutProbe(gd, kGdnCapacity, nullptr), "arm"); !s.ok()) return s;
-  // And the fused MoE kernels' (expert_decode_fused_probe.h's armed buffer).
-  constexpr unsigned kMoeCapacity = 1 << 15;
-  absl::StatusOr<DeviceBuffer> moe_stamps = DeviceBuffer::Allocate(size_t{kMoeCapacity} * kFusedProbeWords * 8);
-  if (!moe_stamps.ok()) return moe_stamps.status();
-  auto* md = moe_stamps->as<unsigned long long>();
-  if (absl::Status s = Cuda(cudaMemset(md, 0, size_t{kMoeCapacity} * kFusedProbeWords * 8), "memset"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Cuda(SetFusedMoeProbe(md, kMoeCapacity, nullptr), "arm"); !s.ok()) return s;
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
-  std::vector<unsigned long long> h(size_t{kCapacity} * kStreamProbeWords);
-  const absl::Status copied = Cuda(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "copy");
-  std::vector<unsigned long long> gh(size_t{kGdnCapacity} * kGdnOutProbeWords);
-  const absl::Status gdn_copied = Cuda(cudaMemcpy(gh.data(), gd, gh.size() * 8, cudaMemcpyDeviceToHost), "copy");
-  std::vector<unsigned long long> mh(size_t{kMoeCapacity} * kFusedProbeWords);
-  const absl::Status moe_copied = Cuda(cudaMemcpy(mh.data(), md, mh.size() * 8, cudaMemcpyDeviceToHost), "copy");
-  const absl::Status off = Cuda(SetStreamMatVecProbe(nullptr, 0, nullptr), "disarm");
-  const absl::Status gdn_off = Cuda(SetGdnOutProbe(nullptr, 0, nullptr), "disarm");
-  const absl::Status moe_off = Cuda(SetFusedMoeProbe(nullptr, 0, nullptr), "disarm");
-  for (const absl::Status& s : {stepped, synced, copied, gdn_copied, moe_copied, off, gdn_off, moe_off}) {
+  std::vector<unsigned long long> h, gh, mh;
+  std::vector<absl::Status> results = {stepped, synced, armed[0].Read(&h), armed[1].Read(&gh), armed[2].Read(&mh)};
+  for (const ArmedStamps& a : armed) results.push_back(a.Disarm());
+  for (const absl::Status& s : results) {
     if (!s.ok()) return s;
   }
   // Rows in slot order: blocks of one launch take consecutive slots (dense_matvec_probe.h), and
