@@ -351,14 +351,11 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      // A benchmark's in-step probe (expert_decode_fused_probe.h; its one instantiation's E).
-      if (ProbeGdnInputProducts() && o.E > 256 && o.E <= 512) {
-        TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeFusedArmedProbe(o, shared_inside ? &inside : nullptr, stream,
-                                                                     router_inside ? &router : nullptr));
-      } else {
-        TANDEM_CUDA_RETURN_IF_ERROR(
-            LaunchOneTokenMoeFused(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
-      }
+      // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
+      const auto launch = ProbeGdnInputProducts() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe
+                                                                                  : LaunchOneTokenMoeFused;
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          launch(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

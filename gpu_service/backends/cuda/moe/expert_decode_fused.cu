@@ -653,7 +653,7 @@ cudaError_t LaunchProbedForm(const OneTokenMoeArgs& a, const FusedSharedExpert* 
   FusedSharedExpert sh;
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
-  if (a.E <= 256 || a.E > 512) return cudaErrorNotSupported;  // one instantiation (kPer 16)
+  if (!OneTokenFusedProbeTakes(a.E)) return cudaErrorNotSupported;  // one instantiation (kPer 16)
   if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, stream, stamps);
   return LaunchFused<16, false, true>(a, sh, rt, stream, stamps);
 }

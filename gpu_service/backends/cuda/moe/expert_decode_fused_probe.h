@@ -50,6 +50,9 @@ enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFused
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                             const FusedRouter* router);
 
+// Whether the probed forms below take E (their one instantiation: 256 < E <= 512).
+inline bool OneTokenFusedProbeTakes(int E) { return E > 256 && E <= 512; }
+
 // LaunchOneTokenMoeFused's probed form: the same arguments, results and grid, stamps into `stamps`
 // (above). cudaErrorNotSupported for E outside (256, 512] (one instantiation), cudaErrorInvalidValue
 // where LaunchOneTokenMoeFused refuses or for a null `stamps`.
