@@ -1,7 +1,9 @@
-// ProcessSwitch (gpu_service/backends/cuda/env_switch.h): the A/B switches' value from the
-// environment on first use, overridden by set(). Host code only: runs without a GPU.
+// ProcessSwitch and ProcessInteger (gpu_service/backends/cuda/env_switch.h): the A/B switches' and
+// numeric settings' values from the environment on first use, overridden by set(). Host code only:
+// runs without a GPU.
 #include "gpu_service/backends/cuda/env_switch.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -49,6 +51,50 @@ TEST(ProcessSwitchTest, SetOverridesTheEnvironmentBeforeAndAfterTheFirstRead) {
   read_first.set(true);
   EXPECT_TRUE(read_first.on());
   ::unsetenv("TANDEM_TEST_SWITCH_D");
+}
+
+TEST(ProcessIntegerTest, ReadsTheEnvironmentOnFirstUseWithinItsRange) {
+  ::unsetenv("TANDEM_TEST_INT_A");
+  ::unsetenv("TANDEM_TEST_INT_B");
+  ProcessInteger in_range([] { return EnvInteger("TANDEM_TEST_INT_A", 3, 0, 4); });
+  ProcessInteger out_of_range([] { return EnvInteger("TANDEM_TEST_INT_B", 3, 0, 4); });
+  // Set after construction, before the first value(): the first value() reads them.
+  ::setenv("TANDEM_TEST_INT_A", "1", 1);
+  ::setenv("TANDEM_TEST_INT_B", "9", 1);
+  EXPECT_EQ(in_range.value(), 1);
+  EXPECT_EQ(out_of_range.value(), 3);  // past the range: the default
+  // Read once: later changes to the environment do not move it.
+  ::setenv("TANDEM_TEST_INT_A", "2", 1);
+  EXPECT_EQ(in_range.value(), 1);
+  ::unsetenv("TANDEM_TEST_INT_A");
+  ::unsetenv("TANDEM_TEST_INT_B");
+}
+
+TEST(ProcessIntegerTest, DefaultsWhenUnsetEmptyOrNotANumber) {
+  ::unsetenv("TANDEM_TEST_INT_C");
+  ProcessInteger unset([] { return EnvInteger("TANDEM_TEST_INT_C", 7, 0, 100); });
+  EXPECT_EQ(unset.value(), 7);
+  ::setenv("TANDEM_TEST_INT_C", "", 1);
+  ProcessInteger empty([] { return EnvInteger("TANDEM_TEST_INT_C", 7, 0, 100); });
+  EXPECT_EQ(empty.value(), 7);
+  ::setenv("TANDEM_TEST_INT_C", "12x", 1);
+  ProcessInteger trailing([] { return EnvInteger("TANDEM_TEST_INT_C", 7, 0, 100); });
+  EXPECT_EQ(trailing.value(), 7);
+  ::unsetenv("TANDEM_TEST_INT_C");
+}
+
+TEST(ProcessIntegerTest, SetOverridesTheEnvironmentBeforeAndAfterTheFirstRead) {
+  ::setenv("TANDEM_TEST_INT_D", "5", 1);
+  ProcessInteger set_first([] { return EnvInteger("TANDEM_TEST_INT_D", 0, 0, 10); });
+  set_first.set(2);  // before any read: the environment is never consulted
+  EXPECT_EQ(set_first.value(), 2);
+  ProcessInteger read_first([] { return EnvInteger("TANDEM_TEST_INT_D", 0, 0, 10); });
+  EXPECT_EQ(read_first.value(), 5);
+  read_first.set(0);
+  EXPECT_EQ(read_first.value(), 0);
+  read_first.set(int64_t{1} << 40);  // set() is not bound by the reader's range
+  EXPECT_EQ(read_first.value(), int64_t{1} << 40);
+  ::unsetenv("TANDEM_TEST_INT_D");
 }
 
 }  // namespace

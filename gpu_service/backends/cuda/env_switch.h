@@ -3,6 +3,7 @@
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ENV_SWITCH_H_
 
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -56,6 +57,34 @@ class ProcessSwitch {
  private:
   Reader read_;
   mutable std::atomic<int> state_{-1};  // -1: not yet read
+};
+
+// ProcessSwitch's counterpart for a numeric setting (a mode or a threshold): `read` gives its value
+// from the environment (normally EnvInteger with the setting's default and range), called on the
+// first value() that finds it unset; set() overrides it from then on. LLONG_MIN marks "not yet
+// read", so it is not a value a setting can hold.
+class ProcessInteger {
+ public:
+  using Reader = long long (*)();
+  explicit constexpr ProcessInteger(Reader read) : read_(read) {}
+  ProcessInteger(const ProcessInteger&) = delete;
+  ProcessInteger& operator=(const ProcessInteger&) = delete;
+
+  long long value() const {
+    long long v = value_.load(std::memory_order_relaxed);
+    if (v == kUnread) {
+      // The first reader sets it from the environment, unless a set() came first.
+      value_.compare_exchange_strong(v, read_(), std::memory_order_relaxed);
+      v = value_.load(std::memory_order_relaxed);
+    }
+    return v;
+  }
+  void set(long long v) { value_.store(v, std::memory_order_relaxed); }
+
+ private:
+  static constexpr long long kUnread = LLONG_MIN;
+  Reader read_;
+  mutable std::atomic<long long> value_{kUnread};
 };
 
 }  // namespace tandem::cuda

@@ -43,10 +43,7 @@ ProcessSwitch g_gdn_stacked_z_side{[] { return EnvSwitchDefaultOn("TANDEM_GDN_DE
 
 ProcessSwitch g_gdn_out_by_columns{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BY_COLUMNS"); }};
 
-std::atomic<int>& RouteThroughOutSwitch() {
-  static std::atomic<int> mode{static_cast<int>(EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2))};
-  return mode;
-}
+ProcessInteger g_route_through_out{[] { return EnvInteger("TANDEM_ROUTE_THROUGH_OUT", 2, 0, 2); }};
 
 // The router rows a layer's output product can carry (GpuLayer::route_rows), from host views only
 // (the same answer in both of UploadModel's passes): E router rows (+ the shared gate's) of f32,
@@ -381,10 +378,10 @@ bool GdnStackedZSide() { return g_gdn_stacked_z_side.on(); }
 void SetGdnStackedZSide(bool on) { g_gdn_stacked_z_side.set(on); }
 bool GdnOutByColumns() { return g_gdn_out_by_columns.on(); }
 void SetGdnOutByColumns(bool on) { g_gdn_out_by_columns.set(on); }
-int RouteThroughOutMode() { return RouteThroughOutSwitch().load(std::memory_order_relaxed); }
+int RouteThroughOutMode() { return static_cast<int>(g_route_through_out.value()); }
 bool RouteThroughOut() { return RouteThroughOutMode() > 0; }
-void SetRouteThroughOut(bool on) { RouteThroughOutSwitch().store(on ? 1 : 0, std::memory_order_relaxed); }
-void SetRouteThroughOutMode(int mode) { RouteThroughOutSwitch().store(mode, std::memory_order_relaxed); }
+void SetRouteThroughOut(bool on) { g_route_through_out.set(on ? 1 : 0); }
+void SetRouteThroughOutMode(int mode) { g_route_through_out.set(mode); }
 bool AttnStackedKvSide() { return g_attn_stacked_kv_side.on(); }
 void SetAttnStackedKvSide(bool on) { g_attn_stacked_kv_side.set(on); }
 

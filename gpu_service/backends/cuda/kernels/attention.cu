@@ -189,11 +189,7 @@ ProcessSwitch g_old_attn_early_kv{[] { return EnvSwitch("TANDEM_OLD_ATTN_EARLY_K
 ProcessSwitch g_old_attn_split{[] { return EnvSwitch("TANDEM_OLD_ATTN_SPLIT"); }};
 
 // TANDEM_ATTN_SHORT_KEYS: a non-negative integer (anything else: the default).
-std::atomic<int>& AttnShortKeysValue() {
-  static std::atomic<int> keys{
-      static_cast<int>(EnvInteger("TANDEM_ATTN_SHORT_KEYS", kAttnShortKeysDefault, 0, 1 << 30))};
-  return keys;
-}
+ProcessInteger g_attn_short_keys{[] { return EnvInteger("TANDEM_ATTN_SHORT_KEYS", kAttnShortKeysDefault, 0, 1 << 30); }};
 
 }  // namespace
 
@@ -211,8 +207,8 @@ bool OldAttnEarlyKv() { return g_old_attn_early_kv.on(); }
 void SetOldAttnEarlyKv(bool on) { g_old_attn_early_kv.set(on); }
 bool OldAttnSplit() { return g_old_attn_split.on(); }
 void SetOldAttnSplit(bool on) { g_old_attn_split.set(on); }
-int AttnShortKeys() { return AttnShortKeysValue().load(std::memory_order_relaxed); }
-void SetAttnShortKeys(int keys) { AttnShortKeysValue().store(std::max(keys, 0), std::memory_order_relaxed); }
+int AttnShortKeys() { return static_cast<int>(g_attn_short_keys.value()); }
+void SetAttnShortKeys(int keys) { g_attn_short_keys.set(std::max(keys, 0)); }
 
 AttentionPlan PlanAttention(const std::vector<int32_t>& token_seq, const AttnShape& d, AttentionPrecision precision,
                             int max_tc_splits) {

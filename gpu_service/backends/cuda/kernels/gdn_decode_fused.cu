@@ -854,15 +854,8 @@ cudaError_t SetGdnOutProbe(unsigned long long* stamps, unsigned capacity, cudaSt
 namespace {
 ProcessSwitch g_gdn_decode_layer_one{[] { return EnvSwitch("TANDEM_GDN_LAYER_ONE"); }};
 
-std::atomic<int>& GdnDecodeFusedSwitch() {
-  static std::atomic<int> mode{[] {
-    const char* v = std::getenv("TANDEM_GDN_DECODE_FUSED");
-    if (v == nullptr || v[0] == '\0') return 3;
-    const int m = std::atoi(v);
-    return m >= 0 && m <= 4 ? m : 3;
-  }()};
-  return mode;
-}
+// TANDEM_GDN_DECODE_FUSED: 0 .. 4 (anything else: 3).
+ProcessInteger g_gdn_decode_fused{[] { return EnvInteger("TANDEM_GDN_DECODE_FUSED", 3, 0, 4); }};
 
 ProcessSwitch g_old_gdn_early_state{[] { return EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE"); }};
 ProcessSwitch g_gdn_out_bulk{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK"); }};
@@ -884,7 +877,7 @@ bool OldGdnEarlyState() { return g_old_gdn_early_state.on(); }
 void SetOldGdnEarlyState(bool on) { g_old_gdn_early_state.set(on); }
 bool GdnDecodeLayerOne() { return g_gdn_decode_layer_one.on(); }
 void SetGdnDecodeLayerOne(bool on) { g_gdn_decode_layer_one.set(on); }
-int GetGdnDecodeFused() { return GdnDecodeFusedSwitch().load(std::memory_order_relaxed); }
-void SetGdnDecodeFused(int mode) { GdnDecodeFusedSwitch().store(mode, std::memory_order_relaxed); }
+int GetGdnDecodeFused() { return static_cast<int>(g_gdn_decode_fused.value()); }
+void SetGdnDecodeFused(int mode) { g_gdn_decode_fused.set(mode); }
 
 }  // namespace tandem::cuda

@@ -38,29 +38,22 @@ F8Terms F8TermsFromEnv() {
 }
 
 namespace {
-std::atomic<bool>& SplitF8Switch() {
-  // On unless TANDEM_GEMM_SPLIT_F8=0 (measured faster end to end; gemm_plan.h).
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("TANDEM_GEMM_SPLIT_F8");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
-  return on;
-}
+// On unless TANDEM_GEMM_SPLIT_F8=0 (measured faster end to end; gemm_plan.h). Unlike
+// EnvSwitchDefaultOn, an empty value leaves it on.
+ProcessSwitch g_split_f8{[] {
+  const char* v = std::getenv("TANDEM_GEMM_SPLIT_F8");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}};
+ProcessInteger g_split_f8_min_weights{[] {
+  return EnvInteger("TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS", int64_t{2048} * 2048, 0, std::numeric_limits<long long>::max());
+}};
 }  // namespace
 
-void SetSplitF8(bool on) { SplitF8Switch().store(on, std::memory_order_relaxed); }
-bool SplitF8() { return SplitF8Switch().load(std::memory_order_relaxed); }
+void SetSplitF8(bool on) { g_split_f8.set(on); }
+bool SplitF8() { return g_split_f8.on(); }
 
-namespace {
-std::atomic<int64_t>& SplitF8MinWeightsValue() {
-  static std::atomic<int64_t> weights{static_cast<int64_t>(
-      EnvInteger("TANDEM_GEMM_SPLIT_F8_MIN_WEIGHTS", int64_t{2048} * 2048, 0, std::numeric_limits<long long>::max()))};
-  return weights;
-}
-}  // namespace
-
-void SetSplitF8MinWeights(int64_t weights) { SplitF8MinWeightsValue().store(weights, std::memory_order_relaxed); }
-int64_t SplitF8MinWeights() { return SplitF8MinWeightsValue().load(std::memory_order_relaxed); }
+void SetSplitF8MinWeights(int64_t weights) { g_split_f8_min_weights.set(weights); }
+int64_t SplitF8MinWeights() { return static_cast<int64_t>(g_split_f8_min_weights.value()); }
 
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
