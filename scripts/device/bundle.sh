@@ -3,6 +3,7 @@
 # binaries with the shared libraries that machine may lack (Ubuntu 24.04 has no gRPC or Abseil):
 # every library `ldd` resolves outside glibc/libstdc++/CUDA's driver goes into .device-bundle/lib.
 # Carry .device-bundle (and nothing else) to the device and run scripts/device/run_all.sh there.
+# TARGETS (default below) picks what is built and bundled; EXTRA adds files under extra/ (below).
 # PACK=.device-pack/NAME.tar.xz also writes the bundle as one archive to carry instead (xz -9: the
 # binaries share most of their code, so the large dictionary matters; a 232 MB bundle packed to
 # 26 MB at -9 against 66 MB at -3, 2026-12-01), with the whole scripts/ folder under repo/ so that a
@@ -22,21 +23,32 @@ cmake --build "$build" -j "$(nproc)" --target $targets
 out=${BUNDLE_DIR:-.device-bundle}  # a helper building its own bundle names another folder
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/tests"
-# Executables: the tools, the worker, the service, and every test binary.
-for f in "$build"/gpu_service/tandem "$build"/gpu_service/tandem-gpu-service \
-         "$build"/host_expert_worker/tandem-host-worker; do
-  [ -x "$f" ] && cp "$f" "$out/bin/"
-done
+# Executables: those of the tools, the worker and the service that TARGETS names (an earlier
+# build's service binary, 48 MB, stays out of a bundle that does not ask for it), and every test
+# binary it names.
 for t in $targets; do
   case "$t" in
+    tandem|tandem-gpu-service) [ -x "$build/gpu_service/$t" ] && cp "$build/gpu_service/$t" "$out/bin/" ;;
+    tandem-host-worker) [ -x "$build/host_expert_worker/$t" ] && cp "$build/host_expert_worker/$t" "$out/bin/" ;;
     *_test|*_bench|*_profile|*_timeline) find "$build/tests" -type f -executable -name "$t" -exec cp {} "$out/tests/" \; ;;
   esac
 done
+# EXTRA="FILE ...": more files for the bundle's root, e.g. other builds' gpu_backend_bench to A/B
+# in the same call (ab_80b.sh 'label:AB_BIN=$BUNDLE/NAME'); in one xz archive they cost little,
+# since they share most of their code with the bundle's own.
+mkdir -p "$out/extra"
+for f in ${EXTRA:-}; do
+  if [ ! -f "$f" ]; then
+    echo "bundle: EXTRA file '$f' does not exist" >&2
+    exit 2
+  fi
+  cp "$f" "$out/extra/"
+done
 git rev-parse --short HEAD >"$out/COMMIT"
-strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
+strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/extra/* 2>/dev/null || true
 # Shared libraries: everything ldd finds except the C runtime, libstdc++/libgcc and CUDA's own
 # libraries (the device machine has CUDA 13; cuBLAS alone would exceed the 64 MiB carry limit).
-for f in "$out"/bin/* "$out"/tests/*; do
+for f in "$out"/bin/* "$out"/tests/* "$out"/extra/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' || true
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
