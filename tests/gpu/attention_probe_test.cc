@@ -2,7 +2,8 @@
 // computes (o the same bits at 80B shapes, batch 1, contexts 544 and 4096: the merge in the last
 // slice block as in decode steps), and every block stamps a row: its index, a real SM, its phases
 // in order (slices past the context: no query or loop phases), exactly one merging block per kv
-// head, and the slices' keys covering the context once.
+// head, and the slices' keys covering the context once. The armed form (rows taken from a buffer
+// armed in stream order) likewise.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/attention_decode_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -81,6 +83,61 @@ TEST(AttentionProbeTest, StampedKernelGivesTheSameOutputAndOrderedStamps) {
       EXPECT_EQ(merged[h], 1) << what << ", kv head " << h;
     }
   }
+}
+
+// The armed form (attention_probe.h: the step's launches captured before the buffer exists): with
+// the step probed and a buffer armed, each block takes one row (every block index once, no row past
+// the grid), the output is the same bits, and a disarmed buffer gets nothing more.
+TEST(AttentionProbeTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const attn_testing::AttnSwitchGuard guard;
+  cuda::SetAttnMergeInBlock(true);
+  const bool was_probed = cuda::ProbeGdnInputProducts();
+  const cuda::AttnShape d{16, 2, 256, 64, 1e-6f};
+  const int ctx = 544;
+  const DecodeCase c = MakeDecodeCase(rng, d, {0}, {ctx}, {1});
+  const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, cuda::AttentionPrecision::kF32);
+  ASSERT_GT(plan.num_splits, 1);
+  const auto items = Upload(plan.items);
+  const auto scratch = ZeroedScratch(plan.scratch_bytes);
+  const std::vector<float> want = AttendPlanned(c, plan, items, scratch);
+  const int blocks = plan.num_row_items * d.kvh * plan.num_splits;
+  const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
+  auto rows = Upload(std::vector<unsigned long long>(capacity * cuda::kAttnProbeWords, 0));
+  cuda::SetProbeGdnInputProducts(true);
+  ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(rows.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
+  const std::vector<float> got = AttendPlanned(c, plan, items, scratch);
+  ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(nullptr, 0, nullptr), cudaSuccess);
+  const std::vector<float> after = AttendPlanned(c, plan, items, scratch);  // disarmed: no rows
+  cuda::SetProbeGdnInputProducts(was_probed);
+  EXPECT_TRUE(gpu_testing::SameBits(got, want));
+  EXPECT_TRUE(gpu_testing::SameBits(after, want));
+  const std::vector<unsigned long long> r = Download(rows);
+  std::vector<int> seen(static_cast<size_t>(blocks), 0);
+  int64_t keys = 0;
+  for (size_t i = 0; i < capacity; ++i) {
+    const unsigned long long* row = r.data() + i * cuda::kAttnProbeWords;
+    if (static_cast<int>(i) >= blocks) {
+      EXPECT_EQ(row[cuda::kAttnProbeEntry], 0u) << "row " << i << " past the launch's blocks";
+      EXPECT_EQ(row[cuda::kAttnProbeExit], 0u) << "row " << i << " past the launch's blocks";
+      continue;
+    }
+    const unsigned long long b = row[cuda::kAttnProbeBlock];
+    ASSERT_LT(b, static_cast<unsigned long long>(blocks)) << "row " << i;
+    ++seen[b];
+    keys += static_cast<int64_t>(row[cuda::kAttnProbeKeys]);
+    EXPECT_NE(row[cuda::kAttnProbeEntry], 0u) << "row " << i;
+    EXPECT_LE(row[cuda::kAttnProbeEntry], row[cuda::kAttnProbeExit]) << "row " << i;
+    if (row[cuda::kAttnProbeKeys] > 0) {
+      EXPECT_LE(row[cuda::kAttnProbeAfterWait], row[cuda::kAttnProbeQLoaded]) << "row " << i;
+      EXPECT_LE(row[cuda::kAttnProbeQLoaded], row[cuda::kAttnProbeLoopDone]) << "row " << i;
+      EXPECT_LE(row[cuda::kAttnProbeLoopDone], row[cuda::kAttnProbePartials]) << "row " << i;
+      EXPECT_LE(row[cuda::kAttnProbePartials], row[cuda::kAttnProbeExit]) << "row " << i;
+    }
+  }
+  for (int b = 0; b < blocks; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+  EXPECT_EQ(keys, static_cast<int64_t>(ctx) * d.kvh);  // the slices cover the context once a kv head
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
@@ -191,6 +192,65 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
   }
 }
 
+// The split attention's stamps (attention_probe.h's armed buffer) of the step: the blocks of one
+// launch hold consecutive slots (the attention layers' launches are several kernels apart), every
+// launch has the same grid (row item, kv head, slice: one step's context). Per phase, the first,
+// median and last block in us after the launch's first wait return (blocks that left before their
+// wait, slices a short context leaves empty, have only entry and exit), and how many blocks had
+// keys to attend to.
+void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned capacity) {
+  using namespace cuda;
+  int rows = 0;
+  unsigned long long grid = 0;
+  while (rows < static_cast<int>(capacity) && h[size_t(rows) * kAttnProbeWords + kAttnProbeExit] != 0) {
+    grid = std::max(grid, h[size_t(rows) * kAttnProbeWords + kAttnProbeBlock] + 1);
+    ++rows;
+  }
+  if (rows == 0 || rows % grid != 0) {
+    printf("split attention probe: %d stamped blocks (grid %llu): no whole launches\n", rows, grid);
+    return;
+  }
+  struct Phase {
+    int word;
+    const char* name;
+  };
+  const Phase phases[] = {{kAttnProbeEntry, "entry (row taken)"},  {kAttnProbeAfterWait, "PDL wait returned"},
+                          {kAttnProbeQLoaded, "queries loaded"},    {kAttnProbeLoopDone, "keys and values done"},
+                          {kAttnProbePartials, "partials written"}, {kAttnProbeExit, "exit"}};
+  constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
+  std::vector<double> stat[kPhases][3];
+  std::vector<double> with_keys;
+  const size_t n = static_cast<size_t>(rows) / grid;
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<const unsigned long long*> launch;
+    unsigned long long t0 = ~0ull;
+    int keyed = 0;
+    for (unsigned long long b = 0; b < grid; ++b) {
+      const unsigned long long* r = &h[(k * grid + b) * kAttnProbeWords];
+      launch.push_back(r);
+      if (r[kAttnProbeAfterWait] != 0) t0 = std::min(t0, r[kAttnProbeAfterWait]);
+      keyed += r[kAttnProbeKeys] != 0;
+    }
+    if (t0 == ~0ull) continue;
+    with_keys.push_back(keyed);
+    for (int p = 0; p < kPhases; ++p) {
+      for (int w = 0; w < 3; ++w) stat[p][w].push_back(bench::StampUs(launch, phases[p].word, t0, w - 1));
+    }
+  }
+  if (with_keys.empty()) {
+    printf("split attention probe: %zu launches of %llu blocks, none past its wait\n", n, grid);
+    return;
+  }
+  printf("split attention probe: %zu launches of %llu blocks, %.0f with keys (median)\n", n, grid,
+         bench::Median(with_keys));
+  printf("  %-24s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n", "phase",
+         "first block", "median", "last block");
+  for (int p = 0; p < kPhases; ++p) {
+    printf("  %-24s %12.2f %12.2f %12.2f\n", phases[p].name, bench::Median(stat[p][0]), bench::Median(stat[p][1]),
+           bench::Median(stat[p][2]));
+  }
+}
+
 }  // namespace
 
 absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
@@ -198,18 +258,20 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   constexpr unsigned kCapacity = 1 << 15;
   // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h) and the fused MoE
   // kernels' (expert_decode_fused_probe.h's armed buffer), all of the same step.
-  constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15;
+  constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15, kAttnCapacity = 1 << 14;
   ArmedStamps armed[] = {{SetStreamMatVecProbe, kCapacity, kStreamProbeWords, {}},
                          {SetGdnOutProbe, kGdnCapacity, kGdnOutProbeWords, {}},
-                         {SetFusedMoeProbe, kMoeCapacity, kFusedProbeWords, {}}};
+                         {SetFusedMoeProbe, kMoeCapacity, kFusedProbeWords, {}},
+                         {SetArmedSplitAttentionProbe, kAttnCapacity, kAttnProbeWords, {}}};
   for (ArmedStamps& a : armed) {
     if (absl::Status s = a.Arm(); !s.ok()) return s;
   }
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
-  std::vector<unsigned long long> h, gh, mh;
-  std::vector<absl::Status> results = {stepped, synced, armed[0].Read(&h), armed[1].Read(&gh), armed[2].Read(&mh)};
+  std::vector<unsigned long long> h, gh, mh, ah;
+  std::vector<absl::Status> results = {stepped,           synced,           armed[0].Read(&h),
+                                       armed[1].Read(&gh), armed[2].Read(&mh), armed[3].Read(&ah)};
   for (const ArmedStamps& a : armed) results.push_back(a.Disarm());
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
@@ -285,6 +347,7 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
          bench::Median(earliest), bench::Median(early5), bench::Median(sms), bench::Median(most_per_sm));
   ReportGdnKernels(gh, kGdnCapacity, launch_t0);
   ReportMoeKernels(mh, kMoeCapacity);
+  ReportSplitAttention(ah, kAttnCapacity);
   return absl::OkStatus();
 }
 

@@ -10,15 +10,24 @@
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
 
+// SetArmedSplitAttentionProbe's buffer and slot counter (attention_probe.h).
+struct SplitArmedProbe {
+  unsigned long long* stamps;
+  unsigned capacity;
+};
+__device__ SplitArmedProbe g_split_armed_probe;
+__device__ unsigned g_split_armed_count;
+
 // The split attention's kernel: SplitAttendBlock (attention_split.cuh) reading q and every key
 // from global memory (it waits for the previous kernel itself).
-// kProbe: attention_probe.h's stamped instantiation (probe rows, `capacity` of them); the
-// production ones ignore both.
+// kProbe: attention_probe.h's stamped instantiation (probe rows, `capacity` of them; without rows,
+// thread 0's row from the armed buffer); the production ones ignore both.
 template <int kHd, bool kMergeHere, bool kProbe = false>
 __global__ void __launch_bounds__(kSplitWarps * 32, 1)
 SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, int64_t qg_stride, int nh, int kvh,
@@ -29,10 +38,16 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
   unsigned long long* row = nullptr;
   if constexpr (kProbe) {
     const int b = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-    if (probe != nullptr && b < capacity) {
-      row = probe + static_cast<int64_t>(b) * kAttnProbeWords;
-      if (threadIdx.x == 0) row[kAttnProbeBlock] = static_cast<unsigned long long>(b);
+    if (probe != nullptr) {
+      if (b < capacity) row = probe + static_cast<int64_t>(b) * kAttnProbeWords;
+    } else if (threadIdx.x == 0) {  // only thread 0 stamps: the others keep no row
+      const SplitArmedProbe armed = g_split_armed_probe;
+      if (armed.stamps != nullptr) {
+        const unsigned slot = atomicAdd(&g_split_armed_count, 1u);
+        if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kAttnProbeWords;
+      }
     }
+    if (threadIdx.x == 0 && row != nullptr) row[kAttnProbeBlock] = static_cast<unsigned long long>(b);
   }
   SplitAttendBlock<kHd, kMergeHere, false, NoPrep, kProbe>(q, qg, qg_stride, nh, kvh, items, token_seq, token_pos, cache,
                                                            part_o, part_ml, o, tickets, short_keys, early_kv, NoPrep{},
@@ -101,10 +116,10 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     const int short_keys = num_splits > 1 && !OldAttnSplit() ? AttnShortKeys() : 0;
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
-    // The stamped instantiation while a probe has rows (attention_probe.h).
-    const auto kernel = probe.rows != nullptr ? (merge_here ? SplitKernel<kHd, true, true>() : SplitKernel<kHd, false, true>())
-                                              : (merge_here ? SplitKernel<kHd, true, false>()
-                                                            : SplitKernel<kHd, false, false>());
+    // The stamped instantiation while a probe has rows or the step is probed (attention_probe.h).
+    const bool stamped = probe.rows != nullptr || ProbeGdnInputProducts();
+    const auto kernel = stamped ? (merge_here ? SplitKernel<kHd, true, true>() : SplitKernel<kHd, false, true>())
+                                : (merge_here ? SplitKernel<kHd, true, false>() : SplitKernel<kHd, false, false>());
     if (kernel.error != cudaSuccess) return kernel.error;
     if (cudaError_t e = LaunchPdl(kernel.fn, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items,
                                   token_seq, token_pos, cache, part_o, part_ml, o, tickets, short_keys, early_kv,
@@ -195,6 +210,17 @@ ProcessInteger g_attn_short_keys{[] { return EnvInteger("TANDEM_ATTN_SHORT_KEYS"
 
 void SetSplitAttentionProbe(unsigned long long* rows, int capacity) {
   SplitProbeRows() = SplitProbe{rows, rows != nullptr ? capacity : 0};
+}
+
+cudaError_t SetArmedSplitAttentionProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  const SplitArmedProbe config{stamps, stamps != nullptr ? capacity : 0u};
+  constexpr unsigned kZero = 0;
+  if (const cudaError_t e =
+          cudaMemcpyToSymbolAsync(g_split_armed_count, &kZero, sizeof(kZero), 0, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaMemcpyToSymbolAsync(g_split_armed_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
 }
 
 bool OldAttnDecode() { return g_old_attn_decode.on(); }

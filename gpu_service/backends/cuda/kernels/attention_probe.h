@@ -10,6 +10,8 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_PROBE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_PROBE_H_
 
+#include <cuda_runtime.h>
+
 namespace tandem::cuda {
 
 inline constexpr int kAttnProbeWords = 12;
@@ -31,6 +33,17 @@ enum AttnProbeWord : int {
 // rows != nullptr: the stamped kernel from the next launch on, `capacity` rows; nullptr: the
 // production kernel again.
 void SetSplitAttentionProbe(unsigned long long* rows, int capacity);
+
+// The same stamps inside a decode step whose launches were captured before their buffer existed
+// (gpu_backend_bench --probe-gdn-product): while ProbeGdnInputProducts() (dense_matvec_probe.h) is
+// on and no rows are set above, LaunchAttention launches the stamped kernel without rows, and
+// thread 0 of each block takes the next row of the buffer armed here (a slot counter in device
+// memory, so the blocks of one launch take consecutive rows when launches do not overlap), writes
+// kAttnProbeBlock and stamps as above (its entry once it holds the row: one atomic's round trip
+// after the block started); nothing while none is armed or the buffer is full. Arms (stamps not
+// null: `capacity` rows of kAttnProbeWords, zeroed by the caller; the counter reset) or disarms
+// (nullptr), in stream order.
+cudaError_t SetArmedSplitAttentionProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);
 
 }  // namespace tandem::cuda
 
