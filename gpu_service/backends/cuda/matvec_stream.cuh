@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/matvec_core.cuh"
@@ -208,11 +209,7 @@ __device__ __forceinline__ void StreamRows(const uint8_t* const* rows, int piece
 // SetStreamMatVecProbe in kernels/dense_matvec_probe.cu, the one file that launches it). The
 // buffer and capacity sit in constant memory: read at a block's exit, they hit the SM's constant
 // cache (a global load there cost the block a round trip before it could complete).
-struct StreamProbeConfig {
-  unsigned long long* stamps;
-  unsigned capacity;
-};
-__constant__ StreamProbeConfig g_stream_probe_config;
+__constant__ ArmedStampRows g_stream_probe_config;
 __device__ unsigned g_stream_probe_count;
 
 // Thread 0 keeps the block's stamps in shared memory and takes its slot with an atomic issued at

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
@@ -17,11 +18,7 @@ namespace tandem::cuda {
 namespace {
 
 // SetArmedSplitAttentionProbe's buffer and slot counter (attention_probe.h).
-struct SplitArmedProbe {
-  unsigned long long* stamps;
-  unsigned capacity;
-};
-__device__ SplitArmedProbe g_split_armed_probe;
+__device__ ArmedStampRows g_split_armed_probe;
 __device__ unsigned g_split_armed_count;
 
 // The split attention's kernel: SplitAttendBlock (attention_split.cuh) reading q and every key
@@ -41,7 +38,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     if (probe != nullptr) {
       if (b < capacity) row = probe + static_cast<int64_t>(b) * kAttnProbeWords;
     } else if (threadIdx.x == 0) {  // only thread 0 stamps: the others keep no row
-      const SplitArmedProbe armed = g_split_armed_probe;
+      const ArmedStampRows armed = g_split_armed_probe;
       if (armed.stamps != nullptr) {
         const unsigned slot = atomicAdd(&g_split_armed_count, 1u);
         if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kAttnProbeWords;
@@ -213,14 +210,7 @@ void SetSplitAttentionProbe(unsigned long long* rows, int capacity) {
 }
 
 cudaError_t SetArmedSplitAttentionProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const SplitArmedProbe config{stamps, stamps != nullptr ? capacity : 0u};
-  constexpr unsigned kZero = 0;
-  if (const cudaError_t e =
-          cudaMemcpyToSymbolAsync(g_split_armed_count, &kZero, sizeof(kZero), 0, cudaMemcpyHostToDevice, stream);
-      e != cudaSuccess) {
-    return e;
-  }
-  return cudaMemcpyToSymbolAsync(g_split_armed_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
+  return ArmStampRows(g_split_armed_probe, g_split_armed_count, stamps, capacity, stream);
 }
 
 bool OldAttnDecode() { return g_old_attn_decode.on(); }

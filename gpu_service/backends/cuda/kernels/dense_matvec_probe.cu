@@ -71,15 +71,7 @@ __global__ void StreamProbeProducerKernel(const float* src, float* x, int count,
 }  // namespace
 
 cudaError_t SetStreamMatVecProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const fastmv::StreamProbeConfig config{stamps, capacity};
-  static const unsigned kZero = 0;
-  if (const cudaError_t e = cudaMemcpyToSymbolAsync(fastmv::g_stream_probe_count, &kZero, sizeof(kZero), 0,
-                                                    cudaMemcpyHostToDevice, stream);
-      e != cudaSuccess) {
-    return e;
-  }
-  return cudaMemcpyToSymbolAsync(fastmv::g_stream_probe_config, &config, sizeof(config), 0, cudaMemcpyHostToDevice,
-                                 stream);
+  return ArmStampRows(fastmv::g_stream_probe_config, fastmv::g_stream_probe_count, stamps, capacity, stream);
 }
 
 cudaError_t StreamMatVecProbeGrid(const DeviceMatrix& w, StreamProbeGrid* grid) {

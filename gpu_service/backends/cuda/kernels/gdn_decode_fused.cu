@@ -39,6 +39,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
@@ -138,11 +139,7 @@ __device__ __forceinline__ float ReadRow(const float* p, bool polled) {
 
 // gdn_decode_out_probe.h's buffer and slot counter (constant memory: read at a block's exit, a
 // constant-cache hit).
-struct GdnOutProbeConfig {
-  unsigned long long* stamps;
-  unsigned capacity;
-};
-__constant__ GdnOutProbeConfig g_gdn_out_probe;
+__constant__ ArmedStampRows g_gdn_out_probe;
 __device__ unsigned g_gdn_out_probe_count;
 
 // Thread 0's stamps of a stamped launch (GdnDecodeFusedArgs::out_probe); nothing otherwise.
@@ -165,7 +162,7 @@ struct GdnOutStamps {
   }
   __device__ void Write(unsigned cluster) const {
     if (!on) return;
-    const GdnOutProbeConfig config = g_gdn_out_probe;
+    const ArmedStampRows config = g_gdn_out_probe;
     if (config.stamps == nullptr || slot >= config.capacity) return;
     unsigned long long* row = config.stamps + static_cast<unsigned long long>(slot) * kGdnOutProbeWords;
 #pragma unroll
@@ -841,14 +838,7 @@ cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix&
 }
 
 cudaError_t SetGdnOutProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const GdnOutProbeConfig config{stamps, capacity};
-  static const unsigned kZero = 0;
-  if (const cudaError_t e = cudaMemcpyToSymbolAsync(g_gdn_out_probe_count, &kZero, sizeof(kZero), 0,
-                                                    cudaMemcpyHostToDevice, stream);
-      e != cudaSuccess) {
-    return e;
-  }
-  return cudaMemcpyToSymbolAsync(g_gdn_out_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
+  return ArmStampRows(g_gdn_out_probe, g_gdn_out_probe_count, stamps, capacity, stream);
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
@@ -115,11 +116,7 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
 // LaunchOneTokenMoeFusedArmedProbe's buffer and slot counter (SetFusedMoeProbe).
-struct FusedMoeProbeConfig {
-  unsigned long long* stamps;
-  unsigned capacity;
-};
-__device__ FusedMoeProbeConfig g_fused_moe_probe;
+__device__ ArmedStampRows g_fused_moe_probe;
 __device__ unsigned g_fused_moe_probe_count;
 
 // expert_decode_fused_probe.h's stamps: thread 0 of a block writes %globaltimer at each phase into
@@ -132,7 +129,7 @@ struct FusedStamps {
     if constexpr (kProbe) {
       const unsigned long long entry = GlobalTimerNs();
       if (threadIdx.x == 0 && rows == nullptr) {
-        const FusedMoeProbeConfig armed = g_fused_moe_probe;
+        const ArmedStampRows armed = g_fused_moe_probe;
         if (armed.stamps != nullptr) {
           const unsigned slot = atomicAdd(&g_fused_moe_probe_count, 1u);
           if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kFusedProbeWords;
@@ -673,14 +670,7 @@ cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& a, const Fus
 }
 
 cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
-  const FusedMoeProbeConfig config{stamps, stamps != nullptr ? capacity : 0u};
-  constexpr unsigned kZero = 0;
-  if (const cudaError_t e = cudaMemcpyToSymbolAsync(g_fused_moe_probe_count, &kZero, sizeof(kZero), 0,
-                                                    cudaMemcpyHostToDevice, stream);
-      e != cudaSuccess) {
-    return e;
-  }
-  return cudaMemcpyToSymbolAsync(g_fused_moe_probe, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
+  return ArmStampRows(g_fused_moe_probe, g_fused_moe_probe_count, stamps, capacity, stream);
 }
 
 }  // namespace tandem::cuda

@@ -1,0 +1,36 @@
+// The stamp buffer of a probe armed in stream order (the decode step's stamped kernels, captured
+// before their buffer exists: dense_matvec_probe.h, gdn_decode_out_probe.h,
+// moe/expert_decode_fused_probe.h, kernels/attention_probe.h). Each probe keeps one ArmedStampRows
+// (in constant or global memory) and one slot counter in its own .cu file; a stamped block takes
+// the next slot with an atomic on the counter and writes its row when the slot is below capacity.
+// Include from .cu files only.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
+
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+struct ArmedStampRows {
+  unsigned long long* stamps;  // nullptr: disarmed
+  unsigned capacity;           // rows
+};
+
+// Arms (stamps not null: `capacity` rows, zeroed by the caller) or disarms (nullptr) the probe
+// whose rows and counter are the device symbols `rows` and `count`: the counter reset, then the
+// rows, both in stream order.
+template <typename Rows, typename Count>
+cudaError_t ArmStampRows(const Rows& rows, const Count& count, unsigned long long* stamps, unsigned capacity,
+                         cudaStream_t stream) {
+  const ArmedStampRows config{stamps, stamps != nullptr ? capacity : 0u};
+  static constexpr unsigned kZero = 0;
+  if (const cudaError_t e = cudaMemcpyToSymbolAsync(count, &kZero, sizeof(kZero), 0, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaMemcpyToSymbolAsync(rows, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
+}
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
