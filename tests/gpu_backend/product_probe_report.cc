@@ -46,6 +46,22 @@ struct ArmedStamps {
   absl::Status Disarm() const { return Cuda(arm(nullptr, 0, nullptr), "disarm"); }
 };
 
+// The stamped rows of an armed buffer in slot order (`words` u64 a row; a row counts once its
+// exit word is written) and the launches' grid (the largest block index, masked, + 1).
+struct StampedRows {
+  int rows = 0;
+  unsigned long long grid = 0;
+};
+StampedRows CountStampedRows(const std::vector<unsigned long long>& h, unsigned capacity, int words, int exit_word,
+                             int block_word, unsigned long long block_mask = ~0ull) {
+  StampedRows r;
+  while (r.rows < static_cast<int>(capacity) && h[size_t(r.rows) * words + exit_word] != 0) {
+    r.grid = std::max(r.grid, (h[size_t(r.rows) * words + block_word] & block_mask) + 1);
+    ++r.rows;
+  }
+  return r;
+}
+
 // The fused GDN kernels' stamps (gdn_decode_out_probe.h) of the step, launch k (the GDN layers in
 // order, blocks in consecutive slots) against the product probe's launch k: per phase, the first,
 // median and last block in us after that product's first wait return (the MoE kernel's end); then
@@ -55,12 +71,7 @@ struct ArmedStamps {
 void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacity,
                       const std::vector<unsigned long long>& product_t0) {
   using namespace cuda;
-  int rows = 0;
-  unsigned long long grid = 0;
-  while (rows < static_cast<int>(capacity) && h[size_t(rows) * kGdnOutProbeWords + kGdnOutProbeExit] != 0) {
-    grid = std::max(grid, (h[size_t(rows) * kGdnOutProbeWords + kGdnOutProbeBlock] & 0xFFFF) + 1);
-    ++rows;
-  }
+  const auto [rows, grid] = CountStampedRows(h, capacity, kGdnOutProbeWords, kGdnOutProbeExit, kGdnOutProbeBlock, 0xFFFF);
   if (rows == 0 || rows % grid != 0) {
     printf("GDN kernel probe: %d stamped blocks (grid %llu): no whole launches\n", rows, grid);
     return;
@@ -200,12 +211,7 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
 // keys to attend to.
 void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
-  int rows = 0;
-  unsigned long long grid = 0;
-  while (rows < static_cast<int>(capacity) && h[size_t(rows) * kAttnProbeWords + kAttnProbeExit] != 0) {
-    grid = std::max(grid, h[size_t(rows) * kAttnProbeWords + kAttnProbeBlock] + 1);
-    ++rows;
-  }
+  const auto [rows, grid] = CountStampedRows(h, capacity, kAttnProbeWords, kAttnProbeExit, kAttnProbeBlock);
   if (rows == 0 || rows % grid != 0) {
     printf("split attention probe: %d stamped blocks (grid %llu): no whole launches\n", rows, grid);
     return;
@@ -278,12 +284,7 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   }
   // Rows in slot order: blocks of one launch take consecutive slots (dense_matvec_probe.h), and
   // every GDN layer's product has the same grid, so launch k holds slots [k·grid, (k + 1)·grid).
-  int rows = 0;
-  unsigned long long grid = 0;
-  while (rows < static_cast<int>(kCapacity) && h[size_t(rows) * kStreamProbeWords + kStreamProbeExit] != 0) {
-    grid = std::max(grid, h[size_t(rows) * kStreamProbeWords + kStreamProbeBlock] + 1);
-    ++rows;
-  }
+  const auto [rows, grid] = CountStampedRows(h, kCapacity, kStreamProbeWords, kStreamProbeExit, kStreamProbeBlock);
   if (rows == 0) return absl::InternalError("no stamped block: the GDN input products did not take the probe");
   if (rows % grid != 0) return absl::InternalError(absl::StrCat(rows, " stamped blocks, not launches of ", grid));
   std::vector<std::vector<const unsigned long long*>> launches(static_cast<size_t>(rows / grid));
