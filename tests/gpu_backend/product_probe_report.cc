@@ -62,6 +62,20 @@ StampedRows CountStampedRows(const std::vector<unsigned long long>& h, unsigned 
   return r;
 }
 
+// One phase's first, median and last block of each launch (bench::StampUs, us after the launch's
+// t0), and their medians over the launches: a row of the reports' tables.
+struct PhaseSpread {
+  std::vector<double> at[3];  // first, median, last
+  void Add(const std::vector<const unsigned long long*>& launch, int word, unsigned long long t0) {
+    for (int w = 0; w < 3; ++w) at[w].push_back(bench::StampUs(launch, word, t0, w - 1));
+  }
+  bool empty() const { return at[0].empty(); }
+  // "%12.2f %12.2f %12.2f" of the three medians.
+  void Print() const {
+    printf("%12.2f %12.2f %12.2f\n", bench::Median(at[0]), bench::Median(at[1]), bench::Median(at[2]));
+  }
+};
+
 // The fused GDN kernels' stamps (gdn_decode_out_probe.h) of the step, launch k (the GDN layers in
 // order, blocks in consecutive slots) against the product probe's launch k: per phase, the first,
 // median and last block in us after that product's first wait return (the MoE kernel's end); then
@@ -81,17 +95,13 @@ void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacit
                          "z read",           "sums barrier passed", "output rows landed", "output added",
                          "exit"};
   static_assert(sizeof(names) / sizeof(names[0]) == kGdnOutProbeStamps, "a name a stamp");
-  std::vector<std::vector<double>> first(kGdnOutProbeStamps), med(kGdnOutProbeStamps), last(kGdnOutProbeStamps);
+  std::vector<PhaseSpread> spread(kGdnOutProbeStamps);
   std::vector<double> c1, c8, cprev, clast, c1_exit, clast_exit, sms;
   for (size_t k = 0; k < n && k < product_t0.size(); ++k) {
     std::vector<const unsigned long long*> launch;
     for (unsigned long long b = 0; b < grid; ++b) launch.push_back(&h[(k * grid + b) * kGdnOutProbeWords]);
     const unsigned long long t0 = product_t0[k];
-    for (int p = 0; p < kGdnOutProbeStamps; ++p) {
-      first[p].push_back(bench::StampUs(launch, p, t0, -1));
-      med[p].push_back(bench::StampUs(launch, p, t0, 0));
-      last[p].push_back(bench::StampUs(launch, p, t0, 1));
-    }
+    for (int p = 0; p < kGdnOutProbeStamps; ++p) spread[p].Add(launch, p, t0);
     // Clusters: entry = their last block's, exit = their last block's.
     std::vector<std::pair<double, double>> clusters(1024, {-1e30, -1e30});
     std::vector<int> per_sm(1024, 0);
@@ -119,8 +129,8 @@ void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacit
   printf("  %-26s %12s %12s %12s   (us after the layer's product's first wait return; median over launches)\n",
          "phase", "first block", "median", "last block");
   for (int p = 0; p < kGdnOutProbeStamps; ++p) {
-    printf("  %-26s %12.2f %12.2f %12.2f\n", names[p], bench::Median(first[p]), bench::Median(med[p]),
-           bench::Median(last[p]));
+    printf("  %-26s ", names[p]);
+    spread[p].Print();
   }
   printf("  clusters by entry (their last block's): 1st %.2f (exit %.2f), 8th %.2f, next-to-last %.2f, last %.2f "
          "(exit %.2f); SMs used %.0f (medians over launches)\n",
@@ -167,7 +177,7 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
                           {kFusedProbeSummed, "sums issued"},
                           {kFusedProbeExit, "exit"}};
   constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
-  std::vector<double> stat[2][kPhases][3];  // [routed, shared][phase][first, median, last]
+  PhaseSpread stat[2][kPhases];  // [routed, shared][phase]
   size_t overlapped = 0;
   for (size_t k = 0; k < n; ++k) {
     std::vector<const unsigned long long*> launch(rows.begin() + k * grid, rows.begin() + (k + 1) * grid);
@@ -185,20 +195,20 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
       }
       if (of_kind.empty()) continue;
       for (int p = 0; p < kPhases; ++p) {
-        for (int w = 0; w < 3; ++w) stat[kind][p][w].push_back(bench::StampUs(of_kind, phases[p].word, t0, w - 1));
+        stat[kind][p].Add(of_kind, phases[p].word, t0);
       }
     }
   }
   printf("MoE kernel probe: %zu launches of %llu blocks%s\n", n, grid,
          overlapped != 0 ? " (some launches' blocks interleaved: the cut is not exact)" : "");
   for (int kind = 0; kind < 2; ++kind) {
-    if (stat[kind][0][0].empty()) continue;
+    if (stat[kind][0].empty()) continue;
     printf("  %-8s %-30s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n",
            kind == 0 ? "routed" : "shared", "phase", "first block", "median", "last block");
     for (int p = 0; p < kPhases; ++p) {
       if (kind == 1 && (phases[p].word == kFusedProbeLogitsLoaded || phases[p].word == kFusedProbePicked)) continue;
-      printf("  %-8s %-30s %12.2f %12.2f %12.2f\n", "", phases[p].name, bench::Median(stat[kind][p][0]),
-             bench::Median(stat[kind][p][1]), bench::Median(stat[kind][p][2]));
+      printf("  %-8s %-30s ", "", phases[p].name);
+      stat[kind][p].Print();
     }
   }
 }
@@ -224,7 +234,7 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
                           {kAttnProbeQLoaded, "queries loaded"},    {kAttnProbeLoopDone, "keys and values done"},
                           {kAttnProbePartials, "partials written"}, {kAttnProbeExit, "exit"}};
   constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
-  std::vector<double> stat[kPhases][3];
+  PhaseSpread stat[kPhases];
   std::vector<double> with_keys;
   const size_t n = static_cast<size_t>(rows) / grid;
   for (size_t k = 0; k < n; ++k) {
@@ -240,7 +250,7 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
     if (t0 == ~0ull) continue;
     with_keys.push_back(keyed);
     for (int p = 0; p < kPhases; ++p) {
-      for (int w = 0; w < 3; ++w) stat[p][w].push_back(bench::StampUs(launch, phases[p].word, t0, w - 1));
+      stat[p].Add(launch, phases[p].word, t0);
     }
   }
   if (with_keys.empty()) {
@@ -252,8 +262,8 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
   printf("  %-24s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n", "phase",
          "first block", "median", "last block");
   for (int p = 0; p < kPhases; ++p) {
-    printf("  %-24s %12.2f %12.2f %12.2f\n", phases[p].name, bench::Median(stat[p][0]), bench::Median(stat[p][1]),
-           bench::Median(stat[p][2]));
+    printf("  %-24s ", phases[p].name);
+    stat[p].Print();
   }
 }
 
