@@ -1,10 +1,13 @@
 // ProcessSwitch and ProcessInteger (gpu_service/backends/cuda/env_switch.h): the A/B switches' and
-// numeric settings' values from the environment on first use, overridden by set(). Host code only:
-// runs without a GPU.
+// numeric settings' values from the environment on first use, overridden by set(); EnvInteger's and
+// EnvChoice's readings, and what they say of a value they cannot take. Host code only: runs
+// without a GPU.
 #include "gpu_service/backends/cuda/env_switch.h"
 
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -95,6 +98,51 @@ TEST(ProcessIntegerTest, SetOverridesTheEnvironmentBeforeAndAfterTheFirstRead) {
   read_first.set(int64_t{1} << 40);  // set() is not bound by the reader's range
   EXPECT_EQ(read_first.value(), int64_t{1} << 40);
   ::unsetenv("TANDEM_TEST_INT_D");
+}
+
+TEST(EnvIntegerTest, NamesTheVariableWhenItsValueIsNotTaken) {
+  ::setenv("TANDEM_TEST_INT_E", "12x", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, 0, 100), 7);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "TANDEM_TEST_INT_E=12x is not an integer in [0, 100]: using 7\n");
+  ::setenv("TANDEM_TEST_INT_E", "101", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, 0, 100), 7);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "TANDEM_TEST_INT_E=101 is not an integer in [0, 100]: using 7\n");
+  ::setenv("TANDEM_TEST_INT_E", "99999999999999999999", 1);  // past long long: strtoll's ERANGE
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, 0, std::numeric_limits<long long>::max()), 7);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("TANDEM_TEST_INT_E=99999999999999999999"), std::string::npos);
+  // A value taken, and an unset or empty one, say nothing.
+  ::setenv("TANDEM_TEST_INT_E", "-3", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, -5, 5), -3);
+  ::setenv("TANDEM_TEST_INT_E", "", 1);
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, -5, 5), 7);
+  ::unsetenv("TANDEM_TEST_INT_E");
+  EXPECT_EQ(EnvInteger("TANDEM_TEST_INT_E", 7, -5, 5), 7);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+enum class Terms { kA, kB, kC };
+
+TEST(EnvChoiceTest, TakesTheNamedValuesAndTheFallbackOtherwise) {
+  auto read = [] { return EnvChoice<Terms>("TANDEM_TEST_CHOICE", {{"a", Terms::kA}, {"b", Terms::kB}}, Terms::kC); };
+  ::unsetenv("TANDEM_TEST_CHOICE");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(read(), Terms::kC);
+  ::setenv("TANDEM_TEST_CHOICE", "", 1);
+  EXPECT_EQ(read(), Terms::kC);
+  ::setenv("TANDEM_TEST_CHOICE", "a", 1);
+  EXPECT_EQ(read(), Terms::kA);
+  ::setenv("TANDEM_TEST_CHOICE", "b", 1);
+  EXPECT_EQ(read(), Terms::kB);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  ::setenv("TANDEM_TEST_CHOICE", "B", 1);  // not a name it takes (names are matched exactly)
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(read(), Terms::kC);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "TANDEM_TEST_CHOICE=B is not one of a, b: using the default\n");
+  ::unsetenv("TANDEM_TEST_CHOICE");
 }
 
 }  // namespace

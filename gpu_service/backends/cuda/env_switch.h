@@ -3,9 +3,15 @@
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ENV_SWITCH_H_
 
 #include <atomic>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
 
 namespace tandem::cuda {
 
@@ -22,13 +28,35 @@ inline bool EnvSwitch(const char* name) {
 inline bool EnvSwitchDefaultOn(const char* name) { return std::getenv(name) == nullptr || EnvSwitch(name); }
 
 // The environment variable `name` as a base-10 integer in [min, max], or `fallback` where it is
-// unset, empty, not wholly an integer, or out of that range. Read once by callers, as the switches.
+// unset, empty, not wholly an integer, or out of that range; the last two also say so on stderr,
+// naming the variable (a mistyped setting must not pass unnoticed in an A/B run). Read once by
+// callers, as the switches.
 inline long long EnvInteger(const char* name, long long fallback, long long min, long long max) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
+  if (v == nullptr || v[0] == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   const long long n = std::strtoll(v, &end, 10);
-  return end != v && *end == '\0' && n >= min && n <= max ? n : fallback;
+  if (end != v && *end == '\0' && errno == 0 && n >= min && n <= max) return n;
+  std::fprintf(stderr, "%s=%s is not an integer in [%lld, %lld]: using %lld\n", name, v, min, max, fallback);
+  return fallback;
+}
+
+// The environment variable `name` as one of `choices` (the text each value is set by): the value
+// whose text equals it, or `fallback` where it is unset or empty. Any other text gives `fallback`
+// and says so on stderr, naming the variable and the texts it takes. Read once by callers.
+template <typename T>
+T EnvChoice(const char* name, std::initializer_list<std::pair<std::string_view, T>> choices, T fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  std::string accepted;
+  for (const auto& [text, value] : choices) {
+    if (text == v) return value;
+    accepted += accepted.empty() ? "" : ", ";
+    accepted += text;
+  }
+  std::fprintf(stderr, "%s=%s is not one of %s: using the default\n", name, v, accepted.c_str());
+  return fallback;
 }
 
 // A process-wide on/off switch that tests and benchmarks can also set (the Set.../getter pairs of

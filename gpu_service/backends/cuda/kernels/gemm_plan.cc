@@ -26,14 +26,10 @@ GemmAlgo GemmAlgoFromEnv() {
 }
 
 F8Terms F8TermsFromEnv() {
-  static const F8Terms terms = [] {
-    const char* v = std::getenv("TANDEM_GEMM_F8_TERMS");
-    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "xlo") == 0) return F8Terms::kActivationLo;
-    if (std::strcmp(v, "both") == 0) return F8Terms::kBoth;
-    if (std::strcmp(v, "wlo") == 0) return F8Terms::kWeightLo;
-    fprintf(stderr, "TANDEM_GEMM_F8_TERMS=%s is not one of xlo, both, wlo: xlo\n", v);
-    return F8Terms::kActivationLo;
-  }();
+  static const F8Terms terms = EnvChoice<F8Terms>(
+      "TANDEM_GEMM_F8_TERMS",
+      {{"xlo", F8Terms::kActivationLo}, {"both", F8Terms::kBoth}, {"wlo", F8Terms::kWeightLo}},
+      F8Terms::kActivationLo);
   return terms;
 }
 

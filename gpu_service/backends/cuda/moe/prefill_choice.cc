@@ -70,16 +70,15 @@ int ChooseMmqTile(std::span<const PrefillGroup> groups) {
 }
 
 PrefillKernel MmqAutoKernel() {
-  static const PrefillKernel k = [] {
-    const char* v = std::getenv("TANDEM_PREFILL_MMQ");
-    const std::string_view s = v == nullptr ? "" : v;
-    if (s == "0") return PrefillKernel::kStreamedAuto;
-    if (s == "1") return PrefillKernel::kMmq;
-    if (s == "2") return PrefillKernel::kMmqL2Prefetch;
-    if (s == "3") return PrefillKernel::kMmqWarps16;
-    if (s == "7") return PrefillKernel::kMmqLean;  // the default before kMmqLean2
-    return PrefillKernel::kMmqLean2;
-  }();
+  // 7: kMmqLean, the default before kMmqLean2.
+  static const PrefillKernel k = EnvChoice<PrefillKernel>(
+      "TANDEM_PREFILL_MMQ",
+      {{"0", PrefillKernel::kStreamedAuto},
+       {"1", PrefillKernel::kMmq},
+       {"2", PrefillKernel::kMmqL2Prefetch},
+       {"3", PrefillKernel::kMmqWarps16},
+       {"7", PrefillKernel::kMmqLean}},
+      PrefillKernel::kMmqLean2);
   return k;
 }
 

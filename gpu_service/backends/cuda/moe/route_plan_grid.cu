@@ -28,6 +28,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda/functional>
 
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/plan_units.cuh"
@@ -311,11 +312,7 @@ int CapacityFor(int E) {
 // for A/B runs: fewer blocks hold fewer SMs at the barriers (the shared expert's GEMMs run beside
 // this kernel on the side stream) but route more tokens per warp. Unset or invalid: no cap.
 int GridCap() {
-  static const int cap = [] {
-    const char* v = std::getenv("TANDEM_ROUTE_PLAN_GRID_BLOCKS");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n >= 1 ? n : 1 << 30;
-  }();
+  static const int cap = static_cast<int>(EnvInteger("TANDEM_ROUTE_PLAN_GRID_BLOCKS", 1 << 30, 1, 1 << 30));
   return cap;
 }
 
