@@ -3,7 +3,7 @@
 // moe/expert_decode_fused_probe.h, kernels/attention_probe.h). Each probe keeps one ArmedStampRows
 // (in constant or global memory) and one slot counter in its own .cu file; a stamped block takes
 // the next slot with an atomic on the counter and writes its row when the slot is below capacity.
-// Include from .cu files only.
+// KnownNow orders a stamp after the loads a value waits for. Include from .cu files only.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
 
@@ -30,6 +30,12 @@ cudaError_t ArmStampRows(const Rows& rows, const Count& count, unsigned long lon
   }
   return cudaMemcpyToSymbolAsync(rows, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
 }
+
+// Whether `dep` is not one arbitrary constant, i.e. true but for one value in 2^32 (whose stamp is
+// then lost, nothing else): a stamp taken under `if (KnownNow(dep))` is ordered after the loads
+// `dep` waits for, since the timer read cannot be hoisted above a branch that depends on them.
+__device__ __forceinline__ bool KnownNow(unsigned dep) { return dep != 0x9E3779B9u; }
+__device__ __forceinline__ bool KnownNow(float dep) { return KnownNow(__float_as_uint(dep)); }
 
 }  // namespace tandem::cuda
 

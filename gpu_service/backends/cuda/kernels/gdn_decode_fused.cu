@@ -153,9 +153,9 @@ struct GdnOutStamps {
       slot = atomicAdd(&g_gdn_out_probe_count, 1u);
     }
   }
-  // Stamps once `dep` is known (a branch on it keeps the timer read after the load it waits for).
+  // Stamps once `dep` is known (armed_stamps.cuh's KnownNow).
   __device__ void After(int word, float dep) {
-    if (on && __float_as_uint(dep) != 0x9E3779B9u) t[word] = GlobalTimerNs();
+    if (on && KnownNow(dep)) t[word] = GlobalTimerNs();
   }
   __device__ void Now(int word) {
     if (on) t[word] = GlobalTimerNs();

@@ -153,11 +153,10 @@ struct FusedStamps {
       if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
-  // Stamp once `dep` is known (a branch on it: the timer read cannot be hoisted above the loads
-  // that `dep` waits for).
+  // Stamp once `dep` is known (armed_stamps.cuh's KnownNow).
   __device__ void StampAfter(int phase, unsigned dep) const {
     if constexpr (kProbe) {
-      if (row != nullptr && dep != 0x9E3779B9u) row[phase] = GlobalTimerNs();
+      if (row != nullptr && KnownNow(dep)) row[phase] = GlobalTimerNs();
     }
   }
   // kFusedProbeLogitsReloaded and kFusedProbeOtherLoaded (expert_decode_fused_probe.h): 16 lines a
