@@ -19,6 +19,8 @@
 // cluster, so their history is rewritten only after all have arrived (by the cluster's rank 0); a
 // block's 32 v channels are its own. The gated variant also waits for the partial sums, and once
 // more before exit, so that no block leaves while another still reads its shared memory.
+// The pieces those steps share with the kernels they replace are in gdn_decode_parts.cuh; the
+// stacked input product (kIn) in gdn_decode_in.cuh, the output product (kOut) in gdn_decode_out.cuh.
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
@@ -36,10 +38,13 @@
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_in.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_out.cuh"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_parts.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_delta_rule.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_gates.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
+#include "gpu_service/backends/cuda/cluster_barrier.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
@@ -52,91 +57,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;  // GdnRecurrentKernel's kRecurrentWarps: the same partial sums
 constexpr int kThreads = 32 * kWarps;
-constexpr int kCols = 32;  // value columns a block (a lane each)
+constexpr int kCols = kGdnDecodeBlockCols;  // value columns a block (a lane each)
 constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexes them by value head)
-// The output product inside (kOut): a cluster of 8 blocks holds 256 gated outputs, one Q8_0x8
-// super-block of every row of the output matrix (kQ8_0x8SuperBytes = 16 bytes of scales, then 8 ×
-// 32 quants); block rank c takes rows [c·rows/8, (c+1)·rows/8), kMaxOutRowsPerBlock at most.
-constexpr int kOutClusterBlocks = 8;
-constexpr int kOutCols = kOutClusterBlocks * kCols;  // 256: one super-block
-constexpr int kOutSuperBytes = kColumnSuperBytes;
-constexpr int kMaxOutRowsPerBlock = 640;         // 170 KB of shared memory
-static_assert(kOutCols == kColumnSuperCols && kOutSuperBytes % 16 == 0, "one 16-byte aligned Q8_0x8 super-block");
-
-// Dynamic shared memory of the kOut kernel: the block's rows of the output matrix, then the
-// cluster's 256 gated outputs as int16 and their 8 scales (q8x8_columns.cuh).
-inline size_t OutSharedBytes(int rows_per_block) { return ColumnSharedBytes(rows_per_block); }
-
-__device__ __forceinline__ void ClusterArrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// The sums of squares of four values, with the fma contraction of the kernel each replaces pinned.
-// gdn_tokens.cu writes v.x·v.x + v.y·v.y + v.z·v.z + v.w·v.w and leaves the contraction to the
-// compiler, which (CUDA 13.0, sm_90a, checked in the PTX) rounds a different product first in
-// different kernels: GdnNormQkVecKernel<1> (LaunchGdnPrepare below kGdnPrepareShortRunBelow tokens)
-// rounds v.x·v.x and fuses v.y·v.y into it (SumSquaresXFirst); GdnNormQkVecKernel<8> (from that
-// many tokens on) and GdnGatedNormVecKernel round v.y·v.y and fuse v.x·v.x (SumSquaresYFirst).
-// The same expression here had compiled to the second form in the q/k norms, so the sums differed
-// in the last place now and then, and with them q, k, o and the states (the first device run,
-// 2026-12-01). Explicit roundings and fmaf leave the compiler nothing to choose; the test
-// (gdn_decode_fused_test.cc) compares the bits with the four kernels at both batch ranges.
-__device__ __forceinline__ float SumSquaresXFirst(float4 v) {
-  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, __fmul_rn(v.x, v.x))));
-}
-__device__ __forceinline__ float SumSquaresYFirst(float4 v) {
-  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.x, v.x, __fmul_rn(v.y, v.y))));
-}
-
-// gdn_tokens.cu's butterfly: every lane of a group ends with the same sum (each step adds the same
-// two values on both lanes, a + b = b + a exactly).
-__device__ __forceinline__ float GroupSum(float v, int group_lanes) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    if (o < group_lanes) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  }
-  return v;
-}
-
-// The gated norm's scale ρ = 1/√(mean of squares + eps) of value head `head` (cluster rank head + y·r
-// holds its columns 32y ..), from its blocks' sq_part (4 outputs' squares each), for a warp holding
-// 32 of its columns: lane l takes GdnGatedNormVecKernel's lane l of the head's dv/4-lane group
-// (block l / 8), so the sum has that kernel's bits. The sum ends in lanes [0, dv/4) only: with dv <
-// 128 the butterfly stays inside groups of dv/4 lanes, and the lanes past the first group, whose p
-// is 0, summed to 0 (scale rsqrt(eps): the wrong gated outputs of dv 32 and 64 on the first device
-// run); lane 0's sum goes to all 32 lanes.
-__device__ __forceinline__ float HeadRmsScale(float* sq_part, int head, int r, int dv, int lane, float eps) {
-  constexpr int kPartsPerBlock = kCols / 4;  // a block's columns, 4 a part
-  const int head_lanes = dv / 4;
-  float p = 0.0f;
-  if (lane < head_lanes) {
-    p = cg::this_cluster().map_shared_rank(sq_part, static_cast<unsigned>(head + (lane / kPartsPerBlock) * r))
-            [lane % kPartsPerBlock];
-  }
-  const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
-  return rsqrtf(ss / static_cast<float>(dv) + eps);
-}
-
-// A value of the stacked product's rows: through L2 (another grid wrote it; this SM's L1 may hold
-// an earlier layer's row at the same address), or, with polled rows (GdnDecodeFusedArgs::
-// rows_polled), by device-scope relaxed loads until it is written. A value unwritten for
-// kRowPollTimeoutNs traps: a launch error, not a hang.
-constexpr unsigned long long kRowPollTimeoutNs = 2'000'000'000ull;
-__device__ __forceinline__ float ReadRow(const float* p, bool polled) {
-  if (!polled) return __ldcg(p);
-  unsigned bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p));
-  if (bits == kRowUnwrittenBits) {
-    const unsigned long long start = GlobalTimerNs();
-    while ((bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p))) == kRowUnwrittenBits) {
-      __nanosleep(32);
-      if (GlobalTimerNs() - start > kRowPollTimeoutNs) __trap();
-    }
-  }
-  return __uint_as_float(bits);
-}
-
 // gdn_decode_out_probe.h's buffer and slot counter (constant memory: read at a block's exit, a
 // constant-cache hit).
 __constant__ ArmedStampRows g_gdn_out_probe;
@@ -174,100 +97,6 @@ struct GdnOutStamps {
     row[kGdnOutProbeBlock] = (static_cast<unsigned long long>(cluster) << 16) | (blockIdx.x + blockIdx.y * gridDim.x);
   }
 };
-
-// Channel c's taps (a constant weight: read before the PDL wait); unused taps, and all of a thread
-// without the channel (valid false), 0. Written unconditionally so that the arrays stay in registers.
-// `last` is tap kk − 1 once more, loaded by itself: selecting w[kk − 1] in an unrolled loop was
-// folded by the compiler into a dynamically indexed array in local memory.
-__device__ __forceinline__ void LoadTaps(const float* taps, bool valid, int c, int kk, float (&w)[kGdnMaxConvKernel],
-                                         float& last) {
-#pragma unroll
-  for (int q = 0; q < kGdnMaxConvKernel; ++q) w[q] = valid && q < kk ? taps[static_cast<int64_t>(c) * kk + q] : 0.0f;
-  last = valid ? taps[static_cast<int64_t>(c) * kk + kk - 1] : 0.0f;
-}
-
-// GdnConvKernel's operations for one token of channel c: returns SiLU(conv), with h the channel's
-// old history (kk − 1 inputs, oldest first) and x its input, which StoreHistory shifts into the new
-// history. A thread without the channel (valid false) reads nothing and gets zeros. (No shifted
-// window array as in GdnConvKernel: its conditional shift over a runtime kk compiled to a loop
-// over local memory.)
-// The channel's last kk − 1 inputs (earlier steps' history rows), read before the token's x.
-__device__ __forceinline__ void LoadHistory(float (&h)[kGdnMaxConvKernel], const float* history, bool valid, int c_dim,
-                                            int c, int kk) {
-#pragma unroll
-  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
-    h[q] = valid && q < kk - 1 ? history[static_cast<int64_t>(q) * c_dim + c] : 0.0f;
-  }
-}
-
-__device__ __forceinline__ float ConvToken(const float (&w)[kGdnMaxConvKernel], float last,
-                                           const float (&h)[kGdnMaxConvKernel], float& x, const float* x_row,
-                                           bool valid, int c, int kk, bool polled) {
-  x = valid ? ReadRow(x_row + c, polled) : 0.0f;
-  float sum = 0.0f;
-#pragma unroll
-  for (int q = 0; q < kGdnMaxConvKernel; ++q) {
-    if (q < kk - 1) sum = fmaf(w[q], h[q], sum);
-  }
-  sum = fmaf(last, x, sum);
-  return SiluF(sum);
-}
-
-// history ← the last kk − 1 inputs: old rows 1.. kk − 2, then x.
-__device__ __forceinline__ void StoreHistory(const float (&h)[kGdnMaxConvKernel], float x, float* history, int c_dim,
-                                             int c, int kk) {
-#pragma unroll
-  for (int q = 0; q + 1 < kGdnMaxConvKernel; ++q) {
-    if (q < kk - 1) history[static_cast<int64_t>(q) * c_dim + c] = q == kk - 2 ? x : h[q + 1];
-  }
-}
-
-// The kOut kernel's output product after the gather (every block of the cluster, all threads):
-// xv is the cluster's gated output of column tid, and this block has arrived at the cluster barrier
-// once it was done with the other blocks' shared memory (the wait here is the matching last step,
-// so that no block leaves while another may still read its shared memory). out_y[row] += the
-// cluster's 256 gated outputs · the block's rows of its column super-block (out_sh, copied before
-// the PDL wait). out_y is added to with atomics, so the order of the clusters' additions, and the
-// last bits of out_y, are not fixed.
-// kIn (kRowsApart): the rows sit at rows_sh (the freed ring, gdn_decode_in.cuh) and the gathered
-// outputs at out_sh; otherwise the outputs follow the rows at out_sh. Either way the rows come by
-// bulk copies completing bulk_bar (out_bulk) or by cp.async pieces.
-template <bool kRowsApart = false>
-__device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float xv, uint8_t* out_sh, int rpb,
-                                              unsigned rank, int tid, int lane, int warp, uint32_t bulk_bar,
-                                              const uint8_t* rows_sh = nullptr) {
-  int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsApart ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
-  float* xscale = reinterpret_cast<float*>(xq + kOutCols);
-  QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (a.out_bulk) {
-    mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
-  } else {
-    CpAsyncWait<0>();
-  }
-  __syncthreads();
-  float* y = a.out_y + static_cast<int64_t>(rank) * rpb;
-  const uint8_t* rows = kRowsApart ? rows_sh : out_sh;
-  for (int row = tid; row < rpb; row += kThreads) {
-    atomicAdd(y + row, ColumnSuperRowDot(rows + static_cast<size_t>(row) * kOutSuperBytes, xq, xscale));
-  }
-  ClusterWait();
-}
-
-// The kOut kernel's last part with the gather (the two-barrier form): every block's gated outputs
-// are in its o_sh (rank vh % r + y·r holds columns (vh % r)·dv + 32y ..) before any is read; thread
-// tid gathers the cluster's column tid, then OutProductSum.
-template <bool kRowsApart = false>
-__device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, float* o_sh, uint8_t* out_sh, int rpb,
-                                               unsigned rank, int r, int dv, int tid, int lane, int warp,
-                                               uint32_t bulk_bar, const uint8_t* rows_sh = nullptr) {
-  ClusterArrive();
-  ClusterWait();
-  // Thread tid gathers the cluster's column tid (a warp: one Q8_0 block of 32 columns).
-  const int head = tid / dv, col_block = (tid % dv) / kCols;
-  const float xv = cg::this_cluster().map_shared_rank(o_sh, static_cast<unsigned>(head + col_block * r))[lane];
-  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
-  OutProductSum<kRowsApart>(a, xv, out_sh, rpb, rank, tid, lane, warp, bulk_bar, rows_sh);
-}
 
 // Block (vh, y, t): value head vh, columns [32y, 32y + 32), token t. The block convolves the
 // 2·kDk q/k channels of its key head group (channel index i < kDk: q, < 2kDk: k) and its 32 v

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
+#include "gpu_service/backends/cuda/cluster_barrier.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
@@ -52,12 +53,6 @@ constexpr int kDownRowBytes = 80;                              // 16-byte head +
 constexpr int kSliceWords = kFusedSliceCols / 2;               // the slice's act as int16 pairs
 constexpr int kSharedWarpRows = kFusedSharedSliceCols / kFusedCluster / kFusedWarps;  // 2 a warp
 constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down row's 68 bytes
-
-// Cluster barrier halves (PTX barrier.cluster): arrive with release, wait with acquire, so that
-// shared-memory writes before a block's arrive are visible to every block of the cluster after its
-// wait. Every thread of every block calls both (.aligned).
-__device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
 // first the gate/up rows, then the down rows (copied from L2 once the gate/up products are done:
