@@ -2,7 +2,8 @@
 // product over the dequantized Q8_0 rows, in double: y (starting from random values, to show the
 // kernel adds) within 1e-4 relative L2 (x goes in as int16, one scale per 32: ~1e-5 a row). Shapes:
 // attention's o at 80B (4096 → 2048) and small (1024 → 1024) shapes, GDN's ssm_out, one super-block
-// of columns, rows that leave few slices, a padded row stride. Also the matrices it refuses.
+// of columns, rows that leave few slices, a padded row stride. Also the matrices it refuses, and
+// the stamped instantiation a probed step launches (dense_colsplit_probe.h).
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -12,6 +13,8 @@
 #include "common/weights/weight_types.h"
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
@@ -60,6 +63,60 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuColumnSplitTest,
                            return std::to_string(info.param.cols) + "x" + std::to_string(info.param.rows) +
                                   (info.param.pad > 0 ? "_padded" : "");
                          });
+
+// With the step probed (ProbeGdnInputProducts) and a buffer armed, every block of a launch takes one
+// row of it (its index once, a real SM, its phases in order, no merge) and the product is still
+// added; rows past the launch's blocks stay zero; disarmed, the stamped kernel writes no row.
+TEST(ColumnSplitProbeTest, ArmedProbeStampsEveryBlockOnceAndAddsTheProduct) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const int64_t cols = 4096, rows = 2048;  // attention's o at 80B shapes
+  const int blocks = 16 * 8;               // 16 column super-blocks x 8 row slices of 256 (RowSlices)
+  const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, cols, rows, 0.05f);
+  const gpu_testing::Regrouped g = gpu_testing::Regroup(w, 0);
+  const std::vector<float> x = Random(rng, static_cast<size_t>(cols)), y0 = Random(rng, static_cast<size_t>(rows));
+  const auto x_dev = Upload(x);
+  const std::vector<float> want = gpu_testing::HostProduct(w, x, y0);
+  const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
+  auto stamps = Upload(std::vector<unsigned long long>(capacity * cuda::kColSplitProbeWords, 0));
+  const bool was_probed = cuda::ProbeGdnInputProducts();
+  cuda::SetProbeGdnInputProducts(true);
+  ASSERT_EQ(cuda::SetArmedColumnSplitProbe(stamps.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
+  auto y = Upload(y0);
+  const cudaError_t launched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y.get(), nullptr);
+  ASSERT_EQ(cuda::SetArmedColumnSplitProbe(nullptr, 0, nullptr), cudaSuccess);
+  auto y_after = Upload(y0);  // disarmed: the stamped kernel again, no row taken
+  const cudaError_t relaunched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y_after.get(), nullptr);
+  cuda::SetProbeGdnInputProducts(was_probed);
+  TANDEM_ASSERT_CUDA(launched);
+  TANDEM_ASSERT_CUDA(relaunched);
+  TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_LE(gpu_testing::LogError("column split, probed", gpu_testing::RelL2(Download(y), want)), 1e-4);
+  EXPECT_LE(gpu_testing::LogError("column split, disarmed", gpu_testing::RelL2(Download(y_after), want)), 1e-4);
+  const std::vector<unsigned long long> r = Download(stamps);
+  std::vector<int> seen(static_cast<size_t>(blocks), 0);
+  for (size_t i = 0; i < capacity; ++i) {
+    const unsigned long long* row = r.data() + i * cuda::kColSplitProbeWords;
+    if (static_cast<int>(i) >= blocks) {
+      for (int word = 0; word < cuda::kColSplitProbeWords; ++word) {
+        EXPECT_EQ(row[word], 0u) << "row " << i << " past the launch's blocks, word " << word;
+      }
+      continue;
+    }
+    const unsigned long long b = row[cuda::kColSplitProbeBlock];
+    ASSERT_LT(b, static_cast<unsigned long long>(blocks)) << "row " << i;
+    ++seen[b];
+    EXPECT_LT(row[cuda::kColSplitProbeSm], static_cast<unsigned long long>(sms)) << "row " << i;
+    EXPECT_EQ(row[cuda::kColSplitProbeMerged], 0u) << "row " << i;
+    EXPECT_NE(row[cuda::kColSplitProbeEntry], 0u) << "row " << i;
+    for (int p = 1; p < cuda::kColSplitProbePhases; ++p) {
+      EXPECT_LE(row[p - 1], row[p]) << "row " << i << ", phase " << p;
+    }
+  }
+  for (int b = 0; b < blocks; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+}
 
 alignas(16) constexpr uint8_t kBytes[16] = {};  // never read: every case is refused first
 

@@ -14,9 +14,9 @@
 //                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
 //                     [--l2-prefetch 0|1|2] [--nvtx] [--probe-gdn-product] [--json out.json]
 // --probe-gdn-product: the GDN layers' input product and fused kernel, every layer's fused MoE
-// kernel and every attention layer's split attention, stamped inside a batch-1 step
-// (product_probe_report.h, kernels/gdn_decode_out_probe.h, moe/expert_decode_fused_probe.h,
-// kernels/attention_probe.h; the whole run takes the stamped kernels).
+// kernel and every attention layer's split attention and output product, stamped inside a batch-1
+// step (product_probe_report.h, kernels/gdn_decode_out_probe.h, moe/expert_decode_fused_probe.h,
+// kernels/attention_probe.h, kernels/dense_colsplit_probe.h; the whole run takes the stamped kernels).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
@@ -23,7 +24,7 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 }
 
 // One armed stamp buffer of the step: `capacity` rows of `words` u64, zeroed and handed to `arm`
-// (SetStreamMatVecProbe, SetGdnOutProbe or SetFusedMoeProbe: the same signature) by Arm; copied
+// (SetStreamMatVecProbe, SetGdnOutProbe, SetFusedMoeProbe, ...: the same signature) by Arm; copied
 // back by Read; Disarm hands the probe nullptr.
 struct ArmedStamps {
   using ArmFn = cudaError_t (*)(unsigned long long*, unsigned, cudaStream_t);
@@ -213,58 +214,101 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
   }
 }
 
-// The split attention's stamps (attention_probe.h's armed buffer) of the step: the blocks of one
-// launch hold consecutive slots (the attention layers' launches are several kernels apart), every
-// launch has the same grid (row item, kv head, slice: one step's context). Per phase, the first,
-// median and last block in us after the launch's first wait return (blocks that left before their
-// wait, slices a short context leaves empty, have only entry and exit), and how many blocks had
-// keys to attend to.
-void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned capacity) {
-  using namespace cuda;
-  const auto [rows, grid] = CountStampedRows(h, capacity, kAttnProbeWords, kAttnProbeExit, kAttnProbeBlock);
-  if (rows == 0 || rows % grid != 0) {
-    printf("split attention probe: %d stamped blocks (grid %llu): no whole launches\n", rows, grid);
-    return;
-  }
+// One armed buffer's table (ReportArmedPhases): the rows' layout (`words` u64 a row; the words of
+// the block index, the exit and the wait return), the phases to print, and a fact word whose
+// nonzero blocks a launch counts.
+struct ArmedPhaseTable {
+  const char* title;
+  int words, block_word, exit_word, wait_word, count_word;
+  const char* counted;  // what the count says, after the launch's block count
   struct Phase {
     int word;
     const char* name;
   };
-  const Phase phases[] = {{kAttnProbeEntry, "entry (row taken)"},  {kAttnProbeAfterWait, "PDL wait returned"},
-                          {kAttnProbeQLoaded, "queries loaded"},    {kAttnProbeLoopDone, "keys and values done"},
-                          {kAttnProbePartials, "partials written"}, {kAttnProbeExit, "exit"}};
-  constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
-  PhaseSpread stat[kPhases];
-  std::vector<double> with_keys;
+  std::vector<Phase> phases;
+};
+
+// The stamps of one armed buffer of the step whose launches all have the same grid and whose
+// blocks of one launch hold consecutive slots (launches several kernels apart): per phase, the
+// first, median and last block in us after the launch's first wait return (blocks that left
+// before their wait have only the phases they passed; a launch with no block past its wait is
+// left out), and the median count of the launches' blocks with the fact word set.
+void ReportArmedPhases(const ArmedPhaseTable& t, const std::vector<unsigned long long>& h, unsigned capacity) {
+  const auto [rows, grid] = CountStampedRows(h, capacity, t.words, t.exit_word, t.block_word);
+  if (rows == 0 || rows % grid != 0) {
+    printf("%s: %d stamped blocks (grid %llu): no whole launches\n", t.title, rows, grid);
+    return;
+  }
+  std::vector<PhaseSpread> stat(t.phases.size());
+  std::vector<double> counted;
   const size_t n = static_cast<size_t>(rows) / grid;
   for (size_t k = 0; k < n; ++k) {
     std::vector<const unsigned long long*> launch;
     unsigned long long t0 = ~0ull;
-    int keyed = 0;
+    int count = 0;
     for (unsigned long long b = 0; b < grid; ++b) {
-      const unsigned long long* r = &h[(k * grid + b) * kAttnProbeWords];
+      const unsigned long long* r = &h[(k * grid + b) * t.words];
       launch.push_back(r);
-      if (r[kAttnProbeAfterWait] != 0) t0 = std::min(t0, r[kAttnProbeAfterWait]);
-      keyed += r[kAttnProbeKeys] != 0;
+      if (r[t.wait_word] != 0) t0 = std::min(t0, r[t.wait_word]);
+      count += r[t.count_word] != 0;
     }
     if (t0 == ~0ull) continue;
-    with_keys.push_back(keyed);
-    for (int p = 0; p < kPhases; ++p) {
-      stat[p].Add(launch, phases[p].word, t0);
-    }
+    counted.push_back(count);
+    for (size_t p = 0; p < t.phases.size(); ++p) stat[p].Add(launch, t.phases[p].word, t0);
   }
-  if (with_keys.empty()) {
-    printf("split attention probe: %zu launches of %llu blocks, none past its wait\n", n, grid);
+  if (counted.empty()) {
+    printf("%s: %zu launches of %llu blocks, none past its wait\n", t.title, n, grid);
     return;
   }
-  printf("split attention probe: %zu launches of %llu blocks, %.0f with keys (median)\n", n, grid,
-         bench::Median(with_keys));
+  printf("%s: %zu launches of %llu blocks, %.0f %s (median)\n", t.title, n, grid, bench::Median(counted), t.counted);
   printf("  %-24s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n", "phase",
          "first block", "median", "last block");
-  for (int p = 0; p < kPhases; ++p) {
-    printf("  %-24s ", phases[p].name);
+  for (size_t p = 0; p < t.phases.size(); ++p) {
+    printf("  %-24s ", t.phases[p].name);
     stat[p].Print();
   }
+}
+
+// The split attention's stamps (attention_probe.h's armed buffer): every launch has the same grid
+// (row item, kv head, slice: one step's context); slices a short context leaves empty have only
+// entry and exit; counted: the blocks with keys to attend to.
+void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned capacity) {
+  using namespace cuda;
+  const ArmedPhaseTable t{"split attention probe",
+                          kAttnProbeWords,
+                          kAttnProbeBlock,
+                          kAttnProbeExit,
+                          kAttnProbeAfterWait,
+                          kAttnProbeKeys,
+                          "with keys",
+                          {{kAttnProbeEntry, "entry (row taken)"},
+                           {kAttnProbeAfterWait, "PDL wait returned"},
+                           {kAttnProbeQLoaded, "queries loaded"},
+                           {kAttnProbeLoopDone, "keys and values done"},
+                           {kAttnProbePartials, "partials written"},
+                           {kAttnProbeExit, "exit"}}};
+  ReportArmedPhases(t, h, capacity);
+}
+
+// The column-split output products' stamps (dense_colsplit_probe.h's armed buffer): attention's o
+// with the split attention's merge inside, one launch an attention layer; counted: the blocks that
+// merged attention slices.
+void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capacity) {
+  using namespace cuda;
+  const ArmedPhaseTable t{"output product (by columns) probe",
+                          kColSplitProbeWords,
+                          kColSplitProbeBlock,
+                          kColSplitProbeExit,
+                          kColSplitProbeAfterWait,
+                          kColSplitProbeMerged,
+                          "merging attention slices",
+                          {{kColSplitProbeEntry, "entry (row taken)"},
+                           {kColSplitProbeIssued, "weight copies issued"},
+                           {kColSplitProbeAfterWait, "PDL wait returned"},
+                           {kColSplitProbeXFormed, "x formed (merged)"},
+                           {kColSplitProbeRowsLanded, "weights landed"},
+                           {kColSplitProbeExit, "sums issued, exit"}}};
+  ReportArmedPhases(t, h, capacity);
 }
 
 }  // namespace
@@ -274,20 +318,22 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   constexpr unsigned kCapacity = 1 << 15;
   // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h) and the fused MoE
   // kernels' (expert_decode_fused_probe.h's armed buffer), all of the same step.
-  constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15, kAttnCapacity = 1 << 14;
+  constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15, kAttnCapacity = 1 << 14, kOutCapacity = 1 << 14;
   ArmedStamps armed[] = {{SetStreamMatVecProbe, kCapacity, kStreamProbeWords, {}},
                          {SetGdnOutProbe, kGdnCapacity, kGdnOutProbeWords, {}},
                          {SetFusedMoeProbe, kMoeCapacity, kFusedProbeWords, {}},
-                         {SetArmedSplitAttentionProbe, kAttnCapacity, kAttnProbeWords, {}}};
+                         {SetArmedSplitAttentionProbe, kAttnCapacity, kAttnProbeWords, {}},
+                         {SetArmedColumnSplitProbe, kOutCapacity, kColSplitProbeWords, {}}};
   for (ArmedStamps& a : armed) {
     if (absl::Status s = a.Arm(); !s.ok()) return s;
   }
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
-  std::vector<unsigned long long> h, gh, mh, ah;
-  std::vector<absl::Status> results = {stepped,           synced,           armed[0].Read(&h),
-                                       armed[1].Read(&gh), armed[2].Read(&mh), armed[3].Read(&ah)};
+  std::vector<unsigned long long> h, gh, mh, ah, oh;
+  std::vector<absl::Status> results = {stepped,           synced,            armed[0].Read(&h),
+                                       armed[1].Read(&gh), armed[2].Read(&mh), armed[3].Read(&ah),
+                                       armed[4].Read(&oh)};
   for (const ArmedStamps& a : armed) results.push_back(a.Disarm());
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
@@ -359,6 +405,7 @@ absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   ReportGdnKernels(gh, kGdnCapacity, launch_t0);
   ReportMoeKernels(mh, kMoeCapacity);
   ReportSplitAttention(ah, kAttnCapacity);
+  ReportColumnSplit(oh, kOutCapacity);
   return absl::OkStatus();
 }
 

@@ -10,7 +10,8 @@
 // (gdn_decode_out_probe.h): their phases against each layer's product, and when their clusters
 // became resident. Then every layer's fused one-token MoE kernel (expert_decode_fused_probe.h's armed
 // buffer): its routed and shared-expert blocks' phases after the launch's first wait return; and
-// every attention layer's split attention (attention_probe.h's armed buffer): its blocks' phases.
+// every attention layer's split attention (attention_probe.h's armed buffer) and output product by
+// columns (dense_colsplit_probe.h's): their blocks' phases.
 #ifndef TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 #define TANDEM_TESTS_GPU_BACKEND_PRODUCT_PROBE_REPORT_H_
 

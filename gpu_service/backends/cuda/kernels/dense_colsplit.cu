@@ -5,14 +5,18 @@
 // and sums rows t, t + 256, ...: eight blocks of 32 a row, each a dp2a chain (int8 × int16, exact
 // in int32) times its weight scale and x's scale.
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
+#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -39,22 +43,67 @@ int RowSlices(int64_t rows, int64_t supers) {
   return 0;
 }
 
+// SetArmedColumnSplitProbe's buffer and slot counter (dense_colsplit_probe.h).
+__device__ ArmedStampRows g_colsplit_probe;
+__device__ unsigned g_colsplit_probe_count;
+
+// Thread 0's stamps in the kProbe instantiation (dense_colsplit_probe.h); nothing in the others.
+template <bool kProbe>
+struct ColSplitStamps {
+  unsigned long long* row = nullptr;
+  __device__ ColSplitStamps() {
+    if constexpr (kProbe) {
+      if (threadIdx.x == 0) {
+        const ArmedStampRows armed = g_colsplit_probe;
+        if (armed.stamps != nullptr) {
+          const unsigned slot = atomicAdd(&g_colsplit_probe_count, 1u);
+          if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kColSplitProbeWords;
+        }
+      }
+      Stamp(kColSplitProbeEntry);
+    }
+  }
+  __device__ void Stamp(int word) const {
+    if constexpr (kProbe) {
+      if (row != nullptr) row[word] = GlobalTimerNs();
+    }
+  }
+  __device__ void StampAfter(int word, float dep) const {  // once dep is known (KnownNow)
+    if constexpr (kProbe) {
+      if (row != nullptr && KnownNow(dep)) row[word] = GlobalTimerNs();
+    }
+  }
+  __device__ void Facts(bool merged) const {
+    if constexpr (kProbe) {
+      if (row == nullptr) return;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      row[kColSplitProbeMerged] = merged ? 1u : 0u;
+      row[kColSplitProbeSm] = smid;
+      row[kColSplitProbeBlock] = blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;
+    }
+  }
+};
+
 // kMergeHd > 0: x's super-block s holds attention heads s·kHeads .. (256 / kMergeHd of them), merged
 // here from the split attention's slices (AttnDeferredMerge) unless the context was short enough
 // for the split kernel to write them.
 // The merging forms are bound to one block an SM so that ptxas keeps a batch of slice loads in
 // registers (MergeSliceRow's eight float4s; 41 registers without the bound issued them two or three
 // at a time); the product's blocks are one an SM anyway (70 KB of weights each).
-template <int kMergeHd>
+// kProbe: dense_colsplit_probe.h's stamped instantiation (thread 0's row of the armed buffer).
+template <int kMergeHd, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, kMergeHd > 0 ? 1 : 0)
 ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per_block, const float* __restrict__ x,
                   float* __restrict__ y, AttnDeferredMerge m) {
   extern __shared__ __align__(16) uint8_t sh[];
+  const ColSplitStamps<kProbe> stamps;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int super = blockIdx.x, row0 = blockIdx.y * rows_per_block;
   // The weights first (constants: before the wait, overlapping the kernels before).
   const uint8_t* src = w + static_cast<int64_t>(row0) * row_bytes + static_cast<int64_t>(super) * kSuperBytes;
   CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)), src, row_bytes, rows_per_block, tid);
+  stamps.Stamp(kColSplitProbeIssued);
   // The merge's inputs that are not the split kernel's: the item and its positions (the host's,
   // before the step) and the heads' gate values (the q product's, three or more launches back).
   constexpr int kHeads = kMergeHd > 0 ? kSuperCols / kMergeHd : 1;
@@ -73,6 +122,7 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
   }
   PdlWaitForPrevious();  // pdl.cuh
   PdlAllowNext();
+  stamps.Stamp(kColSplitProbeAfterWait);
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(rows_per_block) * kSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kSuperCols);
   float xv;
@@ -96,12 +146,19 @@ ColumnSplitKernel(const uint8_t* __restrict__ w, int64_t row_bytes, int rows_per
   } else {
     xv = x[static_cast<int64_t>(super) * kSuperCols + tid];
   }
+  stamps.StampAfter(kColSplitProbeXFormed, xv);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
   CpAsyncWait<0>();
   __syncthreads();
+  stamps.Stamp(kColSplitProbeRowsLanded);
   for (int row = tid; row < rows_per_block; row += kThreads) {
     const float acc = ColumnSuperRowDot(sh + static_cast<size_t>(row) * kSuperBytes, xq, xscale);
     atomicAdd(y + row0 + row, acc);
+  }
+  if constexpr (kProbe) {
+    __syncthreads();  // every thread's additions issued
+    stamps.Stamp(kColSplitProbeExit);
+    stamps.Facts(merge);
   }
 }
 
@@ -126,15 +183,21 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
                   !AttnMergeableHd(hd))) {
     return cudaErrorInvalidValue;
   }
-  const auto kernel = !merging ? ColumnSplitKernel<0> : hd == 256 ? ColumnSplitKernel<256> : ColumnSplitKernel<128>;
-  static const cudaError_t attr[3] = {
-      cudaFuncSetAttribute(ColumnSplitKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(SharedBytes(kMaxRowsPerBlock))),
-      cudaFuncSetAttribute(ColumnSplitKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(SharedBytes(kMaxRowsPerBlock))),
-      cudaFuncSetAttribute(ColumnSplitKernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(SharedBytes(kMaxRowsPerBlock)))};
-  const cudaError_t set = attr[!merging ? 0 : hd == 128 ? 1 : 2];
+  // The stamped instantiations while the step is probed (dense_colsplit_probe.h).
+  const bool stamped = ProbeGdnInputProducts();
+  using Kernel = void (*)(const uint8_t*, int64_t, int, const float*, float*, AttnDeferredMerge);
+  static const Kernel kernels[2][3] = {{ColumnSplitKernel<0>, ColumnSplitKernel<128>, ColumnSplitKernel<256>},
+                                       {ColumnSplitKernel<0, true>, ColumnSplitKernel<128, true>,
+                                        ColumnSplitKernel<256, true>}};
+  auto raise = [](Kernel k) {
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(SharedBytes(kMaxRowsPerBlock)));
+  };
+  static const cudaError_t attr[2][3] = {{raise(kernels[0][0]), raise(kernels[0][1]), raise(kernels[0][2])},
+                                         {raise(kernels[1][0]), raise(kernels[1][1]), raise(kernels[1][2])}};
+  const int form = !merging ? 0 : hd == 128 ? 1 : 2;
+  const Kernel kernel = kernels[stamped ? 1 : 0][form];
+  const cudaError_t set = attr[stamped ? 1 : 0][form];
   if (set != cudaSuccess) return set;
   const int64_t supers = w.cols / kSuperCols;
   const int slices = RowSlices(w.rows, supers);
@@ -159,6 +222,10 @@ cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t s
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+cudaError_t SetArmedColumnSplitProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  return ArmStampRows(g_colsplit_probe, g_colsplit_probe_count, stamps, capacity, stream);
 }
 
 bool AttnOutColumnSplit() { return g_attn_out_column_split.on(); }

@@ -68,8 +68,9 @@ cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNor
 // Whether the CUDA backend launches the GDN layers' norm-in input products through
 // LaunchDenseMatVecNormInProbed, their fused kernels with the output product inside with the
 // stamps of gdn_decode_out_probe.h, and every layer's fused one-token MoE kernel through
-// LaunchOneTokenMoeFusedArmedProbe (moe/expert_decode_fused_probe.h) (benchmarks; off unless set
-// before the decode graphs are captured).
+// LaunchOneTokenMoeFusedArmedProbe (moe/expert_decode_fused_probe.h), and attention's split
+// attention and output product by columns through their stamped kernels (attention_probe.h,
+// dense_colsplit_probe.h) (benchmarks; off unless set before the decode graphs are captured).
 bool ProbeGdnInputProducts();
 void SetProbeGdnInputProducts(bool on);
 
