@@ -274,19 +274,11 @@ void ReportArmedPhases(const ArmedPhaseTable& t, const std::vector<unsigned long
 // entry and exit; counted: the blocks with keys to attend to.
 void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
-  const ArmedPhaseTable t{"split attention probe",
-                          kAttnProbeWords,
-                          kAttnProbeBlock,
-                          kAttnProbeExit,
-                          kAttnProbeAfterWait,
-                          kAttnProbeKeys,
-                          "with keys",
-                          {{kAttnProbeEntry, "entry (row taken)"},
-                           {kAttnProbeAfterWait, "PDL wait returned"},
-                           {kAttnProbeQLoaded, "queries loaded"},
-                           {kAttnProbeLoopDone, "keys and values done"},
-                           {kAttnProbePartials, "partials written"},
-                           {kAttnProbeExit, "exit"}}};
+  const ArmedPhaseTable t{"split attention probe", kAttnProbeWords, kAttnProbeBlock, kAttnProbeExit,
+                          kAttnProbeAfterWait, kAttnProbeKeys, "with keys",
+                          {{kAttnProbeEntry, "entry (row taken)"}, {kAttnProbeAfterWait, "PDL wait returned"},
+                           {kAttnProbeQLoaded, "queries loaded"}, {kAttnProbeLoopDone, "keys and values done"},
+                           {kAttnProbePartials, "partials written"}, {kAttnProbeExit, "exit"}}};
   ReportArmedPhases(t, h, capacity);
 }
 
@@ -295,19 +287,11 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
 // merged attention slices.
 void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
-  const ArmedPhaseTable t{"output product (by columns) probe",
-                          kColSplitProbeWords,
-                          kColSplitProbeBlock,
-                          kColSplitProbeExit,
-                          kColSplitProbeAfterWait,
-                          kColSplitProbeMerged,
-                          "merging attention slices",
-                          {{kColSplitProbeEntry, "entry (row taken)"},
-                           {kColSplitProbeIssued, "weight copies issued"},
-                           {kColSplitProbeAfterWait, "PDL wait returned"},
-                           {kColSplitProbeXFormed, "x formed (merged)"},
-                           {kColSplitProbeRowsLanded, "weights landed"},
-                           {kColSplitProbeExit, "sums issued, exit"}}};
+  const ArmedPhaseTable t{"output product (by columns) probe", kColSplitProbeWords, kColSplitProbeBlock,
+                          kColSplitProbeExit, kColSplitProbeAfterWait, kColSplitProbeMerged, "merging attention slices",
+                          {{kColSplitProbeEntry, "entry (row taken)"}, {kColSplitProbeIssued, "weight copies issued"},
+                           {kColSplitProbeAfterWait, "PDL wait returned"}, {kColSplitProbeXFormed, "x formed (merged)"},
+                           {kColSplitProbeRowsLanded, "weights landed"}, {kColSplitProbeExit, "sums issued, exit"}}};
   ReportArmedPhases(t, h, capacity);
 }
 
