@@ -7,12 +7,14 @@
 #   tests/ also the GPU micro-benchmarks (gpu_kernels_bench, prefill_stages_bench, gpu_moe_bench,
 #          gpu_backend_profile)
 # Usage (device): scripts/device/run_all.sh [--no-parity] [--no-bench] [--no-gpu-bench] [--bench-80b] [--profile-80b]
-#                 [--timeline-80b]
+#                 [--timeline-80b] [--probe-80b]
 #   --bench-80b also runs scripts/device/bench_80b.sh (q3n-80b decode/prefill against its floors).
 #   --profile-80b then times every kernel of a batch-1 decode step and a 512-token prefill under
 #   Nsight Compute (scripts/device/profile_80b.sh; needs the model bench_80b.sh made).
 #   --timeline-80b: a CUPTI kernel timeline of graph-replayed batch-1 decode steps and a 512-token
 #   prefill on that model (scripts/device/timeline_80b.sh: timeline_80b.txt, timeline_80b_csv.tar.xz).
+#   --probe-80b: one batch-1 decode step with its kernels stamped inside it (scripts/device/probe_80b.sh:
+#   probe_80b.txt, each phase of the GDN, MoE and attention kernels after their launch's wait).
 #   FILTER_<suite>='gtest filter' runs only part of that suite (e.g. FILTER_gpu_moe_kernels_test='*Shared*').
 #   SANITIZE=1 adds a compute-sanitizer memcheck pass over part of gpu_kernels_test.
 #   AB_80B='LABEL:VAR=V ...;LABEL2:...' then runs scripts/device/ab_80b.sh over those configurations
@@ -114,6 +116,7 @@ run_80b() {  # name pattern: scripts/device/NAME.sh, then the lines of NAME.txt 
 [[ " $* " == *" --bench-80b "* ]] && run_80b bench_80b "^(ceilings|model|decode|prefill|  profile)"
 [[ " $* " == *" --profile-80b "* ]] && run_80b profile_80b "^## "
 [[ " $* " == *" --timeline-80b "* ]] && run_80b timeline_80b "^(## |decode batch|prefill [0-9]|cupti:|  mean|no kernel)"
+[[ " $* " == *" --probe-80b "* ]] && run_80b probe_80b "^(decode batch|[A-Za-z].* probe|  )"
 if [ -n "${AB_80B:-}" ]; then
   IFS=';' read -ra ab_configs <<<"$AB_80B"
   OUT=$out BUNDLE=$bundle bash "$root/scripts/device/ab_80b.sh" --rounds "${AB_ROUNDS:-2}" \
@@ -128,8 +131,9 @@ fi
 (IFS=,; echo "{${results[*]}}") >"$json"
 note "summary: $(cat "$json")"
 # Only 8 files come back from a device call: the reports stay as they are (report.txt / .json,
-# bench_80b.txt / .json, profile_80b.txt, timeline_80b.txt and its csv archive, ab_80b.txt), every
-# log goes into one archive (logs.tar.xz).
+# bench_80b.txt / .json, profile_80b.txt, timeline_80b.txt and its csv archive, ab_80b.txt,
+# probe_80b.txt), every log goes into one archive (logs.tar.xz).
 (cd "$out" && find . -maxdepth 1 -type f ! -name 'report.*' ! -name bench_80b.txt ! -name bench_80b.json \
   ! -name profile_80b.txt ! -name timeline_80b.txt ! -name timeline_80b_csv.tar.xz ! -name ab_80b.txt \
+  ! -name probe_80b.txt \
   ! -name logs.tar.xz -printf '%f\n' | tar -cJf logs.tar.xz -T - --remove-files 2>/dev/null)
