@@ -52,21 +52,12 @@ TEST_P(ExpertDecodeTest, MatchesReferenceFfn) {
   const int64_t h = 512, I = 256, E = 6;
   for (int64_t n : {1, 2, 9, 19}) {
     const int64_t K = std::min<int64_t>(4, E);
-    std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
-    std::vector<DeviceBuffer> dgate, dup, ddown;
-    for (int64_t e = 0; e < E; ++e) {
-      gate[e] = RandomMatrix(rng, types.gate_up, h, I, 0.05f);
-      up[e] = RandomMatrix(rng, types.gate_up, h, I, 0.05f);
-      down[e] = RandomMatrix(rng, types.down, I, h, 0.05f);
-      dgate.push_back(Upload(gate[e]));
-      dup.push_back(Upload(up[e]));
-      ddown.push_back(Upload(down[e]));
-    }
+    const testing::RandomExperts w = testing::MakeRandomExperts(rng, types.gate_up, types.down, h, I, E);
     const std::vector<float> x = testing::RandomVector(rng, n * h);
     DeviceBuffer dx = Upload(x);
     const std::vector<int32_t> picks = RandomPicks(rng, n, E, K);
     absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, K, E, [&](int32_t e) -> std::optional<ExpertLocation> {
-      return ExpertLocation{dgate[e].get(), dup[e].get(), ddown[e].get()};
+      return ExpertLocation{w.dgate[e].get(), w.dup[e].get(), w.ddown[e].get()};
     });
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_EQ(plan->gpu_slots, n * K);
@@ -82,9 +73,9 @@ TEST_P(ExpertDecodeTest, MatchesReferenceFfn) {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = picks[t * K + k];
-        const MatrixView g = testing::HostMatrix(types.gate_up, gate[e], h, I);
-        const MatrixView u = testing::HostMatrix(types.gate_up, up[e], h, I);
-        const MatrixView d = testing::HostMatrix(types.down, down[e], I, h);
+        const MatrixView g = testing::HostMatrix(types.gate_up, w.gate[e], h, I);
+        const MatrixView u = testing::HostMatrix(types.gate_up, w.up[e], h, I);
+        const MatrixView d = testing::HostMatrix(types.down, w.down[e], I, h);
         FfnForward(g, u, d, x.data() + t * h, 1, ref.data() + plan->slot[t * K + k] * h, nullptr);
       }
     }
@@ -108,22 +99,13 @@ TEST(ExpertMatVecTest, MatchesReferenceOnModelShapes) {
   const int64_t h = 2048, I = 512, E = 12, K = 10;
   for (const TypePair types : {TypePair{WeightType::kQ4_K, WeightType::kQ4_K}, TypePair{WeightType::kQ8_0, WeightType::kQ6_K},
                                TypePair{WeightType::kQ5_K, WeightType::kQ8_0}}) {
-    std::vector<std::vector<uint8_t>> gate(E), up(E), down(E);
-    std::vector<DeviceBuffer> dgate, dup, ddown;
-    for (int64_t e = 0; e < E; ++e) {
-      gate[e] = RandomMatrix(rng, types.gate_up, h, I, 0.05f);
-      up[e] = RandomMatrix(rng, types.gate_up, h, I, 0.05f);
-      down[e] = RandomMatrix(rng, types.down, I, h, 0.05f);
-      dgate.push_back(Upload(gate[e]));
-      dup.push_back(Upload(up[e]));
-      ddown.push_back(Upload(down[e]));
-    }
+    const testing::RandomExperts w = testing::MakeRandomExperts(rng, types.gate_up, types.down, h, I, E);
     for (int64_t n : {1, 8}) {
       const std::vector<float> x = testing::RandomVector(rng, n * h);
       DeviceBuffer dx = Upload(x);
       const std::vector<int32_t> picks = RandomPicks(rng, n, E, K);
       absl::StatusOr<MoeStepPlan> plan = PlanMoeStep(picks, n, K, E, [&](int32_t e) -> std::optional<ExpertLocation> {
-        return ExpertLocation{dgate[e].get(), dup[e].get(), ddown[e].get()};
+        return ExpertLocation{w.dgate[e].get(), w.dup[e].get(), w.ddown[e].get()};
       });
       ASSERT_TRUE(plan.ok()) << plan.status();
       DeviceBuffer dunits = Upload(plan->units);
@@ -139,8 +121,8 @@ TEST(ExpertMatVecTest, MatchesReferenceOnModelShapes) {
       for (int64_t t = 0; t < n; ++t) {
         for (int64_t k = 0; k < K; ++k) {
           const int32_t e = picks[t * K + k];
-          FfnForward(testing::HostMatrix(types.gate_up, gate[e], h, I), testing::HostMatrix(types.gate_up, up[e], h, I),
-                     testing::HostMatrix(types.down, down[e], I, h), x.data() + t * h, 1,
+          FfnForward(testing::HostMatrix(types.gate_up, w.gate[e], h, I), testing::HostMatrix(types.gate_up, w.up[e], h, I),
+                     testing::HostMatrix(types.down, w.down[e], I, h), x.data() + t * h, 1,
                      ref.data() + plan->slot[t * K + k] * h, nullptr);
         }
       }
@@ -161,17 +143,10 @@ TEST(ExpertMatVecTest, DeviceUnitCountSkipsLaterUnits) {
   const int64_t h = 512, I = 256;
   for (const WeightType type : {WeightType::kQ4_K, WeightType::kQ8_0, WeightType::kQ2_K}) {
     const int num_units = 4;
-    std::vector<std::vector<uint8_t>> gate(num_units), up(num_units), down(num_units);
-    std::vector<DeviceBuffer> dgate, dup, ddown;
+    const testing::RandomExperts w = testing::MakeRandomExperts(rng, type, type, h, I, num_units);
     std::vector<ExpertUnit> units(num_units);
     for (int u = 0; u < num_units; ++u) {
-      gate[u] = RandomMatrix(rng, type, h, I, 0.05f);
-      up[u] = RandomMatrix(rng, type, h, I, 0.05f);
-      down[u] = RandomMatrix(rng, type, I, h, 0.05f);
-      dgate.push_back(Upload(gate[u]));
-      dup.push_back(Upload(up[u]));
-      ddown.push_back(Upload(down[u]));
-      units[u] = ExpertUnit{dgate[u].get(), dup[u].get(), ddown[u].get(), 1, u, {u, 0, 0, 0, 0, 0, 0, 0}};
+      units[u] = ExpertUnit{w.dgate[u].get(), w.dup[u].get(), w.ddown[u].get(), 1, u, {u, 0, 0, 0, 0, 0, 0, 0}};
     }
     const std::vector<float> x = testing::RandomVector(rng, num_units * h);
     DeviceBuffer dx = Upload(x);
@@ -194,8 +169,8 @@ TEST(ExpertMatVecTest, DeviceUnitCountSkipsLaterUnits) {
           continue;
         }
         std::vector<float> ref(static_cast<size_t>(h));
-        FfnForward(testing::HostMatrix(type, gate[u], h, I), testing::HostMatrix(type, up[u], h, I),
-                   testing::HostMatrix(type, down[u], I, h), x.data() + u * h, 1, ref.data(), nullptr);
+        FfnForward(testing::HostMatrix(type, w.gate[u], h, I), testing::HostMatrix(type, w.up[u], h, I),
+                   testing::HostMatrix(type, w.down[u], I, h), x.data() + u * h, 1, ref.data(), nullptr);
         EXPECT_LE(testing::RelativeL2(row, ref), 1e-5) << "unit " << u << ", count " << count;
       }
     }
@@ -204,17 +179,9 @@ TEST(ExpertMatVecTest, DeviceUnitCountSkipsLaterUnits) {
 
 // E random experts of one shape, on the host (for the reference) and on the device (each matrix in
 // its own allocation).
-struct ExpertSet {
-  ExpertSet(std::mt19937& rng, TypePair t, int64_t h_, int64_t I_, int64_t E) : types(t), h(h_), I(I_) {
-    for (int64_t e = 0; e < E; ++e) {
-      gate.push_back(RandomMatrix(rng, types.gate_up, h, I, 0.05f));
-      up.push_back(RandomMatrix(rng, types.gate_up, h, I, 0.05f));
-      down.push_back(RandomMatrix(rng, types.down, I, h, 0.05f));
-      dgate.push_back(Upload(gate.back()));
-      dup.push_back(Upload(up.back()));
-      ddown.push_back(Upload(down.back()));
-    }
-  }
+struct ExpertSet : testing::RandomExperts {
+  ExpertSet(std::mt19937& rng, TypePair t, int64_t h_, int64_t I_, int64_t E)
+      : testing::RandomExperts(testing::MakeRandomExperts(rng, t.gate_up, t.down, h_, I_, E)), types(t), h(h_), I(I_) {}
   // FFN_e(x) of one row (h wide) into out.
   void Reference(int64_t e, const float* x, float* out) const {
     FfnForward(testing::HostMatrix(types.gate_up, gate[e], h, I), testing::HostMatrix(types.gate_up, up[e], h, I),
@@ -222,8 +189,6 @@ struct ExpertSet {
   }
   TypePair types;
   int64_t h, I;
-  std::vector<std::vector<uint8_t>> gate, up, down;
-  std::vector<DeviceBuffer> dgate, dup, ddown;
 };
 
 // Units with the given row counts over random experts of `set`, reading random (repeating,

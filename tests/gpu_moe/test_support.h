@@ -90,6 +90,27 @@ inline MatrixView HostMatrix(WeightType type, const std::vector<uint8_t>& bytes,
   return MatrixView{type, bytes.data(), cols, rows, *RowBytes(type, cols)};
 }
 
+// `count` experts' random weights (RandomMatrix, stddev 0.05): gate and up (h → I) in gu, down
+// (I → h) in d, drawn gate, up, down an expert at a time; on the host and uploaded (dgate, dup,
+// ddown).
+struct RandomExperts {
+  std::vector<std::vector<uint8_t>> gate, up, down;
+  std::vector<DeviceBuffer> dgate, dup, ddown;
+};
+inline RandomExperts MakeRandomExperts(std::mt19937& rng, WeightType gu, WeightType d, int64_t h, int64_t I,
+                                       int64_t count) {
+  RandomExperts x;
+  for (int64_t e = 0; e < count; ++e) {
+    x.gate.push_back(RandomMatrix(rng, gu, h, I, 0.05f));
+    x.up.push_back(RandomMatrix(rng, gu, h, I, 0.05f));
+    x.down.push_back(RandomMatrix(rng, d, I, h, 0.05f));
+    x.dgate.push_back(Upload(x.gate.back()));
+    x.dup.push_back(Upload(x.up.back()));
+    x.ddown.push_back(Upload(x.down.back()));
+  }
+  return x;
+}
+
 inline bool AllFinite(const std::vector<float>& v) {
   for (float x : v) {
     if (!std::isfinite(x)) return false;
