@@ -17,19 +17,8 @@
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
-namespace tandem {
+namespace tandem::gpu_backend_testing {
 namespace {
-
-using gpu_backend_testing::FastParts;
-using gpu_backend_testing::GpuStep;
-using gpu_backend_testing::OpenGpu;
-using gpu_backend_testing::OpenReference;
-using gpu_backend_testing::PresetModel;
-using gpu_backend_testing::PresetTestName;
-using gpu_backend_testing::RandomTokens;
-using gpu_backend_testing::ReferencePrefill;
-using gpu_backend_testing::RelativeL2;
-using gpu_backend_testing::SameIds;
 
 class FastTest : public ::testing::TestWithParam<std::string> {};
 
@@ -361,4 +350,4 @@ TEST(CudaBackendOptionsTest, L2PrefetchOutsideZeroToTwoIsRefusedByName) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::gpu_backend_testing

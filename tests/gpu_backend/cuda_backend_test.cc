@@ -15,21 +15,8 @@
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
 
-namespace tandem {
+namespace tandem::gpu_backend_testing {
 namespace {
-
-using gpu_backend_testing::Argmax;
-using gpu_backend_testing::GpuStep;
-using gpu_backend_testing::kPrompt;
-using gpu_backend_testing::MaxRowError;
-using gpu_backend_testing::OpenGpu;
-using gpu_backend_testing::OpenReference;
-using gpu_backend_testing::PresetModel;
-using gpu_backend_testing::PresetTestName;
-using gpu_backend_testing::RandomTokens;
-using gpu_backend_testing::ReferencePrefill;
-using gpu_backend_testing::RelativeL2;
-using gpu_backend_testing::SameIds;
 
 class ExactTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -379,4 +366,4 @@ TEST_P(ExactTest, KeepFirstEqualsAdvancingByTheKeptTokens) {
 INSTANTIATE_TEST_SUITE_P(Presets, ExactTest, ::testing::Values("tiny", "tiny-q3n", "small"), PresetTestName);
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::gpu_backend_testing
