@@ -2,7 +2,8 @@
 // before their buffer exists: dense_matvec_probe.h, gdn_decode_out_probe.h,
 // moe/expert_decode_fused_probe.h, kernels/attention_probe.h). Each probe keeps one ArmedStampRows
 // (in constant or global memory) and one slot counter in its own .cu file; a stamped block takes
-// the next slot with an atomic on the counter and writes its row when the slot is below capacity.
+// the next slot with an atomic on the counter (TakeArmedRow) and writes its row when the slot is
+// below capacity.
 // KnownNow orders a stamp after the loads a value waits for. Include from .cu files only.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_ARMED_STAMPS_CUH_
@@ -29,6 +30,14 @@ cudaError_t ArmStampRows(const Rows& rows, const Count& count, unsigned long lon
     return e;
   }
   return cudaMemcpyToSymbolAsync(rows, &config, sizeof(config), 0, cudaMemcpyHostToDevice, stream);
+}
+
+// The next row (`words` u64) of the buffer `armed` for the calling thread: one atomic on `count`,
+// the probe's slot counter; nullptr while disarmed or once the buffer is full.
+__device__ __forceinline__ unsigned long long* TakeArmedRow(const ArmedStampRows& armed, unsigned* count, int words) {
+  if (armed.stamps == nullptr) return nullptr;
+  const unsigned slot = atomicAdd(count, 1u);
+  return slot < armed.capacity ? armed.stamps + static_cast<unsigned long long>(slot) * words : nullptr;
 }
 
 // Whether `dep` is not one arbitrary constant, i.e. true but for one value in 2^32 (whose stamp is

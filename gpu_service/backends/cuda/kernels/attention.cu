@@ -38,11 +38,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     if (probe != nullptr) {
       if (b < capacity) row = probe + static_cast<int64_t>(b) * kAttnProbeWords;
     } else if (threadIdx.x == 0) {  // only thread 0 stamps: the others keep no row
-      const ArmedStampRows armed = g_split_armed_probe;
-      if (armed.stamps != nullptr) {
-        const unsigned slot = atomicAdd(&g_split_armed_count, 1u);
-        if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kAttnProbeWords;
-      }
+      row = TakeArmedRow(g_split_armed_probe, &g_split_armed_count, kAttnProbeWords);
     }
     if (threadIdx.x == 0 && row != nullptr) row[kAttnProbeBlock] = static_cast<unsigned long long>(b);
   }

@@ -53,13 +53,7 @@ struct ColSplitStamps {
   unsigned long long* row = nullptr;
   __device__ ColSplitStamps() {
     if constexpr (kProbe) {
-      if (threadIdx.x == 0) {
-        const ArmedStampRows armed = g_colsplit_probe;
-        if (armed.stamps != nullptr) {
-          const unsigned slot = atomicAdd(&g_colsplit_probe_count, 1u);
-          if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kColSplitProbeWords;
-        }
-      }
+      if (threadIdx.x == 0) row = TakeArmedRow(g_colsplit_probe, &g_colsplit_probe_count, kColSplitProbeWords);
       Stamp(kColSplitProbeEntry);
     }
   }

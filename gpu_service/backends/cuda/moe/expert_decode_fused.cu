@@ -124,11 +124,7 @@ struct FusedStamps {
     if constexpr (kProbe) {
       const unsigned long long entry = GlobalTimerNs();
       if (threadIdx.x == 0 && rows == nullptr) {
-        const ArmedStampRows armed = g_fused_moe_probe;
-        if (armed.stamps != nullptr) {
-          const unsigned slot = atomicAdd(&g_fused_moe_probe_count, 1u);
-          if (slot < armed.capacity) row = armed.stamps + static_cast<unsigned long long>(slot) * kFusedProbeWords;
-        }
+        row = TakeArmedRow(g_fused_moe_probe, &g_fused_moe_probe_count, kFusedProbeWords);
       } else if (threadIdx.x == 0) {
         row = rows + static_cast<unsigned long long>(blockIdx.x) * kFusedProbeWords;
       }
