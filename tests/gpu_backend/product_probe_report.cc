@@ -300,8 +300,9 @@ void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capaci
 absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
   using namespace cuda;  // the probe's phase names
   constexpr unsigned kCapacity = 1 << 15;
-  // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h) and the fused MoE
-  // kernels' (expert_decode_fused_probe.h's armed buffer), all of the same step.
+  // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h), the fused MoE kernels'
+  // (expert_decode_fused_probe.h), the split attention's (attention_probe.h) and the output
+  // products' by columns (dense_colsplit_probe.h), all of the same step.
   constexpr unsigned kGdnCapacity = 1 << 14, kMoeCapacity = 1 << 15, kAttnCapacity = 1 << 14, kOutCapacity = 1 << 14;
   ArmedStamps armed[] = {{SetStreamMatVecProbe, kCapacity, kStreamProbeWords, {}},
                          {SetGdnOutProbe, kGdnCapacity, kGdnOutProbeWords, {}},

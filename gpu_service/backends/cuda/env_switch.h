@@ -49,12 +49,11 @@ template <typename T>
 T EnvChoice(const char* name, std::initializer_list<std::pair<std::string_view, T>> choices, T fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || v[0] == '\0') return fallback;
-  std::string accepted;
   for (const auto& [text, value] : choices) {
     if (text == v) return value;
-    accepted += accepted.empty() ? "" : ", ";
-    accepted += text;
   }
+  std::string accepted;
+  for (const auto& choice : choices) accepted += (accepted.empty() ? "" : ", ") + std::string(choice.first);
   std::fprintf(stderr, "%s=%s is not one of %s: using the default\n", name, v, accepted.c_str());
   return fallback;
 }
