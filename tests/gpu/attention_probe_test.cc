@@ -13,7 +13,7 @@
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/attention_decode_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -93,7 +93,7 @@ TEST(AttentionProbeTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const attn_testing::AttnSwitchGuard guard;
   cuda::SetAttnMergeInBlock(true);
-  const bool was_probed = cuda::ProbeGdnInputProducts();
+  const bool was_probed = cuda::ProbeDecodeStep();
   const cuda::AttnShape d{16, 2, 256, 64, 1e-6f};
   const int ctx = 544;
   const DecodeCase c = MakeDecodeCase(rng, d, {0}, {ctx}, {1});
@@ -105,12 +105,12 @@ TEST(AttentionProbeTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
   const int blocks = plan.num_row_items * d.kvh * plan.num_splits;
   const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
   auto rows = Upload(std::vector<unsigned long long>(capacity * cuda::kAttnProbeWords, 0));
-  cuda::SetProbeGdnInputProducts(true);
+  cuda::SetProbeDecodeStep(true);
   ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(rows.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
   const std::vector<float> got = AttendPlanned(c, plan, items, scratch);
   ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(nullptr, 0, nullptr), cudaSuccess);
   const std::vector<float> after = AttendPlanned(c, plan, items, scratch);  // disarmed: no rows
-  cuda::SetProbeGdnInputProducts(was_probed);
+  cuda::SetProbeDecodeStep(was_probed);
   EXPECT_TRUE(gpu_testing::SameBits(got, want));
   EXPECT_TRUE(gpu_testing::SameBits(after, want));
   const std::vector<unsigned long long> r = Download(rows);

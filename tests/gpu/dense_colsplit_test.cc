@@ -14,7 +14,7 @@
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
@@ -64,7 +64,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuColumnSplitTest,
                                   (info.param.pad > 0 ? "_padded" : "");
                          });
 
-// With the step probed (ProbeGdnInputProducts) and a buffer armed, every block of a launch takes one
+// With the step probed (ProbeDecodeStep) and a buffer armed, every block of a launch takes one
 // row of it (its index once, a real SM, its phases in order, no merge) and the product is still
 // added; rows past the launch's blocks stay zero; disarmed, the stamped kernel writes no row.
 TEST(ColumnSplitProbeTest, ArmedProbeStampsEveryBlockOnceAndAddsTheProduct) {
@@ -81,15 +81,15 @@ TEST(ColumnSplitProbeTest, ArmedProbeStampsEveryBlockOnceAndAddsTheProduct) {
   const std::vector<float> want = gpu_testing::HostProduct(w, x, y0);
   const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
   auto stamps = Upload(std::vector<unsigned long long>(capacity * cuda::kColSplitProbeWords, 0));
-  const bool was_probed = cuda::ProbeGdnInputProducts();
-  cuda::SetProbeGdnInputProducts(true);
+  const bool was_probed = cuda::ProbeDecodeStep();
+  cuda::SetProbeDecodeStep(true);
   ASSERT_EQ(cuda::SetArmedColumnSplitProbe(stamps.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
   auto y = Upload(y0);
   const cudaError_t launched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y.get(), nullptr);
   ASSERT_EQ(cuda::SetArmedColumnSplitProbe(nullptr, 0, nullptr), cudaSuccess);
   auto y_after = Upload(y0);  // disarmed: the stamped kernel again, no row taken
   const cudaError_t relaunched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y_after.get(), nullptr);
-  cuda::SetProbeGdnInputProducts(was_probed);
+  cuda::SetProbeDecodeStep(was_probed);
   TANDEM_ASSERT_CUDA(launched);
   TANDEM_ASSERT_CUDA(relaunched);
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());

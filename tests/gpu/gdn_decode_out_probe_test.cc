@@ -15,9 +15,9 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
+#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -65,7 +65,7 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
     return {Download(gated), Download(rec)};
   };
 
-  const bool was_bulk = cuda::GdnOutBulk(), was_probe = cuda::ProbeGdnInputProducts();
+  const bool was_bulk = cuda::GdnOutBulk(), was_probe = cuda::ProbeDecodeStep();
   cuda::SetGdnOutBulk(true);
   const Result want = run();
   // Room for two launches' rows: the second half must stay zero.
@@ -77,12 +77,12 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
   auto* dev_stamps = stamps->as<unsigned long long>();
   TANDEM_ASSERT_CUDA(cudaMemset(dev_stamps, 0, size_t{capacity} * cuda::kGdnOutProbeWords * 8));
   TANDEM_ASSERT_CUDA(cuda::SetGdnOutProbe(dev_stamps, capacity, nullptr));
-  cuda::SetProbeGdnInputProducts(true);
+  cuda::SetProbeDecodeStep(true);
   const Result got = run();
   // Disarmed (no buffer), the stamped launch writes nothing more.
   TANDEM_ASSERT_CUDA(cuda::SetGdnOutProbe(nullptr, 0, nullptr));
   const Result after = run();
-  cuda::SetProbeGdnInputProducts(was_probe);
+  cuda::SetProbeDecodeStep(was_probe);
   cuda::SetGdnOutBulk(was_bulk);
 
   EXPECT_TRUE(gpu_testing::SameBits(got.gated, want.gated))

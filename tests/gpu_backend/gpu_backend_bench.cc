@@ -12,11 +12,12 @@
 //
 //   gpu_backend_bench --model q3n-80b.gguf [--mode fast|exact] [--batches 1,8,32]
 //                     [--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off]
-//                     [--l2-prefetch 0|1|2] [--nvtx] [--probe-gdn-product] [--json out.json]
-// --probe-gdn-product: the GDN layers' input product and fused kernel, every layer's fused MoE
-// kernel and every attention layer's split attention and output product, stamped inside a batch-1
-// step (product_probe_report.h, kernels/gdn_decode_out_probe.h, moe/expert_decode_fused_probe.h,
-// kernels/attention_probe.h, kernels/dense_colsplit_probe.h; the whole run takes the stamped kernels).
+//                     [--l2-prefetch 0|1|2] [--nvtx] [--probe-step] [--json out.json]
+// --probe-step (--probe-gdn-product, its older name, is still taken): the GDN layers' input product
+// and fused kernel, every layer's fused MoE kernel and every attention layer's split attention and
+// output product, stamped inside a batch-1 step (step_probe.h, product_probe_report.h,
+// kernels/gdn_decode_out_probe.h, moe/expert_decode_fused_probe.h, kernels/attention_probe.h,
+// kernels/dense_colsplit_probe.h; the whole run takes the stamped kernels).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,10 +38,10 @@
 #include "gpu_service/backends/cuda/backend/cuda_backend.h"
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan_grid.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 #include "tests/gpu_backend/bench_args.h"
 #include "tests/gpu_backend/bench_ceilings.h"
 #include "tests/gpu_backend/product_probe_report.h"
@@ -66,8 +67,9 @@ struct Args {
   // plan with the old route-and-plan kernel and tile builder instead of the grid kernel,
   // route_plan_grid.cuh: TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
-  // The GDN layers' input product stamped inside one batch-1 decode step (product_probe_report.h).
-  bool probe_gdn_product = false;
+  // The GDN, MoE and attention kernels stamped inside one batch-1 decode step (step_probe.h,
+  // product_probe_report.h).
+  bool probe_step = false;
 };
 
 // A flag with two values: out = (v == yes); false (after saying so) for anything else.
@@ -166,7 +168,7 @@ int Run(const Args& a) {
   }
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const int max_prefill = *std::max_element(a.prefill.begin(), a.prefill.end());
-  cuda::SetProbeGdnInputProducts(a.probe_gdn_product);  // before the decode graphs are captured
+  cuda::SetProbeDecodeStep(a.probe_step);  // before the decode graphs are captured
   CudaBackendOptions o;
   o.mode = a.mode == "exact" ? CudaMode::kExact : CudaMode::kFast;
   o.fast_dense_split = a.dense_split;
@@ -279,7 +281,7 @@ int Run(const Args& a) {
       nvtxRangePop();
       if (!s.ok()) return 1;
     }
-    if (a.probe_gdn_product && B == 1) {
+    if (a.probe_step && B == 1) {
       if (absl::Status s = ReportGdnProductProbe([&] { return step(nullptr); }); !s.ok()) {
         fprintf(stderr, "probe: %s\n", s.ToString().c_str());
         return 1;
@@ -410,8 +412,8 @@ int main(int argc, char** argv) {
       if (!tandem::ParseChoice(arg, value(), "split", "single", a.dense_split)) return 2;
     } else if (arg == "--pdl") {
       if (!tandem::ParseChoice(arg, value(), "on", "off", a.pdl)) return 2;
-    } else if (arg == "--probe-gdn-product") {
-      a.probe_gdn_product = true;
+    } else if (arg == "--probe-step" || arg == "--probe-gdn-product") {
+      a.probe_step = true;
     } else if (arg == "--nvtx") {
       a.nvtx = true;
     } else if (arg == "--l2-prefetch") {
@@ -438,7 +440,7 @@ int main(int argc, char** argv) {
   if (a.model.empty()) {
     fprintf(stderr, "usage: gpu_backend_bench --model FILE.gguf [--mode fast|exact] [--batches 1,8,32] "
                     "[--prefill 512,2048,8192] [--decode-steps 128] [--dense split|single] [--pdl on|off] "
-                    "[--l2-prefetch 0|1|2] [--nvtx] [--probe-gdn-product] [--prefill-plans device,host,oldplan] [--json out.json]\n");
+                    "[--l2-prefetch 0|1|2] [--nvtx] [--probe-step] [--prefill-plans device,host,oldplan] [--json out.json]\n");
     return 2;
   }
   return tandem::Run(a);

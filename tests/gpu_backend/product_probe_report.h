@@ -1,6 +1,6 @@
-// gpu_backend_bench --probe-gdn-product: where the GDN layers' input product (the stacked [z; qkv; ba]
+// gpu_backend_bench --probe-step: where the GDN layers' input product (the stacked [z; qkv; ba]
 // norm-in product, 27 MB at 80B shapes) spends its time inside a real decode step. The backend
-// launches its stamped instantiation (dense_matvec_probe.h, cuda::SetProbeGdnInputProducts, set
+// launches its stamped instantiation (step_probe.h, cuda::SetProbeDecodeStep, set
 // before the decode graphs are captured); this arms the stamps, runs one step and prints, per
 // phase, the median over the step's GDN layers of the median and last block's stamp, in us after
 // the layer's earliest PDL wait return (when the MoE kernel before it had completed); then the

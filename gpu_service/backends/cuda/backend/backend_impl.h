@@ -273,7 +273,7 @@ class CudaBackend::Impl {
   // Product of the block input x (n rows; on: the stream, nullptr: the main stream), or, when the
   // read left its norm to the mixer's products (x_norm_in, one row), the norm-in product
   // (LaunchDenseMatVecNormIn) that forms x itself.
-  // gdn: the GDN layer's product (stamped where cuda::ProbeGdnInputProducts, benchmarks).
+  // gdn: the GDN layer's product (stamped where cuda::ProbeDecodeStep, benchmarks).
   // polled (the norm-in product only): its rows polled by the kernel after it (cuda::RowsPolled).
   absl::Status InputProduct(const cuda::DeviceMatrix& w, int64_t n, float* y, cudaStream_t on = nullptr,
                             bool gdn = false, const cuda::RowsPolled* polled = nullptr);

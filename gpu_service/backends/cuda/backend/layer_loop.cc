@@ -17,11 +17,12 @@
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
+#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
-#include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/l2_prefetch.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 namespace tandem {
 
@@ -54,7 +55,7 @@ absl::Status CudaBackend::Impl::InputProduct(const cuda::DeviceMatrix& w, int64_
   cudaStream_t st = on != nullptr ? on : stream.get();
   cuda::MatVecNormIn in = *x_norm_in;
   if (polled != nullptr) in.polled = *polled;
-  if (gdn && cuda::ProbeGdnInputProducts()) {
+  if (gdn && cuda::ProbeDecodeStep()) {
     return Launch(cuda::LaunchDenseMatVecNormInProbed(w, in, out, st), "dense matvec (norm in, probed)");
   }
   return Launch(cuda::LaunchDenseMatVecNormIn(w, in, out, st), "dense matvec (norm in)");

@@ -18,13 +18,13 @@
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gpu_service/backends/cuda/moe/indexer.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 namespace tandem {
 
@@ -48,7 +48,7 @@ CudaBackend::Impl::GdnInputs CudaBackend::Impl::PlanGdnInputs(const cuda::GpuLay
 
 bool CudaBackend::Impl::GdnLayerInOneLaunch(const cuda::GpuLayer& w, const GdnInputs& in) const {
   if (!cuda::GdnDecodeLayerOne() || !in.out_inside || in.z_side || !x_norm_in.has_value() ||
-      cuda::ProbeGdnInputProducts() || w.ssm_out_by_columns == nullptr || !cuda::GdnOutBulk()) {
+      cuda::ProbeDecodeStep() || w.ssm_out_by_columns == nullptr || !cuda::GdnOutBulk()) {
     return false;
   }
   // The launch's stacked rows: z's then qkv's then ba's (LaunchGdnDecodeLayer's row offsets).

@@ -13,7 +13,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
@@ -25,6 +24,7 @@
 #include "gpu_service/backends/cuda/moe/moe_scatter.cuh"
 #include "gpu_service/backends/cuda/moe/route_plan.cuh"
 #include "gpu_service/backends/cuda/moe/router.h"
+#include "gpu_service/backends/cuda/step_probe.h"
 #include "gpu_service/backends/cuda/weight_type_ids.h"
 
 namespace tandem::cuda {
@@ -352,7 +352,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
       // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
-      const auto launch = ProbeGdnInputProducts() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe
+      const auto launch = ProbeDecodeStep() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe
                                                                                   : LaunchOneTokenMoeFused;
       TANDEM_CUDA_RETURN_IF_ERROR(
           launch(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));

@@ -11,8 +11,8 @@
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_tc.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 namespace tandem::cuda {
 namespace {
@@ -110,7 +110,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     const dim3 grid(static_cast<unsigned>(num_row_items), static_cast<unsigned>(d.kvh),
                     static_cast<unsigned>(num_splits));
     // The stamped instantiation while a probe has rows or the step is probed (attention_probe.h).
-    const bool stamped = probe.rows != nullptr || ProbeGdnInputProducts();
+    const bool stamped = probe.rows != nullptr || ProbeDecodeStep();
     const auto kernel = stamped ? (merge_here ? SplitKernel<kHd, true, true>() : SplitKernel<kHd, false, true>())
                                 : (merge_here ? SplitKernel<kHd, true, false>() : SplitKernel<kHd, false, false>());
     if (kernel.error != cudaSuccess) return kernel.error;

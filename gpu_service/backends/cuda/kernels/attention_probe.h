@@ -35,7 +35,7 @@ enum AttnProbeWord : int {
 void SetSplitAttentionProbe(unsigned long long* rows, int capacity);
 
 // The same stamps inside a decode step whose launches were captured before their buffer existed
-// (gpu_backend_bench --probe-gdn-product): while ProbeGdnInputProducts() (dense_matvec_probe.h) is
+// (gpu_backend_bench --probe-step): while ProbeDecodeStep() (step_probe.h) is
 // on and no rows are set above, LaunchAttention launches the stamped kernel without rows, and
 // thread 0 of each block takes the next row of the buffer armed here (a slot counter in device
 // memory, so the blocks of one launch take consecutive rows when launches do not overlap), writes

@@ -16,9 +16,9 @@
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 namespace tandem::cuda {
 namespace {
@@ -178,7 +178,7 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
     return cudaErrorInvalidValue;
   }
   // The stamped instantiations while the step is probed (dense_colsplit_probe.h).
-  const bool stamped = ProbeGdnInputProducts();
+  const bool stamped = ProbeDecodeStep();
   using Kernel = void (*)(const uint8_t*, int64_t, int, const float*, float*, AttnDeferredMerge);
   static const Kernel kernels[2][3] = {{ColumnSplitKernel<0>, ColumnSplitKernel<128>, ColumnSplitKernel<256>},
                                        {ColumnSplitKernel<0, true>, ColumnSplitKernel<128, true>,

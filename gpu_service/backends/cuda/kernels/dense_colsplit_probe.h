@@ -4,7 +4,7 @@
 // share was ~10.5 us an attention layer for 8.9 MB of weights (docs/PERF.md, thirty-fourth
 // session's timeline), and its phases inside a step had not been seen.
 //
-// While ProbeGdnInputProducts() (dense_matvec_probe.h) is on, LaunchColumnSplitMatVec launches a
+// While ProbeDecodeStep() (step_probe.h) is on, LaunchColumnSplitMatVec launches a
 // stamped instantiation of the same kernel (its kProbe template flag: the production kernels
 // compile without any of it), whose block's thread 0 takes the next row of the buffer armed by
 // SetArmedColumnSplitProbe (a slot counter in device memory: the blocks of one launch take

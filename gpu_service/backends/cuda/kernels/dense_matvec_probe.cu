@@ -1,10 +1,9 @@
 // dense_matvec_probe.h: the stamped instantiation of the streaming matvec (matvec_stream.cuh,
 // kProbe = true) at one activation row for Q8_0x8 and F32, its probe state, and the benchmarks'
 // producer kernel. Test and benchmark use only: the backend launches the stamped norm-in product only
-// where a benchmark set ProbeGdnInputProducts.
+// where a benchmark set ProbeDecodeStep.
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 
-#include <atomic>
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/global_timer.cuh"
@@ -98,13 +97,6 @@ cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNor
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, true>(NormInStreamArgs(w, in, y), stream);
 }
-
-namespace {
-std::atomic<bool> g_probe_gdn_inputs{false};
-}  // namespace
-
-bool ProbeGdnInputProducts() { return g_probe_gdn_inputs.load(std::memory_order_relaxed); }
-void SetProbeGdnInputProducts(bool on) { g_probe_gdn_inputs.store(on, std::memory_order_relaxed); }
 
 cudaError_t LaunchStreamProbeProducer(const float* src, float* x, int count, int blocks, unsigned spin_ns,
                                       unsigned long long* span, cudaStream_t stream) {

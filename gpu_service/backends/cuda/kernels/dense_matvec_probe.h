@@ -61,18 +61,10 @@ cudaError_t StreamMatVecProbeGrid(const DeviceMatrix& w, StreamProbeGrid* grid);
 cudaError_t LaunchDenseMatVecProbed(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream);
 
 // The stamped form of LaunchDenseMatVecNormIn (same checks, split, grid and bits): the decode step's
-// own products, probed where they run (gpu_backend_bench --probe-gdn-product).
+// own products, probed where they run (gpu_backend_bench --probe-step).
 struct MatVecNormIn;
 cudaError_t LaunchDenseMatVecNormInProbed(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
-// Whether the CUDA backend launches the GDN layers' norm-in input products through
-// LaunchDenseMatVecNormInProbed, their fused kernels with the output product inside with the
-// stamps of gdn_decode_out_probe.h, and every layer's fused one-token MoE kernel through
-// LaunchOneTokenMoeFusedArmedProbe (moe/expert_decode_fused_probe.h), and attention's split
-// attention and output product by columns through their stamped kernels (attention_probe.h,
-// dense_colsplit_probe.h) (benchmarks; off unless set before the decode graphs are captured).
-bool ProbeGdnInputProducts();
-void SetProbeGdnInputProducts(bool on);
 
 // Benchmarks' producer of x, the kernel a probed product follows in a PDL chain: `blocks` blocks
 // (one per SM when blocks = the SM count) each wait for the previous kernel (PdlWaitForPrevious),

@@ -22,8 +22,8 @@
 // The pieces those steps share with the kernels they replace are in gdn_decode_parts.cuh; the
 // stacked input product (kIn) in gdn_decode_in.cuh, the output product (kOut) in gdn_decode_out.cuh.
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
-#include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 #include <cooperative_groups.h>
 
@@ -540,7 +540,7 @@ cudaError_t LaunchGdnDecodeFusedOut(const GdnDecodeFusedArgs& args, const Device
   a.out_rows = static_cast<int>(by_columns_rows);
   a.out_y = out_y;
   a.out_one_barrier = GdnOutOneBarrier();
-  a.out_probe = ProbeGdnInputProducts();  // gdn_decode_out_probe.h
+  a.out_probe = ProbeDecodeStep();  // gdn_decode_out_probe.h
   return d.dk == 128 ? Launch<128, true, true>(a, 1, d, stream) : Launch<64, true, true>(a, 1, d, stream);
 }
 

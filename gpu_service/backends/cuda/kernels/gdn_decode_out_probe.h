@@ -2,8 +2,8 @@
 // LaunchGdnDecodeFusedOut), for benchmarks that need to see where a GDN layer's time goes inside a
 // real decode step: when each block became resident and on which SM, when its polled rows were
 // read, when its cluster's sums barrier passed, when its output product was added, when it left.
-// Compiled into the launches only while ProbeGdnInputProducts() is set when they are enqueued
-// (gpu_backend_bench --probe-gdn-product sets it before the decode graphs are captured); the
+// Compiled into the launches only while ProbeDecodeStep() is set when they are enqueued
+// (gpu_backend_bench --probe-step sets it before the decode graphs are captured); the
 // backend's launches otherwise carry no stamp (GdnDecodeFusedArgs::out_probe false).
 //
 // A stamped block's thread 0 takes the next slot at entry (an atomic ticket: the blocks of one

@@ -60,7 +60,7 @@ cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const Fuse
                                          cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps);
 
 // The same probed form for launches captured before their stamps' buffer exists (the decode
-// step's graphs, gpu_backend_bench --probe-gdn-product): each block takes the next row of the buffer
+// step's graphs, gpu_backend_bench --probe-step): each block takes the next row of the buffer
 // SetFusedMoeProbe armed (a slot counter in device memory, so the blocks of one launch take
 // consecutive rows when launches do not overlap) and stamps nothing while none is armed or the
 // buffer is full. The same refusals as LaunchOneTokenMoeFusedProbed but for `stamps`.
