@@ -11,7 +11,7 @@
 //     write: weights and shapes, the step's inputs the host copied before the step (tokens, rows,
 //     positions, page tables, attention items), and data that only earlier kernels wrote — earlier
 //     steps' KV cache rows, GDN state and conv history, H's rows when the norm's caller knows their
-//     writer is two or more launches back (attention_split.cuh, gdn_decode_fused.cu,
+//     writer is two or more launches back (attention_split.cuh, gdn_decode_fused_kernel.cuh,
 //     norm_streams.cuh). When a kernel's blocks start, every block of the kernel before has passed
 //     its own wait (the next rule: it allows its successor only after its wait), so the kernel two
 //     back has completed and its writes are visible. Before the wait it writes nothing in global

@@ -59,7 +59,7 @@ cudaError_t LaunchGdnPrepare(float* conv_out, const float* ba, const float* ssm_
 
 // Below this many tokens LaunchGdnPrepare's vector path runs one token a warp (decode batches),
 // from it on runs of tokens: two kernels whose sums of squares the compiler contracts differently,
-// which the fused decode kernel (gdn_decode_fused.cu) follows to keep their bits.
+// which the fused decode kernel (gdn_decode_fused_kernel.cuh) follows to keep their bits.
 inline constexpr int64_t kGdnPrepareShortRunBelow = 128;
 
 // The gated delta rule over n tokens from the prepared conv output; o is n × nv·dv. state is

@@ -1,8 +1,8 @@
-// The GDN layer's stacked input product inside the fused GDN kernel (gdn_decode_fused.cu's kIn form,
-// LaunchGdnDecodeLayer in gdn_decode_fused.cuh): each cluster computes the rows of [z; qkv; ba] that
-// its key head group reads, from x = γ ⊙ ρ(H + y + g·shared) that every block forms itself, before
-// the rest of the layer runs in the same blocks. Device-only; internal linkage; include from
-// gdn_decode_fused.cu.
+// The GDN layer's stacked input product inside the fused GDN kernel (gdn_decode_fused_kernel.cuh's
+// kIn form, LaunchGdnDecodeLayer in gdn_decode_fused.cuh): each cluster computes the rows of
+// [z; qkv; ba] that its key head group reads, from x = γ ⊙ ρ(H + y + g·shared) that every block
+// forms itself, before the rest of the layer runs in the same blocks. Device-only; internal
+// linkage; included by gdn_decode_fused_kernel.cuh.
 //
 // Why: at batch-1 decode the product (27 MB of Q8_0x8 on q3n-80b) was its own launch of 264 blocks
 // that filled every SM's registers, so the fused GDN kernel's blocks, and their bulk copies of the

@@ -1,4 +1,4 @@
-// The fused GDN decode kernel's output product (gdn_decode_fused.cu, its kOut form): the layout of
+// The fused GDN decode kernel's output product (gdn_decode_fused_kernel.cuh, its kOut form): the layout of
 // the output matrix's rows a block holds, and the sum of the cluster's 256 gated outputs with them
 // once gathered. A thread a column: the kernel's blocks are kOutCols threads in that form. Device
 // code only (include from .cu files); internal linkage, as in matvec_core.cuh.

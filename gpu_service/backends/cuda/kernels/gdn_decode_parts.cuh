@@ -1,4 +1,4 @@
-// The fused GDN decode kernel's per-thread pieces (gdn_decode_fused.cu), each written with the
+// The fused GDN decode kernel's per-thread pieces (gdn_decode_fused_kernel.cuh), each written with the
 // operations, in the order, of the kernel it stands for, so that the fused kernel's outputs, conv
 // history and state are the same bits as the four-kernel path's: a channel's conv over its history
 // (GdnConvKernel, gdn.cu), the sums of squares of the q/k norms and the gated norm

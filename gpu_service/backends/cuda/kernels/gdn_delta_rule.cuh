@@ -1,5 +1,5 @@
 // One token's gated delta-rule update of a block's state columns (device-only header shared by the
-// recurrence kernel, gdn.cu, and the fused decode kernel, gdn_decode_fused.cu, so that both run the
+// recurrence kernel, gdn.cu, and the fused decode kernel, gdn_decode_fused_kernel.cuh, so that both run the
 // same operations in the same order: the fused kernel's state and output are bit for bit the
 // recurrence kernel's).
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_GDN_DELTA_RULE_CUH_

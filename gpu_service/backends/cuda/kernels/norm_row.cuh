@@ -37,7 +37,7 @@ __device__ __forceinline__ float4 InjectQuad(float4 v, float a, float4 d) {
 // ss + the squares of four values: x² rounded, y², z², w² fused into it in that order, then added
 // to ss. Spelled with explicit roundings because the plain expression leaves the compiler a choice
 // (which of x·x and y·y to round before fusing the other) that CUDA 13 made differently in different
-// kernels (gdn_decode_fused.cu's SumSquaresXFirst says where that was seen first; here the norm-in
+// kernels (gdn_decode_parts.cuh's SumSquaresXFirst says where that was seen first; here the norm-in
 // product's sums differed from the register norm kernel's in the last place at rows of 256 floats,
 // H200, 2026-12-03).
 __device__ __forceinline__ float AddSquares(float ss, float4 v) {

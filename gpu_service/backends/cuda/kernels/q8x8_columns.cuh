@@ -1,6 +1,6 @@
 // The column-split product's block pieces, shared by the kernels that add one Q8_0x8 super-block
 // of columns (256) of a matrix's rows times 256 activations into y (dense_colsplit.cu's
-// ColumnSplitKernel, gdn_decode_fused.cu's output product inside the fused GDN kernel): the
+// ColumnSplitKernel, gdn_decode_fused_kernel.cuh's output product inside the fused GDN kernel): the
 // activations quantized to int16 with one scale per Q8_0 block of 32 (a warp's), and one row's
 // super-block (in shared memory: eight f16 scales, then 8 × 32 int8 quants; device_matrix.h)
 // summed with dp2a (int8 × int16, exact in int32 within a block) and one f32 scale product a block.

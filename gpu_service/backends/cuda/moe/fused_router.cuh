@@ -1,6 +1,6 @@
 // The router blocks of the fused one-token MoE kernel (FusedRouter, expert_decode_fused.cuh): the
 // router product's rows computed by the grid's first blocks, and the expert blocks' wait for their
-// count. Device code only (include from expert_decode_fused.cu); internal linkage, as in
+// count. Device code only (included by expert_decode_fused_kernel.cuh); internal linkage, as in
 // matvec_core.cuh.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_

@@ -1,5 +1,5 @@
 // Which warp of a fused one-token MoE block routes (OneTokenMoeArgs::pick_warp_by_slot), from the
-// warps' slots on the SM: one rule for the kernel (expert_decode_fused.cu) and the pick bench
+// warps' slots on the SM: one rule for the kernel (expert_decode_fused_kernel.cuh) and the pick bench
 // (tests/gpu_moe/pick_bench.cu), which measures it. Device code only; internal linkage, as in
 // matvec_core.cuh.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_WARP_SLOT_CUH_
