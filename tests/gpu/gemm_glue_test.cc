@@ -1,8 +1,8 @@
-// The prefill glue around the dense products (glue512, 2026-12-01; NOT yet run on a GPU when
-// written): the cuBLAS paths of the prepared products (GemmAlgo: cublasGemmEx, cublasLt's first
-// algorithm, cublasLt without split-K) against each other and the CPU reference, and the
-// converted-input record (DenseGemm::SetConverted) that lets the stream norm write a product's f16
-// input rows itself (LaunchInjectRmsNormF16) bit for bit as the old norm-then-convert path.
+// The prefill glue around the dense products: the cuBLAS paths of the prepared products
+// (GemmAlgo: cublasGemmEx, cublasLt's first algorithm, cublasLt without split-K) against each other
+// and the CPU reference, the converted-input record (DenseGemm::SetConverted) that lets the stream norm write a product's f16
+// input rows itself (LaunchInjectRmsNormF16) bit for bit as the old norm-then-convert path, and the
+// SiLU-times-up rows written as the next product's f16 input (LaunchSiluMulToF16Rows).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +12,7 @@
 
 #include "common/reference/matmul.h"
 #include "common/reference/weight_view.h"
+#include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/gemm_plan.h"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
@@ -451,6 +452,52 @@ TEST_F(GpuGemmGlueTest, FusedNormThenProductIsBitIdenticalToNormConvertProduct) 
     EXPECT_EQ(Download(x_new), Download(x_old));
     EXPECT_EQ(Download(d_new), Download(d_old)) << (mode == GemmMode::kFast ? "fast" : "split");
   }
+}
+
+// SiLU(gate)·up of a stacked gate/up GEMM written as f16 rows for the next product
+// (LaunchSiluMulToF16Rows): hi + lo within 1e-6 of the f32 value (relative L2), hi alone within
+// f16's rounding, the stacked gate logit copied exactly; both the vector (ffn % 8 == 0) and the
+// scalar kernel.
+TEST(GpuDenseSiluRows, MatchesF32AndCopiesGateLogit) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  for (int64_t ffn : {512, 37}) {
+    const int64_t n = 29, ld = 2 * ffn + 8, gate_col = 2 * ffn + 3;
+    const std::vector<float> gu = Random(rng, static_cast<size_t>(n * ld), 2.0f);
+    auto d_gu = Upload(gu);
+    std::vector<float> want(static_cast<size_t>(n * ffn)), want_gate(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < ffn; ++j) {
+        const double g = gu[t * ld + j];
+        want[t * ffn + j] = static_cast<float>(g / (1.0 + std::exp(-g)) * gu[t * ld + ffn + j]);
+      }
+      want_gate[t] = gu[t * ld + gate_col];
+    }
+    for (bool split : {true, false}) {
+      const int64_t width = (split ? 3 : 1) * ffn;
+      auto d_a = Poisoned<uint16_t>(static_cast<size_t>(n * width));
+      auto d_gate = Poisoned<float>(static_cast<size_t>(n));
+      TANDEM_ASSERT_CUDA(cuda::LaunchSiluMulToF16Rows(d_gu.get(), n, ld, ffn, split, d_a.get(), gate_col,
+                                                       d_gate.get(), nullptr));
+      const std::vector<uint16_t> a = Download(d_a);
+      std::vector<float> got(static_cast<size_t>(n * ffn));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < ffn; ++j) {
+          const uint16_t* row = a.data() + t * width;
+          float v = Fp16ToFp32(row[j]);
+          if (split) {
+            ASSERT_EQ(row[j], row[ffn + j]);
+            v += Fp16ToFp32(row[2 * ffn + j]);
+          }
+          got[t * ffn + j] = v;
+        }
+      }
+      const std::string name = std::string("silu_rows_") + (split ? "split" : "hi") + "_ffn" + std::to_string(ffn);
+      EXPECT_LE(gpu_testing::LogError(name, RelL2(got, want)), split ? 1e-6 : 1e-3) << name;
+      EXPECT_EQ(Download(d_gate), want_gate);
+    }
+  }
+  EXPECT_EQ(cuda::LaunchSiluMulToF16Rows(nullptr, 1, 8, 4, true, nullptr, -1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

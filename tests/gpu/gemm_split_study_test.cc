@@ -1,0 +1,171 @@
+// The prefill products' f16 split studied on realistic operands (not parity on random ones, which
+// dense_kernels_test.cc and gemm_glue_test.cc check): which of the split forms the Q8_0 and f32
+// products need, and DenseGemm's tiled, prepared and exact forms against the f64 product.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/reference/weight_view.h"
+#include "common/weights/weight_types.h"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm_plan.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tandem {
+namespace {
+
+using gpu_testing::Download;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+using gpu_testing::Upload;
+
+class GpuDenseGemmStudy : public ::testing::Test {
+ protected:
+  void SetUp() override { TANDEM_SKIP_WITHOUT_GPU(); }
+};
+
+// Which f16 split the prefill products need, on realistic operands: Q8_0 weights quantized from
+// N(0, 0.02) with 0.1% outliers x8 (and f32 ones for the router), activations RMS-normed rows of
+// N(0, 1) with four outlier channels x30, times a norm weight in [0.1, 2). Against the f64
+// product of the exact (dequantized) weights: one f16 product, hi·hi + hi·lo (the activations'
+// correction only: W rounded to f16), hi·hi + lo·hi (the weights' only), and all three terms, each
+// with the weights unscaled (the tiled path) and scaled to max |w| ~ 2^14 (the prepared copies);
+// then DenseGemm itself: tiled split, prepared split (one and two products) and kExact (f32).
+TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
+  std::mt19937 rng(20261201);
+  const int64_t cols = 2048, rows = 1024, n = 128;
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kF32}) {
+    std::vector<float> wf = Random(rng, static_cast<size_t>(rows * cols), 0.02f);
+    std::uniform_int_distribution<size_t> pick(0, wf.size() - 1);
+    for (size_t i = 0; i < wf.size() / 1000; ++i) wf[pick(rng)] *= 8.0f;
+    gpu_testing::TestMatrix w;
+    if (type == WeightType::kF32) {
+      w = gpu_testing::F32TestMatrix(wf, cols, rows);
+    } else {
+      w = gpu_testing::TestMatrix{type, cols, rows, *RowBytes(type, cols), {}, {}};
+      w.bytes.resize(static_cast<size_t>(w.row_bytes * rows));
+      for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &wf[r * cols], &w.bytes[r * w.row_bytes], cols);
+      w.device = Upload(w.bytes);
+    }
+    std::vector<float> x = Random(rng, static_cast<size_t>(n * cols));
+    std::uniform_real_distribution<float> g01(0.1f, 2.0f);
+    std::vector<float> norm_w(static_cast<size_t>(cols));
+    for (float& g : norm_w) g = g01(rng);
+    for (int64_t t = 0; t < n; ++t) {
+      float* row = &x[t * cols];
+      for (int64_t c : {7, 300, 1111, 2000}) row[c] *= 30.0f;
+      double ss = 0.0;
+      for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(row[c]) * row[c];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + 1e-6));
+      for (int64_t c = 0; c < cols; ++c) row[c] *= inv * norm_w[c];
+    }
+    // f64 reference over the exact weights.
+    std::vector<float> wd(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) DequantizeMatrixRow(w.view(), r, &wd[r * cols]);
+    std::vector<double> ref(static_cast<size_t>(n * rows));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < cols; ++c) acc += static_cast<double>(wd[r * cols + c]) * x[t * cols + c];
+        ref[t * rows + r] = acc;
+      }
+    }
+    auto err = [&](const std::vector<float>& got) {
+      double num = 0.0, den = 0.0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) return static_cast<double>(INFINITY);
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+      }
+      return std::sqrt(num / den);
+    };
+    const std::string tn = type == WeightType::kF32 ? "f32" : "q8_0";
+    auto d_x = Upload(x);
+    auto d_x16 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(n * cols * 3));
+    TANDEM_ASSERT_CUDA(cuda::LaunchF32ToF16SplitRows(d_x.get(), n, cols, d_x16.get(), nullptr));
+    cublasHandle_t handle = nullptr;
+    ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+    auto d_w16 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(rows * cols * 2));  // [hi | lo] rows
+    auto d_max = gpu_testing::Alloc<unsigned int>(1);
+    ASSERT_EQ(cudaMemset(d_max.get(), 0, 4), cudaSuccess);
+    TANDEM_ASSERT_CUDA(cuda::LaunchMaxAbs(w.gpu(), d_max.get(), nullptr));
+    unsigned int bits = 0;
+    ASSERT_EQ(cudaMemcpy(&bits, d_max.get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    float max_abs;
+    std::memcpy(&max_abs, &bits, 4);
+    float want_max = 0.0f;
+    for (float v : wd) want_max = std::max(want_max, std::fabs(v));
+    EXPECT_EQ(max_abs, want_max);
+    int exponent = 0;
+    std::frexp(max_abs, &exponent);
+    std::vector<double> split_errors;  // all three terms, unscaled then scaled
+    for (bool scaled : {false, true}) {
+      const float scale = scaled ? std::ldexp(1.0f, 14 - exponent) : 1.0f, alpha = 1.0f / scale;
+      TANDEM_ASSERT_CUDA(cuda::LaunchDequantizeToF16Layout(w.gpu(), 2, scale, d_w16.get(), nullptr));
+      // Terms as (weight offset, activation offset) in halves: hi = 0, lo = cols (weights);
+      // hi = 0, lo = 2 · cols (activations).
+      struct Form {
+        const char* name;
+        std::vector<std::pair<int64_t, int64_t>> terms;
+      };
+      const Form forms[] = {{"single", {{0, 0}}},
+                            {"hihi_hilo_activation_only", {{0, 0}, {0, 2 * cols}}},
+                            {"hihi_lohi_weight_only", {{0, 0}, {cols, 0}}},
+                            {"three_terms", {{0, 0}, {cols, 0}, {0, 2 * cols}}}};
+      for (const Form& f : forms) {
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+        for (size_t i = 0; i < f.terms.size(); ++i) {
+          const float beta = i == 0 ? 0.0f : 1.0f;
+          ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha,
+                                 d_w16.get() + f.terms[i].first, CUDA_R_16F, 2 * cols, d_x16.get() + f.terms[i].second,
+                                 CUDA_R_16F, 3 * cols, &beta, d_y.get(), CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT),
+                    CUBLAS_STATUS_SUCCESS);
+        }
+        const double e = gpu_testing::LogError("study_" + tn + "_" + f.name + (scaled ? "_scaled" : "_unscaled"),
+                                               err(Download(d_y)));
+        if (std::string(f.name) == "three_terms") split_errors.push_back(e);
+      }
+    }
+    cublasDestroy(handle);
+    // DenseGemm's own paths on the same operands.
+    double tiled = 0.0;
+    for (int form = 0; form < 4; ++form) {
+      cuda::DenseGemmOptions o;
+      o.mode = form == 3 ? cuda::GemmMode::kExact : cuda::GemmMode::kFastSplit;
+      o.max_n = n;
+      o.max_cols = cols;
+      o.tile_bytes = rows * cols * 4;
+      o.workspace_bytes = 4 << 20;
+      o.split_one_product = form != 2;
+      auto g = cuda::DenseGemm::Create(o);
+      ASSERT_TRUE(g.ok()) << g.status();
+      if (form == 1 || form == 2) {
+        ASSERT_TRUE((*g)->Prepare(w.gpu()).ok());
+      }
+      auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+      ASSERT_TRUE((*g)->Run(w.gpu(), d_x.get(), n, d_y.get(), nullptr).ok());
+      const char* names[] = {"tiled_split", "prepared_split_one", "prepared_split_two", "exact_f32"};
+      const double e = gpu_testing::LogError("study_" + tn + "_densegemm_" + names[form], err(Download(d_y)));
+      if (form == 0) tiled = e;
+      if (form == 1 || form == 2) {
+        // The prepared split is at least as accurate as the tiled one (it scales the weights).
+        EXPECT_LE(e, 2.0 * tiled + 1e-8) << names[form];
+        EXPECT_LE(e, 1e-5) << names[form];
+      }
+    }
+    // Sanity of the study itself: the scaled three-term form matches DenseGemm's prepared one.
+    ASSERT_EQ(split_errors.size(), 2u);
+    EXPECT_LE(split_errors[1], 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
