@@ -2,8 +2,8 @@
 // kernel (decode and any few-token step, with and without context slices) against a double
 // precision reference within 1e-5, the f16 tensor-core prefill within 1e-2, mixed steps, and a
 // decode step captured as a CUDA graph replayed with new positions, pages and cache contents.
-// The cache is filled directly (keys and values random), positions past each sequence's end and
-// unused pages hold NaN, so any read of them shows in the output.
+// The steps are attention_case.h's (random cache, NaN wherever no read may go); the wgmma and
+// f16-tile prefill kernels are in attention_wgmma_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -12,12 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include <cuda_fp16.h>
-
-#include <cstring>
-
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gtest/gtest.h"
+#include "tests/gpu/attention_case.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
 
@@ -25,153 +22,19 @@ namespace tandem {
 namespace {
 
 using gpu_testing::Alloc;
-using gpu_testing::DeviceArray;
 using gpu_testing::Download;
 using gpu_testing::Poisoned;
-using gpu_testing::Random;
 using gpu_testing::RelL2;
 using gpu_testing::Upload;
 
-// One sequence in a step: `start` positions already cached, `n` new tokens.
-struct SeqStep {
-  int start = 0, n = 0;
-};
-
-// A step over a paged cache, on the host and on the device.
-struct AttnCase {
-  cuda::AttnShape d;
-  std::vector<SeqStep> seqs;
-  int max_pages = 0;
-  int64_t n = 0;
-  std::vector<std::vector<float>> k, v;  // per sequence: (start + n) × kv_width
-  std::vector<float> q, qg;              // n × nh × hd, n × nh × 2hd
-  std::vector<int32_t> token_seq, token_pos, page_table;
-  std::vector<float> k_pool, v_pool;     // pages × 64 × kv_width, NaN where unused
-
-  DeviceArray<float> d_k, d_v, d_q, d_qg;
-  DeviceArray<int32_t> d_seq, d_pos, d_table;
-
-  void Upload() {
-    d_k = gpu_testing::Upload(k_pool);
-    d_v = gpu_testing::Upload(v_pool);
-    d_q = gpu_testing::Upload(q);
-    d_qg = gpu_testing::Upload(qg);
-    d_seq = gpu_testing::Upload(token_seq);
-    d_pos = gpu_testing::Upload(token_pos);
-    d_table = gpu_testing::Upload(page_table);
-  }
-  cuda::PagedKv cache() const { return cuda::PagedKv{d_k.get(), d_v.get(), d_table.get(), max_pages}; }
-};
-
-cuda::AttnShape Shape(int hd, int groups, int kvh) { return cuda::AttnShape{groups * kvh, kvh, hd, hd / 4, 1e-6f}; }
-
-// Sequences get scrambled physical pages; max_pages (per sequence) fixes every buffer's size.
-AttnCase MakeCase(std::mt19937& rng, const cuda::AttnShape& d, const std::vector<SeqStep>& seqs, int max_pages) {
-  AttnCase c;
-  c.d = d;
-  c.seqs = seqs;
-  c.max_pages = max_pages;
-  const int kvw = d.kv_width(), nseq = static_cast<int>(seqs.size());
-  const int num_pages = nseq * max_pages;
-  std::vector<int32_t> physical(static_cast<size_t>(num_pages));
-  std::iota(physical.begin(), physical.end(), 0);
-  std::shuffle(physical.begin(), physical.end(), rng);
-  c.page_table.assign(static_cast<size_t>(num_pages), -1);
-  c.k_pool.assign(static_cast<size_t>(num_pages) * cuda::kKvPageSize * kvw, NAN);
-  c.v_pool = c.k_pool;
-  int next = 0;
-  for (int s = 0; s < nseq; ++s) {
-    const int len = seqs[s].start + seqs[s].n;
-    EXPECT_LE((len + cuda::kKvPageSize - 1) / cuda::kKvPageSize, max_pages);
-    c.k.push_back(Random(rng, static_cast<size_t>(len) * kvw));
-    c.v.push_back(Random(rng, static_cast<size_t>(len) * kvw));
-    for (int p = 0; p < (len + cuda::kKvPageSize - 1) / cuda::kKvPageSize; ++p) {
-      c.page_table[s * max_pages + p] = physical[next++];
-    }
-    for (int pos = 0; pos < len; ++pos) {
-      const int64_t dst =
-          (static_cast<int64_t>(c.page_table[s * max_pages + pos / cuda::kKvPageSize]) * cuda::kKvPageSize +
-           pos % cuda::kKvPageSize) * kvw;
-      std::copy_n(c.k[s].begin() + static_cast<int64_t>(pos) * kvw, kvw, c.k_pool.begin() + dst);
-      std::copy_n(c.v[s].begin() + static_cast<int64_t>(pos) * kvw, kvw, c.v_pool.begin() + dst);
-    }
-    for (int t = 0; t < seqs[s].n; ++t) {
-      c.token_seq.push_back(s);
-      c.token_pos.push_back(seqs[s].start + t);
-    }
-  }
-  c.n = static_cast<int64_t>(c.token_seq.size());
-  c.q = Random(rng, static_cast<size_t>(c.n * d.nh * d.hd));
-  c.qg = Random(rng, static_cast<size_t>(c.n * d.nh * 2 * d.hd));
-  return c;
-}
-
-// Double-precision gated attention over the host copies.
-std::vector<float> Reference(const AttnCase& c) {
-  const cuda::AttnShape& d = c.d;
-  const int kvw = d.kv_width(), groups = d.nh / d.kvh;
-  std::vector<float> o(static_cast<size_t>(c.n * d.nh * d.hd));
-  std::vector<double> p, acc(static_cast<size_t>(d.hd));
-  for (int64_t t = 0; t < c.n; ++t) {
-    const std::vector<float>& k = c.k[c.token_seq[t]];
-    const std::vector<float>& v = c.v[c.token_seq[t]];
-    const int len = c.token_pos[t] + 1;
-    for (int h = 0; h < d.nh; ++h) {
-      const float* q = c.q.data() + (t * d.nh + h) * d.hd;
-      const int64_t koff = static_cast<int64_t>(h / groups) * d.hd;
-      p.assign(static_cast<size_t>(len), 0.0);
-      double mx = -INFINITY;
-      for (int j = 0; j < len; ++j) {
-        double s = 0.0;
-        for (int i = 0; i < d.hd; ++i) s += static_cast<double>(q[i]) * k[j * kvw + koff + i];
-        p[j] = s / std::sqrt(static_cast<double>(d.hd));
-        mx = std::max(mx, p[j]);
-      }
-      double sum = 0.0;
-      for (int j = 0; j < len; ++j) sum += (p[j] = std::exp(p[j] - mx));
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int j = 0; j < len; ++j) {
-        for (int i = 0; i < d.hd; ++i) acc[i] += p[j] * v[j * kvw + koff + i];
-      }
-      const float* gate = c.qg.data() + (t * d.nh + h) * 2 * d.hd + d.hd;
-      for (int i = 0; i < d.hd; ++i) {
-        const double sigmoid = 1.0 / (1.0 + std::exp(-static_cast<double>(gate[i])));
-        o[(t * d.nh + h) * d.hd + i] = static_cast<float>(acc[i] / sum * sigmoid);
-      }
-    }
-  }
-  return o;
-}
-
-// f16_tiles: PagedKv::f16_tiles for the run (the AttnKv16 path when it is on), null for none.
-std::vector<float> RunPlanned(const AttnCase& c, const cuda::AttentionPlan& plan, void* f16_tiles = nullptr) {
-  EXPECT_LE(plan.scratch_bytes, cuda::AttentionMaxScratchBytes(c.d));
-  auto d_items = Upload(plan.items);
-  auto scratch = Alloc<uint8_t>(plan.scratch_bytes);  // zeroed once: its head holds the split tickets
-  EXPECT_EQ(cudaMemset(scratch.get(), 0, std::max<size_t>(plan.scratch_bytes, 1)), cudaSuccess);
-  auto d_o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
-  cuda::PagedKv cache = c.cache();
-  cache.f16_tiles = f16_tiles;
-  EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, d_items.get(), c.d_seq.get(),
-                                  c.d_pos.get(), cache, d_o.get(), scratch.get(), nullptr),
-            cudaSuccess);
-  return Download(d_o);
-}
-
-std::vector<float> RunLegacy(const AttnCase& c) {
-  const std::vector<int32_t> items = cuda::PlanAttentionItems(c.token_seq, c.d.nh / c.d.kvh);
-  auto d_items = Upload(items);
-  auto d_o = Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
-  EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, d_items.get(),
-                                  static_cast<int>(items.size() / 2), c.d_seq.get(), c.d_pos.get(), c.cache(),
-                                  d_o.get(), nullptr),
-            cudaSuccess);
-  return Download(d_o);
-}
-
-std::string Tag(const cuda::AttnShape& d) {
-  return "hd" + std::to_string(d.hd) + "_g" + std::to_string(d.nh / d.kvh) + "_kvh" + std::to_string(d.kvh);
-}
+using attn_testing::AttnCase;
+using attn_testing::MakeCase;
+using attn_testing::Reference;
+using attn_testing::RunLegacy;
+using attn_testing::RunPlanned;
+using attn_testing::SeqStep;
+using attn_testing::Shape;
+using attn_testing::Tag;
 
 // ---- The plan (host only) ----
 
@@ -353,203 +216,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionFastTest,
                            return "hd" + std::to_string(info.param.hd) + "_g" + std::to_string(info.param.groups) +
                                   "_kvh" + std::to_string(info.param.kvh);
                          });
-
-// The wgmma kernel (AttnTcWgmma, attention_tc_wgmma.cu; hd 256, GQA 8, causal) on the prefill
-// cases above: the mixed step (prefill chunk after cached positions, a decode, a fresh prefill), a
-// fresh 512-token prompt (32 items), a 300-token chunk after 700 cached positions, and two prompts
-// in one step, each with the plan's key-tile slices (partials + merge) and whole. Against the
-// reference within the tensor-core tolerance, and against the mma.sync kernel on the same plan:
-// both round Q, K, V and P to f16 alike and differ only in the f32 summation order (and the rare
-// P element that this flips), so they agree far closer than either does with the reference.
-TEST(GpuAttentionWgmmaTest, MatchesPipelinedKernelAndReference) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  const cuda::AttnShape d = Shape(256, 8, 2);
-  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
-  struct Restore {
-    bool was = cuda::AttnTcWgmma();
-    ~Restore() { cuda::SetAttnTcWgmma(was); }
-  } restore;
-  const std::vector<std::vector<SeqStep>> cases = {
-      {{130, 200}, {500, 1}, {0, 70}}, {{0, 512}}, {{700, 300}}, {{0, 200}, {64, 130}}};
-  for (const std::vector<SeqStep>& seqs : cases) {
-    AttnCase c = MakeCase(rng, d, seqs, 17);
-    c.Upload();
-    const std::vector<float> want = Reference(c);
-    std::string tag = "hd256_g8";
-    for (const SeqStep& s : seqs) {
-      tag.append("_").append(std::to_string(s.start)).append("+").append(std::to_string(s.n));
-    }
-    for (int max_splits : {cuda::kAttnMaxTcSplits, 1}) {
-      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, tc, max_splits);
-      ASSERT_GT(plan.num_tile_items, 0);
-      std::string name = tag;
-      name.append(plan.tc_splits > 1 ? "_sliced" : "_whole");
-      if (plan.tc_splits > 1) name.append(std::to_string(plan.tc_splits));
-      cuda::SetAttnTcWgmma(false);
-      const std::vector<float> mma = RunPlanned(c, plan);
-      cuda::SetAttnTcWgmma(true);
-      const std::vector<float> wg = RunPlanned(c, plan);
-      const double err_mma = RelL2(mma, want);
-      const double err_wg = gpu_testing::LogError("attn_wgmma_" + name, RelL2(wg, want));
-      EXPECT_LE(err_wg, 1e-2) << name;
-      EXPECT_LE(err_wg, 1.2 * err_mma + 1e-4) << name << ": mma.sync kernel " << err_mma;
-      EXPECT_LE(gpu_testing::LogError("attn_wgmma_vs_mma_" + name, RelL2(wg, mma)), 1e-3) << name;
-    }
-  }
-}
-
-// The f16-tile path (AttnKv16, attention_kv16.cu) against the wgmma kernel that converts in the
-// block: every output float's bits equal, on the wgmma test's cases (sliced and whole) and on
-// prompts whose contexts end inside a tile (1000 fresh tokens, 100 after 37 cached, GQA 8:1) and
-// of exactly one tile (64 tokens), and within the tensor-core tolerance of the reference. The tile buffer starts as NaN; after a
-// run every converted tile must hold the f16 (round to nearest) of the cache's keys and values in
-// the slabs' swizzled layouts, zeros past the sequence's last position.
-TEST(GpuAttentionWgmmaTest, Kv16TilesBitIdenticalToWgmmaKernel) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  const cuda::AttnShape d = Shape(256, 8, 2);
-  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
-  struct Restore {
-    bool wgmma = cuda::AttnTcWgmma(), kv16 = cuda::AttnKv16();
-    ~Restore() {
-      cuda::SetAttnTcWgmma(wgmma);
-      cuda::SetAttnKv16(kv16);
-    }
-  } restore;
-  cuda::SetAttnTcWgmma(true);
-  const std::vector<std::vector<SeqStep>> cases = {{{130, 200}, {500, 1}, {0, 70}}, {{0, 512}}, {{700, 300}},
-                                                   {{0, 200}, {64, 130}}, {{0, 1000}}, {{37, 100}},
-                                                   {{0, 64}}};
-  const int max_pages = 17;
-  for (const std::vector<SeqStep>& seqs : cases) {
-    AttnCase c = MakeCase(rng, d, seqs, max_pages);
-    c.Upload();
-    const std::vector<float> want = Reference(c);
-    const int pages = static_cast<int>(seqs.size()) * max_pages;
-    const size_t tile_bytes = cuda::AttnKv16ScratchBytes(d, pages);
-    ASSERT_EQ(tile_bytes, static_cast<size_t>(pages) * d.kvh * 2 * 64 * 256 * sizeof(uint16_t));
-    auto tiles = Poisoned<uint8_t>(tile_bytes);
-    std::string tag = "hd256_g8";
-    for (const SeqStep& s : seqs) tag.append("_").append(std::to_string(s.start)).append("+").append(std::to_string(s.n));
-    for (int max_splits : {cuda::kAttnMaxTcSplits, 1}) {
-      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, tc, max_splits);
-      ASSERT_GT(plan.num_tile_items, 0);
-      const std::string name = tag + (plan.tc_splits > 1 ? "_sliced" + std::to_string(plan.tc_splits) : "_whole");
-      cuda::SetAttnKv16(false);
-      const std::vector<float> wg = RunPlanned(c, plan, tiles.get());
-      cuda::SetAttnKv16(true);
-      const std::vector<float> kv16 = RunPlanned(c, plan, tiles.get());
-      ASSERT_EQ(kv16.size(), wg.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < wg.size(); ++i) differ += std::memcmp(&wg[i], &kv16[i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u) << name << ": output floats whose bits differ from the wgmma kernel's";
-      EXPECT_LE(gpu_testing::LogError("attn_kv16_" + name, RelL2(kv16, want)), 1e-2) << name;
-    }
-    // The tiles of every sequence with tile items (>= 64 new tokens), keys 0 .. its last position.
-    const std::vector<uint8_t> got = Download(tiles);
-    const int kvw = d.kv_width();
-    auto f16 = [](float x) {
-      const __half h = __float2half_rn(x);
-      uint16_t bits;
-      std::memcpy(&bits, &h, sizeof(bits));
-      return bits;
-    };
-    auto swizzled = [](int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); };
-    size_t bad = 0, checked = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      if (seqs[s].n < cuda::kAttnTensorCoreMinTokens) continue;
-      const int last = seqs[s].start + seqs[s].n - 1;
-      for (int kt = 0; kt <= last / 64; ++kt) {
-        const int page = c.page_table[s * max_pages + kt];
-        for (int h = 0; h < d.kvh; ++h) {
-          const uint8_t* k_img = got.data() + (static_cast<size_t>(page) * d.kvh + h) * 2 * 32768;
-          const uint8_t* v_img = k_img + 32768;
-          for (int j = 0; j < 64; ++j) {
-            const int pos = kt * 64 + j;
-            for (int dim = 0; dim < 256; ++dim) {
-              const size_t at = static_cast<size_t>(pos) * kvw + h * 256 + dim;
-              const uint16_t want_k = pos <= last ? f16(c.k[s][at]) : 0, want_v = pos <= last ? f16(c.v[s][at]) : 0;
-              uint16_t k_bits, v_bits;
-              std::memcpy(&k_bits, k_img + (dim / 64) * 8192 + swizzled(j, dim % 64 / 8) + 2 * (dim % 8), 2);
-              std::memcpy(&v_bits, v_img + swizzled(dim, j / 8) + 2 * (j % 8), 2);
-              bad += (k_bits != want_k) + (v_bits != want_v);
-              checked += 2;
-            }
-          }
-        }
-      }
-    }
-    EXPECT_GT(checked, 0u) << tag;
-    EXPECT_EQ(bad, 0u) << tag << ": f16 tile values unlike the cache's (of " << checked << ")";
-  }
-}
-
-// The overlapped f16-tile kernel (AttnKv16Mode() == 2: S(t + 1) issued before the softmax of
-// tile t, attention_kv16.cu) against the f16-tile kernel (mode 1) and the wgmma kernel that
-// converts in the block (mode 0): every output float's bits equal, sliced and whole, on the
-// Kv16 test's cases plus prompts whose blocks attend 2 and 3 tiles (128, 192 tokens at GQA 1:1,
-// for the two-tile unrolled loop's even and odd ends) and a GQA 2:1 shape; and within the
-// tensor-core tolerance of the reference.
-TEST(GpuAttentionWgmmaTest, Kv16OverlapBitIdenticalToKv16AndWgmmaKernels) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  const auto tc = cuda::AttentionPrecision::kF16TensorCores;
-  struct Restore {
-    bool wgmma = cuda::AttnTcWgmma();
-    int kv16 = cuda::AttnKv16Mode();
-    ~Restore() {
-      cuda::SetAttnTcWgmma(wgmma);
-      cuda::SetAttnKv16Mode(kv16);
-    }
-  } restore;
-  cuda::SetAttnTcWgmma(true);
-  struct Case {
-    cuda::AttnShape d;
-    std::vector<SeqStep> seqs;
-  };
-  const std::vector<Case> cases = {
-      {Shape(256, 8, 2), {{130, 200}, {500, 1}, {0, 70}}}, {Shape(256, 8, 2), {{0, 512}}},
-      {Shape(256, 8, 2), {{700, 300}}},  {Shape(256, 8, 2), {{0, 200}, {64, 130}}},
-      {Shape(256, 8, 2), {{0, 1000}}},   {Shape(256, 8, 2), {{37, 100}}},
-      {Shape(256, 8, 2), {{0, 64}}},     {Shape(256, 1, 2), {{0, 128}}},
-      {Shape(256, 1, 2), {{0, 192}}},    {Shape(256, 1, 2), {{0, 1000}, {3, 250}}},
-      {Shape(256, 2, 2), {{0, 700}, {100, 333}}}};
-  const int max_pages = 17;
-  for (const Case& k : cases) {
-    const cuda::AttnShape& d = k.d;
-    AttnCase c = MakeCase(rng, d, k.seqs, max_pages);
-    c.Upload();
-    const std::vector<float> want = Reference(c);
-    const int pages = static_cast<int>(k.seqs.size()) * max_pages;
-    auto tiles = Poisoned<uint8_t>(cuda::AttnKv16ScratchBytes(d, pages));
-    std::string tag = Tag(d);
-    for (const SeqStep& s : k.seqs) {
-      tag.append("_").append(std::to_string(s.start)).append("+").append(std::to_string(s.n));
-    }
-    for (int max_splits : {cuda::kAttnMaxTcSplits, 1}) {
-      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d, tc, max_splits);
-      ASSERT_GT(plan.num_tile_items, 0) << tag;
-      const std::string name = tag + (plan.tc_splits > 1 ? "_sliced" + std::to_string(plan.tc_splits) : "_whole");
-      cuda::SetAttnKv16Mode(0);
-      const std::vector<float> wg = RunPlanned(c, plan, tiles.get());
-      cuda::SetAttnKv16Mode(1);
-      const std::vector<float> kv16 = RunPlanned(c, plan, tiles.get());
-      cuda::SetAttnKv16Mode(2);
-      const std::vector<float> ovl = RunPlanned(c, plan, tiles.get());
-      ASSERT_EQ(ovl.size(), wg.size());
-      ASSERT_EQ(ovl.size(), kv16.size());
-      size_t differ_kv16 = 0, differ_wg = 0;
-      for (size_t i = 0; i < ovl.size(); ++i) {
-        differ_kv16 += std::memcmp(&ovl[i], &kv16[i], sizeof(float)) != 0;
-        differ_wg += std::memcmp(&ovl[i], &wg[i], sizeof(float)) != 0;
-      }
-      EXPECT_EQ(differ_kv16, 0u) << name << ": output floats whose bits differ from the f16-tile kernel's";
-      EXPECT_EQ(differ_wg, 0u) << name << ": output floats whose bits differ from the wgmma kernel's";
-      EXPECT_LE(gpu_testing::LogError("attn_kv16ovl_" + name, RelL2(ovl, want)), 1e-2) << name;
-    }
-  }
-}
 
 // A batch-of-3 decode step captured once as a graph; replayed after overwriting positions, page
 // table, items and cache contents in device memory with a different step of the same shape.
