@@ -34,13 +34,11 @@
 #include "gpu_service/backends/cuda/dequant.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/matvec_formats.cuh"
+#include "gpu_service/backends/cuda/matvec_stream_plan.h"
 #include "gpu_service/backends/cuda/moe/expert_unit.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda::fastmv {
-
-inline constexpr int kThreads = 256;
-inline constexpr int kWarps = kThreads / 32;
 
 // Weight-row slots per warp sub-group for kN activation rows (registers: kS·kN accumulators and
 // kS pieces of raw bytes; Q5_K's 48-byte pieces allow two).
