@@ -15,8 +15,8 @@
 // - The grid is one wave (resident blocks per SM from the kernel's registers and shared memory,
 //   times the SM count) or fewer blocks; `wpr` warps split each row (partial sums meet in shared
 //   memory, added in warp order: deterministic) when that shortens the busiest lane's chain of
-//   memory latencies (ChooseStreamSplit's cost model, matvec_stream_plan.h), so a 2048-row matrix still starts
-//   thousands of warps.
+//   memory latencies (ChooseStreamSplit's cost model, matvec_stream_plan.h), so a 2048-row
+//   matrix still starts thousands of warps.
 // - Activations sit in shared memory (matvec_core.cuh's swizzle), capped at kMaxStreamShared per
 //   block so that three blocks fit on an SM: more activation rows than fit run as grid.y chunks
 //   of the same resident grid, which read the same weight rows at about the same time (the
