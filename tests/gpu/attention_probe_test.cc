@@ -13,8 +13,8 @@
 
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
-#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
+#include "tests/armed_probe_check.h"
 #include "tests/gpu/attention_decode_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
@@ -93,7 +93,6 @@ TEST(AttentionProbeTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   const attn_testing::AttnSwitchGuard guard;
   cuda::SetAttnMergeInBlock(true);
-  const bool was_probed = cuda::ProbeDecodeStep();
   const cuda::AttnShape d{16, 2, 256, 64, 1e-6f};
   const int ctx = 544;
   const DecodeCase c = MakeDecodeCase(rng, d, {0}, {ctx}, {1});
@@ -105,38 +104,31 @@ TEST(AttentionProbeTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
   const int blocks = plan.num_row_items * d.kvh * plan.num_splits;
   const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
   auto rows = Upload(std::vector<unsigned long long>(capacity * cuda::kAttnProbeWords, 0));
-  cuda::SetProbeDecodeStep(true);
-  ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(rows.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
-  const std::vector<float> got = AttendPlanned(c, plan, items, scratch);
-  ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(nullptr, 0, nullptr), cudaSuccess);
-  const std::vector<float> after = AttendPlanned(c, plan, items, scratch);  // disarmed: no rows
-  cuda::SetProbeDecodeStep(was_probed);
+  std::vector<float> got, after;
+  {
+    const ::tandem::testing::ScopedProbeDecodeStep probed(true);
+    ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(rows.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
+    got = AttendPlanned(c, plan, items, scratch);
+    ASSERT_EQ(cuda::SetArmedSplitAttentionProbe(nullptr, 0, nullptr), cudaSuccess);
+    after = AttendPlanned(c, plan, items, scratch);  // disarmed: no rows
+  }
   EXPECT_TRUE(gpu_testing::SameBits(got, want));
   EXPECT_TRUE(gpu_testing::SameBits(after, want));
-  const std::vector<unsigned long long> r = Download(rows);
-  std::vector<int> seen(static_cast<size_t>(blocks), 0);
   int64_t keys = 0;
-  for (size_t i = 0; i < capacity; ++i) {
-    const unsigned long long* row = r.data() + i * cuda::kAttnProbeWords;
-    if (static_cast<int>(i) >= blocks) {
-      EXPECT_EQ(row[cuda::kAttnProbeEntry], 0u) << "row " << i << " past the launch's blocks";
-      EXPECT_EQ(row[cuda::kAttnProbeExit], 0u) << "row " << i << " past the launch's blocks";
-      continue;
-    }
-    const unsigned long long b = row[cuda::kAttnProbeBlock];
-    ASSERT_LT(b, static_cast<unsigned long long>(blocks)) << "row " << i;
-    ++seen[b];
-    keys += static_cast<int64_t>(row[cuda::kAttnProbeKeys]);
-    EXPECT_NE(row[cuda::kAttnProbeEntry], 0u) << "row " << i;
-    EXPECT_LE(row[cuda::kAttnProbeEntry], row[cuda::kAttnProbeExit]) << "row " << i;
-    if (row[cuda::kAttnProbeKeys] > 0) {
-      EXPECT_LE(row[cuda::kAttnProbeAfterWait], row[cuda::kAttnProbeQLoaded]) << "row " << i;
-      EXPECT_LE(row[cuda::kAttnProbeQLoaded], row[cuda::kAttnProbeLoopDone]) << "row " << i;
-      EXPECT_LE(row[cuda::kAttnProbeLoopDone], row[cuda::kAttnProbePartials]) << "row " << i;
-      EXPECT_LE(row[cuda::kAttnProbePartials], row[cuda::kAttnProbeExit]) << "row " << i;
-    }
-  }
-  for (int b = 0; b < blocks; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+  ::tandem::testing::ExpectEveryBlockOnce(
+      Download(rows), cuda::kAttnProbeWords, blocks,
+      [](const unsigned long long* row) { return row[cuda::kAttnProbeBlock]; },
+      [&keys](int b, const unsigned long long* row) {
+        keys += static_cast<int64_t>(row[cuda::kAttnProbeKeys]);
+        EXPECT_NE(row[cuda::kAttnProbeEntry], 0u) << "block " << b;
+        EXPECT_LE(row[cuda::kAttnProbeEntry], row[cuda::kAttnProbeExit]) << "block " << b;
+        if (row[cuda::kAttnProbeKeys] > 0) {
+          EXPECT_LE(row[cuda::kAttnProbeAfterWait], row[cuda::kAttnProbeQLoaded]) << "block " << b;
+          EXPECT_LE(row[cuda::kAttnProbeQLoaded], row[cuda::kAttnProbeLoopDone]) << "block " << b;
+          EXPECT_LE(row[cuda::kAttnProbeLoopDone], row[cuda::kAttnProbePartials]) << "block " << b;
+          EXPECT_LE(row[cuda::kAttnProbePartials], row[cuda::kAttnProbeExit]) << "block " << b;
+        }
+      });
   EXPECT_EQ(keys, static_cast<int64_t>(ctx) * d.kvh);  // the slices cover the context once a kv head
 }
 

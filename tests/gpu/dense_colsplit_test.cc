@@ -14,8 +14,8 @@
 #include "gpu_service/backends/cuda/device_matrix.h"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
-#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
+#include "tests/armed_probe_check.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
 
@@ -81,41 +81,33 @@ TEST(ColumnSplitProbeTest, ArmedProbeStampsEveryBlockOnceAndAddsTheProduct) {
   const std::vector<float> want = gpu_testing::HostProduct(w, x, y0);
   const size_t capacity = static_cast<size_t>(2 * blocks);  // room for a second launch's rows
   auto stamps = Upload(std::vector<unsigned long long>(capacity * cuda::kColSplitProbeWords, 0));
-  const bool was_probed = cuda::ProbeDecodeStep();
-  cuda::SetProbeDecodeStep(true);
-  ASSERT_EQ(cuda::SetArmedColumnSplitProbe(stamps.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
   auto y = Upload(y0);
-  const cudaError_t launched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y.get(), nullptr);
-  ASSERT_EQ(cuda::SetArmedColumnSplitProbe(nullptr, 0, nullptr), cudaSuccess);
-  auto y_after = Upload(y0);  // disarmed: the stamped kernel again, no row taken
-  const cudaError_t relaunched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y_after.get(), nullptr);
-  cuda::SetProbeDecodeStep(was_probed);
+  auto y_after = Upload(y0);
+  cudaError_t launched, relaunched;
+  {
+    const ::tandem::testing::ScopedProbeDecodeStep probed(true);
+    ASSERT_EQ(cuda::SetArmedColumnSplitProbe(stamps.get(), static_cast<unsigned>(capacity), nullptr), cudaSuccess);
+    launched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y.get(), nullptr);
+    ASSERT_EQ(cuda::SetArmedColumnSplitProbe(nullptr, 0, nullptr), cudaSuccess);
+    // Disarmed: the stamped kernel again, no row taken.
+    relaunched = cuda::LaunchColumnSplitMatVec(g.m, x_dev.get(), y_after.get(), nullptr);
+  }
   TANDEM_ASSERT_CUDA(launched);
   TANDEM_ASSERT_CUDA(relaunched);
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_LE(gpu_testing::LogError("column split, probed", gpu_testing::RelL2(Download(y), want)), 1e-4);
   EXPECT_LE(gpu_testing::LogError("column split, disarmed", gpu_testing::RelL2(Download(y_after), want)), 1e-4);
-  const std::vector<unsigned long long> r = Download(stamps);
-  std::vector<int> seen(static_cast<size_t>(blocks), 0);
-  for (size_t i = 0; i < capacity; ++i) {
-    const unsigned long long* row = r.data() + i * cuda::kColSplitProbeWords;
-    if (static_cast<int>(i) >= blocks) {
-      for (int word = 0; word < cuda::kColSplitProbeWords; ++word) {
-        EXPECT_EQ(row[word], 0u) << "row " << i << " past the launch's blocks, word " << word;
-      }
-      continue;
-    }
-    const unsigned long long b = row[cuda::kColSplitProbeBlock];
-    ASSERT_LT(b, static_cast<unsigned long long>(blocks)) << "row " << i;
-    ++seen[b];
-    EXPECT_LT(row[cuda::kColSplitProbeSm], static_cast<unsigned long long>(sms)) << "row " << i;
-    EXPECT_EQ(row[cuda::kColSplitProbeMerged], 0u) << "row " << i;
-    EXPECT_NE(row[cuda::kColSplitProbeEntry], 0u) << "row " << i;
-    for (int p = 1; p < cuda::kColSplitProbePhases; ++p) {
-      EXPECT_LE(row[p - 1], row[p]) << "row " << i << ", phase " << p;
-    }
-  }
-  for (int b = 0; b < blocks; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+  ::tandem::testing::ExpectEveryBlockOnce(
+      Download(stamps), cuda::kColSplitProbeWords, blocks,
+      [](const unsigned long long* row) { return row[cuda::kColSplitProbeBlock]; },
+      [sms](int b, const unsigned long long* row) {
+        EXPECT_LT(row[cuda::kColSplitProbeSm], static_cast<unsigned long long>(sms)) << "block " << b;
+        EXPECT_EQ(row[cuda::kColSplitProbeMerged], 0u) << "block " << b;
+        EXPECT_NE(row[cuda::kColSplitProbeEntry], 0u) << "block " << b;
+        for (int p = 1; p < cuda::kColSplitProbePhases; ++p) {
+          EXPECT_LE(row[p - 1], row[p]) << "block " << b << ", phase " << p;
+        }
+      });
 }
 
 alignas(16) constexpr uint8_t kBytes[16] = {};  // never read: every case is refused first

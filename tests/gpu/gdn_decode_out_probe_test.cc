@@ -6,7 +6,6 @@
 // launch's); and with the buffer disarmed a stamped launch writes no more stamps.
 #include <cstdint>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -17,8 +16,8 @@
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_out_probe.h"
-#include "gpu_service/backends/cuda/step_probe.h"
 #include "gtest/gtest.h"
+#include "tests/armed_probe_check.h"
 #include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_seed.h"
@@ -65,7 +64,7 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
     return {Download(gated), Download(rec)};
   };
 
-  const bool was_bulk = cuda::GdnOutBulk(), was_probe = cuda::ProbeDecodeStep();
+  const bool was_bulk = cuda::GdnOutBulk();
   cuda::SetGdnOutBulk(true);
   const Result want = run();
   // Room for two launches' rows: the second half must stay zero.
@@ -77,12 +76,14 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
   auto* dev_stamps = stamps->as<unsigned long long>();
   TANDEM_ASSERT_CUDA(cudaMemset(dev_stamps, 0, size_t{capacity} * cuda::kGdnOutProbeWords * 8));
   TANDEM_ASSERT_CUDA(cuda::SetGdnOutProbe(dev_stamps, capacity, nullptr));
-  cuda::SetProbeDecodeStep(true);
-  const Result got = run();
-  // Disarmed (no buffer), the stamped launch writes nothing more.
-  TANDEM_ASSERT_CUDA(cuda::SetGdnOutProbe(nullptr, 0, nullptr));
-  const Result after = run();
-  cuda::SetProbeDecodeStep(was_probe);
+  Result got, after;
+  {
+    const ::tandem::testing::ScopedProbeDecodeStep probed(true);
+    got = run();
+    // Disarmed (no buffer), the stamped launch writes nothing more.
+    TANDEM_ASSERT_CUDA(cuda::SetGdnOutProbe(nullptr, 0, nullptr));
+    after = run();
+  }
   cuda::SetGdnOutBulk(was_bulk);
 
   EXPECT_TRUE(gpu_testing::SameBits(got.gated, want.gated))
@@ -95,28 +96,22 @@ TEST(GpuGdnDecodeOutProbeTest, StampsEveryBlockOnceInOrderAndChangesNothing) {
   TANDEM_ASSERT_CUDA(cudaMemcpy(h.data(), dev_stamps, h.size() * 8, cudaMemcpyDeviceToHost));
   int sms = 0;
   TANDEM_ASSERT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::set<unsigned long long> blocks;
-  const int r = d.nv / d.nk;
-  for (int slot = 0; slot < grid; ++slot) {
-    const unsigned long long* row = &h[size_t(slot) * cuda::kGdnOutProbeWords];
-    for (int p = 0; p < cuda::kGdnOutProbeStamps; ++p) {
-      EXPECT_NE(row[p], 0ull) << "slot " << slot << " stamp " << p;
-      if (p > 0) {
-        EXPECT_LE(row[p - 1], row[p]) << "slot " << slot << " stamp " << p << " before the one before it";
-      }
-    }
-    EXPECT_LT(row[cuda::kGdnOutProbeSm], static_cast<unsigned long long>(sms)) << "slot " << slot;
-    const unsigned long long block = row[cuda::kGdnOutProbeBlock] & 0xFFFF;
-    const unsigned long long cluster = row[cuda::kGdnOutProbeBlock] >> 16;
-    EXPECT_LT(block, static_cast<unsigned long long>(grid)) << "slot " << slot;
-    EXPECT_EQ(cluster, block % static_cast<unsigned long long>(d.nv) / static_cast<unsigned long long>(r))
-        << "slot " << slot;
-    blocks.insert(block);
-  }
-  EXPECT_EQ(blocks.size(), static_cast<size_t>(grid)) << "every block stamped once";
-  for (size_t i = size_t(grid) * cuda::kGdnOutProbeWords; i < h.size(); ++i) {
-    ASSERT_EQ(h[i], 0ull) << "a stamp past the launch's blocks (word " << i << ")";
-  }
+  const unsigned long long r = static_cast<unsigned long long>(d.nv / d.nk);
+  ::tandem::testing::ExpectEveryBlockOnce(
+      h, cuda::kGdnOutProbeWords, grid,
+      [](const unsigned long long* row) { return row[cuda::kGdnOutProbeBlock] & 0xFFFF; },
+      [&](int b, const unsigned long long* row) {
+        for (int p = 0; p < cuda::kGdnOutProbeStamps; ++p) {
+          EXPECT_NE(row[p], 0ull) << "block " << b << " stamp " << p;
+          if (p > 0) {
+            EXPECT_LE(row[p - 1], row[p]) << "block " << b << " stamp " << p << " before the one before it";
+          }
+        }
+        EXPECT_LT(row[cuda::kGdnOutProbeSm], static_cast<unsigned long long>(sms)) << "block " << b;
+        const unsigned long long cluster = row[cuda::kGdnOutProbeBlock] >> 16;
+        EXPECT_EQ(cluster, static_cast<unsigned long long>(b) % static_cast<unsigned long long>(d.nv) / r)
+            << "block " << b;
+      });
 }
 
 }  // namespace

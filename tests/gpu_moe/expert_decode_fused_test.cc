@@ -14,6 +14,7 @@
 #include "common/reference/moe.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
+#include "tests/armed_probe_check.h"
 #include "tests/gpu_moe/one_token_support.h"
 #include "tests/gpu_moe/test_support.h"
 #include "tests/test_seed.h"
@@ -376,27 +377,23 @@ TEST(OneTokenFusedTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
     EXPECT_LE(testing::RelativeL2(y[run], y[0]), 1e-5) << "run " << run;
   }
   const int per_pick = static_cast<int>(I) / kFusedSliceCols * kFusedCluster;
-  std::vector<int> seen(static_cast<size_t>(grid), 0);
-  for (int slot = 0; slot < grid; ++slot) {
-    const unsigned long long* r = rows[1].data() + static_cast<size_t>(slot) * kFusedProbeWords;
-    ASSERT_LT(r[kFusedProbeBlock], static_cast<unsigned long long>(grid)) << "slot " << slot;
-    const int b = static_cast<int>(r[kFusedProbeBlock]);
-    ++seen[static_cast<size_t>(b)];
-    const int kind = b < K * per_pick ? kFusedProbeRoutedKind : kFusedProbeSharedKind;
-    EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kind)) << "block " << b;
-    EXPECT_EQ(static_cast<long long>(r[kFusedProbePick]), kind == kFusedProbeRoutedKind ? b / per_pick : -1)
-        << "block " << b;
-    const int order[] = {kFusedProbeEntry,        kFusedProbeAfterWait,     kFusedProbeRouted,
-                         kFusedProbeGateUpLanded, kFusedProbeActWritten,    kFusedProbeClusterPassed,
-                         kFusedProbeDownLanded,   kFusedProbeSummed,        kFusedProbeExit};
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); ++i) {
-      EXPECT_NE(r[order[i]], 0u) << "block " << b << " phase " << order[i];
-      if (i > 0) {
-        EXPECT_LE(r[order[i - 1]], r[order[i]]) << "block " << b << " phase " << order[i];
-      }
-    }
-  }
-  for (int b = 0; b < grid; ++b) EXPECT_EQ(seen[static_cast<size_t>(b)], 1) << "block " << b;
+  ::tandem::testing::ExpectEveryBlockOnce(
+      rows[1], kFusedProbeWords, grid, [](const unsigned long long* r) { return r[kFusedProbeBlock]; },
+      [&](int b, const unsigned long long* r) {
+        const int kind = b < K * per_pick ? kFusedProbeRoutedKind : kFusedProbeSharedKind;
+        EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kind)) << "block " << b;
+        EXPECT_EQ(static_cast<long long>(r[kFusedProbePick]), kind == kFusedProbeRoutedKind ? b / per_pick : -1)
+            << "block " << b;
+        const int order[] = {kFusedProbeEntry,        kFusedProbeAfterWait,     kFusedProbeRouted,
+                             kFusedProbeGateUpLanded, kFusedProbeActWritten,    kFusedProbeClusterPassed,
+                             kFusedProbeDownLanded,   kFusedProbeSummed,        kFusedProbeExit};
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); ++i) {
+          EXPECT_NE(r[order[i]], 0u) << "block " << b << " phase " << order[i];
+          if (i > 0) {
+            EXPECT_LE(r[order[i - 1]], r[order[i]]) << "block " << b << " phase " << order[i];
+          }
+        }
+      });
   for (int slot = 0; slot < grid; ++slot) {
     const unsigned long long exit2 = rows[2][static_cast<size_t>(slot) * kFusedProbeWords + kFusedProbeExit];
     if (slot < grid / 2) {
