@@ -63,4 +63,12 @@ if [ -n "${PACK:-}" ]; then
   mkdir -p "$(dirname "$PACK")"
   tar -C "$out" -cf - . | xz -9 -T2 >"$PACK"
   du -sh "$PACK"
+  # The device call carries the pack with the repository's work tree, 64 MiB in all
+  # (/work/.library/device/README.md): say so here rather than on the call.
+  pack_mib=$(( $(stat -c %s "$PACK") / 1048576 ))
+  tree_mib=$(( $(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }') / 1048576 ))
+  if (( pack_mib + tree_mib >= 64 )); then
+    echo "bundle: WARNING: $PACK (${pack_mib} MiB) and the work tree (~${tree_mib} MiB) exceed the" \
+         "64 MiB a device call carries; bundle fewer TARGETS or EXTRA files" >&2
+  fi
 fi
