@@ -207,8 +207,7 @@ __global__ void __launch_bounds__(kPickThreads)
     __syncthreads();
     picker = PickWarpOfSlot(slots[0], kPickThreads / 32);
     if (threadIdx.x == 0) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      const unsigned smid = SmId();
       unsigned long long packed = static_cast<unsigned long long>(smid) << 32;
       for (int w = 0; w < kPickThreads / 32; ++w) packed |= static_cast<unsigned long long>(slots[w] & 0xFFu) << (8 * w);
       layout[blockIdx.x] = packed;

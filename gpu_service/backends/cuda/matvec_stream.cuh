@@ -249,8 +249,7 @@ struct StreamProbe {
           unsigned long long* row = stamps + static_cast<unsigned long long>(slot) * kStreamProbeWords;
           for (int p = 0; p < kStreamProbeExit; ++p) row[p] = s[p];
           row[kStreamProbeExit] = exit;
-          unsigned smid;
-          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+          const unsigned smid = SmId();
           row[kStreamProbeSm] = smid;
           row[kStreamProbeBlock] = blockIdx.x + blockIdx.y * gridDim.x;
         }

@@ -285,8 +285,7 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   PdlAllowNext();
   stamp(kAttnProbeAfterWait);
   if constexpr (kProbe) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned smid = SmId();
     put(kAttnProbeSm, smid);
     put(kAttnProbeKeys, static_cast<unsigned long long>(end > begin ? end - begin : 0));
   }

@@ -70,8 +70,7 @@ struct ColSplitStamps {
   __device__ void Facts(bool merged) const {
     if constexpr (kProbe) {
       if (row == nullptr) return;
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      const unsigned smid = SmId();
       row[kColSplitProbeMerged] = merged ? 1u : 0u;
       row[kColSplitProbeSm] = smid;
       row[kColSplitProbeBlock] = blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;

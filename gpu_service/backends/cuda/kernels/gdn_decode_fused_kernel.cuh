@@ -91,8 +91,7 @@ struct GdnOutStamps {
 #pragma unroll
     for (int i = 0; i < kGdnOutProbeStamps; ++i) row[i] = t[i];
     row[kGdnOutProbeExit] = GlobalTimerNs();
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned smid = SmId();
     row[kGdnOutProbeSm] = smid;
     row[kGdnOutProbeBlock] = (static_cast<unsigned long long>(cluster) << 16) | (blockIdx.x + blockIdx.y * gridDim.x);
   }

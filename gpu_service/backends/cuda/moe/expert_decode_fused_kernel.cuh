@@ -21,6 +21,7 @@
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cluster_barrier.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
@@ -131,8 +132,7 @@ struct FusedStamps {
         row = rows + static_cast<unsigned long long>(blockIdx.x) * kFusedProbeWords;
       }
       if (row != nullptr) {
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        const unsigned smid = SmId();
         row[kFusedProbeKind] = static_cast<unsigned long long>(kind);
         row[kFusedProbePick] = static_cast<unsigned long long>(static_cast<long long>(pick));
         row[kFusedProbeSm] = smid;

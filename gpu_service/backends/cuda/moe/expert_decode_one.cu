@@ -52,8 +52,7 @@ struct PhaseProbe {
         const unsigned slot = atomicAdd(&g_probe.count[kernel], 1u);
         if (g_probe.stamps != nullptr && slot < g_probe.capacity) {
           row = g_probe.stamps + (static_cast<unsigned long long>(kernel) * g_probe.capacity + slot) * kOneTokenProbeWords;
-          unsigned smid;
-          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+          const unsigned smid = SmId();
           row[kOneTokenProbeWords - 2] = smid;
           row[kOneTokenProbeWords - 1] = blockIdx.x + blockIdx.y * gridDim.x;
           Stamp(0);
