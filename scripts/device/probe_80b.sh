@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after bench_80b.sh (or `tandem gen-model --preset q3n-80b`) made the model: one
 # batch-1 decode step with its kernels stamped inside the step (`gpu_backend_bench
-# --probe-step`, tests/gpu_backend/product_probe_report.h): the GDN layers' input product and
+# --probe-step`, tests/gpu_backend/step_probe_report.h): the GDN layers' input product and
 # fused GDN kernel, every layer's fused MoE kernel (routed and shared-expert blocks), and every
 # attention layer's split attention and output product by columns, each phase's first, median and
 # last block after the launch's first PDL wait return. The stamped kernels are separate

@@ -15,7 +15,7 @@
 //                     [--l2-prefetch 0|1|2] [--nvtx] [--probe-step] [--json out.json]
 // --probe-step (--probe-gdn-product, its older name, is still taken): the GDN layers' input product
 // and fused kernel, every layer's fused MoE kernel and every attention layer's split attention and
-// output product, stamped inside a batch-1 step (step_probe.h, product_probe_report.h,
+// output product, stamped inside a batch-1 step (step_probe.h, step_probe_report.h,
 // kernels/gdn_decode_out_probe.h, moe/expert_decode_fused_probe.h, kernels/attention_probe.h,
 // kernels/dense_colsplit_probe.h; the whole run takes the stamped kernels).
 #include <algorithm>
@@ -44,7 +44,7 @@
 #include "gpu_service/backends/cuda/step_probe.h"
 #include "tests/gpu_backend/bench_args.h"
 #include "tests/gpu_backend/bench_ceilings.h"
-#include "tests/gpu_backend/product_probe_report.h"
+#include "tests/gpu_backend/step_probe_report.h"
 
 namespace tandem {
 namespace {
@@ -68,7 +68,7 @@ struct Args {
   // route_plan_grid.cuh: TANDEM_OLD_PREFILL_PLAN).
   std::vector<std::string> prefill_plans;
   // The GDN, MoE and attention kernels stamped inside one batch-1 decode step (step_probe.h,
-  // product_probe_report.h).
+  // step_probe_report.h).
   bool probe_step = false;
 };
 
@@ -282,7 +282,7 @@ int Run(const Args& a) {
       if (!s.ok()) return 1;
     }
     if (a.probe_step && B == 1) {
-      if (absl::Status s = ReportGdnProductProbe([&] { return step(nullptr); }); !s.ok()) {
+      if (absl::Status s = ReportDecodeStepProbe([&] { return step(nullptr); }); !s.ok()) {
         fprintf(stderr, "probe: %s\n", s.ToString().c_str());
         return 1;
       }

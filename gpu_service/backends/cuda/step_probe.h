@@ -8,7 +8,7 @@
 //   attention's split attention (attention_probe.h) and its output product by columns
 //   (dense_colsplit_probe.h).
 // A process-wide setting for benchmarks: off unless set, and read when a launch is enqueued, so it
-// must be set before the decode graphs are captured. tests/gpu_backend/product_probe_report.h
+// must be set before the decode graphs are captured. tests/gpu_backend/step_probe_report.h
 // arms the buffers and prints the phases.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_STEP_PROBE_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_STEP_PROBE_H_

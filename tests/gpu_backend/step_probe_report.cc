@@ -1,4 +1,4 @@
-#include "tests/gpu_backend/product_probe_report.h"
+#include "tests/gpu_backend/step_probe_report.h"
 
 #include <cuda_runtime.h>
 
@@ -297,7 +297,7 @@ void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capaci
 
 }  // namespace
 
-absl::Status ReportGdnProductProbe(const std::function<absl::Status()>& step) {
+absl::Status ReportDecodeStepProbe(const std::function<absl::Status()>& step) {
   using namespace cuda;  // the probe's phase names
   constexpr unsigned kCapacity = 1 << 15;
   // The products' stamps, the fused GDN kernels' (gdn_decode_out_probe.h), the fused MoE kernels'
