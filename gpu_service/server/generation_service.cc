@@ -32,18 +32,9 @@ v1::StopReason ToProto(FinishReason r) {
   return v1::ERROR;
 }
 
-// The engine deadline: the time limit, or the call's deadline less a small margin so that the
-// engine ends the request (with its partial output) before gRPC cancels the call.
 SteadyTime DeadlineOf(const grpc::CallbackServerContext& ctx, uint64_t time_limit_millis) {
-  const SteadyTime now = std::chrono::steady_clock::now();
-  SteadyTime deadline = SteadyTime::max();
-  if (time_limit_millis > 0) deadline = now + std::chrono::milliseconds(time_limit_millis);
-  const auto call = ctx.deadline();
-  if (call != std::chrono::system_clock::time_point::max()) {
-    const auto left = call - std::chrono::system_clock::now() - std::chrono::milliseconds(10);
-    deadline = std::min(deadline, now + std::chrono::duration_cast<SteadyTime::duration>(left));
-  }
-  return deadline;
+  return RequestDeadline(time_limit_millis, ctx.deadline(), std::chrono::steady_clock::now(),
+                         std::chrono::system_clock::now());
 }
 
 // Adds generated tokens to a result or chunk, as the response options ask.

@@ -1,5 +1,6 @@
 #include "gpu_service/server/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -86,9 +87,11 @@ absl::StatusOr<GenerationSpec> BuildGenerationSpec(std::vector<int32_t> prompt,
   if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
     return Bad(sp + "min_p", absl::StrCat(s.min_p(), " is outside [0, 1]"));
   }
-  // top_k is unsigned on the wire; a negative value sent by a client arrives as a huge number.
+  // top_k is unsigned on the wire; a negative value sent by a client of a language without unsigned
+  // integers (Java) arrives as a huge number, so the message gives both readings.
   if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
-    return Bad(sp + "top_k", absl::StrCat(static_cast<int32_t>(s.top_k()), " is negative"));
+    return Bad(sp + "top_k", absl::StrCat(s.top_k(), " (", static_cast<int32_t>(s.top_k()),
+                                          " as a signed value) is above ", INT32_MAX));
   }
   if (!(s.repetition_penalty() >= 0) || !std::isfinite(s.repetition_penalty())) {
     return Bad(sp + "repetition_penalty",
@@ -166,6 +169,27 @@ absl::StatusOr<GenerationSpec> BuildGenerationSpec(std::vector<int32_t> prompt,
   }
   spec.prompt = std::move(prompt);
   return spec;
+}
+
+SteadyTime RequestDeadline(uint64_t time_limit_millis,
+                           std::chrono::system_clock::time_point call_deadline,
+                           SteadyTime steady_now, std::chrono::system_clock::time_point system_now) {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  // What is left of the steady clock's range, in whole milliseconds: a later point is no deadline.
+  const milliseconds room = duration_cast<milliseconds>(SteadyTime::max() - steady_now);
+  SteadyTime deadline = SteadyTime::max();
+  if (time_limit_millis > 0 && time_limit_millis < static_cast<uint64_t>(room.count())) {
+    deadline = steady_now + milliseconds(static_cast<int64_t>(time_limit_millis));
+  }
+  if (call_deadline != std::chrono::system_clock::time_point::max()) {
+    const auto left = call_deadline - system_now - milliseconds(10);
+    const auto left_steady = duration_cast<SteadyTime::duration>(left);
+    if (left_steady < SteadyTime::max() - steady_now) {
+      deadline = std::min(deadline, steady_now + left_steady);
+    }
+  }
+  return deadline;
 }
 
 }  // namespace tandem

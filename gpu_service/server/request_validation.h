@@ -5,6 +5,7 @@
 #ifndef TANDEM_GPU_SERVICE_SERVER_REQUEST_VALIDATION_H_
 #define TANDEM_GPU_SERVICE_SERVER_REQUEST_VALIDATION_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,15 @@ absl::StatusOr<GenerationSpec> BuildGenerationSpec(std::vector<int32_t> prompt,
                                                    const v1::GenerationParameters& params,
                                                    const ServingLimits& limits,
                                                    const std::string& input_field);
+
+// The engine's deadline for a request: `time_limit_millis` after `steady_now` (0: none), or the
+// call's deadline less a 10 ms margin, so that the engine ends the request with its partial output
+// before gRPC cancels the call, whichever comes first. `call_deadline` is
+// system_clock::time_point::max() for a call without one. A limit too large for the clock (the
+// field is a uint64 of milliseconds) is no limit, not an overflow into the past.
+SteadyTime RequestDeadline(uint64_t time_limit_millis,
+                           std::chrono::system_clock::time_point call_deadline,
+                           SteadyTime steady_now, std::chrono::system_clock::time_point system_now);
 
 }  // namespace tandem
 

@@ -1,5 +1,7 @@
 // Small pieces of the service: wire parsing that names bad UTF-8 fields, request validation,
 // the expert budget flag and placement, the Prometheus text.
+#include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "gpu_service/backend/expert_placement.h"
@@ -65,6 +67,33 @@ TEST(RequestValidationTest, MapsParametersAndDefaults) {
   EXPECT_EQ(BuildGenerationSpec(*ids, params, limits, "input").status().message().rfind(
                 "params.stopping.min_new_tokens", 0),
             0u);
+}
+
+TEST(RequestValidationTest, DeadlineTakesTheEarlierAndNeverOverflows) {
+  using std::chrono::milliseconds;
+  using std::chrono::system_clock;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  const system_clock::time_point wall = system_clock::now();
+  const system_clock::time_point no_call = system_clock::time_point::max();
+  EXPECT_EQ(RequestDeadline(0, no_call, now, wall), SteadyTime::max());
+  EXPECT_EQ(RequestDeadline(1500, no_call, now, wall), now + milliseconds(1500));
+  // The call's deadline less the 10 ms margin, when it comes first.
+  EXPECT_EQ(RequestDeadline(0, wall + milliseconds(5000), now, wall), now + milliseconds(4990));
+  EXPECT_EQ(RequestDeadline(100, wall + milliseconds(5000), now, wall), now + milliseconds(100));
+  EXPECT_EQ(RequestDeadline(9000, wall + milliseconds(5000), now, wall), now + milliseconds(4990));
+  // A call already past its deadline ends at once.
+  EXPECT_LT(RequestDeadline(0, wall - milliseconds(1), now, wall), now);
+  // Limits past the clock's range are no limit: a uint64 of milliseconds does not fit the clock's
+  // signed nanoseconds, and once wrapped into the past ended requests at once with no token.
+  for (uint64_t huge : {UINT64_MAX, uint64_t{1} << 63, uint64_t{1} << 62, uint64_t{1} << 44}) {
+    EXPECT_EQ(RequestDeadline(huge, no_call, now, wall), SteadyTime::max()) << huge;
+    EXPECT_EQ(RequestDeadline(huge, wall + milliseconds(5000), now, wall),
+              now + milliseconds(4990))
+        << huge;
+  }
+  // A year is well inside the range.
+  const uint64_t year = 365ull * 24 * 3600 * 1000;
+  EXPECT_EQ(RequestDeadline(year, no_call, now, wall), now + milliseconds(year));
 }
 
 TEST(ExpertBudgetTest, ParsesFractionsAndBytes) {
