@@ -52,6 +52,7 @@
 #include "gpu_service/metrics/service_metrics.h"
 #include "gpu_service/server/generation_service.h"
 #include "gpu_service/server/grpc_server.h"
+#include "gpu_service/server/listen_check.h"
 #include "gpu_service/service_backend.h"
 
 ABSL_FLAG(std::string, model, "", "the model's GGUF file (required)");
@@ -194,10 +195,47 @@ absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_
   return absl::OkStatus();
 }
 
+// The flags that need no model to check, checked before the model loads (minutes for an 80B
+// file), so that a typo or a port already taken fails at once and names its flag.
+absl::Status CheckServiceFlags() {
+  SchedulerOptions scheduler;
+  scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
+  scheduler.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  if (absl::Status s = CheckSchedulerOptions(scheduler); !s.ok()) return s;
+  auto at_least = [](const char* flag, int64_t value, int64_t min) {
+    return value >= min ? absl::OkStatus()
+                        : absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " < ", min));
+  };
+  const int64_t cap = absl::GetFlag(FLAGS_max_new_tokens_cap);
+  const int64_t by_default = absl::GetFlag(FLAGS_default_max_new_tokens);
+  for (absl::Status s : {at_least("--max-context", absl::GetFlag(FLAGS_max_context), 0),
+                         at_least("--max-new-tokens-cap", cap, 1),
+                         at_least("--default-max-new-tokens", by_default, 1),
+                         at_least("--kv-pages", absl::GetFlag(FLAGS_kv_pages), 0),
+                         at_least("--threads", absl::GetFlag(FLAGS_threads), 0),
+                         at_least("--max-state-pages", absl::GetFlag(FLAGS_max_state_pages), 0),
+                         at_least("--max-message-bytes", absl::GetFlag(FLAGS_max_message_bytes), 1)}) {
+    if (!s.ok()) return s;
+  }
+  if (by_default > cap) {
+    return absl::InvalidArgumentError(absl::StrCat("--default-max-new-tokens: ", by_default,
+                                                   " is above --max-new-tokens-cap ", cap));
+  }
+  if (absl::Status s = CheckListenAddressFree("--listen", absl::GetFlag(FLAGS_listen)); !s.ok()) {
+    return s;
+  }
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    return CheckListenAddressFree("--metrics-listen", absl::GetFlag(FLAGS_metrics_listen));
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
   if (absl::GetFlag(FLAGS_model).empty()) {
     return Fail(absl::InvalidArgumentError("--model is required"));
   }
+  if (absl::Status s = CheckServiceFlags(); !s.ok()) return Fail(s);
   // Signals are taken by sigwait below; block them before any thread starts so that every
   // thread inherits the mask.
   sigset_t signals;
@@ -216,14 +254,6 @@ int Run() {
   engine_options.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
   engine_options.scheduler.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   engine_options.max_context = absl::GetFlag(FLAGS_max_context);
-  if (absl::Status s = CheckSchedulerOptions(engine_options.scheduler); !s.ok()) return Fail(s);
-  if (engine_options.max_context < 0) {
-    return Fail(absl::InvalidArgumentError("--max-context: must be >= 0"));
-  }
-  if (absl::GetFlag(FLAGS_max_new_tokens_cap) < 1 || absl::GetFlag(FLAGS_default_max_new_tokens) < 1) {
-    return Fail(absl::InvalidArgumentError(
-        "--max-new-tokens-cap and --default-max-new-tokens: must be >= 1"));
-  }
 
   MetricsRegistry registry;
   ServiceMetrics metrics(&registry, backend->get());

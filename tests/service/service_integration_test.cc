@@ -255,6 +255,49 @@ TEST(ServiceIntegrationTest, BadInputIsInvalidArgumentNamingTheField) {
   EXPECT_EQ(resp.results(0).input_token_count(), 32u);
 }
 
+TEST(ServiceIntegrationTest, BadFlagsFailTheStartBeforeTheModelLoads) {
+  // The model does not exist: each run must fail on its flag, checked before the model is opened.
+  const std::string missing = "--model=" + BinaryDir() + "/no-such-model.gguf";
+  struct Case {
+    std::string flag;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"--max-running=0", "--max-running: 0 < 1"},
+      {"--kv-pages=-1", "--kv-pages: -1 < 0"},
+      {"--threads=-2", "--threads: -2 < 0"},
+      {"--default-max-new-tokens=50", "--default-max-new-tokens: 50 is above --max-new-tokens-cap 32"},
+      {"--listen=no-such-host.invalid:5000", "--listen: cannot resolve 'no-such-host.invalid'"},
+  };
+  for (const Case& c : cases) {
+    const StartUpExit run = RunServiceUntilExit({missing, "--max-new-tokens-cap=32", c.flag});
+    EXPECT_EQ(run.code, 1) << c.flag << "\n" << run.log;
+    EXPECT_NE(run.log.find(c.message), std::string::npos) << c.flag << "\n" << run.log;
+    EXPECT_EQ(run.log.find("no-such-model"), std::string::npos) << c.flag << "\n" << run.log;
+  }
+  // With the flags right, the missing model is what fails.
+  const StartUpExit run = RunServiceUntilExit({missing, "--listen=127.0.0.1:0"});
+  EXPECT_EQ(run.code, 1) << run.log;
+  EXPECT_NE(run.log.find("no-such-model.gguf"), std::string::npos) << run.log;
+}
+
+TEST(ServiceIntegrationTest, ASecondServiceOnATakenPortFailsToStart) {
+  ServiceProcess first;
+  ASSERT_EQ(first.Health(), 1) << first.Log();
+  // gRPC binds with SO_REUSEPORT unless told not to; a second service there would share the
+  // first one's connections. Both the early check (before the model loads) and the bind refuse.
+  const std::string taken = "127.0.0.1:" + std::to_string(first.grpc_port());
+  const StartUpExit run = RunServiceUntilExit({"--model=" + TinyModelPath(), "--listen=" + taken});
+  EXPECT_EQ(run.code, 1) << run.log;
+  EXPECT_NE(run.log.find("--listen: " + taken + " is in use"), std::string::npos) << run.log;
+  const StartUpExit metrics = RunServiceUntilExit(
+      {"--model=" + TinyModelPath(), "--listen=127.0.0.1:0",
+       "--metrics-listen=127.0.0.1:" + std::to_string(first.metrics_port())});
+  EXPECT_EQ(metrics.code, 1) << metrics.log;
+  EXPECT_NE(metrics.log.find("--metrics-listen: "), std::string::npos) << metrics.log;
+  EXPECT_EQ(first.Health(), 1) << first.Log();
+}
+
 TEST(ServiceIntegrationTest, CancellingMidStreamReturnsTheStatePool) {
   ServiceProcess service({"--max-new-tokens-cap=4000"});
   auto stub = Generation::NewStub(service.channel());

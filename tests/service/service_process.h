@@ -122,6 +122,7 @@ class ServiceProcess {
   }
 
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
 
@@ -239,6 +240,53 @@ class ServiceProcess {
   int grpc_port_ = 0, metrics_port_ = 0;
   std::shared_ptr<grpc::Channel> channel_;
 };
+
+// The exit of a service run that is expected to fail at start-up.
+struct StartUpExit {
+  int code = -1;    // the exit status; -1 for a signal, or when it was still running after 60 s
+  std::string log;  // its stderr
+};
+
+// Runs tandem-gpu-service with exactly `args` (no defaults added) and waits for it to exit (60 s at
+// most; then it is killed and `code` is -1).
+inline StartUpExit RunServiceUntilExit(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::filesystem::path log = std::filesystem::temp_directory_path() /
+      ("tandem-service-startup-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  std::vector<std::string> argv_strings = {BinaryDir() + "/gpu_service/tandem-gpu-service"};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    std::vector<char*> argv;
+    for (std::string& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  StartUpExit out;
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 6000 && !exited; ++i) {
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  } else if (WIFEXITED(status)) {
+    out.code = WEXITSTATUS(status);
+  }
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  out.log = ss.str();
+  std::error_code ec;
+  std::filesystem::remove(log, ec);
+  return out;
+}
 
 }  // namespace tandem
 

@@ -1,11 +1,17 @@
 // Small pieces of the service: wire parsing that names bad UTF-8 fields, request validation,
-// the expert budget flag and placement, the Prometheus text.
+// the expert budget flag and placement, the Prometheus text, the gRPC server's port.
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include <grpcpp/impl/service_type.h>
 
 #include "gpu_service/backend/expert_placement.h"
 #include "gpu_service/metrics/metrics_registry.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_service/server/grpc_server.h"
+#include "gpu_service/server/listen_check.h"
 #include "gpu_service/server/raw_request.h"
 #include "gpu_service/server/request_validation.h"
 #include "gtest/gtest.h"
@@ -94,6 +100,28 @@ TEST(RequestValidationTest, DeadlineTakesTheEarlierAndNeverOverflows) {
   // A year is well inside the range.
   const uint64_t year = 365ull * 24 * 3600 * 1000;
   EXPECT_EQ(RequestDeadline(year, no_call, now, wall), now + milliseconds(year));
+}
+
+TEST(GrpcServerTest, ASecondServerOnTheSamePortFails) {
+  // A service with no methods is enough to bind.
+  grpc::Service first_service, second_service;
+  GrpcServerOptions options;
+  options.listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<GrpcServer>> first = GrpcServer::Start(options, &first_service);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.listen = absl::StrCat("127.0.0.1:", (*first)->port());
+  absl::StatusOr<std::unique_ptr<GrpcServer>> second = GrpcServer::Start(options, &second_service);
+  EXPECT_FALSE(second.ok());  // gRPC's default SO_REUSEPORT would have let it share the port
+  EXPECT_EQ(second.status().message().rfind("--listen:", 0), 0u) << second.status();
+  EXPECT_EQ(CheckListenAddressFree("--listen", options.listen).code(),
+            absl::StatusCode::kFailedPrecondition);
+  (*first)->Shutdown(std::chrono::system_clock::now());
+  first->reset();
+  EXPECT_TRUE(CheckListenAddressFree("--listen", options.listen).ok());
+  EXPECT_TRUE(CheckListenAddressFree("--listen", "127.0.0.1:0").ok());
+  EXPECT_TRUE(CheckListenAddressFree("--listen", "unix:/tmp/x").ok());  // left to the server
+  EXPECT_EQ(CheckListenAddressFree("--listen", "no-such-host.invalid:1").code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ExpertBudgetTest, ParsesFractionsAndBytes) {
