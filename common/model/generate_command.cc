@@ -1,6 +1,7 @@
 #include "common/model/generate_command.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -89,11 +90,17 @@ bool ParseFlags(int argc, char** argv, GenerateFlags* f) {
     std::fprintf(stderr, "tandem generate: --model and --prompt are required\n%s", kUsage);
     return false;
   }
-  if (f->n < 1 || f->sampling.temperature < 0 || f->sampling.top_k < 0 ||
-      !(f->sampling.top_p > 0 && f->sampling.top_p <= 1)) {
-    std::fprintf(stderr,
-                 "tandem generate: need -n >= 1, --temperature >= 0, --top-k >= 0, "
-                 "--top-p in (0, 1]\n");
+  // Each bad value named by its flag; NaN fails every comparison, so the tests are written to
+  // pass only for good values.
+  const char* bad = nullptr;
+  if (!(f->n >= 1)) bad = "-n: need >= 1";
+  else if (!(f->sampling.temperature >= 0) || !std::isfinite(f->sampling.temperature)) {
+    bad = "--temperature: need a finite value >= 0";
+  } else if (!(f->sampling.top_k >= 0)) bad = "--top-k: need >= 0";
+  else if (!(f->sampling.top_p > 0 && f->sampling.top_p <= 1)) bad = "--top-p: need a value in (0, 1]";
+  else if (!(f->threads >= 0)) bad = "--threads: need >= 0";
+  if (bad != nullptr) {
+    std::fprintf(stderr, "tandem generate: %s\n", bad);
     return false;
   }
   return true;
