@@ -107,6 +107,14 @@ int Run() {
   absl::StatusOr<KernelIsa> isa = ParseKernelIsa(absl::GetFlag(FLAGS_isa));
   if (!isa.ok()) return Fail(isa.status(), 1);
 
+  // A compute team larger than the machine is a mistake, and tens of thousands of threads take the
+  // system's limit and most of a minute to start and tear down before failing.
+  const int max_threads = std::max(1024, static_cast<int>(std::thread::hardware_concurrency()));
+  if (absl::GetFlag(FLAGS_threads) < 0 || absl::GetFlag(FLAGS_threads) > max_threads) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--threads: ", absl::GetFlag(FLAGS_threads),
+                                                        " is outside [0, ", max_threads, "]")),
+                1);
+  }
   WorkerThreadPoolOptions pool_options;
   pool_options.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                           : static_cast<int>(cpus->size());

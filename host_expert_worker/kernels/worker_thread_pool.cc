@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -80,7 +81,15 @@ absl::StatusOr<std::unique_ptr<WorkerThreadPool>> WorkerThreadPool::Create(
   }
   std::unique_ptr<WorkerThreadPool> pool(new WorkerThreadPool(options));
   for (int t = 1; t < options.threads; ++t) {
-    pool->workers_.emplace_back([p = pool.get(), t] { p->WorkerLoop(t); });
+    // std::thread reports a thread the system will not start only by throwing; the threads
+    // started so far are joined by the pool's destructor on this return.
+    try {
+      pool->workers_.emplace_back([p = pool.get(), t] { p->WorkerLoop(t); });
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "threads = ", options.threads, ": the system would not start thread ", t, " (",
+          e.what(), ")"));
+    }
     if (!options.cpus.empty()) {
       const int cpu = options.cpus[static_cast<size_t>(t) % options.cpus.size()];
       if (absl::Status s = PinTo(pool->workers_.back().native_handle(), cpu); !s.ok()) return s;
