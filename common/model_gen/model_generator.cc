@@ -20,6 +20,7 @@
 #include "common/model_gen/model_plan.h"
 #include "common/model_gen/tensor_fill.h"
 #include "common/tokenizer/small_tokenizer.h"
+#include "common/unique_fd.h"
 
 namespace tandem {
 namespace {
@@ -39,20 +40,6 @@ class RemoveUnlessKept {
 
  private:
   std::string path_;
-};
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  int Release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
 };
 
 // Tensors drawn from floats and quantized (the vocabulary matrices above all) cost far more per
@@ -108,7 +95,7 @@ absl::Status GenerateModel(const GenModelSpec& spec, const std::string& path,
     }
   }
   RemoveUnlessKept cleanup(filling);
-  Fd fd(open(filling.c_str(), O_WRONLY | O_CLOEXEC));
+  UniqueFd fd(open(filling.c_str(), O_WRONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoError("cannot open", filling);
 
   // 2. The tensors, `threads` at a time, each written at its offset.
@@ -167,7 +154,7 @@ absl::Status GenerateModel(const GenModelSpec& spec, const std::string& path,
   worker();
   for (std::thread& t : pool) t.join();
   if (!first_error.ok()) return first_error;
-  if (close(fd.Release()) != 0) return ErrnoError("cannot close", filling);
+  if (close(fd.release()) != 0) return ErrnoError("cannot close", filling);
   if (rename(filling.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
   cleanup.Keep();
   if (progress) {

@@ -13,26 +13,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/unique_fd.h"
 
 namespace tandem {
 namespace {
-
-// Closes a descriptor on scope exit unless released.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
 
 void WriteAll(int fd, const std::string& data) {
   size_t done = 0;
@@ -67,7 +51,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
         absl::StrCat("--metrics-listen: '", host, "' is not an IPv4 address"));
   }
   const int raw = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  FdCloser sock(raw);
+  UniqueFd sock(raw);
   if (raw < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   const int one = 1;
   setsockopt(raw, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -110,7 +94,7 @@ void MetricsHttpServer::Serve() {
     if (fds[0].revents & POLLIN) {
       const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
-      FdCloser closer(conn);
+      UniqueFd closer(conn);
       HandleConnection(conn);
     }
   }

@@ -9,24 +9,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/unique_fd.h"
 
 namespace tandem {
 namespace {
-
-// The probe socket, closed on every path.
-class ProbeSocket {
- public:
-  explicit ProbeSocket(int fd) : fd_(fd) {}
-  ~ProbeSocket() {
-    if (fd_ >= 0) close(fd_);
-  }
-  ProbeSocket(const ProbeSocket&) = delete;
-  ProbeSocket& operator=(const ProbeSocket&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // getaddrinfo's list, freed on every path.
 struct AddrInfoList {
@@ -65,11 +51,11 @@ absl::Status CheckListenAddressFree(const std::string& flag, const std::string& 
   // The first address the host resolves to, as the servers bind it (SO_REUSEADDR, so that a port
   // in TIME_WAIT from an earlier run is free, as it is to them).
   const addrinfo* a = list.head;
-  ProbeSocket probe(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-  if (probe.fd() < 0) return absl::OkStatus();  // no socket to probe with: the server decides
+  const UniqueFd probe(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+  if (probe.get() < 0) return absl::OkStatus();  // no socket to probe with: the server decides
   const int one = 1;
-  setsockopt(probe.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(probe.fd(), a->ai_addr, a->ai_addrlen) == 0) return absl::OkStatus();
+  setsockopt(probe.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(probe.get(), a->ai_addr, a->ai_addrlen) == 0) return absl::OkStatus();
   const int err = errno;
   if (err == EADDRINUSE) {
     return absl::FailedPreconditionError(
