@@ -61,6 +61,25 @@ inline std::string TestBackend() {
   return backend != nullptr && *backend != '\0' ? backend : "cpu";
 }
 
+// Forks and execs tandem-gpu-service with `args` (no defaults added), its stderr into `log`; the
+// child is killed if the test process dies. Returns the child's pid.
+inline pid_t SpawnService(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> argv_strings = {BinaryDir() + "/gpu_service/tandem-gpu-service"};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    std::vector<char*> argv;
+    for (std::string& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 class ServiceProcess {
  public:
   // Starts the service on free loopback ports with `extra` flags and waits for its ready file.
@@ -70,24 +89,12 @@ class ServiceProcess {
     std::filesystem::create_directories(dir_);
     const std::string ready = (dir_ / "ready").string();
     std::vector<std::string> args = {
-        BinaryDir() + "/gpu_service/tandem-gpu-service",
         "--model=" + TinyModelPath(), "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
         "--ready-file=" + ready, "--threads=2", "--backend=" + TestBackend()};
     // Exact mode: the tests compare against the CPU reference's behaviour.
     if (TestBackend() == "cuda") args.push_back("--cuda-mode=exact");
     args.insert(args.end(), extra.begin(), extra.end());
-    const std::string log = (dir_ / "service.log").string();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
-      FILE* f = std::freopen(log.c_str(), "w", stderr);
-      (void)f;
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = SpawnService(args, (dir_ / "service.log").string());
     // Wait for the ready file (the model loads in well under a second; 60 s allows a loaded CI).
     for (int i = 0; i < 6000 && !std::filesystem::exists(ready); ++i) {
       int status;
@@ -253,19 +260,7 @@ inline StartUpExit RunServiceUntilExit(const std::vector<std::string>& args) {
   static int counter = 0;
   const std::filesystem::path log = std::filesystem::temp_directory_path() /
       ("tandem-service-startup-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  std::vector<std::string> argv_strings = {BinaryDir() + "/gpu_service/tandem-gpu-service"};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    std::vector<char*> argv;
-    for (std::string& a : argv_strings) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t pid = SpawnService(args, log.string());
   StartUpExit out;
   int status = 0;
   bool exited = false;
