@@ -152,13 +152,17 @@ void Engine::Loop() {
   while (true) {
     work_cv_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
     if (scheduler_.idle()) break;  // stopping, and nothing left to answer
-    StepPlan plan = scheduler_.Schedule(std::chrono::steady_clock::now());
+    const SteadyTime start = std::chrono::steady_clock::now();
+    const SteadyTime::duration next_step =
+        *std::max_element(recent_steps_.begin(), recent_steps_.end());
+    StepPlan plan = scheduler_.Schedule(start + next_step);
     if (metrics_) {
       metrics_->running->Set(static_cast<double>(scheduler_.running()));
       metrics_->waiting->Set(static_cast<double>(scheduler_.waiting()));
     }
     lock.unlock();
     RunStep(plan);
+    recent_steps_[next_step_++ % recent_steps_.size()] = std::chrono::steady_clock::now() - start;
     lock.lock();
     if (metrics_) metrics_->running->Set(static_cast<double>(scheduler_.running()));
     if (scheduler_.idle()) idle_cv_.notify_all();

@@ -12,6 +12,7 @@
 #ifndef TANDEM_GPU_SERVICE_ENGINE_ENGINE_H_
 #define TANDEM_GPU_SERVICE_ENGINE_ENGINE_H_
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -88,6 +89,12 @@ class Engine {
   // when a step samples more chunks than it holds.
   Backend::LogitsBuffer logits_;
   size_t logits_floats_ = 0;
+  // Engine thread only: the last steps' wall times, newest at recent_steps_[next_step_ - 1]. Their
+  // maximum is the expected time of the next step: a request whose deadline falls before the next
+  // step would end is ended now, with its output so far, rather than answered after its deadline
+  // (when gRPC has already cancelled the call).
+  std::array<SteadyTime::duration, 4> recent_steps_{};
+  size_t next_step_ = 0;
   std::thread thread_;
 };
 

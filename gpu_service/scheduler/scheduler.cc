@@ -49,9 +49,9 @@ void Scheduler::Preempt(ScheduledSequence* seq) {
   admission_paused_ = true;
 }
 
-StepPlan Scheduler::Schedule(SteadyTime now) {
+StepPlan Scheduler::Schedule(SteadyTime expire_by) {
   StepPlan plan;
-  // 1. Drop cancelled and expired sequences, running first (they hold state).
+  // 1. Drop cancelled and expiring sequences, running first (they hold state).
   auto sweep = [&](auto& list, bool running) {
     for (auto it = list.begin(); it != list.end();) {
       ScheduledSequence* s = *it;
@@ -60,7 +60,7 @@ StepPlan Scheduler::Schedule(SteadyTime now) {
         plan.cancelled_was_running.push_back(running);
         it = list.erase(it);
         if (running) admission_paused_ = false;  // its room is free now
-      } else if (now >= s->deadline) {
+      } else if (expire_by >= s->deadline) {
         plan.expired.push_back(s);
         plan.expired_was_running.push_back(running);
         it = list.erase(it);

@@ -82,9 +82,10 @@ class Scheduler {
   // Appends to the queue. ResourceExhausted when max_queue sequences are waiting.
   absl::Status Enqueue(ScheduledSequence* seq);
 
-  // Removes cancelled and expired sequences (as of `now`), admits from the queue, and plans the
-  // next step's chunks.
-  StepPlan Schedule(SteadyTime now);
+  // Removes cancelled sequences and those whose deadline is at or before `expire_by`, admits from
+  // the queue, and plans the next step's chunks. The engine passes the time the coming step is
+  // expected to end, so that no request is answered after its deadline.
+  StepPlan Schedule(SteadyTime expire_by);
 
   // Removes a running or waiting sequence (finished, or failed). Unknown ones are ignored.
   void Finish(ScheduledSequence* seq);

@@ -334,6 +334,37 @@ TEST(EngineTest, TimeLimitEndsWithThePartialOutput) {
   EXPECT_EQ(backend.state_usage().pages_in_use, 0);
 }
 
+TEST(EngineTest, ADeadlineBeforeTheNextStepEndsEndsTheRequestThen) {
+  // Steps of at least 100 ms. A request whose deadline is one step away when it arrives cannot get
+  // a token before it: the engine ends it at the next step boundary with no token, instead of
+  // running it through a step that would answer it after its deadline.
+  FakeBackend backend;
+  backend.step_sleep_ms = 100;
+  Engine engine(&backend, {}, nullptr);
+  auto runner = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> runner_id = engine.Submit(Spec({300, 301}, 1000), runner);
+  ASSERT_TRUE(runner_id.ok());
+  while (runner->ids().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  GenerationSpec hurried = Spec({400, 401}, 1000);
+  hurried.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  GenerationFinal f = RunAlone(engine, hurried)->WaitFinal();
+  EXPECT_EQ(f.reason, FinishReason::kTimeLimit);
+  EXPECT_EQ(f.generated_tokens, 0);
+
+  // A deadline several steps away still gets tokens, and is answered before it.
+  GenerationSpec later = Spec({500, 501}, 1000);
+  later.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(450);
+  f = RunAlone(engine, later)->WaitFinal();
+  EXPECT_EQ(f.reason, FinishReason::kTimeLimit);
+  EXPECT_GE(f.generated_tokens, 1);
+  EXPECT_LE(f.generated_tokens, 4);
+
+  engine.Cancel(*runner_id);
+  EXPECT_EQ(runner->WaitFinal().reason, FinishReason::kCancelled);
+  EXPECT_TRUE(engine.WaitUntilIdle(SteadyTime::max()));
+}
+
 TEST(EngineTest, FullQueueAndDrainingRefuse) {
   FakeBackend backend;
   EngineOptions options;

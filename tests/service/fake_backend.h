@@ -5,10 +5,12 @@
 #define TANDEM_TESTS_SERVICE_FAKE_BACKEND_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,9 @@ class FakeBackend : public Backend {
     {
       std::unique_lock<std::mutex> gate(gate_mu_);
       gate_cv_.wait(gate, [this] { return !held_; });
+    }
+    if (const int64_t ms = step_sleep_ms.load(); ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
     std::lock_guard<std::mutex> lock(mu_);
     // A bounded cache, like the CUDA backend's KV pages: refuse the step before changing anything.
@@ -125,6 +130,8 @@ class FakeBackend : public Backend {
   std::atomic<int64_t> logits_allocations{0};
   std::atomic<bool> refuse_logits{false};
   std::atomic<int64_t> foreign_logits{0};
+  // When > 0, every step takes at least this long (a slow backend for the deadline tests).
+  std::atomic<int64_t> step_sleep_ms{0};
 
  private:
   // Logits from a hash of the whole history; EOS far down unless eos_at_length says otherwise.
