@@ -64,6 +64,11 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
         cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
     if (attr != cudaSuccess) return attr;
+    static const cudaError_t probe_attr =
+        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
+    if (a.out_probe && probe_attr != cudaSuccess) return probe_attr;
     config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
   }
   config.stream = stream;
@@ -75,6 +80,12 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   config.numAttrs = 2;
   // q's scale as LaunchGdnPrepare computes it (host rsqrtf), so the same bits.
   const float q_scale = rsqrtf(static_cast<float>(d.dk));
+  if constexpr (kOut && !kIn) {
+    if (a.out_probe) {  // the stamped instantiation (gdn_decode_out_probe.h)
+      return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, true>, a, d.nk, d.nv, d.dv, d.kk,
+                                q_scale, qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), in);
+    }
+  }
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kIn>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
                             qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), in);
 }

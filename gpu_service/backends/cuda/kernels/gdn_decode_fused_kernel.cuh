@@ -65,12 +65,15 @@ constexpr int kMaxNv = 256;  // the gate arrays in shared memory (GdnGate indexe
 __constant__ ArmedStampRows g_gdn_out_probe;
 __device__ unsigned g_gdn_out_probe_count;
 
-// Thread 0's stamps of a stamped launch (GdnDecodeFusedArgs::out_probe); nothing otherwise.
+// Thread 0's stamps of a stamped launch (GdnDecodeFusedArgs::out_probe: the kProbe instantiation);
+// in the others every member compiles to nothing, so the kernel the step launches carries none of it.
+template <bool kProbe>
 struct GdnOutStamps {
   bool on = false;
   unsigned slot = 0;
-  unsigned long long t[kGdnOutProbeStamps] = {};
-  __device__ explicit GdnOutStamps(bool probing) : on(probing && threadIdx.x == 0 && threadIdx.y == 0) {
+  unsigned long long t[kProbe ? kGdnOutProbeStamps : 1] = {};
+  __device__ GdnOutStamps() : on(kProbe && threadIdx.x == 0 && threadIdx.y == 0) {
+    if (!kProbe) return;
     if (on) {
       t[kGdnOutProbeEntry] = GlobalTimerNs();
       slot = atomicAdd(&g_gdn_out_probe_count, 1u);
@@ -78,13 +81,18 @@ struct GdnOutStamps {
   }
   // Stamps once `dep` is known (armed_stamps.cuh's KnownNow).
   __device__ void After(int word, float dep) {
-    if (on && KnownNow(dep)) t[word] = GlobalTimerNs();
+    if constexpr (kProbe) {
+      if (on && KnownNow(dep)) t[word] = GlobalTimerNs();
+    }
   }
   __device__ void Now(int word) {
-    if (on) t[word] = GlobalTimerNs();
+    if constexpr (kProbe) {
+      if (on) t[word] = GlobalTimerNs();
+    }
   }
+  __device__ bool active() const { return kProbe && on; }
   __device__ void Write(unsigned cluster) const {
-    if (!on) return;
+    if (!active()) return;
     const ArmedStampRows config = g_gdn_out_probe;
     if (config.stamps == nullptr || slot >= config.capacity) return;
     unsigned long long* row = config.stamps + static_cast<unsigned long long>(slot) * kGdnOutProbeWords;
@@ -113,7 +121,8 @@ struct GdnOutStamps {
 // kIn (kOut too; gdn_decode_in.cuh): the layer's stacked input product [z; qkv; ba] is computed here
 // first, each cluster the rows its key head group reads, into in.rows, which a.qkv, a.ba and a.z
 // then name; its rows stream through a ring of bulk copies issued before the PDL wait.
-template <int kDk, bool kGated, bool kOut = false, bool kIn = false>
+// kProbe: the stamped instantiation (GdnDecodeFusedArgs::out_probe; kOut without kIn only).
+template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, bool early_gate, GdnInProduct in) {
@@ -132,7 +141,8 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   __shared__ float sq_part[kCols / 4];          // gated: their sums of squares, 4 outputs each
   __shared__ __align__(8) uint64_t in_bar[kIn ? kInMaxSlots : 1];  // kIn: the ring's slots
   const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
-  GdnOutStamps stamps(kOut && !kIn && a.out_probe);
+  static_assert(!kProbe || (kOut && !kIn), "the probe stamps the output product's form without the input product");
+  GdnOutStamps<kProbe> stamps;
   const int vh = blockIdx.x, r = nv / nk, group = vh / r;
   const int col = blockIdx.y * kCols + lane;
   const int c_dim = 2 * nk * kDk + nv * dv;
@@ -374,7 +384,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   if (has1 && (i1 >= kQk || writes_qk_history)) StoreHistory(h1, x1, history, c_dim, c1, kk);
   if constexpr (kOut) {
     if constexpr (kIn) InStamp(in, tid, 6);
-    if (stamps.on && a.out_bulk) {
+    if (stamps.active() && a.out_bulk) {
       mbarrier::WaitParity(out_bar_addr, 0);
       stamps.Now(kGdnOutProbeRowsLanded);
     }

@@ -7,9 +7,9 @@
 // form, so its products and SiLU are the same instructions (q4k_dot.cuh's DotSuperBlockI16). Down:
 // thread t owns the block's down rows t, t + 128, ...; per row it reads the slice's 16-byte head
 // and 64 qs bytes (two 32-byte groups: sub-blocks 4·half .. 4·half + 3 of super-block s / 2) from
-// shared memory, 80 bytes a row, so a warp's 16-byte loads fall on distinct banks. The down rows
-// are prefetched into L2 right after routing and copied into the gate/up rows' shared memory once
-// the gate/up products are done (FusedSmem says why).
+// shared memory, 80 bytes a row, so a warp's 16-byte loads fall on distinct banks. The routed down
+// rows are copied into the gate/up rows' shared memory once the gate/up products are done
+// (FusedSmem says why); the shared expert's are prefetched into L2 first.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 
@@ -58,8 +58,8 @@ constexpr int kSharedWarpRows = kFusedSharedSliceCols / kFusedCluster / kFusedWa
 constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down row's 68 bytes
 
 // Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
-// first the gate/up rows, then the down rows (copied from L2 once the gate/up products are done:
-// their bytes were prefetched into L2 right after routing), of a routed slice or, in the shared
+// first the gate/up rows, then the down rows (copied once the gate/up products are done), of a
+// routed slice or, in the shared
 // expert's blocks, its Q8_0 rows (2 gate/up rows a warp of h / 32 · 34 bytes; h / 8 down rows of 68
 // bytes, copied as the 96-byte span of 16-byte pieces around them). Sharing the region keeps a block
 // near 55 KB at the 80B shapes, so four fit an SM: the grid's 48 clusters of 8 (routed and shared)
@@ -306,10 +306,11 @@ __global__ void __launch_bounds__(kThreads)
       CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
     CpAsyncCommit();
-    // The down rows' super-blocks into L2 now, so that HBM streams them with the gate/up rows.
+    // The block's down rows' super-blocks, copied once the gate/up products are done. No L2
+    // prefetch of them here: asking for them with the gate/up rows (one bulk prefetch a row, until
+    // 2026-12-05) slowed batch-1 decode by 1.7% (docs/PERF.md, forty-second session).
     const uint8_t* d = static_cast<const uint8_t*>(tdown[e]) + static_cast<int64_t>(rank) * down_rows * down_row_bytes +
                        sbi * kSbBytes;
-    for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
     CpAsyncWait<0>();  // this thread's gate/up copies
     __syncwarp();      // the warp's rows are visible to all its lanes
     stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
