@@ -9,7 +9,7 @@
 // and 64 qs bytes (two 32-byte groups: sub-blocks 4·half .. 4·half + 3 of super-block s / 2) from
 // shared memory, 80 bytes a row, so a warp's 16-byte loads fall on distinct banks. The routed down
 // rows are copied into the gate/up rows' shared memory once the gate/up products are done
-// (FusedSmem says why); the shared expert's are prefetched into L2 first.
+// (FusedSmem says why), as the shared expert's are.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 
@@ -359,15 +359,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     CpAsyncCommit();
     // Down row j's 68 bytes (at j · sd_row + 68 · slice, 2-byte aligned) lie in the 16-byte pieces
-    // from the boundary below them (5 or 6 pieces, none past their end): prefetched into L2 now,
-    // copied after the gate/up products.
+    // from the boundary below them (5 or 6 pieces, none past their end), copied after the gate/up
+    // products. Not prefetched into L2 here: as for the routed down rows, asking for them beside
+    // the gate/up rows slowed batch-1 decode (+0.9% without it; docs/PERF.md, forty-second session).
     const int sd_row = Q8RowBytes(sh.inner);
     const uint8_t* sd = static_cast<const uint8_t*>(sh.down);
     auto at = [&](int r) { return static_cast<int64_t>(rank * down_rows + r) * sd_row + 68 * slice; };
     auto pieces = [&](int r) { return static_cast<int>(((at(r) & 15) + 68 + 15) >> 4); };
-    for (int r = t; r < down_rows; r += kThreads) {
-      PrefetchL2(sd + (at(r) & ~static_cast<int64_t>(15)), 16u * static_cast<unsigned>(pieces(r)));
-    }
     CpAsyncWait<0>();
     __syncwarp();
     stamps.Stamp(kFusedProbeGateUpLanded);  // warp 0's
