@@ -118,9 +118,8 @@ int Run() {
   fo.routing = &routing;
 
   const std::vector<int64_t> ms = {K, K + K / 2, 2 * K, 3 * K, 5 * K};
-  // scores[predictor][m index]
-  std::vector<std::vector<Score>> same(1, std::vector<Score>(ms.size())), prev = same, prev_g = same,
-                                  prev2 = same;
+  // Each predictor's scores, one per M.
+  std::vector<Score> same(ms.size()), prev = same, prev_g = same, prev2 = same;
   Score last;
 
   auto seq = m.NewSequence();
@@ -144,7 +143,7 @@ int Run() {
         std::span<const int32_t> truth(picks.data() + t * K, static_cast<size_t>(K));
         const float* xl = x[static_cast<size_t>(l)].data() + t * h;
         for (size_t i = 0; i < ms.size(); ++i) {
-          same[0][i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xl, ms[i]));
+          same[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xl, ms[i]));
         }
         if (l > 0) {
           const float* xp = x[static_cast<size_t>(l - 1)].data() + t * h;
@@ -156,14 +155,14 @@ int Run() {
                 ? xp[j] / g_prev[static_cast<size_t>(j)] * g_this[static_cast<size_t>(j)] : 0.0f;
           }
           for (size_t i = 0; i < ms.size(); ++i) {
-            prev[0][i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xp, ms[i]));
-            prev_g[0][i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xg.data(), ms[i]));
+            prev[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xp, ms[i]));
+            prev_g[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xg.data(), ms[i]));
           }
         }
         if (l > 1) {
           const float* xp2 = x[static_cast<size_t>(l - 2)].data() + t * h;
           for (size_t i = 0; i < ms.size(); ++i) {
-            prev2[0][i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xp2, ms[i]));
+            prev2[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xp2, ms[i]));
           }
         }
         if (s > 0 && !last_picks[static_cast<size_t>(l)].empty()) last.Add(truth, last_picks[static_cast<size_t>(l)]);
@@ -176,23 +175,20 @@ int Run() {
               absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(L), static_cast<long long>(E),
               static_cast<long long>(K), absl::GetFlag(FLAGS_prompt_tokens), absl::GetFlag(FLAGS_decode_tokens));
   std::printf("%-8s %4s %12s %14s %8s\n", "predictor", "M", "picks found", "all K found", "cases");
-  auto print = [&](const char* name, const std::vector<Score>& row) {
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const Score& sc = row[i];
-      std::printf("%-8s %4lld %11.1f%% %13.1f%% %8lld\n", name, static_cast<long long>(ms[i]),
-                  100.0 * sc.covered / std::max<int64_t>(sc.cases, 1),
-                  100.0 * static_cast<double>(sc.whole) / std::max<int64_t>(sc.cases, 1),
-                  static_cast<long long>(sc.cases));
-    }
+  auto line = [](const char* name, int64_t m, const Score& sc) {
+    std::printf("%-8s %4lld %11.1f%% %13.1f%% %8lld\n", name, static_cast<long long>(m),
+                100.0 * sc.covered / std::max<int64_t>(sc.cases, 1),
+                100.0 * static_cast<double>(sc.whole) / std::max<int64_t>(sc.cases, 1),
+                static_cast<long long>(sc.cases));
   };
-  print("same", same[0]);
-  print("prev", prev[0]);
-  print("prev_g", prev_g[0]);
-  print("prev2", prev2[0]);
-  std::printf("%-8s %4lld %11.1f%% %13.1f%% %8lld\n", "last", static_cast<long long>(K),
-              100.0 * last.covered / std::max<int64_t>(last.cases, 1),
-              100.0 * static_cast<double>(last.whole) / std::max<int64_t>(last.cases, 1),
-              static_cast<long long>(last.cases));
+  auto print = [&](const char* name, const std::vector<Score>& row) {
+    for (size_t i = 0; i < ms.size(); ++i) line(name, ms[i], row[i]);
+  };
+  print("same", same);
+  print("prev", prev);
+  print("prev_g", prev_g);
+  print("prev2", prev2);
+  line("last", K, last);
   return 0;
 }
 
