@@ -1,6 +1,7 @@
 #include "gpu_service/server/listen_check.h"
 
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +22,18 @@ struct AddrInfoList {
     if (head != nullptr) freeaddrinfo(head);
   }
 };
+
+// Whether the address is "any address" of its family (0.0.0.0 or ::).
+bool IsWildcard(const addrinfo& a) {
+  if (a.ai_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a.ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  if (a.ai_family == AF_INET6) {
+    const in6_addr& addr = reinterpret_cast<const sockaddr_in6*>(a.ai_addr)->sin6_addr;
+    return std::memcmp(&addr, &in6addr_any, sizeof addr) == 0;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -61,6 +74,9 @@ absl::Status CheckListenAddressFree(const std::string& flag, const std::string& 
     return absl::FailedPreconditionError(
         absl::StrCat(flag, ": ", listen, " is in use (another service listens there?)"));
   }
+  // A wildcard the probe's family cannot bind (IPv6 switched off, for "[::]") may still be served
+  // through the other family: only the server can tell.
+  if (IsWildcard(*a)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(flag, ": cannot bind ", listen, ": ", std::strerror(err)));
 }
