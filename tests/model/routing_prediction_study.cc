@@ -120,6 +120,8 @@ int Run() {
   const std::vector<int64_t> ms = {K, K + K / 2, 2 * K, 3 * K, 5 * K};
   // Each predictor's scores, one per M.
   std::vector<Score> same(ms.size()), prev = same, prev_g = same, prev2 = same;
+  // `prev` at M = 2K, by layer (does depth change it?).
+  std::vector<Score> prev_by_layer(static_cast<size_t>(L));
   Score last;
 
   auto seq = m.NewSequence();
@@ -155,7 +157,9 @@ int Run() {
                 ? xp[j] / g_prev[static_cast<size_t>(j)] * g_this[static_cast<size_t>(j)] : 0.0f;
           }
           for (size_t i = 0; i < ms.size(); ++i) {
-            prev[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xp, ms[i]));
+            const std::vector<int32_t> predicted = TopM(routers[static_cast<size_t>(l)], E, h, xp, ms[i]);
+            prev[i].Add(truth, predicted);
+            if (ms[i] == 2 * K) prev_by_layer[static_cast<size_t>(l)].Add(truth, predicted);
             prev_g[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xg.data(), ms[i]));
           }
         }
@@ -189,6 +193,11 @@ int Run() {
   print("prev_g", prev_g);
   print("prev2", prev2);
   line("last", K, last);
+  std::printf("prev at M = %lld by layer:\n", static_cast<long long>(2 * K));
+  for (int64_t l = 1; l < L; ++l) {
+    const std::string name = absl::StrFormat("layer %lld", static_cast<long long>(l));
+    line(name.c_str(), 2 * K, prev_by_layer[static_cast<size_t>(l)]);
+  }
   return 0;
 }
 
