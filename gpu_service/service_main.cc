@@ -195,14 +195,18 @@ absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_
   return absl::OkStatus();
 }
 
+SchedulerOptions SchedulerOptionsFromFlags() {
+  SchedulerOptions o;
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  return o;
+}
+
 // The flags that need no model to check, checked before the model loads (minutes for an 80B
 // file), so that a typo or a port already taken fails at once and names its flag.
 absl::Status CheckServiceFlags() {
-  SchedulerOptions scheduler;
-  scheduler.max_running = absl::GetFlag(FLAGS_max_running);
-  scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
-  scheduler.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
-  if (absl::Status s = CheckSchedulerOptions(scheduler); !s.ok()) return s;
+  if (absl::Status s = CheckSchedulerOptions(SchedulerOptionsFromFlags()); !s.ok()) return s;
   auto at_least = [](const char* flag, int64_t value, int64_t min) {
     return value >= min ? absl::OkStatus()
                         : absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " < ", min));
@@ -250,9 +254,7 @@ int Run() {
   std::unique_ptr<Backend>* backend = &opened->backend;
 
   EngineOptions engine_options;
-  engine_options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
-  engine_options.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
-  engine_options.scheduler.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  engine_options.scheduler = SchedulerOptionsFromFlags();  // checked by CheckServiceFlags
   engine_options.max_context = absl::GetFlag(FLAGS_max_context);
 
   MetricsRegistry registry;
