@@ -153,16 +153,16 @@ void Engine::Loop() {
     work_cv_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
     if (scheduler_.idle()) break;  // stopping, and nothing left to answer
     const SteadyTime start = std::chrono::steady_clock::now();
-    const SteadyTime::duration next_step =
+    const SteadyTime::duration expected_step =
         *std::max_element(recent_steps_.begin(), recent_steps_.end());
-    StepPlan plan = scheduler_.Schedule(start + next_step);
+    StepPlan plan = scheduler_.Schedule(start + expected_step);
     if (metrics_) {
       metrics_->running->Set(static_cast<double>(scheduler_.running()));
       metrics_->waiting->Set(static_cast<double>(scheduler_.waiting()));
     }
     lock.unlock();
     RunStep(plan);
-    recent_steps_[next_step_++ % recent_steps_.size()] = std::chrono::steady_clock::now() - start;
+    recent_steps_[steps_run_++ % recent_steps_.size()] = std::chrono::steady_clock::now() - start;
     lock.lock();
     if (metrics_) metrics_->running->Set(static_cast<double>(scheduler_.running()));
     if (scheduler_.idle()) idle_cv_.notify_all();

@@ -89,12 +89,12 @@ class Engine {
   // when a step samples more chunks than it holds.
   Backend::LogitsBuffer logits_;
   size_t logits_floats_ = 0;
-  // Engine thread only: the last steps' wall times, newest at recent_steps_[next_step_ - 1]. Their
+  // Engine thread only: the last four steps' wall times (step i's at recent_steps_[i % 4]). Their
   // maximum is the expected time of the next step: a request whose deadline falls before the next
   // step would end is ended now, with its output so far, rather than answered after its deadline
   // (when gRPC has already cancelled the call).
   std::array<SteadyTime::duration, 4> recent_steps_{};
-  size_t next_step_ = 0;
+  size_t steps_run_ = 0;
   std::thread thread_;
 };
 
