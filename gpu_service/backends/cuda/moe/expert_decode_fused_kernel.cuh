@@ -59,11 +59,11 @@ constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down ro
 
 // Shared-memory carve-up of one block (bytes, each region 16-byte aligned). One weight region holds
 // first the gate/up rows, then the down rows (copied once the gate/up products are done), of a
-// routed slice or, in the shared
-// expert's blocks, its Q8_0 rows (2 gate/up rows a warp of h / 32 · 34 bytes; h / 8 down rows of 68
-// bytes, copied as the 96-byte span of 16-byte pieces around them). Sharing the region keeps a block
-// near 55 KB at the 80B shapes, so four fit an SM: the grid's 48 clusters of 8 (routed and shared)
-// then fit the GPU in one wave with room to spare, where at three an SM they did not (PERF.md).
+// routed slice or, in the shared expert's blocks, its Q8_0 rows (2 gate/up rows a warp of
+// h / 32 · 34 bytes; h / 8 down rows of 68 bytes, copied as the 96-byte span of 16-byte pieces
+// around them). Sharing the region keeps a block near 55 KB at the 80B shapes, so four fit an SM:
+// the grid's 48 clusters of 8 (routed and shared) then fit the GPU in one wave with room to spare,
+// where at three an SM they did not (PERF.md).
 struct FusedSmem {
   int weights, tables, xq, xsc, sxs, act_own, act, total;
 };
