@@ -1,7 +1,5 @@
 #include "gpu_service/metrics/metrics_http_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -9,11 +7,15 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/unique_fd.h"
+#include "gpu_service/net/listen_address.h"
 
 namespace tandem {
 namespace {
@@ -34,65 +36,71 @@ void WriteAll(int fd, const std::string& data) {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, std::function<std::string()> render) {
-  const size_t colon = listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-listen: '", listen, "' is not HOST:PORT"));
+  constexpr absl::string_view kFlag = "--metrics-listen";
+  const std::optional<HostPort> host_port = ParseHostPort(listen);
+  if (!host_port.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kFlag, ": '", listen, "' is not HOST:PORT (an IPv6 address in brackets: [::1]:9090)"));
   }
-  std::string host = listen.substr(0, colon);
-  if (host == "localhost") host = "127.0.0.1";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-listen: '", host, "' is not an IPv4 address"));
+  absl::StatusOr<std::vector<SocketAddress>> addresses = ResolveHostPort(kFlag, *host_port);
+  if (!addresses.ok()) return addresses.status();
+  // The first address that binds ("localhost" may resolve to ::1 first on a machine without IPv6).
+  UniqueFd sock;
+  int error = 0;
+  for (const SocketAddress& address : *addresses) {
+    UniqueFd candidate(socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (candidate.get() < 0) {
+      error = errno;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(candidate.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(candidate.get(), address.get(), address.length) == 0 &&
+        ::listen(candidate.get(), 16) == 0) {
+      sock = std::move(candidate);
+      break;
+    }
+    error = errno;
+    if (error == EADDRINUSE) break;
   }
-  const int raw = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  UniqueFd sock(raw);
-  if (raw < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  const int one = 1;
-  setsockopt(raw, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(raw, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(raw, 16) != 0) {
+  if (sock.get() < 0) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics-listen: cannot listen on ", listen, ": ", std::strerror(errno)));
+        absl::StrCat(kFlag, ": cannot listen on ", listen, ": ", std::strerror(error)));
   }
-  socklen_t len = sizeof addr;
-  getsockname(raw, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int wake_fd = eventfd(0, EFD_CLOEXEC);
-  if (wake_fd < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  const int port = BoundPort(sock.get());
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC));
+  if (wake.get() < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(sock.release(), wake_fd, ntohs(addr.sin_port), std::move(render)));
+      new MetricsHttpServer(std::move(sock), std::move(wake), port, std::move(render)));
 }
 
-MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_fd, int port,
+MetricsHttpServer::MetricsHttpServer(UniqueFd listen_fd, UniqueFd wake_fd, int port,
                                      std::function<std::string()> render)
-    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), render_(std::move(render)) {
+    : listen_fd_(std::move(listen_fd)),
+      wake_fd_(std::move(wake_fd)),
+      port_(port),
+      render_(std::move(render)) {
   thread_ = std::thread([this] { Serve(); });
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
   const uint64_t one = 1;
-  if (write(wake_fd_, &one, sizeof one) < 0) {
+  if (write(wake_fd_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full after one write; nothing else to do.
   }
   thread_.join();
-  close(listen_fd_);
-  close(wake_fd_);
 }
 
 void MetricsHttpServer::Serve() {
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[1].revents != 0) return;
     if (fds[0].revents & POLLIN) {
-      const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      const int conn = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
       UniqueFd closer(conn);
       HandleConnection(conn);

@@ -11,13 +11,15 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace tandem {
 
 class MetricsHttpServer {
  public:
-  // Listens on "host:port" (an IPv4 address or "localhost"; port 0 picks a free one) and serves
-  // render() at /metrics. Errors name --metrics-listen.
+  // Listens on HOST:PORT (an IPv4 or bracketed IPv6 address, a host name, or an empty host for
+  // every address; port 0 picks a free one) and serves render() at /metrics. Errors name
+  // --metrics-listen.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& listen, std::function<std::string()> render);
   ~MetricsHttpServer();
@@ -27,12 +29,13 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(int listen_fd, int wake_fd, int port, std::function<std::string()> render);
+  MetricsHttpServer(UniqueFd listen_fd, UniqueFd wake_fd, int port,
+                    std::function<std::string()> render);
   void Serve();
   void HandleConnection(int fd);
 
-  int listen_fd_;
-  int wake_fd_;  // an eventfd: written by the destructor to end Serve()
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;  // an eventfd: written by the destructor to end Serve()
   int port_;
   std::function<std::string()> render_;
   std::thread thread_;
