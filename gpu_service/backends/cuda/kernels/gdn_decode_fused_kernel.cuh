@@ -73,10 +73,11 @@ struct GdnOutStamps {
   unsigned slot = 0;
   unsigned long long t[kProbe ? kGdnOutProbeStamps : 1] = {};
   __device__ GdnOutStamps() : on(kProbe && threadIdx.x == 0 && threadIdx.y == 0) {
-    if (!kProbe) return;
-    if (on) {
-      t[kGdnOutProbeEntry] = GlobalTimerNs();
-      slot = atomicAdd(&g_gdn_out_probe_count, 1u);
+    if constexpr (kProbe) {
+      if (on) {
+        t[kGdnOutProbeEntry] = GlobalTimerNs();
+        slot = atomicAdd(&g_gdn_out_probe_count, 1u);
+      }
     }
   }
   // Stamps once `dep` is known (armed_stamps.cuh's KnownNow).
