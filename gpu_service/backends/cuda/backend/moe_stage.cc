@@ -15,6 +15,7 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -171,6 +172,13 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
+    absl::StatusOr<DeviceBuffer> predict = DeviceArray<int32_t>(c.n_layers * cuda::kFusedPredictMax + 1);
+    if (!predict.ok()) return predict.status();
+    impl->fused_predict = *std::move(predict);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->fused_predict.get(), 0, impl->fused_predict.bytes()));
+    absl::StatusOr<DeviceBuffer> predict_logits = DeviceArray<float>(E);
+    if (!predict_logits.ok()) return predict_logits.status();
+    impl->fused_predict_logits = *std::move(predict_logits);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
