@@ -172,7 +172,10 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    absl::StatusOr<DeviceBuffer> predict = DeviceArray<int32_t>(c.n_layers * cuda::kFusedPredictMax + 1);
+    // One id row a layer of the model's list (MoeStage::RunDevicePlanned indexes it by that list,
+    // which may hold an MTP layer past n_layers), then the count.
+    const int64_t predict_layers = static_cast<int64_t>(model.layers.size());
+    absl::StatusOr<DeviceBuffer> predict = DeviceArray<int32_t>(predict_layers * cuda::kFusedPredictMax + 1);
     if (!predict.ok()) return predict.status();
     impl->fused_predict = *std::move(predict);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->fused_predict.get(), 0, impl->fused_predict.bytes()));
