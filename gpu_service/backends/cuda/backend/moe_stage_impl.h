@@ -64,6 +64,9 @@ struct MoeStage::Impl {
   // (layer l's at l · kFusedPredictMax; zeroed once: stale ids are valid ids), then one count;
   // and the next layer's logits (E floats).
   DeviceBuffer fused_predict, fused_predict_logits;
+  // With TANDEM_PREDICT_F16=1: every layer's router rows as f16 (layer l at l · E · h), the
+  // predictor's reads halved; empty otherwise.
+  DeviceBuffer fused_predict_w16;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

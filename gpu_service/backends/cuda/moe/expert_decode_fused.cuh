@@ -84,6 +84,7 @@ struct FusedRouter {
   // last block resets it). next_delay_ns: how long the blocks wait after counting before reading
   // the next rows (so that their 4.2 MB do not meet the gate/up copies).
   const float* next_w = nullptr;
+  const uint16_t* next_w16 = nullptr;  // the same rows as f16 (read instead of next_w when given)
   float* next_logits = nullptr;
   int* next_count = nullptr;
   int32_t* next_pred = nullptr;

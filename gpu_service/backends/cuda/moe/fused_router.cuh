@@ -5,6 +5,7 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -132,12 +133,32 @@ __device__ void PredictNextLayer(const OneTokenMoeArgs& a, const FusedRouter& rt
   }
   // x: staged in shared memory by the preload form, else read from a.x as that form does.
   const float4* xv = rt.preload ? reinterpret_cast<const float4*>(smem) : reinterpret_cast<const float4*>(a.x);
-  float4 w[kRouterQuads];
-  for (int r = first; r < a.E; r += step) {
-    LoadRouterRow(reinterpret_cast<const float4*>(rt.next_w + static_cast<int64_t>(r) * a.h), h4, lane, w);
-    float s = RouterRowDot(w, xv, h4, lane);
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    if (lane == 0) rt.next_logits[r] = s;
+  if (rt.next_w16 != nullptr) {
+    // f16 rows: 8 halves a 16-byte load, lane l the loads l, l + 32, ... of the row.
+    const int h8 = a.h / 8;
+    for (int r = first; r < a.E; r += step) {
+      const uint4* row = reinterpret_cast<const uint4*>(rt.next_w16 + static_cast<int64_t>(r) * a.h);
+      float s = 0.0f;
+      for (int c = lane; c < h8; c += 32) {
+        const uint4 raw = __ldg(row + c);
+        const __half2* hw = reinterpret_cast<const __half2*>(&raw);
+        const float4 x0 = xv[2 * c], x1 = xv[2 * c + 1];
+        const float2 w0 = __half22float2(hw[0]), w1 = __half22float2(hw[1]), w2 = __half22float2(hw[2]),
+                     w3 = __half22float2(hw[3]);
+        s = fmaf(w0.x, x0.x, fmaf(w0.y, x0.y, fmaf(w1.x, x0.z, fmaf(w1.y, x0.w, s))));
+        s = fmaf(w2.x, x1.x, fmaf(w2.y, x1.y, fmaf(w3.x, x1.z, fmaf(w3.y, x1.w, s))));
+      }
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+      if (lane == 0) rt.next_logits[r] = s;
+    }
+  } else {
+    float4 w[kRouterQuads];
+    for (int r = first; r < a.E; r += step) {
+      LoadRouterRow(reinterpret_cast<const float4*>(rt.next_w + static_cast<int64_t>(r) * a.h), h4, lane, w);
+      float s = RouterRowDot(w, xv, h4, lane);
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+      if (lane == 0) rt.next_logits[r] = s;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
