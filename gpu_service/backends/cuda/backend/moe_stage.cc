@@ -13,7 +13,6 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
-#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
@@ -183,19 +182,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> predict_logits = DeviceArray<float>(E);
     if (!predict_logits.ok()) return predict_logits.status();
     impl->fused_predict_logits = *std::move(predict_logits);
-    if (EnvSwitch("TANDEM_PREDICT_F16")) {
-      absl::StatusOr<DeviceBuffer> w16 = DeviceArray<uint16_t>(predict_layers * E * h);
-      if (!w16.ok()) return w16.status();
-      impl->fused_predict_w16 = *std::move(w16);
-      for (int64_t l = 0; l < predict_layers; ++l) {
-        const GpuLayer& gl = model.layers[static_cast<size_t>(l)];
-        const DeviceMatrix& r = gl.router.present() ? gl.router : gl.router_and_gate;
-        if (!(r.present() && r.type == kTypeF32 && r.cols == h && r.row_bytes == h * 4 && r.rows >= E)) continue;
-        TANDEM_CUDA_RETURN_IF_ERROR(LaunchF32ToF16(static_cast<const float*>(r.data), E * h,
-                                                   impl->fused_predict_w16.as<uint16_t>() + l * E * h, nullptr));
-      }
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    }
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });

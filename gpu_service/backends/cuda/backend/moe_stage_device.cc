@@ -351,16 +351,10 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
-        // Experiment (exp/s42-predict-prefetch): TANDEM_PREDICT_EXPERTS ids (20 unless set; 0:
-        // off) predicted for the next layer by its router on this x; this layer's, predicted by
-        // the layer before, asked into L2 before routing unless TANDEM_PREDICT_PREFETCH_OFF=1
-        // (the prediction's cost alone). TANDEM_PREDICT_DELAY_NS: the router blocks' wait before
-        // the next layer's rows; TANDEM_PREDICT_F16=1 (read at start-up): those rows from f16
-        // copies (2.1 MB a layer instead of 4.2).
+        // TANDEM_PREDICT_EXPERTS ids (20 unless set; 0: off) predicted for the next layer by its
+        // router on this x; this layer's, predicted by the layer before, asked into L2 before
+        // routing. 20 measured +1.1% batch-1 decode, 10 +0.6% (docs/PERF.md, forty-third session).
         static const int predict = static_cast<int>(EnvInteger("TANDEM_PREDICT_EXPERTS", 20, 0, kFusedPredictMax));
-        static const bool prefetch_off = EnvSwitch("TANDEM_PREDICT_PREFETCH_OFF");
-        static const unsigned delay_ns =
-            static_cast<unsigned>(EnvInteger("TANDEM_PREDICT_DELAY_NS", 0, 0, 100'000));
         int32_t* ids = m.fused_predict.as<int32_t>();
         if (predict > 0 && ids != nullptr && E <= 512) {
           if (layer + 1 < static_cast<int64_t>(m.model->layers.size())) {
@@ -368,17 +362,13 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
             const DeviceMatrix& nr = next.router.present() ? next.router : next.router_and_gate;
             if (nr.present() && nr.type == kTypeF32 && nr.cols == h && nr.row_bytes == h * 4 && nr.rows >= E) {
               router.next_w = static_cast<const float*>(nr.data);
-              if (m.fused_predict_w16.get() != nullptr) {
-                router.next_w16 = m.fused_predict_w16.as<uint16_t>() + (layer + 1) * E * h;
-              }
               router.next_logits = m.fused_predict_logits.as<float>();
               router.next_count = ids + static_cast<int64_t>(m.model->layers.size()) * kFusedPredictMax;
               router.next_pred = ids + (layer + 1) * kFusedPredictMax;
               router.predict = predict;
-              router.next_delay_ns = delay_ns;
             }
           }
-          if (layer > 0 && !prefetch_off) {
+          if (layer > 0) {
             o.pred = ids + layer * kFusedPredictMax;
             o.predict = predict;
           }

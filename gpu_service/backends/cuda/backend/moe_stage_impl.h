@@ -60,13 +60,10 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
-  // Experiment (exp/s42-predict-prefetch): the predicted ids, n_layers × kFusedPredictMax ints
-  // (layer l's at l · kFusedPredictMax; zeroed once: stale ids are valid ids), then one count;
-  // and the next layer's logits (E floats).
+  // The fused kernel's expert predictions (FusedRouter::next_pred, OneTokenMoeArgs::pred): one row
+  // of kFusedPredictMax ids a layer (layer l's at l · kFusedPredictMax; zeroed once: stale ids are
+  // valid ids), then the router blocks' count; and the next layer's logits (E floats).
   DeviceBuffer fused_predict, fused_predict_logits;
-  // With TANDEM_PREDICT_F16=1: every layer's router rows as f16 (layer l at l · E · h), the
-  // predictor's reads halved; empty otherwise.
-  DeviceBuffer fused_predict_w16;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

@@ -76,20 +76,17 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // Experiment (exp/s42-predict-prefetch; the kernel file's TANDEM_PREDICT_PREFETCH): after
-  // counting this layer's rows, the router blocks form the next layer's router logits on this x
-  // (next_w: E rows × h f32, into next_logits) and the last of them writes the top `predict` ids
-  // (at most kFusedPredictMax) into next_pred, for the next layer's grid to ask for their gate/up
-  // rows into L2 before it routes (OneTokenMoeArgs::pred). next_count: zero between launches (the
-  // last block resets it). next_delay_ns: how long the blocks wait after counting before reading
-  // the next rows (so that their 4.2 MB do not meet the gate/up copies).
+  // The next layer's experts predicted (given next_w): after counting this layer's rows, the
+  // router blocks form the next layer's router logits on this x (next_w: E <= 512 rows × h f32,
+  // into next_logits) and the last of them writes the top `predict` ids (at most
+  // kFusedPredictMax) into next_pred, for the next layer's grid to ask for their gate/up rows into
+  // L2 before it routes (OneTokenMoeArgs::pred). next_count: zero between launches (the last
+  // block resets it).
   const float* next_w = nullptr;
-  const uint16_t* next_w16 = nullptr;  // the same rows as f16 (read instead of next_w when given)
   float* next_logits = nullptr;
   int* next_count = nullptr;
   int32_t* next_pred = nullptr;
   int predict = 0;
-  unsigned next_delay_ns = 0;
 };
 inline constexpr int kFusedPredictMax = 32;
 

@@ -13,12 +13,6 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 
-// Experiment (exp/s42-predict-prefetch): 1 builds the predicted experts' L2 prefetch (FusedRouter's
-// next_* fields, OneTokenMoeArgs::pred); 0 leaves main's kernel.
-#ifndef TANDEM_PREDICT_PREFETCH
-#define TANDEM_PREDICT_PREFETCH 1
-#endif
-
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -237,11 +231,10 @@ __global__ void __launch_bounds__(kThreads)
       tdown[i] = where.down;
     }
   }
-#if TANDEM_PREDICT_PREFETCH
   // The rows this block would own of the experts the previous layer's grid predicted for this one
-  // (k, k + K, ...: every predicted expert's gate/up rows covered by one pick's 32 blocks), into L2
-  // before the wait, while HBM carries little but the router's rows: after routing, the gate/up
-  // copies of a predicted pick read L2.
+  // (OneTokenMoeArgs::pred; k, k + K, ...: every predicted expert's gate/up rows covered by one
+  // pick's 32 blocks), into L2 before the wait: after routing, the gate/up copies of a predicted
+  // pick read L2. +1.1% batch-1 decode at 20 predictions (docs/PERF.md, forty-third session).
   if (!shared_block && a.pred != nullptr) {
     const int p = k + a.K * (t >> 1);  // threads 2j and 2j + 1: gate and up of prediction k + jK
     if (p < a.predict) {
@@ -256,7 +249,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-#endif
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
   // or the one warp_slot.cuh's PickWarpOfSlot names. The probe's stamps are thread 0's, so its

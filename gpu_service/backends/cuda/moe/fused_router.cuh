@@ -5,7 +5,6 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_FUSED_ROUTER_CUH_
 
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -80,10 +79,9 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
   return DotLanes(w, x4, lane, h4, 0.0f);
 }
 
-#if TANDEM_PREDICT_PREFETCH
-// Experiment (exp/s42-predict-prefetch): the ids of the `m` largest of E <= kPredictMaxE logits
-// (ties: the lower id) into out, by one warp; -inf for none left. NaN logits are never picked
-// (an empty round writes 0: a prediction is a hint, any id in [0, E) is harmless).
+// The ids of the `m` largest of E <= kPredictMaxE logits (ties: the lower id) into out, by one
+// warp; -inf for none left. NaN logits are never picked (an empty round writes 0: a prediction is
+// a hint, any id in [0, E) is harmless).
 constexpr int kPredictMaxE = 512;
 __device__ void PickTopIds(const float* logits, int E, int m, int32_t* out, int lane) {
   constexpr int kPer = kPredictMaxE / 32;
@@ -119,46 +117,24 @@ __device__ void PickTopIds(const float* logits, int E, int m, int32_t* out, int 
   }
 }
 
-// After the block has counted this layer's rows: the next layer's router rows on the same x, the
-// same rows a warp as this layer's (first, first + step, ...); the last block to count them picks
-// the top rt.predict into rt.next_pred and resets the count.
+// After the block has counted this layer's rows: the next layer's router rows on the same x (the
+// residual stream carries a layer's routing a layer ahead: ~95% of the next layer's picks are in
+// the top 20 on the benchmark model; docs/PERF.md, forty-second session), the same rows a warp as
+// this layer's (first, first + step, ...); the last block to count them picks the top rt.predict
+// into rt.next_pred and resets the count.
 __device__ void PredictNextLayer(const OneTokenMoeArgs& a, const FusedRouter& rt, int first, int step) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int h4 = a.h / 4;
-  if (rt.next_delay_ns > 0) {
-    const unsigned long long t0 = GlobalTimerNs();
-    while (GlobalTimerNs() - t0 < rt.next_delay_ns) __nanosleep(256);
-  }
   // x: staged in shared memory by the preload form, else read from a.x as that form does.
   const float4* xv = rt.preload ? reinterpret_cast<const float4*>(smem) : reinterpret_cast<const float4*>(a.x);
-  if (rt.next_w16 != nullptr) {
-    // f16 rows: 8 halves a 16-byte load, lane l the loads l, l + 32, ... of the row.
-    const int h8 = a.h / 8;
-    for (int r = first; r < a.E; r += step) {
-      const uint4* row = reinterpret_cast<const uint4*>(rt.next_w16 + static_cast<int64_t>(r) * a.h);
-      float s = 0.0f;
-      for (int c = lane; c < h8; c += 32) {
-        const uint4 raw = __ldg(row + c);
-        const __half2* hw = reinterpret_cast<const __half2*>(&raw);
-        const float4 x0 = xv[2 * c], x1 = xv[2 * c + 1];
-        const float2 w0 = __half22float2(hw[0]), w1 = __half22float2(hw[1]), w2 = __half22float2(hw[2]),
-                     w3 = __half22float2(hw[3]);
-        s = fmaf(w0.x, x0.x, fmaf(w0.y, x0.y, fmaf(w1.x, x0.z, fmaf(w1.y, x0.w, s))));
-        s = fmaf(w2.x, x1.x, fmaf(w2.y, x1.y, fmaf(w3.x, x1.z, fmaf(w3.y, x1.w, s))));
-      }
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-      if (lane == 0) rt.next_logits[r] = s;
-    }
-  } else {
-    float4 w[kRouterQuads];
-    for (int r = first; r < a.E; r += step) {
-      LoadRouterRow(reinterpret_cast<const float4*>(rt.next_w + static_cast<int64_t>(r) * a.h), h4, lane, w);
-      float s = RouterRowDot(w, xv, h4, lane);
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-      if (lane == 0) rt.next_logits[r] = s;
-    }
+  float4 w[kRouterQuads];
+  for (int r = first; r < a.E; r += step) {
+    LoadRouterRow(reinterpret_cast<const float4*>(rt.next_w + static_cast<int64_t>(r) * a.h), h4, lane, w);
+    float s = RouterRowDot(w, xv, h4, lane);
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    if (lane == 0) rt.next_logits[r] = s;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -172,7 +148,6 @@ __device__ void PredictNextLayer(const OneTokenMoeArgs& a, const FusedRouter& rt
     if (lane == 0) *rt.next_count = 0;
   }
 }
-#endif
 
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
 // lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
@@ -228,9 +203,7 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
     __threadfence();  // release: the logits before the count
     atomicAdd(rt.counters, 1);
   }
-#if TANDEM_PREDICT_PREFETCH
   if (rt.next_w != nullptr && rt.predict > 0) PredictNextLayer(a, rt, first, step);
-#endif
 }
 
 // An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
