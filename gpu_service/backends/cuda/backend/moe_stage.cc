@@ -15,7 +15,6 @@
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -172,16 +171,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    // One id row a layer of the model's list (MoeStage::RunDevicePlanned indexes it by that list,
-    // which may hold an MTP layer past n_layers), then the count.
-    const int64_t predict_layers = static_cast<int64_t>(model.layers.size());
-    absl::StatusOr<DeviceBuffer> predict = DeviceArray<int32_t>(predict_layers * cuda::kFusedPredictMax + 1);
-    if (!predict.ok()) return predict.status();
-    impl->fused_predict = *std::move(predict);
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->fused_predict.get(), 0, impl->fused_predict.bytes()));
-    absl::StatusOr<DeviceBuffer> predict_logits = DeviceArray<float>(E);
-    if (!predict_logits.ok()) return predict_logits.status();
-    impl->fused_predict_logits = *std::move(predict_logits);
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });

@@ -12,7 +12,6 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/backend/moe_stage_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
-#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
@@ -351,28 +350,6 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         router = FusedRouter{static_cast<const float*>(router_rows.data), static_cast<int>(router_rows.rows), logits,
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
-        // TANDEM_PREDICT_EXPERTS ids (20 unless set; 0: off) predicted for the next layer by its
-        // router on this x; this layer's, predicted by the layer before, asked into L2 before
-        // routing. 20 measured +1.1% batch-1 decode, 10 +0.6% (docs/PERF.md, forty-third session).
-        static const int predict = static_cast<int>(EnvInteger("TANDEM_PREDICT_EXPERTS", 20, 0, kFusedPredictMax));
-        int32_t* ids = m.fused_predict.as<int32_t>();
-        if (predict > 0 && ids != nullptr && E <= 512) {
-          if (layer + 1 < static_cast<int64_t>(m.model->layers.size())) {
-            const GpuLayer& next = m.model->layers[static_cast<size_t>(layer + 1)];
-            const DeviceMatrix& nr = next.router.present() ? next.router : next.router_and_gate;
-            if (nr.present() && nr.type == kTypeF32 && nr.cols == h && nr.row_bytes == h * 4 && nr.rows >= E) {
-              router.next_w = static_cast<const float*>(nr.data);
-              router.next_logits = m.fused_predict_logits.as<float>();
-              router.next_count = ids + static_cast<int64_t>(m.model->layers.size()) * kFusedPredictMax;
-              router.next_pred = ids + (layer + 1) * kFusedPredictMax;
-              router.predict = predict;
-            }
-          }
-          if (layer > 0) {
-            o.pred = ids + layer * kFusedPredictMax;
-            o.predict = predict;
-          }
-        }
       }
       // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
       const auto launch = ProbeDecodeStep() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe

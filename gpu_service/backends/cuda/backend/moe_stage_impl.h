@@ -60,10 +60,6 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
-  // The fused kernel's expert predictions (FusedRouter::next_pred, OneTokenMoeArgs::pred): one row
-  // of kFusedPredictMax ids a layer (layer l's at l · kFusedPredictMax; zeroed once: stale ids are
-  // valid ids), then the router blocks' count; and the next layer's logits (E floats).
-  DeviceBuffer fused_predict, fused_predict_logits;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

@@ -76,19 +76,7 @@ struct FusedRouter {
   int* counters = nullptr;
   int blocks = kFusedRouterBlocks;
   bool preload = true;
-  // The next layer's experts predicted (given next_w): after counting this layer's rows, the
-  // router blocks form the next layer's router logits on this x (next_w: E <= 512 rows × h f32,
-  // into next_logits) and the last of them writes the top `predict` ids (at most
-  // kFusedPredictMax) into next_pred, for the next layer's grid to ask for their gate/up rows into
-  // L2 before it routes (OneTokenMoeArgs::pred). next_count: zero between launches (the last
-  // block resets it).
-  const float* next_w = nullptr;
-  float* next_logits = nullptr;
-  int* next_count = nullptr;
-  int32_t* next_pred = nullptr;
-  int predict = 0;
 };
-inline constexpr int kFusedPredictMax = 32;
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its

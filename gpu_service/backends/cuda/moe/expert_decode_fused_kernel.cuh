@@ -231,24 +231,6 @@ __global__ void __launch_bounds__(kThreads)
       tdown[i] = where.down;
     }
   }
-  // The rows this block would own of the experts the previous layer's grid predicted for this one
-  // (OneTokenMoeArgs::pred; k, k + K, ...: every predicted expert's gate/up rows covered by one
-  // pick's 32 blocks), into L2 before the wait: after routing, the gate/up copies of a predicted
-  // pick read L2. +1.1% batch-1 decode at 20 predictions (docs/PERF.md, forty-third session).
-  if (!shared_block && a.pred != nullptr) {
-    const int p = k + a.K * (t >> 1);  // threads 2j and 2j + 1: gate and up of prediction k + jK
-    if (p < a.predict) {
-      const int e = __ldcg(a.pred + p);
-      if (e >= 0 && e < a.E) {
-        const ExpertLocation where = a.table[e];
-        const uint8_t* mat = static_cast<const uint8_t*>((t & 1) ? where.up : where.gate);
-        if (mat != nullptr) {
-          PrefetchL2(mat + static_cast<int64_t>(slice * kFusedSliceCols + rank * kGateUpRows) * row_bytes,
-                     static_cast<unsigned>(kGateUpRows * row_bytes));
-        }
-      }
-    }
-  }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
   // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
   // or the one warp_slot.cuh's PickWarpOfSlot names. The probe's stamps are thread 0's, so its

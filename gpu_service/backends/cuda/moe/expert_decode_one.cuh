@@ -75,12 +75,6 @@ struct OneTokenMoeArgs {
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
   // instead of warp 0 (measured faster; the same picks and results).
   bool pick_warp_by_slot = false;
-  // The fused kernel only: `predict` expert ids predicted for this layer by the previous layer's
-  // grid (FusedRouter::next_pred), or nullptr. Each routed
-  // block asks for its own gate/up rows of predicted experts k, k + K, ... into L2 before its PDL
-  // wait. A hint only: wrong or stale ids cost bytes, never results.
-  const int32_t* pred = nullptr;
-  int predict = 0;
 };
 
 // True when both kernels take the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

@@ -79,76 +79,6 @@ __device__ __forceinline__ float RouterRowDot(const float4 (&w)[kRouterQuads], c
   return DotLanes(w, x4, lane, h4, 0.0f);
 }
 
-// The ids of the `m` largest of E <= kPredictMaxE logits (ties: the lower id) into out, by one
-// warp; -inf for none left. NaN logits are never picked (an empty round writes 0: a prediction is
-// a hint, any id in [0, E) is harmless).
-constexpr int kPredictMaxE = 512;
-__device__ void PickTopIds(const float* logits, int E, int m, int32_t* out, int lane) {
-  constexpr int kPer = kPredictMaxE / 32;
-  float v[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = lane + 32 * j;
-    v[j] = i < E ? __ldcg(logits + i) : -INFINITY;
-  }
-  for (int round = 0; round < m; ++round) {
-    float best = -INFINITY;
-    int bi = 0x7FFFFFFF;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (v[j] > best) {
-        best = v[j];
-        bi = lane + 32 * j;
-      }
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, off);
-      const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, off);
-      if (ob > best || (ob == best && oi < bi)) {
-        best = ob;
-        bi = oi;
-      }
-    }
-    if (lane == 0) out[round] = bi < E ? bi : 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (lane + 32 * j == bi) v[j] = -INFINITY;
-    }
-  }
-}
-
-// After the block has counted this layer's rows: the next layer's router rows on the same x (the
-// residual stream carries a layer's routing a layer ahead: ~95% of the next layer's picks are in
-// the top 20 on the benchmark model; docs/PERF.md, forty-second session), the same rows a warp as
-// this layer's (first, first + step, ...); the last block to count them picks the top rt.predict
-// into rt.next_pred and resets the count.
-__device__ void PredictNextLayer(const OneTokenMoeArgs& a, const FusedRouter& rt, int first, int step) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int s_last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int h4 = a.h / 4;
-  // x: staged in shared memory by the preload form, else read from a.x as that form does.
-  const float4* xv = rt.preload ? reinterpret_cast<const float4*>(smem) : reinterpret_cast<const float4*>(a.x);
-  float4 w[kRouterQuads];
-  for (int r = first; r < a.E; r += step) {
-    LoadRouterRow(reinterpret_cast<const float4*>(rt.next_w + static_cast<int64_t>(r) * a.h), h4, lane, w);
-    float s = RouterRowDot(w, xv, h4, lane);
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    if (lane == 0) rt.next_logits[r] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // release: this block's logits before its count
-    s_last = atomicAdd(rt.next_count, 1) == rt.blocks - 1;
-    if (s_last) __threadfence();  // acquire: every block's logits after the full count
-  }
-  __syncthreads();
-  if (s_last && warp == 0) {
-    PickTopIds(rt.next_logits, a.E, rt.predict, rt.next_pred, lane);
-    if (lane == 0) *rt.next_count = 0;
-  }
-}
-
 // The router blocks of FusedRouter: warp w of block b takes rows 4b + w, 4b + w + 4·rt.blocks, ...;
 // lane l the columns 4l + 128i (float4s, coalesced), then a warp sum. The block's rows are
 // prefetched into L2 before the PDL wait (constant weights); x is read after it. rt.preload: the
@@ -203,7 +133,6 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
     __threadfence();  // release: the logits before the count
     atomicAdd(rt.counters, 1);
   }
-  if (rt.next_w != nullptr && rt.predict > 0) PredictNextLayer(a, rt, first, step);
 }
 
 // An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
