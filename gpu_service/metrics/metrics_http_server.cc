@@ -45,28 +45,16 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   absl::StatusOr<std::vector<SocketAddress>> addresses = ResolveHostPort(kFlag, *host_port);
   if (!addresses.ok()) return addresses.status();
   // The first address that binds ("localhost" may resolve to ::1 first on a machine without IPv6).
-  UniqueFd sock;
-  int error = 0;
-  for (const SocketAddress& address : *addresses) {
-    UniqueFd candidate(socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (candidate.get() < 0) {
-      error = errno;
-      continue;
-    }
-    const int one = 1;
-    setsockopt(candidate.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(candidate.get(), address.get(), address.length) == 0 &&
-        ::listen(candidate.get(), 16) == 0) {
-      sock = std::move(candidate);
-      break;
-    }
-    error = errno;
-    if (error == EADDRINUSE) break;
-  }
-  if (sock.get() < 0) {
+  auto cannot_listen = [&](int error) {
     return absl::UnavailableError(
         absl::StrCat(kFlag, ": cannot listen on ", listen, ": ", std::strerror(error)));
+  };
+  BoundSocket bound = BindFirst(*addresses);
+  if (bound.fd.get() < 0) {
+    return cannot_listen(bound.bind_error != 0 ? bound.bind_error : bound.socket_error);
   }
+  if (::listen(bound.fd.get(), 16) != 0) return cannot_listen(errno);
+  UniqueFd sock = std::move(bound.fd);
   const int port = BoundPort(sock.get());
   UniqueFd wake(eventfd(0, EFD_CLOEXEC));
   if (wake.get() < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));

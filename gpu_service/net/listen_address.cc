@@ -3,7 +3,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -79,6 +81,26 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveHostPort(absl::string_view fla
   if (out.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": '", host_port.host, "' resolves to no address"));
+  }
+  return out;
+}
+
+BoundSocket BindFirst(const std::vector<SocketAddress>& addresses) {
+  BoundSocket out;
+  for (const SocketAddress& address : addresses) {
+    UniqueFd fd(socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) {
+      out.socket_error = errno;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd.get(), address.get(), address.length) == 0) {
+      out.fd = std::move(fd);
+      return out;
+    }
+    out.bind_error = errno;
+    if (out.bind_error == EADDRINUSE) break;
   }
   return out;
 }

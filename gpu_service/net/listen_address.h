@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/unique_fd.h"
 
 namespace tandem {
 
@@ -38,6 +39,17 @@ struct SocketAddress {
 // `flag` when the host does not resolve.
 absl::StatusOr<std::vector<SocketAddress>> ResolveHostPort(absl::string_view flag,
                                                            const HostPort& host_port);
+
+// A socket bound to the first of `addresses` that binds, as the servers bind (SO_REUSEADDR, so that
+// a port in TIME_WAIT from an earlier run is free). Without one: bind_error is the last bind's
+// errno (EADDRINUSE ends the search: the port is taken), 0 when no socket could be made for any
+// address, whose errno is then socket_error.
+struct BoundSocket {
+  UniqueFd fd;
+  int bind_error = 0;
+  int socket_error = 0;
+};
+BoundSocket BindFirst(const std::vector<SocketAddress>& addresses);
 
 // The port a bound socket listens on (its getsockname), or -1.
 int BoundPort(int fd);

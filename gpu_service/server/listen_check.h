@@ -13,8 +13,9 @@ namespace tandem {
 
 // `listen` is HOST:PORT ("127.0.0.1:50051", "[::]:50051", "localhost:0"). OK when the port is 0
 // (any free port), when the host is empty or the address is not of that form (left to the server,
-// which knows its own forms, e.g. gRPC's "unix:PATH"), when a socket binds it, or when a wildcard address fails for
-// another reason than being in use (the server may bind it through the other address family);
+// which knows its own forms, e.g. gRPC's "unix:PATH"), when a socket binds one of the addresses
+// the host resolves to, when no socket can be made to probe with, or when a wildcard address fails
+// for another reason than being in use (the server may bind it through the other address family);
 // else FailedPrecondition (in use) or InvalidArgument (unknown host, an address not on this
 // machine), starting with `flag`.
 absl::Status CheckListenAddressFree(const std::string& flag, const std::string& listen);
