@@ -90,6 +90,7 @@ absl::Status ReferenceModel::RunLayer(int64_t layer, std::span<Step> steps,
   }
 
   // 2. Mixer: read, per-sequence mixer, inject.
+  if (options.block_inputs != nullptr) (*options.block_inputs)[static_cast<size_t>(layer)].assign(H, H + T * S * h);
   StreamRead(w.attn_read, H, T, S, h, c.eps, x.data(), a.data(), &threads_);
   int64_t off = 0;
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -79,6 +79,9 @@ class ReferenceModel {
     // selected blocks): (*selections)[layer] for the batch's tokens in step order, keep = the
     // indexer's keep; empty (keep 0, no entries) for GDN layers and attention without an indexer.
     std::vector<BlockSelection>* selections = nullptr;
+    // When non-null, receives every layer's residual rows H as its mixer reads them (after Engram):
+    // (*block_inputs)[layer], T × S × h for the batch's tokens in step order.
+    std::vector<std::vector<float>>* block_inputs = nullptr;
   };
 
   // Advances every step's sequence by its tokens, the sequences batched through each layer. Before

@@ -10,6 +10,9 @@
 //   prev    layer L's router on x_{L-1} (the previous layer's MoE input, a layer ahead);
 //   prev_g  the same with x_{L-1}'s norm weights swapped for layer L's (x / γ_{L-1} · γ_L);
 //   prev2   layer L's router on x_{L-2} (two layers ahead);
+//   resid   layer L's router on γ_L ⊙ H_L, H_L the residual before layer L's mixer output (what the
+//           ffn norm's route blocks hold before their PDL wait; the norm's scale does not change
+//           the ranking);
 //   last    the previous token's picks at layer L (decode tokens only), M = K.
 //
 //   routing_prediction_study --model=q3n-8l.gguf [--prompt_tokens=32] [--decode_tokens=32]
@@ -119,9 +122,11 @@ int Run() {
 
   const std::vector<int64_t> ms = {K, K + K / 2, 2 * K, 3 * K, 5 * K};
   // Each predictor's scores, one per M.
-  std::vector<Score> same(ms.size()), prev = same, prev_g = same, prev2 = same;
+  std::vector<Score> same(ms.size()), prev = same, prev_g = same, prev2 = same, resid = same;
+  std::vector<std::vector<float>> block_inputs(static_cast<size_t>(L));
+  fo.block_inputs = &block_inputs;
   // `prev` at M = 2K, by layer (does depth change it?).
-  std::vector<Score> prev_by_layer(static_cast<size_t>(L));
+  std::vector<Score> prev_by_layer(static_cast<size_t>(L)), resid_by_layer(static_cast<size_t>(L));
   Score last;
 
   auto seq = m.NewSequence();
@@ -163,6 +168,17 @@ int Run() {
             prev_g[i].Add(truth, TopM(routers[static_cast<size_t>(l)], E, h, xg.data(), ms[i]));
           }
         }
+        {
+          const float* hl = block_inputs[static_cast<size_t>(l)].data() + t * h;
+          const VectorView g = m.weights().layers[static_cast<size_t>(l)].ffn_read.norm;
+          std::vector<float> u(static_cast<size_t>(h));
+          for (int64_t j = 0; j < h; ++j) u[static_cast<size_t>(j)] = g[static_cast<size_t>(j)] * hl[j];
+          for (size_t i = 0; i < ms.size(); ++i) {
+            const std::vector<int32_t> predicted = TopM(routers[static_cast<size_t>(l)], E, h, u.data(), ms[i]);
+            resid[i].Add(truth, predicted);
+            if (ms[i] == 2 * K) resid_by_layer[static_cast<size_t>(l)].Add(truth, predicted);
+          }
+        }
         if (l > 1) {
           const float* xp2 = x[static_cast<size_t>(l - 2)].data() + t * h;
           for (size_t i = 0; i < ms.size(); ++i) {
@@ -192,11 +208,17 @@ int Run() {
   print("prev", prev);
   print("prev_g", prev_g);
   print("prev2", prev2);
+  print("resid", resid);
   line("last", K, last);
   std::printf("prev at M = %lld by layer:\n", static_cast<long long>(2 * K));
   for (int64_t l = 1; l < L; ++l) {
     const std::string name = absl::StrFormat("layer %lld", static_cast<long long>(l));
     line(name.c_str(), 2 * K, prev_by_layer[static_cast<size_t>(l)]);
+  }
+  std::printf("resid at M = %lld by layer:\n", static_cast<long long>(2 * K));
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string name = absl::StrFormat("layer %lld", static_cast<long long>(l));
+    line(name.c_str(), 2 * K, resid_by_layer[static_cast<size_t>(l)]);
   }
   return 0;
 }
