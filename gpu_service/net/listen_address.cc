@@ -21,18 +21,18 @@ struct AddrInfoList {
   }
 };
 
-bool IsWildcard(const sockaddr* addr) {
-  if (addr->sa_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr == htonl(INADDR_ANY);
+}  // namespace
+
+bool SocketAddress::wildcard() const {
+  if (family() == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr == htonl(INADDR_ANY);
   }
-  if (addr->sa_family == AF_INET6) {
-    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr;
+  if (family() == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr;
     return std::memcmp(&a, &in6addr_any, sizeof a) == 0;
   }
   return false;
 }
-
-}  // namespace
 
 std::optional<HostPort> ParseHostPort(absl::string_view listen) {
   const size_t colon = listen.rfind(':');
@@ -75,8 +75,6 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveHostPort(absl::string_view fla
     SocketAddress& address = out.emplace_back();
     std::memcpy(&address.storage, a->ai_addr, a->ai_addrlen);
     address.length = a->ai_addrlen;
-    address.family = a->ai_family;
-    address.wildcard = IsWildcard(a->ai_addr);
   }
   if (out.empty()) {
     return absl::InvalidArgumentError(
@@ -88,7 +86,7 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveHostPort(absl::string_view fla
 BoundSocket BindFirst(const std::vector<SocketAddress>& addresses) {
   BoundSocket out;
   for (const SocketAddress& address : addresses) {
-    UniqueFd fd(socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    UniqueFd fd(socket(address.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) {
       out.socket_error = errno;
       continue;

@@ -28,10 +28,10 @@ std::optional<HostPort> ParseHostPort(absl::string_view listen);
 struct SocketAddress {
   sockaddr_storage storage{};
   socklen_t length = 0;
-  int family = AF_UNSPEC;
-  bool wildcard = false;  // 0.0.0.0 or ::
 
   const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+  int family() const { return storage.ss_family; }
+  bool wildcard() const;  // 0.0.0.0 or ::
 };
 
 // Every address the host resolves to, in getaddrinfo's order ("localhost" may give ::1 before

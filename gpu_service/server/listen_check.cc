@@ -30,7 +30,7 @@ absl::Status CheckListenAddressFree(const std::string& flag, const std::string& 
   if (probe.bind_error == 0) return absl::OkStatus();
   // A wildcard the probe's family cannot bind (IPv6 switched off, for "[::]") may still be served
   // through the other family: only the server can tell.
-  const auto wildcard = [](const SocketAddress& a) { return a.wildcard; };
+  const auto wildcard = [](const SocketAddress& a) { return a.wildcard(); };
   if (std::any_of(addresses->begin(), addresses->end(), wildcard)) {
     return absl::OkStatus();
   }

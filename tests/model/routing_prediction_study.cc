@@ -210,16 +210,16 @@ int Run() {
   print("prev2", prev2);
   print("resid", resid);
   line("last", K, last);
-  std::printf("prev at M = %lld by layer:\n", static_cast<long long>(2 * K));
-  for (int64_t l = 1; l < L; ++l) {
-    const std::string name = absl::StrFormat("layer %lld", static_cast<long long>(l));
-    line(name.c_str(), 2 * K, prev_by_layer[static_cast<size_t>(l)]);
-  }
-  std::printf("resid at M = %lld by layer:\n", static_cast<long long>(2 * K));
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string name = absl::StrFormat("layer %lld", static_cast<long long>(l));
-    line(name.c_str(), 2 * K, resid_by_layer[static_cast<size_t>(l)]);
-  }
+  // A predictor's scores at M = 2K by layer, from the first layer it predicts.
+  auto by_layer = [&](const char* name, const std::vector<Score>& scores, int64_t first) {
+    std::printf("%s at M = %lld by layer:\n", name, static_cast<long long>(2 * K));
+    for (int64_t l = first; l < L; ++l) {
+      const std::string layer = absl::StrFormat("layer %lld", static_cast<long long>(l));
+      line(layer.c_str(), 2 * K, scores[static_cast<size_t>(l)]);
+    }
+  };
+  by_layer("prev", prev_by_layer, 1);
+  by_layer("resid", resid_by_layer, 0);
   return 0;
 }
 
