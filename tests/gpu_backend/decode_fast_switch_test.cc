@@ -161,6 +161,28 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
+// The picks guessed by the ffn norm before the fused kernel routes (cuda::SetPickPrediction, read
+// when the MoE stage is made: TANDEM_NORM_PREDICT): the kernel copies its guesses' rows while it
+// routes and serves every pick once whatever the guesses, so the same values are summed, in
+// another order of the atomics (small: the fused kernel with its logits from the output products,
+// the default; in every layer, then in the GDN layers only). The kernel tests show that the
+// guesses are made and served (GpuNormRouteTest, OneTokenFusedPredictTest).
+TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
+  const cuda::PickPrediction was = cuda::PickPredictionSettings();
+  const bool was_fused = cuda::OneTokenFused();
+  cuda::SetOneTokenFused(true);
+  for (const bool gdn_only : {false, true}) {
+    ExpectOneTokenSwitchKeepsLogitsClose(
+        GetParam(), gdn_only ? "20 guessed picks, GDN layers" : "20 guessed picks, every layer",
+        [gdn_only](bool on) { cuda::SetPickPrediction(cuda::PickPrediction{on ? 20 : 0, gdn_only}); },
+        /*deterministic=*/false, /*same_values=*/true);
+  }
+  cuda::SetOneTokenFused(was_fused);
+  cuda::SetPickPrediction(was);
+}
+
 // The routing logits formed from the parts the mixers' output products sum
 // (cuda::SetRouteThroughOutMode, read at upload and when a step is enqueued:
 // kernels/route_compose.cuh) against the router product in the fused MoE grid (small), in mode 1

@@ -202,6 +202,20 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
   }
   printf("MoE kernel probe: %zu launches of %llu blocks%s\n", n, grid,
          overlapped != 0 ? " (some launches' blocks interleaved: the cut is not exact)" : "");
+  // A prediction's speculative copies (kFusedProbeSpeculated; routed blocks with a guess), over
+  // every stamped block: how often the guess was the pick the block served.
+  size_t guessed = 0, hits = 0;
+  for (const unsigned long long* r : rows) {
+    if (r[kFusedProbeKind] != static_cast<unsigned long long>(kFusedProbeRoutedKind)) continue;
+    const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
+    if (s.guess < 0) continue;
+    ++guessed;
+    if (s.hit) ++hits;
+  }
+  if (guessed != 0) {
+    printf("  speculative copies: %zu of %zu routed blocks' guesses were the pick they served (%.1f%%)\n", hits,
+           guessed, 100.0 * static_cast<double>(hits) / static_cast<double>(guessed));
+  }
   for (int kind = 0; kind < 2; ++kind) {
     if (stat[kind][0].empty()) continue;
     printf("  %-8s %-30s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n",

@@ -13,8 +13,10 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -102,6 +104,31 @@ bool FusedRouterInGrid() { return g_fused_router_in_grid.on(); }
 void SetFusedPickWarpBySlot(bool on) { g_fused_pick_warp_by_slot.set(on); }
 bool FusedPickWarpBySlot() { return g_fused_pick_warp_by_slot.on(); }
 
+namespace {
+// PickPredictionSettings: ids -1 until read or set.
+std::atomic<int> g_predict_ids{-1};
+std::atomic<bool> g_predict_gdn_only{false};
+}  // namespace
+
+PickPrediction PickPredictionSettings() {
+  if (g_predict_ids.load(std::memory_order_relaxed) < 0) {
+    const bool gdn_only = EnvChoice<bool>("TANDEM_NORM_PREDICT_LAYERS", {{"all", false}, {"gdn", true}}, false);
+    int unset = -1;
+    if (g_predict_ids.compare_exchange_strong(
+            unset, static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT", 0, 0, kFusedPredictMax)),
+            std::memory_order_relaxed)) {
+      g_predict_gdn_only.store(gdn_only, std::memory_order_relaxed);
+    }
+  }
+  return PickPrediction{g_predict_ids.load(std::memory_order_relaxed),
+                        g_predict_gdn_only.load(std::memory_order_relaxed)};
+}
+
+void SetPickPrediction(PickPrediction p) {
+  g_predict_gdn_only.store(p.gdn_only, std::memory_order_relaxed);
+  g_predict_ids.store(std::clamp(p.ids, 0, kFusedPredictMax), std::memory_order_relaxed);
+}
+
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
   std::vector<ExpertLocation> table(layers * static_cast<size_t>(experts));
@@ -171,6 +198,19 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
+    const PickPrediction predict = PickPredictionSettings();
+    if (predict.ids > 0 && E <= kNormPredictMaxExperts && K <= kFusedPredictMax) {
+      Buf pred_bufs[] = {{&impl->pred_scores, DeviceArray<float>(c.n_layers * E)},
+                         {&impl->pred_ids, DeviceArray<int32_t>(c.n_layers * kFusedPredictMax)},
+                         {&impl->pred_blocks, DeviceArray<int32_t>(c.n_layers)}};
+      for (Buf& b : pred_bufs) {
+        if (!b.made.ok()) return b.made.status();
+        *b.buf = *std::move(b.made);
+      }
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pred_blocks.get(), 0, impl->pred_blocks.bytes()));
+      impl->predict_ids = predict.ids;
+      impl->predict_gdn_only = predict.gdn_only;
+    }
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -321,7 +361,21 @@ std::optional<MoeStage::ReadyLogits> MoeStage::ReadyLogitsFor(int64_t layer, int
   if (n != 1 || n > m.plan_tokens || source.DeviceTable(layer) == nullptr) return std::nullopt;
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, /*fused_output=*/true);
   if (!form.router_rows_f32) return std::nullopt;
-  return ReadyLogits{form.router_rows, m.logits.as<float>()};
+  ReadyLogits ready{form.router_rows, m.logits.as<float>()};
+  if (int* ids = m.PredictedIds(layer); ids != nullptr) {
+    ready.predict = m.predict_ids;
+    ready.predict_experts = static_cast<int>(m.config.moe.E);
+    ready.pred_scores = m.pred_scores.as<float>() + layer * m.config.moe.E;
+    ready.pred_ids = ids;
+    ready.pred_blocks = m.pred_blocks.as<int32_t>() + layer;
+  }
+  return ready;
+}
+
+int* MoeStage::Impl::PredictedIds(int64_t layer) const {
+  if (predict_ids <= 0 || pred_ids.get() == nullptr || layer < 0 || layer >= config.n_layers) return nullptr;
+  if (predict_gdn_only && model->layers[static_cast<size_t>(layer)].kind != LayerKind::kGdn) return nullptr;
+  return pred_ids.as<int32_t>() + layer * kFusedPredictMax;
 }
 
 std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {

@@ -143,6 +143,20 @@ bool FusedRouterInGrid();
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
+// Guesses of a layer's picks made before its fused kernel routes: the ffn norm's launch that forms
+// the logits (MoeStage::ReadyLogits) ranks the experts on the residual before the mixer's output
+// (NormRoute::pred_*, before its PDL wait), and the fused kernel copies its guesses' gate/up rows
+// while it routes (FusedPrediction). Off by default: not yet measured end to end (docs/PERF.md,
+// forty-fifth session). TANDEM_NORM_PREDICT=M (1 .. kFusedPredictMax): M guesses, the first K
+// copied, the rest asked into L2. TANDEM_NORM_PREDICT_LAYERS=gdn: in GDN layers only, whose norm
+// starts beside the GDN kernel (all: every layer with ready logits, the default). Read once, when
+// the first MoE stage is made (its buffers are sized then) unless set before.
+struct PickPrediction {
+  int ids = 0;  // 0: off
+  bool gdn_only = false;
+};
+PickPrediction PickPredictionSettings();
+void SetPickPrediction(PickPrediction p);
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -204,9 +218,17 @@ class MoeStage {
   // (logits_ready): the fused one-token kernel's form for this layer (after PrepareStep, with
   // y_written given) over f32 router rows: `rows` the router's matrix (E rows, or E + 1 with the
   // shared gate's row last), whose logits w_r · x go to `logits`. nullopt for any other form.
+  // With PickPredictionSettings on for the layer, also where the caller's launch writes its guess
+  // (NormRoute::pred_*): `predict` ids into pred_ids, pred_scores and pred_blocks its scratch; Run
+  // (logits_ready) then hands the guess to the fused kernel. predict 0: no guess.
   struct ReadyLogits {
     const DeviceMatrix* rows = nullptr;
     float* logits = nullptr;
+    int predict = 0;
+    int predict_experts = 0;
+    float* pred_scores = nullptr;
+    int* pred_ids = nullptr;
+    int* pred_blocks = nullptr;
   };
   std::optional<ReadyLogits> ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const;
 

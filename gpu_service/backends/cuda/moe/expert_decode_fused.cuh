@@ -78,6 +78,23 @@ struct FusedRouter {
   bool preload = true;
 };
 
+// Guesses of this layer's picks, made before the kernel routes (the ffn norm's launch ranks the
+// router rows on the residual before the mixer's output: NormRoute::pred_*, norm_streams.cuh).
+// Routed block (pick k, slice s, rank r) reads guess k right after its PDL wait and copies its
+// gate/up rows of that expert into shared memory while it routes; with `count` > K it also asks
+// for its rows of guesses k + K, k + 2K, ... < count into L2. Once the picks are known, each pick
+// group serves the pick served_pick.h's rule gives it: a group whose guess is a pick serves that
+// pick with the rows it already has, the others copy the rows of the picks nobody guessed. Every
+// pick is served once whatever `ids` holds (wrong, repeated or invalid ids only cost time), so the
+// results equal the kernel's without a prediction up to the order of y's atomic additions.
+// ids: `count` ints (device), written by the launch before the kernel's (read after its wait).
+// count: 1 .. kFusedPredictMax. Only without router blocks (the logits handed in ready).
+inline constexpr int kFusedPredictMax = 32;
+struct FusedPrediction {
+  const int* ids = nullptr;
+  int count = 0;
+};
+
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
@@ -103,8 +120,11 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
+// `prediction` (may be nullptr): the picks guessed before routing (FusedPrediction); not with a
+// router, count in 1 .. kFusedPredictMax, ids not null (cudaErrorInvalidValue otherwise).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router = nullptr);
+                                   cudaStream_t stream, const FusedRouter* router = nullptr,
+                                   const FusedPrediction* prediction = nullptr);
 
 }  // namespace tandem::cuda
 

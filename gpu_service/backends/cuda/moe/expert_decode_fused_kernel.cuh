@@ -28,6 +28,7 @@
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
+#include "gpu_service/backends/cuda/moe/served_pick.h"
 #include "gpu_service/backends/cuda/moe/warp_slot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -146,6 +147,12 @@ struct FusedStamps {
       if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
+  // A value word of the row (not a time).
+  __device__ void Word(int word, unsigned long long value) const {
+    if constexpr (kProbe) {
+      if (row != nullptr) row[word] = value;
+    }
+  }
   // Stamp once `dep` is known (armed_stamps.cuh's KnownNow).
   __device__ void StampAfter(int phase, unsigned dep) const {
     if constexpr (kProbe) {
@@ -181,10 +188,15 @@ struct FusedStamps {
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`.
-template <int kPer, bool kRouter, bool kProbe>
+// "summed" stamp; the other instantiations ignore `probe`. kPredict (FusedPrediction, never with
+// kRouter): pick group k copies guess k's rows after the wait, while it routes, and the groups
+// serve the picks by served_pick.h's rule; the other instantiations ignore `pd` and keep the code
+// measured without it.
+template <int kPer, bool kRouter, bool kProbe, bool kPredict>
 __global__ void __launch_bounds__(kThreads)
-    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
+    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, FusedPrediction pd,
+                        unsigned long long* probe) {
+  static_assert(!(kRouter && kPredict), "a prediction comes with ready logits, not router blocks");
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
@@ -195,6 +207,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
+  __shared__ int s_served[kOneTokenMaxPicks];  // kPredict: the pick index each group serves
   const FusedSmem L = FusedLayout(a.h, a.E);
   const int nsb = a.h >> 8;
   const int row_bytes = nsb * kSbBytes;        // a gate/up row
@@ -232,6 +245,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
+  // A prediction's copies read the table right after the wait, from any warp.
+  if constexpr (kPredict) __syncthreads();
   // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
   // or the one warp_slot.cuh's PickWarpOfSlot names. The probe's stamps are thread 0's, so its
   // instantiation keeps warp 0.
@@ -255,6 +270,39 @@ __global__ void __launch_bounds__(kThreads)
     // value at the same address), or by the launch before.
     return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
+  // kPredict: an id of `pd` that names an expert with rows, else -1 (no guess).
+  auto guess_at = [&](int i) {
+    const int id = i < pd.count ? __ldcg(pd.ids + i) : -1;  // written by the launch before (L2)
+    return id >= 0 && id < a.E && tgate[id] != nullptr ? id : -1;
+  };
+  int guess = -1;  // this pick group's guess, whose gate/up rows this warp is copying
+  if constexpr (kPredict) {
+    if (!shared_block) {
+      const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
+      const int mat_bytes = kWarpRows * row_bytes;
+      const int64_t at = static_cast<int64_t>(row0) * row_bytes;
+      guess = guess_at(k);
+      if (guess >= 0) {  // the same copies as the routed branch's below, of the guess
+        uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
+        const uint8_t* g = static_cast<const uint8_t*>(tgate[guess]) + at;
+        const uint8_t* u = static_cast<const uint8_t*>(tup[guess]) + at;
+        for (int c = lane; c < mat_bytes / 16; c += 32) {
+          CpAsync16(wwarp + 16 * c, g + 16 * c);
+          CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
+        }
+        CpAsyncCommit();
+      }
+      // The guesses past the first K: this warp's rows of them into L2, for a group whose guess
+      // proves wrong and whose pick is one of them.
+      for (int j = k + a.K; j < pd.count; j += a.K) {
+        const int other = guess_at(j);
+        if (other >= 0 && lane == 0) {
+          PrefetchL2(static_cast<const uint8_t*>(tgate[other]) + at, mat_bytes);
+          PrefetchL2(static_cast<const uint8_t*>(tup[other]) + at, mat_bytes);
+        }
+      }
+    }
+  }
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
@@ -262,6 +310,9 @@ __global__ void __launch_bounds__(kThreads)
   } else if (warp == picker) {
     if (router_in_grid) WaitRouterBlocks(rt);
     stamps.Stamp(kFusedProbeCountSeen);
+    // kPredict: group `lane`'s guess for the rule below, loaded before the logits so that the two
+    // loads overlap.
+    const int lane_guess = kPredict && lane < a.K ? guess_at(lane) : -1;
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
@@ -274,6 +325,27 @@ __global__ void __launch_bounds__(kThreads)
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
+    if constexpr (kPredict) {
+      // served_pick.h's rule, lane g for group g: its match (a pick equal to its guess, unless an
+      // earlier group guessed the same id), then the unmatched groups take the unmatched picks in
+      // order.
+      const int my_pick = lane < a.K ? s_ids[lane] : -1;
+      const int my_guess = lane_guess;
+      int match = -1;
+      bool repeated = false;
+      for (int j = 0; j < a.K; ++j) {
+        const int p = __shfl_sync(0xFFFFFFFFu, my_pick, j);
+        const int g = __shfl_sync(0xFFFFFFFFu, my_guess, j);
+        if (my_guess >= 0 && p == my_guess) match = j;
+        if (j < lane && g == my_guess) repeated = true;
+      }
+      if (repeated) match = -1;
+      const unsigned all = a.K >= 32 ? 0xFFFFFFFFu : (1u << a.K) - 1u;
+      const unsigned matched_groups = __ballot_sync(0xFFFFFFFFu, match >= 0);
+      const unsigned matched_picks = __reduce_or_sync(0xFFFFFFFFu, match >= 0 ? 1u << match : 0u);
+      const int before = __popc(all & ~matched_groups & ((1u << lane) - 1u));
+      if (lane < a.K) s_served[lane] = match >= 0 ? match : NthSetBit(all & ~matched_picks, before);
+    }
     if (local == 0 && k == a.K - 1 && lane < a.K) {
       const int e = s_ids[lane];
       a.experts_out[lane] = e;
@@ -286,7 +358,15 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
-  const int e = shared_block ? 0 : s_ids[k];
+  // The pick this block serves: its group's own, or served_pick.h's with a prediction.
+  const int served = kPredict ? (shared_block ? 0 : s_served[k]) : k;  // routed blocks
+  const int e = shared_block ? 0 : s_ids[served];
+  if constexpr (kPredict) {
+    if (!shared_block && threadIdx.x == 0) {
+      stamps.Word(kFusedProbeSpeculated, (static_cast<unsigned long long>(guess + 1) << 32) |
+                                             (guess == e ? 1ull << 31 : 0ull) | static_cast<unsigned>(e));
+    }
+  }
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
   const bool ok = shared_block || (e >= 0 && e < a.E && tgate[e] != nullptr);
@@ -295,17 +375,22 @@ __global__ void __launch_bounds__(kThreads)
   const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
   if (ok && !shared_block) {
     // Gate/up rows of this warp first (they gate everything after), then the block's down rows.
+    // A right guess's rows are already on their way; a wrong guess's land before the region is
+    // written again (two copies in flight to one address have no order).
     const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
     const int mat_bytes = kWarpRows * row_bytes;
     uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
     const int chunks = mat_bytes / 16;
-    const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
-    const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-    for (int c = lane; c < chunks; c += 32) {
-      CpAsync16(wwarp + 16 * c, g + 16 * c);
-      CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
+    if (!kPredict || guess != e) {
+      if (kPredict && guess >= 0) CpAsyncWait<0>();
+      const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
+      const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
+      for (int c = lane; c < chunks; c += 32) {
+        CpAsync16(wwarp + 16 * c, g + 16 * c);
+        CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
+      }
+      CpAsyncCommit();
     }
-    CpAsyncCommit();
     // The block's down rows' super-blocks, copied once the gate/up products are done. No L2
     // prefetch of them here: asking for them with the gate/up rows (one bulk prefetch a row, until
     // 2026-12-05) slowed batch-1 decode by 1.7% (docs/PERF.md, forty-second session).
@@ -393,6 +478,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     CpAsyncCommit();
   } else {
+    if (kPredict && guess >= 0) CpAsyncWait<0>();  // no copy into this block's memory outlives it
     ClusterArrive();  // a flagged pick's blocks
   }
   // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
@@ -434,7 +520,7 @@ __global__ void __launch_bounds__(kThreads)
     stamps.Stamp(kFusedProbeDownLanded);
     if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
-    const float wk = s_w[shared_block ? 0 : k];
+    const float wk = s_w[shared_block ? 0 : served];
     if (shared_block) {
       const uint32_t* w = aw;
       const int sd_row = Q8RowBytes(sh.inner);

@@ -23,7 +23,7 @@
 
 namespace tandem::cuda {
 
-inline constexpr int kFusedProbeWords = 18;
+inline constexpr int kFusedProbeWords = 19;
 // The words of a row: the phases, in the order a block passes them, then the block's facts.
 enum FusedProbeWord : int {
   kFusedProbeEntry, kFusedProbeAfterWait, kFusedProbeRouted, kFusedProbeGateUpLanded, kFusedProbeActWritten,
@@ -43,8 +43,26 @@ enum FusedProbeWord : int {
   // memory system.
   kFusedProbeLogitsReloaded,
   kFusedProbeOtherLoaded,
+  // Routed blocks of a launch with a FusedPrediction (0 elsewhere): not a time but the guess and
+  // the pick served (FusedProbeSpeculation).
+  kFusedProbeSpeculated,
 };
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
+
+// kFusedProbeSpeculated's word: the block's guess + 1 in bits 32 .. 63 (0: no guess, no copies
+// before routing), bit 31 set when the guess was the expert it served, that expert in bits 0 .. 30.
+struct FusedProbeSpeculation {
+  int guess = -1;   // -1: none
+  bool hit = false;
+  int served = -1;  // the expert id served
+};
+inline FusedProbeSpeculation DecodeFusedProbeSpeculation(unsigned long long word) {
+  FusedProbeSpeculation s;
+  s.guess = static_cast<int>(word >> 32) - 1;
+  s.hit = ((word >> 31) & 1u) != 0u;
+  s.served = static_cast<int>(word & 0x7FFFFFFFu);
+  return s;
+}
 
 // The grid LaunchOneTokenMoeFused launches for these arguments (blocks).
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
@@ -57,7 +75,8 @@ inline bool OneTokenFusedProbeTakes(int E) { return E > 256 && E <= 512; }
 // (above). cudaErrorNotSupported for E outside (256, 512] (one instantiation), cudaErrorInvalidValue
 // where LaunchOneTokenMoeFused refuses or for a null `stamps`.
 cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                         cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps);
+                                         cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps,
+                                         const FusedPrediction* prediction = nullptr);
 
 // The same probed form for launches captured before their stamps' buffer exists (the decode
 // step's graphs, gpu_backend_bench --probe-step): each block takes the next row of the buffer
@@ -65,7 +84,8 @@ cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const Fuse
 // consecutive rows when launches do not overlap) and stamps nothing while none is armed or the
 // buffer is full. The same refusals as LaunchOneTokenMoeFusedProbed but for `stamps`.
 cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                             cudaStream_t stream, const FusedRouter* router);
+                                             cudaStream_t stream, const FusedRouter* router,
+                                             const FusedPrediction* prediction = nullptr);
 // Arms (stamps not null: `capacity` rows of kFusedProbeWords, zeroed by the caller; the slot
 // counter reset) or disarms (nullptr) the armed probe's buffer, in stream order.
 cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);

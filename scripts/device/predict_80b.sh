@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# On the GPU machine: the first end-to-end look at the pick prediction (PickPrediction,
+# gpu_service/backends/cuda/backend/moe_stage.h: the ffn norm guesses a layer's picks before its
+# wait, the fused MoE kernel copies the guesses' gate/up rows while it routes). In one call, in
+# this order, each stage skipped once the deadline is near:
+#   1. its kernel tests: served_pick_test, gpu_moe_kernels_test's prediction and fused-kernel
+#      tests, gpu_kernels_test's norm-route tests;
+#   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
+#      guess the pick its blocks served: the "speculative copies" line) and one without;
+#   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
+#      prediction at 10, 20 and 30 guesses, every layer or GDN layers only;
+#   4. gpu_backend_test with TANDEM_NORM_PREDICT=20 (logits and picks as without it).
+# Writes predict_80b.txt (the summary) and the stages' logs under $OUT.
+# Usage (device): scripts/device/predict_80b.sh [--deadline SECONDS] (default 560: a call's limit
+# is 600 s)
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+deadline=560
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deadline) deadline=$2; shift 2 ;;
+    *) echo "predict_80b: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+case "$deadline" in ''|*[!0-9]*) echo "predict_80b: --deadline must be whole seconds, not '$deadline'" >&2; exit 2 ;; esac
+report=$out/predict_80b.txt
+echo "# predict_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)" | tee "$report"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$report"
+left() { echo $((deadline - SECONDS)); }
+note() { echo "$*" | tee -a "$report"; }
+rc=0
+
+# 1. Kernel tests (a GPU test skips with a message where no GPU is seen: count the skips too).
+gtest() {  # name binary filter
+  local name=$1 bin=$bundle/tests/$2 filter=$3
+  [ -x "$bin" ] || { note "$name: no $bin"; rc=1; return; }
+  timeout 240 "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
+  local r=$?
+  note "$name: rc=$r, $(grep -cE '^\[       OK \]' "$out/$name.log") passed, $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$out/$name.log") failed lines, $(grep -cE '^\[  SKIPPED \]' "$out/$name.log") skipped"
+  [ $r -eq 0 ] || rc=1
+}
+gtest served_pick served_pick_test ""
+gtest moe_predict gpu_moe_kernels_test '*Predict*:OneTokenFused*'
+gtest norm_route gpu_kernels_test '*NormRoute*:*RouteCompose*'
+
+# The model (bench_80b.sh's, else a new one).
+dir=${MODEL_DIR:-}
+if [ -z "$dir" ]; then
+  if [ -f /dev/shm/q3n-80b.gguf ]; then dir=/dev/shm
+  elif [ -f /tmp/q3n-80b.gguf ]; then dir=/tmp
+  else dir=$(new_model_dir)
+  fi
+fi
+model=$dir/q3n-80b.gguf
+if [ ! -f "$model" ]; then
+  "$bundle/bin/tandem" gen-model --preset q3n-80b --out "$model" --threads "$(nproc)" 2>&1 | tail -1 | tee -a "$report"
+fi
+bench=$bundle/tests/gpu_backend_bench
+
+# 2. The probed steps: with a prediction first (the line that says the path ran), then main's.
+for form in p10:10 off:0; do
+  label=${form%%:*}
+  [ "$(left)" -gt 60 ] || { note "probe $label: skipped (deadline)"; continue; }
+  TANDEM_NORM_PREDICT=${form#*:} timeout 120 "$bench" --model "$model" --batches 1 --prefill 512 --decode-steps 32 \
+    --probe-step >"$out/probe_$label.txt" 2>&1
+  note "probe $label: rc=$?"
+  grep -E '^decode batch|speculative copies|^MoE kernel probe' "$out/probe_$label.txt" | sed 's/^/  /' | tee -a "$report"
+  grep -E '^  routed +(PDL wait|picked|routed|gate/up|act|cluster|down|exit)' "$out/probe_$label.txt" | sed 's/^/  /' |
+    tee -a "$report"
+done
+
+# 3. The A/B: one process a run, configurations interleaved round by round.
+if [ "$(left)" -gt 240 ]; then
+  rounds=3
+  [ "$(left)" -gt 400 ] || rounds=2
+  OUT=$out BUNDLE=$bundle MODEL_DIR=$dir timeout $(( $(left) - 30 )) bash "$root/scripts/device/ab_80b.sh" --rounds $rounds \
+    --bench "--batches 1 --prefill 512 --decode-steps 32" \
+    'off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20' \
+    'p30:TANDEM_NORM_PREDICT=30' 'p10g:TANDEM_NORM_PREDICT=10 TANDEM_NORM_PREDICT_LAYERS=gdn' \
+    'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' >"$out/ab_80b.log" 2>&1
+  note "ab_80b: rc=$? ($rounds rounds)"
+  sed -n '/median/,$p' "$out/ab_80b.txt" | tee -a "$report"
+else
+  note "ab_80b: skipped (deadline)"
+fi
+
+# 4. The backend's decode tests with the prediction on.
+if [ "$(left)" -gt 90 ]; then
+  TANDEM_NORM_PREDICT=20 timeout $(( $(left) - 10 )) "$bundle/tests/gpu_backend_test" >"$out/backend_p20.log" 2>&1
+  r=$?
+  note "gpu_backend_test (TANDEM_NORM_PREDICT=20): rc=$r, $(grep -cE '^\[       OK \]' "$out/backend_p20.log") passed, $(grep -cE '^\[  SKIPPED \]' "$out/backend_p20.log") skipped"
+  grep -E '^\[  FAILED  \]' "$out/backend_p20.log" | head -20 | tee -a "$report"
+  [ $r -eq 0 ] || rc=1
+else
+  note "gpu_backend_test: skipped (deadline)"
+fi
+note "predict_80b: rc=$rc after ${SECONDS}s"
+exit $rc
