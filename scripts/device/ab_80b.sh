@@ -29,13 +29,7 @@ if [ ${#configs[@]} -eq 0 ]; then
 fi
 case "$rounds" in ''|*[!0-9]*|0) echo "ab_80b: --rounds must be a positive integer, not '$rounds'" >&2; exit 2 ;; esac
 # The model bench_80b.sh made (in /dev/shm, or /tmp when /dev/shm lacked room), else a new one.
-dir=${MODEL_DIR:-}
-if [ -z "$dir" ]; then
-  if [ -f /dev/shm/q3n-80b.gguf ]; then dir=/dev/shm
-  elif [ -f /tmp/q3n-80b.gguf ]; then dir=/tmp
-  else dir=$(new_model_dir)
-  fi
-fi
+dir=${MODEL_DIR:-$(model_dir)}
 model=$dir/q3n-80b.gguf
 report=$out/ab_80b.txt
 echo "# ab_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown), flags: $bench_flags" | tee "$report"

@@ -1,7 +1,7 @@
 # Sourced by the device scripts (run_all.sh, bench_80b.sh, ab_80b.sh, profile_80b.sh, timeline_80b.sh,
-# probe_80b.sh): the repository root (made the working directory), the bundle (BUNDLE, default
-# .device-bundle), the output folder (OUT, default device-out; created), the bundle's libraries on
-# the loader path, and where a new q3n-80b model goes.
+# probe_80b.sh, predict_80b.sh): the repository root (made the working directory), the bundle
+# (BUNDLE, default .device-bundle), the output folder (OUT, default device-out; created), the
+# bundle's libraries on the loader path, and where the q3n-80b model is or a new one goes.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 bundle=${BUNDLE:-$root/.device-bundle}
@@ -15,4 +15,12 @@ shm_free_gb() { df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-
 # The folder for a new q3n-80b.gguf (47 GB): /dev/shm when it has 52 GB free, else /tmp.
 new_model_dir() {
   if [ "$(shm_free_gb)" -ge 52 ] 2>/dev/null; then echo /dev/shm; else echo /tmp; fi
+}
+
+# The folder of the q3n-80b.gguf an earlier script made (/dev/shm, else /tmp), else new_model_dir's.
+model_dir() {
+  if [ -f /dev/shm/q3n-80b.gguf ]; then echo /dev/shm
+  elif [ -f /tmp/q3n-80b.gguf ]; then echo /tmp
+  else new_model_dir
+  fi
 }

@@ -44,13 +44,7 @@ gtest moe_predict gpu_moe_kernels_test '*Predict*:OneTokenFused*'
 gtest norm_route gpu_kernels_test '*NormRoute*:*RouteCompose*'
 
 # The model (bench_80b.sh's, else a new one).
-dir=${MODEL_DIR:-}
-if [ -z "$dir" ]; then
-  if [ -f /dev/shm/q3n-80b.gguf ]; then dir=/dev/shm
-  elif [ -f /tmp/q3n-80b.gguf ]; then dir=/tmp
-  else dir=$(new_model_dir)
-  fi
-fi
+dir=${MODEL_DIR:-$(model_dir)}
 model=$dir/q3n-80b.gguf
 if [ ! -f "$model" ]; then
   "$bundle/bin/tandem" gen-model --preset q3n-80b --out "$model" --threads "$(nproc)" 2>&1 | tail -1 | tee -a "$report"
