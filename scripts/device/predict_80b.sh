@@ -8,7 +8,8 @@
 #   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
 #      guess the pick its blocks served: the "speculative copies" line) and one without;
 #   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
-#      prediction at 10, 20 and 30 guesses, every layer or GDN layers only;
+#      prediction at 10, 20 and 30 guesses, every layer or GDN layers only, and at 20 with the
+#      guesses' down rows into L2 too;
 #   4. gpu_backend_test with TANDEM_NORM_PREDICT=20 (logits and picks as without it).
 # Writes predict_80b.txt (the summary) and the stages' logs under $OUT.
 # Usage (device): scripts/device/predict_80b.sh [--deadline SECONDS] (default 560: a call's limit
@@ -71,7 +72,8 @@ if [ "$(left)" -gt 240 ]; then
     --bench "--batches 1 --prefill 512 --decode-steps 32" \
     'off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20' \
     'p30:TANDEM_NORM_PREDICT=30' 'p10g:TANDEM_NORM_PREDICT=10 TANDEM_NORM_PREDICT_LAYERS=gdn' \
-    'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' >"$out/ab_80b.log" 2>&1
+    'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' \
+    'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1' >"$out/ab_80b.log" 2>&1
   note "ab_80b: rc=$? ($rounds rounds)"
   sed -n '/median/,$p' "$out/ab_80b.txt" | tee -a "$report"
 else

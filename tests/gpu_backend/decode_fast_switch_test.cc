@@ -165,18 +165,25 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
 // when the MoE stage is made: TANDEM_NORM_PREDICT): the kernel copies its guesses' rows while it
 // routes and serves every pick once whatever the guesses, so the same values are summed, in
 // another order of the atomics (small: the fused kernel with its logits from the output products,
-// the default; in every layer, then in the GDN layers only). The kernel tests show that the
-// guesses are made and served (GpuNormRouteTest, OneTokenFusedPredictTest).
+// the default; in every layer, in the GDN layers only, and with the guesses' down rows asked into
+// L2). The kernel tests show that the guesses are made and served (GpuNormRouteTest,
+// OneTokenFusedPredictTest).
 TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
   const cuda::PickPrediction was = cuda::PickPredictionSettings();
   const bool was_fused = cuda::OneTokenFused();
   cuda::SetOneTokenFused(true);
-  for (const bool gdn_only : {false, true}) {
+  struct Form {
+    const char* what;
+    bool gdn_only, down_l2;
+  };
+  for (const Form f : {Form{"20 guessed picks, every layer", false, false},
+                       Form{"20 guessed picks, GDN layers", true, false},
+                       Form{"20 guessed picks, their down rows into L2", false, true}}) {
     ExpectOneTokenSwitchKeepsLogitsClose(
-        GetParam(), gdn_only ? "20 guessed picks, GDN layers" : "20 guessed picks, every layer",
-        [gdn_only](bool on) { cuda::SetPickPrediction(cuda::PickPrediction{on ? 20 : 0, gdn_only}); },
+        GetParam(), f.what,
+        [f](bool on) { cuda::SetPickPrediction(cuda::PickPrediction{on ? 20 : 0, f.gdn_only, f.down_l2}); },
         /*deterministic=*/false, /*same_values=*/true);
   }
   cuda::SetOneTokenFused(was_fused);

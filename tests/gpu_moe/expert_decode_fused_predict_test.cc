@@ -167,7 +167,8 @@ std::vector<int> PickIds(const Outputs& o, int K) { return std::vector<int>(o.pi
 // Every prediction form on several shapes (the 80B one with the shared expert inside; E <= 128,
 // E < 512 with 16 logits a lane, K = 32 and K = 1), x staged before or after the wait, the routing
 // warp 0 or by slot: the picks and weights to the bit, the flag, and y within kSameY of the launch
-// without a prediction on the same inputs.
+// without a prediction on the same inputs; each with and without the guesses' down rows asked into
+// L2 (FusedPrediction::down_l2).
 TEST(OneTokenFusedPredictTest, EveryPredictionGivesTheResultsWithoutOne) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -222,19 +223,22 @@ TEST(OneTokenFusedPredictTest, EveryPredictionGivesTheResultsWithoutOne) {
       const std::vector<int> wrong = WrongIds(picks, c.E, c.sets);
       ASSERT_FALSE(wrong.empty()) << shape;
       for (const Form& f : Forms(rng, picks, wrong, static_cast<int>(c.E))) {
-        const std::string what = absl::StrCat(shape, ", ", f.name, " (", f.ids.size(), " ids)");
         const DeviceBuffer ids = testing::Upload(f.ids);
-        const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size())};
-        ResetOutputs(step, c.h, c.K);
-        TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, where, nullptr, nullptr, &pd));
-        TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-        const Outputs got = Read(step, c.h, c.K);
-        EXPECT_EQ(got.picks, base.picks) << what << ": picks or weights' bits";
-        EXPECT_EQ(got.error, base.error) << what;
-        ASSERT_TRUE(testing::AllFinite(got.y)) << what;
-        const double err = testing::RelativeL2(got.y, base.y);
-        EXPECT_LE(err, kSameY) << what;
-        std::printf("fused one-token MoE with a prediction, %s: y relative L2 to without %.3e\n", what.c_str(), err);
+        for (const bool down_l2 : {false, true}) {  // the guesses' down rows into L2 or not
+          const std::string what =
+              absl::StrCat(shape, ", ", f.name, " (", f.ids.size(), " ids)", down_l2 ? ", down rows into L2" : "");
+          const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size()), down_l2};
+          ResetOutputs(step, c.h, c.K);
+          TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, where, nullptr, nullptr, &pd));
+          TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+          const Outputs got = Read(step, c.h, c.K);
+          EXPECT_EQ(got.picks, base.picks) << what << ": picks or weights' bits";
+          EXPECT_EQ(got.error, base.error) << what;
+          ASSERT_TRUE(testing::AllFinite(got.y)) << what;
+          const double err = testing::RelativeL2(got.y, base.y);
+          EXPECT_LE(err, kSameY) << what;
+          std::printf("fused one-token MoE with a prediction, %s: y relative L2 to without %.3e\n", what.c_str(), err);
+        }
       }
     }
   }

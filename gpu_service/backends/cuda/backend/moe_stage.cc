@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -105,28 +107,27 @@ void SetFusedPickWarpBySlot(bool on) { g_fused_pick_warp_by_slot.set(on); }
 bool FusedPickWarpBySlot() { return g_fused_pick_warp_by_slot.on(); }
 
 namespace {
-// PickPredictionSettings: ids -1 until read or set.
-std::atomic<int> g_predict_ids{-1};
-std::atomic<bool> g_predict_gdn_only{false};
+// PickPredictionSettings: read from the environment on first use unless set before.
+std::mutex g_predict_mu;
+std::optional<PickPrediction> g_predict;
 }  // namespace
 
 PickPrediction PickPredictionSettings() {
-  if (g_predict_ids.load(std::memory_order_relaxed) < 0) {
-    const bool gdn_only = EnvChoice<bool>("TANDEM_NORM_PREDICT_LAYERS", {{"all", false}, {"gdn", true}}, false);
-    int unset = -1;
-    if (g_predict_ids.compare_exchange_strong(
-            unset, static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT", 0, 0, kFusedPredictMax)),
-            std::memory_order_relaxed)) {
-      g_predict_gdn_only.store(gdn_only, std::memory_order_relaxed);
-    }
+  std::lock_guard<std::mutex> lock(g_predict_mu);
+  if (!g_predict.has_value()) {
+    PickPrediction p;
+    p.ids = static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT", 0, 0, kFusedPredictMax));
+    p.gdn_only = EnvChoice<bool>("TANDEM_NORM_PREDICT_LAYERS", {{"all", false}, {"gdn", true}}, false);
+    p.down_l2 = EnvSwitch("TANDEM_NORM_PREDICT_DOWN");
+    g_predict = p;
   }
-  return PickPrediction{g_predict_ids.load(std::memory_order_relaxed),
-                        g_predict_gdn_only.load(std::memory_order_relaxed)};
+  return *g_predict;
 }
 
 void SetPickPrediction(PickPrediction p) {
-  g_predict_gdn_only.store(p.gdn_only, std::memory_order_relaxed);
-  g_predict_ids.store(std::clamp(p.ids, 0, kFusedPredictMax), std::memory_order_relaxed);
+  p.ids = std::clamp(p.ids, 0, kFusedPredictMax);
+  std::lock_guard<std::mutex> lock(g_predict_mu);
+  g_predict = p;
 }
 
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
@@ -210,6 +211,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pred_blocks.get(), 0, impl->pred_blocks.bytes()));
       impl->predict_ids = predict.ids;
       impl->predict_gdn_only = predict.gdn_only;
+      impl->predict_down_l2 = predict.down_l2;
     }
   }
   const bool shared_gemms =

@@ -149,11 +149,13 @@ bool FusedPickWarpBySlot();
 // while it routes (FusedPrediction). Off by default: not yet measured end to end (docs/PERF.md,
 // forty-fifth session). TANDEM_NORM_PREDICT=M (1 .. kFusedPredictMax): M guesses, the first K
 // copied, the rest asked into L2. TANDEM_NORM_PREDICT_LAYERS=gdn: in GDN layers only, whose norm
-// starts beside the GDN kernel (all: every layer with ready logits, the default). Read once, when
-// the first MoE stage is made (its buffers are sized then) unless set before.
+// starts beside the GDN kernel (all: every layer with ready logits, the default).
+// TANDEM_NORM_PREDICT_DOWN=1: the guesses' down rows into L2 too (FusedPrediction::down_l2). Read
+// once, when the first MoE stage is made (its buffers are sized then) unless set before.
 struct PickPrediction {
   int ids = 0;  // 0: off
   bool gdn_only = false;
+  bool down_l2 = false;
 };
 PickPrediction PickPredictionSettings();
 void SetPickPrediction(PickPrediction p);

@@ -89,10 +89,13 @@ struct FusedRouter {
 // results equal the kernel's without a prediction up to the order of y's atomic additions.
 // ids: `count` ints (device), written by the launch before the kernel's (read after its wait).
 // count: 1 .. kFusedPredictMax. Only without router blocks (the logits handed in ready).
+// down_l2: each routed block also asks for its down rows of its guess into L2 (while it routes),
+// so that a right guess's down copies come from L2.
 inline constexpr int kFusedPredictMax = 32;
 struct FusedPrediction {
   const int* ids = nullptr;
   int count = 0;
+  bool down_l2 = false;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,

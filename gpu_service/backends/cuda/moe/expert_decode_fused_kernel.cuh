@@ -292,6 +292,11 @@ __global__ void __launch_bounds__(kThreads)
         }
         CpAsyncCommit();
       }
+      if (pd.down_l2 && guess >= 0) {  // the block's down rows of the guess (the routed branch's d)
+        const uint8_t* d = static_cast<const uint8_t*>(tdown[guess]) +
+                           static_cast<int64_t>(rank) * down_rows * down_row_bytes + (slice >> 1) * kSbBytes;
+        for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
+      }
       // The guesses past the first K: this warp's rows of them into L2, for a group whose guess
       // proves wrong and whose pick is one of them.
       for (int j = k + a.K; j < pd.count; j += a.K) {
