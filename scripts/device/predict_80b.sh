@@ -37,7 +37,9 @@ gtest() {  # name binary filter
   [ -x "$bin" ] || { note "$name: no $bin"; rc=1; return; }
   timeout 240 "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
   local r=$?
-  note "$name: rc=$r, $(grep -cE '^\[       OK \]' "$out/$name.log") passed, $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$out/$name.log") failed lines, $(grep -cE '^\[  SKIPPED \]' "$out/$name.log") skipped"
+  # A test's own line ends with its time; gtest's summary lists failed and skipped tests again.
+  note "$name: rc=$r, $(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$out/$name.log") passed, $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/$name.log") failed, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/$name.log") skipped"
+  grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/$name.log" | head -20 | tee -a "$report"
   [ $r -eq 0 ] || rc=1
 }
 gtest served_pick served_pick_test ""
@@ -52,40 +54,46 @@ if [ ! -f "$model" ]; then
 fi
 bench=$bundle/tests/gpu_backend_bench
 
-# 2. The probed steps: with a prediction first (the line that says the path ran), then main's.
+# 2. The probed steps: with a prediction first (the line that says the path ran), then main's. A
+# run's seconds (the model's load included) size the A/B below.
+run_s=30
 for form in p10:10 off:0; do
   label=${form%%:*}
   [ "$(left)" -gt 60 ] || { note "probe $label: skipped (deadline)"; continue; }
+  start=$SECONDS
   TANDEM_NORM_PREDICT=${form#*:} timeout 120 "$bench" --model "$model" --batches 1 --prefill 512 --decode-steps 32 \
     --probe-step >"$out/probe_$label.txt" 2>&1
-  note "probe $label: rc=$?"
+  r=$?
+  run_s=$((SECONDS - start + 2))
+  note "probe $label: rc=$r (${run_s}s with the model's load)"
+  [ $r -eq 0 ] || rc=1
   grep -E '^decode batch|speculative copies|^MoE kernel probe' "$out/probe_$label.txt" | sed 's/^/  /' | tee -a "$report"
   grep -E '^  routed +(PDL wait|picked|routed|gate/up|act|cluster|down|exit)' "$out/probe_$label.txt" | sed 's/^/  /' |
     tee -a "$report"
 done
 
-# 3. The A/B: one process a run, configurations interleaved round by round.
-if [ "$(left)" -gt 240 ]; then
-  rounds=3
-  [ "$(left)" -gt 400 ] || rounds=2
-  OUT=$out BUNDLE=$bundle MODEL_DIR=$dir timeout $(( $(left) - 30 )) bash "$root/scripts/device/ab_80b.sh" --rounds $rounds \
-    --bench "--batches 1 --prefill 512 --decode-steps 32" \
-    'off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20' \
-    'p30:TANDEM_NORM_PREDICT=30' 'p10g:TANDEM_NORM_PREDICT=10 TANDEM_NORM_PREDICT_LAYERS=gdn' \
-    'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' \
-    'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1' >"$out/ab_80b.log" 2>&1
-  note "ab_80b: rc=$? ($rounds rounds)"
+# 3. The A/B: one process a run, configurations interleaved round by round; as many rounds (up to
+# three) as the time left holds at the probes' seconds a run, keeping a minute for the backend test.
+configs=('off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20'
+  'p30:TANDEM_NORM_PREDICT=30' 'p10g:TANDEM_NORM_PREDICT=10 TANDEM_NORM_PREDICT_LAYERS=gdn'
+  'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' 'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1')
+rounds=$(( ($(left) - 60) / (run_s * ${#configs[@]}) ))
+[ "$rounds" -le 3 ] || rounds=3
+if [ "$rounds" -ge 1 ]; then
+  OUT=$out BUNDLE=$bundle MODEL_DIR=$dir timeout $(( $(left) - 20 )) bash "$root/scripts/device/ab_80b.sh" --rounds $rounds \
+    --bench "--batches 1 --prefill 512 --decode-steps 32" "${configs[@]}" >"$out/ab_80b.log" 2>&1
+  note "ab_80b: rc=$? ($rounds rounds at ~${run_s}s a run)"
   sed -n '/median/,$p' "$out/ab_80b.txt" | tee -a "$report"
 else
-  note "ab_80b: skipped (deadline)"
+  note "ab_80b: skipped (deadline: ${run_s}s a run)"
 fi
 
 # 4. The backend's decode tests with the prediction on.
 if [ "$(left)" -gt 90 ]; then
   TANDEM_NORM_PREDICT=20 timeout $(( $(left) - 10 )) "$bundle/tests/gpu_backend_test" >"$out/backend_p20.log" 2>&1
   r=$?
-  note "gpu_backend_test (TANDEM_NORM_PREDICT=20): rc=$r, $(grep -cE '^\[       OK \]' "$out/backend_p20.log") passed, $(grep -cE '^\[  SKIPPED \]' "$out/backend_p20.log") skipped"
-  grep -E '^\[  FAILED  \]' "$out/backend_p20.log" | head -20 | tee -a "$report"
+  note "gpu_backend_test (TANDEM_NORM_PREDICT=20): rc=$r, $(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$out/backend_p20.log") passed, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/backend_p20.log") skipped"
+  grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/backend_p20.log" | head -20 | tee -a "$report"
   [ $r -eq 0 ] || rc=1
 else
   note "gpu_backend_test: skipped (deadline)"
