@@ -8,8 +8,8 @@
 #   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
 #      guess the pick its blocks served: the "speculative copies" line) and one without;
 #   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
-#      prediction at 10, 20 and 30 guesses, every layer or GDN layers only, and at 20 with the
-#      guesses' down rows into L2 too;
+#      prediction at 10, 20 and 30 guesses, at 20 in GDN layers only, at 20 with the guesses' down
+#      rows into L2 too, and at 20 and 30 with 13 pick groups (13 guesses copied);
 #   4. gpu_backend_test with TANDEM_NORM_PREDICT=20 (logits and picks as without it).
 # Writes predict_80b.txt (the summary) and the stages' logs under $OUT.
 # Usage (device): scripts/device/predict_80b.sh [--deadline SECONDS] (default 560: a call's limit
@@ -75,8 +75,10 @@ done
 # 3. The A/B: one process a run, configurations interleaved round by round; as many rounds (up to
 # three) as the time left holds at the probes' seconds a run, keeping a minute for the backend test.
 configs=('off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20'
-  'p30:TANDEM_NORM_PREDICT=30' 'p10g:TANDEM_NORM_PREDICT=10 TANDEM_NORM_PREDICT_LAYERS=gdn'
-  'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' 'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1')
+  'p30:TANDEM_NORM_PREDICT=30' 'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn'
+  'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1'
+  'p20x13:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_GROUPS=13'
+  'p30x13:TANDEM_NORM_PREDICT=30 TANDEM_NORM_PREDICT_GROUPS=13')
 rounds=$(( ($(left) - 60) / (run_s * ${#configs[@]}) ))
 [ "$rounds" -le 3 ] || rounds=3
 if [ "$rounds" -ge 1 ]; then

@@ -165,9 +165,9 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
 // when the MoE stage is made: TANDEM_NORM_PREDICT): the kernel copies its guesses' rows while it
 // routes and serves every pick once whatever the guesses, so the same values are summed, in
 // another order of the atomics (small: the fused kernel with its logits from the output products,
-// the default; in every layer, in the GDN layers only, and with the guesses' down rows asked into
-// L2). The kernel tests show that the guesses are made and served (GpuNormRouteTest,
-// OneTokenFusedPredictTest).
+// the default; in every layer, in the GDN layers only, with the guesses' down rows asked into L2,
+// and with more pick groups than picks). The kernel tests show that the guesses are made and
+// served (GpuNormRouteTest, OneTokenFusedPredictTest).
 TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
@@ -177,13 +177,17 @@ TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
   struct Form {
     const char* what;
     bool gdn_only, down_l2;
+    int groups;
   };
-  for (const Form f : {Form{"20 guessed picks, every layer", false, false},
-                       Form{"20 guessed picks, GDN layers", true, false},
-                       Form{"20 guessed picks, their down rows into L2", false, true}}) {
+  for (const Form f : {Form{"20 guessed picks, every layer", false, false, 0},
+                       Form{"20 guessed picks, GDN layers", true, false, 0},
+                       Form{"20 guessed picks, their down rows into L2", false, true, 0},
+                       Form{"20 guessed picks, 11 pick groups (small's K of 8 and three more)", false, false, 11}}) {
     ExpectOneTokenSwitchKeepsLogitsClose(
         GetParam(), f.what,
-        [f](bool on) { cuda::SetPickPrediction(cuda::PickPrediction{on ? 20 : 0, f.gdn_only, f.down_l2}); },
+        [f](bool on) {
+          cuda::SetPickPrediction(cuda::PickPrediction{on ? 20 : 0, f.gdn_only, f.down_l2, f.groups});
+        },
         /*deterministic=*/false, /*same_values=*/true);
   }
   cuda::SetOneTokenFused(was_fused);

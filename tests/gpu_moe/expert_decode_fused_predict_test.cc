@@ -168,7 +168,7 @@ std::vector<int> PickIds(const Outputs& o, int K) { return std::vector<int>(o.pi
 // E < 512 with 16 logits a lane, K = 32 and K = 1), x staged before or after the wait, the routing
 // warp 0 or by slot: the picks and weights to the bit, the flag, and y within kSameY of the launch
 // without a prediction on the same inputs; each with and without the guesses' down rows asked into
-// L2 (FusedPrediction::down_l2).
+// L2 (FusedPrediction::down_l2), with K pick groups and with three more (FusedPrediction::groups).
 TEST(OneTokenFusedPredictTest, EveryPredictionGivesTheResultsWithoutOne) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -222,12 +222,18 @@ TEST(OneTokenFusedPredictTest, EveryPredictionGivesTheResultsWithoutOne) {
       }
       const std::vector<int> wrong = WrongIds(picks, c.E, c.sets);
       ASSERT_FALSE(wrong.empty()) << shape;
+      // K pick groups, and (but at K = 32) three more than picks.
+      std::vector<int> group_counts = {0};
+      if (c.K < kOneTokenMaxPicks) group_counts.push_back(std::min(c.K + 3, kOneTokenMaxPicks));
       for (const Form& f : Forms(rng, picks, wrong, static_cast<int>(c.E))) {
         const DeviceBuffer ids = testing::Upload(f.ids);
-        for (const bool down_l2 : {false, true}) {  // the guesses' down rows into L2 or not
-          const std::string what =
-              absl::StrCat(shape, ", ", f.name, " (", f.ids.size(), " ids)", down_l2 ? ", down rows into L2" : "");
-          const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size()), down_l2};
+        for (int v = 0; v < 2 * static_cast<int>(group_counts.size()); ++v) {
+          const bool down_l2 = v % 2 == 1;  // the guesses' down rows into L2 or not
+          const int groups = group_counts[v / 2];
+          const std::string what = absl::StrCat(shape, ", ", f.name, " (", f.ids.size(), " ids)",
+                                                down_l2 ? ", down rows into L2" : "",
+                                                groups != 0 ? absl::StrCat(", ", groups, " pick groups") : "");
+          const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size()), down_l2, groups};
           ResetOutputs(step, c.h, c.K);
           TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, where, nullptr, nullptr, &pd));
           TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -248,7 +254,8 @@ TEST(OneTokenFusedPredictTest, EveryPredictionGivesTheResultsWithoutOne) {
 // block's kFusedProbeSpeculated word holds its group's guess (none where the id is invalid or
 // past the count), the expert it served (the pick served_pick.h's rule gives its group) and
 // whether the two are one; the shared blocks' word is 0, as every block's is without a prediction.
-// The results are the plain launch's.
+// With three pick groups more than picks, the grid grows by theirs and the groups left without a
+// pick serve none. The results are the plain launch's.
 TEST(OneTokenFusedPredictTest, ProbeReportsTheGuessAndThePickServed) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -265,8 +272,9 @@ TEST(OneTokenFusedPredictTest, ProbeReportsTheGuessAndThePickServed) {
   const int grid = OneTokenFusedGridBlocks(a, &m.sq.where, nullptr);
   const int per_pick = static_cast<int>(I) / kFusedSliceCols * kFusedCluster;
   ASSERT_EQ(grid, kFusedCluster * (K * I / kFusedSliceCols + 512 / kFusedSharedSliceCols));
-  const size_t words = static_cast<size_t>(grid) * kFusedProbeWords;
-  DeviceBuffer stamps = testing::Upload(std::vector<unsigned long long>(words, 0));
+  constexpr int kMoreGroups = K + 3;  // three pick groups more than picks (FusedPrediction::groups)
+  const size_t max_words = static_cast<size_t>(grid + (kMoreGroups - K) * per_pick) * kFusedProbeWords;
+  DeviceBuffer stamps = testing::Upload(std::vector<unsigned long long>(max_words, 0));
   auto* d = stamps.as<unsigned long long>();
   ResetOutputs(step, h, K);
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &m.sq.where, nullptr));
@@ -279,60 +287,71 @@ TEST(OneTokenFusedPredictTest, ProbeReportsTheGuessAndThePickServed) {
   TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedProbed(a, &m.sq.where, nullptr, nullptr, d));
   TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
   {
-    const std::vector<unsigned long long> rows = Download<unsigned long long>(d, words);
+    const std::vector<unsigned long long> rows =
+        Download<unsigned long long>(d, static_cast<size_t>(grid) * kFusedProbeWords);
     for (int b = 0; b < grid; ++b) {
       EXPECT_EQ(rows[static_cast<size_t>(b) * kFusedProbeWords + kFusedProbeSpeculated], 0u) << "no prediction, block " << b;
     }
   }
   for (const Form& f : Forms(rng, picks, WrongIds(picks, E, kSets), static_cast<int>(E))) {
-    const std::string what = absl::StrCat(f.name, " (", f.ids.size(), " ids)");
     const DeviceBuffer ids = testing::Upload(f.ids);
-    const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size())};
-    ResetOutputs(step, h, K);
-    TANDEM_ASSERT_CUDA(cudaMemset(d, 0, words * sizeof(unsigned long long)));
-    TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedProbed(a, &m.sq.where, nullptr, nullptr, d, &pd));
-    TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-    const Outputs got = Read(step, h, K);
-    EXPECT_EQ(got.picks, base.picks) << what;
-    EXPECT_EQ(got.error, base.error) << what;
-    EXPECT_LE(testing::RelativeL2(got.y, base.y), kSameY) << what;
-    // Group k's guess as the kernel takes it (served_pick.h: an id outside [0, E) is none).
-    std::vector<int> guesses(static_cast<size_t>(K), -1);
-    for (int k = 0; k < K && k < static_cast<int>(f.ids.size()); ++k) {
-      if (f.ids[k] >= 0 && f.ids[k] < E) guesses[k] = f.ids[k];
+    for (const int groups : {0, kMoreGroups}) {
+      const int G = groups != 0 ? groups : K;
+      const std::string what = absl::StrCat(f.name, " (", f.ids.size(), " ids, ", G, " pick groups)");
+      const FusedPrediction pd{ids.as<int>(), static_cast<int>(f.ids.size()), false, groups};
+      const int pd_grid = OneTokenFusedGridBlocks(a, &m.sq.where, nullptr, &pd);
+      ASSERT_EQ(pd_grid, grid + (G - K) * per_pick) << what;
+      const size_t words = static_cast<size_t>(pd_grid) * kFusedProbeWords;
+      ResetOutputs(step, h, K);
+      TANDEM_ASSERT_CUDA(cudaMemset(d, 0, words * sizeof(unsigned long long)));
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFusedProbed(a, &m.sq.where, nullptr, nullptr, d, &pd));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      const Outputs got = Read(step, h, K);
+      EXPECT_EQ(got.picks, base.picks) << what;
+      EXPECT_EQ(got.error, base.error) << what;
+      EXPECT_LE(testing::RelativeL2(got.y, base.y), kSameY) << what;
+      // Group g's guess as the kernel takes it (served_pick.h: an id outside [0, E) is none).
+      std::vector<int> guesses(static_cast<size_t>(G), -1);
+      for (int g = 0; g < G && g < static_cast<int>(f.ids.size()); ++g) {
+        if (f.ids[g] >= 0 && f.ids[g] < E) guesses[g] = f.ids[g];
+      }
+      const std::vector<unsigned long long> rows = Download<unsigned long long>(d, words);
+      int hits = 0, idle = 0;
+      for (int b = 0; b < pd_grid; ++b) {
+        const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kFusedProbeWords;
+        if (b >= G * per_pick) {
+          EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kFusedProbeSharedKind)) << what << ", block " << b;
+          EXPECT_EQ(r[kFusedProbeSpeculated], 0u) << what << ", shared block " << b;
+          continue;
+        }
+        const int k = b / per_pick;
+        ASSERT_EQ(static_cast<long long>(r[kFusedProbePick]), k) << what << ", block " << b;
+        const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
+        const int j = ServedPickOfGroups(guesses.data(), G, picks.data(), K, static_cast<int>(E), k);
+        const int served = j >= 0 ? picks[j] : -1;
+        EXPECT_EQ(s.guess, guesses[k]) << what << ", block " << b << " (group " << k << ")";
+        EXPECT_EQ(s.served, served) << what << ", block " << b << " (group " << k << ")";
+        EXPECT_EQ(s.hit, s.guess >= 0 && s.guess == s.served) << what << ", block " << b << " (group " << k << ")";
+        hits += s.hit ? 1 : 0;
+        idle += served < 0 ? 1 : 0;
+        if (groups == 0 && f.name == "all right reversed") {
+          EXPECT_TRUE(s.hit) << what << ", block " << b;
+          EXPECT_EQ(s.served, picks[K - 1 - k]) << what << ", block " << b;
+        }
+        if (f.name == "all invalid" || f.name == "none right") {
+          EXPECT_EQ(s.served, k < K ? picks[k] : -1) << what << ", block " << b << ": no match, its own pick";
+        }
+      }
+      EXPECT_EQ(idle, (G - K) * per_pick) << what << ": the groups past the picks";
+      std::printf("fused one-token MoE probed with a prediction, %s: %d of %d routed blocks hit\n", what.c_str(), hits,
+                  G * per_pick);
     }
-    const std::vector<unsigned long long> rows = Download<unsigned long long>(d, words);
-    int hits = 0;
-    for (int b = 0; b < grid; ++b) {
-      const unsigned long long* r = rows.data() + static_cast<size_t>(b) * kFusedProbeWords;
-      if (b >= K * per_pick) {
-        EXPECT_EQ(r[kFusedProbeKind], static_cast<unsigned long long>(kFusedProbeSharedKind)) << what << ", block " << b;
-        EXPECT_EQ(r[kFusedProbeSpeculated], 0u) << what << ", shared block " << b;
-        continue;
-      }
-      const int k = b / per_pick;
-      ASSERT_EQ(static_cast<long long>(r[kFusedProbePick]), k) << what << ", block " << b;
-      const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
-      const int served = picks[ServedPick(guesses.data(), picks.data(), K, static_cast<int>(E), k)];
-      EXPECT_EQ(s.guess, guesses[k]) << what << ", block " << b << " (group " << k << ")";
-      EXPECT_EQ(s.served, served) << what << ", block " << b << " (group " << k << ")";
-      EXPECT_EQ(s.hit, s.guess == s.served) << what << ", block " << b << " (group " << k << ")";
-      hits += s.hit ? 1 : 0;
-      if (f.name == "all right reversed") {
-        EXPECT_TRUE(s.hit) << what << ", block " << b;
-        EXPECT_EQ(s.served, picks[K - 1 - k]) << what << ", block " << b;
-      }
-      if (f.name == "all invalid" || f.name == "none right" || f.name == "right ids past K only") {
-        EXPECT_EQ(s.served, picks[k]) << what << ", block " << b << ": no match, its own pick";
-      }
-    }
-    std::printf("fused one-token MoE probed with a prediction, %s: %d of %d routed blocks hit\n", what.c_str(), hits,
-                K * per_pick);
   }
 }
 
-// A prediction of 0 or more than kFusedPredictMax ids, without ids, or with router blocks is
-// refused (plain and probed launches) and launches nothing; a valid one runs.
+// A prediction of 0 or more than kFusedPredictMax ids, without ids, with fewer pick groups than
+// picks or more than kOneTokenMaxPicks, or with router blocks is refused (plain and probed
+// launches) and launches nothing; a valid one runs.
 TEST(OneTokenFusedPredictTest, RefusesWhatItCannotTake) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
@@ -350,8 +369,11 @@ TEST(OneTokenFusedPredictTest, RefusesWhatItCannotTake) {
   DeviceBuffer stamps = testing::Upload(std::vector<unsigned long long>(4096 * kFusedProbeWords, 0));
   for (const FusedPrediction& bad : {FusedPrediction{ids.as<int>(), 0}, FusedPrediction{ids.as<int>(), -1},
                                      FusedPrediction{ids.as<int>(), kFusedPredictMax + 1},
-                                     FusedPrediction{nullptr, K}}) {
-    const std::string what = absl::StrCat("count ", bad.count, bad.ids == nullptr ? ", no ids" : "");
+                                     FusedPrediction{nullptr, K},
+                                     FusedPrediction{ids.as<int>(), K, false, K - 1},
+                                     FusedPrediction{ids.as<int>(), K, false, kOneTokenMaxPicks + 1}}) {
+    const std::string what =
+        absl::StrCat("count ", bad.count, bad.ids == nullptr ? ", no ids" : "", ", groups ", bad.groups);
     EXPECT_EQ(LaunchOneTokenMoeFused(a, nullptr, nullptr, nullptr, &bad), cudaErrorInvalidValue) << what;
     EXPECT_EQ(LaunchOneTokenMoeFusedProbed(a, nullptr, nullptr, nullptr, stamps.as<unsigned long long>(), &bad),
               cudaErrorInvalidValue)

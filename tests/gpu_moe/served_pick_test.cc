@@ -2,8 +2,8 @@
 // FusedPrediction) on the host: for random picks and guesses of every kind (right in order, right
 // in another order, repeated, invalid ids, none right, random mixes) and K from 1 to 32, the map
 // group -> pick is a permutation (every pick served once), a group whose guess is a pick and the
-// first with that guess serves it, and the other groups take the other picks in increasing order.
-// Plain C++: runs without a GPU.
+// first with that guess serves it, and the other groups take the other picks in increasing order;
+// with more groups than picks the groups left over serve none. Plain C++: runs without a GPU.
 #include "gpu_service/backends/cuda/moe/served_pick.h"
 
 #include <algorithm>
@@ -44,42 +44,49 @@ TEST(NthSetBitTest, FindsTheNthSetBit) {
   }
 }
 
-// The rule's properties for one set of guesses and picks (K of each).
+// The rule's properties for one set of guesses (a group each: K or more groups) and K picks.
 void CheckServed(const std::vector<int>& guesses, const std::vector<int>& picks, const std::string& what) {
-  const int K = static_cast<int>(picks.size());
-  ASSERT_EQ(static_cast<int>(guesses.size()), K) << what;
-  std::vector<int> served(static_cast<size_t>(K));
-  for (int k = 0; k < K; ++k) served[k] = ServedPick(guesses.data(), picks.data(), K, kE, k);
-  // A permutation of 0 .. K - 1.
-  std::vector<int> sorted = served;
+  const int K = static_cast<int>(picks.size()), G = static_cast<int>(guesses.size());
+  ASSERT_GE(G, K) << what;
+  std::vector<int> served(static_cast<size_t>(G));
+  for (int g = 0; g < G; ++g) served[g] = ServedPickOfGroups(guesses.data(), G, picks.data(), K, kE, g);
+  if (G == K) {
+    for (int k = 0; k < K; ++k) EXPECT_EQ(ServedPick(guesses.data(), picks.data(), K, kE, k), served[k]) << what;
+  }
+  // Every pick served by one group; the groups left over serve none (-1).
+  std::vector<int> sorted;
+  for (int v : served) {
+    if (v != -1) sorted.push_back(v);
+  }
   std::sort(sorted.begin(), sorted.end());
   std::vector<int> identity(static_cast<size_t>(K));
   std::iota(identity.begin(), identity.end(), 0);
   ASSERT_EQ(sorted, identity) << what << ": not every pick served once";
   // Matches: a valid guess equal to a valid pick, the first group with that guess.
-  std::vector<int> match(static_cast<size_t>(K), -1);
+  std::vector<int> match(static_cast<size_t>(G), -1);
   std::vector<bool> pick_matched(static_cast<size_t>(K), false);
-  for (int k = 0; k < K; ++k) {
-    const int g = guesses[k];
-    if (g < 0 || g >= kE) continue;
-    if (std::find(guesses.begin(), guesses.begin() + k, g) != guesses.begin() + k) continue;
-    const auto it = std::find(picks.begin(), picks.end(), g);
+  for (int g = 0; g < G; ++g) {
+    const int id = guesses[g];
+    if (id < 0 || id >= kE) continue;
+    if (std::find(guesses.begin(), guesses.begin() + g, id) != guesses.begin() + g) continue;
+    const auto it = std::find(picks.begin(), picks.end(), id);
     if (it == picks.end()) continue;
-    match[k] = static_cast<int>(it - picks.begin());
-    pick_matched[match[k]] = true;
+    match[g] = static_cast<int>(it - picks.begin());
+    pick_matched[match[g]] = true;
   }
   std::vector<int> free_picks;
   for (int j = 0; j < K; ++j) {
     if (!pick_matched[j]) free_picks.push_back(j);
   }
   size_t n = 0;
-  for (int k = 0; k < K; ++k) {
-    if (match[k] >= 0) {
-      EXPECT_EQ(served[k], match[k]) << what << ": group " << k << " (guess " << guesses[k] << ") not its pick";
-    } else {
-      ASSERT_LT(n, free_picks.size()) << what;
-      EXPECT_EQ(served[k], free_picks[n]) << what << ": unmatched group " << k << " not the next unmatched pick";
+  for (int g = 0; g < G; ++g) {
+    if (match[g] >= 0) {
+      EXPECT_EQ(served[g], match[g]) << what << ": group " << g << " (guess " << guesses[g] << ") not its pick";
+    } else if (n < free_picks.size()) {
+      EXPECT_EQ(served[g], free_picks[n]) << what << ": unmatched group " << g << " not the next unmatched pick";
       ++n;
+    } else {
+      EXPECT_EQ(served[g], -1) << what << ": group " << g << " past the unmatched picks";
     }
   }
   EXPECT_EQ(n, free_picks.size()) << what;
@@ -169,6 +176,48 @@ TEST(ServedPickTest, InvalidPicksAreServedButNeverMatched) {
         EXPECT_GE(served, K - bad) << "group " << k << " guessed E";
       } else {
         EXPECT_EQ(picks[served], guesses[k]) << "group " << k;
+      }
+    }
+  }
+}
+
+// More groups than picks (FusedPrediction::groups): the groups' guesses hold the picks anywhere,
+// some of them, or none; every pick is still served once, matched groups keep their pick, and the
+// unmatched groups past the unmatched picks serve none.
+TEST(ServedPickTest, MoreGroupsThanPicksServeEveryPickOnce) {
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  for (int K = 1; K <= 31; ++K) {
+    for (int G = K + 1; G <= 32; G += 1 + static_cast<int>(rng() % 4)) {
+      for (int t = 0; t < 10; ++t) {
+        const std::vector<int> picks = RandomPicks(rng, K);
+        const std::string tag = "K " + std::to_string(K) + " groups " + std::to_string(G) + " trial " + std::to_string(t);
+        // Every pick among the guesses, at random places; the other groups guess non-picks.
+        std::vector<int> guesses(static_cast<size_t>(G));
+        for (int g = 0; g < G; ++g) guesses[g] = NotAPick(rng, picks);
+        std::vector<int> places(static_cast<size_t>(G));
+        std::iota(places.begin(), places.end(), 0);
+        std::shuffle(places.begin(), places.end(), rng);
+        for (int j = 0; j < K; ++j) guesses[places[j]] = picks[j];
+        CheckServed(guesses, picks, tag + " all picks guessed");
+        for (int j = 0; j < K; ++j) {
+          EXPECT_EQ(ServedPickOfGroups(guesses.data(), G, picks.data(), K, kE, places[j]), j) << tag;
+        }
+        // None right: the first K groups serve the picks in order, the rest none.
+        std::vector<int> none(static_cast<size_t>(G));
+        for (int g = 0; g < G; ++g) none[g] = rng() % 2 == 0 ? NotAPick(rng, picks) : InvalidId(rng);
+        CheckServed(none, picks, tag + " none right");
+        for (int g = 0; g < G; ++g) {
+          EXPECT_EQ(ServedPickOfGroups(none.data(), G, picks.data(), K, kE, g), g < K ? g : -1) << tag;
+        }
+        // Random mixes.
+        for (int m = 0; m < 5; ++m) {
+          std::vector<int> mix(static_cast<size_t>(G));
+          for (int g = 0; g < G; ++g) {
+            const unsigned kind = rng() % 3;
+            mix[g] = kind == 0 ? picks[rng() % K] : kind == 1 ? NotAPick(rng, picks) : InvalidId(rng);
+          }
+          CheckServed(mix, picks, tag + " mix " + std::to_string(m));
+        }
       }
     }
   }

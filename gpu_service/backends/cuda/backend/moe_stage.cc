@@ -119,6 +119,7 @@ PickPrediction PickPredictionSettings() {
     p.ids = static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT", 0, 0, kFusedPredictMax));
     p.gdn_only = EnvChoice<bool>("TANDEM_NORM_PREDICT_LAYERS", {{"all", false}, {"gdn", true}}, false);
     p.down_l2 = EnvSwitch("TANDEM_NORM_PREDICT_DOWN");
+    p.groups = static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT_GROUPS", 0, 0, kOneTokenMaxPicks));
     g_predict = p;
   }
   return *g_predict;
@@ -126,6 +127,7 @@ PickPrediction PickPredictionSettings() {
 
 void SetPickPrediction(PickPrediction p) {
   p.ids = std::clamp(p.ids, 0, kFusedPredictMax);
+  p.groups = std::clamp(p.groups, 0, kOneTokenMaxPicks);
   std::lock_guard<std::mutex> lock(g_predict_mu);
   g_predict = p;
 }
@@ -212,6 +214,7 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
       impl->predict_ids = predict.ids;
       impl->predict_gdn_only = predict.gdn_only;
       impl->predict_down_l2 = predict.down_l2;
+      impl->predict_groups = predict.groups > K ? predict.groups : 0;
     }
   }
   const bool shared_gemms =

@@ -150,12 +150,16 @@ bool FusedPickWarpBySlot();
 // forty-fifth session). TANDEM_NORM_PREDICT=M (1 .. kFusedPredictMax): M guesses, the first K
 // copied, the rest asked into L2. TANDEM_NORM_PREDICT_LAYERS=gdn: in GDN layers only, whose norm
 // starts beside the GDN kernel (all: every layer with ready logits, the default).
-// TANDEM_NORM_PREDICT_DOWN=1: the guesses' down rows into L2 too (FusedPrediction::down_l2). Read
-// once, when the first MoE stage is made (its buffers are sized then) unless set before.
+// TANDEM_NORM_PREDICT_DOWN=1: the guesses' down rows into L2 too (FusedPrediction::down_l2).
+// TANDEM_NORM_PREDICT_GROUPS=G (K < G <= 32): G pick groups in the fused kernel's grid, so that G
+// guesses are copied before routing (FusedPrediction::groups; at the 80B shapes 13 keeps the grid
+// in the clusters an H200 holds at once). Read once, when the first MoE stage is made (its buffers
+// are sized then) unless set before.
 struct PickPrediction {
   int ids = 0;  // 0: off
   bool gdn_only = false;
   bool down_l2 = false;
+  int groups = 0;  // 0 (or K and below): K
 };
 PickPrediction PickPredictionSettings();
 void SetPickPrediction(PickPrediction p);

@@ -353,7 +353,9 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
       }
       // The guess the ffn norm's launch wrote with the ready logits (ReadyLogitsFor).
       FusedPrediction guess;
-      if (logits_ready) guess = FusedPrediction{m.PredictedIds(layer), m.predict_ids, m.predict_down_l2};
+      if (logits_ready) {
+        guess = FusedPrediction{m.PredictedIds(layer), m.predict_ids, m.predict_down_l2, m.predict_groups};
+      }
       const bool predicted = guess.ids != nullptr && !router_inside;
       // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
       const auto launch = ProbeDecodeStep() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe

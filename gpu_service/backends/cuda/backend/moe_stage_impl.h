@@ -67,6 +67,7 @@ struct MoeStage::Impl {
   int predict_ids = 0;
   bool predict_gdn_only = false;
   bool predict_down_l2 = false;
+  int predict_groups = 0;  // FusedPrediction::groups
   // The guess's row of layer (after a ReadyLogitsFor that gave one), or nullptr: none this layer.
   int* PredictedIds(int64_t layer) const;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows

@@ -41,7 +41,8 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe, kPredict>, smem, raised); err != cudaSuccess) {
     return err;
   }
-  const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
+  const int blocks =
+      OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr, kPredict ? &pd : nullptr);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -105,7 +106,8 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
                            FusedPrediction* pd) {
   if (prediction != nullptr) {
     *pd = *prediction;
-    if (router != nullptr || pd->ids == nullptr || pd->count < 1 || pd->count > kFusedPredictMax) {
+    if (router != nullptr || pd->ids == nullptr || pd->count < 1 || pd->count > kFusedPredictMax ||
+        (pd->groups != 0 && (pd->groups < a.K || pd->groups > kOneTokenMaxPicks))) {
       return cudaErrorInvalidValue;
     }
   }
@@ -152,8 +154,9 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
 }
 
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                            const FusedRouter* router) {
-  return kFusedCluster * (a.K * a.inner / kFusedSliceCols +
+                            const FusedRouter* router, const FusedPrediction* prediction) {
+  const int groups = prediction != nullptr && prediction->groups > a.K ? prediction->groups : a.K;
+  return kFusedCluster * (groups * a.inner / kFusedSliceCols +
                           (shared_expert != nullptr ? shared_expert->inner / kFusedSharedSliceCols : 0)) +
          (router != nullptr ? router->blocks : 0);
 }

@@ -91,11 +91,16 @@ struct FusedRouter {
 // count: 1 .. kFusedPredictMax. Only without router blocks (the logits handed in ready).
 // down_l2: each routed block also asks for its down rows of its guess into L2 (while it routes),
 // so that a right guess's down copies come from L2.
+// groups: pick groups in the grid, K .. kOneTokenMaxPicks (0: K). More groups than picks copy more
+// guesses before routing (group k guess k; the L2 prefetches then start at guess `groups`); the
+// groups left without a pick once every pick has one compute nothing. The grid grows by
+// (groups - K) · inner / 16 blocks (OneTokenFusedGridBlocks).
 inline constexpr int kFusedPredictMax = 32;
 struct FusedPrediction {
   const int* ids = nullptr;
   int count = 0;
   bool down_l2 = false;
+  int groups = 0;
 };
 
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
@@ -124,7 +129,8 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
 // `prediction` (may be nullptr): the picks guessed before routing (FusedPrediction); not with a
-// router, count in 1 .. kFusedPredictMax, ids not null (cudaErrorInvalidValue otherwise).
+// router, count in 1 .. kFusedPredictMax, ids not null, groups 0 or K .. kOneTokenMaxPicks
+// (cudaErrorInvalidValue otherwise).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr,
                                    const FusedPrediction* prediction = nullptr);

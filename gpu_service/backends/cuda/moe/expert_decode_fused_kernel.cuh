@@ -147,8 +147,10 @@ __global__ void __launch_bounds__(kThreads)
   const int down_row_bytes = (a.inner >> 8) * kSbBytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int per_pick = a.inner / kFusedSliceCols * kFusedCluster;
-  const bool shared_block = block >= a.K * per_pick;
-  const int local = shared_block ? block - a.K * per_pick : block % per_pick;
+  // Pick groups: K, or more with a prediction (FusedPrediction::groups).
+  const int groups = kPredict && pd.groups > a.K ? pd.groups : a.K;
+  const bool shared_block = block >= groups * per_pick;
+  const int local = shared_block ? block - groups * per_pick : block % per_pick;
   const int k = shared_block ? a.K : block / per_pick;
   const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
@@ -230,9 +232,9 @@ __global__ void __launch_bounds__(kThreads)
                            static_cast<int64_t>(rank) * down_rows * down_row_bytes + (slice >> 1) * kSbBytes;
         for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
       }
-      // The guesses past the first K: this warp's rows of them into L2, for a group whose guess
+      // The guesses past the groups': this warp's rows of them into L2, for a group whose guess
       // proves wrong and whose pick is one of them.
-      for (int j = k + a.K; j < pd.count; j += a.K) {
+      for (int j = k + groups; j < pd.count; j += groups) {
         const int other = guess_at(j);
         if (other >= 0 && lane == 0) {
           PrefetchL2(static_cast<const uint8_t*>(tgate[other]) + at, mat_bytes);
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
     stamps.Stamp(kFusedProbeCountSeen);
     // kPredict: group `lane`'s guess for the rule below, loaded before the logits so that the two
     // loads overlap.
-    const int lane_guess = kPredict && lane < a.K ? guess_at(lane) : -1;
+    const int lane_guess = kPredict && lane < groups ? guess_at(lane) : -1;
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
@@ -264,25 +266,26 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
     if constexpr (kPredict) {
-      // served_pick.h's rule, lane g for group g: its match (a pick equal to its guess, unless an
-      // earlier group guessed the same id), then the unmatched groups take the unmatched picks in
-      // order.
-      const int my_pick = lane < a.K ? s_ids[lane] : -1;
+      // served_pick.h's rule (ServedPickOfGroups), lane g for group g: its match (a pick equal to
+      // its guess, unless an earlier group guessed the same id), then the unmatched groups take the
+      // unmatched picks in order; those past them serve none (-1).
+      const int my_pick = lane < a.K ? s_ids[lane] : -1;  // -1: no pick, never a valid guess
       const int my_guess = lane_guess;
       int match = -1;
       bool repeated = false;
-      for (int j = 0; j < a.K; ++j) {
+      for (int j = 0; j < groups; ++j) {
         const int p = __shfl_sync(0xFFFFFFFFu, my_pick, j);
         const int g = __shfl_sync(0xFFFFFFFFu, my_guess, j);
         if (my_guess >= 0 && p == my_guess) match = j;
         if (j < lane && g == my_guess) repeated = true;
       }
       if (repeated) match = -1;
-      const unsigned all = a.K >= 32 ? 0xFFFFFFFFu : (1u << a.K) - 1u;
+      const unsigned all_picks = a.K >= 32 ? 0xFFFFFFFFu : (1u << a.K) - 1u;
+      const unsigned all_groups = groups >= 32 ? 0xFFFFFFFFu : (1u << groups) - 1u;
       const unsigned matched_groups = __ballot_sync(0xFFFFFFFFu, match >= 0);
       const unsigned matched_picks = __reduce_or_sync(0xFFFFFFFFu, match >= 0 ? 1u << match : 0u);
-      const int before = __popc(all & ~matched_groups & ((1u << lane) - 1u));
-      if (lane < a.K) s_served[lane] = match >= 0 ? match : NthSetBit(all & ~matched_picks, before);
+      const int before = __popc(all_groups & ~matched_groups & ((1u << lane) - 1u));
+      if (lane < groups) s_served[lane] = match >= 0 ? match : NthSetBit(all_picks & ~matched_picks, before);
     }
     if (local == 0 && k == a.K - 1 && lane < a.K) {
       const int e = s_ids[lane];
@@ -296,13 +299,15 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
-  // The pick this block serves: its group's own, or served_pick.h's with a prediction.
+  // The pick this block serves: its group's own, or served_pick.h's with a prediction (-1: none,
+  // a group past the picks; it computes nothing, as a flagged pick's).
   const int served = kPredict ? (shared_block ? 0 : s_served[k]) : k;  // routed blocks
-  const int e = shared_block ? 0 : s_ids[served];
+  const int e = shared_block ? 0 : kPredict && served < 0 ? -1 : s_ids[served];
   if constexpr (kPredict) {
     if (!shared_block && threadIdx.x == 0) {
       stamps.Word(kFusedProbeSpeculated, (static_cast<unsigned long long>(guess + 1) << 32) |
-                                             (guess == e ? 1ull << 31 : 0ull) | static_cast<unsigned>(e));
+                                             (guess >= 0 && guess == e ? 1ull << 31 : 0ull) |
+                                             (static_cast<unsigned>(e + 1) & 0x7FFFFFFFu));
     }
   }
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
@@ -480,7 +485,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const float4 sums = *reinterpret_cast<const float4*>(a_sum);
       float gate = 0.0f;  // σ(gate logit) when this block adds the given shared term
-      const bool add_shared = a.shared != nullptr && k == 0 && slice == 0;
+      const bool add_shared = a.shared != nullptr && served == 0 && slice == 0;
       if (add_shared) gate = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
       for (int r = t; r < down_rows; r += kThreads) {
         const uint8_t* row = wdn + r * kDownRowBytes;

@@ -50,23 +50,24 @@ enum FusedProbeWord : int {
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
 
 // kFusedProbeSpeculated's word: the block's guess + 1 in bits 32 .. 63 (0: no guess, no copies
-// before routing), bit 31 set when the guess was the expert it served, that expert in bits 0 .. 30.
+// before routing), bit 31 set when the guess was the expert it served, that expert + 1 in bits
+// 0 .. 30 (0: none, a pick group past the picks).
 struct FusedProbeSpeculation {
   int guess = -1;   // -1: none
   bool hit = false;
-  int served = -1;  // the expert id served
+  int served = -1;  // the expert id served; -1: none
 };
 inline FusedProbeSpeculation DecodeFusedProbeSpeculation(unsigned long long word) {
   FusedProbeSpeculation s;
   s.guess = static_cast<int>(word >> 32) - 1;
   s.hit = ((word >> 31) & 1u) != 0u;
-  s.served = static_cast<int>(word & 0x7FFFFFFFu);
+  s.served = static_cast<int>(word & 0x7FFFFFFFu) - 1;
   return s;
 }
 
 // The grid LaunchOneTokenMoeFused launches for these arguments (blocks).
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                            const FusedRouter* router);
+                            const FusedRouter* router, const FusedPrediction* prediction = nullptr);
 
 // Whether the probed forms below take E (their one instantiation: 256 < E <= 512).
 inline bool OneTokenFusedProbeTakes(int E) { return E > 256 && E <= 512; }
