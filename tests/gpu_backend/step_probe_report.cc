@@ -204,17 +204,19 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
          overlapped != 0 ? " (some launches' blocks interleaved: the cut is not exact)" : "");
   // A prediction's speculative copies (kFusedProbeSpeculated; routed blocks with a guess), over
   // every stamped block: how often the guess was the pick the block served.
-  size_t guessed = 0, hits = 0;
+  size_t guessed = 0, hits = 0, idle = 0;
   for (const unsigned long long* r : rows) {
     if (r[kFusedProbeKind] != static_cast<unsigned long long>(kFusedProbeRoutedKind)) continue;
     const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
     if (s.guess < 0) continue;
     ++guessed;
     if (s.hit) ++hits;
+    if (s.served < 0) ++idle;  // a pick group past the picks (FusedPrediction::groups)
   }
   if (guessed != 0) {
-    printf("  speculative copies: %zu of %zu routed blocks' guesses were the pick they served (%.1f%%)\n", hits,
-           guessed, 100.0 * static_cast<double>(hits) / static_cast<double>(guessed));
+    printf("  speculative copies: %zu of %zu routed blocks' guesses were the pick they served (%.1f%%; %zu blocks "
+           "of groups left without a pick)\n",
+           hits, guessed, 100.0 * static_cast<double>(hits) / static_cast<double>(guessed), idle);
   }
   for (int kind = 0; kind < 2; ++kind) {
     if (stat[kind][0].empty()) continue;
