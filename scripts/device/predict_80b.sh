@@ -35,7 +35,7 @@ rc=0
 gtest() {  # name binary filter
   local name=$1 bin=$bundle/tests/$2 filter=$3
   [ -x "$bin" ] || { note "$name: no $bin"; rc=1; return; }
-  timeout 240 "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
+  timeout 150 "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
   local r=$?
   # A test's own line ends with its time; gtest's summary lists failed and skipped tests again.
   note "$name: rc=$r, $(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$out/$name.log") passed, $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/$name.log") failed, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/$name.log") skipped"
