@@ -68,6 +68,10 @@ for form in p10:10 off:0; do
   note "probe $label: rc=$r (${run_s}s with the model's load)"
   [ $r -eq 0 ] || rc=1
   grep -E '^decode batch|speculative copies|^MoE kernel probe' "$out/probe_$label.txt" | sed 's/^/  /' | tee -a "$report"
+  if [ "$label" != off ] && ! grep -q 'speculative copies' "$out/probe_$label.txt"; then
+    note "  PATH DID NOT RUN: no routed block of the probed step copied a guess (the A/B's p rows measure main's path)"
+    rc=1
+  fi
   grep -E '^  routed +(PDL wait|picked|routed|gate/up|act|cluster|down|exit)' "$out/probe_$label.txt" | sed 's/^/  /' |
     tee -a "$report"
 done

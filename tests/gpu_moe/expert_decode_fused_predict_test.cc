@@ -327,6 +327,7 @@ TEST(OneTokenFusedPredictTest, ProbeReportsTheGuessAndThePickServed) {
         const int k = b / per_pick;
         ASSERT_EQ(static_cast<long long>(r[kFusedProbePick]), k) << what << ", block " << b;
         const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
+        EXPECT_TRUE(s.written) << what << ", block " << b << " (group " << k << ")";
         const int j = ServedPickOfGroups(guesses.data(), G, picks.data(), K, static_cast<int>(E), k);
         const int served = j >= 0 ? picks[j] : -1;
         EXPECT_EQ(s.guess, guesses[k]) << what << ", block " << b << " (group " << k << ")";

@@ -106,6 +106,9 @@ bool FusedRouterInGrid() { return g_fused_router_in_grid.on(); }
 void SetFusedPickWarpBySlot(bool on) { g_fused_pick_warp_by_slot.set(on); }
 bool FusedPickWarpBySlot() { return g_fused_pick_warp_by_slot.on(); }
 
+// A layer's guess row holds kFusedPredictMax ids; the norm writes up to kNormPredictMaxIds.
+static_assert(kNormPredictMaxIds <= kFusedPredictMax, "a guess must fit its row");
+
 namespace {
 // PickPredictionSettings: read from the environment on first use unless set before.
 std::mutex g_predict_mu;

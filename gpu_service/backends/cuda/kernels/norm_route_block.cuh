@@ -45,7 +45,9 @@ __device__ __forceinline__ void NormRoutePredict(const NormRoute& route, int r, 
     __shared__ float s_picked[kNormPredictMaxIds];
     WarpPickLogits<kNormPredictMaxExperts / 32>(route.pred_scores, route.pred_experts, route.pred_count,
                                                 route.pred_ids, s_picked, /*through_l2=*/true);
-    if (lane == 0) *route.pred_blocks = 0;  // every block has counted: the next launch starts at zero
+    // Every block has counted: the next launch starts at zero (an atomic, so that no count of a
+    // later launch on the same counter can land before it).
+    if (lane == 0) atomicExch(route.pred_blocks, 0);
   }
 }
 

@@ -80,9 +80,10 @@ struct FusedRouter {
 
 // Guesses of this layer's picks, made before the kernel routes (the ffn norm's launch ranks the
 // router rows on the residual before the mixer's output: NormRoute::pred_*, norm_streams.cuh).
-// Routed block (pick k, slice s, rank r) reads guess k right after its PDL wait and copies its
-// gate/up rows of that expert into shared memory while it routes; with `count` > K it also asks
-// for its rows of guesses k + K, k + 2K, ... < count into L2. Once the picks are known, each pick
+// Routed block (pick group k, slice s, rank r) reads guess k right after its PDL wait and copies
+// its gate/up rows of that expert into shared memory while it routes; with `count` > groups it also
+// asks for its rows of guesses k + groups, k + 2·groups, ... < count into L2 (groups: K unless set
+// below). Once the picks are known, each pick
 // group serves the pick served_pick.h's rule gives it: a group whose guess is a pick serves that
 // pick with the rows it already has, the others copy the rows of the picks nobody guessed. Every
 // pick is served once whatever `ids` holds (wrong, repeated or invalid ids only cost time), so the

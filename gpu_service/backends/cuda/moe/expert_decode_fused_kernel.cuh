@@ -307,7 +307,8 @@ __global__ void __launch_bounds__(kThreads)
     if (!shared_block && threadIdx.x == 0) {
       stamps.Word(kFusedProbeSpeculated, (static_cast<unsigned long long>(guess + 1) << 32) |
                                              (guess >= 0 && guess == e ? 1ull << 31 : 0ull) |
-                                             (static_cast<unsigned>(e + 1) & 0x7FFFFFFFu));
+                                             kFusedProbeSpeculatedWritten |
+                                             (static_cast<unsigned>(e + 1) & 0x3FFFFFFFu));
     }
   }
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still

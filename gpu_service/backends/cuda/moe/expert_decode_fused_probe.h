@@ -49,19 +49,23 @@ enum FusedProbeWord : int {
 };
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
 
-// kFusedProbeSpeculated's word: the block's guess + 1 in bits 32 .. 63 (0: no guess, no copies
-// before routing), bit 31 set when the guess was the expert it served, that expert + 1 in bits
-// 0 .. 30 (0: none, a pick group past the picks).
+// kFusedProbeSpeculated's word (0: not written, a block of a launch without a guess): the block's
+// guess + 1 in bits 32 .. 63 (0: no guess, no copies before routing), bit 31 set when the guess was
+// the expert it served, bit 30 set (written), that expert + 1 in bits 0 .. 29 (0: none, a pick
+// group past the picks).
 struct FusedProbeSpeculation {
+  bool written = false;
   int guess = -1;   // -1: none
   bool hit = false;
   int served = -1;  // the expert id served; -1: none
 };
+inline constexpr unsigned long long kFusedProbeSpeculatedWritten = 1ull << 30;
 inline FusedProbeSpeculation DecodeFusedProbeSpeculation(unsigned long long word) {
   FusedProbeSpeculation s;
+  s.written = (word & kFusedProbeSpeculatedWritten) != 0u;
   s.guess = static_cast<int>(word >> 32) - 1;
   s.hit = ((word >> 31) & 1u) != 0u;
-  s.served = static_cast<int>(word & 0x7FFFFFFFu) - 1;
+  s.served = static_cast<int>(word & 0x3FFFFFFFu) - 1;
   return s;
 }
 

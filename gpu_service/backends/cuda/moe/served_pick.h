@@ -41,7 +41,8 @@ TANDEM_SERVED_PICK_HD inline int NthSetBit(unsigned mask, int n) {
 
 // The pick index (0 .. K - 1) pick group g of `groups` (K <= groups <= 32) serves, or -1: none
 // (a group past the picks, whose guess matched nothing once every pick has its group).
-// guesses[g]: group g's guess, an expert id; an id outside [0, E) is no guess. picks[j]: the
+// guesses[g]: group g's guess, an expert id; an id outside [0, E) is no guess (the kernel also
+// takes an id whose expert has no rows in its table as none: pass -1 for those to match it). picks[j]: the
 // routed expert ids (distinct; an id outside [0, E) marks a pick that could not be made, which no
 // guess matches). With groups > K the kernel runs more pick groups than picks, so that more
 // guesses are copied before routing.
