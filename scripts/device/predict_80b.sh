@@ -8,8 +8,9 @@
 #   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
 #      guess the pick its blocks served: the "speculative copies" line) and one without;
 #   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
-#      prediction at 10, 20 and 30 guesses, at 20 in GDN layers only, at 20 with the guesses' down
-#      rows into L2 too, and at 20 and 30 with 13 pick groups (13 guesses copied);
+#      prediction: 10 guesses (copies only) and 20 (10 more into L2), 20 in GDN layers only, 20
+#      with the guesses' down rows into L2 too, and 13, 20 and 30 with 13 pick groups (13 guesses
+#      copied, the rest into L2);
 #   4. gpu_backend_test with TANDEM_NORM_PREDICT=20 (logits and picks as without it).
 # Writes predict_80b.txt (the summary) and the stages' logs under $OUT.
 # Usage (device): scripts/device/predict_80b.sh [--deadline SECONDS] (default 560: a call's limit
@@ -79,8 +80,8 @@ done
 # 3. The A/B: one process a run, configurations interleaved round by round; as many rounds (up to
 # three) as the time left holds at the probes' seconds a run, keeping a minute for the backend test.
 configs=('off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20'
-  'p30:TANDEM_NORM_PREDICT=30' 'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn'
-  'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1'
+  'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' 'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1'
+  'p13x13:TANDEM_NORM_PREDICT=13 TANDEM_NORM_PREDICT_GROUPS=13'
   'p20x13:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_GROUPS=13'
   'p30x13:TANDEM_NORM_PREDICT=30 TANDEM_NORM_PREDICT_GROUPS=13')
 rounds=$(( ($(left) - 60) / (run_s * ${#configs[@]}) ))
