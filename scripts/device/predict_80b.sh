@@ -3,8 +3,9 @@
 # gpu_service/backends/cuda/backend/moe_stage.h: the ffn norm guesses a layer's picks before its
 # wait, the fused MoE kernel copies the guesses' gate/up rows while it routes). In one call, in
 # this order, each stage skipped once the deadline is near:
-#   1. its kernel tests: served_pick_test, gpu_moe_kernels_test's prediction and fused-kernel
-#      tests, gpu_kernels_test's norm-route tests;
+#   1. its tests: served_pick_test, gpu_moe_kernels_test's prediction and fused-kernel tests,
+#      gpu_kernels_test's norm-route tests, gpu_backend_test's prediction tests (on `small`: the
+#      path runs, its guesses hold the picks, the logits stay as without it);
 #   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
 #      guess the pick its blocks served: the "speculative copies" line) and one without;
 #   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
@@ -46,6 +47,7 @@ gtest() {  # name binary filter
 gtest served_pick served_pick_test ""
 gtest moe_predict gpu_moe_kernels_test '*Predict*:OneTokenFused*'
 gtest norm_route gpu_kernels_test '*NormRoute*:*RouteCompose*'
+gtest backend_predict gpu_backend_test '*PickPrediction*'
 
 # The model (bench_80b.sh's, else a new one).
 dir=${MODEL_DIR:-$(model_dir)}

@@ -161,6 +161,21 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
   cuda::SetOneTokenFused(was);
 }
 
+// Restores the prediction's settings and the fused kernel's switch when a test ends, whether its
+// assertions returned early or not (the switches are process-wide: a later test must not inherit them).
+class PickPredictionRestore {
+ public:
+  PickPredictionRestore() : was_(cuda::PickPredictionSettings()), was_fused_(cuda::OneTokenFused()) {}
+  ~PickPredictionRestore() {
+    cuda::SetOneTokenFused(was_fused_);
+    cuda::SetPickPrediction(was_);
+  }
+
+ private:
+  cuda::PickPrediction was_;
+  bool was_fused_;
+};
+
 // The picks guessed by the ffn norm before the fused kernel routes (cuda::SetPickPrediction, read
 // when the MoE stage is made: TANDEM_NORM_PREDICT): the kernel copies its guesses' rows while it
 // routes and serves every pick once whatever the guesses, so the same values are summed, in
@@ -171,8 +186,7 @@ TEST_P(DecodeScheduleTest, FusedRouterInTheGridKeepsDecodeLogitsClose) {
 TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
-  const cuda::PickPrediction was = cuda::PickPredictionSettings();
-  const bool was_fused = cuda::OneTokenFused();
+  const PickPredictionRestore restore;
   cuda::SetOneTokenFused(true);
   struct Form {
     const char* what;
@@ -190,8 +204,68 @@ TEST_P(DecodeScheduleTest, PickPredictionKeepsDecodeLogitsClose) {
         },
         /*deterministic=*/false, /*same_values=*/true);
   }
-  cuda::SetOneTokenFused(was_fused);
-  cuda::SetPickPrediction(was);
+}
+
+// The prediction's path runs (small, fast batch 1, 20 guesses in every layer): the fused MoE kernel
+// is launched with a guess, and each layer's guess is 20 distinct experts written by that step's
+// ffn norm that hold most of the step's picks (a guess of the residual's top 20 of small's 64
+// experts; 20 random ids would hold 31% of them).
+TEST_P(DecodeScheduleTest, PickPredictionGuessesHoldThePicks) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  if (GetParam() == "tiny-q3n") GTEST_SKIP() << "tiny-q3n's shared expert stays beside: the fused kernel does not run";
+  const PickPredictionRestore restore;
+  cuda::SetOneTokenFused(true);
+  constexpr int kGuesses = 20;
+  cuda::SetPickPrediction(cuda::PickPrediction{kGuesses, false, false, 0});
+  absl::StatusOr<std::string> path = PresetModel(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status();
+  CudaBackendOptions o;
+  o.mode = CudaMode::kFast;
+  o.max_batch_tokens = 64;
+  o.max_sequences = 1;
+  o.max_context = 128;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Open(*path, o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  CudaBackend& backend = **b;
+  const int64_t V = backend.config().vocab, E = backend.config().moe.E, K = backend.config().moe.K;
+  absl::StatusOr<SequenceSlot> seq = backend.CreateSequence();
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  std::vector<float> logits(static_cast<size_t>(V));
+  const std::vector<int32_t> prompt = gpu_backend_testing::RandomTokens(17, V, 91);
+  const Backend::StepInput first{*seq, prompt, logits.data(), false};
+  ASSERT_TRUE(backend.Step(std::span<const Backend::StepInput>(&first, 1)).ok());
+  int64_t picks = 0, guessed = 0;
+  for (int step = 0; step < 4; ++step) {
+    const int32_t token = static_cast<int32_t>((7 + 13 * step) % V);
+    const Backend::StepInput in{*seq, std::span<const int32_t>(&token, 1), logits.data(), false};
+    std::vector<MoeRouting> routing;
+    backend.set_routing_sink(&routing);
+    ASSERT_TRUE(backend.Step(std::span<const Backend::StepInput>(&in, 1)).ok());
+    backend.set_routing_sink(nullptr);
+    for (int64_t l = 0; l < static_cast<int64_t>(routing.size()); ++l) {
+      absl::StatusOr<std::vector<int32_t>> guess = backend.pick_guess(l);
+      ASSERT_TRUE(guess.ok()) << guess.status();
+      if (routing[l].experts.empty()) continue;  // no MoE in this layer
+      ASSERT_EQ(static_cast<int>(guess->size()), kGuesses) << "layer " << l;
+      std::vector<int32_t> sorted = *guess;
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "layer " << l << ": repeated ids";
+      EXPECT_GE(sorted.front(), 0) << "layer " << l;
+      EXPECT_LT(sorted.back(), E) << "layer " << l;
+      ASSERT_EQ(static_cast<int64_t>(routing[l].experts.size()), K) << "layer " << l;
+      for (const int32_t e : routing[l].experts) {
+        ++picks;
+        guessed += std::binary_search(sorted.begin(), sorted.end(), e) ? 1 : 0;
+      }
+    }
+  }
+  const double held = static_cast<double>(guessed) / static_cast<double>(std::max<int64_t>(picks, 1));
+  printf("[%s] 20 guessed picks: %lld fused launches with a guess, %.1f%% of %lld picks guessed\n",
+         GetParam().c_str(), static_cast<long long>(backend.guessed_moe_launches()), 100.0 * held,
+         static_cast<long long>(picks));
+  EXPECT_GT(backend.guessed_moe_launches(), 0) << "no fused MoE launch took a guess";
+  EXPECT_GT(picks, 0);
+  EXPECT_GE(held, 0.6) << "the guesses hold too few of the picks for the residual's ranking";
 }
 
 // The routing logits formed from the parts the mixers' output products sum

@@ -380,6 +380,16 @@ std::optional<MoeStage::ReadyLogits> MoeStage::ReadyLogitsFor(int64_t layer, int
   return ready;
 }
 
+int64_t MoeStage::guessed_launches() const { return impl_->guessed_launches; }
+
+absl::StatusOr<std::vector<int32_t>> MoeStage::PickGuess(int64_t layer) const {
+  const int* row = impl_->PredictedIds(layer);
+  if (row == nullptr) return std::vector<int32_t>{};
+  std::vector<int32_t> ids(static_cast<size_t>(impl_->predict_ids));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy(ids.data(), row, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return ids;
+}
+
 int* MoeStage::Impl::PredictedIds(int64_t layer) const {
   if (predict_ids <= 0 || pred_ids.get() == nullptr || layer < 0 || layer >= config.n_layers) return nullptr;
   if (predict_gdn_only && model->layers[static_cast<size_t>(layer)].kind != LayerKind::kGdn) return nullptr;

@@ -238,6 +238,12 @@ class MoeStage {
   };
   std::optional<ReadyLogits> ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const;
 
+  // PickPredictionSettings' evidence, for tests: the fused kernel launches enqueued with a guess
+  // so far (graph captures included), and layer's last guess (its ids, copied from the device with
+  // a wait; empty where the layer takes no guess).
+  int64_t guessed_launches() const;
+  absl::StatusOr<std::vector<int32_t>> PickGuess(int64_t layer) const;
+
   // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
   // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets
   // this step's Run calls take that kernel; any other step takes the two-kernel path. With

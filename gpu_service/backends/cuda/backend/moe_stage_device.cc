@@ -357,6 +357,7 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
         guess = FusedPrediction{m.PredictedIds(layer), m.predict_ids, m.predict_down_l2, m.predict_groups};
       }
       const bool predicted = guess.ids != nullptr && !router_inside;
+      if (predicted) ++m.guessed_launches;
       // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
       const auto launch = ProbeDecodeStep() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe
                                                                                   : LaunchOneTokenMoeFused;

@@ -68,6 +68,7 @@ struct MoeStage::Impl {
   bool predict_gdn_only = false;
   bool predict_down_l2 = false;
   int predict_groups = 0;  // FusedPrediction::groups
+  int64_t guessed_launches = 0;  // fused kernel launches enqueued with a guess
   // The guess's row of layer (after a ReadyLogitsFor that gave one), or nullptr: none this layer.
   int* PredictedIds(int64_t layer) const;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
