@@ -7,7 +7,7 @@
 //     rewrites H only after the route blocks have read it: their count is back to zero), and its
 //     logits are w · x (x: that launch's normed row) within 2e-6 relative L2 when the parts are
 //     the exact Σ_j w[r][j]·γ[j]·y[j]; it refuses the steps it cannot take;
-//   - with a guess of the picks (NormRoute::pred_*) it leaves H, x and the logits bit-identical,
+//   - with a guess of the picks (NormRoute::pred) it leaves H, x and the logits bit-identical,
 //     and its ids are the largest Σ_j w[r][j]·γ[j]·H'[j] of the f64 ranking, best first.
 #include <algorithm>
 #include <cmath>
@@ -242,12 +242,12 @@ TEST_P(GpuNormRouteTest, FormsTheLogitsOfTheNormedRow) {
       << tag << ": no logits";
 }
 
-// The norm-route launch's guess of the picks (NormRoute::pred_*): with pred_count = M it leaves H,
+// The norm-route launch's guess of the picks (NormRoute::pred): with pred.count = M it leaves H,
 // x and the logits bit-identical to the launch without, its scores a_r = Σ_j w[r][j]·γ[j]·H'[j]
-// (r < pred_experts; H' = H + the earlier inject, before y) within 1e-5 relative L2 of the f64
+// (r < pred.experts; H' = H + the earlier inject, before y) within 1e-5 relative L2 of the f64
 // sums, and its ids the M largest of them, best first: each slot's reference score within 1e-5 of
 // the largest |a_r| of the slot's rank in the f64 ranking (ties that close may swap), distinct,
-// and pred_experts in the slots past the experts; the block count back to zero, and a second
+// and pred.experts in the slots past the experts; the block count back to zero, and a second
 // launch on the same row gives the same ids. M = 10 and 32 of the 512 experts (the shared gate's
 // row last, not ranked), of fewer rows, and more ids than rows; out-of-range guesses are refused.
 TEST_P(GpuNormRouteTest, GuessesThePicksFromTheResidual) {
@@ -275,11 +275,11 @@ TEST_P(GpuNormRouteTest, GuessesThePicksFromTheResidual) {
     auto ids = gpu_testing::Poisoned<int>(static_cast<size_t>(g.count));
     const cuda::NormRoute plain = in.Route(logits1.get(), h_reads.get());
     cuda::NormRoute route = in.Route(logits2.get(), h_reads.get());
-    route.pred_count = g.count;
-    route.pred_experts = g.experts;
-    route.pred_scores = scores.get();
-    route.pred_ids = ids.get();
-    route.pred_blocks = pred_blocks.get();
+    route.pred.count = g.count;
+    route.pred.experts = g.experts;
+    route.pred.scores = scores.get();
+    route.pred.ids = ids.get();
+    route.pred.blocks = pred_blocks.get();
     TANDEM_ASSERT_CUDA(in.Launch(H1.get(), N1.get(), &plain));
     TANDEM_ASSERT_CUDA(in.Launch(H2.get(), N2.get(), &route));
     EXPECT_TRUE(gpu_testing::SameBits(Download(H1), Download(H2))) << tag << ": H";
@@ -321,28 +321,28 @@ TEST_P(GpuNormRouteTest, GuessesThePicksFromTheResidual) {
       EXPECT_EQ(in.Launch(H2.get(), N2.get(), &bad), cudaErrorInvalidValue) << tag << ": " << what;
     };
     cuda::NormRoute bad = route;
-    bad.pred_count = cuda::kNormPredictMaxIds + 1;
+    bad.pred.count = cuda::kNormPredictMaxIds + 1;
     refused(bad, "33 ids");
     bad = route;
-    bad.pred_count = -1;
+    bad.pred.count = -1;
     refused(bad, "a negative count");
     bad = route;
-    bad.pred_experts = 0;
+    bad.pred.experts = 0;
     refused(bad, "no experts");
     bad = route;
-    bad.pred_experts = static_cast<int>(R) + 1;
+    bad.pred.experts = static_cast<int>(R) + 1;
     refused(bad, "more experts than rows");
     bad = route;
-    bad.pred_experts = cuda::kNormPredictMaxExperts + 1;
+    bad.pred.experts = cuda::kNormPredictMaxExperts + 1;
     refused(bad, "more experts than kNormPredictMaxExperts");
     bad = route;
-    bad.pred_scores = nullptr;
+    bad.pred.scores = nullptr;
     refused(bad, "no scores");
     bad = route;
-    bad.pred_ids = nullptr;
+    bad.pred.ids = nullptr;
     refused(bad, "no ids");
     bad = route;
-    bad.pred_blocks = nullptr;
+    bad.pred.blocks = nullptr;
     refused(bad, "no block count");
   }
 }

@@ -413,12 +413,7 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
       route->w = static_cast<const float*>(ready->rows->data);
       route->rows = static_cast<int>(ready->rows->rows);
       route->logits = ready->logits;
-      // The guess of the picks, where the stage asks for one (PickPredictionSettings).
-      route->pred_count = ready->predict;
-      route->pred_experts = ready->predict_experts;
-      route->pred_scores = ready->pred_scores;
-      route->pred_ids = ready->pred_ids;
-      route->pred_blocks = ready->pred_blocks;
+      route->pred = ready->pred;  // the guess of the picks, where the stage asks for one
     } else {
       route.reset();
     }

@@ -214,10 +214,8 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
         *b.buf = *std::move(b.made);
       }
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pred_blocks.get(), 0, impl->pred_blocks.bytes()));
-      impl->predict_ids = predict.ids;
-      impl->predict_gdn_only = predict.gdn_only;
-      impl->predict_down_l2 = predict.down_l2;
-      impl->predict_groups = predict.groups > K ? predict.groups : 0;
+      impl->predict = predict;
+      if (impl->predict.groups <= K) impl->predict.groups = 0;  // K groups
     }
   }
   const bool shared_gemms =
@@ -371,11 +369,9 @@ std::optional<MoeStage::ReadyLogits> MoeStage::ReadyLogitsFor(int64_t layer, int
   if (!form.router_rows_f32) return std::nullopt;
   ReadyLogits ready{form.router_rows, m.logits.as<float>()};
   if (int* ids = m.PredictedIds(layer); ids != nullptr) {
-    ready.predict = m.predict_ids;
-    ready.predict_experts = static_cast<int>(m.config.moe.E);
-    ready.pred_scores = m.pred_scores.as<float>() + layer * m.config.moe.E;
-    ready.pred_ids = ids;
-    ready.pred_blocks = m.pred_blocks.as<int32_t>() + layer;
+    ready.pred = NormRoutePrediction{m.predict.ids, static_cast<int>(m.config.moe.E),
+                                     m.pred_scores.as<float>() + layer * m.config.moe.E, ids,
+                                     m.pred_blocks.as<int32_t>() + layer};
   }
   return ready;
 }
@@ -385,14 +381,14 @@ int64_t MoeStage::guessed_launches() const { return impl_->guessed_launches; }
 absl::StatusOr<std::vector<int32_t>> MoeStage::PickGuess(int64_t layer) const {
   const int* row = impl_->PredictedIds(layer);
   if (row == nullptr) return std::vector<int32_t>{};
-  std::vector<int32_t> ids(static_cast<size_t>(impl_->predict_ids));
+  std::vector<int32_t> ids(static_cast<size_t>(impl_->predict.ids));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy(ids.data(), row, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return ids;
 }
 
 int* MoeStage::Impl::PredictedIds(int64_t layer) const {
-  if (predict_ids <= 0 || pred_ids.get() == nullptr || layer < 0 || layer >= config.n_layers) return nullptr;
-  if (predict_gdn_only && model->layers[static_cast<size_t>(layer)].kind != LayerKind::kGdn) return nullptr;
+  if (predict.ids <= 0 || pred_ids.get() == nullptr || layer < 0 || layer >= config.n_layers) return nullptr;
+  if (predict.gdn_only && model->layers[static_cast<size_t>(layer)].kind != LayerKind::kGdn) return nullptr;
   return pred_ids.as<int32_t>() + layer * kFusedPredictMax;
 }
 

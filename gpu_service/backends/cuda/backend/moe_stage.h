@@ -145,7 +145,7 @@ void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
 // Guesses of a layer's picks made before its fused kernel routes: the ffn norm's launch that forms
 // the logits (MoeStage::ReadyLogits) ranks the experts on the residual before the mixer's output
-// (NormRoute::pred_*, before its PDL wait), and the fused kernel copies its guesses' gate/up rows
+// (NormRoute::pred, before its PDL wait), and the fused kernel copies its guesses' gate/up rows
 // while it routes (FusedPrediction). Off by default: not yet measured end to end (docs/PERF.md,
 // forty-fifth session). TANDEM_NORM_PREDICT=M (1 .. kFusedPredictMax): M guesses, the first K
 // copied, the rest asked into L2. TANDEM_NORM_PREDICT_LAYERS=gdn: in GDN layers only, whose norm
@@ -224,17 +224,13 @@ class MoeStage {
   // (logits_ready): the fused one-token kernel's form for this layer (after PrepareStep, with
   // y_written given) over f32 router rows: `rows` the router's matrix (E rows, or E + 1 with the
   // shared gate's row last), whose logits w_r · x go to `logits`. nullopt for any other form.
-  // With PickPredictionSettings on for the layer, also where the caller's launch writes its guess
-  // (NormRoute::pred_*): `predict` ids into pred_ids, pred_scores and pred_blocks its scratch; Run
-  // (logits_ready) then hands the guess to the fused kernel. predict 0: no guess.
+  // With PickPredictionSettings on for the layer, `pred` is the guess the caller's launch makes
+  // (NormRoute::pred: this layer's buffers); Run (logits_ready) then hands it to the fused kernel.
+  // pred.count 0: no guess.
   struct ReadyLogits {
     const DeviceMatrix* rows = nullptr;
     float* logits = nullptr;
-    int predict = 0;
-    int predict_experts = 0;
-    float* pred_scores = nullptr;
-    int* pred_ids = nullptr;
-    int* pred_blocks = nullptr;
+    NormRoutePrediction pred;
   };
   std::optional<ReadyLogits> ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const;
 

@@ -62,12 +62,10 @@ struct MoeStage::Impl {
   DeviceBuffer fused_router_counters;
   // PickPrediction (made when it was on at Create): per layer, the ffn norm's scores (E floats),
   // its guess (kFusedPredictMax ints) and its block counter (one int, zeroed here and left zero by
-  // every launch), in three arrays of n_layers rows; predict_ids the guesses a layer.
+  // every launch), in three arrays of n_layers rows; `predict` the settings they were made for
+  // (ids 0: none; groups 0 for K).
   DeviceBuffer pred_scores, pred_ids, pred_blocks;
-  int predict_ids = 0;
-  bool predict_gdn_only = false;
-  bool predict_down_l2 = false;
-  int predict_groups = 0;  // FusedPrediction::groups
+  PickPrediction predict;
   int64_t guessed_launches = 0;  // fused kernel launches enqueued with a guess
   // The guess's row of layer (after a ReadyLogitsFor that gave one), or nullptr: none this layer.
   int* PredictedIds(int64_t layer) const;

@@ -22,32 +22,32 @@
 namespace tandem::cuda {
 namespace {
 
-// kPredict (NormRoute::pred_count > 0), before the wait, once every warp of the block has its a_r:
-// the experts' a_r into pred_scores, the block counted in pred_blocks, and the last block to count
-// writes the guess (the pred_count largest a_r, WarpPickLogits' order) into pred_ids.
+// kPredict (NormRoute::pred.count > 0), before the wait, once every warp of the block has its a_r:
+// the experts' a_r into pred.scores, the block counted in pred.blocks, and the last block to count
+// writes the guess (the pred.count largest a_r, WarpPickLogits' order) into pred.ids.
 // Why WarpPickLogits: the fused MoE kernel ranks its logits with it, so a guess is taken in the
 // order the picks are. E <= kNormPredictMaxExperts = 512 rows: 16 a lane.
-__device__ __forceinline__ void NormRoutePredict(const NormRoute& route, int r, float a) {
+__device__ __forceinline__ void NormRoutePredict(const NormRoutePrediction& pred, int r, float a) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  if (lane == 0 && r < route.pred_experts) {
-    route.pred_scores[r] = a;
+  if (lane == 0 && r < pred.experts) {
+    pred.scores[r] = a;
     __threadfence();  // the score before the count that publishes it
   }
   __syncthreads();
   __shared__ bool s_last;
   if (threadIdx.x == 0) {
     const int route_blocks = static_cast<int>(gridDim.x) - 1;
-    s_last = atomicAdd(route.pred_blocks, 1) == route_blocks - 1;
+    s_last = atomicAdd(pred.blocks, 1) == route_blocks - 1;
   }
   __syncthreads();
   if (s_last && warp == 0) {
     __threadfence();  // the other blocks' scores, counted before ours, are read after the count
     __shared__ float s_picked[kNormPredictMaxIds];
-    WarpPickLogits<kNormPredictMaxExperts / 32>(route.pred_scores, route.pred_experts, route.pred_count,
-                                                route.pred_ids, s_picked, /*through_l2=*/true);
+    WarpPickLogits<kNormPredictMaxExperts / 32>(pred.scores, pred.experts, pred.count, pred.ids, s_picked,
+                                                /*through_l2=*/true);
     // Every block has counted: the next launch starts at zero (an atomic, so that no count of a
     // later launch on the same counter can land before it).
-    if (lane == 0) atomicExch(route.pred_blocks, 0);
+    if (lane == 0) atomicExch(pred.blocks, 0);
   }
 }
 
@@ -118,7 +118,7 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
-  if constexpr (kPredict) NormRoutePredict(route, r, a);
+  if constexpr (kPredict) NormRoutePredict(route.pred, r, a);
   PdlWaitForPrevious();  // y and the parts: the launch just before wrote them
   PdlAllowNext();
   const float4* yr = reinterpret_cast<const float4*>(y);

@@ -111,7 +111,7 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
 constexpr unsigned kGeneralInjectRows = 4096;
 
 // kRoute (NormRoute, one row): blocks past the first are route blocks (norm_route_block.cuh);
-// kPredict: they also guess the picks (NormRoute::pred_count > 0), an instantiation of its own so
+// kPredict: they also guess the picks (NormRoute::pred.count > 0), an instantiation of its own so
 // that the launch without a guess keeps its code.
 template <int kVec, int kThreads, int kCopies, bool kRoute = false, bool kPredict = false>
 __global__ void __launch_bounds__(kThreads)
@@ -319,7 +319,7 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
                      sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier,
                      route != nullptr ? *route : NormRoute{});
   };
-  if (route != nullptr && route->pred_count > 0) return WithRegKernel<0, true, decltype(launch), true>(split, launch);
+  if (route != nullptr && route->pred.count > 0) return WithRegKernel<0, true, decltype(launch), true>(split, launch);
   return route != nullptr ? WithRegKernel<0, true>(split, launch) : WithRegKernel<kCopies, false>(split, launch);
 }
 
@@ -365,10 +365,10 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
        reinterpret_cast<uintptr_t>(route->w) % 16 != 0)) {
     return cudaErrorInvalidValue;
   }
-  if (route != nullptr && route->pred_count != 0 &&
-      (route->pred_count < 0 || route->pred_count > kNormPredictMaxIds || route->pred_experts < 1 ||
-       route->pred_experts > route->rows || route->pred_experts > kNormPredictMaxExperts ||
-       route->pred_scores == nullptr || route->pred_ids == nullptr || route->pred_blocks == nullptr)) {
+  if (route != nullptr && route->pred.count != 0 &&
+      (route->pred.count < 0 || route->pred.count > kNormPredictMaxIds || route->pred.experts < 1 ||
+       route->pred.experts > route->rows || route->pred.experts > kNormPredictMaxExperts ||
+       route->pred.scores == nullptr || route->pred.ids == nullptr || route->pred.blocks == nullptr)) {
     return cudaErrorInvalidValue;
   }
   EarlierInject e = earlier != nullptr ? *earlier : EarlierInject{};

@@ -56,6 +56,26 @@ struct EarlierInject {
   PendingShared sh;          // its shared term (PendingShared), or none
 };
 
+// A guess of the picks the norm-route launch makes before its wait (count > 0; the fused MoE
+// kernel's FusedPrediction): the first sum of NormRoute's logits alone, a_r = Σ_j w[r][j]·γ[j]·H'[j],
+// ranks the experts as the logits would without the mixer's output (1/ρ > 0 leaves the order
+// alone). Each route block writes its rows' a_r (r < experts: the experts' rows, not the shared
+// gate's) into scores before its wait and counts itself in blocks; the last block to count writes
+// the count largest (block_route.cuh's WarpPickLogits order: the lowest id among equal values) into
+// ids, best first (ids past the experts left, `experts`), and sets blocks back to zero. Nothing else
+// of the launch changes: x, H and the logits keep their bits.
+// Why the guess is written before the wait (pdl.cuh has a launch write after it): no kernel before
+// this launch reads these buffers, and the MoE kernel that does is the launch after, which reads
+// them after its own wait, when this whole grid is complete.
+// Limits: count 1 .. kNormPredictMaxIds, experts 1 .. min(NormRoute::rows, kNormPredictMaxExperts).
+struct NormRoutePrediction {
+  int count = 0;
+  int experts = 0;
+  float* scores = nullptr;  // `experts` floats (device scratch)
+  int* ids = nullptr;       // `count` ints
+  int* blocks = nullptr;    // a counter, zero between launches
+};
+
 // The routing logits formed by a one-token, one-stream norm's launch from the parts its mixer's
 // output product summed (kernels/route_compose.cuh): extra blocks of the launch compute, for
 // r < rows,
@@ -74,23 +94,7 @@ struct NormRoute {
   // norm's own block rewrites H after its wait, so it first waits until every route block has
   // counted its reads here (then takes the count back out).
   int* h_reads = nullptr;
-  // A guess of the picks before the wait (pred_count > 0; the fused MoE kernel's FusedPrediction):
-  // the first sum alone, a_r = Σ_j w[r][j]·γ[j]·H'[j], ranks the experts as the logits would
-  // without the mixer's output (1/ρ > 0 leaves the order alone). Each route block writes its rows'
-  // a_r (r < pred_experts: the experts' rows, not the shared gate's) into pred_scores before its
-  // wait and counts itself in pred_blocks; the last block to count writes the pred_count largest
-  // (block_route.cuh's WarpPickLogits order: the lowest id among equal values) into pred_ids, best
-  // first (ids past the experts left, pred_experts), and sets pred_blocks back to zero. Nothing
-  // else of the launch changes: x, H and the logits keep their bits.
-  // Why the guess is written before the wait (pdl.cuh has a launch write after it): no kernel
-  // before this launch reads these buffers, and the MoE kernel that does is the launch after,
-  // which reads them after its own wait, when this whole grid is complete.
-  // Limits: pred_count 1 .. kNormPredictMaxIds, pred_experts 1 .. min(rows, kNormPredictMaxExperts).
-  int pred_count = 0;
-  int pred_experts = 0;
-  float* pred_scores = nullptr;  // pred_experts floats (device scratch)
-  int* pred_ids = nullptr;       // pred_count ints
-  int* pred_blocks = nullptr;    // a counter, zero between launches
+  NormRoutePrediction pred;  // count 0: no guess
 };
 inline constexpr int kNormPredictMaxIds = 32;
 inline constexpr int kNormPredictMaxExperts = 512;
@@ -107,7 +111,7 @@ inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 // register kernel does not take the rows, with S > 1 or with inject weights a.
 // route (NormRoute; may be nullptr): also the routing logits; needs n = S = 1, y, no inject
 // weights or shared term, h_written_earlier, the register kernel's rows, and 16-byte aligned w
-// rows (h a multiple of 4); with pred_count > 0, its limits and buffers; cudaErrorInvalidValue
+// rows (h a multiple of 4); with pred.count > 0, its limits and buffers; cudaErrorInvalidValue
 // otherwise.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,

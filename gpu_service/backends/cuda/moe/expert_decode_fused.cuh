@@ -79,7 +79,7 @@ struct FusedRouter {
 };
 
 // Guesses of this layer's picks, made before the kernel routes (the ffn norm's launch ranks the
-// router rows on the residual before the mixer's output: NormRoute::pred_*, norm_streams.cuh).
+// router rows on the residual before the mixer's output: NormRoute::pred, norm_streams.cuh).
 // Routed block (pick group k, slice s, rank r) reads guess k right after its PDL wait and copies
 // its gate/up rows of that expert into shared memory while it routes; with `count` > groups it also
 // asks for its rows of guesses k + groups, k + 2·groups, ... < count into L2 (groups: K unless set
