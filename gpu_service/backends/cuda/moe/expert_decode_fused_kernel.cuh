@@ -112,6 +112,19 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
   return acc;
 }
 
+// A warp's gate/up rows of a routed expert into its part of the weight region: mat_bytes from g
+// and from u (the same rows of the gate and up matrices), `chunks` = mat_bytes / 16 copies of 16
+// bytes each, lanes striding, one commit group. (chunks is the caller's: the routed branch forms it
+// before its row pointers, an order that keeps that branch's code as it was measured.)
+__device__ __forceinline__ void CopyGateUpRows(uint8_t* wwarp, const uint8_t* g, const uint8_t* u, int mat_bytes,
+                                               int chunks, int lane) {
+  for (int c = lane; c < chunks; c += 32) {
+    CpAsync16(wwarp + 16 * c, g + 16 * c);
+    CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
+  }
+  CpAsyncCommit();
+}
+
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
@@ -217,15 +230,9 @@ __global__ void __launch_bounds__(kThreads)
       const int mat_bytes = kWarpRows * row_bytes;
       const int64_t at = static_cast<int64_t>(row0) * row_bytes;
       guess = guess_at(k);
-      if (guess >= 0) {  // the same copies as the routed branch's below, of the guess
-        uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
-        const uint8_t* g = static_cast<const uint8_t*>(tgate[guess]) + at;
-        const uint8_t* u = static_cast<const uint8_t*>(tup[guess]) + at;
-        for (int c = lane; c < mat_bytes / 16; c += 32) {
-          CpAsync16(wwarp + 16 * c, g + 16 * c);
-          CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
-        }
-        CpAsyncCommit();
+      if (guess >= 0) {  // the routed branch's copies below, of the guess
+        CopyGateUpRows(wgu + warp * 2 * mat_bytes, static_cast<const uint8_t*>(tgate[guess]) + at,
+                       static_cast<const uint8_t*>(tup[guess]) + at, mat_bytes, mat_bytes / 16, lane);
       }
       if (pd.down_l2 && guess >= 0) {  // the block's down rows of the guess (the routed branch's d)
         const uint8_t* d = static_cast<const uint8_t*>(tdown[guess]) +
@@ -329,11 +336,7 @@ __global__ void __launch_bounds__(kThreads)
       if (kPredict && guess >= 0) CpAsyncWait<0>();
       const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
       const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-      for (int c = lane; c < chunks; c += 32) {
-        CpAsync16(wwarp + 16 * c, g + 16 * c);
-        CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
-      }
-      CpAsyncCommit();
+      CopyGateUpRows(wwarp, g, u, mat_bytes, chunks, lane);
     }
     // The block's down rows' super-blocks, copied once the gate/up products are done. No L2
     // prefetch of them here: asking for them with the gate/up rows (one bulk prefetch a row, until
