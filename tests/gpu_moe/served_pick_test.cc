@@ -113,6 +113,16 @@ int InvalidId(std::mt19937& rng) {
   return ids[rng() % 6];
 }
 
+// n guesses, each a pick (repeats allowed), a non-pick or an invalid id.
+std::vector<int> RandomMix(std::mt19937& rng, const std::vector<int>& picks, int n) {
+  std::vector<int> mix(static_cast<size_t>(n));
+  for (int& id : mix) {
+    const unsigned kind = rng() % 3;
+    id = kind == 0 ? picks[rng() % picks.size()] : kind == 1 ? NotAPick(rng, picks) : InvalidId(rng);
+  }
+  return mix;
+}
+
 TEST(ServedPickTest, EveryPickServedOnceAndRightGuessesKeepTheirPick) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   for (int K = 1; K <= 32; ++K) {
@@ -148,14 +158,7 @@ TEST(ServedPickTest, EveryPickServedOnceAndRightGuessesKeepTheirPick) {
       CheckServed(repeated, picks, tag + " repeated");
       EXPECT_EQ(ServedPick(repeated.data(), picks.data(), K, kE, 0), j) << tag;
       // Random mixes: picks (repeats allowed), non-picks, invalid ids.
-      for (int m = 0; m < 10; ++m) {
-        std::vector<int> mix(static_cast<size_t>(K));
-        for (int k = 0; k < K; ++k) {
-          const unsigned kind = rng() % 3;
-          mix[k] = kind == 0 ? picks[rng() % K] : kind == 1 ? NotAPick(rng, picks) : InvalidId(rng);
-        }
-        CheckServed(mix, picks, tag + " mix " + std::to_string(m));
-      }
+      for (int m = 0; m < 10; ++m) CheckServed(RandomMix(rng, picks, K), picks, tag + " mix " + std::to_string(m));
     }
   }
 }
@@ -210,14 +213,7 @@ TEST(ServedPickTest, MoreGroupsThanPicksServeEveryPickOnce) {
           EXPECT_EQ(ServedPickOfGroups(none.data(), G, picks.data(), K, kE, g), g < K ? g : -1) << tag;
         }
         // Random mixes.
-        for (int m = 0; m < 5; ++m) {
-          std::vector<int> mix(static_cast<size_t>(G));
-          for (int g = 0; g < G; ++g) {
-            const unsigned kind = rng() % 3;
-            mix[g] = kind == 0 ? picks[rng() % K] : kind == 1 ? NotAPick(rng, picks) : InvalidId(rng);
-          }
-          CheckServed(mix, picks, tag + " mix " + std::to_string(m));
-        }
+        for (int m = 0; m < 5; ++m) CheckServed(RandomMix(rng, picks, G), picks, tag + " mix " + std::to_string(m));
       }
     }
   }
