@@ -3,15 +3,15 @@
 # gpu_service/backends/cuda/backend/moe_stage.h: the ffn norm guesses a layer's picks before its
 # wait, the fused MoE kernel copies the guesses' gate/up rows while it routes). In one call, in
 # this order, each stage skipped once the deadline is near:
-#   1. its tests: served_pick_test, gpu_moe_kernels_test's prediction and fused-kernel tests,
-#      gpu_kernels_test's norm-route tests, gpu_backend_test's prediction tests (on `small`: the
-#      path runs, its guesses hold the picks, the logits stay as without it);
-#   2. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
+#   1. one probed batch-1 step with TANDEM_NORM_PREDICT=10 (does the path run, and how often was a
 #      guess the pick its blocks served: the "speculative copies" line) and one without;
-#   3. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
+#   2. ab_80b.sh over main's path twice (the second a noise control: the same code path) and the
 #      prediction: 10 guesses (copies only) and 20 (10 more into L2), 20 in GDN layers only, 20
 #      with the guesses' down rows into L2 too, and 13, 20 and 30 with 13 pick groups (13 guesses
-#      copied, the rest into L2);
+#      copied, the rest into L2); as many rounds as leave 150 s for
+#   3. its tests: served_pick_test, gpu_moe_kernels_test's prediction and fused-kernel tests,
+#      gpu_kernels_test's norm-route tests, gpu_backend_test's prediction tests (on `small`: the
+#      path runs, its guesses hold the picks, the logits stay as without it);
 #   4. gpu_backend_test with TANDEM_NORM_PREDICT=20 (logits and picks as without it).
 # Writes predict_80b.txt (the summary) and the stages' logs under $OUT.
 # Usage (device): scripts/device/predict_80b.sh [--deadline SECONDS] (default 560: a call's limit
@@ -33,21 +33,20 @@ left() { echo $((deadline - SECONDS)); }
 note() { echo "$*" | tee -a "$report"; }
 rc=0
 
-# 1. Kernel tests (a GPU test skips with a message where no GPU is seen: count the skips too).
+# The tests (stage 3; a GPU test skips with a message where no GPU is seen: count the skips too).
 gtest() {  # name binary filter
   local name=$1 bin=$bundle/tests/$2 filter=$3
   [ -x "$bin" ] || { note "$name: no $bin"; rc=1; return; }
-  timeout 150 "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
+  local limit=$(( $(left) - 5 ))
+  [ "$limit" -le 150 ] || limit=150
+  [ "$limit" -gt 10 ] || { note "$name: skipped (deadline)"; rc=1; return; }
+  timeout "$limit" "$bin" ${filter:+--gtest_filter="$filter"} >"$out/$name.log" 2>&1
   local r=$?
   # A test's own line ends with its time; gtest's summary lists failed and skipped tests again.
   note "$name: rc=$r, $(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$out/$name.log") passed, $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/$name.log") failed, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/$name.log") skipped"
   grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/$name.log" | head -20 | tee -a "$report"
   [ $r -eq 0 ] || rc=1
 }
-gtest served_pick served_pick_test ""
-gtest moe_predict gpu_moe_kernels_test '*Predict*:OneTokenFused*'
-gtest norm_route gpu_kernels_test '*NormRoute*:*RouteCompose*'
-gtest backend_predict gpu_backend_test '*PickPrediction*'
 
 # The model (bench_80b.sh's, else a new one).
 dir=${MODEL_DIR:-$(model_dir)}
@@ -57,7 +56,7 @@ if [ ! -f "$model" ]; then
 fi
 bench=$bundle/tests/gpu_backend_bench
 
-# 2. The probed steps: with a prediction first (the line that says the path ran), then main's. A
+# 1. The probed steps: with a prediction first (the line that says the path ran), then main's. A
 # run's seconds (the model's load included) size the A/B below.
 run_s=30
 for form in p10:10 off:0; do
@@ -79,14 +78,14 @@ for form in p10:10 off:0; do
     tee -a "$report"
 done
 
-# 3. The A/B: one process a run, configurations interleaved round by round; as many rounds (up to
-# three) as the time left holds at the probes' seconds a run, keeping a minute for the backend test.
+# 2. The A/B: one process a run, configurations interleaved round by round; as many rounds (up to
+# three) as the time left holds at the probes' seconds a run, keeping 150 s for the tests.
 configs=('off:' 'off2:TANDEM_NORM_PREDICT=0' 'p10:TANDEM_NORM_PREDICT=10' 'p20:TANDEM_NORM_PREDICT=20'
   'p20g:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_LAYERS=gdn' 'p20d:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_DOWN=1'
   'p13x13:TANDEM_NORM_PREDICT=13 TANDEM_NORM_PREDICT_GROUPS=13'
   'p20x13:TANDEM_NORM_PREDICT=20 TANDEM_NORM_PREDICT_GROUPS=13'
   'p30x13:TANDEM_NORM_PREDICT=30 TANDEM_NORM_PREDICT_GROUPS=13')
-rounds=$(( ($(left) - 60) / (run_s * ${#configs[@]}) ))
+rounds=$(( ($(left) - 150) / (run_s * ${#configs[@]}) ))
 [ "$rounds" -le 3 ] || rounds=3
 if [ "$rounds" -ge 1 ]; then
   OUT=$out BUNDLE=$bundle MODEL_DIR=$dir timeout $(( $(left) - 20 )) bash "$root/scripts/device/ab_80b.sh" --rounds $rounds \
@@ -96,6 +95,12 @@ if [ "$rounds" -ge 1 ]; then
 else
   note "ab_80b: skipped (deadline: ${run_s}s a run)"
 fi
+
+# 3. The kernel and backend tests of the prediction.
+gtest served_pick served_pick_test ""
+gtest moe_predict gpu_moe_kernels_test '*Predict*:OneTokenFused*'
+gtest norm_route gpu_kernels_test '*NormRoute*:*RouteCompose*'
+gtest backend_predict gpu_backend_test '*PickPrediction*'
 
 # 4. The backend's decode tests with the prediction on.
 if [ "$(left)" -gt 90 ]; then
