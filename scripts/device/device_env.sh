@@ -1,5 +1,5 @@
 # Sourced by the device scripts (run_all.sh, bench_80b.sh, ab_80b.sh, profile_80b.sh, timeline_80b.sh,
-# probe_80b.sh, predict_80b.sh): the repository root (made the working directory), the bundle
+# probe_80b.sh): the repository root (made the working directory), the bundle
 # (BUNDLE, default .device-bundle), the output folder (OUT, default device-out; created), the
 # bundle's libraries on the loader path, and where the q3n-80b model is or a new one goes.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -140,38 +140,28 @@ void ReportGdnKernels(const std::vector<unsigned long long>& h, unsigned capacit
 }
 
 // The fused one-token MoE kernels' stamps of the step (expert_decode_fused_probe.h, armed buffer):
-// the rows sorted by their PDL wait's return and cut into launches where two consecutive returns
-// lie more than kMoeLaunchGapNs apart (a launch's blocks return within a few us of each other; two
-// MoE launches are a layer, ~30 us or more, apart), so that launches of different grids (a guess's
-// extra pick groups in some layers only: FusedPrediction::groups) are told apart; then, per phase,
-// the first, median and last block in us after the launch's first wait return, medians over
-// launches, for the routed and the shared-expert blocks.
-constexpr unsigned long long kMoeLaunchGapNs = 5000;
-
+// the rows sorted by their PDL wait's return (a launch's blocks return within a few us of each
+// other, after the kernels between two MoE launches), cut into launches of `grid` rows (grid: the
+// largest block index + 1); then, per phase, the first, median and last block in us after the
+// launch's first wait return, medians over launches, for the routed and the shared-expert blocks.
 void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
   std::vector<const unsigned long long*> rows;
+  unsigned long long grid = 0;
   for (unsigned i = 0; i < capacity; ++i) {
     const unsigned long long* r = &h[size_t(i) * kFusedProbeWords];
     if (r[kFusedProbeExit] == 0 || r[kFusedProbeAfterWait] == 0) continue;
     rows.push_back(r);
+    grid = std::max(grid, r[kFusedProbeBlock] + 1);
   }
-  if (rows.empty()) {
-    printf("MoE kernel probe: no stamped blocks\n");
+  if (rows.empty() || rows.size() % grid != 0) {
+    printf("MoE kernel probe: %zu stamped blocks (grid %llu): no whole launches\n", rows.size(), grid);
     return;
   }
   std::sort(rows.begin(), rows.end(), [](const unsigned long long* a, const unsigned long long* b) {
     return a[kFusedProbeAfterWait] < b[kFusedProbeAfterWait];
   });
-  std::vector<std::vector<const unsigned long long*>> launches;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (i == 0 || rows[i][kFusedProbeAfterWait] - rows[i - 1][kFusedProbeAfterWait] > kMoeLaunchGapNs) {
-      launches.emplace_back();
-    }
-    launches.back().push_back(rows[i]);
-  }
-  const size_t n = launches.size();
-  unsigned long long min_grid = ~0ull, max_grid = 0;
+  const size_t n = rows.size() / grid;
   struct Phase {
     int word;
     const char* name;
@@ -190,14 +180,11 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
   constexpr int kPhases = sizeof(phases) / sizeof(phases[0]);
   PhaseSpread stat[2][kPhases];  // [routed, shared][phase]
   size_t overlapped = 0;
-  for (const std::vector<const unsigned long long*>& launch : launches) {
-    unsigned long long grid = 0;
-    for (const unsigned long long* r : launch) grid = std::max(grid, r[kFusedProbeBlock] + 1);
-    min_grid = std::min(min_grid, grid);
-    max_grid = std::max(max_grid, grid);
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<const unsigned long long*> launch(rows.begin() + k * grid, rows.begin() + (k + 1) * grid);
     std::vector<char> seen(grid, 0);
     for (const unsigned long long* r : launch) seen[r[kFusedProbeBlock]] = 1;
-    if (launch.size() != grid || std::count(seen.begin(), seen.end(), 1) != static_cast<long>(grid)) ++overlapped;
+    if (std::count(seen.begin(), seen.end(), 1) != static_cast<long>(grid)) ++overlapped;
     unsigned long long t0 = ~0ull;
     for (const unsigned long long* r : launch) t0 = std::min(t0, r[kFusedProbeAfterWait]);
     for (int kind = 0; kind < 2; ++kind) {
@@ -213,26 +200,8 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
       }
     }
   }
-  printf("MoE kernel probe: %zu launches of %llu%s blocks%s\n", n, min_grid,
-         max_grid != min_grid ? (" to " + std::to_string(max_grid)).c_str() : "",
-         overlapped != 0 ? " (some launches not whole: the cut by wait returns is not exact)" : "");
-  // A prediction's speculative copies (kFusedProbeSpeculated; routed blocks with a guess), over
-  // every stamped block: how often the guess was the pick the block served.
-  size_t guessed = 0, hits = 0, idle = 0;
-  for (const unsigned long long* r : rows) {
-    if (r[kFusedProbeKind] != static_cast<unsigned long long>(kFusedProbeRoutedKind)) continue;
-    const FusedProbeSpeculation s = DecodeFusedProbeSpeculation(r[kFusedProbeSpeculated]);
-    if (!s.written) continue;  // a launch without a guess
-    if (s.served < 0) ++idle;  // a pick group past the picks (FusedPrediction::groups)
-    if (s.guess < 0) continue;
-    ++guessed;
-    if (s.hit) ++hits;
-  }
-  if (guessed != 0 || idle != 0) {
-    printf("  speculative copies: %zu of %zu routed blocks' guesses were the pick they served (%.1f%%; %zu blocks "
-           "of groups left without a pick)\n",
-           hits, guessed, 100.0 * static_cast<double>(hits) / static_cast<double>(std::max<size_t>(guessed, 1)), idle);
-  }
+  printf("MoE kernel probe: %zu launches of %llu blocks%s\n", n, grid,
+         overlapped != 0 ? " (some launches' blocks interleaved: the cut is not exact)" : "");
   for (int kind = 0; kind < 2; ++kind) {
     if (stat[kind][0].empty()) continue;
     printf("  %-8s %-30s %12s %12s %12s   (us after the launch's first wait return; median over launches)\n",

@@ -15,7 +15,6 @@
 #include "gpu_service/backends/cuda/device_buffer.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "tests/armed_probe_check.h"
-#include "tests/gpu_moe/expert_decode_fused_case.h"
 #include "tests/gpu_moe/one_token_support.h"
 #include "tests/gpu_moe/test_support.h"
 #include "tests/test_seed.h"
@@ -23,9 +22,6 @@
 namespace tandem::cuda {
 namespace {
 
-using fused_testing::EightyBExperts;
-using fused_testing::FusedArgs;
-using fused_testing::SharedQ8;
 using one_token_testing::Logits;
 using one_token_testing::OneTokenExperts;
 using one_token_testing::OneTokenStep;
@@ -34,6 +30,39 @@ using one_token_testing::Shared;
 using testing::Download;
 
 constexpr double kTol = 5e-4;
+
+// The fused kernel's arguments for a step: the fast mode's forms, y zeroed first (it accumulates).
+OneTokenMoeArgs FusedArgs(OneTokenStep& step, const OneTokenExperts& ex, int K, Shared sh, bool x_early) {
+  OneTokenMoeArgs a = step.Args(ex, K, sh);
+  a.int16_activations = true;
+  a.logit_route = true;
+  a.x_written_earlier = x_early;
+  EXPECT_EQ(cudaMemset(step.y.get(), 0, static_cast<size_t>(ex.h) * sizeof(float)), cudaSuccess);
+  return a;
+}
+
+// A Q8_0 shared expert {h, inner} / {inner, h} on the device and its CPU output for one x.
+struct SharedQ8 {
+  SharedQ8(std::mt19937& rng, int64_t h, int64_t inner_) : inner(inner_) {
+    gate = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    up = testing::RandomMatrix(rng, WeightType::kQ8_0, h, inner, 0.05f);
+    down = testing::RandomMatrix(rng, WeightType::kQ8_0, inner, h, 0.05f);
+    dgate = testing::Upload(gate);
+    dup = testing::Upload(up);
+    ddown = testing::Upload(down);
+    where = FusedSharedExpert{dgate.get(), dup.get(), ddown.get(), static_cast<int>(inner)};
+  }
+  std::vector<float> Reference(int64_t h, const std::vector<float>& x) const {
+    std::vector<float> out(static_cast<size_t>(h));
+    FfnForward(testing::HostMatrix(WeightType::kQ8_0, gate, h, inner), testing::HostMatrix(WeightType::kQ8_0, up, h, inner),
+               testing::HostMatrix(WeightType::kQ8_0, down, inner, h), x.data(), 1, out.data(), nullptr);
+    return out;
+  }
+  int64_t inner;
+  std::vector<uint8_t> gate, up, down;
+  DeviceBuffer dgate, dup, ddown;
+  FusedSharedExpert where;
+};
 
 // One fused launch on random inputs against the reference: picks, weights, no error, y within kTol.
 // inside (may be nullptr): the shared expert computed in the kernel (its output is then the
@@ -199,6 +228,15 @@ TEST(OneTokenFusedTest, RouterInTheGridMatchesReference) {
   }
   TANDEM_ASSERT_CUDA(cudaStreamDestroy(stream));
 }
+
+// The probe tests' model: the 80B shape's experts (K weight sets) and its Q8_0 shared expert.
+struct EightyBExperts {
+  static constexpr int64_t kH = 2048, kI = 512, kE = 512;
+  static constexpr int kK = 10;
+  explicit EightyBExperts(std::mt19937& rng) : ex(rng, kH, kI, kE, kK), sq(rng, kH, 512) {}
+  OneTokenExperts ex;
+  SharedQ8 sq;
+};
 
 // The probed instantiation (expert_decode_fused_probe.h) computes what the kernel computes at the
 // 80B shape in the decode stage's form (the shared expert and the router product inside): the same

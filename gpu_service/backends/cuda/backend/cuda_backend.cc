@@ -41,14 +41,6 @@ uint64_t CudaBackend::prepared_weight_bytes() const {
   return impl_->gemm != nullptr ? static_cast<uint64_t>(impl_->gemm->prepared_bytes()) : 0;
 }
 int64_t CudaBackend::stacked_mixer_rows() const { return impl_->mixer_stack_rows; }
-int64_t CudaBackend::guessed_moe_launches() const { return impl_->moe->guessed_launches(); }
-absl::StatusOr<std::vector<int32_t>> CudaBackend::pick_guess(int64_t layer) const {
-  if (layer < 0 || layer >= impl_->c->n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("pick_guess: layer ", layer, " is not in [0, ",
-                                                   impl_->c->n_layers, ")"));
-  }
-  return impl_->moe->PickGuess(layer);
-}
 bool CudaBackend::dense_out_single() const {
   return impl_->gemm != nullptr && impl_->gemm->mode() == cuda::GemmMode::kFastSplit &&
          impl_->out_mode == cuda::GemmMode::kFast;

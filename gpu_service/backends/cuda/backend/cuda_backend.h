@@ -142,10 +142,6 @@ class CudaBackend : public Backend {
   int64_t graph_replays() const;
   // Rows of the widest mixer-input stack prepared as one GEMM (fast mode), 0: none.
   int64_t stacked_mixer_rows() const;
-  // The pick prediction's evidence (cuda::PickPredictionSettings; tests): fused MoE launches
-  // enqueued with a guess so far, and layer's last guess (empty where it takes none).
-  int64_t guessed_moe_launches() const;
-  absl::StatusOr<std::vector<int32_t>> pick_guess(int64_t layer) const;
   // Whether fast prefill runs the mixers' output products (ssm_out, o) as one f16 product while
   // the other dense products are split (CudaBackendOptions::fast_dense_out_single or
   // TANDEM_DENSE_OUT_SINGLE=1, with fast_dense_split); false otherwise.

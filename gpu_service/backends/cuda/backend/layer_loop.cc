@@ -413,7 +413,6 @@ absl::Status CudaBackend::Impl::RunLayer(int64_t layer, const StepPlan& plan) {
       route->w = static_cast<const float*>(ready->rows->data);
       route->rows = static_cast<int>(ready->rows->rows);
       route->logits = ready->logits;
-      route->pred = ready->pred;  // the guess of the picks, where the stage asks for one
     } else {
       route.reset();
     }

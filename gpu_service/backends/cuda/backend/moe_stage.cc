@@ -5,8 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <optional>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -15,10 +13,8 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
-#include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/moe/device_plan.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode.cuh"
-#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/engram_host.h"
 #include "gpu_service/backends/cuda/moe/expert_prefill.cuh"
@@ -106,35 +102,6 @@ bool FusedRouterInGrid() { return g_fused_router_in_grid.on(); }
 void SetFusedPickWarpBySlot(bool on) { g_fused_pick_warp_by_slot.set(on); }
 bool FusedPickWarpBySlot() { return g_fused_pick_warp_by_slot.on(); }
 
-// A layer's guess row holds kFusedPredictMax ids; the norm writes up to kNormPredictMaxIds.
-static_assert(kNormPredictMaxIds <= kFusedPredictMax, "a guess must fit its row");
-
-namespace {
-// PickPredictionSettings: read from the environment on first use unless set before.
-std::mutex g_predict_mu;
-std::optional<PickPrediction> g_predict;
-}  // namespace
-
-PickPrediction PickPredictionSettings() {
-  std::lock_guard<std::mutex> lock(g_predict_mu);
-  if (!g_predict.has_value()) {
-    PickPrediction p;
-    p.ids = static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT", 0, 0, kFusedPredictMax));
-    p.gdn_only = EnvChoice<bool>("TANDEM_NORM_PREDICT_LAYERS", {{"all", false}, {"gdn", true}}, false);
-    p.down_l2 = EnvSwitch("TANDEM_NORM_PREDICT_DOWN");
-    p.groups = static_cast<int>(EnvInteger("TANDEM_NORM_PREDICT_GROUPS", 0, 0, kOneTokenMaxPicks));
-    g_predict = p;
-  }
-  return *g_predict;
-}
-
-void SetPickPrediction(PickPrediction p) {
-  p.ids = std::clamp(p.ids, 0, kFusedPredictMax);
-  p.groups = std::clamp(p.groups, 0, kOneTokenMaxPicks);
-  std::lock_guard<std::mutex> lock(g_predict_mu);
-  g_predict = p;
-}
-
 absl::StatusOr<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(const DeviceModel* model, int64_t experts) {
   const size_t layers = model->layers.size();
   std::vector<ExpertLocation> table(layers * static_cast<size_t>(experts));
@@ -204,19 +171,6 @@ absl::StatusOr<std::unique_ptr<MoeStage>> MoeStage::Create(const ModelConfig& c,
     absl::StatusOr<DeviceBuffer> counters = DeviceArray<int32_t>(2);
     if (!counters.ok()) return counters.status();
     impl->fused_router_counters = *std::move(counters);
-    const PickPrediction predict = PickPredictionSettings();
-    if (predict.ids > 0 && E <= kNormPredictMaxExperts && K <= kFusedPredictMax) {
-      Buf pred_bufs[] = {{&impl->pred_scores, DeviceArray<float>(c.n_layers * E)},
-                         {&impl->pred_ids, DeviceArray<int32_t>(c.n_layers * kFusedPredictMax)},
-                         {&impl->pred_blocks, DeviceArray<int32_t>(c.n_layers)}};
-      for (Buf& b : pred_bufs) {
-        if (!b.made.ok()) return b.made.status();
-        *b.buf = *std::move(b.made);
-      }
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(impl->pred_blocks.get(), 0, impl->pred_blocks.bytes()));
-      impl->predict = predict;
-      if (impl->predict.groups <= K) impl->predict.groups = 0;  // K groups
-    }
   }
   const bool shared_gemms =
       std::any_of(model.layers.begin(), model.layers.end(), [](const GpuLayer& l) { return SharedExpertRunsAsDenseGemms(l); });
@@ -367,29 +321,7 @@ std::optional<MoeStage::ReadyLogits> MoeStage::ReadyLogitsFor(int64_t layer, int
   if (n != 1 || n > m.plan_tokens || source.DeviceTable(layer) == nullptr) return std::nullopt;
   const Impl::DecodeForm form = m.PlanDecodeForm(layer, n, /*fused_output=*/true);
   if (!form.router_rows_f32) return std::nullopt;
-  ReadyLogits ready{form.router_rows, m.logits.as<float>()};
-  if (int* ids = m.PredictedIds(layer); ids != nullptr) {
-    ready.pred = NormRoutePrediction{m.predict.ids, static_cast<int>(m.config.moe.E),
-                                     m.pred_scores.as<float>() + layer * m.config.moe.E, ids,
-                                     m.pred_blocks.as<int32_t>() + layer};
-  }
-  return ready;
-}
-
-int64_t MoeStage::guessed_launches() const { return impl_->guessed_launches; }
-
-absl::StatusOr<std::vector<int32_t>> MoeStage::PickGuess(int64_t layer) const {
-  const int* row = impl_->PredictedIds(layer);
-  if (row == nullptr) return std::vector<int32_t>{};
-  std::vector<int32_t> ids(static_cast<size_t>(impl_->predict.ids));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy(ids.data(), row, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  return ids;
-}
-
-int* MoeStage::Impl::PredictedIds(int64_t layer) const {
-  if (predict.ids <= 0 || pred_ids.get() == nullptr || layer < 0 || layer >= config.n_layers) return nullptr;
-  if (predict.gdn_only && model->layers[static_cast<size_t>(layer)].kind != LayerKind::kGdn) return nullptr;
-  return pred_ids.as<int32_t>() + layer * kFusedPredictMax;
+  return ReadyLogits{form.router_rows, m.logits.as<float>()};
 }
 
 std::optional<MmqActivations> MoeStage::MmqInput(int64_t layer, int64_t n, ExpertSource& source) {

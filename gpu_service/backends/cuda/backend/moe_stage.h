@@ -143,26 +143,6 @@ bool FusedRouterInGrid();
 // TANDEM_FUSED_PICK_BY_SLOT=0: warp 0.
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
-// Guesses of a layer's picks made before its fused kernel routes: the ffn norm's launch that forms
-// the logits (MoeStage::ReadyLogits) ranks the experts on the residual before the mixer's output
-// (NormRoute::pred, before its PDL wait), and the fused kernel copies its guesses' gate/up rows
-// while it routes (FusedPrediction). Off by default: not yet measured end to end (docs/PERF.md,
-// forty-fifth session). TANDEM_NORM_PREDICT=M (1 .. kFusedPredictMax): M guesses, the first K
-// copied, the rest asked into L2. TANDEM_NORM_PREDICT_LAYERS=gdn: in GDN layers only, whose norm
-// starts beside the GDN kernel (all: every layer with ready logits, the default).
-// TANDEM_NORM_PREDICT_DOWN=1: the guesses' down rows into L2 too (FusedPrediction::down_l2).
-// TANDEM_NORM_PREDICT_GROUPS=G (K < G <= 32): G pick groups in the fused kernel's grid, so that G
-// guesses are copied before routing (FusedPrediction::groups; at the 80B shapes 13 keeps the grid
-// in the clusters an H200 holds at once). Read once, when the first MoE stage is made (its buffers
-// are sized then) unless set before.
-struct PickPrediction {
-  int ids = 0;  // 0: off
-  bool gdn_only = false;
-  bool down_l2 = false;
-  int groups = 0;  // 0 (or K and below): K
-};
-PickPrediction PickPredictionSettings();
-void SetPickPrediction(PickPrediction p);
 
 // True when layer l's shared expert can run as three dense GEMMs in fast-mode steps above
 // kMaxUnitRows tokens: its matrices have types the dense kernels take (shared experts are uploaded
@@ -224,21 +204,11 @@ class MoeStage {
   // (logits_ready): the fused one-token kernel's form for this layer (after PrepareStep, with
   // y_written given) over f32 router rows: `rows` the router's matrix (E rows, or E + 1 with the
   // shared gate's row last), whose logits w_r · x go to `logits`. nullopt for any other form.
-  // With PickPredictionSettings on for the layer, `pred` is the guess the caller's launch makes
-  // (NormRoute::pred: this layer's buffers); Run (logits_ready) then hands it to the fused kernel.
-  // pred.count 0: no guess.
   struct ReadyLogits {
     const DeviceMatrix* rows = nullptr;
     float* logits = nullptr;
-    NormRoutePrediction pred;
   };
   std::optional<ReadyLogits> ReadyLogitsFor(int64_t layer, int64_t n, ExpertSource& source) const;
-
-  // PickPredictionSettings' evidence, for tests: the fused kernel launches enqueued with a guess
-  // so far (graph captures included), and layer's last guess (its ids, copied from the device with
-  // a wait; empty where the layer takes no guess).
-  int64_t guessed_launches() const;
-  absl::StatusOr<std::vector<int32_t>> PickGuess(int64_t layer) const;
 
   // Before a step's first layer, on `stream`: for a one-token step of the fast mode with
   // OneTokenFused, zeroes the per-layer buffers the fused kernel adds into (one memset) and lets

@@ -351,19 +351,11 @@ absl::Status MoeStage::RunDevicePlanned(int64_t layer, const float* x, int64_t n
                              m.fused_router_counters.as<int32_t>()};
         o.x_written_earlier = false;  // the stream norm is now the launch just before
       }
-      // The guess the ffn norm's launch wrote with the ready logits (ReadyLogitsFor).
-      // (Ready logits mean no router blocks: router_inside is false.)
-      FusedPrediction guess;
-      if (logits_ready) {
-        guess = FusedPrediction{m.PredictedIds(layer), m.predict.ids, m.predict.down_l2, m.predict.groups};
-      }
-      const bool predicted = guess.ids != nullptr;
-      if (predicted) ++m.guessed_launches;
       // A benchmark's in-step probe (expert_decode_fused_probe.h), where its instantiation takes E.
       const auto launch = ProbeDecodeStep() && OneTokenFusedProbeTakes(o.E) ? LaunchOneTokenMoeFusedArmedProbe
                                                                                   : LaunchOneTokenMoeFused;
-      TANDEM_CUDA_RETURN_IF_ERROR(launch(o, shared_inside ? &inside : nullptr, stream,
-                                         router_inside ? &router : nullptr, predicted ? &guess : nullptr));
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          launch(o, shared_inside ? &inside : nullptr, stream, router_inside ? &router : nullptr));
       *y_written = o.y;
     } else {
       TANDEM_CUDA_RETURN_IF_ERROR(LaunchOneTokenMoeGateUp(o, stream));

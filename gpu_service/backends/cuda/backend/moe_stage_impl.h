@@ -60,15 +60,6 @@ struct MoeStage::Impl {
   bool fused_step = false;
   // The fused kernel's router-block counters (FusedRouter::counters: two ints), zeroed by PrepareStep.
   DeviceBuffer fused_router_counters;
-  // PickPrediction (made when it was on at Create): per layer, the ffn norm's scores (E floats),
-  // its guess (kFusedPredictMax ints) and its block counter (one int, zeroed here and left zero by
-  // every launch), in three arrays of n_layers rows; `predict` the settings they were made for
-  // (ids 0: none; groups 0 for K).
-  DeviceBuffer pred_scores, pred_ids, pred_blocks;
-  PickPrediction predict;
-  int64_t guessed_launches = 0;  // fused kernel launches enqueued with a guess
-  // The guess's row of layer (after a ReadyLogitsFor that gave one), or nullptr: none this layer.
-  int* PredictedIds(int64_t layer) const;
   // Fast mode, steps above kMaxUnitRows tokens: the shared expert's gate, up and SiLU(g)·u rows
   // (T × shared_ffn each) between its three dense GEMMs.
   DeviceBuffer shared_gemm;

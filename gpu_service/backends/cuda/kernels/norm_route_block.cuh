@@ -16,40 +16,10 @@
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
 #include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
-#include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
 namespace {
-
-// kPredict (NormRoute::pred.count > 0), before the wait, once every warp of the block has its a_r:
-// the experts' a_r into pred.scores, the block counted in pred.blocks, and the last block to count
-// writes the guess (the pred.count largest a_r, WarpPickLogits' order) into pred.ids.
-// Why WarpPickLogits: the fused MoE kernel ranks its logits with it, so a guess is taken in the
-// order the picks are. E <= kNormPredictMaxExperts = 512 rows: 16 a lane.
-__device__ __forceinline__ void NormRoutePredict(const NormRoutePrediction& pred, int r, float a) {
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  if (lane == 0 && r < pred.experts) {
-    pred.scores[r] = a;
-    __threadfence();  // the score before the count that publishes it
-  }
-  __syncthreads();
-  __shared__ bool s_last;
-  if (threadIdx.x == 0) {
-    const int route_blocks = static_cast<int>(gridDim.x) - 1;
-    s_last = atomicAdd(pred.blocks, 1) == route_blocks - 1;
-  }
-  __syncthreads();
-  if (s_last && warp == 0) {
-    __threadfence();  // the other blocks' scores, counted before ours, are read after the count
-    __shared__ float s_picked[kNormPredictMaxIds];
-    WarpPickLogits<kNormPredictMaxExperts / 32>(pred.scores, pred.experts, pred.count, pred.ids, s_picked,
-                                                /*through_l2=*/true);
-    // Every block has counted: the next launch starts at zero (an atomic, so that no count of a
-    // later launch on the same counter can land before it).
-    if (lane == 0) atomicExch(pred.blocks, 0);
-  }
-}
 
 // A route block's warp takes one router row (the launch sizes the grid for it), so that a layer's
 // 513 rows (80B shapes) are 65 blocks' loads in flight at once before the wait.
@@ -68,7 +38,7 @@ constexpr int kNormRouteLoads = 8;
 // counts itself in route.h_reads once its H values are in registers, and the norm's block waits
 // for that count before it writes (NormRouteWaitForReads). Without it the first device run of the
 // kernel test read H + y as H' (relative L2 0.2 at h 2048).
-template <int kVec, int kThreads, bool kPredict = false>
+template <int kVec, int kThreads>
 __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const float* y, const float* gamma,
                                                float eps, const EarlierInject& earlier, const NormRoute& route,
                                                float* scratch, float4* u) {
@@ -118,7 +88,6 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
-  if constexpr (kPredict) NormRoutePredict(route.pred, r, a);
   PdlWaitForPrevious();  // y and the parts: the launch just before wrote them
   PdlAllowNext();
   const float4* yr = reinterpret_cast<const float4*>(y);

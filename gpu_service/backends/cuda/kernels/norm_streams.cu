@@ -110,10 +110,8 @@ InjectRmsNormKernel(float* H, int64_t S, int64_t h, const float* a, const float*
 // operations per value as InjectRmsNormKernel.
 constexpr unsigned kGeneralInjectRows = 4096;
 
-// kRoute (NormRoute, one row): blocks past the first are route blocks (norm_route_block.cuh);
-// kPredict: they also guess the picks (NormRoute::pred.count > 0), an instantiation of its own so
-// that the launch without a guess keeps its code.
-template <int kVec, int kThreads, int kCopies, bool kRoute = false, bool kPredict = false>
+// kRoute (NormRoute, one row): blocks past the first are route blocks (norm_route_block.cuh).
+template <int kVec, int kThreads, int kCopies, bool kRoute = false>
 __global__ void __launch_bounds__(kThreads)
 InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const float* y, const float* sh,
                        const float* sg, const float* gamma, float eps, float* N, uint16_t* N16, NormMmqOut q,
@@ -122,7 +120,7 @@ InjectRmsNormRegKernel(float* H, int64_t S, int64_t h, const float* a, const flo
   __shared__ float scratch[32];
   if constexpr (kRoute) {
     if (blockIdx.x > 0) {
-      NormRouteBlock<kVec, kThreads, kPredict>(H, h, y, gamma, eps, earlier, route, scratch, staged);
+      NormRouteBlock<kVec, kThreads>(H, h, y, gamma, eps, earlier, route, scratch, staged);
       return;
     }
   }
@@ -279,15 +277,15 @@ cudaError_t LaunchNormGeneral(float* H, int64_t n, int64_t S, int64_t h, const f
 
 // launch(InjectRmsNormRegKernel<...>) for the kernel of split's row-width bucket (vectors a thread,
 // threads a block).
-template <int kCopies, bool kRoute, typename Launch, bool kPredict = false>
+template <int kCopies, bool kRoute, typename Launch>
 cudaError_t WithRegKernel(norm_row::RegSplit split, Launch launch) {
   if (split.threads == 128) {
-    if (split.vec == 1) return launch(InjectRmsNormRegKernel<1, 128, kCopies, kRoute, kPredict>);
-    if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 128, kCopies, kRoute, kPredict>);
-    return launch(InjectRmsNormRegKernel<4, 128, kCopies, kRoute, kPredict>);
+    if (split.vec == 1) return launch(InjectRmsNormRegKernel<1, 128, kCopies, kRoute>);
+    if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 128, kCopies, kRoute>);
+    return launch(InjectRmsNormRegKernel<4, 128, kCopies, kRoute>);
   }
-  if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 256, kCopies, kRoute, kPredict>);
-  return launch(InjectRmsNormRegKernel<4, 256, kCopies, kRoute, kPredict>);
+  if (split.vec == 2) return launch(InjectRmsNormRegKernel<2, 256, kCopies, kRoute>);
+  return launch(InjectRmsNormRegKernel<4, 256, kCopies, kRoute>);
 }
 
 template <int kCopies>
@@ -319,7 +317,6 @@ cudaError_t LaunchNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a
                      sh.gate_logit, gamma, eps, N, N16, q, h_early && !OldNormEarlyH(), earlier,
                      route != nullptr ? *route : NormRoute{});
   };
-  if (route != nullptr && route->pred.count > 0) return WithRegKernel<0, true, decltype(launch), true>(split, launch);
   return route != nullptr ? WithRegKernel<0, true>(split, launch) : WithRegKernel<kCopies, false>(split, launch);
 }
 
@@ -363,12 +360,6 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
        route->padded < route->rows || route->inv_scale == nullptr || route->logits == nullptr ||
        route->h_reads == nullptr ||
        reinterpret_cast<uintptr_t>(route->w) % 16 != 0)) {
-    return cudaErrorInvalidValue;
-  }
-  if (route != nullptr && route->pred.count != 0 &&
-      (route->pred.count < 0 || route->pred.count > kNormPredictMaxIds || route->pred.experts < 1 ||
-       route->pred.experts > route->rows || route->pred.experts > kNormPredictMaxExperts ||
-       route->pred.scores == nullptr || route->pred.ids == nullptr || route->pred.blocks == nullptr)) {
     return cudaErrorInvalidValue;
   }
   EarlierInject e = earlier != nullptr ? *earlier : EarlierInject{};

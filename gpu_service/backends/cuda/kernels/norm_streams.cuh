@@ -56,26 +56,6 @@ struct EarlierInject {
   PendingShared sh;          // its shared term (PendingShared), or none
 };
 
-// A guess of the picks the norm-route launch makes before its wait (count > 0; the fused MoE
-// kernel's FusedPrediction): the first sum of NormRoute's logits alone, a_r = Σ_j w[r][j]·γ[j]·H'[j],
-// ranks the experts as the logits would without the mixer's output (1/ρ > 0 leaves the order
-// alone). Each route block writes its rows' a_r (r < experts: the experts' rows, not the shared
-// gate's) into scores before its wait and counts itself in blocks; the last block to count writes
-// the count largest (block_route.cuh's WarpPickLogits order: the lowest id among equal values) into
-// ids, best first (ids past the experts left, `experts`), and sets blocks back to zero. Nothing else
-// of the launch changes: x, H and the logits keep their bits.
-// Why the guess is written before the wait (pdl.cuh has a launch write after it): no kernel before
-// this launch reads these buffers, and the MoE kernel that does is the launch after, which reads
-// them after its own wait, when this whole grid is complete.
-// Limits: count 1 .. kNormPredictMaxIds, experts 1 .. min(NormRoute::rows, kNormPredictMaxExperts).
-struct NormRoutePrediction {
-  int count = 0;
-  int experts = 0;
-  float* scores = nullptr;  // `experts` floats (device scratch)
-  int* ids = nullptr;       // `count` ints
-  int* blocks = nullptr;    // a counter, zero between launches
-};
-
 // The routing logits formed by a one-token, one-stream norm's launch from the parts its mixer's
 // output product summed (kernels/route_compose.cuh): extra blocks of the launch compute, for
 // r < rows,
@@ -94,10 +74,7 @@ struct NormRoute {
   // norm's own block rewrites H after its wait, so it first waits until every route block has
   // counted its reads here (then takes the count back out).
   int* h_reads = nullptr;
-  NormRoutePrediction pred;  // count 0: no guess
 };
-inline constexpr int kNormPredictMaxIds = 32;
-inline constexpr int kNormPredictMaxExperts = 512;
 
 // Whether a plain norm of rows h wide can write NormMmqOut (h a multiple of 256, at most 12288:
 // the staged row's shared memory); callers ask before they plan the quantized planes.
@@ -111,8 +88,7 @@ inline bool NormMmqFits(int64_t h) { return h % 256 == 0 && h <= 12288; }
 // register kernel does not take the rows, with S > 1 or with inject weights a.
 // route (NormRoute; may be nullptr): also the routing logits; needs n = S = 1, y, no inject
 // weights or shared term, h_written_earlier, the register kernel's rows, and 16-byte aligned w
-// rows (h a multiple of 4); with pred.count > 0, its limits and buffers; cudaErrorInvalidValue
-// otherwise.
+// rows (h a multiple of 4); cudaErrorInvalidValue otherwise.
 cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const float* a,
                                 const float* y, const float* gamma, float eps, float* N,
                                 cudaStream_t stream, const NormMmqOut* q = nullptr,

@@ -33,16 +33,15 @@ cudaLaunchAttribute ClusterAttribute() {
   return attribute;
 }
 
-template <int kPer, bool kRouter, bool kProbe = false, bool kPredict = false>
+template <int kPer, bool kRouter, bool kProbe = false>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                        const FusedPrediction& pd, cudaStream_t stream, unsigned long long* probe = nullptr) {
+                        cudaStream_t stream, unsigned long long* probe = nullptr) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe, kPredict>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
     return err;
   }
-  const int blocks =
-      OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr, kPredict ? &pd : nullptr);
+  const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -54,17 +53,17 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe, kPredict>, a, sh, rt, pd, probe);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe>, a, sh, rt, probe);
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
-template <bool kRouter, bool kPredict = false>
+template <bool kRouter>
 cudaError_t LaunchForExperts(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
-                             cudaStream_t stream, const FusedPrediction& pd = {}) {
-  if (a.E <= 128) return LaunchFused<4, kRouter, false, kPredict>(a, sh, rt, pd, stream);
-  if (a.E <= 256) return LaunchFused<8, kRouter, false, kPredict>(a, sh, rt, pd, stream);
-  if (a.E <= 512) return LaunchFused<16, kRouter, false, kPredict>(a, sh, rt, pd, stream);
-  return LaunchFused<kOneTokenMaxExperts / 32, kRouter, false, kPredict>(a, sh, rt, pd, stream);
+                             cudaStream_t stream) {
+  if (a.E <= 128) return LaunchFused<4, kRouter>(a, sh, rt, stream);
+  if (a.E <= 256) return LaunchFused<8, kRouter>(a, sh, rt, stream);
+  if (a.E <= 512) return LaunchFused<16, kRouter>(a, sh, rt, stream);
+  return LaunchFused<kOneTokenMaxExperts / 32, kRouter>(a, sh, rt, stream);
 }
 
 }  // namespace
@@ -85,7 +84,7 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   // and shared memory).
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(h, E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false, false>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<16, false, false>, smem, raised); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config{};
@@ -95,22 +94,14 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters) {
   cudaLaunchAttribute attribute = ClusterAttribute();
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false, false>, &config);
+  return cudaOccupancyMaxActiveClusters(clusters, OneTokenFusedKernel<16, false, false>, &config);
 }
 
 namespace {
 
-// LaunchOneTokenMoeFused's checks; *sh, *rt and *pd the forms to launch (empty where not given).
+// LaunchOneTokenMoeFused's checks; *sh and *rt the forms to launch (empty where not given).
 cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert, const FusedRouter* router,
-                           const FusedPrediction* prediction, FusedSharedExpert* sh, FusedRouter* rt,
-                           FusedPrediction* pd) {
-  if (prediction != nullptr) {
-    *pd = *prediction;
-    if (router != nullptr || pd->ids == nullptr || pd->count < 1 || pd->count > kFusedPredictMax ||
-        (pd->groups != 0 && (pd->groups < a.K || pd->groups > kOneTokenMaxPicks))) {
-      return cudaErrorInvalidValue;
-    }
-  }
+                           FusedSharedExpert* sh, FusedRouter* rt) {
   if (router != nullptr) {
     *rt = *router;
     // The router rows are E, or E + 1 with the shared gate's row last (then shared_gate_logit must
@@ -140,23 +131,17 @@ cudaError_t CheckFusedArgs(const OneTokenMoeArgs& a, const FusedSharedExpert* sh
 }  // namespace
 
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router,
-                                   const FusedPrediction* prediction) {
+                                   cudaStream_t stream, const FusedRouter* router) {
   FusedSharedExpert sh;
   FusedRouter rt;
-  FusedPrediction pd;
-  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, prediction, &sh, &rt, &pd); err != cudaSuccess) {
-    return err;
-  }
+  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
   if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
-  if (prediction != nullptr) return LaunchForExperts<false, true>(a, sh, rt, stream, pd);
   return LaunchForExperts<false>(a, sh, rt, stream);
 }
 
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                            const FusedRouter* router, const FusedPrediction* prediction) {
-  const int groups = prediction != nullptr && prediction->groups > a.K ? prediction->groups : a.K;
-  return kFusedCluster * (groups * a.inner / kFusedSliceCols +
+                            const FusedRouter* router) {
+  return kFusedCluster * (a.K * a.inner / kFusedSliceCols +
                           (shared_expert != nullptr ? shared_expert->inner / kFusedSharedSliceCols : 0)) +
          (router != nullptr ? router->blocks : 0);
 }
@@ -165,32 +150,27 @@ namespace {
 
 // The kProbe instantiation with its stamps in `stamps`, or (nullptr) in the armed buffer.
 cudaError_t LaunchProbedForm(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert, cudaStream_t stream,
-                             const FusedRouter* router, unsigned long long* stamps, const FusedPrediction* prediction) {
+                             const FusedRouter* router, unsigned long long* stamps) {
   FusedSharedExpert sh;
   FusedRouter rt;
-  FusedPrediction pd;
-  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, prediction, &sh, &rt, &pd); err != cudaSuccess) {
-    return err;
-  }
+  if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
   if (!OneTokenFusedProbeTakes(a.E)) return cudaErrorNotSupported;  // one instantiation (kPer 16)
-  if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, pd, stream, stamps);
-  if (prediction != nullptr) return LaunchFused<16, false, true, true>(a, sh, rt, pd, stream, stamps);
-  return LaunchFused<16, false, true>(a, sh, rt, pd, stream, stamps);
+  if (router != nullptr) return LaunchFused<16, true, true>(a, sh, rt, stream, stamps);
+  return LaunchFused<16, false, true>(a, sh, rt, stream, stamps);
 }
 
 }  // namespace
 
 cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
                                          cudaStream_t stream, const FusedRouter* router,
-                                         unsigned long long* stamps, const FusedPrediction* prediction) {
+                                         unsigned long long* stamps) {
   if (stamps == nullptr) return cudaErrorInvalidValue;
-  return LaunchProbedForm(a, shared_expert, stream, router, stamps, prediction);
+  return LaunchProbedForm(a, shared_expert, stream, router, stamps);
 }
 
 cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
-                                             cudaStream_t stream, const FusedRouter* router,
-                                             const FusedPrediction* prediction) {
-  return LaunchProbedForm(a, shared_expert, stream, router, nullptr, prediction);
+                                             cudaStream_t stream, const FusedRouter* router) {
+  return LaunchProbedForm(a, shared_expert, stream, router, nullptr);
 }
 
 cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

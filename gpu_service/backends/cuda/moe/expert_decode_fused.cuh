@@ -78,32 +78,6 @@ struct FusedRouter {
   bool preload = true;
 };
 
-// Guesses of this layer's picks, made before the kernel routes (the ffn norm's launch ranks the
-// router rows on the residual before the mixer's output: NormRoute::pred, norm_streams.cuh).
-// Routed block (pick group k, slice s, rank r) reads guess k right after its PDL wait and copies
-// its gate/up rows of that expert into shared memory while it routes; with `count` > groups it also
-// asks for its rows of guesses k + groups, k + 2·groups, ... < count into L2 (groups: K unless set
-// below). Once the picks are known, each pick
-// group serves the pick served_pick.h's rule gives it: a group whose guess is a pick serves that
-// pick with the rows it already has, the others copy the rows of the picks nobody guessed. Every
-// pick is served once whatever `ids` holds (wrong, repeated or invalid ids only cost time), so the
-// results equal the kernel's without a prediction up to the order of y's atomic additions.
-// ids: `count` ints (device), written by the launch before the kernel's (read after its wait).
-// count: 1 .. kFusedPredictMax. Only without router blocks (the logits handed in ready).
-// down_l2: each routed block also asks for its down rows of its guess into L2 (while it routes),
-// so that a right guess's down copies come from L2.
-// groups: pick groups in the grid, K .. kOneTokenMaxPicks (0: K). More groups than picks copy more
-// guesses before routing (group k guess k; the L2 prefetches then start at guess `groups`); the
-// groups left without a pick once every pick has one compute nothing. The grid grows by
-// (groups - K) · inner / 16 blocks (OneTokenFusedGridBlocks).
-inline constexpr int kFusedPredictMax = 32;
-struct FusedPrediction {
-  const int* ids = nullptr;
-  int count = 0;
-  bool down_l2 = false;
-  int groups = 0;
-};
-
 // True when the fused kernel takes the shape: E in [1, kOneTokenMaxExperts], K in [1, min(E,
 // kOneTokenMaxPicks)], h of 1, 2, 4 or 8 super-blocks (256 .. 2048: a warp's row step covers its
 // 4 gate/up rows), inner a multiple of 256 with at most 32 super-blocks, and the shared memory
@@ -129,12 +103,8 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // logit_route.
 // `router` (may be nullptr): the router product inside the grid (FusedRouter); args.logits is then
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
-// `prediction` (may be nullptr): the picks guessed before routing (FusedPrediction); not with a
-// router, count in 1 .. kFusedPredictMax, ids not null, groups 0 or K .. kOneTokenMaxPicks
-// (cudaErrorInvalidValue otherwise).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                   cudaStream_t stream, const FusedRouter* router = nullptr,
-                                   const FusedPrediction* prediction = nullptr);
+                                   cudaStream_t stream, const FusedRouter* router = nullptr);
 
 }  // namespace tandem::cuda
 

@@ -28,7 +28,6 @@
 #include "gpu_service/backends/cuda/moe/fused_router.cuh"
 #include "gpu_service/backends/cuda/moe/one_token_act.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
-#include "gpu_service/backends/cuda/moe/served_pick.h"
 #include "gpu_service/backends/cuda/moe/warp_slot.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -112,19 +111,6 @@ __device__ __forceinline__ float DotQ8Blocks(const uint8_t* w, const uint32_t* x
   return acc;
 }
 
-// A warp's gate/up rows of a routed expert into its part of the weight region: mat_bytes from g
-// and from u (the same rows of the gate and up matrices), `chunks` = mat_bytes / 16 copies of 16
-// bytes each, lanes striding, one commit group. (chunks is the caller's: the routed branch forms it
-// before its row pointers, an order that keeps that branch's code as it was measured.)
-__device__ __forceinline__ void CopyGateUpRows(uint8_t* wwarp, const uint8_t* g, const uint8_t* u, int mat_bytes,
-                                               int chunks, int lane) {
-  for (int c = lane; c < chunks; c += 32) {
-    CpAsync16(wwarp + 16 * c, g + 16 * c);
-    CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
-  }
-  CpAsyncCommit();
-}
-
 static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are the grid's");
 
 // grid (kFusedCluster · (K · inner / 128 + shared_inner / 64)), clusters of kFusedCluster along x,
@@ -134,15 +120,10 @@ static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are t
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`. kPredict (FusedPrediction, never with
-// kRouter): pick group k copies guess k's rows after the wait, while it routes, and the groups
-// serve the picks by served_pick.h's rule; the other instantiations ignore `pd` and keep the code
-// measured without it.
-template <int kPer, bool kRouter, bool kProbe, bool kPredict>
+// "summed" stamp; the other instantiations ignore `probe`.
+template <int kPer, bool kRouter, bool kProbe>
 __global__ void __launch_bounds__(kThreads)
-    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, FusedPrediction pd,
-                        unsigned long long* probe) {
-  static_assert(!(kRouter && kPredict), "a prediction comes with ready logits, not router blocks");
+    OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
@@ -153,17 +134,14 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_ids[kOneTokenMaxPicks];
   __shared__ float s_w[kOneTokenMaxPicks];
-  __shared__ int s_served[kOneTokenMaxPicks];  // kPredict: the pick index each group serves
   const FusedSmem L = FusedLayout(a.h, a.E);
   const int nsb = a.h >> 8;
   const int row_bytes = nsb * kSbBytes;        // a gate/up row
   const int down_row_bytes = (a.inner >> 8) * kSbBytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int per_pick = a.inner / kFusedSliceCols * kFusedCluster;
-  // Pick groups: K, or more with a prediction (FusedPrediction::groups).
-  const int groups = kPredict && pd.groups > a.K ? pd.groups : a.K;
-  const bool shared_block = block >= groups * per_pick;
-  const int local = shared_block ? block - groups * per_pick : block % per_pick;
+  const bool shared_block = block >= a.K * per_pick;
+  const int local = shared_block ? block - a.K * per_pick : block % per_pick;
   const int k = shared_block ? a.K : block / per_pick;
   const int slice = local / kFusedCluster, rank = local % kFusedCluster;
   const int down_rows = a.h / kFusedCluster;  // this block's output rows: rank · down_rows ..
@@ -193,8 +171,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (a.x_written_earlier) QuantizeI16(a.x, nsb, xq, xsc, sxs, warp, kFusedWarps, lane);
-  // A prediction's copies read the table right after the wait, from any warp.
-  if constexpr (kPredict) __syncthreads();
   // The warp that routes and gathers the slice's act (OneTokenMoeArgs::pick_warp_by_slot): warp 0,
   // or the one warp_slot.cuh's PickWarpOfSlot names. The probe's stamps are thread 0's, so its
   // instantiation keeps warp 0.
@@ -218,38 +194,6 @@ __global__ void __launch_bounds__(kThreads)
     // value at the same address), or by the launch before.
     return 1.0f / (1.0f + expf(-(kRouter ? __ldcg(a.shared_gate_logit) : a.shared_gate_logit[0])));
   };
-  // kPredict: an id of `pd` that names an expert with rows, else -1 (no guess).
-  auto guess_at = [&](int i) {
-    const int id = i < pd.count ? __ldcg(pd.ids + i) : -1;  // written by the launch before (L2)
-    return id >= 0 && id < a.E && tgate[id] != nullptr ? id : -1;
-  };
-  int guess = -1;  // this pick group's guess, whose gate/up rows this warp is copying
-  if constexpr (kPredict) {
-    if (!shared_block) {
-      const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
-      const int mat_bytes = kWarpRows * row_bytes;
-      const int64_t at = static_cast<int64_t>(row0) * row_bytes;
-      guess = guess_at(k);
-      if (guess >= 0) {  // the routed branch's copies below, of the guess
-        CopyGateUpRows(wgu + warp * 2 * mat_bytes, static_cast<const uint8_t*>(tgate[guess]) + at,
-                       static_cast<const uint8_t*>(tup[guess]) + at, mat_bytes, mat_bytes / 16, lane);
-      }
-      if (pd.down_l2 && guess >= 0) {  // the block's down rows of the guess (the routed branch's d)
-        const uint8_t* d = static_cast<const uint8_t*>(tdown[guess]) +
-                           static_cast<int64_t>(rank) * down_rows * down_row_bytes + (slice >> 1) * kSbBytes;
-        for (int r = t; r < down_rows; r += kThreads) PrefetchL2(d + static_cast<int64_t>(r) * down_row_bytes, kSbBytes);
-      }
-      // The guesses past the groups': this warp's rows of them into L2, for a group whose guess
-      // proves wrong and whose pick is one of them.
-      for (int j = k + groups; j < pd.count; j += groups) {
-        const int other = guess_at(j);
-        if (other >= 0 && lane == 0) {
-          PrefetchL2(static_cast<const uint8_t*>(tgate[other]) + at, mat_bytes);
-          PrefetchL2(static_cast<const uint8_t*>(tup[other]) + at, mat_bytes);
-        }
-      }
-    }
-  }
   if (shared_block) {
     // With the router in the grid the gate logit is read before the down products (below).
     if (!router_in_grid && warp == 0 && lane == 0) s_w[0] = shared_gate();
@@ -257,9 +201,6 @@ __global__ void __launch_bounds__(kThreads)
   } else if (warp == picker) {
     if (router_in_grid) WaitRouterBlocks(rt);
     stamps.Stamp(kFusedProbeCountSeen);
-    // kPredict: group `lane`'s guess for the rule below, loaded before the logits so that the two
-    // loads overlap.
-    const int lane_guess = kPredict && lane < groups ? guess_at(lane) : -1;
     // Every block needs its pick's weight, hence all K picks.
     // Through L2 when the router blocks wrote them during this grid (this SM's L1 may hold the last
     // layer's logits, which sat at the same addresses).
@@ -272,28 +213,6 @@ __global__ void __launch_bounds__(kThreads)
     const float w = PickWeights(s_w, a.K);
     __syncwarp();  // every lane has read s_w
     if (lane < a.K) s_w[lane] = w;
-    if constexpr (kPredict) {
-      // served_pick.h's rule (ServedPickOfGroups), lane g for group g: its match (a pick equal to
-      // its guess, unless an earlier group guessed the same id), then the unmatched groups take the
-      // unmatched picks in order; those past them serve none (-1).
-      const int my_pick = lane < a.K ? s_ids[lane] : -1;  // -1: no pick, never a valid guess
-      const int my_guess = lane_guess;
-      int match = -1;
-      bool repeated = false;
-      for (int j = 0; j < groups; ++j) {
-        const int p = __shfl_sync(0xFFFFFFFFu, my_pick, j);
-        const int g = __shfl_sync(0xFFFFFFFFu, my_guess, j);
-        if (my_guess >= 0 && p == my_guess) match = j;
-        if (j < lane && g == my_guess) repeated = true;
-      }
-      if (repeated) match = -1;
-      const unsigned all_picks = a.K >= 32 ? 0xFFFFFFFFu : (1u << a.K) - 1u;
-      const unsigned all_groups = groups >= 32 ? 0xFFFFFFFFu : (1u << groups) - 1u;
-      const unsigned matched_groups = __ballot_sync(0xFFFFFFFFu, match >= 0);
-      const unsigned matched_picks = __reduce_or_sync(0xFFFFFFFFu, match >= 0 ? 1u << match : 0u);
-      const int before = __popc(all_groups & ~matched_groups & ((1u << lane) - 1u));
-      if (lane < groups) s_served[lane] = match >= 0 ? match : NthSetBit(all_picks & ~matched_picks, before);
-    }
     if (local == 0 && k == a.K - 1 && lane < a.K) {
       const int e = s_ids[lane];
       a.experts_out[lane] = e;
@@ -306,18 +225,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   stamps.Stamp(kFusedProbeRouted);
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
-  // The pick this block serves: its group's own, or served_pick.h's with a prediction (-1: none,
-  // a group past the picks; it computes nothing, as a flagged pick's).
-  const int served = kPredict ? (shared_block ? 0 : s_served[k]) : k;  // routed blocks
-  const int e = shared_block ? 0 : kPredict && served < 0 ? -1 : s_ids[served];
-  if constexpr (kPredict) {
-    if (!shared_block && threadIdx.x == 0) {
-      stamps.Word(kFusedProbeSpeculated, (static_cast<unsigned long long>(guess + 1) << 32) |
-                                             (guess >= 0 && guess == e ? 1ull << 31 : 0ull) |
-                                             kFusedProbeSpeculatedWritten |
-                                             (static_cast<unsigned>(e + 1) & 0x3FFFFFFFu));
-    }
-  }
+  const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
   // pass both cluster barriers.
   const bool ok = shared_block || (e >= 0 && e < a.E && tgate[e] != nullptr);
@@ -326,18 +234,17 @@ __global__ void __launch_bounds__(kThreads)
   const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
   if (ok && !shared_block) {
     // Gate/up rows of this warp first (they gate everything after), then the block's down rows.
-    // A right guess's rows are already on their way; a wrong guess's land before the region is
-    // written again (two copies in flight to one address have no order).
     const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
     const int mat_bytes = kWarpRows * row_bytes;
     uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
     const int chunks = mat_bytes / 16;
-    if (!kPredict || guess != e) {
-      if (kPredict && guess >= 0) CpAsyncWait<0>();
-      const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
-      const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-      CopyGateUpRows(wwarp, g, u, mat_bytes, chunks, lane);
+    const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
+    const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
+    for (int c = lane; c < chunks; c += 32) {
+      CpAsync16(wwarp + 16 * c, g + 16 * c);
+      CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
     }
+    CpAsyncCommit();
     // The block's down rows' super-blocks, copied once the gate/up products are done. No L2
     // prefetch of them here: asking for them with the gate/up rows (one bulk prefetch a row, until
     // 2026-12-05) slowed batch-1 decode by 1.7% (docs/PERF.md, forty-second session).
@@ -425,7 +332,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     CpAsyncCommit();
   } else {
-    if (kPredict && guess >= 0) CpAsyncWait<0>();  // no copy into this block's memory outlives it
     ClusterArrive();  // a flagged pick's blocks
   }
   // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
@@ -467,7 +373,7 @@ __global__ void __launch_bounds__(kThreads)
     stamps.Stamp(kFusedProbeDownLanded);
     if (router_in_grid && shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
     const float ascale = a_scale[0];
-    const float wk = s_w[shared_block ? 0 : served];
+    const float wk = s_w[shared_block ? 0 : k];
     if (shared_block) {
       const uint32_t* w = aw;
       const int sd_row = Q8RowBytes(sh.inner);
@@ -489,7 +395,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const float4 sums = *reinterpret_cast<const float4*>(a_sum);
       float gate = 0.0f;  // σ(gate logit) when this block adds the given shared term
-      const bool add_shared = a.shared != nullptr && served == 0 && slice == 0;
+      const bool add_shared = a.shared != nullptr && k == 0 && slice == 0;
       if (add_shared) gate = a.shared_gate_logit != nullptr ? 1.0f / (1.0f + expf(-a.shared_gate_logit[0])) : 1.0f;
       for (int r = t; r < down_rows; r += kThreads) {
         const uint8_t* row = wdn + r * kDownRowBytes;

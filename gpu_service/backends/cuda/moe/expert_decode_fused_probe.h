@@ -23,7 +23,7 @@
 
 namespace tandem::cuda {
 
-inline constexpr int kFusedProbeWords = 19;
+inline constexpr int kFusedProbeWords = 18;
 // The words of a row: the phases, in the order a block passes them, then the block's facts.
 enum FusedProbeWord : int {
   kFusedProbeEntry, kFusedProbeAfterWait, kFusedProbeRouted, kFusedProbeGateUpLanded, kFusedProbeActWritten,
@@ -43,35 +43,12 @@ enum FusedProbeWord : int {
   // memory system.
   kFusedProbeLogitsReloaded,
   kFusedProbeOtherLoaded,
-  // Routed blocks of a launch with a FusedPrediction (0 elsewhere): not a time but the guess and
-  // the pick served (FusedProbeSpeculation).
-  kFusedProbeSpeculated,
 };
 enum FusedProbeKind : int { kFusedProbeRoutedKind, kFusedProbeSharedKind, kFusedProbeRouterKind };
 
-// kFusedProbeSpeculated's word (0: not written, a block of a launch without a guess): the block's
-// guess + 1 in bits 32 .. 63 (0: no guess, no copies before routing), bit 31 set when the guess was
-// the expert it served, bit 30 set (written), that expert + 1 in bits 0 .. 29 (0: none, a pick
-// group past the picks).
-struct FusedProbeSpeculation {
-  bool written = false;
-  int guess = -1;   // -1: none
-  bool hit = false;
-  int served = -1;  // the expert id served; -1: none
-};
-inline constexpr unsigned long long kFusedProbeSpeculatedWritten = 1ull << 30;
-inline FusedProbeSpeculation DecodeFusedProbeSpeculation(unsigned long long word) {
-  FusedProbeSpeculation s;
-  s.written = (word & kFusedProbeSpeculatedWritten) != 0u;
-  s.guess = static_cast<int>(word >> 32) - 1;
-  s.hit = ((word >> 31) & 1u) != 0u;
-  s.served = static_cast<int>(word & 0x3FFFFFFFu) - 1;
-  return s;
-}
-
 // The grid LaunchOneTokenMoeFused launches for these arguments (blocks).
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                            const FusedRouter* router, const FusedPrediction* prediction = nullptr);
+                            const FusedRouter* router);
 
 // Whether the probed forms below take E (their one instantiation: 256 < E <= 512).
 inline bool OneTokenFusedProbeTakes(int E) { return E > 256 && E <= 512; }
@@ -80,8 +57,7 @@ inline bool OneTokenFusedProbeTakes(int E) { return E > 256 && E <= 512; }
 // (above). cudaErrorNotSupported for E outside (256, 512] (one instantiation), cudaErrorInvalidValue
 // where LaunchOneTokenMoeFused refuses or for a null `stamps`.
 cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                         cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps,
-                                         const FusedPrediction* prediction = nullptr);
+                                         cudaStream_t stream, const FusedRouter* router, unsigned long long* stamps);
 
 // The same probed form for launches captured before their stamps' buffer exists (the decode
 // step's graphs, gpu_backend_bench --probe-step): each block takes the next row of the buffer
@@ -89,8 +65,7 @@ cudaError_t LaunchOneTokenMoeFusedProbed(const OneTokenMoeArgs& args, const Fuse
 // consecutive rows when launches do not overlap) and stamps nothing while none is armed or the
 // buffer is full. The same refusals as LaunchOneTokenMoeFusedProbed but for `stamps`.
 cudaError_t LaunchOneTokenMoeFusedArmedProbe(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
-                                             cudaStream_t stream, const FusedRouter* router,
-                                             const FusedPrediction* prediction = nullptr);
+                                             cudaStream_t stream, const FusedRouter* router);
 // Arms (stamps not null: `capacity` rows of kFusedProbeWords, zeroed by the caller; the slot
 // counter reset) or disarms (nullptr) the armed probe's buffer, in stream order.
 cudaError_t SetFusedMoeProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);

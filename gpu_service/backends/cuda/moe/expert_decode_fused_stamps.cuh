@@ -47,12 +47,6 @@ struct FusedStamps {
       if (row != nullptr) row[phase] = GlobalTimerNs();
     }
   }
-  // A value word of the row (not a time).
-  __device__ void Word(int word, unsigned long long value) const {
-    if constexpr (kProbe) {
-      if (row != nullptr) row[word] = value;
-    }
-  }
   // Stamp once `dep` is known (armed_stamps.cuh's KnownNow).
   __device__ void StampAfter(int phase, unsigned dep) const {
     if constexpr (kProbe) {
