@@ -161,6 +161,28 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
         EXPECT_LE(e, 1e-5) << names[form];
       }
     }
+    // The prepared one-product split through each cuBLAS route (GemmAlgo), logged only: its error
+    // depends on the kernel cuBLAS picks for K = 3 · cols on the card (9.9e-6 on an H100 where the
+    // H200 gave at most twice the tiled split's; docs/VALIDATION.md, forty-sixth session), and these
+    // lines say which route does it.
+    const std::pair<cuda::GemmAlgo, const char*> algos[] = {
+        {cuda::GemmAlgo::kGemmEx, "gemmex"}, {cuda::GemmAlgo::kLt, "lt"}, {cuda::GemmAlgo::kLtNoSplitK, "lt_nosplitk"}};
+    for (const auto& [algo, algo_name] : algos) {
+      cuda::DenseGemmOptions o;
+      o.mode = cuda::GemmMode::kFastSplit;
+      o.max_n = n;
+      o.max_cols = cols;
+      o.tile_bytes = rows * cols * 4;
+      o.workspace_bytes = 4 << 20;
+      o.prepared_algo = algo;
+      auto g = cuda::DenseGemm::Create(o);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_TRUE((*g)->Prepare(w.gpu()).ok());
+      auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+      ASSERT_TRUE((*g)->Run(w.gpu(), d_x.get(), n, d_y.get(), nullptr).ok());
+      gpu_testing::LogError(std::string("study_") + tn + "_densegemm_prepared_split_one_" + algo_name,
+                            err(Download(d_y)));
+    }
     // Sanity of the study itself: the scaled three-term form matches DenseGemm's prepared one.
     ASSERT_EQ(split_errors.size(), 2u);
     EXPECT_LE(split_errors[1], 1e-5);
