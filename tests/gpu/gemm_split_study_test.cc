@@ -136,14 +136,18 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
     }
     cublasDestroy(handle);
     // DenseGemm's own paths on the same operands.
-    double tiled = 0.0;
-    for (int form = 0; form < 4; ++form) {
+    auto options = [&](cuda::GemmMode mode) {
       cuda::DenseGemmOptions o;
-      o.mode = form == 3 ? cuda::GemmMode::kExact : cuda::GemmMode::kFastSplit;
+      o.mode = mode;
       o.max_n = n;
       o.max_cols = cols;
       o.tile_bytes = rows * cols * 4;
       o.workspace_bytes = 4 << 20;
+      return o;
+    };
+    double tiled = 0.0;
+    for (int form = 0; form < 4; ++form) {
+      cuda::DenseGemmOptions o = options(form == 3 ? cuda::GemmMode::kExact : cuda::GemmMode::kFastSplit);
       o.split_one_product = form != 2;
       auto g = cuda::DenseGemm::Create(o);
       ASSERT_TRUE(g.ok()) << g.status();
@@ -168,12 +172,7 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
     const std::pair<cuda::GemmAlgo, const char*> algos[] = {
         {cuda::GemmAlgo::kGemmEx, "gemmex"}, {cuda::GemmAlgo::kLt, "lt"}, {cuda::GemmAlgo::kLtNoSplitK, "lt_nosplitk"}};
     for (const auto& [algo, algo_name] : algos) {
-      cuda::DenseGemmOptions o;
-      o.mode = cuda::GemmMode::kFastSplit;
-      o.max_n = n;
-      o.max_cols = cols;
-      o.tile_bytes = rows * cols * 4;
-      o.workspace_bytes = 4 << 20;
+      cuda::DenseGemmOptions o = options(cuda::GemmMode::kFastSplit);
       o.prepared_algo = algo;
       auto g = cuda::DenseGemm::Create(o);
       ASSERT_TRUE(g.ok()) << g.status();
