@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU machine: the issue's end-to-end benchmark on q3n-80b shapes with every expert resident.
-# Generates the model (47 GB, every CPU thread; in /dev/shm when it has room, else $MODEL_DIR or
-# /tmp), then runs gpu_backend_bench (decode batch 1/8/32, prefill 512/8192, each against the HBM
-# and bf16-GEMM floors measured in the same run). Writes bench_80b.txt / bench_80b.json under $OUT.
+# Generates the model unless an earlier run left one (47 GB, every CPU thread; in $MODEL_DIR, else
+# /dev/shm when it has room, else /tmp: device_env.sh's model_dir), then runs gpu_backend_bench
+# (decode batch 1/8/32, prefill 512/8192, each against the HBM and bf16-GEMM floors measured in the
+# same run). Writes bench_80b.txt / bench_80b.json under $OUT.
 # Usage (device): scripts/device/bench_80b.sh [extra gpu_backend_bench flags]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 free_gb=$(shm_free_gb)
-dir=${MODEL_DIR:-$(new_model_dir)}
+dir=${MODEL_DIR:-$(model_dir)}  # an earlier run's model, else a new one
 model=$dir/q3n-80b.gguf
 {
   echo "# bench_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"

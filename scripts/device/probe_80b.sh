@@ -11,7 +11,7 @@
 # Usage (device): scripts/device/probe_80b.sh
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-model=${MODEL:-/dev/shm/q3n-80b.gguf}
+model=${MODEL:-$(model_dir)/q3n-80b.gguf}  # the one bench_80b.sh made
 [ -f "$model" ] || model=/tmp/q3n-80b.gguf
 probe() {  # label bench txt
   local label=$1 bench=$2 txt=$3

@@ -9,7 +9,7 @@
 # Usage (device): scripts/device/profile_80b.sh [extra gpu_backend_bench flags]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-model=${MODEL:-/dev/shm/q3n-80b.gguf}
+model=${MODEL:-$(model_dir)/q3n-80b.gguf}  # the one bench_80b.sh made
 [ -f "$model" ] || model=/tmp/q3n-80b.gguf
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "profile_80b: no ncu on this machine" | tee "$out/profile_80b.txt"; exit 1; }

@@ -12,7 +12,7 @@
 # Usage (device): scripts/device/timeline_80b.sh [extra gpu_backend_timeline flags]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-model=${MODEL:-/dev/shm/q3n-80b.gguf}
+model=${MODEL:-$(model_dir)/q3n-80b.gguf}  # the one bench_80b.sh made
 [ -f "$model" ] || model=/tmp/q3n-80b.gguf
 txt=$out/timeline_80b.txt
 echo "# timeline_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown), model $model" | tee "$txt"

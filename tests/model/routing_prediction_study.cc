@@ -120,7 +120,8 @@ int Run() {
   std::vector<MoeRouting> routing(static_cast<size_t>(L));
   fo.routing = &routing;
 
-  // K + 3: the fused kernel's most pick groups in one wave at the 80B shapes (FusedPrediction::groups).
+  // K + 3: at the 80B shapes, the most pick groups the fused MoE kernel could run in one wave (the
+  // forty-fifth session's prediction, removed: docs/PERF.md).
   const std::vector<int64_t> ms = {K, K + 3, K + K / 2, 2 * K, 3 * K, 5 * K};
   // Each predictor's scores, one per M.
   std::vector<Score> same(ms.size()), prev = same, prev_g = same, prev2 = same, resid = same;
