@@ -9,7 +9,7 @@
 // start, once the keys are formed (behind a branch on the loaded values) and after the picks; cycles
 // are turned into us at the device's reported clock rate. Cases: 384 readers at four blocks an SM (the fused
 // kernel's routed blocks, all reading at once), 48 (one a cluster: the relay's count), one (no
-// other reader). Medians over blocks and 20 launches, us. Each case for WarpPickLogits and for two
+// other reader). Medians over blocks and 20 launches, us. Each case for WarpPickLogits and for three other
 // candidate forms of the picks (PickForm below), whose ids are checked against WarpPickLogits' on
 // the same logits (the count of blocks that differ is printed). Not a test.
 #include <cuda_runtime.h>
@@ -62,7 +62,9 @@ __device__ __forceinline__ void LoadKeys(const float* logits, unsigned (&key)[kP
 // the lanes holding the top key (a reduction only when several do). (A third, the holder clearing
 // its key at once after the ballot and the id sent by a shuffle no later round waits for, measured
 // 1.63 us against 1.11: docs/PERF.md, twenty-ninth session.)
-enum PickForm { kWarpPickLogits, kSortedLanes, kBallot };
+// kTakeKeys: WarpTakeKeys' rounds alone, which WarpPickLogits ran before it tried
+// WarpThresholdPick first (2026-12-05).
+enum PickForm { kWarpPickLogits, kSortedLanes, kBallot, kTakeKeys };
 
 __device__ __forceinline__ void PickSortedLanes(unsigned (&key)[kPickPer], int rounds, int* ids) {
   const int lane = threadIdx.x & 31;
@@ -158,6 +160,11 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
     if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
     if constexpr (kForm == kSortedLanes) {
       PickSortedLanes(key, kPickK, ids);
+    } else if constexpr (kForm == kTakeKeys) {
+      WarpTakeKeys<kPickPer>(key, kPickK, [&](int r, unsigned top, unsigned id) {
+        if (threadIdx.x == 0) ids[r] = top != 0u ? static_cast<int>(id) : kPickE;
+      });
+      __syncwarp();
     } else {
       PickBallot(key, kPickK, ids);
     }
@@ -254,19 +261,21 @@ void BenchPick() {
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kWarpPickLogits>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kSortedLanes>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kTakeKeys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   const cudaStream_t stream = bench::LaunchStream();
   int khz = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double us_per_cycle = 1e3 / khz;
-  const PickForm forms[3] = {kWarpPickLogits, kSortedLanes, kBallot};
-  const char* form_names[3] = {"warp_pick_logits", "sorted_lanes", "ballot"};
+  const PickForm forms[4] = {kWarpPickLogits, kSortedLanes, kBallot, kTakeKeys};
+  const char* form_names[4] = {"warp_pick_logits", "sorted_lanes", "ballot", "take_keys"};
   auto launch = [&](PickForm form, int blocks) {
     if (form == kWarpPickLogits) PickKernel<kWarpPickLogits><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kSortedLanes) PickKernel<kSortedLanes><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kBallot) PickKernel<kBallot><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
+    if (form == kTakeKeys) PickKernel<kTakeKeys><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     BENCH_CHECK(cudaGetLastError());
   };
-  for (int f = 0; f < 3; ++f) {
+  for (int f = 0; f < 4; ++f) {
     for (const int blocks : {kMaxBlocks, 48, 1}) {
       std::vector<double> load, pick, total;
       std::vector<unsigned long long> rows(static_cast<size_t>(blocks) * kPickWords);

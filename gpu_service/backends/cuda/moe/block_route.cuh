@@ -59,6 +59,85 @@ __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, 
   }
 }
 
+// The top `rounds` keys of a warp (lane l holds ids l, l + 32, ...; 0: taken or absent) in the
+// order WarpTakeKeys takes them (largest key first, the lowest id among equal keys), without its
+// rounds: T is the rounds-th largest of the lanes' largest keys, so at least `rounds` keys reach T
+// and every pick does; the keys that reach T (usually rounds to rounds + a few) are gathered into
+// ids / picked (scratch: both must hold 32 entries), and each is placed by counting the gathered
+// keys ahead of it. Why not WarpTakeKeys: its rounds are dependent (a lane's best key, two warp
+// reductions, the take), ~3800 SM cycles for ten picks of 512 (docs/PERF.md, forty-second session);
+// here nothing waits on a previous pick. Lane r < rounds returns pick r's id and key (*id, *top).
+// Returns false, having written nothing, when fewer than `rounds` lanes hold a key or more than 32
+// keys reach T (many equal keys): the caller then takes WarpTakeKeys' rounds. Call from every
+// lane of one warp; rounds <= 32.
+template <int kPer>
+__device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], int rounds, int* ids, float* picked,
+                                                  unsigned* id, unsigned* top) {
+  const int lane = threadIdx.x & 31;
+  // The lane's largest key: a pairwise tree (log2(kPer) dependent steps).
+  unsigned m[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) m[j] = key[j];
+#pragma unroll
+  for (int w = 1; w < kPer; w <<= 1) {
+#pragma unroll
+    for (int i = 0; i + w < kPer; i += 2 * w) m[i] = max(m[i], m[i + w]);
+  }
+  const unsigned best = m[0];
+  // ge: the lanes whose largest key is >= this lane's (itself included); the 32 shuffles do not
+  // depend on each other. T is the largest lane maximum that `rounds` lane maxima reach.
+  int ge = 0;
+#pragma unroll
+  for (int s = 0; s < 32; ++s) ge += __shfl_sync(0xFFFFFFFFu, best, s) >= best ? 1 : 0;
+  const unsigned T = __reduce_max_sync(0xFFFFFFFFu, ge >= rounds ? best : 0u);
+  if (T == 0u) return false;  // fewer than `rounds` lanes hold a key (uniform over the warp)
+  int c = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) c += key[j] >= T ? 1 : 0;
+  const unsigned gathered = __reduce_add_sync(0xFFFFFFFFu, static_cast<unsigned>(c));
+  if (gathered > 32u) return false;
+  // This lane's first place among the gathered keys: the lower lanes' counts, summed bit by bit
+  // (c <= 16: five ballots, none waiting on another, in place of a five-step shuffle scan).
+  const unsigned below = (1u << lane) - 1u;
+  int at = 0;
+#pragma unroll
+  for (int b = 0; b < 5; ++b) at += __popc(__ballot_sync(0xFFFFFFFFu, (c >> b) & 1) & below) << b;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (key[j] >= T) {
+      ids[at] = lane + 32 * j;
+      picked[at] = __uint_as_float(key[j]);
+      ++at;
+    }
+  }
+  __syncwarp();
+  // Lane l < gathered places gathered key l: the gathered keys ahead of it (larger, or equal with a
+  // lower id). The ids differ, so the places are 0 .. gathered - 1, each once.
+  const bool mine = lane < static_cast<int>(gathered);
+  const unsigned my_key = mine ? __float_as_uint(picked[lane]) : 0u;
+  const int my_id = mine ? ids[lane] : 0;
+  int place = 0;
+#pragma unroll
+  for (int g = 0; g < 32; ++g) {
+    if (g < static_cast<int>(gathered)) {
+      const unsigned k2 = __float_as_uint(picked[g]);
+      const int i2 = ids[g];
+      place += k2 > my_key || (k2 == my_key && i2 < my_id) ? 1 : 0;
+    }
+  }
+  __syncwarp();  // every lane has read the gathered keys: the slots are free again
+  if (mine && place < rounds) {
+    ids[place] = my_id;
+    picked[place] = __uint_as_float(my_key);
+  }
+  __syncwarp();
+  if (lane < rounds) {
+    *id = static_cast<unsigned>(ids[lane]);
+    *top = __float_as_uint(picked[lane]);
+  }
+  return true;
+}
+
 // Routes the token with the whole block, to the same picks and bit-identical weights as
 // device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
 // (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
@@ -167,7 +246,8 @@ __device__ __forceinline__ void LoadLogits16(const float* p, float (&v)[16]) {
 // the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
 // bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
 // RouteBefore); 0 marks a taken or NaN entry. Lane r writes pick r's expert to ids[r] (E when none
-// is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
+// is left) and its logit to picked[r] (-inf then); rounds <= 32; ids and picked hold 32 entries
+// (WarpThresholdPick's scratch: past `rounds` they are left holding it). Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 // loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
 // stamps there; the default does nothing).
@@ -198,15 +278,22 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
 #pragma unroll
   for (int j = 0; j < kPer; ++j) every ^= key[j];
   loaded(every);
-  // Lane r keeps pick r (selects, no branch a round) and writes it once after the rounds.
+  // Lane r keeps pick r and writes it once: WarpThresholdPick's, or where it cannot decide (many
+  // equal keys, fewer keys than rounds) WarpTakeKeys' rounds (selects, no branch a round).
   int my_id = E;
   float my_picked = -INFINITY;
-  WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
-    if (lane == r) {
-      my_id = top != 0u ? static_cast<int>(id) : E;
-      my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
-    }
-  });
+  auto keep = [&](unsigned top, unsigned id) {
+    my_id = top != 0u ? static_cast<int>(id) : E;
+    my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+  };
+  unsigned id = 0u, top = 0u;
+  if (WarpThresholdPick<kPer>(key, rounds, ids, picked, &id, &top)) {
+    if (lane < rounds) keep(top, id);
+  } else {
+    WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned t, unsigned i) {
+      if (lane == r) keep(t, i);
+    });
+  }
   if (lane < rounds) {
     ids[lane] = my_id;
     picked[lane] = my_picked;
