@@ -65,14 +65,18 @@ __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, 
 // and every pick does; the keys that reach T (usually rounds to rounds + a few) are gathered into
 // ids / picked (scratch: both must hold 32 entries), and each is placed by counting the gathered
 // keys ahead of it. Why not WarpTakeKeys: its rounds are dependent (a lane's best key, two warp
-// reductions, the take), ~3800 SM cycles for ten picks of 512 (docs/PERF.md, forty-second session);
-// here nothing waits on a previous pick. Lane r < rounds returns pick r's id and key (*id, *top).
-// Returns false, having written nothing, when fewer than `rounds` lanes hold a key or more than 32
+// reductions, the take), ~2200 SM cycles for ten picks of 512 (docs/PERF.md, forty-seventh
+// session); here nothing waits on a previous pick. No branch but the two hand-backs: a first form
+// with a branch around each gathered store and each read took ~3700 cycles (each a divergence
+// point of its own), so the stores go to slot 31 when not gathered (hence at most 31 gathered) and
+// every slot is read, its count masked. Lane r < rounds returns pick r's id and key (*id, *top).
+// Returns false, having written nothing, when fewer than `rounds` lanes hold a key or more than 31
 // keys reach T (many equal keys): the caller then takes WarpTakeKeys' rounds. Call from every
-// lane of one warp; rounds <= 32.
+// lane of one warp; rounds <= 31.
 template <int kPer>
 __device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], int rounds, int* ids, float* picked,
                                                   unsigned* id, unsigned* top) {
+  constexpr int kSpare = 31;  // where the keys below T are stored (never read as gathered)
   const int lane = threadIdx.x & 31;
   // The lane's largest key: a pairwise tree (log2(kPer) dependent steps).
   unsigned m[kPer];
@@ -90,12 +94,12 @@ __device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], i
 #pragma unroll
   for (int s = 0; s < 32; ++s) ge += __shfl_sync(0xFFFFFFFFu, best, s) >= best ? 1 : 0;
   const unsigned T = __reduce_max_sync(0xFFFFFFFFu, ge >= rounds ? best : 0u);
-  if (T == 0u) return false;  // fewer than `rounds` lanes hold a key (uniform over the warp)
   int c = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) c += key[j] >= T ? 1 : 0;
   const unsigned gathered = __reduce_add_sync(0xFFFFFFFFu, static_cast<unsigned>(c));
-  if (gathered > 32u) return false;
+  // T == 0: fewer than `rounds` lanes hold a key. Both tests are uniform over the warp.
+  if (T == 0u || gathered > static_cast<unsigned>(kSpare)) return false;
   // This lane's first place among the gathered keys: the lower lanes' counts, summed bit by bit
   // (c <= 16: five ballots, none waiting on another, in place of a five-step shuffle scan).
   const unsigned below = (1u << lane) - 1u;
@@ -104,37 +108,33 @@ __device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], i
   for (int b = 0; b < 5; ++b) at += __popc(__ballot_sync(0xFFFFFFFFu, (c >> b) & 1) & below) << b;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    if (key[j] >= T) {
-      ids[at] = lane + 32 * j;
-      picked[at] = __uint_as_float(key[j]);
-      ++at;
-    }
+    const bool in = key[j] >= T;
+    const int slot = in ? at : kSpare;
+    ids[slot] = lane + 32 * j;
+    picked[slot] = __uint_as_float(key[j]);
+    at += in ? 1 : 0;
   }
   __syncwarp();
   // Lane l < gathered places gathered key l: the gathered keys ahead of it (larger, or equal with a
   // lower id). The ids differ, so the places are 0 .. gathered - 1, each once.
-  const bool mine = lane < static_cast<int>(gathered);
-  const unsigned my_key = mine ? __float_as_uint(picked[lane]) : 0u;
-  const int my_id = mine ? ids[lane] : 0;
+  const int n = static_cast<int>(gathered);
+  const unsigned my_key = __float_as_uint(picked[lane]);
+  const int my_id = ids[lane];
   int place = 0;
 #pragma unroll
   for (int g = 0; g < 32; ++g) {
-    if (g < static_cast<int>(gathered)) {
-      const unsigned k2 = __float_as_uint(picked[g]);
-      const int i2 = ids[g];
-      place += k2 > my_key || (k2 == my_key && i2 < my_id) ? 1 : 0;
-    }
+    const unsigned k2 = __float_as_uint(picked[g]);
+    const int i2 = ids[g];
+    place += (g < n) & (k2 > my_key || (k2 == my_key && i2 < my_id)) ? 1 : 0;
   }
   __syncwarp();  // every lane has read the gathered keys: the slots are free again
-  if (mine && place < rounds) {
-    ids[place] = my_id;
-    picked[place] = __uint_as_float(my_key);
-  }
+  const bool placed = lane < n && place < rounds;
+  const int to = placed ? place : kSpare;
+  ids[to] = my_id;
+  picked[to] = __uint_as_float(my_key);
   __syncwarp();
-  if (lane < rounds) {
-    *id = static_cast<unsigned>(ids[lane]);
-    *top = __float_as_uint(picked[lane]);
-  }
+  *id = static_cast<unsigned>(ids[lane]);
+  *top = __float_as_uint(picked[lane]);
   return true;
 }
 
