@@ -133,6 +133,36 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
                                                err(Download(d_y)));
         if (std::string(f.name) == "three_terms") split_errors.push_back(e);
       }
+      if (!scaled) continue;
+      // The three terms as one product (K = 3 · cols), in two orders along K: the prepared layout's
+      // (hi·hi first: weights [hi | lo | hi], activations [hi | hi | lo]) and the small terms
+      // first (weights [lo | hi | hi], activations [hi | lo | hi]). Logged only: whether the one
+      // product's error over the three products' (9.9e-6 against 2.0e-6 on an H100) comes from
+      // adding the small terms into an accumulator that already holds the large one.
+      const struct {
+        const char* name;
+        int64_t w_pieces[3];  // offsets in halves within a [hi | lo] weight row
+        int64_t x_pieces[3];  // offsets in halves within an [hi | hi | lo] activation row
+      } orders[] = {{"big_first", {0, cols, 0}, {0, 0, 2 * cols}}, {"small_first", {cols, 0, 0}, {0, 2 * cols, 0}}};
+      auto d_w3 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(rows * cols * 3));
+      auto d_x3 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(n * cols * 3));
+      for (const auto& order : orders) {
+        for (int piece = 0; piece < 3; ++piece) {
+          ASSERT_EQ(cudaMemcpy2D(d_w3.get() + piece * cols, 3 * cols * 2, d_w16.get() + order.w_pieces[piece],
+                                 2 * cols * 2, cols * 2, rows, cudaMemcpyDeviceToDevice),
+                    cudaSuccess);
+          ASSERT_EQ(cudaMemcpy2D(d_x3.get() + piece * cols, 3 * cols * 2, d_x16.get() + order.x_pieces[piece],
+                                 3 * cols * 2, cols * 2, n, cudaMemcpyDeviceToDevice),
+                    cudaSuccess);
+        }
+        auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
+        const float beta = 0.0f;
+        ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, 3 * cols, &alpha, d_w3.get(), CUDA_R_16F,
+                               3 * cols, d_x3.get(), CUDA_R_16F, 3 * cols, &beta, d_y.get(), CUDA_R_32F, rows,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        gpu_testing::LogError("study_" + tn + "_one_product_" + order.name, err(Download(d_y)));
+      }
     }
     cublasDestroy(handle);
     // DenseGemm's own paths on the same operands.
