@@ -59,6 +59,28 @@ __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, 
   }
 }
 
+// WarpTakeKeys' rounds over keys passed by value (a noinline function must not take the caller's
+// register array by reference: that would put it in local memory); lane r < rounds returns pick
+// r's key and id (key 0: none left). Not inlined: WarpPickLogits takes it only where
+// WarpThresholdPick hands back (many equal logits), and inlined, its rounds made the fused MoE
+// kernel's code ~17% longer.
+template <int kPer>
+struct LaneKeys {
+  unsigned k[kPer];
+};
+struct LanePick {
+  unsigned top, id;
+};
+template <int kPer>
+__device__ __noinline__ LanePick WarpTakeKeysLaneR(LaneKeys<kPer> keys, int rounds) {
+  const int lane = threadIdx.x & 31;
+  LanePick mine{0u, 0u};
+  WarpTakeKeys<kPer>(keys.k, rounds, [&](int r, unsigned t, unsigned i) {
+    if (lane == r) mine = LanePick{t, i};
+  });
+  return mine;
+}
+
 // The top `rounds` keys of a warp (lane l holds ids l, l + 32, ...; 0: taken or absent) in the
 // order WarpTakeKeys takes them (largest key first, the lowest id among equal keys), without its
 // rounds: T is the rounds-th largest of the lanes' largest keys, so at least `rounds` keys reach T
@@ -91,7 +113,7 @@ __device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], i
   // ge: the lanes whose largest key is >= this lane's (itself included); the 32 shuffles do not
   // depend on each other. T is the largest lane maximum that `rounds` lane maxima reach.
   int ge = 0;
-#pragma unroll
+#pragma unroll 8
   for (int s = 0; s < 32; ++s) ge += __shfl_sync(0xFFFFFFFFu, best, s) >= best ? 1 : 0;
   const unsigned T = __reduce_max_sync(0xFFFFFFFFu, ge >= rounds ? best : 0u);
   int c = 0;
@@ -121,11 +143,14 @@ __device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], i
   const unsigned my_key = __float_as_uint(picked[lane]);
   const int my_id = ids[lane];
   int place = 0;
+  for (int g0 = 0; g0 < n; g0 += 4) {  // n is the same in every lane: no divergence
 #pragma unroll
-  for (int g = 0; g < 32; ++g) {
-    const unsigned k2 = __float_as_uint(picked[g]);
-    const int i2 = ids[g];
-    place += (g < n) & (k2 > my_key || (k2 == my_key && i2 < my_id)) ? 1 : 0;
+    for (int d = 0; d < 4; ++d) {
+      const int g = min(g0 + d, kSpare);
+      const unsigned k2 = __float_as_uint(picked[g]);
+      const int i2 = ids[g];
+      place += (g0 + d < n) & (k2 > my_key || (k2 == my_key && i2 < my_id)) ? 1 : 0;
+    }
   }
   __syncwarp();  // every lane has read the gathered keys: the slots are free again
   const bool placed = lane < n && place < rounds;
@@ -287,13 +312,15 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
     my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
   };
   unsigned id = 0u, top = 0u;
-  if (WarpThresholdPick<kPer>(key, rounds, ids, picked, &id, &top)) {
-    if (lane < rounds) keep(top, id);
-  } else {
-    WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned t, unsigned i) {
-      if (lane == r) keep(t, i);
-    });
+  if (!WarpThresholdPick<kPer>(key, rounds, ids, picked, &id, &top)) {
+    LaneKeys<kPer> keys;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) keys.k[j] = key[j];
+    const LanePick p = WarpTakeKeysLaneR<kPer>(keys, rounds);
+    top = p.top;
+    id = p.id;
   }
+  if (lane < rounds) keep(top, id);
   if (lane < rounds) {
     ids[lane] = my_id;
     picked[lane] = my_picked;
