@@ -27,6 +27,7 @@
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 #include "gpu_service/backends/cuda/moe/warp_slot.cuh"
 #include "tests/gpu_moe/moe_bench_util.h"
+#include "tests/gpu_moe/warp_threshold_pick.cuh"
 
 namespace tandem::cuda::moe_bench {
 namespace {
@@ -62,9 +63,8 @@ __device__ __forceinline__ void LoadKeys(const float* logits, unsigned (&key)[kP
 // the lanes holding the top key (a reduction only when several do). (A third, the holder clearing
 // its key at once after the ballot and the id sent by a shuffle no later round waits for, measured
 // 1.63 us against 1.11: docs/PERF.md, twenty-ninth session.)
-// kTakeKeys: WarpTakeKeys' rounds alone, which WarpPickLogits ran before it tried
-// WarpThresholdPick first (2026-12-05).
-enum PickForm { kWarpPickLogits, kSortedLanes, kBallot, kTakeKeys };
+// kThreshold: warp_threshold_pick.cuh's WarpThresholdPick (WarpTakeKeys where it hands back).
+enum PickForm { kWarpPickLogits, kSortedLanes, kBallot, kThreshold };
 
 __device__ __forceinline__ void PickSortedLanes(unsigned (&key)[kPickPer], int rounds, int* ids) {
   const int lane = threadIdx.x & 31;
@@ -160,11 +160,8 @@ __global__ void __launch_bounds__(kPickThreads) PickKernel(const float* logits, 
     if (threadIdx.x == 0 && every != 0x9E3779B9u) t1 = clock64();
     if constexpr (kForm == kSortedLanes) {
       PickSortedLanes(key, kPickK, ids);
-    } else if constexpr (kForm == kTakeKeys) {
-      WarpTakeKeys<kPickPer>(key, kPickK, [&](int r, unsigned top, unsigned id) {
-        if (threadIdx.x == 0) ids[r] = top != 0u ? static_cast<int>(id) : kPickE;
-      });
-      __syncwarp();
+    } else if constexpr (kForm == kThreshold) {
+      ThresholdPickKeys<kPickPer>(key, kPickE, kPickK, ids, picked);
     } else {
       PickBallot(key, kPickK, ids);
     }
@@ -261,18 +258,18 @@ void BenchPick() {
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kWarpPickLogits>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kSortedLanes>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
-  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kTakeKeys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
+  BENCH_CHECK(cudaFuncSetAttribute(PickKernel<kThreshold>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPickSmem));
   const cudaStream_t stream = bench::LaunchStream();
   int khz = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double us_per_cycle = 1e3 / khz;
-  const PickForm forms[4] = {kWarpPickLogits, kSortedLanes, kBallot, kTakeKeys};
-  const char* form_names[4] = {"warp_pick_logits", "sorted_lanes", "ballot", "take_keys"};
+  const PickForm forms[4] = {kWarpPickLogits, kSortedLanes, kBallot, kThreshold};
+  const char* form_names[4] = {"warp_pick_logits", "sorted_lanes", "ballot", "threshold"};
   auto launch = [&](PickForm form, int blocks) {
     if (form == kWarpPickLogits) PickKernel<kWarpPickLogits><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kSortedLanes) PickKernel<kSortedLanes><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     if (form == kBallot) PickKernel<kBallot><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
-    if (form == kTakeKeys) PickKernel<kTakeKeys><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
+    if (form == kThreshold) PickKernel<kThreshold><<<blocks, kPickThreads, kPickSmem, stream>>>(logits, stamps, ids);
     BENCH_CHECK(cudaGetLastError());
   };
   for (int f = 0; f < 4; ++f) {

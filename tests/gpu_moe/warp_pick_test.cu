@@ -1,22 +1,26 @@
-// The fast mode's warp picks (block_route.cuh): WarpPickLogits against a CPU top-K of the same
+// The fast mode's warp picks: block_route.cuh's WarpPickLogits against a CPU top-K of the same
 // logits (largest first, the lowest id among equal logits, -0 equal to +0, a NaN never picked, id E
-// and -inf once nothing is left), and WarpThresholdPick, the gather-and-place form it tries first,
-// asserted to decide the cases it is made for (distinct logits, a lane holding many of the top) and
-// to hand back, writing nothing, the ones it is not (every logit equal, fewer keys than picks).
+// and -inf once nothing is left), and the bench's candidate form (warp_threshold_pick.cuh:
+// WarpThresholdPick, WarpTakeKeys where it hands back) against the same, with WarpThresholdPick
+// asserted to decide the cases it is made for (distinct logits, a lane holding many of the top)
+// and to hand back the ones it is not (every logit equal, fewer keys than picks).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_moe/test_support.h"
+#include "tests/gpu_moe/warp_threshold_pick.cuh"
 #include "tests/test_seed.h"
 
 namespace tandem::cuda {
@@ -25,11 +29,11 @@ namespace {
 constexpr int kMaxPicks = 32;
 
 // One warp: WarpPickLogits' ids and logits into ids_out / picked_out (32 each), and, on the keys it
-// forms, whether WarpThresholdPick decided (decided[0]) and, if so, its picks (ids_alone /
-// keys_alone, `rounds` each).
+// forms, ThresholdPickKeys' into ids_alone / picked_alone and whether WarpThresholdPick decided
+// (decided[0]).
 template <int kPer>
 __global__ void WarpPickKernel(const float* logits, int E, int rounds, int* ids_out, float* picked_out, int* decided,
-                               unsigned* ids_alone, unsigned* keys_alone) {
+                               int* ids_alone, float* picked_alone) {
   __shared__ int ids[kMaxPicks];
   __shared__ float picked[kMaxPicks];
   const int lane = threadIdx.x & 31;
@@ -45,66 +49,63 @@ __global__ void WarpPickKernel(const float* logits, int E, int rounds, int* ids_
     const int i = lane + 32 * j;
     key[j] = LogitKey(i < E ? logits[i] + 0.0f : __int_as_float(0x7FC00000));
   }
-  unsigned id = 0u, top = 0u;
-  const bool ok = WarpThresholdPick<kPer>(key, rounds, ids, picked, &id, &top);
+  const bool ok = ThresholdPickKeys<kPer>(key, E, rounds, ids, picked);
   if (lane == 0) decided[0] = ok ? 1 : 0;
-  if (ok && lane < rounds) {
-    ids_alone[lane] = id;
-    keys_alone[lane] = top;
+  if (lane < rounds) {
+    ids_alone[lane] = ids[lane];
+    picked_alone[lane] = picked[lane];
   }
 }
 
-struct Picks {
+// A form's picks: ids and their logits.
+struct FormPicks {
   std::vector<int> ids;
   std::vector<float> picked;
+};
+
+struct Picks {
+  FormPicks main;       // WarpPickLogits
+  FormPicks threshold;  // ThresholdPickKeys
   bool decided = false;
-  std::vector<int> ids_alone;
 };
 
 Picks RunOnGpu(const std::vector<float>& logits, int rounds) {
   const int E = static_cast<int>(logits.size());
-  float* d_logits = nullptr;
-  int* d_ints = nullptr;  // ids_out (32), decided (1)
-  float* d_picked = nullptr;
-  unsigned* d_alone = nullptr;  // ids (32), keys (32)
   Picks out;
+  float* d_logits = nullptr;
+  int* d_ints = nullptr;      // ids_out (32), ids_alone (32), decided (1)
+  float* d_floats = nullptr;  // picked_out (32), picked_alone (32)
   EXPECT_EQ(cudaMalloc(&d_logits, logits.size() * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&d_ints, (kMaxPicks + 1) * sizeof(int)), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&d_picked, kMaxPicks * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&d_alone, 2 * kMaxPicks * sizeof(unsigned)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_ints, (2 * kMaxPicks + 1) * sizeof(int)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_floats, 2 * kMaxPicks * sizeof(float)), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_ints, 0xFF, (kMaxPicks + 1) * sizeof(int)), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_alone, 0xFF, 2 * kMaxPicks * sizeof(unsigned)), cudaSuccess);
-  int* ids_out = d_ints;
-  int* decided = d_ints + kMaxPicks;
-  const int per = (E + 31) / 32;
+  EXPECT_EQ(cudaMemset(d_ints, 0xFF, (2 * kMaxPicks + 1) * sizeof(int)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_floats, 0xFF, 2 * kMaxPicks * sizeof(float)), cudaSuccess);
   auto launch = [&](auto kernel) {
-    kernel<<<1, 32>>>(d_logits, E, rounds, ids_out, d_picked, decided, d_alone, d_alone + kMaxPicks);
+    kernel<<<1, 32>>>(d_logits, E, rounds, d_ints, d_floats, d_ints + 2 * kMaxPicks, d_ints + kMaxPicks,
+                      d_floats + kMaxPicks);
   };
-  switch (per) {
+  switch ((E + 31) / 32) {
     case 2: launch(WarpPickKernel<2>); break;
     case 4: launch(WarpPickKernel<4>); break;
     case 7: launch(WarpPickKernel<7>); break;
     case 16: launch(WarpPickKernel<16>); break;
-    default: ADD_FAILURE() << "no kernel for " << per << " logits a lane";
+    default: ADD_FAILURE() << "no kernel for " << (E + 31) / 32 << " logits a lane";
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<int> ints(kMaxPicks + 1);
-  std::vector<unsigned> alone(2 * kMaxPicks);
-  out.picked.resize(rounds);
+  std::vector<int> ints(2 * kMaxPicks + 1);
+  std::vector<float> floats(2 * kMaxPicks);
   EXPECT_EQ(cudaMemcpy(ints.data(), d_ints, ints.size() * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(out.picked.data(), d_picked, rounds * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(alone.data(), d_alone, alone.size() * sizeof(unsigned), cudaMemcpyDeviceToHost), cudaSuccess);
-  out.ids.assign(ints.begin(), ints.begin() + rounds);
-  out.decided = ints[kMaxPicks] == 1;
-  if (out.decided) {
-    for (int r = 0; r < rounds; ++r) out.ids_alone.push_back(static_cast<int>(alone[r]));
-  }
+  EXPECT_EQ(cudaMemcpy(floats.data(), d_floats, floats.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  out.main.ids.assign(ints.begin(), ints.begin() + rounds);
+  out.main.picked.assign(floats.begin(), floats.begin() + rounds);
+  out.threshold.ids.assign(ints.begin() + kMaxPicks, ints.begin() + kMaxPicks + rounds);
+  out.threshold.picked.assign(floats.begin() + kMaxPicks, floats.begin() + kMaxPicks + rounds);
+  out.decided = ints[2 * kMaxPicks] == 1;
   cudaFree(d_logits);
   cudaFree(d_ints);
-  cudaFree(d_picked);
-  cudaFree(d_alone);
+  cudaFree(d_floats);
   return out;
 }
 
@@ -124,21 +125,23 @@ void CpuPicks(const std::vector<float>& logits, int rounds, std::vector<int>* id
   }
 }
 
-// Checks one case; returns whether WarpThresholdPick decided it.
+// Checks one case, both forms; returns whether WarpThresholdPick decided it.
 bool Check(const std::vector<float>& logits, int rounds, const std::string& what) {
   const Picks got = RunOnGpu(logits, rounds);
   std::vector<int> want_ids;
   std::vector<float> want_picked;
   CpuPicks(logits, rounds, &want_ids, &want_picked);
-  EXPECT_EQ(got.ids, want_ids) << what;
-  for (int r = 0; r < rounds; ++r) {
-    // Bit equality: +0 and -0 differ, and the picked value is the logit itself.
-    uint32_t a = 0, b = 0;
-    std::memcpy(&a, &got.picked[r], 4);
-    std::memcpy(&b, &want_picked[r], 4);
-    EXPECT_EQ(a, b) << what << " pick " << r << ": " << got.picked[r] << " against " << want_picked[r];
+  for (const auto& [form, name] : {std::pair{&got.main, "WarpPickLogits"}, std::pair{&got.threshold, "threshold"}}) {
+    EXPECT_EQ(form->ids, want_ids) << what << " (" << name << ")";
+    for (int r = 0; r < rounds; ++r) {
+      // Bit equality: +0 and -0 differ, and the picked value is the logit itself.
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, &form->picked[r], 4);
+      std::memcpy(&b, &want_picked[r], 4);
+      EXPECT_EQ(a, b) << what << " (" << name << ") pick " << r << ": " << form->picked[r] << " against "
+                      << want_picked[r];
+    }
   }
-  if (got.decided) EXPECT_EQ(got.ids_alone, want_ids) << what << " (WarpThresholdPick alone)";
   return got.decided;
 }
 

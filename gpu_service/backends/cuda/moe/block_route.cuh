@@ -59,110 +59,6 @@ __device__ __forceinline__ void WarpTakeKeys(unsigned (&key)[kPer], int rounds, 
   }
 }
 
-// WarpTakeKeys' rounds over keys passed by value (a noinline function must not take the caller's
-// register array by reference: that would put it in local memory); lane r < rounds returns pick
-// r's key and id (key 0: none left). Not inlined: WarpPickLogits takes it only where
-// WarpThresholdPick hands back (many equal logits), and inlined, its rounds made the fused MoE
-// kernel's code ~17% longer.
-template <int kPer>
-struct LaneKeys {
-  unsigned k[kPer];
-};
-struct LanePick {
-  unsigned top, id;
-};
-template <int kPer>
-__device__ __noinline__ LanePick WarpTakeKeysLaneR(LaneKeys<kPer> keys, int rounds) {
-  const int lane = threadIdx.x & 31;
-  LanePick mine{0u, 0u};
-  WarpTakeKeys<kPer>(keys.k, rounds, [&](int r, unsigned t, unsigned i) {
-    if (lane == r) mine = LanePick{t, i};
-  });
-  return mine;
-}
-
-// The top `rounds` keys of a warp (lane l holds ids l, l + 32, ...; 0: taken or absent) in the
-// order WarpTakeKeys takes them (largest key first, the lowest id among equal keys), without its
-// rounds: T is the rounds-th largest of the lanes' largest keys, so at least `rounds` keys reach T
-// and every pick does; the keys that reach T (usually rounds to rounds + a few) are gathered into
-// ids / picked (scratch: both must hold 32 entries), and each is placed by counting the gathered
-// keys ahead of it. Why not WarpTakeKeys: its rounds are dependent (a lane's best key, two warp
-// reductions, the take), ~2200 SM cycles for ten picks of 512 (docs/PERF.md, forty-seventh
-// session); here nothing waits on a previous pick. No branch but the two hand-backs: a first form
-// with a branch around each gathered store and each read took ~3700 cycles (each a divergence
-// point of its own), so the stores go to slot 31 when not gathered (hence at most 31 gathered) and
-// every slot is read, its count masked. Lane r < rounds returns pick r's id and key (*id, *top).
-// Returns false, having written nothing, when fewer than `rounds` lanes hold a key or more than 31
-// keys reach T (many equal keys): the caller then takes WarpTakeKeys' rounds. Call from every
-// lane of one warp; rounds <= 31.
-template <int kPer>
-__device__ __forceinline__ bool WarpThresholdPick(const unsigned (&key)[kPer], int rounds, int* ids, float* picked,
-                                                  unsigned* id, unsigned* top) {
-  constexpr int kSpare = 31;  // where the keys below T are stored (never read as gathered)
-  const int lane = threadIdx.x & 31;
-  // The lane's largest key: a pairwise tree (log2(kPer) dependent steps).
-  unsigned m[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) m[j] = key[j];
-#pragma unroll
-  for (int w = 1; w < kPer; w <<= 1) {
-#pragma unroll
-    for (int i = 0; i + w < kPer; i += 2 * w) m[i] = max(m[i], m[i + w]);
-  }
-  const unsigned best = m[0];
-  // ge: the lanes whose largest key is >= this lane's (itself included); the 32 shuffles do not
-  // depend on each other. T is the largest lane maximum that `rounds` lane maxima reach.
-  int ge = 0;
-#pragma unroll 8
-  for (int s = 0; s < 32; ++s) ge += __shfl_sync(0xFFFFFFFFu, best, s) >= best ? 1 : 0;
-  const unsigned T = __reduce_max_sync(0xFFFFFFFFu, ge >= rounds ? best : 0u);
-  int c = 0;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) c += key[j] >= T ? 1 : 0;
-  const unsigned gathered = __reduce_add_sync(0xFFFFFFFFu, static_cast<unsigned>(c));
-  // T == 0: fewer than `rounds` lanes hold a key. Both tests are uniform over the warp.
-  if (T == 0u || gathered > static_cast<unsigned>(kSpare)) return false;
-  // This lane's first place among the gathered keys: the lower lanes' counts, summed bit by bit
-  // (c <= 16: five ballots, none waiting on another, in place of a five-step shuffle scan).
-  const unsigned below = (1u << lane) - 1u;
-  int at = 0;
-#pragma unroll
-  for (int b = 0; b < 5; ++b) at += __popc(__ballot_sync(0xFFFFFFFFu, (c >> b) & 1) & below) << b;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const bool in = key[j] >= T;
-    const int slot = in ? at : kSpare;
-    ids[slot] = lane + 32 * j;
-    picked[slot] = __uint_as_float(key[j]);
-    at += in ? 1 : 0;
-  }
-  __syncwarp();
-  // Lane l < gathered places gathered key l: the gathered keys ahead of it (larger, or equal with a
-  // lower id). The ids differ, so the places are 0 .. gathered - 1, each once.
-  const int n = static_cast<int>(gathered);
-  const unsigned my_key = __float_as_uint(picked[lane]);
-  const int my_id = ids[lane];
-  int place = 0;
-  for (int g0 = 0; g0 < n; g0 += 4) {  // n is the same in every lane: no divergence
-#pragma unroll
-    for (int d = 0; d < 4; ++d) {
-      const int g = min(g0 + d, kSpare);
-      const unsigned k2 = __float_as_uint(picked[g]);
-      const int i2 = ids[g];
-      place += (g0 + d < n) & (k2 > my_key || (k2 == my_key && i2 < my_id)) ? 1 : 0;
-    }
-  }
-  __syncwarp();  // every lane has read the gathered keys: the slots are free again
-  const bool placed = lane < n && place < rounds;
-  const int to = placed ? place : kSpare;
-  ids[to] = my_id;
-  picked[to] = __uint_as_float(my_key);
-  __syncwarp();
-  *id = static_cast<unsigned>(ids[lane]);
-  *top = __float_as_uint(picked[lane]);
-  return true;
-}
-
 // Routes the token with the whole block, to the same picks and bit-identical weights as
 // device_plan.cu's RouteToken (one warp there): the f64 exponentials are spread over every thread
 // (they dominated the one-warp time: 16 a lane, at the f64 rate), then warp 0 sums them in
@@ -271,8 +167,7 @@ __device__ __forceinline__ void LoadLogits16(const float* p, float (&v)[16]) {
 // the lower id, here the larger logit); the weights differ in the last bits. Keys: the logit's
 // bits made unsigned-ordered (-0 read as +0, so equal logits tie and the lowest id wins, as
 // RouteBefore); 0 marks a taken or NaN entry. Lane r writes pick r's expert to ids[r] (E when none
-// is left) and its logit to picked[r] (-inf then); rounds <= 32; ids and picked hold 32 entries
-// (WarpThresholdPick's scratch: past `rounds` they are left holding it). Call from every lane of one warp.
+// is left) and its logit to picked[r] (-inf then); rounds <= 32. Call from every lane of one warp.
 // through_l2: read the logits with ld.global.cg (written by other blocks of the running grid).
 // loaded(v) runs once the keys are formed, v a value that depends on every loaded logit (a probe
 // stamps there; the default does nothing).
@@ -303,24 +198,15 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
 #pragma unroll
   for (int j = 0; j < kPer; ++j) every ^= key[j];
   loaded(every);
-  // Lane r keeps pick r and writes it once: WarpThresholdPick's, or where it cannot decide (many
-  // equal keys, fewer keys than rounds) WarpTakeKeys' rounds (selects, no branch a round).
+  // Lane r keeps pick r (selects, no branch a round) and writes it once after the rounds.
   int my_id = E;
   float my_picked = -INFINITY;
-  auto keep = [&](unsigned top, unsigned id) {
-    my_id = top != 0u ? static_cast<int>(id) : E;
-    my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
-  };
-  unsigned id = 0u, top = 0u;
-  if (!WarpThresholdPick<kPer>(key, rounds, ids, picked, &id, &top)) {
-    LaneKeys<kPer> keys;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) keys.k[j] = key[j];
-    const LanePick p = WarpTakeKeysLaneR<kPer>(keys, rounds);
-    top = p.top;
-    id = p.id;
-  }
-  if (lane < rounds) keep(top, id);
+  WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
+    if (lane == r) {
+      my_id = top != 0u ? static_cast<int>(id) : E;
+      my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+    }
+  });
   if (lane < rounds) {
     ids[lane] = my_id;
     picked[lane] = my_picked;
