@@ -45,6 +45,14 @@ ProcessInteger g_split_f8_min_weights{[] {
 }};
 }  // namespace
 
+bool SplitOneProduct() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_GEMM_SPLIT_ONE_PRODUCT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 void SetSplitF8(bool on) { g_split_f8.set(on); }
 bool SplitF8() { return g_split_f8.on(); }
 

@@ -64,6 +64,10 @@ GemmAlgo GemmAlgoFromEnv();
 // 15147 tok/s and 8192 21999 -> 23170 tok/s, small's fast-mode routing agreement 0.9961 (as with
 // f32 dense products; three f16 products 0.9990, one 0.9844). Tests and benchmarks flip it in one
 // process before they create the DenseGemm (a plan keeps its choice).
+// Whether DenseGemms created from now on (DenseGemmOptions::split_one_product's default) prepare
+// kFastSplit copies as [hi | lo | hi] (one product) rather than [hi | lo] (two). On unless
+// TANDEM_GEMM_SPLIT_ONE_PRODUCT=0 (read once), so that one binary can A/B the two forms' speed.
+bool SplitOneProduct();
 void SetSplitF8(bool on);
 bool SplitF8();
 // The fewest weights (rows · cols; a stack's rows for a stack) for which a split_f8 plan makes the
@@ -99,7 +103,7 @@ struct DenseGemmOptions {
   // Layout of a matrix prepared for kFastSplit: true: rows [hi | lo | hi], 6 bytes per weight,
   // one product per Run; false: rows [hi | lo], 4 bytes per weight, two products per Run
   // ([hi | lo]·[hi | hi], then hi·lo added onto the output).
-  bool split_one_product = true;
+  bool split_one_product = SplitOneProduct();
   GemmAlgo prepared_algo = GemmAlgoFromEnv();  // products over prepared copies (see GemmAlgo)
   // kFastSplit over prepared copies as hi·hi in f16 (K = cols, through prepared_algo) plus
   // [x_lo8 | x_hi8]·[w_hi8 | w_lo8] in fp8 e4m3 (K = 2 · cols, cublasLt, f32 output; by default
