@@ -11,6 +11,7 @@
 
 #include "common/weights/half.h"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gdn_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -142,7 +143,7 @@ TEST_P(GpuGdnVecTest, GatedNormMatchesGeneralKernel) {
 }
 
 // The gated norm written as the output product's f16 rows (LaunchGdnGatedNormToF16): [f16(v)]
-// or [hi | hi | lo] per token; hi + lo within 1e-6 of the f32 kernel's rows (relative L2), hi
+// or split rows [lo | hi | hi] per token; hi + lo within 1e-6 of the f32 kernel's rows (relative L2), hi
 // alone within f16's rounding; also through the general path (o at a 4-byte offset).
 TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
   const cuda::GdnShape d = GetParam();
@@ -171,9 +172,9 @@ TEST_P(GpuGdnVecTest, GatedNormToF16RowsMatchesF32Rows) {
           for (int64_t c = 0; c < vw; ++c) {
             const uint16_t* row = h.data() + t * width;
             float v = Fp16ToFp32(row[c]);
-            if (split) {
-              ASSERT_EQ(row[c], row[vw + c]);
-              v += Fp16ToFp32(row[2 * vw + c]);
+            if (split) {  // [lo | hi | hi]
+              ASSERT_EQ(row[cuda::kSplitHiThird * vw + c], row[(cuda::kSplitHiThird + 1) * vw + c]);
+              v = Fp16ToFp32(row[cuda::kSplitHiThird * vw + c]) + Fp16ToFp32(row[cuda::kSplitLoThird * vw + c]);
             }
             got[t * vw + c] = v;
           }

@@ -485,9 +485,9 @@ TEST(GpuDenseSiluRows, MatchesF32AndCopiesGateLogit) {
         for (int64_t j = 0; j < ffn; ++j) {
           const uint16_t* row = a.data() + t * width;
           float v = Fp16ToFp32(row[j]);
-          if (split) {
-            ASSERT_EQ(row[j], row[ffn + j]);
-            v += Fp16ToFp32(row[2 * ffn + j]);
+          if (split) {  // [lo | hi | hi]
+            ASSERT_EQ(row[cuda::kSplitHiThird * ffn + j], row[(cuda::kSplitHiThird + 1) * ffn + j]);
+            v = Fp16ToFp32(row[cuda::kSplitHiThird * ffn + j]) + Fp16ToFp32(row[cuda::kSplitLoThird * ffn + j]);
           }
           got[t * ffn + j] = v;
         }

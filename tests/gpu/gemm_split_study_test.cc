@@ -109,16 +109,17 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
     for (bool scaled : {false, true}) {
       const float scale = scaled ? std::ldexp(1.0f, 14 - exponent) : 1.0f, alpha = 1.0f / scale;
       TANDEM_ASSERT_CUDA(cuda::LaunchDequantizeToF16Layout(w.gpu(), 2, scale, d_w16.get(), nullptr));
-      // Terms as (weight offset, activation offset) in halves: hi = 0, lo = cols (weights);
-      // hi = 0, lo = 2 · cols (activations).
+      // Terms as (weight offset, activation offset) in halves: hi = 0, lo = cols (weights); the
+      // split rows' thirds (activations, gemm.cuh).
+      const int64_t ah = cuda::kSplitHiThird * cols, al = cuda::kSplitLoThird * cols;
       struct Form {
         const char* name;
         std::vector<std::pair<int64_t, int64_t>> terms;
       };
-      const Form forms[] = {{"single", {{0, 0}}},
-                            {"hihi_hilo_activation_only", {{0, 0}, {0, 2 * cols}}},
-                            {"hihi_lohi_weight_only", {{0, 0}, {cols, 0}}},
-                            {"three_terms", {{0, 0}, {cols, 0}, {0, 2 * cols}}}};
+      const Form forms[] = {{"single", {{0, ah}}},
+                            {"hihi_hilo_activation_only", {{0, ah}, {0, al}}},
+                            {"hihi_lohi_weight_only", {{0, ah}, {cols, ah}}},
+                            {"three_terms", {{0, ah}, {cols, ah}, {0, al}}}};
       for (const Form& f : forms) {
         auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
         for (size_t i = 0; i < f.terms.size(); ++i) {
@@ -134,20 +135,21 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
         if (std::string(f.name) == "three_terms") split_errors.push_back(e);
       }
       if (!scaled) continue;
-      // The three terms as one product (K = 3 · cols), in three orders along K: the prepared
-      // layout's (hi·hi first: weights [hi | lo | hi], activations [hi | hi | lo]), the small terms
-      // first (weights [lo | hi | hi], activations [hi | lo | hi]), and the one order the prepared
-      // activations' [hi | hi | lo] allow with a small term first (weights [lo | hi | hi]:
-      // lo·hi, hi·hi, hi·lo). Logged only. On an H100 (docs/VALIDATION.md, forty-seventh session)
-      // big_first gave the prepared split's 9.9e-6 and small_first the three products' 2.0e-6:
-      // the small terms lose bits when added into an accumulator that already holds hi·hi.
+      // The three terms as one product (K = 3 · cols), in three orders along K: hi·hi first (the
+      // prepared split's order until 2026-12-05: weights [hi | lo | hi], activations [hi | hi | lo]),
+      // the small terms first (lo·hi, hi·lo, hi·hi; the prepared split now gives hi·lo, lo·hi,
+      // hi·hi: gemm.cuh's [lo | hi | hi] rows), and one small term first (lo·hi, hi·hi, hi·lo).
+      // Logged only. On an H100 (docs/VALIDATION.md, forty-seventh session) big_first gave 9.9e-6
+      // and small_first the three products' 2.0e-6: the small terms lose bits when added into an
+      // accumulator that already holds hi·hi; on an H200 every order gave 2.0e-6 (forty-eighth).
+      const int64_t xl = cuda::kSplitLoThird * cols, xh = cuda::kSplitHiThird * cols;
       const struct {
         const char* name;
         int64_t w_pieces[3];  // offsets in halves within a [hi | lo] weight row
-        int64_t x_pieces[3];  // offsets in halves within an [hi | hi | lo] activation row
-      } orders[] = {{"big_first", {0, cols, 0}, {0, 0, 2 * cols}},
-                    {"small_first", {cols, 0, 0}, {0, 2 * cols, 0}},
-                    {"lo_hi_hi", {cols, 0, 0}, {0, 0, 2 * cols}}};
+        int64_t x_pieces[3];  // offsets in halves within a split activation row
+      } orders[] = {{"big_first", {0, cols, 0}, {xh, xh, xl}},
+                    {"small_first", {cols, 0, 0}, {xh, xl, xh}},
+                    {"lo_hi_hi", {cols, 0, 0}, {xh, xh, xl}}};
       auto d_w3 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(rows * cols * 3));
       auto d_x3 = gpu_testing::Alloc<uint16_t>(static_cast<size_t>(n * cols * 3));
       for (const auto& order : orders) {

@@ -121,7 +121,7 @@ void BenchSplitAlgorithms() {
 }
 
 // The prefill stages' dense products of q3n-80b at 512 and 8192 tokens, as the backend ran them
-// (old: every product converts its f32 input to f16 [hi | hi | lo] rows itself; the shared expert
+// (old: every product converts its f32 input to f16 split rows itself; the shared expert
 // as gate, up, f32 SiLU·up, down and the gate logit, five conversions) against the new path (one
 // conversion per input: DenseGemm::ConvertInput / RunInput; the shared expert's gate, up and gate
 // logit as one stacked GEMM, SiLU written straight as the down product's f16 rows). All in the

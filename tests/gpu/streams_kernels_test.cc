@@ -190,7 +190,9 @@ TEST_F(GpuStreamsTest, NormWithF16RowsIsBitIdenticalToNormThenConvert) {
           for (int64_t t = 0; t < n; ++t) {
             for (int64_t j = 0; j < h; ++j) {
               const uint16_t* row = r_old.data() + t * copies * h;
-              from_rows[t * h + j] = Fp16ToFp32(row[j]) + (copies == 3 ? Fp16ToFp32(row[2 * h + j]) : 0.0f);
+              from_rows[t * h + j] =
+                  copies == 3 ? Fp16ToFp32(row[cuda::kSplitHiThird * h + j]) + Fp16ToFp32(row[cuda::kSplitLoThird * h + j])
+                              : Fp16ToFp32(row[j]);
             }
           }
           EXPECT_LE(gpu_testing::LogError(tag, RelL2(from_rows, x)), copies == 3 ? 1e-6 : 1e-3) << tag;

@@ -170,7 +170,7 @@ absl::StatusOr<bool> CudaBackend::Impl::SharedExpertStacked(int64_t layer, const
   // The split rows (usually left by the router's product: no launch), read whole or as hi thirds.
   absl::StatusOr<cuda::DenseGemm::F16Input> x16 = gemm->ConvertInput(in, n, cols, cuda::GemmMode::kFastSplit, st);
   if (!x16.ok()) return x16.status();
-  if (single) *x16 = cuda::DenseGemm::F16Input{x16->data, n, cols, cuda::GemmMode::kFast, 3 * cols};
+  if (single) *x16 = cuda::DenseGemm::HiThirdsOf(*x16);
   float* gu = shared_gu.as<float>();
   if (absl::Status s = gemm->RunStack(stack.matrices(), *x16, gu, st); !s.ok()) return s;
   // SiLU(g)·u straight into the f16 rows of the down product (the GEMM above has read x16).

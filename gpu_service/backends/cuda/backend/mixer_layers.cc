@@ -149,7 +149,7 @@ absl::Status CudaBackend::Impl::RunGdn(int64_t layer, const StepPlan& plan) {
   }
   // The gated norm writes the output product's f16 input rows itself (no f32 rows read back) on
   // larger fast-mode steps; else it writes f32 rows in place. The rows are in the output products'
-  // mode (out_mode): [hi | hi | lo] split rows (and, with an F8 copy, their fp8 rows derived by
+  // mode (out_mode): [lo | hi | hi] split rows (and, with an F8 copy, their fp8 rows derived by
   // the product) for kFastSplit, only the hi rows under TANDEM_DENSE_OUT_SINGLE (kFast).
   const cuda::GemmMode mode = out_mode;
   const bool norm_to_f16 =

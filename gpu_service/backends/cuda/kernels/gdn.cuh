@@ -114,7 +114,7 @@ cudaError_t LaunchGdnGatedNorm(const float* o, const float* z, const float* norm
                                int64_t z_stride = 0);
 
 // The gated norm written as the f16 input rows of the output product (DenseGemm::F16Input in
-// gemm_plan.h): per token [f16(out)] (nv·dv values) or, split, [hi | hi | lo] (3·nv·dv), into
+// gemm_plan.h): per token [f16(out)] (nv·dv values) or, split, [lo | hi | hi] (3·nv·dv), into
 // out16, instead of f32 rows that a conversion pass would read back. Same values per element as
 // LaunchGdnGatedNorm. The general path (unaligned or odd head sizes) overwrites o with the f32
 // result on its way.

@@ -216,7 +216,7 @@ __device__ __forceinline__ uint2 PackF16x4Residual(float4& v) {
 }
 
 // kF16 = 0: f32 rows into out. kF16 = 1 / 3: the rows of the output product's f16 input instead
-// (DenseGemm::F16Input: [f16(v)] or [hi | hi | lo] per token of nv·dv values, into out16), so that
+// (DenseGemm::F16Input: [f16(v)] or split rows [lo | hi | hi] per token of nv·dv values, into out16), so that
 // no separate conversion pass reads the f32 rows back. z's token rows are z_stride floats apart.
 template <int kRows, int kThreads, int kF16 = 0>
 __global__ void __launch_bounds__(kThreads)
@@ -253,10 +253,12 @@ GdnGatedNormVecKernel(const float* o, const float* __restrict__ z, int64_t z_str
       uint16_t* dst = out16 + t * kF16 * vw + (row % nv) * dv + col;
       float4 r = v;
       const uint2 hi = PackF16x4Residual(r);
-      *reinterpret_cast<uint2*>(dst) = hi;
-      if constexpr (kF16 == 3) {
-        *reinterpret_cast<uint2*>(dst + vw) = hi;
-        *reinterpret_cast<uint2*>(dst + 2 * vw) = PackF16x4Residual(r);
+      if constexpr (kF16 == 3) {  // split rows [lo | hi | hi] (gemm.cuh)
+        *reinterpret_cast<uint2*>(dst + kSplitHiThird * vw) = hi;
+        *reinterpret_cast<uint2*>(dst + (kSplitHiThird + 1) * vw) = hi;
+        *reinterpret_cast<uint2*>(dst + kSplitLoThird * vw) = PackF16x4Residual(r);
+      } else {
+        *reinterpret_cast<uint2*>(dst) = hi;
       }
     }
   }

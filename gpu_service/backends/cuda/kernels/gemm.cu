@@ -146,9 +146,9 @@ __global__ void MaxAbsKernel(const uint8_t* w, int64_t row_bytes, int64_t chunks
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(max_bits, m);
 }
 
-// Activation rows as [f16(x) | f16(x) | f16(x − f16(x))] (the partner of the [hi | lo | hi] and
-// [hi | lo] weight rows): one thread per 8 consecutive values of a row, 16-byte stores when the
-// row length and the source allow them.
+// Activation rows as split rows [f16(x − f16(x)) | f16(x) | f16(x)] (gemm.cuh: the partner of the
+// [hi | lo | hi] and [hi | lo] weight rows): one thread per 8 consecutive values of a row, 16-byte
+// stores when the row length and the source allow them.
 template <bool kVector>
 __global__ void F32ToF16SplitRowsKernel(const float* src, int64_t n, int64_t cols, uint16_t* dst) {
   PdlWaitForPrevious();  // pdl.cuh: src is the step's
@@ -163,16 +163,16 @@ __global__ void F32ToF16SplitRowsKernel(const float* src, int64_t n, int64_t col
     const float4 a = s[0], b = s[1];
     float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     const uint4 hi = PackF16x8(v);
-    *reinterpret_cast<uint4*>(row) = hi;
-    *reinterpret_cast<uint4*>(row + cols) = hi;
+    *reinterpret_cast<uint4*>(row + kSplitHiThird * cols) = hi;
+    *reinterpret_cast<uint4*>(row + (kSplitHiThird + 1) * cols) = hi;
     Residual8(v);
-    *reinterpret_cast<uint4*>(row + 2 * cols) = PackF16x8(v);
+    *reinterpret_cast<uint4*>(row + kSplitLoThird * cols) = PackF16x8(v);
   } else {
     const float x = src[t * cols + c];
     const __half h = __float2half_rn(x);
     const __half l = __float2half_rn(x - __half2float(h));
-    row[0] = row[cols] = __half_as_ushort(h);
-    row[2 * cols] = __half_as_ushort(l);
+    row[kSplitHiThird * cols] = row[(kSplitHiThird + 1) * cols] = __half_as_ushort(h);
+    row[kSplitLoThird * cols] = __half_as_ushort(l);
   }
 }
 
@@ -306,18 +306,21 @@ __global__ void SiluMulToF16RowsKernel(const float* gu, int64_t n, int64_t ld, i
   uint16_t* row = dst + t * (split ? 3 : 1) * ffn + c;
   if constexpr (kVector) {
     const uint4 hi = PackF16x8(v);
-    *reinterpret_cast<uint4*>(row) = hi;
     if (split) {
-      *reinterpret_cast<uint4*>(row + ffn) = hi;
+      *reinterpret_cast<uint4*>(row + kSplitHiThird * ffn) = hi;
+      *reinterpret_cast<uint4*>(row + (kSplitHiThird + 1) * ffn) = hi;
       Residual8(v);
-      *reinterpret_cast<uint4*>(row + 2 * ffn) = PackF16x8(v);
+      *reinterpret_cast<uint4*>(row + kSplitLoThird * ffn) = PackF16x8(v);
+    } else {
+      *reinterpret_cast<uint4*>(row) = hi;
     }
   } else {
     const __half h = __float2half_rn(v[0]);
-    row[0] = __half_as_ushort(h);
     if (split) {
-      row[ffn] = __half_as_ushort(h);
-      row[2 * ffn] = __half_as_ushort(__float2half_rn(v[0] - __half2float(h)));
+      row[kSplitHiThird * ffn] = row[(kSplitHiThird + 1) * ffn] = __half_as_ushort(h);
+      row[kSplitLoThird * ffn] = __half_as_ushort(__float2half_rn(v[0] - __half2float(h)));
+    } else {
+      row[0] = __half_as_ushort(h);
     }
   }
 }

@@ -41,15 +41,24 @@ cudaError_t LaunchDequantizeToF16Layout(const DeviceMatrix& w, int copies, float
 // first.
 cudaError_t LaunchMaxAbs(const DeviceMatrix& w, unsigned int* max_bits, cudaStream_t stream);
 
-// n activation rows of `cols` values (row stride cols) into rows of 3 · cols f16 values:
-// [f16(x) | f16(x) | f16(x − f16(x))], the partner of the [hi | lo | hi] weight rows above (one
-// product gives hi·hi + lo·hi + hi·lo) and of the [hi | lo] rows (the first 2 · cols with the
-// first 2 · cols, then hi with the last third).
+// The split activation rows, DenseGemm's kFastSplit inputs (gemm_plan.h): a row of `cols` values
+// as 3 · cols f16 values [lo | hi | hi], hi = f16(x) and lo = f16(x − hi); lo starts at
+// kSplitLoThird · cols, the first hi at kSplitHiThird · cols. Against the [hi | lo | hi] weight rows
+// above one product gives hi·lo + lo·hi + hi·hi; against [hi | lo] rows the first 2 · cols meet
+// the two hi thirds, then hi meets lo. Why lo first: along K the small terms then come before
+// hi·hi. With hi·hi first ([hi | hi | lo], until 2026-12-05) an H100's tensor-core accumulator,
+// already holding hi·hi, dropped low bits of the small terms added after it: 1.1e-5 relative L2
+// against f64 where three separate products gave 2.9e-6 (the same product on an H200 gave 2.9e-6
+// in either order; docs/VALIDATION.md, forty-seventh and forty-eighth sessions).
+inline constexpr int64_t kSplitLoThird = 0;
+inline constexpr int64_t kSplitHiThird = 1;
+
+// n activation rows of `cols` values (row stride cols) into split rows [lo | hi | hi] (above).
 cudaError_t LaunchF32ToF16SplitRows(const float* src, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t stream);
 
 // The SiLU-gated product of a stacked gate/up GEMM written straight in the f16 layout of the next
 // prepared product (DenseGemm::F16Input): row t of gu (row stride ld) holds gate in [0, ffn) and
-// up in [ffn, 2 · ffn); a = SiLU(gate) · up goes to dst as [hi | hi | lo] rows of 3 · ffn (split)
+// up in [ffn, 2 · ffn); a = SiLU(gate) · up goes to dst as split rows [lo | hi | hi] of 3 · ffn
 // or [hi] rows of ffn. With gate_out, also gate_out[t] = gu[t · ld + gate_col] (a logit stacked
 // after them, copied out contiguous). Saves the f32 activation buffer and its conversion pass.
 cudaError_t LaunchSiluMulToF16Rows(const float* gu, int64_t n, int64_t ld, int64_t ffn, bool split, uint16_t* dst,

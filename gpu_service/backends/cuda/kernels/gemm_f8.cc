@@ -164,13 +164,14 @@ absl::Status DenseGemm::GemmF8(const Prepared& p, int64_t rows, const F16Input& 
                                                   static_cast<size_t>(rows) * sizeof(float), static_cast<size_t>(n),
                                                   cudaMemcpyDeviceToDevice, stream));
   }
-  // hi·hi (K = cols; the activations' hi is the first third of each row) added onto it.
+  // hi·hi (K = cols; the activations' hi third, gemm.cuh's kSplitHiThird) added onto it.
   const uint16_t* w16 = p.weights();
+  const uint16_t* x_hi = in.data + kSplitHiThird * cols;
   if (options_.prepared_algo != GemmAlgo::kGemmEx) {
-    return GemmLt(rows, n, cols, p.alpha, w16, cols, in.data, 3 * cols, 1.0f, y, ldy, stream);
+    return GemmLt(rows, n, cols, p.alpha, w16, cols, x_hi, 3 * cols, 1.0f, y, ldy, stream);
   }
   return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-                                   static_cast<int>(cols), &p.alpha, w16, CUDA_R_16F, static_cast<int>(cols), in.data,
+                                   static_cast<int>(cols), &p.alpha, w16, CUDA_R_16F, static_cast<int>(cols), x_hi,
                                    CUDA_R_16F, static_cast<int>(3 * cols), &one, y, CUDA_R_32F, static_cast<int>(ldy),
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmEx (F8 hi·hi)");

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
 namespace tandem::cuda {
@@ -79,7 +80,7 @@ __global__ void F8AmaxKernel(const uint16_t* rows, int64_t n, int64_t cols, unsi
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / groups, c = (i % groups) * 8;
     float v[8];
-    UnpackF16x8(*reinterpret_cast<const uint4*>(rows + t * 3 * cols + c), v);
+    UnpackF16x8(*reinterpret_cast<const uint4*>(rows + t * 3 * cols + kSplitHiThird * cols + c), v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));  // fmaxf drops NaN: see below
 #pragma unroll
@@ -91,7 +92,7 @@ __global__ void F8AmaxKernel(const uint16_t* rows, int64_t n, int64_t cols, unsi
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
-// The F8 row of each split row from its first (hi) and last (lo) thirds.
+// The F8 row of each split row from its hi and lo thirds.
 __global__ void SplitRowsToF8Kernel(const uint16_t* rows, int64_t n, int64_t cols, unsigned int* amax_bits,
                                     unsigned int* done, uint8_t* dst8, float* b_scale) {
   PdlWaitForPrevious();  // pdl.cuh: amax and the rows are the step's
@@ -104,8 +105,8 @@ __global__ void SplitRowsToF8Kernel(const uint16_t* rows, int64_t n, int64_t col
   const int64_t t = i / groups, c = (i % groups) * 8;
   const uint16_t* row = rows + t * 3 * cols;
   float hi[8], lo[8];
-  UnpackF16x8(*reinterpret_cast<const uint4*>(row + c), hi);
-  UnpackF16x8(*reinterpret_cast<const uint4*>(row + 2 * cols + c), lo);
+  UnpackF16x8(*reinterpret_cast<const uint4*>(row + kSplitHiThird * cols + c), hi);
+  UnpackF16x8(*reinterpret_cast<const uint4*>(row + kSplitLoThird * cols + c), lo);
   uint8_t* f8 = dst8 + t * 2 * cols;
   *reinterpret_cast<uint2*>(f8 + c) = PackE4m3x8(lo, ldexpf(1.0f, e + 11));
   *reinterpret_cast<uint2*>(f8 + cols + c) = PackE4m3x8(hi, ldexpf(1.0f, e));

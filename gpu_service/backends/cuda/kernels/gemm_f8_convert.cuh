@@ -6,7 +6,7 @@
 // pointers undo. s is the largest power of two that keeps s · max |hi| <= 448 (e4m3's largest
 // value); |lo| <= 2^-11 · |hi|'s binade, so 2^11 · s · |lo| stays in range too.
 //
-// The activations: the [hi | hi | lo] split rows of gemm.cuh (row stride 3 · cols f16 values; the
+// The activations: the [lo | hi | hi] split rows of gemm.cuh (row stride 3 · cols f16 values; the
 // f16 product reads the first third) and beside them "F8 rows" of 2 · cols e4m3 values
 // [x_lo8 | x_hi8] (row stride 2 · cols bytes) in a buffer of their own, so that the split rows stay
 // intact for the products that keep the three f16 products (DenseGemmOptions::split_f8_min_weights).
@@ -26,7 +26,7 @@
 
 namespace tandem::cuda {
 
-// *amax_bits = max(*amax_bits, bits of max |hi|) over the hi third of n split rows ([hi | hi | lo],
+// *amax_bits = max(*amax_bits, bits of max |hi|) over the hi third of n split rows ([lo | hi | hi],
 // row stride 3 · cols f16 values). Non-negative floats order like their bits; *amax_bits is 0
 // before (see above). A NaN value gives +inf (then s_x = 1).
 cudaError_t LaunchF8AmaxSplitRows(const uint16_t* rows, int64_t n, int64_t cols, unsigned int* amax_bits,

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<DenseGemm>> DenseGemm::Create(const DenseGemmOpti
   if (!tile.ok()) return tile.status();
   g->tile_ = *std::move(tile);
   if (options.mode != GemmMode::kExact) {
-    // f16 activations: hi and lo halves (tiled kFastSplit), or rows [hi | hi | lo] (prepared
+    // f16 activations: hi and lo halves (tiled kFastSplit), or split rows [lo | hi | hi] (prepared
     // kFastSplit), 6 bytes per value at most.
     absl::StatusOr<DeviceBuffer> xb =
         DeviceBuffer::Allocate(static_cast<size_t>(options.max_n * options.max_cols * 6));
@@ -386,6 +386,10 @@ int64_t DenseGemm::StackRows(std::span<const DeviceMatrix* const> parts) const {
   return offset <= stack_rows ? stack_rows : 0;
 }
 
+DenseGemm::F16Input DenseGemm::HiThirdsOf(const F16Input& split) {
+  return F16Input{split.data + kSplitHiThird * split.cols, split.n, split.cols, GemmMode::kFast, 3 * split.cols};
+}
+
 absl::Status DenseGemm::CheckInput(const F16Input& in, int64_t cols) const {
   if (in.mode == GemmMode::kExact || in.data == nullptr || in.cols != cols || in.n < 0 || in.n > options_.max_n ||
       (in.ld != 0 && (in.mode != GemmMode::kFast || in.ld < cols))) {
@@ -458,11 +462,12 @@ absl::Status DenseGemm::Gemm16(const Prepared& p, int64_t rows, const F16Input& 
   };
   const int64_t lda = p.copies * cols;
   if (in.mode == GemmMode::kFast) return gemm(w16, lda, cols, in.data, in.ld > 0 ? in.ld : cols, &beta0);
-  // [hi | hi | lo] activation rows against [hi | lo | hi] (one product: hi·hi + lo·hi + hi·lo) or
-  // [hi | lo] (the first two thirds, then hi·lo onto the output).
+  // Split rows [lo | hi | hi] (gemm.cuh) against [hi | lo | hi] (one product: hi·lo + lo·hi, then
+  // hi·hi) or [hi | lo] (against the two hi thirds, then hi·lo onto the output).
+  static_assert(kSplitLoThird == 0 && kSplitHiThird == 1, "the products below read [lo | hi | hi]");
   if (p.copies == 3) return gemm(w16, lda, 3 * cols, in.data, 3 * cols, &beta0);
-  if (absl::Status s = gemm(w16, lda, 2 * cols, in.data, 3 * cols, &beta0); !s.ok()) return s;
-  return gemm(w16, lda, cols, in.data + 2 * cols, 3 * cols, &beta1);
+  if (absl::Status s = gemm(w16, lda, 2 * cols, in.data + kSplitHiThird * cols, 3 * cols, &beta0); !s.ok()) return s;
+  return gemm(w16, lda, cols, in.data + kSplitLoThird * cols, 3 * cols, &beta1);
 }
 
 cublasStatus_t DenseGemm::LtHeuristic(const LtPlan& plan, uint32_t align_a, uint32_t align_b, uint32_t align_d,

@@ -6,7 +6,8 @@
 //   kFast:  f16 weights and f16 activations, f32 accumulation (tensor cores).
 //   kFastSplit: both split into f16 hi + lo parts, hi·hi + hi·lo + lo·hi (about 3x kFast's
 //           arithmetic). Prepared, the three terms are one product over rows laid out as
-//           [hi | lo | hi] (weights) and [hi | hi | lo] (activations), K = 3 · cols, so that the
+//           [hi | lo | hi] (weights) and [lo | hi | hi] (activations, gemm.cuh says why lo
+//           first), K = 3 · cols, so that the
 //           output is written once instead of read and rewritten by two more products.
 //   kExact: f32 tiles and activations, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
 //           precision anywhere): the exact mode of docs/MODEL.md §5. Never prepared.
@@ -110,7 +111,7 @@ struct DenseGemmOptions {
   // only its x_lo8·w_hi8 half, f8_terms): 4 bytes per weight ([hi] f16 rows and [hi8 | lo8] e4m3
   // rows), relative L2 ~1e-5 against f64 with both terms (~0.7x one f16 product's with one) instead
   // of ~1.3e-6 (one f16 product: ~3e-4), for matrices of at least split_f8_min_weights weights (and
-  // cols a multiple of 8); the others keep the three f16 products. The activations stay [hi | hi | lo]
+  // cols a multiple of 8); the others keep the three f16 products. The activations stay [lo | hi | hi]
   // split rows (see F16Input); their fp8 rows go to a buffer of their own. Unprepared Runs stay
   // tiled f16.
   bool split_f8 = SplitF8();
@@ -160,7 +161,7 @@ class DenseGemm {
 
   GemmMode mode() const { return options_.mode; }
 
-  // Activations in the f16 layout a prepared product reads ([f16(x)] rows for kFast, [hi | hi | lo]
+  // Activations in the f16 layout a prepared product reads ([f16(x)] rows for kFast, [lo | hi | hi]
   // rows of 3 · cols for kFastSplit): made once by ConvertInput for several products of the same
   // input, or written straight into input_scratch() by a fused kernel (LaunchSiluMulToF16Rows),
   // so that the f32 → f16 pass runs once instead of once per product.
@@ -173,10 +174,12 @@ class DenseGemm {
     const uint16_t* data = nullptr;
     int64_t n = 0, cols = 0;
     GemmMode mode = GemmMode::kFast;
-    // Row stride in f16 values for a kFast input; 0: cols. (3 · cols reads the hi thirds of split
-    // rows [hi | hi | lo] as a kFast input, with no conversion.) kFastSplit inputs: always 3 · cols.
+    // Row stride in f16 values for a kFast input; 0: cols (3 · cols: HiThirdsOf's). kFastSplit
+    // inputs: always 3 · cols.
     int64_t ld = 0;
   };
+  // The hi thirds of kFastSplit rows (gemm.cuh's split rows) as a kFast input, with no conversion.
+  static F16Input HiThirdsOf(const F16Input& split);
   // Converts x (n × cols f32) into input_scratch(); valid until the next Run / ConvertInput /
   // write into the scratch. InvalidArgument for kExact, an exact plan, or n / cols beyond the plan.
   absl::StatusOr<F16Input> ConvertInput(const float* x, int64_t n, int64_t cols, GemmMode mode, cudaStream_t stream);

@@ -6,6 +6,7 @@
 
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/gemm.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_route_block.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
 #include "gpu_service/backends/cuda/moe/mmq_quantize.cuh"
@@ -18,8 +19,8 @@ constexpr int kNormThreads = 256;
 
 // Four normed values (token t, stream s, columns 4i..4i+3 of the stream's h) into the f16 rows a
 // prepared product reads (gemm_plan.h, DenseGemm::F16Input; a token's row spans its S streams):
-// kCopies 1: f16(v), rows of S·h; 3: [hi | hi | lo] rows of 3·S·h with hi = f16(v) and
-// lo = f16(v − hi). The same roundings (to nearest even) as F32ToF16 / F32ToF16SplitRows, so the
+// kCopies 1: f16(v), rows of S·h; 3: split rows [lo | hi | hi] of 3·S·h (gemm.cuh) with
+// hi = f16(v) and lo = f16(v − hi). The same roundings (to nearest even) as F32ToF16 / F32ToF16SplitRows, so the
 // rows are bit for bit what the norm followed by that conversion leaves. 8-byte stores.
 template <int kCopies>
 __device__ __forceinline__ void StoreF16Values(uint16_t* N16, int64_t t, int64_t s, int64_t S, int64_t h, int64_t i,
@@ -28,13 +29,15 @@ __device__ __forceinline__ void StoreF16Values(uint16_t* N16, int64_t t, int64_t
   uint16_t* p = N16 + t * kCopies * cols + s * h + 4 * i;
   const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
   const uint2 hi = make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
-  *reinterpret_cast<uint2*>(p) = hi;
   if constexpr (kCopies == 3) {
-    *reinterpret_cast<uint2*>(p + cols) = hi;
+    *reinterpret_cast<uint2*>(p + kSplitHiThird * cols) = hi;
+    *reinterpret_cast<uint2*>(p + (kSplitHiThird + 1) * cols) = hi;
     const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
     const __half2 l01 = __floats2half2_rn(v.x - f01.x, v.y - f01.y), l23 = __floats2half2_rn(v.z - f23.x, v.w - f23.y);
-    *reinterpret_cast<uint2*>(p + 2 * cols) =
+    *reinterpret_cast<uint2*>(p + kSplitLoThird * cols) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&l01), *reinterpret_cast<const uint32_t*>(&l23));
+  } else {
+    *reinterpret_cast<uint2*>(p) = hi;
   }
 }
 

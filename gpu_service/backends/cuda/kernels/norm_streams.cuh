@@ -97,7 +97,7 @@ cudaError_t LaunchInjectRmsNorm(float* H, int64_t n, int64_t S, int64_t h, const
 
 // LaunchInjectRmsNorm that also writes the normed rows as the f16 input of a prepared product
 // (gemm_plan.h, DenseGemm::F16Input; token t's row holds its S streams, cols = S·h): copies 1
-// (kFast) f16(N) rows of S·h, copies 3 (kFastSplit) [hi | hi | lo] rows of 3·S·h. The f16 rows are
+// (kFast) f16(N) rows of S·h, copies 3 (kFastSplit) split rows [lo | hi | hi] of 3·S·h (gemm.cuh). The f16 rows are
 // bit for bit what LaunchInjectRmsNorm followed by LaunchF32ToF16 / LaunchF32ToF16SplitRows over N
 // would leave (the same f32 values, the same roundings), in one launch instead of two and without
 // reading N back. N may be nullptr when nothing reads the f32 rows. N16 8-byte aligned, room for
