@@ -10,6 +10,14 @@
 namespace tandem::cuda {
 
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+// Arrive without release: for a block that publishes nothing with this arrive (it only says that
+// it is done reading the others' shared memory: values it has already used, or stored, so the
+// loads are complete) or that made its data visible otherwise (st.async into the reader's barrier,
+// mbarrier.cuh). barrier.cluster.arrive.release compiles to MEMBAR.ALL.GPU before the arrive,
+// which waits for the block's outstanding memory operations, cp.async copies included: relaxing
+// the fused MoE kernel's second arrive alone made batch-1 decode 2.0% faster on the H200
+// (docs/PERF.md, forty-eighth session).
+__device__ __forceinline__ void ClusterArriveRelaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 }  // namespace tandem::cuda

@@ -41,8 +41,36 @@ __device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 }
 
-// After Init, before the barrier is used by bulk copies (the async proxy): the init is visible to
-// them.
+// WaitParity for arrivals and complete_tx counts that other blocks of the cluster made
+// (StoreAsyncToCluster): acquire at cluster scope, so that their stores are visible after it.
+__device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// Stores v into block `rank` of this cluster at the shared-memory address its block has for `dst`
+// here (the same layout in every block), counting 4 bytes against that block's barrier at `bar`
+// (its address here likewise): st.async, whose completion the barrier's phase carries, so neither
+// side needs a cluster barrier with release semantics (which the compiler makes a GPU-scope
+// MEMBAR: docs/PERF.md, forty-eighth session). The barrier must be initialised in that block and
+// the init made visible (InitFence, then a cluster barrier) before the first such store.
+__device__ __forceinline__ void StoreAsyncToCluster(uint32_t dst, float v, uint32_t bar, unsigned rank) {
+  uint32_t remote_dst, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_dst) : "r"(dst), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_bar) : "r"(bar), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote_dst),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
+}
+
+// After Init, before the barrier is used by bulk copies (the async proxy) or by other blocks of the
+// cluster: the init is visible to them.
 __device__ __forceinline__ void InitFence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 // One arrival that also expects `bytes` of bulk copies to complete the phase (complete_tx).

@@ -367,7 +367,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       const float raw = cluster.map_shared_rank(o_sh, rank_c)[lane];
       xv_c = gamma_c * (raw * scale) * SiluF(z_c);
       if (a.o != nullptr && rank_c == cluster.block_rank()) *o = xv_c;  // this block's own column
-      ClusterArrive();  // done with the others' o_sh and sq_part; the matching wait is the last step
+      // Done with the others' o_sh and sq_part: OutProductSum arrives once xv_c is stored.
     } else if (warp == 0) {
       const float scale = HeadRmsScale(sq_part, vh % r, r, dv, lane, a.eps);
       const float gated = gamma * (o_sh[lane] * scale) * SiluF(zv);
@@ -402,8 +402,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     if (rows_polled) PdlWaitForPrevious();
     stamps.Write(static_cast<unsigned>(vh / r));
   } else if constexpr (kGated) {
-    // No block exits while another may still read its sq_part.
-    ClusterArrive();
+    // No block exits while another may still read its sq_part (this block's reads of theirs are
+    // complete: the gated value is stored above). Relaxed: it publishes nothing.
+    ClusterArriveRelaxed();
     ClusterWait();
   }
 }

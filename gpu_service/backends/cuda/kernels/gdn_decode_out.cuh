@@ -35,9 +35,9 @@ static_assert(kOutCols == kColumnSuperCols && kOutSuperBytes % 16 == 0, "one 16-
 inline size_t OutSharedBytes(int rows_per_block) { return ColumnSharedBytes(rows_per_block); }
 
 // The kOut kernel's output product after the gather (every block of the cluster, all threads):
-// xv is the cluster's gated output of column tid, and this block has arrived at the cluster barrier
-// once it was done with the other blocks' shared memory (the wait here is the matching last step,
-// so that no block leaves while another may still read its shared memory). out_y[row] += the
+// xv is the cluster's gated output of column tid, gathered from the other blocks' shared memory;
+// this block arrives at the cluster barrier once xv is stored (the wait here is the matching last
+// step, so that no block leaves while another may still read its shared memory). out_y[row] += the
 // cluster's 256 gated outputs · the block's rows of its column super-block (out_sh, copied before
 // the PDL wait). out_y is added to with atomics, so the order of the clusters' additions, and the
 // last bits of out_y, are not fixed.
@@ -51,6 +51,10 @@ __device__ __forceinline__ void OutProductSum(const GdnDecodeFusedArgs& a, float
   int16_t* xq = reinterpret_cast<int16_t*>(out_sh + (kRowsApart ? 0 : static_cast<size_t>(rpb) * kOutSuperBytes));
   float* xscale = reinterpret_cast<float*>(xq + kOutCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
+  // This block is done with the others' shared memory (xv, gathered from it, is stored above, so
+  // those loads are complete); the matching wait is the last step. Relaxed: it publishes nothing
+  // (cluster_barrier.cuh: a release arrive costs a GPU-scope MEMBAR).
+  ClusterArriveRelaxed();
   if (a.out_bulk) {
     mbarrier::WaitParity(bulk_bar, 0);  // the rows' bulk copies (phase 0: one use a launch)
   } else {
@@ -78,7 +82,6 @@ __device__ __forceinline__ void OutProductPart(const GdnDecodeFusedArgs& a, floa
   const int head = tid / dv, col_block = (tid % dv) / kGdnDecodeBlockCols;
   const unsigned holder = static_cast<unsigned>(head + col_block * r);
   const float xv = cooperative_groups::this_cluster().map_shared_rank(o_sh, holder)[lane];
-  ClusterArrive();  // this block is done with the others' o_sh; the matching wait is the last step
   OutProductSum<kRowsApart>(a, xv, out_sh, rpb, rank, tid, lane, warp, bulk_bar, rows_sh);
 }
 

@@ -9,9 +9,10 @@
 //   - inner is cut into slices of kFusedSliceCols = 128 columns (half a Q4_K super-block of a down
 //     row); a cluster of kFusedCluster = 8 blocks owns (pick k, slice s);
 //   - block rank c of the cluster computes gate/up rows s·128 + 16c .. + 15 of pick k (act =
-//     SiLU(gate·x) ⊙ up·x, int16 x and dp2a as the two-kernel form), puts them in its shared
-//     memory, and after one cluster barrier reads the slice's 128 act values from the 8 blocks
-//     (distributed shared memory);
+//     SiLU(gate·x) ⊙ up·x, int16 x and dp2a as the two-kernel form) and stores each act value
+//     into all 8 blocks' shared memory (st.async, counted by each block's mbarrier), so every
+//     block then holds the slice's 128 act values (distributed shared memory, no cluster barrier
+//     with release semantics on the way);
 //   - it then computes the slice's part of down rows c·h/8 .. + h/8 − 1, i.e. Σ over the slice's
 //     128 columns (act quantized to int16 with one scale for the slice), and adds w_k times it
 //     into y with atomics (red.global.add.f32).

@@ -14,13 +14,13 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 
-#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cluster_barrier.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/moe/block_route.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
@@ -34,7 +34,6 @@
 namespace tandem::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
 using q4k::CpAsync16;
 using q4k::Dp2aHi;
 using q4k::Dp2aLo;
@@ -65,7 +64,7 @@ constexpr int kSharedDownSpan = 96;  // 16-byte pieces covering a shared down ro
 // the grid's 48 clusters of 8 (routed and shared) then fit the GPU in one wave with room to spare,
 // where at three an SM they did not (PERF.md).
 struct FusedSmem {
-  int weights, tables, xq, xsc, sxs, act_own, act, total;
+  int weights, tables, xq, xsc, sxs, act_all, act_bar, act, total;
 };
 __host__ __device__ constexpr int Align16(int b) { return (b + 15) / 16 * 16; }
 __host__ __device__ constexpr int Q8RowBytes(int cols) { return cols / 32 * 34; }
@@ -88,8 +87,10 @@ __host__ __device__ inline FusedSmem FusedLayout(int h, int E) {
   at += Align16(nsb * 4);
   s.sxs = at;
   at += Align16(nsb * 8 * 4);
-  s.act_own = at;
-  at += Align16(kGateUpRows * 4);
+  s.act_all = at;  // the slice's act values, pushed by the cluster's blocks (st.async)
+  at += Align16(kFusedSliceCols * 4);
+  s.act_bar = at;  // the mbarrier their pushes complete
+  at += 16;
   s.act = at;  // the slice's int16 act (up to kSliceWords words), then its 4 sub-block sums and its scale
   at += Align16(kSliceWords * 4 + 5 * 4);
   s.total = at;
@@ -155,11 +156,34 @@ __global__ void __launch_bounds__(kThreads)
   int16_t* xq = reinterpret_cast<int16_t*>(smem + L.xq);
   float* xsc = reinterpret_cast<float*>(smem + L.xsc);
   float* sxs = reinterpret_cast<float*>(smem + L.sxs);
-  float* act_own = reinterpret_cast<float*>(smem + L.act_own);
+  const float* act_all = reinterpret_cast<const float*>(smem + L.act_all);
+  const uint32_t act_all_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem + L.act_all));
+  const uint32_t act_bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem + L.act_bar));
   uint32_t* aw = reinterpret_cast<uint32_t*>(smem + L.act);
   float* a_sum = reinterpret_cast<float*>(aw + kSliceWords);  // 16-byte aligned: read as a float4
   float* a_scale = a_sum + 4;
 
+  const int slice_cols = shared_block ? kFusedSharedSliceCols : kFusedSliceCols;
+  // The slice's act values reach every block of the cluster as st.async pushes into act_all, each
+  // counted against this block's act_bar (mbarrier.cuh's StoreAsyncToCluster), instead of a
+  // cluster barrier with release semantics and reads of the other blocks' shared memory: the
+  // release compiles to a GPU-scope MEMBAR (docs/PERF.md, forty-eighth session). The barrier expects
+  // the slice's bytes; every block's barrier is initialised before any block pushes (the relaxed
+  // cluster barrier after the init fence), all of it before the PDL wait.
+  if (t == 0) {
+    mbarrier::Init(act_bar, 1);
+    mbarrier::InitFence();
+    mbarrier::ArriveExpectTx(act_bar, static_cast<uint32_t>(slice_cols * 4));
+  }
+  ClusterArriveRelaxed();
+  ClusterWait();
+  // The slice's act value at position p of the slice, into every block of the cluster.
+  auto push_act = [&](float v, int p) {
+#pragma unroll
+    for (unsigned dst = 0; dst < kFusedCluster; ++dst) {
+      mbarrier::StoreAsyncToCluster(act_all_addr + 4u * static_cast<uint32_t>(p), v, act_bar, dst);
+    }
+  };
   // Before the wait: the expert table (constant) and x when its writer is two or more launches
   // back (pdl.cuh's rule).
   if (!shared_block) {
@@ -227,9 +251,8 @@ __global__ void __launch_bounds__(kThreads)
   if (router_in_grid && !shared_block && threadIdx.x == 0) ConsumeRouter(rt, expert_blocks);
   const int e = shared_block ? 0 : s_ids[k];
   // A flagged pick computes nothing (uniform over the cluster, which shares k); its blocks still
-  // pass both cluster barriers.
+  // pass the cluster barriers at the start and the end.
   const bool ok = shared_block || (e >= 0 && e < a.E && tgate[e] != nullptr);
-  const int slice_cols = shared_block ? kFusedSharedSliceCols : kFusedSliceCols;
   const int own_rows = slice_cols / kFusedCluster;  // gate/up rows of this block: 16, or 8 shared
   const int half = slice & 1, sbi = slice >> 1;  // a routed slice within its down super-block
   if (ok && !shared_block) {
@@ -268,13 +291,12 @@ __global__ void __launch_bounds__(kThreads)
         if (sb + off < nsb) acc[m][0] += o;
       }
     }
-    if (valid && sb == 0) act_own[warp * kWarpRows + rho] = SiluQ4K(acc[0][0]) * acc[1][0];
+    if (valid && sb == 0) push_act(SiluQ4K(acc[0][0]) * acc[1][0], rank * own_rows + warp * kWarpRows + rho);
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
-    // The act values are written: arrive now, before the down copies, whose issue can stall on the
-    // SM's busy memory pipeline and so held back the arrive the cluster's other blocks wait for
-    // (docs/PERF.md, thirty-eighth session). The copies are in flight while the cluster waits.
-    ClusterArrive();
+    // The act values are pushed before the down copies, whose issue can stall on the SM's busy
+    // memory pipeline (docs/PERF.md, thirty-eighth session); the copies are in flight while the
+    // pushes land.
     for (int c = t; c < 5 * down_rows; c += kThreads) {
       const int r = c / 5, part = c - 5 * r;
       const int from = part == 0 ? 0 : 16 + 64 * half + 16 * (part - 1);
@@ -320,10 +342,9 @@ __global__ void __launch_bounds__(kThreads)
       gsum += __shfl_xor_sync(0xFFFFFFFFu, gsum, off);
       usum += __shfl_xor_sync(0xFFFFFFFFu, usum, off);
     }
-    if (part == 0) act_own[warp * kSharedWarpRows + rho] = SiluQ4K(gsum) * usum;
+    if (part == 0) push_act(SiluQ4K(gsum) * usum, rank * own_rows + warp * kSharedWarpRows + rho);
     __syncthreads();  // every warp is done with its gate/up rows: the region takes the down rows
     stamps.Stamp(kFusedProbeActWritten);
-    ClusterArrive();  // before the down copies' issue, as the routed blocks
     for (int c = t; c < 6 * down_rows; c += kThreads) {
       const int r = c / 6, piece = c - 6 * r;
       if (piece < pieces(r)) {
@@ -331,23 +352,16 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     CpAsyncCommit();
-  } else {
-    ClusterArrive();  // a flagged pick's blocks
   }
-  // Every block's act values are in its shared memory: gather the slice's (warp `picker`; lane l the four
-  // values 4l .. 4l + 3, which sit in rank 4l / own_rows) and quantize them to int16 with one
-  // scale, keeping the f32 sums of the four sub-blocks of 32 for the routed min term. (Each block
-  // arrived above, before issuing its down copies.)
-  ClusterWait();
-  stamps.Stamp(kFusedProbeClusterPassed);
+  // Once the cluster's pushes have landed (act_bar's phase 0), warp `picker` takes the slice's act
+  // values (lane l the four values 4l .. 4l + 3) and quantizes them to int16 with one scale, keeping
+  // the f32 sums of the four sub-blocks of 32 for the routed min term. A flagged pick's blocks
+  // (uniform over the cluster) push nothing and wait for nothing.
   if (ok && warp == picker) {
-    const cg::cluster_group cluster = cg::this_cluster();
+    mbarrier::WaitParityCluster(act_bar, 0);
     const bool in = 4 * lane < slice_cols;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (in) {
-      const float* remote = cluster.map_shared_rank(act_own, 4 * lane / own_rows);
-      v = *reinterpret_cast<const float4*>(remote + (4 * lane) % own_rows);
-    }
+    if (in) v = *reinterpret_cast<const float4*>(act_all + 4 * lane);
     float mx = q4k::MaxAbs4(v);
     float s = (v.x + v.y) + (v.z + v.w);
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
@@ -360,9 +374,11 @@ __global__ void __launch_bounds__(kThreads)
     if ((lane & 7) == 0) a_sum[lane >> 3] = s;
     if (lane == 0) a_scale[0] = I16Scale(mx);
   }
-  // This block is done with the other blocks' shared memory; it must not exit before they are done
-  // with its own (the wait below, before the end).
-  ClusterArrive();
+  stamps.Stamp(kFusedProbeClusterPassed);
+  // No block exits before every block of the cluster got here: each has then received every push
+  // into it, so none is still sent to a block that left (the wait below, before the end). Relaxed:
+  // it publishes nothing.
+  ClusterArriveRelaxed();
   if (ok) {
     if (router_in_grid && shared_block && warp == 0) {
       WaitRouterBlocks(rt);
