@@ -140,6 +140,13 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   __shared__ float gate_g[kMaxNv], gate_beta[kMaxNv];
   __shared__ __align__(16) float o_sh[kCols];  // gated: the block's outputs
   __shared__ float sq_part[kCols / 4];          // gated: their sums of squares, 4 outputs each
+  // One barrier (kOut without kIn): every block's o_sh and sq_part, pushed into every block of the
+  // cluster (st.async counted on push_bar) instead of read from theirs after a release cluster
+  // barrier, whose GPU-scope MEMBAR sat on the layer's path (docs/PERF.md, forty-eighth session).
+  constexpr bool kPush = kOut && !kIn;
+  __shared__ __align__(16) float o_all[kPush ? kOutClusterBlocks * kCols : 1];
+  __shared__ float sq_all[kPush ? kOutClusterBlocks * kCols / 4 : 1];
+  __shared__ __align__(8) uint64_t push_bar;
   __shared__ __align__(8) uint64_t in_bar[kIn ? kInMaxSlots : 1];  // kIn: the ring's slots
   const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   static_assert(!kProbe || (kOut && !kIn), "the probe stamps the output product's form without the input product");
@@ -207,6 +214,25 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
       CopyColumnRows<kThreads>(dst, out_src, a.out_row_bytes, out_rpb, tid);
     }
   }
+  // The one-barrier form's pushes: every block's push_bar initialised, expecting the cluster's o
+  // and sq parts, before any block pushes (the relaxed cluster barrier after the init fence).
+  const uint32_t push_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
+  if (kPush && one_barrier) {
+    if (tid == 0) {
+      mbarrier::Init(push_bar_addr, 1);
+      mbarrier::InitFence();
+      mbarrier::ArriveExpectTx(push_bar_addr, static_cast<uint32_t>(kOutClusterBlocks * (kCols + kCols / 4) * 4));
+    }
+    ClusterArriveRelaxed();
+    ClusterWait();
+  }
+  // Value v at index i of o_all or sq_all (base address) in every block of the cluster.
+  auto push_all = [&](uint32_t base, int i, float v) {
+#pragma unroll
+    for (unsigned dst = 0; dst < kOutClusterBlocks; ++dst) {
+      mbarrier::StoreAsyncToCluster(base + 4u * static_cast<uint32_t>(i), v, push_bar_addr, dst);
+    }
+  };
   if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);  // (after the copies' issue)
   // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.
   const int in_rank = kIn ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -333,6 +359,9 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     stamps.After(kGdnOutProbeRecurrence, out);
     if constexpr (kGated) {
       o_sh[lane] = out;
+      if (kPush && one_barrier) {
+        push_all(static_cast<uint32_t>(__cvta_generic_to_shared(o_all)), static_cast<int>(out_rank) * kCols + lane, out);
+      }
     } else {
       *o = out;
     }
@@ -352,19 +381,29 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     }
     __syncthreads();
     if (tid < kCols / 4) sq_part[tid] = SumSquaresYFirst(*reinterpret_cast<const float4*>(o_sh + 4 * tid));
-    // The partial sums are visible to the cluster (and every block has read its history).
     stamps.After(kGdnOutProbeZRead, z_c);
-    ClusterArrive();
-    ClusterWait();
+    if (kPush && one_barrier) {
+      if (tid < kCols / 4) {
+        push_all(static_cast<uint32_t>(__cvta_generic_to_shared(sq_all)), static_cast<int>(out_rank) * (kCols / 4) + tid,
+                 sq_part[tid]);
+      }
+      // Every block's parts have landed here. A block pushes only after reading its history (its
+      // values are used by then), so rank 0's history writes below come after every block's reads.
+      mbarrier::WaitParityCluster(push_bar_addr, 0);
+    } else {
+      // The partial sums are visible to the cluster (and every block has read its history).
+      ClusterArrive();
+      ClusterWait();
+    }
     stamps.Now(kGdnOutProbeSums);
     if (one_barrier) {
       // The gated norm's operations below for the cluster's column tid, from its head's blocks'
       // sums and its raw output (every warp one head's 32 columns: the same lanes, the same sums),
       // so that no second cluster barrier is needed before the output product's gather.
       const cg::cluster_group cluster = cg::this_cluster();
-      const float scale = HeadRmsScale(sq_part, head_c, r, dv, lane, a.eps);
+      const float scale = HeadRmsScale<true>(sq_all, head_c, r, dv, lane, a.eps);
       const unsigned rank_c = static_cast<unsigned>(head_c + ((tid % dv) / kCols) * r);
-      const float raw = cluster.map_shared_rank(o_sh, rank_c)[lane];
+      const float raw = o_all[rank_c * kCols + lane];
       xv_c = gamma_c * (raw * scale) * SiluF(z_c);
       if (a.o != nullptr && rank_c == cluster.block_rank()) *o = xv_c;  // this block's own column
       // Done with the others' o_sh and sq_part: OutProductSum arrives once xv_c is stored.

@@ -57,13 +57,17 @@ __device__ __forceinline__ float GroupSum(float v, int group_lanes) {
 // 128 the butterfly stays inside groups of dv/4 lanes, and the lanes past the first group, whose p
 // is 0, summed to 0 (scale rsqrt(eps): the wrong gated outputs of dv 32 and 64 on the first device
 // run); lane 0's sum goes to all 32 lanes.
+// kGathered: the cluster's parts are already in this block's shared memory (rank q's at
+// sq_part + q · kPartsPerBlock, pushed there by every block) rather than read from each block's.
+template <bool kGathered = false>
 __device__ __forceinline__ float HeadRmsScale(float* sq_part, int head, int r, int dv, int lane, float eps) {
   constexpr int kPartsPerBlock = kGdnDecodeBlockCols / 4;  // a block's columns, 4 a part
   const int head_lanes = dv / 4;
   float p = 0.0f;
   if (lane < head_lanes) {
     const unsigned rank = static_cast<unsigned>(head + (lane / kPartsPerBlock) * r);
-    p = cooperative_groups::this_cluster().map_shared_rank(sq_part, rank)[lane % kPartsPerBlock];
+    p = kGathered ? sq_part[rank * kPartsPerBlock + lane % kPartsPerBlock]
+                  : cooperative_groups::this_cluster().map_shared_rank(sq_part, rank)[lane % kPartsPerBlock];
   }
   const float ss = __shfl_sync(0xFFFFFFFFu, GroupSum(p, head_lanes), 0);
   return rsqrtf(ss / static_cast<float>(dv) + eps);
