@@ -17,8 +17,8 @@
 //     128 columns (act quantized to int16 with one scale for the slice), and adds w_k times it
 //     into y with atomics (red.global.add.f32).
 // Every block routes the token itself (the fast mode's top-K logits, block_route.cuh), before any
-// weight is known; the down rows' copies are issued with the gate/up rows', right after routing, so
-// the layer's 17.7 MB (80B shapes) are all in flight at once.
+// weight is known; the gate/up rows' copies are issued right after routing, the down rows' into the
+// same shared memory once the gate/up products are done (expert_decode_fused_kernel.cuh says why).
 //
 // y is accumulated, not written: it must hold zeros (or the terms to add to) before the launch,
 // and the order of the K · inner/128 atomic additions into each y[j] is not fixed, so y's last
