@@ -161,26 +161,21 @@ TEST_F(GpuDenseGemmStudy, SplitFormsOnRealisticOperands) {
                                  3 * cols * 2, cols * 2, n, cudaMemcpyDeviceToDevice),
                     cudaSuccess);
         }
+        // y = (or +=, with beta 1) the pieces' first k halves of d_w3 and d_x3 from `from` on.
+        auto product = [&](int64_t from, int64_t k, float beta, float* y) {
+          return cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, k, &alpha, d_w3.get() + from, CUDA_R_16F,
+                              3 * cols, d_x3.get() + from, CUDA_R_16F, 3 * cols, &beta, y, CUDA_R_32F, rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        };
         auto d_y = Poisoned<float>(static_cast<size_t>(n * rows));
-        const float beta = 0.0f;
-        ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, 3 * cols, &alpha, d_w3.get(), CUDA_R_16F,
-                               3 * cols, d_x3.get(), CUDA_R_16F, 3 * cols, &beta, d_y.get(), CUDA_R_32F, rows,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(product(0, 3 * cols, 0.0f, d_y.get()), CUBLAS_STATUS_SUCCESS);
         gpu_testing::LogError("study_" + tn + "_one_product_" + order.name, err(Download(d_y)));
         if (std::string(order.name) != "small_first") continue;
         // The same pieces as two products: the small terms (K = 2 · cols) into a fresh accumulator,
         // then hi·hi onto them through beta = 1 (cuBLAS adds C in f32 after the product).
         auto d_y2 = Poisoned<float>(static_cast<size_t>(n * rows));
-        const float one = 1.0f;
-        ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, 2 * cols, &alpha, d_w3.get(), CUDA_R_16F,
-                               3 * cols, d_x3.get(), CUDA_R_16F, 3 * cols, &beta, d_y2.get(), CUDA_R_32F, rows,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  CUBLAS_STATUS_SUCCESS);
-        ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, d_w3.get() + 2 * cols,
-                               CUDA_R_16F, 3 * cols, d_x3.get() + 2 * cols, CUDA_R_16F, 3 * cols, &one, d_y2.get(),
-                               CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(product(0, 2 * cols, 0.0f, d_y2.get()), CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(product(2 * cols, cols, 1.0f, d_y2.get()), CUBLAS_STATUS_SUCCESS);
         gpu_testing::LogError("study_" + tn + "_two_products_small_first", err(Download(d_y2)));
       }
     }

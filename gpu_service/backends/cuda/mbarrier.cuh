@@ -29,30 +29,29 @@ __device__ __forceinline__ void ArriveOnCpAsync(uint32_t bar) {
 
 // Waits until the phase of parity `parity` (the phase number & 1) has completed (acquire: the
 // accesses the arrivals released, cp.async copies included, are visible to this thread after it).
-// Phase k is awaited with parity k & 1 while the barrier is in phase k or k + 1.
+// Phase k is awaited with parity k & 1 while the barrier is in phase k or k + 1. kClusterScope:
+// acquire at cluster scope, for arrivals and complete_tx counts that other blocks of the cluster
+// made (StoreAsyncToCluster), so that their stores are visible after it.
+template <bool kClusterScope = false>
 __device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    if constexpr (kClusterScope) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
   } while (done == 0);
 }
-
-// WaitParity for arrivals and complete_tx counts that other blocks of the cluster made
-// (StoreAsyncToCluster): acquire at cluster scope, so that their stores are visible after it.
-__device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
+__device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) { WaitParity<true>(bar, parity); }
 
 // Stores v into block `rank` of this cluster at the shared-memory address its block has for `dst`
 // here (the same layout in every block), counting 4 bytes against that block's barrier at `bar`
