@@ -173,7 +173,7 @@ void ReportMoeKernels(const std::vector<unsigned long long>& h, unsigned capacit
                           {kFusedProbeRouted, "routed (block barrier)"},
                           {kFusedProbeGateUpLanded, "gate/up rows landed (warp 0)"},
                           {kFusedProbeActWritten, "act written"},
-                          {kFusedProbeClusterPassed, "cluster barrier passed"},
+                          {kFusedProbeActGathered, "act gathered (pushes landed)"},
                           {kFusedProbeDownLanded, "down rows landed"},
                           {kFusedProbeSummed, "sums issued"},
                           {kFusedProbeExit, "exit"}};

@@ -303,7 +303,7 @@ TEST(OneTokenFusedTest, ProbedKernelGivesTheSameResultsAndOrderedStamps) {
                                        ? std::vector<int>{kFusedProbeEntry, kFusedProbeExit}
                                        : std::vector<int>{kFusedProbeEntry,         kFusedProbeAfterWait,
                                                           kFusedProbeRouted,        kFusedProbeGateUpLanded,
-                                                          kFusedProbeActWritten,    kFusedProbeClusterPassed,
+                                                          kFusedProbeActWritten,    kFusedProbeActGathered,
                                                           kFusedProbeDownLanded,    kFusedProbeSummed,
                                                           kFusedProbeExit};
     for (size_t i = 0; i < order.size(); ++i) {
@@ -385,7 +385,7 @@ TEST(OneTokenFusedTest, ArmedProbeStampsEveryBlockOnceAndChangesNothing) {
         EXPECT_EQ(static_cast<long long>(r[kFusedProbePick]), kind == kFusedProbeRoutedKind ? b / per_pick : -1)
             << "block " << b;
         const int order[] = {kFusedProbeEntry,        kFusedProbeAfterWait,     kFusedProbeRouted,
-                             kFusedProbeGateUpLanded, kFusedProbeActWritten,    kFusedProbeClusterPassed,
+                             kFusedProbeGateUpLanded, kFusedProbeActWritten,    kFusedProbeActGathered,
                              kFusedProbeDownLanded,   kFusedProbeSummed,        kFusedProbeExit};
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); ++i) {
           EXPECT_NE(r[order[i]], 0u) << "block " << b << " phase " << order[i];

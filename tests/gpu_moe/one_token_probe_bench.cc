@@ -126,7 +126,7 @@ void ReportFused(const std::vector<Stamp>& stamps, int layers, int grid, const c
                                                 "routed (block barrier)",
                                                 "gate/up copies landed (warp 0)",
                                                 "act written (block barrier)",
-                                                "cluster barrier passed",
+                                                "act gathered (pushes landed)",
                                                 "down copies landed",
                                                 "sums issued (block barrier)",
                                                 "exit"};

@@ -14,7 +14,6 @@
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MOE_EXPERT_DECODE_FUSED_KERNEL_CUH_
 
-
 #include <cstdint>
 #include <type_traits>
 
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(kThreads)
     if ((lane & 7) == 0) a_sum[lane >> 3] = s;
     if (lane == 0) a_scale[0] = I16Scale(mx);
   }
-  stamps.Stamp(kFusedProbeClusterPassed);
+  stamps.Stamp(kFusedProbeActGathered);
   // No block exits before every block of the cluster got here: each has then received every push
   // into it, so none is still sent to a block that left (the wait below, before the end). Relaxed:
   // it publishes nothing.

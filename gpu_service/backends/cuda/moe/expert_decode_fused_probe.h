@@ -9,7 +9,8 @@
 // never reaches stays 0):
 //   routed and shared-expert blocks: entry, after the PDL wait, routed (the block barrier after
 //   routing: the router count seen, the picks known), warp 0's gate/up copies landed, act written
-//   (the block barrier after the gate/up products), the cluster barrier passed, the down copies
+//   (the block barrier after the gate/up products), the slice's act values gathered (the cluster's
+//   pushes landed; until 2026-12-05 the cluster barrier passed), the down copies
 //   landed, every addition issued (an extra block barrier), exit (after the last cluster wait);
 //   router blocks: entry and exit only;
 //   and the block's kind, pick (-1: none), SM id and index.
@@ -27,7 +28,7 @@ inline constexpr int kFusedProbeWords = 18;
 // The words of a row: the phases, in the order a block passes them, then the block's facts.
 enum FusedProbeWord : int {
   kFusedProbeEntry, kFusedProbeAfterWait, kFusedProbeRouted, kFusedProbeGateUpLanded, kFusedProbeActWritten,
-  kFusedProbeClusterPassed, kFusedProbeDownLanded, kFusedProbeSummed, kFusedProbeExit,
+  kFusedProbeActGathered, kFusedProbeDownLanded, kFusedProbeSummed, kFusedProbeExit,
   kFusedProbePhases,  // the count of the above
   // A routed block's routing in detail, between the wait and "routed" (warp 0 routes; 0 elsewhere):
   // the router blocks' count seen (right after the wait without router blocks), the logits loaded,
