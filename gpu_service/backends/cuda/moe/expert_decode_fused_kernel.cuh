@@ -259,14 +259,7 @@ __global__ void __launch_bounds__(kThreads)
     const int row0 = slice * kFusedSliceCols + rank * kGateUpRows + warp * kWarpRows;
     const int mat_bytes = kWarpRows * row_bytes;
     uint8_t* wwarp = wgu + warp * 2 * mat_bytes;
-    const int chunks = mat_bytes / 16;
-    const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
-    const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-    for (int c = lane; c < chunks; c += 32) {
-      CpAsync16(wwarp + 16 * c, g + 16 * c);
-      CpAsync16(wwarp + mat_bytes + 16 * c, u + 16 * c);
-    }
-    CpAsyncCommit();
+    WarpCopyGateUpRows(wwarp, mat_bytes, tgate[e], tup[e], row0, row_bytes, mat_bytes / 16, lane);
     // The block's down rows' super-blocks, copied once the gate/up products are done. No L2
     // prefetch of them here: asking for them with the gate/up rows (one bulk prefetch a row, until
     // 2026-12-05) slowed batch-1 decode by 1.7% (docs/PERF.md, forty-second session).

@@ -188,14 +188,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) OneGateUpKernel(OneTokenMoe
   const int nrows = min(rps, a.inner - row0);
   // A flagged pick computes nothing (uniform over the block); nrows is warp-uniform.
   if (e >= 0 && e < a.E && tgate[e] != nullptr && nrows > 0) {
-    const int chunks = nrows * row_bytes / 16;
-    const uint8_t* g = static_cast<const uint8_t*>(tgate[e]) + static_cast<int64_t>(row0) * row_bytes;
-    const uint8_t* u = static_cast<const uint8_t*>(tup[e]) + static_cast<int64_t>(row0) * row_bytes;
-    for (int c = lane; c < chunks; c += 32) {
-      CpAsync16(wsm + 16 * c, g + 16 * c);
-      CpAsync16(wsm + mat_bytes + 16 * c, u + 16 * c);
-    }
-    CpAsyncCommit();
+    WarpCopyGateUpRows(wsm, mat_bytes, tgate[e], tup[e], row0, row_bytes, nrows * row_bytes / 16, lane);
     CpAsyncWait<0>();
     __syncwarp();  // the other lanes' copies are visible
     probe.Stamp(3);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/moe/q4k_dot.cuh"
 
 namespace tandem::cuda {
@@ -91,6 +92,20 @@ __device__ __forceinline__ void StageQuantizeI16(const float* src, int cols, int
       if ((lane & 15) == 0) xsc[c >> 8] = I16Scale(mx);
     }
   }
+}
+
+// One warp's gate and up rows from row0 on (row_bytes each, `chunks` 16-byte pieces a matrix) into
+// shared memory, gate at dst and up at dst + up_offset, by cp.async (lane l pieces l, l + 32, ...),
+// committed as one group.
+__device__ __forceinline__ void WarpCopyGateUpRows(uint8_t* dst, int up_offset, const void* gate, const void* up,
+                                                   int row0, int row_bytes, int chunks, int lane) {
+  const uint8_t* g = static_cast<const uint8_t*>(gate) + static_cast<int64_t>(row0) * row_bytes;
+  const uint8_t* u = static_cast<const uint8_t*>(up) + static_cast<int64_t>(row0) * row_bytes;
+  for (int c = lane; c < chunks; c += 32) {
+    q4k::CpAsync16(dst + 16 * c, g + 16 * c);
+    q4k::CpAsync16(dst + up_offset + 16 * c, u + 16 * c);
+  }
+  CpAsyncCommit();
 }
 
 }  // namespace
