@@ -46,10 +46,7 @@ ProcessInteger g_split_f8_min_weights{[] {
 }  // namespace
 
 bool SplitOneProduct() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_GEMM_SPLIT_ONE_PRODUCT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchDefaultOn("TANDEM_GEMM_SPLIT_ONE_PRODUCT");
   return on;
 }
 
