@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/global_timer.cuh"
+
 namespace tandem::cuda::mbarrier {
 
 // Phase 0 expects `count` arrivals; one thread initializes, and a __syncthreads must follow before
@@ -33,25 +35,43 @@ __device__ __forceinline__ void ArriveOnCpAsync(uint32_t bar) {
 // acquire at cluster scope, for arrivals and complete_tx counts that other blocks of the cluster
 // made (StoreAsyncToCluster), so that their stores are visible after it.
 template <bool kClusterScope = false>
-__device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ bool TryWaitParity(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-  do {
-    if constexpr (kClusterScope) {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    }
-  } while (done == 0);
+  if constexpr (kClusterScope) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+  return done != 0;
 }
-__device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) { WaitParity<true>(bar, parity); }
+template <bool kClusterScope = false>
+__device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
+  while (!TryWaitParity<kClusterScope>(bar, parity)) {
+  }
+}
+
+// A wait on another block's pushes (StoreAsyncToCluster) longer than this is a bug (a byte count
+// that never completes): trap, failing the launch with an error, rather than hang the stream.
+constexpr unsigned long long kClusterWaitTimeoutNs = 2'000'000'000ull;
+
+// WaitParity<true> for phases that other blocks of the cluster complete: after a first try (the
+// path a step takes), the timer is read and the wait traps past kClusterWaitTimeoutNs. try_wait
+// itself suspends the thread for a while, so the loop does not spin hot.
+__device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) {
+  if (TryWaitParity<true>(bar, parity)) return;
+  const unsigned long long start = GlobalTimerNs();
+  while (!TryWaitParity<true>(bar, parity)) {
+    if (GlobalTimerNs() - start > kClusterWaitTimeoutNs) __trap();
+  }
+}
 
 // Stores v into block `rank` of this cluster at the shared-memory address its block has for `dst`
 // here (the same layout in every block), counting 4 bytes against that block's barrier at `bar`
