@@ -214,7 +214,13 @@ TEST_P(GpuNormRouteTest, FormsTheLogitsOfTheNormedRow) {
 
 // 2048: the 80B shapes' rows (256 threads, 2 vectors each); 1024 and 512: the small presets'.
 INSTANTIATE_TEST_SUITE_P(Widths, GpuNormRouteTest, ::testing::Values(2048, 1024, 512),
-                         [](const ::testing::TestParamInfo<int64_t>& info) { return "h" + std::to_string(info.param); });
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           // Appended rather than "h" + to_string: GCC 12 warns (-Wrestrict) inside
+                           // libstdc++'s insert for that form (GCC bug 105329, a false positive).
+                           std::string name = "h";
+                           name += std::to_string(info.param);
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace tandem
