@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/cluster_barrier.cuh"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 
 namespace tandem::cuda::mbarrier {
@@ -88,6 +89,13 @@ __device__ __forceinline__ void StoreAsyncToCluster(uint32_t dst, float v, uint3
                : "memory");
 }
 
+// StoreAsyncToCluster into every block of a cluster of kBlocks blocks (ranks 0 .. kBlocks - 1).
+template <int kBlocks>
+__device__ __forceinline__ void StoreAsyncToEveryBlock(uint32_t dst, float v, uint32_t bar) {
+#pragma unroll
+  for (unsigned rank = 0; rank < static_cast<unsigned>(kBlocks); ++rank) StoreAsyncToCluster(dst, v, bar, rank);
+}
+
 // After Init, before the barrier is used by bulk copies (the async proxy) or by other blocks of the
 // cluster: the init is visible to them.
 __device__ __forceinline__ void InitFence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
@@ -105,6 +113,21 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Every block of the cluster: `bar` (one arrival, thread 0's, expecting `bytes` of other blocks'
+// StoreAsyncToCluster pushes) initialised in every block before any block pushes: the init made
+// visible to the cluster, then a cluster barrier. Relaxed: the init fence already published it, and
+// a release arrive would cost a GPU-scope MEMBAR (cluster_barrier.cuh). Call from every thread;
+// `first` true in one thread of the block.
+__device__ __forceinline__ void InitForClusterPushes(uint32_t bar, uint32_t bytes, bool first) {
+  if (first) {
+    Init(bar, 1);
+    InitFence();
+    ArriveExpectTx(bar, bytes);
+  }
+  ClusterArriveRelaxed();
+  ClusterWait();
 }
 
 // One arrival on `bar` expecting `bytes`, then the run [src, src + bytes) into shared memory at dst

@@ -218,20 +218,12 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
   // and sq parts, before any block pushes (the relaxed cluster barrier after the init fence).
   const uint32_t push_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
   if (kPush && one_barrier) {
-    if (tid == 0) {
-      mbarrier::Init(push_bar_addr, 1);
-      mbarrier::InitFence();
-      mbarrier::ArriveExpectTx(push_bar_addr, static_cast<uint32_t>(kOutClusterBlocks * (kCols + kCols / 4) * 4));
-    }
-    ClusterArriveRelaxed();
-    ClusterWait();
+    mbarrier::InitForClusterPushes(push_bar_addr, static_cast<uint32_t>(kOutClusterBlocks * (kCols + kCols / 4) * 4),
+                                   tid == 0);
   }
   // Value v at index i of o_all or sq_all (base address) in every block of the cluster.
   auto push_all = [&](uint32_t base, int i, float v) {
-#pragma unroll
-    for (unsigned dst = 0; dst < kOutClusterBlocks; ++dst) {
-      mbarrier::StoreAsyncToCluster(base + 4u * static_cast<uint32_t>(i), v, push_bar_addr, dst);
-    }
+    mbarrier::StoreAsyncToEveryBlock<kOutClusterBlocks>(base + 4u * static_cast<uint32_t>(i), v, push_bar_addr);
   };
   if (early_state) stamps.After(kGdnOutProbeStateRead, s[0]);  // (after the copies' issue)
   // kIn: the ring's first chunks of the input rows (weights) and the norm's early copies.

@@ -169,19 +169,10 @@ __global__ void __launch_bounds__(kThreads)
   // release compiles to a GPU-scope MEMBAR (docs/PERF.md, forty-eighth session). The barrier expects
   // the slice's bytes; every block's barrier is initialised before any block pushes (the relaxed
   // cluster barrier after the init fence), all of it before the PDL wait.
-  if (t == 0) {
-    mbarrier::Init(act_bar, 1);
-    mbarrier::InitFence();
-    mbarrier::ArriveExpectTx(act_bar, static_cast<uint32_t>(slice_cols * 4));
-  }
-  ClusterArriveRelaxed();
-  ClusterWait();
+  mbarrier::InitForClusterPushes(act_bar, static_cast<uint32_t>(slice_cols * 4), t == 0);
   // The slice's act value at position p of the slice, into every block of the cluster.
   auto push_act = [&](float v, int p) {
-#pragma unroll
-    for (unsigned dst = 0; dst < kFusedCluster; ++dst) {
-      mbarrier::StoreAsyncToCluster(act_all_addr + 4u * static_cast<uint32_t>(p), v, act_bar, dst);
-    }
+    mbarrier::StoreAsyncToEveryBlock<kFusedCluster>(act_all_addr + 4u * static_cast<uint32_t>(p), v, act_bar);
   };
   // Before the wait: the expert table (constant) and x when its writer is two or more launches
   // back (pdl.cuh's rule).
