@@ -6,20 +6,11 @@
 # the kernels around it can turn the choice (the fiftieth session found the fused MoE kernel's
 # routing warp by slot 1.5% behind warp 0 on an H100). Name the card when quoting the figures.
 # Writes ab_80b.txt (ab_80b.sh's report) and sweep_80b.txt under $OUT.
-# Usage (device): scripts/device/sweep_80b.sh [--rounds N] [--bench "gpu_backend_bench flags"]
-#   (default: two rounds of --batches 1 --prefill 512 --decode-steps 128; ~13 configurations of
-#   ~13 s each a round on q3n-80b)
+# Usage (device): scripts/device/sweep_80b.sh [ab_80b.sh's options and LABEL:ASSIGNMENTS ...]
+#   (passed on after this script's defaults: --rounds 2 --bench "--batches 1 --prefill 512
+#   --decode-steps 128"; ~13 configurations of ~13 s each a round on q3n-80b)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-rounds=2
-bench_flags="--batches 1 --prefill 512 --decode-steps 128"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --rounds) rounds=$2; shift 2 ;;
-    --bench) bench_flags=$2; shift 2 ;;
-    *) echo "sweep_80b: unknown argument '$1' (--rounds N, --bench FLAGS)" >&2; exit 2 ;;
-  esac
-done
 # label:the other value of one switch (the defaults' comments in the code say what each does).
 configs=(
   'defaults:'
@@ -36,20 +27,20 @@ configs=(
   'gdn-state-after-wait:TANDEM_OLD_GDN_EARLY_STATE=1'
   'gdn-gate-old:TANDEM_OLD_GDN_GATE=1'
 )
-bash "$(dirname "$0")/ab_80b.sh" --rounds "$rounds" --bench "$bench_flags" "${configs[@]}" > /dev/null 2>&1
+bash "$(dirname "$0")/ab_80b.sh" --rounds 2 --bench "--batches 1 --prefill 512 --decode-steps 128" "$@" \
+  "${configs[@]}" > /dev/null 2>&1
 report=$out/sweep_80b.txt
 {
-  echo "# sweep_80b $(date -u +%FT%TZ), commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown), $rounds round(s), flags: $bench_flags"
+  # ab_80b.txt: its header (commit, flags), "LABEL round R: ..." per run, then the summary's lines
+  # of label, case and median tokens/s.
+  head -1 "$out/ab_80b.txt" | sed 's/^# ab_80b/# sweep_80b/'
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1
-  # ab_80b.sh's summary lines: label, case, median tokens/s.
-  labels=""
-  for c in "${configs[@]}"; do labels="$labels ${c%%:*}"; done
-  awk -v labels="$labels" '/^## median/ { summary = 1; next }
+  awk '/^## median/ { summary = 1; next }
+       !summary && $2 == "round" && !($1 in seen) { seen[$1] = 1; order[++n] = $1 }
        summary && $2 == "decode" && $3 == "batch" && $4 == "1" { v[$1] = $5 }
        END {
          if (!("defaults" in v) || v["defaults"] <= 0) { print "sweep_80b: no result for the defaults"; exit 1 }
          printf "%-24s %10s %12s\n", "configuration", "b1 tok/s", "vs defaults"
-         n = split(labels, order, " ")
          for (i = 1; i <= n; ++i) {
            if (order[i] in v) printf "%-24s %10.1f %+11.1f%%\n", order[i], v[order[i]], 100 * (v[order[i]] / v["defaults"] - 1)
            else printf "%-24s %10s\n", order[i], "no result (the bench failed: ab_80b.txt)"
