@@ -7,8 +7,8 @@
 // value); |lo| <= 2^-11 · |hi|'s binade, so 2^11 · s · |lo| stays in range too.
 //
 // The activations: the [lo | hi | hi] split rows of gemm.cuh (row stride 3 · cols f16 values; the
-// f16 product reads the first third) and beside them "F8 rows" of 2 · cols e4m3 values
-// [x_lo8 | x_hi8] (row stride 2 · cols bytes) in a buffer of their own, so that the split rows stay
+// f16 product reads the hi third at kSplitHiThird · cols) and beside them "F8 rows" of 2 · cols
+// e4m3 values [x_lo8 | x_hi8] (row stride 2 · cols bytes) in a buffer of their own, so that the split rows stay
 // intact for the products that keep the three f16 products (DenseGemmOptions::split_f8_min_weights).
 // The fused writers of split rows (LaunchInjectRmsNormF16, LaunchSiluMulToF16Rows,
 // LaunchGdnGatedNormToF16) need no variant: LaunchSplitRowsToF8 derives the F8 rows from theirs.

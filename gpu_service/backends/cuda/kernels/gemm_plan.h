@@ -7,8 +7,8 @@
 //   kFastSplit: both split into f16 hi + lo parts, hi·hi + hi·lo + lo·hi (about 3x kFast's
 //           arithmetic). Prepared, the three terms are one product over rows laid out as
 //           [hi | lo | hi] (weights) and [lo | hi | hi] (activations, gemm.cuh says why lo
-//           first), K = 3 · cols, so that the
-//           output is written once instead of read and rewritten by two more products.
+//           first), K = 3 · cols, so that the output is written once instead of read and
+//           rewritten by two more products.
 //   kExact: f32 tiles and activations, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
 //           precision anywhere): the exact mode of docs/MODEL.md §5. Never prepared.
 //
