@@ -50,10 +50,12 @@ for ((r = 1; r <= rounds; ++r)); do
       esac
     done
     # shellcheck disable=SC2086  # the assignments and flags are word lists on purpose
-    lines=$(env $env_assignments "$bin" --model "$model" $bench_flags 2>&1 |
-            grep -E '^(decode batch|prefill) ')
+    run_log=$(env $env_assignments "$bin" --model "$model" $bench_flags 2>&1)
+    lines=$(grep -E '^(decode batch|prefill) ' <<< "$run_log")
     if [ -z "$lines" ]; then
-      echo "$label round $r: no result (the bench failed)" | tee -a "$report"
+      # What the bench said last (its error), so that a failing configuration can be diagnosed.
+      echo "$label round $r: no result (the bench failed); its last lines:" | tee -a "$report"
+      tail -n 5 <<< "$run_log" | sed 's/^/  | /' | tee -a "$report"
       continue
     fi
     while IFS= read -r line; do

@@ -8,13 +8,13 @@
 # Writes ab_80b.txt (ab_80b.sh's report) and sweep_80b.txt under $OUT.
 # Usage (device): scripts/device/sweep_80b.sh [ab_80b.sh's options and LABEL:ASSIGNMENTS ...]
 #   (passed on after this script's defaults: --rounds 2 --bench "--batches 1 --prefill 512
-#   --decode-steps 128"; ~13 configurations of ~13 s each a round on q3n-80b)
+#   --decode-steps 128"; ~12 configurations of ~13 s each a round on q3n-80b)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 # label:the other value of one switch (the defaults' comments in the code say what each does).
 configs=(
   'defaults:'
-  'pick-warp0:TANDEM_FUSED_PICK_BY_SLOT=0'
+  'pick-warp-by-slot:TANDEM_FUSED_PICK_BY_SLOT=1'
   'attn-kv-stacked:TANDEM_ATTN_DECODE_KV_SIDE=0'
   'attn-merge-launch:TANDEM_ATTN_MERGE_IN_OUT=0'
   'attn-split-always:TANDEM_ATTN_SHORT_KEYS=0'
@@ -25,7 +25,6 @@ configs=(
   'moe-x-after-wait:TANDEM_ONE_TOKEN_X_EARLY=0'
   'norm-h-after-wait:TANDEM_OLD_NORM_EARLY_H=1'
   'gdn-state-after-wait:TANDEM_OLD_GDN_EARLY_STATE=1'
-  'gdn-gate-old:TANDEM_OLD_GDN_GATE=1'
 )
 bash "$(dirname "$0")/ab_80b.sh" --rounds 2 --bench "--batches 1 --prefill 512 --decode-steps 128" "$@" \
   "${configs[@]}" > /dev/null 2>&1

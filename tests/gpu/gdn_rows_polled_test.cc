@@ -5,7 +5,10 @@
 // within 1e-5 (added by atomics, whose order is not fixed). Then that the kernel waits for the
 // rows: launched alone on rows still unwritten, which a copy engine writes 20 ms later from
 // another stream, it must give the same results (without the polling it would read the unwritten
-// NaNs). Shapes: the 80B layer's, the small preset's, and clusters (4, 2) and (8, 1). Also what the
+// NaNs); also with the ba rows copied another 20 ms after the rest, so that the gate thread's b and
+// a are still unwritten when the conv's qkv values land (a gate form that read them unpolled after
+// the conv's barrier, TANDEM_OLD_GDN_GATE=1, failed the 80B bench and was removed on 2026-12-05).
+// Shapes: the 80B layer's, the small preset's, and clusters (4, 2) and (8, 1). Also what the
 // product refuses.
 #include <chrono>
 #include <cstdint>
@@ -86,12 +89,13 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   float* pinned = pinned_rows.get();
 
   // One run: with polled rows (`polled`) the rows are filled unwritten first; `late`: the fused
-  // kernel alone on `main`, the rows copied from `pinned` on `other` 20 ms later; else the product
-  // then the kernel on `main`.
+  // kernel alone on `main`, the rows copied from `pinned` on `other` 20 ms later (with `ba_last`,
+  // the ba rows, the stack's last 2·nv, another 20 ms after the rest: the conv's qkv values land
+  // well before the gates' b and a); else the product then the kernel on `main`.
   struct Result {
     std::vector<float> rows, rec, y;
   };
-  auto run = [&](bool polled, bool late) -> Result {
+  auto run = [&](bool polled, bool late, bool ba_last = false) -> Result {
     auto rows = Poisoned<float>(static_cast<size_t>(in_rows));  // 0xFF bytes: kRowUnwrittenBits
     auto rec = Upload(state0);
     auto y = Upload(y0);
@@ -109,10 +113,19 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
     if (late) {
       EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out_dev.m, y.get(), d, main->get(), by_columns.get(), c.h),
                 cudaSuccess);
+      const int64_t first_part = ba_last ? in_rows - 2 * d.nv : in_rows;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      EXPECT_EQ(cudaMemcpyAsync(rows.get(), pinned, static_cast<size_t>(in_rows) * sizeof(float),
+      EXPECT_EQ(cudaMemcpyAsync(rows.get(), pinned, static_cast<size_t>(first_part) * sizeof(float),
                                 cudaMemcpyHostToDevice, other->get()),
                 cudaSuccess);
+      if (ba_last) {
+        EXPECT_EQ(cudaStreamSynchronize(other->get()), cudaSuccess);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        EXPECT_EQ(cudaMemcpyAsync(rows.get() + first_part, pinned + first_part,
+                                  static_cast<size_t>(in_rows - first_part) * sizeof(float), cudaMemcpyHostToDevice,
+                                  other->get()),
+                  cudaSuccess);
+      }
     } else {
       EXPECT_EQ(cuda::LaunchDenseMatVecNormIn(in_dev.m, norm_in, rows.get(), main->get()), cudaSuccess);
       EXPECT_EQ(cuda::LaunchGdnDecodeFusedOut(args, out_dev.m, y.get(), d, main->get(), by_columns.get(), c.h),
@@ -126,19 +139,22 @@ TEST_P(GpuGdnRowsPolledTest, PolledRowsGiveTheResultsOfTheWholeProduct) {
   cuda::SetGdnOutBulk(true);
   const Result want = run(false, false);
   std::memcpy(pinned, want.rows.data(), static_cast<size_t>(in_rows) * sizeof(float));
-  // Each also with the gated norm's one cluster barrier (GdnOutOneBarrier), whose z reads poll too.
+  // Each also with the gated norm's one cluster barrier (GdnOutOneBarrier), whose z reads poll too,
+  // and with the ba rows copied last.
   struct Form {
     const char* name;
-    bool late, one_barrier;
+    bool late, one_barrier, ba_last = false;
   };
   const bool was_one_barrier = cuda::GdnOutOneBarrier();
   for (const Form& f : {Form{"product then kernel", false, false}, Form{"product then kernel, again", false, false},
                         Form{"rows copied late", true, false}, Form{"rows copied late, again", true, false},
                         Form{"product then kernel, one barrier", false, true},
-                        Form{"rows copied late, one barrier", true, true}}) {
+                        Form{"rows copied late, one barrier", true, true},
+                        Form{"ba rows copied last", true, true, true},
+                        Form{"ba rows copied last, two barriers", true, false, true}}) {
     const std::string tag = Tag(c) + ", " + f.name;
     cuda::SetGdnOutOneBarrier(f.one_barrier);
-    const Result got = run(true, f.late);
+    const Result got = run(true, f.late, f.ba_last);
     cuda::SetGdnOutOneBarrier(was_one_barrier);
     EXPECT_TRUE(gpu_testing::SameBits(got.rows, want.rows))
         << tag << ": rows differ from " << gpu_testing::FirstDifference(got.rows, want.rows);

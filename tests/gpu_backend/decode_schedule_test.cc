@@ -180,16 +180,6 @@ TEST_P(DecodeScheduleTest, EarlyGdnStateGivesTheSameLogits) {
   cuda::SetOldGdnEarlyState(was);
 }
 
-// The fused GDN decode kernel's gates computed from b and a loaded right after its PDL wait (the
-// default) against after the conv's block barrier (TANDEM_OLD_GDN_GATE=1): bit-identical logits.
-TEST_P(DecodeScheduleTest, EarlyGdnGateGivesTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::OldGdnEarlyGate();
-  ExpectScheduleChangesNoLogits(GetParam(), "GDN gates with the conv's loads vs after its barrier",
-                                [](bool on) { cuda::SetOldGdnEarlyGate(!on); });
-  cuda::SetOldGdnEarlyGate(was);
-}
-
 // The split attention's cached keys copied before its PDL wait (the default at decode) against
 // after it (TANDEM_OLD_ATTN_EARLY_KV=1): the same values in the same slots, bit-identical logits.
 TEST_P(DecodeScheduleTest, EarlyAttentionKeysGiveTheSameLogits) {

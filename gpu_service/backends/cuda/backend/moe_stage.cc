@@ -56,8 +56,11 @@ ProcessSwitch g_fused_shared_beside{[] { return EnvSwitch("TANDEM_FUSED_SHARED_B
 // twenty-first session); TANDEM_FUSED_ROUTER=0 for the router's own launch.
 ProcessSwitch g_fused_router_in_grid{[] { return EnvSwitchDefaultOn("TANDEM_FUSED_ROUTER"); }};
 
-// On by default: +0.7 .. 1.1% batch-1 decode in three A/Bs (docs/PERF.md, twenty-ninth session).
-ProcessSwitch g_fused_pick_warp_by_slot{[] { return EnvSwitchDefaultOn("TANDEM_FUSED_PICK_BY_SLOT"); }};
+// Off by default since 2026-12-05: on the fused kernel of today warp 0 measured +0.7 .. 1.5% batch-1
+// decode against the choice by slot in three A/Bs on an H100 (docs/PERF.md, fiftieth and
+// fifty-first sessions); the choice by slot had won on the H200 with the kernel of the twenty-ninth
+// session. TANDEM_FUSED_PICK_BY_SLOT=1 for it (scripts/device/sweep_80b.sh flips it).
+ProcessSwitch g_fused_pick_warp_by_slot{[] { return EnvSwitch("TANDEM_FUSED_PICK_BY_SLOT"); }};
 
 ProcessSwitch g_host_prefill_plan{[] { return EnvSwitch("TANDEM_HOST_PREFILL_PLAN"); }};
 

@@ -139,9 +139,9 @@ bool FusedSharedBeside();
 void SetFusedRouterInGrid(bool on);
 bool FusedRouterInGrid();
 // The fused kernel's blocks route with the warp their place on the SM names
-// (OneTokenMoeArgs::pick_warp_by_slot) instead of warp 0. On by default (chosen on the H200);
-// TANDEM_FUSED_PICK_BY_SLOT=0: warp 0, which measured 1.5% faster on an H100 (docs/PERF.md,
-// fiftieth session).
+// (OneTokenMoeArgs::pick_warp_by_slot) instead of warp 0. Off by default: warp 0 measured 0.7 ..
+// 1.5% faster on an H100 (docs/PERF.md, fiftieth and fifty-first sessions);
+// TANDEM_FUSED_PICK_BY_SLOT=1 turns it on (it had won on the H200 with an older kernel).
 void SetFusedPickWarpBySlot(bool on);
 bool FusedPickWarpBySlot();
 

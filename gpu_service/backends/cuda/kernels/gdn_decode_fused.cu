@@ -83,11 +83,11 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
   if constexpr (kOut && !kIn) {
     if (a.out_probe) {  // the stamped instantiation (gdn_decode_out_probe.h)
       return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, true>, a, d.nk, d.nv, d.dv, d.kk,
-                                q_scale, qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), in);
+                                q_scale, qk_x_first, !OldGdnEarlyState(), in);
     }
   }
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kIn>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
-                            qk_x_first, !OldGdnEarlyState(), !OldGdnEarlyGate(), in);
+                            qk_x_first, !OldGdnEarlyState(), in);
 }
 
 }  // namespace
@@ -308,7 +308,6 @@ ProcessInteger g_gdn_decode_fused{[] { return EnvInteger("TANDEM_GDN_DECODE_FUSE
 
 ProcessSwitch g_old_gdn_early_state{[] { return EnvSwitch("TANDEM_OLD_GDN_EARLY_STATE"); }};
 ProcessSwitch g_gdn_out_bulk{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK"); }};
-ProcessSwitch g_old_gdn_early_gate{[] { return EnvSwitch("TANDEM_OLD_GDN_GATE"); }};
 ProcessSwitch g_gdn_out_one_barrier{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_ONE_BARRIER"); }};
 ProcessSwitch g_gdn_rows_polled{[] { return EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED"); }};
 }  // namespace
@@ -316,8 +315,6 @@ ProcessSwitch g_gdn_rows_polled{[] { return EnvSwitchDefaultOn("TANDEM_GDN_ROWS_
 bool GdnRowsPolled() { return g_gdn_rows_polled.on(); }
 void SetGdnRowsPolled(bool on) { g_gdn_rows_polled.set(on); }
 
-bool OldGdnEarlyGate() { return g_old_gdn_early_gate.on(); }
-void SetOldGdnEarlyGate(bool on) { g_old_gdn_early_gate.set(on); }
 bool GdnOutOneBarrier() { return g_gdn_out_one_barrier.on(); }
 void SetGdnOutOneBarrier(bool on) { g_gdn_out_one_barrier.set(on); }
 bool GdnOutBulk() { return g_gdn_out_bulk.on(); }

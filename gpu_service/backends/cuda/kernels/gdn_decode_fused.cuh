@@ -176,13 +176,6 @@ void SetGdnRowsPolled(bool on);
 bool OldGdnEarlyState();
 void SetOldGdnEarlyState(bool on);
 
-// The fused kernel's gate thread loads its head's b and a right after the PDL wait, beside the
-// conv's x, and computes the gates before the conv's block barrier; TANDEM_OLD_GDN_GATE=1 (read
-// once; settable; read at launch) computes them after that barrier, loading b and a there (the
-// same operations, the same bits), for A/B.
-bool OldGdnEarlyGate();
-void SetOldGdnEarlyGate(bool on);
-
 // LaunchGdnDecodeFusedOut's gated norm and output product with one cluster barrier instead of
 // two: after the barrier that shares the heads' sums of squares, every thread forms the gated
 // output of the cluster column it sums in the output product (its head's sums, its raw output from

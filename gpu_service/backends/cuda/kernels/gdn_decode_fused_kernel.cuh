@@ -126,7 +126,7 @@ struct GdnOutStamps {
 template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
-                     bool early_state, bool early_gate, GdnInProduct in) {
+                     bool early_state, GdnInProduct in) {
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
@@ -187,9 +187,10 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     LoadHistory(h1, history, has1, c_dim, c1, kk);
   };
   // The gates' thread (the block's last) holds its head's weights before the wait and loads its b
-  // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence
-  // (early_gate; TANDEM_OLD_GDN_GATE=1: GdnGate after the conv's block barrier, as before).
-  const bool gate_thread = early_gate && tid == kThreads - 1;
+  // and a with the conv's x after it: one round trip to L2 behind the wait, not two in sequence.
+  // (The form that loaded them after the conv's block barrier, TANDEM_OLD_GDN_GATE=1, was removed
+  // on 2026-12-05: it read polled rows unpolled, and the 80B bench failed with it.)
+  const bool gate_thread = tid == kThreads - 1;
   const float gate_dt_bias = gate_thread ? a.dt_bias[vh] : 0.0f, gate_ssm_a = gate_thread ? a.ssm_a[vh] : 0.0f;
   if (early_state) load_old();
   // kOut: the block's rows of the output matrix (constant weights) before the wait.
@@ -327,8 +328,6 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     if (4 * tid < kDk) scale *= q_scale;
     y = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
     *reinterpret_cast<float4*>(qk + 4 * tid) = y;
-  } else if (!early_gate && tid == kThreads - 1) {
-    GdnGate(a.ba + t * a.ba_stride, 0, a.ssm_a, a.dt_bias, 0, vh, r, nv, gate_g, gate_beta);
   }
   __syncthreads();
   // GdnRecurrentKernel<kDk, 8> for one token.

@@ -73,7 +73,8 @@ struct OneTokenMoeArgs {
   int* pick_counts = nullptr;
   // The fused kernel only (expert_decode_fused.cuh): each block routes and gathers its slice's act
   // with the warp moe/warp_slot.cuh's PickWarpOfSlot names from the block's place on the SM,
-  // instead of warp 0 (measured faster; the same picks and results).
+  // instead of warp 0 (the same picks and results; faster on the H200 with an older kernel, slower
+  // on an H100 with today's: off by default).
   bool pick_warp_by_slot = false;
 };
 

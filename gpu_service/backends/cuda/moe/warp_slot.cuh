@@ -25,9 +25,9 @@ __device__ __forceinline__ unsigned WarpSlot() {
 // in three A/Bs, and +1.6% against warp 0 chosen through the same code. Why is not known: the
 // reason first given, an SM's routing warps on distinct sub-partitions, does not hold (with warp 0
 // their slots already differ mod 4, and this choice makes two of three share a residue). On
-// today's kernel (the act exchange by pushes, gathered by the routing warp) warp 0 measured +1.5%
-// against this choice on an H100 (fiftieth session, three rounds, every round ahead); not yet
-// measured on the H200, where the default was chosen.
+// today's kernel (the act exchange by pushes, gathered by the routing warp) warp 0 measured +1.5%,
+// +0.7% and +1.2% against this choice on an H100 (fiftieth and fifty-first sessions), so warp 0 is
+// the default again (TANDEM_FUSED_PICK_BY_SLOT=1 for this rule); not yet measured on the H200.
 __host__ __device__ __forceinline__ int PickWarpOfSlot(unsigned warp0_slot, int warps) {
   return static_cast<int>((warp0_slot >> 2) % static_cast<unsigned>(warps));
 }
