@@ -53,6 +53,9 @@ __device__ __forceinline__ bool TryWaitParity(uint32_t bar, uint32_t parity) {
   }
   return done != 0;
 }
+// No timeout here, unlike WaitParityCluster: the same timer check in this wait (fused GDN kernel's
+// input ring and output rows) cost 0.5% of batch-1 decode in every round of an A/B on an H100
+// (fifty-second session, docs/PERF.md), and its phases are this block's own copies and arrivals.
 template <bool kClusterScope = false>
 __device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
   while (!TryWaitParity<kClusterScope>(bar, parity)) {
@@ -65,7 +68,8 @@ constexpr unsigned long long kClusterWaitTimeoutNs = 2'000'000'000ull;
 
 // WaitParity<true> for phases that other blocks of the cluster complete: after a first try (the
 // path a step takes), the timer is read and the wait traps past kClusterWaitTimeoutNs. try_wait
-// itself suspends the thread for a while, so the loop does not spin hot.
+// itself suspends the thread for a while, so the loop does not spin hot. Tested by
+// tests/gpu/mbarrier_wait_test.cu.
 __device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) {
   if (TryWaitParity<true>(bar, parity)) return;
   const unsigned long long start = GlobalTimerNs();
