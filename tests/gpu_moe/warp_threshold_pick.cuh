@@ -112,7 +112,7 @@ __device__ bool ThresholdPickKeys(unsigned (&key)[kPer], int E, int rounds, int*
   }
   if (lane < rounds) {
     ids[lane] = top != 0u ? static_cast<int>(id) : E;
-    picked[lane] = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+    picked[lane] = KeyLogit(top);
   }
   __syncwarp();
   return decided;

@@ -131,6 +131,11 @@ __device__ __forceinline__ unsigned LogitKey(float v) {
   return v != v ? 0u : (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
 }
 
+// The logit of a pick key (LogitKey's inverse on keys it makes), -inf for 0 (no pick left).
+__device__ __forceinline__ float KeyLogit(unsigned key) {
+  return key == 0u ? -INFINITY : __uint_as_float((key & 0x80000000u) != 0u ? key & 0x7FFFFFFFu : ~key);
+}
+
 // Lane l's logits l, l + 32, ... (32 · 16 of them, all present) with all 16 loads issued before any
 // is used. Why inline PTX: in the fused MoE kernel (96 registers) nvcc issued WarpPickLogits'
 // predicated loop four loads at a time, each group reusing the previous group's registers, so the
@@ -204,7 +209,7 @@ __device__ void WarpPickLogits(const float* logits, int E, int rounds, int* ids,
   WarpTakeKeys<kPer>(key, rounds, [&](int r, unsigned top, unsigned id) {
     if (lane == r) {
       my_id = top != 0u ? static_cast<int>(id) : E;
-      my_picked = top == 0u ? -INFINITY : __uint_as_float((top & 0x80000000u) != 0u ? top & 0x7FFFFFFFu : ~top);
+      my_picked = KeyLogit(top);
     }
   });
   if (lane < rounds) {
