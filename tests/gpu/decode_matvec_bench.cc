@@ -302,10 +302,47 @@ void BenchQ6Head(double copy_gbs) {
           Report("q6k_head_" + shape + "_n1_headkernel", best, "us",
                  "graph us:" + heads + "; auto " + std::to_string(ha) + "; best v" + std::to_string(best_v) + " " +
                      std::to_string(bytes / (best * 1e3)) + " GB/s against staged " + std::to_string(g) + " us");
+          // The int16 form (MatVecOptions::int16_x, the fast mode's head), each variant likewise.
+          std::string heads16;
+          double best16 = 1e30;
+          int best16_v = 0;
+          for (int v = 0; v < kMatVecHeadVariants; ++v) {
+            MatVecOptions o{MatVecKernel::kQ6Head, 0, 0, v};
+            o.int16_x = true;
+            const double h = GraphUs(launcher(n, o), per_graph);
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), " v%d %.2f", v, h);
+            heads16 += buf;
+            if (h < best16) best16 = h, best16_v = v;
+          }
+          Report("q6k_head_" + shape + "_n1_headkernel_int16", best16, "us",
+                 "graph us:" + heads16 + "; best v" + std::to_string(best16_v) + " " +
+                     std::to_string(bytes / (best16 * 1e3)) + " GB/s against the f32 form's best " +
+                     std::to_string(best) + " us");
         }
       }
       Report("q6k_head_" + shape + "_n" + std::to_string(n), bytes / (staged * 1e6), "GB/s", detail);
     }
+    BENCH_CHECK(cudaFree(w));
+  }
+  // The head kernel's instruction cost apart from HBM: 16384 rows (27.5 MB) read from L2 launch
+  // after launch (one copy, not cycled), f32 and int16 forms of the default variant.
+  {
+    const int64_t rows = 16384, row_bytes = 1680, bytes = rows * row_bytes;
+    void* w = RandomDevice(static_cast<size_t>(bytes), 12, 0x3FFF3FFF3FFF3FFFull);
+    const DeviceMatrix m{kTypeQ6_K, w, 2048, rows, row_bytes};
+    auto launcher = [&](bool i16) {
+      return [&, i16] {
+        MatVecOptions o{MatVecKernel::kQ6Head};
+        o.int16_x = i16;
+        BENCH_CHECK(LaunchDenseMatVec(m, x, 2048, 1, y, rows, o, bench::LaunchStream()));
+      };
+    };
+    const double f32 = GraphUs(launcher(false), 200), i16 = GraphUs(launcher(true), 200);
+    char detail[200];
+    std::snprintf(detail, sizeof(detail), "2048x16384 from L2: f32 form %.2f us, int16 form %.2f us (%.0f / %.0f GB/s)",
+                  f32, i16, bytes / (f32 * 1e3), bytes / (i16 * 1e3));
+    Report("q6k_head_l2_int16", i16, "us", detail);
     BENCH_CHECK(cudaFree(w));
   }
   cudaFree(x);

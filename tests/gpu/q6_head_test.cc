@@ -1,5 +1,7 @@
 // The batch-1 Q6_K LM-head kernel (matvec_q6k_head.cuh) against the CPU reference and the staged
 // kernel it replaced. Skips without a GPU (CI).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -25,6 +27,27 @@ using gpu_testing::Random;
 using gpu_testing::RelL2;
 using gpu_testing::Upload;
 
+// rows x row_bytes of random Q6_K bytes (the first 1680 of a row; padding stays 0xFF) with small
+// finite f16 scales, |d| in [2^-10, 2^-7) (quantizing a head's 311M values on the host would take
+// minutes).
+std::vector<uint8_t> RandomQ6Rows(std::mt19937& rng, int64_t rows, int64_t row_bytes) {
+  constexpr int64_t kCols = 2048, kNatural = 1680;
+  std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * rows), 0xFF);
+  std::mt19937_64 bits(rng());
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = bytes.data() + r * row_bytes;
+    for (int64_t i = 0; i < kNatural; i += 8) {
+      const uint64_t v = bits();
+      std::memcpy(row + i, &v, 8);  // kNatural % 8 == 0
+    }
+    for (int64_t b = 0; b < kCols / 256; ++b) {
+      const uint16_t d = static_cast<uint16_t>(0x1400u | (bits() & 0x8FFFu));
+      std::memcpy(row + b * 210 + 208, &d, 2);
+    }
+  }
+  return bytes;
+}
+
 // The one-row Q6_K head kernel (matvec_q6k_head.cuh, MatVecKernel::kQ6Head) at the LM head's shape
 // (2048 -> 151936, what kAuto sends it) and at small ones (rows not a multiple of its row groups,
 // a 16-byte padded stride, fewer rows than warps): every compiled variant, its default grid and
@@ -41,19 +64,7 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
   };
   for (const Case c : {Case{151936, 0}, Case{1001, 16}, Case{37, 0}, Case{5, 16}}) {
     const int64_t cols = 2048, natural = 1680, row_bytes = natural + c.pad;
-    std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * c.rows), 0xFF);
-    std::mt19937_64 bits(rng());
-    for (int64_t r = 0; r < c.rows; ++r) {
-      uint8_t* row = bytes.data() + r * row_bytes;
-      for (int64_t i = 0; i < natural; i += 8) {
-        const uint64_t v = bits();
-        std::memcpy(row + i, &v, 8);  // natural % 8 == 0
-      }
-      for (int64_t b = 0; b < cols / 256; ++b) {
-        const uint16_t d = static_cast<uint16_t>(0x1400u | (bits() & 0x8FFFu));  // |d| in [2^-10, 2^-7)
-        std::memcpy(row + b * 210 + 208, &d, 2);
-      }
-    }
+    const std::vector<uint8_t> bytes = RandomQ6Rows(rng, c.rows, row_bytes);
     auto d_w = Upload(bytes);
     const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, c.rows, row_bytes};
     const MatrixView view{WeightType::kQ6_K, bytes.data(), cols, c.rows, row_bytes};
@@ -96,19 +107,7 @@ TEST(GpuQ6Head, WritesWhereTheDestinationSlotPoints) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
   const int64_t cols = 2048, rows = 4099, row_bytes = 1680;
-  std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * rows));
-  std::mt19937_64 bits(rng());
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = bytes.data() + r * row_bytes;
-    for (int64_t i = 0; i < row_bytes; i += 8) {
-      const uint64_t v = bits();
-      std::memcpy(row + i, &v, 8);
-    }
-    for (int64_t b = 0; b < cols / 256; ++b) {
-      const uint16_t d = static_cast<uint16_t>(0x1400u | (bits() & 0x8FFFu));
-      std::memcpy(row + b * 210 + 208, &d, 2);
-    }
-  }
+  const std::vector<uint8_t> bytes = RandomQ6Rows(rng, rows, row_bytes);
   auto d_w = Upload(bytes);
   const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, rows, row_bytes};
   ASSERT_TRUE(cuda::DenseMatVecQ6HeadTakes(m, 1));
@@ -164,6 +163,98 @@ TEST(GpuQ6Head, WritesWhereTheDestinationSlotPoints) {
   const cuda::DeviceMatrix narrow{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), 1024, rows, row_bytes};
   EXPECT_FALSE(cuda::DenseMatVecQ6HeadTakes(narrow, 1));
   EXPECT_EQ(cuda::LaunchDenseMatVec(narrow, d_x.get(), 1024, 1, d_y.get(), rows, o, nullptr), cudaErrorInvalidValue);
+}
+
+// The head kernel's int16 form (MatVecOptions::int16_x, the fast mode's head): every variant and
+// grid at the shapes above, each row within the bound of x's rounding (a lane rounds its 64
+// columns to int16 steps of max |x| / 32767: |error| <= Σ|w| · step / 2, plus f32 slack), not the
+// f32 form's bits (so the form ran), a lane's piece of x all zeros exact; NaN rows from a NaN in
+// x; refused where the head kernel does not run.
+TEST(GpuQ6Head, Int16FormWithinXRoundingOfReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  using K = cuda::MatVecKernel;
+  struct Case {
+    int64_t rows, pad;
+  };
+  for (const Case c : {Case{151936, 0}, Case{1001, 16}, Case{37, 0}, Case{5, 16}}) {
+    const int64_t cols = 2048, natural = 1680, row_bytes = natural + c.pad;
+    const std::vector<uint8_t> bytes = RandomQ6Rows(rng, c.rows, row_bytes);
+    auto d_w = Upload(bytes);
+    const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, c.rows, row_bytes};
+    const MatrixView view{WeightType::kQ6_K, bytes.data(), cols, c.rows, row_bytes};
+    std::vector<float> x = Random(rng, static_cast<size_t>(cols));
+    // Lane P's 64 columns: block P / 4, half (P / 2) % 2, 16 columns at 16 · (P % 2) + 32 g.
+    auto lane_col = [](int P, int k) { return 256 * (P / 4) + 128 * ((P / 2) % 2) + 16 * (P % 2) + 32 * (k / 16) + k % 16; };
+    for (int k = 0; k < 64; ++k) x[static_cast<size_t>(lane_col(5, k))] = 0.0f;  // lane 5's piece all zeros
+    std::vector<double> step(static_cast<size_t>(cols));
+    for (int P = 0; P < 32; ++P) {
+      float amax = 0.0f;
+      for (int k = 0; k < 64; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(lane_col(P, k))]));
+      for (int k = 0; k < 64; ++k) step[static_cast<size_t>(lane_col(P, k))] = amax / 32767.0;
+    }
+    auto d_x = Upload(x);
+    std::vector<float> want(static_cast<size_t>(c.rows));
+    MatMul(view, x.data(), 1, want.data(), nullptr);
+    std::vector<double> bound(static_cast<size_t>(c.rows));
+    std::vector<float> wr(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      DequantizeMatrixRow(view, r, wr.data());
+      double rounding = 0.0, mag = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        rounding += std::fabs(wr[j]) * 0.505 * step[j];
+        mag += std::fabs(static_cast<double>(wr[j]) * x[j]);
+      }
+      bound[r] = rounding + 1e-5 * mag + 1e-30;
+    }
+    auto run = [&](const cuda::MatVecOptions& o, const gpu_testing::DeviceArray<float>& in) {
+      auto d_y = Poisoned<float>(static_cast<size_t>(c.rows));
+      EXPECT_EQ(cuda::LaunchDenseMatVec(m, in.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaSuccess);
+      return Download(d_y);
+    };
+    const std::string shape = "_r" + std::to_string(c.rows) + "_pad" + std::to_string(c.pad);
+    cuda::MatVecOptions f32{K::kQ6Head};
+    const std::vector<float> plain = run(f32, d_x);
+    for (int v = 0; v < cuda::kMatVecHeadVariants; ++v) {
+      for (int bps : {0, 1}) {
+        cuda::MatVecOptions o{K::kQ6Head, 0, bps, v};
+        o.int16_x = true;
+        const std::vector<float> got = run(o, d_x);
+        const std::string what = "q6head_i16_v" + std::to_string(v) + (bps ? "_b1" : "") + shape;
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_LE(gpu_testing::LogError(what, RelL2(got, want)), 1e-4) << what;
+        int64_t over = 0, first = -1;
+        for (int64_t r = 0; r < c.rows; ++r) {
+          if (!(std::fabs(static_cast<double>(got[r]) - want[r]) <= bound[r])) {
+            if (first < 0) first = r;
+            ++over;
+          }
+        }
+        EXPECT_EQ(over, 0) << what << ": rows past x's rounding bound, the first " << first << " (got "
+                           << (first >= 0 ? got[first] : 0.0f) << ", want " << (first >= 0 ? want[first] : 0.0f)
+                           << ", bound " << (first >= 0 ? bound[first] : 0.0) << ")";
+        EXPECT_NE(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0)
+            << what << ": the f32 form's bits (did the int16 form run?)";
+      }
+    }
+    if (c.rows == 37) {
+      std::vector<float> bad = x;
+      bad[1000] = std::nanf("");
+      auto d_bad = Upload(bad);
+      cuda::MatVecOptions o{K::kQ6Head};
+      o.int16_x = true;
+      for (float y : run(o, d_bad)) EXPECT_TRUE(std::isnan(y)) << "a NaN in x gave a number";
+      // Refused: another kernel, two activation rows.
+      auto d_y = Poisoned<float>(static_cast<size_t>(2 * c.rows));
+      for (K k : {K::kAuto, K::kStaged, K::kStream}) {
+        o.kernel = k;
+        EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaErrorInvalidValue);
+      }
+      o.kernel = K::kQ6Head;
+      auto d_x2 = Upload(Random(rng, static_cast<size_t>(2 * cols)));
+      EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x2.get(), cols, 2, d_y.get(), c.rows, o, nullptr), cudaErrorInvalidValue);
+    }
+  }
 }
 
 }  // namespace

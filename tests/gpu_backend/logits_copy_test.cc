@@ -3,7 +3,7 @@
 // the same bits either way, for prefill rows of every position and for graph-replayed decode steps,
 // with pinned and pageable inputs mixed in one step (adjacent pinned rows go in one copy, the
 // others alone). HeadKernelWritesPinnedLogitsItself: the one-row Q6_K head kernel writing a pinned
-// caller's row itself.
+// caller's row itself; FastHeadInt16KeepsLogitsClose: that kernel's int16 form in fast mode.
 #include <cuda_runtime.h>
 
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "common/model_gen/model_generator.h"
 #include "common/model_gen/model_spec.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -110,6 +111,24 @@ TEST(LogitsCopyTest, PinnedAndPageableLogitsGetTheSameBits) {
   }
 }
 
+// tiny-q3n at h 2048 with a Q6_K head of 3001 rows, so that a step's one head row goes through the
+// Q6_K head kernel; written to a temporary file named after `tag` ("" when generation fails).
+std::string Head2048Model(const std::string& tag) {
+  absl::StatusOr<GenModelSpec> spec = PresetSpec("tiny-q3n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return "";
+  spec->name = "tandem-head2048";
+  spec->h = 2048;
+  spec->layers = 4;  // three GDN layers and one attention layer
+  spec->vocab = 3001;
+  spec->head_type = WeightType::kQ6_K;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            absl::StrCat("tandem-head2048-", tag, "-", getpid(), ".gguf")).string();
+  const absl::Status s = GenerateModel(*spec, path);
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? path : "";
+}
+
 // A one-token step whose one head row goes through the Q6_K head kernel (h = 2048) has the kernel
 // write the caller's page-locked row itself (CudaBackend::Impl::head_y_at, head_wrote_host) and
 // reads x in place (no gather copy); a pageable caller gets the row through the copy after the
@@ -117,16 +136,8 @@ TEST(LogitsCopyTest, PinnedAndPageableLogitsGetTheSameBits) {
 // prefill of every position (which takes the other path), in exact and fast mode.
 TEST(LogitsCopyTest, HeadKernelWritesPinnedLogitsItself) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  absl::StatusOr<GenModelSpec> spec = PresetSpec("tiny-q3n");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  spec->name = "tandem-head2048";
-  spec->h = 2048;
-  spec->layers = 4;  // three GDN layers and one attention layer
-  spec->vocab = 3001;
-  spec->head_type = WeightType::kQ6_K;
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            absl::StrCat("tandem-head2048-", getpid(), ".gguf")).string();
-  ASSERT_TRUE(GenerateModel(*spec, path).ok());
+  const std::string path = Head2048Model("pinned");
+  ASSERT_FALSE(path.empty());
   for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
     for (bool graphs : {false, true}) {
       std::unique_ptr<CudaBackend> b = OpenGpu(path, mode, true, true, graphs);
@@ -180,6 +191,67 @@ TEST(LogitsCopyTest, HeadKernelWritesPinnedLogitsItself) {
       }
     }
   }
+  std::filesystem::remove(path);
+}
+
+// The fast mode's head in its int16 form (cuda::SetHeadInt16, the default) against the f32 form: a
+// prefill whose last row alone is wanted (one head row: the head kernel) gives different bits
+// within 1e-4 relative L2 (x's int16 rounding, ~1e-5), and so does every decode step after it (the
+// fast one-token MoE adds in no fixed order, so those rows differ a little either way); the exact
+// mode's head never takes the int16 form: bit-identical rows with the switch on or off.
+TEST(LogitsCopyTest, FastHeadInt16KeepsLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const std::string path = Head2048Model("int16");
+  ASSERT_FALSE(path.empty());
+  const bool was = cuda::HeadInt16();
+  constexpr int kSteps = 4;
+  for (CudaMode mode : {CudaMode::kExact, CudaMode::kFast}) {
+    std::vector<float> rows[2];
+    int64_t V = 0;
+    for (int on = 0; on < 2; ++on) {
+      cuda::SetHeadInt16(on == 1);
+      std::unique_ptr<CudaBackend> b = OpenGpu(path, mode);
+      ASSERT_NE(b, nullptr);
+      V = b->config().vocab;
+      const std::vector<int32_t> prompt = RandomTokens(kPrompt, V, 91);
+      rows[on].assign(static_cast<size_t>((1 + kSteps) * V), std::nanf(""));
+      absl::StatusOr<SequenceSlot> slot = b->CreateSequence();
+      ASSERT_TRUE(slot.ok()) << slot.status();
+      Backend::StepInput first{*slot, prompt, rows[on].data(), false};
+      ASSERT_TRUE(b->Step(std::span<const Backend::StepInput>(&first, 1)).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        const int32_t token = static_cast<int32_t>((17 * step + 5) % V);
+        Backend::StepInput in{*slot, std::span<const int32_t>(&token, 1), rows[on].data() + (1 + step) * V, false};
+        const absl::Status s = b->Step(std::span<const Backend::StepInput>(&in, 1));
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      b->ReleaseSequence(*slot);
+    }
+    const char* m = mode == CudaMode::kExact ? "exact" : "fast";
+    for (int r = 0; r <= kSteps; ++r) {
+      const std::vector<float> off(rows[0].begin() + r * V, rows[0].begin() + (r + 1) * V);
+      const std::vector<float> on(rows[1].begin() + r * V, rows[1].begin() + (r + 1) * V);
+      const bool same = std::memcmp(off.data(), on.data(), off.size() * sizeof(float)) == 0;
+      double num = 0.0, den = 0.0;
+      for (int64_t j = 0; j < V; ++j) {
+        ASSERT_TRUE(std::isfinite(on[j]) && std::isfinite(off[j])) << m << ": row " << r << " entry " << j;
+        num += (static_cast<double>(on[j]) - off[j]) * (static_cast<double>(on[j]) - off[j]);
+        den += static_cast<double>(off[j]) * off[j];
+      }
+      const double err = std::sqrt(num / den);
+      printf("%s, row %d (%s): int16 head against f32, relative L2 %.3g%s\n", m, r, r == 0 ? "prefill" : "decode",
+             err, same ? " (bit-identical)" : "");
+      if (mode == CudaMode::kExact) {
+        EXPECT_TRUE(same) << "exact mode, row " << r << ": the switch changed the exact head";
+      } else {
+        if (r == 0) {
+          EXPECT_FALSE(same) << "fast prefill's head row: the int16 form did not run";
+        }
+        EXPECT_LE(err, 1e-4) << "fast mode, row " << r;
+      }
+    }
+  }
+  cuda::SetHeadInt16(was);
   std::filesystem::remove(path);
 }
 

@@ -18,13 +18,22 @@
 //   in the same tree as the plain butterfly, so the sums are bit-identical to it.
 // Arithmetic order: per row, piece P = lane, the same part/scale order as DotQ6Piece and the same
 // xor tree: the outputs equal the staged kernel's bit for bit (gpu_kernels_test checks this).
+// The int16 form (kI16, MatVecOptions::int16_x; the fast mode's head): each lane quantizes its 64
+// activations to int16 with one scale (max |x| / 32767) and sums a 16-element scale group as
+// integers, eight dp2a of the raw 6-bit values, less 32 · Σx for their bias. Why: decoding a Q6_K
+// element to f32 (mask, byte to float, subtract, FMA) is ~4 instructions, ~290 a row for a lane,
+// about 50 us of issue for the head's 151936 rows on 132 SMs, against a 56 us read at the H200's
+// HBM rate (the f32 kernel measured 72 us there, tests/gpu/NOTES.md); the integer form issues
+// about half as many. Error: ~1e-5 of a row's Σ|w·x| (x's rounding); not for the exact mode.
 // Only .cu files include this header.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_MATVEC_Q6K_HEAD_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_MATVEC_Q6K_HEAD_CUH_
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
@@ -143,7 +152,83 @@ __device__ __forceinline__ float DotQ6PieceRegs(const Q6Piece& raw, int P, const
   return acc;
 }
 
-template <int kS, int kD, int kW, int kMinBlocks>
+// d = c + a.lo16 · b.byte0 + a.hi16 · b.byte1 (hi: bytes 2 and 3): a two signed 16-bit values,
+// b unsigned bytes (the 6-bit values before their bias).
+__device__ __forceinline__ int Dp2aLoS16U8(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int Dp2aHiS16U8(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A lane's 64 activations (xr, DotQ6PieceRegs' order) as int16 pairs: xp[2k] holds elements 4k,
+// 4k + 1 and xp[2k + 1] elements 4k + 2, 4k + 3 of that order, round(x / scale) with scale =
+// max |x| / 32767 (0 when every x is 0, NaN when one is not finite, so that the row sums are NaN
+// as the f32 kernel's would be); sum16[g] is Σ of scale group g's 16 integers.
+struct Q6LaneX16 {
+  uint32_t xp[32];
+  int sum16[4];
+  float scale;
+};
+
+__device__ __forceinline__ void QuantizeLaneX16(const float4 (&xr)[16], Q6LaneX16& q) {
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const float e[4] = {xr[k].x, xr[k].y, xr[k].z, xr[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float m = fabsf(e[j]);
+      finite = finite && m <= FLT_MAX;
+      amax = fmaxf(amax, m);
+    }
+  }
+  const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+  q.scale = finite ? amax / 32767.0f : __int_as_float(0x7FC00000);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) q.sum16[g] = 0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int v0 = finite ? __float2int_rn(xr[k].x * inv) : 0, v1 = finite ? __float2int_rn(xr[k].y * inv) : 0;
+    const int v2 = finite ? __float2int_rn(xr[k].z * inv) : 0, v3 = finite ? __float2int_rn(xr[k].w * inv) : 0;
+    q.xp[2 * k] = (static_cast<uint32_t>(v0) & 0xFFFFu) | (static_cast<uint32_t>(v1) << 16);
+    q.xp[2 * k + 1] = (static_cast<uint32_t>(v2) & 0xFFFFu) | (static_cast<uint32_t>(v3) << 16);
+    q.sum16[k / 4] += v0 + v1 + v2 + v3;
+  }
+}
+
+// Σ over the piece's four scale groups of sc_g · Σ (q - 32) · xq, the integer part of each group
+// exact (|Σ| <= 16 · 32 · 32767, times |sc| <= 128: < 2^31) and converted once; the caller
+// multiplies by the block's d and the lane's x scale.
+__device__ __forceinline__ float DotQ6PieceI16(const Q6Piece& raw, int P, const Q6LaneX16& x) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    int s = -32 * x.sum16[g];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t src = (g & 1) ? raw.ql1[i] : raw.ql0[i];
+      const uint32_t low = (g >= 2 ? (src >> 4) : src) & 0x0F0F0F0Fu;
+      const uint32_t qh = raw.qh[i];
+      const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
+      const uint32_t q = low | (high & 0x30303030u);
+      s = Dp2aLoS16U8(x.xp[8 * g + 2 * i], q, s);
+      s = Dp2aHiS16U8(x.xp[8 * g + 2 * i + 1], q, s);
+    }
+    const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
+    const uint32_t word = b < 4 ? raw.sc0 : raw.sc1;
+    const int sc = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * (b & 3))));
+    acc += static_cast<float>(s * sc);
+  }
+  return acc;
+}
+
+template <int kS, int kD, int kW, int kMinBlocks, bool kI16>
 __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6HeadArgs a) {
   static_assert(kS == 1 || kS == 2 || kS == 4 || kS == 8, "rows per stage: a power of two <= 8");
   static_assert(kD >= 2, "a ring of at least two stages");
@@ -203,6 +288,8 @@ __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6Head
       for (int i = 0; i < 4; ++i) xr[4 * g4 + i] = __ldg(x4 + base + 8 * g4 + i);
     }
   }
+  Q6LaneX16 xq;
+  if constexpr (kI16) QuantizeLaneX16(xr, xq);
 
   int slot = 0;
   for (; g < groups; g += wstep) {
@@ -215,7 +302,11 @@ __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6Head
     for (int s = 0; s < kS; ++s) {
       Q6Piece raw;
       LoadQ6PieceAt(st + s * kRb, po, raw);
-      v[s] = DotQ6PieceRegs(raw, P, xr, 0.0f);
+      if constexpr (kI16) {
+        v[s] = DotQ6PieceI16(raw, P, xq) * (F16Bits(raw.d) * xq.scale);
+      } else {
+        v[s] = DotQ6PieceRegs(raw, P, xr, 0.0f);
+      }
     }
     __syncwarp();  // every lane is done with this slot before the next issue refills it
     slot = slot + 1 == kD ? 0 : slot + 1;
@@ -249,10 +340,10 @@ __global__ void __launch_bounds__(kW * 32, kMinBlocks) Q6HeadKernel(const Q6Head
   CpAsyncWait<0>();  // the trailing (empty or clamped) copies land before the block exits
 }
 
-template <int kVariant>
+template <int kVariant, bool kI16>
 cudaError_t LaunchQ6HeadV(const Q6HeadArgs& a, int blocks_per_sm, cudaStream_t stream) {
   constexpr Q6HeadConfig c = kQ6HeadConfigs[kVariant];
-  auto kernel = Q6HeadKernel<c.rows, c.depth, c.warps, c.blocks_per_sm>;
+  auto kernel = Q6HeadKernel<c.rows, c.depth, c.warps, c.blocks_per_sm, kI16>;
   const size_t smem = Q6HeadSharedBytes(c);
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -269,9 +360,10 @@ cudaError_t LaunchQ6HeadV(const Q6HeadArgs& a, int blocks_per_sm, cudaStream_t s
 
 // y = W·x for one activation row through the head kernel (Q6HeadTakes must hold). variant picks
 // a configuration of kQ6HeadConfigs (cudaErrorInvalidValue outside 0..kQ6HeadVariants - 1);
-// blocks_per_sm > 0 overrides its grid (benchmarks); y_at as Q6HeadArgs::y_at.
+// blocks_per_sm > 0 overrides its grid (benchmarks); y_at as Q6HeadArgs::y_at; int16_x: the int16
+// form (kI16 above).
 inline cudaError_t LaunchQ6Head(const uint8_t* w, int64_t row_bytes, int rows, const float* x, float* y, int variant,
-                                int blocks_per_sm, float* const* y_at, cudaStream_t stream) {
+                                int blocks_per_sm, float* const* y_at, bool int16_x, cudaStream_t stream) {
   Q6HeadArgs a;
   a.w = w;
   a.row_bytes = row_bytes;
@@ -279,14 +371,18 @@ inline cudaError_t LaunchQ6Head(const uint8_t* w, int64_t row_bytes, int rows, c
   a.x = x;
   a.y = y;
   a.y_at = y_at;
-  switch (variant) {
-    case 0: return LaunchQ6HeadV<0>(a, blocks_per_sm, stream);
-    case 1: return LaunchQ6HeadV<1>(a, blocks_per_sm, stream);
-    case 2: return LaunchQ6HeadV<2>(a, blocks_per_sm, stream);
-    case 3: return LaunchQ6HeadV<3>(a, blocks_per_sm, stream);
-    case 4: return LaunchQ6HeadV<4>(a, blocks_per_sm, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  auto launch = [&](auto i16) -> cudaError_t {
+    constexpr bool kI16 = decltype(i16)::value;
+    switch (variant) {
+      case 0: return LaunchQ6HeadV<0, kI16>(a, blocks_per_sm, stream);
+      case 1: return LaunchQ6HeadV<1, kI16>(a, blocks_per_sm, stream);
+      case 2: return LaunchQ6HeadV<2, kI16>(a, blocks_per_sm, stream);
+      case 3: return LaunchQ6HeadV<3, kI16>(a, blocks_per_sm, stream);
+      case 4: return LaunchQ6HeadV<4, kI16>(a, blocks_per_sm, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  return int16_x ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 }  // namespace tandem::cuda::fastmv

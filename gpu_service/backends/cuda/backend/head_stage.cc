@@ -57,6 +57,7 @@ absl::Status CudaBackend::Impl::EnqueueHead(const StepPlan& plan, std::span<cons
     cuda::MatVecOptions o;
     o.kernel = cuda::MatVecKernel::kQ6Head;
     o.y_at = head_dest();
+    o.int16_x = options.mode == CudaMode::kFast && cuda::HeadInt16();
     if (absl::Status s = Launch(cuda::LaunchDenseMatVec(dm->output, head_in, h, 1, logits, c->vocab, o, st), "head");
         !s.ok()) {
       return s;

@@ -135,7 +135,7 @@ cudaError_t LaunchAuto(const DeviceMatrix& w, const float* x, int64_t x_stride, 
     if ((large || o.kernel == MatVecKernel::kQ6Head) &&
         fastmv::Q6HeadTakes(w.data, w.cols, w.rows, w.row_bytes, n)) {
       return fastmv::LaunchQ6Head(static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.rows), x, y,
-                                  o.variant, o.blocks_per_sm, o.y_at, stream);
+                                  o.variant, o.blocks_per_sm, o.y_at, o.int16_x, stream);
     }
     const bool staged = large || o.kernel == MatVecKernel::kStaged || o.kernel == MatVecKernel::kQ6Head;
     if (staged && fastmv::Q6StagedTakes(w.data, w.cols, w.rows, w.row_bytes)) {
@@ -192,7 +192,7 @@ cudaError_t LaunchDenseMatVec(const DeviceMatrix& w, const float* x, int64_t x_s
       o.variant >= fastmv::kQ6HeadVariants) {
     return cudaErrorInvalidValue;
   }
-  if (o.y_at != nullptr && (o.kernel != MatVecKernel::kQ6Head || !DenseMatVecQ6HeadTakes(w, n))) {
+  if ((o.y_at != nullptr || o.int16_x) && (o.kernel != MatVecKernel::kQ6Head || !DenseMatVecQ6HeadTakes(w, n))) {
     return cudaErrorInvalidValue;
   }
   MatVecKernel kernel = o.kernel;
@@ -240,6 +240,13 @@ ProcessSwitch g_mixer_norm_launch{[] { return EnvSwitch("TANDEM_MIXER_NORM_LAUNC
 
 bool MixerNormLaunch() { return g_mixer_norm_launch.on(); }
 void SetMixerNormLaunch(bool on) { g_mixer_norm_launch.set(on); }
+
+namespace {
+ProcessSwitch g_head_int16{[] { return EnvSwitchDefaultOn("TANDEM_HEAD_INT16"); }};
+}  // namespace
+
+bool HeadInt16() { return g_head_int16.on(); }
+void SetHeadInt16(bool on) { g_head_int16.set(on); }
 
 bool DenseMatVecNormInTakes(const DeviceMatrix& w) {
   using F = fastmv::FmtQ8_0x8;

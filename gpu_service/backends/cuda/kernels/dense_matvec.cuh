@@ -48,6 +48,10 @@ struct MatVecOptions {
   // DenseMatVecQ6HeadTakes): the kernel writes to *y_at, read on the device after its wait,
   // instead of y (a destination a captured graph does not fix: the caller's page-locked logits).
   float* const* y_at = nullptr;
+  // kQ6Head only (refused elsewhere, as y_at): the head kernel's int16 form, x quantized to int16
+  // per 64 columns and summed with dp2a (matvec_q6k_head.cuh kI16; ~1e-5 of a row's Σ|w·x|): the
+  // fast mode's LM head, never the exact mode's.
+  bool int16_x = false;
 };
 
 // x: n rows of w.cols f32 (row t at x + t·x_stride); y: n rows of w.rows f32 (row t at
@@ -120,6 +124,12 @@ cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& i
 // TANDEM_MIXER_NORM_LAUNCH=1 (read once; settable for tests) keeps the norm's own launch.
 bool MixerNormLaunch();
 void SetMixerNormLaunch(bool on);
+
+// The backend's A/B switch for the fast mode's LM head (EnqueueHead): the head kernel's int16 form
+// (MatVecOptions::int16_x) unless TANDEM_HEAD_INT16=0 (read once; settable for tests). The exact
+// mode's head is always the f32 form.
+bool HeadInt16();
+void SetHeadInt16(bool on);
 
 }  // namespace tandem::cuda
 
