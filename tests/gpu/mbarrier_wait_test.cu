@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "gpu_service/backends/cuda/mbarrier.cuh"
-#include "gpu_service/backends/cuda/wgmma_f16.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -34,7 +33,7 @@ __global__ void WaitKernel(const float* src, float* out, int arrivals, int made,
   if (threadIdx.x == 0) {
     mbarrier::Init(bar_addr, static_cast<uint32_t>(arrivals));
     mbarrier::InitFence();
-    wgmma::FenceProxyAsync();  // data's zeros before the copy's writes (the async proxy's)
+    mbarrier::FenceProxyAsyncShared();  // data's zeros before the copy's writes (the async proxy's)
     if (bulk) {
       // One of the `made` arrivals, with the copy's bytes.
       mbarrier::BulkCopyRunToShared(static_cast<uint32_t>(__cvta_generic_to_shared(data)), src, kBytes, bar_addr);

@@ -104,6 +104,12 @@ __device__ __forceinline__ void StoreAsyncToEveryBlock(uint32_t dst, float v, ui
 // cluster: the init is visible to them.
 __device__ __forceinline__ void InitFence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
+// This thread's earlier shared-memory accesses (generic proxy) ordered before the bulk copies it
+// issues next (async proxy) into the same bytes: run it before a copy that overwrites shared memory
+// the block wrote or read. Plain sm_90 PTX, unlike wgmma::FenceProxyAsync (the same instruction,
+// trapping outside sm_90a with the rest of the wgmma helpers).
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // One arrival that also expects `bytes` of bulk copies to complete the phase (complete_tx).
 __device__ __forceinline__ void ArriveExpectTx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)

@@ -287,7 +287,7 @@ GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float
     // conv and the recurrence run. The cross-proxy fence orders the threads' earlier shared-memory
     // writes there before the copies' writes.
     if (tid == 0) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbarrier::FenceProxyAsyncShared();
       mbarrier::BulkCopyRunToShared(static_cast<uint32_t>(__cvta_generic_to_shared(out_sh + in_l.ring)), out_src,
                                     out_bytes(), out_bar_addr);
     }
