@@ -48,6 +48,31 @@ std::vector<uint8_t> RandomQ6Rows(std::mt19937& rng, int64_t rows, int64_t row_b
   return bytes;
 }
 
+// The shapes both head tests run: the LM head's (2048 -> 151936, what kAuto sends the kernel) and
+// small ones (rows not a multiple of its row groups, a 16-byte padded stride, fewer rows than warps).
+struct HeadShape {
+  int64_t rows, pad;
+};
+constexpr HeadShape kHeadShapes[] = {{151936, 0}, {1001, 16}, {37, 0}, {5, 16}};
+constexpr int64_t kHeadCols = 2048;
+
+// A random Q6_K matrix of a head shape (RandomQ6Rows), its bytes on the host and the device.
+struct Q6Matrix {
+  int64_t rows, row_bytes;
+  std::vector<uint8_t> bytes;
+  gpu_testing::DeviceArray<uint8_t> dev;
+  cuda::DeviceMatrix device() const {
+    return {static_cast<uint32_t>(WeightType::kQ6_K), dev.get(), kHeadCols, rows, row_bytes};
+  }
+  MatrixView host() const { return {WeightType::kQ6_K, bytes.data(), kHeadCols, rows, row_bytes}; }
+};
+Q6Matrix MakeQ6Matrix(std::mt19937& rng, const HeadShape& shape) {
+  Q6Matrix q{shape.rows, 1680 + shape.pad, {}, {}};
+  q.bytes = RandomQ6Rows(rng, q.rows, q.row_bytes);
+  q.dev = Upload(q.bytes);
+  return q;
+}
+
 // The one-row Q6_K head kernel (matvec_q6k_head.cuh, MatVecKernel::kQ6Head) at the LM head's shape
 // (2048 -> 151936, what kAuto sends it) and at small ones (rows not a multiple of its row groups,
 // a 16-byte padded stride, fewer rows than warps): every compiled variant, its default grid and
@@ -59,15 +84,11 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
-  struct Case {
-    int64_t rows, pad;
-  };
-  for (const Case c : {Case{151936, 0}, Case{1001, 16}, Case{37, 0}, Case{5, 16}}) {
-    const int64_t cols = 2048, natural = 1680, row_bytes = natural + c.pad;
-    const std::vector<uint8_t> bytes = RandomQ6Rows(rng, c.rows, row_bytes);
-    auto d_w = Upload(bytes);
-    const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, c.rows, row_bytes};
-    const MatrixView view{WeightType::kQ6_K, bytes.data(), cols, c.rows, row_bytes};
+  for (const HeadShape c : kHeadShapes) {
+    const int64_t cols = kHeadCols;
+    const Q6Matrix q = MakeQ6Matrix(rng, c);
+    const cuda::DeviceMatrix m = q.device();
+    const MatrixView view = q.host();
     const std::vector<float> x = Random(rng, static_cast<size_t>(cols));
     auto d_x = Upload(x);
     std::vector<float> want(static_cast<size_t>(c.rows));
@@ -174,15 +195,11 @@ TEST(GpuQ6Head, Int16FormWithinXRoundingOfReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
-  struct Case {
-    int64_t rows, pad;
-  };
-  for (const Case c : {Case{151936, 0}, Case{1001, 16}, Case{37, 0}, Case{5, 16}}) {
-    const int64_t cols = 2048, natural = 1680, row_bytes = natural + c.pad;
-    const std::vector<uint8_t> bytes = RandomQ6Rows(rng, c.rows, row_bytes);
-    auto d_w = Upload(bytes);
-    const cuda::DeviceMatrix m{static_cast<uint32_t>(WeightType::kQ6_K), d_w.get(), cols, c.rows, row_bytes};
-    const MatrixView view{WeightType::kQ6_K, bytes.data(), cols, c.rows, row_bytes};
+  for (const HeadShape c : kHeadShapes) {
+    const int64_t cols = kHeadCols;
+    const Q6Matrix q = MakeQ6Matrix(rng, c);
+    const cuda::DeviceMatrix m = q.device();
+    const MatrixView view = q.host();
     std::vector<float> x = Random(rng, static_cast<size_t>(cols));
     // Lane P's 64 columns: block P / 4, half (P / 2) % 2, 16 columns at 16 · (P % 2) + 32 g.
     auto lane_col = [](int P, int k) { return 256 * (P / 4) + 128 * ((P / 2) % 2) + 16 * (P % 2) + 32 * (k / 16) + k % 16; };

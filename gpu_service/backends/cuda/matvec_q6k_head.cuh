@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/dp2a.cuh"
 #include "gpu_service/backends/cuda/matvec_q6k_staged.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 
@@ -152,19 +153,6 @@ __device__ __forceinline__ float DotQ6PieceRegs(const Q6Piece& raw, int P, const
   return acc;
 }
 
-// d = c + a.lo16 · b.byte0 + a.hi16 · b.byte1 (hi: bytes 2 and 3): a two signed 16-bit values,
-// b unsigned bytes (the 6-bit values before their bias).
-__device__ __forceinline__ int Dp2aLoS16U8(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ int Dp2aHiS16U8(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
 // A lane's 64 activations (xr, DotQ6PieceRegs' order) as int16 pairs: xp[2k] holds elements 4k,
 // 4k + 1 and xp[2k + 1] elements 4k + 2, 4k + 3 of that order, round(x / scale) with scale =
 // max |x| / 32767 (0 when every x is 0, NaN when one is not finite, so that the row sums are NaN
@@ -217,8 +205,8 @@ __device__ __forceinline__ float DotQ6PieceI16(const Q6Piece& raw, int P, const 
       const uint32_t qh = raw.qh[i];
       const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
       const uint32_t q = low | (high & 0x30303030u);
-      s = Dp2aLoS16U8(x.xp[8 * g + 2 * i], q, s);
-      s = Dp2aHiS16U8(x.xp[8 * g + 2 * i + 1], q, s);
+      s = Dp2aLo(x.xp[8 * g + 2 * i], q, s);  // q's bytes are 0..63: the same as signed bytes
+      s = Dp2aHi(x.xp[8 * g + 2 * i + 1], q, s);
     }
     const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
     const uint32_t word = b < 4 ? raw.sc0 : raw.sc1;

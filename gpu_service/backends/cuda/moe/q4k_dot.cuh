@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/dequant.cuh"
+#include "gpu_service/backends/cuda/dp2a.cuh"
 
 namespace tandem::cuda::q4k {
 
@@ -169,19 +170,9 @@ __device__ __forceinline__ void DotSuperBlock(const uint8_t* const (&wsb)[kMats]
 // weight against ~2.5 for the f32 decode above, whose byte-to-float permutes and FMAs made the
 // one-token kernels issue-bound (moe/PERF_NOTES.md, the one-token probe).
 
-// dp2a without `volatile` (the CUDA header's intrinsics are volatile asm, which the compiler may
-// not reorder against other volatile asm): a 16-bit pair of `a` times bytes 0-1 (lo) or 2-3 (hi)
-// of `b`, plus c, signed.
-__device__ __forceinline__ int Dp2aLo(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ int Dp2aHi(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
+// dp2a.cuh's products, by their names here as before.
+using ::tandem::cuda::Dp2aHi;
+using ::tandem::cuda::Dp2aLo;
 
 // Two activations as one word of int16 (a in the low half) at inverse scale inv.
 __device__ __forceinline__ uint32_t PackI16(float a, float b, float inv) {
