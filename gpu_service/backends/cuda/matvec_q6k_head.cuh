@@ -137,11 +137,7 @@ __device__ __forceinline__ float DotQ6PieceRegs(const Q6Piece& raw, int P, const
     float part = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t src = (g & 1) ? raw.ql1[i] : raw.ql0[i];
-      const uint32_t low = (g >= 2 ? (src >> 4) : src) & 0x0F0F0F0Fu;
-      const uint32_t qh = raw.qh[i];
-      const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
-      const float4 q = BytesToFloat4<32>(low | (high & 0x30303030u));
+      const float4 q = BytesToFloat4<32>(Q6Word(raw, g, i));
       part = FmaQuad(q, xr[4 * g + i], part);
     }
     const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
@@ -200,11 +196,7 @@ __device__ __forceinline__ float DotQ6PieceI16(const Q6Piece& raw, int P, const 
     int s = -32 * x.sum16[g];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t src = (g & 1) ? raw.ql1[i] : raw.ql0[i];
-      const uint32_t low = (g >= 2 ? (src >> 4) : src) & 0x0F0F0F0Fu;
-      const uint32_t qh = raw.qh[i];
-      const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
-      const uint32_t q = low | (high & 0x30303030u);
+      const uint32_t q = Q6Word(raw, g, i);
       s = Dp2aLo(x.xp[8 * g + 2 * i], q, s);  // q's bytes are 0..63: the same as signed bytes
       s = Dp2aHi(x.xp[8 * g + 2 * i + 1], q, s);
     }

@@ -101,6 +101,16 @@ struct Q6Piece {
   uint32_t ql0[4], ql1[4], qh[4], sc0, sc1, d;
 };
 
+// The four 6-bit values (0..63, before their bias of 32) of word i of group g of a piece: the low
+// nibbles of ql0 (g 0, 2) or ql1 (g 1, 3), the upper nibbles for g >= 2, two high bits from qh.
+__device__ __forceinline__ uint32_t Q6Word(const Q6Piece& raw, int g, int i) {
+  const uint32_t src = (g & 1) ? raw.ql1[i] : raw.ql0[i];
+  const uint32_t low = (g >= 2 ? (src >> 4) : src) & 0x0F0F0F0Fu;
+  const uint32_t qh = raw.qh[i];
+  const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
+  return low | (high & 0x30303030u);
+}
+
 __device__ __forceinline__ void LoadQ6Piece(const uint8_t* row, int P, Q6Piece& r) {
   const uint8_t* blk = row + (P >> 2) * 210;
   const int h = (P >> 1) & 1, l0 = 16 * (P & 1);
@@ -132,11 +142,7 @@ __device__ __forceinline__ void DotQ6Piece(const Q6Piece (&raw)[kS], int P, cons
       for (int t = 0; t < kN; ++t) xv[t] = xs4[t * quads + slot];
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
-        const uint32_t src = (g & 1) ? raw[s].ql1[i] : raw[s].ql0[i];
-        const uint32_t low = (g >= 2 ? (src >> 4) : src) & 0x0F0F0F0Fu;
-        const uint32_t qh = raw[s].qh[i];
-        const uint32_t high = g == 0 ? (qh << 4) : g == 1 ? (qh << 2) : g == 2 ? qh : (qh >> 2);
-        const float4 q = BytesToFloat4<32>(low | (high & 0x30303030u));
+        const float4 q = BytesToFloat4<32>(Q6Word(raw[s], g, i));
 #pragma unroll
         for (int t = 0; t < kN; ++t) {
           part[s][t] = FmaQuad(q, xv[t], part[s][t]);
