@@ -8,7 +8,7 @@
 # Writes ab_80b.txt (ab_80b.sh's report) and sweep_80b.txt under $OUT.
 # Usage (device): scripts/device/sweep_80b.sh [ab_80b.sh's options and LABEL:ASSIGNMENTS ...]
 #   (passed on after this script's defaults: --rounds 2 --bench "--batches 1 --prefill 512
-#   --decode-steps 128"; ~12 configurations of ~13 s each a round on q3n-80b)
+#   --decode-steps 128"; ~13 configurations of ~13 s each a round on q3n-80b)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 # label:the other value of one switch (the defaults' comments in the code say what each does).
@@ -25,6 +25,7 @@ configs=(
   'moe-x-after-wait:TANDEM_ONE_TOKEN_X_EARLY=0'
   'norm-h-after-wait:TANDEM_OLD_NORM_EARLY_H=1'
   'gdn-state-after-wait:TANDEM_OLD_GDN_EARLY_STATE=1'
+  'head-f32:TANDEM_HEAD_INT16=0'
 )
 bash "$(dirname "$0")/ab_80b.sh" --rounds 2 --bench "--batches 1 --prefill 512 --decode-steps 128" "$@" \
   "${configs[@]}" > /dev/null 2>&1
