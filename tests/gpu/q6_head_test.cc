@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -73,6 +74,33 @@ Q6Matrix MakeQ6Matrix(std::mt19937& rng, const HeadShape& shape) {
   return q;
 }
 
+// One head shape's random matrix, a random activation row (`edit` may change it first) on the host
+// and the device, the CPU reference's product, and launches of the kernels on them.
+struct HeadCase {
+  HeadShape shape;
+  Q6Matrix q;
+  std::vector<float> x, want;
+  gpu_testing::DeviceArray<float> d_x;
+  // y through LaunchDenseMatVec with options o (x_dev: another device row of kHeadCols, else d_x).
+  std::vector<float> Run(const cuda::MatVecOptions& o, const float* x_dev = nullptr) const {
+    auto d_y = Poisoned<float>(static_cast<size_t>(shape.rows));
+    EXPECT_EQ(cuda::LaunchDenseMatVec(q.device(), x_dev != nullptr ? x_dev : d_x.get(), kHeadCols, 1, d_y.get(),
+                                      shape.rows, o, nullptr),
+              cudaSuccess);
+    return Download(d_y);
+  }
+  std::string Name() const { return "_r" + std::to_string(shape.rows) + "_pad" + std::to_string(shape.pad); }
+};
+HeadCase MakeHeadCase(std::mt19937& rng, const HeadShape& shape,
+                      const std::function<void(std::vector<float>&)>& edit = nullptr) {
+  HeadCase c{shape, MakeQ6Matrix(rng, shape), Random(rng, static_cast<size_t>(kHeadCols)), {}, {}};
+  if (edit) edit(c.x);
+  c.d_x = Upload(c.x);
+  c.want.resize(static_cast<size_t>(shape.rows));
+  MatMul(c.q.host(), c.x.data(), 1, c.want.data(), nullptr);
+  return c;
+}
+
 // The one-row Q6_K head kernel (matvec_q6k_head.cuh, MatVecKernel::kQ6Head) at the LM head's shape
 // (2048 -> 151936, what kAuto sends it) and at small ones (rows not a multiple of its row groups,
 // a 16-byte padded stride, fewer rows than warps): every compiled variant, its default grid and
@@ -85,21 +113,11 @@ TEST(GpuQ6Head, MatchesReferenceAndStagedBits) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
   for (const HeadShape c : kHeadShapes) {
-    const int64_t cols = kHeadCols;
-    const Q6Matrix q = MakeQ6Matrix(rng, c);
-    const cuda::DeviceMatrix m = q.device();
-    const MatrixView view = q.host();
-    const std::vector<float> x = Random(rng, static_cast<size_t>(cols));
-    auto d_x = Upload(x);
-    std::vector<float> want(static_cast<size_t>(c.rows));
-    MatMul(view, x.data(), 1, want.data(), nullptr);
-    auto run = [&](const cuda::MatVecOptions& o) {
-      auto d_y = Poisoned<float>(static_cast<size_t>(c.rows));
-      EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaSuccess);
-      return Download(d_y);
-    };
+    const HeadCase hc = MakeHeadCase(rng, c);
+    const std::vector<float>& want = hc.want;
+    auto run = [&](const cuda::MatVecOptions& o) { return hc.Run(o); };
     const std::vector<float> staged = run({K::kStaged, 0, 0});
-    const std::string shape = "_r" + std::to_string(c.rows) + "_pad" + std::to_string(c.pad);
+    const std::string shape = hc.Name();
     EXPECT_LE(gpu_testing::LogError("q6head_staged" + shape, RelL2(staged, want)), 1e-5);
     std::vector<std::pair<std::string, cuda::MatVecOptions>> runs;
     for (int v = 0; v < cuda::kMatVecHeadVariants; ++v) {
@@ -195,24 +213,23 @@ TEST(GpuQ6Head, Int16FormWithinXRoundingOfReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng = ::tandem::testing::SeededRng();
   using K = cuda::MatVecKernel;
+  // Lane P's 64 columns: block P / 4, half (P / 2) % 2, 16 columns at 16 · (P % 2) + 32 g.
+  auto lane_col = [](int P, int k) { return 256 * (P / 4) + 128 * ((P / 2) % 2) + 16 * (P % 2) + 32 * (k / 16) + k % 16; };
   for (const HeadShape c : kHeadShapes) {
+    const HeadCase hc = MakeHeadCase(rng, c, [&](std::vector<float>& x) {
+      for (int k = 0; k < 64; ++k) x[static_cast<size_t>(lane_col(5, k))] = 0.0f;  // lane 5's piece all zeros
+    });
     const int64_t cols = kHeadCols;
-    const Q6Matrix q = MakeQ6Matrix(rng, c);
-    const cuda::DeviceMatrix m = q.device();
-    const MatrixView view = q.host();
-    std::vector<float> x = Random(rng, static_cast<size_t>(cols));
-    // Lane P's 64 columns: block P / 4, half (P / 2) % 2, 16 columns at 16 · (P % 2) + 32 g.
-    auto lane_col = [](int P, int k) { return 256 * (P / 4) + 128 * ((P / 2) % 2) + 16 * (P % 2) + 32 * (k / 16) + k % 16; };
-    for (int k = 0; k < 64; ++k) x[static_cast<size_t>(lane_col(5, k))] = 0.0f;  // lane 5's piece all zeros
+    const cuda::DeviceMatrix m = hc.q.device();
+    const MatrixView view = hc.q.host();
+    const std::vector<float>& x = hc.x;
+    const std::vector<float>& want = hc.want;
     std::vector<double> step(static_cast<size_t>(cols));
     for (int P = 0; P < 32; ++P) {
       float amax = 0.0f;
       for (int k = 0; k < 64; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(lane_col(P, k))]));
       for (int k = 0; k < 64; ++k) step[static_cast<size_t>(lane_col(P, k))] = amax / 32767.0;
     }
-    auto d_x = Upload(x);
-    std::vector<float> want(static_cast<size_t>(c.rows));
-    MatMul(view, x.data(), 1, want.data(), nullptr);
     std::vector<double> bound(static_cast<size_t>(c.rows));
     std::vector<float> wr(static_cast<size_t>(cols));
     for (int64_t r = 0; r < c.rows; ++r) {
@@ -224,19 +241,13 @@ TEST(GpuQ6Head, Int16FormWithinXRoundingOfReference) {
       }
       bound[r] = rounding + 1e-5 * mag + 1e-30;
     }
-    auto run = [&](const cuda::MatVecOptions& o, const gpu_testing::DeviceArray<float>& in) {
-      auto d_y = Poisoned<float>(static_cast<size_t>(c.rows));
-      EXPECT_EQ(cuda::LaunchDenseMatVec(m, in.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaSuccess);
-      return Download(d_y);
-    };
-    const std::string shape = "_r" + std::to_string(c.rows) + "_pad" + std::to_string(c.pad);
-    cuda::MatVecOptions f32{K::kQ6Head};
-    const std::vector<float> plain = run(f32, d_x);
+    const std::string shape = hc.Name();
+    const std::vector<float> plain = hc.Run({K::kQ6Head});
     for (int v = 0; v < cuda::kMatVecHeadVariants; ++v) {
       for (int bps : {0, 1}) {
         cuda::MatVecOptions o{K::kQ6Head, 0, bps, v};
         o.int16_x = true;
-        const std::vector<float> got = run(o, d_x);
+        const std::vector<float> got = hc.Run(o);
         const std::string what = "q6head_i16_v" + std::to_string(v) + (bps ? "_b1" : "") + shape;
         ASSERT_EQ(got.size(), want.size());
         EXPECT_LE(gpu_testing::LogError(what, RelL2(got, want)), 1e-4) << what;
@@ -260,12 +271,12 @@ TEST(GpuQ6Head, Int16FormWithinXRoundingOfReference) {
       auto d_bad = Upload(bad);
       cuda::MatVecOptions o{K::kQ6Head};
       o.int16_x = true;
-      for (float y : run(o, d_bad)) EXPECT_TRUE(std::isnan(y)) << "a NaN in x gave a number";
+      for (float y : hc.Run(o, d_bad.get())) EXPECT_TRUE(std::isnan(y)) << "a NaN in x gave a number";
       // Refused: another kernel, two activation rows.
       auto d_y = Poisoned<float>(static_cast<size_t>(2 * c.rows));
       for (K k : {K::kAuto, K::kStaged, K::kStream}) {
         o.kernel = k;
-        EXPECT_EQ(cuda::LaunchDenseMatVec(m, d_x.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaErrorInvalidValue);
+        EXPECT_EQ(cuda::LaunchDenseMatVec(m, hc.d_x.get(), cols, 1, d_y.get(), c.rows, o, nullptr), cudaErrorInvalidValue);
       }
       o.kernel = K::kQ6Head;
       auto d_x2 = Upload(Random(rng, static_cast<size_t>(2 * cols)));
