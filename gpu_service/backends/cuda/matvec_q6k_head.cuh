@@ -140,10 +140,7 @@ __device__ __forceinline__ float DotQ6PieceRegs(const Q6Piece& raw, int P, const
       const float4 q = BytesToFloat4<32>(Q6Word(raw, g, i));
       part = FmaQuad(q, xr[4 * g + i], part);
     }
-    const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
-    const uint32_t word = b < 4 ? raw.sc0 : raw.sc1;
-    const int sc = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * (b & 3))));
-    const float scale = F16Bits(raw.d) * static_cast<float>(sc);
+    const float scale = F16Bits(raw.d) * static_cast<float>(Q6Scale(raw, P, g));
     acc = fmaf(scale, part, acc);
   }
   return acc;
@@ -200,10 +197,7 @@ __device__ __forceinline__ float DotQ6PieceI16(const Q6Piece& raw, int P, const 
       s = Dp2aLo(x.xp[8 * g + 2 * i], q, s);  // q's bytes are 0..63: the same as signed bytes
       s = Dp2aHi(x.xp[8 * g + 2 * i + 1], q, s);
     }
-    const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
-    const uint32_t word = b < 4 ? raw.sc0 : raw.sc1;
-    const int sc = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * (b & 3))));
-    acc += static_cast<float>(s * sc);
+    acc += static_cast<float>(s * Q6Scale(raw, P, g));
   }
   return acc;
 }

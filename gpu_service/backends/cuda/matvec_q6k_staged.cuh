@@ -111,6 +111,13 @@ __device__ __forceinline__ uint32_t Q6Word(const Q6Piece& raw, int g, int i) {
   return low | (high & 0x30303030u);
 }
 
+// Piece P's signed scale of group g (its 16 values): byte 8h + l0/16 + 2g of the block's scales.
+__device__ __forceinline__ int Q6Scale(const Q6Piece& raw, int P, int g) {
+  const int b = (P & 1) + 2 * g;
+  const uint32_t word = b < 4 ? raw.sc0 : raw.sc1;
+  return static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * (b & 3))));
+}
+
 __device__ __forceinline__ void LoadQ6Piece(const uint8_t* row, int P, Q6Piece& r) {
   const uint8_t* blk = row + (P >> 2) * 210;
   const int h = (P >> 1) & 1, l0 = 16 * (P & 1);
@@ -151,10 +158,7 @@ __device__ __forceinline__ void DotQ6Piece(const Q6Piece (&raw)[kS], int P, cons
     }
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
-      const int b = (P & 1) + 2 * g;  // scale byte 8h + l0/16 + 2g of the block
-      const uint32_t word = b < 4 ? raw[s].sc0 : raw[s].sc1;
-      const int sc = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * (b & 3))));
-      const float scale = F16Bits(raw[s].d) * static_cast<float>(sc);
+      const float scale = F16Bits(raw[s].d) * static_cast<float>(Q6Scale(raw[s], P, g));
 #pragma unroll
       for (int t = 0; t < kN; ++t) acc[s][t] = fmaf(scale, part[s][t], acc[s][t]);
     }

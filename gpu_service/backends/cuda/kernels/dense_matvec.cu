@@ -236,14 +236,11 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
 
 namespace {
 ProcessSwitch g_mixer_norm_launch{[] { return EnvSwitch("TANDEM_MIXER_NORM_LAUNCH"); }};
+ProcessSwitch g_head_int16{[] { return EnvSwitchDefaultOn("TANDEM_HEAD_INT16"); }};
 }  // namespace
 
 bool MixerNormLaunch() { return g_mixer_norm_launch.on(); }
 void SetMixerNormLaunch(bool on) { g_mixer_norm_launch.set(on); }
-
-namespace {
-ProcessSwitch g_head_int16{[] { return EnvSwitchDefaultOn("TANDEM_HEAD_INT16"); }};
-}  // namespace
 
 bool HeadInt16() { return g_head_int16.on(); }
 void SetHeadInt16(bool on) { g_head_int16.set(on); }
