@@ -1,6 +1,6 @@
 // The mbarrier phase waits (gpu_service/backends/cuda/mbarrier.cuh): WaitParity (CTA scope) and
 // WaitParityCluster return once the phase completes (arrivals, or a bulk copy's bytes), and a phase
-// that never completes makes WaitParityCluster trap after kClusterWaitTimeoutNs instead of hanging
+// that never completes makes WaitParityCluster trap after kSpinWaitTimeoutNs instead of hanging
 // the stream. The trap leaves the CUDA context unusable, so those cases run in a death-test child
 // (re-executed: "threadsafe"), whose launch must fail; a watchdog exits the child with another code
 // should the wait hang. (WaitParity at CTA scope has no timeout: mbarrier.cuh says why.)

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/cluster_barrier.cuh"
-#include "gpu_service/backends/cuda/global_timer.cuh"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda::mbarrier {
 
@@ -62,20 +62,13 @@ __device__ __forceinline__ void WaitParity(uint32_t bar, uint32_t parity) {
   }
 }
 
-// A wait on another block's pushes (StoreAsyncToCluster) longer than this is a bug (a byte count
-// that never completes): trap, failing the launch with an error, rather than hang the stream.
-constexpr unsigned long long kClusterWaitTimeoutNs = 2'000'000'000ull;
-
-// WaitParity<true> for phases that other blocks of the cluster complete: after a first try (the
-// path a step takes), the timer is read and the wait traps past kClusterWaitTimeoutNs. try_wait
-// itself suspends the thread for a while, so the loop does not spin hot. Tested by
-// tests/gpu/mbarrier_wait_test.cu.
+// WaitParity<true> for phases that other blocks of the cluster complete (their pushes,
+// StoreAsyncToCluster): a byte count that never completes would be a bug, so the wait traps past
+// kSpinWaitTimeoutNs (spin_wait.cuh), failing the launch with an error rather than hanging the
+// stream. try_wait itself suspends the thread for a while, so the loop does not sleep besides.
+// Tested by tests/gpu/mbarrier_wait_test.cu.
 __device__ __forceinline__ void WaitParityCluster(uint32_t bar, uint32_t parity) {
-  if (TryWaitParity<true>(bar, parity)) return;
-  const unsigned long long start = GlobalTimerNs();
-  while (!TryWaitParity<true>(bar, parity)) {
-    if (GlobalTimerNs() - start > kClusterWaitTimeoutNs) __trap();
-  }
+  SpinUntil<0>([&] { return TryWaitParity<true>(bar, parity); });
 }
 
 // Stores v into block `rank` of this cluster at the shared-memory address its block has for `dst`

@@ -12,11 +12,11 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -75,19 +75,12 @@ __device__ __forceinline__ float HeadRmsScale(float* sq_part, int head, int r, i
 
 // A value of the stacked product's rows: through L2 (another grid wrote it; this SM's L1 may hold
 // an earlier layer's row at the same address), or, with polled rows (GdnDecodeFusedArgs::
-// rows_polled), by device-scope relaxed loads until it is written. A value unwritten for
-// kRowPollTimeoutNs traps: a launch error, not a hang.
-constexpr unsigned long long kRowPollTimeoutNs = 2'000'000'000ull;
+// rows_polled), by device-scope relaxed loads until it is written. A value never written traps
+// (spin_wait.cuh): a launch error, not a hang.
 __device__ __forceinline__ float ReadRow(const float* p, bool polled) {
   if (!polled) return __ldcg(p);
-  unsigned bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p));
-  if (bits == kRowUnwrittenBits) {
-    const unsigned long long start = GlobalTimerNs();
-    while ((bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p))) == kRowUnwrittenBits) {
-      __nanosleep(32);
-      if (GlobalTimerNs() - start > kRowPollTimeoutNs) __trap();
-    }
-  }
+  unsigned bits;
+  SpinUntil<32>([&] { return (bits = LoadRelaxed(reinterpret_cast<const unsigned*>(p))) != kRowUnwrittenBits; });
   return __uint_as_float(bits);
 }
 

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/dot_quad.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_row.cuh"
@@ -17,6 +16,7 @@
 #include "gpu_service/backends/cuda/kernels/route_compose.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -107,21 +107,13 @@ __device__ __forceinline__ void NormRouteBlock(const float* H, int64_t h, const 
   }
 }
 
-// A spin longer than this is a bug (route blocks that never counted): trap rather than hang.
-constexpr unsigned long long kNormRouteWaitTimeoutNs = 2'000'000'000ull;
-
 // The norm's own block (block 0), before it rewrites H: waits until the launch's route blocks have
 // all read H (their count in route.h_reads), then takes their count back out for the next launch.
+// Route blocks that never counted would be a bug: the wait traps (spin_wait.cuh).
 __device__ __forceinline__ void NormRouteWaitForReads(const NormRoute& route) {
   if (threadIdx.x == 0) {
     const int blocks = static_cast<int>(gridDim.x) - 1;
-    if (LoadAcquire(route.h_reads) < blocks) {
-      const unsigned long long start = GlobalTimerNs();
-      while (LoadAcquire(route.h_reads) < blocks) {
-        __nanosleep(64);
-        if (GlobalTimerNs() - start > kNormRouteWaitTimeoutNs) __trap();
-      }
-    }
+    SpinUntil<64>([&] { return LoadAcquire(route.h_reads) >= blocks; });
     atomicSub(route.h_reads, blocks);
   }
   __syncthreads();

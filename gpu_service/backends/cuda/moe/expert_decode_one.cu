@@ -20,6 +20,7 @@
 #include "gpu_service/backends/cuda/moe/route_order.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/smem_limit.h"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -67,21 +68,13 @@ struct PhaseProbe {
   }
 };
 
-// A spin wait longer than this is a bug (a gate/up block that never counted): trap rather than hang.
-constexpr unsigned long long kPickWaitTimeoutNs = 2'000'000'000ull;
-
 // One warp waits until `need` gate/up blocks have counted themselves done in *count
 // (OneTokenMoeArgs::pick_counts); their act rows are then visible to every lane (lane 0's acquire,
 // then the warp barrier). Every gate/up block is resident or done by now (this grid started only
-// after each had passed its PDL wait), so the count completes.
+// after each had passed its PDL wait), so the count completes; one that never did would be a bug,
+// and the wait traps (spin_wait.cuh).
 __device__ __forceinline__ void WaitPickCount(const int* count, int need) {
-  if ((threadIdx.x & 31) == 0 && LoadAcquire(count) < need) {
-    const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(count) < need) {
-      __nanosleep(64);
-      if (GlobalTimerNs() - start > kPickWaitTimeoutNs) __trap();
-    }
-  }
+  if ((threadIdx.x & 31) == 0) SpinUntil<64>([&] { return LoadAcquire(count) >= need; });
   __syncwarp();
 }
 

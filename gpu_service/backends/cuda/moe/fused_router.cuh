@@ -9,19 +9,16 @@
 
 #include <cstdint>
 
-#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/dot_quad.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr int kFusedRouterWarps = 4;  // a block's warps (the fused kernel's)
-
-// A spin wait longer than this is a bug (router blocks that never counted): trap rather than hang.
-constexpr unsigned long long kRouterWaitTimeoutNs = 2'000'000'000ull;
 
 // A router row's float4s of one lane (lane + 32j, j < kRouterQuads: h <= 2048, FusedShapeOk).
 constexpr int kRouterQuads = 2048 / 4 / 32;
@@ -136,17 +133,12 @@ __device__ void RouterBlock(const OneTokenMoeArgs& a, const FusedRouter& rt) {
 }
 
 // An expert block's wait for the router blocks (one warp; then the warp barrier): the logits are
-// visible after the acquire that sees the count complete. ConsumeRouter (one thread, after the
+// visible after the acquire that sees the count complete (router blocks that never counted would
+// be a bug: the wait traps, spin_wait.cuh). ConsumeRouter (one thread, after the
 // block's wait and its reads of the logits): the last of the `expert_blocks` zeroes both counters
 // for the next launch.
 __device__ __forceinline__ void WaitRouterBlocks(const FusedRouter& rt) {
-  if ((threadIdx.x & 31) == 0 && LoadAcquire(rt.counters) < rt.blocks) {
-    const unsigned long long start = GlobalTimerNs();
-    while (LoadAcquire(rt.counters) < rt.blocks) {
-      __nanosleep(32);
-      if (GlobalTimerNs() - start > kRouterWaitTimeoutNs) __trap();
-    }
-  }
+  if ((threadIdx.x & 31) == 0) SpinUntil<32>([&] { return LoadAcquire(rt.counters) >= rt.blocks; });
   __syncwarp();
 }
 __device__ __forceinline__ void ConsumeRouter(const FusedRouter& rt, int expert_blocks) {

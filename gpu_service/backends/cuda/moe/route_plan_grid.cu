@@ -29,11 +29,11 @@
 #include <cuda/functional>
 
 #include "gpu_service/backends/cuda/env_switch.h"
-#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/load_acquire.cuh"
 #include "gpu_service/backends/cuda/moe/plan_units.cuh"
 #include "gpu_service/backends/cuda/moe/route_warp.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/spin_wait.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -50,7 +50,6 @@ static_assert(kMaskWords * 64 == kRoutePlanGridBlockTokens, "whole mask words");
 // scratch: [0] barrier arrivals, [1] barrier generation, [2, 4) unused, [4, 4 + E) totals, then
 // the E x G column counts / offsets.
 constexpr int kHeaderInts = 4;
-constexpr unsigned long long kBarrierTimeoutNs = 2000000000ull;
 
 using Scan = cub::BlockScan<int, kThreads>;
 
@@ -68,6 +67,7 @@ struct Shared {
 // Every block waits until all gridDim.x have arrived; global writes before the call are visible
 // to every block after it. words[0] counts arrivals (back to 0 when the barrier opens, so the
 // scratch needs no reset between launches), words[1] is the generation the last arrival bumps.
+// A block that never arrives (the grid not co-resident) makes the others' wait trap (spin_wait.cuh).
 __device__ void GridBarrier(unsigned* words) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -79,11 +79,7 @@ __device__ void GridBarrier(unsigned* words) {
       __threadfence();
       atomicAdd(words + 1, 1u);
     } else {
-      const unsigned long long start = GlobalTimerNs();
-      while (LoadAcquire(words + 1) == gen) {
-        __nanosleep(100);
-        if (GlobalTimerNs() - start > kBarrierTimeoutNs) __trap();  // a block never came: not co-resident
-      }
+      SpinUntil<100>([&] { return LoadAcquire(words + 1) != gen; });
     }
     __threadfence();
   }
