@@ -377,12 +377,7 @@ inline constexpr size_t kMaxFastShared = 160 * 1024;
 // Shared memory of a launch with activation-row bucket n_bucket (1, 2, 4, 8).
 template <class F>
 inline size_t SharedBytesFor(int n_bucket, int cols) {
-  switch (n_bucket) {
-    case 1: return SharedBytes<F, 1>(cols);
-    case 2: return SharedBytes<F, 2>(cols);
-    case 4: return SharedBytes<F, 4>(cols);
-    default: return SharedBytes<F, 8>(cols);
-  }
+  return ForRowBucket(n_bucket, [cols](auto rows) { return SharedBytes<F, rows.value>(cols); });
 }
 
 // Dense y = W·x through the fast kernel: the activation-row bucket is the smallest of 1, 2, 4, 8

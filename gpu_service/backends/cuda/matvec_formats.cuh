@@ -118,9 +118,10 @@ inline int RowBucket(int n, size_t limit, SharedBytes shared_bytes) {
 }
 
 // launch(std::integral_constant<int, B>{}) for the row bucket B (1, 2, 4 or 8) RowBucket chose: the
-// one switch from a run-time bucket to the kernels' compile-time row count.
+// one switch from a run-time bucket to the kernels' compile-time row count (a launch's error, or
+// what a bucket's shared memory takes).
 template <class Launch>
-inline cudaError_t ForRowBucket(int bucket, Launch&& launch) {
+inline auto ForRowBucket(int bucket, Launch&& launch) {
   switch (bucket) {
     case 1: return launch(std::integral_constant<int, 1>{});
     case 2: return launch(std::integral_constant<int, 2>{});

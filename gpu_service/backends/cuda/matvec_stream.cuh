@@ -489,12 +489,7 @@ cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
 
 template <class F>
 inline size_t StreamSharedBytesFor(int n_bucket, int cols) {
-  switch (n_bucket) {
-    case 1: return StreamSharedBytes<F, 1>(cols);
-    case 2: return StreamSharedBytes<F, 2>(cols);
-    case 4: return StreamSharedBytes<F, 4>(cols);
-    default: return StreamSharedBytes<F, 8>(cols);
-  }
+  return ForRowBucket(n_bucket, [cols](auto rows) { return StreamSharedBytes<F, rows.value>(cols); });
 }
 
 // True when the streaming kernel takes this matrix: the format's row alignment holds for the
