@@ -2,12 +2,23 @@
 # probe_80b.sh): the repository root (made the working directory), the bundle
 # (BUNDLE, default .device-bundle), the output folder (OUT, default device-out; created), the
 # bundle's libraries on the loader path, and where the q3n-80b model is or a new one goes.
+# TANDEM_REQUIRE_GPU=TEXT (say H200): the script stops at once, with status 3, unless the first
+# GPU's name contains TEXT, so that a call meant for one card costs nothing when another is lent.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 bundle=${BUNDLE:-$root/.device-bundle}
 out=${OUT:-$root/device-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+
+if [ -n "${TANDEM_REQUIRE_GPU:-}" ]; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu_name" in
+    *"$TANDEM_REQUIRE_GPU"*) ;;
+    *) echo "$(basename "$0"): the GPU is '${gpu_name:-none found}', not the $TANDEM_REQUIRE_GPU that TANDEM_REQUIRE_GPU asks for; stopping" >&2
+       exit 3 ;;
+  esac
+fi
 
 # GB free in /dev/shm (empty when df cannot tell).
 shm_free_gb() { df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9; }
