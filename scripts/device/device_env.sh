@@ -3,7 +3,7 @@
 # (BUNDLE, default .device-bundle), the output folder (OUT, default device-out; created), the
 # bundle's libraries on the loader path, and where the q3n-80b model is or a new one goes.
 # TANDEM_REQUIRE_GPU=TEXT (say H200): the script stops at once, with status 3, unless the first
-# GPU's name contains TEXT, so that a call meant for one card costs nothing when another is lent.
+# GPU's name contains TEXT, so that a call meant for one card ends in seconds when another is lent.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 bundle=${BUNDLE:-$root/.device-bundle}
