@@ -11,8 +11,11 @@ out=${OUT:-$root/device-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
 
+# The first GPU's name (empty when nvidia-smi cannot tell).
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1; }
+
 if [ -n "${TANDEM_REQUIRE_GPU:-}" ]; then
-  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  gpu_name=$(gpu_name)
   case "$gpu_name" in
     *"$TANDEM_REQUIRE_GPU"*) ;;
     *) echo "$(basename "$0"): the GPU is '${gpu_name:-none found}', not the $TANDEM_REQUIRE_GPU that TANDEM_REQUIRE_GPU asks for; stopping" >&2

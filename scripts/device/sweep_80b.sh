@@ -34,7 +34,7 @@ report=$out/sweep_80b.txt
   # ab_80b.txt: its header (commit, flags), "LABEL round R: ..." per run, then the summary's lines
   # of label, case and median tokens/s.
   head -1 "$out/ab_80b.txt" | sed 's/^# ab_80b/# sweep_80b/'
-  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1
+  gpu_name
   awk '/^## median/ { summary = 1; next }
        !summary && $2 == "round" && !($1 in seen) { seen[$1] = 1; order[++n] = $1 }
        summary && $2 == "decode" && $3 == "batch" && $4 == "1" { v[$1] = $5 }
