@@ -365,6 +365,9 @@ class CudaBackend::Impl {
   // Whether AttnOutProduct splits layer w's o product by columns into its row of mixer_out_y (fast
   // one-token steps) rather than writing y.
   bool AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) const;
+  // The matrix AttnOutProduct's column-split product reads (w.o_route when the step routes through
+  // it, else w.o); null unless AttnOutByColumns(w, T).
+  const cuda::DeviceMatrix* AttnOutMatrix(const cuda::GpuLayer& w, int64_t T) const;
   // With selection_sink: waits for the step's block selections of layer (sel_blocks, sel_counts)
   // and writes them into (*selection_sink)[layer] without each token's own block.
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);

@@ -321,19 +321,24 @@ bool CudaBackend::Impl::AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) con
   return T == 1 && mixer_out_step && cuda::AttnOutColumnSplit() && cuda::ColumnSplitMatVecFits(w.o);
 }
 
+const cuda::DeviceMatrix* CudaBackend::Impl::AttnOutMatrix(const cuda::GpuLayer& w, int64_t T) const {
+  if (!AttnOutByColumns(w, T)) return nullptr;
+  // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
+  const bool with_route = RouteThroughOutFor(w, T, mixer_out_y).has_value() && cuda::ColumnSplitMatVecFits(w.o_route);
+  return with_route ? &w.o_route : &w.o;
+}
+
 // Attention's output product: for a fast one-token step the column-split product into the layer's
 // row of mixer_out_y (zeroed by EnqueueForward; dense_colsplit.cuh), else into y.
 absl::Status CudaBackend::Impl::AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T) {
-  if (AttnOutByColumns(w, T)) {
+  if (const cuda::DeviceMatrix* m = AttnOutMatrix(w, T); m != nullptr) {
     float* out = mixer_out_y + layer * mixer_out_stride;
     mixer_y = out;
-    // o's rows and the router's after them (GpuLayer::o_route) when this step routes through them.
-    route_parts = RouteThroughOutFor(w, T, out);
-    const bool with_route = route_parts.has_value() && cuda::ColumnSplitMatVecFits(w.o_route);
-    if (!with_route) route_parts.reset();
+    const bool with_route = m == &w.o_route;
+    route_parts = with_route ? RouteThroughOutFor(w, T, out) : std::nullopt;
     const cuda::AttnDeferredMerge merge = attn_merge;
     attn_merge = cuda::AttnDeferredMerge{};
-    return Launch(cuda::LaunchColumnSplitMatVec(with_route ? w.o_route : w.o, ao, out, stream.get(), &merge),
+    return Launch(cuda::LaunchColumnSplitMatVec(*m, ao, out, stream.get(), &merge),
                   with_route ? "attention output and routing parts (column split)" : "attention output (column split)");
   }
   if (attn_merge.splits > 0) return absl::InternalError("attention left its merge to a row-split o product");
@@ -466,8 +471,13 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     // The merge of a one-token step's slices left to the column-split o product
     // (TANDEM_ATTN_MERGE_IN_OUT, attention.cuh).
     cuda::AttnDeferredMerge* defer = AttnOutByColumns(w, T) && cuda::AttnMergeInOut() ? &attn_merge : nullptr;
+    // o's weights asked into L2 by the attention's idle slice blocks (attention.cuh).
+    cuda::AttnL2Ahead ahead;
+    if (const cuda::DeviceMatrix* m = AttnOutMatrix(w, T); m != nullptr && cuda::AttnOutL2Ahead()) {
+      ahead = cuda::AttnL2Ahead{m->data, m->rows * m->row_bytes};
+    }
     if (absl::Status s = Launch(cuda::LaunchAttention(q, qg_rows, T, shape, plan.attn, items_dev(), seq_dev(),
-                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride, defer),
+                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride, defer, ahead),
                                 "attention");
         !s.ok()) {
       return s;
