@@ -17,6 +17,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
@@ -283,6 +284,20 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
                                        /*same_values=*/true);
   cuda::SetAttnShortKeys(was_short);
   cuda::SetAttnMergeInOut(was);
+}
+
+// Attention and its o product in one launch at one-token steps (cuda::SetAttnOutFused,
+// attention_out_fused.cuh: a cluster per query head splits the context, merges its slices through
+// distributed shared memory and runs the column-split product) against the split attention and the
+// column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
+// layers (one attention layer, ~5 GB); the decode contexts (prompts of 17 tokens and more, then 8
+// steps) are under kAttnOutFusedMaxKeys.
+TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnOutFused();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "attention and o in one launch",
+                                       [](bool on) { cuda::SetAttnOutFused(on); }, /*deterministic=*/false);
+  cuda::SetAttnOutFused(was);
 }
 
 }  // namespace

@@ -368,6 +368,9 @@ class CudaBackend::Impl {
   // The matrix AttnOutProduct's column-split product reads (w.o_route when the step routes through
   // it, else w.o); null unless AttnOutByColumns(w, T).
   const cuda::DeviceMatrix* AttnOutMatrix(const cuda::GpuLayer& w, int64_t T) const;
+  // Whether a step's attention layers run attention and o as one launch (attention_out_fused.cuh):
+  // one token, the switch on, the context at most kAttnOutFusedMaxKeys. Part of the graph key.
+  bool AttnOutFusedStep(const StepPlan& plan) const;
   // With selection_sink: waits for the step's block selections of layer (sel_blocks, sel_counts)
   // and writes them into (*selection_sink)[layer] without each token's own block.
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);

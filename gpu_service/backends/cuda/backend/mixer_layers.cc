@@ -16,6 +16,7 @@
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
@@ -465,6 +466,16 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
                                 "q/k norm rope + kv append");
         !s.ok()) {
       return s;
+    }
+  }
+  if (!d.has_indexer() && AttnOutFusedStep(plan)) {
+    const cuda::DeviceMatrix* m = AttnOutMatrix(w, T);
+    if (m != nullptr && cuda::AttentionOutFusedFits(shape, *m)) {
+      float* out = mixer_out_y + layer * mixer_out_stride;
+      mixer_y = out;
+      route_parts = m == &w.o_route ? RouteThroughOutFor(w, T, out) : std::nullopt;
+      return Launch(cuda::LaunchAttentionOutFused(q, qg_rows, qg_stride, shape, seq_dev(), pos_dev(), cache, *m, out, st),
+                    "attention and output product (fused)");
     }
   }
   if (!d.has_indexer()) {

@@ -194,8 +194,8 @@ ProcessSwitch g_attn_merge_in_block{[] { return EnvSwitch("TANDEM_ATTN_MERGE_IN_
 // On by default: +1.7% batch-1 decode on q3n-80b (docs/PERF.md, thirty-first session).
 ProcessSwitch g_attn_merge_in_out{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_OUT"); }};
 
-// On by default: docs/PERF.md, sixtieth session.
-ProcessSwitch g_attn_out_l2_ahead{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_O_AHEAD"); }};
+// Off by default: -1.3% batch-1 decode on an H100 (docs/PERF.md, sixtieth session).
+ProcessSwitch g_attn_out_l2_ahead{[] { return EnvSwitch("TANDEM_ATTN_O_AHEAD"); }};
 
 ProcessSwitch g_old_attn_early_kv{[] { return EnvSwitch("TANDEM_OLD_ATTN_EARLY_KV"); }};
 

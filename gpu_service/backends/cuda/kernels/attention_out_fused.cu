@@ -1,0 +1,281 @@
+// One-token decode attention and its output product in one launch (attention_out_fused.cuh).
+//
+// Block (h, c) of a cluster of eight along y, 256 threads:
+//   before the PDL wait: o's rows of column super-block h in row slice c into shared memory (16-byte
+//     cp.async, as ColumnSplitKernel), the cluster's push barrier, and the cached keys and values of
+//     the first pass (positions before the token's own, appended by earlier steps) into registers;
+//   after it: q's head h and its gate, the token's own key and value (the prep's append), then each
+//     warp's keys four at a time (lane l: dims 8l .. 8l + 7) with an online softmax; the block's
+//     warps merged in shared memory; the block's (max, sum, 256 sums) pushed into every block of the
+//     cluster (st.async on an mbarrier: no cluster barrier with release, which would wait for the
+//     row copies); every block merges the eight slices, gates, and runs the column product.
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
+
+#include <cooperative_groups.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/cp_async.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
+#include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
+#include "gpu_service/backends/cuda/mbarrier.cuh"
+#include "gpu_service/backends/cuda/pdl.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kHd = 256;          // one head = one super-block of o's columns
+constexpr int kThreads = 256;     // thread t: dim t in the merges, column t in the product
+constexpr int kWarps = kThreads / 32;
+constexpr int kSlices = 8;        // the cluster's blocks: context slices of one head
+constexpr int kPer = kHd / 32;    // dims a lane
+constexpr int kWarpKeys = 4;      // keys a warp a pass
+constexpr int kPassKeys = kWarps * kWarpKeys;
+constexpr int kMaxRowsPerBlock = 640;
+static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
+
+struct FusedArgs {
+  const float* q;
+  const float* qg;
+  int64_t qg_stride;
+  int nh, kvh;
+  const int32_t* token_seq;
+  const int32_t* token_pos;
+  PagedKv cache;
+  const uint8_t* w;
+  int64_t row_bytes;
+  int rows_per_block;
+  float* y;
+};
+
+// The warps' and the cluster's partial results (static shared memory: the same address in every
+// block, which the pushes need).
+struct MergeArea {
+  float wm[kWarps], wl[kWarps];
+  __align__(16) float wacc[kWarps][kHd];
+  float pm[kSlices], pl[kSlices];
+  __align__(16) float pacc[kSlices][kHd];
+};
+constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
+
+// This lane's 8 dims of the key and value at cache position `key` (through L2: other launches wrote
+// them, and a reused page may sit in this SM's L1 from before).
+__device__ __forceinline__ void LoadKeyValue(const PagedKv& c, int32_t seq, int64_t key, int kvw, int col,
+                                             float4 (&k)[2], float4 (&v)[2]) {
+  const int64_t off = CacheOffset(c, seq, key, kvw) + col;
+  k[0] = __ldcg(reinterpret_cast<const float4*>(c.k + off));
+  k[1] = __ldcg(reinterpret_cast<const float4*>(c.k + off + 4));
+  v[0] = __ldcg(reinterpret_cast<const float4*>(c.v + off));
+  v[1] = __ldcg(reinterpret_cast<const float4*>(c.v + off + 4));
+}
+
+__device__ __forceinline__ float Dot8(const float (&q)[kPer], const float4 (&k)[2]) {
+  float d = q[0] * k[0].x;
+  d = fmaf(q[1], k[0].y, d);
+  d = fmaf(q[2], k[0].z, d);
+  d = fmaf(q[3], k[0].w, d);
+  d = fmaf(q[4], k[1].x, d);
+  d = fmaf(q[5], k[1].y, d);
+  d = fmaf(q[6], k[1].z, d);
+  return fmaf(q[7], k[1].w, d);
+}
+
+__device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const float4 (&v)[2]) {
+  acc[0] = fmaf(p, v[0].x, acc[0]);
+  acc[1] = fmaf(p, v[0].y, acc[1]);
+  acc[2] = fmaf(p, v[0].z, acc[2]);
+  acc[3] = fmaf(p, v[0].w, acc[3]);
+  acc[4] = fmaf(p, v[1].x, acc[4]);
+  acc[5] = fmaf(p, v[1].y, acc[5]);
+  acc[6] = fmaf(p, v[1].z, acc[6]);
+  acc[7] = fmaf(p, v[1].w, acc[7]);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const FusedArgs a) {
+  namespace cg = cooperative_groups;
+  extern __shared__ __align__(16) uint8_t sh[];
+  __shared__ MergeArea area;
+  __shared__ __align__(8) uint64_t push_bar;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head = blockIdx.x;
+  const int rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int row0 = rank * a.rows_per_block;
+  // o's rows (constants) first, overlapping the kernels before.
+  CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)),
+                           a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes,
+                           a.row_bytes, a.rows_per_block, tid);
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
+  mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);
+  // The step's sequence and position come from the host (copied before the step): read before the
+  // wait, as are the keys and values of earlier positions (earlier steps' appends).
+  const int32_t seq = a.token_seq[0];
+  const int64_t pos = a.token_pos[0], ctx = pos + 1;
+  const int64_t chunk = (ctx + kSlices - 1) / kSlices;
+  const int64_t begin = rank * chunk, end = ctx < begin + chunk ? ctx : begin + chunk;
+  const int kvw = a.kvh * kHd, col = (head / (a.nh / a.kvh)) * kHd + lane * kPer;
+  const int64_t first = begin + warp * kWarpKeys;
+  float4 kr[kWarpKeys][2], vr[kWarpKeys][2];
+#pragma unroll
+  for (int k = 0; k < kWarpKeys; ++k) {
+    const int64_t key = first + k;
+    if (key < end && key < pos) {
+      LoadKeyValue(a.cache, seq, key, kvw, col, kr[k], vr[k]);
+    } else {
+      kr[k][0] = kr[k][1] = vr[k][0] = vr[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
+  PdlAllowNext();
+  float q[kPer];
+  {
+    const float* qh = a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
+    const float4 q0 = __ldcg(reinterpret_cast<const float4*>(qh)), q1 = __ldcg(reinterpret_cast<const float4*>(qh + 4));
+    const float scale = rsqrtf(static_cast<float>(kHd));
+    q[0] = q0.x * scale;
+    q[1] = q0.y * scale;
+    q[2] = q0.z * scale;
+    q[3] = q0.w * scale;
+    q[4] = q1.x * scale;
+    q[5] = q1.y * scale;
+    q[6] = q1.z * scale;
+    q[7] = q1.w * scale;
+  }
+  const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
+#pragma unroll
+  for (int k = 0; k < kWarpKeys; ++k) {
+    if (first + k == pos && pos < end) LoadKeyValue(a.cache, seq, pos, kvw, col, kr[k], vr[k]);
+  }
+  // The warp's keys, four a pass; the first pass's rows are loaded above.
+  float m = -INFINITY, l = 0.0f, acc[kPer] = {};
+  for (int64_t base = first; base < end; base += kPassKeys) {
+    if (base != first) {
+#pragma unroll
+      for (int k = 0; k < kWarpKeys; ++k) {
+        if (base + k < end) LoadKeyValue(a.cache, seq, base + k, kvw, col, kr[k], vr[k]);
+      }
+    }
+    float s[kWarpKeys];
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) s[k] = Dot8(q, kr[k]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int k = 0; k < kWarpKeys; ++k) s[k] += __shfl_xor_sync(0xFFFFFFFFu, s[k], o);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      if (base + k >= end) s[k] = -INFINITY;
+      mx = fmaxf(mx, s[k]);
+    }
+    const float m_new = fmaxf(m, mx);  // finite: key `base` is in the slice
+    const float corr = expf(m - m_new);  // 0 on the first pass
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] *= corr;
+#pragma unroll
+    for (int k = 0; k < kWarpKeys; ++k) {
+      const float p = expf(s[k] - m_new);  // 0 past the slice
+      l += p;
+      AddScaled(acc, p, vr[k]);
+    }
+    m = m_new;
+  }
+  // The block's warps merged: thread t takes dim t.
+  if (lane == 0) {
+    area.wm[warp] = m;
+    area.wl[warp] = l;
+  }
+  *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  __syncthreads();
+  float mb = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, area.wm[w]);
+  float ab = 0.0f, lb = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float f = area.wm[w] == -INFINITY ? 0.0f : expf(area.wm[w] - mb);
+    ab = fmaf(f, area.wacc[w][tid], ab);
+    lb = fmaf(f, area.wl[w], lb);
+  }
+  // Into every block of the cluster: this slice's sums, max and total.
+  mbarrier::StoreAsyncToEveryBlock<kSlices>(
+      static_cast<uint32_t>(__cvta_generic_to_shared(&area.pacc[rank][tid])), ab, bar);
+  if (tid == 0) {
+    mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pm[rank])), mb, bar);
+    mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pl[rank])), lb, bar);
+  }
+  mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
+  float mm = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kSlices; ++c) mm = fmaxf(mm, area.pm[c]);  // finite: slice 0 holds key 0
+  float at = 0.0f, lt = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kSlices; ++c) {
+    const float f = area.pm[c] == -INFINITY ? 0.0f : expf(area.pm[c] - mm);
+    at = fmaf(f, area.pacc[c][tid], at);
+    lt = fmaf(f, area.pl[c], lt);
+  }
+  const float xv = at / lt * SigmoidF(gate);
+  // The column-split product's last part (dense_colsplit.cu's ColumnSplitKernel).
+  int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
+  float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
+  QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
+  CpAsyncWait<0>();
+  __syncthreads();
+  for (int row = tid; row < a.rows_per_block; row += kThreads) {
+    atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
+  }
+}
+
+ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
+
+}  // namespace
+
+bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w) {
+  return d.hd == kHd && d.nh > 0 && d.kvh > 0 && d.nh % d.kvh == 0 && d.nh <= 65535 && Q8_0x8RowsAligned(w) &&
+         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && w.rows % kSlices == 0 &&
+         w.rows / kSlices <= kMaxRowsPerBlock;
+}
+
+cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
+                                    const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
+                                    const DeviceMatrix& w, float* y, cudaStream_t stream) {
+  if (!AttentionOutFusedFits(d, w)) return cudaErrorNotSupported;
+  if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * kHd;
+  if (q == nullptr || qg == nullptr || token_seq == nullptr || token_pos == nullptr || cache.k == nullptr ||
+      cache.v == nullptr || cache.page_table == nullptr || y == nullptr || qg_stride < static_cast<int64_t>(d.nh) * 2 * kHd) {
+    return cudaErrorInvalidValue;
+  }
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(AttentionOutFusedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)));
+  if (attr != cudaSuccess) return attr;
+  const int rpb = static_cast<int>(w.rows / kSlices);
+  const FusedArgs args{q,     qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
+                       w.row_bytes, rpb, y};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(d.nh), kSlices);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = ColumnSharedBytes(rpb);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 1;
+  attribute[0].val.clusterDim.y = kSlices;
+  attribute[0].val.clusterDim.z = 1;
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 2;
+  return cudaLaunchKernelEx(&config, AttentionOutFusedKernel, args);
+}
+
+bool AttnOutFused() { return g_attn_out_fused.on(); }
+void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
+
+}  // namespace tandem::cuda

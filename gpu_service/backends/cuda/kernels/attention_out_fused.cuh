@@ -1,0 +1,60 @@
+// One-token decode attention and its output product in one launch (fast mode, batch 1, hd 256).
+//
+// The split path runs an attention layer's mixer after its q/k prep as two launches: the split
+// attention (132 blocks of one SM each, partials to global memory) and the column-split o product
+// (dense_colsplit.cuh), which waits for the whole attention grid, merges the slices from L2 and
+// only then multiplies (~14 us of an attention layer on q3n-80b shapes for a few KB of keys;
+// docs/PERF.md). Here the o product's own grid does the attention: block (h, c) of a cluster of
+// eight (c = 0..7 along y) attends query head h over context slice c, the cluster merges its eight
+// slices through distributed shared memory (st.async pushes, no grid boundary), and every block
+// multiplies the head's 256 gated outputs by its 1/8 of o's rows of column super-block h, which it
+// copied into shared memory before its PDL wait: the column-split product's layout and arithmetic
+// (q8x8_columns.cuh), so x in int16 and one atomic addition a row.
+//
+// A slice's keys are walked in registers (a warp four keys at a time, lanes holding 8 dims), so the
+// kernel suits short contexts: the backend uses it up to kAttnOutFusedMaxKeys keys and the split
+// path beyond. Not bit-identical to the split path (the keys' sums are split differently; f32
+// throughout); within 1e-4 relative L2 of it on o's output in the tests.
+#ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
+#define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu_service/backends/cuda/device_matrix.h"
+#include "gpu_service/backends/cuda/kernels/attention.cuh"
+
+namespace tandem::cuda {
+
+// The longest context (keys, the token's own included) the backend sends to the fused kernel; a
+// step past it takes the split path (a graph of its own: the backend's graph key carries the side).
+inline constexpr int64_t kAttnOutFusedMaxKeys = 512;
+
+// Whether LaunchAttentionOutFused takes this shape and matrix: hd 256 (a head is one Q8_0x8
+// super-block of o's columns), w Q8_0x8 with 16-byte aligned rows, nh · 256 columns, and rows a
+// multiple of 8 of at most 8 · 640.
+bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w);
+
+// y[r] += Σ_c w[r][c] · attn[c] for every row r of w, where attn (nh · hd values) is the gated
+// attention output of one token: q (nh · hd, normed and roped, unscaled) against the cached keys
+// and values of sequence token_seq[0] at positions 0 .. token_pos[0] (the token's own appended
+// before this launch), times σ of the gate half of qg's row 0 (qg_stride floats a row; 0: nh · 2hd).
+// Every per-step value (sequence, position, page table, q, qg, the cache) is read on the device, so
+// a captured graph replays at every context. y must be zeroed (or hold the sum to add to) before.
+// cudaErrorNotSupported when AttentionOutFusedFits is false; cudaErrorInvalidValue for null
+// pointers or a qg_stride below nh · 2hd.
+cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
+                                    const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
+                                    const DeviceMatrix& w, float* y, cudaStream_t stream);
+
+// Whether the backend's one-token attention layers (fast mode, o by columns) run attention and o as
+// this one launch while the context is at most kAttnOutFusedMaxKeys. TANDEM_ATTN_OUT_FUSED=0 keeps
+// the split attention and the column-split product (read once; settable; read when a step is
+// enqueued and when its graph key is formed).
+bool AttnOutFused();
+void SetAttnOutFused(bool on);
+
+}  // namespace tandem::cuda
+
+#endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
