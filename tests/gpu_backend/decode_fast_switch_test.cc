@@ -295,8 +295,12 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
 TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const bool was = cuda::AttnOutFused();
+  const uint64_t launches = cuda::AttentionOutFusedLaunches();
   ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "attention and o in one launch",
                                        [](bool on) { cuda::SetAttnOutFused(on); }, /*deterministic=*/false);
+  printf("fused attention + o launches: %llu\n",
+         static_cast<unsigned long long>(cuda::AttentionOutFusedLaunches() - launches));
+  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
   cuda::SetAttnOutFused(was);
 }
 

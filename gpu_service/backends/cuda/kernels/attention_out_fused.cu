@@ -13,6 +13,8 @@
 
 #include <cooperative_groups.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -49,6 +51,7 @@ struct FusedArgs {
   int64_t row_bytes;
   int rows_per_block;
   float* y;
+  bool bulk_rows;  // o's rows by one bulk copy each (the copy engine) rather than 16-byte cp.async
 };
 
 // The warps' and the cluster's partial results (static shared memory: the same address in every
@@ -98,17 +101,30 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
   namespace cg = cooperative_groups;
   extern __shared__ __align__(16) uint8_t sh[];
   __shared__ MergeArea area;
-  __shared__ __align__(8) uint64_t push_bar;
+  __shared__ __align__(8) uint64_t push_bar, rows_bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
   const int rank = static_cast<int>(cg::this_cluster().block_rank());
   const int row0 = rank * a.rows_per_block;
   // o's rows (constants) first, overlapping the kernels before.
-  CopyColumnRows<kThreads>(static_cast<uint32_t>(__cvta_generic_to_shared(sh)),
-                           a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes,
-                           a.row_bytes, a.rows_per_block, tid);
+  const uint32_t rows_sh = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
+  const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
+  const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
+  if (!a.bulk_rows) {
+    CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
+  } else if (tid == 0) {
+    mbarrier::Init(rows_bar_addr, 1);
+    mbarrier::InitFence();
+    mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
+  }
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
-  mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);
+  mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);  // (a cluster barrier: rows_bar's init seen)
+  if (a.bulk_rows) {
+    for (int row = tid; row < a.rows_per_block; row += kThreads) {
+      mbarrier::BulkCopyToShared(rows_sh + static_cast<uint32_t>(row * kColumnSuperBytes), rows_src + row * a.row_bytes,
+                                 kColumnSuperBytes, rows_bar_addr);
+    }
+  }
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
@@ -225,12 +241,22 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  CpAsyncWait<0>();
+  if (a.bulk_rows) {
+    mbarrier::WaitParity(rows_bar_addr, 0);
+  } else {
+    CpAsyncWait<0>();
+  }
   __syncthreads();
   for (int row = tid; row < a.rows_per_block; row += kThreads) {
     atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
   }
 }
+
+std::atomic<uint64_t> g_fused_launches{0};
+
+// A/B switches of the sixtieth session (docs/PERF.md): o's rows by bulk copies; one block an SM.
+ProcessSwitch g_fused_bulk_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_BULK"); }};
+ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
@@ -256,12 +282,13 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
                            static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)));
   if (attr != cudaSuccess) return attr;
   const int rpb = static_cast<int>(w.rows / kSlices);
-  const FusedArgs args{q,     qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                       w.row_bytes, rpb, y};
+  const FusedArgs args{q,           qg,  qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
+                       w.row_bytes, rpb, y,         g_fused_bulk_rows.on()};
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), kSlices);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = ColumnSharedBytes(rpb);
+  if (g_fused_one_per_sm.on()) config.dynamicSmemBytes = std::max<size_t>(config.dynamicSmemBytes, 120 * 1024);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -272,10 +299,12 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
+  g_fused_launches.fetch_add(1, std::memory_order_relaxed);
   return cudaLaunchKernelEx(&config, AttentionOutFusedKernel, args);
 }
 
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
+uint64_t AttentionOutFusedLaunches() { return g_fused_launches.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

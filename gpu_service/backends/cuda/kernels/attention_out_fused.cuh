@@ -55,6 +55,10 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
 bool AttnOutFused();
 void SetAttnOutFused(bool on);
 
+// Launches LaunchAttentionOutFused has made in this process (accepted or not): tests use it to see
+// that a step took the fused path.
+uint64_t AttentionOutFusedLaunches();
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
