@@ -294,13 +294,15 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
 // steps) are under kAttnOutFusedMaxKeys.
 TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused();
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit();
+  cuda::SetAttnOutColumnSplit(true);  // the test binary's default is off (deterministic_decode_env.cc)
   const uint64_t launches = cuda::AttentionOutFusedLaunches();
   ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "attention and o in one launch",
                                        [](bool on) { cuda::SetAttnOutFused(on); }, /*deterministic=*/false);
   printf("fused attention + o launches: %llu\n",
          static_cast<unsigned long long>(cuda::AttentionOutFusedLaunches() - launches));
   EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
+  cuda::SetAttnOutColumnSplit(was_columns);
   cuda::SetAttnOutFused(was);
 }
 

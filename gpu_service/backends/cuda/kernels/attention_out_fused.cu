@@ -18,13 +18,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
+#include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
+#include "gpu_service/backends/cuda/step_probe.h"
 
 namespace tandem::cuda {
 namespace {
@@ -97,8 +100,22 @@ __device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const flo
   acc[7] = fmaf(p, v[1].w, acc[7]);
 }
 
+__device__ ArmedStampRows g_fused_probe;
+__device__ unsigned g_fused_probe_count;
+
+template <bool kProbe>
 __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const FusedArgs a) {
   namespace cg = cooperative_groups;
+  unsigned long long* probe_row = nullptr;
+  if constexpr (kProbe) {
+    if (threadIdx.x == 0) probe_row = TakeArmedRow(g_fused_probe, &g_fused_probe_count, kAttnOutFusedProbeWords);
+  }
+  auto stamp = [&](int word) {
+    if constexpr (kProbe) {
+      if (probe_row != nullptr) probe_row[word] = GlobalTimerNs();
+    }
+  };
+  stamp(kAttnOutFusedProbeEntry);
   extern __shared__ __align__(16) uint8_t sh[];
   __shared__ MergeArea area;
   __shared__ __align__(8) uint64_t push_bar, rows_bar;
@@ -145,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
   }
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
+  stamp(kAttnOutFusedProbeAfterWait);
   float q[kPer];
   {
     const float* qh = a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
@@ -218,6 +236,9 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
     ab = fmaf(f, area.wacc[w][tid], ab);
     lb = fmaf(f, area.wl[w], lb);
   }
+  if constexpr (kProbe) {
+    if (probe_row != nullptr && KnownNow(ab)) probe_row[kAttnOutFusedProbeSliceDone] = GlobalTimerNs();
+  }
   // Into every block of the cluster: this slice's sums, max and total.
   mbarrier::StoreAsyncToEveryBlock<kSlices>(
       static_cast<uint32_t>(__cvta_generic_to_shared(&area.pacc[rank][tid])), ab, bar);
@@ -226,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
     mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pl[rank])), lb, bar);
   }
   mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
+  stamp(kAttnOutFusedProbePushed);
   float mm = -INFINITY;
 #pragma unroll
   for (int c = 0; c < kSlices; ++c) mm = fmaxf(mm, area.pm[c]);  // finite: slice 0 holds key 0
@@ -247,8 +269,17 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
     CpAsyncWait<0>();
   }
   __syncthreads();
+  stamp(kAttnOutFusedProbeRowsLanded);
   for (int row = tid; row < a.rows_per_block; row += kThreads) {
     atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
+  }
+  if constexpr (kProbe) {
+    stamp(kAttnOutFusedProbeExit);
+    if (probe_row != nullptr) {
+      probe_row[kAttnOutFusedProbeKeys] = static_cast<unsigned long long>(end > begin ? end - begin : 0);
+      probe_row[kAttnOutFusedProbeSm] = SmId();
+      probe_row[kAttnOutFusedProbeBlock] = blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;
+    }
   }
 }
 
@@ -277,10 +308,13 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
       cache.v == nullptr || cache.page_table == nullptr || y == nullptr || qg_stride < static_cast<int64_t>(d.nh) * 2 * kHd) {
     return cudaErrorInvalidValue;
   }
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(AttentionOutFusedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)));
-  if (attr != cudaSuccess) return attr;
+  static const cudaError_t attr[2] = {
+      cudaFuncSetAttribute(AttentionOutFusedKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock))),
+      cudaFuncSetAttribute(AttentionOutFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)))};
+  const bool stamped = ProbeDecodeStep();
+  if (attr[stamped ? 1 : 0] != cudaSuccess) return attr[stamped ? 1 : 0];
   const int rpb = static_cast<int>(w.rows / kSlices);
   const FusedArgs args{q,           qg,  qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
                        w.row_bytes, rpb, y,         g_fused_bulk_rows.on()};
@@ -300,11 +334,15 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   config.attrs = attribute;
   config.numAttrs = 2;
   g_fused_launches.fetch_add(1, std::memory_order_relaxed);
-  return cudaLaunchKernelEx(&config, AttentionOutFusedKernel, args);
+  return stamped ? cudaLaunchKernelEx(&config, AttentionOutFusedKernel<true>, args)
+                 : cudaLaunchKernelEx(&config, AttentionOutFusedKernel<false>, args);
 }
 
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
+cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
+  return ArmStampRows(g_fused_probe, g_fused_probe_count, stamps, capacity, stream);
+}
 uint64_t AttentionOutFusedLaunches() { return g_fused_launches.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

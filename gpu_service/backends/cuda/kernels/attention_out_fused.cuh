@@ -55,6 +55,26 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
 bool AttnOutFused();
 void SetAttnOutFused(bool on);
 
+// Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
+// ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
+// takes the next row of the armed buffer and writes %globaltimer at each phase). Test and benchmark
+// use only.
+inline constexpr int kAttnOutFusedProbeWords = 9;
+enum AttnOutFusedProbeWord : int {
+  kAttnOutFusedProbeEntry,        // the block holds its row
+  kAttnOutFusedProbeAfterWait,    // its PDL wait returned
+  kAttnOutFusedProbeSliceDone,    // its slice attended and its warps merged (before the pushes)
+  kAttnOutFusedProbePushed,       // every slice's pushes landed here
+  kAttnOutFusedProbeRowsLanded,   // x quantized and o's rows landed (a block barrier)
+  kAttnOutFusedProbeExit,         // thread 0's additions issued
+  kAttnOutFusedProbeKeys,         // keys of the block's slice (the count word)
+  kAttnOutFusedProbeSm,
+  kAttnOutFusedProbeBlock,        // blockIdx.x + gridDim.x · blockIdx.y
+};
+// Arms (stamps: capacity rows of kAttnOutFusedProbeWords u64, zeroed by the caller) or disarms
+// (nullptr), in stream order.
+cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);
+
 // Launches LaunchAttentionOutFused has made in this process (accepted or not): tests use it to see
 // that a step took the fused path.
 uint64_t AttentionOutFusedLaunches();
