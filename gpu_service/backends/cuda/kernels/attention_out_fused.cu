@@ -55,6 +55,7 @@ struct FusedArgs {
   int rows_per_block;
   float* y;
   bool bulk_rows;  // o's rows by one bulk copy each (the copy engine) rather than 16-byte cp.async
+  bool late_rows;  // o's rows asked for after the PDL wait (not competing with the q/k prep)
 };
 
 // The warps' and the cluster's partial results (static shared memory: the same address in every
@@ -122,26 +123,31 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
   const int rank = static_cast<int>(cg::this_cluster().block_rank());
-  const int row0 = rank * a.rows_per_block;
+  // Row split blockIdx.z of o's rows (each of its clusters attends the head again: the attention is
+  // a few KB of keys, and smaller blocks let clusters be placed two or three an SM).
+  const int row0 = (static_cast<int>(blockIdx.z) * kSlices + rank) * a.rows_per_block;
   // o's rows (constants) first, overlapping the kernels before.
   const uint32_t rows_sh = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
-  if (!a.bulk_rows) {
-    CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
-  } else if (tid == 0) {
+  auto copy_rows = [&] {
+    if (a.bulk_rows) {
+      for (int row = tid; row < a.rows_per_block; row += kThreads) {
+        mbarrier::BulkCopyToShared(rows_sh + static_cast<uint32_t>(row * kColumnSuperBytes), rows_src + row * a.row_bytes,
+                                   kColumnSuperBytes, rows_bar_addr);
+      }
+    } else {
+      CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
+    }
+  };
+  if (a.bulk_rows && tid == 0) {
     mbarrier::Init(rows_bar_addr, 1);
     mbarrier::InitFence();
     mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
   }
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
   mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);  // (a cluster barrier: rows_bar's init seen)
-  if (a.bulk_rows) {
-    for (int row = tid; row < a.rows_per_block; row += kThreads) {
-      mbarrier::BulkCopyToShared(rows_sh + static_cast<uint32_t>(row * kColumnSuperBytes), rows_src + row * a.row_bytes,
-                                 kColumnSuperBytes, rows_bar_addr);
-    }
-  }
+  if (!a.late_rows) copy_rows();
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
@@ -163,6 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
+  if (a.late_rows) copy_rows();
   float q[kPer];
   {
     const float* qh = a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
@@ -278,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const Fus
     if (probe_row != nullptr) {
       probe_row[kAttnOutFusedProbeKeys] = static_cast<unsigned long long>(end > begin ? end - begin : 0);
       probe_row[kAttnOutFusedProbeSm] = SmId();
-      probe_row[kAttnOutFusedProbeBlock] = blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;
+      probe_row[kAttnOutFusedProbeBlock] =
+          blockIdx.x + static_cast<unsigned long long>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
     }
   }
 }
@@ -288,15 +296,29 @@ std::atomic<uint64_t> g_fused_launches{0};
 // A/B switches of the sixtieth session (docs/PERF.md): o's rows by bulk copies; one block an SM.
 ProcessSwitch g_fused_bulk_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_BULK"); }};
 ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
+ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
+
+// Row splits: the fewest (1, 2 or 4) whose blocks fit two an SM (228 KB of shared memory), so that
+// every cluster finds room at once (at one block an SM a GPC holds one or two clusters of eight, and
+// 16 clusters did not fit: the last started ~10 us late, docs/PERF.md sixtieth session); 0: none
+// divides the rows into blocks of at most kMaxRowsPerBlock.
+int RowSplits(int64_t rows) {
+  int fallback = 0;
+  for (int s : {1, 2, 4}) {
+    if (rows % (kSlices * s) != 0 || rows / (kSlices * s) > kMaxRowsPerBlock) continue;
+    if (ColumnSharedBytes(static_cast<int>(rows / (kSlices * s))) + sizeof(MergeArea) <= 100 * 1024) return s;
+    if (fallback == 0) fallback = s;
+  }
+  return fallback;
+}
 
 }  // namespace
 
 bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w) {
-  return d.hd == kHd && d.nh > 0 && d.kvh > 0 && d.nh % d.kvh == 0 && d.nh <= 65535 && Q8_0x8RowsAligned(w) &&
-         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && w.rows % kSlices == 0 &&
-         w.rows / kSlices <= kMaxRowsPerBlock;
+  return d.hd == kHd && d.nh > 0 && d.nh <= 65535 && d.kvh > 0 && d.nh % d.kvh == 0 && Q8_0x8RowsAligned(w) &&
+         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && RowSplits(w.rows) > 0;
 }
 
 cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
@@ -315,11 +337,12 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
                            static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)))};
   const bool stamped = ProbeDecodeStep();
   if (attr[stamped ? 1 : 0] != cudaSuccess) return attr[stamped ? 1 : 0];
-  const int rpb = static_cast<int>(w.rows / kSlices);
+  const int splits = RowSplits(w.rows);
+  const int rpb = static_cast<int>(w.rows / (kSlices * splits));
   const FusedArgs args{q,           qg,  qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                       w.row_bytes, rpb, y,         g_fused_bulk_rows.on()};
+                       w.row_bytes, rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on()};
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(d.nh), kSlices);
+  config.gridDim = dim3(static_cast<unsigned>(d.nh), kSlices, static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = ColumnSharedBytes(rpb);
   if (g_fused_one_per_sm.on()) config.dynamicSmemBytes = std::max<size_t>(config.dynamicSmemBytes, 120 * 1024);
