@@ -105,7 +105,7 @@ __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
 template <bool kProbe>
-__global__ void __launch_bounds__(kThreads, 2) AttentionOutFusedKernel(const FusedArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) AttentionOutFusedKernel(const FusedArgs a) {
   namespace cg = cooperative_groups;
   unsigned long long* probe_row = nullptr;
   if constexpr (kProbe) {
