@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
@@ -35,11 +36,14 @@ namespace {
 constexpr int kHd = 256;          // one head = one super-block of o's columns
 constexpr int kThreads = 256;     // thread t: dim t in the merges, column t in the product
 constexpr int kWarps = kThreads / 32;
-constexpr int kSlices = 8;        // the cluster's blocks: context slices of one head
 constexpr int kPer = kHd / 32;    // dims a lane
 constexpr int kWarpKeys = 4;      // keys a warp a pass
 constexpr int kPassKeys = kWarps * kWarpKeys;
-constexpr int kMaxRowsPerBlock = 640;
+// The forms (a template parameter): kSlices blocks a cluster, each a context slice of one head;
+// four at one block an SM (up to kMaxRowsFour of o's rows a block: 209 KB at q3n-80b's 3072), or
+// eight at three an SM (o's rows in two or more splits, 80 registers).
+constexpr int kMaxRowsFour = 768;
+constexpr int kMaxRowsEight = 640;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
@@ -60,13 +64,13 @@ struct FusedArgs {
 
 // The warps' and the cluster's partial results (static shared memory: the same address in every
 // block, which the pushes need).
+template <int kSlices>
 struct MergeArea {
   float wm[kWarps], wl[kWarps];
   __align__(16) float wacc[kWarps][kHd];
   float pm[kSlices], pl[kSlices];
   __align__(16) float pacc[kSlices][kHd];
 };
-constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
 
 // This lane's 8 dims of the key and value at cache position `key` (through L2: other launches wrote
 // them, and a reused page may sit in this SM's L1 from before).
@@ -104,8 +108,9 @@ __device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const flo
 __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
-template <bool kProbe>
-__global__ void __launch_bounds__(kThreads, 3) AttentionOutFusedKernel(const FusedArgs a) {
+template <int kSlices, bool kProbe>
+__global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFusedKernel(const FusedArgs a) {
+  constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
   namespace cg = cooperative_groups;
   unsigned long long* probe_row = nullptr;
   if constexpr (kProbe) {
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 3) AttentionOutFusedKernel(const Fus
   };
   stamp(kAttnOutFusedProbeEntry);
   extern __shared__ __align__(16) uint8_t sh[];
-  __shared__ MergeArea area;
+  __shared__ MergeArea<kSlices> area;
   __shared__ __align__(8) uint64_t push_bar, rows_bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
@@ -300,25 +305,36 @@ ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LAT
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
-// Row splits: the fewest (1, 2 or 4) whose blocks fit two an SM (228 KB of shared memory), so that
-// every cluster finds room at once (at one block an SM a GPC holds one or two clusters of eight, and
-// 16 clusters did not fit: the last started ~10 us late, docs/PERF.md sixtieth session); 0: none
-// divides the rows into blocks of at most kMaxRowsPerBlock.
-int RowSplits(int64_t rows) {
-  int fallback = 0;
-  for (int s : {1, 2, 4}) {
-    if (rows % (kSlices * s) != 0 || rows / (kSlices * s) > kMaxRowsPerBlock) continue;
-    if (ColumnSharedBytes(static_cast<int>(rows / (kSlices * s))) + sizeof(MergeArea) <= 100 * 1024) return s;
-    if (fallback == 0) fallback = s;
-  }
-  return fallback;
+// TANDEM_ATTN_OUT_FUSED_FORM: 4 (clusters of four, the default) or 8 (clusters of eight).
+ProcessInteger g_fused_form{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_FORM", 4, 4, 8); }};
+
+// A launch's shape: clusters of `slices` blocks, o's rows in `splits` parts, `rpb` rows a block.
+// In the sixtieth session (docs/PERF.md) the eight-block clusters at one or two blocks an SM did not
+// all find room at once (the last ran as a second wave, ~10 us late); at three an SM the spills and
+// the row copies' issue delayed every wait. Clusters of four at one block an SM need a quarter of a
+// GPC's SMs each. slices 0: no form takes the rows.
+struct Form {
+  int slices = 0, splits = 0, rpb = 0;
+};
+Form FormOf(int64_t rows, int want) {
+  auto eight = [&]() -> Form {  // the fewest splits whose blocks fit three an SM
+    for (int s : {2, 4}) {
+      if (rows % (8 * s) == 0 && rows / (8 * s) <= 200) return Form{8, s, static_cast<int>(rows / (8 * s))};
+    }
+    return {};
+  };
+  auto four = [&]() -> Form {
+    return rows % 4 == 0 && rows / 4 <= kMaxRowsFour ? Form{4, 1, static_cast<int>(rows / 4)} : Form{};
+  };
+  const Form first = want == 8 ? eight() : four();
+  return first.slices > 0 ? first : (want == 8 ? four() : eight());
 }
 
 }  // namespace
 
 bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w) {
   return d.hd == kHd && d.nh > 0 && d.nh <= 65535 && d.kvh > 0 && d.nh % d.kvh == 0 && Q8_0x8RowsAligned(w) &&
-         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && RowSplits(w.rows) > 0;
+         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && FormOf(w.rows, 4).slices > 0;
 }
 
 cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
@@ -330,37 +346,54 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
       cache.v == nullptr || cache.page_table == nullptr || y == nullptr || qg_stride < static_cast<int64_t>(d.nh) * 2 * kHd) {
     return cudaErrorInvalidValue;
   }
-  static const cudaError_t attr[2] = {
-      cudaFuncSetAttribute(AttentionOutFusedKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock))),
-      cudaFuncSetAttribute(AttentionOutFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(ColumnSharedBytes(kMaxRowsPerBlock)))};
+  const Form form = FormOf(w.rows, static_cast<int>(g_fused_form.value()));
   const bool stamped = ProbeDecodeStep();
-  if (attr[stamped ? 1 : 0] != cudaSuccess) return attr[stamped ? 1 : 0];
-  const int splits = RowSplits(w.rows);
-  const int rpb = static_cast<int>(w.rows / (kSlices * splits));
-  const FusedArgs args{q,           qg,  qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                       w.row_bytes, rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on()};
+  using Kernel = void (*)(const FusedArgs);
+  static const Kernel kernels[2][2] = {{AttentionOutFusedKernel<4, false>, AttentionOutFusedKernel<4, true>},
+                                       {AttentionOutFusedKernel<8, false>, AttentionOutFusedKernel<8, true>}};
+  auto raise = [](Kernel k, int rows) {
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ColumnSharedBytes(rows)));
+  };
+  static const cudaError_t attr[2][2] = {{raise(kernels[0][0], kMaxRowsFour), raise(kernels[0][1], kMaxRowsFour)},
+                                         {raise(kernels[1][0], kMaxRowsEight), raise(kernels[1][1], kMaxRowsEight)}};
+  const int f = form.slices == 8 ? 1 : 0;
+  if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
+  const Kernel kernel = kernels[f][stamped ? 1 : 0];
+  const FusedArgs args{q,           qg,       qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
+                       w.row_bytes, form.rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on()};
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(d.nh), kSlices, static_cast<unsigned>(splits));
+  config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = ColumnSharedBytes(rpb);
+  config.dynamicSmemBytes = ColumnSharedBytes(form.rpb);
   if (g_fused_one_per_sm.on()) config.dynamicSmemBytes = std::max<size_t>(config.dynamicSmemBytes, 120 * 1024);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = kSlices;
+  attribute[0].val.clusterDim.y = static_cast<unsigned>(form.slices);
   attribute[0].val.clusterDim.z = 1;
   attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
+  // Whether the grid's clusters can all be resident at once on an idle device (a second wave was
+  // the first forms' loss): said once a form, on stderr, for the benchmarks' logs.
+  static std::atomic<bool> told[2] = {false, false};
+  if (!told[f].exchange(true)) {
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    const int need = d.nh * form.splits;
+    fprintf(stderr, "attention + o fused: clusters of %d, %d rows a block, %d clusters; at most %d resident at once%s\n",
+            form.slices, form.rpb, need, e == cudaSuccess ? clusters : -1,
+            e == cudaSuccess && clusters < need ? " (a second wave)" : "");
+    if (e != cudaSuccess) (void)cudaGetLastError();
+  }
   g_fused_launches.fetch_add(1, std::memory_order_relaxed);
-  return stamped ? cudaLaunchKernelEx(&config, AttentionOutFusedKernel<true>, args)
-                 : cudaLaunchKernelEx(&config, AttentionOutFusedKernel<false>, args);
+  return cudaLaunchKernelEx(&config, kernel, args);
 }
 
+int AttnOutFusedForm() { return static_cast<int>(g_fused_form.value()); }
+void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 ? 8 : 4); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

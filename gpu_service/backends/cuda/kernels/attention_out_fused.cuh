@@ -1,15 +1,18 @@
 // One-token decode attention and its output product in one launch (fast mode, batch 1, hd 256).
+// Measured slower than the split path in its first forms (docs/PERF.md, sixtieth session): a branch
+// experiment, not on main.
 //
 // The split path runs an attention layer's mixer after its q/k prep as two launches: the split
 // attention (132 blocks of one SM each, partials to global memory) and the column-split o product
 // (dense_colsplit.cuh), which waits for the whole attention grid, merges the slices from L2 and
 // only then multiplies (~14 us of an attention layer on q3n-80b shapes for a few KB of keys;
-// docs/PERF.md). Here the o product's own grid does the attention: block (h, c) of a cluster of
-// eight (c = 0..7 along y) attends query head h over context slice c, the cluster merges its eight
-// slices through distributed shared memory (st.async pushes, no grid boundary), and every block
-// multiplies the head's 256 gated outputs by its 1/8 of o's rows of column super-block h, which it
-// copied into shared memory before its PDL wait: the column-split product's layout and arithmetic
-// (q8x8_columns.cuh), so x in int16 and one atomic addition a row.
+// docs/PERF.md). Here the o product's own grid does the attention: block (h, c, s) of a cluster of
+// four or eight (c along y; AttnOutFusedForm) attends query head h over context slice c, the
+// cluster merges its slices through distributed shared memory (st.async pushes, no grid boundary),
+// and every block multiplies the head's 256 gated outputs by its part of o's rows (split s, rank c)
+// of column super-block h, copied into shared memory (before or after its PDL wait): the
+// column-split product's layout and arithmetic (q8x8_columns.cuh), so x in int16 and one atomic
+// addition a row.
 //
 // A slice's keys are walked in registers (a warp four keys at a time, lanes holding 8 dims), so the
 // kernel suits short contexts: the backend uses it up to kAttnOutFusedMaxKeys keys and the split
@@ -32,8 +35,8 @@ namespace tandem::cuda {
 inline constexpr int64_t kAttnOutFusedMaxKeys = 512;
 
 // Whether LaunchAttentionOutFused takes this shape and matrix: hd 256 (a head is one Q8_0x8
-// super-block of o's columns), w Q8_0x8 with 16-byte aligned rows, nh · 256 columns, and rows a
-// multiple of 8 of at most 8 · 640.
+// super-block of o's columns), w Q8_0x8 with 16-byte aligned rows, nh · 256 columns, and rows that
+// one of the forms divides (a multiple of 4 up to 4 · 768, or of 16 up to 16 · 200).
 bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w);
 
 // y[r] += Σ_c w[r][c] · attn[c] for every row r of w, where attn (nh · hd values) is the gated
@@ -54,6 +57,13 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
 // enqueued and when its graph key is formed).
 bool AttnOutFused();
 void SetAttnOutFused(bool on);
+
+// The launch's form: clusters of 4 context slices at one block an SM (the default), or of 8 at
+// three an SM with o's rows in two or more splits (TANDEM_ATTN_OUT_FUSED_FORM=4|8, read once;
+// settable for tests; a form that does not take the matrix's rows gives way to the other). The same
+// arithmetic either way but for how the keys' sums are split.
+int AttnOutFusedForm();
+void SetAttnOutFusedForm(int slices);
 
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
