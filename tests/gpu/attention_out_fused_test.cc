@@ -29,6 +29,7 @@ namespace {
 using attn_testing::AllFinite;
 using attn_testing::AttendPlanned;
 using attn_testing::DecodeCase;
+using attn_testing::FirstDifference;
 using attn_testing::MakeDecodeCase;
 using attn_testing::ZeroedScratch;
 using gpu_testing::Download;
@@ -76,6 +77,60 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
             << tag;
         EXPECT_LE(RelL2(fused, host), 1e-4) << tag;
       }
+    }
+  }
+  cuda::SetAttnOutFusedForm(was_form);
+}
+
+// The q/k prep inside the launch (AttnOutFusedPrep) against LaunchQkvNormRopeAppend then the fused
+// launch: the cache (the token's key and value appended by one block of each kv head) bit-identical,
+// y within 1e-6 relative L2 (the same x: only the order of the clusters' atomic additions differs),
+// in both forms, at contexts that put the token in the first, a middle and the last slice.
+TEST(GpuAttentionOutFusedTest, PrepInsideMatchesThePrepLaunch) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const gpu_testing::TestMatrix w = gpu_testing::RandomMatrix(rng, WeightType::kQ8_0, 4096, 2560, 0.05f);
+  const gpu_testing::Regrouped g = gpu_testing::Regroup(w);
+  const int kvw = k80b.kvh * k80b.hd;
+  const auto q_norm = Upload(Random(rng, static_cast<size_t>(k80b.hd)));
+  const auto k_norm = Upload(Random(rng, static_cast<size_t>(k80b.hd)));
+  const auto inv_freq = Upload(cuda::RopeInvFrequencies(1e7, k80b.rot));
+  const int was_form = cuda::AttnOutFusedForm();
+  for (int form : {4, 8}) {
+    cuda::SetAttnOutFusedForm(form);
+    for (int ctx : {1, 5, 33, 135, 400}) {
+      const std::string tag = "form " + std::to_string(form) + " ctx " + std::to_string(ctx);
+      DecodeCase c = MakeDecodeCase(rng, k80b, {2}, {ctx}, {1});
+      const std::vector<float> k0 = Download(c.d_k), v0 = Download(c.d_v);
+      const auto k_raw = Upload(Random(rng, static_cast<size_t>(kvw)));
+      const auto v_raw = Upload(Random(rng, static_cast<size_t>(kvw)));
+      const std::vector<float> y0 = Random(rng, 2560);
+      // The prep launch, then the fused launch reading its q.
+      auto q_out = Upload(std::vector<float>(static_cast<size_t>(k80b.nh * k80b.hd), 0.0f));
+      auto y_launch = Upload(y0);
+      const cuda::QkvRows rows{c.d_qg.get(), 0, k_raw.get(), 0, v_raw.get(), 0};
+      TANDEM_ASSERT_CUDA(cuda::LaunchQkvNormRopeAppend(rows, 1, k80b, q_norm.get(), k_norm.get(), inv_freq.get(),
+                                                       c.d_seq.get(), c.d_pos.get(), q_out.get(), c.cache(), nullptr));
+      TANDEM_ASSERT_CUDA(cuda::LaunchAttentionOutFused(q_out.get(), c.d_qg.get(), 0, k80b, c.d_seq.get(), c.d_pos.get(),
+                                                       c.cache(), g.m, y_launch.get(), nullptr));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> k_launch = Download(c.d_k), v_launch = Download(c.d_v);
+      // The cache as it was, then the prep inside.
+      TANDEM_ASSERT_CUDA(cudaMemcpy(c.d_k.get(), k0.data(), k0.size() * sizeof(float), cudaMemcpyHostToDevice));
+      TANDEM_ASSERT_CUDA(cudaMemcpy(c.d_v.get(), v0.data(), v0.size() * sizeof(float), cudaMemcpyHostToDevice));
+      auto y_inside = Upload(y0);
+      const cuda::AttnOutFusedPrep prep{k_raw.get(), v_raw.get(), q_norm.get(), k_norm.get(), inv_freq.get()};
+      TANDEM_ASSERT_CUDA(cuda::LaunchAttentionOutFused(nullptr, c.d_qg.get(), 0, k80b, c.d_seq.get(), c.d_pos.get(),
+                                                       c.cache(), g.m, y_inside.get(), nullptr, &prep));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(FirstDifference(Download(c.d_k), k_launch), -1) << tag << ": the appended keys";
+      EXPECT_EQ(FirstDifference(Download(c.d_v), v_launch), -1) << tag << ": the appended values";
+      EXPECT_NE(FirstDifference(k_launch, k0), -1) << tag << ": the prep launch appended nothing";
+      const std::vector<float> inside = Download(y_inside), launched = Download(y_launch);
+      ASSERT_TRUE(AllFinite(inside)) << tag;
+      EXPECT_LE(gpu_testing::LogError("fused with the prep inside vs the prep launch, " + tag, RelL2(inside, launched)),
+                1e-6)
+          << tag;
     }
   }
   cuda::SetAttnOutFusedForm(was_form);

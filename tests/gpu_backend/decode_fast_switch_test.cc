@@ -306,5 +306,24 @@ TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
+// The same with the q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against
+// the prep launch before it: the same q, keys and values (attention_out_fused_test.cc compares the
+// bits), so the logits may come out bit-identical (only the atomics' order differs).
+TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
+             was_inside = cuda::AttnOutFusedPrepInside();
+  cuda::SetAttnOutFused(true);
+  cuda::SetAttnOutColumnSplit(true);
+  const uint64_t launches = cuda::AttentionOutFusedLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
+                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
+  cuda::SetAttnOutFusedPrepInside(was_inside);
+  cuda::SetAttnOutColumnSplit(was_columns);
+  cuda::SetAttnOutFused(was);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -459,7 +459,12 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
   if (forked) {
     if (absl::Status s = Join(); !s.ok()) return s;
   }
-  if (one_prep) {
+  // Attention and o in one launch (attention_out_fused.cuh), with the q/k prep inside it too when
+  // AttnOutFusedPrepInside.
+  const cuda::DeviceMatrix* fused_o = !d.has_indexer() && AttnOutFusedStep(plan) ? AttnOutMatrix(w, T) : nullptr;
+  const bool fused = fused_o != nullptr && cuda::AttentionOutFusedFits(shape, *fused_o);
+  const bool prep_inside = fused && one_prep && cuda::AttnOutFusedPrepInside();
+  if (one_prep && !prep_inside) {
     const cuda::QkvRows rows{qg_rows, qg_stride, k_rows, kv_stride, v_rows, kv_stride};
     if (absl::Status s = Launch(cuda::LaunchQkvNormRopeAppend(rows, T, shape, w.q_norm, w.k_norm, dm->rope_inv_freq,
                                                               seq_dev(), pos_dev(), q, cache, st),
@@ -468,15 +473,14 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
       return s;
     }
   }
-  if (!d.has_indexer() && AttnOutFusedStep(plan)) {
-    const cuda::DeviceMatrix* m = AttnOutMatrix(w, T);
-    if (m != nullptr && cuda::AttentionOutFusedFits(shape, *m)) {
-      float* out = mixer_out_y + layer * mixer_out_stride;
-      mixer_y = out;
-      route_parts = m == &w.o_route ? RouteThroughOutFor(w, T, out) : std::nullopt;
-      return Launch(cuda::LaunchAttentionOutFused(q, qg_rows, qg_stride, shape, seq_dev(), pos_dev(), cache, *m, out, st),
-                    "attention and output product (fused)");
-    }
+  if (fused) {
+    float* out = mixer_out_y + layer * mixer_out_stride;
+    mixer_y = out;
+    route_parts = fused_o == &w.o_route ? RouteThroughOutFor(w, T, out) : std::nullopt;
+    const cuda::AttnOutFusedPrep prep{k_rows, v_rows, w.q_norm, w.k_norm, dm->rope_inv_freq};
+    return Launch(cuda::LaunchAttentionOutFused(q, qg_rows, qg_stride, shape, seq_dev(), pos_dev(), cache, *fused_o, out,
+                                                st, prep_inside ? &prep : nullptr),
+                  "attention and output product (fused)");
   }
   if (!d.has_indexer()) {
     // The merge of a one-token step's slices left to the column-split o product

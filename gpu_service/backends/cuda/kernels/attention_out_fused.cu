@@ -26,6 +26,7 @@
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
+#include "gpu_service/backends/cuda/kernels/rope_f64.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/step_probe.h"
@@ -60,6 +61,16 @@ struct FusedArgs {
   float* y;
   bool bulk_rows;  // o's rows by one bulk copy each (the copy engine) rather than 16-byte cp.async
   bool late_rows;  // o's rows asked for after the PDL wait (not competing with the q/k prep)
+  // The q/k prep inside (AttnOutFusedPrep; prep false: q comes normed and roped, the cache holds
+  // the token's key): the raw rows of token 0, the norms' weights, the rotation.
+  bool prep;
+  const float* k_raw;
+  const float* v_raw;
+  const float* q_norm;
+  const float* k_norm;
+  const double* inv_freq;
+  int rot;
+  float eps;
 };
 
 // The warps' and the cluster's partial results (static shared memory: the same address in every
@@ -103,6 +114,34 @@ __device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const flo
   acc[5] = fmaf(p, v[1].y, acc[5]);
   acc[6] = fmaf(p, v[1].z, acc[6]);
   acc[7] = fmaf(p, v[1].w, acc[7]);
+}
+
+// One head of token 0 normed and roped by one warp into `row` (hd = 256 floats of shared memory),
+// with the bits of the prep kernels (attention_append.cu; attention_decode.cu's WarpNormRopeRow,
+// whose operations these are): lane l holds values 32j + l in x[j] and gamma[j]; the rotation's f64
+// sine and cosine of value i come from sn[i], cs[i] (computed before the PDL wait).
+__device__ __forceinline__ void WarpNormRopeRowAt(const float (&x)[kPer], const float (&gamma)[kPer], float eps,
+                                                  int rot, const double* sn, const double* cs, float* row) {
+  const int lane = threadIdx.x & 31;
+  const float ss = WarpSumSquaresAsBlock<kPer>(x);
+  const float r = rsqrtf(ss / static_cast<float>(kHd) + eps);
+  float y[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    y[j] = gamma[j] * (x[j] * r);
+    row[32 * j + lane] = y[j];
+  }
+  __syncwarp();
+  const int half = rot / 2;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = 32 * j + lane;
+    if (i >= rot) continue;
+    y[j] = i < half ? RopeLower(y[j], row[i + half], sn[i], cs[i]) : RopeUpper(y[j], row[i - half], sn[i], cs[i]);
+  }
+  __syncwarp();  // every partner has been read
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) row[32 * j + lane] = y[j];
 }
 
 __device__ ArmedStampRows g_fused_probe;
@@ -161,6 +200,28 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
   const int64_t begin = rank * chunk, end = ctx < begin + chunk ? ctx : begin + chunk;
   const int kvw = a.kvh * kHd, col = (head / (a.nh / a.kvh)) * kHd + lane * kPer;
   const int64_t first = begin + warp * kWarpKeys;
+  // The prep inside: the rotation's f64 sines and cosines (thread i: value i), the norms' weights of
+  // warp 0 (q) and warp 1 (the token's key, in the block whose slice holds it), and that row's cache
+  // offset (the page table is the host's), all before the wait.
+  __shared__ double sn[kHd], cs[kHd];
+  __shared__ __align__(16) float q_sh[kHd], k_sh[kHd], v_sh[kHd];
+  const bool holds_pos = begin <= pos && pos < end;  // block-uniform
+  float gamma[kPer];
+  int64_t append_at = -1;
+  if (a.prep) {
+    if (tid < a.rot) {
+      const int half = a.rot / 2;
+      sincos(static_cast<double>(pos) * a.inv_freq[tid < half ? tid : tid - half], &sn[tid], &cs[tid]);
+    }
+    const float* g = warp == 0 ? a.q_norm : a.k_norm;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) gamma[j] = warp < 2 ? g[32 * j + lane] : 0.0f;
+    // One block writes the token's key and value of its kv head: the first query head's cluster,
+    // row split 0, the slice that holds the position.
+    if (holds_pos && head % (a.nh / a.kvh) == 0 && blockIdx.z == 0) {
+      append_at = CacheOffset(a.cache, seq, pos, kvw) + (head / (a.nh / a.kvh)) * kHd;
+    }
+  }
   float4 kr[kWarpKeys][2], vr[kWarpKeys][2];
 #pragma unroll
   for (int k = 0; k < kWarpKeys; ++k) {
@@ -175,10 +236,43 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
   if (a.late_rows) copy_rows();
+  if (a.prep) {
+    // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1, in the block holding the
+    // position: the kv head's new key, normed and roped, and its value; into shared memory, and by
+    // the appending block into the cache.
+    if (warp == 0 || (warp == 1 && holds_pos)) {
+      const float* src = warp == 0 ? a.qg + static_cast<int64_t>(head) * 2 * kHd
+                                   : a.k_raw + static_cast<int64_t>(head / (a.nh / a.kvh)) * kHd;
+      float x[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) x[j] = __ldcg(src + 32 * j + lane);
+      float v[kPer];
+      if (warp == 1) {
+        const float* vsrc = a.v_raw + static_cast<int64_t>(head / (a.nh / a.kvh)) * kHd;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) v[j] = __ldcg(vsrc + 32 * j + lane);
+      }
+      float* row = warp == 0 ? q_sh : k_sh;
+      WarpNormRopeRowAt(x, gamma, a.eps, a.rot, sn, cs, row);
+      if (warp == 1) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) v_sh[32 * j + lane] = v[j];
+        if (append_at >= 0) {
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            a.cache.k[append_at + 32 * j + lane] = row[32 * j + lane];
+            a.cache.v[append_at + 32 * j + lane] = v[j];
+          }
+        }
+      }
+    }
+    __syncthreads();  // q_sh, and k_sh / v_sh where the block holds the position
+  }
   float q[kPer];
   {
-    const float* qh = a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
-    const float4 q0 = __ldcg(reinterpret_cast<const float4*>(qh)), q1 = __ldcg(reinterpret_cast<const float4*>(qh + 4));
+    const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
+    const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
+    const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
     const float scale = rsqrtf(static_cast<float>(kHd));
     q[0] = q0.x * scale;
     q[1] = q0.y * scale;
@@ -192,7 +286,15 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
   const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
 #pragma unroll
   for (int k = 0; k < kWarpKeys; ++k) {
-    if (first + k == pos && pos < end) LoadKeyValue(a.cache, seq, pos, kvw, col, kr[k], vr[k]);
+    if (first + k != pos || pos >= end) continue;
+    if (a.prep) {  // this lane's 8 dims of the key and value formed above
+      kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
+      kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
+      vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
+      vr[k][1] = *reinterpret_cast<const float4*>(v_sh + lane * kPer + 4);
+    } else {
+      LoadKeyValue(a.cache, seq, pos, kvw, col, kr[k], vr[k]);
+    }
   }
   // The warp's keys, four a pass; the first pass's rows are loaded above.
   float m = -INFINITY, l = 0.0f, acc[kPer] = {};
@@ -301,6 +403,7 @@ std::atomic<uint64_t> g_fused_launches{0};
 // A/B switches of the sixtieth session (docs/PERF.md): o's rows by bulk copies; one block an SM.
 ProcessSwitch g_fused_bulk_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_BULK"); }};
 ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
+ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
 ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
@@ -339,10 +442,16 @@ bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w) {
 
 cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
                                     const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
-                                    const DeviceMatrix& w, float* y, cudaStream_t stream) {
+                                    const DeviceMatrix& w, float* y, cudaStream_t stream,
+                                    const AttnOutFusedPrep* prep) {
   if (!AttentionOutFusedFits(d, w)) return cudaErrorNotSupported;
   if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * kHd;
-  if (q == nullptr || qg == nullptr || token_seq == nullptr || token_pos == nullptr || cache.k == nullptr ||
+  if (prep != nullptr && (prep->k == nullptr || prep->v == nullptr || prep->q_norm == nullptr ||
+                          prep->k_norm == nullptr || (d.rot > 0 && prep->inv_freq == nullptr) || d.rot < 0 ||
+                          d.rot > kHd || d.rot % 2 != 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if ((q == nullptr && prep == nullptr) || qg == nullptr || token_seq == nullptr || token_pos == nullptr || cache.k == nullptr ||
       cache.v == nullptr || cache.page_table == nullptr || y == nullptr || qg_stride < static_cast<int64_t>(d.nh) * 2 * kHd) {
     return cudaErrorInvalidValue;
   }
@@ -360,7 +469,10 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
   const Kernel kernel = kernels[f][stamped ? 1 : 0];
   const FusedArgs args{q,           qg,       qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                       w.row_bytes, form.rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on()};
+                       w.row_bytes, form.rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on(),
+                       prep != nullptr, prep != nullptr ? prep->k : nullptr, prep != nullptr ? prep->v : nullptr,
+                       prep != nullptr ? prep->q_norm : nullptr, prep != nullptr ? prep->k_norm : nullptr,
+                       prep != nullptr ? prep->inv_freq : nullptr, d.rot, d.eps};
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
   config.blockDim = dim3(kThreads);
@@ -392,6 +504,8 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 
+bool AttnOutFusedPrepInside() { return g_fused_prep_inside.on(); }
+void SetAttnOutFusedPrepInside(bool on) { g_fused_prep_inside.set(on); }
 int AttnOutFusedForm() { return static_cast<int>(g_fused_form.value()); }
 void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 ? 8 : 4); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }

@@ -47,9 +47,27 @@ bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w);
 // a captured graph replays at every context. y must be zeroed (or hold the sum to add to) before.
 // cudaErrorNotSupported when AttentionOutFusedFits is false; cudaErrorInvalidValue for null
 // pointers or a qg_stride below nh · 2hd.
+// prep (may be null): the q/k prep inside the launch instead of LaunchQkvNormRopeAppend before it
+// (the same bits: q and the token's key normed and roped as the prep kernels do, the key and value
+// written into the cache by one block of their kv head): rows holds token 0's raw q|gate rows (qg
+// then names the same rows and q is ignored: may be null), k and v; with the norms' weights and the
+// rotation's frequencies (AttnShape::rot of them used).
+struct AttnOutFusedPrep {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const double* inv_freq = nullptr;
+};
 cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
                                     const int32_t* token_seq, const int32_t* token_pos, const PagedKv& cache,
-                                    const DeviceMatrix& w, float* y, cudaStream_t stream);
+                                    const DeviceMatrix& w, float* y, cudaStream_t stream,
+                                    const AttnOutFusedPrep* prep = nullptr);
+
+// Whether the backend runs the q/k prep inside the fused launch (TANDEM_ATTN_OUT_FUSED_PREP=1;
+// off by default until measured; read once; settable).
+bool AttnOutFusedPrepInside();
+void SetAttnOutFusedPrepInside(bool on);
 
 // Whether the backend's one-token attention layers (fast mode, o by columns) run attention and o as
 // this one launch while the context is at most kAttnOutFusedMaxKeys. TANDEM_ATTN_OUT_FUSED=0 keeps
