@@ -221,6 +221,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
     if (holds_pos && head % (a.nh / a.kvh) == 0 && blockIdx.z == 0) {
       append_at = CacheOffset(a.cache, seq, pos, kvw) + (head / (a.nh / a.kvh)) * kHd;
     }
+    __syncthreads();  // sn and cs, written by threads 0 .. rot - 1, are read by warps 0 and 1
   }
   float4 kr[kWarpKeys][2], vr[kWarpKeys][2];
 #pragma unroll
