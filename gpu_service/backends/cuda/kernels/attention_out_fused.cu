@@ -490,9 +490,15 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   config.attrs = attribute;
   config.numAttrs = 2;
   // Whether the grid's clusters can all be resident at once on an idle device (a second wave was
-  // the first forms' loss): said once a form, on stderr, for the benchmarks' logs.
+  // the first forms' loss): said once a form, on stderr, for the benchmarks' logs; not while the
+  // stream is being captured (a graph's first step), so that nothing can disturb the capture.
   static std::atomic<bool> told[2] = {false, false};
-  if (!told[f].exchange(true)) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess) {
+    (void)cudaGetLastError();
+    capturing = cudaStreamCaptureStatusActive;
+  }
+  if (capturing == cudaStreamCaptureStatusNone && !told[f].exchange(true)) {
     int clusters = 0;
     const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
     const int need = d.nh * form.splits;
