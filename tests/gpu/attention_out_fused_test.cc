@@ -6,8 +6,9 @@
 // differently (eight slices of a head in one cluster against up to 66 slices), so x differs in the
 // last bits and its int16 rounding may move a step. Contexts from one key (seven empty slices) to
 // kAttnOutFusedMaxKeys, in sequence rows 0 and 5 (the page table's row), in both forms (clusters of
-// four and of eight: AttnOutFusedForm). Also the shapes and
-// matrices it refuses.
+// four and of eight: AttnOutFusedForm) and the three ways of bringing in o's rows
+// (AttnOutFusedRowsMode). Also the q/k prep inside the launch, and the shapes and matrices it
+// refuses.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -47,13 +48,15 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   const gpu_testing::Regrouped g = gpu_testing::Regroup(w);
   ASSERT_TRUE(cuda::AttentionOutFusedFits(k80b, g.m));
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(g.m));
-  const int was_form = cuda::AttnOutFusedForm();
+  const int was_form = cuda::AttnOutFusedForm(), was_rows = cuda::AttnOutFusedRowsMode();
   for (int form : {4, 8}) {
     cuda::SetAttnOutFusedForm(form);
-    for (int row : {0, 5}) {
+    for (int mode : {0, 1, 2}) {  // o's rows by cp.async pieces, a bulk copy a row, the TMA's boxes
+      cuda::SetAttnOutFusedRowsMode(mode);
+      const int row = mode == 1 ? 5 : 0;
       for (int ctx : {1, 2, 7, 8, 9, 33, 135, 300, static_cast<int>(cuda::kAttnOutFusedMaxKeys)}) {
-        const std::string tag =
-            "form " + std::to_string(form) + " row " + std::to_string(row) + " ctx " + std::to_string(ctx);
+        const std::string tag = "form " + std::to_string(form) + " rows mode " + std::to_string(mode) + " row " +
+                                std::to_string(row) + " ctx " + std::to_string(ctx);
         DecodeCase c = MakeDecodeCase(rng, k80b, {row}, {ctx}, {1});
         const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, k80b);
         const auto items = Upload(plan.items);
@@ -79,6 +82,7 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
       }
     }
   }
+  cuda::SetAttnOutFusedRowsMode(was_rows);
   cuda::SetAttnOutFusedForm(was_form);
 }
 

@@ -12,6 +12,8 @@
 #include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap (a type only: the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +50,12 @@ constexpr int kMaxRowsEight = 640;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
+  // o's rows of the block's column super-block as a 2-D tensor (uint16 elements, rows × row_bytes)
+  // whose boxes are `box_rows` rows of 272 bytes: the TMA copies them in rows_per_block / box_rows
+  // operations (tma_rows), against a bulk copy a row or 17 cp.async pieces a row.
+  CUtensorMap rows_map;
+  bool tma_rows;
+  int box_rows;
   const float* q;
   const float* qg;
   int64_t qg_stride;
@@ -148,7 +156,8 @@ __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
 template <int kSlices, bool kProbe>
-__global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFusedKernel(const FusedArgs a) {
+__global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
+    AttentionOutFusedKernel(const __grid_constant__ FusedArgs a) {
   constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
   namespace cg = cooperative_groups;
   unsigned long long* probe_row = nullptr;
@@ -161,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
     }
   };
   stamp(kAttnOutFusedProbeEntry);
-  extern __shared__ __align__(16) uint8_t sh[];
+  extern __shared__ __align__(128) uint8_t sh[];  // 128: the TMA's boxes land at 128-byte boundaries
   __shared__ MergeArea<kSlices> area;
   __shared__ __align__(8) uint64_t push_bar, rows_bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -175,7 +184,18 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
   auto copy_rows = [&] {
-    if (a.bulk_rows) {
+    if (a.tma_rows) {
+      // Boxes of box_rows rows: one thread each (a few a block).
+      const int boxes = a.rows_per_block / a.box_rows;
+      if (tid < boxes) {
+        const int y = row0 + tid * a.box_rows, x = head * (kColumnSuperBytes / 2);
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                rows_sh + static_cast<uint32_t>(tid * a.box_rows * kColumnSuperBytes)),
+            "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(rows_bar_addr)
+            : "memory");
+      }
+    } else if (a.bulk_rows) {
       for (int row = tid; row < a.rows_per_block; row += kThreads) {
         mbarrier::BulkCopyToShared(rows_sh + static_cast<uint32_t>(row * kColumnSuperBytes), rows_src + row * a.row_bytes,
                                    kColumnSuperBytes, rows_bar_addr);
@@ -184,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
       CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
     }
   };
-  if (a.bulk_rows && tid == 0) {
+  if ((a.bulk_rows || a.tma_rows) && tid == 0) {
     mbarrier::Init(rows_bar_addr, 1);
     mbarrier::InitFence();
     mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
@@ -378,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (a.bulk_rows) {
+  if (a.bulk_rows || a.tma_rows) {
     mbarrier::WaitParity(rows_bar_addr, 0);
   } else {
     CpAsyncWait<0>();
@@ -401,9 +421,42 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1) AttentionOutFu
 
 std::atomic<uint64_t> g_fused_launches{0};
 
-// A/B switches of the sixtieth session (docs/PERF.md): o's rows by bulk copies; one block an SM.
-ProcessSwitch g_fused_bulk_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_BULK"); }};
+// A/B switches of the sixtieth session (docs/PERF.md).
+// TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
+// copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap).
+ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 0, 0, 2); }};
 ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
+
+// w's rows as FusedArgs::rows_map: a 2-D tensor of uint16 (row_bytes / 2 a row, w.rows rows, rows
+// row_bytes apart) with boxes of 136 × box_rows (one super-block of 272 bytes, box_rows rows: the
+// largest power of two up to 256 dividing rpb, so that a block's boxes end at its last row).
+cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int* box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  int box = 256;
+  while (box > 1 && rpb % box != 0) box /= 2;
+  if (box < 8) return cudaErrorNotSupported;  // a box's bytes (272 a row) a multiple of 128
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(w.row_bytes / 2), static_cast<cuuint64_t>(w.rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(w.row_bytes)};
+  const cuuint32_t boxes[2] = {static_cast<cuuint32_t>(kColumnSuperBytes / 2), static_cast<cuuint32_t>(box)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(w.data), dims, strides, boxes, steps,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  *box_rows = box;
+  return cudaSuccess;
+}
+
 ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
 ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
 
@@ -469,11 +522,15 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   const int f = form.slices == 8 ? 1 : 0;
   if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
   const Kernel kernel = kernels[f][stamped ? 1 : 0];
-  const FusedArgs args{q,           qg,       qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                       w.row_bytes, form.rpb, y,         g_fused_bulk_rows.on(), g_fused_late_rows.on(),
+  FusedArgs args{{},          false,    0,         q,    qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
+                 w.row_bytes, form.rpb, y,         g_fused_rows_mode.value() == 1, g_fused_late_rows.on(),
                        prep != nullptr, prep != nullptr ? prep->k : nullptr, prep != nullptr ? prep->v : nullptr,
                        prep != nullptr ? prep->q_norm : nullptr, prep != nullptr ? prep->k_norm : nullptr,
                        prep != nullptr ? prep->inv_freq : nullptr, d.rot, d.eps};
+  if (g_fused_rows_mode.value() == 2) {
+    if (const cudaError_t e = EncodeRowsMap(w, form.rpb, &args.rows_map, &args.box_rows); e != cudaSuccess) return e;
+    args.tma_rows = true;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
   config.blockDim = dim3(kThreads);
@@ -513,6 +570,8 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
 
 bool AttnOutFusedPrepInside() { return g_fused_prep_inside.on(); }
 void SetAttnOutFusedPrepInside(bool on) { g_fused_prep_inside.set(on); }
+int AttnOutFusedRowsMode() { return static_cast<int>(g_fused_rows_mode.value()); }
+void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 0 : mode); }
 int AttnOutFusedForm() { return static_cast<int>(g_fused_form.value()); }
 void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 ? 8 : 4); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }

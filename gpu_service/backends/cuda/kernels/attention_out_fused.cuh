@@ -83,6 +83,13 @@ void SetAttnOutFused(bool on);
 int AttnOutFusedForm();
 void SetAttnOutFusedForm(int slices);
 
+// How a block brings in o's rows (TANDEM_ATTN_OUT_FUSED_ROWS, read once; settable): 0 16-byte
+// cp.async pieces (the default), 1 one bulk copy a row, 2 the TMA's 2-D boxes of up to 256 rows
+// (a tensor map of o, encoded at the launch). TANDEM_ATTN_OUT_FUSED_LATE_ROWS=1 asks for them after
+// the PDL wait instead of before it.
+int AttnOutFusedRowsMode();
+void SetAttnOutFusedRowsMode(int mode);
+
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
 // takes the next row of the armed buffer and writes %globaltimer at each phase). Test and benchmark
