@@ -4,7 +4,7 @@
 // 2 kv heads, hd 256) with an o of 2560 rows (o's 2048 and the routing terms' rows, as o_route).
 // y starts from random values (the kernel adds). Within 1e-4 relative L2: the keys' sums are split
 // differently (eight slices of a head in one cluster against up to 66 slices), so x differs in the
-// last bits and its int16 rounding may move a step. Contexts from one key (seven empty slices) to
+// last bits and its int16 rounding may move a step. Contexts from one key (every other slice empty) to
 // kAttnOutFusedMaxKeys, in sequence rows 0 and 5 (the page table's row), in both forms (clusters of
 // four and of eight: AttnOutFusedForm) and the three ways of bringing in o's rows
 // (AttnOutFusedRowsMode). Also the q/k prep inside the launch, and the shapes and matrices it

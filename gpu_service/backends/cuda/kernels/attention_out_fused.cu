@@ -40,8 +40,12 @@ constexpr int kHd = 256;          // one head = one super-block of o's columns
 constexpr int kThreads = 256;     // thread t: dim t in the merges, column t in the product
 constexpr int kWarps = kThreads / 32;
 constexpr int kPer = kHd / 32;    // dims a lane
-constexpr int kWarpKeys = 4;      // keys a warp a pass
-constexpr int kPassKeys = kWarps * kWarpKeys;
+// Keys a warp a pass: 8 in the four-block form (one block an SM: registers to spare; a pass covers
+// 64 keys, a context of 256 in one pass), 4 in the eight-block form (three an SM).
+template <int kSlices>
+constexpr int WarpKeysOf() {
+  return kSlices == 4 ? 8 : 4;
+}
 // The forms (a template parameter): kSlices blocks a cluster, each a context slice of one head;
 // four at one block an SM (up to kMaxRowsFour of o's rows a block: 209 KB at q3n-80b's 3072), or
 // eight at three an SM (o's rows in two or more splits, 80 registers).
@@ -159,6 +163,7 @@ template <int kSlices, bool kProbe>
 __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     AttentionOutFusedKernel(const __grid_constant__ FusedArgs a) {
   constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
+  constexpr int kWarpKeys = WarpKeysOf<kSlices>(), kPassKeys = kWarps * kWarpKeys;
   namespace cg = cooperative_groups;
   unsigned long long* probe_row = nullptr;
   if constexpr (kProbe) {

@@ -14,7 +14,7 @@
 // column-split product's layout and arithmetic (q8x8_columns.cuh), so x in int16 and one atomic
 // addition a row.
 //
-// A slice's keys are walked in registers (a warp four keys at a time, lanes holding 8 dims), so the
+// A slice's keys are walked in registers (a warp 8 or 4 keys at a time, lanes holding 8 dims), so the
 // kernel suits short contexts: the backend uses it up to kAttnOutFusedMaxKeys keys and the split
 // path beyond. Not bit-identical to the split path (the keys' sums are split differently; f32
 // throughout); within 1e-4 relative L2 of it on o's output in the tests.
