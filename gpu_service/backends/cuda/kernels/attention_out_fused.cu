@@ -310,25 +310,29 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     q[7] = q1.w * scale;
   }
   const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
-#pragma unroll
-  for (int k = 0; k < kWarpKeys; ++k) {
-    if (first + k != pos || pos >= end) continue;
-    if (a.prep) {  // this lane's 8 dims of the key and value formed above
+  // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
+  // inside (another cluster appends it to the cache, unordered with this one), else from the cache.
+  auto load_after_wait = [&](int64_t key, int k) {
+    if (key == pos && a.prep) {  // this lane's 8 dims of the key and value
       kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
       kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
       vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
       vr[k][1] = *reinterpret_cast<const float4*>(v_sh + lane * kPer + 4);
     } else {
-      LoadKeyValue(a.cache, seq, pos, kvw, col, kr[k], vr[k]);
+      LoadKeyValue(a.cache, seq, key, kvw, col, kr[k], vr[k]);
     }
+  };
+#pragma unroll
+  for (int k = 0; k < kWarpKeys; ++k) {
+    if (first + k == pos && pos < end) load_after_wait(pos, k);
   }
-  // The warp's keys, four a pass; the first pass's rows are loaded above.
+  // The warp's keys, kWarpKeys a pass; the first pass's rows are loaded above.
   float m = -INFINITY, l = 0.0f, acc[kPer] = {};
   for (int64_t base = first; base < end; base += kPassKeys) {
     if (base != first) {
 #pragma unroll
       for (int k = 0; k < kWarpKeys; ++k) {
-        if (base + k < end) LoadKeyValue(a.cache, seq, base + k, kvw, col, kr[k], vr[k]);
+        if (base + k < end) load_after_wait(base + k, k);
       }
     }
     float s[kWarpKeys];
