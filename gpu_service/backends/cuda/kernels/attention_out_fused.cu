@@ -26,9 +26,9 @@
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/global_timer.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_rope_warp.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
-#include "gpu_service/backends/cuda/kernels/rope_f64.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/step_probe.h"
@@ -126,34 +126,6 @@ __device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const flo
   acc[5] = fmaf(p, v[1].y, acc[5]);
   acc[6] = fmaf(p, v[1].z, acc[6]);
   acc[7] = fmaf(p, v[1].w, acc[7]);
-}
-
-// One head of token 0 normed and roped by one warp into `row` (hd = 256 floats of shared memory),
-// with the bits of the prep kernels (attention_append.cu; attention_decode.cu's WarpNormRopeRow,
-// whose operations these are): lane l holds values 32j + l in x[j] and gamma[j]; the rotation's f64
-// sine and cosine of value i come from sn[i], cs[i] (computed before the PDL wait).
-__device__ __forceinline__ void WarpNormRopeRowAt(const float (&x)[kPer], const float (&gamma)[kPer], float eps,
-                                                  int rot, const double* sn, const double* cs, float* row) {
-  const int lane = threadIdx.x & 31;
-  const float ss = WarpSumSquaresAsBlock<kPer>(x);
-  const float r = rsqrtf(ss / static_cast<float>(kHd) + eps);
-  float y[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    y[j] = gamma[j] * (x[j] * r);
-    row[32 * j + lane] = y[j];
-  }
-  __syncwarp();
-  const int half = rot / 2;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = 32 * j + lane;
-    if (i >= rot) continue;
-    y[j] = i < half ? RopeLower(y[j], row[i + half], sn[i], cs[i]) : RopeUpper(y[j], row[i - half], sn[i], cs[i]);
-  }
-  __syncwarp();  // every partner has been read
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) row[32 * j + lane] = y[j];
 }
 
 __device__ ArmedStampRows g_fused_probe;
@@ -279,7 +251,11 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
         for (int j = 0; j < kPer; ++j) v[j] = __ldcg(vsrc + 32 * j + lane);
       }
       float* row = warp == 0 ? q_sh : k_sh;
-      WarpNormRopeRowAt(x, gamma, a.eps, a.rot, sn, cs, row);
+      // norm_rope_warp.cuh: the prep kernels' bits; the sines and cosines computed before the wait.
+      WarpNormRopeRowWith<kPer>(x, gamma, kHd, a.eps, a.rot, row, [&](int i, int, double* s, double* c) {
+        *s = sn[i];
+        *c = cs[i];
+      });
       if (warp == 1) {
 #pragma unroll
         for (int j = 0; j < kPer; ++j) v_sh[32 * j + lane] = v[j];
