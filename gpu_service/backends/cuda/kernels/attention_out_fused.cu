@@ -128,6 +128,27 @@ __device__ __forceinline__ void AddScaled(float (&acc)[kPer], float p, const flo
   acc[7] = fmaf(p, v[1].w, acc[7]);
 }
 
+// The softmax merge of kN parts for this thread's dim: part p's max m[p], sum l[p] and accumulator
+// v[p · kHd] (an empty part: max -inf); returns Σ_p e^(m[p] - max) v, with *max_out and the total
+// Σ_p e^(m[p] - max) l[p] (max -inf and zeros when every part is empty).
+template <int kN>
+__device__ __forceinline__ float MergeParts(const float* m, const float* l, const float* v, float* max_out,
+                                            float* total) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int p = 0; p < kN; ++p) mx = fmaxf(mx, m[p]);
+  float a = 0.0f, t = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kN; ++p) {
+    const float f = m[p] == -INFINITY ? 0.0f : expf(m[p] - mx);
+    a = fmaf(f, v[p * kHd], a);
+    t = fmaf(f, l[p], t);
+  }
+  *max_out = mx;
+  *total = t;
+  return a;
+}
+
 __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
@@ -346,16 +367,8 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
   *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
   __syncthreads();
-  float mb = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, area.wm[w]);
-  float ab = 0.0f, lb = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const float f = area.wm[w] == -INFINITY ? 0.0f : expf(area.wm[w] - mb);
-    ab = fmaf(f, area.wacc[w][tid], ab);
-    lb = fmaf(f, area.wl[w], lb);
-  }
+  float mb, lb;
+  const float ab = MergeParts<kWarps>(area.wm, area.wl, &area.wacc[0][tid], &mb, &lb);
   if constexpr (kProbe) {
     if (probe_row != nullptr && KnownNow(ab)) probe_row[kAttnOutFusedProbeSliceDone] = GlobalTimerNs();
   }
@@ -368,16 +381,8 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   }
   mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
   stamp(kAttnOutFusedProbePushed);
-  float mm = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kSlices; ++c) mm = fmaxf(mm, area.pm[c]);  // finite: slice 0 holds key 0
-  float at = 0.0f, lt = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kSlices; ++c) {
-    const float f = area.pm[c] == -INFINITY ? 0.0f : expf(area.pm[c] - mm);
-    at = fmaf(f, area.pacc[c][tid], at);
-    lt = fmaf(f, area.pl[c], lt);
-  }
+  float mm, lt;  // mm finite: slice 0 holds key 0
+  const float at = MergeParts<kSlices>(area.pm, area.pl, &area.pacc[0][tid], &mm, &lt);
   const float xv = at / lt * SigmoidF(gate);
   // The column-split product's last part (dense_colsplit.cu's ColumnSplitKernel).
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
