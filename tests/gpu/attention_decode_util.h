@@ -89,11 +89,10 @@ inline DecodeCase MakeDecodeCase(std::mt19937& rng, const cuda::AttnShape& d, co
 // o of LaunchAttention over c with `plan` (its items on the device), on the legacy stream; o starts
 // poisoned, so an unwritten output shows.
 inline std::vector<float> AttendPlanned(const DecodeCase& c, const cuda::AttentionPlan& plan,
-                                        const DeviceArray<int32_t>& items, const DeviceArray<uint8_t>& scratch,
-                                        cuda::AttnL2Ahead l2_ahead = {}) {
+                                        const DeviceArray<int32_t>& items, const DeviceArray<uint8_t>& scratch) {
   auto o = gpu_testing::Poisoned<float>(static_cast<size_t>(c.n * c.d.nh * c.d.hd));
   EXPECT_EQ(cuda::LaunchAttention(c.d_q.get(), c.d_qg.get(), c.n, c.d, plan, items.get(), c.d_seq.get(), c.d_pos.get(),
-                                  c.cache(), o.get(), scratch.get(), nullptr, 0, nullptr, l2_ahead),
+                                  c.cache(), o.get(), scratch.get(), nullptr),
             cudaSuccess);
   return gpu_testing::Download(o);
 }

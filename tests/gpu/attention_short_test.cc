@@ -180,39 +180,6 @@ TEST_P(GpuAttentionShortTest, WholeContextMatchesSplitPathAndReference) {
   }
 }
 
-// The slice blocks without keys asking L2 for a range ahead (LaunchAttention's l2_ahead, a range of
-// 1 MB + 40 bytes, so that the last block's share ends in a partial line): o bit-identical to the
-// launch without it and the range unchanged, for contexts that leave most slices empty, a few, or
-// none (4097: 66 slices of 64 keys), at batch 1 (where it applies) and batch 3 (ignored), on both
-// sides of the short-walk bound.
-TEST_P(GpuAttentionShortTest, L2AheadChangesNothing) {
-  attn_testing::AttnSwitchGuard guard;
-  std::mt19937 rng = ::tandem::testing::SeededRng();
-  const cuda::AttnShape d = shape();
-  std::vector<uint8_t> pattern((1 << 20) + 40);
-  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(rng());
-  const auto ahead = Upload(pattern);
-  for (int ctx : {1, 33, 600, 2100, 4097}) {
-    for (const std::vector<int32_t>& rows : {std::vector<int32_t>{0}, std::vector<int32_t>{6, 1, 3}}) {
-      DecodeCase c = MakeDecodeCase(rng, d, rows, std::vector<int>(rows.size(), ctx), std::vector<int>(rows.size(), 1));
-      const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, d);
-      const auto items = Upload(plan.items);
-      const auto scratch = ZeroedScratch(plan.scratch_bytes);
-      for (bool split_always : {false, true}) {
-        cuda::SetOldAttnSplit(split_always);
-        const std::string what = ShapeName(GetParam()) + " ctx=" + std::to_string(ctx) + " seqs=" +
-                                 std::to_string(rows.size()) + (split_always ? " split always" : "");
-        const std::vector<float> want = AttendPlanned(c, plan, items, scratch);
-        const std::vector<float> got =
-            AttendPlanned(c, plan, items, scratch, cuda::AttnL2Ahead{ahead.get(), static_cast<int64_t>(pattern.size())});
-        ASSERT_TRUE(AllFinite(want)) << what;
-        EXPECT_EQ(FirstDifference(got, want), -1) << what;
-      }
-    }
-  }
-  EXPECT_EQ(Download(ahead), pattern);
-}
-
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionShortTest, ::testing::ValuesIn(attn_testing::kDecodeShapes),
                          attn_testing::ShapeTestName);
 

@@ -196,23 +196,6 @@ TEST_P(DecodeScheduleTest, EarlyAttentionKeysGiveTheSameLogits) {
   cuda::SetOldAttnEarlyKv(was);
 }
 
-// The column-split o product's weights asked into L2 by the split attention's slice blocks
-// without keys (TANDEM_ATTN_O_AHEAD, on by default) against no prefetch: prefetches change no
-// value, bit-identical logits, with and without the split at every context.
-TEST_P(DecodeScheduleTest, AttnOutL2AheadGivesTheSameLogits) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutL2Ahead(), was_split = cuda::OldAttnSplit();
-  for (bool split_always : {false, true}) {
-    cuda::SetOldAttnSplit(split_always);
-    ExpectScheduleChangesNoLogits(GetParam(),
-                                  split_always ? "o's weights into L2 ahead vs not, split always"
-                                               : "o's weights into L2 ahead vs not",
-                                  [](bool on) { cuda::SetAttnOutL2Ahead(on); });
-  }
-  cuda::SetOldAttnSplit(was_split);
-  cuda::SetAttnOutL2Ahead(was);
-}
-
 // Every decode input layout (the separate products of TANDEM_OLD_DECODE_INPUTS, the one stacked
 // product, the stacked product with z and [k; v] aside) with both attention decode paths: the two
 // prep launches with the merge launch (TANDEM_OLD_ATTN_DECODE=1) against the one prep launch and the

@@ -486,13 +486,8 @@ absl::Status CudaBackend::Impl::RunAttention(int64_t layer, const StepPlan& plan
     // The merge of a one-token step's slices left to the column-split o product
     // (TANDEM_ATTN_MERGE_IN_OUT, attention.cuh).
     cuda::AttnDeferredMerge* defer = AttnOutByColumns(w, T) && cuda::AttnMergeInOut() ? &attn_merge : nullptr;
-    // o's weights asked into L2 by the attention's idle slice blocks (attention.cuh).
-    cuda::AttnL2Ahead ahead;
-    if (const cuda::DeviceMatrix* m = AttnOutMatrix(w, T); m != nullptr && cuda::AttnOutL2Ahead()) {
-      ahead = cuda::AttnL2Ahead{m->data, m->rows * m->row_bytes};
-    }
     if (absl::Status s = Launch(cuda::LaunchAttention(q, qg_rows, T, shape, plan.attn, items_dev(), seq_dev(),
-                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride, defer, ahead),
+                                                      pos_dev(), cache, ao, attn_scratch, st, qg_stride, defer),
                                 "attention");
         !s.ok()) {
       return s;

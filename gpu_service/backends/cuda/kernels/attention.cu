@@ -31,8 +31,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
                      const int32_t* __restrict__ items, const int32_t* __restrict__ token_seq,
                      const int32_t* __restrict__ token_pos, PagedKv cache, float* __restrict__ part_o,
                      float* __restrict__ part_ml, float* __restrict__ o, unsigned* __restrict__ tickets,
-                     int short_keys, bool early_kv, AttnL2Ahead l2_ahead, unsigned long long* probe,
-                     int capacity) {
+                     int short_keys, bool early_kv, unsigned long long* probe, int capacity) {
   unsigned long long* row = nullptr;
   if constexpr (kProbe) {
     const int b = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
@@ -44,7 +43,7 @@ SplitAttentionKernel(const float* __restrict__ q, const float* __restrict__ qg, 
     if (threadIdx.x == 0 && row != nullptr) row[kAttnProbeBlock] = static_cast<unsigned long long>(b);
   }
   SplitAttendBlock<kHd, kMergeHere, false, NoPrep, kProbe>(q, qg, qg_stride, nh, kvh, items, token_seq, token_pos, cache,
-                                                           part_o, part_ml, o, tickets, short_keys, early_kv, NoPrep{}, l2_ahead,
+                                                           part_o, part_ml, o, tickets, short_keys, early_kv, NoPrep{},
                                                            row);
 }
 
@@ -91,7 +90,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
                               const int32_t* token_seq,
                               const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
                               cudaStream_t stream, int64_t qg_stride, bool early_kv,
-                              AttnDeferredMerge* deferred_merge, AttnL2Ahead l2_ahead) {
+                              AttnDeferredMerge* deferred_merge) {
   // The tensor-core kernels read the gate at the dense row width only.
   if (num_tile_items > 0 && qg_stride != static_cast<int64_t>(d.nh) * 2 * kHd) return cudaErrorInvalidValue;
   if (num_row_items > 0) {
@@ -117,7 +116,7 @@ cudaError_t LaunchAttentionHd(const float* q, const float* qg, const AttnShape& 
     if (kernel.error != cudaSuccess) return kernel.error;
     if (cudaError_t e = LaunchPdl(kernel.fn, grid, kSplitWarps * 32, smem, stream, q, qg, qg_stride, d.nh, d.kvh, items,
                                   token_seq, token_pos, cache, part_o, part_ml, o, tickets, short_keys, early_kv,
-                                  num_row_items == 1 ? l2_ahead : AttnL2Ahead{}, probe.rows, probe.capacity);
+                                  probe.rows, probe.capacity);
         e != cudaSuccess) {
       return e;
     }
@@ -166,20 +165,19 @@ cudaError_t Dispatch(const float* q, const float* qg, const AttnShape& d, const 
                      int num_splits, int num_tile_items, int tc_splits, const int32_t* token_seq,
                      const int32_t* token_pos,
                      const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride = 0,
-                     bool early_kv = false, AttnDeferredMerge* deferred_merge = nullptr,
-                     AttnL2Ahead l2_ahead = {}) {
+                     bool early_kv = false, AttnDeferredMerge* deferred_merge = nullptr) {
   if (qg_stride == 0) qg_stride = static_cast<int64_t>(d.nh) * 2 * d.hd;
   if (qg_stride < static_cast<int64_t>(d.nh) * 2 * d.hd) return cudaErrorInvalidValue;
   switch (d.hd) {
     case 64:
       return LaunchAttentionHd<64>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                   cache, o, scratch, stream, qg_stride, early_kv, deferred_merge, l2_ahead);
+                                   cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     case 128:
       return LaunchAttentionHd<128>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge, l2_ahead);
+                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     case 256:
       return LaunchAttentionHd<256>(q, qg, d, items, num_row_items, num_splits, num_tile_items, tc_splits, token_seq, token_pos,
-                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge, l2_ahead);
+                                    cache, o, scratch, stream, qg_stride, early_kv, deferred_merge);
     default:
       return cudaErrorInvalidValue;
   }
@@ -193,9 +191,6 @@ ProcessSwitch g_attn_merge_in_block{[] { return EnvSwitch("TANDEM_ATTN_MERGE_IN_
 
 // On by default: +1.7% batch-1 decode on q3n-80b (docs/PERF.md, thirty-first session).
 ProcessSwitch g_attn_merge_in_out{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_MERGE_IN_OUT"); }};
-
-// Off by default: -1.3% batch-1 decode on an H100 (docs/PERF.md, sixtieth session).
-ProcessSwitch g_attn_out_l2_ahead{[] { return EnvSwitch("TANDEM_ATTN_O_AHEAD"); }};
 
 ProcessSwitch g_old_attn_early_kv{[] { return EnvSwitch("TANDEM_OLD_ATTN_EARLY_KV"); }};
 
@@ -220,8 +215,6 @@ bool AttnMergeInBlock() { return g_attn_merge_in_block.on(); }
 void SetAttnMergeInBlock(bool on) { g_attn_merge_in_block.set(on); }
 bool AttnMergeInOut() { return g_attn_merge_in_out.on(); }
 void SetAttnMergeInOut(bool on) { g_attn_merge_in_out.set(on); }
-bool AttnOutL2Ahead() { return g_attn_out_l2_ahead.on(); }
-void SetAttnOutL2Ahead(bool on) { g_attn_out_l2_ahead.set(on); }
 bool OldAttnEarlyKv() { return g_old_attn_early_kv.on(); }
 void SetOldAttnEarlyKv(bool on) { g_old_attn_early_kv.set(on); }
 bool OldAttnSplit() { return g_old_attn_split.on(); }
@@ -284,7 +277,7 @@ size_t AttentionMaxScratchBytes(const AttnShape& d) {
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d, const AttentionPlan& plan,
                             const int32_t* items, const int32_t* token_seq, const int32_t* token_pos,
                             const PagedKv& cache, float* o, void* scratch, cudaStream_t stream, int64_t qg_stride,
-                            AttnDeferredMerge* deferred_merge, AttnL2Ahead l2_ahead) {
+                            AttnDeferredMerge* deferred_merge) {
   if (deferred_merge != nullptr) *deferred_merge = AttnDeferredMerge{};
   if (n <= 0) return cudaSuccess;
   if (!AttentionShapeOk(d) || plan.num_row_items + plan.num_tile_items <= 0 ||
@@ -295,7 +288,7 @@ cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const At
   }
   return Dispatch(q, qg, d, items, plan.num_row_items, plan.num_splits, plan.num_tile_items, plan.tc_splits, token_seq,
                   token_pos, cache, o, scratch, stream, qg_stride, plan.one_item_per_sequence && !OldAttnEarlyKv(),
-                  n == 1 ? deferred_merge : nullptr, l2_ahead);
+                  n == 1 ? deferred_merge : nullptr);
 }
 
 std::vector<int32_t> PlanAttentionItems(const std::vector<int32_t>& token_seq, int groups) {

@@ -138,14 +138,6 @@ struct AttnDeferredMerge {
 bool AttnMergeInOut();
 void SetAttnMergeInOut(bool on);
 
-// Whether the backend passes a one-token attention launch the column-split o product's weights as
-// its l2_ahead (LaunchAttention), so that o's blocks find them in L2: the split attention's slice
-// blocks past a short context (most of its 132 blocks at batch 1) sit idle on their SMs until the
-// q/k prep ends. TANDEM_ATTN_O_AHEAD=0 turns it off (read once; settable; read when a step is
-// enqueued).
-bool AttnOutL2Ahead();
-void SetAttnOutL2Ahead(bool on);
-
 // The split attention's blocks (row items) read the step's items, rows, positions and page table
 // before their PDL wait (the host writes them before the step), and, for plans where each
 // sequence's tokens are one item (AttentionPlan::one_item_per_sequence: decode), copy the keys and
@@ -269,20 +261,10 @@ size_t AttentionMaxScratchBytes(const AttnShape& d);
 // deferred_merge (may be null): for n == 1, a plan of one row item with num_splits > 1, hd that
 // AttnMergeableHd takes and the merge in the block off, no merge is launched and *deferred_merge
 // says what to merge (AttnDeferredMerge); otherwise it is set to nothing deferred.
-// l2_ahead (may be empty): bytes the next launch reads regardless of this one's results (the
-// column-split o product's weights). In a one-row-item launch whose context leaves slice blocks
-// without keys, those blocks, which otherwise only wait, ask L2 for equal shares of it, one
-// prefetch.global.L2 per 128-byte line, before their PDL wait (nothing waits for the prefetches;
-// no value changes). See AttnOutL2Ahead.
-struct AttnL2Ahead {
-  const void* data = nullptr;
-  int64_t bytes = 0;
-};
 cudaError_t LaunchAttention(const float* q, const float* qg, int64_t n, const AttnShape& d,
                             const AttentionPlan& plan, const int32_t* items, const int32_t* token_seq,
                             const int32_t* token_pos, const PagedKv& cache, float* o, void* scratch,
-                            cudaStream_t stream, int64_t qg_stride = 0, AttnDeferredMerge* deferred_merge = nullptr,
-                            AttnL2Ahead l2_ahead = {});
+                            cudaStream_t stream, int64_t qg_stride = 0, AttnDeferredMerge* deferred_merge = nullptr);
 
 // The earlier interface, kept for existing callers: the row items of PlanAttention (kF32) as
 // int32 pairs, and the exact kernel over them with one block per item and kv head (no context

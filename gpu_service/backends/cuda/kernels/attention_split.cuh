@@ -161,21 +161,6 @@ __device__ __forceinline__ void StoreFreshKey(float* dst, int k, const FreshRows
 // chunks (the merge's reads) stay 512 contiguous bytes.
 __device__ __forceinline__ int WaccChunk(int c) { return c ^ ((c >> 3) & 1); }
 
-// A slice block without keys (one row item: the launch passes l2_ahead only then) asks L2 for its
-// share of l2_ahead (attention.cuh), one prefetch.global.L2 per 128-byte line: the slices past the
-// context (splits - live of each kv head) split the lines evenly. A prefetch is not waited for, so
-// the block goes on at once; line prefetches, not bulk ones, since a grid with bulk L2 requests
-// outstanding was measured to retire only once they were served (docs/PERF.md, fourteenth session).
-__device__ __forceinline__ void AskL2Ahead(const AttnL2Ahead& ahead, int64_t ctx, int64_t chunk) {
-  const int64_t splits = gridDim.z, live = min(splits, (ctx + chunk - 1) / chunk);
-  const int64_t empty = splits - live, e = blockIdx.y * empty + (blockIdx.z - live), blocks = gridDim.y * empty;
-  const int64_t lines = (ahead.bytes + 127) / 128, lo = lines * e / blocks, hi = lines * (e + 1) / blocks;
-  const char* base = static_cast<const char*>(ahead.data);
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + i * 128));
-  }
-}
-
 // SplitAttentionKernel's prep: nothing to prepare.
 struct NoPrep {
   __device__ __forceinline__ FreshRows operator()(int32_t, int32_t, int32_t, int64_t, int64_t) const {
@@ -216,7 +201,6 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
                                                  float* __restrict__ part_o, float* __restrict__ part_ml,
                                                  float* __restrict__ o, unsigned* __restrict__ tickets,
                                                  int short_keys, bool early_kv, Prep prep,
-                                                 AttnL2Ahead l2_ahead = {},
                                                  unsigned long long* probe_row = nullptr) {
   auto put = [&](int word, unsigned long long value) {
     if constexpr (kProbe) {
@@ -242,14 +226,13 @@ __device__ __forceinline__ void SplitAttendBlock(const float* __restrict__ q, co
   const int32_t seq = token_seq[first];
   const int64_t ctx = static_cast<int64_t>(token_pos[first + count - 1]) + 1;
   const bool whole = ctx <= short_keys;  // block-uniform
-  const int64_t chunk =
-      whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-  const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
-  if (l2_ahead.bytes > 0 && begin >= end) AskL2Ahead(l2_ahead, ctx, chunk);
   if (whole && split != 0) {  // touches no data of the step: no wait needed
     stamp(kAttnProbeExit);
     return;
   }
+  const int64_t chunk =
+      whole ? ctx : ((ctx + splits - 1) / splits + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  const int64_t begin = split * chunk, end = min(ctx, begin + chunk);
   const int kvw = kvh * kHd;
   const int my_row = lane & 7;  // the row of this lane's score, and of its max and sum
   const int64_t my_pos = my_row / groups < count ? token_pos[first + my_row / groups] : -1;
