@@ -518,8 +518,9 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
                        prep != nullptr ? prep->q_norm : nullptr, prep != nullptr ? prep->k_norm : nullptr,
                        prep != nullptr ? prep->inv_freq : nullptr, d.rot, d.eps};
   if (g_fused_rows_mode.value() == 2) {
-    if (const cudaError_t e = EncodeRowsMap(w, form.rpb, &args.rows_map, &args.box_rows); e != cudaSuccess) return e;
-    args.tma_rows = true;
+    // A matrix or driver the TMA cannot describe falls back to a bulk copy a row (the same bytes).
+    args.tma_rows = EncodeRowsMap(w, form.rpb, &args.rows_map, &args.box_rows) == cudaSuccess;
+    args.bulk_rows = !args.tma_rows;
   }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
