@@ -49,7 +49,7 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   ASSERT_TRUE(cuda::AttentionOutFusedFits(k80b, g.m));
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(g.m));
   const int was_form = cuda::AttnOutFusedForm(), was_rows = cuda::AttnOutFusedRowsMode();
-  for (int form : {4, 8}) {
+  for (int form : {1, 2, 4, 8}) {
     cuda::SetAttnOutFusedForm(form);
     for (int mode : {0, 1, 2}) {  // o's rows by cp.async pieces, a bulk copy a row, the TMA's boxes
       cuda::SetAttnOutFusedRowsMode(mode);
@@ -100,7 +100,7 @@ TEST(GpuAttentionOutFusedTest, PrepInsideMatchesThePrepLaunch) {
   const auto k_norm = Upload(Random(rng, static_cast<size_t>(k80b.hd)));
   const auto inv_freq = Upload(cuda::RopeInvFrequencies(1e7, k80b.rot));
   const int was_form = cuda::AttnOutFusedForm();
-  for (int form : {4, 8}) {
+  for (int form : {1, 2, 4, 8}) {
     cuda::SetAttnOutFusedForm(form);
     for (int ctx : {1, 5, 33, 135, 400}) {
       const std::string tag = "form " + std::to_string(form) + " ctx " + std::to_string(ctx);

@@ -44,13 +44,18 @@ constexpr int kPer = kHd / 32;    // dims a lane
 // 64 keys, a context of 256 in one pass), 4 in the eight-block form (three an SM).
 template <int kSlices>
 constexpr int WarpKeysOf() {
-  return kSlices == 4 ? 8 : 4;
+  return kSlices == 8 ? 4 : 8;
 }
 // The forms (a template parameter): kSlices blocks a cluster, each a context slice of one head;
 // four at one block an SM (up to kMaxRowsFour of o's rows a block: 209 KB at q3n-80b's 3072), or
 // eight at three an SM (o's rows in two or more splits, 80 registers).
 constexpr int kMaxRowsFour = 768;
 constexpr int kMaxRowsEight = 640;
+// Forms 1 and 2 (sixty-first session): o's rows in eight parts a head (128 blocks on q3n-80b, one
+// an SM, 384 rows = 104 KB each), so that o's bytes come over as many SMs as the column-split
+// product's; form 1 has no cluster (each block attends the whole context of its head: a few KB of
+// keys read again by the head's eight blocks), form 2 clusters of two slices (64 clusters: one wave).
+constexpr int kMaxRowsEighth = 768;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
@@ -91,8 +96,8 @@ template <int kSlices>
 struct MergeArea {
   float wm[kWarps], wl[kWarps];
   __align__(16) float wacc[kWarps][kHd];
-  float pm[kSlices], pl[kSlices];
-  __align__(16) float pacc[kSlices][kHd];
+  float pm[kSlices > 1 ? kSlices : 1], pl[kSlices > 1 ? kSlices : 1];
+  __align__(16) float pacc[kSlices > 1 ? kSlices : 1][kHd];
 };
 
 // This lane's 8 dims of the key and value at cache position `key` (through L2: other launches wrote
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   __shared__ __align__(8) uint64_t push_bar, rows_bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
-  const int rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int rank = kSlices > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   // Row split blockIdx.z of o's rows (each of its clusters attends the head again: the attention is
   // a few KB of keys, and smaller blocks let clusters be placed two or three an SM).
   const int row0 = (static_cast<int>(blockIdx.z) * kSlices + rank) * a.rows_per_block;
@@ -208,7 +213,11 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
   }
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
-  mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);  // (a cluster barrier: rows_bar's init seen)
+  if constexpr (kSlices > 1) {
+    mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);  // (a cluster barrier: rows_bar's init seen)
+  } else {
+    __syncthreads();  // rows_bar's init seen by the block
+  }
   if (!a.late_rows) copy_rows();
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
@@ -372,17 +381,23 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   if constexpr (kProbe) {
     if (probe_row != nullptr && KnownNow(ab)) probe_row[kAttnOutFusedProbeSliceDone] = GlobalTimerNs();
   }
-  // Into every block of the cluster: this slice's sums, max and total.
-  mbarrier::StoreAsyncToEveryBlock<kSlices>(
-      static_cast<uint32_t>(__cvta_generic_to_shared(&area.pacc[rank][tid])), ab, bar);
-  if (tid == 0) {
-    mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pm[rank])), mb, bar);
-    mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pl[rank])), lb, bar);
+  float at, lt;
+  if constexpr (kSlices > 1) {
+    // Into every block of the cluster: this slice's sums, max and total.
+    mbarrier::StoreAsyncToEveryBlock<kSlices>(
+        static_cast<uint32_t>(__cvta_generic_to_shared(&area.pacc[rank][tid])), ab, bar);
+    if (tid == 0) {
+      mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pm[rank])), mb, bar);
+      mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pl[rank])), lb, bar);
+    }
+    mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
+    float mm;  // finite: slice 0 holds key 0
+    at = MergeParts<kSlices>(area.pm, area.pl, &area.pacc[0][tid], &mm, &lt);
+  } else {
+    at = ab;  // the block held the whole context
+    lt = lb;
   }
-  mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
   stamp(kAttnOutFusedProbePushed);
-  float mm, lt;  // mm finite: slice 0 holds key 0
-  const float at = MergeParts<kSlices>(area.pm, area.pl, &area.pacc[0][tid], &mm, &lt);
   const float xv = at / lt * SigmoidF(gate);
   // The column-split product's last part (dense_colsplit.cu's ColumnSplitKernel).
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
@@ -452,8 +467,8 @@ ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LAT
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
-// TANDEM_ATTN_OUT_FUSED_FORM: 4 (clusters of four, the default) or 8 (clusters of eight).
-ProcessInteger g_fused_form{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_FORM", 4, 4, 8); }};
+// TANDEM_ATTN_OUT_FUSED_FORM: 1 (no cluster, the default), 2, 4 or 8 (clusters of that many slices).
+ProcessInteger g_fused_form{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_FORM", 1, 1, 8); }};
 
 // A launch's shape: clusters of `slices` blocks, o's rows in `splits` parts, `rpb` rows a block.
 // In the sixtieth session (docs/PERF.md) the eight-block clusters at one or two blocks an SM did not
@@ -473,8 +488,12 @@ Form FormOf(int64_t rows, int want) {
   auto four = [&]() -> Form {
     return rows % 4 == 0 && rows / 4 <= kMaxRowsFour ? Form{4, 1, static_cast<int>(rows / 4)} : Form{};
   };
-  const Form first = want == 8 ? eight() : four();
-  return first.slices > 0 ? first : (want == 8 ? four() : eight());
+  auto eighth = [&](int slices) -> Form {  // o's rows in eight parts a head, 8 / slices splits
+    return rows % 8 == 0 && rows / 8 <= kMaxRowsEighth ? Form{slices, 8 / slices, static_cast<int>(rows / 8)} : Form{};
+  };
+  Form first = want == 8 ? eight() : want == 4 ? four() : eighth(want == 2 ? 2 : 1);
+  if (first.slices == 0) first = four();
+  return first.slices > 0 ? first : eight();
 }
 
 }  // namespace
@@ -502,14 +521,18 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   const Form form = FormOf(w.rows, static_cast<int>(g_fused_form.value()));
   const bool stamped = ProbeDecodeStep();
   using Kernel = void (*)(const FusedArgs);
-  static const Kernel kernels[2][2] = {{AttentionOutFusedKernel<4, false>, AttentionOutFusedKernel<4, true>},
-                                       {AttentionOutFusedKernel<8, false>, AttentionOutFusedKernel<8, true>}};
+  static const Kernel kernels[4][2] = {{AttentionOutFusedKernel<4, false>, AttentionOutFusedKernel<4, true>},
+                                       {AttentionOutFusedKernel<8, false>, AttentionOutFusedKernel<8, true>},
+                                       {AttentionOutFusedKernel<1, false>, AttentionOutFusedKernel<1, true>},
+                                       {AttentionOutFusedKernel<2, false>, AttentionOutFusedKernel<2, true>}};
   auto raise = [](Kernel k, int rows) {
     return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ColumnSharedBytes(rows)));
   };
-  static const cudaError_t attr[2][2] = {{raise(kernels[0][0], kMaxRowsFour), raise(kernels[0][1], kMaxRowsFour)},
-                                         {raise(kernels[1][0], kMaxRowsEight), raise(kernels[1][1], kMaxRowsEight)}};
-  const int f = form.slices == 8 ? 1 : 0;
+  static const cudaError_t attr[4][2] = {{raise(kernels[0][0], kMaxRowsFour), raise(kernels[0][1], kMaxRowsFour)},
+                                         {raise(kernels[1][0], kMaxRowsEight), raise(kernels[1][1], kMaxRowsEight)},
+                                         {raise(kernels[2][0], kMaxRowsEighth), raise(kernels[2][1], kMaxRowsEighth)},
+                                         {raise(kernels[3][0], kMaxRowsEighth), raise(kernels[3][1], kMaxRowsEighth)}};
+  const int f = form.slices == 8 ? 1 : form.slices == 1 ? 2 : form.slices == 2 ? 3 : 0;
   if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
   const Kernel kernel = kernels[f][stamped ? 1 : 0];
   FusedArgs args{{},          false,    0,         q,    qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
@@ -537,16 +560,20 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
+  if (form.slices == 1) {  // no cluster
+    attribute[0] = attribute[1];
+    config.numAttrs = 1;
+  }
   // Whether the grid's clusters can all be resident at once on an idle device (a second wave was
   // the first forms' loss): said once a form, on stderr, for the benchmarks' logs; not while the
   // stream is being captured (a graph's first step), so that nothing can disturb the capture.
-  static std::atomic<bool> told[2] = {false, false};
+  static std::atomic<bool> told[4] = {false, false, false, false};
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess) {
     (void)cudaGetLastError();
     capturing = cudaStreamCaptureStatusActive;
   }
-  if (capturing == cudaStreamCaptureStatusNone && !told[f].exchange(true)) {
+  if (capturing == cudaStreamCaptureStatusNone && form.slices > 1 && !told[f].exchange(true)) {
     int clusters = 0;
     const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
     const int need = d.nh * form.splits;
@@ -564,7 +591,7 @@ void SetAttnOutFusedPrepInside(bool on) { g_fused_prep_inside.set(on); }
 int AttnOutFusedRowsMode() { return static_cast<int>(g_fused_rows_mode.value()); }
 void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 0 : mode); }
 int AttnOutFusedForm() { return static_cast<int>(g_fused_form.value()); }
-void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 ? 8 : 4); }
+void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 || slices == 4 || slices == 2 ? slices : 1); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

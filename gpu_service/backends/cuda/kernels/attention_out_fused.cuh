@@ -76,8 +76,10 @@ void SetAttnOutFusedPrepInside(bool on);
 bool AttnOutFused();
 void SetAttnOutFused(bool on);
 
-// The launch's form: clusters of 4 context slices at one block an SM (the default), or of 8 at
-// three an SM with o's rows in two or more splits (TANDEM_ATTN_OUT_FUSED_FORM=4|8, read once;
+// The launch's form: o's rows in eight parts a head, each block attending its head's whole context
+// (1, the default: no cluster) or half of it in clusters of 2 (2); clusters of 4 context slices at
+// one block an SM with o's rows in one part a head (4); or of 8 at three an SM with o's rows in two
+// or more splits (8) (TANDEM_ATTN_OUT_FUSED_FORM=1|2|4|8, read once;
 // settable for tests; a form that does not take the matrix's rows gives way to the other). The same
 // arithmetic either way but for how the keys' sums are split.
 int AttnOutFusedForm();
