@@ -56,6 +56,8 @@ constexpr int kMaxRowsEight = 640;
 // product's; form 1 has no cluster (each block attends the whole context of its head: a few KB of
 // keys read again by the head's eight blocks), form 2 clusters of two slices (64 clusters: one wave).
 constexpr int kMaxRowsEighth = 768;
+// The TMA's boxes a block (one barrier each): rows_per_block / box_rows at most.
+constexpr int kMaxBoxes = 32;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
@@ -65,6 +67,7 @@ struct FusedArgs {
   CUtensorMap rows_map;
   bool tma_rows;
   int box_rows;
+  int early_boxes;  // with late_rows and tma_rows: the first boxes still asked for before the wait
   const float* q;
   const float* qg;
   int64_t qg_stride;
@@ -176,6 +179,8 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   extern __shared__ __align__(128) uint8_t sh[];  // 128: the TMA's boxes land at 128-byte boundaries
   __shared__ MergeArea<kSlices> area;
   __shared__ __align__(8) uint64_t push_bar, rows_bar;
+  // With the TMA's boxes: one barrier a box, so that a box's rows are multiplied as soon as it lands.
+  __shared__ __align__(8) uint64_t box_bar[kMaxBoxes];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
   const int rank = kSlices > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -186,16 +191,16 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   const uint32_t rows_sh = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
-  auto copy_rows = [&] {
+  auto copy_rows = [&](int from_box, int to_box) {
     if (a.tma_rows) {
-      // Boxes of box_rows rows: one thread each (a few a block).
-      const int boxes = a.rows_per_block / a.box_rows;
-      if (tid < boxes) {
+      // Boxes of box_rows rows: one thread each (a few a block), onto the box's own barrier.
+      if (tid >= from_box && tid < to_box) {
+        const uint32_t box_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[tid]));
         const int y = row0 + tid * a.box_rows, x = head * (kColumnSuperBytes / 2);
         asm volatile(
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
                 rows_sh + static_cast<uint32_t>(tid * a.box_rows * kColumnSuperBytes)),
-            "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(rows_bar_addr)
+            "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(box_bar_addr)
             : "memory");
       }
     } else if (a.bulk_rows) {
@@ -207,10 +212,17 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
       CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
     }
   };
-  if ((a.bulk_rows || a.tma_rows) && tid == 0) {
+  const int boxes = a.tma_rows ? a.rows_per_block / a.box_rows : 0;
+  if (a.bulk_rows && tid == 0) {
     mbarrier::Init(rows_bar_addr, 1);
     mbarrier::InitFence();
     mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
+  }
+  if (a.tma_rows && tid < boxes) {
+    const uint32_t box_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[tid]));
+    mbarrier::Init(box_bar_addr, 1);
+    mbarrier::InitFence();
+    mbarrier::ArriveExpectTx(box_bar_addr, static_cast<uint32_t>(a.box_rows) * kColumnSuperBytes);
   }
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
   if constexpr (kSlices > 1) {
@@ -218,7 +230,11 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   } else {
     __syncthreads();  // rows_bar's init seen by the block
   }
-  if (!a.late_rows) copy_rows();
+  if (!a.late_rows) {
+    copy_rows(0, boxes);
+  } else if (a.tma_rows && a.early_boxes > 0) {
+    copy_rows(0, a.early_boxes < boxes ? a.early_boxes : boxes);
+  }
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
@@ -263,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
-  if (a.late_rows) copy_rows();
+  if (a.late_rows) copy_rows(a.tma_rows ? a.early_boxes : 0, boxes);
   if (a.prep) {
     // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1, in the block holding the
     // position: the kv head's new key, normed and roped, and its value; into shared memory, and by
@@ -403,14 +419,15 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (a.bulk_rows || a.tma_rows) {
+  if (a.bulk_rows) {
     mbarrier::WaitParity(rows_bar_addr, 0);
-  } else {
+  } else if (!a.tma_rows) {
     CpAsyncWait<0>();
   }
   __syncthreads();
   stamp(kAttnOutFusedProbeRowsLanded);
   for (int row = tid; row < a.rows_per_block; row += kThreads) {
+    if (a.tma_rows) mbarrier::WaitParity(static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[row / a.box_rows])), 0);
     atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
   }
   if constexpr (kProbe) {
@@ -430,6 +447,11 @@ std::atomic<uint64_t> g_fused_launches{0};
 // TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
 // copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap).
 ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 0, 0, 2); }};
+// TANDEM_ATTN_OUT_FUSED_MIN_BOXES: the fewest TMA boxes a block's rows come in (default 6);
+// TANDEM_ATTN_OUT_FUSED_EARLY_BOXES: with LATE_ROWS, how many of them are still asked for before the
+// PDL wait (default 0).
+ProcessInteger g_fused_min_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_MIN_BOXES", 6, 1, 32); }};
+ProcessInteger g_fused_early_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_EARLY_BOXES", 0, 0, 32); }};
 ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
 
 // w's rows as FusedArgs::rows_map: a 2-D tensor of uint16 (row_bytes / 2 a row, w.rows rows, rows
@@ -449,7 +471,9 @@ cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int*
   if (encode == nullptr) return cudaErrorNotSupported;
   int box = 256;
   while (box > 1 && rpb % box != 0) box /= 2;
-  if (box < 8) return cudaErrorNotSupported;  // a box's bytes (272 a row) a multiple of 128
+  // At least g_fused_min_boxes boxes a block (finer pieces multiplied as they land), at most kMaxBoxes.
+  while (box > 8 && rpb / box < g_fused_min_boxes.value()) box /= 2;
+  if (box < 8 || rpb / box > kMaxBoxes) return cudaErrorNotSupported;  // a box's bytes (272 a row) a multiple of 128
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(w.row_bytes / 2), static_cast<cuuint64_t>(w.rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(w.row_bytes)};
   const cuuint32_t boxes[2] = {static_cast<cuuint32_t>(kColumnSuperBytes / 2), static_cast<cuuint32_t>(box)};
@@ -535,7 +559,7 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   const int f = form.slices == 8 ? 1 : form.slices == 1 ? 2 : form.slices == 2 ? 3 : 0;
   if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
   const Kernel kernel = kernels[f][stamped ? 1 : 0];
-  FusedArgs args{{},          false,    0,         q,    qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
+  FusedArgs args{{},          false,    0,         0, q,    qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
                  w.row_bytes, form.rpb, y,         g_fused_rows_mode.value() == 1, g_fused_late_rows.on(),
                        prep != nullptr, prep != nullptr ? prep->k : nullptr, prep != nullptr ? prep->v : nullptr,
                        prep != nullptr ? prep->q_norm : nullptr, prep != nullptr ? prep->k_norm : nullptr,
@@ -544,6 +568,7 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
     // A matrix or driver the TMA cannot describe falls back to a bulk copy a row (the same bytes).
     args.tma_rows = EncodeRowsMap(w, form.rpb, &args.rows_map, &args.box_rows) == cudaSuccess;
     args.bulk_rows = !args.tma_rows;
+    args.early_boxes = static_cast<int>(g_fused_early_boxes.value());
   }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
