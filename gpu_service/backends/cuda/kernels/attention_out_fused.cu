@@ -446,7 +446,7 @@ std::atomic<uint64_t> g_fused_launches{0};
 // A/B switches of the sixtieth session (docs/PERF.md).
 // TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
 // copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap).
-ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 0, 0, 2); }};
+ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 2, 0, 2); }};
 // TANDEM_ATTN_OUT_FUSED_MIN_BOXES: the fewest TMA boxes a block's rows come in (default 6);
 // TANDEM_ATTN_OUT_FUSED_EARLY_BOXES: with LATE_ROWS, how many of them are still asked for before the
 // PDL wait (default 0).
@@ -487,7 +487,7 @@ cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int*
 }
 
 ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
-ProcessSwitch g_fused_late_rows{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
+ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
 
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
