@@ -283,16 +283,15 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
   ReportArmedPhases(t, h, capacity);
 }
 
-// The column-split output products' stamps (dense_colsplit_probe.h's armed buffer): attention's o
-// with the split attention's merge inside, one launch an attention layer; counted: the blocks that
-// merged attention slices.
+// The fused attention + o kernel's stamps (attention_out_fused.cuh's armed buffer), one launch an
+// attention layer; counted: the blocks with keys (all of them).
 void ReportAttentionOutFused(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
   const ArmedPhaseTable t{"attention + o fused probe", kAttnOutFusedProbeWords, kAttnOutFusedProbeBlock,
                           kAttnOutFusedProbeExit, kAttnOutFusedProbeAfterWait, kAttnOutFusedProbeKeys, "with keys",
                           {{kAttnOutFusedProbeEntry, "entry (row taken)"}, {kAttnOutFusedProbeAfterWait, "PDL wait returned"},
-                           {kAttnOutFusedProbeSliceDone, "slice attended"}, {kAttnOutFusedProbePushed, "slices pushed here"},
-                           {kAttnOutFusedProbeRowsLanded, "x and rows ready"}, {kAttnOutFusedProbeExit, "sums issued, exit"}}};
+                           {kAttnOutFusedProbeAttended, "head attended"}, {kAttnOutFusedProbeXReady, "x quantized"},
+                           {kAttnOutFusedProbeExit, "sums issued, exit"}}};
   ReportArmedPhases(t, h, capacity);
 }
 

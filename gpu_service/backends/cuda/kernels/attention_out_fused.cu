@@ -1,34 +1,34 @@
 // One-token decode attention and its output product in one launch (attention_out_fused.cuh).
 //
-// Block (h, c) of a cluster of eight along y, 256 threads:
-//   before the PDL wait: o's rows of column super-block h in row slice c into shared memory (16-byte
-//     cp.async, as ColumnSplitKernel), the cluster's push barrier, and the cached keys and values of
-//     the first pass (positions before the token's own, appended by earlier steps) into registers;
-//   after it: q's head h and its gate, the token's own key and value (the prep's append), then each
-//     warp's keys four at a time (lane l: dims 8l .. 8l + 7) with an online softmax; the block's
-//     warps merged in shared memory; the block's (max, sum, 256 sums) pushed into every block of the
-//     cluster (st.async on an mbarrier: no cluster barrier with release, which would wait for the
-//     row copies); every block merges the eight slices, gates, and runs the column product.
+// Block (h, s), 256 threads, one an SM (o's rows of the block take ~104 KB of shared memory):
+//   before the PDL wait: the cached keys and values of the first pass (positions before the token's
+//     own, appended by earlier steps) into registers;
+//   after it: o's rows of column super-block h in row part s asked for (the TMA's boxes, a barrier
+//     each; or bulk copies or cp.async pieces), q's head h and its gate, the token's own key and value
+//     (the prep's append), then each warp's keys eight at a time (lane l: dims 8l .. 8l + 7) with an
+//     online softmax, the block's warps merged in shared memory, gated, and multiplied by the rows
+//     of each box as it lands.
+// Every block of a head attends the head's whole context again: at the contexts this kernel takes
+// (kAttnOutFusedMaxKeys) that is a few hundred KB from L2 a block, against a grid boundary and a merge
+// through global memory on the split path, or a cluster whose blocks must share a GPC (measured in the
+// sixtieth and sixty-first sessions, docs/PERF.md: every cluster form lost).
 #include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap (a type only: the encoder comes through cudaGetDriverEntryPointByVersion)
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
 #include "gpu_service/backends/cuda/cp_async.cuh"
 #include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/global_timer.cuh"
-#include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_rope_warp.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/kernels/q8x8_columns.cuh"
+#include "gpu_service/backends/cuda/matvec_core.cuh"
 #include "gpu_service/backends/cuda/mbarrier.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
 #include "gpu_service/backends/cuda/step_probe.h"
@@ -37,33 +37,21 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kHd = 256;          // one head = one super-block of o's columns
-constexpr int kThreads = 256;     // thread t: dim t in the merges, column t in the product
+constexpr int kThreads = 256;     // thread t: dim t in the merge, row t (and t + 256 ...) in the product
 constexpr int kWarps = kThreads / 32;
 constexpr int kPer = kHd / 32;    // dims a lane
-// Keys a warp a pass: 8 in the four-block form (one block an SM: registers to spare; a pass covers
-// 64 keys, a context of 256 in one pass), 4 in the eight-block form (three an SM).
-template <int kSlices>
-constexpr int WarpKeysOf() {
-  return kSlices == 8 ? 4 : 8;
-}
-// The forms (a template parameter): kSlices blocks a cluster, each a context slice of one head;
-// four at one block an SM (up to kMaxRowsFour of o's rows a block: 209 KB at q3n-80b's 3072), or
-// eight at three an SM (o's rows in two or more splits, 80 registers).
-constexpr int kMaxRowsFour = 768;
-constexpr int kMaxRowsEight = 640;
-// Forms 1 and 2 (sixty-first session): o's rows in eight parts a head (128 blocks on q3n-80b, one
-// an SM, 384 rows = 104 KB each), so that o's bytes come over as many SMs as the column-split
-// product's; form 1 has no cluster (each block attends the whole context of its head: a few KB of
-// keys read again by the head's eight blocks), form 2 clusters of two slices (64 clusters: one wave).
-constexpr int kMaxRowsEighth = 768;
-// The TMA's boxes a block (one barrier each): rows_per_block / box_rows at most.
+constexpr int kWarpKeys = 8;      // keys a warp a pass (a pass covers 64 keys)
+constexpr int kPassKeys = kWarps * kWarpKeys;
+// o's rows a block at most (209 KB of shared memory), and the TMA's boxes a block at most (a
+// barrier each).
+constexpr int kMaxRows = 768;
 constexpr int kMaxBoxes = 32;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
   // o's rows of the block's column super-block as a 2-D tensor (uint16 elements, rows × row_bytes)
-  // whose boxes are `box_rows` rows of 272 bytes: the TMA copies them in rows_per_block / box_rows
-  // operations (tma_rows), against a bulk copy a row or 17 cp.async pieces a row.
+  // whose boxes are `box_rows` rows of 272 bytes (tma_rows), against a bulk copy a row (bulk_rows) or
+  // 17 cp.async pieces a row (neither).
   CUtensorMap rows_map;
   bool tma_rows;
   int box_rows;
@@ -79,8 +67,8 @@ struct FusedArgs {
   int64_t row_bytes;
   int rows_per_block;
   float* y;
-  bool bulk_rows;  // o's rows by one bulk copy each (the copy engine) rather than 16-byte cp.async
-  bool late_rows;  // o's rows asked for after the PDL wait (not competing with the q/k prep)
+  bool bulk_rows;
+  bool late_rows;  // o's rows asked for after the PDL wait (not competing with the kernels before)
   // The q/k prep inside (AttnOutFusedPrep; prep false: q comes normed and roped, the cache holds
   // the token's key): the raw rows of token 0, the norms' weights, the rotation.
   bool prep;
@@ -93,14 +81,10 @@ struct FusedArgs {
   float eps;
 };
 
-// The warps' and the cluster's partial results (static shared memory: the same address in every
-// block, which the pushes need).
-template <int kSlices>
+// The warps' partial results.
 struct MergeArea {
   float wm[kWarps], wl[kWarps];
   __align__(16) float wacc[kWarps][kHd];
-  float pm[kSlices > 1 ? kSlices : 1], pl[kSlices > 1 ? kSlices : 1];
-  __align__(16) float pacc[kSlices > 1 ? kSlices : 1][kHd];
 };
 
 // This lane's 8 dims of the key and value at cache position `key` (through L2: other launches wrote
@@ -160,12 +144,8 @@ __device__ __forceinline__ float MergeParts(const float* m, const float* l, cons
 __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
-template <int kSlices, bool kProbe>
-__global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
-    AttentionOutFusedKernel(const __grid_constant__ FusedArgs a) {
-  constexpr uint32_t kPushBytes = kSlices * (kHd + 2) * sizeof(float);
-  constexpr int kWarpKeys = WarpKeysOf<kSlices>(), kPassKeys = kWarps * kWarpKeys;
-  namespace cg = cooperative_groups;
+template <bool kProbe>
+__global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __grid_constant__ FusedArgs a) {
   unsigned long long* probe_row = nullptr;
   if constexpr (kProbe) {
     if (threadIdx.x == 0) probe_row = TakeArmedRow(g_fused_probe, &g_fused_probe_count, kAttnOutFusedProbeWords);
@@ -177,17 +157,13 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   };
   stamp(kAttnOutFusedProbeEntry);
   extern __shared__ __align__(128) uint8_t sh[];  // 128: the TMA's boxes land at 128-byte boundaries
-  __shared__ MergeArea<kSlices> area;
-  __shared__ __align__(8) uint64_t push_bar, rows_bar;
+  __shared__ MergeArea area;
+  __shared__ __align__(8) uint64_t rows_bar;
   // With the TMA's boxes: one barrier a box, so that a box's rows are multiplied as soon as it lands.
   __shared__ __align__(8) uint64_t box_bar[kMaxBoxes];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
-  const int rank = kSlices > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  // Row split blockIdx.z of o's rows (each of its clusters attends the head again: the attention is
-  // a few KB of keys, and smaller blocks let clusters be placed two or three an SM).
-  const int row0 = (static_cast<int>(blockIdx.z) * kSlices + rank) * a.rows_per_block;
-  // o's rows (constants) first, overlapping the kernels before.
+  const int row0 = static_cast<int>(blockIdx.y) * a.rows_per_block;  // row part blockIdx.y of o's rows
   const uint32_t rows_sh = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
@@ -224,12 +200,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     mbarrier::InitFence();
     mbarrier::ArriveExpectTx(box_bar_addr, static_cast<uint32_t>(a.box_rows) * kColumnSuperBytes);
   }
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push_bar));
-  if constexpr (kSlices > 1) {
-    mbarrier::InitForClusterPushes(bar, kPushBytes, tid == 0);  // (a cluster barrier: rows_bar's init seen)
-  } else {
-    __syncthreads();  // rows_bar's init seen by the block
-  }
+  __syncthreads();  // the barriers' inits seen by the block
   if (!a.late_rows) {
     copy_rows(0, boxes);
   } else if (a.tma_rows && a.early_boxes > 0) {
@@ -239,16 +210,14 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
   const int64_t pos = a.token_pos[0], ctx = pos + 1;
-  const int64_t chunk = (ctx + kSlices - 1) / kSlices;
-  const int64_t begin = rank * chunk, end = ctx < begin + chunk ? ctx : begin + chunk;
+  const int64_t end = ctx;
   const int kvw = a.kvh * kHd, col = (head / (a.nh / a.kvh)) * kHd + lane * kPer;
-  const int64_t first = begin + warp * kWarpKeys;
+  const int64_t first = warp * kWarpKeys;
   // The prep inside: the rotation's f64 sines and cosines (thread i: value i), the norms' weights of
-  // warp 0 (q) and warp 1 (the token's key, in the block whose slice holds it), and that row's cache
-  // offset (the page table is the host's), all before the wait.
+  // warp 0 (q) and warp 1 (the token's key), and the appending block's cache offset (the page table
+  // is the host's), all before the wait.
   __shared__ double sn[kHd], cs[kHd];
   __shared__ __align__(16) float q_sh[kHd], k_sh[kHd], v_sh[kHd];
-  const bool holds_pos = begin <= pos && pos < end;  // block-uniform
   float gamma[kPer];
   int64_t append_at = -1;
   if (a.prep) {
@@ -259,9 +228,8 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     const float* g = warp == 0 ? a.q_norm : a.k_norm;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) gamma[j] = warp < 2 ? g[32 * j + lane] : 0.0f;
-    // One block writes the token's key and value of its kv head: the first query head's cluster,
-    // row split 0, the slice that holds the position.
-    if (holds_pos && head % (a.nh / a.kvh) == 0 && blockIdx.z == 0) {
+    // One block writes the token's key and value of its kv head: the first query head's, row part 0.
+    if (head % (a.nh / a.kvh) == 0 && blockIdx.y == 0) {
       append_at = CacheOffset(a.cache, seq, pos, kvw) + (head / (a.nh / a.kvh)) * kHd;
     }
     __syncthreads();  // sn and cs, written by threads 0 .. rot - 1, are read by warps 0 and 1
@@ -281,10 +249,9 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   stamp(kAttnOutFusedProbeAfterWait);
   if (a.late_rows) copy_rows(a.tma_rows ? a.early_boxes : 0, boxes);
   if (a.prep) {
-    // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1, in the block holding the
-    // position: the kv head's new key, normed and roped, and its value; into shared memory, and by
-    // the appending block into the cache.
-    if (warp == 0 || (warp == 1 && holds_pos)) {
+    // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1: the kv head's new key, normed
+    // and roped, and its value; into shared memory, and by the appending block into the cache.
+    if (warp < 2) {
       const float* src = warp == 0 ? a.qg + static_cast<int64_t>(head) * 2 * kHd
                                    : a.k_raw + static_cast<int64_t>(head / (a.nh / a.kvh)) * kHd;
       float x[kPer];
@@ -314,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
         }
       }
     }
-    __syncthreads();  // q_sh, and k_sh / v_sh where the block holds the position
+    __syncthreads();  // q_sh, k_sh and v_sh
   }
   float q[kPer];
   {
@@ -333,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   }
   const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
   // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
-  // inside (another cluster appends it to the cache, unordered with this one), else from the cache.
+  // inside (another block appends it to the cache, unordered with this one), else from the cache.
   auto load_after_wait = [&](int64_t key, int k) {
     if (key == pos && a.prep) {  // this lane's 8 dims of the key and value
       kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
@@ -346,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   };
 #pragma unroll
   for (int k = 0; k < kWarpKeys; ++k) {
-    if (first + k == pos && pos < end) load_after_wait(pos, k);
+    if (first + k == pos) load_after_wait(pos, k);
   }
   // The warp's keys, kWarpKeys a pass; the first pass's rows are loaded above.
   float m = -INFINITY, l = 0.0f, acc[kPer] = {};
@@ -371,14 +338,14 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
       if (base + k >= end) s[k] = -INFINITY;
       mx = fmaxf(mx, s[k]);
     }
-    const float m_new = fmaxf(m, mx);  // finite: key `base` is in the slice
+    const float m_new = fmaxf(m, mx);  // finite: key `base` is in the context
     const float corr = expf(m - m_new);  // 0 on the first pass
     l *= corr;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) acc[i] *= corr;
 #pragma unroll
     for (int k = 0; k < kWarpKeys; ++k) {
-      const float p = expf(s[k] - m_new);  // 0 past the slice
+      const float p = expf(s[k] - m_new);  // 0 past the context
       l += p;
       AddScaled(acc, p, vr[k]);
     }
@@ -392,28 +359,9 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
   *reinterpret_cast<float4*>(&area.wacc[warp][lane * kPer + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
   __syncthreads();
-  float mb, lb;
-  const float ab = MergeParts<kWarps>(area.wm, area.wl, &area.wacc[0][tid], &mb, &lb);
-  if constexpr (kProbe) {
-    if (probe_row != nullptr && KnownNow(ab)) probe_row[kAttnOutFusedProbeSliceDone] = GlobalTimerNs();
-  }
-  float at, lt;
-  if constexpr (kSlices > 1) {
-    // Into every block of the cluster: this slice's sums, max and total.
-    mbarrier::StoreAsyncToEveryBlock<kSlices>(
-        static_cast<uint32_t>(__cvta_generic_to_shared(&area.pacc[rank][tid])), ab, bar);
-    if (tid == 0) {
-      mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pm[rank])), mb, bar);
-      mbarrier::StoreAsyncToEveryBlock<kSlices>(static_cast<uint32_t>(__cvta_generic_to_shared(&area.pl[rank])), lb, bar);
-    }
-    mbarrier::WaitParityCluster(bar, 0);  // every slice's pushes have landed here
-    float mm;  // finite: slice 0 holds key 0
-    at = MergeParts<kSlices>(area.pm, area.pl, &area.pacc[0][tid], &mm, &lt);
-  } else {
-    at = ab;  // the block held the whole context
-    lt = lb;
-  }
-  stamp(kAttnOutFusedProbePushed);
+  float mb, lt;  // mb finite: warp 0 holds key 0
+  const float at = MergeParts<kWarps>(area.wm, area.wl, &area.wacc[0][tid], &mb, &lt);
+  stamp(kAttnOutFusedProbeAttended);
   const float xv = at / lt * SigmoidF(gate);
   // The column-split product's last part (dense_colsplit.cu's ColumnSplitKernel).
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
@@ -425,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
     CpAsyncWait<0>();
   }
   __syncthreads();
-  stamp(kAttnOutFusedProbeRowsLanded);
+  stamp(kAttnOutFusedProbeXReady);
   for (int row = tid; row < a.rows_per_block; row += kThreads) {
     if (a.tma_rows) mbarrier::WaitParity(static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[row / a.box_rows])), 0);
     atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
@@ -433,30 +381,35 @@ __global__ void __launch_bounds__(kThreads, kSlices == 8 ? 3 : 1)
   if constexpr (kProbe) {
     stamp(kAttnOutFusedProbeExit);
     if (probe_row != nullptr) {
-      probe_row[kAttnOutFusedProbeKeys] = static_cast<unsigned long long>(end > begin ? end - begin : 0);
+      probe_row[kAttnOutFusedProbeKeys] = static_cast<unsigned long long>(ctx);
       probe_row[kAttnOutFusedProbeSm] = SmId();
       probe_row[kAttnOutFusedProbeBlock] =
-          blockIdx.x + static_cast<unsigned long long>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
+          blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;
     }
   }
 }
 
 std::atomic<uint64_t> g_fused_launches{0};
 
-// A/B switches of the sixtieth session (docs/PERF.md).
+// The sixty-first session's A/B switches (docs/PERF.md).
 // TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
-// copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap).
+// copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap; the default).
 ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 2, 0, 2); }};
-// TANDEM_ATTN_OUT_FUSED_MIN_BOXES: the fewest TMA boxes a block's rows come in (default 6);
-// TANDEM_ATTN_OUT_FUSED_EARLY_BOXES: with LATE_ROWS, how many of them are still asked for before the
-// PDL wait (default 0).
+// TANDEM_ATTN_OUT_FUSED_MIN_BOXES: the fewest TMA boxes a block's rows come in (default 6: each
+// box's rows multiplied as it lands); TANDEM_ATTN_OUT_FUSED_EARLY_BOXES: with the rows asked for
+// after the wait, how many boxes are still asked for before it (default 0).
 ProcessInteger g_fused_min_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_MIN_BOXES", 6, 1, 32); }};
 ProcessInteger g_fused_early_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_EARLY_BOXES", 0, 0, 32); }};
-ProcessSwitch g_fused_one_per_sm{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ONE_PER_SM"); }};
+// TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0: o's rows asked for before the PDL wait, while the q product
+// and the prep still run (their L2 round trips slowed more than the rows gained: docs/PERF.md).
+ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
+ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
+ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
 // w's rows as FusedArgs::rows_map: a 2-D tensor of uint16 (row_bytes / 2 a row, w.rows rows, rows
-// row_bytes apart) with boxes of 136 × box_rows (one super-block of 272 bytes, box_rows rows: the
-// largest power of two up to 256 dividing rpb, so that a block's boxes end at its last row).
+// row_bytes apart) with boxes of 136 × box_rows (one super-block of 272 bytes, box_rows rows: a
+// power of two dividing rpb, so that a block's boxes end at its last row, and small enough for
+// g_fused_min_boxes boxes a block).
 cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int* box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -486,45 +439,24 @@ cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int*
   return cudaSuccess;
 }
 
-ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
-ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
-
-ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
-
-// TANDEM_ATTN_OUT_FUSED_FORM: 1 (no cluster, the default), 2, 4 or 8 (clusters of that many slices).
-ProcessInteger g_fused_form{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_FORM", 1, 1, 8); }};
-
-// A launch's shape: clusters of `slices` blocks, o's rows in `splits` parts, `rpb` rows a block.
-// In the sixtieth session (docs/PERF.md) the eight-block clusters at one or two blocks an SM did not
-// all find room at once (the last ran as a second wave, ~10 us late); at three an SM the spills and
-// the row copies' issue delayed every wait. Clusters of four at one block an SM need a quarter of a
-// GPC's SMs each. slices 0: no form takes the rows.
-struct Form {
-  int slices = 0, splits = 0, rpb = 0;
-};
-Form FormOf(int64_t rows, int want) {
-  auto eight = [&]() -> Form {  // the fewest splits whose blocks fit three an SM
-    for (int s : {2, 4}) {
-      if (rows % (8 * s) == 0 && rows / (8 * s) <= 200) return Form{8, s, static_cast<int>(rows / (8 * s))};
+// o's rows a block: rows / parts for the most parts of 8, 4, 2, 1 whose nh · parts blocks fit one
+// wave of one block an SM (o's bytes come in over as many SMs as the grid has; halving the parts
+// measured 4% slower: docs/PERF.md, sixty-first session), at most kMaxRows. 0: none fits.
+int RowsPerBlock(int64_t rows, int nh) {
+  const int sms = fastmv::DeviceSmCount();
+  for (int parts : {8, 4, 2, 1}) {
+    if (rows % parts == 0 && rows / parts <= kMaxRows && (static_cast<int64_t>(nh) * parts <= sms || parts == 1)) {
+      return static_cast<int>(rows / parts);
     }
-    return {};
-  };
-  auto four = [&]() -> Form {
-    return rows % 4 == 0 && rows / 4 <= kMaxRowsFour ? Form{4, 1, static_cast<int>(rows / 4)} : Form{};
-  };
-  auto eighth = [&](int slices) -> Form {  // o's rows in eight parts a head, 8 / slices splits
-    return rows % 8 == 0 && rows / 8 <= kMaxRowsEighth ? Form{slices, 8 / slices, static_cast<int>(rows / 8)} : Form{};
-  };
-  Form first = want == 8 ? eight() : want == 4 ? four() : eighth(want == 2 ? 2 : 1);
-  if (first.slices == 0) first = four();
-  return first.slices > 0 ? first : eight();
+  }
+  return 0;
 }
 
 }  // namespace
 
 bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w) {
   return d.hd == kHd && d.nh > 0 && d.nh <= 65535 && d.kvh > 0 && d.nh % d.kvh == 0 && Q8_0x8RowsAligned(w) &&
-         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && FormOf(w.rows, 4).slices > 0;
+         w.cols == static_cast<int64_t>(d.nh) * kHd && w.rows > 0 && RowsPerBlock(w.rows, d.nh) > 0;
 }
 
 cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_stride, const AttnShape& d,
@@ -542,71 +474,57 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
       cache.v == nullptr || cache.page_table == nullptr || y == nullptr || qg_stride < static_cast<int64_t>(d.nh) * 2 * kHd) {
     return cudaErrorInvalidValue;
   }
-  const Form form = FormOf(w.rows, static_cast<int>(g_fused_form.value()));
+  const int rpb = RowsPerBlock(w.rows, d.nh);
   const bool stamped = ProbeDecodeStep();
   using Kernel = void (*)(const FusedArgs);
-  static const Kernel kernels[4][2] = {{AttentionOutFusedKernel<4, false>, AttentionOutFusedKernel<4, true>},
-                                       {AttentionOutFusedKernel<8, false>, AttentionOutFusedKernel<8, true>},
-                                       {AttentionOutFusedKernel<1, false>, AttentionOutFusedKernel<1, true>},
-                                       {AttentionOutFusedKernel<2, false>, AttentionOutFusedKernel<2, true>}};
-  auto raise = [](Kernel k, int rows) {
-    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ColumnSharedBytes(rows)));
-  };
-  static const cudaError_t attr[4][2] = {{raise(kernels[0][0], kMaxRowsFour), raise(kernels[0][1], kMaxRowsFour)},
-                                         {raise(kernels[1][0], kMaxRowsEight), raise(kernels[1][1], kMaxRowsEight)},
-                                         {raise(kernels[2][0], kMaxRowsEighth), raise(kernels[2][1], kMaxRowsEighth)},
-                                         {raise(kernels[3][0], kMaxRowsEighth), raise(kernels[3][1], kMaxRowsEighth)}};
-  const int f = form.slices == 8 ? 1 : form.slices == 1 ? 2 : form.slices == 2 ? 3 : 0;
-  if (attr[f][stamped ? 1 : 0] != cudaSuccess) return attr[f][stamped ? 1 : 0];
-  const Kernel kernel = kernels[f][stamped ? 1 : 0];
-  FusedArgs args{{},          false,    0,         0, q,    qg,    qg_stride, d.nh, d.kvh, token_seq, token_pos, cache, static_cast<const uint8_t*>(w.data),
-                 w.row_bytes, form.rpb, y,         g_fused_rows_mode.value() == 1, g_fused_late_rows.on(),
-                       prep != nullptr, prep != nullptr ? prep->k : nullptr, prep != nullptr ? prep->v : nullptr,
-                       prep != nullptr ? prep->q_norm : nullptr, prep != nullptr ? prep->k_norm : nullptr,
-                       prep != nullptr ? prep->inv_freq : nullptr, d.rot, d.eps};
+  const Kernel kernel = stamped ? AttentionOutFusedKernel<true> : AttentionOutFusedKernel<false>;
+  static const cudaError_t attr[2] = {
+      cudaFuncSetAttribute(AttentionOutFusedKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRows))),
+      cudaFuncSetAttribute(AttentionOutFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRows)))};
+  if (attr[stamped ? 1 : 0] != cudaSuccess) return attr[stamped ? 1 : 0];
+  FusedArgs args{};
+  args.q = q;
+  args.qg = qg;
+  args.qg_stride = qg_stride;
+  args.nh = d.nh;
+  args.kvh = d.kvh;
+  args.token_seq = token_seq;
+  args.token_pos = token_pos;
+  args.cache = cache;
+  args.w = static_cast<const uint8_t*>(w.data);
+  args.row_bytes = w.row_bytes;
+  args.rows_per_block = rpb;
+  args.y = y;
+  args.late_rows = g_fused_late_rows.on();
+  args.bulk_rows = g_fused_rows_mode.value() == 1;
   if (g_fused_rows_mode.value() == 2) {
     // A matrix or driver the TMA cannot describe falls back to a bulk copy a row (the same bytes).
-    args.tma_rows = EncodeRowsMap(w, form.rpb, &args.rows_map, &args.box_rows) == cudaSuccess;
+    args.tma_rows = EncodeRowsMap(w, rpb, &args.rows_map, &args.box_rows) == cudaSuccess;
     args.bulk_rows = !args.tma_rows;
     args.early_boxes = static_cast<int>(g_fused_early_boxes.value());
   }
+  if (prep != nullptr) {
+    args.prep = true;
+    args.k_raw = prep->k;
+    args.v_raw = prep->v;
+    args.q_norm = prep->q_norm;
+    args.k_norm = prep->k_norm;
+    args.inv_freq = prep->inv_freq;
+  }
+  args.rot = d.rot;
+  args.eps = d.eps;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(form.slices), static_cast<unsigned>(form.splits));
+  config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(w.rows / rpb));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = ColumnSharedBytes(form.rpb);
-  if (g_fused_one_per_sm.on()) config.dynamicSmemBytes = std::max<size_t>(config.dynamicSmemBytes, 120 * 1024);
+  config.dynamicSmemBytes = ColumnSharedBytes(rpb);
   config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(form.slices);
-  attribute[0].val.clusterDim.z = 1;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
-  config.numAttrs = 2;
-  if (form.slices == 1) {  // no cluster
-    attribute[0] = attribute[1];
-    config.numAttrs = 1;
-  }
-  // Whether the grid's clusters can all be resident at once on an idle device (a second wave was
-  // the first forms' loss): said once a form, on stderr, for the benchmarks' logs; not while the
-  // stream is being captured (a graph's first step), so that nothing can disturb the capture.
-  static std::atomic<bool> told[4] = {false, false, false, false};
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess) {
-    (void)cudaGetLastError();
-    capturing = cudaStreamCaptureStatusActive;
-  }
-  if (capturing == cudaStreamCaptureStatusNone && form.slices > 1 && !told[f].exchange(true)) {
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    const int need = d.nh * form.splits;
-    fprintf(stderr, "attention + o fused: clusters of %d, %d rows a block, %d clusters; at most %d resident at once%s\n",
-            form.slices, form.rpb, need, e == cudaSuccess ? clusters : -1,
-            e == cudaSuccess && clusters < need ? " (a second wave)" : "");
-    if (e != cudaSuccess) (void)cudaGetLastError();
-  }
+  config.numAttrs = 1;
   g_fused_launches.fetch_add(1, std::memory_order_relaxed);
   return cudaLaunchKernelEx(&config, kernel, args);
 }
@@ -614,9 +532,11 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
 bool AttnOutFusedPrepInside() { return g_fused_prep_inside.on(); }
 void SetAttnOutFusedPrepInside(bool on) { g_fused_prep_inside.set(on); }
 int AttnOutFusedRowsMode() { return static_cast<int>(g_fused_rows_mode.value()); }
-void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 0 : mode); }
-int AttnOutFusedForm() { return static_cast<int>(g_fused_form.value()); }
-void SetAttnOutFusedForm(int slices) { g_fused_form.set(slices == 8 || slices == 4 || slices == 2 ? slices : 1); }
+void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 2 : mode); }
+bool AttnOutFusedLateRows() { return g_fused_late_rows.on(); }
+void SetAttnOutFusedLateRows(bool on) { g_fused_late_rows.set(on); }
+int AttnOutFusedEarlyBoxes() { return static_cast<int>(g_fused_early_boxes.value()); }
+void SetAttnOutFusedEarlyBoxes(int boxes) { g_fused_early_boxes.set(boxes < 0 ? 0 : boxes); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

@@ -1,23 +1,21 @@
 // One-token decode attention and its output product in one launch (fast mode, batch 1, hd 256).
-// Measured slower than the split path in its first forms (docs/PERF.md, sixtieth session): a branch
-// experiment, not on main.
 //
 // The split path runs an attention layer's mixer after its q/k prep as two launches: the split
 // attention (132 blocks of one SM each, partials to global memory) and the column-split o product
 // (dense_colsplit.cuh), which waits for the whole attention grid, merges the slices from L2 and
-// only then multiplies (~14 us of an attention layer on q3n-80b shapes for a few KB of keys;
-// docs/PERF.md). Here the o product's own grid does the attention: block (h, c, s) of a cluster of
-// four or eight (c along y; AttnOutFusedForm) attends query head h over context slice c, the
-// cluster merges its slices through distributed shared memory (st.async pushes, no grid boundary),
-// and every block multiplies the head's 256 gated outputs by its part of o's rows (split s, rank c)
-// of column super-block h, copied into shared memory (before or after its PDL wait): the
-// column-split product's layout and arithmetic (q8x8_columns.cuh), so x in int16 and one atomic
-// addition a row.
+// only then multiplies (~12.5 us of an attention layer on q3n-80b shapes after the prep for a few KB
+// of keys and 13.4 MB of o: docs/PERF.md, sixtieth session). Here the o product's own grid does
+// the attention: block (h, s) attends query head h over the whole context, gates it, and multiplies
+// the head's 256 outputs by its part s of o's rows of column super-block h (the column-split
+// product's layout and arithmetic, q8x8_columns.cuh: x in int16, one atomic addition a row), the
+// rows copied into shared memory after its PDL wait (by default) by the TMA. No grid boundary and
+// no merge through global memory: ~6.4 us after the prep on an H100 (docs/PERF.md, sixty-first
+// session).
 //
-// A slice's keys are walked in registers (a warp 8 or 4 keys at a time, lanes holding 8 dims), so the
-// kernel suits short contexts: the backend uses it up to kAttnOutFusedMaxKeys keys and the split
-// path beyond. Not bit-identical to the split path (the keys' sums are split differently; f32
-// throughout); within 1e-4 relative L2 of it on o's output in the tests.
+// The head's keys are walked in registers (a warp 8 at a time, lanes holding 8 dims) by each of the
+// head's blocks, so the kernel suits short contexts: the backend uses it up to kAttnOutFusedMaxKeys
+// keys and the split path beyond. Not bit-identical to the split path (the keys' sums are split
+// differently; f32 throughout); within 1e-4 relative L2 of it on o's output in the tests.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_KERNELS_ATTENTION_OUT_FUSED_CUH_
 
@@ -36,7 +34,8 @@ inline constexpr int64_t kAttnOutFusedMaxKeys = 512;
 
 // Whether LaunchAttentionOutFused takes this shape and matrix: hd 256 (a head is one Q8_0x8
 // super-block of o's columns), w Q8_0x8 with 16-byte aligned rows, nh · 256 columns, and rows that
-// one of the forms divides (a multiple of 4 up to 4 · 768, or of 16 up to 16 · 200).
+// 8, 4, 2 or 1 parts of at most 768 rows divide (the most parts whose nh · parts blocks fit one
+// block an SM on the device).
 bool AttentionOutFusedFits(const AttnShape& d, const DeviceMatrix& w);
 
 // y[r] += Σ_c w[r][c] · attn[c] for every row r of w, where attn (nh · hd values) is the gated
@@ -76,35 +75,30 @@ void SetAttnOutFusedPrepInside(bool on);
 bool AttnOutFused();
 void SetAttnOutFused(bool on);
 
-// The launch's form: o's rows in eight parts a head, each block attending its head's whole context
-// (1, the default: no cluster) or half of it in clusters of 2 (2); clusters of 4 context slices at
-// one block an SM with o's rows in one part a head (4); or of 8 at three an SM with o's rows in two
-// or more splits (8) (TANDEM_ATTN_OUT_FUSED_FORM=1|2|4|8, read once;
-// settable for tests; a form that does not take the matrix's rows gives way to the other). The same
-// arithmetic either way but for how the keys' sums are split.
-int AttnOutFusedForm();
-void SetAttnOutFusedForm(int slices);
-
 // How a block brings in o's rows (TANDEM_ATTN_OUT_FUSED_ROWS, read once; settable): 0 16-byte
-// cp.async pieces (the default), 1 one bulk copy a row, 2 the TMA's 2-D boxes of up to 256 rows
-// (a tensor map of o, encoded at the launch). TANDEM_ATTN_OUT_FUSED_LATE_ROWS=1 asks for them after
-// the PDL wait instead of before it.
+// cp.async pieces, 1 one bulk copy a row, 2 the TMA's 2-D boxes (the default; a tensor map of o
+// encoded at the launch, at least TANDEM_ATTN_OUT_FUSED_MIN_BOXES boxes a block, each multiplied as
+// it lands). The rows are asked for after the PDL wait unless TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0;
+// with the TMA's boxes, TANDEM_ATTN_OUT_FUSED_EARLY_BOXES of them still before it.
 int AttnOutFusedRowsMode();
 void SetAttnOutFusedRowsMode(int mode);
+bool AttnOutFusedLateRows();
+void SetAttnOutFusedLateRows(bool on);
+int AttnOutFusedEarlyBoxes();
+void SetAttnOutFusedEarlyBoxes(int boxes);
 
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
 // takes the next row of the armed buffer and writes %globaltimer at each phase). Test and benchmark
 // use only.
-inline constexpr int kAttnOutFusedProbeWords = 9;
+inline constexpr int kAttnOutFusedProbeWords = 8;
 enum AttnOutFusedProbeWord : int {
   kAttnOutFusedProbeEntry,        // the block holds its row
   kAttnOutFusedProbeAfterWait,    // its PDL wait returned
-  kAttnOutFusedProbeSliceDone,    // its slice attended and its warps merged (before the pushes)
-  kAttnOutFusedProbePushed,       // every slice's pushes landed here
-  kAttnOutFusedProbeRowsLanded,   // x quantized and o's rows landed (a block barrier)
+  kAttnOutFusedProbeAttended,     // its head attended and its warps merged
+  kAttnOutFusedProbeXReady,       // x quantized (a block barrier; with the TMA's boxes, before o's rows land)
   kAttnOutFusedProbeExit,         // thread 0's additions issued
-  kAttnOutFusedProbeKeys,         // keys of the block's slice (the count word)
+  kAttnOutFusedProbeKeys,         // keys of the context (the count word)
   kAttnOutFusedProbeSm,
   kAttnOutFusedProbeBlock,        // blockIdx.x + gridDim.x · blockIdx.y
 };
