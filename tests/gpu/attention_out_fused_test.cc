@@ -50,20 +50,25 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(g.m));
   const int was_rows = cuda::AttnOutFusedRowsMode(), was_early = cuda::AttnOutFusedEarlyBoxes();
   const bool was_late = cuda::AttnOutFusedLateRows();
+  const bool was_after_loads = cuda::AttnOutFusedRowsAfterLoads();
   struct Variant {
     int mode;  // o's rows by cp.async pieces (0), a bulk copy a row (1), the TMA's boxes (2)
     bool late;
     int early_boxes;
+    bool after_loads;
   };
-  for (const Variant v : {Variant{0, false, 0}, Variant{0, true, 0}, Variant{1, false, 0}, Variant{1, true, 0},
-                          Variant{2, false, 0}, Variant{2, true, 0}, Variant{2, true, 2}}) {
+  for (const Variant v : {Variant{0, false, 0, false}, Variant{0, true, 0, false}, Variant{1, false, 0, false},
+                          Variant{1, true, 0, true}, Variant{2, false, 0, false}, Variant{2, true, 0, false},
+                          Variant{2, true, 2, false}, Variant{2, true, 1, true}}) {
     cuda::SetAttnOutFusedRowsMode(v.mode);
     cuda::SetAttnOutFusedLateRows(v.late);
     cuda::SetAttnOutFusedEarlyBoxes(v.early_boxes);
+    cuda::SetAttnOutFusedRowsAfterLoads(v.after_loads);
     const int row = v.mode == 1 ? 5 : 0;
     for (int ctx : {1, 2, 7, 8, 9, 33, 65, 135, 300, static_cast<int>(cuda::kAttnOutFusedMaxKeys)}) {
       const std::string tag = "rows mode " + std::to_string(v.mode) + (v.late ? " late" : " early") + " early boxes " +
-                              std::to_string(v.early_boxes) + " row " + std::to_string(row) + " ctx " + std::to_string(ctx);
+                              std::to_string(v.early_boxes) + (v.after_loads ? " after the loads" : "") + " row " +
+                              std::to_string(row) + " ctx " + std::to_string(ctx);
       DecodeCase c = MakeDecodeCase(rng, k80b, {row}, {ctx}, {1});
       const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, k80b);
       const auto items = Upload(plan.items);
@@ -91,6 +96,7 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   cuda::SetAttnOutFusedRowsMode(was_rows);
   cuda::SetAttnOutFusedLateRows(was_late);
   cuda::SetAttnOutFusedEarlyBoxes(was_early);
+  cuda::SetAttnOutFusedRowsAfterLoads(was_after_loads);
 }
 
 // The q/k prep inside the launch (AttnOutFusedPrep) against LaunchQkvNormRopeAppend then the fused

@@ -69,6 +69,9 @@ struct FusedArgs {
   float* y;
   bool bulk_rows;
   bool late_rows;  // o's rows asked for after the PDL wait (not competing with the kernels before)
+  // With late_rows (and the prep outside): the rows asked for after q's, the gate's and the token's
+  // key's loads are issued, not before them (those L2 reads ahead of o's in the queues).
+  bool rows_after_loads;
   // The q/k prep inside (AttnOutFusedPrep; prep false: q comes normed and roped, the cache holds
   // the token's key): the raw rows of token 0, the norms' weights, the rotation.
   bool prep;
@@ -89,13 +92,15 @@ struct MergeArea {
 
 // This lane's 8 dims of the key and value at cache position `key` (through L2: other launches wrote
 // them, and a reused page may sit in this SM's L1 from before).
-__device__ __forceinline__ void LoadKeyValue(const PagedKv& c, int32_t seq, int64_t key, int kvw, int col,
-                                             float4 (&k)[2], float4 (&v)[2]) {
-  const int64_t off = CacheOffset(c, seq, key, kvw) + col;
+__device__ __forceinline__ void LoadKeyValueAt(const PagedKv& c, int64_t off, float4 (&k)[2], float4 (&v)[2]) {
   k[0] = __ldcg(reinterpret_cast<const float4*>(c.k + off));
   k[1] = __ldcg(reinterpret_cast<const float4*>(c.k + off + 4));
   v[0] = __ldcg(reinterpret_cast<const float4*>(c.v + off));
   v[1] = __ldcg(reinterpret_cast<const float4*>(c.v + off + 4));
+}
+__device__ __forceinline__ void LoadKeyValue(const PagedKv& c, int32_t seq, int64_t key, int kvw, int col,
+                                             float4 (&k)[2], float4 (&v)[2]) {
+  LoadKeyValueAt(c, CacheOffset(c, seq, key, kvw) + col, k, v);
 }
 
 __device__ __forceinline__ float Dot8(const float (&q)[kPer], const float4 (&k)[2]) {
@@ -244,10 +249,17 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       kr[k][0] = kr[k][1] = vr[k][0] = vr[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
+  // The token's own row in the cache (its page-table entry read before the wait, so that the key's
+  // loads after it are not behind that round trip).
+  const int64_t own_off = CacheOffset(a.cache, seq, pos, kvw) + col;
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
-  if (a.late_rows) copy_rows(a.tma_rows ? a.early_boxes : 0, boxes);
+  auto late_rows_now = [&] {
+    if (a.late_rows) copy_rows(a.tma_rows ? a.early_boxes : 0, boxes);
+  };
+  const bool rows_after_loads = a.rows_after_loads && !a.prep;
+  if (!rows_after_loads) late_rows_now();
   if (a.prep) {
     // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1: the kv head's new key, normed
     // and roped, and its value; into shared memory, and by the appending block into the cache.
@@ -283,21 +295,9 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
     }
     __syncthreads();  // q_sh, k_sh and v_sh
   }
-  float q[kPer];
-  {
-    const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
-    const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
-    const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
-    const float scale = rsqrtf(static_cast<float>(kHd));
-    q[0] = q0.x * scale;
-    q[1] = q0.y * scale;
-    q[2] = q0.z * scale;
-    q[3] = q0.w * scale;
-    q[4] = q1.x * scale;
-    q[5] = q1.y * scale;
-    q[6] = q1.z * scale;
-    q[7] = q1.w * scale;
-  }
+  const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
+  const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
+  const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
   const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
   // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
   // inside (another block appends it to the cache, unordered with this one), else from the cache.
@@ -307,6 +307,8 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
       vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
       vr[k][1] = *reinterpret_cast<const float4*>(v_sh + lane * kPer + 4);
+    } else if (key == pos) {
+      LoadKeyValueAt(a.cache, own_off, kr[k], vr[k]);
     } else {
       LoadKeyValue(a.cache, seq, key, kvw, col, kr[k], vr[k]);
     }
@@ -314,6 +316,19 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
 #pragma unroll
   for (int k = 0; k < kWarpKeys; ++k) {
     if (first + k == pos) load_after_wait(pos, k);
+  }
+  if (rows_after_loads) late_rows_now();  // (q is used only below: its loads are in flight here)
+  float q[kPer];
+  {
+    const float scale = rsqrtf(static_cast<float>(kHd));
+    q[0] = q0.x * scale;
+    q[1] = q0.y * scale;
+    q[2] = q0.z * scale;
+    q[3] = q0.w * scale;
+    q[4] = q1.x * scale;
+    q[5] = q1.y * scale;
+    q[6] = q1.z * scale;
+    q[7] = q1.w * scale;
   }
   // The warp's keys, kWarpKeys a pass; the first pass's rows are loaded above.
   float m = -INFINITY, l = 0.0f, acc[kPer] = {};
@@ -403,6 +418,8 @@ ProcessInteger g_fused_early_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED
 // TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0: o's rows asked for before the PDL wait, while the q product
 // and the prep still run (their L2 round trips slowed more than the rows gained: docs/PERF.md).
 ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
+// TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS=1: FusedArgs::rows_after_loads.
+ProcessSwitch g_fused_rows_after_loads{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS"); }};
 ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
@@ -498,6 +515,7 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   args.rows_per_block = rpb;
   args.y = y;
   args.late_rows = g_fused_late_rows.on();
+  args.rows_after_loads = g_fused_rows_after_loads.on();
   args.bulk_rows = g_fused_rows_mode.value() == 1;
   if (g_fused_rows_mode.value() == 2) {
     // A matrix or driver the TMA cannot describe falls back to a bulk copy a row (the same bytes).
@@ -537,6 +555,8 @@ bool AttnOutFusedLateRows() { return g_fused_late_rows.on(); }
 void SetAttnOutFusedLateRows(bool on) { g_fused_late_rows.set(on); }
 int AttnOutFusedEarlyBoxes() { return static_cast<int>(g_fused_early_boxes.value()); }
 void SetAttnOutFusedEarlyBoxes(int boxes) { g_fused_early_boxes.set(boxes < 0 ? 0 : boxes); }
+bool AttnOutFusedRowsAfterLoads() { return g_fused_rows_after_loads.on(); }
+void SetAttnOutFusedRowsAfterLoads(bool on) { g_fused_rows_after_loads.set(on); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

@@ -86,6 +86,10 @@ bool AttnOutFusedLateRows();
 void SetAttnOutFusedLateRows(bool on);
 int AttnOutFusedEarlyBoxes();
 void SetAttnOutFusedEarlyBoxes(int boxes);
+// With the rows asked for after the wait and the prep outside: TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS=1
+// asks for them after q's, the gate's and the token's key's loads are issued (off by default).
+bool AttnOutFusedRowsAfterLoads();
+void SetAttnOutFusedRowsAfterLoads(bool on);
 
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
