@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/reference_model.h"
 #include "common/model_gen/model_generator.h"
@@ -47,8 +48,13 @@ inline absl::StatusOr<std::string> PresetModel(const std::string& name) {
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/" + name + ".gguf";
   if (!std::filesystem::exists(path)) {
-    absl::StatusOr<GenModelSpec> spec = PresetSpec(name);
+    // "PRESET@L": the preset with L main layers (q3n-80b@4: the 80B shapes, one attention layer).
+    const size_t at = name.find('@');
+    absl::StatusOr<GenModelSpec> spec = PresetSpec(name.substr(0, at));
     if (!spec.ok()) return spec.status();
+    if (at != std::string::npos && !absl::SimpleAtoi(name.substr(at + 1), &spec->layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("preset ", name, ": no layer count after '@'"));
+    }
     if (absl::Status s = GenerateModel(*spec, path); !s.ok()) return s;
   }
   (*made)[name] = path;

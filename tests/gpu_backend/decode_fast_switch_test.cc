@@ -17,6 +17,7 @@
 #include "gpu_service/backends/cuda/backend/moe_stage.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_decode.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
@@ -283,6 +284,45 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
                                        /*same_values=*/true);
   cuda::SetAttnShortKeys(was_short);
   cuda::SetAttnMergeInOut(was);
+}
+
+// Attention and its o product in one launch at one-token steps (cuda::SetAttnOutFused,
+// attention_out_fused.cuh: a cluster per query head splits the context, merges its slices through
+// distributed shared memory and runs the column-split product) against the split attention and the
+// column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
+// layers (one attention layer, ~5 GB); the decode contexts (prompts of 17 tokens and more, then 8
+// steps) are under kAttnOutFusedMaxKeys.
+TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit();
+  cuda::SetAttnOutColumnSplit(true);  // the test binary's default is off (deterministic_decode_env.cc)
+  const uint64_t launches = cuda::AttentionOutFusedLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "attention and o in one launch",
+                                       [](bool on) { cuda::SetAttnOutFused(on); }, /*deterministic=*/false);
+  printf("fused attention + o launches: %llu\n",
+         static_cast<unsigned long long>(cuda::AttentionOutFusedLaunches() - launches));
+  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
+  cuda::SetAttnOutColumnSplit(was_columns);
+  cuda::SetAttnOutFused(was);
+}
+
+// The same with the q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against
+// the prep launch before it: the same q, keys and values (attention_out_fused_test.cc compares the
+// bits), so the logits may come out bit-identical (only the atomics' order differs).
+TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
+             was_inside = cuda::AttnOutFusedPrepInside();
+  cuda::SetAttnOutFused(true);
+  cuda::SetAttnOutColumnSplit(true);
+  const uint64_t launches = cuda::AttentionOutFusedLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
+                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
+  cuda::SetAttnOutFusedPrepInside(was_inside);
+  cuda::SetAttnOutColumnSplit(was_columns);
+  cuda::SetAttnOutFused(was);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_service/backends/cuda/device_buffer.h"
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_probe.h"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit_probe.h"
 #include "gpu_service/backends/cuda/kernels/dense_matvec_probe.h"
@@ -282,9 +283,18 @@ void ReportSplitAttention(const std::vector<unsigned long long>& h, unsigned cap
   ReportArmedPhases(t, h, capacity);
 }
 
-// The column-split output products' stamps (dense_colsplit_probe.h's armed buffer): attention's o
-// with the split attention's merge inside, one launch an attention layer; counted: the blocks that
-// merged attention slices.
+// The fused attention + o kernel's stamps (attention_out_fused.cuh's armed buffer), one launch an
+// attention layer; counted: the blocks with keys (all of them).
+void ReportAttentionOutFused(const std::vector<unsigned long long>& h, unsigned capacity) {
+  using namespace cuda;
+  const ArmedPhaseTable t{"attention + o fused probe", kAttnOutFusedProbeWords, kAttnOutFusedProbeBlock,
+                          kAttnOutFusedProbeExit, kAttnOutFusedProbeAfterWait, kAttnOutFusedProbeKeys, "with keys",
+                          {{kAttnOutFusedProbeEntry, "entry (row taken)"}, {kAttnOutFusedProbeAfterWait, "PDL wait returned"},
+                           {kAttnOutFusedProbeAttended, "head attended"}, {kAttnOutFusedProbeXReady, "x quantized"},
+                           {kAttnOutFusedProbeExit, "sums issued, exit"}}};
+  ReportArmedPhases(t, h, capacity);
+}
+
 void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
   const ArmedPhaseTable t{"output product (by columns) probe", kColSplitProbeWords, kColSplitProbeBlock,
@@ -308,17 +318,18 @@ absl::Status ReportDecodeStepProbe(const std::function<absl::Status()>& step) {
                          {SetGdnOutProbe, kGdnCapacity, kGdnOutProbeWords, {}},
                          {SetFusedMoeProbe, kMoeCapacity, kFusedProbeWords, {}},
                          {SetArmedSplitAttentionProbe, kAttnCapacity, kAttnProbeWords, {}},
-                         {SetArmedColumnSplitProbe, kOutCapacity, kColSplitProbeWords, {}}};
+                         {SetArmedColumnSplitProbe, kOutCapacity, kColSplitProbeWords, {}},
+                         {SetArmedAttentionOutFusedProbe, kOutCapacity, kAttnOutFusedProbeWords, {}}};
   for (ArmedStamps& a : armed) {
     if (absl::Status s = a.Arm(); !s.ok()) return s;
   }
   if (absl::Status s = Cuda(cudaDeviceSynchronize(), "sync"); !s.ok()) return s;
   const absl::Status stepped = step();
   const absl::Status synced = Cuda(cudaDeviceSynchronize(), "sync");
-  std::vector<unsigned long long> h, gh, mh, ah, oh;
+  std::vector<unsigned long long> h, gh, mh, ah, oh, fh;
   std::vector<absl::Status> results = {stepped,           synced,            armed[0].Read(&h),
                                        armed[1].Read(&gh), armed[2].Read(&mh), armed[3].Read(&ah),
-                                       armed[4].Read(&oh)};
+                                       armed[4].Read(&oh), armed[5].Read(&fh)};
   for (const ArmedStamps& a : armed) results.push_back(a.Disarm());
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
@@ -391,6 +402,7 @@ absl::Status ReportDecodeStepProbe(const std::function<absl::Status()>& step) {
   ReportMoeKernels(mh, kMoeCapacity);
   ReportSplitAttention(ah, kAttnCapacity);
   ReportColumnSplit(oh, kOutCapacity);
+  ReportAttentionOutFused(fh, kOutCapacity);
   return absl::OkStatus();
 }
 

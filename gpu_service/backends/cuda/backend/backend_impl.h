@@ -1,6 +1,6 @@
 // Internals of CudaBackend shared by its translation units (cuda_backend.cc: sequences, steps,
 // KeepFirst; cuda_backend_setup.cc: loading; layer_loop.cc: the blocks of one layer and the head;
-// mixer_layers.cc: the GDN and attention mixers). Not a public header.
+// gdn_mixer.cc and attention_mixer.cc: the two mixers). Not a public header.
 #ifndef TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 #define TANDEM_GPU_SERVICE_BACKENDS_CUDA_BACKEND_BACKEND_IMPL_H_
 
@@ -355,7 +355,7 @@ class CudaBackend::Impl {
   // mixer output in mixer_out_y) and no ablation of the pieces between. TANDEM_MIXER_NORM_LAUNCH=1
   // (A/B; settable: SetMixerNormLaunch) keeps the norm's own launch.
   bool MixerNormInProduct(const cuda::GpuLayer& w, int64_t T) const;
-  // The two mixers (mixer_layers.cc).
+  // The two mixers (gdn_mixer.cc, attention_mixer.cc).
   absl::Status RunGdn(int64_t layer, const StepPlan& plan);
   absl::Status RunAttention(int64_t layer, const StepPlan& plan);
   absl::Status AttnOutProduct(int64_t layer, const cuda::GpuLayer& w, int64_t T);
@@ -365,6 +365,12 @@ class CudaBackend::Impl {
   // Whether AttnOutProduct splits layer w's o product by columns into its row of mixer_out_y (fast
   // one-token steps) rather than writing y.
   bool AttnOutByColumns(const cuda::GpuLayer& w, int64_t T) const;
+  // The matrix AttnOutProduct's column-split product reads (w.o_route when the step routes through
+  // it, else w.o); null unless AttnOutByColumns(w, T).
+  const cuda::DeviceMatrix* AttnOutMatrix(const cuda::GpuLayer& w, int64_t T) const;
+  // Whether a step's attention layers run attention and o as one launch (attention_out_fused.cuh):
+  // one token, the switch on, the context at most kAttnOutFusedMaxKeys. Part of the graph key.
+  bool AttnOutFusedStep(const StepPlan& plan) const;
   // With selection_sink: waits for the step's block selections of layer (sel_blocks, sel_counts)
   // and writes them into (*selection_sink)[layer] without each token's own block.
   absl::Status CopySelectionsToSink(int64_t layer, const StepPlan& plan);

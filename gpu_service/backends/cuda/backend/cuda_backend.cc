@@ -11,6 +11,7 @@
 #include "gpu_service/backends/cuda/backend/backend_impl.h"
 #include "gpu_service/backends/cuda/cuda_check.h"
 #include "gpu_service/backends/cuda/kernels/attention.cuh"
+#include "gpu_service/backends/cuda/kernels/attention_out_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_colsplit.cuh"
 #include "gpu_service/backends/cuda/kernels/dense_matvec.cuh"
 #include "gpu_service/backends/cuda/kernels/embedding.cuh"
@@ -319,11 +320,17 @@ bool CudaBackend::Impl::GraphKey(const StepPlan& plan, std::span<const Backend::
   // The kernels find each token's sequence state through device memory (seq_dev), so the key is the
   // batch size and which rows want logits, not which sequences run.
   key->assign(1, static_cast<int32_t>(plan.tokens));
+  key->push_back(AttnOutFusedStep(plan) ? 1 : 0);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (plan.counts[i] != 1) return false;
     key->push_back(head_first[i] >= 0 ? 1 : 0);
   }
   return true;
+}
+
+bool CudaBackend::Impl::AttnOutFusedStep(const StepPlan& plan) const {
+  return plan.tokens == 1 && plan.seqs.size() == 1 && cuda::AttnOutFused() &&
+         plan.starts[0] + plan.counts[0] <= cuda::kAttnOutFusedMaxKeys;
 }
 
 absl::Status CudaBackend::KeepFirst(SequenceSlot slot, int64_t keep) {

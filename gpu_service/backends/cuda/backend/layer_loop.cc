@@ -1,7 +1,7 @@
 // The blocks of one layer (docs/MODEL.md §4.2) on the GPU, for a whole step's batch: products
 // batched over every token of the step, per-sequence kernels (Engram) looped over the step's
 // sequences; the streams' fork and join, the L2 prefetches, the hyper-connection reads. The two
-// mixers (GDN, attention) are in mixer_layers.cc, the head and the logits' way out in
+// mixers are in gdn_mixer.cc and attention_mixer.cc, the head and the logits' way out in
 // head_stage.cc.
 #include <algorithm>
 #include <array>

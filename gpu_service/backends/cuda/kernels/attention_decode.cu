@@ -7,6 +7,7 @@
 #include "gpu_service/backends/cuda/kernels/attention_merge.cuh"
 #include "gpu_service/backends/cuda/kernels/attention_split.cuh"
 #include "gpu_service/backends/cuda/kernels/block_reduce.cuh"
+#include "gpu_service/backends/cuda/kernels/norm_rope_warp.cuh"
 #include "gpu_service/backends/cuda/kernels/paged_kv.cuh"
 #include "gpu_service/backends/cuda/kernels/rope_f64.cuh"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -21,40 +22,15 @@ constexpr size_t DecodeSmemBytes() {
   return SplitSmemBytes<kHd>() + sizeof(float) * (kRows + 2 * kRows) * kHd;
 }
 
-// One head of one token normed and roped by one warp, with the bits of the norm-rope kernels
-// (attention_append.cu): lane l holds values 32j + l in x[j], gamma[j] and freq[j] (the
-// rotation's frequency of value 32j + l when it is below rot); the sum of squares repeats
-// BlockSum's operations as QueryNormRopeWarpKernel does, the rotation rope_f64.cuh's
-// roundings. The partner of a rotated value (i ± rot/2) is read through `row` (hd floats of
-// shared memory, which ends holding the result), so that any even rot works, not only multiples of
-// 64. hd: the head dim as a run-time value, as those kernels divide by it.
+// One head of one token normed and roped by one warp (norm_rope_warp.cuh), the rotation's f64 sine
+// and cosine computed here from freq[j] (the frequency of value 32j + l when it is below rot) at pos.
 template <int kJ>
 __device__ __forceinline__ void WarpNormRopeRow(const float (&x)[kJ], const float (&gamma)[kJ],
                                                 const double (&freq)[kJ], int hd, float eps, int rot, int64_t pos,
                                                 float* row) {
-  const int lane = threadIdx.x & 31;
-  const float ss = WarpSumSquaresAsBlock<kJ>(x);
-  const float r = rsqrtf(ss / static_cast<float>(hd) + eps);
-  float y[kJ];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    y[j] = gamma[j] * (x[j] * r);
-    row[32 * j + lane] = y[j];
-  }
-  __syncwarp();
-  const int half = rot / 2;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int i = 32 * j + lane;
-    if (i >= rot) continue;
-    double s, c;
-    sincos(static_cast<double>(pos) * freq[j], &s, &c);
-    y[j] = i < half ? RopeLower(y[j], row[i + half], s, c) : RopeUpper(y[j], row[i - half], s, c);
-  }
-  __syncwarp();  // every partner has been read
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) row[32 * j + lane] = y[j];
-  __syncwarp();
+  WarpNormRopeRowWith<kJ>(x, gamma, hd, eps, rot, row, [&](int, int j, double* s, double* c) {
+    sincos(static_cast<double>(pos) * freq[j], s, c);
+  });
 }
 
 // Grid (row items, kv heads, slices) of kSplitWarps warps, as SplitAttentionKernel's; kMergeHere

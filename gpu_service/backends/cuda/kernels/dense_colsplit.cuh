@@ -44,7 +44,7 @@ cudaError_t LaunchColumnSplitMatVec(const DeviceMatrix& w, const float* x, float
 // router rows appended by route_compose.cuh).
 cudaError_t CopyQ8_0x8ByColumns(const DeviceMatrix& m, void* dst, cudaStream_t stream, int64_t total_rows = 0);
 
-// The backend's switch (backend/mixer_layers.cc RunAttention): attention's output product of a
+// The backend's switch (backend/attention_mixer.cc RunAttention): attention's output product of a
 // fast-mode one-token step through LaunchColumnSplitMatVec into the layer's row of the per-layer
 // output buffer, instead of the row-split matvec into y. TANDEM_ATTN_OUT_COLSPLIT=0 turns it off
 // (read once; settable; read when a step is enqueued).

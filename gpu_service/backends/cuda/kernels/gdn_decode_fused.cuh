@@ -134,7 +134,7 @@ cudaError_t LaunchGdnDecodeLayer(const GdnDecodeFusedArgs& args, const DeviceMat
 // cudaOccupancyMaxActiveClusters, for benches and diagnosis.
 cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix& out, int64_t by_columns_rows,
                                           const DeviceMatrix* in_w, int* clusters);
-// The backend's switch for it (backend/mixer_layers.cc RunGdn, one-token fast steps where the
+// The backend's switch for it (backend/gdn_mixer.cc RunGdn, one-token fast steps where the
 // stacked product would form its own norm and mode 3 holds), TANDEM_GDN_LAYER_ONE=1 (read once;
 // settable; read when a step is enqueued). Off: on q3n-80b shapes it measured 462.0 against 500.1
 // tok/s batch-1 decode (H200, docs/PERF.md "Thirty-third session": x formed ~5 us after the wait
@@ -142,7 +142,7 @@ cudaError_t GdnDecodeOutMaxActiveClusters(const GdnShape& d, const DeviceMatrix&
 bool GdnDecodeLayerOne();
 void SetGdnDecodeLayerOne(bool on);
 
-// The backend's switch (backend/mixer_layers.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
+// The backend's switch (backend/gdn_mixer.cc RunGdn, decode steps), TANDEM_GDN_DECODE_FUSED:
 //   0  the four kernels (conv, prepare, recurrence, gated norm), the path before 2026-12-01;
 //   1  the fused kernel without the gated norm, launched once qkv and ba are ready (right after the
 //      main stream's [qkv; ba] or stacked product; after ba's mark or the join with the separate
@@ -160,7 +160,7 @@ void SetGdnDecodeLayerOne(bool on);
 int GetGdnDecodeFused();
 void SetGdnDecodeFused(int mode);
 
-// The backend's switch for GdnDecodeFusedArgs::rows_polled (backend/mixer_layers.cc RunGdn: the
+// The backend's switch for GdnDecodeFusedArgs::rows_polled (backend/gdn_mixer.cc RunGdn: the
 // stacked norm-in product writes a row buffer of the layer's own, filled with kRowUnwrittenBits at
 // the step's start, and the fused kernel with ssm_out inside reads its rows as they are written):
 // on by default (+1.6% batch-1 decode on q3n-80b shapes, ahead in each of three rounds, docs/PERF.md
