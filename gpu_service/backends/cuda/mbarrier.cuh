@@ -109,6 +109,14 @@ __device__ __forceinline__ void ArriveExpectTx(uint32_t bar, uint32_t bytes) {
                : "memory");
 }
 
+// `bar` initialised for one arrival, the init made visible to the async proxy and the cluster, and
+// that arrival made expecting `bytes` of bulk copies or pushes to complete the phase. One thread.
+__device__ __forceinline__ void InitExpectingBytes(uint32_t bar, uint32_t bytes) {
+  Init(bar, 1);
+  InitFence();
+  ArriveExpectTx(bar, bytes);
+}
+
 // The tensor memory accelerator's bulk copy global -> this block's shared memory (dst a
 // shared-memory address): `bytes` (a multiple of 16; both addresses 16-byte aligned) counted
 // against `bar`'s expected bytes as they land.
@@ -124,11 +132,7 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
 // a release arrive would cost a GPU-scope MEMBAR (cluster_barrier.cuh). Call from every thread;
 // `first` true in one thread of the block.
 __device__ __forceinline__ void InitForClusterPushes(uint32_t bar, uint32_t bytes, bool first) {
-  if (first) {
-    Init(bar, 1);
-    InitFence();
-    ArriveExpectTx(bar, bytes);
-  }
+  if (first) InitExpectingBytes(bar, bytes);
   ClusterArriveRelaxed();
   ClusterWait();
 }

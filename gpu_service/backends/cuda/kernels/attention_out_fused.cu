@@ -195,15 +195,11 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   };
   const int boxes = a.tma_rows ? a.rows_per_block / a.box_rows : 0;
   if (a.bulk_rows && tid == 0) {
-    mbarrier::Init(rows_bar_addr, 1);
-    mbarrier::InitFence();
-    mbarrier::ArriveExpectTx(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
+    mbarrier::InitExpectingBytes(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
   }
   if (a.tma_rows && tid < boxes) {
     const uint32_t box_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[tid]));
-    mbarrier::Init(box_bar_addr, 1);
-    mbarrier::InitFence();
-    mbarrier::ArriveExpectTx(box_bar_addr, static_cast<uint32_t>(a.box_rows) * kColumnSuperBytes);
+    mbarrier::InitExpectingBytes(box_bar_addr, static_cast<uint32_t>(a.box_rows) * kColumnSuperBytes);
   }
   __syncthreads();  // the barriers' inits seen by the block
   if (!a.late_rows) {
