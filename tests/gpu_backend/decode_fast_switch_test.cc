@@ -287,9 +287,8 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
 }
 
 // Attention and its o product in one launch at one-token steps (cuda::SetAttnOutFused,
-// attention_out_fused.cuh: a cluster per query head splits the context, merges its slices through
-// distributed shared memory and runs the column-split product) against the split attention and the
-// column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
+// attention_out_fused.cuh: each block attends its query head's whole context and runs its part of
+// the column-split product) against the split attention and the column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
 // layers (one attention layer, ~5 GB); the decode contexts (prompts of 17 tokens and more, then 8
 // steps) are under kAttnOutFusedMaxKeys.
 TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
@@ -321,6 +320,24 @@ TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
                                        /*same_values=*/true);
   EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
   cuda::SetAttnOutFusedPrepInside(was_inside);
+  cuda::SetAttnOutColumnSplit(was_columns);
+  cuda::SetAttnOutFused(was);
+}
+
+// The same with the fused kernel compiled for the default configuration alone
+// (cuda::SetAttnOutFusedLean) against the general kernel: the same arithmetic, so the logits may come
+// out bit-identical (only the atomics' order differs).
+TEST(DecodeAttnOutFusedTest, LeanKernelKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(), was_lean = cuda::AttnOutFusedLean();
+  cuda::SetAttnOutFused(true);
+  cuda::SetAttnOutColumnSplit(true);
+  const uint64_t launches = cuda::AttentionOutFusedLeanLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused kernel",
+                                       [](bool on) { cuda::SetAttnOutFusedLean(on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  EXPECT_GT(cuda::AttentionOutFusedLeanLaunches(), launches);
+  cuda::SetAttnOutFusedLean(was_lean);
   cuda::SetAttnOutColumnSplit(was_columns);
   cuda::SetAttnOutFused(was);
 }
