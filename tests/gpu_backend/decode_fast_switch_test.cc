@@ -342,5 +342,23 @@ TEST(DecodeAttnOutFusedTest, LeanKernelKeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
+// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone
+// (cuda::SetGdnLean) against its general instantiation, on the 80B's GDN shapes: the same
+// arithmetic, the layer's output added by atomics in another order. GDN mode 3 (ssm_out inside,
+// the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both sides.
+TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::GdnLean();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  const uint64_t launches = cuda::GdnLeanLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused GDN kernel", [](bool on) { cuda::SetGdnLean(on); },
+                                       /*deterministic=*/false, /*same_values=*/true);
+  printf("lean fused GDN launches: %llu\n", static_cast<unsigned long long>(cuda::GdnLeanLaunches() - launches));
+  EXPECT_GT(cuda::GdnLeanLaunches(), launches);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetGdnLean(was);
+}
+
 }  // namespace
 }  // namespace tandem
