@@ -305,41 +305,36 @@ TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
-// The same with the q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against
-// the prep launch before it: the same q, keys and values (attention_out_fused_test.cc compares the
-// bits), so the logits may come out bit-identical (only the atomics' order differs).
-TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
-             was_inside = cuda::AttnOutFusedPrepInside();
+// A switch of the fused attention + o launch (`set`; `get` its value, restored after) that keeps
+// the same values, with the fused launch and o by columns on for both sides: the logits may come
+// out bit-identical (only the atomics' order differs), so `launches` (a launch counter that only
+// the switch's path moves) shows that the path ran.
+void ExpectFusedAttnOutSwitchKeepsLogitsClose(const char* what, bool (*get)(), void (*set)(bool), uint64_t (*launches)()) {
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(), was_switch = get();
   cuda::SetAttnOutFused(true);
   cuda::SetAttnOutColumnSplit(true);
-  const uint64_t launches = cuda::AttentionOutFusedLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
-                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
-                                       /*same_values=*/true);
-  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
-  cuda::SetAttnOutFusedPrepInside(was_inside);
+  const uint64_t before = launches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what, set, /*deterministic=*/false, /*same_values=*/true);
+  EXPECT_GT(launches(), before) << what;
+  set(was_switch);
   cuda::SetAttnOutColumnSplit(was_columns);
   cuda::SetAttnOutFused(was);
 }
 
-// The same with the fused kernel compiled for the default configuration alone
-// (cuda::SetAttnOutFusedLean) against the general kernel: the same arithmetic, so the logits may come
-// out bit-identical (only the atomics' order differs).
+// The q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against the prep launch
+// before it: the same q, keys and values (attention_out_fused_test.cc compares the bits).
+TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectFusedAttnOutSwitchKeepsLogitsClose("q/k prep inside the fused launch", cuda::AttnOutFusedPrepInside,
+                                           cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
+}
+
+// The fused kernel compiled for the default configuration alone (cuda::SetAttnOutFusedLean)
+// against the general kernel: the same arithmetic.
 TEST(DecodeAttnOutFusedTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(), was_lean = cuda::AttnOutFusedLean();
-  cuda::SetAttnOutFused(true);
-  cuda::SetAttnOutColumnSplit(true);
-  const uint64_t launches = cuda::AttentionOutFusedLeanLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused kernel",
-                                       [](bool on) { cuda::SetAttnOutFusedLean(on); }, /*deterministic=*/false,
-                                       /*same_values=*/true);
-  EXPECT_GT(cuda::AttentionOutFusedLeanLaunches(), launches);
-  cuda::SetAttnOutFusedLean(was_lean);
-  cuda::SetAttnOutColumnSplit(was_columns);
-  cuda::SetAttnOutFused(was);
+  ExpectFusedAttnOutSwitchKeepsLogitsClose("the lean fused kernel", cuda::AttnOutFusedLean, cuda::SetAttnOutFusedLean,
+                                           cuda::AttentionOutFusedLeanLaunches);
 }
 
 // The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone
