@@ -7,8 +7,7 @@
 // int16 rounding may move a step. Contexts from one key (seven warps without keys) to
 // kAttnOutFusedMaxKeys, in sequence rows 0 and 5 (the page table's row), with the three ways of
 // bringing in o's rows (AttnOutFusedRowsMode), each before and after the PDL wait (o_route's 320
-// rows a block come in five TMA boxes of 64), and the kernel compiled for the TMA after the wait
-// alone (AttnOutFusedLean). Also the q/k prep inside the launch, and the shapes and
+// rows a block come in five TMA boxes of 64). Also the q/k prep inside the launch, and the shapes and
 // matrices it refuses.
 #include <cstdint>
 #include <random>
@@ -50,22 +49,18 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   ASSERT_TRUE(cuda::AttentionOutFusedFits(k80b, g.m));
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(g.m));
   const int was_rows = cuda::AttnOutFusedRowsMode();
-  const bool was_late = cuda::AttnOutFusedLateRows(), was_lean = cuda::AttnOutFusedLean();
+  const bool was_late = cuda::AttnOutFusedLateRows();
   struct Variant {
     int mode;  // o's rows by cp.async pieces (0), a bulk copy a row (1), the TMA's boxes (2)
     bool late;
-    bool lean;
   };
-  for (const Variant v : {Variant{0, false, false}, Variant{0, true, false}, Variant{1, false, false},
-                          Variant{1, true, false}, Variant{2, false, false}, Variant{2, true, false},
-                          Variant{2, true, true}}) {
+  for (const Variant v : {Variant{0, false}, Variant{0, true}, Variant{1, false}, Variant{1, true}, Variant{2, false},
+                          Variant{2, true}}) {
     cuda::SetAttnOutFusedRowsMode(v.mode);
     cuda::SetAttnOutFusedLateRows(v.late);
-    cuda::SetAttnOutFusedLean(v.lean);
     const int row = v.mode == 1 ? 5 : 0;
     for (int ctx : {1, 2, 7, 8, 9, 33, 65, 135, 300, static_cast<int>(cuda::kAttnOutFusedMaxKeys)}) {
-      const std::string tag = "rows mode " + std::to_string(v.mode) + (v.late ? " late" : " early") +
-                              (v.lean ? " lean" : "") + " row " +
+      const std::string tag = "rows mode " + std::to_string(v.mode) + (v.late ? " late" : " early") + " row " +
                               std::to_string(row) + " ctx " + std::to_string(ctx);
       DecodeCase c = MakeDecodeCase(rng, k80b, {row}, {ctx}, {1});
       const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, k80b);
@@ -93,7 +88,6 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   }
   cuda::SetAttnOutFusedRowsMode(was_rows);
   cuda::SetAttnOutFusedLateRows(was_late);
-  cuda::SetAttnOutFusedLean(was_lean);
 }
 
 // The q/k prep inside the launch (AttnOutFusedPrep) against LaunchQkvNormRopeAppend then the fused

@@ -287,8 +287,9 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
 }
 
 // Attention and its o product in one launch at one-token steps (cuda::SetAttnOutFused,
-// attention_out_fused.cuh: each block attends its query head's whole context and runs its part of
-// the column-split product) against the split attention and the column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
+// attention_out_fused.cuh: a cluster per query head splits the context, merges its slices through
+// distributed shared memory and runs the column-split product) against the split attention and the
+// column-split o product. Only heads of 256 take it, so the model is q3n-80b's shapes with four
 // layers (one attention layer, ~5 GB); the decode contexts (prompts of 17 tokens and more, then 8
 // steps) are under kAttnOutFusedMaxKeys.
 TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
@@ -327,14 +328,6 @@ TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   ExpectFusedAttnOutSwitchKeepsLogitsClose("q/k prep inside the fused launch", cuda::AttnOutFusedPrepInside,
                                            cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
-}
-
-// The fused kernel compiled for the default configuration alone (cuda::SetAttnOutFusedLean)
-// against the general kernel: the same arithmetic.
-TEST(DecodeAttnOutFusedTest, LeanKernelKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  ExpectFusedAttnOutSwitchKeepsLogitsClose("the lean fused kernel", cuda::AttnOutFusedLean, cuda::SetAttnOutFusedLean,
-                                           cuda::AttentionOutFusedLeanLaunches);
 }
 
 // The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone

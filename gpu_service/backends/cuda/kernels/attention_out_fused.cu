@@ -148,14 +148,8 @@ __device__ __forceinline__ float MergeParts(const float* m, const float* l, cons
 __device__ ArmedStampRows g_fused_probe;
 __device__ unsigned g_fused_probe_count;
 
-// kLean: the default configuration (o's rows by the TMA after the wait, the prep outside) compiled
-// as constants, so that the other row modes' and the prep's code is not in the kernel at all (the
-// sixty-third session's A/B, TANDEM_ATTN_OUT_FUSED_LEAN=1: the kernel's speed moved with its code
-// and registers alone, docs/PERF.md).
-template <bool kProbe, bool kLean>
+template <bool kProbe>
 __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __grid_constant__ FusedArgs a) {
-  const bool tma_rows = kLean || a.tma_rows, bulk_rows = !kLean && a.bulk_rows;
-  const bool late_rows = kLean || a.late_rows, prep = !kLean && a.prep;
   unsigned long long* probe_row = nullptr;
   if constexpr (kProbe) {
     if (threadIdx.x == 0) probe_row = TakeArmedRow(g_fused_probe, &g_fused_probe_count, kAttnOutFusedProbeWords);
@@ -176,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
   auto copy_rows = [&] {
-    if (tma_rows) {
+    if (a.tma_rows) {
       // Boxes of box_rows rows: one thread each (a few a block).
       if (tid < a.rows_per_block / a.box_rows) {
         const int y = row0 + tid * a.box_rows, x = head * (kColumnSuperBytes / 2);
@@ -186,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
             "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(rows_bar_addr)
             : "memory");
       }
-    } else if (bulk_rows) {
+    } else if (a.bulk_rows) {
       for (int row = tid; row < a.rows_per_block; row += kThreads) {
         mbarrier::BulkCopyToShared(rows_sh + static_cast<uint32_t>(row * kColumnSuperBytes), rows_src + row * a.row_bytes,
                                    kColumnSuperBytes, rows_bar_addr);
@@ -195,11 +189,11 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
     }
   };
-  if ((bulk_rows || tma_rows) && tid == 0) {
+  if ((a.bulk_rows || a.tma_rows) && tid == 0) {
     mbarrier::InitExpectingBytes(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
   }
   __syncthreads();  // rows_bar's init seen by the block
-  if (!late_rows) copy_rows();
+  if (!a.late_rows) copy_rows();
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
@@ -214,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   __shared__ __align__(16) float q_sh[kHd], k_sh[kHd], v_sh[kHd];
   float gamma[kPer];
   int64_t append_at = -1;
-  if (prep) {
+  if (a.prep) {
     if (tid < a.rot) {
       const int half = a.rot / 2;
       sincos(static_cast<double>(pos) * a.inv_freq[tid < half ? tid : tid - half], &sn[tid], &cs[tid]);
@@ -241,8 +235,8 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
-  if (late_rows) copy_rows();
-  if (prep) {
+  if (a.late_rows) copy_rows();
+  if (a.prep) {
     // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1: the kv head's new key, normed
     // and roped, and its value; into shared memory, and by the appending block into the cache.
     if (warp < 2) {
@@ -279,9 +273,9 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   }
   float q[kPer];
   {
-    const float* qh = prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
-    const float4 q0 = prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
-    const float4 q1 = prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
+    const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
+    const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
+    const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
     const float scale = rsqrtf(static_cast<float>(kHd));
     q[0] = q0.x * scale;
     q[1] = q0.y * scale;
@@ -296,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
   // inside (another block appends it to the cache, unordered with this one), else from the cache.
   auto load_after_wait = [&](int64_t key, int k) {
-    if (key == pos && prep) {  // this lane's 8 dims of the key and value
+    if (key == pos && a.prep) {  // this lane's 8 dims of the key and value
       kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
       kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
       vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
@@ -361,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (bulk_rows || tma_rows) {
+  if (a.bulk_rows || a.tma_rows) {
     mbarrier::WaitParity(rows_bar_addr, 0);
   } else {
     CpAsyncWait<0>();
@@ -382,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   }
 }
 
-std::atomic<uint64_t> g_fused_launches{0}, g_fused_lean_launches{0};
+std::atomic<uint64_t> g_fused_launches{0};
 
 // The sixty-first session's A/B switches (docs/PERF.md).
 // TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
@@ -391,8 +385,6 @@ ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_R
 // TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0: o's rows asked for before the PDL wait, while the q product
 // and the prep still run (their L2 round trips slowed more than the rows gained: docs/PERF.md).
 ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
-// TANDEM_ATTN_OUT_FUSED_LEAN=1: the kLean instantiation when the configuration is its.
-ProcessSwitch g_fused_lean{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_LEAN"); }};
 ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
@@ -463,6 +455,14 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   }
   const int rpb = RowsPerBlock(w.rows, d.nh);
   const bool stamped = ProbeDecodeStep();
+  using Kernel = void (*)(const FusedArgs);
+  const Kernel kernel = stamped ? AttentionOutFusedKernel<true> : AttentionOutFusedKernel<false>;
+  static const cudaError_t attr[2] = {
+      cudaFuncSetAttribute(AttentionOutFusedKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRows))),
+      cudaFuncSetAttribute(AttentionOutFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ColumnSharedBytes(kMaxRows)))};
+  if (attr[stamped ? 1 : 0] != cudaSuccess) return attr[stamped ? 1 : 0];
   FusedArgs args{};
   args.q = q;
   args.qg = qg;
@@ -493,18 +493,6 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   }
   args.rot = d.rot;
   args.eps = d.eps;
-  // [stamped][lean]: the lean instantiation only for the configuration it compiles in.
-  using Kernel = void (*)(const FusedArgs);
-  static const Kernel kernels[2][2] = {{AttentionOutFusedKernel<false, false>, AttentionOutFusedKernel<false, true>},
-                                       {AttentionOutFusedKernel<true, false>, AttentionOutFusedKernel<true, true>}};
-  auto raise = [](Kernel k) {
-    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ColumnSharedBytes(kMaxRows)));
-  };
-  static const cudaError_t attr[2][2] = {{raise(kernels[0][0]), raise(kernels[0][1])},
-                                         {raise(kernels[1][0]), raise(kernels[1][1])}};
-  const int s = stamped ? 1 : 0, lean = g_fused_lean.on() && args.tma_rows && args.late_rows && !args.prep ? 1 : 0;
-  if (attr[s][lean] != cudaSuccess) return attr[s][lean];
-  const Kernel kernel = kernels[s][lean];
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nh), 1, static_cast<unsigned>(w.rows / rpb));
   config.blockDim = dim3(kThreads);
@@ -516,7 +504,6 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   config.attrs = attribute;
   config.numAttrs = 1;
   g_fused_launches.fetch_add(1, std::memory_order_relaxed);
-  if (lean == 1) g_fused_lean_launches.fetch_add(1, std::memory_order_relaxed);
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 
@@ -526,14 +513,11 @@ int AttnOutFusedRowsMode() { return static_cast<int>(g_fused_rows_mode.value());
 void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 2 : mode); }
 bool AttnOutFusedLateRows() { return g_fused_late_rows.on(); }
 void SetAttnOutFusedLateRows(bool on) { g_fused_late_rows.set(on); }
-bool AttnOutFusedLean() { return g_fused_lean.on(); }
-void SetAttnOutFusedLean(bool on) { g_fused_lean.set(on); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {
   return ArmStampRows(g_fused_probe, g_fused_probe_count, stamps, capacity, stream);
 }
 uint64_t AttentionOutFusedLaunches() { return g_fused_launches.load(std::memory_order_relaxed); }
-uint64_t AttentionOutFusedLeanLaunches() { return g_fused_lean_launches.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

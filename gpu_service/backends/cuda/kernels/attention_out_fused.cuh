@@ -83,11 +83,6 @@ int AttnOutFusedRowsMode();
 void SetAttnOutFusedRowsMode(int mode);
 bool AttnOutFusedLateRows();
 void SetAttnOutFusedLateRows(bool on);
-// TANDEM_ATTN_OUT_FUSED_LEAN=1 (A/B; off by default until measured; read once; settable): with the
-// default configuration (the TMA's boxes after the wait, the prep outside), a kernel compiled for it
-// alone (the other modes' code left out); other configurations run the general kernel.
-bool AttnOutFusedLean();
-void SetAttnOutFusedLean(bool on);
 
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
@@ -108,10 +103,9 @@ enum AttnOutFusedProbeWord : int {
 // (nullptr), in stream order.
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream);
 
-// Launches LaunchAttentionOutFused has made in this process (accepted or not), and those of them
-// that took the lean kernel (AttnOutFusedLean): tests use them to see that a step took the path.
+// Launches LaunchAttentionOutFused has made in this process (accepted or not): tests use it to see
+// that a step took the fused path.
 uint64_t AttentionOutFusedLaunches();
-uint64_t AttentionOutFusedLeanLaunches();
 
 }  // namespace tandem::cuda
 
