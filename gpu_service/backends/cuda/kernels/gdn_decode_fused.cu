@@ -18,8 +18,9 @@
 namespace tandem::cuda {
 namespace {
 
-// TANDEM_GDN_LEAN=1: the kernel's kLean instantiation where the arguments are its (GdnLean).
-ProcessSwitch g_gdn_lean{[] { return EnvSwitch("TANDEM_GDN_LEAN"); }};
+// The kernel's kLean instantiation where the arguments are its (GdnLean; TANDEM_GDN_LEAN=0 turns
+// it off).
+ProcessSwitch g_gdn_lean{[] { return EnvSwitchDefaultOn("TANDEM_GDN_LEAN"); }};
 std::atomic<uint64_t> g_gdn_lean_launches{0};
 
 // The kIn form's dynamic shared memory limit: half an SM's shared memory less a block's reserve and
