@@ -6,8 +6,8 @@
 // differently (a block's eight warps against up to 66 slices), so x differs in the last bits and its
 // int16 rounding may move a step. Contexts from one key (seven warps without keys) to
 // kAttnOutFusedMaxKeys, in sequence rows 0 and 5 (the page table's row), with the three ways of
-// bringing in o's rows (AttnOutFusedRowsMode), each before and after the PDL wait, and the TMA's boxes
-// partly before it (AttnOutFusedEarlyBoxes). Also the q/k prep inside the launch, and the shapes and
+// bringing in o's rows (AttnOutFusedRowsMode), each before and after the PDL wait (o_route's 320
+// rows a block come in five TMA boxes of 64). Also the q/k prep inside the launch, and the shapes and
 // matrices it refuses.
 #include <cstdint>
 #include <random>
@@ -48,26 +48,19 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   const gpu_testing::Regrouped g = gpu_testing::Regroup(w);
   ASSERT_TRUE(cuda::AttentionOutFusedFits(k80b, g.m));
   ASSERT_TRUE(cuda::ColumnSplitMatVecFits(g.m));
-  const int was_rows = cuda::AttnOutFusedRowsMode(), was_early = cuda::AttnOutFusedEarlyBoxes();
+  const int was_rows = cuda::AttnOutFusedRowsMode();
   const bool was_late = cuda::AttnOutFusedLateRows();
-  const bool was_after_loads = cuda::AttnOutFusedRowsAfterLoads();
   struct Variant {
     int mode;  // o's rows by cp.async pieces (0), a bulk copy a row (1), the TMA's boxes (2)
     bool late;
-    int early_boxes;
-    bool after_loads;
   };
-  for (const Variant v : {Variant{0, false, 0, false}, Variant{0, true, 0, false}, Variant{1, false, 0, false},
-                          Variant{1, true, 0, true}, Variant{2, false, 0, false}, Variant{2, true, 0, false},
-                          Variant{2, true, 2, false}, Variant{2, true, 1, true}}) {
+  for (const Variant v : {Variant{0, false}, Variant{0, true}, Variant{1, false}, Variant{1, true}, Variant{2, false},
+                          Variant{2, true}}) {
     cuda::SetAttnOutFusedRowsMode(v.mode);
     cuda::SetAttnOutFusedLateRows(v.late);
-    cuda::SetAttnOutFusedEarlyBoxes(v.early_boxes);
-    cuda::SetAttnOutFusedRowsAfterLoads(v.after_loads);
     const int row = v.mode == 1 ? 5 : 0;
     for (int ctx : {1, 2, 7, 8, 9, 33, 65, 135, 300, static_cast<int>(cuda::kAttnOutFusedMaxKeys)}) {
-      const std::string tag = "rows mode " + std::to_string(v.mode) + (v.late ? " late" : " early") + " early boxes " +
-                              std::to_string(v.early_boxes) + (v.after_loads ? " after the loads" : "") + " row " +
+      const std::string tag = "rows mode " + std::to_string(v.mode) + (v.late ? " late" : " early") + " row " +
                               std::to_string(row) + " ctx " + std::to_string(ctx);
       DecodeCase c = MakeDecodeCase(rng, k80b, {row}, {ctx}, {1});
       const cuda::AttentionPlan plan = cuda::PlanAttention(c.token_seq, k80b);
@@ -95,8 +88,6 @@ TEST(GpuAttentionOutFusedTest, MatchesSplitAttentionThenColumnProduct) {
   }
   cuda::SetAttnOutFusedRowsMode(was_rows);
   cuda::SetAttnOutFusedLateRows(was_late);
-  cuda::SetAttnOutFusedEarlyBoxes(was_early);
-  cuda::SetAttnOutFusedRowsAfterLoads(was_after_loads);
 }
 
 // The q/k prep inside the launch (AttnOutFusedPrep) against LaunchQkvNormRopeAppend then the fused

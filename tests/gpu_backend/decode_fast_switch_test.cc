@@ -306,23 +306,46 @@ TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
-// The same with the q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against
-// the prep launch before it: the same q, keys and values (attention_out_fused_test.cc compares the
-// bits), so the logits may come out bit-identical (only the atomics' order differs).
-TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
-  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
-             was_inside = cuda::AttnOutFusedPrepInside();
+// A switch of the fused attention + o launch (`set`; `get` its value, restored after) that keeps
+// the same values, with the fused launch and o by columns on for both sides: the logits may come
+// out bit-identical (only the atomics' order differs), so `launches` (a launch counter that only
+// the switch's path moves) shows that the path ran.
+void ExpectFusedAttnOutSwitchKeepsLogitsClose(const char* what, bool (*get)(), void (*set)(bool), uint64_t (*launches)()) {
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(), was_switch = get();
   cuda::SetAttnOutFused(true);
   cuda::SetAttnOutColumnSplit(true);
-  const uint64_t launches = cuda::AttentionOutFusedLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
-                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
-                                       /*same_values=*/true);
-  EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
-  cuda::SetAttnOutFusedPrepInside(was_inside);
+  const uint64_t before = launches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what, set, /*deterministic=*/false, /*same_values=*/true);
+  EXPECT_GT(launches(), before) << what;
+  set(was_switch);
   cuda::SetAttnOutColumnSplit(was_columns);
   cuda::SetAttnOutFused(was);
+}
+
+// The q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against the prep launch
+// before it: the same q, keys and values (attention_out_fused_test.cc compares the bits).
+TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  ExpectFusedAttnOutSwitchKeepsLogitsClose("q/k prep inside the fused launch", cuda::AttnOutFusedPrepInside,
+                                           cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
+}
+
+// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone
+// (cuda::SetGdnLean) against its general instantiation, on the 80B's GDN shapes: the same
+// arithmetic, the layer's output added by atomics in another order. GDN mode 3 (ssm_out inside,
+// the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both sides.
+TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::GdnLean();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  const uint64_t launches = cuda::GdnLeanLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused GDN kernel", [](bool on) { cuda::SetGdnLean(on); },
+                                       /*deterministic=*/false, /*same_values=*/true);
+  printf("lean fused GDN launches: %llu\n", static_cast<unsigned long long>(cuda::GdnLeanLaunches() - launches));
+  EXPECT_GT(cuda::GdnLeanLaunches(), launches);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetGdnLean(was);
 }
 
 }  // namespace

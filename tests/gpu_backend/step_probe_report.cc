@@ -290,7 +290,7 @@ void ReportAttentionOutFused(const std::vector<unsigned long long>& h, unsigned 
   const ArmedPhaseTable t{"attention + o fused probe", kAttnOutFusedProbeWords, kAttnOutFusedProbeBlock,
                           kAttnOutFusedProbeExit, kAttnOutFusedProbeAfterWait, kAttnOutFusedProbeKeys, "with keys",
                           {{kAttnOutFusedProbeEntry, "entry (row taken)"}, {kAttnOutFusedProbeAfterWait, "PDL wait returned"},
-                           {kAttnOutFusedProbeAttended, "head attended"}, {kAttnOutFusedProbeXReady, "x quantized"},
+                           {kAttnOutFusedProbeAttended, "head attended"}, {kAttnOutFusedProbeRowsLanded, "x quantized, rows landed"},
                            {kAttnOutFusedProbeExit, "sums issued, exit"}}};
   ReportArmedPhases(t, h, capacity);
 }

@@ -3,11 +3,16 @@
 // Block (h, s), 256 threads, one an SM (o's rows of the block take ~104 KB of shared memory):
 //   before the PDL wait: the cached keys and values of the first pass (positions before the token's
 //     own, appended by earlier steps) into registers;
-//   after it: o's rows of column super-block h in row part s asked for (the TMA's boxes, a barrier
-//     each; or bulk copies or cp.async pieces), q's head h and its gate, the token's own key and value
-//     (the prep's append), then each warp's keys eight at a time (lane l: dims 8l .. 8l + 7) with an
-//     online softmax, the block's warps merged in shared memory, gated, and multiplied by the rows
-//     of each box as it lands.
+//   after it: o's rows of column super-block h in row part s asked for (the TMA's boxes onto one
+//     barrier; or bulk copies or cp.async pieces), q's head h and its gate, the token's own key and
+//     value (the prep's append), then each warp's keys eight at a time (lane l: dims 8l .. 8l + 7)
+//     with an online softmax, the block's warps merged in shared memory, gated, and, once every row
+//     has landed, multiplied by the block's rows.
+// This is the sixty-first session's form (1d3ff15): the later refinements (a barrier a box with each
+// row waiting for its own, the token's cache row found before the wait, boxes before the wait, the
+// rows asked for after the loads, the grid (nh, parts)) were each neutral alone, and together with
+// the code they added the kernel ran ~1.5 us an attention layer slower than this form on an H100
+// (docs/PERF.md, sixty-third session); they were removed.
 // Every block of a head attends the head's whole context again: at the contexts this kernel takes
 // (kAttnOutFusedMaxKeys) that is a few hundred KB from L2 a block, against a grid boundary and a merge
 // through global memory on the split path, or a cluster whose blocks must share a GPC (measured in the
@@ -42,10 +47,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kPer = kHd / 32;    // dims a lane
 constexpr int kWarpKeys = 8;      // keys a warp a pass (a pass covers 64 keys)
 constexpr int kPassKeys = kWarps * kWarpKeys;
-// o's rows a block at most (209 KB of shared memory), and the TMA's boxes a block at most (a
-// barrier each).
+// o's rows a block at most (209 KB of shared memory).
 constexpr int kMaxRows = 768;
-constexpr int kMaxBoxes = 32;
 static_assert(kThreads == kColumnSuperCols && kPer == 8, "a thread a column; two float4 a lane");
 
 struct FusedArgs {
@@ -55,7 +58,6 @@ struct FusedArgs {
   CUtensorMap rows_map;
   bool tma_rows;
   int box_rows;
-  int early_boxes;  // with late_rows and tma_rows: the first boxes still asked for before the wait
   const float* q;
   const float* qg;
   int64_t qg_stride;
@@ -69,9 +71,6 @@ struct FusedArgs {
   float* y;
   bool bulk_rows;
   bool late_rows;  // o's rows asked for after the PDL wait (not competing with the kernels before)
-  // With late_rows (and the prep outside): the rows asked for after q's, the gate's and the token's
-  // key's loads are issued, not before them (those L2 reads ahead of o's in the queues).
-  bool rows_after_loads;
   // The q/k prep inside (AttnOutFusedPrep; prep false: q comes normed and roped, the cache holds
   // the token's key): the raw rows of token 0, the norms' weights, the rotation.
   bool prep;
@@ -164,24 +163,21 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   extern __shared__ __align__(128) uint8_t sh[];  // 128: the TMA's boxes land at 128-byte boundaries
   __shared__ MergeArea area;
   __shared__ __align__(8) uint64_t rows_bar;
-  // With the TMA's boxes: one barrier a box, so that a box's rows are multiplied as soon as it lands.
-  __shared__ __align__(8) uint64_t box_bar[kMaxBoxes];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x;
-  const int row0 = static_cast<int>(blockIdx.y) * a.rows_per_block;  // row part blockIdx.y of o's rows
+  const int row0 = static_cast<int>(blockIdx.z) * a.rows_per_block;  // row part blockIdx.z of o's rows
   const uint32_t rows_sh = static_cast<uint32_t>(__cvta_generic_to_shared(sh));
   const uint8_t* rows_src = a.w + static_cast<int64_t>(row0) * a.row_bytes + static_cast<int64_t>(head) * kColumnSuperBytes;
   const uint32_t rows_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&rows_bar));
-  auto copy_rows = [&](int from_box, int to_box) {
+  auto copy_rows = [&] {
     if (a.tma_rows) {
-      // Boxes of box_rows rows: one thread each (a few a block), onto the box's own barrier.
-      if (tid >= from_box && tid < to_box) {
-        const uint32_t box_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[tid]));
+      // Boxes of box_rows rows: one thread each (a few a block).
+      if (tid < a.rows_per_block / a.box_rows) {
         const int y = row0 + tid * a.box_rows, x = head * (kColumnSuperBytes / 2);
         asm volatile(
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
                 rows_sh + static_cast<uint32_t>(tid * a.box_rows * kColumnSuperBytes)),
-            "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(box_bar_addr)
+            "l"(reinterpret_cast<uint64_t>(&a.rows_map)), "r"(x), "r"(y), "r"(rows_bar_addr)
             : "memory");
       }
     } else if (a.bulk_rows) {
@@ -193,20 +189,11 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       CopyColumnRows<kThreads>(rows_sh, rows_src, a.row_bytes, a.rows_per_block, tid);
     }
   };
-  const int boxes = a.tma_rows ? a.rows_per_block / a.box_rows : 0;
-  if (a.bulk_rows && tid == 0) {
+  if ((a.bulk_rows || a.tma_rows) && tid == 0) {
     mbarrier::InitExpectingBytes(rows_bar_addr, static_cast<uint32_t>(a.rows_per_block) * kColumnSuperBytes);
   }
-  if (a.tma_rows && tid < boxes) {
-    const uint32_t box_bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[tid]));
-    mbarrier::InitExpectingBytes(box_bar_addr, static_cast<uint32_t>(a.box_rows) * kColumnSuperBytes);
-  }
-  __syncthreads();  // the barriers' inits seen by the block
-  if (!a.late_rows) {
-    copy_rows(0, boxes);
-  } else if (a.tma_rows && a.early_boxes > 0) {
-    copy_rows(0, a.early_boxes < boxes ? a.early_boxes : boxes);
-  }
+  __syncthreads();  // rows_bar's init seen by the block
+  if (!a.late_rows) copy_rows();
   // The step's sequence and position come from the host (copied before the step): read before the
   // wait, as are the keys and values of earlier positions (earlier steps' appends).
   const int32_t seq = a.token_seq[0];
@@ -230,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
 #pragma unroll
     for (int j = 0; j < kPer; ++j) gamma[j] = warp < 2 ? g[32 * j + lane] : 0.0f;
     // One block writes the token's key and value of its kv head: the first query head's, row part 0.
-    if (head % (a.nh / a.kvh) == 0 && blockIdx.y == 0) {
+    if (head % (a.nh / a.kvh) == 0 && blockIdx.z == 0) {
       append_at = CacheOffset(a.cache, seq, pos, kvw) + (head / (a.nh / a.kvh)) * kHd;
     }
     __syncthreads();  // sn and cs, written by threads 0 .. rot - 1, are read by warps 0 and 1
@@ -245,17 +232,10 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       kr[k][0] = kr[k][1] = vr[k][0] = vr[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  // The token's own row in the cache (its page-table entry read before the wait, so that the key's
-  // loads after it are not behind that round trip).
-  const int64_t own_off = CacheOffset(a.cache, seq, pos, kvw) + col;
   PdlWaitForPrevious();  // pdl.cuh: q, the gate and the token's own key only after it
   PdlAllowNext();
   stamp(kAttnOutFusedProbeAfterWait);
-  auto late_rows_now = [&] {
-    if (a.late_rows) copy_rows(a.tma_rows ? a.early_boxes : 0, boxes);
-  };
-  const bool rows_after_loads = a.rows_after_loads && !a.prep;
-  if (!rows_after_loads) late_rows_now();
+  if (a.late_rows) copy_rows();
   if (a.prep) {
     // Warp 0: query head `head` (the raw q half of qg's row 0); warp 1: the kv head's new key, normed
     // and roped, and its value; into shared memory, and by the appending block into the cache.
@@ -291,31 +271,11 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
     }
     __syncthreads();  // q_sh, k_sh and v_sh
   }
-  const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
-  const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
-  const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
-  const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
-  // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
-  // inside (another block appends it to the cache, unordered with this one), else from the cache.
-  auto load_after_wait = [&](int64_t key, int k) {
-    if (key == pos && a.prep) {  // this lane's 8 dims of the key and value
-      kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
-      kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
-      vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
-      vr[k][1] = *reinterpret_cast<const float4*>(v_sh + lane * kPer + 4);
-    } else if (key == pos) {
-      LoadKeyValueAt(a.cache, own_off, kr[k], vr[k]);
-    } else {
-      LoadKeyValue(a.cache, seq, key, kvw, col, kr[k], vr[k]);
-    }
-  };
-#pragma unroll
-  for (int k = 0; k < kWarpKeys; ++k) {
-    if (first + k == pos) load_after_wait(pos, k);
-  }
-  if (rows_after_loads) late_rows_now();  // (q is used only below: its loads are in flight here)
   float q[kPer];
   {
+    const float* qh = a.prep ? q_sh + lane * kPer : a.q + static_cast<int64_t>(head) * kHd + lane * kPer;
+    const float4 q0 = a.prep ? *reinterpret_cast<const float4*>(qh) : __ldcg(reinterpret_cast<const float4*>(qh));
+    const float4 q1 = a.prep ? *reinterpret_cast<const float4*>(qh + 4) : __ldcg(reinterpret_cast<const float4*>(qh + 4));
     const float scale = rsqrtf(static_cast<float>(kHd));
     q[0] = q0.x * scale;
     q[1] = q0.y * scale;
@@ -325,6 +285,23 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
     q[5] = q1.y * scale;
     q[6] = q1.z * scale;
     q[7] = q1.w * scale;
+  }
+  const float gate = __ldcg(a.qg + static_cast<int64_t>(head) * 2 * kHd + kHd + tid);
+  // Key `key` (after the wait) into slot k: the token's own from the rows formed above with the prep
+  // inside (another block appends it to the cache, unordered with this one), else from the cache.
+  auto load_after_wait = [&](int64_t key, int k) {
+    if (key == pos && a.prep) {  // this lane's 8 dims of the key and value
+      kr[k][0] = *reinterpret_cast<const float4*>(k_sh + lane * kPer);
+      kr[k][1] = *reinterpret_cast<const float4*>(k_sh + lane * kPer + 4);
+      vr[k][0] = *reinterpret_cast<const float4*>(v_sh + lane * kPer);
+      vr[k][1] = *reinterpret_cast<const float4*>(v_sh + lane * kPer + 4);
+    } else {
+      LoadKeyValue(a.cache, seq, key, kvw, col, kr[k], vr[k]);
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < kWarpKeys; ++k) {
+    if (first + k == pos) load_after_wait(pos, k);
   }
   // The warp's keys, kWarpKeys a pass; the first pass's rows are loaded above.
   float m = -INFINITY, l = 0.0f, acc[kPer] = {};
@@ -378,15 +355,14 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
   int16_t* xq = reinterpret_cast<int16_t*>(sh + static_cast<size_t>(a.rows_per_block) * kColumnSuperBytes);
   float* xscale = reinterpret_cast<float*>(xq + kColumnSuperCols);
   QuantizeColumnI16(xv, tid, lane, warp, xq, xscale);
-  if (a.bulk_rows) {
+  if (a.bulk_rows || a.tma_rows) {
     mbarrier::WaitParity(rows_bar_addr, 0);
-  } else if (!a.tma_rows) {
+  } else {
     CpAsyncWait<0>();
   }
   __syncthreads();
-  stamp(kAttnOutFusedProbeXReady);
+  stamp(kAttnOutFusedProbeRowsLanded);
   for (int row = tid; row < a.rows_per_block; row += kThreads) {
-    if (a.tma_rows) mbarrier::WaitParity(static_cast<uint32_t>(__cvta_generic_to_shared(&box_bar[row / a.box_rows])), 0);
     atomicAdd(a.y + row0 + row, ColumnSuperRowDot(sh + static_cast<size_t>(row) * kColumnSuperBytes, xq, xscale));
   }
   if constexpr (kProbe) {
@@ -395,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) AttentionOutFusedKernel(const __g
       probe_row[kAttnOutFusedProbeKeys] = static_cast<unsigned long long>(ctx);
       probe_row[kAttnOutFusedProbeSm] = SmId();
       probe_row[kAttnOutFusedProbeBlock] =
-          blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.y;
+          blockIdx.x + static_cast<unsigned long long>(gridDim.x) * blockIdx.z;
     }
   }
 }
@@ -406,23 +382,15 @@ std::atomic<uint64_t> g_fused_launches{0};
 // TANDEM_ATTN_OUT_FUSED_ROWS: how a block brings in o's rows: 0 16-byte cp.async pieces, 1 a bulk
 // copy a row, 2 the TMA's 2-D boxes (EncodeRowsMap; the default).
 ProcessInteger g_fused_rows_mode{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_ROWS", 2, 0, 2); }};
-// TANDEM_ATTN_OUT_FUSED_MIN_BOXES: the fewest TMA boxes a block's rows come in (default 6: each
-// box's rows multiplied as it lands); TANDEM_ATTN_OUT_FUSED_EARLY_BOXES: with the rows asked for
-// after the wait, how many boxes are still asked for before it (default 0).
-ProcessInteger g_fused_min_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_MIN_BOXES", 6, 1, 32); }};
-ProcessInteger g_fused_early_boxes{[] { return EnvInteger("TANDEM_ATTN_OUT_FUSED_EARLY_BOXES", 0, 0, 32); }};
 // TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0: o's rows asked for before the PDL wait, while the q product
 // and the prep still run (their L2 round trips slowed more than the rows gained: docs/PERF.md).
 ProcessSwitch g_fused_late_rows{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED_LATE_ROWS"); }};
-// TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS=1: FusedArgs::rows_after_loads.
-ProcessSwitch g_fused_rows_after_loads{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS"); }};
 ProcessSwitch g_fused_prep_inside{[] { return EnvSwitch("TANDEM_ATTN_OUT_FUSED_PREP"); }};
 ProcessSwitch g_attn_out_fused{[] { return EnvSwitchDefaultOn("TANDEM_ATTN_OUT_FUSED"); }};
 
 // w's rows as FusedArgs::rows_map: a 2-D tensor of uint16 (row_bytes / 2 a row, w.rows rows, rows
-// row_bytes apart) with boxes of 136 × box_rows (one super-block of 272 bytes, box_rows rows: a
-// power of two dividing rpb, so that a block's boxes end at its last row, and small enough for
-// g_fused_min_boxes boxes a block).
+// row_bytes apart) with boxes of 136 × box_rows (one super-block of 272 bytes, box_rows rows: the
+// largest power of two up to 256 dividing rpb, so that a block's boxes end at its last row).
 cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int* box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -437,9 +405,7 @@ cudaError_t EncodeRowsMap(const DeviceMatrix& w, int rpb, CUtensorMap* map, int*
   if (encode == nullptr) return cudaErrorNotSupported;
   int box = 256;
   while (box > 1 && rpb % box != 0) box /= 2;
-  // At least g_fused_min_boxes boxes a block (finer pieces multiplied as they land), at most kMaxBoxes.
-  while (box > 8 && rpb / box < g_fused_min_boxes.value()) box /= 2;
-  if (box < 8 || rpb / box > kMaxBoxes) return cudaErrorNotSupported;  // a box's bytes (272 a row) a multiple of 128
+  if (box < 8) return cudaErrorNotSupported;  // a box's bytes (272 a row) a multiple of 128
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(w.row_bytes / 2), static_cast<cuuint64_t>(w.rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(w.row_bytes)};
   const cuuint32_t boxes[2] = {static_cast<cuuint32_t>(kColumnSuperBytes / 2), static_cast<cuuint32_t>(box)};
@@ -511,13 +477,11 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   args.rows_per_block = rpb;
   args.y = y;
   args.late_rows = g_fused_late_rows.on();
-  args.rows_after_loads = g_fused_rows_after_loads.on();
   args.bulk_rows = g_fused_rows_mode.value() == 1;
   if (g_fused_rows_mode.value() == 2) {
     // A matrix or driver the TMA cannot describe falls back to a bulk copy a row (the same bytes).
     args.tma_rows = EncodeRowsMap(w, rpb, &args.rows_map, &args.box_rows) == cudaSuccess;
     args.bulk_rows = !args.tma_rows;
-    args.early_boxes = static_cast<int>(g_fused_early_boxes.value());
   }
   if (prep != nullptr) {
     args.prep = true;
@@ -530,7 +494,7 @@ cudaError_t LaunchAttentionOutFused(const float* q, const float* qg, int64_t qg_
   args.rot = d.rot;
   args.eps = d.eps;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(w.rows / rpb));
+  config.gridDim = dim3(static_cast<unsigned>(d.nh), 1, static_cast<unsigned>(w.rows / rpb));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = ColumnSharedBytes(rpb);
   config.stream = stream;
@@ -549,10 +513,6 @@ int AttnOutFusedRowsMode() { return static_cast<int>(g_fused_rows_mode.value());
 void SetAttnOutFusedRowsMode(int mode) { g_fused_rows_mode.set(mode < 0 || mode > 2 ? 2 : mode); }
 bool AttnOutFusedLateRows() { return g_fused_late_rows.on(); }
 void SetAttnOutFusedLateRows(bool on) { g_fused_late_rows.set(on); }
-int AttnOutFusedEarlyBoxes() { return static_cast<int>(g_fused_early_boxes.value()); }
-void SetAttnOutFusedEarlyBoxes(int boxes) { g_fused_early_boxes.set(boxes < 0 ? 0 : boxes); }
-bool AttnOutFusedRowsAfterLoads() { return g_fused_rows_after_loads.on(); }
-void SetAttnOutFusedRowsAfterLoads(bool on) { g_fused_rows_after_loads.set(on); }
 bool AttnOutFused() { return g_attn_out_fused.on(); }
 void SetAttnOutFused(bool on) { g_attn_out_fused.set(on); }
 cudaError_t SetArmedAttentionOutFusedProbe(unsigned long long* stamps, unsigned capacity, cudaStream_t stream) {

@@ -77,19 +77,12 @@ void SetAttnOutFused(bool on);
 
 // How a block brings in o's rows (TANDEM_ATTN_OUT_FUSED_ROWS, read once; settable): 0 16-byte
 // cp.async pieces, 1 one bulk copy a row, 2 the TMA's 2-D boxes (the default; a tensor map of o
-// encoded at the launch, at least TANDEM_ATTN_OUT_FUSED_MIN_BOXES boxes a block, each multiplied as
-// it lands). The rows are asked for after the PDL wait unless TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0;
-// with the TMA's boxes, TANDEM_ATTN_OUT_FUSED_EARLY_BOXES of them still before it.
+// encoded at the launch, boxes of up to 256 rows onto one barrier). The rows are asked for after
+// the PDL wait unless TANDEM_ATTN_OUT_FUSED_LATE_ROWS=0.
 int AttnOutFusedRowsMode();
 void SetAttnOutFusedRowsMode(int mode);
 bool AttnOutFusedLateRows();
 void SetAttnOutFusedLateRows(bool on);
-int AttnOutFusedEarlyBoxes();
-void SetAttnOutFusedEarlyBoxes(int boxes);
-// With the rows asked for after the wait and the prep outside: TANDEM_ATTN_OUT_FUSED_ROWS_AFTER_LOADS=1
-// asks for them after q's, the gate's and the token's key's loads are issued (off by default).
-bool AttnOutFusedRowsAfterLoads();
-void SetAttnOutFusedRowsAfterLoads(bool on);
 
 // Phase stamps of the fused kernel inside a probed decode step (step_probe.h: while
 // ProbeDecodeStep() is on, the launch takes a stamped instantiation whose thread 0 of each block
@@ -100,11 +93,11 @@ enum AttnOutFusedProbeWord : int {
   kAttnOutFusedProbeEntry,        // the block holds its row
   kAttnOutFusedProbeAfterWait,    // its PDL wait returned
   kAttnOutFusedProbeAttended,     // its head attended and its warps merged
-  kAttnOutFusedProbeXReady,       // x quantized (a block barrier; with the TMA's boxes, before o's rows land)
+  kAttnOutFusedProbeRowsLanded,   // x quantized and o's rows landed (a block barrier)
   kAttnOutFusedProbeExit,         // thread 0's additions issued
   kAttnOutFusedProbeKeys,         // keys of the context (the count word)
   kAttnOutFusedProbeSm,
-  kAttnOutFusedProbeBlock,        // blockIdx.x + gridDim.x · blockIdx.y
+  kAttnOutFusedProbeBlock,        // blockIdx.x + gridDim.x · blockIdx.z
 };
 // Arms (stamps: capacity rows of kAttnOutFusedProbeWords u64, zeroed by the caller) or disarms
 // (nullptr), in stream order.

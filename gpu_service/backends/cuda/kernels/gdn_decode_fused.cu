@@ -4,6 +4,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
@@ -16,6 +17,11 @@
 
 namespace tandem::cuda {
 namespace {
+
+// The kernel's kLean instantiation where the arguments are its (GdnLean; TANDEM_GDN_LEAN=0 turns
+// it off).
+ProcessSwitch g_gdn_lean{[] { return EnvSwitchDefaultOn("TANDEM_GDN_LEAN"); }};
+std::atomic<uint64_t> g_gdn_lean_launches{0};
 
 // The kIn form's dynamic shared memory limit: half an SM's shared memory less a block's reserve and
 // the kernel's static shared memory, so that two blocks fit an SM (0 when these cannot be read).
@@ -69,6 +75,11 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
     if (a.out_probe && probe_attr != cudaSuccess) return probe_attr;
+    static const cudaError_t lean_attr =
+        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
+    if (GdnLean() && lean_attr != cudaSuccess) return lean_attr;
     config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
   }
   config.stream = stream;
@@ -84,6 +95,11 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
     if (a.out_probe) {  // the stamped instantiation (gdn_decode_out_probe.h)
       return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, true>, a, d.nk, d.nv, d.dv, d.kk,
                                 q_scale, qk_x_first, !OldGdnEarlyState(), in);
+    }
+    if (GdnLean() && a.out_one_barrier && a.rows_polled && a.out_bulk && qk_x_first && !OldGdnEarlyState()) {
+      g_gdn_lean_launches.fetch_add(1, std::memory_order_relaxed);
+      return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, false, true>, a, d.nk, d.nv,
+                                d.dv, d.kk, q_scale, qk_x_first, true, in);
     }
   }
   return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, kOut, kIn>, a, d.nk, d.nv, d.dv, d.kk, q_scale,
@@ -311,6 +327,10 @@ ProcessSwitch g_gdn_out_bulk{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_BULK
 ProcessSwitch g_gdn_out_one_barrier{[] { return EnvSwitchDefaultOn("TANDEM_GDN_OUT_ONE_BARRIER"); }};
 ProcessSwitch g_gdn_rows_polled{[] { return EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED"); }};
 }  // namespace
+
+bool GdnLean() { return g_gdn_lean.on(); }
+void SetGdnLean(bool on) { g_gdn_lean.set(on); }
+uint64_t GdnLeanLaunches() { return g_gdn_lean_launches.load(std::memory_order_relaxed); }
 
 bool GdnRowsPolled() { return g_gdn_rows_polled.on(); }
 void SetGdnRowsPolled(bool on) { g_gdn_rows_polled.set(on); }

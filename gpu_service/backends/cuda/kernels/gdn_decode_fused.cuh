@@ -169,6 +169,16 @@ void SetGdnDecodeFused(int mode);
 bool GdnRowsPolled();
 void SetGdnRowsPolled(bool on);
 
+// On by default (+1.8% batch-1 decode on q3n-80b shapes on an H100, ahead in each of three
+// interleaved rounds, docs/PERF.md "Sixty-fourth session"); TANDEM_GDN_LEAN=0 (read once; settable;
+// read at launch) turns it off: a one-token launch with ssm_out inside whose arguments are the
+// defaults (one barrier, the rows polled, bulk copies, the state read early) takes a kernel compiled
+// for them alone, the other forms' code left out; the same arithmetic. GdnLeanLaunches counts those
+// launches (tests).
+bool GdnLean();
+void SetGdnLean(bool on);
+uint64_t GdnLeanLaunches();
+
 // The fused kernel reads its token's recurrent state column and conv history (which only it
 // writes, in earlier steps) before its PDL wait, overlapping the product before it; the same
 // values, the same bits. TANDEM_OLD_GDN_EARLY_STATE=1 (read once; settable; read at launch, so a

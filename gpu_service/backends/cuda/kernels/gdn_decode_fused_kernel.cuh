@@ -123,10 +123,20 @@ struct GdnOutStamps {
 // first, each cluster the rows its key head group reads, into in.rows, which a.qkv, a.ba and a.z
 // then name; its rows stream through a ring of bulk copies issued before the PDL wait.
 // kProbe: the stamped instantiation (GdnDecodeFusedArgs::out_probe; kOut without kIn only).
-template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false>
+// kLean (kOut without kIn or kProbe): the one-token decode defaults compiled in as constants (one
+// barrier, the rows polled, ssm_out's rows by bulk copies, the state read early, the short-run sums
+// of squares), so that their alternatives' code is not in the kernel (GdnLean, on by default: 30.7 KB
+// of machine code against 51.6 KB and +1.8% batch-1 decode, docs/PERF.md, sixty-fourth session).
+// The launch takes it only where those are the arguments.
+template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, GdnInProduct in) {
+  static_assert(!kLean || (kOut && !kIn && !kProbe), "the lean form is the output product's, unstamped");
+  if constexpr (kLean) {
+    a.out_one_barrier = a.rows_polled = a.out_bulk = true;
+    qk_x_first = early_state = true;
+  }
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;
   constexpr int kRows = kDk / kWarps;
