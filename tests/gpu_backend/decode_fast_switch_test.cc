@@ -306,28 +306,24 @@ TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
-// A switch of the fused attention + o launch (`set`; `get` its value, restored after) that keeps
-// the same values, with the fused launch and o by columns on for both sides: the logits may come
-// out bit-identical (only the atomics' order differs), so `launches` (a launch counter that only
-// the switch's path moves) shows that the path ran.
-void ExpectFusedAttnOutSwitchKeepsLogitsClose(const char* what, bool (*get)(), void (*set)(bool), uint64_t (*launches)()) {
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(), was_switch = get();
-  cuda::SetAttnOutFused(true);
-  cuda::SetAttnOutColumnSplit(true);
-  const uint64_t before = launches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what, set, /*deterministic=*/false, /*same_values=*/true);
-  EXPECT_GT(launches(), before) << what;
-  set(was_switch);
-  cuda::SetAttnOutColumnSplit(was_columns);
-  cuda::SetAttnOutFused(was);
-}
-
 // The q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against the prep launch
-// before it: the same q, keys and values (attention_out_fused_test.cc compares the bits).
+// before it: the same q, keys and values (attention_out_fused_test.cc compares the bits), with the
+// fused launch and o by columns on for both sides. The logits may come out bit-identical (only the
+// atomics' order differs), so the fused launch counter shows that the path ran.
 TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  ExpectFusedAttnOutSwitchKeepsLogitsClose("q/k prep inside the fused launch", cuda::AttnOutFusedPrepInside,
-                                           cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
+  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
+             was_prep = cuda::AttnOutFusedPrepInside();
+  cuda::SetAttnOutFused(true);
+  cuda::SetAttnOutColumnSplit(true);
+  const uint64_t before = cuda::AttentionOutFusedLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
+                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  EXPECT_GT(cuda::AttentionOutFusedLaunches(), before);
+  cuda::SetAttnOutFusedPrepInside(was_prep);
+  cuda::SetAttnOutColumnSplit(was_columns);
+  cuda::SetAttnOutFused(was);
 }
 
 // The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone

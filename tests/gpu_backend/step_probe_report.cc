@@ -295,6 +295,9 @@ void ReportAttentionOutFused(const std::vector<unsigned long long>& h, unsigned 
   ReportArmedPhases(t, h, capacity);
 }
 
+// The column-split output products' stamps (dense_colsplit_probe.h's armed buffer): attention's o
+// with the split attention's merge inside, one launch an attention layer; counted: the blocks that
+// merged attention slices.
 void ReportColumnSplit(const std::vector<unsigned long long>& h, unsigned capacity) {
   using namespace cuda;
   const ArmedPhaseTable t{"output product (by columns) probe", kColSplitProbeWords, kColSplitProbeBlock,
