@@ -23,6 +23,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -346,6 +347,28 @@ TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   EXPECT_GT(cuda::GdnLeanLaunches(), launches);
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnLean(was);
+}
+
+// The fused one-token MoE kernel's lean forms (cuda::SetMoeLean: 1, the fast decode defaults as
+// constants; 2, also the 80B's h and inner) against the general kernel, on the 80B's MoE shapes
+// (512 experts, 10 picks, the shared expert and the router inside the grid): the same arithmetic,
+// the layer's output added by atomics in another order. The fused MoE kernel (this binary's default
+// is the two one-token kernels: deterministic_decode_env.cc) for both sides.
+TEST(DecodeMoeLeanTest, LeanKernelsKeepDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const int was = cuda::MoeLean();
+  const bool was_fused = cuda::OneTokenFused();
+  cuda::SetOneTokenFused(true);
+  for (const int level : {1, 2}) {
+    const std::string what = "the lean fused MoE kernel " + std::to_string(level);
+    const uint64_t launches = cuda::MoeLeanLaunches();
+    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [level](bool on) { cuda::SetMoeLean(on ? level : 0); },
+                                         /*deterministic=*/false, /*same_values=*/true);
+    printf("%s launches: %llu\n", what.c_str(), static_cast<unsigned long long>(cuda::MoeLeanLaunches() - launches));
+    EXPECT_GT(cuda::MoeLeanLaunches(), launches) << what;
+  }
+  cuda::SetOneTokenFused(was_fused);
+  cuda::SetMoeLean(was);
 }
 
 }  // namespace

@@ -33,6 +33,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 
 namespace tandem::cuda {
@@ -106,6 +108,20 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
+
+// TANDEM_MOE_LEAN (A/B; 0 by default until measured; read once; settable; read at launch): with the
+// router in the grid and 257 .. 512 experts, 1 launches a kernel compiled with the fast decode
+// defaults as constants (x written by the launch just before, warp 0 picks, no shared term in y's
+// form, the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against
+// 114), 2 one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts'
+// inner kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments; the same arithmetic (as the fused GDN
+// kernel's lean form, which measured +1.8%: docs/PERF.md, sixty-fourth session). MoeLeanLaunches
+// counts those launches (tests).
+inline constexpr int kMoeLeanHidden = 2048;
+inline constexpr int kMoeLeanInner = 512;
+int MoeLean();
+void SetMoeLean(int level);
+uint64_t MoeLeanLaunches();
 
 }  // namespace tandem::cuda
 
