@@ -349,6 +349,25 @@ TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   cuda::SetGdnLean(was);
 }
 
+// The norm-in input products with the 80B's width compiled in (cuda::SetNormInLean) against the
+// general kernel, on q3n-80b's shapes (h 2048): the same bits from each product
+// (norm_in_product_test.cc); GDN mode 3, the norm-in path's condition as in
+// MixerNormInProductKeepsDecodeLogitsClose, whose atomics may move the last bits between runs.
+// Counts the lean launches.
+TEST(DecodeNormInLeanTest, LeanKernelKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::NormInLean();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  const uint64_t launches = cuda::NormInLeanLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean norm-in product", [](bool on) { cuda::SetNormInLean(on); },
+                                       /*deterministic=*/false, /*same_values=*/true);
+  printf("lean norm-in launches: %llu\n", static_cast<unsigned long long>(cuda::NormInLeanLaunches() - launches));
+  EXPECT_GT(cuda::NormInLeanLaunches(), launches);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetNormInLean(was);
+}
+
 // The fused one-token MoE kernel's lean forms (cuda::SetMoeLean: 1, the fast decode defaults as
 // constants; 2, also the 80B's h and inner) against the general kernel, on the 80B's MoE shapes
 // (512 experts, 10 picks, the shared expert and the router inside the grid): the same arithmetic,
