@@ -331,20 +331,25 @@ TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
                                            cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
 }
 
-// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone
-// (cuda::SetGdnLean) against its general instantiation, on the 80B's GDN shapes: the same
-// arithmetic, the layer's output added by atomics in another order. GDN mode 3 (ssm_out inside,
-// the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both sides.
+// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone (cuda::SetGdnLean
+// 1), and also for the 80B's GDN shapes (2), against its general instantiation (0), on the 80B's GDN
+// shapes: the same arithmetic, the layer's output added by atomics in another order. GDN mode 3
+// (ssm_out inside, the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both
+// sides. Counts each level's launches.
 TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::GdnLean();
+  const int was = cuda::GdnLean();
   const int was_mode = cuda::GetGdnDecodeFused();
   cuda::SetGdnDecodeFused(3);
-  const uint64_t launches = cuda::GdnLeanLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused GDN kernel", [](bool on) { cuda::SetGdnLean(on); },
-                                       /*deterministic=*/false, /*same_values=*/true);
-  printf("lean fused GDN launches: %llu\n", static_cast<unsigned long long>(cuda::GdnLeanLaunches() - launches));
-  EXPECT_GT(cuda::GdnLeanLaunches(), launches);
+  for (const int level : {1, 2}) {
+    const std::string what = "the lean fused GDN kernel " + std::to_string(level);
+    const uint64_t launches = cuda::GdnLeanLaunches(level);
+    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [level](bool on) { cuda::SetGdnLean(on ? level : 0); },
+                                         /*deterministic=*/false, /*same_values=*/true);
+    printf("%s launches: %llu\n", what.c_str(),
+           static_cast<unsigned long long>(cuda::GdnLeanLaunches(level) - launches));
+    EXPECT_GT(cuda::GdnLeanLaunches(level), launches) << what;
+  }
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnLean(was);
 }
