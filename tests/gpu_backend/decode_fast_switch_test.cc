@@ -331,6 +331,22 @@ TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
                                            cuda::SetAttnOutFusedPrepInside, cuda::AttentionOutFusedLaunches);
 }
 
+// Each lean level of a kernel (`set_level`: 1 and 2, each against 0) keeps q3n-80b@4's decode logits
+// close (the same values: only the atomics' order may differ), and `launches(level)` moves (that
+// level's kernel ran). Leaves level 0 set (the caller restores the switch).
+void ExpectLeanLevelsKeepLogitsClose(const std::string& kernel, const std::function<void(int)>& set_level,
+                                     const std::function<uint64_t(int)>& launches) {
+  for (const int level : {1, 2}) {
+    const std::string what = kernel + " " + std::to_string(level);
+    const uint64_t before = launches(level);
+    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [&](bool on) { set_level(on ? level : 0); },
+                                         /*deterministic=*/false, /*same_values=*/true);
+    printf("%s launches: %llu\n", what.c_str(), static_cast<unsigned long long>(launches(level) - before));
+    EXPECT_GT(launches(level), before) << what;
+    set_level(0);
+  }
+}
+
 // The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone (cuda::SetGdnLean
 // 1), and also for the 80B's GDN shapes (2), against its general instantiation (0), on the 80B's GDN
 // shapes: the same arithmetic, the layer's output added by atomics in another order. GDN mode 3
@@ -341,15 +357,7 @@ TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   const int was = cuda::GdnLean();
   const int was_mode = cuda::GetGdnDecodeFused();
   cuda::SetGdnDecodeFused(3);
-  for (const int level : {1, 2}) {
-    const std::string what = "the lean fused GDN kernel " + std::to_string(level);
-    const uint64_t launches = cuda::GdnLeanLaunches(level);
-    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [level](bool on) { cuda::SetGdnLean(on ? level : 0); },
-                                         /*deterministic=*/false, /*same_values=*/true);
-    printf("%s launches: %llu\n", what.c_str(),
-           static_cast<unsigned long long>(cuda::GdnLeanLaunches(level) - launches));
-    EXPECT_GT(cuda::GdnLeanLaunches(level), launches) << what;
-  }
+  ExpectLeanLevelsKeepLogitsClose("the lean fused GDN kernel", cuda::SetGdnLean, cuda::GdnLeanLaunches);
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnLean(was);
 }
@@ -383,14 +391,7 @@ TEST(DecodeMoeLeanTest, LeanKernelsKeepDecodeLogitsClose) {
   const int was = cuda::MoeLean();
   const bool was_fused = cuda::OneTokenFused();
   cuda::SetOneTokenFused(true);
-  for (const int level : {1, 2}) {
-    const std::string what = "the lean fused MoE kernel " + std::to_string(level);
-    const uint64_t launches = cuda::MoeLeanLaunches();
-    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [level](bool on) { cuda::SetMoeLean(on ? level : 0); },
-                                         /*deterministic=*/false, /*same_values=*/true);
-    printf("%s launches: %llu\n", what.c_str(), static_cast<unsigned long long>(cuda::MoeLeanLaunches() - launches));
-    EXPECT_GT(cuda::MoeLeanLaunches(), launches) << what;
-  }
+  ExpectLeanLevelsKeepLogitsClose("the lean fused MoE kernel", cuda::SetMoeLean, cuda::MoeLeanLaunches);
   cuda::SetOneTokenFused(was_fused);
   cuda::SetMoeLean(was);
 }

@@ -18,7 +18,7 @@ namespace {
 
 // TANDEM_MOE_LEAN (MoeLean): 0, 1 or 2.
 ProcessInteger g_moe_lean{[] { return EnvInteger("TANDEM_MOE_LEAN", 0, 0, 2); }};
-std::atomic<uint64_t> g_moe_lean_launches{0};
+std::atomic<uint64_t> g_moe_lean_launches[3] = {0, 0, 0};  // by level
 
 bool FusedShapeOk(int h, int inner) {
   const int nsb = h / 256;
@@ -157,10 +157,10 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
   if (router == nullptr) return LaunchForExperts<false>(a, sh, rt, stream);
   switch (LeanFormFor(a, sh, rt)) {
     case 1:
-      g_moe_lean_launches.fetch_add(1, std::memory_order_relaxed);
+      g_moe_lean_launches[1].fetch_add(1, std::memory_order_relaxed);
       return LaunchFused<16, true, false, 1>(a, sh, rt, stream);
     case 2:
-      g_moe_lean_launches.fetch_add(1, std::memory_order_relaxed);
+      g_moe_lean_launches[2].fetch_add(1, std::memory_order_relaxed);
       return LaunchFused<16, true, false, 2>(a, sh, rt, stream);
     default:
       return LaunchForExperts<true>(a, sh, rt, stream);
@@ -169,7 +169,9 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
 
 int MoeLean() { return static_cast<int>(g_moe_lean.value()); }
 void SetMoeLean(int level) { g_moe_lean.set(level); }
-uint64_t MoeLeanLaunches() { return g_moe_lean_launches.load(std::memory_order_relaxed); }
+uint64_t MoeLeanLaunches(int level) {
+  return level >= 1 && level <= 2 ? g_moe_lean_launches[level].load(std::memory_order_relaxed) : 0;
+}
 
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,
                             const FusedRouter* router) {

@@ -114,14 +114,14 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedShare
 // defaults as constants (x written by the launch just before, warp 0 picks, no shared term in y's
 // form, the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against
 // 114), 2 one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts'
-// inner kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments; the same arithmetic (as the fused GDN
-// kernel's lean form, which measured +1.8%: docs/PERF.md, sixty-fourth session). MoeLeanLaunches
-// counts those launches (tests).
+// inner kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments; the same arithmetic
+// (as the fused GDN kernel's lean form, which measured +1.8%: docs/PERF.md, sixty-fourth session).
+// MoeLeanLaunches(level) counts the launches of that level's kernel (tests).
 inline constexpr int kMoeLeanHidden = 2048;
 inline constexpr int kMoeLeanInner = 512;
 int MoeLean();
 void SetMoeLean(int level);
-uint64_t MoeLeanLaunches();
+uint64_t MoeLeanLaunches(int level);
 
 }  // namespace tandem::cuda
 
