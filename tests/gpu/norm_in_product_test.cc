@@ -113,14 +113,16 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
         in.gamma = d_gamma.get();
         in.eps = kEps;
         in.h_written_earlier = h_early;
+        const bool was_lean = cuda::NormInLean();
+        cuda::SetNormInLean(false);  // the general kernel here; the lean one below
         TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, got.get(), nullptr));
+        cuda::SetNormInLean(was_lean);
         TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
         const std::vector<float> got_h = Download(got), want_h = Download(want);
         EXPECT_EQ(std::memcmp(got_h.data(), want_h.data(), got_h.size() * sizeof(float)), 0) << tag;
         EXPECT_EQ(Download(H_in), H) << tag << ": the product wrote H";
         // At the lean form's width (cuda::SetNormInLean): its kernel, the same bits.
         if (c.cols == cuda::kNormInLeanCols) {
-          const bool was = cuda::NormInLean();
           const uint64_t launches = cuda::NormInLeanLaunches();
           cuda::SetNormInLean(true);
           auto H_lean = Upload(H);
@@ -128,7 +130,7 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
           in.H = H_lean.get();
           TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, lean.get(), nullptr));
           TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
-          cuda::SetNormInLean(was);
+          cuda::SetNormInLean(was_lean);
           EXPECT_EQ(cuda::NormInLeanLaunches(), launches + 1) << tag << ": the lean kernel did not run";
           const std::vector<float> lean_h = Download(lean);
           EXPECT_EQ(std::memcmp(lean_h.data(), want_h.data(), lean_h.size() * sizeof(float)), 0) << tag << " (lean)";

@@ -237,7 +237,7 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
 namespace {
 ProcessSwitch g_mixer_norm_launch{[] { return EnvSwitch("TANDEM_MIXER_NORM_LAUNCH"); }};
 ProcessSwitch g_head_int16{[] { return EnvSwitchDefaultOn("TANDEM_HEAD_INT16"); }};
-ProcessSwitch g_norm_in_lean{[] { return EnvSwitch("TANDEM_NORM_IN_LEAN"); }};
+ProcessSwitch g_norm_in_lean{[] { return EnvSwitchDefaultOn("TANDEM_NORM_IN_LEAN"); }};
 std::atomic<uint64_t> g_norm_in_lean_launches{0};
 }  // namespace
 

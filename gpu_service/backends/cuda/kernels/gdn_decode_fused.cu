@@ -19,8 +19,8 @@ namespace tandem::cuda {
 namespace {
 
 // The kernel's kLean instantiations where the arguments are theirs (GdnLean: TANDEM_GDN_LEAN, 0, 1
-// or 2, 1 by default).
-ProcessInteger g_gdn_lean{[] { return EnvInteger("TANDEM_GDN_LEAN", 1, 0, 2); }};
+// or 2, 2 by default).
+ProcessInteger g_gdn_lean{[] { return EnvInteger("TANDEM_GDN_LEAN", 2, 0, 2); }};
 std::atomic<uint64_t> g_gdn_lean_launches[3] = {0, 0, 0};  // by level
 
 // The kIn form's dynamic shared memory limit: half an SM's shared memory less a block's reserve and

@@ -16,8 +16,8 @@
 namespace tandem::cuda {
 namespace {
 
-// TANDEM_MOE_LEAN (MoeLean): 0, 1 or 2.
-ProcessInteger g_moe_lean{[] { return EnvInteger("TANDEM_MOE_LEAN", 0, 0, 2); }};
+// TANDEM_MOE_LEAN (MoeLean): 0, 1 or 2, 2 by default.
+ProcessInteger g_moe_lean{[] { return EnvInteger("TANDEM_MOE_LEAN", 2, 0, 2); }};
 std::atomic<uint64_t> g_moe_lean_launches[3] = {0, 0, 0};  // by level
 
 bool FusedShapeOk(int h, int inner) {
@@ -64,14 +64,14 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
 
 // The lean form MoeLean asks for where the arguments are its constants (0 where none is): with the
 // router in the grid, E in kPer 16's range (257 .. 512), and for 2 the 80B's shapes with the shared
-// expert inside.
+// expert inside (1 where only those differ).
 int LeanFormFor(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt) {
   const int level = MoeLean();
   if (level == 0 || a.E <= 256 || a.E > 512 || a.x_written_earlier || a.pick_warp_by_slot || a.shared != nullptr ||
       !rt.preload) {
     return 0;
   }
-  if (level == 2 && (a.h != kMoeLeanHidden || a.inner != kMoeLeanInner || sh.inner != kMoeLeanInner)) return 0;
+  if (level == 2 && (a.h != kMoeLeanHidden || a.inner != kMoeLeanInner || sh.inner != kMoeLeanInner)) return 1;
   return level;
 }
 

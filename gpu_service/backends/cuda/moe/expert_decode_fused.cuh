@@ -109,13 +109,15 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
 
-// TANDEM_MOE_LEAN (A/B; 0 by default until measured; read once; settable; read at launch): with the
-// router in the grid and 257 .. 512 experts, 1 launches a kernel compiled with the fast decode
-// defaults as constants (x written by the launch just before, warp 0 picks, no shared term in y's
-// form, the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against
-// 114), 2 one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts'
-// inner kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments; the same arithmetic
-// (as the fused GDN kernel's lean form, which measured +1.8%: docs/PERF.md, sixty-fourth session).
+// TANDEM_MOE_LEAN (0, 1 or 2, 2 by default; read once; settable; read at launch): with the router
+// in the grid and 257 .. 512 experts, 1 launches a kernel compiled with the fast decode defaults as
+// constants (x written by the launch just before, warp 0 picks, no shared term given in y's form,
+// the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against 114), 2
+// one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts' inner
+// kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments (level 1's kernel where only
+// they differ); 0 the general kernel; the same arithmetic. Measured on an H100 (docs/PERF.md
+// "Sixty-fifth session", four interleaved rounds): 1 and 2 each +0.3% at batch 1, within the
+// spread alone, but all three lean kernels together (this, GDN 2, norm-in) +2.1%, ahead in every round.
 // MoeLeanLaunches(level) counts the launches of that level's kernel (tests).
 inline constexpr int kMoeLeanHidden = 2048;
 inline constexpr int kMoeLeanInner = 512;
