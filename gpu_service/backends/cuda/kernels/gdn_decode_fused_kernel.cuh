@@ -128,8 +128,7 @@ struct GdnOutStamps {
 // short-run sums of squares), so that their alternatives' code is not in the kernel (on by default:
 // 30.7 KB of machine code against 51.6 KB and +1.8% batch-1 decode, docs/PERF.md, sixty-fourth
 // session); 2 (dk 128 only; the default, +1.1% more), also the 80B's GDN shapes (nk, nv, dv and kk:
-// kGdnLean*). The launch
-// takes it only where those are the arguments.
+// kGdnLean*). The launch takes it only where those are the arguments.
 template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false, int kLean = 0>
 __global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
