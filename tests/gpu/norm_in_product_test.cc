@@ -7,6 +7,7 @@
 // the PDL wait; and the next norm with the earlier inject against two norms in a row. H must come
 // out of the product unwritten. Fresh random inputs, outputs poisoned before every run.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -69,6 +70,7 @@ NormInInputs RandomNormInInputs(std::mt19937& rng, int64_t cols, int64_t rows) {
 
 // Widths cover each thread split of the register norm kernel (norm_row::RegSplitFor): 256 (1 x 128),
 // 1024 (2 x 128), 1536 (4 x 128), 2048 (2 x 256: the 80B models), 3072 (4 x 256).
+// At 2048 columns also the kernel with that width compiled in (cuda::NormInLean): the same bits.
 TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) {
   std::mt19937 rng = ::tandem::testing::SeededRng();
   struct Case {
@@ -111,11 +113,28 @@ TEST_F(GpuNormInProductTest, ProductWithItsNormIsBitIdenticalToNormThenProduct) 
         in.gamma = d_gamma.get();
         in.eps = kEps;
         in.h_written_earlier = h_early;
+        const bool was_lean = cuda::NormInLean();
+        cuda::SetNormInLean(false);  // the general kernel here; the lean one below
         TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, got.get(), nullptr));
+        cuda::SetNormInLean(was_lean);
         TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
         const std::vector<float> got_h = Download(got), want_h = Download(want);
         EXPECT_EQ(std::memcmp(got_h.data(), want_h.data(), got_h.size() * sizeof(float)), 0) << tag;
         EXPECT_EQ(Download(H_in), H) << tag << ": the product wrote H";
+        // At the lean form's width (cuda::SetNormInLean): its kernel, the same bits.
+        if (c.cols == cuda::kNormInLeanCols) {
+          const uint64_t launches = cuda::NormInLeanLaunches();
+          cuda::SetNormInLean(true);
+          auto H_lean = Upload(H);
+          auto lean = Poisoned<float>(static_cast<size_t>(c.rows));
+          in.H = H_lean.get();
+          TANDEM_ASSERT_CUDA(cuda::LaunchDenseMatVecNormIn(g.m, in, lean.get(), nullptr));
+          TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+          cuda::SetNormInLean(was_lean);
+          EXPECT_EQ(cuda::NormInLeanLaunches(), launches + 1) << tag << ": the lean kernel did not run";
+          const std::vector<float> lean_h = Download(lean);
+          EXPECT_EQ(std::memcmp(lean_h.data(), want_h.data(), lean_h.size() * sizeof(float)), 0) << tag << " (lean)";
+        }
         // Not the same wrong answer on both sides: the chain's x against the CPU reference product.
         std::vector<float> ref(static_cast<size_t>(c.rows));
         const std::vector<float> x_h = Download(x);

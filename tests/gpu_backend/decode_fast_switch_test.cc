@@ -23,6 +23,7 @@
 #include "gpu_service/backends/cuda/kernels/gdn.cuh"
 #include "gpu_service/backends/cuda/kernels/gdn_decode_fused.cuh"
 #include "gpu_service/backends/cuda/kernels/norm_streams.cuh"
+#include "gpu_service/backends/cuda/moe/expert_decode_fused.cuh"
 #include "gtest/gtest.h"
 #include "tests/gpu_backend/backend_test_open.h"
 #include "tests/gpu_backend/backend_test_util.h"
@@ -326,22 +327,69 @@ TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
   cuda::SetAttnOutFused(was);
 }
 
-// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone
-// (cuda::SetGdnLean) against its general instantiation, on the 80B's GDN shapes: the same
-// arithmetic, the layer's output added by atomics in another order. GDN mode 3 (ssm_out inside,
-// the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both sides.
+// Each lean level of a kernel (`set_level`: 1 and 2, each against 0) keeps q3n-80b@4's decode logits
+// close (the same values: only the atomics' order may differ), and `launches(level)` moves (that
+// level's kernel ran). Leaves level 0 set (the caller restores the switch).
+void ExpectLeanLevelsKeepLogitsClose(const std::string& kernel, const std::function<void(int)>& set_level,
+                                     const std::function<uint64_t(int)>& launches) {
+  for (const int level : {1, 2}) {
+    const std::string what = kernel + " " + std::to_string(level);
+    const uint64_t before = launches(level);
+    ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what.c_str(), [&](bool on) { set_level(on ? level : 0); },
+                                         /*deterministic=*/false, /*same_values=*/true);
+    printf("%s launches: %llu\n", what.c_str(), static_cast<unsigned long long>(launches(level) - before));
+    EXPECT_GT(launches(level), before) << what;
+    set_level(0);
+  }
+}
+
+// The fused GDN kernel with ssm_out inside compiled for the one-token defaults alone (cuda::SetGdnLean
+// 1), and also for the 80B's GDN shapes (2), against its general instantiation (0), on the 80B's GDN
+// shapes: the same arithmetic, the layer's output added by atomics in another order. GDN mode 3
+// (ssm_out inside, the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both
+// sides. Counts each level's launches.
 TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::GdnLean();
+  const int was = cuda::GdnLean();
   const int was_mode = cuda::GetGdnDecodeFused();
   cuda::SetGdnDecodeFused(3);
-  const uint64_t launches = cuda::GdnLeanLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean fused GDN kernel", [](bool on) { cuda::SetGdnLean(on); },
-                                       /*deterministic=*/false, /*same_values=*/true);
-  printf("lean fused GDN launches: %llu\n", static_cast<unsigned long long>(cuda::GdnLeanLaunches() - launches));
-  EXPECT_GT(cuda::GdnLeanLaunches(), launches);
+  ExpectLeanLevelsKeepLogitsClose("the lean fused GDN kernel", cuda::SetGdnLean, cuda::GdnLeanLaunches);
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnLean(was);
+}
+
+// The norm-in input products with the 80B's width compiled in (cuda::SetNormInLean) against the
+// general kernel, on q3n-80b's shapes (h 2048): the same bits from each product
+// (norm_in_product_test.cc); GDN mode 3, the norm-in path's condition as in
+// MixerNormInProductKeepsDecodeLogitsClose, whose atomics may move the last bits between runs.
+// Counts the lean launches.
+TEST(DecodeNormInLeanTest, LeanKernelKeepsDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const bool was = cuda::NormInLean();
+  const int was_mode = cuda::GetGdnDecodeFused();
+  cuda::SetGdnDecodeFused(3);
+  const uint64_t launches = cuda::NormInLeanLaunches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean norm-in product", [](bool on) { cuda::SetNormInLean(on); },
+                                       /*deterministic=*/false, /*same_values=*/true);
+  printf("lean norm-in launches: %llu\n", static_cast<unsigned long long>(cuda::NormInLeanLaunches() - launches));
+  EXPECT_GT(cuda::NormInLeanLaunches(), launches);
+  cuda::SetGdnDecodeFused(was_mode);
+  cuda::SetNormInLean(was);
+}
+
+// The fused one-token MoE kernel's lean forms (cuda::SetMoeLean: 1, the fast decode defaults as
+// constants; 2, also the 80B's h and inner) against the general kernel, on the 80B's MoE shapes
+// (512 experts, 10 picks, the shared expert and the router inside the grid): the same arithmetic,
+// the layer's output added by atomics in another order. The fused MoE kernel (this binary's default
+// is the two one-token kernels: deterministic_decode_env.cc) for both sides.
+TEST(DecodeMoeLeanTest, LeanKernelsKeepDecodeLogitsClose) {
+  TANDEM_BACKEND_SKIP_WITHOUT_GPU();
+  const int was = cuda::MoeLean();
+  const bool was_fused = cuda::OneTokenFused();
+  cuda::SetOneTokenFused(true);
+  ExpectLeanLevelsKeepLogitsClose("the lean fused MoE kernel", cuda::SetMoeLean, cuda::MoeLeanLaunches);
+  cuda::SetOneTokenFused(was_fused);
+  cuda::SetMoeLean(was);
 }
 
 }  // namespace

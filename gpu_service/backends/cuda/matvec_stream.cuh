@@ -267,14 +267,17 @@ __device__ __forceinline__ void StoreRowRelaxed(float* p, float v) {
 // kProbe: the stamped instantiation of dense_matvec_probe.h (every probe line sits under
 // `if constexpr`: the production instantiations compile as without it).
 // kNormIn: the norm-in form (StreamNormIn; one activation row).
-template <class F, int kN, bool kProbe = false, bool kNormIn = false>
+// kCols (the norm-in form only; 0: a.cols): a.cols compiled in as a constant, so that the loops
+// over the row's pieces and the norm's quads have fixed counts (dense_matvec.cuh NormInLean).
+template <class F, int kN, bool kProbe = false, bool kNormIn = false, int kCols = 0>
 __global__ void __launch_bounds__(kThreads, (kStreamMinBlocks<F, kN>)) StreamMatVecKernel(const StreamArgs a) {
   static_assert(!kNormIn || kN == 1, "the norm-in form forms one activation row");
+  static_assert(kCols == 0 || kNormIn, "a constant width only for the norm-in form");
   [[maybe_unused]] const StreamProbe<kProbe> probe;  // thread 0: the entry stamp, its slot
   extern __shared__ float4 smem4[];
   constexpr int kS = kStreamSlots<F, kN>;
   constexpr int kD = kStreamDepth<F, kN>;
-  const int cols = a.cols, quads = cols / 4, sums = cols / 16;
+  const int cols = kCols > 0 ? kCols : a.cols, quads = cols / 4, sums = cols / 16;
   const int pieces = cols / F::kPieceElems;
   const int lpr = LanesPerRow<F>(cols), subs = 32 / lpr;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -474,10 +477,11 @@ cudaError_t LaunchStream(StreamArgs a, unsigned grid_y, const StreamTuning& tuni
 // dense_matvec_probe.h), with the split and grid of the plain
 // launch (its rows' sums in the same order: the same bits as the plain product over x formed by
 // the norm kernel). The caller checks that the plain kernel takes the matrix (StreamTakes), the
-// norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared.
-template <class F, bool kProbe = false>
+// norm's split (StreamNormIn::vec, threads) and StreamNormInSharedBytes <= kMaxStreamShared, and
+// a.cols == kCols where kCols is not 0 (the kernel's constant width).
+template <class F, bool kProbe = false, int kCols = 0>
 cudaError_t LaunchStreamNormIn(StreamArgs a, cudaStream_t stream) {
-  auto kernel = StreamMatVecKernel<F, 1, kProbe, true>;
+  auto kernel = StreamMatVecKernel<F, 1, kProbe, true, kCols>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamShared));
   if (attr != cudaSuccess) return attr;

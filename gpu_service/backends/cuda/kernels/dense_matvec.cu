@@ -237,6 +237,8 @@ int DenseMatVecF32WarpsPerRow(const DeviceMatrix& w) {
 namespace {
 ProcessSwitch g_mixer_norm_launch{[] { return EnvSwitch("TANDEM_MIXER_NORM_LAUNCH"); }};
 ProcessSwitch g_head_int16{[] { return EnvSwitchDefaultOn("TANDEM_HEAD_INT16"); }};
+ProcessSwitch g_norm_in_lean{[] { return EnvSwitchDefaultOn("TANDEM_NORM_IN_LEAN"); }};
+std::atomic<uint64_t> g_norm_in_lean_launches{0};
 }  // namespace
 
 bool MixerNormLaunch() { return g_mixer_norm_launch.on(); }
@@ -290,7 +292,15 @@ bool NormInLaunchOk(const DeviceMatrix& w, const MatVecNormIn& in, const float* 
 
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream) {
   if (!NormInLaunchOk(w, in, y)) return cudaErrorInvalidValue;
+  if (NormInLean() && w.cols == kNormInLeanCols) {
+    g_norm_in_lean_launches.fetch_add(1, std::memory_order_relaxed);
+    return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8, false, kNormInLeanCols>(NormInStreamArgs(w, in, y), stream);
+  }
   return fastmv::LaunchStreamNormIn<fastmv::FmtQ8_0x8>(NormInStreamArgs(w, in, y), stream);
 }
+
+bool NormInLean() { return g_norm_in_lean.on(); }
+void SetNormInLean(bool on) { g_norm_in_lean.set(on); }
+uint64_t NormInLeanLaunches() { return g_norm_in_lean_launches.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::cuda

@@ -120,6 +120,17 @@ bool DenseMatVecNormInTakes(const DeviceMatrix& w);
 // first row lies outside w's rows.
 cudaError_t LaunchDenseMatVecNormIn(const DeviceMatrix& w, const MatVecNormIn& in, float* y, cudaStream_t stream);
 
+// On by default (+1.5% batch-1 decode on q3n-80b shapes on an H100, ahead in each of four
+// interleaved rounds, docs/PERF.md "Sixty-fifth session"); TANDEM_NORM_IN_LEAN=0 (read once;
+// settable; read at launch) turns it off: LaunchDenseMatVecNormIn over a matrix of kNormInLeanCols
+// columns (the 80B's h: its GDN and attention input products at one token) takes a kernel with that
+// width compiled in (33.5 KB of machine code against 47.0 KB, 128 registers either way); the same
+// arithmetic, the same bits. NormInLeanLaunches counts those launches (tests).
+inline constexpr int kNormInLeanCols = 2048;
+bool NormInLean();
+void SetNormInLean(bool on);
+uint64_t NormInLeanLaunches();
+
 // The backend's A/B switch for the norm-in product (CudaBackend's MixerNormInProduct):
 // TANDEM_MIXER_NORM_LAUNCH=1 (read once; settable for tests) keeps the norm's own launch.
 bool MixerNormLaunch();

@@ -18,10 +18,10 @@
 namespace tandem::cuda {
 namespace {
 
-// The kernel's kLean instantiation where the arguments are its (GdnLean; TANDEM_GDN_LEAN=0 turns
-// it off).
-ProcessSwitch g_gdn_lean{[] { return EnvSwitchDefaultOn("TANDEM_GDN_LEAN"); }};
-std::atomic<uint64_t> g_gdn_lean_launches{0};
+// The kernel's kLean instantiations where the arguments are theirs (GdnLean: TANDEM_GDN_LEAN, 0, 1
+// or 2, 2 by default).
+ProcessInteger g_gdn_lean{[] { return EnvInteger("TANDEM_GDN_LEAN", 2, 0, 2); }};
+std::atomic<uint64_t> g_gdn_lean_launches[3] = {0, 0, 0};  // by level
 
 // The kIn form's dynamic shared memory limit: half an SM's shared memory less a block's reserve and
 // the kernel's static shared memory, so that two blocks fit an SM (0 when these cannot be read).
@@ -76,10 +76,17 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
     if (a.out_probe && probe_attr != cudaSuccess) return probe_attr;
     static const cudaError_t lean_attr =
-        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, true>,
+        cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, 1>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
-    if (GdnLean() && lean_attr != cudaSuccess) return lean_attr;
+    if (GdnLean() >= 1 && lean_attr != cudaSuccess) return lean_attr;
+    if constexpr (kDk == kGdnLeanDk) {
+      static const cudaError_t shapes_attr =
+          cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, 2>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
+      if (GdnLean() == 2 && shapes_attr != cudaSuccess) return shapes_attr;
+    }
     config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
   }
   config.stream = stream;
@@ -96,9 +103,16 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
       return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, true>, a, d.nk, d.nv, d.dv, d.kk,
                                 q_scale, qk_x_first, !OldGdnEarlyState(), in);
     }
-    if (GdnLean() && a.out_one_barrier && a.rows_polled && a.out_bulk && qk_x_first && !OldGdnEarlyState()) {
-      g_gdn_lean_launches.fetch_add(1, std::memory_order_relaxed);
-      return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, false, true>, a, d.nk, d.nv,
+    if (GdnLean() >= 1 && a.out_one_barrier && a.rows_polled && a.out_bulk && qk_x_first && !OldGdnEarlyState()) {
+      if constexpr (kDk == kGdnLeanDk) {
+        if (GdnLean() == 2 && d.nk == kGdnLeanNk && d.nv == kGdnLeanNv && d.dv == kGdnLeanDv && d.kk == kGdnLeanKk) {
+          g_gdn_lean_launches[2].fetch_add(1, std::memory_order_relaxed);
+          return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, false, 2>, a, d.nk, d.nv,
+                                    d.dv, d.kk, q_scale, qk_x_first, true, in);
+        }
+      }
+      g_gdn_lean_launches[1].fetch_add(1, std::memory_order_relaxed);
+      return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, false, 1>, a, d.nk, d.nv,
                                 d.dv, d.kk, q_scale, qk_x_first, true, in);
     }
   }
@@ -328,9 +342,11 @@ ProcessSwitch g_gdn_out_one_barrier{[] { return EnvSwitchDefaultOn("TANDEM_GDN_O
 ProcessSwitch g_gdn_rows_polled{[] { return EnvSwitchDefaultOn("TANDEM_GDN_ROWS_POLLED"); }};
 }  // namespace
 
-bool GdnLean() { return g_gdn_lean.on(); }
-void SetGdnLean(bool on) { g_gdn_lean.set(on); }
-uint64_t GdnLeanLaunches() { return g_gdn_lean_launches.load(std::memory_order_relaxed); }
+int GdnLean() { return static_cast<int>(g_gdn_lean.value()); }
+void SetGdnLean(int level) { g_gdn_lean.set(level); }
+uint64_t GdnLeanLaunches(int level) {
+  return level >= 1 && level <= 2 ? g_gdn_lean_launches[level].load(std::memory_order_relaxed) : 0;
+}
 
 bool GdnRowsPolled() { return g_gdn_rows_polled.on(); }
 void SetGdnRowsPolled(bool on) { g_gdn_rows_polled.set(on); }

@@ -169,15 +169,23 @@ void SetGdnDecodeFused(int mode);
 bool GdnRowsPolled();
 void SetGdnRowsPolled(bool on);
 
-// On by default (+1.8% batch-1 decode on q3n-80b shapes on an H100, ahead in each of three
-// interleaved rounds, docs/PERF.md "Sixty-fourth session"); TANDEM_GDN_LEAN=0 (read once; settable;
-// read at launch) turns it off: a one-token launch with ssm_out inside whose arguments are the
-// defaults (one barrier, the rows polled, bulk copies, the state read early) takes a kernel compiled
-// for them alone, the other forms' code left out; the same arithmetic. GdnLeanLaunches counts those
-// launches (tests).
-bool GdnLean();
-void SetGdnLean(bool on);
-uint64_t GdnLeanLaunches();
+// TANDEM_GDN_LEAN (0, 1 or 2; read once; settable; read at launch). 1 (+1.8% batch-1 decode on
+// q3n-80b shapes on an H100 against 0, docs/PERF.md "Sixty-fourth session"): a one-token launch with
+// ssm_out inside whose arguments are the defaults (one barrier, the rows polled, bulk copies, the
+// state read early) takes a kernel compiled for them alone, the other forms' code left out; the same
+// arithmetic. 2, the default (+1.1% against 1 on an H100, ahead in each of four interleaved rounds,
+// "Sixty-fifth session"): where the shape is also the 80B's (dk kGdnLeanDk, nk, nv, dv and kk
+// below), a kernel with those compiled in too (24.3 KB of machine code against 30.7 KB, 96 registers
+// against 120); other shapes take level 1's kernel. 0: the general kernel.
+// GdnLeanLaunches(level) counts the launches of that level's kernel (tests).
+inline constexpr int kGdnLeanDk = 128;
+inline constexpr int kGdnLeanNk = 16;
+inline constexpr int kGdnLeanNv = 32;
+inline constexpr int kGdnLeanDv = 128;
+inline constexpr int kGdnLeanKk = 4;
+int GdnLean();
+void SetGdnLean(int level);
+uint64_t GdnLeanLaunches(int level);
 
 // The fused kernel reads its token's recurrent state column and conv history (which only it
 // writes, in earlier steps) before its PDL wait, overlapping the product before it; the same

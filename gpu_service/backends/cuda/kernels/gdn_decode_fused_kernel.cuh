@@ -123,19 +123,27 @@ struct GdnOutStamps {
 // first, each cluster the rows its key head group reads, into in.rows, which a.qkv, a.ba and a.z
 // then name; its rows stream through a ring of bulk copies issued before the PDL wait.
 // kProbe: the stamped instantiation (GdnDecodeFusedArgs::out_probe; kOut without kIn only).
-// kLean (kOut without kIn or kProbe): the one-token decode defaults compiled in as constants (one
-// barrier, the rows polled, ssm_out's rows by bulk copies, the state read early, the short-run sums
-// of squares), so that their alternatives' code is not in the kernel (GdnLean, on by default: 30.7 KB
-// of machine code against 51.6 KB and +1.8% batch-1 decode, docs/PERF.md, sixty-fourth session).
-// The launch takes it only where those are the arguments.
-template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false, bool kLean = false>
+// kLean (kOut without kIn or kProbe; GdnLean): 1, the one-token decode defaults compiled in as
+// constants (one barrier, the rows polled, ssm_out's rows by bulk copies, the state read early, the
+// short-run sums of squares), so that their alternatives' code is not in the kernel (on by default:
+// 30.7 KB of machine code against 51.6 KB and +1.8% batch-1 decode, docs/PERF.md, sixty-fourth
+// session); 2 (dk 128 only; the default, +1.1% more), also the 80B's GDN shapes (nk, nv, dv and kk:
+// kGdnLean*). The launch takes it only where those are the arguments.
+template <int kDk, bool kGated, bool kOut = false, bool kIn = false, bool kProbe = false, int kLean = 0>
 __global__ void __launch_bounds__(kThreads, kIn ? 2 : 1)
 GdnDecodeFusedKernel(GdnDecodeFusedArgs a, int nk, int nv, int dv, int kk, float q_scale, bool qk_x_first,
                      bool early_state, GdnInProduct in) {
-  static_assert(!kLean || (kOut && !kIn && !kProbe), "the lean form is the output product's, unstamped");
-  if constexpr (kLean) {
+  static_assert(kLean == 0 || (kOut && !kIn && !kProbe), "the lean forms are the output product's, unstamped");
+  static_assert(kLean < 2 || kDk == kGdnLeanDk, "the shapes' form is the 80B's");
+  if constexpr (kLean >= 1) {
     a.out_one_barrier = a.rows_polled = a.out_bulk = true;
     qk_x_first = early_state = true;
+  }
+  if constexpr (kLean >= 2) {
+    nk = kGdnLeanNk;
+    nv = kGdnLeanNv;
+    dv = kGdnLeanDv;
+    kk = kGdnLeanKk;
   }
   constexpr int kQk = 2 * kDk;
   constexpr int kConv = kQk + kCols;

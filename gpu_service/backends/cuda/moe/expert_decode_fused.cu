@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gpu_service/backends/cuda/armed_stamps.cuh"
+#include "gpu_service/backends/cuda/env_switch.h"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_kernel.cuh"
 #include "gpu_service/backends/cuda/moe/expert_decode_fused_probe.h"
 #include "gpu_service/backends/cuda/pdl.cuh"
@@ -14,6 +15,10 @@
 
 namespace tandem::cuda {
 namespace {
+
+// TANDEM_MOE_LEAN (MoeLean): 0, 1 or 2, 2 by default.
+ProcessInteger g_moe_lean{[] { return EnvInteger("TANDEM_MOE_LEAN", 2, 0, 2); }};
+std::atomic<uint64_t> g_moe_lean_launches[3] = {0, 0, 0};  // by level
 
 bool FusedShapeOk(int h, int inner) {
   const int nsb = h / 256;
@@ -33,12 +38,13 @@ cudaLaunchAttribute ClusterAttribute() {
   return attribute;
 }
 
-template <int kPer, bool kRouter, bool kProbe = false>
+template <int kPer, bool kRouter, bool kProbe = false, int kLean = 0>
 cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt,
                         cudaStream_t stream, unsigned long long* probe = nullptr) {
   static std::atomic<size_t> raised{48 * 1024};
   const size_t smem = static_cast<size_t>(FusedLayout(a.h, a.E).total);
-  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe>, smem, raised); err != cudaSuccess) {
+  if (const cudaError_t err = RaiseDynamicSmemLimit(OneTokenFusedKernel<kPer, kRouter, kProbe, kLean>, smem, raised);
+      err != cudaSuccess) {
     return err;
   }
   const int blocks = OneTokenFusedGridBlocks(a, sh.inner > 0 ? &sh : nullptr, kRouter ? &rt : nullptr);
@@ -53,7 +59,20 @@ cudaError_t LaunchFused(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, c
   attribute[1].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe>, a, sh, rt, probe);
+  return cudaLaunchKernelEx(&config, OneTokenFusedKernel<kPer, kRouter, kProbe, kLean>, a, sh, rt, probe);
+}
+
+// The lean form MoeLean asks for where the arguments are its constants (0 where none is): with the
+// router in the grid, E in kPer 16's range (257 .. 512), and for 2 the 80B's shapes with the shared
+// expert inside (1 where only those differ).
+int LeanFormFor(const OneTokenMoeArgs& a, const FusedSharedExpert& sh, const FusedRouter& rt) {
+  const int level = MoeLean();
+  if (level == 0 || a.E <= 256 || a.E > 512 || a.x_written_earlier || a.pick_warp_by_slot || a.shared != nullptr ||
+      !rt.preload) {
+    return 0;
+  }
+  if (level == 2 && (a.h != kMoeLeanHidden || a.inner != kMoeLeanInner || sh.inner != kMoeLeanInner)) return 1;
+  return level;
 }
 
 // The logit reads' per-lane count by E (WarpPickLogits' kPer).
@@ -135,8 +154,23 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& a, const FusedSharedEx
   FusedSharedExpert sh;
   FusedRouter rt;
   if (const cudaError_t err = CheckFusedArgs(a, shared_expert, router, &sh, &rt); err != cudaSuccess) return err;
-  if (router != nullptr) return LaunchForExperts<true>(a, sh, rt, stream);
-  return LaunchForExperts<false>(a, sh, rt, stream);
+  if (router == nullptr) return LaunchForExperts<false>(a, sh, rt, stream);
+  switch (LeanFormFor(a, sh, rt)) {
+    case 1:
+      g_moe_lean_launches[1].fetch_add(1, std::memory_order_relaxed);
+      return LaunchFused<16, true, false, 1>(a, sh, rt, stream);
+    case 2:
+      g_moe_lean_launches[2].fetch_add(1, std::memory_order_relaxed);
+      return LaunchFused<16, true, false, 2>(a, sh, rt, stream);
+    default:
+      return LaunchForExperts<true>(a, sh, rt, stream);
+  }
+}
+
+int MoeLean() { return static_cast<int>(g_moe_lean.value()); }
+void SetMoeLean(int level) { g_moe_lean.set(level); }
+uint64_t MoeLeanLaunches(int level) {
+  return level >= 1 && level <= 2 ? g_moe_lean_launches[level].load(std::memory_order_relaxed) : 0;
 }
 
 int OneTokenFusedGridBlocks(const OneTokenMoeArgs& a, const FusedSharedExpert* shared_expert,

@@ -33,6 +33,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "gpu_service/backends/cuda/moe/expert_decode_one.cuh"
 
 namespace tandem::cuda {
@@ -106,6 +108,22 @@ cudaError_t OneTokenFusedMaxActiveClusters(int h, int E, int* clusters);
 // written here, and args.x_written_earlier must be false (x's writer is the launch just before).
 cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedSharedExpert* shared_expert,
                                    cudaStream_t stream, const FusedRouter* router = nullptr);
+
+// TANDEM_MOE_LEAN (0, 1 or 2, 2 by default; read once; settable; read at launch): with the router
+// in the grid and 257 .. 512 experts, 1 launches a kernel compiled with the fast decode defaults as
+// constants (x written by the launch just before, warp 0 picks, no shared term given in y's form,
+// the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against 114), 2
+// one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts' inner
+// kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments (level 1's kernel where only
+// they differ); 0 the general kernel; the same arithmetic. Measured on an H100 (docs/PERF.md
+// "Sixty-fifth session", four interleaved rounds): 1 and 2 each +0.3% at batch 1, within the
+// spread alone, but all three lean kernels together (this, GDN 2, norm-in) +2.1%, ahead in every round.
+// MoeLeanLaunches(level) counts the launches of that level's kernel (tests).
+inline constexpr int kMoeLeanHidden = 2048;
+inline constexpr int kMoeLeanInner = 512;
+int MoeLean();
+void SetMoeLean(int level);
+uint64_t MoeLeanLaunches(int level);
 
 }  // namespace tandem::cuda
 

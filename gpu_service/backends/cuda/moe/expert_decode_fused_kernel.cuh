@@ -120,10 +120,26 @@ static_assert(kFusedRouterWarps == kFusedWarps, "fused_router.cuh's blocks are t
 // and blockIdx.x counts from after them below. A template parameter rather than a test of rt.w, so
 // that the form without router blocks keeps the code measured before they existed. kProbe
 // (expert_decode_fused_probe.h): the phase stamps into `probe`, with a block barrier before the
-// "summed" stamp; the other instantiations ignore `probe`.
-template <int kPer, bool kRouter, bool kProbe>
+// "summed" stamp; the other instantiations ignore `probe`. kLean (with kRouter, without kProbe;
+// expert_decode_fused.cuh's MoeLean): 1, the fast decode defaults compiled in as constants (x
+// written by the launch just before, warp 0 picks, no shared term given in y's form, the router
+// rows preloaded), so that their alternatives' code is not in the kernel; 2, also the 80B's shapes
+// (h kMoeLeanHidden, inner and the shared expert's inner kMoeLeanInner). The launch takes it only
+// where those are the arguments.
+template <int kPer, bool kRouter, bool kProbe, int kLean = 0>
 __global__ void __launch_bounds__(kThreads)
     OneTokenFusedKernel(OneTokenMoeArgs a, FusedSharedExpert sh, FusedRouter rt, unsigned long long* probe) {
+  static_assert(kLean == 0 || (kRouter && !kProbe), "the lean forms are the router-in-grid one's, unstamped");
+  if constexpr (kLean >= 1) {
+    a.x_written_earlier = false;
+    a.pick_warp_by_slot = false;
+    a.shared = nullptr;
+    rt.preload = true;
+  }
+  if constexpr (kLean >= 2) {
+    a.h = kMoeLeanHidden;
+    a.inner = sh.inner = kMoeLeanInner;
+  }
   if (kRouter && static_cast<int>(blockIdx.x) < rt.blocks) {
     const FusedStamps<kProbe> stamps(probe, kFusedProbeRouterKind, -1);
     RouterBlock(a, rt);
