@@ -238,6 +238,70 @@ struct EightyBExperts {
   SharedQ8 sq;
 };
 
+// The lean instantiations (SetMoeLean: 1, the fast decode defaults compiled in; 2, also the 80B's h
+// and inner) compute what the general kernel (0) computes at the 80B shape in the decode stage's form
+// (the shared expert and the router inside): the same logits and picks (the router rows' sums in the
+// same order), y within 1e-5 relative L2 (its additions' order is not fixed). Each launch counted by
+// its level: level 2 takes level 1's kernel where the shared expert's inner is not the 80B's, and
+// the general kernel where an argument is not a default (the routing warp by slot).
+TEST(OneTokenFusedTest, LeanFormsComputeWhatTheGeneralKernelComputes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng = ::tandem::testing::SeededRng();
+  const EightyBExperts m(rng);
+  const SharedQ8 narrow(rng, m.kH, 256);  // a shared expert of another inner
+  const int64_t h = m.kH, E = m.kE;
+  const int K = m.kK;
+  const std::vector<float> w = testing::RandomVector(rng, (E + 1) * h, 0.05f);
+  const std::vector<float> x = testing::RandomVector(rng, h);
+  const DeviceBuffer dw = testing::Upload(w);
+  DeviceBuffer counters = testing::Upload(std::vector<int32_t>(2, 0));
+  const std::vector<float> zeros(static_cast<size_t>(E + 1), 0.0f), shared(static_cast<size_t>(h), 0.0f);
+  const int was = MoeLean();
+  struct Run {
+    int level;
+    const SharedQ8* sq;
+    bool by_slot;
+    int counted;  // the level whose launch count moves (0: neither)
+  };
+  for (const SharedQ8* sq : {&m.sq, &narrow}) {
+    const bool wide = sq == &m.sq;
+    std::vector<float> y0, logits0;
+    std::vector<int32_t> picks0;
+    for (const Run& r : {Run{0, sq, false, 0}, Run{1, sq, false, 1}, Run{2, sq, false, wide ? 2 : 1},
+                         Run{2, sq, true, 0}}) {
+      const std::string what = absl::StrCat("level ", r.level, ", shared inner ", r.sq->inner,
+                                            r.by_slot ? ", routing warp by slot" : "");
+      OneTokenStep step(m.ex, K, zeros, x, shared, 0.0f);
+      OneTokenMoeArgs a = FusedArgs(step, m.ex, K, Shared::kGated, false);
+      a.shared = nullptr;
+      a.shared_gate_logit = a.logits + E;
+      a.pick_warp_by_slot = r.by_slot;
+      const FusedRouter router{dw.as<float>(), static_cast<int>(E + 1), step.logits.as<float>(), counters.as<int32_t>()};
+      const uint64_t before[3] = {0, MoeLeanLaunches(1), MoeLeanLaunches(2)};
+      SetMoeLean(r.level);
+      TANDEM_ASSERT_CUDA(LaunchOneTokenMoeFused(a, &r.sq->where, nullptr, &router));
+      TANDEM_ASSERT_CUDA(cudaDeviceSynchronize());
+      SetMoeLean(was);
+      for (int level = 1; level <= 2; ++level) {
+        EXPECT_EQ(MoeLeanLaunches(level), before[level] + (r.counted == level ? 1 : 0)) << what << ": level " << level;
+      }
+      const std::vector<float> y = Download<float>(step.y.get(), static_cast<size_t>(h));
+      const std::vector<float> logits = Download<float>(step.logits.get(), static_cast<size_t>(E + 1));
+      const std::vector<int32_t> picks = Download<int32_t>(step.picks.get(), static_cast<size_t>(2 * K));
+      ASSERT_TRUE(testing::AllFinite(y)) << what;
+      if (r.level == 0) {
+        y0 = y, logits0 = logits, picks0 = picks;
+        continue;
+      }
+      EXPECT_EQ(logits, logits0) << what;
+      EXPECT_EQ(picks, picks0) << what;  // ids, then weights' bits
+      const double err = testing::RelativeL2(y, y0);
+      EXPECT_LE(err, 1e-5) << what;
+      std::printf("fused one-token MoE, %s against the general kernel: y relative L2 %.3e\n", what.c_str(), err);
+    }
+  }
+}
+
 // The probed instantiation (expert_decode_fused_probe.h) computes what the kernel computes at the
 // 80B shape in the decode stage's form (the shared expert and the router product inside): the same
 // picks, weights and logits, y within 1e-5 relative L2 (its additions' order is not fixed); every
