@@ -347,13 +347,21 @@ void ExpectLeanLevelsKeepLogitsClose(const std::string& kernel, const std::funct
 // 1), and also for the 80B's GDN shapes (2), against its general instantiation (0), on the 80B's GDN
 // shapes: the same arithmetic, the layer's output added by atomics in another order. GDN mode 3
 // (ssm_out inside, the benchmark's default; this binary's is 1: deterministic_decode_env.cc) for both
-// sides. Counts each level's launches.
+// sides. Counts each level's launches; on the small preset's shapes level 2 takes level 1's kernel.
 TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
   const int was = cuda::GdnLean();
   const int was_mode = cuda::GetGdnDecodeFused();
   cuda::SetGdnDecodeFused(3);
   ExpectLeanLevelsKeepLogitsClose("the lean fused GDN kernel", cuda::SetGdnLean, cuda::GdnLeanLaunches);
+  // Off the 80B's GDN shapes (the small preset: 8 key heads, 16 value heads) level 2 takes level 1's
+  // kernel.
+  const uint64_t before1 = cuda::GdnLeanLaunches(1), before2 = cuda::GdnLeanLaunches(2);
+  ExpectOneTokenSwitchKeepsLogitsClose("small", "the lean fused GDN kernel 2 off the 80B's shapes",
+                                       [](bool on) { cuda::SetGdnLean(on ? 2 : 0); }, /*deterministic=*/false,
+                                       /*same_values=*/true);
+  EXPECT_GT(cuda::GdnLeanLaunches(1), before1) << "small: level 2 did not fall back to level 1's kernel";
+  EXPECT_EQ(cuda::GdnLeanLaunches(2), before2) << "small: level 2's kernel ran off its shapes";
   cuda::SetGdnDecodeFused(was_mode);
   cuda::SetGdnLean(was);
 }
