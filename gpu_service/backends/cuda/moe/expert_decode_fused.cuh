@@ -115,9 +115,10 @@ cudaError_t LaunchOneTokenMoeFused(const OneTokenMoeArgs& args, const FusedShare
 // the router rows preloaded: 75.9 KB of machine code against 85.5 KB, 110 registers against 114), 2
 // one compiled also for the 80B's shapes (h kMoeLeanHidden, the routed and shared experts' inner
 // kMoeLeanInner: 65.0 KB, 106 registers) where those are the arguments (level 1's kernel where only
-// they differ); 0 the general kernel; the same arithmetic. Measured on an H100 (docs/PERF.md
-// "Sixty-fifth session", four interleaved rounds): 1 and 2 each +0.3% at batch 1, within the
-// spread alone, but all three lean kernels together (this, GDN 2, norm-in) +2.1%, ahead in every round.
+// they differ); 0 the general kernel; the same arithmetic. Not measured: the benchmark's step
+// routes through the mixers' output products, so its MoE launches have their logits ready and no
+// router blocks, a form this does not cover (its A/B rows in docs/PERF.md "Sixty-fifth session"
+// measured the general kernel; branch exp/s65-attn-tma-tail adds that form).
 // MoeLeanLaunches(level) counts the launches of that level's kernel (tests).
 inline constexpr int kMoeLeanHidden = 2048;
 inline constexpr int kMoeLeanInner = 512;
