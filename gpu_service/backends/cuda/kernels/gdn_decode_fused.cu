@@ -56,6 +56,7 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
                    const GdnInProduct& in = {}) {
   // The q/k norms' sums of squares as the LaunchGdnPrepare kernel of n tokens forms them.
   const bool qk_x_first = n < kGdnPrepareShortRunBelow;
+  const int lean = kOut && !kIn ? GdnLean() : 0;  // read once: the attribute and the launch agree
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(d.nv), static_cast<unsigned>(d.dv / kCols), static_cast<unsigned>(n));
   config.blockDim = dim3(32, kWarps);
@@ -79,13 +80,13 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
         cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, 1>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
-    if (GdnLean() >= 1 && lean_attr != cudaSuccess) return lean_attr;
+    if (lean >= 1 && lean_attr != cudaSuccess) return lean_attr;
     if constexpr (kDk == kGdnLeanDk) {
       static const cudaError_t shapes_attr =
           cudaFuncSetAttribute(GdnDecodeFusedKernel<kDk, true, true, false, false, 2>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(OutSharedBytes(kMaxOutRowsPerBlock)));
-      if (GdnLean() == 2 && shapes_attr != cudaSuccess) return shapes_attr;
+      if (lean == 2 && shapes_attr != cudaSuccess) return shapes_attr;
     }
     config.dynamicSmemBytes = OutSharedBytes(a.out_rows / kOutClusterBlocks);
   }
@@ -103,9 +104,9 @@ cudaError_t Launch(const GdnDecodeFusedArgs& a, int64_t n, const GdnShape& d, cu
       return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, true>, a, d.nk, d.nv, d.dv, d.kk,
                                 q_scale, qk_x_first, !OldGdnEarlyState(), in);
     }
-    if (GdnLean() >= 1 && a.out_one_barrier && a.rows_polled && a.out_bulk && qk_x_first && !OldGdnEarlyState()) {
+    if (lean >= 1 && a.out_one_barrier && a.rows_polled && a.out_bulk && qk_x_first && !OldGdnEarlyState()) {
       if constexpr (kDk == kGdnLeanDk) {
-        if (GdnLean() == 2 && d.nk == kGdnLeanNk && d.nv == kGdnLeanNv && d.dv == kGdnLeanDv && d.kk == kGdnLeanKk) {
+        if (lean == 2 && d.nk == kGdnLeanNk && d.nv == kGdnLeanNv && d.dv == kGdnLeanDv && d.kk == kGdnLeanKk) {
           g_gdn_lean_launches[2].fetch_add(1, std::memory_order_relaxed);
           return cudaLaunchKernelEx(&config, GdnDecodeFusedKernel<kDk, kGated, true, false, false, 2>, a, d.nk, d.nv,
                                     d.dv, d.kk, q_scale, qk_x_first, true, in);
