@@ -287,6 +287,35 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
   cuda::SetAttnMergeInOut(was);
 }
 
+// The one-token switches the tests below set, each restored when the guard goes (also after a
+// failed assertion, so that no later test inherits one).
+class OneTokenSwitchesRestored {
+ public:
+  OneTokenSwitchesRestored() = default;
+  OneTokenSwitchesRestored(const OneTokenSwitchesRestored&) = delete;
+  OneTokenSwitchesRestored& operator=(const OneTokenSwitchesRestored&) = delete;
+  ~OneTokenSwitchesRestored() {
+    cuda::SetAttnOutFused(attn_out_fused_);
+    cuda::SetAttnOutColumnSplit(attn_out_columns_);
+    cuda::SetAttnOutFusedPrepInside(attn_prep_inside_);
+    cuda::SetOneTokenFused(one_token_fused_);
+    cuda::SetGdnDecodeFused(gdn_mode_);
+    cuda::SetGdnLean(gdn_lean_);
+    cuda::SetMoeLean(moe_lean_);
+    cuda::SetNormInLean(norm_in_lean_);
+  }
+
+ private:
+  const bool attn_out_fused_ = cuda::AttnOutFused();
+  const bool attn_out_columns_ = cuda::AttnOutColumnSplit();
+  const bool attn_prep_inside_ = cuda::AttnOutFusedPrepInside();
+  const bool one_token_fused_ = cuda::OneTokenFused();
+  const int gdn_mode_ = cuda::GetGdnDecodeFused();
+  const int gdn_lean_ = cuda::GdnLean();
+  const int moe_lean_ = cuda::MoeLean();
+  const bool norm_in_lean_ = cuda::NormInLean();
+};
+
 // Attention and its o product in one launch at one-token steps (cuda::SetAttnOutFused,
 // attention_out_fused.cuh: a cluster per query head splits the context, merges its slices through
 // distributed shared memory and runs the column-split product) against the split attention and the
@@ -295,7 +324,7 @@ TEST_P(DecodeScheduleTest, AttnMergeInOutKeepsDecodeLogitsClose) {
 // steps) are under kAttnOutFusedMaxKeys.
 TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit();
+  const OneTokenSwitchesRestored restored;
   cuda::SetAttnOutColumnSplit(true);  // the test binary's default is off (deterministic_decode_env.cc)
   const uint64_t launches = cuda::AttentionOutFusedLaunches();
   ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "attention and o in one launch",
@@ -303,33 +332,33 @@ TEST(DecodeAttnOutFusedTest, KeepsDecodeLogitsClose) {
   printf("fused attention + o launches: %llu\n",
          static_cast<unsigned long long>(cuda::AttentionOutFusedLaunches() - launches));
   EXPECT_GT(cuda::AttentionOutFusedLaunches(), launches);
-  cuda::SetAttnOutColumnSplit(was_columns);
-  cuda::SetAttnOutFused(was);
+}
+
+// A switch `what` (`set`) that reorders the same values' additions only, against it off, on
+// q3n-80b@4 in the one-token forms set before; `launches` (a counter of the path it selects) must
+// move, since the logits may come out bit-identical.
+void ExpectSameValuesSwitchRuns(const char* what, void (*set)(bool), uint64_t (*launches)()) {
+  const uint64_t before = launches();
+  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", what, set, /*deterministic=*/false, /*same_values=*/true);
+  printf("%s launches: %llu\n", what, static_cast<unsigned long long>(launches() - before));
+  EXPECT_GT(launches(), before) << what;
 }
 
 // The q/k prep inside the fused launch (cuda::SetAttnOutFusedPrepInside) against the prep launch
 // before it: the same q, keys and values (attention_out_fused_test.cc compares the bits), with the
-// fused launch and o by columns on for both sides. The logits may come out bit-identical (only the
-// atomics' order differs), so the fused launch counter shows that the path ran.
+// fused launch and o by columns on for both sides; the fused launch counter shows that the path ran.
 TEST(DecodeAttnOutFusedTest, PrepInsideKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::AttnOutFused(), was_columns = cuda::AttnOutColumnSplit(),
-             was_prep = cuda::AttnOutFusedPrepInside();
+  const OneTokenSwitchesRestored restored;
   cuda::SetAttnOutFused(true);
   cuda::SetAttnOutColumnSplit(true);
-  const uint64_t before = cuda::AttentionOutFusedLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "q/k prep inside the fused launch",
-                                       [](bool on) { cuda::SetAttnOutFusedPrepInside(on); }, /*deterministic=*/false,
-                                       /*same_values=*/true);
-  EXPECT_GT(cuda::AttentionOutFusedLaunches(), before);
-  cuda::SetAttnOutFusedPrepInside(was_prep);
-  cuda::SetAttnOutColumnSplit(was_columns);
-  cuda::SetAttnOutFused(was);
+  ExpectSameValuesSwitchRuns("q/k prep inside the fused launch", cuda::SetAttnOutFusedPrepInside,
+                             cuda::AttentionOutFusedLaunches);
 }
 
 // Each lean level of a kernel (`set_level`: 1 and 2, each against 0) keeps q3n-80b@4's decode logits
 // close (the same values: only the atomics' order may differ), and `launches(level)` moves (that
-// level's kernel ran). Leaves level 0 set (the caller restores the switch).
+// level's kernel ran). Leaves level 0 set (the caller's guard restores the switch).
 void ExpectLeanLevelsKeepLogitsClose(const std::string& kernel, const std::function<void(int)>& set_level,
                                      const std::function<uint64_t(int)>& launches) {
   for (const int level : {1, 2}) {
@@ -350,8 +379,7 @@ void ExpectLeanLevelsKeepLogitsClose(const std::string& kernel, const std::funct
 // sides. Counts each level's launches; on the small preset's shapes level 2 takes level 1's kernel.
 TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const int was = cuda::GdnLean();
-  const int was_mode = cuda::GetGdnDecodeFused();
+  const OneTokenSwitchesRestored restored;
   cuda::SetGdnDecodeFused(3);
   ExpectLeanLevelsKeepLogitsClose("the lean fused GDN kernel", cuda::SetGdnLean, cuda::GdnLeanLaunches);
   // Off the 80B's GDN shapes (the small preset: 8 key heads, 16 value heads) level 2 takes level 1's
@@ -362,8 +390,6 @@ TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
                                        /*same_values=*/true);
   EXPECT_GT(cuda::GdnLeanLaunches(1), before1) << "small: level 2 did not fall back to level 1's kernel";
   EXPECT_EQ(cuda::GdnLeanLaunches(2), before2) << "small: level 2's kernel ran off its shapes";
-  cuda::SetGdnDecodeFused(was_mode);
-  cuda::SetGdnLean(was);
 }
 
 // The norm-in input products with the 80B's width compiled in (cuda::SetNormInLean) against the
@@ -373,16 +399,9 @@ TEST(DecodeGdnLeanTest, LeanKernelKeepsDecodeLogitsClose) {
 // Counts the lean launches.
 TEST(DecodeNormInLeanTest, LeanKernelKeepsDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const bool was = cuda::NormInLean();
-  const int was_mode = cuda::GetGdnDecodeFused();
+  const OneTokenSwitchesRestored restored;
   cuda::SetGdnDecodeFused(3);
-  const uint64_t launches = cuda::NormInLeanLaunches();
-  ExpectOneTokenSwitchKeepsLogitsClose("q3n-80b@4", "the lean norm-in product", [](bool on) { cuda::SetNormInLean(on); },
-                                       /*deterministic=*/false, /*same_values=*/true);
-  printf("lean norm-in launches: %llu\n", static_cast<unsigned long long>(cuda::NormInLeanLaunches() - launches));
-  EXPECT_GT(cuda::NormInLeanLaunches(), launches);
-  cuda::SetGdnDecodeFused(was_mode);
-  cuda::SetNormInLean(was);
+  ExpectSameValuesSwitchRuns("the lean norm-in product", cuda::SetNormInLean, cuda::NormInLeanLaunches);
 }
 
 // The fused one-token MoE kernel's lean forms (cuda::SetMoeLean: 1, the fast decode defaults as
@@ -392,12 +411,9 @@ TEST(DecodeNormInLeanTest, LeanKernelKeepsDecodeLogitsClose) {
 // is the two one-token kernels: deterministic_decode_env.cc) for both sides.
 TEST(DecodeMoeLeanTest, LeanKernelsKeepDecodeLogitsClose) {
   TANDEM_BACKEND_SKIP_WITHOUT_GPU();
-  const int was = cuda::MoeLean();
-  const bool was_fused = cuda::OneTokenFused();
+  const OneTokenSwitchesRestored restored;
   cuda::SetOneTokenFused(true);
   ExpectLeanLevelsKeepLogitsClose("the lean fused MoE kernel", cuda::SetMoeLean, cuda::MoeLeanLaunches);
-  cuda::SetOneTokenFused(was_fused);
-  cuda::SetMoeLean(was);
 }
 
 }  // namespace
